@@ -1,0 +1,1 @@
+"""idemlink's simulated device and link emulator (thin I/O shells around ``protocol``)."""

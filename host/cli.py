@@ -1,0 +1,69 @@
+"""The ``idemlink`` command line.
+
+Exit status (documented in the README, one per outcome class):
+
+====  =============================================================
+0     OK
+1     usage or local error (no such port, unknown register, bad value)
+2     argparse usage error
+3     NOT_EXECUTED (definitely did not run: guard failed, conflict)
+4     REJECTED (the request is invalid; retrying cannot help)
+5     UNKNOWN (may have run: reconcile before anything else)
+6     drift or check failure (``contract --check``, soak oracle)
+====  =============================================================
+
+User mistakes print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+from host.commands import COMMAND_MODULES
+
+EXIT_OK = 0
+EXIT_LOCAL_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_EXECUTED = 3
+EXIT_REJECTED = 4
+EXIT_UNKNOWN = 5
+EXIT_CHECK_FAILED = 6
+
+
+class UserError(Exception):
+    """A mistake of the user's (bad port, unknown register...): printed as one line, exit 1."""
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="idemlink",
+        description="idemlink: a serial protocol stack where retries are harmless.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except UserError as exc:
+        print(f"idemlink {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LOCAL_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""CLI subcommands: one module per command family, each exposing ``register(subparsers)``.
+
+``host.cli`` imports every module listed in ``COMMAND_MODULES`` in order; adding a command is
+adding a module here and one line to that list.
+"""
+
+COMMAND_MODULES: tuple[str, ...] = (
+    "host.commands.contract_cmd",
+)
