@@ -9,7 +9,7 @@ constant is written exactly once, in Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, IntFlag
 from typing import Any
 
 
@@ -28,7 +28,7 @@ class CEnum:
 
     type_name: str
     prefix: str
-    members: type[IntEnum]
+    members: type[IntEnum] | type[IntFlag]
     comment: str = ""
 
 

@@ -1,0 +1,121 @@
+"""Payloads of the session frames: the HELLO handshake and the REQUEST/RESPONSE envelopes.
+
+- HELLO (host → device): ``HELLO_PAYLOAD`` — the host's protocol version and contract hash. The frame's
+  epoch is 0 and its seq is echoed back, so a host matches the reply; HELLO has no side effect and
+  is never de-duplicated.
+- HELLO_REPLY (device → host): ``DEVICE_INFO`` — what a host must know before sending commands:
+  protocol version, de-duplication window, payload limit, replay-cache slots, pipelining depth,
+  contract hash and a device name. The frame header carries the device's current boot epoch.
+- REQUEST payload: a Modbus-style PDU (function code + data), see ``protocol.modbus``.
+- RESPONSE payload: ``status u8`` (``protocol.outcome.Status``) followed by the response PDU (empty
+  unless the status is OK). A replayed answer is the exact bytes of the first one, with the REPLAY
+  flag set in the header.
+
+Additive evolution: fields are only ever appended to DEVICE_INFO; a reader ignores bytes after the
+fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import construct as cs
+
+from protocol.contract_section import CDefine, ContractSection, md_table
+
+CONTRACT_HASH_LEN = 8
+
+HELLO_PAYLOAD = cs.Struct(
+    "version" / cs.Int8ul,
+    "contract_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "_extensions" / cs.GreedyBytes,
+)
+
+DEVICE_INFO = cs.Struct(
+    "version" / cs.Int8ul,
+    "window" / cs.Int16ul,
+    "max_payload" / cs.Int16ul,
+    "replay_slots" / cs.Int16ul,
+    "max_inflight" / cs.Int8ul,
+    "contract_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "name" / cs.PascalString(cs.Int8ul, "utf8"),
+    "_extensions" / cs.GreedyBytes,
+)
+
+RESPONSE_PAYLOAD = cs.Struct(
+    "status" / cs.Int8ul,
+    "pdu" / cs.GreedyBytes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What the device advertises in HELLO_REPLY."""
+
+    version: int
+    window: int
+    max_payload: int
+    replay_slots: int
+    max_inflight: int
+    contract_hash: bytes
+    name: str
+
+    def encode(self) -> bytes:
+        return bytes(
+            DEVICE_INFO.build(
+                {
+                    "version": self.version, "window": self.window,
+                    "max_payload": self.max_payload, "replay_slots": self.replay_slots,
+                    "max_inflight": self.max_inflight, "contract_hash": self.contract_hash,
+                    "name": self.name, "_extensions": b"",
+                }
+            )
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> DeviceInfo:
+        """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short input."""
+        c = DEVICE_INFO.parse(payload)
+        return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
+                   bytes(c.contract_hash), c.name)
+
+
+def encode_hello(version: int, contract_hash: bytes) -> bytes:
+    return bytes(HELLO_PAYLOAD.build(
+        {"version": version, "contract_hash": contract_hash, "_extensions": b""}))
+
+
+def encode_response(status: int, pdu: bytes = b"") -> bytes:
+    """RESPONSE payload (fast path of ``RESPONSE_PAYLOAD.build``)."""
+    return bytes((status,)) + pdu
+
+
+def decode_response(payload: bytes) -> tuple[int, bytes] | None:
+    """``(status, pdu)`` or ``None`` for an empty payload."""
+    if not payload:
+        return None
+    return payload[0], payload[1:]
+
+
+def contract_section() -> ContractSection:
+    rows = [[sc.name, sc.sizeof() if sc.name != "name" else "1 + n (u8 length, UTF-8)"]
+            for sc in DEVICE_INFO.subcons if not sc.name.startswith("_")]
+    md = (
+        "## Session\n\n"
+        "A host opens a session with HELLO (epoch 0, any seq; payload: version u8, contract hash "
+        "8 bytes). The device answers HELLO_REPLY with the same seq, its current boot epoch in the "
+        "header and this payload (little-endian; fields are only ever appended, readers ignore "
+        "trailing bytes):\n\n"
+        + md_table(["field", "size"], rows)
+        + "\nREQUEST payload: a Modbus-style PDU (function code, data). RESPONSE payload: "
+        "`status u8` then the response PDU. A replayed RESPONSE carries the exact bytes of the "
+        "first answer with the REPLAY flag set.\n"
+    )
+    return ContractSection(
+        name="session",
+        defines=[CDefine("IDL_CONTRACT_HASH_LEN", CONTRACT_HASH_LEN, "bytes of contract hash")],
+        markdown=md,
+        data={"device_info": [sc.name for sc in DEVICE_INFO.subcons],
+              "hello": [sc.name for sc in HELLO_PAYLOAD.subcons],
+              "response": [sc.name for sc in RESPONSE_PAYLOAD.subcons]},
+    )

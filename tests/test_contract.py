@@ -1,0 +1,78 @@
+"""The committed generated artifacts match the Python declarations, and drift is caught."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from host.cli import main
+from protocol import contract
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_committed_artifacts_are_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["contract", "--check", "--root", str(ROOT)]) == 0
+
+
+def test_check_names_the_drifted_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for rel in contract.render_all():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    assert main(["contract", "--check", "--root", str(tmp_path)]) == 0
+    header = tmp_path / contract.HEADER_PATH
+    header.write_text(header.read_text().replace("IDL_MAX_PAYLOAD 512u", "IDL_MAX_PAYLOAD 511u"))
+    capsys.readouterr()
+    assert main(["contract", "--check", "--root", str(tmp_path)]) == 6
+    out = capsys.readouterr().out
+    assert contract.HEADER_PATH in out and contract.PROTOCOL_MD_PATH not in out
+
+
+def test_changing_a_declared_constant_without_regenerating_is_caught(tmp_path: Path) -> None:
+    # A copy of the repository with one constant edited in the Python declaration and the
+    # generated files left alone: the check must fail and name the drifted files.
+    for d in ("protocol", "host", "device_sim"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    for rel in [*contract.render_all(), "pyproject.toml"]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / rel, tmp_path / rel)
+    src = tmp_path / "protocol" / "frame.py"
+    text = src.read_text()
+    assert "MAX_PAYLOAD = 512\n" in text
+    src.write_text(text.replace("MAX_PAYLOAD = 512\n", "MAX_PAYLOAD = 600\n"))
+    r = subprocess.run(
+        [sys.executable, "-c", "import sys; from host.cli import main; sys.exit(main())",
+         "contract", "--check", "--root", str(tmp_path)],
+        capture_output=True, text=True, check=False, cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert contract.HEADER_PATH in r.stdout and contract.PROTOCOL_MD_PATH in r.stdout
+
+
+def test_header_compiles_as_c99(tmp_path: Path) -> None:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "t.c"
+    src.write_text('#include "idemlink_proto.h"\nint main(void){return IDL_HEADER_LEN == 13u ? 0 : 1;}\n')
+    r = subprocess.run(
+        [cc, "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic",
+         "-I", str(ROOT / "firmware_ref" / "include"), str(src), "-o", str(tmp_path / "t")],
+        capture_output=True, text=True, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert subprocess.run([str(tmp_path / "t")], check=False).returncode == 0
+
+
+def test_contract_hash_changes_with_the_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
+    before = contract.contract_hash()
+    import protocol.frame as frame
+
+    monkeypatch.setattr(frame, "MAX_PAYLOAD", 256)
+    assert contract.contract_hash() != before
