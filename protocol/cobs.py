@@ -53,3 +53,22 @@ def decode(enc: bytes | bytearray | memoryview) -> bytes | None:
         if code != 0xFF and i < n:
             out.append(0)
     return bytes(out)
+
+
+def decode_segment(enc: bytes) -> bytes | None:
+    """``decode`` for a block already split on 0x00 (so it holds no zero): the decoder's hot path."""
+    n = len(enc)
+    if n and enc[0] == n:  # one run, no embedded zero: the common short frame
+        return enc[1:]
+    out = bytearray()
+    i = 0
+    while i < n:
+        code = enc[i]
+        j = i + code
+        if j > n:
+            return None
+        out += enc[i + 1 : j]
+        i = j
+        if code != 0xFF and i < n:
+            out.append(0)
+    return bytes(out)

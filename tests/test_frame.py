@@ -209,3 +209,20 @@ def test_oversize_is_refused_then_resyncs() -> None:
 def test_payload_over_limit_is_a_local_error() -> None:
     with pytest.raises(ValueError, match="MAX_PAYLOAD"):
         encode_frame(FrameType.REQUEST, 1, 1, bytes(MAX_PAYLOAD + 1))
+
+
+@given(st.binary(max_size=1200).map(lambda b: b.replace(b"\x00", b"")))
+def test_decode_segment_agrees_with_decode_on_zero_free_input(seg: bytes) -> None:
+    assert cobs.decode_segment(seg) == cobs.decode(seg)
+
+
+@given(st.binary(max_size=600))
+def test_residue_check_equals_trailer_comparison(body: bytes) -> None:
+    import struct
+
+    from protocol.frame import CRC_RESIDUE
+
+    good = body + struct.pack("<I", crc32c(body))
+    assert crc32c(good) == CRC_RESIDUE
+    bad = body + struct.pack("<I", crc32c(body) ^ 1)
+    assert crc32c(bad) != CRC_RESIDUE
