@@ -1,0 +1,503 @@
+"""Modbus PDU codec and RTU framing (sans-I/O).
+
+Contract:
+
+- PDUs (function code + data, no unit id, no CRC) for FC03, FC04, FC06, FC16, exception responses
+  (function | 0x80, code 01-04), and two functions from the user-defined range 65-72:
+
+  * ``0x41 WRITE_IF_GENERATION``: ``gen:u16 addr:u16 count:u16 bytes:u8 values:u16*count`` — write
+    these registers only if the configuration generation still equals ``gen``. Answer:
+    ``status:u8 generation:u16``; status 0x00 (OK, the generation after the write) or 0x12
+    (GUARD_FAILED = NOT_EXECUTED, nothing changed, the current generation). Bad requests get the
+    same exceptions as FC16.
+  * ``0x42 TRIGGER``: ``addr:u16 value:u16`` -> ``addr:u16 code:u16`` where ``code`` is a
+    ``TriggerStatus`` (0, 0x0101, 0x0102, 0xFF01, 0xFF00). FC06 cannot carry the code back (its
+    answer is an echo), so a framed host that needs it uses 0x42.
+
+- ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
+  carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
+  over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
+- RTU: ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
+  streaming decoder: RTU has no delimiter, so it computes the expected length from the function
+  code, verifies the CRC, and slides one byte on a bad CRC. An unknown function code's length is
+  unknowable; such a frame is accepted only when the line went silent right after it (``gap()``).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import crcmod.predefined
+
+from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from protocol.outcome import ModbusException, RemoteProtocolError, Status
+
+MAX_READ_COUNT = 125
+MAX_WRITE_COUNT = 123
+MAX_CONDITIONAL_WRITE_COUNT = 122  # 1 + 2 + 2 + 2 + 1 + 2*122 = 252 <= 253 (max PDU)
+MAX_PDU = 253
+MAX_RTU_FRAME = 256
+MIN_RTU_FRAME = 4  # unit + function + CRC
+BROADCAST_UNIT = 0
+
+
+class FunctionCode(IntEnum):
+    READ_HOLDING_REGISTERS = 0x03
+    READ_INPUT_REGISTERS = 0x04
+    WRITE_SINGLE_REGISTER = 0x06
+    WRITE_MULTIPLE_REGISTERS = 0x10
+    WRITE_IF_GENERATION = 0x41  #: user-defined: conditional write guarded by the generation
+    TRIGGER = 0x42  #: user-defined: trigger write answering the TriggerStatus code
+
+
+EXCEPTION_FLAG = 0x80
+
+
+# ----------------------------------------------------------------------------------------- errors
+
+
+class ModbusPduError(RemoteProtocolError):
+    """A request PDU the peer should not have sent. ``exception`` is the code to answer with."""
+
+    exception: ModbusException = ModbusException.ILLEGAL_DATA_VALUE
+
+    def __init__(self, message: str, function: int) -> None:
+        status = (Status.UNSUPPORTED if self.exception is ModbusException.ILLEGAL_FUNCTION
+                  else Status.MALFORMED_REQUEST)
+        super().__init__(message, status)
+        self.function = function
+
+
+class IllegalFunction(ModbusPduError):
+    exception = ModbusException.ILLEGAL_FUNCTION
+
+
+class ShortPdu(ModbusPduError):
+    exception = ModbusException.ILLEGAL_DATA_VALUE
+
+
+class TrailingBytes(ModbusPduError):
+    exception = ModbusException.ILLEGAL_DATA_VALUE
+
+
+class ByteCountMismatch(ModbusPduError):
+    exception = ModbusException.ILLEGAL_DATA_VALUE
+
+
+class QuantityOutOfRange(ModbusPduError):
+    exception = ModbusException.ILLEGAL_DATA_VALUE
+
+
+class AddressOverflow(ModbusPduError):
+    exception = ModbusException.ILLEGAL_DATA_ADDRESS
+
+
+class BadResponse(RemoteProtocolError):
+    """A response PDU that cannot be parsed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST)
+
+
+class RtuFrameError(RemoteProtocolError):
+    """An RTU frame that is too short or fails its CRC."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST)
+
+
+# --------------------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRegisters:
+    """FC03 (holding) or FC04 (input); both read the one flat map."""
+
+    function: FunctionCode
+    address: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSingleRegister:
+    address: int
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMultipleRegisters:
+    address: int
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteIfGeneration:
+    generation: int
+    address: int
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerRequest:
+    address: int
+    value: int
+
+
+Request = (ReadRegisters | WriteSingleRegister | WriteMultipleRegisters | WriteIfGeneration
+           | TriggerRequest)
+
+
+# -------------------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRegistersResponse:
+    function: FunctionCode
+    values: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSingleRegisterResponse:
+    address: int
+    value: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMultipleRegistersResponse:
+    address: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteIfGenerationResponse:
+    status: Status  #: OK or GUARD_FAILED (NOT_EXECUTED: nothing changed)
+    generation: int  #: after the write (OK) or the current one (GUARD_FAILED)
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerResponse:
+    address: int
+    code: int  #: a TriggerStatus value
+
+
+@dataclass(frozen=True, slots=True)
+class ExceptionResponse:
+    function: int  #: the request's function code (without the 0x80 flag)
+    exception: ModbusException
+
+
+Response = (ReadRegistersResponse | WriteSingleRegisterResponse | WriteMultipleRegistersResponse
+            | WriteIfGenerationResponse | TriggerResponse | ExceptionResponse)
+
+
+# ----------------------------------------------------------------------------------------- decode
+
+
+def _u16s(data: bytes) -> tuple[int, ...]:
+    return struct.unpack(f">{len(data) // 2}H", data)
+
+
+def _check_len(pdu: bytes, need: int, fc: int, exact: bool = True) -> None:
+    if len(pdu) < need:
+        raise ShortPdu(f"function 0x{fc:02X}: PDU of {len(pdu)} bytes, need {need}", fc)
+    if exact and len(pdu) > need:
+        raise TrailingBytes(f"function 0x{fc:02X}: {len(pdu) - need} trailing bytes", fc)
+
+
+def _check_range(fc: int, address: int, count: int, limit: int) -> None:
+    if not 1 <= count <= limit:
+        raise QuantityOutOfRange(f"function 0x{fc:02X}: count {count} outside 1..{limit}", fc)
+    if address + count > 0x10000:
+        raise AddressOverflow(
+            f"function 0x{fc:02X}: {count} registers from 0x{address:04X} pass 0xFFFF", fc)
+
+
+def _decode_values(pdu: bytes, fc: int, head: int, count: int) -> tuple[int, ...]:
+    """``pdu[head]`` is the byte count; the values follow."""
+    _check_len(pdu, head + 1, fc, exact=False)
+    byte_count = pdu[head]
+    if byte_count != 2 * count:
+        raise ByteCountMismatch(
+            f"function 0x{fc:02X}: byte count {byte_count} for {count} registers", fc)
+    _check_len(pdu, head + 1 + byte_count, fc)
+    return _u16s(pdu[head + 1:])
+
+
+def decode_request(pdu: bytes) -> Request:
+    """Parse a request PDU; raise a ``ModbusPduError`` subclass for anything not well-formed."""
+    if not pdu:
+        raise ShortPdu("empty PDU", 0)
+    fc = pdu[0]
+    if fc in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS):
+        _check_len(pdu, 5, fc)
+        address, count = struct.unpack_from(">HH", pdu, 1)
+        _check_range(fc, address, count, MAX_READ_COUNT)
+        return ReadRegisters(FunctionCode(fc), address, count)
+    if fc == FunctionCode.WRITE_SINGLE_REGISTER:
+        _check_len(pdu, 5, fc)
+        address, value = struct.unpack_from(">HH", pdu, 1)
+        return WriteSingleRegister(address, value)
+    if fc == FunctionCode.WRITE_MULTIPLE_REGISTERS:
+        _check_len(pdu, 6, fc, exact=False)
+        address, count = struct.unpack_from(">HH", pdu, 1)
+        _check_range(fc, address, count, MAX_WRITE_COUNT)
+        return WriteMultipleRegisters(address, _decode_values(pdu, fc, 5, count))
+    if fc == FunctionCode.WRITE_IF_GENERATION:
+        _check_len(pdu, 8, fc, exact=False)
+        generation, address, count = struct.unpack_from(">HHH", pdu, 1)
+        _check_range(fc, address, count, MAX_CONDITIONAL_WRITE_COUNT)
+        return WriteIfGeneration(generation, address, _decode_values(pdu, fc, 7, count))
+    if fc == FunctionCode.TRIGGER:
+        _check_len(pdu, 5, fc)
+        address, value = struct.unpack_from(">HH", pdu, 1)
+        return TriggerRequest(address, value)
+    raise IllegalFunction(f"function 0x{fc:02X} not supported", fc)
+
+
+def decode_response(pdu: bytes) -> Response:
+    """Parse a response PDU (host side)."""
+    if len(pdu) < 2:
+        raise BadResponse(f"response PDU of {len(pdu)} bytes")
+    fc = pdu[0]
+    try:
+        if fc & EXCEPTION_FLAG:
+            if len(pdu) != 2:
+                raise BadResponse("exception response must be 2 bytes")
+            return ExceptionResponse(fc & 0x7F, ModbusException(pdu[1]))
+        if fc in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS):
+            if pdu[1] % 2 or len(pdu) != 2 + pdu[1]:
+                raise BadResponse("read response byte count does not match its length")
+            return ReadRegistersResponse(FunctionCode(fc), _u16s(pdu[2:]))
+        if len(pdu) == 5 and fc == FunctionCode.WRITE_SINGLE_REGISTER:
+            return WriteSingleRegisterResponse(*struct.unpack_from(">HH", pdu, 1))
+        if len(pdu) == 5 and fc == FunctionCode.WRITE_MULTIPLE_REGISTERS:
+            return WriteMultipleRegistersResponse(*struct.unpack_from(">HH", pdu, 1))
+        if len(pdu) == 4 and fc == FunctionCode.WRITE_IF_GENERATION:
+            return WriteIfGenerationResponse(Status(pdu[1]), struct.unpack_from(">H", pdu, 2)[0])
+        if len(pdu) == 5 and fc == FunctionCode.TRIGGER:
+            return TriggerResponse(*struct.unpack_from(">HH", pdu, 1))
+    except ValueError as exc:  # unknown exception or status code
+        raise BadResponse(str(exc)) from None
+    raise BadResponse(f"cannot parse a 0x{fc:02X} response of {len(pdu)} bytes")
+
+
+# ----------------------------------------------------------------------------------------- encode
+
+
+def _values(values: tuple[int, ...]) -> bytes:
+    return bytes([2 * len(values)]) + struct.pack(f">{len(values)}H", *values)
+
+
+def encode_request(req: Request) -> bytes:
+    """Build a request PDU. Raises ``struct.error``/``ValueError`` on out-of-range fields."""
+    match req:
+        case ReadRegisters(function, address, count):
+            return struct.pack(">BHH", function, address, count)
+        case WriteSingleRegister(address, value):
+            return struct.pack(">BHH", FunctionCode.WRITE_SINGLE_REGISTER, address, value)
+        case WriteMultipleRegisters(address, values):
+            return (struct.pack(">BHH", FunctionCode.WRITE_MULTIPLE_REGISTERS, address,
+                                len(values)) + _values(values))
+        case WriteIfGeneration(generation, address, values):
+            return (struct.pack(">BHHH", FunctionCode.WRITE_IF_GENERATION, generation, address,
+                                len(values)) + _values(values))
+        case TriggerRequest(address, value):
+            return struct.pack(">BHH", FunctionCode.TRIGGER, address, value)
+    raise TypeError(f"not a request: {req!r}")  # pragma: no cover
+
+
+def encode_response(resp: Response) -> bytes:
+    match resp:
+        case ReadRegistersResponse(function, values):
+            return bytes([function]) + _values(values)
+        case WriteSingleRegisterResponse(address, value):
+            return struct.pack(">BHH", FunctionCode.WRITE_SINGLE_REGISTER, address, value)
+        case WriteMultipleRegistersResponse(address, count):
+            return struct.pack(">BHH", FunctionCode.WRITE_MULTIPLE_REGISTERS, address, count)
+        case WriteIfGenerationResponse(status, generation):
+            return struct.pack(">BBH", FunctionCode.WRITE_IF_GENERATION, status, generation)
+        case TriggerResponse(address, code):
+            return struct.pack(">BHH", FunctionCode.TRIGGER, address, code)
+        case ExceptionResponse(function, exception):
+            return bytes([(function | EXCEPTION_FLAG) & 0xFF, exception])
+    raise TypeError(f"not a response: {resp!r}")  # pragma: no cover
+
+
+def exception_pdu(function: int, exception: ModbusException) -> bytes:
+    return encode_response(ExceptionResponse(function, exception))
+
+
+# -------------------------------------------------------------------------------------------- RTU
+
+_crc16: Callable[[bytes], int] = crcmod.predefined.mkCrcFun("modbus")
+
+
+def crc16(data: bytes) -> int:
+    """CRC-16/MODBUS (poly 0x8005 reflected, init 0xFFFF)."""
+    return _crc16(data)
+
+
+@dataclass(frozen=True, slots=True)
+class RtuFrame:
+    unit: int
+    pdu: bytes
+
+
+def encode_rtu(unit: int, pdu: bytes) -> bytes:
+    """``unit + pdu + CRC`` (CRC low byte first)."""
+    if not 0 <= unit <= 247:
+        raise ValueError(f"unit id {unit} outside 0..247")
+    body = bytes([unit]) + pdu
+    return body + crc16(body).to_bytes(2, "little")
+
+
+def decode_rtu(frame: bytes) -> RtuFrame:
+    """Check one whole RTU frame's CRC and split it."""
+    if len(frame) < MIN_RTU_FRAME:
+        raise RtuFrameError(f"RTU frame of {len(frame)} bytes")
+    if crc16(frame[:-2]) != int.from_bytes(frame[-2:], "little"):
+        raise RtuFrameError("RTU CRC mismatch")
+    return RtuFrame(frame[0], bytes(frame[1:-2]))
+
+
+NEED_MORE = -1  #: the length is not known yet: more bytes needed
+UNKNOWN_LENGTH = -2  #: the function code does not tell the length
+
+#: Requests with a fixed frame length (unit + fc + 4 + CRC), including standard codes that the
+#: device does not support, so that it can answer them with exception 01 at once.
+_FIXED_REQUEST = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, FunctionCode.TRIGGER}
+#: Requests whose length is ``index of byte count + 1 + byte count + CRC``.
+_COUNTED_REQUEST = {0x0F: 6, 0x10: 6, 0x17: 10, FunctionCode.WRITE_IF_GENERATION: 8}
+
+
+def request_frame_length(buf: bytes | bytearray) -> int:
+    """Expected length of the RTU request frame at the start of ``buf``."""
+    if len(buf) < 2:
+        return NEED_MORE
+    fc = buf[1]
+    if fc in _FIXED_REQUEST:
+        return 8
+    if fc in _COUNTED_REQUEST:
+        at = _COUNTED_REQUEST[fc]
+        return buf[at] + at + 3 if len(buf) > at else NEED_MORE
+    return UNKNOWN_LENGTH
+
+
+def response_frame_length(buf: bytes | bytearray) -> int:
+    """Expected length of the RTU response frame at the start of ``buf`` (host side)."""
+    if len(buf) < 2:
+        return NEED_MORE
+    fc = buf[1]
+    if fc & EXCEPTION_FLAG:
+        return 5
+    if fc in (0x01, 0x02, 0x03, 0x04, 0x17):
+        return buf[2] + 5 if len(buf) > 2 else NEED_MORE
+    if fc in (0x05, 0x06, 0x0F, 0x10, FunctionCode.TRIGGER):
+        return 8
+    if fc == FunctionCode.WRITE_IF_GENERATION:
+        return 7
+    return UNKNOWN_LENGTH
+
+
+class RtuDecoder:
+    """Streaming RTU decoder that resynchronises after garbage.
+
+    ``feed(data)``; call ``gap()`` when the line has been silent (the shell's read timed out);
+    ``next_frame()`` returns the next CRC-valid frame or None. At each position the expected
+    length comes from the function code; a bad CRC, an impossible length, or an incomplete frame
+    followed by silence drops one byte and tries again. ``discarded`` counts dropped bytes.
+    """
+
+    def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
+                 ) -> None:
+        self._buf = bytearray()
+        self._length_of = length_of
+        self._silent = False
+        self.discarded = 0
+
+    def feed(self, data: bytes) -> None:
+        if data:
+            self._buf += data
+            self._silent = False
+
+    def gap(self) -> None:
+        """The line went silent after the bytes fed so far."""
+        self._silent = True
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+    def _slide(self) -> None:
+        del self._buf[0]
+        self.discarded += 1
+
+    def next_frame(self) -> RtuFrame | None:
+        while self._buf:
+            buf = self._buf
+            n = self._length_of(buf)
+            if n == UNKNOWN_LENGTH:
+                if self._silent and len(buf) >= MIN_RTU_FRAME and (
+                    crc16(bytes(buf[:-2])) == int.from_bytes(buf[-2:], "little")
+                ):
+                    n = len(buf)
+                elif self._silent or len(buf) > MAX_RTU_FRAME:
+                    self._slide()
+                    continue
+                else:
+                    return None
+            if n == NEED_MORE or n > len(buf):
+                if n > MAX_RTU_FRAME:
+                    self._slide()
+                    continue
+                if self._silent:
+                    self._slide()
+                    continue
+                return None
+            frame = bytes(buf[:n])
+            if crc16(frame[:-2]) != int.from_bytes(frame[-2:], "little"):
+                self._slide()
+                continue
+            del self._buf[:n]
+            return RtuFrame(frame[0], frame[1:-2])
+        return None
+
+
+def contract_section() -> ContractSection:
+    """Function codes and limits of the Modbus face of the device."""
+    rows = [
+        ["0x03", "READ_HOLDING_REGISTERS", "addr:u16 count:u16 (1..125)", "bytes:u8 values"],
+        ["0x04", "READ_INPUT_REGISTERS", "addr:u16 count:u16 (1..125)", "bytes:u8 values"],
+        ["0x06", "WRITE_SINGLE_REGISTER", "addr:u16 value:u16", "echo of the request"],
+        ["0x10", "WRITE_MULTIPLE_REGISTERS", "addr:u16 count:u16 (1..123) bytes:u8 values",
+         "addr:u16 count:u16"],
+        ["0x41", "WRITE_IF_GENERATION",
+         "gen:u16 addr:u16 count:u16 (1..122) bytes:u8 values",
+         "status:u8 (0x00 OK / 0x12 GUARD_FAILED) generation:u16"],
+        ["0x42", "TRIGGER", "addr:u16 value:u16", "addr:u16 code:u16 (trigger status)"],
+    ]
+    md = (
+        "## Modbus functions\n\n"
+        "Requests are validated whole before anything changes. Exceptions: 01 unknown function, "
+        "02 unknown or read-only address (or address + count past 0xFFFF), 03 bad count, byte "
+        "count or value, 04 impossible device state. RTU frames carry CRC-16/MODBUS, low byte "
+        "first; the device is silent on another unit id and on a bad CRC.\n\n"
+        + md_table(["code", "name", "request", "answer"], rows)
+    )
+    return ContractSection(
+        name="modbus",
+        defines=[
+            CDefine("IDL_MB_MAX_READ", f"{MAX_READ_COUNT}u", "registers per FC03/FC04"),
+            CDefine("IDL_MB_MAX_WRITE", f"{MAX_WRITE_COUNT}u", "registers per FC16"),
+            CDefine("IDL_MB_MAX_COND_WRITE", f"{MAX_CONDITIONAL_WRITE_COUNT}u",
+                    "registers per 0x41"),
+            CDefine("IDL_MB_EXCEPTION_FLAG", f"0x{EXCEPTION_FLAG:02X}u"),
+        ],
+        enums=[CEnum("idl_mb_function_t", "IDL_MB_FC", FunctionCode, "Modbus function codes")],
+        markdown=md,
+        data={"functions": {f.name: f.value for f in FunctionCode},
+              "limits": [MAX_READ_COUNT, MAX_WRITE_COUNT, MAX_CONDITIONAL_WRITE_COUNT]},
+    )
