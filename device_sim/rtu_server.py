@@ -1,0 +1,149 @@
+"""Plain Modbus RTU slave around ``protocol.device_core`` (the I/O shell).
+
+Contract:
+
+- ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
+  means the line was silent), get the bytes to send back. Frames for another unit id and frames
+  with a bad CRC get silence; garbage is skipped (the decoder slides until a CRC-valid frame);
+  broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
+- ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
+  the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
+  configuration is loaded at start and saved (atomically) after every change of generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import serial
+
+from protocol.device_core import ConfigSnapshot, DeviceCore
+from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    def read(self, timeout: float) -> bytes: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
+class SerialTransport:
+    """A pyserial port or URL as a ``Transport``."""
+
+    def __init__(self, port: serial.SerialBase) -> None:
+        self.port = port
+
+    @classmethod
+    def open(cls, url: str, baudrate: int = 115200) -> SerialTransport:
+        return cls(serial.serial_for_url(url, baudrate=baudrate, timeout=0.02))
+
+    def read(self, timeout: float) -> bytes:
+        if self.port.timeout != timeout:  # the setter reconfigures the port: only on change
+            self.port.timeout = timeout
+        first = self.port.read(1)
+        if not first:
+            return b""
+        return bytes(first) + bytes(self.port.read(getattr(self.port, "in_waiting", 0) or 0))
+
+    def write(self, data: bytes) -> None:
+        self.port.write(data)
+        self.port.flush()
+
+    def close(self) -> None:
+        self.port.close()
+
+
+class ConfigFlash:
+    """Simulated flash: the configuration snapshot as ``config.json`` in a directory, written
+    by atomic replacement (a reader sees the old or the new file, never half), mode 0600."""
+
+    FILE = "config.json"
+
+    def __init__(self, directory: str | os.PathLike[str]) -> None:
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / self.FILE
+
+    def load(self) -> ConfigSnapshot | None:
+        try:
+            return ConfigSnapshot.from_json(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return None
+
+    def save(self, snap: ConfigSnapshot) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".config.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(snap.to_json())
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+class RtuServer:
+    """A Modbus RTU slave serving ``core`` as unit ``unit``."""
+
+    def __init__(self, core: DeviceCore, unit: int = 1, flash: ConfigFlash | None = None,
+                 ) -> None:
+        if not 1 <= unit <= 247:
+            raise ValueError(f"unit id {unit} outside 1..247")
+        self.core = core
+        self.unit = unit
+        self.flash = flash
+        self.decoder = RtuDecoder()
+        self.answered = 0
+        self.ignored = 0
+        if flash is not None:
+            snap = flash.load()
+            if snap is not None:
+                core.restore(snap, core.now)
+        self._saved_generation = core.generation
+
+    def receive(self, data: bytes, now: float) -> bytes:
+        """Feed received bytes (b"" = silence); return the bytes to send."""
+        if data:
+            self.decoder.feed(data)
+        else:
+            self.decoder.gap()
+        out = bytearray()
+        while (frame := self.decoder.next_frame()) is not None:
+            if frame.unit not in (self.unit, BROADCAST_UNIT):
+                self.ignored += 1
+                continue
+            response = self.core.execute(frame.pdu, now)
+            self._persist()
+            if frame.unit == BROADCAST_UNIT:
+                continue
+            self.answered += 1
+            out += encode_rtu(self.unit, response)
+        if not data:
+            self.core.tick(now)
+        return bytes(out)
+
+    def _persist(self) -> None:
+        if self.flash is not None and self.core.generation != self._saved_generation:
+            self.flash.save(self.core.snapshot())
+            self._saved_generation = self.core.generation
+
+    def serve(self, transport: Transport, stop: threading.Event,
+              clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:
+        """Serve until ``stop`` is set. ``poll`` is the silence that counts as a frame gap."""
+        log.info("Modbus RTU unit %d serving", self.unit)
+        while not stop.is_set():
+            data = transport.read(poll)
+            reply = self.receive(data, clock())
+            if reply:
+                transport.write(reply)
