@@ -24,6 +24,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "protocol.frame",
     "protocol.outcome",
     "protocol.session",
+    "protocol.window",
 )
 """Modules exposing ``contract_section()``, in rendering order. Add a line to add a section."""
 

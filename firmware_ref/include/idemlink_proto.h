@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "e755b97d1dddc414"
+#define IDL_CONTRACT_HASH "c31eea32a22cd2f9"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -100,5 +100,17 @@ typedef enum {
 
 /* ---- session ---- */
 #define IDL_CONTRACT_HASH_LEN 8u /**< bytes of contract hash */
+
+/* ---- window ---- */
+#define IDL_WINDOW_RING_BITS 1024u /**< bits in the de-duplication ring */
+#define IDL_WINDOW_BLOCK_BITS 32u /**< bits per ring block */
+#define IDL_WINDOW_SIZE 992u /**< numbers tracked: ring minus one block */
+/** window verdicts */
+typedef enum {
+    IDL_VERDICT_NEW = 0,
+    IDL_VERDICT_ACCEPT_OLD = 1,
+    IDL_VERDICT_DUPLICATE = 2,
+    IDL_VERDICT_TOO_OLD = 3
+} idl_verdict_t;
 
 #endif /* IDEMLINK_PROTO_H */

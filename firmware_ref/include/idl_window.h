@@ -1,0 +1,118 @@
+/**
+ * @file idl_window.h
+ * @brief Sliding-window sequence de-duplication (replay window) for idemlink devices.
+ *
+ * Bit-exact with protocol/window.py. Sequence numbers are 32-bit and compared with RFC 1982
+ * serial arithmetic; the window tracks the last ::IDL_WINDOW_SIZE numbers ending at the highest
+ * committed one, in a ring of ::IDL_WINDOW_RING_BITS bits made of 32-bit blocks (WireGuard's
+ * layout: window = ring - one block). Advancing clears whole blocks, at most the whole ring; the
+ * bitmap is never shifted. No division, no malloc, no libc beyond string.h; all state lives in a
+ * caller-owned ::idl_window_t.
+ *
+ * Rules (with back = highest - seq and d = seq - highest, both modulo 2^32):
+ *  - empty window, or 1 <= d <= 2^31 - 1 (i.e. back > 2^31)  -> ::IDL_VERDICT_NEW
+ *  - back >= ::IDL_WINDOW_SIZE (this includes d = 2^31 exactly, which RFC 1982 leaves undefined
+ *    and idemlink treats as old)                                 -> ::IDL_VERDICT_TOO_OLD
+ *  - back < ::IDL_WINDOW_SIZE and the bit is set                  -> ::IDL_VERDICT_DUPLICATE
+ *  - back < ::IDL_WINDOW_SIZE and the bit is clear                -> ::IDL_VERDICT_ACCEPT_OLD
+ *
+ * Usage: call idl_window_check() as early as you like (it is pure); call idl_window_commit()
+ * only once the frame passed its integrity check (CRC, later the MAC) and act on the verdict
+ * commit returns. A forged far-ahead number that fails the CRC then cannot wipe the window.
+ */
+#ifndef IDL_WINDOW_H
+#define IDL_WINDOW_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "idemlink_proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** Compile the four diagnostic counters in (1, default) or out (0: saves 16 bytes of RAM). */
+#ifndef IDL_WINDOW_COUNTERS
+#define IDL_WINDOW_COUNTERS 1
+#endif
+
+#if !defined(IDL_SEQ_BITS) || !defined(IDL_WINDOW_RING_BITS) || !defined(IDL_WINDOW_BLOCK_BITS) \
+    || !defined(IDL_WINDOW_SIZE)
+#error "idemlink_proto.h must define IDL_SEQ_BITS and the IDL_WINDOW_* constants"
+#endif
+#if IDL_SEQ_BITS != 32
+#error "idl_window implements 32-bit sequence numbers only (IDL_SEQ_BITS must be 32)"
+#endif
+#if IDL_WINDOW_BLOCK_BITS != 32
+#error "idl_window uses uint32_t blocks: IDL_WINDOW_BLOCK_BITS must be 32"
+#endif
+#if (IDL_WINDOW_RING_BITS & (IDL_WINDOW_RING_BITS - 1u)) != 0
+#error "IDL_WINDOW_RING_BITS must be a power of two (so block numbers stay continuous at the wrap)"
+#endif
+#if IDL_WINDOW_RING_BITS < 2u * IDL_WINDOW_BLOCK_BITS || IDL_WINDOW_RING_BITS > 0x80000000u
+#error "IDL_WINDOW_RING_BITS must hold at least two blocks and at most 2^31 bits"
+#endif
+#if IDL_WINDOW_SIZE < 1u || IDL_WINDOW_SIZE > IDL_WINDOW_RING_BITS - IDL_WINDOW_BLOCK_BITS
+#error "IDL_WINDOW_SIZE must be between 1 and ring bits minus one block"
+#endif
+
+/** Number of 32-bit blocks in the ring. */
+#define IDL_WINDOW_BLOCKS (IDL_WINDOW_RING_BITS / IDL_WINDOW_BLOCK_BITS)
+
+/** Diagnostic counters, updated by idl_window_commit() only (they wrap at 2^32). */
+typedef struct {
+    uint32_t accepted;   /**< commits that found NEW or ACCEPT_OLD */
+    uint32_t duplicates; /**< commits that found DUPLICATE */
+    uint32_t too_old;    /**< commits that found TOO_OLD */
+    uint32_t advances;   /**< commits that found NEW (the window moved) */
+} idl_window_counters_t;
+
+/** Window state. Caller-owned; treat the fields as read-only and change them through the API. */
+typedef struct {
+    uint32_t bitmap[IDL_WINDOW_BLOCKS]; /**< the ring: bit (seq mod ring) marks seq as seen */
+    uint32_t highest;                   /**< highest committed number (meaningless when empty) */
+#if IDL_WINDOW_COUNTERS
+    idl_window_counters_t counters; /**< diagnostics */
+#endif
+    bool empty; /**< nothing committed since init/reset: every number is NEW */
+} idl_window_t;
+
+/**
+ * @brief Initialise @p w to the empty state with zeroed counters.
+ * @param w caller-owned state (not NULL).
+ */
+void idl_window_init(idl_window_t *w);
+
+/**
+ * @brief Return @p w to the empty state (e.g. on a new boot epoch); the counters are kept.
+ * @param w an initialised window.
+ */
+void idl_window_reset(idl_window_t *w);
+
+/**
+ * @brief The verdict for @p seq. Pure: changes nothing, so it may run before the integrity check.
+ * @param w   an initialised window.
+ * @param seq the frame's sequence number.
+ * @return ::IDL_VERDICT_NEW, ::IDL_VERDICT_ACCEPT_OLD, ::IDL_VERDICT_DUPLICATE or
+ *         ::IDL_VERDICT_TOO_OLD (see the rules in the file comment).
+ */
+idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
+
+/**
+ * @brief Apply @p seq after its frame passed the integrity check; returns the verdict applied.
+ *
+ * The verdict is re-derived, so a stale idl_window_check() is harmless. NEW moves the highest and
+ * clears the ring blocks passed over (at most the whole ring) before setting the bit; ACCEPT_OLD
+ * sets the bit; DUPLICATE and TOO_OLD change nothing but their counter.
+ * @param w   an initialised window.
+ * @param seq the frame's sequence number.
+ * @return the verdict, as idl_window_check() would have returned it just before the call.
+ */
+idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IDL_WINDOW_H */
