@@ -387,6 +387,7 @@ class Receiver(_Machine):
         self.commits = 0  # files committed in this batch
         self.abort_reason: str | None = None
         self._refusal = ""
+        self._c_sent = 0
         self._block_payload = b""
 
     # public API
@@ -545,9 +546,15 @@ class Receiver(_Machine):
         self._events.append(BatchEnded())
 
     def _rx_ask_header(self, now: float) -> None:
-        if not self._error("no header"):
-            self._out.append(CRC_REQUEST)
-            self._arm(now, self.config.c_interval)
+        if self.state is RxState.WAIT_HEADER:  # nobody has spoken yet: a longer patience
+            self._c_sent += 1
+            if self._c_sent > self.config.header_retries:
+                self._do_abort("no sender (no header)", by_peer=False)
+                return
+        elif self._error("no header"):
+            return
+        self._out.append(CRC_REQUEST)
+        self._arm(now, self.config.c_interval)
 
     def _rx_ask_first_block(self, now: float) -> None:
         if not self._error("no first block"):
