@@ -24,7 +24,8 @@ Contract.
   A state change is durable when the call returns.
 - A missing file is the empty set. Anything else that does not decode - empty, truncated, not
   UTF-8, not JSON, wrong shape - is refused with ``JournalCorruptError``; never read as empty.
-- Encoding (version 1): one line of compact UTF-8 JSON and a newline::
+- Encoding (version 1): one line of compact UTF-8 JSON ending in the file's only newline (so no
+  proper prefix of a journal is a journal)::
 
       {"format":"idemlink.receipt-journal","version":1,"done":[ids...],"pending":[ids...]}
 
@@ -268,6 +269,8 @@ def decode(data: bytes, where: str = "journal") -> Snapshot:
     """Decode file bytes strictly. Raises ``JournalLimitError`` over a limit,
     ``JournalVersionError`` for an unknown version, ``JournalCorruptError`` for anything else."""
     _check_size(len(data))
+    if not data.endswith(b"\n") or data.count(b"\n") != 1:
+        raise JournalCorruptError(f"{where}: not a receipt journal (not one newline-ended line)")
     try:
         text = data.decode("utf-8")
         doc = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)

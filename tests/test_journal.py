@@ -1,0 +1,926 @@
+"""Receipt journal and content-derived keys (seed 003).
+
+Covers: key derivation (golden values recomputed by hand from the documented byte layout, prefix
+code / injectivity by hypothesis), every journal refusal (limits, malformed and duplicate ids,
+symlink, FIFO, directory, socket, device, permissions, corrupt content), file mode 0600 under any
+umask, atomic replacement against a concurrent reader in another process, the step state table,
+the runner's UNKNOWN handling, and kill-and-restart: a subprocess killed with SIGKILL at seeded
+random moments, restarted until done, every side effect exactly once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from host import journal as J
+from host.keys import (
+    KeyFieldError,
+    KeySource,
+    MalformedKeyError,
+    encode_fields,
+    parse_key,
+    source_namespace,
+    step_key,
+)
+from protocol.outcome import Outcome
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+def u(n: int) -> uuid.UUID:
+    """A deterministic distinct UUID per n (not derived by the code under test)."""
+    return uuid.UUID(int=(0x1234 << 112) | n)
+
+
+@dataclass(frozen=True)
+class Step:
+    key: uuid.UUID
+    name: str = ""
+
+
+@pytest.fixture
+def jpath(tmp_path: Path) -> Path:
+    return tmp_path / "receipts.json"
+
+
+def write_raw(path: Path, data: bytes, mode: int = 0o600) -> None:
+    path.write_bytes(data)
+    os.chmod(path, mode)
+
+
+def doc_bytes(done: list[str], pending: list[str], **extra: object) -> bytes:
+    doc: dict[str, object] = {
+        "format": "idemlink.receipt-journal",
+        "version": 1,
+        "done": done,
+        "pending": pending,
+    }
+    doc.update(extra)
+    return json.dumps(doc, separators=(",", ":")).encode() + b"\n"
+
+
+# ----------------------------------------------------------------------------------- keys
+
+
+def by_hand_name(*fields: bytes | str | int) -> bytes:
+    """The documented layout, written out independently: tag, u32 BE length, payload."""
+    out = b""
+    for f in fields:
+        if isinstance(f, bytes):
+            out += b"B" + len(f).to_bytes(4, "big") + f
+        elif isinstance(f, str):
+            p = f.encode("utf-8")
+            out += b"S" + len(p).to_bytes(4, "big") + p
+        else:
+            p = f.to_bytes(f.bit_length() // 8 + 1, "big", signed=True)
+            out += b"I" + len(p).to_bytes(4, "big") + p
+    return out
+
+
+def decode_name(name: bytes) -> tuple[bytes | str | int, ...]:
+    """Parse the documented layout back into a typed tuple (proves it is a prefix code)."""
+    out: list[bytes | str | int] = []
+    i = 0
+    while i < len(name):
+        tag = name[i : i + 1]
+        n = int.from_bytes(name[i + 1 : i + 5], "big")
+        payload = name[i + 5 : i + 5 + n]
+        assert len(payload) == n
+        i += 5 + n
+        if tag == b"B":
+            out.append(payload)
+        elif tag == b"S":
+            out.append(payload.decode("utf-8"))
+        else:
+            assert tag == b"I"
+            out.append(int.from_bytes(payload, "big", signed=True))
+    return tuple(out)
+
+
+def test_namespaces_are_the_documented_uuid5_values() -> None:
+    for source, literal in (
+        (KeySource.PLAN_STEP, "b3dedddc-c5dd-5803-801e-ac62c1d708a2"),
+        (KeySource.FILE_SEND, "1787f46d-04c5-5dc2-bc8f-c0c45b8e07d5"),
+    ):
+        derived = uuid.uuid5(uuid.NAMESPACE_URL, "urn:idemlink:key-source:" + source.value)
+        assert str(derived) == literal
+        assert source_namespace(source) == derived == source.namespace
+    assert len({s.namespace for s in KeySource}) == len(KeySource)
+
+
+GOLDEN = [
+    # (source, fields, the name bytes written out by hand, frozen key)
+    (KeySource.PLAN_STEP, ("ab", "c"), b"S\0\0\0\x02abS\0\0\0\x01c",
+     "4e74f9a0-7e7d-58da-91d7-a5bf56ede28b"),
+    (KeySource.PLAN_STEP, ("a", "bc"), b"S\0\0\0\x01aS\0\0\0\x02bc",
+     "c0fc97a6-a84e-5530-a4a0-9b71a9a52625"),
+    (KeySource.FILE_SEND, (b"\x00", 1, -128),
+     b"B\0\0\0\x01\x00I\0\0\0\x01\x01I\0\0\0\x02\xff\x80",
+     "bd607863-0513-54f8-87d7-25fcfea983ac"),
+    (KeySource.PLAN_STEP, (), b"", "ff42b57d-f413-583a-ab36-5d2df097993a"),
+]
+
+
+@pytest.mark.parametrize(("source", "fields", "name", "frozen"), GOLDEN)
+def test_golden_keys(
+    source: KeySource, fields: tuple[bytes | str | int, ...], name: bytes, frozen: str
+) -> None:
+    assert encode_fields(*fields) == name == by_hand_name(*fields)
+    expected = uuid.UUID(bytes=hashlib.sha1(source.namespace.bytes + name).digest()[:16], version=5)
+    if all(b < 0x80 for b in name):
+        # uuid.uuid5 itself agrees wherever its str-only API can express the name.
+        assert expected == uuid.uuid5(source.namespace, name.decode("ascii"))
+    key = step_key(source, *fields)
+    assert key == expected
+    assert key.version == 5 and key.variant == uuid.RFC_4122
+    assert str(key) == frozen
+
+
+def test_no_separator_or_type_ambiguity() -> None:
+    k = lambda *f: step_key(KeySource.PLAN_STEP, *f)  # noqa: E731
+    assert k("ab", "c") != k("a", "bc")
+    assert k("a", "") != k("a") != k("", "a")
+    assert len({k("1"), k(b"1"), k(1)}) == 3
+    assert k("x") != step_key(KeySource.FILE_SEND, "x")
+
+
+@pytest.mark.parametrize("bad", [True, 1.0, None, ["a"], "\udc80", bytearray(b"x")])
+def test_key_field_refusals(bad: object) -> None:
+    with pytest.raises(KeyFieldError):
+        step_key(KeySource.PLAN_STEP, "ok", bad)  # type: ignore[arg-type]
+
+
+fields_st = st.lists(
+    st.one_of(st.binary(max_size=20), st.text(max_size=20), st.integers()), max_size=6
+).map(tuple)
+
+
+@given(fields_st)
+def test_layout_is_a_prefix_code(fields: tuple[bytes | str | int, ...]) -> None:
+    assert encode_fields(*fields) == by_hand_name(*fields)
+    assert decode_name(encode_fields(*fields)) == fields
+
+
+@given(fields_st, fields_st)
+def test_keys_injective_on_typed_tuples(
+    a: tuple[bytes | str | int, ...], b: tuple[bytes | str | int, ...]
+) -> None:
+    same = len(a) == len(b) and all(type(x) is type(y) and x == y for x, y in zip(a, b, strict=False))
+    assert (step_key(KeySource.PLAN_STEP, *a) == step_key(KeySource.PLAN_STEP, *b)) == same
+
+
+@given(st.uuids())
+def test_parse_key_round_trip(key: uuid.UUID) -> None:
+    assert parse_key(str(key)) == key
+
+
+MALFORMED = [
+    "",
+    "not-a-uuid",
+    "0F0E0D0C-0B0A-4908-8706-050403020100",  # upper case
+    "{0f0e0d0c-0b0a-4908-8706-050403020100}",
+    "urn:uuid:0f0e0d0c-0b0a-4908-8706-050403020100",
+    "0f0e0d0c0b0a49088706050403020100",
+    " 0f0e0d0c-0b0a-4908-8706-050403020100",
+    "0f0e0d0c-0b0a-4908-8706-050403020100\n",
+    "0f0e0d0c-0b0a-4908-8706-05040302010",
+    "0f0e0d0c-0b0a-4908-8706-0504030201000",
+    "0f0e0d0c-0b0a-4908-8706-05040302010g",
+    "0f0e0d0c-0b0a4-908-8706-050403020100",
+]
+
+
+@pytest.mark.parametrize("text", [*MALFORMED, 7, None, b"0f0e0d0c-0b0a-4908-8706-050403020100"])
+def test_parse_key_refuses_non_canonical(text: object) -> None:
+    with pytest.raises(MalformedKeyError):
+        parse_key(text)
+
+
+# ----------------------------------------------------------------------- encoding and limits
+
+
+def test_encoding_golden_bytes() -> None:
+    snap = J.Snapshot(frozenset({u(2), u(1)}), frozenset({u(3)}))
+    assert J.encode(snap) == (
+        b'{"format":"idemlink.receipt-journal","version":1,"done":['
+        b'"12340000-0000-0000-0000-000000000001","12340000-0000-0000-0000-000000000002"],'
+        b'"pending":["12340000-0000-0000-0000-000000000003"]}\n'
+    )
+
+
+@given(
+    st.sets(st.uuids(), max_size=40),
+    st.sets(st.uuids(), max_size=40),
+    st.dictionaries(st.text(min_size=1).filter(lambda s: s not in J._KNOWN_FIELDS),
+                    st.one_of(st.integers(), st.text(), st.booleans(), st.none()), max_size=3),
+)
+def test_encode_decode_round_trip(
+    done: set[uuid.UUID], pending: set[uuid.UUID], extra: dict[str, object]
+) -> None:
+    snap = J.Snapshot(frozenset(done), frozenset(pending - done), extra)
+    assert J.decode(J.encode(snap)) == snap
+
+
+def test_missing_file_is_the_empty_set(jpath: Path) -> None:
+    assert J.load(jpath) == J.Snapshot()
+    j = J.ReceiptJournal.open(jpath)
+    assert j.done == j.pending == frozenset()
+    assert j.state(u(1)) is J.StepState.ABSENT
+    assert not jpath.exists()  # opening creates nothing
+
+
+def test_exactly_max_ids_is_accepted_one_more_is_refused(jpath: Path) -> None:
+    full = J.Snapshot(frozenset(u(i) for i in range(1023)), frozenset({u(5000)}))
+    J.save(jpath, full)
+    assert J.load(jpath) == full
+    before = jpath.read_bytes()
+    j = J.ReceiptJournal.open(jpath)
+    with pytest.raises(J.JournalLimitError) as err:
+        j.begin(u(9999))
+    assert (err.value.limit, err.value.actual) == (1024, 1025)
+    assert jpath.read_bytes() == before and j.snapshot == full  # nothing changed
+    j.complete(u(5000))  # moving within the set stays allowed at the limit
+    assert len(J.load(jpath).done) == 1024
+
+
+def test_over_max_ids_refused_on_save_and_in_a_file(jpath: Path) -> None:
+    with pytest.raises(J.JournalLimitError):
+        J.save(jpath, J.Snapshot(frozenset(u(i) for i in range(1025))))
+    assert not jpath.exists()
+    write_raw(jpath, doc_bytes([str(u(i)) for i in range(1000)], [str(u(i)) for i in range(1000, 1025)]))
+    with pytest.raises(J.JournalLimitError):
+        J.load(jpath)
+
+
+def test_runner_refuses_too_many_steps_before_running_any(jpath: Path) -> None:
+    calls: list[Step] = []
+    steps = [Step(u(i)) for i in range(1025)]
+    with pytest.raises(J.JournalLimitError):
+        J.run_steps(jpath, steps, lambda s: calls.append(s) or Outcome.OK)
+    assert calls == [] and not jpath.exists()
+    # The limit counts what the journal already holds too.
+    J.save(jpath, J.Snapshot(frozenset(u(10_000 + i) for i in range(1000))))
+    with pytest.raises(J.JournalLimitError):
+        J.run_steps(jpath, steps[:25], lambda s: calls.append(s) or Outcome.OK)
+    assert calls == []
+
+
+def padded(total: int) -> J.Snapshot:
+    base = len(J.encode(J.Snapshot(frozenset({u(1)}), extra={"pad": ""})))
+    return J.Snapshot(frozenset({u(1)}), extra={"pad": "x" * (total - base)})
+
+
+def test_exactly_64kib_is_accepted_one_byte_more_is_refused(jpath: Path) -> None:
+    ok = padded(65536)
+    assert len(J.encode(ok)) == 65536
+    J.save(jpath, ok)
+    assert J.load(jpath) == ok
+    before = jpath.read_bytes()
+    with pytest.raises(J.JournalLimitError) as err:
+        J.save(jpath, padded(65537))
+    assert (err.value.limit, err.value.actual) == (65536, 65537)
+    assert jpath.read_bytes() == before
+
+
+def test_oversized_file_is_refused_not_truncated(jpath: Path) -> None:
+    data = J.encode(padded(65536))
+    write_raw(jpath, data[:-3] + b'x"}\n')  # one more pad byte: still valid JSON
+    assert len(jpath.read_bytes()) == 65537
+    with pytest.raises(J.JournalLimitError):
+        J.load(jpath)
+    with pytest.raises(J.JournalLimitError):
+        J.decode(jpath.read_bytes())
+
+
+# --------------------------------------------------------------------------- id validation
+
+
+@pytest.mark.parametrize("bad", MALFORMED[:4])
+def test_malformed_id_refused_by_the_api(jpath: Path, bad: str) -> None:
+    j = J.ReceiptJournal.open(jpath)
+    with pytest.raises(J.JournalKeyError):
+        j.begin(bad)
+    assert not jpath.exists()
+
+
+def test_string_keys_in_canonical_form_are_accepted(jpath: Path) -> None:
+    j = J.ReceiptJournal.open(jpath)
+    j.begin(str(u(7)))
+    assert J.load(jpath).pending == {u(7)}
+
+
+def test_runner_refuses_a_non_uuid_key(jpath: Path) -> None:
+    with pytest.raises(J.JournalKeyError):
+        J.run_steps(jpath, [Step(str(u(1)))], lambda s: Outcome.OK)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [*MALFORMED[:4], "0f0e0d0c-0b0a-4908-8706-050403020100 "])
+def test_malformed_id_in_a_file_is_corrupt(jpath: Path, bad: str) -> None:
+    write_raw(jpath, doc_bytes([str(u(1)), bad], []))
+    with pytest.raises(J.JournalCorruptError, match="done\\[1\\]"):
+        J.load(jpath)
+
+
+def test_duplicate_ids_refused(jpath: Path) -> None:
+    for done, pending in (([u(1), u(1)], []), ([], [u(2), u(2)]), ([u(3)], [u(3)])):
+        write_raw(jpath, doc_bytes([str(k) for k in done], [str(k) for k in pending]))
+        with pytest.raises(J.JournalCorruptError, match="duplicate"):
+            J.load(jpath)
+    with pytest.raises(J.JournalDuplicateError):
+        J.Snapshot(frozenset({u(1)}), frozenset({u(1)}))
+    jpath.unlink()
+    j = J.ReceiptJournal.open(jpath)
+    j.begin(u(1))
+    j.complete(u(1))
+    before = jpath.read_bytes()
+    with pytest.raises(J.JournalDuplicateError):
+        j.begin(u(1))
+    assert jpath.read_bytes() == before
+    calls: list[Step] = []
+    with pytest.raises(J.JournalDuplicateError):
+        J.run_steps(jpath, [Step(u(5)), Step(u(6)), Step(u(5))], lambda s: calls.append(s) or Outcome.OK)
+    assert calls == [] and jpath.read_bytes() == before
+
+
+# --------------------------------------------------------------------- file type and mode
+
+
+def assert_unsafe_everywhere(path: Path) -> None:
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.load(path)
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.ReceiptJournal.open(path)
+    calls: list[Step] = []
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.run_steps(path, [Step(u(1))], lambda s: calls.append(s) or Outcome.OK)
+    assert calls == []
+
+
+@pytest.fixture
+def alarm() -> Iterator[None]:
+    """Turn a hang (e.g. blocking on a FIFO) into a failure instead of a stuck suite."""
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise TimeoutError("blocked")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.alarm(5)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_symlink_refused_even_to_a_good_journal(tmp_path: Path, jpath: Path) -> None:
+    real = tmp_path / "real.json"
+    J.save(real, J.Snapshot(frozenset({u(1)})))
+    jpath.symlink_to(real)
+    assert_unsafe_everywhere(jpath)
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.save(jpath, J.Snapshot(frozenset({u(2)})))
+    assert J.load(real) == J.Snapshot(frozenset({u(1)}))  # the target was not touched
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to(tmp_path / "nowhere.json")
+    assert_unsafe_everywhere(dangling)
+    assert not (tmp_path / "nowhere.json").exists()
+
+
+def test_fifo_refused_without_blocking(jpath: Path, alarm: None) -> None:
+    os.mkfifo(jpath, 0o600)
+    assert_unsafe_everywhere(jpath)
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.save(jpath, J.Snapshot())
+    assert stat.S_ISFIFO(os.lstat(jpath).st_mode)
+
+
+def test_directory_refused(jpath: Path) -> None:
+    jpath.mkdir(mode=0o700)
+    assert_unsafe_everywhere(jpath)
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.save(jpath, J.Snapshot())
+    assert jpath.is_dir()
+
+
+def test_socket_refused(jpath: Path, alarm: None) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(str(jpath))
+        assert_unsafe_everywhere(jpath)
+    finally:
+        s.close()
+
+
+def test_device_refused(jpath: Path, alarm: None) -> None:
+    try:
+        os.mknod(jpath, stat.S_IFCHR | 0o600, os.makedev(1, 3))  # /dev/null
+    except PermissionError:
+        pytest.skip("mknod needs privileges")
+    assert_unsafe_everywhere(jpath)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o606, 0o660])
+def test_journal_readable_by_others_is_refused(jpath: Path, mode: int) -> None:
+    write_raw(jpath, doc_bytes([], []), mode)
+    assert_unsafe_everywhere(jpath)
+
+
+def test_journal_owned_by_someone_else_is_refused(jpath: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    write_raw(jpath, doc_bytes([], []))
+    os.chown(jpath, 4242, 4242)
+    assert_unsafe_everywhere(jpath)
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o022, 0o077, 0o277])
+def test_file_mode_is_0600_whatever_the_umask(jpath: Path, umask: int) -> None:
+    old = os.umask(umask)
+    try:
+        j = J.ReceiptJournal.open(jpath)
+        j.begin(u(1))
+        assert stat.S_IMODE(os.stat(jpath).st_mode) == 0o600
+        j.complete(u(1))
+        assert stat.S_IMODE(os.stat(jpath).st_mode) == 0o600
+    finally:
+        os.umask(old)
+    assert J.load(jpath).done == {u(1)}
+    assert sorted(p.name for p in jpath.parent.iterdir()) == [jpath.name]  # no temp left
+
+
+def test_stale_temp_file_from_a_crash_is_replaced(jpath: Path) -> None:
+    tmp = jpath.parent / f".{jpath.name}.tmp"
+    tmp.write_bytes(b"half a jour")
+    os.chmod(tmp, 0o644)
+    J.save(jpath, J.Snapshot(frozenset({u(1)})))
+    assert not tmp.exists()
+    assert J.load(jpath).done == {u(1)}
+    # A symlink planted at the temp name is removed, not written through.
+    victim = jpath.parent / "victim"
+    victim.write_bytes(b"keep")
+    tmp.symlink_to(victim)
+    J.save(jpath, J.Snapshot(frozenset({u(2)})))
+    assert victim.read_bytes() == b"keep" and J.load(jpath).done == {u(2)}
+
+
+# ----------------------------------------------------------------------------- corruption
+
+GOOD = doc_bytes([str(u(1))], [str(u(2))])
+
+CORRUPT = {
+    "empty": b"",
+    "newline only": b"\n",
+    "no trailing newline": GOOD[:-1],
+    "two lines": GOOD + GOOD,
+    "binary": b"\xff\xfe\x00garbage\n",
+    "utf-16": GOOD.decode().encode("utf-16"),
+    "bom": b"\xef\xbb\xbf" + GOOD,
+    "array": b"[]\n",
+    "string": b'"idemlink.receipt-journal"\n',
+    "wrong format": GOOD.replace(b"receipt-journal", b"receipt-journak"),
+    "no format": doc_bytes([], []).replace(b'"format":"idemlink.receipt-journal",', b""),
+    "version as str": GOOD.replace(b'"version":1', b'"version":"1"'),
+    "version as bool": GOOD.replace(b'"version":1', b'"version":true'),
+    "version 0": GOOD.replace(b'"version":1', b'"version":0'),
+    "missing done": GOOD.replace(b'"done":["12340000-0000-0000-0000-000000000001"],', b""),
+    "missing pending": GOOD.replace(b',"pending":["12340000-0000-0000-0000-000000000002"]', b""),
+    "done not a list": GOOD.replace(b'"done":[', b'"done":{"a":').replace(b'01"]', b'01"}'),
+    "id not a string": doc_bytes([12], []),
+    "duplicate object key": GOOD[:-2] + b',"done":[]}\n',
+    "NaN": doc_bytes([], [], extra=float("nan")),
+    "invalid utf-8 in a string": GOOD.replace(b'"version":1', b'"x":"\xc3\x28","version":1'),
+}
+
+
+@pytest.mark.parametrize("data", CORRUPT.values(), ids=CORRUPT.keys())
+def test_corrupt_file_is_refused_never_empty(jpath: Path, data: bytes) -> None:
+    write_raw(jpath, data)
+    with pytest.raises(J.JournalCorruptError):
+        J.load(jpath)
+    calls: list[Step] = []
+    with pytest.raises(J.JournalCorruptError):
+        J.run_steps(jpath, [Step(u(3))], lambda s: calls.append(s) or Outcome.OK)
+    assert calls == [] and jpath.read_bytes() == data
+
+
+def test_every_proper_prefix_of_a_journal_is_refused() -> None:
+    assert J.decode(GOOD).done == {u(1)}
+    for n in range(len(GOOD)):
+        with pytest.raises(J.JournalCorruptError):
+            J.decode(GOOD[:n])
+
+
+def test_newer_version_is_refused_as_such(jpath: Path) -> None:
+    write_raw(jpath, GOOD.replace(b'"version":1', b'"version":2'))
+    with pytest.raises(J.JournalVersionError, match="newer"):
+        J.load(jpath)
+
+
+def test_unknown_fields_survive_a_rewrite(jpath: Path) -> None:
+    write_raw(jpath, doc_bytes([str(u(1))], [], note={"by": "a newer idemlink", "n": [1, 2]}))
+    j = J.ReceiptJournal.open(jpath)
+    j.begin(u(2))
+    doc = json.loads(jpath.read_bytes())
+    assert doc["note"] == {"by": "a newer idemlink", "n": [1, 2]}
+    assert doc["pending"] == [str(u(2))]
+
+
+# -------------------------------------------------------------------------- state machine
+
+
+@pytest.mark.parametrize("state", list(J.StepState))
+@pytest.mark.parametrize("event", list(J.StepEvent))
+def test_transition_table_is_what_the_journal_does(
+    jpath: Path, state: J.StepState, event: J.StepEvent
+) -> None:
+    key = u(1)
+    j = J.ReceiptJournal.open(jpath)
+    if state is not J.StepState.ABSENT:
+        j.begin(key)
+    if state is J.StepState.DONE:
+        j.complete(key)
+    assert j.state(key) is state
+    before = j.snapshot
+    act = {
+        J.StepEvent.BEGIN: lambda: j.begin(key),
+        J.StepEvent.EXECUTED: lambda: j.resolve(key, executed=True),
+        J.StepEvent.NOT_EXECUTED: lambda: j.resolve(key, executed=False),
+    }[event]
+    allowed = {
+        (J.StepState.ABSENT, J.StepEvent.BEGIN): J.StepState.PENDING,
+        (J.StepState.PENDING, J.StepEvent.EXECUTED): J.StepState.DONE,
+        (J.StepState.PENDING, J.StepEvent.NOT_EXECUTED): J.StepState.ABSENT,
+    }
+    assert allowed == J.TRANSITIONS
+    if (state, event) in allowed:
+        act()
+        assert j.state(key) is allowed[(state, event)]
+        assert J.load(jpath).state(key) is allowed[(state, event)]
+    else:
+        expected = J.JournalDuplicateError if state is J.StepState.DONE else J.JournalStateError
+        with pytest.raises(expected):
+            act()
+        assert j.snapshot == before and J.load(jpath) == before
+
+
+class JournalMachine(RuleBasedStateMachine):
+    """The journal against a dict model; every change is re-read from disk."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "j.json")
+        self.j = J.ReceiptJournal.open(self.path)
+        self.model: dict[uuid.UUID, J.StepState] = {}
+
+    keys = st.integers(0, 5).map(u)
+
+    def _expect(self, key: uuid.UUID, ok_from: J.StepState, to: J.StepState, act: object) -> None:
+        current = self.model.get(key, J.StepState.ABSENT)
+        if current is ok_from:
+            act()  # type: ignore[operator]
+            if to is J.StepState.ABSENT:
+                self.model.pop(key, None)
+            else:
+                self.model[key] = to
+        else:
+            with pytest.raises(J.JournalError):
+                act()  # type: ignore[operator]
+
+    @rule(key=keys)
+    def begin(self, key: uuid.UUID) -> None:
+        self._expect(key, J.StepState.ABSENT, J.StepState.PENDING, lambda: self.j.begin(key))
+
+    @rule(key=keys)
+    def complete(self, key: uuid.UUID) -> None:
+        self._expect(key, J.StepState.PENDING, J.StepState.DONE, lambda: self.j.complete(key))
+
+    @rule(key=keys, executed=st.booleans())
+    def resolve(self, key: uuid.UUID, executed: bool) -> None:
+        to = J.StepState.DONE if executed else J.StepState.ABSENT
+        self._expect(key, J.StepState.PENDING, to, lambda: self.j.resolve(key, executed))
+
+    @rule()
+    def reopen(self) -> None:
+        self.j = J.ReceiptJournal.open(self.path)
+
+    @invariant()
+    def matches_model_on_disk(self) -> None:
+        on_disk = J.load(self.path)
+        for snap in (on_disk, self.j.snapshot):
+            assert snap.done == {k for k, s in self.model.items() if s is J.StepState.DONE}
+            assert snap.pending == {k for k, s in self.model.items() if s is J.StepState.PENDING}
+
+    def teardown(self) -> None:
+        for name in os.listdir(self.dir):
+            os.unlink(os.path.join(self.dir, name))
+        os.rmdir(self.dir)
+
+
+TestJournalMachine = JournalMachine.TestCase
+TestJournalMachine.settings = settings(max_examples=25, stateful_step_count=20, deadline=None)
+
+
+# --------------------------------------------------------------------------------- runner
+
+
+class Recorder:
+    def __init__(self, outcomes: dict[uuid.UUID, Outcome] | None = None) -> None:
+        self.calls: list[uuid.UUID] = []
+        self.outcomes = outcomes or {}
+
+    def __call__(self, step: Step) -> Outcome:
+        self.calls.append(step.key)
+        return self.outcomes.get(step.key, Outcome.OK)
+
+
+def test_runner_skips_receipted_steps(jpath: Path) -> None:
+    steps = [Step(u(i)) for i in range(5)]
+    first = Recorder({u(3): Outcome.NOT_EXECUTED})
+    r = J.run_steps(jpath, steps, first)
+    assert r.outcome is Outcome.NOT_EXECUTED and r.stopped_at == u(3)
+    assert first.calls == [u(0), u(1), u(2), u(3)]
+    assert r.executed == (u(0), u(1), u(2)) and r.unknown == ()
+    assert J.load(jpath) == J.Snapshot(frozenset({u(0), u(1), u(2)}))  # u(3) released
+    second = Recorder()
+    r = J.run_steps(jpath, steps, second)
+    assert r.outcome is Outcome.OK
+    assert second.calls == [u(3), u(4)]
+    assert r.skipped == (u(0), u(1), u(2)) and r.executed == (u(3), u(4))
+    third = Recorder()
+    r = J.run_steps(jpath, steps, third)
+    assert third.calls == [] and r.outcome is Outcome.OK and r.skipped == tuple(u(i) for i in range(5))
+
+
+def test_rejected_step_is_released_and_stops(jpath: Path) -> None:
+    rec = Recorder({u(1): Outcome.REJECTED})
+    r = J.run_steps(jpath, [Step(u(0)), Step(u(1)), Step(u(2))], rec)
+    assert r.outcome is Outcome.REJECTED and r.stopped_at == u(1) and rec.calls == [u(0), u(1)]
+    assert J.load(jpath).pending == frozenset()
+
+
+def test_unknown_blocks_until_reconciled(jpath: Path) -> None:
+    steps = [Step(u(i)) for i in range(4)]
+    rec = Recorder({u(1): Outcome.UNKNOWN})
+    r = J.run_steps(jpath, steps, rec)
+    assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(1),) and r.stopped_at == u(1)
+    assert rec.calls == [u(0), u(1)]
+    assert J.load(jpath) == J.Snapshot(frozenset({u(0)}), frozenset({u(1)}))
+
+    for reconcile in (None, lambda s: None):
+        again = Recorder()
+        r = J.run_steps(jpath, steps, again, reconcile)
+        assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(1),) and again.calls == []
+
+    asked: list[uuid.UUID] = []
+
+    def found_it(step: Step) -> bool:
+        asked.append(step.key)
+        return True
+
+    final = Recorder()
+    r = J.run_steps(jpath, steps, final, found_it)
+    assert asked == [u(1)]
+    assert r.outcome is Outcome.OK and r.reconciled == (u(1),)
+    assert final.calls == [u(2), u(3)]  # u(1) not re-executed
+    assert r.skipped == (u(0),) and r.executed == (u(2), u(3))
+
+
+def test_reconciled_as_not_executed_runs_again(jpath: Path) -> None:
+    steps = [Step(u(0)), Step(u(1))]
+    J.run_steps(jpath, steps, Recorder({u(0): Outcome.UNKNOWN}))
+    rec = Recorder()
+    r = J.run_steps(jpath, steps, rec, lambda s: False)
+    assert r.outcome is Outcome.OK and rec.calls == [u(0), u(1)] and r.reconciled == ()
+
+
+def test_exception_in_a_step_leaves_it_in_flight(jpath: Path) -> None:
+    def boom(step: Step) -> Outcome:
+        raise OSError("port vanished")
+
+    with pytest.raises(OSError):
+        J.run_steps(jpath, [Step(u(0))], boom)
+    assert J.load(jpath).pending == {u(0)}
+    r = J.run_steps(jpath, [Step(u(0))], Recorder())
+    assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(0),)
+
+
+def test_foreign_in_flight_key_blocks_until_resolved_by_hand(jpath: Path) -> None:
+    J.save(jpath, J.Snapshot(pending=frozenset({u(99)})))
+    rec = Recorder()
+    r = J.run_steps(jpath, [Step(u(0))], rec, lambda s: True)
+    assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(99),) and rec.calls == []
+    J.ReceiptJournal.open(jpath).resolve(u(99), executed=False)
+    r = J.run_steps(jpath, [Step(u(0))], rec)
+    assert r.outcome is Outcome.OK and rec.calls == [u(0)]
+
+
+# ------------------------------------------------------------------------------ atomicity
+
+WRITER = textwrap.dedent(
+    """
+    import sys, uuid
+    from host import journal as J
+    path, rounds = sys.argv[1], int(sys.argv[2])
+    small = J.Snapshot(frozenset({uuid.UUID(int=1)}))
+    big = J.Snapshot(frozenset(uuid.UUID(int=i) for i in range(2, 1000)),
+                     frozenset({uuid.UUID(int=1000)}))
+    J.save(path, small)
+    sys.stdout.write("ready\\n"); sys.stdout.flush()
+    for i in range(rounds):
+        J.save(path, big if i % 2 == 0 else small)
+    """
+)
+
+
+def test_concurrent_reader_never_sees_a_partial_journal(jpath: Path) -> None:
+    small = J.Snapshot(frozenset({uuid.UUID(int=1)}))
+    big = J.Snapshot(
+        frozenset(uuid.UUID(int=i) for i in range(2, 1000)), frozenset({uuid.UUID(int=1000)})
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(jpath), "400"], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    seen = {"small": 0, "big": 0}
+    while proc.poll() is None:
+        snap = J.load(jpath)  # raises on a partial file
+        raw = jpath.read_bytes()  # and a plain reader decodes too
+        assert J.decode(raw) in (small, big)
+        if snap == small:
+            seen["small"] += 1
+        else:
+            assert snap == big
+            seen["big"] += 1
+    assert proc.wait() == 0
+    assert J.load(jpath) == small  # the last round (399) writes small
+    assert seen["small"] > 0 and seen["big"] > 0, seen
+
+
+# ------------------------------------------------------------------------- kill and restart
+
+CHILD = textwrap.dedent(
+    """
+    import json, os, random, signal, sys, time, uuid
+    from host.journal import run_steps
+    from host.keys import KeySource, step_key
+    from protocol.outcome import Outcome
+
+    journal, log_path, n, job = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    kill_at = os.environ.get("KILL_AT", "")
+    jitter = random.Random(os.environ["JITTER"]) if os.environ.get("JITTER") else None
+
+    class Step:
+        def __init__(self, index):
+            self.index = index
+            self.key = step_key(KeySource.PLAN_STEP, job, index)
+
+    def point(index, phase):
+        if kill_at == f"{index}:{phase}":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if jitter is not None:
+            time.sleep(jitter.random() * 0.003)  # widen the windows for the parent's kill
+
+    def execute(step):
+        point(step.index, "before-effect")
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(fd, (str(step.key) + "\\n").encode())
+        os.fsync(fd)
+        os.close(fd)
+        sys.stdout.write(f"effect {step.index}\\n"); sys.stdout.flush()
+        point(step.index, "after-effect")
+        return Outcome.OK
+
+    def reconcile(step):
+        try:
+            with open(log_path) as f:
+                return str(step.key) in f.read().split()
+        except FileNotFoundError:
+            return False
+
+    steps = [Step(i) for i in range(n)]
+    rec = reconcile if os.environ.get("RECONCILE") == "1" else None
+    r = run_steps(journal, steps, execute, rec)
+    sys.stdout.write("report " + json.dumps({
+        "outcome": r.outcome.name,
+        "skipped": [str(k) for k in r.skipped],
+        "reconciled": [str(k) for k in r.reconciled],
+        "executed": [str(k) for k in r.executed],
+        "unknown": [str(k) for k in r.unknown],
+    }) + "\\n")
+    """
+)
+
+
+def run_child(
+    tmp: Path, n: int, job: str, *, kill_at: str = "", kill_after_lines: int | None = None,
+    jitter: str = "", reconcile: bool = False,
+) -> tuple[int, list[str]]:
+    env = dict(os.environ, KILL_AT=kill_at, JITTER=jitter, RECONCILE="1" if reconcile else "0")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp / "j.json"), str(tmp / "effects.log"), str(n), job],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    if kill_after_lines == 0:
+        proc.send_signal(signal.SIGKILL)
+    for line in proc.stdout:
+        lines.append(line.rstrip("\n"))
+        if kill_after_lines is not None and len(lines) >= kill_after_lines:
+            proc.send_signal(signal.SIGKILL)
+            lines.extend(x.rstrip("\n") for x in proc.stdout)
+            break
+    return proc.wait(), lines
+
+
+def effects(tmp: Path) -> list[str]:
+    try:
+        return (tmp / "effects.log").read_text().split()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_killed_at_random_moments_every_effect_exactly_once(tmp_path: Path, seed: int) -> None:
+    n = 12
+    job = f"job-{seed}"
+    keys = [str(step_key(KeySource.PLAN_STEP, job, i)) for i in range(n)]
+    rng = random.Random(seed)
+    kills = unknown_reports = exact_unknown_checks = 0
+    reconcile_next = False
+    for _attempt in range(80):
+        before = effects(tmp_path)
+        choice = rng.random() * (0.75 if _attempt < 3 else 1.0)  # the first runs always die
+        kill_at, kill_after, jitter = "", None, ""
+        if choice < 0.35:
+            index = rng.randrange(min(len(before), n - 1), n)
+            kill_at = f"{index}:{rng.choice(['before-effect', 'after-effect'])}"
+        elif choice < 0.75:
+            kill_after = rng.randrange(0, n - len(before) + 1)
+            jitter = f"{seed}-{_attempt}"
+        rc, lines = run_child(tmp_path, n, job, kill_at=kill_at, kill_after_lines=kill_after,
+                              jitter=jitter, reconcile=reconcile_next)
+        after = effects(tmp_path)
+        assert after[: len(before)] == before  # the log only grows
+        assert len(after) == len(set(after)), "a step ran twice"
+        if rc == -signal.SIGKILL:
+            kills += 1
+            reconcile_next = False  # first let the restart report what was in flight
+            if kill_at.endswith("after-effect"):
+                index = int(kill_at.split(":")[0])
+                if f"effect {index}" in lines:
+                    # Killed between its effect and its receipt: the restart must say UNKNOWN
+                    # for exactly that step, and run nothing.
+                    rc2, lines2 = run_child(tmp_path, n, job)
+                    assert rc2 == 0
+                    report = json.loads(lines2[-1].removeprefix("report "))
+                    assert report["outcome"] == "UNKNOWN" and report["unknown"] == [keys[index]]
+                    assert effects(tmp_path) == after
+                    exact_unknown_checks += 1
+                    reconcile_next = True
+            continue
+        assert rc == 0, lines
+        report = json.loads(lines[-1].removeprefix("report "))
+        if report["outcome"] == "UNKNOWN":
+            unknown_reports += 1
+            assert not reconcile_next, "reconciling against the ground truth always settles"
+            assert after == before, "nothing runs while a step is UNKNOWN"
+            assert set(report["unknown"]) == {str(k) for k in J.load(tmp_path / "j.json").pending}
+            assert len(report["unknown"]) == 1
+            reconcile_next = True
+            continue
+        assert report["outcome"] == "OK"
+        assert not set(report["executed"]) & set(before), "re-executed a receipted step"
+        # Reconciled steps were found in the ground truth and were not run again.
+        assert set(report["reconciled"]) <= set(before)
+        break
+    else:
+        pytest.fail("job did not finish")
+    assert effects(tmp_path) == keys  # every effect exactly once, in order
+    assert J.load(tmp_path / "j.json") == J.Snapshot(frozenset(uuid.UUID(k) for k in keys))
+    assert kills > 0
+    # A finished job runs nothing more.
+    rc, lines = run_child(tmp_path, n, job)
+    assert rc == 0 and json.loads(lines[-1].removeprefix("report "))["skipped"] == keys
+    assert effects(tmp_path) == keys
