@@ -408,7 +408,9 @@ class RtuDecoder:
     ``feed(data)``; call ``gap()`` when the line has been silent (the shell's read timed out);
     ``next_frame()`` returns the next CRC-valid frame or None. At each position the expected
     length comes from the function code; a bad CRC, an impossible length, or an incomplete frame
-    followed by silence drops one byte and tries again. ``discarded`` counts dropped bytes.
+    followed by silence drops one byte and tries again. An unknown function code waits for
+    silence, unless a complete CRC-valid frame already follows it in the buffer (then it is
+    garbage and skipped at once). ``discarded`` counts dropped bytes.
     """
 
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
@@ -435,6 +437,18 @@ class RtuDecoder:
         del self._buf[0]
         self.discarded += 1
 
+    def _valid_frame_ahead(self) -> bool:
+        """A complete CRC-valid frame of known length starts later in the buffer: the unknown
+        function code at the head is garbage (or unanswerable), so skip it without waiting."""
+        buf = self._buf
+        for j in range(1, len(buf) - MIN_RTU_FRAME + 1):
+            n = self._length_of(buf[j:j + 12])
+            if MIN_RTU_FRAME <= n <= len(buf) - j and crc16(bytes(buf[j:j + n - 2])) == (
+                int.from_bytes(buf[j + n - 2:j + n], "little")
+            ):
+                return True
+        return False
+
     def next_frame(self) -> RtuFrame | None:
         while self._buf:
             buf = self._buf
@@ -444,7 +458,7 @@ class RtuDecoder:
                     crc16(bytes(buf[:-2])) == int.from_bytes(buf[-2:], "little")
                 ):
                     n = len(buf)
-                elif self._silent or len(buf) > MAX_RTU_FRAME:
+                elif self._silent or len(buf) > MAX_RTU_FRAME or self._valid_frame_ahead():
                     self._slide()
                     continue
                 else:

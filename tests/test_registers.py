@@ -1,0 +1,121 @@
+"""The register-map schema: it refuses non-idempotent kinds, validates the map whole, and the
+default map (and its contract/JSON forms) covers every kind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from host.cli import main
+from protocol.registers import (
+    DEFAULT_MAP,
+    FaultBit,
+    RegisterKind,
+    RegisterSchemaError,
+    RegisterSpec,
+    TriggerStatus,
+    contract_section,
+    make_map,
+    register,
+)
+
+
+@pytest.mark.parametrize("kind", ["increment", "INCREMENT", "decrement", "toggle",
+                                  "read-to-clear", "read_to_clear", "pulse", "counter", ""])
+def test_schema_refuses_non_idempotent_kinds(kind: str) -> None:
+    with pytest.raises(RegisterSchemaError):
+        register(10, "x", kind)
+
+
+@pytest.mark.parametrize("option", ["clear_on_read", "increment", "toggle", "on_read", "step"])
+def test_schema_refuses_behaviour_options(option: str) -> None:
+    with pytest.raises(RegisterSchemaError, match="unknown register option"):
+        register(10, "x", "holding", **{option: True})
+
+
+def test_there_are_exactly_five_kinds() -> None:
+    assert {k.name for k in RegisterKind} == {"INPUT", "HOLDING", "FAULT", "TRIGGER",
+                                              "GENERATION"}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: register(0x10000, "x", "input"),
+        lambda: register(-1, "x", "input"),
+        lambda: register(1, "Bad-Name", "input"),
+        lambda: register(1, "x", "holding", minimum=10, maximum=5),
+        lambda: register(1, "x", "holding", minimum=0, maximum=5, default=6),
+        lambda: register(1, "x", "holding", maximum=0x10000),
+        lambda: register(1, "x", "fault"),  # no bits
+        lambda: register(1, "x", "fault", bits=(FaultBit(16, "b"),)),
+        lambda: register(1, "x", "fault", bits=(FaultBit(1, "a"), FaultBit(1, "b"))),
+        lambda: register(1, "x", "holding", bits=(FaultBit(1, "a"),)),
+        lambda: register(1, "x", "trigger", default=1),
+    ],
+)
+def test_bad_specs_are_refused(bad: object) -> None:
+    with pytest.raises(RegisterSchemaError):
+        bad()  # type: ignore[operator]
+
+
+def test_map_validation() -> None:
+    gen = register(0, "gen", "generation")
+    with pytest.raises(RegisterSchemaError, match="twice"):
+        make_map([gen, register(0, "a", "input")])
+    with pytest.raises(RegisterSchemaError, match="twice"):
+        make_map([gen, register(1, "gen", "input")])
+    with pytest.raises(RegisterSchemaError, match="GENERATION"):
+        make_map([register(1, "a", "input")])
+    with pytest.raises(RegisterSchemaError, match="GENERATION"):
+        make_map([gen, register(1, "gen2", "generation")])
+
+
+def test_default_map_covers_every_kind_and_is_contiguous() -> None:
+    kinds = {r.kind for r in DEFAULT_MAP}
+    assert kinds == set(RegisterKind)
+    assert [r.address for r in DEFAULT_MAP] == list(range(len(DEFAULT_MAP)))
+    assert DEFAULT_MAP.named("threshold").kind is RegisterKind.HOLDING
+    assert DEFAULT_MAP.generation.name == "generation"
+    assert {b.name for b in DEFAULT_MAP.named("faults").bits} >= {
+        "over_temperature", "sensor_fault", "fan_stall"}
+
+
+def test_contract_section_declares_addresses_kinds_and_trigger_codes() -> None:
+    sec = contract_section()
+    defines = {d.name: d.value for d in sec.defines}
+    assert defines["IDL_REG_THRESHOLD"] == "0x0004u"
+    assert defines["IDL_REG_THRESHOLD_MAX"] == "1000u"
+    assert defines["IDL_FAULT_FAN_STALL"] == "(1u << 2)"
+    codes = {e.type_name: {m.name: int(m.value) for m in e.members} for e in sec.enums}
+    assert codes["idl_trigger_status_t"] == {"ACCEPTED": 0, "RUNNING": 0x0101, "DONE": 0x0102,
+                                             "ABNORMAL_STATE": 0xFF00, "ILLEGAL_VALUE": 0xFF01}
+    assert "| 0x0008 | self_clean | TRIGGER |" in sec.markdown
+    json.dumps(sec.data)  # serialisable, feeds the contract hash
+    assert sec.data["trigger_status"]["RUNNING"] == TriggerStatus.RUNNING == 0x0101
+
+
+def test_regmap_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regmap", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    by_name = {r["name"]: r for r in rows}
+    assert by_name["threshold"] == {"address": 4, "name": "threshold", "kind": "holding",
+                                    "unit": "0.1 degC", "description": "over-temperature threshold",
+                                    "min": 0, "max": 1000, "default": 350}
+    assert by_name["faults"]["bits"][0] == {"bit": 0, "name": "over_temperature",
+                                            "description": "temperature above threshold"}
+    assert {r["kind"] for r in rows} == {"input", "holding", "fault", "trigger", "generation"}
+
+
+def test_regmap_table_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["regmap"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["address", "name", "kind", "min", "max", "unit"]
+    assert lines[5].split()[:5] == ["0x0004", "threshold", "holding", "0", "1000"]
+
+
+def test_spec_writability() -> None:
+    assert not RegisterSpec(0, "a", RegisterKind.INPUT).writable
+    assert not RegisterSpec(0, "g", RegisterKind.GENERATION).writable
+    assert RegisterSpec(0, "h", RegisterKind.HOLDING).writable
