@@ -861,7 +861,7 @@ def effects(tmp: Path) -> list[str]:
         return []
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", range(1, 9))
 def test_killed_at_random_moments_every_effect_exactly_once(tmp_path: Path, seed: int) -> None:
     n = 12
     job = f"job-{seed}"
@@ -923,4 +923,35 @@ def test_killed_at_random_moments_every_effect_exactly_once(tmp_path: Path, seed
     # A finished job runs nothing more.
     rc, lines = run_child(tmp_path, n, job)
     assert rc == 0 and json.loads(lines[-1].removeprefix("report "))["skipped"] == keys
+    assert effects(tmp_path) == keys
+
+
+def report_of(lines: list[str]) -> dict[str, list[str] | str]:
+    assert lines and lines[-1].startswith("report "), lines
+    result: dict[str, list[str] | str] = json.loads(lines[-1].removeprefix("report "))
+    return result
+
+
+@pytest.mark.parametrize("phase", ["before-effect", "after-effect"])
+def test_step_killed_in_flight_is_unknown_until_reconciled(tmp_path: Path, phase: str) -> None:
+    n, job = 5, "exact-window"
+    keys = [str(step_key(KeySource.PLAN_STEP, job, i)) for i in range(n)]
+    rc, _ = run_child(tmp_path, n, job, kill_at=f"2:{phase}")
+    assert rc == -signal.SIGKILL
+    ran = keys[:3] if phase == "after-effect" else keys[:2]
+    assert effects(tmp_path) == ran
+    for _restart in range(2):  # however often restarted: UNKNOWN, and nothing runs
+        rc, lines = run_child(tmp_path, n, job)
+        assert rc == 0
+        report = report_of(lines)
+        assert report["outcome"] == "UNKNOWN" and report["unknown"] == [keys[2]]
+        assert report["executed"] == [] and effects(tmp_path) == ran
+    rc, lines = run_child(tmp_path, n, job, reconcile=True)
+    report = report_of(lines)
+    assert report["outcome"] == "OK"
+    if phase == "after-effect":  # its effect is in the ground truth: receipted, not re-run
+        assert report["reconciled"] == [keys[2]] and report["executed"] == keys[3:]
+    else:  # no effect: released and run, once
+        assert report["reconciled"] == [] and report["executed"] == keys[2:]
+    assert report["skipped"] == keys[:2]
     assert effects(tmp_path) == keys
