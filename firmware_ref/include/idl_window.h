@@ -60,23 +60,36 @@ extern "C" {
 /** Number of 32-bit blocks in the ring. */
 #define IDL_WINDOW_BLOCKS (IDL_WINDOW_RING_BITS / IDL_WINDOW_BLOCK_BITS)
 
-/** Diagnostic counters, updated by idl_window_commit() only (they wrap at 2^32). */
+/**
+ * Diagnostic counters, updated by idl_window_commit() only (they wrap at 2^32): one counter per
+ * verdict, indexed by ::idl_verdict_t, so commit bumps exactly one word. Read them through the
+ * IDL_WINDOW_ACCEPTED / _DUPLICATES / _TOO_OLD / _ADVANCES macros.
+ */
 typedef struct {
-    uint32_t accepted;   /**< commits that found NEW or ACCEPT_OLD */
-    uint32_t duplicates; /**< commits that found DUPLICATE */
-    uint32_t too_old;    /**< commits that found TOO_OLD */
-    uint32_t advances;   /**< commits that found NEW (the window moved) */
+    uint32_t by_verdict[4]; /**< commits that found NEW, ACCEPT_OLD, DUPLICATE, TOO_OLD */
 } idl_window_counters_t;
 
 /** Window state. Caller-owned; treat the fields as read-only and change them through the API. */
 typedef struct {
-    uint32_t bitmap[IDL_WINDOW_BLOCKS]; /**< the ring: bit (seq mod ring) marks seq as seen */
-    uint32_t highest;                   /**< highest committed number (meaningless when empty) */
+    uint32_t highest; /**< highest committed number (meaningless when empty) */
+    bool empty;       /**< nothing committed since init/reset: every number is NEW */
 #if IDL_WINDOW_COUNTERS
-    idl_window_counters_t counters; /**< diagnostics */
+    idl_window_counters_t counters; /**< diagnostics (near the start: short offsets on Thumb) */
 #endif
-    bool empty; /**< nothing committed since init/reset: every number is NEW */
+    uint32_t bitmap[IDL_WINDOW_BLOCKS]; /**< the ring: bit (seq mod ring) marks seq as seen */
 } idl_window_t;
+
+#if IDL_WINDOW_COUNTERS
+/** Commits of NEW or ACCEPT_OLD (numbers accepted). */
+#define IDL_WINDOW_ACCEPTED(w) \
+    ((w)->counters.by_verdict[IDL_VERDICT_NEW] + (w)->counters.by_verdict[IDL_VERDICT_ACCEPT_OLD])
+/** Commits that found DUPLICATE. */
+#define IDL_WINDOW_DUPLICATES(w) ((w)->counters.by_verdict[IDL_VERDICT_DUPLICATE])
+/** Commits that found TOO_OLD. */
+#define IDL_WINDOW_TOO_OLD(w) ((w)->counters.by_verdict[IDL_VERDICT_TOO_OLD])
+/** Commits of NEW (the window moved). */
+#define IDL_WINDOW_ADVANCES(w) ((w)->counters.by_verdict[IDL_VERDICT_NEW])
+#endif
 
 /**
  * @brief Initialise @p w to the empty state with zeroed counters.

@@ -11,12 +11,20 @@
 #define IDL_BLOCK_SHIFT 5u              /* log2(32) */
 #define IDL_BIT_MASK 31u                /* bit inside a block */
 #define IDL_INDEX_MASK (IDL_WINDOW_BLOCKS - 1u) /* block number -> ring slot */
-#define IDL_BLOCKNUM_MASK (0xFFFFFFFFu >> IDL_BLOCK_SHIFT) /* block numbers live mod 2^27 */
+
+/* IDL_WINDOW_SMALL selects the commit variant; both give identical results (same tests). */
+#ifndef IDL_WINDOW_SMALL
+#ifdef __OPTIMIZE_SIZE__
+#define IDL_WINDOW_SMALL 1
+#else
+#define IDL_WINDOW_SMALL 0
+#endif
+#endif
 
 #if IDL_WINDOW_COUNTERS
-#define IDL_COUNT(w, field) ((w)->counters.field++)
+#define IDL_COUNT(w, v) ((w)->counters.by_verdict[(v)]++)
 #else
-#define IDL_COUNT(w, field) ((void)0)
+#define IDL_COUNT(w, v) ((void)0)
 #endif
 
 void idl_window_init(idl_window_t *w)
@@ -50,45 +58,68 @@ idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq)
     return IDL_VERDICT_ACCEPT_OLD;
 }
 
+/* Move the highest to seq (a NEW verdict). offset = (highest mod 32) + (seq - highest): with
+ * 1 <= seq - highest < 2^31 it cannot wrap, and offset / 32 is the number of ring blocks passed
+ * over; those blocks (ending with seq's own) are cleared, at most the whole ring. In the empty
+ * state offset is arbitrary but the bitmap is already zero, so clearing is merely redundant. */
+static inline void idl_window_advance(idl_window_t *w, uint32_t seq, uint32_t offset)
+{
+    uint32_t n = offset >> IDL_BLOCK_SHIFT;
+    if (n != 0u) {
+        const uint32_t blk = seq >> IDL_BLOCK_SHIFT;
+        if (n > IDL_WINDOW_BLOCKS) {
+            n = IDL_WINDOW_BLOCKS;
+        }
+        do {
+            --n;
+            w->bitmap[(blk - n) & IDL_INDEX_MASK] = 0u;
+        } while (n != 0u);
+    }
+    w->highest = seq;
+    w->empty = false;
+}
+
+#if IDL_WINDOW_SMALL
+/* Size-first variant (default under -Os): one shared tail, the verdict from idl_window_check(). */
+idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
+{
+    const idl_verdict_t v = idl_window_check(w, seq);
+    uint32_t *const word = &w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK];
+
+    if (v == IDL_VERDICT_NEW) {
+        idl_window_advance(w, seq, (w->highest & IDL_BIT_MASK) + (seq - w->highest));
+    }
+    if (v <= IDL_VERDICT_ACCEPT_OLD) {
+        *word |= 1u << (seq & IDL_BIT_MASK);
+    }
+    IDL_COUNT(w, v);
+    return v;
+}
+#else
+/* Speed-first variant (default otherwise): each verdict on its own straight path. */
 idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
 {
     const uint32_t highest = w->highest;
     const uint32_t back = highest - seq;
-    uint32_t *word;
-    uint32_t bit;
+    uint32_t *const word = &w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK];
+    const uint32_t bit = 1u << (seq & IDL_BIT_MASK);
 
     if (back > IDL_HALF || w->empty) {
-        /* Blocks passed over, counted modulo 2^27 so the count stays right across 2^32. When
-         * empty the bitmap is already zero and clearing is merely redundant. */
-        uint32_t n = ((seq >> IDL_BLOCK_SHIFT) - (highest >> IDL_BLOCK_SHIFT)) & IDL_BLOCKNUM_MASK;
-        if (n != 0u) {
-            uint32_t blk = highest >> IDL_BLOCK_SHIFT;
-            if (n > IDL_WINDOW_BLOCKS) {
-                n = IDL_WINDOW_BLOCKS;
-            }
-            do {
-                ++blk;
-                w->bitmap[blk & IDL_INDEX_MASK] = 0u;
-            } while (--n != 0u);
-        }
-        w->highest = seq;
-        w->empty = false;
-        IDL_COUNT(w, advances);
-        IDL_COUNT(w, accepted);
-        w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK] |= 1u << (seq & IDL_BIT_MASK);
+        idl_window_advance(w, seq, (highest & IDL_BIT_MASK) - back);
+        *word |= bit;
+        IDL_COUNT(w, IDL_VERDICT_NEW);
         return IDL_VERDICT_NEW;
     }
     if (back >= IDL_WINDOW_SIZE) {
-        IDL_COUNT(w, too_old);
+        IDL_COUNT(w, IDL_VERDICT_TOO_OLD);
         return IDL_VERDICT_TOO_OLD;
     }
-    word = &w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK];
-    bit = 1u << (seq & IDL_BIT_MASK);
     if ((*word & bit) != 0u) {
-        IDL_COUNT(w, duplicates);
+        IDL_COUNT(w, IDL_VERDICT_DUPLICATE);
         return IDL_VERDICT_DUPLICATE;
     }
     *word |= bit;
-    IDL_COUNT(w, accepted);
+    IDL_COUNT(w, IDL_VERDICT_ACCEPT_OLD);
     return IDL_VERDICT_ACCEPT_OLD;
 }
+#endif
