@@ -93,7 +93,8 @@ def test_contract_section_declares_addresses_kinds_and_trigger_codes() -> None:
                                              "ABNORMAL_STATE": 0xFF00, "ILLEGAL_VALUE": 0xFF01}
     assert "| 0x0008 | self_clean | TRIGGER |" in sec.markdown
     json.dumps(sec.data)  # serialisable, feeds the contract hash
-    assert sec.data["trigger_status"]["RUNNING"] == TriggerStatus.RUNNING == 0x0101
+    assert sec.data["trigger_status"]["RUNNING"] == 0x0101
+    assert int(TriggerStatus.RUNNING) == 0x0101
 
 
 def test_regmap_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
