@@ -608,14 +608,14 @@ def run_steps(
             continue
         journal.begin(key)
         outcome = execute(step)
+        if not isinstance(outcome, Outcome):
+            raise TypeError(f"execute returned {outcome!r}, not an Outcome; step left in flight")
         if outcome is Outcome.OK:
             journal.complete(key)
             executed.append(key)
         elif outcome is Outcome.UNKNOWN:
             return report(outcome, key)
-        elif outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED):
+        else:  # NOT_EXECUTED or REJECTED: definitely did not run
             journal.resolve(key, executed=False)
             return report(outcome, key)
-        else:
-            raise TypeError(f"execute returned {outcome!r}, not an Outcome; step left in flight")
     return report(Outcome.OK)
