@@ -1,0 +1,310 @@
+"""``idemlink sim --modbus-rtu`` driven by real Modbus peers over a socat pty pair: pymodbus,
+minimalmodbus and mbpoll (reads, writes, the atomic FC16 rejection, W1C, exceptions), plus raw
+bytes for what clients cannot show (silence on another unit or a bad CRC, resync after garbage).
+Skipped when socat is missing; the mbpoll cases when mbpoll is missing."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import serial
+
+from protocol.modbus import encode_rtu
+
+pytestmark = pytest.mark.skipif(shutil.which("socat") is None, reason="socat not installed")
+
+needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll not installed")
+
+UNIT = 1
+
+
+def _read_line(stream: Any, proc: subprocess.Popen[bytes], deadline: float) -> str:
+    """One line from a child's pipe, waiting for readiness (not sleeping) until the deadline."""
+    fd = stream.fileno()
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0 or proc.poll() is not None:
+            raise AssertionError(f"no line from child (got {buf!r}, rc={proc.poll()})")
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 1)
+            if not chunk:
+                raise AssertionError(f"child closed its pipe (got {buf!r})")
+            buf += chunk
+    return buf.decode().strip()
+
+
+@pytest.fixture(scope="module")
+def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    d = tmp_path_factory.mktemp("pty")
+    a, b = str(d / "devA"), str(d / "devB")
+    proc = subprocess.Popen(
+        ["socat", "-d", "-d", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
+        stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while "starting data transfer loop" not in _read_line(proc.stderr, proc, deadline):
+        pass
+    yield a, b
+    proc.terminate()
+    proc.wait(5)
+
+
+def start_sim(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    path = _read_line(proc.stdout, proc, time.monotonic() + 20)
+    return proc, path
+
+
+def stop_sim(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+    proc.send_signal(sig)
+    rc = proc.wait(10)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()
+    proc.stderr.close()
+    return rc
+
+
+@pytest.fixture(scope="module")
+def device(pty_pair: tuple[str, str]) -> Iterator[str]:
+    """The simulator on one end of the pair (trigger RUNNING 0.3 s); yields the client's end."""
+    a, b = pty_pair
+    proc, path = start_sim("--port", a, "--unit", str(UNIT), "--trigger-duration", "0.3")
+    assert path == a
+    yield b
+    assert stop_sim(proc) == 0
+
+
+@pytest.fixture
+def raw(device: str) -> Iterator[serial.Serial]:
+    port = serial.Serial(device, 115200, timeout=0.3)
+    yield port
+    port.close()
+
+
+def ask(port: serial.Serial, frame: bytes, expect: int) -> bytes:
+    port.reset_input_buffer()
+    port.write(frame)
+    return bytes(port.read(expect))
+
+
+# ------------------------------------------------------------------------------------ pymodbus
+
+
+@pytest.fixture
+def pym(device: str) -> Iterator[Any]:
+    from pymodbus import FramerType
+    from pymodbus.client import ModbusSerialClient
+
+    client: Any = ModbusSerialClient(device, framer=FramerType.RTU, baudrate=115200, timeout=1,
+                                retries=0)
+    assert client.connect()
+    yield client
+    client.close()
+
+
+def test_pymodbus_reads_writes_and_atomic_fc16(pym: Any) -> None:
+    c = pym
+    r = c.write_registers(4, [350, 1, 50], device_id=UNIT)
+    assert not r.isError()
+    r = c.read_input_registers(0, count=9, device_id=UNIT)
+    assert r.registers[:3] == [250, 450, 1200]  # the simulated world's inputs
+    gen = r.registers[3]
+    r = c.write_register(4, 420, device_id=UNIT)
+    assert (r.address, r.registers) == (4, [420])
+    r = c.write_register(4, 420, device_id=UNIT)  # a retry: same state, no new generation
+    r = c.read_holding_registers(3, count=4, device_id=UNIT)
+    assert r.registers == [gen + 1, 420, 1, 50]
+    # FC16 whose last value is out of range: exception 03, and not even the first one changed.
+    r = c.write_registers(4, [100, 2, 101], device_id=UNIT)
+    assert r.isError() and r.exception_code == 3
+    r = c.read_holding_registers(3, count=4, device_id=UNIT)
+    assert r.registers == [gen + 1, 420, 1, 50]
+
+
+def test_pymodbus_exceptions(pym: Any) -> None:
+    c = pym
+    r = c.read_holding_registers(8, count=2, device_id=UNIT)
+    assert r.isError() and r.exception_code == 2  # 9 is unmapped
+    r = c.write_register(0, 1, device_id=UNIT)
+    assert r.isError() and r.exception_code == 2  # input register
+    r = c.write_register(5, 3, device_id=UNIT)
+    assert r.isError() and r.exception_code == 3  # mode max 2
+    r = c.read_coils(0, count=1, device_id=UNIT)
+    assert r.isError() and r.exception_code == 1
+
+
+def test_pymodbus_w1c_and_trigger(pym: Any) -> None:
+    c = pym
+    assert not c.write_register(4, 100, device_id=UNIT).isError()
+    assert c.read_holding_registers(7, count=1,
+                                    device_id=UNIT).registers == [1]  # over-temperature
+    assert c.write_register(7, 1, device_id=UNIT).registers == [1]
+    # Condition persists (250 > 100): still latched. Reading never clears.
+    for _ in range(2):
+        assert c.read_holding_registers(7, count=1,
+                                        device_id=UNIT).registers == [1]
+    assert not c.write_register(4, 350, device_id=UNIT).isError()
+    assert c.read_holding_registers(7, count=1,
+                                    device_id=UNIT).registers == [1]
+    assert not c.write_register(7, 0, device_id=UNIT).isError()
+    assert c.read_holding_registers(7, count=1,
+                                    device_id=UNIT).registers == [1]  # 0s do nothing
+    assert not c.write_register(7, 1, device_id=UNIT).isError()
+    assert c.read_holding_registers(7, count=1,
+                                    device_id=UNIT).registers == [0]
+    # Trigger: reset, start, retry while RUNNING (echo, nothing new), then DONE after 0.3 s.
+    assert not c.write_register(8, 0, device_id=UNIT).isError()
+    assert not c.write_register(8, 1, device_id=UNIT).isError()
+    assert c.read_holding_registers(8, count=1,
+                                    device_id=UNIT).registers == [1]
+    r = c.write_register(8, 2, device_id=UNIT)
+    assert r.isError() and r.exception_code == 3
+    deadline = time.monotonic() + 5
+    while c.read_holding_registers(8, count=1,
+                                   device_id=UNIT).registers != [2]:
+        assert time.monotonic() < deadline, "trigger never reached DONE"
+
+
+# ------------------------------------------------------------------------------- minimalmodbus
+
+
+def test_minimalmodbus(device: str) -> None:
+    import minimalmodbus
+
+    inst = minimalmodbus.Instrument(device, UNIT)
+    inst.serial.baudrate = 115200
+    inst.serial.timeout = 0.5
+    inst.close_port_after_each_call = True
+    inst.write_register(5, 2, functioncode=6)  # verifies the FC06 echo itself
+    assert inst.read_register(5, functioncode=3) == 2
+    assert inst.read_registers(0, 3, functioncode=4) == [250, 450, 1200]
+    inst.write_registers(4, [300, 0, 75])
+    assert inst.read_registers(4, 3) == [300, 0, 75]
+    with pytest.raises(minimalmodbus.IllegalRequestError):
+        inst.write_registers(4, [301, 0, 200])  # fan_setpoint 200 > 100: nothing changes
+    assert inst.read_registers(4, 3) == [300, 0, 75]
+    with pytest.raises(minimalmodbus.IllegalRequestError):
+        inst.read_register(20)
+    inst.write_registers(4, [350, 1, 50])
+
+
+# ------------------------------------------------------------------------------------- mbpoll
+
+
+def mbpoll(path: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                           "-0", "-1", "-o", "1", *args, path],
+                          capture_output=True, text=True, timeout=20)
+
+
+def _values(out: str) -> dict[int, int]:
+    return {int(a): int(v) for a, v in re.findall(r"^\[(\d+)\]:\s+(-?\d+)", out, re.M)}
+
+
+@needs_mbpoll
+def test_mbpoll(device: str) -> None:
+    r = mbpoll(device, "-t", "3", "-r", "0", "-c", "3")
+    assert r.returncode == 0 and _values(r.stdout) == {0: 250, 1: 450, 2: 1200}
+    r = subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                        "-0", "-1", "-o", "1", "-t", "4", "-r", "6", device, "80"],
+                       capture_output=True, text=True, timeout=20)  # one value: FC06
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                        "-0", "-1", "-o", "1", "-t", "4", "-r", "4", device, "360", "2"],
+                       capture_output=True, text=True, timeout=20)  # two values: FC16
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mbpoll(device, "-t", "4", "-r", "4", "-c", "3")
+    assert r.returncode == 0 and _values(r.stdout) == {4: 360, 5: 2, 6: 80}
+    r = subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                        "-0", "-1", "-o", "1", "-t", "4", "-r", "5", device, "1", "500"],
+                       capture_output=True, text=True, timeout=20)  # FC16 with 500 > 100
+    assert r.returncode != 0 and "Illegal data value" in r.stdout + r.stderr
+    r = mbpoll(device, "-t", "4", "-r", "4", "-c", "3")
+    assert _values(r.stdout) == {4: 360, 5: 2, 6: 80}  # atomic: mode untouched
+    r = mbpoll(device, "-t", "4", "-r", "20", "-c", "4")
+    assert r.returncode == 1 and "Illegal data address" in r.stdout + r.stderr
+    mbpoll(device, "-t", "4", "-r", "4", "350", "1", "50")
+
+
+# ---------------------------------------------------------------------------------- raw bytes
+
+
+def test_fc06_echo_and_exception_frames_byte_exact(raw: serial.Serial) -> None:
+    req = encode_rtu(UNIT, bytes.fromhex("0600060028"))
+    assert ask(raw, req, len(req)) == req
+    assert ask(raw, encode_rtu(UNIT, bytes.fromhex("0600000001")), 5) == encode_rtu(
+        UNIT, bytes.fromhex("8602"))
+    assert ask(raw, encode_rtu(UNIT, bytes.fromhex("0300000000")), 5) == encode_rtu(
+        UNIT, bytes.fromhex("8303"))  # count 0
+    assert ask(raw, encode_rtu(UNIT, bytes.fromhex("03fffe0003")), 5) == encode_rtu(
+        UNIT, bytes.fromhex("8302"))  # past 0xFFFF
+    assert ask(raw, encode_rtu(UNIT, bytes.fromhex("2b0e0100")), 5) == encode_rtu(
+        UNIT, bytes.fromhex("ab01"))  # unknown function: answered after the line goes quiet
+
+
+def test_silence_on_other_unit_and_bad_crc(raw: serial.Serial) -> None:
+    assert ask(raw, encode_rtu(UNIT + 1, bytes.fromhex("0300000001")), 1) == b""
+    bad = bytearray(encode_rtu(UNIT, bytes.fromhex("0600060000")))
+    bad[-1] ^= 0x55
+    assert ask(raw, bytes(bad), 1) == b""
+    read = encode_rtu(UNIT, bytes.fromhex("0300060001"))
+    assert ask(raw, read, 7) == encode_rtu(UNIT, bytes.fromhex("0302") + (40).to_bytes(2, "big"))
+
+
+def test_resync_after_garbage(raw: serial.Serial) -> None:
+    read = encode_rtu(UNIT, bytes.fromhex("0300040001"))
+    for garbage in (b"\x00", b"\xff\xfe\x01", b"\x01\x03\x00", bytes(range(40)),
+                    b"\x01\x10\x00\x00\x00\x01\xf6"):  # the last promises a 255-byte frame
+        answer = ask(raw, garbage + read, 7)
+        assert answer[:3] == bytes([UNIT, 3, 2]), (garbage, answer)
+    # Garbage then a write in one burst: the write happens exactly once.
+    write = encode_rtu(UNIT, bytes.fromhex("060006002d"))
+    assert ask(raw, b"\x55\xaa" + write + write, 16) == write + write
+    assert ask(raw, encode_rtu(UNIT, bytes.fromhex("0300060001")), 7) == encode_rtu(
+        UNIT, bytes.fromhex("0302002d"))
+
+
+# ------------------------------------------------------------------------- the command itself
+
+
+def test_sim_on_its_own_pty_and_clean_exit_on_sigint(tmp_path: Path) -> None:
+    from pymodbus import FramerType
+    from pymodbus.client import ModbusSerialClient
+
+    flash = tmp_path / "flash"
+    proc, path = start_sim("--flash-dir", str(flash))
+    assert path.startswith("/dev/")
+    client: Any = ModbusSerialClient(path, framer=FramerType.RTU, baudrate=115200, timeout=1,
+                                retries=0)
+    assert client.connect()
+    assert not client.write_register(4, 123, device_id=1).isError()
+    client.close()
+    assert stop_sim(proc, signal.SIGINT) == 0
+    assert oct((flash / "config.json").stat().st_mode & 0o777) == "0o600"
+    # Power cycle: the configuration (and its generation) came back from the flash directory.
+    proc, path = start_sim("--flash-dir", str(flash))
+    client = ModbusSerialClient(path, framer=FramerType.RTU, baudrate=115200, timeout=1,
+                                retries=0)
+    assert client.connect()
+    assert client.read_holding_registers(3, count=2, device_id=1).registers == [1, 123]
+    client.close()
+    assert stop_sim(proc) == 0
+
+
+def test_framed_mode_not_wired_yet() -> None:
+    r = subprocess.run([sys.executable, "-m", "host.cli", "sim"], capture_output=True,
+                       text=True, timeout=20)
+    assert r.returncode == 1 and "framed mode not wired yet" in r.stderr
