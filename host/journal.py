@@ -428,11 +428,17 @@ def save(path: str | os.PathLike[str], snapshot: Snapshot) -> None:
         if isinstance(exc, IsADirectoryError):
             raise JournalUnsafeFileError(f"{p}: is a directory; refused") from exc
         raise JournalError(f"{p}: cannot write journal: {exc.strerror}") from exc
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as exc:
+        raise JournalError(
+            f"{directory}: journal replaced but the directory fsync failed ({exc.strerror}); "
+            "the change may not survive a power loss - reopen the journal before going on"
+        ) from exc
 
 
 # ------------------------------------------------------------------------------------ journal
