@@ -109,7 +109,7 @@ def pym(device: str) -> Iterator[Any]:
     from pymodbus.client import ModbusSerialClient
 
     client: Any = ModbusSerialClient(device, framer=FramerType.RTU, baudrate=115200, timeout=1,
-                                retries=0)
+                                     retries=0)
     assert client.connect()
     yield client
     client.close()
@@ -288,7 +288,7 @@ def test_sim_on_its_own_pty_and_clean_exit_on_sigint(tmp_path: Path) -> None:
     proc, path = start_sim("--flash-dir", str(flash))
     assert path.startswith("/dev/")
     client: Any = ModbusSerialClient(path, framer=FramerType.RTU, baudrate=115200, timeout=1,
-                                retries=0)
+                                     retries=0)
     assert client.connect()
     assert not client.write_register(4, 123, device_id=1).isError()
     client.close()
