@@ -99,7 +99,7 @@ class ReplayWindow:
     """A ring-of-blocks replay window; see the module docstring for the rules."""
 
     __slots__ = (
-        "_accepted",
+        "_accepted_old",
         "_advances",
         "_bit_mask",
         "_blocks",
@@ -131,7 +131,7 @@ class ReplayWindow:
         self._blocks = [0] * self._nblocks
         self._highest = 0
         self._empty = True
-        self._accepted = self._duplicates = self._too_old = self._advances = 0
+        self._accepted_old = self._duplicates = self._too_old = self._advances = 0
 
     @property
     def size(self) -> int:
@@ -147,10 +147,6 @@ class ReplayWindow:
         """The highest committed number, ``None`` while EMPTY."""
         return None if self._empty else self._highest
 
-    @property
-    def counters(self) -> WindowCounters:
-        return WindowCounters(self._accepted, self._duplicates, self._too_old, self._advances)
-
     def reset(self) -> None:
         """Back to EMPTY (e.g. a new boot epoch). Counters are kept."""
         self._blocks = [0] * self._nblocks
@@ -161,10 +157,10 @@ class ReplayWindow:
         """The verdict for ``seq``; changes nothing."""
         if not 0 <= seq <= SEQ_MASK:
             raise _bad_seq(seq)
-        d = (seq - self._highest) & SEQ_MASK
-        if 0 < d < HALF or self._empty:
+        back = (self._highest - seq) & SEQ_MASK
+        if back > HALF or self._empty:  # d = seq - highest in 1 .. 2^31-1 (or nothing seen yet)
             return _NEW
-        if (self._highest - seq) & SEQ_MASK >= self._size:
+        if back >= self._size:  # includes back = d = 2^31 exactly: old
             return _TOO_OLD
         if self._blocks[(seq >> self._shift) & self._idx_mask] >> (seq & self._bit_mask) & 1:
             return _DUP
@@ -179,38 +175,46 @@ class ReplayWindow:
         if not 0 <= seq <= SEQ_MASK:
             raise _bad_seq(seq)
         highest = self._highest
-        d = (seq - highest) & SEQ_MASK
-        blocks = self._blocks
+        back = (highest - seq) & SEQ_MASK
         shift = self._shift
-        if 0 < d < HALF or self._empty:
-            nblocks = self._nblocks
-            # Blocks passed over, counted in block-number space (2^SEQ_BITS / block_bits values),
-            # so the count stays right across the wrap at 2^SEQ_BITS.
-            n = ((seq >> shift) - (highest >> shift)) & (SEQ_MASK >> shift)
-            if n >= nblocks or self._empty:
-                blocks[:] = [0] * nblocks
-            elif n:
-                mask = self._idx_mask
-                first = highest >> shift
-                for i in range(1, n + 1):
-                    blocks[(first + i) & mask] = 0
+        if back > HALF or self._empty:
+            blocks = self._blocks
+            # Blocks passed over: (highest mod block + d) // block with d = seq - highest < 2^31,
+            # so the count is right across the wrap at 2^SEQ_BITS (no block-number overflow).
+            n = ((highest & self._bit_mask) - back) & SEQ_MASK
+            n >>= shift
+            if n:
+                nblocks = self._nblocks
+                if n >= nblocks or self._empty:
+                    blocks[:] = [0] * nblocks
+                else:
+                    mask = self._idx_mask
+                    last = seq >> shift
+                    for k in range(n):
+                        blocks[(last - k) & mask] = 0
             blocks[(seq >> shift) & self._idx_mask] |= 1 << (seq & self._bit_mask)
             self._highest = seq
             self._empty = False
             self._advances += 1
-            self._accepted += 1
             return _NEW
-        if (highest - seq) & SEQ_MASK >= self._size:
+        if back >= self._size:
             self._too_old += 1
             return _TOO_OLD
+        blocks = self._blocks
         i = (seq >> shift) & self._idx_mask
         bit = 1 << (seq & self._bit_mask)
         if blocks[i] & bit:
             self._duplicates += 1
             return _DUP
         blocks[i] |= bit
-        self._accepted += 1
+        self._accepted_old += 1
         return _OLD
+
+    @property
+    def counters(self) -> WindowCounters:
+        return WindowCounters(
+            self._advances + self._accepted_old, self._duplicates, self._too_old, self._advances
+        )
 
 
 def contract_section() -> ContractSection:
