@@ -1,7 +1,8 @@
 """``idemlink sim --modbus-rtu`` driven by real Modbus peers over a socat pty pair: pymodbus,
 minimalmodbus and mbpoll (reads, writes, the atomic FC16 rejection, W1C, exceptions), plus raw
 bytes for what clients cannot show (silence on another unit or a bad CRC, resync after garbage).
-Skipped when socat is missing; the mbpoll cases when mbpoll is missing."""
+The socat cases skip when socat is missing, the mbpoll case when mbpoll is missing; the
+server's sans-I/O ``receive`` is tested directly too."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from typing import Any
 import pytest
 import serial
 
+from device_sim.rtu_server import ConfigFlash, RtuServer
+from protocol.device_core import DeviceCore, EffectKind
 from protocol.modbus import encode_rtu
-
-pytestmark = pytest.mark.skipif(shutil.which("socat") is None, reason="socat not installed")
 
 needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll not installed")
 
@@ -48,6 +49,8 @@ def _read_line(stream: Any, proc: subprocess.Popen[bytes], deadline: float) -> s
 
 @pytest.fixture(scope="module")
 def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    if shutil.which("socat") is None:
+        pytest.skip("socat not installed")
     d = tmp_path_factory.mktemp("pty")
     a, b = str(d / "devA"), str(d / "devB")
     proc = subprocess.Popen(
@@ -281,6 +284,7 @@ def test_resync_after_garbage(raw: serial.Serial) -> None:
 
 
 def test_sim_on_its_own_pty_and_clean_exit_on_sigint(tmp_path: Path) -> None:
+    """No socat needed: the simulator makes its own pty."""
     from pymodbus import FramerType
     from pymodbus.client import ModbusSerialClient
 
@@ -308,3 +312,25 @@ def test_framed_mode_not_wired_yet() -> None:
     r = subprocess.run([sys.executable, "-m", "host.cli", "sim"], capture_output=True,
                        text=True, timeout=20)
     assert r.returncode == 1 and "framed mode not wired yet" in r.stderr
+
+
+# --------------------------------------------------------------------- the shell without I/O
+
+
+def test_server_receive_broadcast_other_unit_and_split_frames(tmp_path: Path) -> None:
+    flash = ConfigFlash(tmp_path)
+    server = RtuServer(DeviceCore(), unit=5, flash=flash)
+    write = encode_rtu(0, bytes.fromhex("0600050002"))  # broadcast: executes, no answer
+    assert server.receive(write, 1.0) == b""
+    assert server.core.value("mode") == 2
+    assert server.receive(encode_rtu(6, bytes.fromhex("0600050000")), 1.1) == b""
+    assert server.core.value("mode") == 2 and server.ignored == 1
+    read = encode_rtu(5, bytes.fromhex("0300050001"))
+    assert server.receive(read[:3], 1.2) == b""
+    assert server.receive(read[3:], 1.2) == encode_rtu(5, bytes.fromhex("03020002"))
+    assert server.core.count(EffectKind.SET) == 1
+    again = RtuServer(DeviceCore(), unit=5, flash=ConfigFlash(tmp_path))
+    assert (again.core.value("mode"), again.core.generation) == (2, 1)
+    assert oct((tmp_path / "config.json").stat().st_mode & 0o777) == "0o600"
+    with pytest.raises(ValueError):
+        RtuServer(DeviceCore(), unit=0)
