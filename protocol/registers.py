@@ -292,6 +292,10 @@ def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
          + ("; bits: " + ", ".join(f"{b.bit} {b.name}" for b in r.bits) if r.bits else "")]
         for r in regmap
     ]
+    # Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a
+    # 16-bit-int C compiler takes them too.
+    defines += [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
+                        "answer to a trigger write") for s in TriggerStatus]
     code_rows = [[f"0x{s.value:04X}", s.name] for s in TriggerStatus]
     md = (
         "## Register map\n\n"
@@ -311,8 +315,6 @@ def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
         enums=[
             CEnum("idl_reg_kind_t", "IDL_REG_KIND", RegisterKind, "register kinds"),
             CEnum("idl_trigger_state_t", "IDL_TRIGGER", TriggerState, "trigger states"),
-            CEnum("idl_trigger_status_t", "IDL_TRIGGER_STATUS", TriggerStatus,
-                  "answers to a trigger write"),
         ],
         markdown=md,
         data={

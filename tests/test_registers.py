@@ -88,9 +88,12 @@ def test_contract_section_declares_addresses_kinds_and_trigger_codes() -> None:
     assert defines["IDL_REG_THRESHOLD"] == "0x0004u"
     assert defines["IDL_REG_THRESHOLD_MAX"] == "1000u"
     assert defines["IDL_FAULT_FAN_STALL"] == "(1u << 2)"
-    codes = {e.type_name: {m.name: int(m.value) for m in e.members} for e in sec.enums}
-    assert codes["idl_trigger_status_t"] == {"ACCEPTED": 0, "RUNNING": 0x0101, "DONE": 0x0102,
-                                             "ABNORMAL_STATE": 0xFF00, "ILLEGAL_VALUE": 0xFF01}
+    codes = {n[len("IDL_TRIGGER_STATUS_"):]: v for n, v in defines.items()
+             if n.startswith("IDL_TRIGGER_STATUS_")}
+    assert codes == {"ACCEPTED": "0x0000u", "RUNNING": "0x0101u", "DONE": "0x0102u",
+                     "ABNORMAL_STATE": "0xFF00u", "ILLEGAL_VALUE": "0xFF01u"}
+    kinds = {e.type_name: {m.name: int(m.value) for m in e.members} for e in sec.enums}
+    assert kinds["idl_trigger_state_t"] == {"IDLE": 0, "RUNNING": 1, "DONE": 2}
     assert "| 0x0008 | self_clean | TRIGGER |" in sec.markdown
     json.dumps(sec.data)  # serialisable, feeds the contract hash
     assert sec.data["trigger_status"]["RUNNING"] == 0x0101
