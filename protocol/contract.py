@@ -25,6 +25,8 @@ SECTION_MODULES: tuple[str, ...] = (
     "protocol.outcome",
     "protocol.session",
     "protocol.window",
+    "protocol.registers",
+    "protocol.modbus",
 )
 """Modules exposing ``contract_section()``, in rendering order. Add a line to add a section."""
 

@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "c31eea32a22cd2f9"
+#define IDL_CONTRACT_HASH "e72a683a8376e393"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -112,5 +112,63 @@ typedef enum {
     IDL_VERDICT_DUPLICATE = 2,
     IDL_VERDICT_TOO_OLD = 3
 } idl_verdict_t;
+
+/* ---- registers ---- */
+#define IDL_REG_COUNT 9u /**< registers in the map */
+#define IDL_REG_TEMPERATURE 0x0000u /**< INPUT 0.1 degC */
+#define IDL_REG_HUMIDITY 0x0001u /**< INPUT 0.1 %RH */
+#define IDL_REG_FAN_SPEED 0x0002u /**< INPUT rpm */
+#define IDL_REG_GENERATION 0x0003u /**< GENERATION */
+#define IDL_REG_THRESHOLD 0x0004u /**< HOLDING 0.1 degC */
+#define IDL_REG_THRESHOLD_MIN 0u
+#define IDL_REG_THRESHOLD_MAX 1000u
+#define IDL_REG_THRESHOLD_DEFAULT 350u
+#define IDL_REG_MODE 0x0005u /**< HOLDING */
+#define IDL_REG_MODE_MIN 0u
+#define IDL_REG_MODE_MAX 2u
+#define IDL_REG_MODE_DEFAULT 1u
+#define IDL_REG_FAN_SETPOINT 0x0006u /**< HOLDING % */
+#define IDL_REG_FAN_SETPOINT_MIN 0u
+#define IDL_REG_FAN_SETPOINT_MAX 100u
+#define IDL_REG_FAN_SETPOINT_DEFAULT 50u
+#define IDL_REG_FAULTS 0x0007u /**< FAULT */
+#define IDL_FAULT_OVER_TEMPERATURE (1u << 0) /**< temperature above threshold */
+#define IDL_FAULT_SENSOR_FAULT (1u << 1) /**< sensor reading invalid */
+#define IDL_FAULT_FAN_STALL (1u << 2) /**< fan commanded but not turning */
+#define IDL_REG_SELF_CLEAN 0x0008u /**< TRIGGER */
+#define IDL_TRIGGER_STATUS_ACCEPTED 0x0000u /**< answer to a trigger write */
+#define IDL_TRIGGER_STATUS_RUNNING 0x0101u /**< answer to a trigger write */
+#define IDL_TRIGGER_STATUS_DONE 0x0102u /**< answer to a trigger write */
+#define IDL_TRIGGER_STATUS_ABNORMAL_STATE 0xFF00u /**< answer to a trigger write */
+#define IDL_TRIGGER_STATUS_ILLEGAL_VALUE 0xFF01u /**< answer to a trigger write */
+/** register kinds */
+typedef enum {
+    IDL_REG_KIND_INPUT = 0,
+    IDL_REG_KIND_HOLDING = 1,
+    IDL_REG_KIND_FAULT = 2,
+    IDL_REG_KIND_TRIGGER = 3,
+    IDL_REG_KIND_GENERATION = 4
+} idl_reg_kind_t;
+/** trigger states */
+typedef enum {
+    IDL_TRIGGER_IDLE = 0,
+    IDL_TRIGGER_RUNNING = 1,
+    IDL_TRIGGER_DONE = 2
+} idl_trigger_state_t;
+
+/* ---- modbus ---- */
+#define IDL_MB_MAX_READ 125u /**< registers per FC03/FC04 */
+#define IDL_MB_MAX_WRITE 123u /**< registers per FC16 */
+#define IDL_MB_MAX_COND_WRITE 122u /**< registers per 0x41 */
+#define IDL_MB_EXCEPTION_FLAG 0x80u
+/** Modbus function codes */
+typedef enum {
+    IDL_MB_FC_READ_HOLDING_REGISTERS = 3,
+    IDL_MB_FC_READ_INPUT_REGISTERS = 4,
+    IDL_MB_FC_WRITE_SINGLE_REGISTER = 6,
+    IDL_MB_FC_WRITE_MULTIPLE_REGISTERS = 16,
+    IDL_MB_FC_WRITE_IF_GENERATION = 65,
+    IDL_MB_FC_TRIGGER = 66
+} idl_mb_function_t;
 
 #endif /* IDEMLINK_PROTO_H */
