@@ -152,6 +152,10 @@ stream("advance_clears_stale_lap", "a slot reused one ring later must not keep l
 stream("advance_clears_partial", "advancing by a few blocks clears those blocks only",
        [*run(range(0, 200), NEW), d(200 + 3 * BLOCK, NEW), d(199, DUP), d(200, OLD), d(231, OLD),
         d(200 + 3 * BLOCK - 1, OLD), d(0, DUP), d(8, DUP)])
+stream("advance_clears_first_passed_block", "the first block passed over loses last lap's bits",
+       [*run(range(0, 1024), NEW), d(1023 + 2 * BLOCK, NEW), d(1024, OLD), d(1055, OLD),
+        d(1056, OLD), d(1086, OLD), d(1023, DUP), d(1023 + 2 * BLOCK - (W - 1), DUP),
+        d(1023 + 2 * BLOCK - W, TOO_OLD)])
 stream("advance_across_wrap_mid_block", "block numbers stay continuous over 2^32",
        [d(M - 2, NEW), d(M - 1, NEW), d(0x40, NEW), d(M - 1, DUP), d(M - 2, DUP),
         d(M - 3, OLD), d(0, OLD), d(0x3F, OLD), d(0x40, DUP), d(0x20, OLD)])
