@@ -101,12 +101,12 @@ idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
 {
     const uint32_t highest = w->highest;
     const uint32_t back = highest - seq;
-    uint32_t *const word = &w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK];
-    const uint32_t bit = 1u << (seq & IDL_BIT_MASK);
+    uint32_t *word;
+    uint32_t bits;
 
     if (back > IDL_HALF || w->empty) {
         idl_window_advance(w, seq, (highest & IDL_BIT_MASK) - back);
-        *word |= bit;
+        w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK] |= 1u << (seq & IDL_BIT_MASK);
         IDL_COUNT(w, IDL_VERDICT_NEW);
         return IDL_VERDICT_NEW;
     }
@@ -114,11 +114,13 @@ idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
         IDL_COUNT(w, IDL_VERDICT_TOO_OLD);
         return IDL_VERDICT_TOO_OLD;
     }
-    if ((*word & bit) != 0u) {
+    word = &w->bitmap[(seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK];
+    bits = *word;
+    if (((bits >> (seq & IDL_BIT_MASK)) & 1u) != 0u) {
         IDL_COUNT(w, IDL_VERDICT_DUPLICATE);
         return IDL_VERDICT_DUPLICATE;
     }
-    *word |= bit;
+    *word = bits | (1u << (seq & IDL_BIT_MASK));
     IDL_COUNT(w, IDL_VERDICT_ACCEPT_OLD);
     return IDL_VERDICT_ACCEPT_OLD;
 }
