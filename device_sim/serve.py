@@ -1,0 +1,130 @@
+"""Serve a ``SimulatedDevice`` in real time on a pseudo-terminal, a serial port or a pyserial URL.
+
+Contract: the thin I/O shell around the sans-I/O ``SimulatedDevice``. ``serve(device, transport,
+stop)`` moves bytes between the transport and ``device.receive_data(data, now)`` with ``now``
+taken from a monotonic clock, until ``stop`` is set. The transport's ``read(timeout)`` blocks
+(``select``/pyserial timeout) for at most ``tick_interval`` seconds (20 ms), after which the
+device is ticked so RUNNING triggers finish and fault conditions latch on time: it never
+busy-spins and never sleeps blindly. ``install_stop_signals(stop)`` makes SIGINT and SIGTERM set
+the event (the loop then returns within one tick interval).
+
+``open_port(url)`` opens a pyserial port/URL for serving (DTR/RTS left low so opening does not
+reset anything on the other end); ``device_sim.pty.open_pty()`` gives the pty variant.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Protocol
+
+import serial
+
+from device_sim.device import SimulatedDevice
+
+log = logging.getLogger(__name__)
+
+TICK_INTERVAL = 0.02
+"""Longest time the loop waits for bytes before ticking the device (seconds)."""
+
+
+class ServeTransport(Protocol):
+    """What the serve loop needs: a blocking read with a timeout and a write."""
+
+    def read(self, timeout: float) -> bytes: ...
+    def write(self, data: bytes) -> None: ...
+
+
+@dataclass(slots=True)
+class ServeStats:
+    """Counters of one serve run (for logs and tests)."""
+
+    bytes_in: int = 0
+    bytes_out: int = 0
+    ticks: int = 0
+
+
+class PortTransport:
+    """A pyserial port as a ``ServeTransport``; the timeout is reconfigured only when it changes."""
+
+    def __init__(self, port: serial.SerialBase) -> None:
+        self.port = port
+
+    def read(self, timeout: float) -> bytes:
+        if self.port.timeout != timeout:
+            self.port.timeout = timeout
+        first = self.port.read(1)
+        if not first:
+            return b""
+        waiting = int(getattr(self.port, "in_waiting", 0) or 0)
+        return bytes(first) + (bytes(self.port.read(waiting)) if waiting else b"")
+
+    def write(self, data: bytes) -> None:
+        self.port.write(data)
+        self.port.flush()
+
+    def close(self) -> None:
+        self.port.close()
+
+
+def open_port(url: str, baudrate: int = 115200) -> PortTransport:
+    """Open ``url`` (a device path or any pyserial URL) for serving, DTR/RTS low.
+
+    Raises ``serial.SerialException`` or ``ValueError`` when it cannot be opened.
+    """
+    port = serial.serial_for_url(url, baudrate=baudrate, timeout=TICK_INTERVAL, do_not_open=True)
+    port.dtr = False
+    port.rts = False
+    port.open()
+    return PortTransport(port)
+
+
+def serve(
+    device: SimulatedDevice,
+    transport: ServeTransport,
+    stop: threading.Event,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    tick_interval: float = TICK_INTERVAL,
+) -> ServeStats:
+    """Serve ``device`` on ``transport`` until ``stop`` is set; return the counters."""
+    stats = ServeStats()
+    log.info("serving %s (epoch %08x)", device.name, device.epoch)
+    while not stop.is_set():
+        data = transport.read(tick_interval)
+        now = clock()
+        if data:
+            stats.bytes_in += len(data)
+            answer = device.receive_data(data, now)
+            if answer:
+                transport.write(answer)
+                stats.bytes_out += len(answer)
+        else:
+            device.tick(now)
+            stats.ticks += 1
+    log.info("stopped: %d bytes in, %d bytes out", stats.bytes_in, stats.bytes_out)
+    return stats
+
+
+def install_stop_signals(stop: threading.Event) -> Callable[[], None]:
+    """Make SIGINT and SIGTERM set ``stop``; returns a function restoring the old handlers.
+
+    Must be called from the main thread (a Python rule for signal handlers).
+    """
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+    return restore
