@@ -113,11 +113,12 @@ class RtuServer:
         self._saved_generation = core.generation
 
     def receive(self, data: bytes, now: float) -> bytes:
-        """Feed received bytes (b"" = silence); return the bytes to send."""
+        """Feed received bytes (b"" = nothing arrived); return the bytes to send. Bytes of an
+        incomplete frame are given up after ``decoder.resync_silence`` seconds of silence."""
         if data:
-            self.decoder.feed(data)
+            self.decoder.feed(data, now)
         else:
-            self.decoder.gap()
+            self.decoder.idle(now)
         out = bytearray()
         while (frame := self.decoder.next_frame()) is not None:
             if frame.unit not in (self.unit, BROADCAST_UNIT):

@@ -405,7 +405,8 @@ def response_frame_length(buf: bytes | bytearray) -> int:
 class RtuDecoder:
     """Streaming RTU decoder that resynchronises after garbage.
 
-    ``feed(data)``; call ``gap()`` when the line has been silent (the shell's read timed out);
+    ``feed(data, now)``; call ``idle(now)`` when a read returned nothing (or ``gap()`` to say the
+    line has certainly been silent);
     ``next_frame()`` returns the next CRC-valid frame or None. At each position the expected
     length comes from the function code; a bad CRC, an impossible length, or an incomplete frame
     followed by silence drops one byte and tries again. An unknown function code waits for
@@ -414,20 +415,31 @@ class RtuDecoder:
     """
 
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
-                 ) -> None:
+                 resync_silence: float = 0.1) -> None:
         self._buf = bytearray()
         self._length_of = length_of
         self._silent = False
+        self._last_rx: float | None = None
+        self.resync_silence = resync_silence
         self.discarded = 0
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, now: float | None = None) -> None:
         if data:
             self._buf += data
             self._silent = False
+            self._last_rx = now
 
     def gap(self) -> None:
-        """The line went silent after the bytes fed so far."""
+        """The line went silent after the bytes fed so far (long enough to give up on them)."""
         self._silent = True
+
+    def idle(self, now: float) -> None:
+        """Nothing arrived; at ``resync_silence`` seconds after the last byte this is a ``gap``.
+        (Much longer than Modbus's 3.5 characters on purpose: a pty, a loaded host or a USB
+        adapter can pause inside a frame for milliseconds, and dropping a good frame's head
+        costs a client timeout, while waiting a little longer costs nothing.)"""
+        if self._last_rx is None or now - self._last_rx >= self.resync_silence:
+            self._silent = True
 
     @property
     def pending(self) -> int:

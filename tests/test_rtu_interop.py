@@ -308,12 +308,6 @@ def test_sim_on_its_own_pty_and_clean_exit_on_sigint(tmp_path: Path) -> None:
     assert stop_sim(proc) == 0
 
 
-def test_framed_mode_not_wired_yet() -> None:
-    r = subprocess.run([sys.executable, "-m", "host.cli", "sim"], capture_output=True,
-                       text=True, timeout=20)
-    assert r.returncode == 1 and "framed mode not wired yet" in r.stderr
-
-
 # --------------------------------------------------------------------- the shell without I/O
 
 
@@ -334,3 +328,15 @@ def test_server_receive_broadcast_other_unit_and_split_frames(tmp_path: Path) ->
     assert oct((tmp_path / "config.json").stat().st_mode & 0o777) == "0o600"
     with pytest.raises(ValueError):
         RtuServer(DeviceCore(), unit=0)
+
+
+def test_server_keeps_a_frame_split_by_a_short_pause_and_drops_a_stale_head() -> None:
+    server = RtuServer(DeviceCore(), unit=1)
+    read = encode_rtu(1, bytes.fromhex("0300040001"))
+    assert server.receive(read[:4], 10.0) == b""
+    assert server.receive(b"", 10.05) == b""  # a scheduling hiccup inside the frame
+    assert server.receive(read[4:], 10.06) == encode_rtu(1, bytes.fromhex("0302015e"))
+    assert server.receive(read[:4], 11.0) == b""  # the rest never comes
+    assert server.receive(b"", 11.2) == b""
+    assert server.decoder.pending == 0  # given up after the silence
+    assert server.receive(read, 11.3) == encode_rtu(1, bytes.fromhex("0302015e"))
