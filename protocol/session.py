@@ -5,7 +5,9 @@
   is never de-duplicated.
 - HELLO_REPLY (device → host): ``DEVICE_INFO`` — what a host must know before sending commands:
   protocol version, de-duplication window, payload limit, replay-cache slots, pipelining depth,
-  contract hash and a device name. The frame header carries the device's current boot epoch.
+  contract hash, the first sequence number a new host session should use (one past the highest
+  number this epoch has seen, so a second host process never collides with the first) and a
+  name. The frame header carries the device's current boot epoch.
 - REQUEST payload: a Modbus-style PDU (function code + data), see ``protocol.modbus``.
 - RESPONSE payload: ``status u8`` (``protocol.outcome.Status``) followed by the response PDU (empty
   unless the status is OK). A replayed answer is the exact bytes of the first one, with the REPLAY
@@ -38,6 +40,7 @@ DEVICE_INFO = cs.Struct(
     "replay_slots" / cs.Int16ul,
     "max_inflight" / cs.Int8ul,
     "contract_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "next_seq" / cs.Int32ul,
     "name" / cs.PascalString(cs.Int8ul, "utf8"),
     "_extensions" / cs.GreedyBytes,
 )
@@ -58,6 +61,7 @@ class DeviceInfo:
     replay_slots: int
     max_inflight: int
     contract_hash: bytes
+    next_seq: int
     name: str
 
     def encode(self) -> bytes:
@@ -67,7 +71,7 @@ class DeviceInfo:
                     "version": self.version, "window": self.window,
                     "max_payload": self.max_payload, "replay_slots": self.replay_slots,
                     "max_inflight": self.max_inflight, "contract_hash": self.contract_hash,
-                    "name": self.name, "_extensions": b"",
+                    "next_seq": self.next_seq, "name": self.name, "_extensions": b"",
                 }
             )
         )
@@ -77,7 +81,7 @@ class DeviceInfo:
         """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short input."""
         c = DEVICE_INFO.parse(payload)
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
-                   bytes(c.contract_hash), c.name)
+                   bytes(c.contract_hash), c.next_seq, c.name)
 
 
 def encode_hello(version: int, contract_hash: bytes) -> bytes:

@@ -1,0 +1,136 @@
+"""The simulated idemlink device: the register core behind the framed session, with reboots.
+
+``SimulatedDevice`` is still sans-I/O (bytes and simulated time in, bytes out); the shells in
+``device_sim.serve`` put it on a pseudo-terminal or any pyserial port, and ``device_sim.simlink``
+runs it in-process behind the link emulator.
+
+- ``receive_data(data, now) -> bytes``: what the device answers.
+- ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
+  replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
+  the simulated flash directory when one is given (``config.json``, replaced atomically).
+- ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
+  number, request PDU, response PDU, simulated time — one record per execution. The register
+  core's ``log`` holds every side effect. Tests and the fault-campaign oracle read both.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from protocol.contract import contract_hash
+from protocol.device_core import ConfigSnapshot, DeviceCore
+from protocol.device_session import DeviceSession
+from protocol.registers import DEFAULT_MAP, RegisterMap
+from protocol.replay import DEFAULT_SLOTS
+from protocol.window import RING_BITS
+
+FLASH_FILE = "config.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One command the device really ran."""
+
+    epoch: int
+    seq: int
+    request: bytes
+    response: bytes
+    time: float
+
+
+class SimulatedDevice:
+    """Register core + framed session + reboots + simulated flash. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        regmap: RegisterMap = DEFAULT_MAP,
+        trigger_duration: float = 2.0,
+        flash_dir: str | os.PathLike[str] | None = None,
+        ring_bits: int = RING_BITS,
+        replay_slots: int = DEFAULT_SLOTS,
+        now: float = 0.0,
+        name: str = "idemlink-sim",
+    ) -> None:
+        self._rng = random.Random(seed)
+        self.flash_dir = Path(flash_dir) if flash_dir is not None else None
+        self.ring_bits = ring_bits
+        self.replay_slots = replay_slots
+        self.name = name
+        self._hash = contract_hash()
+        self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
+                               config=self._load_flash())
+        self.executions: list[Execution] = []
+        self.epochs: list[int] = []
+        self.session = self._new_session()
+        self._generation_saved = self.core.generation
+
+    # ------------------------------------------------------------------ bytes and time
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        self.core.tick(now)
+        return self.session.receive_data(data, now)
+
+    def tick(self, now: float) -> None:
+        self.core.tick(now)
+
+    @property
+    def epoch(self) -> int:
+        return self.session.epoch
+
+    def reboot(self, now: float) -> None:
+        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept."""
+        self._save_flash()
+        self.core.reset_volatile(now)
+        self.session = self._new_session()
+
+    # ------------------------------------------------------------------ ground truth
+    def executions_of(self, epoch: int, seq: int) -> list[Execution]:
+        return [e for e in self.executions if e.epoch == epoch and e.seq == seq]
+
+    # ------------------------------------------------------------------ internals
+    def _new_session(self) -> DeviceSession:
+        epoch = self._rng.getrandbits(32)
+        while epoch in self.epochs or epoch == 0:
+            epoch = self._rng.getrandbits(32)
+        self.epochs.append(epoch)
+        return DeviceSession(
+            self._execute, epoch, contract_hash=self._hash, name=self.name,
+            ring_bits=self.ring_bits, replay_slots=self.replay_slots,
+        )
+
+    def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
+        epoch = self.session.epoch
+        response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
+        self.executions.append(Execution(epoch, seq, pdu, response, now))
+        if self.flash_dir is not None and self.core.generation != self._generation_saved:
+            self._save_flash()
+        return response
+
+    def _load_flash(self) -> ConfigSnapshot | None:
+        if self.flash_dir is None:
+            return None
+        path = self.flash_dir / FLASH_FILE
+        if not path.is_file():
+            return None
+        return ConfigSnapshot.from_json(path.read_text(encoding="utf-8"))
+
+    def _save_flash(self) -> None:
+        if self.flash_dir is None:
+            return
+        self.flash_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.flash_dir, prefix=".config.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(self.core.snapshot().to_json())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.flash_dir / FLASH_FILE)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._generation_saved = self.core.generation

@@ -1,0 +1,445 @@
+"""The host driver: a typed handle on one idemlink device over any byte transport.
+
+``Device.open(url)`` opens any pyserial URL (``/dev/ttyUSB0``, the simulator's pty, ``loop://``,
+``socket://``, ``rfc2217://``, ``faulty://…``) without toggling DTR/RTS by default, runs the HELLO
+handshake and refuses a device whose protocol version or contract hash differs from ours.
+
+Every command returns a ``Result`` with exactly one ``Outcome`` — a protocol outcome is never an
+exception. An UNKNOWN result blocks the handle: further commands raise ``UnknownOutstanding`` until
+``acknowledge_unknown()``; ``reconcile()`` reads back what the unknown command touched.
+
+The request loop lives once, in ``Device._drive``: it only moves bytes between the transport and
+the sans-I/O ``HostSession`` and passes the time in. An asyncio shell would replace only that loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
+
+from protocol.contract import contract_hash
+from protocol.frame import PROTOCOL_VERSION
+from protocol.host_session import Completion, HelloFailed, HostSession, SessionOpened
+from protocol.modbus import (
+    FunctionCode,
+    ReadRegisters,
+    Request,
+    TriggerRequest,
+    WriteIfGeneration,
+    WriteMultipleRegisters,
+    WriteSingleRegister,
+    encode_request,
+)
+from protocol.outcome import (
+    LocalProtocolError,
+    ModbusException,
+    Outcome,
+    RemoteProtocolError,
+    Status,
+)
+from protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    """What the driver needs from a byte pipe: the clock travels with it."""
+
+    def write(self, data: bytes) -> None: ...
+    def read(self, timeout: float) -> bytes: ...
+    def now(self) -> float: ...
+    def close(self) -> None: ...
+
+
+class SerialTransport:
+    """A pyserial port (any URL). DTR/RTS are set low *before* opening, so opening does not pulse
+    the reset line that many boards wire to DTR (pass ``keep_lines=False`` to leave pyserial's
+    defaults)."""
+
+    def __init__(self, url: str, *, baudrate: int = 115200, keep_lines: bool = True) -> None:
+        import time
+
+        import serial
+
+        self._clock = time.monotonic
+        try:
+            port = serial.serial_for_url(url, baudrate=baudrate, timeout=0, do_not_open=True)
+            if keep_lines:
+                port.dtr = False
+                port.rts = False
+            port.open()
+        except (serial.SerialException, ValueError, OSError) as exc:
+            raise PortError(f"cannot open {url}: {exc}") from exc
+        self.port = port
+
+    def write(self, data: bytes) -> None:
+        self.port.write(data)
+
+    def read(self, timeout: float) -> bytes:
+        port = self.port
+        port.timeout = max(0.0, timeout)
+        first = port.read(1)
+        if not first:
+            return b""
+        waiting = port.in_waiting
+        return first + port.read(waiting) if waiting else first
+
+    def now(self) -> float:
+        return self._clock()
+
+    def close(self) -> None:
+        self.port.close()
+
+
+class PortError(LocalProtocolError):
+    """The port could not be opened or failed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.LINK_LOST)
+
+
+class IncompatibleDevice(RemoteProtocolError):
+    """The device speaks another protocol version or another contract."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.UNSUPPORTED)
+
+
+class NoDevice(RemoteProtocolError):
+    """No HELLO_REPLY: nothing idemlink-shaped answers on this port."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.NO_ANSWER)
+
+
+class UnknownOutstanding(LocalProtocolError):
+    """A previous command ended UNKNOWN; reconcile and ``acknowledge_unknown()`` first."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.NO_ANSWER)
+
+
+class CommandKind(Enum):
+    READ = "read"
+    WRITE = "write"
+    WRITE_IF_GENERATION = "write_if_generation"
+    CLEAR_FAULTS = "clear_faults"
+    TRIGGER = "trigger"
+    TRIGGER_RESET = "trigger_reset"
+
+
+SET_ONLY = {CommandKind.WRITE}
+"""Commands that may be re-issued after a reboot: absolute writes, harmless to repeat."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One request, before it is sent. Build with the ``Device`` helpers or ``Command.…``."""
+
+    kind: CommandKind
+    address: int
+    count: int = 1
+    values: tuple[int, ...] = ()
+    generation: int = 0
+    input_registers: bool = False
+
+    def request(self) -> Request:
+        k = self.kind
+        if k is CommandKind.READ:
+            fc = (FunctionCode.READ_INPUT_REGISTERS if self.input_registers
+                  else FunctionCode.READ_HOLDING_REGISTERS)
+            return ReadRegisters(fc, self.address, self.count)
+        if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
+            if len(self.values) == 1:
+                return WriteSingleRegister(self.address, self.values[0])
+            return WriteMultipleRegisters(self.address, self.values)
+        if k is CommandKind.WRITE_IF_GENERATION:
+            return WriteIfGeneration(self.generation, self.address, self.values)
+        return TriggerRequest(self.address, 1 if k is CommandKind.TRIGGER else 0)
+
+    def pdu(self) -> bytes:
+        return encode_request(self.request())
+
+    @property
+    def set_only(self) -> bool:
+        return self.kind in SET_ONLY
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The one outcome of a command, with its decoded answer."""
+
+    command: Command
+    outcome: Outcome
+    status: Status | None
+    exception: ModbusException | None = None
+    values: tuple[int, ...] = ()
+    code: int | None = None  #: trigger status code, or the generation after a conditional write
+    replay: bool = False
+    attempts: int = 0
+    reissued: int = 0
+    seq: int = 0
+    epoch: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def describe(self) -> str:
+        if self.exception is not None:
+            return f"{self.outcome.name} (Modbus exception {self.exception.name})"
+        if self.status is not None and self.status is not Status.OK:
+            return f"{self.outcome.name} ({self.status.name})"
+        return self.outcome.name + (" (replayed answer)" if self.replay else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """What ``reconcile()`` read back for the command that ended UNKNOWN."""
+
+    command: Command
+    observed: dict[str, int]
+    intended_state_holds: bool | None  #: None: cannot be decided from the state alone
+    summary: str
+
+
+def _decode_answer(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
+    k = cmd.kind
+    if k is CommandKind.READ and len(pdu) >= 2:
+        n = pdu[1] // 2
+        return struct.unpack_from(f">{n}H", pdu, 2), None
+    if k in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) and len(pdu) >= 5:
+        return (), struct.unpack_from(">H", pdu, 3)[0]
+    if k is CommandKind.WRITE_IF_GENERATION and len(pdu) >= 4:
+        return (), struct.unpack_from(">H", pdu, 2)[0]
+    return (), None
+
+
+@dataclass(slots=True)
+class DriverStats:
+    commands: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+class Device:
+    """A session with one idemlink device. See the module docstring."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        regmap: RegisterMap = DEFAULT_MAP,
+        timeout: float = 0.2,
+        attempts: int = 5,
+        max_inflight: int = 8,
+    ) -> None:
+        self.transport = transport
+        self.regmap = regmap
+        self.session = HostSession(
+            contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
+            max_inflight=max_inflight,
+        )
+        self.unknown: Result | None = None
+        self.stats = DriverStats()
+        self._results: dict[int, Completion] = {}
+        self._tag = 0
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+             **kw: float | int) -> Device:
+        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), **kw)  # type: ignore[arg-type]
+        try:
+            dev.connect()
+        except BaseException:
+            dev.close()
+            raise
+        return dev
+
+    def connect(self) -> None:
+        """HELLO handshake; refuses an incompatible device."""
+        s = self.session
+        s.open(self.transport.now())
+        opened: list[SessionOpened | HelloFailed] = []
+        self._drive(lambda: bool(opened), opened)
+        ev = opened[0]
+        if isinstance(ev, HelloFailed):
+            raise NoDevice(f"no idemlink device answered: {ev.reason}")
+        if ev.info.version != PROTOCOL_VERSION:
+            raise IncompatibleDevice(
+                f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
+        if ev.info.contract_hash != contract_hash():
+            raise IncompatibleDevice(
+                f"device contract {ev.info.contract_hash.hex()} differs from ours "
+                f"{contract_hash().hex()} (different register map or frame layout)")
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def info(self) -> object:
+        return self.session.info
+
+    # ------------------------------------------------------------------ the one request loop
+    def _drive(self, done: object, sink: list[SessionOpened | HelloFailed] | None = None) -> None:
+        s = self.session
+        t = self.transport
+        assert callable(done)
+        while True:
+            for ev in s.events():
+                if isinstance(ev, Completion):
+                    self._results[ev.tag] = ev
+                elif sink is not None:
+                    sink.append(ev)
+            if done():
+                return
+            out = s.data_to_send()
+            if out:
+                t.write(out)
+            now = t.now()
+            deadline = s.next_deadline()
+            wait = 0.05 if deadline is None else max(0.0, deadline - now)
+            data = t.read(wait)
+            now = t.now()
+            if data:
+                s.receive_data(data, now)
+            s.tick(now)
+
+    # ------------------------------------------------------------------ commands
+    def run(self, commands: Iterable[Command]) -> list[Result]:
+        """Send commands pipelined (up to the negotiated depth) and return one Result each, in
+        order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
+        if self.unknown is not None:
+            raise UnknownOutstanding(
+                f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
+                "reconcile() and acknowledge_unknown() first")
+        return self._run(list(commands))
+
+    def _run(self, cmds: list[Command]) -> list[Result]:
+        now = self.transport.now()
+        tags = []
+        for c in cmds:
+            self._tag += 1
+            tags.append(self._tag)
+            self.session.submit(c.pdu(), now, set_only=c.set_only, tag=self._tag)
+        self._drive(lambda: all(t in self._results for t in tags))
+        results = []
+        for c, t in zip(cmds, tags, strict=True):
+            comp = self._results.pop(t)
+            values, code = _decode_answer(c, comp.pdu) if comp.outcome is Outcome.OK else ((), None)
+            if c.kind is CommandKind.WRITE_IF_GENERATION and comp.pdu and len(comp.pdu) >= 4:
+                code = struct.unpack_from(">H", comp.pdu, 2)[0]
+            r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
+                       comp.attempts, comp.reissued, comp.seq, comp.epoch)
+            self.stats.commands += 1
+            self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
+            if r.outcome is Outcome.UNKNOWN and self.unknown is None:
+                self.unknown = r
+            results.append(r)
+        return results
+
+    def execute(self, command: Command) -> Result:
+        return self.run([command])[0]
+
+    # ------------------------------------------------------------------ typed helpers
+    def spec(self, register: str | int) -> RegisterSpec:
+        """A register by name or address; ``LocalProtocolError`` if unknown."""
+        spec = self.regmap.at(register) if isinstance(register, int) else None
+        if spec is None and isinstance(register, str):
+            try:
+                spec = self.regmap.named(register)
+            except (KeyError, ValueError, LookupError):
+                spec = None
+        if spec is None:
+            raise LocalProtocolError(f"no register {register!r} in the map", Status.MALFORMED_REQUEST)
+        return spec
+
+    def read_command(self, register: str | int, count: int = 1) -> Command:
+        spec = self.spec(register)
+        return Command(CommandKind.READ, spec.address, count,
+                       input_registers=spec.kind is RegisterKind.INPUT)
+
+    def write_command(self, values: Mapping[str | int, int]) -> Command:
+        return Command(CommandKind.WRITE, *self._contiguous(values))
+
+    def _contiguous(self, values: Mapping[str | int, int]) -> tuple[int, int, tuple[int, ...]]:
+        if not values:
+            raise LocalProtocolError("nothing to write", Status.MALFORMED_REQUEST)
+        by_addr = sorted((self.spec(k).address, v) for k, v in values.items())
+        first = by_addr[0][0]
+        if [a for a, _ in by_addr] != list(range(first, first + len(by_addr))):
+            raise LocalProtocolError(
+                "a multi-register write must cover contiguous addresses (it is applied atomically)",
+                Status.MALFORMED_REQUEST)
+        return first, len(by_addr), tuple(v for _, v in by_addr)
+
+    def read(self, register: str | int, count: int = 1) -> Result:
+        return self.execute(self.read_command(register, count))
+
+    def write(self, values: Mapping[str | int, int]) -> Result:
+        """Set absolute values (FC06 for one register, FC16 for several contiguous ones)."""
+        return self.execute(self.write_command(values))
+
+    def write_if_generation(self, generation: int, values: Mapping[str | int, int]) -> Result:
+        addr, count, vals = self._contiguous(values)
+        return self.execute(
+            Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation))
+
+    def clear_faults(self, mask: int, register: str | int = "faults") -> Result:
+        spec = self.spec(register)
+        return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
+
+    def trigger(self, register: str | int = "self_clean") -> Result:
+        return self.execute(Command(CommandKind.TRIGGER, self.spec(register).address))
+
+    def trigger_reset(self, register: str | int = "self_clean") -> Result:
+        return self.execute(Command(CommandKind.TRIGGER_RESET, self.spec(register).address))
+
+    def trigger_status(self, register: str | int = "self_clean") -> Result:
+        return self.read(register)
+
+    # ------------------------------------------------------------------ UNKNOWN handling
+    def acknowledge_unknown(self) -> None:
+        """Unblock the handle once the caller has reconciled."""
+        self.unknown = None
+
+    def reconcile(self) -> Reconciliation | None:
+        """Read back the state the UNKNOWN command touched and say whether it holds."""
+        r = self.unknown
+        if r is None:
+            return None
+        c = r.command
+        span = max(c.count, len(c.values), 1)
+        back = self._run([Command(CommandKind.READ, c.address, span),
+                          Command(CommandKind.READ, self.regmap.generation.address, 1)])
+        if any(b.outcome is not Outcome.OK for b in back):
+            return Reconciliation(c, {}, None, "read-back failed; still unknown")
+        observed = {self.spec(c.address + i).name: v for i, v in enumerate(back[0].values)}
+        observed["generation"] = back[1].values[0]
+        holds: bool | None
+        if c.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
+            holds = tuple(back[0].values) == c.values
+            summary = ("the registers hold the intended values" if holds
+                       else "the registers do not hold the intended values")
+        elif c.kind is CommandKind.CLEAR_FAULTS:
+            holds = back[0].values[0] & c.values[0] == 0
+            summary = "the bits are clear" if holds else "some bits are still latched"
+        elif c.kind is CommandKind.TRIGGER:
+            holds = back[0].values[0] != TriggerState.IDLE
+            summary = f"trigger state {back[0].values[0]:#06x}"
+        elif c.kind is CommandKind.TRIGGER_RESET:
+            holds = back[0].values[0] == TriggerState.IDLE
+            summary = f"trigger state {back[0].values[0]:#06x}"
+        else:
+            holds, summary = True, "a read has no effect to reconcile"
+        return Reconciliation(c, observed, holds, summary)

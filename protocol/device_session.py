@@ -1,0 +1,153 @@
+"""The device side of the framed protocol: frames in, exactly-once execution, answers out.
+
+``DeviceSession`` is sans-I/O: ``receive_data(bytes, now) -> bytes`` returns what to send back.
+It owns one boot epoch, one ``ReplayWindow`` and one ``ReplayCache``; a reboot is a new session.
+The command itself is run by an ``Executor`` (the register core), called at most once per
+(epoch, sequence number) — that is the whole promise, and this table is where it is kept:
+
+=============================  ================================================================
+REQUEST with another epoch     answer EPOCH_MISMATCH (with our epoch); nothing runs; not committed
+window verdict NEW/ACCEPT_OLD  run the executor, commit the number, store the answer, send it
+DUPLICATE, same digest         resend the stored answer with the REPLAY flag; nothing runs
+DUPLICATE, other digest        answer IDEMPOTENCY_CONFLICT; nothing runs
+DUPLICATE, answer evicted      answer ANSWER_EVICTED (it ran before); nothing runs
+TOO_OLD                        answer TOO_OLD; nothing runs
+HELLO                          answer HELLO_REPLY (device info, our epoch); no state change
+anything else / decode error   counted, no answer (the host's retry covers it)
+=============================  ================================================================
+
+The number is committed only after the frame passed its CRC (the decoder guarantees it) and only
+for requests that were executed, so a forged far-ahead number in a corrupted frame never moves the
+window, and a refused request can run later under the same number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from enum import Enum
+
+from protocol.frame import (
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    DecodeError,
+    Flags,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+)
+from protocol.outcome import Status
+from protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
+from protocol.session import DeviceInfo, encode_response
+from protocol.window import RING_BITS, ReplayWindow, Verdict
+
+Executor = Callable[[bytes, float, int], bytes]
+"""Runs one request PDU (at simulated time ``now``, for sequence number ``seq``) and returns the
+response PDU."""
+
+DEFAULT_MAX_INFLIGHT = 32
+
+
+class RequestDisposition(Enum):
+    """What the session did with a request (for counters, tests and the monitor)."""
+
+    EXECUTED = "executed"
+    REPLAYED = "replayed"
+    CONFLICT = "conflict"
+    EVICTED = "evicted"
+    TOO_OLD = "too_old"
+    EPOCH_MISMATCH = "epoch_mismatch"
+
+
+_DUPLICATE_ANSWER: dict[ReplayVerdict, tuple[RequestDisposition, Status]] = {
+    ReplayVerdict.CONFLICT: (RequestDisposition.CONFLICT, Status.IDEMPOTENCY_CONFLICT),
+    ReplayVerdict.EVICTED: (RequestDisposition.EVICTED, Status.ANSWER_EVICTED),
+}
+
+
+class DeviceSession:
+    """One boot of a device: epoch, de-duplication window, replay cache and frame decoder."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        epoch: int,
+        *,
+        contract_hash: bytes,
+        name: str = "idemlink-sim",
+        ring_bits: int = RING_BITS,
+        replay_slots: int = DEFAULT_SLOTS,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    ) -> None:
+        if not 0 <= epoch < 2**32:
+            raise ValueError("epoch must fit in 32 bits")
+        self.executor = executor
+        self.epoch = epoch
+        self.window = ReplayWindow(ring_bits)
+        self.cache = ReplayCache(replay_slots)
+        self.decoder = FrameDecoder()
+        self.contract_hash = contract_hash
+        self.name = name
+        self.max_inflight = min(max_inflight, self.window.size, 255)
+        self.counters: Counter[str] = Counter()
+
+    def device_info(self) -> DeviceInfo:
+        highest = self.window.highest
+        return DeviceInfo(
+            version=PROTOCOL_VERSION,
+            window=self.window.size,
+            max_payload=MAX_PAYLOAD,
+            replay_slots=self.cache.slots,
+            max_inflight=self.max_inflight,
+            contract_hash=self.contract_hash,
+            next_seq=1 if highest is None else (highest + 1) & 0xFFFFFFFF,
+            name=self.name,
+        )
+
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        """Feed received bytes; returns the bytes to send back (possibly empty)."""
+        out = []
+        for event in self.decoder.feed(data):
+            if isinstance(event, DecodeError):
+                self.counters["decode_errors"] += 1
+                continue
+            reply = self.handle_frame(event, now)
+            if reply:
+                out.append(reply)
+        return b"".join(out)
+
+    def handle_frame(self, frame: Frame, now: float) -> bytes:
+        if frame.type is FrameType.REQUEST:
+            disposition, wire = self._request(frame, now)
+            self.counters[disposition.value] += 1
+            return wire
+        if frame.type is FrameType.HELLO:
+            self.counters["hello"] += 1
+            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, self.device_info().encode())
+        self.counters["unexpected_frames"] += 1
+        return b""
+
+    def _answer(self, seq: int, status: Status, flags: int = 0) -> bytes:
+        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(status), flags)
+
+    def _request(self, frame: Frame, now: float) -> tuple[RequestDisposition, bytes]:
+        seq = frame.seq
+        if frame.epoch != self.epoch:
+            return RequestDisposition.EPOCH_MISMATCH, self._answer(seq, Status.EPOCH_MISMATCH)
+        verdict = self.window.check(seq)
+        if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
+            payload = encode_response(Status.OK, self.executor(frame.payload, now, seq))
+            self.window.commit(seq)
+            self.cache.store(seq, request_digest(frame.payload), payload)
+            return RequestDisposition.EXECUTED, encode_frame(
+                FrameType.RESPONSE, seq, self.epoch, payload
+            )
+        if verdict is Verdict.TOO_OLD:
+            return RequestDisposition.TOO_OLD, self._answer(seq, Status.TOO_OLD)
+        found, stored = self.cache.lookup(seq, request_digest(frame.payload))
+        if found is ReplayVerdict.REPLAY:
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, stored, Flags.REPLAY)
+            return RequestDisposition.REPLAYED, wire
+        disposition, status = _DUPLICATE_ANSWER[found]
+        return disposition, self._answer(seq, status)

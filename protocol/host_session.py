@@ -1,0 +1,321 @@
+"""The host side of the framed protocol, sans-I/O: requests in, retries, exactly one outcome out.
+
+``HostSession`` never touches a port or a clock: the shell calls ``receive_data(bytes, now)``,
+``tick(now)``, sends ``data_to_send()`` and sleeps until ``next_deadline()``. Every submitted request
+ends in exactly one ``Completion`` carrying one of the four outcomes.
+
+Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
+
+- A retry resends the *same* sequence number and content with the RETRANSMIT flag, so the device
+  can replay the first answer instead of running the command again.
+- Up to ``max_inflight`` requests are outstanding (never more than the device advertised); answers are
+  matched by sequence number *and* the epoch the request was sent in. An answer for a number that is
+  not outstanding (late, duplicated, from a previous epoch) is counted and dropped — it is never
+  taken for another request's answer.
+- Boot epoch change (an EPOCH_MISMATCH answer carrying a new epoch): every outstanding request sent
+  in the old epoch is settled at once — a *set-only* command (absolute writes, harmless to repeat) is
+  re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
+  (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
+- No valid answer after ``attempts`` sends → UNKNOWN (NO_ANSWER).
+- An OK answer is refined from its PDU by ``classify_pdu``: a Modbus exception is REJECTED (or UNKNOWN
+  for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from protocol.frame import (
+    PROTOCOL_VERSION,
+    DecodeError,
+    Flags,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+)
+from protocol.outcome import (
+    MODBUS_EXCEPTION_TABLE,
+    ModbusException,
+    Outcome,
+    Status,
+    status_info,
+)
+from protocol.session import DeviceInfo, decode_response, encode_hello
+
+SEQ_MASK = 0xFFFFFFFF
+GUARD_FAILED_FUNCTIONS = {0x41}
+"""Functions whose OK answer starts with an inner status byte (conditional write)."""
+
+
+@dataclass(slots=True)
+class Completion:
+    """The one and only result of a submitted request."""
+
+    tag: Any
+    outcome: Outcome
+    status: Status | None
+    exception: ModbusException | None = None
+    pdu: bytes = b""
+    replay: bool = False
+    attempts: int = 0
+    reissued: int = 0
+    seq: int = 0
+    epoch: int = 0
+
+
+@dataclass(slots=True)
+class SessionOpened:
+    info: DeviceInfo
+    epoch: int
+
+
+@dataclass(slots=True)
+class HelloFailed:
+    reason: str
+
+
+Event = Completion | SessionOpened | HelloFailed
+
+
+def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None, ModbusException | None]:
+    """Refine an OK answer from its PDU (one rule for every host shell)."""
+    if pdu and pdu[0] & 0x80:
+        try:
+            exc = ModbusException(pdu[1]) if len(pdu) > 1 else ModbusException.SERVER_DEVICE_FAILURE
+        except ValueError:
+            exc = ModbusException.SERVER_DEVICE_FAILURE
+        return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+    if request_pdu and request_pdu[0] in GUARD_FAILED_FUNCTIONS and len(pdu) > 1:
+        inner = pdu[1]
+        if inner != Status.OK:
+            info = status_info(inner)
+            return info.outcome, Status(inner) if inner in Status._value2member_map_ else None, None
+    return Outcome.OK, Status.OK, None
+
+
+class SessionState(Enum):
+    CLOSED = "closed"
+    HELLO_SENT = "hello_sent"
+    OPEN = "open"
+
+
+@dataclass(slots=True)
+class _Pending:
+    tag: Any
+    pdu: bytes
+    set_only: bool
+    seq: int = 0
+    epoch: int = 0
+    attempts: int = 0
+    deadline: float = 0.0
+    reissued: int = 0
+
+
+@dataclass(slots=True)
+class HostCounters:
+    sent: int = 0
+    retries: int = 0
+    replays: int = 0
+    reissued: int = 0
+    late_answers: int = 0
+    decode_errors: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class HostSession:
+    """Request tracker for one device. See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        *,
+        contract_hash: bytes,
+        timeout: float = 0.2,
+        attempts: int = 5,
+        max_inflight: int = 8,
+        hello_attempts: int = 5,
+    ) -> None:
+        if attempts < 1 or max_inflight < 1:
+            raise ValueError("attempts and max_inflight must be >= 1")
+        self.contract_hash = contract_hash
+        self.timeout = timeout
+        self.attempts = attempts
+        self.want_inflight = max_inflight
+        self.max_inflight = max_inflight
+        self.hello_attempts = hello_attempts
+        self.state = SessionState.CLOSED
+        self.info: DeviceInfo | None = None
+        self.epoch = 0
+        self._next_seq = 1
+        self._hello_seq = 0
+        self._hello_sent = 0
+        self._hello_deadline = 0.0
+        self._decoder = FrameDecoder()
+        self._out = bytearray()
+        self._inflight: dict[int, _Pending] = {}
+        self._queue: deque[_Pending] = deque()
+        self._events: list[Event] = []
+        self.counters = HostCounters()
+
+    # ------------------------------------------------------------------ shell-facing interface
+    def open(self, now: float) -> None:
+        """Start (or restart) the HELLO handshake."""
+        self.state = SessionState.HELLO_SENT
+        self._hello_sent = 0
+        self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
+        self._send_hello(now)
+
+    def submit(self, pdu: bytes, now: float, *, set_only: bool, tag: Any = None) -> None:
+        """Queue a request; it is sent as soon as a pipelining slot is free."""
+        self._queue.append(_Pending(tag, pdu, set_only))
+        self._pump(now)
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def events(self) -> list[Event]:
+        ev = self._events
+        self._events = []
+        return ev
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._inflight) + len(self._queue)
+
+    def next_deadline(self) -> float | None:
+        if self.state is SessionState.HELLO_SENT:
+            return self._hello_deadline
+        if not self._inflight:
+            return None
+        return min(p.deadline for p in self._inflight.values())
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        for ev in self._decoder.feed(data):
+            if isinstance(ev, DecodeError):
+                self.counters.decode_errors += 1
+            elif ev.type is FrameType.RESPONSE:
+                self._on_response(ev, now)
+            elif ev.type is FrameType.HELLO_REPLY:
+                self._on_hello_reply(ev, now)
+            else:
+                self.counters.late_answers += 1
+        self._pump(now)
+
+    def tick(self, now: float) -> None:
+        if self.state is SessionState.HELLO_SENT and now >= self._hello_deadline:
+            if self._hello_sent >= self.hello_attempts:
+                self.state = SessionState.CLOSED
+                self._events.append(HelloFailed(f"no HELLO_REPLY after {self._hello_sent} attempts"))
+            else:
+                self._send_hello(now)
+        for p in [p for p in self._inflight.values() if now >= p.deadline]:
+            if p.attempts >= self.attempts:
+                self._finish(p, Outcome.UNKNOWN, Status.NO_ANSWER)
+            else:
+                self._transmit(p, now, retransmit=True)
+        self._pump(now)
+
+    # ------------------------------------------------------------------ internals
+    def _send_hello(self, now: float) -> None:
+        self._hello_sent += 1
+        self._hello_deadline = now + self.timeout
+        self._out += encode_frame(
+            FrameType.HELLO, self._hello_seq, 0, encode_hello(PROTOCOL_VERSION, self.contract_hash)
+        )
+
+    def _on_hello_reply(self, frame: Frame, now: float) -> None:
+        if self.state is not SessionState.HELLO_SENT or frame.seq != self._hello_seq:
+            self.counters.late_answers += 1
+            return
+        try:
+            info = DeviceInfo.decode(frame.payload)
+        except Exception as exc:  # construct raises several types on short input
+            self.state = SessionState.CLOSED
+            self._events.append(HelloFailed(f"malformed HELLO_REPLY: {exc}"))
+            return
+        self.info = info
+        self.epoch = frame.epoch
+        self._next_seq = info.next_seq
+        self.max_inflight = max(1, min(self.want_inflight, info.max_inflight))
+        self.state = SessionState.OPEN
+        self._events.append(SessionOpened(info, frame.epoch))
+
+    def _pump(self, now: float) -> None:
+        if self.state is not SessionState.OPEN:
+            return
+        while self._queue and len(self._inflight) < self.max_inflight:
+            p = self._queue.popleft()
+            p.seq = self._next_seq
+            self._next_seq = (self._next_seq + 1) & SEQ_MASK
+            p.epoch = self.epoch
+            p.attempts = 0
+            self._inflight[p.seq] = p
+            self._transmit(p, now, retransmit=False)
+
+    def _transmit(self, p: _Pending, now: float, *, retransmit: bool) -> None:
+        p.attempts += 1
+        p.deadline = now + self.timeout
+        self.counters.sent += 1
+        if retransmit:
+            self.counters.retries += 1
+        flags = Flags.RETRANSMIT if retransmit else Flags.NONE
+        self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags)
+
+    def _finish(self, p: _Pending, outcome: Outcome, status: Status | None, **kw: Any) -> None:
+        del self._inflight[p.seq]
+        self.counters.outcomes[outcome.name] += 1
+        self._events.append(
+            Completion(p.tag, outcome, status, attempts=p.attempts, reissued=p.reissued,
+                       seq=p.seq, epoch=p.epoch, **kw)
+        )
+
+    def _on_response(self, frame: Frame, now: float) -> None:
+        p = self._inflight.get(frame.seq)
+        decoded = decode_response(frame.payload)
+        if decoded is None:
+            self.counters.decode_errors += 1
+            return
+        status, pdu = decoded
+        if status == Status.EPOCH_MISMATCH and frame.epoch != self.epoch:
+            self._epoch_changed(frame.epoch, now)
+            return
+        if p is None or frame.epoch != p.epoch:
+            self.counters.late_answers += 1
+            return
+        if status == Status.EPOCH_MISMATCH:
+            # Sent in the device's own epoch yet refused: the device must have changed epoch and
+            # back; nothing certain can be said.
+            self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
+            return
+        if status == Status.OK:
+            replay = bool(frame.flags & Flags.REPLAY)
+            if replay:
+                self.counters.replays += 1
+            outcome, st, exc = classify_pdu(p.pdu, pdu)
+            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay)
+            return
+        info = status_info(status)
+        st_enum = Status(status) if status in Status._value2member_map_ else None
+        self._finish(p, info.outcome, st_enum)
+
+    def _epoch_changed(self, epoch: int, now: float) -> None:
+        self.epoch = epoch
+        reissue: list[_Pending] = []
+        for p in sorted(self._inflight.values(), key=lambda q: q.seq):
+            if p.epoch == epoch:
+                continue
+            if p.set_only:
+                del self._inflight[p.seq]
+                p.reissued += 1
+                self.counters.reissued += 1
+                reissue.append(p)
+            else:
+                self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
+        self._queue.extendleft(reversed(reissue))
+        self._pump(now)
+
