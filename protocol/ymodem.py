@@ -412,11 +412,11 @@ class Receiver(_Machine):
 
     def tick(self, now: float) -> None:
         if self._purging:
-            if now - self._last_byte_at >= self.config.purge_quiet:
+            if now >= self._last_byte_at + self.config.purge_quiet:  # same sum as next_deadline
                 self._purging = False
                 self._input(RxIn.BAD_PACKET, now)
             return
-        if self._need and now - self._last_byte_at >= self.config.interbyte_timeout:
+        if self._need and now >= self._last_byte_at + self.config.interbyte_timeout:
             self._need = 0
             self._buf.clear()
             self._input(RxIn.BAD_PACKET, now)

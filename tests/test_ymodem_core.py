@@ -1,0 +1,658 @@
+"""The sans-I/O YMODEM sender and receiver, driven in-process through a scriptable lossy pair.
+
+Covers the codec (block 0, blocks, names, sizes, modes), the seed 004 EOT scenarios by name, the
+duplicate/out-of-sequence rules, CAN in both directions, the rb-compatible sender paths, and a
+seeded fault campaign whose oracle is the source data (never the code under test).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import crcmod.predefined
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from protocol import ymodem as ym
+from protocol.ymodem import (
+    ACK,
+    CAN,
+    CRC_REQUEST,
+    EOT,
+    NAK,
+    SOH,
+    STX,
+    Aborted,
+    BatchEnded,
+    FileCommitted,
+    FileData,
+    FileStarted,
+    HeaderRefusal,
+    HeaderRefused,
+    NameRefusal,
+    Receiver,
+    ReceiverConfig,
+    RxState,
+    Sender,
+    SenderConfig,
+    SendFile,
+    TxState,
+)
+
+# An independent CRC reference (crcmod's table is what the module uses; this is the bitwise rule).
+
+
+def ref_crc(data: bytes) -> int:
+    crc = 0
+    for b in data:
+        crc ^= b << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc
+
+
+def ref_block(number: int, payload: bytes) -> bytes:
+    lead = SOH if len(payload) == 128 else STX
+    return bytes([lead, number & 0xFF, 0xFF - (number & 0xFF)]) + payload + ref_crc(
+        payload
+    ).to_bytes(2, "big")
+
+
+# --- the in-process pair -------------------------------------------------------------------------
+
+Fault = Callable[[str, int], int | None]  # (direction, byte) -> byte to deliver, or None to drop
+
+
+@dataclass
+class Pair:
+    """Sender and receiver over two byte queues with latency, in virtual time."""
+
+    tx: Sender
+    rx: Receiver
+    latency: float = 0.001
+    byte_time: float = 10 / 115200
+    fault: Fault | None = None
+    byte_by_byte: bool = False
+    now: float = 0.0
+    lines: dict[str, list[tuple[float, int]]] = field(
+        default_factory=lambda: {"tx>rx": [], "rx>tx": []}
+    )
+    sent: dict[str, bytearray] = field(
+        default_factory=lambda: {"tx>rx": bytearray(), "rx>tx": bytearray()}
+    )
+    busy: dict[str, float] = field(default_factory=lambda: {"tx>rx": 0.0, "rx>tx": 0.0})
+    chunks: dict[str, list[bytes]] = field(default_factory=lambda: {"tx>rx": [], "rx>tx": []})
+    rx_events: list[object] = field(default_factory=list)
+    tx_events: list[object] = field(default_factory=list)
+
+    def _put(self, direction: str, data: bytes) -> None:
+        if data:
+            self.chunks[direction].append(data)
+        t = max(self.now, self.busy[direction])
+        for b in data:
+            t += self.byte_time
+            self.sent[direction].append(b)
+            out = self.fault(direction, b) if self.fault else b
+            if out is not None:
+                self.lines[direction].append((t + self.latency, out))
+        self.busy[direction] = t
+
+    def _pump(self) -> None:
+        self.rx_events += self.rx.events()
+        self.tx_events += self.tx.events()
+        self._put("rx>tx", self.rx.data_to_send())
+        self._put("tx>rx", self.tx.data_to_send())
+
+    def _deliver(self, direction: str, machine: Sender | Receiver) -> None:
+        line = self.lines[direction]
+        n = 0
+        while n < len(line) and line[n][0] <= self.now:
+            n += 1
+        if not n:
+            return
+        data = bytes(b for _, b in line[:n])
+        del line[:n]
+        if self.byte_by_byte:
+            for b in data:
+                machine.receive_data(bytes([b]), self.now)
+        else:
+            machine.receive_data(data, self.now)
+
+    def finished(self) -> bool:
+        return self.tx.state in (TxState.DONE, TxState.ABORTED) and self.rx.state in (
+            RxState.DONE,
+            RxState.ABORTED,
+        )
+
+    def run(self, until: float = 3000.0) -> Pair:
+        self.rx.start(self.now)
+        self.tx.start(self.now)
+        self._pump()
+        while not self.finished() and self.now < until:
+            times = [
+                t
+                for t in (
+                    self.tx.next_deadline(),
+                    self.rx.next_deadline(),
+                    self.lines["tx>rx"][0][0] if self.lines["tx>rx"] else None,
+                    self.lines["rx>tx"][0][0] if self.lines["rx>tx"] else None,
+                )
+                if t is not None
+            ]
+            if not times:
+                break
+            self.now = max(self.now, min(times))
+            self._deliver("tx>rx", self.rx)
+            self._deliver("rx>tx", self.tx)
+            self.rx.tick(self.now)
+            self.tx.tick(self.now)
+            self._pump()
+        return self
+
+    # oracles
+
+    def received(self) -> dict[str, bytes]:
+        """Files as a careful sink would expose them: only committed ones, rebuilt from FileData
+        (asserting every offset is written exactly once, in order)."""
+        out: dict[str, bytes] = {}
+        cur: bytearray | None = None
+        for ev in self.rx_events:
+            if isinstance(ev, FileStarted):
+                cur = bytearray()
+            elif isinstance(ev, FileData):
+                assert cur is not None and ev.offset == len(cur), "data delivered twice or gapped"
+                cur += ev.data
+            elif isinstance(ev, FileCommitted):
+                assert cur is not None
+                assert ev.name not in out, f"{ev.name} committed twice"
+                out[ev.name] = bytes(cur)
+                cur = None
+            elif isinstance(ev, Aborted):
+                cur = None
+        return out
+
+    def eots_sent(self) -> int:
+        return self.chunks["tx>rx"].count(bytes([EOT]))
+
+    def count(self, events: list[object], kind: type) -> int:
+        return sum(isinstance(e, kind) for e in events)
+
+
+def files_of(spec: dict[str, bytes]) -> list[SendFile]:
+    return [SendFile.from_bytes(n, d, mtime=0o1234567, mode=0o640) for n, d in spec.items()]
+
+
+FAST_TX = SenderConfig(end_timeout=1.0, end_retries=2)
+
+
+def make_pair(spec: dict[str, bytes], tx_cfg: SenderConfig | None = None,
+              rx_cfg: ReceiverConfig | None = None, **kw: object) -> Pair:
+    return Pair(Sender(files_of(spec), tx_cfg or SenderConfig()), Receiver(rx_cfg), **kw)  # type: ignore[arg-type]
+
+
+# --- codec ---------------------------------------------------------------------------------------
+
+
+def test_crc_is_crc16_xmodem() -> None:
+    assert ym.crc16(b"123456789") == 0x31C3
+    assert crcmod.predefined.mkCrcFun("xmodem")(b"123456789") == ref_crc(b"123456789")
+
+
+@given(st.integers(0, 1000), st.sampled_from([128, 1024]), st.binary(min_size=0, max_size=1024))
+def test_build_block_matches_the_bitwise_reference(number: int, size: int, data: bytes) -> None:
+    payload = data[:size].ljust(size, b"\x1a")
+    assert ym.build_block(number, payload) == ref_block(number, payload)
+
+
+def test_header_layout_is_name_nul_decimal_octal_octal() -> None:
+    length, payload = ym.build_header("fw.bin", 1000, 0o14567123456, 0o644)
+    assert length == 128
+    assert payload == (b"fw.bin\x00" + b"1000 14567123456 100644 0\x00").ljust(128, b"\x00")
+
+
+def test_long_name_uses_a_1k_block0() -> None:
+    name = "n" * 200
+    length, payload = ym.build_header(name, 5, 0, 0o600)
+    assert length == 1024 and payload.startswith(name.encode() + b"\x00" + b"5 0 100600 0\x00")
+
+
+@given(
+    st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters="/\\:"),
+             min_size=1, max_size=100).filter(lambda s: s not in (".", "..")),
+    st.integers(0, 2**40), st.integers(0, 2**33), st.integers(0, 0o7777),
+)
+def test_header_round_trip(name: str, size: int, mtime: int, mode: int) -> None:
+    _, payload = ym.build_header(name, size, mtime, mode)
+    h = ym.parse_header(payload)
+    assert h == ym.Header(name, size, mtime, mode | 0o100000)
+
+
+SIZE_RULE = [
+    (b"0", 0),
+    (b"1000", 1000),
+    (b"007", 7),
+    (b"99999999999999999999", 99999999999999999999),
+    (b"", None),  # field empty (metadata starts with a space)
+    (b"-1", None),
+    (b"+5", None),
+    (b"0x10", None),
+    (b"1e3", None),
+    (b"12a", None),
+    (b"\xd9\xa3", None),  # Arabic-Indic digit three: int() would accept it, we do not
+    (b"123456789012345678901", None),  # 21 digits
+]
+
+
+@pytest.mark.parametrize(("field_", "expected"), SIZE_RULE)
+def test_size_rule(field_: bytes, expected: int | None) -> None:
+    assert ym.parse_size(field_) == expected
+    payload = (b"f\x00" + field_ + b" 0 100644").ljust(128, b"\x00")
+    parsed = ym.parse_header(payload)
+    if expected is None:
+        assert parsed is HeaderRefusal.BAD_SIZE
+    else:
+        assert isinstance(parsed, ym.Header) and parsed.size == expected
+
+
+def test_header_without_metadata_has_unknown_size() -> None:
+    assert ym.parse_header(b"f\x00".ljust(128, b"\x00")) == ym.Header("f", None, None, None)
+
+
+def test_bad_mtime_or_mode_is_ignored_not_fatal() -> None:
+    h = ym.parse_header(b"f\x0010 9z 88".ljust(128, b"\x00"))
+    assert h == ym.Header("f", 10, None, None)
+
+
+HOSTILE_NAMES: list[tuple[bytes, NameRefusal | str]] = [
+    (b"../etc/passwd", NameRefusal.PATH_SEPARATOR),
+    (b"..", NameRefusal.DOT_DOT),
+    (b".", NameRefusal.DOT_DOT),
+    (b"/etc/passwd", NameRefusal.ABSOLUTE),
+    (b"\\\\server\\share", NameRefusal.ABSOLUTE),
+    (b"sub/x", NameRefusal.PATH_SEPARATOR),
+    (b"a\\..\\b", NameRefusal.PATH_SEPARATOR),
+    (b"C:evil", NameRefusal.DRIVE_LETTER),
+    (b"c:\\windows\\x", NameRefusal.DRIVE_LETTER),
+    (b"file:stream", NameRefusal.DRIVE_LETTER),
+    (b"a\x01b", NameRefusal.CONTROL_CHAR),
+    (b"tab\tname", NameRefusal.CONTROL_CHAR),
+    (b"new\nline", NameRefusal.CONTROL_CHAR),
+    (b"esc\x1b[31m", NameRefusal.CONTROL_CHAR),
+    (b"del\x7f", NameRefusal.CONTROL_CHAR),
+    ("c1\u0085".encode(), NameRefusal.CONTROL_CHAR),
+    (b"\xff\xfe", NameRefusal.NOT_UTF8),
+    (b"x" * 256, NameRefusal.TOO_LONG),
+    (b"", NameRefusal.EMPTY),
+    (b"x" * 255, "x" * 255),
+    (b"with space.bin", "with space.bin"),
+    (b"...", "..."),
+    (b".hidden", ".hidden"),
+    ("unicodé.txt".encode(), "unicodé.txt"),
+    (b"-rf", "-rf"),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), HOSTILE_NAMES)
+def test_check_name(raw: bytes, expected: NameRefusal | str) -> None:
+    assert ym.check_name(raw) == expected
+
+
+@pytest.mark.parametrize("raw", [r for r, e in HOSTILE_NAMES if isinstance(e, NameRefusal) and r])
+def test_hostile_name_in_block0_cancels_with_nothing_delivered(raw: bytes) -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    rx.data_to_send()
+    payload = (raw + b"\x005 0 100644").ljust(1024 if len(raw) > 120 else 128, b"\x00")
+    rx.receive_data(ref_block(0, payload), 0.1)
+    out = rx.data_to_send()
+    assert out.count(CAN) >= 2 and ACK not in out
+    evs = rx.events()
+    assert any(isinstance(e, HeaderRefused) and e.raw_name == raw for e in evs)
+    assert not any(isinstance(e, FileStarted | FileData | FileCommitted) for e in evs)
+    assert rx.state is RxState.ABORTED
+
+
+def test_block0_without_nul_inside_the_block_is_refused() -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    rx.receive_data(ref_block(0, b"A" * 128) + b"\x00" + b"5 0 100644\x00", 0.1)
+    assert rx.state is RxState.ABORTED
+    assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.NAME_NOT_TERMINATED
+               for e in rx.events())
+
+
+def test_declared_size_over_the_limit_is_refused() -> None:
+    rx = Receiver(ReceiverConfig(max_file_size=1000))
+    rx.start(0.0)
+    rx.receive_data(ref_block(0, b"f\x001001 0 100644".ljust(128, b"\x00")), 0.1)
+    assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.TOO_LARGE
+               for e in rx.events())
+
+
+@pytest.mark.parametrize(("mode", "expected"), [
+    (0o104755, 0o755), (0o102755, 0o755), (0o101777, 0o775), (0o100666, 0o664),
+    (0o4777, 0o775), (0o600, 0o600), (None, 0o644),
+])
+def test_mode_never_grants_setuid_setgid_sticky_or_world_write(mode: int | None,
+                                                                expected: int) -> None:
+    assert ym.sanitize_mode(mode) == expected
+
+
+@given(st.integers(0, 0o177777))
+def test_sanitized_mode_property(mode: int) -> None:
+    assert ym.sanitize_mode(mode) & 0o7002 == 0
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table,cls,prefix", [
+    (ym.RX_TRANSITIONS, Receiver, "_rx_"), (ym.TX_TRANSITIONS, Sender, "_tx_"),
+])
+def test_every_table_action_exists_and_terminal_states_are_sinks(
+        table: dict[tuple[object, object], tuple[object, str]], cls: type, prefix: str) -> None:
+    for (state, _), (_, action) in table.items():
+        assert callable(getattr(cls, prefix + action, None)), action
+        assert getattr(state, "name", "") != "ABORTED"
+
+
+def test_receiver_eot_rows_are_the_seed_machine() -> None:
+    t = ym.RX_TRANSITIONS
+    assert t[(RxState.RECV_DATA, ym.RxIn.EOT)] == (RxState.WAIT_EOT_CONFIRM, "first_eot")
+    assert t[(RxState.WAIT_EOT_CONFIRM, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "commit")
+    assert t[(RxState.WAIT_NEXT_HEADER, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "reack_eot")
+    assert [a for (_, _), (_, a) in t.items()].count("commit") == 1
+
+
+# --- the receiver's EOT machine, byte by byte ------------------------------------------------------
+
+
+def _rx_with_one_block(data: bytes = b"hello") -> Receiver:
+    rx = Receiver()
+    rx.start(0.0)
+    rx.receive_data(ref_block(0, (b"f\x00%d 0 100644" % len(data)).ljust(128, b"\x00")), 0.1)
+    rx.receive_data(ref_block(1, data.ljust(128, b"\x1a")), 0.2)
+    rx.data_to_send()
+    return rx
+
+
+def test_first_eot_nak_second_ack_commit_late_eot_ack_again() -> None:
+    rx = _rx_with_one_block()
+    rx.receive_data(bytes([EOT]), 1.0)
+    assert rx.data_to_send() == bytes([NAK]) and rx.state is RxState.WAIT_EOT_CONFIRM
+    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    rx.receive_data(bytes([EOT]), 1.1)
+    assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
+    assert [e for e in rx.events() if isinstance(e, FileCommitted)] == [FileCommitted("f", 5)]
+    for k in range(3):  # late EOTs: ACK each, never a second commit, never an error
+        rx.receive_data(bytes([EOT]), 2.0 + k)
+        assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
+        assert rx.events() == [] and rx.commits == 1
+        assert rx.state is RxState.WAIT_NEXT_HEADER  # type: ignore[comparison-overlap]
+
+
+def test_eot_before_the_declared_size_is_nakked_never_committed() -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    rx.receive_data(ref_block(0, b"f\x00300 0 100644".ljust(128, b"\x00")), 0.1)
+    rx.receive_data(ref_block(1, bytes(128)), 0.2)
+    for k in range(3):
+        rx.receive_data(bytes([EOT]), 1.0 + k)
+    assert rx.commits == 0 and rx.state is RxState.RECV_DATA
+    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+
+
+def test_duplicate_block_acked_not_delivered_twice_other_block_cancels() -> None:
+    rx = _rx_with_one_block(b"abc")
+    rx.events()
+    rx.receive_data(ref_block(1, b"abc".ljust(128, b"\x1a")), 0.3)
+    assert rx.data_to_send() == bytes([ACK]) and rx.events() == []
+    rx.receive_data(ref_block(3, bytes(128)), 0.4)
+    assert rx.data_to_send().count(CAN) >= 2 and rx.state is RxState.ABORTED
+
+
+def test_corrupt_header_is_answered_with_c_after_the_line_is_quiet() -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    rx.data_to_send()
+    bad = bytearray(ref_block(0, b"f\x005".ljust(128, b"\x00")))
+    bad[10] ^= 0x40
+    rx.receive_data(bytes(bad), 0.1)
+    rx.tick(0.2)
+    assert rx.data_to_send() == b""  # still purging
+    rx.tick(0.1 + rx.config.purge_quiet)
+    assert rx.data_to_send() == bytes([CRC_REQUEST])
+
+
+def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> None:
+    rx = _rx_with_one_block()
+    rx.receive_data(bytes([CAN, CAN]), 1.0)
+    assert rx.state is RxState.ABORTED
+    assert any(isinstance(e, Aborted) and e.by_peer for e in rx.events())
+    tx = Sender(files_of({"f": b"x" * 2000}), SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([CAN]), 0.2)
+    assert tx.state is TxState.SENT_HEADER  # one CAN is noise
+    tx.receive_data(bytes([CAN, CAN]), 0.3)
+    assert tx.state is TxState.ABORTED  # type: ignore[comparison-overlap]
+    assert any(isinstance(e, Aborted) and e.by_peer for e in tx.events())
+
+
+# --- the sender against rb-like answers ---------------------------------------------------------
+
+
+def _sender_at_eot(data: bytes = b"abc") -> Sender:
+    tx = Sender(files_of({"f": data}), SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)
+    tx.receive_data(bytes([ACK]), 0.3)
+    assert tx.data_to_send()[-1] == EOT and tx.state is TxState.SENT_EOT1
+    return tx
+
+
+def test_sender_accepts_ack_to_the_first_eot_like_rb() -> None:
+    tx = _sender_at_eot()
+    tx.receive_data(bytes([ACK]), 1.3)
+    assert tx.state is TxState.WAIT_NEXT_C and tx.committed == ["f"]
+
+
+def test_sender_waits_over_a_second_before_resending_eot_then_c_before_end_block() -> None:
+    tx = _sender_at_eot()
+    tx.tick(1.2)
+    assert tx.data_to_send() == b""  # rb needs silence
+    tx.tick(0.3 + tx.config.eot_timeout)
+    assert tx.data_to_send() == bytes([EOT])
+    tx.receive_data(bytes([ACK]), 4.0)
+    tx.tick(5.0)
+    assert tx.data_to_send() == b""  # no end block before 'C'
+    tx.receive_data(bytes([CRC_REQUEST]), 5.1)
+    assert tx.data_to_send() == ref_block(0, bytes(128))
+
+
+def test_c_during_header_and_first_block_is_a_nak_later_it_is_noise() -> None:
+    tx = Sender(files_of({"f": b"z" * 3000}), SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    header = tx.data_to_send()
+    tx.receive_data(bytes([CRC_REQUEST]), 0.2)
+    assert tx.data_to_send() == header
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.3)
+    first = tx.data_to_send()
+    tx.receive_data(bytes([CRC_REQUEST]), 0.4)
+    assert tx.data_to_send() == first
+    tx.receive_data(bytes([ACK]), 0.5)
+    second = tx.data_to_send()
+    assert second[1] == 2
+    tx.receive_data(bytes([CRC_REQUEST]), 0.6)
+    assert tx.data_to_send() == b""
+
+
+def test_sender_finishes_with_success_when_the_final_ack_never_comes() -> None:
+    tx = _sender_at_eot()
+    tx.receive_data(bytes([ACK]), 1.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 2.0)
+    t = 2.0
+    while tx.state is not TxState.DONE and t < 60:
+        t += 0.5
+        tx.tick(t)
+    assert tx.state is TxState.DONE and t < 30
+    assert tx.events()[-1] == BatchEnded(final_ack=False)
+
+
+def test_turnaround_delay_holds_the_next_block() -> None:
+    tx = Sender(files_of({"f": b"q" * 3000}), SenderConfig(turnaround=0.004))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 1.0)
+    assert tx.data_to_send() == b"" and tx.next_deadline() == pytest.approx(1.004)
+    tx.tick(1.003)
+    assert tx.data_to_send() == b""
+    tx.tick(1.004)
+    assert tx.data_to_send()[:3] == bytes([SOH, 0, 0xFF])
+
+
+# --- whole transfers in-process ------------------------------------------------------------------
+
+
+file_names = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E,
+                                   blacklist_characters="/\\:"), min_size=1, max_size=40)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.dictionaries(file_names.filter(lambda s: s not in (".", "..")),
+                    st.integers(0, 5000), min_size=0, max_size=3),
+    st.sampled_from([128, 1024]),
+    st.booleans(),
+    st.randoms(use_true_random=False),
+)
+def test_clean_batches_arrive_byte_exact(sizes: dict[str, int], block: int, byte_by_byte: bool,
+                                         rnd: random.Random) -> None:
+    spec = {n: rnd.randbytes(s) for n, s in sizes.items()}
+    p = make_pair(spec, SenderConfig(block_size=block), byte_by_byte=byte_by_byte).run()
+    assert p.tx.state is TxState.DONE and p.rx.state is RxState.DONE
+    assert p.received() == spec
+    assert p.tx.committed == list(spec)
+    assert p.count(p.rx_events, BatchEnded) == 1
+
+
+def test_block_numbers_wrap_255_to_0() -> None:
+    data = random.Random(7).randbytes(128 * 300 + 5)
+    p = make_pair({"wrap": data}, SenderConfig(block_size=128)).run()
+    assert p.received() == {"wrap": data}
+    framed = bytes(p.sent["tx>rx"])
+    assert ref_block(0, data[255 * 128 : 256 * 128]) in framed  # block 256 travels as number 0
+
+
+def test_mixed_1k_and_128_blocks_like_sb_k() -> None:
+    data = random.Random(3).randbytes(1024 * 2 + 900 + 100)  # STX STX STX (900 > 896) SOH
+    p = make_pair({"mix": data}).run()
+    assert p.received() == {"mix": data}
+    leads = [b for b in p.sent["tx>rx"] if b in (SOH, STX)]
+    assert leads.count(STX) >= 3 and SOH in leads
+
+
+def _drop_first(direction: str, byte: int, when: Callable[[], bool] = lambda: True) -> Fault:
+    dropped = [False]
+
+    def fault(d: str, b: int) -> int | None:
+        if not dropped[0] and d == direction and b == byte and when():
+            dropped[0] = True
+            return None
+        return b
+
+    return fault
+
+
+def test_seed_scenario_the_nak_to_the_first_eot_is_lost() -> None:
+    data = random.Random(1).randbytes(3000)
+    p = make_pair({"fw.bin": data}, FAST_TX)
+    p.fault = _drop_first("rx>tx", NAK)
+    p.run()
+    assert b"".join(p.chunks["rx>tx"]).count(NAK) == 1  # the only NAK was the EOT's, and it was lost
+    assert p.eots_sent() == 2  # the resent EOT confirmed
+    assert p.received() == {"fw.bin": data}
+    assert p.rx.commits == 1 and p.count(p.rx_events, FileCommitted) == 1
+    assert p.tx.committed == ["fw.bin"] and p.count(p.tx_events, FileCommitted) == 1
+    assert p.tx.state is TxState.DONE and p.rx.state is RxState.DONE
+
+
+def test_seed_scenario_the_ack_to_the_final_eot_is_lost() -> None:
+    data = random.Random(2).randbytes(3000)
+    p = make_pair({"fw.bin": data}, FAST_TX)
+    p.fault = _drop_first("rx>tx", ACK, when=lambda: p.rx.commits == 1)
+    p.run()
+    assert p.eots_sent() == 3  # EOT, EOT (confirm), EOT again (our ACK lost)
+    assert p.received() == {"fw.bin": data}
+    assert p.rx.commits == 1 and p.count(p.rx_events, FileCommitted) == 1
+    assert p.tx.committed == ["fw.bin"] and p.count(p.tx_events, FileCommitted) == 1
+    assert p.tx.state is TxState.DONE and p.rx.state is RxState.DONE
+    assert not any(isinstance(e, Aborted) for e in p.rx_events + p.tx_events)
+
+
+def test_lost_data_ack_makes_a_duplicate_that_is_written_once() -> None:
+    data = random.Random(4).randbytes(5000)
+    p = make_pair({"d": data}, FAST_TX)
+    p.fault = _drop_first("rx>tx", ACK, when=lambda: p.rx._last_block == 2)
+    p.run()
+    blocks = bytes(p.sent["tx>rx"])
+    assert blocks.count(ref_block(2, data[1024:2048])) == 2  # the block really went twice
+    assert p.received() == {"d": data}
+
+
+# --- fault campaign ------------------------------------------------------------------------------
+
+
+def lossy(rnd: random.Random, loss: float, corrupt: float) -> Fault:
+    def fault(direction: str, b: int) -> int | None:
+        r = rnd.random()
+        if r < loss:
+            return None
+        if r < loss + corrupt:
+            return b ^ (1 << rnd.randrange(8))
+        return b
+
+    return fault
+
+
+def campaign_run(seed: int) -> tuple[str, Pair, dict[str, bytes]]:
+    rnd = random.Random(seed)
+    spec = {f"f{i}.bin": rnd.randbytes(rnd.choice([0, 1, 127, 128, 129, 1000, 1025, 4000]))
+            for i in range(rnd.randint(1, 3))}
+    loss = rnd.choice([0.0, 0.0001, 0.0003, 0.001])
+    corrupt = rnd.choice([0.0, 0.0001, 0.0003, 0.001])
+    p = make_pair(spec, SenderConfig(block_size=rnd.choice([128, 1024])),
+                  byte_by_byte=rnd.random() < 0.2)
+    p.fault = lossy(rnd, loss, corrupt)
+    p.run(until=5000.0)
+    got = p.received()  # asserts: contiguous data, no double commit
+    assert p.finished(), f"seed {seed}: hung in {p.tx.state}/{p.rx.state}"
+    for name, body in got.items():
+        assert body == spec[name], f"seed {seed}: {name} committed with wrong content"
+    assert p.rx.commits == len(got)
+    for name in p.tx.committed:  # what the sender believes was committed, was
+        assert name in got, f"seed {seed}: sender saw ACK for {name} that was never committed"
+    if p.tx.state is TxState.DONE or p.rx.state is RxState.DONE:
+        assert got == spec, f"seed {seed}: batch ended without every file"
+    outcome = "exact" if got == spec and p.rx.state is RxState.DONE else "aborted"
+    return outcome, p, spec
+
+
+def test_fault_campaign_exact_or_cleanly_aborted_never_twice() -> None:
+    outcomes = [campaign_run(seed)[0] for seed in range(120)]
+    assert outcomes.count("exact") >= 110, outcomes.count("exact")
+
+
+@pytest.mark.slow
+def test_fault_campaign_long(request: pytest.FixtureRequest) -> None:
+    if not (request.config.getoption("--run-slow", default=False)
+            or os.environ.get("IDEMLINK_RUN_SLOW") == "1"):
+        pytest.skip("slow campaign: --run-slow or IDEMLINK_RUN_SLOW=1")
+    outcomes = [campaign_run(seed)[0] for seed in range(1000, 3000)]
+    assert outcomes.count("exact") >= 1900
