@@ -1,0 +1,182 @@
+"""The YMODEM shell's safe file sink and the embeddable ReceiverDriver, driven in-process.
+
+The sender is the real ``protocol.ymodem.Sender``; the oracle is the source bytes and the
+directory listing, never a value the sink computed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import stat
+from pathlib import Path
+
+import pytest
+
+from host.ymodem_io import DirectorySink, ReceiverDriver, SinkRefused
+from protocol.ymodem import (
+    CAN,
+    FileStarted,
+    ReceiverConfig,
+    RxState,
+    Sender,
+    SenderConfig,
+    SendFile,
+    TxState,
+)
+
+
+def run(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: float = 600.0) -> bytes:
+    """Drive sender and driver in virtual time with no loss; returns every byte the driver sent."""
+    now = 0.0
+    tx.start(now)
+    to_tx = drv.start(now)
+    sent = bytearray(to_tx)
+    to_rx = b""
+    while now < until:
+        if to_tx:
+            tx.receive_data(to_tx, now)
+        tx.tick(now)
+        tx.events()
+        to_rx = tx.data_to_send()
+        to_tx = drv.feed(to_rx, now)
+        sent += to_tx
+        if drv.finished and tx.state in (TxState.DONE, TxState.ABORTED):
+            break
+        now += step
+    return bytes(sent)
+
+
+def files(spec: dict[str, bytes], mode: int = 0o644, mtime: int = 1_700_000_000) -> list[SendFile]:
+    return [SendFile.from_bytes(n, d, mtime=mtime, mode=mode) for n, d in spec.items()]
+
+
+def visible(d: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in d.iterdir()}
+
+
+def test_batch_lands_complete_with_mtime_and_no_temporaries(tmp_path: Path) -> None:
+    rnd = random.Random(5)
+    spec = {"a.bin": rnd.randbytes(3000), "b c.txt": rnd.randbytes(129), "empty": b""}
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    run(Sender(files(spec)), drv)
+    assert drv.report.ok and [f.name for f in drv.report.files] == list(spec)
+    assert visible(tmp_path) == spec  # truncated to the declared size: no 0x1A padding
+    assert os.stat(tmp_path / "a.bin").st_mtime == 1_700_000_000
+
+
+def test_file_is_invisible_until_committed(tmp_path: Path) -> None:
+    seen_during: list[set[str]] = []
+
+    class Watching(DirectorySink):
+        def write(self, offset: int, data: bytes) -> None:
+            super().write(offset, data)
+            seen_during.append({p.name for p in tmp_path.iterdir()})
+
+    drv = ReceiverDriver(Watching(tmp_path))
+    run(Sender(files({"fw.bin": bytes(5000)})), drv)
+    assert seen_during and all("fw.bin" not in s for s in seen_during)
+    assert all(len(s) == 1 and next(iter(s)).startswith(".ymodem-") for s in seen_during)
+    assert visible(tmp_path) == {"fw.bin": bytes(5000)}
+
+
+@pytest.mark.parametrize(("sent_mode", "expected"), [
+    (0o4755, 0o755), (0o2755, 0o755), (0o1777, 0o775), (0o666, 0o664), (0o600, 0o600),
+])
+def test_mode_is_sanitised(tmp_path: Path, sent_mode: int, expected: int) -> None:
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    run(Sender(files({"m": b"x"}, mode=sent_mode)), drv)
+    assert stat.S_IMODE(os.stat(tmp_path / "m").st_mode) == expected
+
+
+def test_existing_file_is_not_overwritten_and_the_batch_is_cancelled(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_bytes(b"original")
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"keep.txt": b"attacker"}))
+    sent = run(tx, drv)
+    assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
+    assert visible(tmp_path) == {"keep.txt": b"original"}
+    assert not drv.report.ok and "exists" in drv.report.reason
+
+
+def test_overwrite_when_asked(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(b"old")
+    drv = ReceiverDriver(DirectorySink(tmp_path, overwrite=True))
+    run(Sender(files({"f": b"new content"})), drv)
+    assert visible(tmp_path) == {"f": b"new content"}
+
+
+def test_quota_refuses_a_declared_size_and_keeps_earlier_files(tmp_path: Path) -> None:
+    drv = ReceiverDriver(DirectorySink(tmp_path, quota=4000))
+    tx = Sender(files({"one": bytes(3000), "two": bytes(3000)}))
+    run(tx, drv)
+    assert visible(tmp_path) == {"one": bytes(3000)}  # committed before the refusal
+    assert tx.state is TxState.ABORTED and "quota" in drv.report.reason
+
+
+def test_write_error_cancels_and_leaves_nothing_partial(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = [0]
+    real = os.pwrite
+
+    def failing_pwrite(fd: int, data: bytes, offset: int) -> int:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"big": bytes(10000)}))
+    sent = run(tx, drv)
+    assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
+    assert list(tmp_path.iterdir()) == []
+    assert "No space left" in drv.report.reason
+
+
+def test_sender_cancel_midway_leaves_nothing(tmp_path: Path) -> None:
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"x": bytes(20000)}), SenderConfig(turnaround=0))
+    now = 0.0
+    tx.start(now)
+    tx.receive_data(drv.start(now), now)
+    for _ in range(6):
+        now += 0.01
+        tx.tick(now)
+        back = drv.feed(tx.data_to_send(), now)
+        tx.receive_data(back, now)
+    assert drv.rx.state is RxState.RECV_DATA
+    tx.abort("user pressed ^C", now)
+    drv.feed(tx.data_to_send(), now + 0.01)
+    assert drv.rx.state is RxState.ABORTED  # type: ignore[comparison-overlap]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs", "a/b", "..", "C:x", "n\nl"])
+def test_sink_refuses_names_itself_too(tmp_path: Path, name: str) -> None:
+    sink = DirectorySink(tmp_path)
+    with pytest.raises(SinkRefused):
+        sink.open(FileStarted(name, 1, None, None))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_receiver_refuses_hostile_name_before_the_sink_sees_it(tmp_path: Path) -> None:
+    target = tmp_path / "in"
+    target.mkdir()
+    drv = ReceiverDriver(DirectorySink(target))
+    drv.start(0.0)
+    # A hand-made block 0 whose name climbs out of the directory.
+    from protocol.ymodem import build_block
+
+    out = drv.feed(build_block(0, b"../outside\x005 0 100644".ljust(128, b"\x00")), 0.1)
+    assert out.count(CAN) >= 2
+    assert list(tmp_path.iterdir()) == [target] and list(target.iterdir()) == []
+    assert drv.report.files[0].ok is False
+
+
+def test_receiver_config_size_limit_reaches_the_driver(tmp_path: Path) -> None:
+    drv = ReceiverDriver(DirectorySink(tmp_path), ReceiverConfig(max_file_size=100))
+    tx = Sender(files({"f": bytes(101)}))
+    run(tx, drv)
+    assert tx.state is TxState.ABORTED and list(tmp_path.iterdir()) == []
