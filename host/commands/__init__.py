@@ -9,4 +9,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "host.commands.ymodem_cmd",
     "host.commands.sim_cmd",
     "host.commands.regmap_cmd",
+    "host.commands.device_cmds",
 )

@@ -1,0 +1,816 @@
+"""``idemlink read|write|faults|clear|trigger|apply|monitor|ports``: the device commands.
+
+Contract:
+
+- Every command except ``ports`` talks to one device at ``--port`` (a device path or any pyserial
+  URL), opened without toggling DTR/RTS, through ``host.device.Device``; ``--timeout`` and
+  ``--attempts`` tune the retries, ``--json`` prints one JSON document on stdout instead of text.
+- The exit status is the worst outcome class of the commands sent (UNKNOWN 5 > REJECTED 4 >
+  NOT_EXECUTED 3 > OK 0); see ``host.cli``. A write the register map already shows to be invalid
+  (out of range, read-only register) is REJECTED without being sent (exit 4; ``--no-check`` sends
+  it anyway and lets the device refuse it).
+- User mistakes (no such port, no device answering, unknown register or bit, a value that is not an
+  integer or does not fit 16 bits, a bad plan file, a refused journal) raise ``UserError``: one line
+  on stderr, exit 1, nothing sent.
+- After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it.
+- ``apply PLAN.json`` runs a plan of writes through the receipt journal (``host.journal.run_steps``)
+  with keys ``step_key(KeySource.PLAN_STEP, plan name, step index, "addr=value,...")``; the plan
+  format is documented in docs/CLI.md and in ``load_plan``.
+- ``monitor`` decodes the idemlink frames passing on a port (``protocol.frame.FrameDecoder``) and
+  prints one line per frame or refused frame.
+
+Tests may inject the device: a handler uses ``args.open_device()`` when the namespace has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from host.cli import (
+    EXIT_LOCAL_ERROR,
+    EXIT_NOT_EXECUTED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNKNOWN,
+    UserError,
+)
+from host.device import Device, IncompatibleDevice, NoDevice, PortError, Result
+from protocol.outcome import Outcome
+from protocol.registers import (
+    DEFAULT_MAP,
+    REGISTER_MAX,
+    RegisterKind,
+    RegisterMap,
+    RegisterSpec,
+    TriggerState,
+    TriggerStatus,
+)
+
+EXIT_OF_OUTCOME: dict[Outcome, int] = {
+    Outcome.OK: EXIT_OK,
+    Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED,
+    Outcome.REJECTED: EXIT_REJECTED,
+    Outcome.UNKNOWN: EXIT_UNKNOWN,
+}
+
+#: Worst first: the exit status of several commands is that of the worst outcome.
+SEVERITY: tuple[Outcome, ...] = (Outcome.UNKNOWN, Outcome.REJECTED, Outcome.NOT_EXECUTED,
+                                 Outcome.OK)
+
+PLAN_FORMAT = "idemlink.plan"
+PLAN_VERSION = 1
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    seen = set(outcomes)
+    for o in SEVERITY:
+        if o in seen:
+            return o
+    return Outcome.OK
+
+
+# ------------------------------------------------------------------------------- argument parsing
+
+
+def register(sub: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
+    common.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    common.add_argument("--timeout", type=float, default=0.2,
+                        help="seconds to wait for each answer before a retry (default 0.2)")
+    common.add_argument("--attempts", type=int, default=5,
+                        help="sends per command before it is UNKNOWN (default 5)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("read", parents=[common], help="read registers by name or address")
+    p.add_argument("registers", nargs="*", metavar="NAME",
+                   help="register names or addresses (default: every register)")
+    p.set_defaults(handler=run_read)
+
+    p = sub.add_parser("write", parents=[common], help="set registers: NAME=VALUE...")
+    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    p.add_argument("--if-generation", type=_int_arg, metavar="G",
+                   help="write only if the generation counter still equals G (else exit 3)")
+    p.add_argument("--no-check", action="store_true",
+                   help="send even what the register map shows to be invalid")
+    p.set_defaults(handler=run_write)
+
+    p = sub.add_parser("faults", parents=[common], help="read the fault words, bit by bit")
+    p.set_defaults(handler=run_faults)
+
+    p = sub.add_parser("clear", parents=[common], help="clear latched fault bits (write 1s)")
+    p.add_argument("bits", nargs="*", metavar="BIT",
+                   help="bit names or numbers (default: every declared bit)")
+    p.add_argument("--mask", type=_int_arg, metavar="M", help="the bits to clear as a mask")
+    p.add_argument("--register", metavar="NAME", help="the fault register (default: the only one)")
+    p.set_defaults(handler=run_clear)
+
+    p = sub.add_parser("trigger", parents=[common], help="start a one-shot action, or reset/query")
+    p.add_argument("name", nargs="?", metavar="NAME", help="trigger register (default: the only one)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
+    g.add_argument("--status", action="store_true", help="read the trigger state only")
+    p.set_defaults(handler=run_trigger)
+
+    p = sub.add_parser("apply", parents=[common], help="apply a plan of writes, journaled")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--journal", metavar="PATH", help="receipt journal (default: PLAN.json.journal)")
+    p.add_argument("--no-check", action="store_true",
+                   help="send even what the register map shows to be invalid")
+    p.set_defaults(handler=run_apply)
+
+    p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
+    p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
+    p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
+    p.set_defaults(handler=run_monitor)
+
+    p = sub.add_parser("ports", help="list serial ports")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=run_ports)
+
+
+def _int_arg(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def parse_int(text: str, what: str) -> int:
+    """An integer in decimal, 0x hex or 0b binary; ``UserError`` otherwise."""
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        raise UserError(f"{what}: {text!r} is not an integer") from None
+
+
+def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
+    """A register by name or address; ``UserError`` naming the known ones otherwise."""
+    spec: RegisterSpec | None
+    if isinstance(ref, int) or ref.strip().lstrip("-").isdigit() or ref.startswith("0x"):
+        try:
+            spec = regmap.at(ref if isinstance(ref, int) else int(ref, 0))
+        except ValueError:
+            spec = None
+    else:
+        try:
+            spec = regmap.named(ref)
+        except KeyError:
+            spec = None
+    if spec is None:
+        names = ", ".join(r.name for r in regmap)
+        raise UserError(f"no register {ref!r} in the map (registers: {names})")
+    return spec
+
+
+def _only(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -> RegisterSpec:
+    if ref is not None:
+        spec = resolve(regmap, ref)
+        if spec.kind is not kind:
+            raise UserError(f"{spec.name} is a {spec.kind.name} register, not {kind.name}")
+        return spec
+    specs = regmap.of_kind(kind)
+    if len(specs) != 1:
+        raise UserError(f"name the {kind.name.lower()} register to {verb}: "
+                        + ", ".join(s.name for s in specs))
+    return specs[0]
+
+
+# ------------------------------------------------------------------------------- opening, output
+
+
+def open_device(args: argparse.Namespace) -> Device:
+    """The device at ``args.port`` (or ``args.open_device()`` when a test injected one)."""
+    injected: Callable[[], Device] | None = getattr(args, "open_device", None)
+    if injected is not None:
+        return injected()
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    if args.timeout <= 0 or args.attempts < 1:
+        raise UserError("--timeout must be > 0 and --attempts >= 1")
+    try:
+        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                           attempts=args.attempts)
+    except (PortError, NoDevice, IncompatibleDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+def emit(args: argparse.Namespace, doc: dict[str, Any], lines: Sequence[str]) -> None:
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        for line in lines:
+            print(line)
+
+
+def result_json(r: Result) -> dict[str, Any]:
+    return {
+        "outcome": r.outcome.name,
+        "status": r.status.name if r.status is not None else None,
+        "exception": r.exception.name if r.exception is not None else None,
+        "replay": r.replay,
+        "attempts": r.attempts,
+        "detail": r.describe(),
+    }
+
+
+def not_sent(reason: str) -> dict[str, Any]:
+    return {"outcome": Outcome.REJECTED.name, "status": None, "exception": None,
+            "replay": False, "attempts": 0, "detail": f"REJECTED (not sent: {reason})"}
+
+
+def after_unknown(dev: Device, doc: dict[str, Any], lines: list[str]) -> None:
+    """Read back what an UNKNOWN command touched; add it to the output."""
+    if dev.unknown is None:
+        return
+    rec = dev.reconcile()
+    if rec is None:
+        return
+    doc["reconcile"] = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
+                        "summary": rec.summary}
+    lines.append(f"UNKNOWN: it may have run; read back: {rec.summary} "
+                 + " ".join(f"{k}={v}" for k, v in rec.observed.items()))
+
+
+def finish(args: argparse.Namespace, dev: Device, outcome: Outcome, doc: dict[str, Any],
+           lines: list[str]) -> int:
+    doc["outcome"] = outcome.name
+    if outcome is Outcome.UNKNOWN:
+        after_unknown(dev, doc, lines)
+    emit(args, doc, lines)
+    return EXIT_OF_OUTCOME[outcome]
+
+
+def _unit(spec: RegisterSpec) -> str:
+    return f" {spec.unit}" if spec.unit else ""
+
+
+# ------------------------------------------------------------------------------------------ read
+
+
+def run_read(args: argparse.Namespace) -> int:
+    regmap = DEFAULT_MAP
+    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
+    with open_device(args) as dev:
+        results = dev.run([dev.read_command(s.address) for s in specs])
+        values: dict[str, int] = {}
+        per: dict[str, Any] = {}
+        lines: list[str] = []
+        width = max(len(s.name) for s in specs)
+        for s, r in zip(specs, results, strict=True):
+            per[s.name] = {"address": s.address, **result_json(r)}
+            if r.ok:
+                values[s.name] = r.values[0]
+                per[s.name]["value"] = r.values[0]
+                lines.append(f"{s.name:<{width}} = {r.values[0]}{_unit(s)}")
+            else:
+                lines.append(f"{s.name:<{width}} : {r.describe()}")
+        doc: dict[str, Any] = {"values": values, "results": per}
+        return finish(args, dev, worst(r.outcome for r in results), doc, lines)
+
+
+# ----------------------------------------------------------------------------------------- write
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    spec: RegisterSpec
+    value: int
+
+
+def parse_assignments(regmap: RegisterMap, items: Sequence[str]) -> list[Assignment]:
+    out: list[Assignment] = []
+    seen: set[str] = set()
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name or not text:
+            raise UserError(f"{item!r}: expected NAME=VALUE")
+        spec = resolve(regmap, name.strip())
+        if spec.name in seen:
+            raise UserError(f"{spec.name} assigned twice")
+        seen.add(spec.name)
+        value = parse_int(text, spec.name)
+        if not 0 <= value <= REGISTER_MAX:
+            raise UserError(f"{spec.name}={value}: a register holds 0..{REGISTER_MAX}")
+        if spec.kind is RegisterKind.FAULT:
+            raise UserError(f"{spec.name} is a fault word: use `idemlink clear`")
+        if spec.kind is RegisterKind.TRIGGER:
+            raise UserError(f"{spec.name} is a trigger: use `idemlink trigger`")
+        out.append(Assignment(spec, value))
+    return out
+
+
+def map_refusal(a: Assignment) -> str | None:
+    """Why the register map already shows this write to be invalid, or None."""
+    s = a.spec
+    if not s.writable:
+        return f"{s.name} is a read-only {s.kind.name} register"
+    if s.kind is RegisterKind.HOLDING and not s.minimum <= a.value <= s.maximum:
+        return f"{s.name}={a.value} outside {s.minimum}..{s.maximum}{_unit(s)}"
+    return None
+
+
+def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]:
+    """Group by contiguous addresses: each group is one atomic write (FC06 or FC16)."""
+    runs: list[list[Assignment]] = []
+    for a in sorted(assignments, key=lambda x: x.spec.address):
+        if runs and runs[-1][-1].spec.address + 1 == a.spec.address:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs
+
+
+def _fmt(run: Sequence[Assignment]) -> str:
+    return " ".join(f"{a.spec.name}={a.value}" for a in run)
+
+
+def run_write(args: argparse.Namespace) -> int:
+    regmap = DEFAULT_MAP
+    assignments = parse_assignments(regmap, args.assignments)
+    runs = contiguous_runs(assignments)
+    if args.if_generation is not None:
+        if len(runs) != 1:
+            raise UserError("--if-generation needs registers at contiguous addresses "
+                            "(one atomic conditional write)")
+        if not 0 <= args.if_generation <= REGISTER_MAX:
+            raise UserError(f"generation {args.if_generation} outside 0..{REGISTER_MAX}")
+    if not args.no_check:
+        refusals = [(a, why) for a in assignments if (why := map_refusal(a)) is not None]
+        if refusals:
+            emit(args, {"outcome": Outcome.REJECTED.name,
+                        "writes": [{"registers": {a.spec.name: a.value}, **not_sent(why)}
+                                   for a, why in refusals]},
+                 [f"REJECTED (checked against the register map, nothing sent): {why}"
+                  for _, why in refusals])
+            return EXIT_REJECTED
+    with open_device(args) as dev:
+        if args.if_generation is not None:
+            values: dict[str | int, int] = {a.spec.name: a.value for a in runs[0]}
+            results = [dev.write_if_generation(args.if_generation, values)]
+        else:
+            results = dev.run([dev.write_command({a.spec.name: a.value for a in run})
+                               for run in runs])
+        writes: list[dict[str, Any]] = []
+        lines: list[str] = []
+        for run, r in zip(runs, results, strict=True):
+            entry = {"registers": {a.spec.name: a.value for a in run}, **result_json(r)}
+            line = f"{_fmt(run)}: {r.describe()}"
+            if args.if_generation is not None and r.code is not None:
+                entry["generation"] = r.code
+                line += f" (generation {'now' if r.ok else 'is'} {r.code})"
+            writes.append(entry)
+            lines.append(line)
+        doc: dict[str, Any] = {"writes": writes}
+        return finish(args, dev, worst(r.outcome for r in results), doc, lines)
+
+
+# ---------------------------------------------------------------------------------------- faults
+
+
+def decode_fault_word(spec: RegisterSpec, value: int) -> dict[str, Any]:
+    """The named bits of a fault word (undeclared set bits appear as ``bitN``)."""
+    declared = {b.bit: b.name for b in spec.bits}
+    latched = [declared.get(i, f"bit{i}") for i in range(16) if value >> i & 1]
+    return {"value": value, "latched": latched,
+            "bits": {b.name: bool(value >> b.bit & 1) for b in spec.bits}}
+
+
+def _fault_line(spec: RegisterSpec, value: int) -> str:
+    latched = decode_fault_word(spec, value)["latched"]
+    return f"{spec.name} = 0x{value:04X}  " + (", ".join(latched) if latched else "(none latched)")
+
+
+def run_faults(args: argparse.Namespace) -> int:
+    specs = DEFAULT_MAP.of_kind(RegisterKind.FAULT)
+    with open_device(args) as dev:
+        results = dev.run([dev.read_command(s.address) for s in specs])
+        faults: dict[str, Any] = {}
+        lines: list[str] = []
+        for s, r in zip(specs, results, strict=True):
+            if r.ok:
+                faults[s.name] = decode_fault_word(s, r.values[0])
+                lines.append(_fault_line(s, r.values[0]))
+            else:
+                faults[s.name] = result_json(r)
+                lines.append(f"{s.name}: {r.describe()}")
+        return finish(args, dev, worst(r.outcome for r in results), {"faults": faults}, lines)
+
+
+def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int:
+    if bits and mask is not None:
+        raise UserError("give bit names or --mask, not both")
+    if mask is not None:
+        if not 0 < mask <= REGISTER_MAX:
+            raise UserError(f"mask {mask:#x} outside 1..0xFFFF")
+        return mask
+    if not bits:
+        return spec.fault_mask
+    by_name = {b.name: b.bit for b in spec.bits}
+    out = 0
+    for text in bits:
+        if text in by_name:
+            out |= 1 << by_name[text]
+            continue
+        try:
+            n = int(text, 0)
+        except ValueError:
+            raise UserError(f"no fault bit {text!r} in {spec.name} (bits: "
+                            + ", ".join(f"{b.bit} {b.name}" for b in spec.bits) + ")") from None
+        if not 0 <= n <= 15:
+            raise UserError(f"bit {n} outside 0..15")
+        out |= 1 << n
+    return out
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    spec = _only(DEFAULT_MAP, RegisterKind.FAULT, args.register, "clear")
+    mask = fault_mask(spec, args.bits, args.mask)
+    with open_device(args) as dev:
+        r = dev.clear_faults(mask, spec.name)
+        doc: dict[str, Any] = {"register": spec.name, "mask": mask, "clear": result_json(r)}
+        lines = [f"clear {spec.name} mask 0x{mask:04X}: {r.describe()}"]
+        outcomes = [r.outcome]
+        if r.outcome is not Outcome.UNKNOWN:
+            back = dev.read(spec.name)
+            outcomes.append(back.outcome)
+            if back.ok:
+                after = decode_fault_word(spec, back.values[0])
+                doc["after"] = after
+                still = [n for n in after["latched"] if n in
+                         decode_fault_word(spec, mask)["latched"]]
+                lines.append(_fault_line(spec, back.values[0]) + (
+                    f"  ({', '.join(still)} still latched: the condition persists)"
+                    if still else ""))
+        return finish(args, dev, worst(outcomes), doc, lines)
+
+
+# --------------------------------------------------------------------------------------- trigger
+
+TRIGGER_MEANING: dict[int, str] = {
+    TriggerStatus.ACCEPTED: "started",
+    TriggerStatus.RUNNING: "already running: nothing started",
+    TriggerStatus.DONE: "already done: nothing started (`--reset` to re-arm)",
+    TriggerStatus.ABNORMAL_STATE: "abnormal state",
+    TriggerStatus.ILLEGAL_VALUE: "illegal value",
+}
+
+
+def _state_name(value: int) -> str:
+    try:
+        return TriggerState(value).name
+    except ValueError:
+        return f"0x{value:04X}"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return TriggerStatus(code).name
+    except ValueError:
+        return f"0x{code:04X}"
+
+
+def run_trigger(args: argparse.Namespace) -> int:
+    spec = _only(DEFAULT_MAP, RegisterKind.TRIGGER, args.name, "use")
+    with open_device(args) as dev:
+        doc: dict[str, Any] = {"register": spec.name}
+        if args.status:
+            r = dev.trigger_status(spec.name)
+            doc.update(result_json(r))
+            if r.ok:
+                doc["state"] = _state_name(r.values[0])
+                doc["value"] = r.values[0]
+                lines = [f"{spec.name}: {doc['state']}"]
+            else:
+                lines = [f"{spec.name}: {r.describe()}"]
+        else:
+            r = dev.trigger_reset(spec.name) if args.reset else dev.trigger(spec.name)
+            doc.update(result_json(r))
+            doc["action"] = "reset" if args.reset else "start"
+            if r.ok and r.code is not None:
+                doc["code"] = r.code
+                doc["code_name"] = _code_name(r.code)
+                meaning = "reset to IDLE" if args.reset and r.code == 0 else (
+                    TRIGGER_MEANING.get(r.code, "unknown code"))
+                lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
+            else:
+                lines = [f"{spec.name}: {r.describe()}"]
+        return finish(args, dev, r.outcome, doc, lines)
+
+
+# ----------------------------------------------------------------------------------------- ports
+
+
+def run_ports(args: argparse.Namespace) -> int:
+    from serial.tools import list_ports
+
+    ports = sorted(list_ports.comports(), key=lambda p: p.device)
+    doc = [{"device": p.device, "description": p.description, "hwid": p.hwid} for p in ports]
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    elif not ports:
+        print("no serial ports found (the simulator's pty is not listed: `idemlink sim` prints it)")
+    else:
+        for p in ports:
+            print(f"{p.device}\t{p.description}\t{p.hwid}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- apply
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One step of a plan: an atomic write of contiguous registers, keyed by its content."""
+
+    index: int
+    writes: tuple[Assignment, ...]
+    key: uuid.UUID
+
+    @property
+    def values(self) -> dict[str | int, int]:
+        return {a.spec.name: a.value for a in self.writes}
+
+
+def step_content(writes: Sequence[Assignment]) -> str:
+    """Canonical text of a step: ``addr=value`` by address, comma-separated."""
+    return ",".join(f"{a.spec.address}={a.value}" for a in sorted(writes, key=lambda a: a.spec.address))
+
+
+def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[PlanStep]]:
+    """Read and validate a plan file.
+
+    Format (JSON)::
+
+        {"format": "idemlink.plan", "version": 1, "name": "summer-profile",
+         "steps": [{"write": {"threshold": 400, "mode": 2}},
+                   {"write": {"fan_setpoint": 80}}]}
+
+    ``format`` and ``version`` are optional (if present they must match); ``name`` defaults to the
+    file name without ``.json``. Each step writes registers at contiguous addresses, applied
+    atomically (one FC06/FC16). A step's key is
+    ``step_key(KeySource.PLAN_STEP, name, index, "addr=value,...")``: the same plan re-applied skips
+    what is receipted; a changed step is a new step.
+    """
+    from host.keys import KeySource, step_key
+
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read plan {path}: {exc}") from None
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list) or not doc["steps"]:
+        raise UserError(f"plan {path}: expected an object with a non-empty \"steps\" list")
+    if doc.get("format", PLAN_FORMAT) != PLAN_FORMAT or doc.get("version", 1) != PLAN_VERSION:
+        raise UserError(f"plan {path}: format must be {PLAN_FORMAT!r} version {PLAN_VERSION}")
+    name = doc.get("name", Path(path).name.removesuffix(".json"))
+    if not isinstance(name, str) or not name:
+        raise UserError(f"plan {path}: \"name\" must be a non-empty string")
+    steps: list[PlanStep] = []
+    for i, step in enumerate(doc["steps"]):
+        where = f"plan {path} step {i + 1}"
+        if not isinstance(step, dict) or set(step) != {"write"} or not isinstance(
+                step["write"], dict) or not step["write"]:
+            raise UserError(f"{where}: expected {{\"write\": {{NAME: VALUE, ...}}}}")
+        items = []
+        for k, v in step["write"].items():
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise UserError(f"{where}: {k}={v!r} is not an integer")
+            items.append(f"{k}={v}")
+        writes = parse_assignments(regmap, items)
+        if len(contiguous_runs(writes)) != 1:
+            raise UserError(f"{where}: registers must be at contiguous addresses "
+                            "(a step is one atomic write)")
+        key = step_key(KeySource.PLAN_STEP, name, i, step_content(writes))
+        steps.append(PlanStep(i, tuple(writes), key))
+    return name, steps
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    from host.journal import JournalError, run_steps
+
+    name, steps = load_plan(args.plan)
+    journal = args.journal or f"{args.plan}.journal"
+    if not args.no_check:
+        for step in steps:
+            for a in step.writes:
+                why = map_refusal(a)
+                if why is not None:
+                    line = (f"step {step.index + 1}: REJECTED (checked against the register map, "
+                            f"nothing sent): {why}")
+                    emit(args, {"outcome": Outcome.REJECTED.name, "plan": name,
+                                "step": step.index + 1, **not_sent(why)}, [line])
+                    return EXIT_REJECTED
+    with open_device(args) as dev:
+        last: dict[uuid.UUID, Result] = {}
+
+        def execute(step: PlanStep) -> Outcome:
+            r = dev.write(step.values)
+            last[step.key] = r
+            return r.outcome
+
+        def reconcile(step: PlanStep) -> bool | None:
+            # An absolute write: if the registers hold the values it is applied (receipt it);
+            # if not, it did not take (or was overwritten since) and running it again is harmless.
+            back = dev.run([dev.read_command(a.spec.address) for a in step.writes])
+            if any(not b.ok for b in back):
+                return None
+            return all(b.values[0] == a.value for a, b in zip(step.writes, back, strict=True))
+
+        try:
+            report = run_steps(journal, steps, execute, reconcile)
+        except JournalError as exc:
+            raise UserError(f"journal {journal}: {exc}") from None
+        state = {k: "skipped" for k in report.skipped}
+        state.update({k: "reconciled" for k in report.reconciled})
+        state.update({k: "executed" for k in report.executed})
+        state.update({k: "unknown" for k in report.unknown})
+        if report.stopped_at is not None and report.stopped_at not in state:
+            state[report.stopped_at] = report.outcome.name.lower()
+        out_steps: list[dict[str, Any]] = []
+        lines: list[str] = []
+        for step in steps:
+            st = state.get(step.key, "not run")
+            entry: dict[str, Any] = {"index": step.index + 1, "key": str(step.key),
+                                     "writes": step.values, "state": st}
+            detail = ""
+            if step.key in last:
+                entry["result"] = result_json(last[step.key])
+                detail = f": {last[step.key].describe()}"
+            out_steps.append(entry)
+            lines.append(f"step {step.index + 1}/{len(steps)} {_fmt(step.writes)}: {st}{detail}")
+        if report.outcome is Outcome.UNKNOWN:
+            lines.append(f"UNKNOWN: a step may have run; `idemlink apply {args.plan}` again reads "
+                         "it back and resumes (journal " + journal + ")")
+        doc: dict[str, Any] = {"outcome": report.outcome.name, "plan": name, "journal": journal,
+                               "steps": out_steps}
+        emit(args, doc, lines)
+        return EXIT_OF_OUTCOME[report.outcome]
+
+
+# --------------------------------------------------------------------------------------- monitor
+
+
+class FrameDescriber:
+    """Human-readable and JSON descriptions of the frames passing by (remembers requests by
+    (epoch, seq) so a read answer can name its registers)."""
+
+    def __init__(self, regmap: RegisterMap = DEFAULT_MAP) -> None:
+        self.regmap = regmap
+        self._requests: dict[tuple[int, int], Any] = {}
+
+    def _reg(self, address: int) -> str:
+        spec = self.regmap.at(address)
+        return spec.name if spec is not None else f"@{address}"
+
+    def describe(self, item: Any) -> dict[str, Any]:
+        from protocol.frame import DecodeError, FrameType
+
+        if isinstance(item, DecodeError):
+            return {"type": "ERROR", "error": item.kind.name, "text": f"! {item.kind.name}: "
+                    f"{item.detail}"}
+        f = item
+        head = {"type": f.type.name, "epoch": f"{f.epoch:08x}", "seq": f.seq,
+                "flags": [fl.name for fl in type(f.flags) if fl and fl in f.flags and fl.name]}
+        flags = ("[" + ",".join(head["flags"]) + "] ") if head["flags"] else ""
+        prefix = f"{f.type.name:<11} epoch={f.epoch:08x} seq={f.seq} {flags}"
+        try:
+            if f.type is FrameType.HELLO:
+                body = f"version={f.payload[0]} contract={f.payload[1:9].hex()}"
+            elif f.type is FrameType.HELLO_REPLY:
+                from protocol.session import DeviceInfo
+                info = DeviceInfo.decode(f.payload)
+                body = (f"{info.name!r} version={info.version} window={info.window} "
+                        f"inflight={info.max_inflight} next_seq={info.next_seq} "
+                        f"contract={info.contract_hash.hex()}")
+            elif f.type is FrameType.REQUEST:
+                body = self._request(f.epoch, f.seq, f.payload)
+            else:
+                body = self._response(f.epoch, f.seq, f.payload)
+        except Exception as exc:  # a monitor shows what it cannot parse, it never stops on it
+            body = f"payload {f.payload.hex()} (undecodable: {exc})"
+        head["text"] = prefix + body
+        return head
+
+    def _request(self, epoch: int, seq: int, pdu: bytes) -> str:
+        from protocol import modbus as mb
+
+        req = mb.decode_request(pdu)
+        self._requests[(epoch, seq)] = req
+        if len(self._requests) > 4096:
+            self._requests.pop(next(iter(self._requests)))
+        match req:
+            case mb.ReadRegisters(function, address, count):
+                return f"FC{function:02X} read {self._reg(address)}({address}) x{count}"
+            case mb.WriteSingleRegister(address, value):
+                return f"FC06 write {self._reg(address)}({address}) = {value}"
+            case mb.WriteMultipleRegisters(address, values):
+                return "FC10 write " + " ".join(
+                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+            case mb.WriteIfGeneration(generation, address, values):
+                return f"FC41 if generation={generation}: write " + " ".join(
+                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+            case mb.TriggerRequest(address, value):
+                return f"FC42 trigger {self._reg(address)} {'start' if value == 1 else value}"
+        return pdu.hex()
+
+    def _response(self, epoch: int, seq: int, payload: bytes) -> str:
+        from protocol import modbus as mb
+        from protocol.outcome import Status
+        from protocol.session import decode_response
+
+        decoded = decode_response(payload)
+        if decoded is None:
+            return "empty payload"
+        status, pdu = decoded
+        st = Status(status).name if status in Status._value2member_map_ else f"0x{status:02X}"
+        if not pdu:
+            return f"status={st}"
+        resp = mb.decode_response(pdu)
+        req = self._requests.get((epoch, seq))
+        match resp:
+            case mb.ReadRegistersResponse(_, values):
+                if isinstance(req, mb.ReadRegisters):
+                    text = " ".join(f"{self._reg(req.address + i)}={v}"
+                                    for i, v in enumerate(values))
+                else:
+                    text = " ".join(str(v) for v in values)
+                return f"status={st} read {text}"
+            case mb.WriteSingleRegisterResponse(address, value):
+                return f"status={st} wrote {self._reg(address)}={value}"
+            case mb.WriteMultipleRegistersResponse(address, count):
+                return f"status={st} wrote {count} from {self._reg(address)}"
+            case mb.WriteIfGenerationResponse(wst, generation):
+                return f"status={st} conditional {wst.name} generation={generation}"
+            case mb.TriggerResponse(address, code):
+                return f"status={st} trigger {self._reg(address)} {_code_name(code)}"
+            case mb.ExceptionResponse(function, exception):
+                return f"status={st} FC{function:02X} exception {exception.name}"
+        return f"status={st} {pdu.hex()}"
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    import serial
+
+    from protocol.frame import FrameDecoder
+
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL)")
+    if args.count is not None and args.count < 1:
+        raise UserError("--count must be >= 1")
+    try:
+        port = serial.serial_for_url(args.port, baudrate=args.baudrate, timeout=0.05,
+                                     do_not_open=True)
+        port.dtr = False
+        port.rts = False
+        port.open()
+    except (serial.SerialException, ValueError, OSError) as exc:
+        raise UserError(f"cannot open {args.port}: {exc}") from None
+    decoder = FrameDecoder()
+    describer = FrameDescriber()
+    start = time.monotonic()
+    end = start + args.seconds if args.seconds is not None else None
+    shown = 0
+    try:
+        while args.count is None or shown < args.count:
+            now = time.monotonic()
+            if end is not None and now >= end:
+                break
+            port.timeout = 0.05 if end is None else max(0.0, min(0.05, end - now))
+            data = port.read(1)
+            if not data:
+                continue
+            waiting = int(getattr(port, "in_waiting", 0) or 0)
+            if waiting:
+                data += port.read(waiting)
+            t = time.monotonic() - start
+            for item in decoder.feed(data):
+                d = describer.describe(item)
+                d["t"] = round(t, 6)
+                if args.json:
+                    print(json.dumps(d, sort_keys=True), flush=True)
+                else:
+                    print(f"+{t:9.3f}s {d['text']}", flush=True)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    break
+    except KeyboardInterrupt:
+        pass
+    except serial.SerialException as exc:
+        print(f"idemlink monitor: {args.port}: {exc}", file=sys.stderr)
+        return EXIT_LOCAL_ERROR
+    finally:
+        port.close()
+    return EXIT_OK
+
