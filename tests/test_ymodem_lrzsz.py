@@ -1,0 +1,160 @@
+"""Interoperability with lrzsz over socat pty pairs: our sender -> ``rb``, ``sb`` -> our receiver,
+and our CLI to our CLI. sha256 of every file is compared on arrival. Skipped when socat or lrzsz
+is missing. The receiving side always starts first (pyserial discards input when it opens).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import serial
+
+from host.ymodem_io import DirectorySink, TransferReport, receive_files, send_files
+from protocol.ymodem import ReceiverConfig, SenderConfig
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("socat") and shutil.which("sb") and shutil.which("rb")),
+    reason="needs socat and lrzsz (sb/rb)",
+)
+
+
+@pytest.fixture
+def pty_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    a, b = str(tmp_path / "ttyA"), str(tmp_path / "ttyB")
+    proc = subprocess.Popen(
+        ["socat", "-d", "-d", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # readiness: socat says so once both ptys exist
+        if "starting data transfer loop" in line:
+            break
+    else:
+        pytest.fail("socat did not start")
+    yield a, b
+    proc.terminate()
+    proc.wait(timeout=5)
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def make_files(d: Path, spec: dict[str, int], seed: int = 1) -> list[Path]:
+    rnd = random.Random(seed)
+    d.mkdir()
+    out = []
+    for name, size in spec.items():
+        p = d / name
+        p.write_bytes(rnd.randbytes(size))
+        out.append(p)
+    return out
+
+
+BATCH_1K = {"empty": 0, "one MiB.bin": 1 << 20, "odd 1000.bin": 1000, "UPPER.BIN": 130,
+            "name with spaces.txt": 2049}
+BATCH_128 = {"wrap.bin": 128 * 260 + 77, "small one.txt": 5}
+
+def assert_same(src: list[Path], dst: Path) -> None:
+    got = {p.name: sha(p) for p in dst.iterdir()}
+    assert got == {p.name: sha(p) for p in src}
+
+
+@pytest.mark.parametrize(("spec", "block"), [(BATCH_1K, 1024), (BATCH_128, 128)],
+                         ids=["1k-blocks", "128-blocks"])
+def test_our_sender_to_rb(tmp_path: Path, pty_pair: tuple[str, str],
+                          spec: dict[str, int], block: int) -> None:
+    a, b = pty_pair
+    src = make_files(tmp_path / "src", spec)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    port = serial.serial_for_url(a)  # our side opens first, then rb starts and sends 'C'
+    with open(b, "r+b", buffering=0) as tty, open(tmp_path / "rb.log", "wb") as log:
+        rb = subprocess.Popen(["rb", "--ymodem", "-y"], stdin=tty, stdout=tty, stderr=log, cwd=dst)
+        try:
+            report = send_files(port, src, SenderConfig(
+                block_size=block, end_timeout=1.0, end_retries=1, start_timeout=20.0),
+                overall_timeout=90)
+            rc = rb.wait(timeout=20)
+        finally:
+            if rb.poll() is None:
+                rb.kill()
+            port.close()
+    assert rc == 0, (tmp_path / "rb.log").read_text(errors="replace")[-500:]
+    assert report.ok and all(f.ok for f in report.files), report
+    assert_same(src, dst)  # UPPER.BIN keeps its case: we send the mode with S_IFREG
+
+
+def _receive_in_thread(port_path: str, dst: Path) -> tuple[threading.Thread, list[TransferReport]]:
+    result: list[TransferReport] = []
+    port = serial.serial_for_url(port_path)  # opened before the sender starts
+
+    def work() -> None:
+        try:
+            result.append(receive_files(port, DirectorySink(dst),
+                                        ReceiverConfig(header_retries=10), overall_timeout=90))
+        finally:
+            port.close()
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    return t, result
+
+
+@pytest.mark.parametrize(("spec", "k"), [(BATCH_1K, True), (BATCH_128, False)],
+                         ids=["sb-k", "sb-128"])
+def test_sb_to_our_receiver(tmp_path: Path, pty_pair: tuple[str, str],
+                            spec: dict[str, int], k: bool) -> None:
+    a, b = pty_pair
+    src = make_files(tmp_path / "src", spec)
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    thread, result = _receive_in_thread(b, dst)  # our receiver first: it sends 'C'
+    args = ["sb", "--ymodem", "-t", "30"] + (["-k"] if k else []) + [p.name for p in src]
+    with open(a, "r+b", buffering=0) as tty, open(tmp_path / "sb.log", "wb") as log:
+        rc = subprocess.run(args, stdin=tty, stdout=tty, stderr=log, cwd=tmp_path / "src",
+                            timeout=60).returncode
+    thread.join(30)
+    assert rc == 0, (tmp_path / "sb.log").read_text(errors="replace")[-500:]
+    assert not thread.is_alive() and result
+    report = result[0]
+    assert report.ok and [f.name for f in report.files] == list(spec), report
+    assert_same(src, dst)
+    assert not [p for p in dst.iterdir() if p.name.startswith(".ymodem-")]
+
+
+def test_cli_send_plain_to_cli_receive(tmp_path: Path, pty_pair: tuple[str, str]) -> None:
+    a, b = pty_pair
+    src = make_files(tmp_path / "src", {"cli one.bin": 5000, "cli-two": 0})
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    recv = subprocess.Popen(
+        [sys.executable, "-m", "host.cli", "receive", "--port", b, "--dir", str(dst),
+         "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    send = subprocess.run(
+        [sys.executable, "-m", "host.cli", "send", "--plain", "--port", a, *map(str, src)],
+        capture_output=True, text=True, timeout=60, env=env)
+    out, err = recv.communicate(timeout=30)
+    assert send.returncode == 0, send.stdout + send.stderr
+    assert recv.returncode == 0, out + err
+    assert "cli one.bin: ok, 5000 bytes" in send.stdout and "batch complete" in send.stdout
+    assert "cli one.bin: ok, 5000 bytes" in out and "kB/s" in out
+    assert_same(src, dst)
+
+
+def test_cli_send_without_plain_says_not_available(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    r = subprocess.run([sys.executable, "-m", "host.cli", "send", "--port", "loop://", str(f)],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 1 and "framed hand-over not available yet" in r.stderr
