@@ -34,6 +34,7 @@ class SimTransport:
         self._now = start
         self.link.start(start)
         self.closed = False
+        self._reboots: list[float] = []
 
     # Transport interface -------------------------------------------------------------
     def now(self) -> float:
@@ -47,6 +48,8 @@ class SimTransport:
         until = self._now + max(0.0, timeout)
         while True:
             nxt = self.link.next_event_time()
+            if self._reboots and (nxt is None or self._reboots[0] < nxt):
+                nxt = self._reboots[0]
             if nxt is None or nxt > until:
                 self._now = max(self._now, until)
                 self.device.tick(self._now)
@@ -64,9 +67,17 @@ class SimTransport:
     def reboot(self) -> None:
         self.device.reboot(self._now)
 
+    def schedule_reboot(self, at: float) -> None:
+        """Reboot the device at simulated time ``at`` (e.g. while a request is in flight)."""
+        self._reboots.append(at)
+        self._reboots.sort()
+
     def _step(self) -> None:
         now = self._now
         for _ in self.link.poll_reboots(now):
+            self.device.reboot(now)
+        while self._reboots and self._reboots[0] <= now:
+            self._reboots.pop(0)
             self.device.reboot(now)
         arrived = self.link.a_to_b.poll(now)
         if arrived:

@@ -184,6 +184,7 @@ class Result:
     reissued: int = 0
     seq: int = 0
     epoch: int = 0
+    sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) it travelled under
 
     @property
     def ok(self) -> bool:
@@ -217,6 +218,37 @@ def _decode_answer(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | Non
     if k is CommandKind.WRITE_IF_GENERATION and len(pdu) >= 4:
         return (), struct.unpack_from(">H", pdu, 2)[0]
     return (), None
+
+
+def _span(c: Command) -> range:
+    return range(c.address, c.address + max(c.count, len(c.values), 1))
+
+
+def _conflict(a: Command, b: Command) -> bool:
+    """Would running ``a`` and ``b`` in either order give different results?"""
+    a_writes, b_writes = a.kind is not CommandKind.READ, b.kind is not CommandKind.READ
+    if not (a_writes or b_writes):
+        return False
+    guarded = CommandKind.WRITE_IF_GENERATION
+    if (a.kind is guarded and b_writes) or (b.kind is guarded and a_writes):
+        return True  # the guard reads the generation that every effective write moves
+    ra, rb = _span(a), _span(b)
+    return ra.start < rb.stop and rb.start < ra.stop
+
+
+def _waves(cmds: list[Command]) -> list[list[Command]]:
+    """Split a pipelined batch so that commands whose order matters never overlap in flight.
+
+    Pipelined requests may execute in any order (a lost request is retried after later ones ran),
+    so a wave holds only commands that commute; the next wave starts when the previous one is done.
+    """
+    waves: list[list[Command]] = []
+    for c in cmds:
+        if not waves or any(_conflict(c, w) for w in waves[-1]):
+            waves.append([c])
+        else:
+            waves[-1].append(c)
+    return waves
 
 
 @dataclass(slots=True)
@@ -323,7 +355,10 @@ class Device:
             raise UnknownOutstanding(
                 f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
                 "reconcile() and acknowledge_unknown() first")
-        return self._run(list(commands))
+        results: list[Result] = []
+        for wave in _waves(list(commands)):
+            results += self._run(wave)
+        return results
 
     def _run(self, cmds: list[Command]) -> list[Result]:
         now = self.transport.now()
@@ -340,7 +375,7 @@ class Device:
             if c.kind is CommandKind.WRITE_IF_GENERATION and comp.pdu and len(comp.pdu) >= 4:
                 code = struct.unpack_from(">H", comp.pdu, 2)[0]
             r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
-                       comp.attempts, comp.reissued, comp.seq, comp.epoch)
+                       comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as)
             self.stats.commands += 1
             self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
             if r.outcome is Outcome.UNKNOWN and self.unknown is None:
@@ -413,9 +448,10 @@ class Device:
         """Unblock the handle once the caller has reconciled."""
         self.unknown = None
 
-    def reconcile(self) -> Reconciliation | None:
-        """Read back the state the UNKNOWN command touched and say whether it holds."""
-        r = self.unknown
+    def reconcile(self, result: Result | None = None) -> Reconciliation | None:
+        """Read back the state an UNKNOWN command (default: the blocking one) touched and say
+        whether the state it intended holds. Allowed while the handle is blocked."""
+        r = result if result is not None else self.unknown
         if r is None:
             return None
         c = r.command

@@ -65,6 +65,7 @@ class Completion:
     reissued: int = 0
     seq: int = 0
     epoch: int = 0
+    sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) this request travelled under
 
 
 @dataclass(slots=True)
@@ -113,6 +114,7 @@ class _Pending:
     attempts: int = 0
     deadline: float = 0.0
     reissued: int = 0
+    sent_as: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -254,6 +256,7 @@ class HostSession:
             self._next_seq = (self._next_seq + 1) & SEQ_MASK
             p.epoch = self.epoch
             p.attempts = 0
+            p.sent_as.append((p.epoch, p.seq))
             self._inflight[p.seq] = p
             self._transmit(p, now, retransmit=False)
 
@@ -271,7 +274,7 @@ class HostSession:
         self.counters.outcomes[outcome.name] += 1
         self._events.append(
             Completion(p.tag, outcome, status, attempts=p.attempts, reissued=p.reissued,
-                       seq=p.seq, epoch=p.epoch, **kw)
+                       seq=p.seq, epoch=p.epoch, sent_as=tuple(p.sent_as), **kw)
         )
 
     def _on_response(self, frame: Frame, now: float) -> None:

@@ -1,0 +1,121 @@
+"""The promise under fault injection: zero duplicated effects, zero lost acknowledged writes,
+zero misclassified outcomes — and the oracle that says so is shown to catch each kind of bug."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from device_sim.campaign import CampaignConfig, run_campaign
+from protocol import device_session, host_session
+from protocol.window import Verdict
+
+
+def test_twenty_thousand_commands_at_ten_percent_loss() -> None:
+    rep = run_campaign(CampaignConfig(commands=20_000, loss=0.1, dup=0.02, corrupt=0.02,
+                                      reboot_every=500, seed=1))
+    assert rep.commands == 20_000
+    assert (rep.duplicated_effects, rep.lost_acknowledged_writes, rep.misclassified) == (0, 0, 0), \
+        rep.problems[:5]
+    # The faults really happened and were absorbed: retries, replays, reboots and UNKNOWNs occurred.
+    assert rep.retries > 1000 and rep.replays > 500 and rep.reboots > 10
+    assert set(rep.outcomes) == {"OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN"}
+    assert rep.unknown_reconciled == rep.outcomes["UNKNOWN"]
+
+
+@pytest.mark.parametrize("seed", [2, 3, 4])
+def test_other_seeds_with_reordering_and_noise(seed: int) -> None:
+    rep = run_campaign(CampaignConfig(commands=3000, loss=0.15, dup=0.05, corrupt=0.05,
+                                      reorder=0.05, noise_rate=2.0, reboot_every=200, seed=seed))
+    assert rep.passed, rep.problems[:5]
+
+
+def test_cli_soak_json_reports_zero_faults() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "host.cli", "soak", "--commands", "1500", "--loss", "0.1",
+         "--seed", "5", "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["commands"] == 1500 and d["passed"] is True
+    assert d["duplicated_effects"] == d["lost_acknowledged_writes"] == d["misclassified"] == 0
+
+
+# ---- the oracle can fail: each mutant below must be caught -------------------------------------
+
+SMALL = CampaignConfig(commands=2500, loss=0.15, dup=0.05, corrupt=0.02, reboot_every=150, seed=9)
+
+
+def test_mutant_device_without_replay_duplicates_effects(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_check = device_session.ReplayWindow.check
+
+    def forgetful(self: device_session.ReplayWindow, seq: int) -> Verdict:
+        v = real_check(self, seq)
+        return Verdict.ACCEPT_OLD if v is Verdict.DUPLICATE else v
+
+    monkeypatch.setattr(device_session.ReplayWindow, "check", forgetful)
+    rep = run_campaign(SMALL)
+    assert rep.duplicated_effects > 0
+
+
+def test_mutant_retry_with_fresh_seq_duplicates_effects(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = host_session.HostSession._transmit
+
+    def fresh_seq(self: host_session.HostSession, p: host_session._Pending, now: float, *,
+                  retransmit: bool) -> None:
+        if retransmit:  # the pymavlink anti-pattern: a retry stamped with a new number
+            del self._inflight[p.seq]
+            p.seq = self._next_seq
+            self._next_seq += 1
+            p.sent_as.append((p.epoch, p.seq))
+            self._inflight[p.seq] = p
+        real(self, p, now, retransmit=retransmit)
+
+    monkeypatch.setattr(host_session.HostSession, "_transmit", fresh_seq)
+    rep = run_campaign(SMALL)
+    assert rep.duplicated_effects > 0
+
+
+def test_mutant_no_answer_reported_as_not_executed_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = host_session.HostSession._finish
+
+    def optimistic(self: host_session.HostSession, p: host_session._Pending, outcome: object,
+                   status: object, **kw: object) -> None:
+        if status is host_session.Status.NO_ANSWER:
+            outcome = host_session.Outcome.NOT_EXECUTED
+        real(self, p, outcome, status, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(host_session.HostSession, "_finish", optimistic)
+    rep = run_campaign(CampaignConfig(commands=4000, loss=0.35, dup=0.0, corrupt=0.0,
+                                      reboot_every=0, attempts=2, seed=11))
+    assert rep.misclassified > 0
+
+
+def test_mutant_reboot_that_loses_configuration_loses_acknowledged_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from device_sim.device import SimulatedDevice
+
+    real = SimulatedDevice.reboot
+
+    def amnesiac(self: SimulatedDevice, now: float) -> None:
+        real(self, now)
+        for spec in self.core.regmap:
+            if spec.kind.name == "HOLDING":
+                self.core._holdings[spec.address] = spec.default
+
+    monkeypatch.setattr(SimulatedDevice, "reboot", amnesiac)
+    rep = run_campaign(SMALL)
+    assert rep.lost_acknowledged_writes > 0
+
+
+@pytest.mark.slow
+def test_a_million_commands() -> None:
+    rep = run_campaign(CampaignConfig(commands=1_000_000, seed=1000))
+    assert rep.passed, rep.problems[:5]
