@@ -7,6 +7,7 @@ adding a module here and one line to that list.
 COMMAND_MODULES: tuple[str, ...] = (
     "host.commands.contract_cmd",
     "host.commands.soak_cmd",
+    "host.commands.demo_cmd",
     "host.commands.ymodem_cmd",
     "host.commands.sim_cmd",
     "host.commands.regmap_cmd",
