@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 
 
 def test_demo_runs_and_reports_zero_duplicated_effects() -> None:
-    ptys_before = set(os.listdir("/dev/pts")) if os.path.isdir("/dev/pts") else set()
     r = subprocess.run([sys.executable, "-m", "host.cli", "demo", "--burst", "60"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -19,5 +17,3 @@ def test_demo_runs_and_reports_zero_duplicated_effects() -> None:
     assert re.search(r"outcome REJECTED\s+1\b", out)  # the out-of-range write
     assert re.search(r"faults injected by the line\s+[1-9]", out)
     assert "code=0x0101" in out  # the second trigger did not start the action again
-    if ptys_before:
-        assert set(os.listdir("/dev/pts")) <= ptys_before | {"ptmx"}
