@@ -777,6 +777,7 @@ def run_monitor(args: argparse.Namespace) -> int:
         port.open()
     except (serial.SerialException, ValueError, OSError) as exc:
         raise UserError(f"cannot open {args.port}: {exc}") from None
+    print(f"idemlink monitor: listening on {args.port}", file=sys.stderr, flush=True)
     decoder = FrameDecoder()
     describer = FrameDescriber()
     start = time.monotonic()
