@@ -4,7 +4,7 @@ and a streaming decoder that resynchronises after garbage (cross-checked against
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.modbus import (
@@ -106,6 +106,7 @@ def requests(draw: st.DrawFn) -> Request:
     return WriteIfGeneration(draw(u16), address, values)
 
 
+@settings(deadline=None)  # a loaded CI box must not turn into a flake
 @given(requests())
 def test_request_round_trip_and_pdu_limit(req: Request) -> None:
     pdu = encode_request(req)
@@ -113,6 +114,7 @@ def test_request_round_trip_and_pdu_limit(req: Request) -> None:
     assert decode_request(pdu) == req
 
 
+@settings(deadline=None)
 @given(requests(), st.binary(min_size=1, max_size=4))
 def test_trailing_bytes_are_refused(req: Request, extra: bytes) -> None:
     with pytest.raises(ModbusPduError) as info:
@@ -120,6 +122,7 @@ def test_trailing_bytes_are_refused(req: Request, extra: bytes) -> None:
     assert info.value.exception is ModbusException.ILLEGAL_DATA_VALUE
 
 
+@settings(deadline=None)
 @given(requests(), st.data())
 def test_every_truncation_is_a_short_pdu_or_count_error(req: Request, data: st.DataObject) -> None:
     pdu = encode_request(req)
@@ -203,6 +206,7 @@ def _drain(dec: RtuDecoder) -> list[RtuFrame]:
     return out
 
 
+@settings(deadline=None)
 @given(st.lists(requests(), min_size=1, max_size=5), st.integers(1, 247), st.data())
 def test_decoder_whole_bytewise_and_split(reqs: list[Request], unit: int,
                                           data: st.DataObject) -> None:
@@ -228,6 +232,7 @@ def test_decoder_whole_bytewise_and_split(reqs: list[Request], unit: int,
     assert got == frames
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=40), requests(), st.integers(1, 247))
 def test_decoder_resyncs_after_garbage(garbage: bytes, req: Request, unit: int) -> None:
     """Garbage, then silence, then a good frame: the good frame always comes out, intact."""
