@@ -35,6 +35,8 @@ class SimTransport:
         self.link.start(start)
         self.closed = False
         self._reboots: list[float] = []
+        self.drop_answers = False
+        """Scripted fault for tests: while True, every answer of the device is lost."""
 
     # Transport interface -------------------------------------------------------------
     def now(self) -> float:
@@ -82,5 +84,5 @@ class SimTransport:
         arrived = self.link.a_to_b.poll(now)
         if arrived:
             answer = self.device.receive_data(arrived, now)
-            if answer:
+            if answer and not self.drop_answers:
                 self.link.b_to_a.send(answer, now + DEVICE_TURNAROUND)
