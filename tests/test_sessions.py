@@ -89,7 +89,7 @@ def test_wrong_epoch_is_refused_not_committed_and_answered_with_ours() -> None:
 
 
 def test_corrupted_far_ahead_frame_does_not_move_the_window() -> None:
-    dev, ex = make()
+    dev, _ex = make()
     exchange(dev, 10, b"\x03a")
     bad = bytearray(encode_frame(FrameType.REQUEST, 10 + 5000, EPOCH, b"\x03z"))
     bad[5] ^= 0x10
