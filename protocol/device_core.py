@@ -131,8 +131,10 @@ class EffectKind(IntEnum):
 
 @dataclass(frozen=True, slots=True)
 class Effect:
-    """One side effect, as it happened. ``request`` is the 1-based number of the ``execute``/
-    typed call that caused it (0: tick or sim hook); ``tag`` is what that call was given."""
+    """One side effect, as it happened. ``request`` numbers the write-type calls (``write``,
+    ``write_if_generation``, ``trigger``, also when reached through ``execute``) from 1; 0 means
+    ``tick``, a sim hook, a reboot or a restore. ``tag`` is what the causing call was given
+    (e.g. the framed layer's epoch:seq)."""
 
     index: int
     time: float
