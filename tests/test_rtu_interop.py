@@ -340,3 +340,11 @@ def test_server_keeps_a_frame_split_by_a_short_pause_and_drops_a_stale_head() ->
     assert server.receive(b"", 11.2) == b""
     assert server.decoder.pending == 0  # given up after the silence
     assert server.receive(read, 11.3) == encode_rtu(1, bytes.fromhex("0302015e"))
+
+
+def test_server_garbage_then_a_duplicated_write_acts_once() -> None:
+    server = RtuServer(DeviceCore(), unit=1)
+    write = encode_rtu(1, bytes.fromhex("060006002d"))
+    assert server.receive(b"\x55\xaa" + write + write, 1.0) == write + write
+    assert server.core.count(EffectKind.SET, "fan_setpoint") == 1
+    assert server.core.generation == 1
