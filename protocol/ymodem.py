@@ -704,7 +704,7 @@ class SenderConfig:
     c_timeout: float = 10.0  #: waiting for 'C' after a header or a committed file
     max_retries: int = 10
     end_timeout: float = 2.0  #: end-of-batch block 0 ACK
-    end_retries: int = 3  #: then finish with success, BatchEnded(final_ack=False)
+    end_retries: int = 1  #: then finish with success, BatchEnded(final_ack=False)
 
 
 @dataclass(frozen=True, slots=True)
