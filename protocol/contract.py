@@ -27,6 +27,7 @@ SECTION_MODULES: tuple[str, ...] = (
     "protocol.window",
     "protocol.registers",
     "protocol.modbus",
+    "protocol.ymodem",
 )
 """Modules exposing ``contract_section()``, in rendering order. Add a line to add a section."""
 

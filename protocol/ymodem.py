@@ -948,9 +948,11 @@ def contract_section() -> ContractSection:
         ],
         enums=[CEnum("idl_ym_byte_t", "IDL_YM", YmodemByte, "YMODEM control bytes")],
         markdown=md,
-        data={
+        data={  # wire facts only: the tables are behaviour, documented but not hashed
             "bytes": {m.name: m.value for m in YmodemByte},
-            "rx": [[s.value, i.value, t.value, a] for (s, i), (t, a) in RX_TRANSITIONS.items()],
-            "tx": [[s.value, i.value, t.value, a] for (s, i), (t, a) in TX_TRANSITIONS.items()],
+            "blocks": [BLOCK_SMALL, BLOCK_LARGE],
+            "max_name": MAX_NAME_BYTES,
+            "s_ifreg": REGULAR_FILE,
+            "crc": "CRC-16/XMODEM",
         },
     )

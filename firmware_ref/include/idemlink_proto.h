@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "177611926d70ee75"
+#define IDL_CONTRACT_HASH "2b3b05972c99c712"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -170,5 +170,22 @@ typedef enum {
     IDL_MB_FC_WRITE_IF_GENERATION = 65,
     IDL_MB_FC_TRIGGER = 66
 } idl_mb_function_t;
+
+/* ---- ymodem ---- */
+#define IDL_YM_BLOCK_SMALL 128u /**< SOH payload bytes */
+#define IDL_YM_BLOCK_LARGE 1024u /**< STX payload bytes */
+#define IDL_YM_MAX_NAME 255u /**< longest accepted file name (bytes) */
+#define IDL_YM_S_IFREG 0100000u /**< regular-file bit sent with the mode */
+/** YMODEM control bytes */
+typedef enum {
+    IDL_YM_SOH = 1,
+    IDL_YM_STX = 2,
+    IDL_YM_EOT = 4,
+    IDL_YM_ACK = 6,
+    IDL_YM_NAK = 21,
+    IDL_YM_CAN = 24,
+    IDL_YM_C = 67,
+    IDL_YM_CPMEOF = 26
+} idl_ym_byte_t;
 
 #endif /* IDEMLINK_PROTO_H */
