@@ -7,7 +7,6 @@ seeded fault campaign whose oracle is the source data (never the code under test
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -650,9 +649,6 @@ def test_fault_campaign_exact_or_cleanly_aborted_never_twice() -> None:
 
 
 @pytest.mark.slow
-def test_fault_campaign_long(request: pytest.FixtureRequest) -> None:
-    if not (request.config.getoption("--run-slow", default=False)
-            or os.environ.get("IDEMLINK_RUN_SLOW") == "1"):
-        pytest.skip("slow campaign: --run-slow or IDEMLINK_RUN_SLOW=1")
+def test_fault_campaign_long() -> None:
     outcomes = [campaign_run(seed)[0] for seed in range(1000, 3000)]
     assert outcomes.count("exact") >= 1900
