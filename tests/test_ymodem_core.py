@@ -652,3 +652,13 @@ def test_fault_campaign_exact_or_cleanly_aborted_never_twice() -> None:
 def test_fault_campaign_long() -> None:
     outcomes = [campaign_run(seed)[0] for seed in range(1000, 3000)]
     assert outcomes.count("exact") >= 1900
+
+
+def test_docs_list_every_transition_of_both_tables() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "YMODEM.md").read_text(encoding="utf-8")
+    for table in (ym.RX_TRANSITIONS, ym.TX_TRANSITIONS):
+        for (state, inp), (target, _) in table.items():
+            row = f"| {state.value} | {inp.value} | {target.value} |"
+            assert row in doc, f"docs/YMODEM.md lacks {row}"
