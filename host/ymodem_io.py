@@ -312,6 +312,14 @@ def receive_files(
     try:
         _pump(port, drv.feed, drv.next_deadline, lambda: drv.finished,
               None if overall_timeout is None else now + overall_timeout)
+    except TimeoutError:
+        drv.rx.abort("overall timeout")
+        port.write(drv.rx.data_to_send())
+        drv.feed(b"", time.monotonic())  # hands the Aborted event to the sink and the report
+    except KeyboardInterrupt:
+        drv.rx.abort("interrupted")
+        port.write(drv.rx.data_to_send())  # CAN CAN: the sender stops
+        raise
     finally:
         if not drv.finished:
             sink.discard()
@@ -367,9 +375,12 @@ def _send(
 
     def feed(data: bytes, now: float) -> bytes:
         nonlocal file_t0
-        if data:
-            tx.receive_data(data, now)
-        tx.tick(now)
+        try:
+            if data:
+                tx.receive_data(data, now)
+            tx.tick(now)
+        except (OSError, ValueError) as exc:  # a source file failed to read: cancel the batch
+            tx.abort(f"read error: {exc}", now)
         while (ev := tx.next_event()) is not None:
             if isinstance(ev, Progress) and progress:
                 progress(ev.name, ev.done, ev.size)
@@ -398,5 +409,9 @@ def _send(
         tx.abort("overall timeout")
         port.write(tx.data_to_send())
         report.reason = "overall timeout"
+    except KeyboardInterrupt:
+        tx.abort("interrupted")
+        port.write(tx.data_to_send())  # CAN CAN: the receiver drops its partial file
+        raise
     report.seconds = time.monotonic() - t0
     return report
