@@ -64,7 +64,7 @@ def ref_block(number: int, payload: bytes) -> bytes:
 
 # --- the in-process pair -------------------------------------------------------------------------
 
-Fault = Callable[[str, int], int | None]  # (direction, byte) -> byte to deliver, or None to drop
+Fault = Callable[[str, int], bytes | int | None]  # (direction, byte) -> delivered: None = lost
 
 
 @dataclass
@@ -97,8 +97,8 @@ class Pair:
             t += self.byte_time
             self.sent[direction].append(b)
             out = self.fault(direction, b) if self.fault else b
-            if out is not None:
-                self.lines[direction].append((t + self.latency, out))
+            for x in [out] if isinstance(out, int) else (out or b""):
+                self.lines[direction].append((t + self.latency, x))
         self.busy[direction] = t
 
     def _pump(self) -> None:
@@ -608,13 +608,15 @@ def test_lost_data_ack_makes_a_duplicate_that_is_written_once() -> None:
 # --- fault campaign ------------------------------------------------------------------------------
 
 
-def lossy(rnd: random.Random, loss: float, corrupt: float) -> Fault:
-    def fault(direction: str, b: int) -> int | None:
+def lossy(rnd: random.Random, loss: float, corrupt: float, dup: float = 0.0) -> Fault:
+    def fault(direction: str, b: int) -> bytes | int | None:
         r = rnd.random()
         if r < loss:
             return None
         if r < loss + corrupt:
             return b ^ (1 << rnd.randrange(8))
+        if r < loss + corrupt + dup:
+            return bytes([b, b])
         return b
 
     return fault
@@ -628,7 +630,7 @@ def campaign_run(seed: int) -> tuple[str, Pair, dict[str, bytes]]:
     corrupt = rnd.choice([0.0, 0.0001, 0.0003, 0.001])
     p = make_pair(spec, SenderConfig(block_size=rnd.choice([128, 1024])),
                   byte_by_byte=rnd.random() < 0.2)
-    p.fault = lossy(rnd, loss, corrupt)
+    p.fault = lossy(rnd, loss, corrupt, dup=rnd.choice([0.0, 0.0003]))
     p.run(until=5000.0)
     got = p.received()  # asserts: contiguous data, no double commit
     assert p.finished(), f"seed {seed}: hung in {p.tx.state}/{p.rx.state}"
@@ -662,3 +664,41 @@ def test_docs_list_every_transition_of_both_tables() -> None:
         for (state, inp), (target, _) in table.items():
             row = f"| {state.value} | {inp.value} | {target.value} |"
             assert row in doc, f"docs/YMODEM.md lacks {row}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300), st.floats(0, 20)), max_size=30))
+def test_receiver_survives_any_bytes_and_commits_only_after_a_header(
+        chunks: list[tuple[bytes, float]]) -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    now = 0.0
+    evs: list[object] = []
+    for data, dt in chunks:
+        now += dt
+        rx.receive_data(data, now)
+        rx.tick(now)
+        rx.data_to_send()
+        evs += rx.events()
+    started = False
+    for ev in evs:
+        if isinstance(ev, FileStarted):
+            started = True
+        if isinstance(ev, FileData | FileCommitted):
+            assert started
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=20), st.floats(0, 20)), max_size=40))
+def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
+    tx = Sender(files_of({"f": bytes(3000), "g": b""}))
+    tx.start(0.0)
+    now = 0.0
+    for data, dt in chunks:
+        now += dt
+        tx.receive_data(data, now)
+        tx.tick(now)
+        out = tx.data_to_send()
+        assert out == b"" or out[0] in (SOH, STX, EOT, CAN)  # frames, EOT or CAN: nothing else
+    committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
+    assert len(committed) == len({e.name for e in committed})
