@@ -72,12 +72,16 @@ typedef struct {
 /** Window state. Caller-owned; treat the fields as read-only and change them through the API. */
 typedef struct {
     uint32_t highest; /**< highest committed number (meaningless when empty) */
-    bool empty;       /**< nothing committed since init/reset: every number is NEW */
+    uint32_t span;    /**< ::IDL_WINDOW_SIZE once a number is committed, 0 while empty: one compare
+                           `highest - seq < span` is the in-window test and excludes the empty state */
 #if IDL_WINDOW_COUNTERS
     idl_window_counters_t counters; /**< diagnostics (near the start: short offsets on Thumb) */
 #endif
     uint32_t bitmap[IDL_WINDOW_BLOCKS]; /**< the ring: bit (seq mod ring) marks seq as seen */
 } idl_window_t;
+
+/** True while nothing was committed since init/reset (every number is NEW). */
+#define IDL_WINDOW_IS_EMPTY(w) ((w)->span == 0u)
 
 #if IDL_WINDOW_COUNTERS
 /** Commits of NEW or ACCEPT_OLD (numbers accepted). */
@@ -115,9 +119,10 @@ idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
 /**
  * @brief Apply @p seq after its frame passed the integrity check; returns the verdict applied.
  *
- * The verdict is re-derived, so a stale idl_window_check() is harmless. NEW moves the highest and
- * clears the ring blocks passed over (at most the whole ring) before setting the bit; ACCEPT_OLD
- * sets the bit; DUPLICATE and TOO_OLD change nothing but their counter.
+ * The verdict is re-derived from the state as it is now, so a stale idl_window_check() (another
+ * commit or a reset in between) is harmless. NEW moves the highest
+ * and clears the ring blocks passed over (at most the whole ring) before setting the bit;
+ * ACCEPT_OLD sets the bit; DUPLICATE and TOO_OLD change nothing but their counter.
  * @param w   an initialised window.
  * @param seq the frame's sequence number.
  * @return the verdict, as idl_window_check() would have returned it just before the call.

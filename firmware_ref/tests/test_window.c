@@ -120,14 +120,14 @@ static void test_init_reset(void)
     static guarded_t g;
     unsigned i;
     guard_init(&g);
-    expect(g.w.empty, "init leaves the window empty", 0u, 0u);
+    expect(IDL_WINDOW_IS_EMPTY(&g.w), "init leaves the window empty", 0u, 0u);
     for (i = 0; i < IDL_WINDOW_BLOCKS; ++i) {
         expect(g.w.bitmap[i] == 0u, "init clears the bitmap", 0u, i);
     }
     expect(idl_window_commit(&g.w, 7u) == IDL_VERDICT_NEW, "first commit is NEW", 0u, 1u);
     expect(idl_window_commit(&g.w, 7u) == IDL_VERDICT_DUPLICATE, "then DUPLICATE", 0u, 2u);
     idl_window_reset(&g.w);
-    expect(g.w.empty, "reset empties", 0u, 3u);
+    expect(IDL_WINDOW_IS_EMPTY(&g.w), "reset empties", 0u, 3u);
     expect(idl_window_check(&g.w, 7u) == IDL_VERDICT_NEW, "after reset 7 is NEW", 0u, 4u);
     expect(idl_window_check(&g.w, 6u) == IDL_VERDICT_NEW, "after reset 6 is NEW", 0u, 5u);
 #if IDL_WINDOW_COUNTERS
