@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -84,26 +85,48 @@ def sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def run_sb_rb(src: Path, dst: Path) -> float:
+def _exit_time(proc: subprocess.Popen[bytes], out: list[float]) -> threading.Thread:
+    """Record when ``proc`` exits: the receiver has the whole batch then."""
+
+    def wait() -> None:
+        proc.wait()
+        out.append(time.monotonic())
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    return t
+
+
+def run_sb_rb(src: Path, dst: Path) -> tuple[float, float | None]:
+    """Returns (seconds until rb exited with the file, seconds until sb exited or None if sb
+    was still waiting for rb's lost final ACK 15 s later)."""
     line = Line()
     try:
         with open(line.b, "r+b", buffering=0) as tb, open(line.a, "r+b", buffering=0) as ta:
             rb = subprocess.Popen(["rb", "--ymodem", "-y"], stdin=tb, stdout=tb,
                                   stderr=subprocess.DEVNULL, cwd=dst)
             t0 = time.monotonic()
-            sb = subprocess.run(["sb", "--ymodem", "-k", "-t", "100", src.name], stdin=ta,
-                                stdout=ta, stderr=subprocess.DEVNULL, cwd=src.parent, check=False)
-            wall = time.monotonic() - t0
-            rb.wait(30)
-        if sb.returncode != 0 or sha(dst / src.name) != sha(src):
-            raise SystemExit(f"sb -> rb failed (sb exit {sb.returncode})")
-        return wall
+            sb = subprocess.Popen(["sb", "--ymodem", "-k", "-t", "100", src.name], stdin=ta,
+                                  stdout=ta, stderr=subprocess.DEVNULL, cwd=src.parent)
+            rb_done: list[float] = []
+            _exit_time(rb, rb_done).join(600)
+            try:
+                sb.wait(15)
+                sb_wall: float | None = time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                sb.kill()
+                sb.wait()
+                sb_wall = None
+        if rb.returncode != 0 or sha(dst / src.name) != sha(src):
+            raise SystemExit(f"sb -> rb failed (rb exit {rb.returncode})")
+        return rb_done[0] - t0, sb_wall
     finally:
         line.close()
 
 
-def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float]:
-    """Returns (wall until the sender finished, seconds until the file's EOT was ACKed)."""
+def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
+    """Returns (seconds until the receiver exited with the file, seconds until our sender
+    finished)."""
     import serial
 
     from host.ymodem_io import send_files
@@ -123,13 +146,15 @@ def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float]:
                      str(dst), "--no-progress"], stdout=subprocess.DEVNULL)
                 cfg = SenderConfig(turnaround=0.0)
             t0 = time.monotonic()
+            rx_done: list[float] = []
+            waiter = _exit_time(peer, rx_done)
             report = send_files(port, [src], cfg)
-            wall = time.monotonic() - t0
+            tx_wall = time.monotonic() - t0
             port.close()
-            peer.wait(30)
-        if not report.ok or sha(dst / src.name) != sha(src):
+            waiter.join(30)
+        if not report.ok or not rx_done or sha(dst / src.name) != sha(src):
             raise SystemExit(f"ours failed: {report}")
-        return wall, report.files[0].seconds
+        return rx_done[0] - t0, tx_wall
     finally:
         line.close()
 
@@ -157,18 +182,20 @@ def main() -> None:
         src.write_bytes(random.Random(0).randbytes(size))
         rows: list[tuple[str, float]] = []
         runs: list[tuple[str, Callable[[Path], tuple[float, float | None]]]] = [
-            ("lrzsz sb -k -> rb", lambda d: (run_sb_rb(src, d), None)),
+            ("lrzsz sb -k -> rb", lambda d: run_sb_rb(src, d)),
             ("ours -> ours (turnaround 0)", lambda d: run_ours(src, d, to_rb=False)),
             ("ours -> rb (turnaround 5 ms)", lambda d: run_ours(src, d, to_rb=True)),
         ]
+        print("wall = start of the sender until the receiver exited with the whole batch")
         for name, fn in runs:
             if args.skip_rb_ours and "-> rb (" in name:
                 continue
             d = root / f"dst{len(rows)}"
             d.mkdir()
-            wall, data_s = fn(d)
+            wall, tx_s = fn(d)
             rows.append((name, wall))
-            extra = f", file ACKed after {data_s:.2f} s" if data_s is not None else ""
+            extra = ("; sender still waiting for the final ACK after 15 s" if tx_s is None
+                     else f"; sender finished after {tx_s:.2f} s")
             print(f"{name:30s} {wall:7.2f} s  {size / wall / 1000:6.2f} kB/s  "
                   f"{bound / wall:6.1%} of line rate{extra}", flush=True)
         peer = rows[0][1]
