@@ -69,6 +69,11 @@ class SimTransport:
     def reboot(self) -> None:
         self.device.reboot(self._now)
 
+    def set_link(self, link: LinkConfig | None, link_back: LinkConfig | None = None) -> None:
+        """Replace the line (bytes still in flight on the old one are lost with it)."""
+        self.link = Link(link, link_back)
+        self.link.start(self._now)
+
     def schedule_reboot(self, at: float) -> None:
         """Reboot the device at simulated time ``at`` (e.g. while a request is in flight)."""
         self._reboots.append(at)
