@@ -1,4 +1,162 @@
-"""pytest plugin (entry point ``pytest11``): ready simulated idemlink devices for any test suite.
+"""pytest plugin (entry point ``pytest11``): a ready simulated idemlink device for any test suite.
 
-Fixtures are added here as the simulator grows; see the README section "The simulator in your tests".
+Installed with idemlink, so any project's tests can ask for:
+
+- ``idemlink_sim`` — an in-process device on a simulated clock (fast, deterministic): ``.device``
+  (the ``SimulatedDevice``: register core, ``executions`` ground truth, ``core.log`` effects),
+  ``.regmap``, ``.connect() -> host.device.Device``, ``.reboot()``, ``.set_link(LinkConfig)``
+  (a lossy line from now on).
+- ``idemlink_sim_pty`` — the same device served on a pseudo-terminal by a background thread:
+  ``.path`` (open it with any serial tool or ``Device.open(path)``), ``.device``, ``.reboot()``,
+  ``.open() -> Device``. A lossy line is set with ``idemlink_pty_factory(link=LinkConfig(...))``.
+
+Example::
+
+    def test_threshold(idemlink_sim):
+        dev = idemlink_sim.connect()
+        assert dev.write({"threshold": 420}).ok
+        assert idemlink_sim.device.core.value("threshold") == 420
 """
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from device_sim.device import SimulatedDevice
+from device_sim.link import Link, LinkConfig
+from device_sim.simlink import SimTransport
+from protocol.registers import RegisterMap
+
+
+@dataclass(slots=True)
+class InProcessSim:
+    """An in-process simulated device and its simulated line."""
+
+    transport: SimTransport
+
+    @property
+    def device(self) -> SimulatedDevice:
+        return self.transport.device
+
+    @property
+    def regmap(self) -> RegisterMap:
+        return self.transport.device.core.regmap
+
+    def connect(self, **kw: float) -> object:
+        from host.device import Device
+
+        dev = Device(self.transport, **kw)  # type: ignore[arg-type]
+        dev.connect()
+        return dev
+
+    def reboot(self) -> None:
+        self.transport.reboot()
+
+    def set_link(self, link: LinkConfig | None, link_back: LinkConfig | None = None) -> None:
+        self.transport.set_link(link, link_back)
+
+
+class _Locked:
+    """The device shared by the serving thread and the test."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+        self.lock = threading.Lock()
+        self.name = device.name
+
+    @property
+    def epoch(self) -> int:
+        return self.device.epoch
+
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        with self.lock:
+            return self.device.receive_data(data, now)
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            self.device.tick(now)
+
+
+@dataclass(slots=True)
+class PtySim:
+    """A simulated device served on a pseudo-terminal (``path``) by a background thread."""
+
+    path: str
+    device: SimulatedDevice
+    _shared: _Locked
+    _stop: Callable[[], None]
+    opened: list[object] = field(default_factory=list)
+
+    def reboot(self) -> None:
+        import time
+
+        with self._shared.lock:
+            self.device.reboot(time.monotonic())
+
+    def open(self, **kw: float) -> object:
+        from host.device import Device
+
+        dev = Device.open(self.path, **kw)  # type: ignore[arg-type]
+        self.opened.append(dev)
+        return dev
+
+    def close(self) -> None:
+        for dev in self.opened:
+            dev.close()  # type: ignore[attr-defined]
+        self._stop()
+
+
+def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None = None) -> PtySim:
+    """Serve a device on a new pty (optionally behind a lossy real-time line); ``close()`` it."""
+    from device_sim.lossy_transport import LossyTransport
+    from device_sim.pty import open_pty
+    from device_sim.serve import serve
+
+    sim = device if device is not None else SimulatedDevice(seed=0)
+    shared = _Locked(sim)
+    pair = open_pty()
+    transport: object = pair.transport()
+    if link is not None:
+        transport = LossyTransport(pair.transport(), Link(link))
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(shared, transport, stop), daemon=True)
+    thread.start()
+
+    def shutdown() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        pair.close()
+
+    return PtySim(pair.slave_path, sim, shared, shutdown)
+
+
+@pytest.fixture
+def idemlink_sim() -> InProcessSim:
+    """An in-process simulated device on a simulated clock (see the module docstring)."""
+    return InProcessSim(SimTransport(SimulatedDevice(seed=0)))
+
+
+@pytest.fixture
+def idemlink_pty_factory() -> Iterator[Callable[..., PtySim]]:
+    """Start pty-served devices (``factory(link=LinkConfig(...), device=...)``); all are stopped
+    at teardown."""
+    started: list[PtySim] = []
+
+    def factory(link: LinkConfig | None = None, device: SimulatedDevice | None = None) -> PtySim:
+        s = start_pty_sim(device, link)
+        started.append(s)
+        return s
+
+    yield factory
+    for s in started:
+        s.close()
+
+
+@pytest.fixture
+def idemlink_sim_pty(idemlink_pty_factory: Callable[..., PtySim]) -> PtySim:
+    """A simulated device on a pseudo-terminal, stopped at teardown."""
+    return idemlink_pty_factory()

@@ -132,8 +132,10 @@ class CommandKind(Enum):
     TRIGGER_RESET = "trigger_reset"
 
 
-SET_ONLY = {CommandKind.WRITE}
-"""Commands that may be re-issued after a reboot: absolute writes, harmless to repeat."""
+REISSUABLE = {CommandKind.WRITE, CommandKind.READ}
+"""Commands re-issued in a new boot epoch: absolute (set-only) writes and reads, which are harmless
+to repeat. Triggers, fault clears and conditional writes are not: in flight across a reboot they
+end UNKNOWN."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,8 @@ class Command:
 
     @property
     def set_only(self) -> bool:
-        return self.kind in SET_ONLY
+        """Harmless to run again (a read or an absolute write): re-issued after a reboot."""
+        return self.kind in REISSUABLE
 
 
 @dataclass(frozen=True, slots=True)
