@@ -452,3 +452,36 @@ def test_make_fuzz(tmp_path: Path) -> None:
 def test_cppcheck_clean(tmp_path: Path) -> None:
     _need("cppcheck")
     _make("cppcheck", tmp_path)
+
+
+def _fields(line: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in line.split())
+
+
+def test_make_size_meets_the_budget(tmp_path: Path) -> None:
+    """Issue 3's budget on Cortex-M0+ -Os: check + commit <= 160 B of .text; window state <= 136 B
+    (met with the counters compiled out; the four u32 counters add exactly 16 B)."""
+    _need("arm-none-eabi-gcc", "arm-none-eabi-nm")
+    rows = [_fields(ln) for ln in _make("size", tmp_path).splitlines() if ln.startswith("cpu=")]
+    m0 = {r["counters"]: r for r in rows if r["cpu"] == "cortex-m0plus"}
+    assert set(m0) == {"0", "1"}, rows
+    assert int(m0["1"]["text_check_commit"]) <= 160
+    assert int(m0["0"]["text_check_commit"]) <= 160
+    assert int(m0["0"]["ram_state"]) <= 136
+    assert int(m0["1"]["ram_state"]) == int(m0["0"]["ram_state"]) + 16
+
+
+@pytest.mark.slow
+def test_make_bench_meets_the_met_targets(tmp_path: Path) -> None:
+    """The instruction counts README.md quotes (gcc 12 -O2, x86-64): check + commit within the
+    WireGuard figures in order, with duplicates and with jumps; commit alone within all but the
+    shuffled one. Shuffled check + commit is a known miss (see README) and only reported."""
+    _need("valgrind", "gcc")
+    rows = [_fields(ln) for ln in _make("bench", tmp_path, timeout=300).splitlines()
+            if ln.startswith("pattern=")]
+    got = {r["pattern"]: float(r["instr_per_check"]) for r in rows}
+    assert len(got) == 8, rows
+    assert got["inorder"] <= 30 and got["dup10"] <= 29 and got["jumps1"] <= 31
+    assert got["inorder/commit-only"] <= 30 and got["dup10/commit-only"] <= 29
+    assert got["jumps1/commit-only"] <= 31
+    assert got["shuffled"] < 42.7  # the figure before the span field; target 22 not met
