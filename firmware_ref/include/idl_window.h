@@ -120,9 +120,10 @@ idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
  * @brief Apply @p seq after its frame passed the integrity check; returns the verdict applied.
  *
  * The verdict is re-derived from the state as it is now, so a stale idl_window_check() (another
- * commit or a reset in between) is harmless. NEW moves the highest
- * and clears the ring blocks passed over (at most the whole ring) before setting the bit;
- * ACCEPT_OLD sets the bit; DUPLICATE and TOO_OLD change nothing but their counter.
+ * commit or a reset in between) is harmless, and commit alone is the fused check-and-update a
+ * CRC-only device needs per frame. NEW moves the highest and clears the ring blocks passed over
+ * (at most the whole ring) before setting the bit; ACCEPT_OLD sets the bit; DUPLICATE and TOO_OLD
+ * change nothing but their counter.
  * @param w   an initialised window.
  * @param seq the frame's sequence number.
  * @return the verdict, as idl_window_check() would have returned it just before the call.
