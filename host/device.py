@@ -75,12 +75,30 @@ class SerialTransport:
         except (serial.SerialException, ValueError, OSError) as exc:
             raise PortError(f"cannot open {url}: {exc}") from exc
         self.port = port
+        self._fd: int | None = None
+        try:
+            fd = port.fileno()
+            if isinstance(fd, int) and fd >= 0:
+                self._fd = fd
+        except (AttributeError, OSError, NotImplementedError, ValueError):
+            self._fd = None
+        if self._fd is not None:
+            port.timeout = 0  # reads below never block: select() does the waiting
 
     def write(self, data: bytes) -> None:
         self.port.write(data)
 
     def read(self, timeout: float) -> bytes:
         port = self.port
+        if self._fd is not None:
+            # Waiting in select() rather than through port.timeout: pyserial reconfigures the
+            # line (tcsetattr) on every timeout change, which costs more than the exchange.
+            import select
+
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+            if not ready:
+                return b""
+            return bytes(port.read(max(1, port.in_waiting)))
         port.timeout = max(0.0, timeout)
         first = port.read(1)
         if not first:
