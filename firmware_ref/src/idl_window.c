@@ -120,13 +120,14 @@ idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
     const uint32_t back = highest - seq;
     if (back <= IDL_HALF) {
         if (back < w->span) {
-            const uint32_t slot = (seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK;
-            const uint32_t bits = w->bitmap[slot];
-            if (((bits >> (seq & IDL_BIT_MASK)) & 1u) != 0u) {
+            uint32_t *const word = w->bitmap + ((seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK);
+            const uint32_t bits = *word;
+            const uint32_t set = bits | (1u << (seq & IDL_BIT_MASK));
+            if (set == bits) { /* test-and-set in one step (gcc: a single bts) */
                 IDL_COUNT(w, IDL_VERDICT_DUPLICATE);
                 return IDL_VERDICT_DUPLICATE;
             }
-            w->bitmap[slot] = bits | (1u << (seq & IDL_BIT_MASK));
+            *word = set;
             IDL_COUNT(w, IDL_VERDICT_ACCEPT_OLD);
             return IDL_VERDICT_ACCEPT_OLD;
         }
