@@ -8,6 +8,10 @@ runs it in-process behind the link emulator.
 - ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
   replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
   the simulated flash directory when one is given (``config.json``, replaced atomically).
+- ``FILE_RECEIVE`` (0x44, framed only): the device answers ``44 00`` and then hands its port to a
+  YMODEM receiver for one batch (``take_file_receive()`` tells the serving shell, once); files land
+  in ``files_dir`` (``<flash-dir>/files``). Like every command it runs once per sequence number: a
+  retransmitted request gets the replayed answer and does not restart the batch.
 - ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
   number, request PDU, response PDU, simulated time — one record per execution. The register
   core's ``log`` holds every side effect. Tests and the fault-campaign oracle read both.
@@ -24,6 +28,8 @@ from pathlib import Path
 from protocol.contract import contract_hash
 from protocol.device_core import ConfigSnapshot, DeviceCore
 from protocol.device_session import DeviceSession
+from protocol.modbus import FunctionCode, exception_pdu
+from protocol.outcome import ModbusException
 from protocol.registers import DEFAULT_MAP, RegisterMap
 from protocol.replay import DEFAULT_SLOTS
 from protocol.window import RING_BITS
@@ -67,6 +73,8 @@ class SimulatedDevice:
                                config=self._load_flash())
         self.executions: list[Execution] = []
         self.epochs: list[int] = []
+        self._file_receive_requested = False
+        self._files_dir: Path | None = None
         self.session = self._new_session()
         self._generation_saved = self.core.generation
 
@@ -88,6 +96,21 @@ class SimulatedDevice:
         self.core.reset_volatile(now)
         self.session = self._new_session()
 
+    @property
+    def files_dir(self) -> Path:
+        """Where received files go: ``<flash-dir>/files`` (a private temporary dir without one)."""
+        if self._files_dir is None:
+            base = self.flash_dir if self.flash_dir is not None else Path(
+                tempfile.mkdtemp(prefix="idemlink-sim-"))
+            self._files_dir = base / "files"
+            self._files_dir.mkdir(parents=True, exist_ok=True)
+        return self._files_dir
+
+    def take_file_receive(self) -> bool:
+        """True once after a FILE_RECEIVE command ran: the shell must now run a YMODEM batch."""
+        requested, self._file_receive_requested = self._file_receive_requested, False
+        return requested
+
     # ------------------------------------------------------------------ ground truth
     def executions_of(self, epoch: int, seq: int) -> list[Execution]:
         return [e for e in self.executions if e.epoch == epoch and e.seq == seq]
@@ -105,11 +128,20 @@ class SimulatedDevice:
 
     def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
         epoch = self.session.epoch
-        response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
+        if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
+            response = self._file_receive(pdu)
+        else:
+            response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
         self.executions.append(Execution(epoch, seq, pdu, response, now))
         if self.flash_dir is not None and self.core.generation != self._generation_saved:
             self._save_flash()
         return response
+
+    def _file_receive(self, pdu: bytes) -> bytes:
+        if len(pdu) != 1:
+            return exception_pdu(FunctionCode.FILE_RECEIVE, ModbusException.ILLEGAL_DATA_VALUE)
+        self._file_receive_requested = True
+        return bytes([FunctionCode.FILE_RECEIVE, 0])
 
     def _load_flash(self) -> ConfigSnapshot | None:
         if self.flash_dir is None:

@@ -28,6 +28,7 @@ import pytest
 
 from device_sim.device import SimulatedDevice
 from device_sim.link import Link, LinkConfig
+from device_sim.serve import LockedDevice
 from device_sim.simlink import SimTransport
 from protocol.registers import RegisterMap
 
@@ -60,34 +61,13 @@ class InProcessSim:
         self.transport.set_link(link, link_back)
 
 
-class _Locked:
-    """The device shared by the serving thread and the test."""
-
-    def __init__(self, device: SimulatedDevice) -> None:
-        self.device = device
-        self.lock = threading.Lock()
-        self.name = device.name
-
-    @property
-    def epoch(self) -> int:
-        return self.device.epoch
-
-    def receive_data(self, data: bytes, now: float) -> bytes:
-        with self.lock:
-            return self.device.receive_data(data, now)
-
-    def tick(self, now: float) -> None:
-        with self.lock:
-            self.device.tick(now)
-
-
 @dataclass(slots=True)
 class PtySim:
     """A simulated device served on a pseudo-terminal (``path``) by a background thread."""
 
     path: str
     device: SimulatedDevice
-    _shared: _Locked
+    _shared: LockedDevice
     _stop: Callable[[], None]
     opened: list[object] = field(default_factory=list)
 
@@ -117,7 +97,7 @@ def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None
     from device_sim.serve import serve
 
     sim = device if device is not None else SimulatedDevice(seed=0)
-    shared = _Locked(sim)
+    shared = LockedDevice(sim)
     pair = open_pty()
     transport: object = pair.transport()
     if link is not None:

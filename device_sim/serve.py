@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
@@ -47,6 +48,7 @@ class ServeStats:
     bytes_in: int = 0
     bytes_out: int = 0
     ticks: int = 0
+    file_batches: int = 0
 
 
 class PortTransport:
@@ -84,8 +86,22 @@ def open_port(url: str, baudrate: int = 115200) -> PortTransport:
     return PortTransport(port)
 
 
+class Servable(Protocol):
+    """What the serve loop drives: a ``SimulatedDevice`` or a ``LockedDevice`` around one."""
+
+    name: str
+
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def files_dir(self) -> Path: ...
+    def receive_data(self, data: bytes, now: float) -> bytes: ...
+    def tick(self, now: float) -> None: ...
+    def take_file_receive(self) -> bool: ...
+
+
 def serve(
-    device: SimulatedDevice,
+    device: Servable,
     transport: ServeTransport,
     stop: threading.Event,
     *,
@@ -104,11 +120,47 @@ def serve(
             if answer:
                 transport.write(answer)
                 stats.bytes_out += len(answer)
+            if device.take_file_receive():
+                from device_sim.file_receive import receive_batch
+
+                report = receive_batch(device.files_dir, transport, clock, stop)
+                stats.file_batches += 1
+                log.info("YMODEM batch: %s", report)
         else:
             device.tick(now)
             stats.ticks += 1
     log.info("stopped: %d bytes in, %d bytes out", stats.bytes_in, stats.bytes_out)
     return stats
+
+
+class LockedDevice:
+    """A ``SimulatedDevice`` shared between a serving thread and a script or test (demo, pytest
+    plugin): every call the serve loop makes takes ``lock``; hold it to touch ``device``."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+        self.lock = threading.Lock()
+        self.name = device.name
+
+    @property
+    def epoch(self) -> int:
+        return self.device.epoch
+
+    @property
+    def files_dir(self) -> Path:
+        return self.device.files_dir
+
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        with self.lock:
+            return self.device.receive_data(data, now)
+
+    def tick(self, now: float) -> None:
+        with self.lock:
+            self.device.tick(now)
+
+    def take_file_receive(self) -> bool:
+        with self.lock:
+            return self.device.take_file_receive()
 
 
 def install_stop_signals(stop: threading.Event) -> Callable[[], None]:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from protocol.contract import contract_hash
 from protocol.frame import PROTOCOL_VERSION
@@ -42,6 +42,10 @@ from protocol.outcome import (
     Status,
 )
 from protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
+
+if TYPE_CHECKING:
+    from host.ymodem_io import TransferReport
+    from protocol.ymodem import SenderConfig
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +152,7 @@ class CommandKind(Enum):
     CLEAR_FAULTS = "clear_faults"
     TRIGGER = "trigger"
     TRIGGER_RESET = "trigger_reset"
+    FILE_RECEIVE = "file_receive"  #: hand the device's port to a YMODEM receiver for one batch
 
 
 REISSUABLE = {CommandKind.WRITE, CommandKind.READ}
@@ -182,6 +187,8 @@ class Command:
         return TriggerRequest(self.address, 1 if k is CommandKind.TRIGGER else 0)
 
     def pdu(self) -> bytes:
+        if self.kind is CommandKind.FILE_RECEIVE:
+            return bytes([FunctionCode.FILE_RECEIVE])
         return encode_request(self.request())
 
     @property
@@ -463,6 +470,33 @@ class Device:
 
     def trigger_status(self, register: str | int = "self_clean") -> Result:
         return self.read(register)
+
+    def send_files(
+        self,
+        paths: Iterable[str],
+        *,
+        progress: Callable[[str, int, int | None], None] | None = None,
+        config: SenderConfig | None = None,
+    ) -> tuple[Result, TransferReport | None]:
+        """Hand the device's port to YMODEM (FILE_RECEIVE), send ``paths`` as one batch, and
+        return to framed mode. The report is None when the device did not switch.
+
+        If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
+        did switch answers the sender's header, and a completed batch settles the UNKNOWN.
+        """
+        from host.ymodem_io import send_files
+
+        res = self.execute(Command(CommandKind.FILE_RECEIVE, 0))
+        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+            return res, None
+        port = getattr(self.transport, "port", None)
+        if port is None:
+            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+        report = send_files(port, list(paths), config, progress=progress)
+        self.session.resync()
+        if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
+            self.unknown = None  # the receiver answered: the hand-over did happen
+        return res, report
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:

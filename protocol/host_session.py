@@ -175,6 +175,10 @@ class HostSession:
         self._queue.append(_Pending(tag, pdu, set_only))
         self._pump(now)
 
+    def resync(self) -> None:
+        """Forget any partial frame (after the port carried another protocol, e.g. YMODEM)."""
+        self._decoder.reset()
+
     def data_to_send(self) -> bytes:
         out = bytes(self._out)
         self._out.clear()

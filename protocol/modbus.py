@@ -51,6 +51,7 @@ class FunctionCode(IntEnum):
     WRITE_MULTIPLE_REGISTERS = 0x10
     WRITE_IF_GENERATION = 0x41  #: user-defined: conditional write guarded by the generation
     TRIGGER = 0x42  #: user-defined: trigger write answering the TriggerStatus code
+    FILE_RECEIVE = 0x44  #: user-defined (framed only): switch the port to a YMODEM receive batch
 
 
 EXCEPTION_FLAG = 0x80

@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "2b3b05972c99c712"
+#define IDL_CONTRACT_HASH "dc33f796cd276311"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -168,7 +168,8 @@ typedef enum {
     IDL_MB_FC_WRITE_SINGLE_REGISTER = 6,
     IDL_MB_FC_WRITE_MULTIPLE_REGISTERS = 16,
     IDL_MB_FC_WRITE_IF_GENERATION = 65,
-    IDL_MB_FC_TRIGGER = 66
+    IDL_MB_FC_TRIGGER = 66,
+    IDL_MB_FC_FILE_RECEIVE = 68
 } idl_mb_function_t;
 
 /* ---- ymodem ---- */

@@ -19,7 +19,7 @@ from device_sim.device import SimulatedDevice
 from device_sim.link import Link, LinkConfig
 from device_sim.lossy_transport import LossyTransport
 from device_sim.pty import open_pty
-from device_sim.serve import serve
+from device_sim.serve import LockedDevice, serve
 from host.device import Device, Result
 from protocol.outcome import Outcome
 
@@ -35,27 +35,6 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-class _LockedDevice:
-    """The simulated device shared by the serving thread and the demo script."""
-
-    def __init__(self, device: SimulatedDevice) -> None:
-        self.device = device
-        self.lock = threading.Lock()
-        self.name = device.name
-
-    @property
-    def epoch(self) -> int:
-        return self.device.epoch
-
-    def receive_data(self, data: bytes, now: float) -> bytes:
-        with self.lock:
-            return self.device.receive_data(data, now)
-
-    def tick(self, now: float) -> None:
-        with self.lock:
-            self.device.tick(now)
-
-
 def _duplicated_effects(sim: SimulatedDevice) -> int:
     per_key = Counter((e.epoch, e.seq) for e in sim.executions)
     return sum(n - 1 for n in per_key.values() if n > 1)
@@ -63,7 +42,7 @@ def _duplicated_effects(sim: SimulatedDevice) -> int:
 
 def run(args: argparse.Namespace) -> int:
     sim = SimulatedDevice(seed=args.seed, trigger_duration=0.3)
-    shared = _LockedDevice(sim)
+    shared = LockedDevice(sim)
     cfg = LinkConfig(baud=115200, latency=0.001, frame_loss=args.loss, frame_dup=args.dup,
                      frame_corrupt=args.corrupt, seed=args.seed)
     back = LinkConfig(baud=115200, latency=0.001, frame_loss=args.loss, frame_dup=args.dup,

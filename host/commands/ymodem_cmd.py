@@ -1,7 +1,9 @@
 """``idemlink send`` and ``idemlink receive``: YMODEM batch transfers over any pyserial port URL.
 
 ``send --plain`` speaks plain YMODEM to any receiver (lrzsz ``rb``, a bootloader); ``send`` without
-``--plain`` is the framed hand-over to an idemlink device (not wired yet: exit 1).
+``--plain`` is the framed hand-over to an idemlink device: a FILE_RECEIVE command (run once, like
+every command) switches the device's port to a YMODEM receive batch, which returns to framed mode
+at the end of the batch, on abort or on timeout.
 ``receive --dir D`` is a plain YMODEM receiver for any sender (``sb``). Both print one line per
 file and the throughput; exit 0 only when every file arrived and the batch ended.
 """
@@ -87,10 +89,6 @@ def _print_report(report: Any, verb: str) -> None:
 
 
 def run_send(args: argparse.Namespace) -> int:
-    if not args.plain:
-        print("idemlink send: framed hand-over not available yet; use --plain for a plain "
-              "YMODEM receiver", file=sys.stderr)
-        return EXIT_LOCAL_ERROR
     from host.ymodem_io import send_files
     from protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
 
@@ -107,6 +105,8 @@ def run_send(args: argparse.Namespace) -> int:
             build_header(Path(f).name, 0, 0, 0)
         except ValueError as exc:
             raise UserError(str(exc)) from exc
+    if not args.plain:
+        return _send_framed(args, config)
     port = _open(args.port, args.baud)
     bar = _Bar(not args.no_progress)
     try:
@@ -114,6 +114,27 @@ def run_send(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         port.close()
+    _print_report(report, "sent")
+    return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
+
+
+def _send_framed(args: argparse.Namespace, config: Any) -> int:
+    from host.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
+    from host.device import Device
+    from protocol.outcome import IdemlinkError, Outcome
+
+    bar = _Bar(not args.no_progress)
+    try:
+        with Device.open(args.port, baudrate=args.baud) as dev:
+            res, report = dev.send_files(args.files, progress=bar, config=config)
+    except IdemlinkError as exc:
+        raise UserError(str(exc)) from exc
+    finally:
+        bar.close()
+    if report is None:
+        print(f"device did not switch to file receive: {res.describe()}", file=sys.stderr)
+        return {Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED, Outcome.REJECTED: EXIT_REJECTED}.get(
+            res.outcome, EXIT_UNKNOWN)
     _print_report(report, "sent")
     return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
 
