@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from protocol.contract import contract_hash
 from protocol.frame import PROTOCOL_VERSION
@@ -48,6 +48,11 @@ if TYPE_CHECKING:
     from protocol.ymodem import SenderConfig
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Steps = Generator[tuple[bytes, float], bytes, T]
+"""An operation as a generator: yields (bytes to write, seconds to wait for input), is sent the
+bytes that arrived, returns its result."""
 
 
 class Transport(Protocol):
@@ -279,6 +284,10 @@ def _waves(cmds: list[Command]) -> list[list[Command]]:
     return waves
 
 
+RECONCILE_ROUNDS = 3
+"""Read-back attempts of ``reconcile()`` (each with the session's own retries)."""
+
+
 @dataclass(slots=True)
 class DriverStats:
     commands: int = 0
@@ -322,10 +331,13 @@ class Device:
 
     def connect(self) -> None:
         """HELLO handshake; refuses an incompatible device."""
+        self._drive(self._connect_steps())
+
+    def _connect_steps(self) -> Steps[None]:
         s = self.session
         s.open(self.transport.now())
         opened: list[SessionOpened | HelloFailed] = []
-        self._drive(lambda: bool(opened), opened)
+        yield from self._exchange(lambda: bool(opened), opened)
         ev = opened[0]
         if isinstance(ev, HelloFailed):
             raise NoDevice(f"no idemlink device answered: {ev.reason}")
@@ -351,10 +363,15 @@ class Device:
         return self.session.info
 
     # ------------------------------------------------------------------ the one request loop
-    def _drive(self, done: object, sink: list[SessionOpened | HelloFailed] | None = None) -> None:
+    # Every operation is written once, as a generator of I/O requests ("write these bytes, then
+    # wait at most this long for input") over the sans-I/O HostSession. ``_drive`` runs one on
+    # the blocking transport; ``host.aio.AsyncDevice`` runs the very same generators on asyncio.
+
+    def _exchange(
+        self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None
+    ) -> Steps[None]:
         s = self.session
         t = self.transport
-        assert callable(done)
         while True:
             for ev in s.events():
                 if isinstance(ev, Completion):
@@ -363,39 +380,52 @@ class Device:
                     sink.append(ev)
             if done():
                 return
-            out = s.data_to_send()
-            if out:
-                t.write(out)
             now = t.now()
             deadline = s.next_deadline()
             wait = 0.05 if deadline is None else max(0.0, deadline - now)
-            data = t.read(wait)
+            data = yield s.data_to_send(), wait
             now = t.now()
             if data:
                 s.receive_data(data, now)
             s.tick(now)
 
+    def _drive(self, steps: Steps[T]) -> T:
+        """Run an operation on the blocking transport."""
+        t = self.transport
+        try:
+            out, wait = next(steps)
+            while True:
+                if out:
+                    t.write(out)
+                out, wait = steps.send(t.read(wait))
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
         """Send commands pipelined (up to the negotiated depth) and return one Result each, in
         order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
+        return self._drive(self._run_steps(list(commands)))
+
+    def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
         if self.unknown is not None:
             raise UnknownOutstanding(
                 f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
                 "reconcile() and acknowledge_unknown() first")
         results: list[Result] = []
-        for wave in _waves(list(commands)):
-            results += self._run(wave)
+        for wave in _waves(commands):
+            results += yield from self._wave_steps(wave)
         return results
 
-    def _run(self, cmds: list[Command]) -> list[Result]:
+    def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
         now = self.transport.now()
         tags = []
         for c in cmds:
             self._tag += 1
             tags.append(self._tag)
             self.session.submit(c.pdu(), now, set_only=c.set_only, tag=self._tag)
-        self._drive(lambda: all(t in self._results for t in tags))
+        yield from self._exchange(lambda: all(t in self._results for t in tags))
         results = []
         for c, t in zip(cmds, tags, strict=True):
             comp = self._results.pop(t)
@@ -506,31 +536,46 @@ class Device:
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         """Read back the state an UNKNOWN command (default: the blocking one) touched and say
         whether the state it intended holds. Allowed while the handle is blocked."""
+        return self._drive(self._reconcile_steps(result))
+
+    def _reconcile_steps(self, result: Result | None) -> Steps[Reconciliation | None]:
         r = result if result is not None else self.unknown
         if r is None:
             return None
         c = r.command
+        if c.kind is CommandKind.FILE_RECEIVE:
+            return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
         span = max(c.count, len(c.values), 1)
-        back = self._run([Command(CommandKind.READ, c.address, span),
-                          Command(CommandKind.READ, self.regmap.generation.address, 1)])
-        if any(b.outcome is not Outcome.OK for b in back):
-            return Reconciliation(c, {}, None, "read-back failed; still unknown")
-        observed = {self.spec(c.address + i).name: v for i, v in enumerate(back[0].values)}
-        observed["generation"] = back[1].values[0]
-        holds: bool | None
-        if c.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
-            holds = tuple(back[0].values) == c.values
-            summary = ("the registers hold the intended values" if holds
-                       else "the registers do not hold the intended values")
-        elif c.kind is CommandKind.CLEAR_FAULTS:
-            holds = back[0].values[0] & c.values[0] == 0
-            summary = "the bits are clear" if holds else "some bits are still latched"
-        elif c.kind is CommandKind.TRIGGER:
-            holds = back[0].values[0] != TriggerState.IDLE
-            summary = f"trigger state {back[0].values[0]:#06x}"
-        elif c.kind is CommandKind.TRIGGER_RESET:
-            holds = back[0].values[0] == TriggerState.IDLE
-            summary = f"trigger state {back[0].values[0]:#06x}"
-        else:
-            holds, summary = True, "a read has no effect to reconcile"
-        return Reconciliation(c, observed, holds, summary)
+        reads = [Command(CommandKind.READ, c.address, span),
+                 Command(CommandKind.READ, self.regmap.generation.address, 1)]
+        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
+            back = yield from self._wave_steps(reads)
+            if all(b.outcome is Outcome.OK for b in back):
+                return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
+        return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _judge_read_back(
+    c: Command, values: tuple[int, ...], generation: int,
+    spec: Callable[[int], RegisterSpec],
+) -> Reconciliation:
+    """Does the state a command intended hold, given what was read back?"""
+    observed = {spec(c.address + i).name: v for i, v in enumerate(values)}
+    observed["generation"] = generation
+    holds: bool | None
+    if c.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
+        holds = tuple(values) == c.values
+        summary = ("the registers hold the intended values" if holds
+                   else "the registers do not hold the intended values")
+    elif c.kind is CommandKind.CLEAR_FAULTS:
+        holds = values[0] & c.values[0] == 0
+        summary = "the bits are clear" if holds else "some bits are still latched"
+    elif c.kind is CommandKind.TRIGGER:
+        holds = values[0] != TriggerState.IDLE
+        summary = f"trigger state {values[0]:#06x}"
+    elif c.kind is CommandKind.TRIGGER_RESET:
+        holds = values[0] == TriggerState.IDLE
+        summary = f"trigger state {values[0]:#06x}"
+    else:
+        holds, summary = True, "a read has no effect to reconcile"
+    return Reconciliation(c, observed, holds, summary)
