@@ -56,19 +56,18 @@ def decode(enc: bytes | bytearray | memoryview) -> bytes | None:
 
 
 def decode_segment(enc: bytes) -> bytes | None:
-    """``decode`` for a block already split on 0x00 (so it holds no zero): the decoder's hot path."""
+    """``decode`` for a block already split on 0x00 (so it holds no zero): the decoder's hot path.
+
+    Runs shorter than 254 bytes (every small frame) are joined with the implied zeros in one call.
+    """
     n = len(enc)
-    if n and enc[0] == n:  # one run, no embedded zero: the common short frame
-        return enc[1:]
-    out = bytearray()
+    parts = []
     i = 0
     while i < n:
         code = enc[i]
         j = i + code
-        if j > n:
-            return None
-        out += enc[i + 1 : j]
+        if code == 0xFF or j > n:
+            return None if j > n else decode(enc)
+        parts.append(enc[i + 1 : j])
         i = j
-        if code != 0xFF and i < n:
-            out.append(0)
-    return bytes(out)
+    return b"\x00".join(parts)

@@ -193,6 +193,7 @@ def build_raw(
 
 
 _TYPES: dict[int, FrameType] = {int(t): t for t in FrameType}
+_UNKNOWN_FLAGS = 0xFF & ~int(KNOWN_FLAGS)
 _FLAGS: dict[int, Flags] = {v: Flags(v) for v in range(256) if not v & ~KNOWN_FLAGS}
 
 
@@ -206,7 +207,7 @@ def parse_raw(raw: bytes) -> Frame | DecodeError:
     version, ftype, flags, epoch, seq, length = _HEADER_STRUCT.unpack_from(raw)
     if version != PROTOCOL_VERSION:
         return DecodeError(DecodeErrorKind.UNKNOWN_VERSION, f"version {version}")
-    if flags & ~KNOWN_FLAGS:
+    if flags & _UNKNOWN_FLAGS:
         return DecodeError(DecodeErrorKind.UNKNOWN_FLAGS, f"flags 0x{flags:02X}")
     if HEADER_LEN + length + CRC_LEN != n:
         return DecodeError(
@@ -248,36 +249,35 @@ class FrameDecoder:
         self._discarding = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame | DecodeError]:
-        out: list[Frame | DecodeError] = []
         if not isinstance(data, bytes):
             data = bytes(data)
-        start = 0
-        n = len(data)
-        while start < n:
-            end = data.find(b"\x00", start)
-            if end < 0:
-                self._accumulate(data, start, n, out)
-                break
-            if self._discarding:
-                self._discarding = False
-            else:
-                if self._buf:
-                    self._buf += data[start:end]
-                    segment = bytes(self._buf)
-                    self._buf.clear()
-                else:
-                    segment = data[start:end]
-                if segment:
-                    out.append(self._decode_segment(segment))
-            start = end + 1
+        parts = data.split(b"\x00")
+        last = len(parts) - 1
+        out: list[Frame | DecodeError] = []
+        if last == 0:  # no delimiter in this chunk: it continues the current segment
+            self._accumulate(data, out)
+            return out
+        first = parts[0]
+        if self._discarding:
+            self._discarding = False
+        elif self._buf:
+            self._buf += first
+            out.append(self._decode_segment(bytes(self._buf)))
+            self._buf.clear()
+        elif first:
+            out.append(self._decode_segment(first))
+        for i in range(1, last):
+            segment = parts[i]
+            if segment:
+                out.append(self._decode_segment(segment))
+        if parts[last]:
+            self._accumulate(parts[last], out)
         return out
 
-    def _accumulate(
-        self, data: bytes, start: int, end: int, out: list[Frame | DecodeError]
-    ) -> None:
+    def _accumulate(self, chunk: bytes, out: list[Frame | DecodeError]) -> None:
         if self._discarding:
             return
-        if len(self._buf) + (end - start) > MAX_ENCODED:
+        if len(self._buf) + len(chunk) > MAX_ENCODED:
             self._buf.clear()
             self._discarding = True
             self.counters[DecodeErrorKind.OVERSIZE.name] += 1
@@ -285,7 +285,7 @@ class FrameDecoder:
                 DecodeError(DecodeErrorKind.OVERSIZE, f"no delimiter within {MAX_ENCODED} bytes")
             )
             return
-        self._buf += data[start:end]
+        self._buf += chunk
 
     def _decode_segment(self, segment: bytes) -> Frame | DecodeError:
         if len(segment) > MAX_ENCODED:
