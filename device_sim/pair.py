@@ -70,7 +70,8 @@ class SimEndpoint:
         self.bytes_written = 0
         self.bytes_read = 0
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
+        """Move what has arrived by now into this endpoint's input buffer."""
         now = self._pair.clock.now
         self._pair.poll_reboots()
         self._rx += self._in.poll(now)
@@ -87,7 +88,7 @@ class SimEndpoint:
         """At most ``n`` bytes that have arrived by now (possibly none)."""
         if n < 0:
             raise ValueError(f"read size must be >= 0, got {n}")
-        self._pump()
+        self.pump()
         out = bytes(self._rx[:n])
         del self._rx[:n]
         self.bytes_read += len(out)
@@ -95,7 +96,7 @@ class SimEndpoint:
 
     def read_available(self) -> bytes:
         """Every byte that has arrived by now."""
-        self._pump()
+        self.pump()
         out = bytes(self._rx)
         self._rx.clear()
         self.bytes_read += len(out)
@@ -103,12 +104,12 @@ class SimEndpoint:
 
     @property
     def in_waiting(self) -> int:
-        self._pump()
+        self.pump()
         return len(self._rx)
 
     def reset_input_buffer(self) -> None:
         """Discard what has arrived (bytes still on the line keep coming)."""
-        self._pump()
+        self.pump()
         self._rx.clear()
 
     def next_arrival_time(self) -> float | None:
@@ -145,13 +146,20 @@ class SimPair:
         """The earliest pending delivery or reboot, or None when the line is idle."""
         return self.link.next_event_time()
 
+    def _collect(self) -> list[RebootEvent]:
+        events = self.poll_reboots()
+        self.a.pump()
+        self.b.pump()
+        return events
+
     def advance_to(self, t: float) -> list[RebootEvent]:
+        """Move the clock to ``t``: due reboots are returned, due bytes land in the endpoints."""
         self.clock.advance_to(t)
-        return self.poll_reboots()
+        return self._collect()
 
     def advance(self, dt: float) -> list[RebootEvent]:
         self.clock.advance(dt)
-        return self.poll_reboots()
+        return self._collect()
 
     def step(self, limit: float | None = None) -> float | None:
         """Jump to the next event (not past ``limit``); returns the new time, or None if there

@@ -1,0 +1,411 @@
+"""The link emulator: properties of the sans-I/O core, the simulated pair, the faulty:// URL
+handler and the real-time pty proxy (pacing measured against a monotonic clock)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from device_sim.link import (
+    PARAM_NAMES,
+    Link,
+    LinkConfig,
+    LinkConfigError,
+    LinkDirection,
+    RebootEvent,
+    config_from_params,
+)
+from device_sim.pair import SimClock, SimClockError, SimPair
+from protocol import cobs
+
+BAUDS = st.sampled_from([None, 1200, 9600, 115200, 1_000_000])
+LATENCIES = st.sampled_from([0.0, 0.0005, 0.002, 0.010])
+# (gap before the write in seconds, bytes written)
+WRITES = st.lists(
+    st.tuples(st.floats(0.0, 0.02, allow_nan=False), st.binary(min_size=0, max_size=64)),
+    min_size=1,
+    max_size=20,
+)
+
+
+def drive(
+    d: LinkDirection, writes: list[tuple[float, bytes]], end: float = math.inf
+) -> tuple[list[float], list[tuple[float, int]]]:
+    """Send ``writes`` (gap, data) and walk the delivery events in time order.
+
+    Returns the send time of every byte and (delivery time, byte) for every delivered byte. The
+    delivery time is the earliest poll time that returned the byte: the walk polls at every
+    ``next_event_time`` and also checks that polling just before it returns nothing.
+    """
+    t = 0.0
+    sent_at: list[float] = []
+    got: list[tuple[float, int]] = []
+
+    last = 0.0  # the latest time handed to the link (its clock never runs back)
+
+    def drain(until: float) -> None:
+        nonlocal last
+        while True:
+            nxt = d.next_event_time()
+            if nxt is None or nxt > until:
+                return
+            before = math.nextafter(nxt, -math.inf)
+            if before >= last:
+                assert d.poll(before) == b"", "delivered before next_event_time said"
+            got.extend((nxt, b) for b in d.poll(nxt))
+            last = max(last, nxt)
+
+    for gap, data in writes:
+        t += gap
+        drain(t)
+        d.send(data, t)
+        last = max(last, t)
+        sent_at.extend([t] * len(data))
+    drain(end)
+    return sent_at, got
+
+
+def frames_of(payloads: list[bytes]) -> list[bytes]:
+    return [b"\x00" + cobs.encode(p) + b"\x00" for p in payloads]
+
+
+def segments(stream: bytes) -> list[bytes]:
+    return [s for s in stream.split(b"\x00") if s]
+
+
+def unique_payloads(draw_bytes: list[bytes]) -> list[bytes]:
+    # An index prefix makes every frame distinct, so positions can be followed.
+    return [i.to_bytes(2, "big") + p for i, p in enumerate(draw_bytes)]
+
+
+# -- the faultless line --------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(writes=WRITES, baud=BAUDS, latency=LATENCIES)
+def test_faultless_line_is_exact_paced_and_late_by_latency(
+    writes: list[tuple[float, bytes]], baud: int | None, latency: float
+) -> None:
+    d = LinkDirection(LinkConfig(baud=baud, latency=latency, seed=1))
+    sent_at, got = drive(d, writes)
+    sent = b"".join(data for _, data in writes)
+    assert bytes(b for _, b in got) == sent
+    byte_time = 0.0 if baud is None else 10.0 / baud
+    eps = 1e-9
+    end_prev = -math.inf  # the stop bit of the previous byte, per the 8N1 model
+    for k, (t, _) in enumerate(got):
+        # never before the byte could have been clocked out and travelled
+        assert t >= sent_at[k] + byte_time + latency - eps
+        if k:
+            assert t - got[k - 1][0] >= byte_time - eps  # at most one byte per 10 bit times
+        # and not later than the line allows: back to back once it is busy
+        end = max(sent_at[k], end_prev) + byte_time
+        assert t <= end + latency + eps
+        end_prev = end
+    assert d.stats.bytes_delivered == len(sent) and d.stats.faults == 0
+
+
+def test_throughput_of_a_busy_line_is_the_baud_rate() -> None:
+    d = LinkDirection(LinkConfig(baud=115200, latency=0.002))
+    d.send(bytes(11520), 0.0)
+    half = len(d.poll(0.002 + 0.5))
+    assert abs(half - 5760) <= 1
+    assert half + len(d.poll(0.002 + 1.0 - 1e-5)) == 11519 and d.in_flight == 1
+    assert len(d.poll(0.002 + 1.0 + 1e-5)) == 1
+
+
+def test_full_duplex_directions_do_not_share_the_line() -> None:
+    link = Link(LinkConfig(baud=9600))
+    link.a_to_b.send(bytes(96), 0.0)
+    link.b_to_a.send(bytes(96), 0.0)
+    # 96 bytes at 9600 baud take 0.1 s in each direction, at the same time
+    assert len(link.a_to_b.poll(0.1 + 1e-9)) == 96
+    assert len(link.b_to_a.poll(0.1 + 1e-9)) == 96
+
+
+# -- reproducibility -----------------------------------------------------------------------------
+
+FAULTY = LinkConfig(
+    loss=0.05, dup=0.05, corrupt=0.05, frame_loss=0.1, frame_dup=0.1, frame_corrupt=0.1,
+    reorder=0.1, noise_rate=50.0, baud=115200, latency=0.001, seed=0,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**32), payloads=st.lists(st.binary(max_size=40), max_size=30),
+       cuts=st.lists(st.integers(0, 2000), max_size=10))
+def test_same_seed_same_faults_whatever_the_chunking(
+    seed: int, payloads: list[bytes], cuts: list[int]
+) -> None:
+    from dataclasses import replace
+
+    cfg = replace(FAULTY, seed=seed, noise_rate=0.0, baud=None)
+    stream = b"".join(frames_of(payloads))
+    one = LinkDirection(cfg)
+    one.send(stream, 0.0)
+    two = LinkDirection(cfg)
+    edges = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
+    for lo, hi in itertools.pairwise(edges):
+        two.send(stream[lo:hi], 0.0)
+    assert one.poll(1.0) == two.poll(1.0)
+    assert one.stats == two.stats
+
+
+def test_same_seed_same_run_including_noise_and_timing() -> None:
+    def run(seed: int) -> tuple[list[tuple[float, int]], dict[str, int]]:
+        from dataclasses import replace
+
+        d = LinkDirection(replace(FAULTY, seed=seed))
+        rng = random.Random(99)
+        writes = [(rng.random() * 0.01, rng.randbytes(rng.randrange(60))) for _ in range(200)]
+        return drive(d, writes, end=3.0)[1], d.stats.as_dict()
+
+    a, b, c = run(7), run(7), run(8)
+    assert a == b
+    assert a != c
+    assert a[1]["noise_bursts"] > 0 and a[1]["frames_seen"] > 0
+
+
+# -- byte faults ---------------------------------------------------------------------------------
+
+
+def within(observed: int, n: int, p: float, sigmas: float = 5.0) -> bool:
+    sd = math.sqrt(n * p * (1 - p))
+    return abs(observed - n * p) <= sigmas * sd + 1
+
+
+@settings(max_examples=15, deadline=None)
+@given(p=st.floats(0.005, 0.5), seed=st.integers(0, 2**32))
+def test_byte_loss_rate_is_near_the_configured_probability(p: float, seed: int) -> None:
+    n = 20_000
+    d = LinkDirection(LinkConfig(loss=p, seed=seed))
+    d.send(bytes(range(256)) * (n // 256) + bytes(n % 256), 0.0)
+    out = d.poll(0.0)
+    lost = n - len(out)
+    assert within(lost, n, p)
+    assert d.stats.bytes_lost == lost
+
+
+@settings(max_examples=15, deadline=None)
+@given(p=st.floats(0.005, 0.5), seed=st.integers(0, 2**32))
+def test_corruption_flips_exactly_one_bit(p: float, seed: int) -> None:
+    n = 10_000
+    data = random.Random(seed).randbytes(n)
+    d = LinkDirection(LinkConfig(corrupt=p, seed=seed))
+    d.send(data, 0.0)
+    out = d.poll(0.0)
+    assert len(out) == n
+    flips = [bin(x ^ y).count("1") for x, y in zip(data, out, strict=True)]
+    assert set(flips) <= {0, 1}
+    assert within(sum(flips), n, p)
+    assert d.stats.bytes_corrupted == sum(flips)
+
+
+@settings(max_examples=15, deadline=None)
+@given(p=st.floats(0.005, 0.5), seed=st.integers(0, 2**32))
+def test_duplication_repeats_a_byte_right_after_itself(p: float, seed: int) -> None:
+    n = 10_000
+    data = bytes((i % 255) + 1 for i in range(n))  # no two neighbours equal
+    d = LinkDirection(LinkConfig(dup=p, seed=seed))
+    d.send(data, 0.0)
+    out = d.poll(0.0)
+    dups = len(out) - n
+    assert bytes(k for k, _ in itertools.groupby(out)) == data
+    assert within(dups, n, p)
+    assert d.stats.bytes_duplicated == dups
+
+
+def test_noise_adds_random_bursts_at_the_configured_rate() -> None:
+    d = LinkDirection(LinkConfig(noise_rate=100.0, noise_max_len=4, seed=3))
+    d.start(0.0)
+    out = d.poll(10.0)
+    bursts = d.stats.noise_bursts
+    assert abs(bursts - 1000) < 5 * math.sqrt(1000)
+    assert d.stats.noise_bytes == len(out)
+    assert 1.0 * bursts <= len(out) <= 4 * bursts
+    assert d.next_event_time() is not None  # a noisy line is never idle
+
+
+# -- frame faults --------------------------------------------------------------------------------
+
+PAYLOADS = st.lists(st.binary(max_size=30), min_size=1, max_size=60).map(unique_payloads)
+
+
+@settings(max_examples=100, deadline=None)
+@given(payloads=PAYLOADS, p=st.floats(0.0, 1.0), seed=st.integers(0, 2**32))
+def test_frame_loss_drops_whole_frames_only(payloads: list[bytes], p: float, seed: int) -> None:
+    d = LinkDirection(LinkConfig(frame_loss=p, seed=seed, baud=115200))
+    for f in frames_of(payloads):
+        d.send(f, 0.0)
+    got = segments(d.poll(10.0))
+    sent = [cobs.encode(x) for x in payloads]
+    it = iter(sent)
+    assert all(any(g == s for s in it) for g in got), "not an in-order subsequence of frames"
+    assert d.stats.frames_seen == (len(sent) if p > 0 else 0)  # frame mode only when enabled
+    assert d.stats.frames_lost == len(sent) - len(got)
+
+
+@settings(max_examples=100, deadline=None)
+@given(payloads=PAYLOADS, p=st.floats(0.0, 1.0), seed=st.integers(0, 2**32))
+def test_reorder_only_swaps_whole_neighbouring_frames(
+    payloads: list[bytes], p: float, seed: int
+) -> None:
+    d = LinkDirection(LinkConfig(reorder=p, seed=seed))
+    for f in frames_of(payloads):
+        d.send(f, 0.0)
+    got = segments(d.poll(0.0))
+    sent = [cobs.encode(x) for x in payloads]
+    held = d.in_flight  # the last frame may still be held, waiting for a successor
+    assert Counter(got) <= Counter(sent)
+    assert len(got) == len(sent) - (1 if held else 0)
+    for i, g in enumerate(got):
+        assert g in sent[max(0, i - 1) : i + 2], "a frame moved further than one place"
+    swapped = sum(1 for a, b in zip(got, sent, strict=False) if a != b)
+    assert swapped <= 2 * d.stats.frames_reordered
+
+
+def test_held_frame_is_released_after_max_hold() -> None:
+    d = LinkDirection(LinkConfig(reorder=1.0, reorder_max_hold=0.05, seed=1))
+    d.send(b"\x00\x02A\x00", 0.0)
+    assert d.poll(0.049) == b"\x00" and d.next_event_time() == pytest.approx(0.05)
+    assert d.poll(0.05) == b"\x02A\x00"
+
+
+@settings(max_examples=50, deadline=None)
+@given(payloads=PAYLOADS, p=st.floats(0.0, 1.0), seed=st.integers(0, 2**32))
+def test_frame_dup_and_corrupt_keep_frame_boundaries(
+    payloads: list[bytes], p: float, seed: int
+) -> None:
+    d = LinkDirection(LinkConfig(frame_dup=p, frame_corrupt=p, seed=seed))
+    for f in frames_of(payloads):
+        d.send(f, 0.0)
+    got = [g for g in d.poll(0.0).split(b"\x00")]
+    sent = [cobs.encode(x) for x in payloads]
+    # a corrupted frame may have gained a 0x00 (splitting it); otherwise frames stay whole
+    corrupted = d.stats.frames_corrupted
+    whole = [g for g in got if g]
+    intact = sum(1 for g in whole if g in sent)
+    assert len(whole) >= len(sent) + d.stats.frames_duplicated - corrupted * 2
+    assert intact >= len(sent) - corrupted
+    assert d.stats.frames_seen == (len(sent) if p > 0 else 0)
+
+
+def test_frame_mode_waits_for_the_delimiter() -> None:
+    d = LinkDirection(LinkConfig(frame_dup=1.0))
+    d.send(b"\x00\x03ab", 0.0)
+    assert d.poll(1.0) == b"\x00" and d.in_flight == 3
+    d.send(b"\x00", 2.0)
+    assert d.poll(2.0) == b"\x03ab\x00\x03ab\x00"
+
+
+# -- reboots, config -----------------------------------------------------------------------------
+
+
+def test_fixed_and_random_reboots_are_scheduled_and_reproducible() -> None:
+    seen: list[RebootEvent] = []
+    cfg = LinkConfig(reboot_at=(2.5, 0.5), reboot_every=1.0, seed=5)
+    link = Link(cfg, on_reboot=seen.append)
+    link.start(0.0)
+    events = []
+    while (t := link.next_event_time()) is not None and t < 1000.0:
+        events += link.poll_reboots(t)
+    assert seen == events
+    assert [e.index for e in events] == list(range(len(events)))
+    times = [e.time for e in events]
+    assert times == sorted(times) and 0.5 in times and 2.5 in times
+    assert abs(len(times) - 2 - 1000) < 5 * math.sqrt(1000)
+    again = Link(cfg)
+    again.start(0.0)
+    assert again.poll_reboots(1000.0) == [e for e in events if e.time <= 1000.0]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"loss": 1.5}, {"dup": -0.1}, {"baud": 0}, {"baud": True}, {"latency": -1.0},
+        {"latency": math.inf}, {"noise_rate": -1.0}, {"noise_max_len": 0}, {"delimiter": 256},
+        {"reboot_every": 0.0}, {"reorder_max_hold": 0.0}, {"reorder": math.nan},
+    ],
+)
+def test_bad_config_is_a_typed_error(kwargs: dict[str, object]) -> None:
+    with pytest.raises(LinkConfigError):
+        LinkConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_params_by_name() -> None:
+    cfg = config_from_params({"loss": "0.1", "latency_ms": "2", "baud": "115200", "seed": "9"})
+    assert (cfg.loss, cfg.latency, cfg.baud, cfg.seed) == (0.1, 0.002, 115200, 9)
+    with pytest.raises(LinkConfigError, match="unknown link parameter 'los'"):
+        config_from_params({"los": "0.1"})
+    with pytest.raises(LinkConfigError, match="loss"):
+        config_from_params({"loss": "lots"})
+    with pytest.raises(LinkConfigError, match="loss"):
+        config_from_params({"loss": "2"})
+    assert {"loss", "dup", "corrupt", "seed", "latency_ms", "baud"} <= PARAM_NAMES
+
+
+@given(
+    st.builds(
+        LinkConfig,
+        baud=BAUDS, latency=st.sampled_from([0.0, 0.002, 0.0125]),
+        loss=st.sampled_from([0.0, 0.1, 0.25]), frame_dup=st.sampled_from([0.0, 0.5]),
+        reorder_max_hold=st.sampled_from([None, 0.02]), reboot_at=st.sampled_from([(), (1.5, 3.0)]),
+        reboot_every=st.sampled_from([None, 2.5]), delimiter=st.integers(0, 255),
+        seed=st.integers(0, 2**40),
+    )
+)
+def test_params_round_trip(cfg: LinkConfig) -> None:
+    assert config_from_params(cfg.to_params()) == cfg
+
+
+# -- the simulated pair --------------------------------------------------------------------------
+
+
+def test_sim_pair_delivers_on_the_simulated_clock() -> None:
+    pair = SimPair(Link(LinkConfig(baud=115200, latency=0.002)))
+    assert pair.a.write(b"ping") == 4
+    assert pair.b.in_waiting == 0 and pair.b.read(10) == b""
+    t = pair.step()
+    assert t is not None and pair.b.read(10) == b"p"
+    while pair.step() is not None:
+        pass
+    assert pair.b.read_available() == b"ing"
+    assert pair.clock.now == pytest.approx(4 * 10 / 115200 + 0.002)
+    pair.b.write(b"pong")
+    pair.advance(1.0)
+    assert pair.a.read(2) == b"po" and pair.a.in_waiting == 2
+    pair.a.reset_input_buffer()
+    assert pair.a.in_waiting == 0
+
+
+def test_sim_pair_reports_reboots_before_reads() -> None:
+    order: list[str] = []
+    pair = SimPair(
+        Link(LinkConfig(reboot_at=(1.0,), latency=2.0)),
+        on_reboot=lambda e: order.append(f"reboot@{e.time}"),
+    )
+    pair.a.write(b"x")
+    assert pair.step() == 1.0 and order == ["reboot@1.0"]
+    assert pair.step() == 2.0 and pair.b.read() == b"x"
+    assert pair.step(limit=5.0) is None and pair.clock.now == 5.0
+
+
+def test_sim_clock_never_runs_backwards() -> None:
+    clock = SimClock(1.0)
+    with pytest.raises(SimClockError):
+        clock.advance_to(0.5)
+    with pytest.raises(SimClockError):
+        clock.advance(-1.0)
+    assert clock.advance(0.5) == clock() == 1.5
+
+
+def test_unpaced_pair_is_a_plain_wire() -> None:
+    pair = SimPair()
+    pair.a.write(b"abc")
+    assert pair.b.read(3) == b"abc"
