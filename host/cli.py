@@ -66,4 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # Run through the importable module, not this __main__ copy: the command modules raise
+    # host.cli.UserError, which must be the class ``main`` catches.
+    from host.cli import main as _main
+
+    sys.exit(_main())
