@@ -12,4 +12,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "host.commands.sim_cmd",
     "host.commands.regmap_cmd",
     "host.commands.device_cmds",
+    "host.commands.link_cmd",
 )
