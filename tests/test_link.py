@@ -4,14 +4,26 @@ handler and the real-time pty proxy (pacing measured against a monotonic clock).
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
 import random
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import tty
 from collections import Counter
+from pathlib import Path
 
 import pytest
+import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import device_sim.urlhandler
 from device_sim.link import (
     PARAM_NAMES,
     Link,
@@ -21,6 +33,7 @@ from device_sim.link import (
     RebootEvent,
     config_from_params,
 )
+from device_sim.link_proxy import LinkProxy
 from device_sim.pair import SimClock, SimClockError, SimPair
 from protocol import cobs
 
@@ -409,3 +422,198 @@ def test_unpaced_pair_is_a_plain_wire() -> None:
     pair = SimPair()
     pair.a.write(b"abc")
     assert pair.b.read(3) == b"abc"
+
+
+# -- faulty:// URL handler ------------------------------------------------------------------------
+
+
+def read_exactly(port: serial.SerialBase, n: int, deadline: float) -> bytes:
+    out = b""
+    while len(out) < n and time.monotonic() < deadline:
+        out += port.read(n - len(out))
+    return out
+
+
+def test_faulty_url_round_trip_through_loop_is_exact_and_paced() -> None:
+    device_sim.urlhandler.register()
+    port = serial.serial_for_url("faulty://loop://?baud=115200&latency_ms=2", timeout=0.5)
+    try:
+        data = bytes(range(256)) * 2
+        t0 = time.monotonic()
+        port.write(data)
+        got = read_exactly(port, len(data), t0 + 5.0)
+        elapsed = time.monotonic() - t0
+    finally:
+        port.close()
+    assert got == data
+    # a->b paces 512 bytes (44.4 ms), b->a follows back to back, plus 2 ms each way
+    floor = len(data) * 10 / 115200 + 2 * 0.002
+    assert floor <= elapsed < floor + 0.05
+
+
+def test_faulty_url_counts_every_lost_byte() -> None:
+    port = serial.serial_for_url("faulty://loop://?loss=0.2&seed=4", timeout=0.2)
+    try:
+        port.write(bytes(5000))
+        got = read_exactly(port, 5000, time.monotonic() + 0.3)
+        stats = port.link.stats()  # type: ignore[attr-defined]
+    finally:
+        port.close()
+    lost = stats["a_to_b"]["bytes_lost"] + stats["b_to_a"]["bytes_lost"]
+    assert len(got) == 5000 - lost
+    assert within(stats["a_to_b"]["bytes_lost"], 5000, 0.2)
+
+
+def test_faulty_url_options_and_errors() -> None:
+    from device_sim.urlhandler.protocol_faulty import split_url
+
+    assert split_url("faulty://loop://?loss=0.1&seed=2") == ("loop://", {"loss": "0.1", "seed": "2"})
+    assert split_url("faulty://socket://h:1?logging=debug&loss=0.1") == (
+        "socket://h:1?logging=debug",
+        {"loss": "0.1"},
+    )
+    assert split_url("faulty:///dev/ttyUSB0") == ("/dev/ttyUSB0", {})
+    with pytest.raises(serial.SerialException, match="loss"):
+        serial.serial_for_url("faulty://loop://?loss=7")
+    port = serial.serial_for_url("faulty://loop://?logging=warning&seed=3")
+    try:
+        assert port.inner_url == "loop://?logging=warning"  # type: ignore[attr-defined]
+        assert port.link.config.seed == 3  # type: ignore[attr-defined]
+    finally:
+        port.close()
+
+
+# -- the real-time pty proxy ----------------------------------------------------------------------
+
+
+def _have_pty() -> bool:
+    try:
+        m, s = os.openpty()
+    except (AttributeError, OSError):
+        return False
+    os.close(m)
+    os.close(s)
+    return True
+
+
+needs_pty = pytest.mark.skipif(not _have_pty(), reason="no pseudo-terminals here")
+
+
+def open_raw(path: str) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    tty.setraw(fd)
+    return fd
+
+
+def read_until(fd: int, n: int, deadline: float) -> list[tuple[float, int]]:
+    """(arrival time, byte count) of each read, until ``n`` bytes or the deadline."""
+    got: list[tuple[float, int]] = []
+    total = 0
+    while total < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([fd], [], [], left)
+        if ready:
+            chunk = os.read(fd, 4096)
+            got.append((time.monotonic(), len(chunk)))
+            total += len(chunk)
+    return got
+
+
+@needs_pty
+def test_pty_proxy_paces_at_the_baud_rate_and_honours_latency() -> None:
+    baud, latency = 115200, 0.002
+    byte_time = 10 / baud
+    with LinkProxy(None, None, LinkConfig(baud=baud, latency=latency)).start() as proxy:
+        fa, fb = open_raw(proxy.a_path), open_raw(proxy.b_path)
+        try:
+            # latency: one byte on an idle line, many times
+            delays = []
+            for _ in range(15):
+                t0 = time.monotonic()
+                os.write(fa, b"x")
+                got = read_until(fb, 1, t0 + 1.0)
+                assert got, "byte never arrived"
+                delays.append(got[0][0] - t0)
+                idle = select.select([fb], [], [], 0.005)  # wait for nothing: the line is idle
+                assert idle[0] == []
+            delays.sort()
+            assert delays[0] >= latency + byte_time
+            assert delays[len(delays) // 2] < latency + byte_time + 0.0015
+            # throughput: one second of back-to-back bytes
+            n = 11520
+            writer = threading.Thread(target=os.write, args=(fa, bytes(n)))
+            writer.start()
+            got = read_until(fb, n, time.monotonic() + 5.0)
+            writer.join()
+        finally:
+            os.close(fa)
+            os.close(fb)
+        a_path = proxy.a_path
+    assert sum(c for _, c in got) == n
+    rate = (n - got[0][1]) / (got[-1][0] - got[0][0])
+    assert abs(rate - baud / 10) / (baud / 10) < 0.03, f"{rate:.0f} B/s"
+    assert not os.path.exists(a_path)  # the pty went away with the proxy
+
+
+@needs_pty
+def test_pty_proxy_applies_faults_both_ways() -> None:
+    cfg = LinkConfig(loss=0.25, seed=11)
+    with LinkProxy(None, None, cfg).start() as proxy:
+        fa, fb = open_raw(proxy.a_path), open_raw(proxy.b_path)
+        try:
+            os.write(fa, bytes(2000))
+            os.write(fb, bytes(2000))
+            # lost bytes never come: read each side until a deadline
+            at_b = sum(c for _, c in read_until(fb, 2000, time.monotonic() + 0.3))
+            at_a = sum(c for _, c in read_until(fa, 2000, time.monotonic() + 0.3))
+        finally:
+            os.close(fa)
+            os.close(fb)
+        stats = proxy.link.stats()
+    assert at_b == 2000 - stats["a_to_b"]["bytes_lost"]
+    assert at_a == 2000 - stats["b_to_a"]["bytes_lost"]
+    assert within(stats["a_to_b"]["bytes_lost"], 2000, 0.25)
+
+
+@needs_pty
+def test_link_command_prints_paths_serves_and_exits_cleanly_on_sigterm() -> None:
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "host.cli", "link", "--baud", "115200", "--latency-ms", "1",
+         "--stats"],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 20.0
+        buf = b""
+        while len(lines) < 2 and time.monotonic() < deadline:
+            if select.select([proc.stdout], [], [], deadline - time.monotonic())[0]:
+                chunk = os.read(proc.stdout.fileno(), 1024)
+                if not chunk:
+                    break
+                buf += chunk
+                lines = buf.decode().splitlines()
+        assert len(lines) == 2, f"no paths printed: {buf!r}"
+        fa, fb = open_raw(lines[0]), open_raw(lines[1])
+        try:
+            os.write(fa, b"hello")
+            got = read_until(fb, 5, time.monotonic() + 2.0)
+            assert sum(c for _, c in got) == 5 and os.read(fb, 0) == b""
+        finally:
+            os.close(fa)
+            os.close(fb)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        assert proc.stderr is not None
+        stats = json.loads(proc.stderr.read().decode().strip().splitlines()[-1])
+        assert stats["a_to_b"]["bytes_delivered"] == 5
+        assert not os.path.exists(lines[0]) and not os.path.exists(lines[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
