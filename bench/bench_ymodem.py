@@ -5,7 +5,7 @@ One 1 MiB random file, one run each, through the same emulated line (``device_si
 
 1. lrzsz ``sb -k`` -> ``rb`` (the peer),
 2. our sender -> our receiver (``idemlink receive``), turnaround 0,
-3. our sender (default 5 ms turnaround) -> ``rb``.
+3. our sender (default 2 ms turnaround) -> ``rb``.
 
 Prints wall time, payload throughput and the ratio to the line rate (115200/10 B/s) and to the
 stop-and-wait ceiling for 1K blocks. Run: ``python3 bench/bench_ymodem.py [--size BYTES]``.
@@ -162,7 +162,7 @@ def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=1 << 20)
-    ap.add_argument("--skip-rb-ours", action="store_true", help="skip run 3 (ours -> rb)")
+    ap.add_argument("--runs", default="1,2,3", help="which runs, e.g. 1,3 (default all)")
     args = ap.parse_args()
     if not (shutil.which("sb") and shutil.which("rb")):
         raise SystemExit("needs lrzsz (sb, rb)")
@@ -184,11 +184,12 @@ def main() -> None:
         runs: list[tuple[str, Callable[[Path], tuple[float, float | None]]]] = [
             ("lrzsz sb -k -> rb", lambda d: run_sb_rb(src, d)),
             ("ours -> ours (turnaround 0)", lambda d: run_ours(src, d, to_rb=False)),
-            ("ours -> rb (turnaround 5 ms)", lambda d: run_ours(src, d, to_rb=True)),
+            ("ours -> rb (turnaround 2 ms)", lambda d: run_ours(src, d, to_rb=True)),
         ]
         print("wall = start of the sender until the receiver exited with the whole batch")
-        for name, fn in runs:
-            if args.skip_rb_ours and "-> rb (" in name:
+        wanted = {int(x) for x in args.runs.split(",")}
+        for k, (name, fn) in enumerate(runs, 1):
+            if k not in wanted:
                 continue
             d = root / f"dst{len(rows)}"
             d.mkdir()
@@ -198,9 +199,10 @@ def main() -> None:
                      else f"; sender finished after {tx_s:.2f} s")
             print(f"{name:30s} {wall:7.2f} s  {size / wall / 1000:6.2f} kB/s  "
                   f"{bound / wall:6.1%} of line rate{extra}", flush=True)
-        peer = rows[0][1]
-        for name, wall in rows[1:]:
-            print(f"{name}: {peer / wall:.3f}x lrzsz throughput")
+        if 1 in wanted:
+            peer = rows[0][1]
+            for name, wall in rows[1:]:
+                print(f"{name}: {peer / wall:.3f}x lrzsz throughput")
 
 
 if __name__ == "__main__":

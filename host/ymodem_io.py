@@ -372,9 +372,12 @@ def _send(
     t0 = time.monotonic()
     tx.start(t0)
     file_t0 = t0
+    last_state = tx.state
 
     def feed(data: bytes, now: float) -> bytes:
-        nonlocal file_t0
+        nonlocal file_t0, last_state
+        if data:
+            log.debug("sender %.3f rx %s", now - t0, data[:8].hex())
         try:
             if data:
                 tx.receive_data(data, now)
@@ -397,6 +400,9 @@ def _send(
                     FileResult(f.name, f.size, False, 0.0, ev.reason)
                     for f in files if f.name not in done
                 ]
+        if tx.state is not last_state:
+            log.debug("sender %.3f %s -> %s", now - t0, last_state.value, tx.state.value)
+            last_state = tx.state
         return tx.data_to_send()
 
     def finished() -> bool:

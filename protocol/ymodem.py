@@ -697,7 +697,7 @@ class SenderConfig:
     """Timeouts (s), retry limits and the turnaround delay."""
 
     block_size: int = BLOCK_LARGE  #: 1024 (STX while > 896 bytes remain) or 128 (SOH only)
-    turnaround: float = 0.005  #: pause after a received byte before answering (rb flushes)
+    turnaround: float = 0.002  #: pause after a received byte before answering (rb flushes)
     start_timeout: float = 60.0  #: waiting for the receiver's first 'C'
     ack_timeout: float = 5.0  #: header / data block ACK
     eot_timeout: float = 3.0  #: before resending EOT (rb needs > 1 s of silence)

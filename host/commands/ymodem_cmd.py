@@ -26,8 +26,8 @@ def register(sub: Any) -> None:
     s.add_argument("--plain", action="store_true",
                    help="plain YMODEM to any receiver (no framed hand-over)")
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
-    s.add_argument("--turnaround-ms", type=float, default=5.0,
-                   help="pause after each answer before sending (rb, RS-485); default 5")
+    s.add_argument("--turnaround-ms", type=float, default=2.0,
+                   help="pause after each answer before sending (rb, RS-485); default 2")
     s.add_argument("--timeout", type=float, default=60.0, help="wait for the receiver (s)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(handler=run_send)
