@@ -42,8 +42,10 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 
 BITS_PER_BYTE = 10  #: start bit, 8 data bits, stop bit (8N1)
 COBS_DELIMITER = 0x00  #: the frame delimiter of idemlink's COBS framing
@@ -162,6 +164,15 @@ class LinkStats:
         )
 
 
+class FrameFault(Enum):
+    """A whole-frame fault that a test can force on the next frame (``force_frame_fault``)."""
+
+    DROP = "drop"
+    DUPLICATE = "duplicate"
+    CORRUPT = "corrupt"
+    REORDER = "reorder"  #: hold it and deliver it after the next frame
+
+
 @dataclass(frozen=True, slots=True)
 class RebootEvent:
     """The device at the end of the link should reboot now (``time``); ``index`` counts from 0."""
@@ -196,6 +207,7 @@ class LinkDirection:
         self._held: list[tuple[float, int]] | None = None  # frame mode: a frame held back
         self._held_deadline: float | None = None
         self._next_noise: float | None = None
+        self._forced: deque[FrameFault] = deque()
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -211,6 +223,29 @@ class LinkDirection:
     def start(self, now: float) -> None:
         """Set the origin of the noise schedule (otherwise the first ``send``/``poll`` time)."""
         self._tick(now)
+
+    def reconfigure(self, config: LinkConfig) -> None:
+        """Change the parameters from now on (a test turning faults up or down mid-run).
+
+        The random streams, the line-busy time and what is in flight are kept; turning frame
+        faults off hands on an assembling or held frame as it is.
+        """
+        self.config = config
+        self._byte_time = config.byte_time
+        self._frame_mode = config.frame_mode
+        if config.noise_rate > 0 and self._next_noise is None and self._now > -math.inf:
+            self._next_noise = self._now + self._noise_rng.expovariate(config.noise_rate)
+        elif config.noise_rate == 0:
+            self._next_noise = None
+        if not self._frame_mode and not self._forced:
+            unit, self._unit = self._unit, []
+            self._push_unit(unit)
+            self._release_held()
+
+    def force_frame_fault(self, fault: FrameFault, count: int = 1) -> None:
+        """Apply ``fault`` to the next ``count`` frames instead of drawing (frame mode is on while
+        forced faults are pending). Counted in the stats like drawn faults."""
+        self._forced.extend([fault] * count)
 
     def send(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Put ``data`` on the line at time ``now``."""
@@ -238,7 +273,7 @@ class LinkDirection:
                 stats.bytes_duplicated += 1
                 copies = 2
             for _ in range(copies):
-                if self._frame_mode:
+                if self._frame_mode or self._forced or self._unit or self._held is not None:
                     self._frame_byte(t, b)
                 else:
                     self._push(t, b)
@@ -309,16 +344,28 @@ class LinkDirection:
         rng = self._frame_rng
         stats = self.stats
         stats.frames_seen += 1
-        if cfg.frame_loss and rng.random() < cfg.frame_loss:
+        forced = self._forced.popleft() if self._forced else None
+        if forced is not None:
+            drop = forced is FrameFault.DROP
+            corrupt = forced is FrameFault.CORRUPT
+            dup = forced is FrameFault.DUPLICATE
+            hold = forced is FrameFault.REORDER and self._held is None
+        else:
+            drop = bool(cfg.frame_loss and rng.random() < cfg.frame_loss)
+            corrupt = not drop and bool(cfg.frame_corrupt and rng.random() < cfg.frame_corrupt)
+            dup = not drop and bool(cfg.frame_dup and rng.random() < cfg.frame_dup)
+            hold = (
+                not drop and self._held is None and bool(cfg.reorder) and rng.random() < cfg.reorder
+            )
+        if drop:
             stats.frames_lost += 1
             return
-        if cfg.frame_corrupt and rng.random() < cfg.frame_corrupt:
+        if corrupt:
             i = rng.randrange(len(unit) - 1)
             t, b = unit[i]
             unit[i] = (t, b ^ (1 << rng.randrange(8)))
             stats.frames_corrupted += 1
-        dup = bool(cfg.frame_dup and rng.random() < cfg.frame_dup)
-        if self._held is None and cfg.reorder and rng.random() < cfg.reorder:
+        if hold:
             stats.frames_reordered += 1
             self._held = unit + unit if dup else unit
             if dup:

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 import device_sim.urlhandler
 from device_sim.link import (
     PARAM_NAMES,
+    FrameFault,
     Link,
     LinkConfig,
     LinkConfigError,
@@ -617,3 +618,43 @@ def test_link_command_prints_paths_serves_and_exits_cleanly_on_sigterm() -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- scripted faults (for stateful tests) ---------------------------------------------------------
+
+
+def test_forced_frame_faults_hit_exactly_the_next_frames() -> None:
+    d = LinkDirection(LinkConfig())
+    a, b, c, e = frames_of([b"A", b"B", b"C", b"E"])
+    d.force_frame_fault(FrameFault.DROP)
+    d.force_frame_fault(FrameFault.DUPLICATE)
+    d.send(a + b + c, 0.0)
+    assert segments(d.poll(0.0)) == [b"\x02B", b"\x02B", b"\x02C"]
+    d.force_frame_fault(FrameFault.REORDER)
+    d.send(a + b, 1.0)
+    assert segments(d.poll(1.0)) == [b"\x02B", b"\x02A"]
+    d.force_frame_fault(FrameFault.CORRUPT)
+    d.send(e, 2.0)
+    (got,) = segments(d.poll(2.0)) or [b""]
+    assert got != b"\x02E" and bin(int.from_bytes(got, "big") ^ 0x0245).count("1") == 1
+    assert (d.stats.frames_lost, d.stats.frames_duplicated) == (1, 1)
+    assert (d.stats.frames_reordered, d.stats.frames_corrupted) == (1, 1)
+    d.send(a, 3.0)  # nothing forced any more, no frame faults configured: plain bytes
+    assert d.poll(3.0) == a and d.stats.frames_seen == 5  # only frames under a fault regime
+
+
+def test_reconfigure_mid_run_keeps_pacing_and_hands_on_held_frames() -> None:
+    from dataclasses import replace
+
+    cfg = LinkConfig(baud=9600, reorder=1.0)
+    d = LinkDirection(cfg)
+    (a,) = frames_of([b"A"])
+    d.send(a, 0.0)  # held: waits for a successor
+    assert d.poll(1.0) == b"\x00"
+    d.reconfigure(replace(cfg, reorder=0.0, loss=1.0))
+    assert d.poll(1.0) == b"\x02A\x00"  # handed on when frame faults went off
+    d.send(b"xyz", 1.0)
+    assert d.poll(2.0) == b"" and d.stats.bytes_lost == 3
+    d.reconfigure(cfg.__class__(baud=9600))
+    d.send(b"k", 2.0)
+    assert d.next_event_time() == pytest.approx(2.0 + 10 / 9600)
