@@ -658,3 +658,21 @@ def test_reconfigure_mid_run_keeps_pacing_and_hands_on_held_frames() -> None:
     d.reconfigure(cfg.__class__(baud=9600))
     d.send(b"k", 2.0)
     assert d.next_event_time() == pytest.approx(2.0 + 10 / 9600)
+
+
+@needs_pty
+def test_pty_proxy_connects_an_existing_pty_and_a_url() -> None:
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    try:
+        with LinkProxy(os.ttyname(slave), "loop://", LinkConfig(latency=0.001)).start():
+            # device side writes into its pty; the proxy carries it to loop://, which echoes it
+            os.write(master, b"round trip")
+            got = b""
+            deadline = time.monotonic() + 2.0
+            while len(got) < 10 and select.select([master], [], [], deadline - time.monotonic())[0]:
+                got += os.read(master, 100)
+            assert got == b"round trip"
+    finally:
+        os.close(master)
+        os.close(slave)
