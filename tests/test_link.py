@@ -593,7 +593,7 @@ def test_link_command_prints_paths_serves_and_exits_cleanly_on_sigterm() -> None
         deadline = time.monotonic() + 20.0
         buf = b""
         while len(lines) < 2 and time.monotonic() < deadline:
-            if select.select([proc.stdout], [], [], deadline - time.monotonic())[0]:
+            if select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 chunk = os.read(proc.stdout.fileno(), 1024)
                 if not chunk:
                     break
@@ -670,7 +670,7 @@ def test_pty_proxy_connects_an_existing_pty_and_a_url() -> None:
             os.write(master, b"round trip")
             got = b""
             deadline = time.monotonic() + 2.0
-            while len(got) < 10 and select.select([master], [], [], deadline - time.monotonic())[0]:
+            while len(got) < 10 and select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
                 got += os.read(master, 100)
             assert got == b"round trip"
     finally:
