@@ -670,7 +670,10 @@ def test_pty_proxy_connects_an_existing_pty_and_a_url() -> None:
             os.write(master, b"round trip")
             got = b""
             deadline = time.monotonic() + 2.0
-            while len(got) < 10 and select.select([master], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            while len(got) < 10:
+                left = max(0.0, deadline - time.monotonic())
+                if not select.select([master], [], [], left)[0]:
+                    break
                 got += os.read(master, 100)
             assert got == b"round trip"
     finally:
