@@ -17,3 +17,4 @@ def test_demo_runs_and_reports_zero_duplicated_effects() -> None:
     assert re.search(r"outcome REJECTED\s+1\b", out)  # the out-of-range write
     assert re.search(r"faults injected by the line\s+[1-9]", out)
     assert "code=0x0101" in out  # the second trigger did not start the action again
+    assert "complete, identical on the device" in out  # the YMODEM hand-over
