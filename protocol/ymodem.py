@@ -746,6 +746,8 @@ class Sender(_Machine):
         self._send_at = 0.0
         self.committed: list[str] = []
         self.abort_reason: str | None = None
+        self.stale_answers = 0  #: ACK/NAK/'C' ignored because they preceded our last send
+        self._sends = 0
         self._deadline = None
 
     def start(self, now: float) -> None:
@@ -759,6 +761,11 @@ class Sender(_Machine):
         self._do_abort(reason, by_peer=False)
 
     def receive_data(self, data: bytes, now: float) -> None:
+        """Answers cannot precede the question: once a byte of ``data`` made us send something,
+        the rest of ``data`` (read before that send) and anything arriving while the send waits
+        out its turnaround is stale, and only scanned for CAN CAN. A duplicated or late ACK is
+        thus never taken as the answer to the next block or to EOT."""
+        stale = False
         for b in data:
             if self.state in (TxState.DONE, TxState.ABORTED):
                 return
@@ -768,12 +775,17 @@ class Sender(_Machine):
                 self._pending_can = True
                 continue
             self._pending_can = False
+            if stale or self._scheduled:
+                self.stale_answers += b in (ACK, NAK, CRC_REQUEST)
+                continue
+            sends = self._sends
             if b == ACK:
                 self._input(TxIn.ACK, now)
             elif b == NAK:
                 self._input(TxIn.NAK, now)
             elif b == CRC_REQUEST:
                 self._input(TxIn.C, now)
+            stale = self._sends != sends
 
     def tick(self, now: float) -> None:
         if self._scheduled and now >= self._send_at:
@@ -805,6 +817,7 @@ class Sender(_Machine):
         """Queue ``frame`` after the turnaround delay and arm ``timeout`` from then."""
         if keep:
             self._current = frame
+        self._sends += 1
         self._scheduled = bytearray(frame)
         self._send_at = now + self.config.turnaround
         if self.config.turnaround <= 0:

@@ -702,3 +702,34 @@ def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
         assert out == b"" or out[0] in (SOH, STX, EOT, CAN)  # frames, EOT or CAN: nothing else
     committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
     assert len(committed) == len({e.name for e in committed})
+
+
+@pytest.mark.parametrize("turnaround", [0.0, 0.004])
+def test_a_duplicated_ack_is_never_taken_for_the_answer_to_eot(turnaround: float) -> None:
+    # Found by the long campaign (seed 1702): the link doubled the ACK of the last block, and the
+    # copy was read as the ACK of an EOT the receiver had not even seen.
+    tx = Sender(files_of({"f": b"abc"}), SenderConfig(turnaround=turnaround))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    tx.tick(0.2)
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)
+    tx.tick(0.3)
+    tx.data_to_send()
+    if turnaround:
+        tx.receive_data(bytes([ACK]), 0.4)
+        tx.receive_data(bytes([ACK]), 0.4 + turnaround / 2)  # the copy, inside the turnaround
+    else:
+        tx.receive_data(bytes([ACK, ACK]), 0.4)  # original and copy in one read
+    tx.tick(0.5)
+    assert tx.data_to_send() == bytes([EOT])
+    assert tx.state is TxState.SENT_EOT1 and tx.committed == [] and tx.stale_answers == 1
+
+
+def test_a_duplicated_nak_causes_one_resend_not_two() -> None:
+    tx = Sender(files_of({"f": b"x" * 300}), SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)
+    first = tx.data_to_send()[-133:]
+    tx.receive_data(bytes([NAK, NAK]), 0.3)
+    assert tx.data_to_send() == first  # once
