@@ -699,7 +699,8 @@ class SenderConfig:
     block_size: int = BLOCK_LARGE  #: 1024 (STX while > 896 bytes remain) or 128 (SOH only)
     turnaround: float = 0.002  #: pause after a received byte before answering (rb flushes)
     start_timeout: float = 60.0  #: waiting for the receiver's first 'C'
-    ack_timeout: float = 5.0  #: header / data block ACK
+    #: header / data block ACK: neither 5 s (rb) nor 10 s (our receiver): timers firing together cross
+    ack_timeout: float = 7.0
     eot_timeout: float = 3.0  #: before resending EOT (rb needs > 1 s of silence)
     c_timeout: float = 10.0  #: waiting for 'C' after a header or a committed file
     max_retries: int = 10
