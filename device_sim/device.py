@@ -25,6 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from device_sim.flash import ConfigFlash
 from protocol.contract import contract_hash
 from protocol.device_core import ConfigSnapshot, DeviceCore
 from protocol.device_session import DeviceSession
@@ -33,8 +34,6 @@ from protocol.outcome import ModbusException
 from protocol.registers import DEFAULT_MAP, RegisterMap
 from protocol.replay import DEFAULT_SLOTS
 from protocol.window import RING_BITS
-
-FLASH_FILE = "config.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +64,7 @@ class SimulatedDevice:
     ) -> None:
         self._rng = random.Random(seed)
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
+        self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
         self.ring_bits = ring_bits
         self.replay_slots = replay_slots
         self.name = name
@@ -133,7 +133,7 @@ class SimulatedDevice:
         else:
             response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
         self.executions.append(Execution(epoch, seq, pdu, response, now))
-        if self.flash_dir is not None and self.core.generation != self._generation_saved:
+        if self.flash is not None and self.core.generation != self._generation_saved:
             self._save_flash()
         return response
 
@@ -144,25 +144,9 @@ class SimulatedDevice:
         return bytes([FunctionCode.FILE_RECEIVE, 0])
 
     def _load_flash(self) -> ConfigSnapshot | None:
-        if self.flash_dir is None:
-            return None
-        path = self.flash_dir / FLASH_FILE
-        if not path.is_file():
-            return None
-        return ConfigSnapshot.from_json(path.read_text(encoding="utf-8"))
+        return self.flash.load() if self.flash is not None else None
 
     def _save_flash(self) -> None:
-        if self.flash_dir is None:
-            return
-        self.flash_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.flash_dir, prefix=".config.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(self.core.snapshot().to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.flash_dir / FLASH_FILE)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._generation_saved = self.core.generation
+        if self.flash is not None:
+            self.flash.save(self.core.snapshot())
+            self._generation_saved = self.core.generation

@@ -14,18 +14,16 @@ Contract:
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Protocol
 
-import serial
-
-from protocol.device_core import ConfigSnapshot, DeviceCore
+from device_sim.flash import ConfigFlash
+from protocol.device_core import DeviceCore
 from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu
+
+__all__ = ["ConfigFlash", "RtuServer", "Transport"]
 
 log = logging.getLogger(__name__)
 
@@ -34,63 +32,6 @@ class Transport(Protocol):
     def read(self, timeout: float) -> bytes: ...
 
     def write(self, data: bytes) -> None: ...
-
-
-class SerialTransport:
-    """A pyserial port or URL as a ``Transport``."""
-
-    def __init__(self, port: serial.SerialBase) -> None:
-        self.port = port
-
-    @classmethod
-    def open(cls, url: str, baudrate: int = 115200) -> SerialTransport:
-        return cls(serial.serial_for_url(url, baudrate=baudrate, timeout=0.02))
-
-    def read(self, timeout: float) -> bytes:
-        if self.port.timeout != timeout:  # the setter reconfigures the port: only on change
-            self.port.timeout = timeout
-        first = self.port.read(1)
-        if not first:
-            return b""
-        return bytes(first) + bytes(self.port.read(getattr(self.port, "in_waiting", 0) or 0))
-
-    def write(self, data: bytes) -> None:
-        self.port.write(data)
-        self.port.flush()
-
-    def close(self) -> None:
-        self.port.close()
-
-
-class ConfigFlash:
-    """Simulated flash: the configuration snapshot as ``config.json`` in a directory, written
-    by atomic replacement (a reader sees the old or the new file, never half), mode 0600."""
-
-    FILE = "config.json"
-
-    def __init__(self, directory: str | os.PathLike[str]) -> None:
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / self.FILE
-
-    def load(self) -> ConfigSnapshot | None:
-        try:
-            return ConfigSnapshot.from_json(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return None
-
-    def save(self, snap: ConfigSnapshot) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".config.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(snap.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
 
 class RtuServer:

@@ -10,13 +10,16 @@ exits 0. A port that cannot be opened or a bad flash directory is a one-line err
 from __future__ import annotations
 
 import argparse
-import signal
+import contextlib
 import threading
 import time
-from types import FrameType
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from host.cli import EXIT_OK, UserError
+
+if TYPE_CHECKING:
+    from device_sim.serve import ServeTransport
 
 
 def register(sub: Any) -> None:
@@ -35,18 +38,60 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+@contextlib.contextmanager
+def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
+    """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
+    import serial
+
+    from device_sim.pty import open_pty
+    from device_sim.serve import open_port
+
+    if args.port:
+        try:
+            port = open_port(args.port, args.baudrate)
+        except (serial.SerialException, ValueError, OSError) as exc:
+            raise UserError(f"cannot open {args.port}: {exc}") from None
+        try:
+            yield port, args.port
+        finally:
+            port.close()
+    else:
+        pair = open_pty()
+        try:
+            yield pair.transport(), pair.slave_path
+        finally:
+            pair.close()
+
+
+def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
+                        threading.Event], object]) -> int:
+    from device_sim.serve import install_stop_signals
+
+    with _serving_end(args) as (transport, path):
+        stop = threading.Event()
+        restore = install_stop_signals(stop)
+        try:
+            print(path, flush=True)
+            serve(transport, stop)
+        finally:
+            restore()
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     if args.trigger_duration < 0:
         raise UserError(f"trigger duration {args.trigger_duration} is negative")
-    if not args.modbus_rtu:
-        return run_framed(args)
+    if args.modbus_rtu:
+        return run_rtu(args)
+    return run_framed(args)
+
+
+def run_rtu(args: argparse.Namespace) -> int:
+    """The same register map as a plain Modbus RTU slave."""
     if not 1 <= args.unit <= 247:
         raise UserError(f"unit id {args.unit} outside 1..247")
-
-    import serial
-
-    from device_sim.pty import PtyPair, open_pty
-    from device_sim.rtu_server import ConfigFlash, RtuServer, SerialTransport, Transport
+    from device_sim.flash import ConfigFlash
+    from device_sim.rtu_server import RtuServer
     from protocol.device_core import DeviceCore, SnapshotError
 
     core = DeviceCore(trigger_duration=args.trigger_duration)
@@ -55,48 +100,13 @@ def run(args: argparse.Namespace) -> int:
         server = RtuServer(core, unit=args.unit, flash=flash)
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
-
-    pair: PtyPair | None = None
-    transport: Transport
-    serial_transport: SerialTransport | None = None
-    if args.port:
-        try:
-            serial_transport = SerialTransport.open(args.port, args.baudrate)
-        except (serial.SerialException, ValueError) as exc:
-            raise UserError(f"cannot open {args.port}: {exc}") from None
-        transport = serial_transport
-        path = args.port
-    else:
-        pair = open_pty()
-        transport = pair.transport()
-        path = pair.slave_path
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    print(path, flush=True)
-    try:
-        server.serve(transport, stop)
-    finally:
-        if serial_transport is not None:
-            serial_transport.close()
-        if pair is not None:
-            pair.close()
-    return EXIT_OK
+    return _serve_until_signal(args, server.serve)
 
 
 def run_framed(args: argparse.Namespace) -> int:
     """The framed simulator (``SimulatedDevice``) on a new pty or on ``--port``."""
-    import serial
-
     from device_sim.device import SimulatedDevice
-    from device_sim.pty import PtyPair, open_pty
-    from device_sim.serve import PortTransport, ServeTransport, install_stop_signals, open_port
-    from device_sim.serve import serve as serve_device
+    from device_sim.serve import serve
     from protocol.device_core import SnapshotError
 
     try:
@@ -104,31 +114,4 @@ def run_framed(args: argparse.Namespace) -> int:
                                  flash_dir=args.flash_dir, now=time.monotonic())
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
-
-    pair: PtyPair | None = None
-    port: PortTransport | None = None
-    transport: ServeTransport
-    if args.port:
-        try:
-            port = open_port(args.port, args.baudrate)
-        except (serial.SerialException, ValueError, OSError) as exc:
-            raise UserError(f"cannot open {args.port}: {exc}") from None
-        transport = port
-        path = args.port
-    else:
-        pair = open_pty()
-        transport = pair.transport()
-        path = pair.slave_path
-
-    stop = threading.Event()
-    restore = install_stop_signals(stop)
-    try:
-        print(path, flush=True)
-        serve_device(device, transport, stop)
-    finally:
-        restore()
-        if port is not None:
-            port.close()
-        if pair is not None:
-            pair.close()
-    return EXIT_OK
+    return _serve_until_signal(args, lambda transport, stop: serve(device, transport, stop))
