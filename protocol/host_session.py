@@ -42,6 +42,7 @@ from protocol.outcome import (
     ModbusException,
     Outcome,
     Status,
+    known_status,
     status_info,
 )
 from protocol.session import DeviceInfo, decode_response, encode_hello
@@ -94,7 +95,7 @@ def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None
         inner = pdu[1]
         if inner != Status.OK:
             info = status_info(inner)
-            return info.outcome, Status(inner) if inner in Status._value2member_map_ else None, None
+            return info.outcome, known_status(inner), None
     return Outcome.OK, Status.OK, None
 
 
@@ -307,8 +308,7 @@ class HostSession:
             self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay)
             return
         info = status_info(status)
-        st_enum = Status(status) if status in Status._value2member_map_ else None
-        self._finish(p, info.outcome, st_enum)
+        self._finish(p, info.outcome, known_status(status))
 
     def _epoch_changed(self, epoch: int, now: float) -> None:
         self.epoch = epoch

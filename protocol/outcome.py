@@ -156,6 +156,14 @@ MODBUS_EXCEPTION_TABLE: dict[ModbusException, StatusInfo] = {
 }
 
 
+def known_status(code: int) -> Status | None:
+    """The ``Status`` for a wire code, or ``None`` for a code this version does not know."""
+    try:
+        return Status(code)
+    except ValueError:
+        return None
+
+
 def status_info(code: int) -> StatusInfo:
     """Look up a status code; an unknown code (a newer peer) is treated as UNKNOWN/reconcile."""
     try:

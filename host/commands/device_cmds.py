@@ -727,14 +727,15 @@ class FrameDescriber:
 
     def _response(self, epoch: int, seq: int, payload: bytes) -> str:
         from protocol import modbus as mb
-        from protocol.outcome import Status
+        from protocol.outcome import known_status
         from protocol.session import decode_response
 
         decoded = decode_response(payload)
         if decoded is None:
             return "empty payload"
         status, pdu = decoded
-        st = Status(status).name if status in Status._value2member_map_ else f"0x{status:02X}"
+        known = known_status(status)
+        st = known.name if known is not None else f"0x{status:02X}"
         if not pdu:
             return f"status={st}"
         resp = mb.decode_response(pdu)
