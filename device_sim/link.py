@@ -23,7 +23,9 @@ Contract:
     passes untouched; any other unit is one frame, which may be lost, corrupted (one bit flipped
     in one non-delimiter byte), duplicated, or held back and delivered after the next delivered
     frame (reordering; at most one frame is held at a time). A unit is handed on when its
-    delimiter has been sent; an unterminated unit waits for its delimiter;
+    delimiter has been sent; an unterminated unit waits for its delimiter — or, with
+    ``frame_gap`` set, until the line has been silent that long (an idle line ends a frame, so
+    frame faults also work on traffic without delimiters: YMODEM, Modbus RTU);
   * noise: bursts of 1..``noise_max_len`` random bytes at Poisson times (``noise_rate`` bursts per
     second), inserted into the delivered stream. With noise on, the line is never idle.
 
@@ -78,6 +80,7 @@ class LinkConfig:
     frame_corrupt: float = 0.0  #: per-frame probability of one flipped bit (frame mode)
     reorder: float = 0.0  #: per-frame probability of being delivered after the next frame
     reorder_max_hold: float | None = None  #: release a held frame after this long anyway
+    frame_gap: float | None = None  #: frame mode: silence that also ends a unit (None: only 0x00)
     noise_rate: float = 0.0  #: noise bursts per second (Poisson)
     noise_max_len: int = 4  #: a burst is 1..noise_max_len random bytes
     delimiter: int = COBS_DELIMITER  #: the byte that ends a frame in frame mode
@@ -95,6 +98,8 @@ class LinkConfig:
         for name in ("loss", "dup", "corrupt", "frame_loss", "frame_dup", "frame_corrupt"):
             _check_probability(name, getattr(self, name))
         _check_probability("reorder", self.reorder)
+        if self.frame_gap is not None and not self.frame_gap > 0.0:
+            raise LinkConfigError(f"frame_gap must be > 0 seconds, got {self.frame_gap!r}")
         if self.reorder_max_hold is not None and not self.reorder_max_hold > 0.0:
             raise LinkConfigError(f"reorder_max_hold must be > 0, got {self.reorder_max_hold!r}")
         if not (math.isfinite(self.noise_rate) and self.noise_rate >= 0.0):
@@ -291,7 +296,8 @@ class LinkDirection:
 
     def next_event_time(self) -> float | None:
         """When ``poll`` next has something to do, or ``None`` if nothing is scheduled."""
-        times = [t for t in (self._next_noise, self._held_deadline) if t is not None]
+        times = [t for t in (self._next_noise, self._held_deadline, self._gap_deadline())
+                 if t is not None]
         if self._heap:
             times.append(self._heap[0][0])
         return min(times) if times else None
@@ -331,13 +337,18 @@ class LinkDirection:
             self._push(t, b)
 
     def _frame_byte(self, t: float, b: int) -> None:
+        gap = self.config.frame_gap
+        if gap is not None and self._unit and t - self._unit[-1][0] > gap:
+            unit, self._unit = self._unit, []  # silence ended the previous unit
+            self._frame_done(unit)
         self._unit.append((t, b))
         if b == self.config.delimiter:
             unit, self._unit = self._unit, []
             self._frame_done(unit)
 
     def _frame_done(self, unit: list[tuple[float, int]]) -> None:
-        if len(unit) == 1:  # a bare delimiter is not a frame
+        delimited = unit[-1][1] == self.config.delimiter
+        if len(unit) == 1 and delimited:  # a bare delimiter is not a frame
             self._push_unit(unit)
             return
         cfg = self.config
@@ -361,7 +372,7 @@ class LinkDirection:
             stats.frames_lost += 1
             return
         if corrupt:
-            i = rng.randrange(len(unit) - 1)
+            i = rng.randrange(len(unit) - 1 if delimited else len(unit))
             t, b = unit[i]
             unit[i] = (t, b ^ (1 << rng.randrange(8)))
             stats.frames_corrupted += 1
@@ -386,7 +397,19 @@ class LinkDirection:
         if held is not None:
             self._push_unit(held)
 
+    def _gap_deadline(self) -> float | None:
+        gap = self.config.frame_gap
+        if gap is None or not self._unit or not self._frame_mode:
+            return None
+        return self._unit[-1][0] + gap
+
     def _run_timers(self, now: float) -> None:
+        gap_end = self._gap_deadline()
+        if gap_end is not None and gap_end <= now:
+            # The line went quiet inside a unit: traffic without delimiters (YMODEM, Modbus RTU
+            # after a hand-over) is cut into frames by silence, as a UART idle line would.
+            unit, self._unit = self._unit, []
+            self._frame_done(unit)
         if self._held_deadline is not None and self._held_deadline <= now:
             deadline = self._held_deadline
             held, self._held = self._held, None
@@ -547,6 +570,7 @@ _PARAMS: dict[str, _Param] = {
     "frame_corrupt": _Param("frame_corrupt", float, help="per-frame bit-flip probability"),
     "reorder": _Param("reorder", float, help="per-frame probability of swapping with the next"),
     "reorder_hold_ms": _Param("reorder_max_hold", _parse_hold, _render_hold, "max hold, ms"),
+    "frame_gap_ms": _Param("frame_gap", _parse_hold, _render_hold, "silence ending a frame, ms"),
     "noise_rate": _Param("noise_rate", float, help="noise bursts per second"),
     "noise_len": _Param("noise_max_len", int, help="max bytes per noise burst"),
     "delimiter": _Param("delimiter", lambda s: int(s, 0), lambda v: f"0x{v:02x}", "frame end"),

@@ -679,3 +679,39 @@ def test_pty_proxy_connects_an_existing_pty_and_a_url() -> None:
     finally:
         os.close(master)
         os.close(slave)
+
+
+# ---- frame mode on traffic without delimiters: an idle line ends a frame ------------------------
+
+
+def test_without_a_gap_an_unterminated_unit_waits() -> None:
+    d = LinkDirection(LinkConfig(frame_loss=0.01, seed=1))
+    d.send(b"C", 0.0)
+    assert d.poll(10.0) == b"" and d.next_event_time() is None
+
+
+def test_frame_gap_hands_on_an_unterminated_unit_after_silence() -> None:
+    d = LinkDirection(LinkConfig(baud=115200, frame_loss=1e-9, frame_gap=0.005, seed=1))
+    d.send(b"\x06C", 0.0)
+    due = d.next_event_time()
+    assert due is not None and 0.005 < due < 0.006  # last byte's arrival + the gap
+    assert d.poll(due - 1e-4) == b""
+    assert d.poll(due) == b"\x06C"
+
+
+def test_frame_gap_cuts_undelimited_traffic_into_frames_that_can_be_lost() -> None:
+    cfg = LinkConfig(baud=115200, frame_loss=0.5, frame_gap=0.002, seed=7)
+    d = LinkDirection(cfg)
+    for i in range(200):  # 200 bursts of 3 bytes, 10 ms apart: 200 frames by silence alone
+        d.send(bytes([0x41 + i % 20]) * 3, i * 0.01)
+    out = d.poll(10.0)
+    assert d.stats.frames_seen == 200
+    assert len(out) == 3 * (200 - d.stats.frames_lost)
+    assert 60 < d.stats.frames_lost < 140
+    # Whole frames only: every surviving burst is intact.
+    assert all(out[k] == out[k + 1] == out[k + 2] for k in range(0, len(out), 3))
+
+
+def test_frame_gap_must_be_positive() -> None:
+    with pytest.raises(LinkConfigError):
+        LinkConfig(frame_gap=0.0)

@@ -36,6 +36,8 @@ def register(sub: Any) -> None:
     p.add_argument("--frame-dup", type=float, default=0.0, help="per-frame duplication")
     p.add_argument("--frame-corrupt", type=float, default=0.0, help="per-frame bit flip")
     p.add_argument("--reorder", type=float, default=0.0, help="per-frame swap with the next")
+    p.add_argument("--frame-gap-ms", type=float, default=None,
+                   help="silence that also ends a frame (for traffic without 0x00 delimiters)")
     p.add_argument("--noise-rate", type=float, default=0.0, help="noise bursts per second")
     p.add_argument("--seed", type=int, default=0, help="seed of every fault (default 0)")
     p.add_argument("--stats", action="store_true", help="print fault counters (JSON) on exit")
@@ -57,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
             frame_dup=args.frame_dup,
             frame_corrupt=args.frame_corrupt,
             reorder=args.reorder,
+            frame_gap=None if args.frame_gap_ms is None else args.frame_gap_ms / 1000.0,
             noise_rate=args.noise_rate,
             seed=args.seed,
         )
