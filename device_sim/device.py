@@ -8,9 +8,11 @@ runs it in-process behind the link emulator.
 - ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
   replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
   the simulated flash directory when one is given (``config.json``, replaced atomically).
-- ``FILE_RECEIVE`` (0x44, framed only): the device answers ``44 00`` and then hands its port to a
-  YMODEM receiver for one batch (``take_file_receive()`` tells the serving shell, once); files land
-  in ``files_dir`` (``<flash-dir>/files``). Like every command it runs once per sequence number: a
+- ``FILE_RECEIVE`` (0x44, framed only; ``44`` or ``44 01`` to allow replacing existing files): the
+  device answers ``44 00`` and then hands its port to a YMODEM receiver for one batch
+  (``take_file_receive()`` tells the serving shell, once); files land in ``files_dir``
+  (``<flash-dir>/files``) and never replace an existing file unless the request allowed it.
+  Like every command it runs once per sequence number: a
   retransmitted request gets the replayed answer and does not restart the batch.
 - ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
   number, request PDU, response PDU, simulated time — one record per execution. The register
@@ -34,6 +36,13 @@ from protocol.outcome import ModbusException
 from protocol.registers import DEFAULT_MAP, RegisterMap
 from protocol.replay import DEFAULT_SLOTS
 from protocol.window import RING_BITS
+
+
+@dataclass(frozen=True, slots=True)
+class FileReceiveRequest:
+    """A FILE_RECEIVE command ran: the serving shell owes the host one YMODEM batch."""
+
+    overwrite: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +82,7 @@ class SimulatedDevice:
                                config=self._load_flash())
         self.executions: list[Execution] = []
         self.epochs: list[int] = []
-        self._file_receive_requested = False
+        self._file_receive: FileReceiveRequest | None = None
         self._files_dir: Path | None = None
         self.session = self._new_session()
         self._generation_saved = self.core.generation
@@ -106,10 +115,10 @@ class SimulatedDevice:
             self._files_dir.mkdir(parents=True, exist_ok=True)
         return self._files_dir
 
-    def take_file_receive(self) -> bool:
-        """True once after a FILE_RECEIVE command ran: the shell must now run a YMODEM batch."""
-        requested, self._file_receive_requested = self._file_receive_requested, False
-        return requested
+    def take_file_receive(self) -> FileReceiveRequest | None:
+        """Once after a FILE_RECEIVE command ran: the shell must now run a YMODEM batch."""
+        request, self._file_receive = self._file_receive, None
+        return request
 
     # ------------------------------------------------------------------ ground truth
     def executions_of(self, epoch: int, seq: int) -> list[Execution]:
@@ -129,7 +138,7 @@ class SimulatedDevice:
     def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
         epoch = self.session.epoch
         if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
-            response = self._file_receive(pdu)
+            response = self._request_file_receive(pdu)
         else:
             response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
         self.executions.append(Execution(epoch, seq, pdu, response, now))
@@ -137,10 +146,10 @@ class SimulatedDevice:
             self._save_flash()
         return response
 
-    def _file_receive(self, pdu: bytes) -> bytes:
-        if len(pdu) != 1:
+    def _request_file_receive(self, pdu: bytes) -> bytes:
+        if len(pdu) > 2 or pdu[1:] not in (b"", b"\x00", b"\x01"):
             return exception_pdu(FunctionCode.FILE_RECEIVE, ModbusException.ILLEGAL_DATA_VALUE)
-        self._file_receive_requested = True
+        self._file_receive = FileReceiveRequest(overwrite=pdu[1:] == b"\x01")
         return bytes([FunctionCode.FILE_RECEIVE, 0])
 
     def _load_flash(self) -> ConfigSnapshot | None:

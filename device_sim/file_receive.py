@@ -34,9 +34,12 @@ def receive_batch(
     clock: Callable[[], float],
     stop: threading.Event | None = None,
     config: ReceiverConfig = DEVICE_RECEIVER,
+    *,
+    overwrite: bool = False,
 ) -> TransferReport:
-    """Run one YMODEM receive batch on ``transport``; returns the per-file report."""
-    driver = ReceiverDriver(DirectorySink(files_dir, overwrite=True), config)
+    """Run one YMODEM receive batch on ``transport``; returns the per-file report. An existing
+    file is replaced only with ``overwrite`` (else the batch is cancelled, nothing written)."""
+    driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite), config)
     out = driver.start(clock())
     if out:
         transport.write(out)

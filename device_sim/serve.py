@@ -26,7 +26,7 @@ from typing import Protocol
 
 import serial
 
-from device_sim.device import SimulatedDevice
+from device_sim.device import FileReceiveRequest, SimulatedDevice
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class Servable(Protocol):
     def files_dir(self) -> Path: ...
     def receive_data(self, data: bytes, now: float) -> bytes: ...
     def tick(self, now: float) -> None: ...
-    def take_file_receive(self) -> bool: ...
+    def take_file_receive(self) -> FileReceiveRequest | None: ...
 
 
 def serve(
@@ -120,10 +120,12 @@ def serve(
             if answer:
                 transport.write(answer)
                 stats.bytes_out += len(answer)
-            if device.take_file_receive():
+            request = device.take_file_receive()
+            if request is not None:
                 from device_sim.file_receive import receive_batch
 
-                report = receive_batch(device.files_dir, transport, clock, stop)
+                report = receive_batch(device.files_dir, transport, clock, stop,
+                                       overwrite=request.overwrite)
                 stats.file_batches += 1
                 log.info("YMODEM batch: %s", report)
         else:
@@ -158,7 +160,7 @@ class LockedDevice:
         with self.lock:
             self.device.tick(now)
 
-    def take_file_receive(self) -> bool:
+    def take_file_receive(self) -> FileReceiveRequest | None:
         with self.lock:
             return self.device.take_file_receive()
 

@@ -192,8 +192,8 @@ class Command:
         return TriggerRequest(self.address, 1 if k is CommandKind.TRIGGER else 0)
 
     def pdu(self) -> bytes:
-        if self.kind is CommandKind.FILE_RECEIVE:
-            return bytes([FunctionCode.FILE_RECEIVE])
+        if self.kind is CommandKind.FILE_RECEIVE:  # values=(1,): existing files may be replaced
+            return bytes([FunctionCode.FILE_RECEIVE, *self.values])
         return encode_request(self.request())
 
     @property
@@ -507,6 +507,7 @@ class Device:
         *,
         progress: Callable[[str, int, int | None], None] | None = None,
         config: SenderConfig | None = None,
+        overwrite: bool = False,
     ) -> tuple[Result, TransferReport | None]:
         """Hand the device's port to YMODEM (FILE_RECEIVE), send ``paths`` as one batch, and
         return to framed mode. The report is None when the device did not switch.
@@ -516,7 +517,7 @@ class Device:
         """
         from host.ymodem_io import send_files
 
-        res = self.execute(Command(CommandKind.FILE_RECEIVE, 0))
+        res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
         if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
             return res, None
         port = getattr(self.transport, "port", None)

@@ -83,3 +83,25 @@ def test_cli_send_shows_per_file_results(tmp_path: Path) -> None:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
     assert sha(flash / "files" / "image.bin") == sha(files[0])
+
+
+def test_existing_file_is_replaced_only_when_asked(tmp_path: Path) -> None:
+    f = tmp_path / "settings.bin"
+    f.write_bytes(b"first version\n")
+    sim = start_pty_sim(SimulatedDevice(seed=3, flash_dir=tmp_path / "flash"))
+    stored = tmp_path / "flash" / "files" / "settings.bin"
+    try:
+        with Device.open(sim.path) as dev:
+            _, first = dev.send_files([str(f)])
+            assert first is not None and first.ok
+            f.write_bytes(b"second version\n")
+            _, refused = dev.send_files([str(f)])
+            assert refused is not None and not refused.ok  # cancelled: the file exists
+            assert stored.read_bytes() == b"first version\n"
+            assert dev.read("threshold").ok  # frames again after the cancelled batch
+            _, replaced = dev.send_files([str(f)], overwrite=True)
+            assert replaced is not None and replaced.ok
+        assert stored.read_bytes() == b"second version\n"
+        assert not [p for p in stored.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+    finally:
+        sim.close()

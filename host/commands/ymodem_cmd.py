@@ -26,6 +26,8 @@ def register(sub: Any) -> None:
     s.add_argument("--plain", action="store_true",
                    help="plain YMODEM to any receiver (no framed hand-over)")
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
+    s.add_argument("--overwrite", action="store_true",
+                   help="to an idemlink device: allow replacing files it already has")
     s.add_argument("--turnaround-ms", type=float, default=2.0,
                    help="pause after each answer before sending (rb, RS-485); default 2")
     s.add_argument("--timeout", type=float, default=60.0, help="wait for the receiver (s)")
@@ -126,7 +128,8 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
     bar = _Bar(not args.no_progress)
     try:
         with Device.open(args.port, baudrate=args.baud) as dev:
-            res, report = dev.send_files(args.files, progress=bar, config=config)
+            res, report = dev.send_files(args.files, progress=bar, config=config,
+                                         overwrite=args.overwrite)
     except IdemlinkError as exc:
         raise UserError(str(exc)) from exc
     finally:
