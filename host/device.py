@@ -340,6 +340,8 @@ class Device:
         yield from self._exchange(lambda: bool(opened), opened)
         ev = opened[0]
         if isinstance(ev, HelloFailed):
+            if ev.incompatible:
+                raise IncompatibleDevice(ev.reason)
             raise NoDevice(f"no idemlink device answered: {ev.reason}")
         if ev.info.version != PROTOCOL_VERSION:
             raise IncompatibleDevice(

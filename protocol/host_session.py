@@ -31,6 +31,7 @@ from typing import Any
 from protocol.frame import (
     PROTOCOL_VERSION,
     DecodeError,
+    DecodeErrorKind,
     Flags,
     Frame,
     FrameDecoder,
@@ -78,6 +79,7 @@ class SessionOpened:
 @dataclass(slots=True)
 class HelloFailed:
     reason: str
+    incompatible: bool = False  #: something answered, in a frame version we do not speak
 
 
 Event = Completion | SessionOpened | HelloFailed
@@ -157,6 +159,7 @@ class HostSession:
         self._hello_sent = 0
         self._hello_deadline = 0.0
         self._decoder = FrameDecoder()
+        self._foreign_version: str | None = None
         self._out = bytearray()
         self._inflight: dict[int, _Pending] = {}
         self._queue: deque[_Pending] = deque()
@@ -205,6 +208,8 @@ class HostSession:
         for ev in self._decoder.feed(data):
             if isinstance(ev, DecodeError):
                 self.counters.decode_errors += 1
+                if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
+                    self._foreign_version = ev.detail
             elif ev.type is FrameType.RESPONSE:
                 self._on_response(ev, now)
             elif ev.type is FrameType.HELLO_REPLY:
@@ -217,7 +222,13 @@ class HostSession:
         if self.state is SessionState.HELLO_SENT and now >= self._hello_deadline:
             if self._hello_sent >= self.hello_attempts:
                 self.state = SessionState.CLOSED
-                self._events.append(HelloFailed(f"no HELLO_REPLY after {self._hello_sent} attempts"))
+                if self._foreign_version is not None:
+                    self._events.append(HelloFailed(
+                        f"the device answers in another protocol {self._foreign_version} "
+                        f"(we speak version {PROTOCOL_VERSION})", incompatible=True))
+                else:
+                    self._events.append(
+                        HelloFailed(f"no HELLO_REPLY after {self._hello_sent} attempts"))
             else:
                 self._send_hello(now)
         for p in [p for p in self._inflight.values() if now >= p.deadline]:

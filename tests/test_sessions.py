@@ -217,3 +217,37 @@ def test_incompatible_contract_is_refused() -> None:
     t.device.session = t.device._new_session()
     with pytest.raises(IncompatibleDevice, match="contract"):
         Device(t).connect()
+
+
+def test_a_device_of_a_newer_protocol_version_is_refused_clearly() -> None:
+    from protocol import cobs
+    from protocol.frame import crc32c
+
+    class NewerDevice:
+        """Answers every HELLO with a version-2 frame (which we must not try to parse)."""
+
+        def __init__(self) -> None:
+            self.out = b""
+
+        def write(self, data: bytes) -> None:
+            for frame in FrameDecoder().feed(data):
+                assert isinstance(frame, Frame)
+                raw = bytes([2, 2, 0]) + frame.seq.to_bytes(4, "little") * 2 + b"\x00\x00"
+                raw += crc32c(raw).to_bytes(4, "little")
+                self.out += b"\x00" + cobs.encode(raw) + b"\x00"
+
+        def read(self, timeout: float) -> bytes:
+            out, self.out = self.out, b""
+            self.t += timeout if not out else 0.0
+            return out
+
+        t = 0.0
+
+        def now(self) -> float:
+            return self.t
+
+        def close(self) -> None:
+            pass
+
+    with pytest.raises(IncompatibleDevice, match="version 2"):
+        Device(NewerDevice()).connect()  # type: ignore[arg-type]
