@@ -344,6 +344,15 @@ def contract_section() -> ContractSection:
              ["CRC", f"CRC-32C poly 0x{CRC_POLY:08X} reflected, init/xorout 0xFFFFFFFF, "
                      f"check 0x{CRC_CHECK:08X}"]],
         )
+        + "\n**Compatibility (additive only).** The version byte comes first and the CRC-32C "
+        "trailer covers the whole frame in every version; the CRC is checked before anything "
+        "else, and the length field is trusted only after it. A frame of another version, of an "
+        "unknown type or with an unknown flag is refused with a typed, counted decoder error "
+        "(UNKNOWN_VERSION, UNKNOWN_TYPE, UNKNOWN_FLAGS) and never parsed further. New "
+        "capabilities arrive as new types, flags or appended HELLO_REPLY fields, used only after "
+        "the handshake showed the peer knows them.\n"
+        + "\n**Resynchronisation.** Every frame is sent between two 0x00 delimiters: garbage "
+        "between frames costs only itself and a damaged frame costs only itself.\n"
         + "\n### Frame types\n\n"
         + md_table(["value", "type"], [[t.value, t.name] for t in FrameType])
         + "\n### Flags\n\n"
