@@ -23,6 +23,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -31,6 +32,9 @@ from device_sim.link import Link, LinkConfig
 from device_sim.serve import LockedDevice
 from device_sim.simlink import SimTransport
 from protocol.registers import RegisterMap
+
+if TYPE_CHECKING:
+    from host.device import Device
 
 
 @dataclass(slots=True)
@@ -47,10 +51,12 @@ class InProcessSim:
     def regmap(self) -> RegisterMap:
         return self.transport.device.core.regmap
 
-    def connect(self, **kw: float) -> object:
+    def connect(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
+        """A connected ``host.device.Device`` on this simulated line."""
         from host.device import Device
 
-        dev = Device(self.transport, **kw)  # type: ignore[arg-type]
+        dev = Device(self.transport, timeout=timeout, attempts=attempts,
+                     max_inflight=max_inflight)
         dev.connect()
         return dev
 
@@ -69,7 +75,7 @@ class PtySim:
     device: SimulatedDevice
     _shared: LockedDevice
     _stop: Callable[[], None]
-    opened: list[object] = field(default_factory=list)
+    opened: list[Device] = field(default_factory=list)
 
     def reboot(self) -> None:
         import time
@@ -77,16 +83,18 @@ class PtySim:
         with self._shared.lock:
             self.device.reboot(time.monotonic())
 
-    def open(self, **kw: float) -> object:
+    def open(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
+        """``host.device.Device.open`` on this pty (closed at teardown)."""
         from host.device import Device
 
-        dev = Device.open(self.path, **kw)  # type: ignore[arg-type]
+        dev = Device.open(self.path, timeout=timeout, attempts=attempts,
+                          max_inflight=max_inflight)
         self.opened.append(dev)
         return dev
 
     def close(self) -> None:
         for dev in self.opened:
-            dev.close()  # type: ignore[attr-defined]
+            dev.close()
         self._stop()
 
 

@@ -42,6 +42,7 @@ from protocol.outcome import (
     Status,
 )
 from protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
+from protocol.session import DeviceInfo
 
 if TYPE_CHECKING:
     from host.ymodem_io import TransferReport
@@ -320,8 +321,11 @@ class Device:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
-             **kw: float | int) -> Device:
-        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), **kw)  # type: ignore[arg-type]
+             regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2, attempts: int = 5,
+             max_inflight: int = 8) -> Device:
+        """Open ``url`` (any pyserial URL) and run the HELLO handshake."""
+        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), regmap=regmap,
+                  timeout=timeout, attempts=attempts, max_inflight=max_inflight)
         try:
             dev.connect()
         except BaseException:
@@ -361,7 +365,8 @@ class Device:
         self.close()
 
     @property
-    def info(self) -> object:
+    def info(self) -> DeviceInfo | None:
+        """What the device advertised at HELLO (None before ``connect``)."""
         return self.session.info
 
     # ------------------------------------------------------------------ the one request loop
