@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from device_sim.device import SimulatedDevice
 from device_sim.link import LinkConfig
@@ -251,3 +253,22 @@ def test_a_device_of_a_newer_protocol_version_is_refused_clearly() -> None:
 
     with pytest.raises(IncompatibleDevice, match="version 2"):
         Device(NewerDevice()).connect()  # type: ignore[arg-type]
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(list(FrameType)), st.integers(0, 40),
+                          st.sampled_from([EPOCH, EPOCH ^ 1]), st.binary(max_size=40),
+                          st.sampled_from([0, 1, 2, 3])), max_size=60),
+       st.binary(max_size=200))
+def test_device_session_never_raises_and_runs_each_number_once(
+    frames: list[tuple[FrameType, int, int, bytes, int]], junk: bytes
+) -> None:
+    dev, ex = make(ring_bits=64, replay_slots=4)
+    wire = junk + b"".join(encode_frame(t, s, e, p, f) for t, s, e, p, f in frames)
+    for i in range(0, len(wire), 7):
+        dev.receive_data(wire[i : i + 7], 0.0)
+    seqs = [s for _, s in ex.calls]
+    assert len(seqs) == len(set(seqs))  # at most one execution per sequence number
+    for _pdu, seq in ex.calls:  # and only for requests that really carried our epoch
+        assert (FrameType.REQUEST, seq, EPOCH) in {(t, s, e) for t, s, e, _, _ in frames}
