@@ -327,7 +327,7 @@ class HostSession:
         for p in sorted(self._inflight.values(), key=lambda q: q.seq):
             if p.epoch == epoch:
                 continue
-            if p.set_only:
+            if p.set_only and p.reissued < self.attempts:  # a flapping epoch cannot loop us
                 del self._inflight[p.seq]
                 p.reissued += 1
                 self.counters.reissued += 1

@@ -272,3 +272,40 @@ def test_device_session_never_raises_and_runs_each_number_once(
     assert len(seqs) == len(set(seqs))  # at most one execution per sequence number
     for _pdu, seq in ex.calls:  # and only for requests that really carried our epoch
         assert (FrameType.REQUEST, seq, EPOCH) in {(t, s, e) for t, s, e, _, _ in frames}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.sampled_from([EPOCH, EPOCH ^ 1]),
+                          st.integers(0, 0x40), st.binary(max_size=12), st.booleans()),
+                max_size=40),
+       st.binary(max_size=100), st.integers(1, 8))
+def test_host_session_ends_every_request_exactly_once_whatever_arrives(
+    answers: list[tuple[int, int, int, bytes, bool]], junk: bytes, n: int
+) -> None:
+    from protocol.host_session import Completion
+    from protocol.session import encode_response
+
+    host = HostSession(contract_hash=HASH, timeout=0.1, attempts=3, max_inflight=4)
+    dev, _ = make()
+    host.open(0.0)
+    host.receive_data(dev.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.events()
+    for i in range(n):
+        host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=i % 2 == 0, tag=i)
+    now = 0.0
+    wire = junk + b"".join(
+        encode_frame(FrameType.RESPONSE, seq, epoch, encode_response(status, pdu),
+                     Flags.REPLAY if replay else 0)
+        for seq, epoch, status, pdu, replay in answers)
+    done: list[Completion] = []
+    for i in range(0, len(wire), 5):
+        now += 0.01
+        host.receive_data(wire[i : i + 5], now)
+        host.tick(now)
+        done += [e for e in host.events() if isinstance(e, Completion)]
+    for _ in range(50):  # silence: everything still out must time out, exactly once
+        now += 0.1
+        host.tick(now)
+        done += [e for e in host.events() if isinstance(e, Completion)]
+    assert sorted(c.tag for c in done) == list(range(n))
+    assert host.outstanding == 0
