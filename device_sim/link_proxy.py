@@ -13,6 +13,8 @@ Contract:
 - ``serve()`` runs until ``stop()`` (any thread, or a signal handler); ``start()`` runs it in a
   thread. ``close()`` releases everything: a created pty disappears with it. The proxy is a
   context manager (``with LinkProxy(None, None, cfg).start() as proxy: ...``).
+- ``tap(direction, data, t)``, when given, sees every delivery as the receiving end gets it (after
+  the emulated faults): ``idemlink link --monitor`` decodes the frames crossing the line with it.
 - Reboot events are not acted on here (there is no device to reboot); ``link`` is exposed for
   its counters (``link.stats()``).
 """
@@ -27,6 +29,7 @@ import select
 import threading
 import time
 import tty
+from collections.abc import Callable
 from types import TracebackType
 
 import serial
@@ -192,8 +195,10 @@ class LinkProxy:
         config_ba: LinkConfig | None = None,
         *,
         quantum: float = DEFAULT_QUANTUM,
+        tap: Callable[[str, bytes, float], None] | None = None,
     ) -> None:
         self.link = Link(config, config_ba)
+        self.tap = tap  #: sees every delivery: (direction name, bytes, link time)
         self.quantum = quantum
         port_baud = config.baud if config.baud is not None else 115200
         self._ends: list[_End] = []
@@ -240,6 +245,8 @@ class LinkProxy:
                 out = direction.poll(now)
                 if out:
                     dst.send(out)
+                    if self.tap is not None:
+                        self.tap(direction.name, out, now)
             times = [
                 t for t in (d.next_event_time() for _, d, _ in routes) if t is not None
             ]

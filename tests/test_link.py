@@ -715,3 +715,37 @@ def test_frame_gap_cuts_undelimited_traffic_into_frames_that_can_be_lost() -> No
 def test_frame_gap_must_be_positive() -> None:
     with pytest.raises(LinkConfigError):
         LinkConfig(frame_gap=0.0)
+
+
+def test_link_monitor_decodes_the_frames_crossing_the_line() -> None:
+    """``idemlink link --monitor`` between a host and the pty simulator: a spy on the wire."""
+    from device_sim.device import SimulatedDevice
+    from device_sim.pytest_plugin import start_pty_sim
+    from host.device import Device
+
+    sim = start_pty_sim(SimulatedDevice(seed=4))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from host.cli import main; sys.exit(main())",
+         "link", "--b", sim.path, "--monitor"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,  # unbuffered: select works
+    )
+    try:
+        assert proc.stdout is not None
+        a_path = proc.stdout.readline().decode().strip()
+        proc.stdout.readline()  # b path
+        with Device.open(a_path) as dev:
+            assert dev.write({"threshold": 321}).ok
+        lines: list[str] = []
+        deadline = time.monotonic() + 20
+        while not any("RESPONSE" in ln for ln in lines):
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"no RESPONSE decoded within 20 s: {lines}"
+            lines.append(proc.stdout.readline().decode())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+        sim.close()
+    text = "".join(lines)
+    assert "a->b HELLO" in text and "b->a HELLO_REPLY" in text
+    assert "a->b REQUEST" in text and "threshold" in text
+    assert "b->a RESPONSE" in text

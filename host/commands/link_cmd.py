@@ -12,6 +12,7 @@ import argparse
 import json
 import signal
 import sys
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -41,7 +42,25 @@ def register(sub: Any) -> None:
     p.add_argument("--noise-rate", type=float, default=0.0, help="noise bursts per second")
     p.add_argument("--seed", type=int, default=0, help="seed of every fault (default 0)")
     p.add_argument("--stats", action="store_true", help="print fault counters (JSON) on exit")
+    p.add_argument("--monitor", action="store_true",
+                   help="decode and print the idemlink frames crossing the line, both ways")
     p.set_defaults(handler=run)
+
+
+def _monitor_tap() -> Callable[[str, bytes, float], None]:
+    """A spy on the line: one frame decoder per direction, one describer (so an answer is shown
+    with the registers its request named)."""
+    from host.commands.device_cmds import FrameDescriber
+    from protocol.frame import FrameDecoder
+
+    decoders = {"a->b": FrameDecoder(), "b->a": FrameDecoder()}
+    describer = FrameDescriber()
+
+    def tap(direction: str, data: bytes, t: float) -> None:
+        for item in decoders[direction].feed(data):
+            print(f"+{t:9.3f}s {direction} {describer.describe(item)['text']}", flush=True)
+
+    return tap
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,8 +84,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except LinkConfigError as exc:
         raise UserError(str(exc)) from None
+    tap = _monitor_tap() if args.monitor else None
     try:
-        proxy = LinkProxy(args.a, args.b, config)
+        proxy = LinkProxy(args.a, args.b, config, tap=tap)
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
         raise UserError(f"cannot open a side: {exc}") from None
     with proxy:
