@@ -28,7 +28,7 @@ from typing import Any
 from device_sim.device import SimulatedDevice
 from device_sim.link import LinkConfig
 from device_sim.simlink import SimTransport
-from host.device import Command, CommandKind, Device, Result
+from host.device import Command, CommandKind, Device, Result, answer_of
 from protocol.device_core import EffectKind
 from protocol.outcome import Outcome
 from protocol.registers import RegisterKind, RegisterSpec
@@ -160,6 +160,10 @@ class _Campaign:
             if len(final) != 1:
                 rep.misclassified += 1
                 rep.problems.append(f"OK without exactly one execution: {res}")
+            elif answer_of(cmd, final[0].response) != (res.values, res.code):
+                # The host must report the answer of the one execution (a replay included).
+                rep.misclassified += 1
+                rep.problems.append(f"OK with another answer than the execution's: {res}")
         elif res.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and effects:
             rep.misclassified += 1
             rep.problems.append(f"{res.outcome.name} but had effects {effects}: {res}")

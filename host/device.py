@@ -242,7 +242,11 @@ class Reconciliation:
     summary: str
 
 
-def _decode_answer(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
+def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
+    """The values (reads) and code (trigger status; generation after a conditional write,
+    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``."""
+    if pdu[:1] and pdu[0] & 0x80:  # an exception answer carries neither
+        return (), None
     k = cmd.kind
     if k is CommandKind.READ and len(pdu) >= 2:
         n = pdu[1] // 2
@@ -436,9 +440,7 @@ class Device:
         results = []
         for c, t in zip(cmds, tags, strict=True):
             comp = self._results.pop(t)
-            values, code = _decode_answer(c, comp.pdu) if comp.outcome is Outcome.OK else ((), None)
-            if c.kind is CommandKind.WRITE_IF_GENERATION and comp.pdu and len(comp.pdu) >= 4:
-                code = struct.unpack_from(">H", comp.pdu, 2)[0]
+            values, code = answer_of(c, comp.pdu)
             r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
                        comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as)
             self.stats.commands += 1

@@ -115,6 +115,23 @@ def test_mutant_reboot_that_loses_configuration_loses_acknowledged_writes(
     assert rep.lost_acknowledged_writes > 0
 
 
+def test_mutant_replay_of_another_answer_is_misclassified(monkeypatch: pytest.MonkeyPatch) -> None:
+    from protocol.replay import ReplayCache, ReplayVerdict
+
+    real = ReplayCache.lookup
+
+    def stale(self: ReplayCache, seq: int, digest: int) -> tuple[ReplayVerdict, bytes]:
+        verdict, answer = real(self, seq, digest)
+        if verdict is ReplayVerdict.REPLAY and len(answer) > 5:
+            answer = answer[:-1] + bytes([answer[-1] ^ 1])  # a stored answer gone wrong
+        return verdict, answer
+
+    monkeypatch.setattr(ReplayCache, "lookup", stale)
+    rep = run_campaign(SMALL)
+    assert rep.misclassified > 0
+    assert any("another answer" in p for p in rep.problems)
+
+
 @pytest.mark.slow
 def test_a_million_commands() -> None:
     rep = run_campaign(CampaignConfig(commands=1_000_000, seed=1000))
