@@ -171,9 +171,10 @@ class DirectorySink:
             else:
                 os.link(tmp, target)  # fails if the name appeared meanwhile: never overwrite
                 os.unlink(tmp)
-        except OSError as exc:
+        except (OSError, OverflowError) as exc:  # utime: a header mtime beyond time_t overflows
             self.discard()
-            raise SinkRefused(f"commit failed: {exc.strerror or exc}") from exc
+            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise SinkRefused(f"commit failed: {detail}") from exc
         self._tmp = self._file = None
         self.used += size
         return target
