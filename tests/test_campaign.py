@@ -45,6 +45,16 @@ def test_cli_soak_json_reports_zero_faults() -> None:
     assert d["duplicated_effects"] == d["lost_acknowledged_writes"] == d["misclassified"] == 0
 
 
+
+def test_cli_soak_bad_probability_is_one_line_not_a_traceback() -> None:
+    r = subprocess.run(
+        [sys.executable, "-m", "host.cli", "soak", "--commands", "10", "--loss", "2"],
+        capture_output=True, text=True, check=False, timeout=60,
+    )
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("idemlink soak: ") and r.stderr.count("\n") == 1, r.stderr
+
 # ---- the oracle can fail: each mutant below must be caught -------------------------------------
 
 SMALL = CampaignConfig(commands=2500, loss=0.15, dup=0.05, corrupt=0.02, reboot_every=150, seed=9)

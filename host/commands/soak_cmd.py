@@ -29,6 +29,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from device_sim.campaign import CampaignConfig, run_campaign
+    from device_sim.link import LinkConfigError
+    from host.cli import UserError
 
     cfg = CampaignConfig(
         commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
@@ -44,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
         if bar is not None:
             bar.update(n)
 
-    report = run_campaign(cfg, progress=tick)
+    try:
+        report = run_campaign(cfg, progress=tick)
+    except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
+        raise UserError(str(exc)) from None
     if bar is not None:
         bar.close()
     d = report.as_dict()
