@@ -12,7 +12,8 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
   matched by sequence number *and* the epoch the request was sent in. An answer for a number that is
   not outstanding (late, duplicated, from a previous epoch) is counted and dropped — it is never
   taken for another request's answer.
-- Boot epoch change (an EPOCH_MISMATCH answer carrying a new epoch): every outstanding request sent
+- Boot epoch change (an EPOCH_MISMATCH answer to an outstanding request, carrying a new epoch;
+  one answering nothing outstanding is a late answer like any other): every outstanding request sent
   in the old epoch is settled at once — a *set-only* command (absolute writes, harmless to repeat) is
   re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
   (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
@@ -301,7 +302,10 @@ class HostSession:
             return
         status, pdu = decoded
         if status == Status.EPOCH_MISMATCH and frame.epoch != self.epoch:
-            self._epoch_changed(frame.epoch, now)
+            if p is not None and p.epoch == self.epoch:
+                self._epoch_changed(frame.epoch, now)
+            else:  # answers nothing outstanding: e.g. a delayed copy from an older boot
+                self.counters.late_answers += 1
             return
         if p is None or frame.epoch != p.epoch:
             self.counters.late_answers += 1

@@ -5,7 +5,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from host.ymodem_io import DirectorySink, ReceiverDriver
+from protocol.device_session import DeviceSession
+from protocol.host_session import Completion, HostSession
+from protocol.outcome import Outcome, Status
 from protocol.ymodem import CAN, Sender, SendFile, TxState
+
+HASH = b"12345678"
+READ = b"\x03\x00\x00\x00\x01"
+CLEAR = b"\x06\x00\x20\x00\x01"  # a W1C fault clear: FC06, but not set-only
+
+
+class Executor:
+    def __init__(self) -> None:
+        self.calls: list[bytes] = []
+
+    def __call__(self, pdu: bytes, now: float, seq: int) -> bytes:
+        self.calls.append(pdu)
+        return pdu
 
 
 def _run_ymodem(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: float = 600.0) -> bytes:
@@ -41,3 +57,49 @@ def test_unrepresentable_mtime_cancels_cleanly_and_leaves_no_partial_file(tmp_pa
     assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
     assert list(tmp_path.iterdir()) == []
     assert not drv.report.ok
+
+
+def _completions(host: HostSession) -> dict[object, Completion]:
+    return {e.tag: e for e in host.events() if isinstance(e, Completion)}
+
+
+def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() -> None:
+    """Two reboots (Z -> A -> B) and a line that duplicates and delays one answer.
+
+    The first request, sent in Z, is refused by the device in A with EPOCH_MISMATCH(A); the line
+    delivers that answer and keeps a copy. The host moves to A, later to B. A fault clear (not
+    set-only) then runs once in B; before its OK arrives, the delayed copy of EPOCH_MISMATCH(A)
+    does. That copy answers a number no longer outstanding, so by the session's own rule it is a
+    late answer to drop. The session instead took it as an epoch change: it moved back to A and
+    settled the fault clear UNKNOWN (EPOCH_CHANGED_IN_FLIGHT), then dropped the real OK as late,
+    so a command that ran exactly once and was answered was reported UNKNOWN and blocked the
+    handle."""
+    host = HostSession(contract_hash=HASH, timeout=1.0, attempts=3, max_inflight=4)
+    ex_z, ex_a, ex_b = Executor(), Executor(), Executor()
+    boot_z = DeviceSession(ex_z, 0x2222, contract_hash=HASH)
+    host.open(0.0)
+    host.receive_data(boot_z.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.events()
+    assert host.epoch == 0x2222
+
+    boot_a = DeviceSession(ex_a, 0xAAAA, contract_hash=HASH)  # reboot: Z -> A
+    host.submit(READ, 0.0, set_only=True, tag="r1")
+    refused_in_a = boot_a.receive_data(host.data_to_send(), 0.0)
+    stale_copy = refused_in_a  # the line duplicates this answer and delays the copy
+    host.receive_data(refused_in_a, 0.0)
+    host.receive_data(boot_a.receive_data(host.data_to_send(), 0.0), 0.0)  # r1 re-issued in A
+    assert _completions(host)["r1"].outcome is Outcome.OK
+
+    boot_b = DeviceSession(ex_b, 0xBBBB, contract_hash=HASH)  # reboot: A -> B
+    host.submit(READ, 0.0, set_only=True, tag="r2")
+    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)  # r2 re-issued in B
+    assert _completions(host)["r2"].outcome is Outcome.OK and host.epoch == 0xBBBB
+
+    host.submit(CLEAR, 0.0, set_only=False, tag="clear")
+    answer = boot_b.receive_data(host.data_to_send(), 0.0)
+    assert ex_b.calls.count(CLEAR) == 1  # it ran, once, in B
+    host.receive_data(stale_copy + answer, 0.0)
+    done = _completions(host)
+    assert done["clear"].outcome is Outcome.OK and done["clear"].status is Status.OK
+    assert host.epoch == 0xBBBB
