@@ -139,7 +139,10 @@ class DirectorySink:
             raise SinkRefused(f"{ev.name} exists (use --overwrite)")
         if self.quota is not None and ev.size is not None and self.used + ev.size > self.quota:
             raise SinkRefused(f"{ev.name}: {ev.size} bytes exceed the quota")
-        fd, tmp = tempfile.mkstemp(prefix=".ymodem-", suffix=".part", dir=self.directory)
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".ymodem-", suffix=".part", dir=self.directory)
+        except OSError as exc:
+            raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
         self._fd, self._tmp, self._file, self._written = fd, Path(tmp), ev, 0
 
     def write(self, offset: int, data: bytes) -> None:

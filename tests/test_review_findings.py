@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from host.ymodem_io import DirectorySink, ReceiverDriver
 from protocol.device_session import DeviceSession
@@ -57,6 +61,27 @@ def test_unrepresentable_mtime_cancels_cleanly_and_leaves_no_partial_file(tmp_pa
     assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
     assert list(tmp_path.iterdir()) == []
     assert not drv.report.ok
+
+
+def test_temporary_file_creation_error_cancels_instead_of_crashing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DirectorySink.open`` created its temporary file with ``tempfile.mkstemp`` outside any
+    error handling, so an OSError there (no space or no inode left, too many open files, a
+    read-only directory) escaped as OSError instead of ``SinkRefused``: ``ReceiverDriver.feed``
+    raised (in the simulator this kills the serving thread) and the sender was never told to stop.
+    The contract: any refusal or write error cancels the batch with CAN CAN."""
+
+    def full_disk(*args: object, **kwargs: object) -> tuple[int, str]:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full_disk)
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender([SendFile.from_bytes("a.bin", b"data", mtime=1_700_000_000, mode=0o644)])
+    sent = _run_ymodem(tx, drv)
+    assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
+    assert list(tmp_path.iterdir()) == []
+    assert "No space left" in drv.report.reason
 
 
 def _completions(host: HostSession) -> dict[object, Completion]:
