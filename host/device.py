@@ -416,7 +416,8 @@ class Device:
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
         """Send commands pipelined (up to the negotiated depth) and return one Result each, in
-        order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
+        order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged; commands of a
+        later wave than one that ended UNKNOWN are not sent (NOT_EXECUTED, no status)."""
         return self._drive(self._run_steps(list(commands)))
 
     def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
@@ -426,6 +427,9 @@ class Device:
                 "reconcile() and acknowledge_unknown() first")
         results: list[Result] = []
         for wave in _waves(commands):
+            if self.unknown is not None:  # an earlier wave ended UNKNOWN: the rest stays unsent
+                results += [Result(c, Outcome.NOT_EXECUTED, None) for c in wave]
+                continue
             results += yield from self._wave_steps(wave)
         return results
 

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from device_sim.device import SimulatedDevice
+from device_sim.simlink import SimTransport
+from host.device import Command, CommandKind, Device
 from host.ymodem_io import DirectorySink, ReceiverDriver
 from protocol.device_session import DeviceSession
 from protocol.host_session import Completion, HostSession
@@ -128,3 +131,37 @@ def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() 
     done = _completions(host)
     assert done["clear"].outcome is Outcome.OK and done["clear"].status is Status.OK
     assert host.epoch == 0xBBBB
+
+
+class _AnswersLostForTriggers(SimTransport):
+    """A line that loses every answer while a trigger start (FC 0x42, value 1) is being sent."""
+
+    def write(self, data: bytes) -> None:
+        from protocol.frame import Frame, FrameDecoder
+
+        for f in FrameDecoder().feed(data):
+            if isinstance(f, Frame) and f.payload[:1] == b"\x42":
+                self.drop_answers = f.payload[-2:] == b"\x00\x01"
+        super().write(data)
+
+
+def test_an_unknown_in_one_wave_holds_the_later_waves_of_the_same_batch() -> None:
+    """``Device.run([trigger, trigger_reset])`` on one register is split into two waves (the two
+    do not commute). The trigger runs but every answer is lost: UNKNOWN, which must hold further
+    commands until reconciled. ``run`` checked the block only on entry, so the second wave was
+    still sent: the reset aborted the run that had just started, ``reconcile()`` then read IDLE
+    and said the trigger's intended state does not hold, and a caller following it would
+    trigger again - the action running twice. Later waves must stay unsent (NOT_EXECUTED)."""
+    t = _AnswersLostForTriggers(SimulatedDevice(seed=3, trigger_duration=1.0))
+    dev = Device(t, timeout=0.02, attempts=4)
+    dev.connect()
+    addr = dev.spec("self_clean").address
+    trig, reset = dev.run([Command(CommandKind.TRIGGER, addr),
+                           Command(CommandKind.TRIGGER_RESET, addr)])
+    assert trig.outcome is Outcome.UNKNOWN and dev.unknown is trig
+    ran = [e.request for e in t.device.executions if e.request[:1] == b"\x42"]
+    assert len(ran) == 1 and ran[0][-2:] == b"\x00\x01", "only the trigger reached the device"
+    assert reset.outcome is Outcome.NOT_EXECUTED and not reset.sent_as
+    t.drop_answers = False
+    rec = dev.reconcile()
+    assert rec is not None and rec.intended_state_holds is True
