@@ -32,6 +32,8 @@ def run(args: argparse.Namespace) -> int:
     from device_sim.link import LinkConfigError
     from host.cli import UserError
 
+    if args.commands < 1 or args.reboot_every < 0:
+        raise UserError("--commands must be >= 1 and --reboot-every >= 0")
     cfg = CampaignConfig(
         commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,

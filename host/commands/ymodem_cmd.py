@@ -150,7 +150,13 @@ def run_receive(args: argparse.Namespace) -> int:
         sink = DirectorySink(args.dir, overwrite=args.overwrite, quota=args.quota)
     except SinkRefused as exc:
         raise UserError(str(exc)) from exc
-    config = ReceiverConfig(header_retries=max(1, int(args.timeout / 3.0)), max_file_size=args.quota)
+    if args.timeout <= 0 or (args.quota is not None and args.quota < 0):
+        raise UserError("--timeout must be > 0 and --quota >= 0")
+    # 'C' every few seconds for as long as --timeout says (the spec's cadence is 3 s).
+    c_interval = min(3.0, args.timeout)
+    config = ReceiverConfig(c_interval=c_interval,
+                            header_retries=max(1, round(args.timeout / c_interval)),
+                            max_file_size=args.quota)
     port = _open(args.port, args.baud)
     bar = _Bar(not args.no_progress)
     try:
