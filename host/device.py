@@ -476,6 +476,16 @@ class Device:
                        input_registers=spec.kind is RegisterKind.INPUT)
 
     def write_command(self, values: Mapping[str | int, int]) -> Command:
+        """An absolute (set-only, re-issued after a reboot) write. Fault words and triggers are
+        refused: a W1C clear or a trigger start is not harmless to repeat in a new boot epoch;
+        use ``clear_faults()`` / ``trigger()``."""
+        for key in values:
+            spec = self.spec(key)
+            if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
+                use = "clear_faults()" if spec.kind is RegisterKind.FAULT else "trigger()"
+                raise LocalProtocolError(
+                    f"{spec.name} is a {spec.kind.name} register, not a set-only value: use {use}",
+                    Status.MALFORMED_REQUEST)
         return Command(CommandKind.WRITE, *self._contiguous(values))
 
     def _contiguous(self, values: Mapping[str | int, int]) -> tuple[int, int, tuple[int, ...]]:

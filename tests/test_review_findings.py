@@ -14,7 +14,7 @@ from host.device import Command, CommandKind, Device
 from host.ymodem_io import DirectorySink, ReceiverDriver
 from protocol.device_session import DeviceSession
 from protocol.host_session import Completion, HostSession
-from protocol.outcome import Outcome, Status
+from protocol.outcome import LocalProtocolError, Outcome, Status
 from protocol.ymodem import CAN, Sender, SendFile, TxState
 
 HASH = b"12345678"
@@ -165,3 +165,23 @@ def test_an_unknown_in_one_wave_holds_the_later_waves_of_the_same_batch() -> Non
     t.drop_answers = False
     rec = dev.reconcile()
     assert rec is not None and rec.intended_state_holds is True
+
+
+def test_a_plain_write_to_a_trigger_or_fault_word_is_refused_not_sent_as_set_only() -> None:
+    """``Device.write({"self_clean": 1})`` encoded FC06 to the TRIGGER register, which the device
+    executes as a trigger start, but the command kind was WRITE and so *set-only*: when the
+    device rebooted with it in flight (it had run, its answer lost), the host re-issued it in the
+    new epoch, the trigger started a second time, and the call returned OK. The same holds for a
+    W1C fault word (a re-issued clear can erase a fault latched after the reboot). The CLI already
+    refuses these (`use idemlink clear / trigger`); the API now refuses them too, before sending."""
+    t = SimTransport(SimulatedDevice(seed=3, trigger_duration=1.0))
+    dev = Device(t, timeout=0.02, attempts=6)
+    dev.connect()
+    before = len(t.device.executions)
+    for register in ("self_clean", "faults"):
+        with pytest.raises(LocalProtocolError):
+            dev.write({register: 1})
+        with pytest.raises(LocalProtocolError):
+            dev.write_command({register: 1})
+    assert len(t.device.executions) == before, "nothing was sent"
+    assert dev.write({"threshold": 400}).ok  # holding registers are unaffected
