@@ -37,12 +37,16 @@ from protocol.registers import DEFAULT_MAP, RegisterMap
 from protocol.replay import DEFAULT_SLOTS
 from protocol.window import RING_BITS
 
+DEFAULT_FILE_QUOTA = 16 * 1024 * 1024
+"""Bytes one YMODEM batch may store on the simulated device."""
+
 
 @dataclass(frozen=True, slots=True)
 class FileReceiveRequest:
     """A FILE_RECEIVE command ran: the serving shell owes the host one YMODEM batch."""
 
     overwrite: bool
+    quota: int  #: bytes the batch may store (the simulated flash is finite)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,7 @@ class SimulatedDevice:
         replay_slots: int = DEFAULT_SLOTS,
         now: float = 0.0,
         name: str = "idemlink-sim",
+        file_quota: int = DEFAULT_FILE_QUOTA,
     ) -> None:
         self._rng = random.Random(seed)
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
@@ -77,6 +82,7 @@ class SimulatedDevice:
         self.ring_bits = ring_bits
         self.replay_slots = replay_slots
         self.name = name
+        self.file_quota = file_quota
         self._hash = contract_hash()
         self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
                                config=self._load_flash())
@@ -149,7 +155,8 @@ class SimulatedDevice:
     def _request_file_receive(self, pdu: bytes) -> bytes:
         if len(pdu) > 2 or pdu[1:] not in (b"", b"\x00", b"\x01"):
             return exception_pdu(FunctionCode.FILE_RECEIVE, ModbusException.ILLEGAL_DATA_VALUE)
-        self._file_receive = FileReceiveRequest(overwrite=pdu[1:] == b"\x01")
+        self._file_receive = FileReceiveRequest(overwrite=pdu[1:] == b"\x01",
+                                                quota=self.file_quota)
         return bytes([FunctionCode.FILE_RECEIVE, 0])
 
     def _load_flash(self) -> ConfigSnapshot | None:

@@ -11,6 +11,7 @@ returns to framed mode in every case.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -36,10 +37,13 @@ def receive_batch(
     config: ReceiverConfig = DEVICE_RECEIVER,
     *,
     overwrite: bool = False,
+    quota: int | None = None,
 ) -> TransferReport:
     """Run one YMODEM receive batch on ``transport``; returns the per-file report. An existing
     file is replaced only with ``overwrite`` (else the batch is cancelled, nothing written)."""
-    driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite), config)
+    if quota is not None:  # a declared size over the quota is refused at the header
+        config = dataclasses.replace(config, max_file_size=quota)
+    driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite, quota=quota), config)
     out = driver.start(clock())
     if out:
         transport.write(out)

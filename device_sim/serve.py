@@ -125,7 +125,7 @@ def serve(
                 from device_sim.file_receive import receive_batch
 
                 report = receive_batch(device.files_dir, transport, clock, stop,
-                                       overwrite=request.overwrite)
+                                       overwrite=request.overwrite, quota=request.quota)
                 stats.file_batches += 1
                 log.info("YMODEM batch: %s", report)
         else:

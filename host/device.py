@@ -15,6 +15,7 @@ the sans-I/O ``HostSession`` and passes the time in. An asyncio shell would repl
 from __future__ import annotations
 
 import logging
+import secrets
 import struct
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -244,13 +245,16 @@ class Reconciliation:
 
 def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
     """The values (reads) and code (trigger status; generation after a conditional write,
-    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``."""
+    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``.
+    Never raises: a malformed answer (only a faulty device sends one; the CRC rules out the line)
+    carries no values."""
     if pdu[:1] and pdu[0] & 0x80:  # an exception answer carries neither
         return (), None
     k = cmd.kind
-    if k is CommandKind.READ and len(pdu) >= 2:
-        n = pdu[1] // 2
-        return struct.unpack_from(f">{n}H", pdu, 2), None
+    if k is CommandKind.READ:
+        if len(pdu) != 2 + 2 * cmd.count or pdu[1] != 2 * cmd.count:
+            return (), None
+        return struct.unpack_from(f">{cmd.count}H", pdu, 2), None
     if k in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) and len(pdu) >= 5:
         return (), struct.unpack_from(">H", pdu, 3)[0]
     if k is CommandKind.WRITE_IF_GENERATION and len(pdu) >= 4:
@@ -315,7 +319,8 @@ class Device:
         self.regmap = regmap
         self.session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight,
+            max_inflight=max_inflight, hello_attempts=max(attempts, 1),
+            hello_nonce=secrets.randbits(32),
         )
         self.unknown: Result | None = None
         self.stats = DriverStats()
@@ -439,7 +444,7 @@ class Device:
         for c in cmds:
             self._tag += 1
             tags.append(self._tag)
-            self.session.submit(c.pdu(), now, set_only=c.set_only, tag=self._tag)
+            self.session.submit(c.pdu(), now, set_only=self._reissuable(c), tag=self._tag)
         yield from self._exchange(lambda: all(t in self._results for t in tags))
         results = []
         for c, t in zip(cmds, tags, strict=True):
@@ -456,6 +461,16 @@ class Device:
 
     def execute(self, command: Command) -> Result:
         return self.run([command])[0]
+
+    def _reissuable(self, c: Command) -> bool:
+        """Harmless to run again after a reboot: a read, or a write that touches only HOLDING
+        registers (checked against the map, whoever built the Command)."""
+        if c.kind is CommandKind.READ:
+            return True
+        if c.kind is not CommandKind.WRITE:
+            return False
+        specs = [self.regmap.at(a) for a in range(c.address, c.address + len(c.values))]
+        return all(s is not None and s.kind is RegisterKind.HOLDING for s in specs)
 
     # ------------------------------------------------------------------ typed helpers
     def spec(self, register: str | int) -> RegisterSpec:
@@ -574,7 +589,7 @@ class Device:
                  Command(CommandKind.READ, self.regmap.generation.address, 1)]
         for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
             back = yield from self._wave_steps(reads)
-            if all(b.outcome is Outcome.OK for b in back):
+            if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
 

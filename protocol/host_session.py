@@ -143,6 +143,7 @@ class HostSession:
         attempts: int = 5,
         max_inflight: int = 8,
         hello_attempts: int = 5,
+        hello_nonce: int = 0,
     ) -> None:
         if attempts < 1 or max_inflight < 1:
             raise ValueError("attempts and max_inflight must be >= 1")
@@ -156,7 +157,9 @@ class HostSession:
         self.info: DeviceInfo | None = None
         self.epoch = 0
         self._next_seq = 1
-        self._hello_seq = 0
+        # HELLO numbers start at a shell-chosen nonce, so a stale HELLO_REPLY left on the line by
+        # another process's handshake is not taken for ours (it would bring an old next_seq).
+        self._hello_seq = hello_nonce & SEQ_MASK
         self._hello_sent = 0
         self._hello_deadline = 0.0
         self._decoder = FrameDecoder()

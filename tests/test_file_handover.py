@@ -105,3 +105,18 @@ def test_existing_file_is_replaced_only_when_asked(tmp_path: Path) -> None:
         assert not [p for p in stored.parent.iterdir() if p.name.startswith(".")]  # no leftovers
     finally:
         sim.close()
+
+
+def test_the_devices_flash_is_finite_a_batch_over_its_quota_is_refused(tmp_path: Path) -> None:
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(5000))
+    sim = start_pty_sim(SimulatedDevice(seed=6, flash_dir=tmp_path / "flash", file_quota=4096))
+    try:
+        with Device.open(sim.path) as dev:
+            _, report = dev.send_files([str(big)])
+            assert report is not None and not report.ok  # refused at the header: 5000 > 4096
+            assert dev.read("threshold").ok
+        assert not (tmp_path / "flash" / "files" / "big.bin").exists()
+        assert list((tmp_path / "flash" / "files").iterdir()) == []  # nothing partial either
+    finally:
+        sim.close()

@@ -309,3 +309,38 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
         done += [e for e in host.events() if isinstance(e, Completion)]
     assert sorted(c.tag for c in done) == list(range(n))
     assert host.outstanding == 0
+
+
+def test_a_hand_built_write_to_a_trigger_is_not_reissued_after_a_reboot() -> None:
+    from host.device import Command, CommandKind
+
+    dev, t = connect()
+    t.drop_answers = True
+    real_reboot = t.device.reboot
+
+    def reboot_and_heal(now: float) -> None:
+        real_reboot(now)
+        t.drop_answers = False
+
+    t.device.reboot = reboot_and_heal  # type: ignore[method-assign]
+    t.schedule_reboot(t.now() + 0.03)
+    trig = dev.spec("self_clean").address
+    (res,) = dev.run([Command(CommandKind.WRITE, trig, 1, (1,))])  # FC06 1 to the trigger
+    assert res.outcome is Outcome.UNKNOWN and res.status is Status.EPOCH_CHANGED_IN_FLIGHT
+    assert sum(1 for e in t.device.executions if e.request[:1] == b"\x06") == 1
+
+
+def test_a_malformed_read_answer_carries_no_values_and_never_raises() -> None:
+    from host.device import Command, CommandKind, answer_of
+
+    read3 = Command(CommandKind.READ, 4, 3)
+    assert answer_of(read3, bytes([3, 6, 0, 1, 0, 2, 0, 3])) == ((1, 2, 3), None)
+    for bad in (b"\x03", bytes([3, 4, 0, 1, 0, 2]), bytes([3, 6, 0, 1]), bytes([3, 200])):
+        assert answer_of(read3, bad) == ((), None)
+
+
+def test_hello_numbers_start_at_the_shells_nonce() -> None:
+    host = HostSession(contract_hash=HASH, hello_nonce=0xDEADBEEF)
+    host.open(0.0)
+    (hello,) = FrameDecoder().feed(host.data_to_send())
+    assert isinstance(hello, Frame) and hello.seq == 0xDEADBEF0
