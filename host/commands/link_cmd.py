@@ -50,7 +50,7 @@ def register(sub: Any) -> None:
 def _monitor_tap() -> Callable[[str, bytes, float], None]:
     """A spy on the line: one frame decoder per direction, one describer (so an answer is shown
     with the registers its request named)."""
-    from host.commands.device_cmds import FrameDescriber
+    from host.frame_view import FrameDescriber
     from protocol.frame import FrameDecoder
 
     decoders = {"a->b": FrameDecoder(), "b->a": FrameDecoder()}
