@@ -13,7 +13,8 @@ from typing import Any
 from protocol.registers import DEFAULT_MAP, RegisterMap, TriggerStatus
 
 
-def _code_name(code: int) -> str:
+def trigger_code_name(code: int) -> str:
+    """``RUNNING`` for 0x0101 and so on; hex for a code this version does not know."""
     try:
         return TriggerStatus(code).name
     except ValueError:
@@ -113,7 +114,7 @@ class FrameDescriber:
             case mb.WriteIfGenerationResponse(wst, generation):
                 return f"status={st} conditional {wst.name} generation={generation}"
             case mb.TriggerResponse(address, code):
-                return f"status={st} trigger {self._reg(address)} {_code_name(code)}"
+                return f"status={st} trigger {self._reg(address)} {trigger_code_name(code)}"
             case mb.ExceptionResponse(function, exception):
                 return f"status={st} FC{function:02X} exception {exception.name}"
         return f"status={st} {pdu.hex()}"

@@ -43,7 +43,7 @@ from host.cli import (
     UserError,
 )
 from host.device import Device, IncompatibleDevice, NoDevice, PortError, Result
-from host.frame_view import FrameDescriber
+from host.frame_view import FrameDescriber, trigger_code_name
 from protocol.outcome import Outcome
 from protocol.registers import (
     DEFAULT_MAP,
@@ -472,13 +472,6 @@ def _state_name(value: int) -> str:
         return f"0x{value:04X}"
 
 
-def _code_name(code: int) -> str:
-    try:
-        return TriggerStatus(code).name
-    except ValueError:
-        return f"0x{code:04X}"
-
-
 def run_trigger(args: argparse.Namespace) -> int:
     spec = _only(DEFAULT_MAP, RegisterKind.TRIGGER, args.name, "use")
     with open_device(args) as dev:
@@ -498,7 +491,7 @@ def run_trigger(args: argparse.Namespace) -> int:
             doc["action"] = "reset" if args.reset else "start"
             if r.ok and r.code is not None:
                 doc["code"] = r.code
-                doc["code_name"] = _code_name(r.code)
+                doc["code_name"] = trigger_code_name(r.code)
                 meaning = "reset to IDLE" if args.reset and r.code == 0 else (
                     TRIGGER_MEANING.get(r.code, "unknown code"))
                 lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
