@@ -8,8 +8,9 @@ device is ticked so RUNNING triggers finish and fault conditions latch on time: 
 busy-spins and never sleeps blindly. ``install_stop_signals(stop)`` makes SIGINT and SIGTERM set
 the event (the loop then returns within one tick interval).
 
-``open_port(url)`` opens a pyserial port/URL for serving (DTR/RTS left low so opening does not
-reset anything on the other end); ``device_sim.pty.open_pty()`` gives the pty variant.
+A port or pyserial URL is served through ``host.device.SerialTransport`` (the same wrapper the
+host uses: DTR/RTS low before opening, waits in ``select``); ``device_sim.pty.open_pty()`` gives
+the pty variant.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Protocol
-
-import serial
 
 from device_sim.device import FileReceiveRequest, SimulatedDevice
 
@@ -49,41 +48,6 @@ class ServeStats:
     bytes_out: int = 0
     ticks: int = 0
     file_batches: int = 0
-
-
-class PortTransport:
-    """A pyserial port as a ``ServeTransport``; the timeout is reconfigured only when it changes."""
-
-    def __init__(self, port: serial.SerialBase) -> None:
-        self.port = port
-
-    def read(self, timeout: float) -> bytes:
-        if self.port.timeout != timeout:
-            self.port.timeout = timeout
-        first = self.port.read(1)
-        if not first:
-            return b""
-        waiting = int(getattr(self.port, "in_waiting", 0) or 0)
-        return bytes(first) + (bytes(self.port.read(waiting)) if waiting else b"")
-
-    def write(self, data: bytes) -> None:
-        self.port.write(data)
-        self.port.flush()
-
-    def close(self) -> None:
-        self.port.close()
-
-
-def open_port(url: str, baudrate: int = 115200) -> PortTransport:
-    """Open ``url`` (a device path or any pyserial URL) for serving, DTR/RTS low.
-
-    Raises ``serial.SerialException`` or ``ValueError`` when it cannot be opened.
-    """
-    port = serial.serial_for_url(url, baudrate=baudrate, timeout=TICK_INTERVAL, do_not_open=True)
-    port.dtr = False
-    port.rts = False
-    port.open()
-    return PortTransport(port)
 
 
 class Servable(Protocol):

@@ -41,16 +41,14 @@ def register(sub: Any) -> None:
 @contextlib.contextmanager
 def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
     """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
-    import serial
-
     from device_sim.pty import open_pty
-    from device_sim.serve import open_port
+    from host.device import PortError, SerialTransport
 
     if args.port:
         try:
-            port = open_port(args.port, args.baudrate)
-        except (serial.SerialException, ValueError, OSError) as exc:
-            raise UserError(f"cannot open {args.port}: {exc}") from None
+            port = SerialTransport(args.port, baudrate=args.baudrate)
+        except PortError as exc:
+            raise UserError(str(exc)) from None
         try:
             yield port, args.port
         finally:
