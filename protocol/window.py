@@ -81,7 +81,7 @@ _TOO_OLD = Verdict.TOO_OLD
 
 @dataclass(frozen=True, slots=True)
 class WindowCounters:
-    """Diagnostic counters (the C struct has the same four)."""
+    """Diagnostic counters (the C idl_window_counters_t has the same four, outside the state)."""
 
     accepted: int  #: commits of NEW or ACCEPT_OLD
     duplicates: int  #: commits that found DUPLICATE

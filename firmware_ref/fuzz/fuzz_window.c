@@ -102,6 +102,7 @@ typedef struct {
 
 static model_t model;
 static guarded_t g;
+static idl_window_counters_t counters;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -113,6 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         g.pre[i] = g.post[i] = 0xDEADBEEFu;
     }
     idl_window_init(&g.w);
+    memset(&counters, 0, sizeof counters);
     for (off = 0; off + 3u <= size && n < MAX_OPS; off += 3u, ++n) {
         const uint8_t kind = data[off];
         const uint32_t p = (uint32_t)data[off + 1u] | ((uint32_t)data[off + 2u] << 8);
@@ -125,17 +127,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (memcmp(&before, &g.w, sizeof before) != 0) {
             abort();
         }
-        if ((kind & 0x80u) == 0u && idl_window_commit(&g.w, seq) != model_commit(&model, seq)) {
+        if ((kind & 0x80u) == 0u
+            && idl_window_commit_counted(&g.w, &counters, seq) != model_commit(&model, seq)) {
             abort();
         }
     }
-#if IDL_WINDOW_COUNTERS
     for (i = 0; i < 4u; ++i) {
-        if (g.w.counters.by_verdict[i] != model.tally[i]) {
+        if (counters.by_verdict[i] != model.tally[i]) {
             abort();
         }
     }
-#endif
     for (i = 0; i < 3u; ++i) {
         if (g.pre[i] != 0xDEADBEEFu || g.post[i] != 0xDEADBEEFu) {
             abort();

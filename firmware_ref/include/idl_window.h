@@ -32,11 +32,6 @@
 extern "C" {
 #endif
 
-/** Compile the four diagnostic counters in (1, default) or out (0: saves 16 bytes of RAM). */
-#ifndef IDL_WINDOW_COUNTERS
-#define IDL_WINDOW_COUNTERS 1
-#endif
-
 #if !defined(IDL_SEQ_BITS) || !defined(IDL_WINDOW_RING_BITS) || !defined(IDL_WINDOW_BLOCK_BITS) \
     || !defined(IDL_WINDOW_SIZE)
 #error "idemlink_proto.h must define IDL_SEQ_BITS and the IDL_WINDOW_* constants"
@@ -61,48 +56,53 @@ extern "C" {
 #define IDL_WINDOW_BLOCKS (IDL_WINDOW_RING_BITS / IDL_WINDOW_BLOCK_BITS)
 
 /**
- * Diagnostic counters, updated by idl_window_commit() only (they wrap at 2^32): one counter per
- * verdict, indexed by ::idl_verdict_t, so commit bumps exactly one word. Read them through the
- * IDL_WINDOW_ACCEPTED / _DUPLICATES / _TOO_OLD / _ADVANCES macros.
+ * Window state: the whole of it, 136 bytes at the default window. Caller-owned; treat the fields
+ * as read-only and change them through the API.
  */
-typedef struct {
-    uint32_t by_verdict[4]; /**< commits that found NEW, ACCEPT_OLD, DUPLICATE, TOO_OLD */
-} idl_window_counters_t;
-
-/** Window state. Caller-owned; treat the fields as read-only and change them through the API. */
 typedef struct {
     uint32_t highest; /**< highest committed number (meaningless when empty) */
     uint32_t span;    /**< ::IDL_WINDOW_SIZE once a number is committed, 0 while empty: one compare
                            `highest - seq < span` is the in-window test and excludes the empty state */
-#if IDL_WINDOW_COUNTERS
-    idl_window_counters_t counters; /**< diagnostics (near the start: short offsets on Thumb) */
-#endif
     uint32_t bitmap[IDL_WINDOW_BLOCKS]; /**< the ring: bit (seq mod ring) marks seq as seen */
 } idl_window_t;
 
 /** True while nothing was committed since init/reset (every number is NEW). */
 #define IDL_WINDOW_IS_EMPTY(w) ((w)->span == 0u)
 
-#if IDL_WINDOW_COUNTERS
+/**
+ * Diagnostic counters: one per verdict, indexed by ::idl_verdict_t (they wrap at 2^32).
+ *
+ * Kept out of ::idl_window_t on purpose: they are diagnostics, not window state. The window must
+ * start empty at every boot epoch, while counters are most useful when they survive it (put them
+ * in a no-init section if you want them across resets), and a device that does not read them pays
+ * neither their RAM nor the increment. Count with idl_window_commit_counted() or
+ * IDL_WINDOW_COUNT(); read through the IDL_WINDOW_ACCEPTED / _DUPLICATES / _TOO_OLD / _ADVANCES
+ * macros.
+ */
+typedef struct {
+    uint32_t by_verdict[4]; /**< commits that found NEW, ACCEPT_OLD, DUPLICATE, TOO_OLD */
+} idl_window_counters_t;
+
+/** Tally verdict @p v (the return value of idl_window_commit()) in counters @p c. */
+#define IDL_WINDOW_COUNT(c, v) ((void)((c)->by_verdict[(v)]++))
 /** Commits of NEW or ACCEPT_OLD (numbers accepted). */
-#define IDL_WINDOW_ACCEPTED(w) \
-    ((w)->counters.by_verdict[IDL_VERDICT_NEW] + (w)->counters.by_verdict[IDL_VERDICT_ACCEPT_OLD])
+#define IDL_WINDOW_ACCEPTED(c) \
+    ((c)->by_verdict[IDL_VERDICT_NEW] + (c)->by_verdict[IDL_VERDICT_ACCEPT_OLD])
 /** Commits that found DUPLICATE. */
-#define IDL_WINDOW_DUPLICATES(w) ((w)->counters.by_verdict[IDL_VERDICT_DUPLICATE])
+#define IDL_WINDOW_DUPLICATES(c) ((c)->by_verdict[IDL_VERDICT_DUPLICATE])
 /** Commits that found TOO_OLD. */
-#define IDL_WINDOW_TOO_OLD(w) ((w)->counters.by_verdict[IDL_VERDICT_TOO_OLD])
+#define IDL_WINDOW_TOO_OLD(c) ((c)->by_verdict[IDL_VERDICT_TOO_OLD])
 /** Commits of NEW (the window moved). */
-#define IDL_WINDOW_ADVANCES(w) ((w)->counters.by_verdict[IDL_VERDICT_NEW])
-#endif
+#define IDL_WINDOW_ADVANCES(c) ((c)->by_verdict[IDL_VERDICT_NEW])
 
 /**
- * @brief Initialise @p w to the empty state with zeroed counters.
+ * @brief Initialise @p w to the empty state.
  * @param w caller-owned state (not NULL).
  */
 void idl_window_init(idl_window_t *w);
 
 /**
- * @brief Return @p w to the empty state (e.g. on a new boot epoch); the counters are kept.
+ * @brief Return @p w to the empty state (e.g. on a new boot epoch).
  * @param w an initialised window.
  */
 void idl_window_reset(idl_window_t *w);
@@ -123,12 +123,27 @@ idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
  * commit or a reset in between) is harmless, and commit alone is the fused check-and-update a
  * CRC-only device needs per frame. NEW moves the highest and clears the ring blocks passed over
  * (at most the whole ring) before setting the bit; ACCEPT_OLD sets the bit; DUPLICATE and TOO_OLD
- * change nothing but their counter.
+ * change nothing.
  * @param w   an initialised window.
  * @param seq the frame's sequence number.
  * @return the verdict, as idl_window_check() would have returned it just before the call.
  */
 idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq);
+
+/**
+ * @brief idl_window_commit() that also tallies the verdict in @p c.
+ * @param w   an initialised window.
+ * @param c   counters (zero them once; idl_window_init() and idl_window_reset() leave them alone).
+ * @param seq the frame's sequence number.
+ * @return the verdict of idl_window_commit().
+ */
+static inline idl_verdict_t idl_window_commit_counted(idl_window_t *w, idl_window_counters_t *c,
+                                                      uint32_t seq)
+{
+    const idl_verdict_t v = idl_window_commit(w, seq);
+    IDL_WINDOW_COUNT(c, v);
+    return v;
+}
 
 #ifdef __cplusplus
 }

@@ -27,12 +27,6 @@
 #define IDL_NOINLINE
 #endif
 
-#if IDL_WINDOW_COUNTERS
-#define IDL_COUNT(w, v) ((w)->counters.by_verdict[(v)]++)
-#else
-#define IDL_COUNT(w, v) ((void)0)
-#endif
-
 void idl_window_init(idl_window_t *w)
 {
     (void)memset(w, 0, sizeof *w); /* span 0: empty */
@@ -93,7 +87,6 @@ idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
     if (v <= IDL_VERDICT_ACCEPT_OLD) {
         *word |= 1u << (seq & IDL_BIT_MASK);
     }
-    IDL_COUNT(w, v);
     return v;
 }
 #else
@@ -112,29 +105,24 @@ IDL_NOINLINE static void idl_window_clear(idl_window_t *w, uint32_t seq, uint32_
     } while (n != 0u);
 }
 
-/* Speed-first variant (default otherwise): each verdict on its own straight path, tested in the
- * order of check (NEW first: the in-order stream is the common case). */
+/* Speed-first variant (default otherwise): each verdict on its own straight path. The in-window
+ * test comes first: it is one compare (span is 0 while empty), and a late number, the common case
+ * of a reordering link, then pays nothing for the NEW test; a NEW number pays one extra compare. */
 idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
 {
     const uint32_t highest = w->highest;
     const uint32_t back = highest - seq;
-    if (back <= IDL_HALF) {
-        if (back < w->span) {
-            uint32_t *const word = w->bitmap + ((seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK);
-            const uint32_t bits = *word;
-            const uint32_t set = bits | (1u << (seq & IDL_BIT_MASK));
-            if (set == bits) { /* test-and-set in one step (gcc: a single bts) */
-                IDL_COUNT(w, IDL_VERDICT_DUPLICATE);
-                return IDL_VERDICT_DUPLICATE;
-            }
-            *word = set;
-            IDL_COUNT(w, IDL_VERDICT_ACCEPT_OLD);
-            return IDL_VERDICT_ACCEPT_OLD;
-        }
-        if (w->span != 0u) {
-            IDL_COUNT(w, IDL_VERDICT_TOO_OLD);
-            return IDL_VERDICT_TOO_OLD;
-        }
+    if (back < w->span) {
+        /* ACCEPT_OLD (1) if the bit was clear, DUPLICATE (2) if set; the block is written back
+         * either way (with the same value on a duplicate): no branch on the bit. */
+        uint32_t *const word = w->bitmap + ((seq >> IDL_BLOCK_SHIFT) & IDL_INDEX_MASK);
+        const uint32_t bits = *word;
+        *word = bits | (1u << (seq & IDL_BIT_MASK));
+        return (idl_verdict_t)(((bits >> (seq & IDL_BIT_MASK)) & 1u) + 1u);
+    }
+    /* Outside the window: old unless ahead (back > 2^31) or the window is empty. */
+    if (back <= IDL_HALF && w->span != 0u) {
+        return IDL_VERDICT_TOO_OLD;
     }
     /* NEW (ahead, or the first number since init/reset). When seq lies in another block than
      * the highest, n = ((highest mod 32) + d) / 32 blocks were passed over (d = seq - highest =
@@ -145,10 +133,9 @@ idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq)
     }
     w->highest = seq;
     w->span = IDL_WINDOW_SIZE; /* opens the window after init/reset */
-    /* (seq mod ring) / 32 is seq's slot, written unlike the old path's (seq / 32) mod blocks:
-     * gcc 12 then keeps the slot computation off the paths that do not need it (-2 instr). */
+    /* (seq mod ring) / 32 is seq's slot, written unlike the late path's (seq / 32) mod blocks:
+     * gcc 12 then keeps the slot computation off the paths that do not need it. */
     w->bitmap[(seq & (IDL_WINDOW_RING_BITS - 1u)) >> IDL_BLOCK_SHIFT] |= 1u << (seq & IDL_BIT_MASK);
-    IDL_COUNT(w, IDL_VERDICT_NEW);
     return IDL_VERDICT_NEW;
 }
 #endif
