@@ -24,7 +24,13 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from protocol.contract import contract_hash
 from protocol.frame import PROTOCOL_VERSION
-from protocol.host_session import Completion, HelloFailed, HostSession, SessionOpened
+from protocol.host_session import (
+    Completion,
+    HelloFailed,
+    HostSession,
+    SessionOpened,
+    SessionState,
+)
 from protocol.modbus import (
     FunctionCode,
     ReadRegisters,
@@ -439,6 +445,10 @@ class Device:
         return results
 
     def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+        if self.session.state is not SessionState.OPEN:
+            # Without a session nothing would ever be sent, and the loop would wait forever.
+            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)",
+                                     Status.MALFORMED_REQUEST)
         now = self.transport.now()
         tags = []
         for c in cmds:
