@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import uuid
@@ -188,15 +189,29 @@ def _only(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -
 # ------------------------------------------------------------------------------- opening, output
 
 
+MAX_TIMEOUT = 60.0
+"""Upper bound of ``--timeout`` (seconds per answer): beyond it a lost answer looks like a hang."""
+MAX_SECONDS = 366 * 86400.0
+"""Upper bound of ``monitor --seconds`` (a year): larger values overflow the clock arithmetic."""
+
+
+def check_seconds(option: str, value: float, maximum: float) -> None:
+    """A duration option must be a finite number in (0, maximum]; ``UserError`` otherwise
+    (``float()`` accepts ``nan`` and ``inf``, which would hang or crash the loops)."""
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise UserError(f"{option} {value!r}: expected seconds, > 0 and <= {maximum:g}")
+
+
 def open_device(args: argparse.Namespace) -> Device:
     """The device at ``args.port`` (or ``args.open_device()`` when a test injected one)."""
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
     injected: Callable[[], Device] | None = getattr(args, "open_device", None)
     if injected is not None:
         return injected()
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
-    if args.timeout <= 0 or args.attempts < 1:
-        raise UserError("--timeout must be > 0 and --attempts >= 1")
     try:
         return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
                            attempts=args.attempts)
@@ -665,6 +680,8 @@ def run_monitor(args: argparse.Namespace) -> int:
         raise UserError("--port is required (a device path or pyserial URL)")
     if args.count is not None and args.count < 1:
         raise UserError("--count must be >= 1")
+    if args.seconds is not None:
+        check_seconds("--seconds", args.seconds, MAX_SECONDS)
     try:
         port = serial.serial_for_url(args.port, baudrate=args.baudrate, timeout=0.05,
                                      do_not_open=True)
