@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import enum
 import re
+import unicodedata
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -81,6 +82,9 @@ class NameRefusal(enum.Enum):
     PATH_SEPARATOR = "path separator"
     DOT_DOT = "'.' or '..'"
     TOO_LONG = "name too long"
+    RESERVED_DEVICE = "Windows reserved device name (CON, PRN, AUX, NUL, COM1-9, LPT1-9)"
+    TRAILING_DOT_SPACE = "name ends in '.' or ' ' (Windows drops them)"
+    FORMAT_CHAR = "name contains an invisible Unicode format character (bidi override, BOM...)"
 
 
 class HeaderRefusal(enum.Enum):
@@ -88,12 +92,16 @@ class HeaderRefusal(enum.Enum):
 
     NAME_NOT_TERMINATED = "no NUL after the name inside block 0"
     BAD_SIZE = "declared size is not a plain decimal number"
+    SIZE_CUT = "file information cut off by a long name: size unknown"
     TOO_LARGE = "declared size exceeds the receiver's limit"
 
 
 _SIZE_RE = re.compile(rb"[0-9]{1,20}")
 _OCTAL_RE = re.compile(rb"[0-7]{1,22}")
 _DRIVE_RE = re.compile(r"^[A-Za-z]:")
+#: Windows device names, reserved with any extension and in any case ("nul.txt", "Com1");
+#: Windows also counts the superscript digits as COM/LPT numbers.
+_RESERVED_RE = re.compile(r"(CON|PRN|AUX|NUL|(COM|LPT)[1-9\u00b9\u00b2\u00b3])", re.IGNORECASE)
 
 
 def check_name(raw: bytes, max_bytes: int = MAX_NAME_BYTES) -> str | NameRefusal:
@@ -117,6 +125,12 @@ def check_name(raw: bytes, max_bytes: int = MAX_NAME_BYTES) -> str | NameRefusal
         return NameRefusal.PATH_SEPARATOR
     if name in (".", ".."):
         return NameRefusal.DOT_DOT
+    if any(unicodedata.category(ch) == "Cf" for ch in name):
+        return NameRefusal.FORMAT_CHAR
+    if _RESERVED_RE.fullmatch(name.split(".", 1)[0].rstrip(" ")):
+        return NameRefusal.RESERVED_DEVICE
+    if name.endswith((".", " ")):
+        return NameRefusal.TRAILING_DOT_SPACE
     return name
 
 
@@ -143,7 +157,12 @@ class Header:
 
 
 def parse_header(payload: bytes, max_name: int = MAX_NAME_BYTES) -> Header | NameRefusal | HeaderRefusal:
-    """Parse a non-empty block 0 payload (``payload[0] != 0``)."""
+    """Parse a non-empty block 0 payload (``payload[0] != 0``).
+
+    A metadata field counts only when a space or NUL follows it inside the block: sb cuts the
+    metadata of long names at the block's end with no NUL (its own bytes sit in 126-127), so a
+    field running into the end is cut. A cut size is refused (``SIZE_CUT``: a truncated number
+    would truncate the file); cut later fields (mtime, mode) are ignored."""
     nul = payload.find(b"\x00")
     if nul < 0:
         return HeaderRefusal.NAME_NOT_TERMINATED
@@ -153,6 +172,10 @@ def parse_header(payload: bytes, max_name: int = MAX_NAME_BYTES) -> Header | Nam
     end = payload.find(b"\x00", nul + 1)
     meta = payload[nul + 1 : end if end >= 0 else len(payload)]
     fields = meta.split(b" ")
+    if end < 0 and meta:
+        fields.pop()  # the last field runs into the block's end: cut
+        if not fields:
+            return HeaderRefusal.SIZE_CUT
     size: int | None = None
     if meta:
         size = parse_size(fields[0])
