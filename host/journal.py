@@ -542,6 +542,9 @@ class RunReport:
     executed: tuple[uuid.UUID, ...] = ()  #: executed and receipted by this run, in order
     unknown: tuple[uuid.UUID, ...] = ()  #: in flight and unresolved
     stopped_at: uuid.UUID | None = None
+    #: in flight in the journal but not among ``steps`` (e.g. the plan was edited since): no
+    #: ``reconcile`` can settle them; ``ReceiptJournal.resolve`` them once checked by hand
+    orphaned: tuple[uuid.UUID, ...] = ()
 
 
 def run_steps(
@@ -558,7 +561,8 @@ def run_steps(
     - A step found in flight (a crash between BEGIN and its receipt) is handed to ``reconcile``,
       which answers True (it ran: receipt it), False (it did not: run it again) or None (cannot
       tell). Without ``reconcile``, or on None, it stays UNKNOWN, and so does any in-flight key of
-      the journal that is not among ``steps``; then nothing runs and the report says UNKNOWN.
+      the journal that is not among ``steps`` (listed again in ``orphaned``: only
+      ``ReceiptJournal.resolve`` settles it); then nothing runs and the report says UNKNOWN.
     - Otherwise each remaining step is journaled as in flight, executed, and on OK receipted. On
       NOT_EXECUTED or REJECTED it is released and the run stops; on UNKNOWN it stays in flight and
       the run stops. If ``execute`` raises, the step stays in flight and the exception propagates.
@@ -595,7 +599,9 @@ def run_steps(
     if unknown:
         log.warning("journal %s: %d step(s) in flight, UNKNOWN until reconciled",
                     journal.path, len(unknown))
-        return RunReport(Outcome.UNKNOWN, reconciled=tuple(reconciled), unknown=tuple(unknown))
+        orphaned = tuple(k for k in unknown if k not in index)
+        return RunReport(Outcome.UNKNOWN, reconciled=tuple(reconciled), unknown=tuple(unknown),
+                         orphaned=orphaned)
 
     def report(outcome: Outcome, stopped_at: uuid.UUID | None = None) -> RunReport:
         return RunReport(

@@ -22,8 +22,13 @@ import pytest
 from device_sim.device import SimulatedDevice
 from device_sim.simlink import SimTransport
 from host.cli import UserError, build_parser
+from host.commands.device_cmds import load_plan
 from host.device import Device
+from host.journal import ReceiptJournal
+from protocol.frame import Frame, FrameDecoder, FrameType
+from protocol.modbus import FunctionCode
 from protocol.outcome import LocalProtocolError
+from protocol.registers import DEFAULT_MAP
 
 
 class Bounded:
@@ -103,3 +108,113 @@ def test_bad_monitor_seconds_is_a_user_error(text: str, tmp_path: Path) -> None:
     args = parse(["monitor", "--port", str(tmp_path / "no-such-port"), "--seconds", text])
     with pytest.raises(UserError, match="--seconds"):
         args.handler(args)
+
+
+# --------------------------------------------------------------------------- UNKNOWN read-backs
+
+
+class WritesUnanswered(SimTransport):
+    """Every answer to a request that is not a read is lost (the device still runs it); reads
+    are answered — so a read-back after an UNKNOWN write succeeds."""
+
+    def write(self, data: bytes) -> None:
+        for frame in self._decoder.feed(data):
+            if isinstance(frame, Frame):
+                self.drop_answers = frame.type is FrameType.REQUEST and frame.payload[:1] != bytes(
+                    [FunctionCode.READ_HOLDING_REGISTERS])
+        super().write(data)
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        super().__init__(device)
+        self._decoder = FrameDecoder()
+
+
+def inproc(argv: list[str], t: SimTransport, capsys: pytest.CaptureFixture[str],
+           *, drop_after_connect: bool = False) -> tuple[int, str]:
+    args = parse(argv)
+
+    def opener() -> Device:
+        dev = Device(t, attempts=3)
+        t.drop_answers = False
+        dev.connect()
+        t.drop_answers = drop_after_connect
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    return rc, capsys.readouterr().out
+
+
+def reads_at(device: SimulatedDevice, address: int, after: int = 0) -> int:
+    pdu = bytes([FunctionCode.READ_HOLDING_REGISTERS]) + address.to_bytes(2, "big")
+    return sum(1 for e in device.executions[after:] if e.request[:3] == pdu)
+
+
+def test_write_reads_back_every_unknown_group(capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=1)
+    t = WritesUnanswered(device)
+    th, fan = DEFAULT_MAP.named("threshold").address, DEFAULT_MAP.named("fan_setpoint").address
+    rc, out = inproc(["write", "threshold=400", "fan_setpoint=80", "--json"], t, capsys)
+    doc = json.loads(out)
+    assert rc == 5 and [w["outcome"] for w in doc["writes"]] == ["UNKNOWN", "UNKNOWN"]
+    assert reads_at(device, th) >= 1 and reads_at(device, fan) >= 1  # both were read back
+    assert [r["observed"] for r in doc["reconciles"]] == [
+        {"threshold": 400, "generation": 2}, {"fan_setpoint": 80, "generation": 2}]
+    assert all(r["intended_state_holds"] is True for r in doc["reconciles"])
+    assert doc["reconcile"] == doc["reconciles"][0]
+    rc, out = inproc(["write", "threshold=401", "fan_setpoint=81"], t, capsys)
+    assert rc == 5 and out.count("read back: the registers hold the intended values") == 2
+
+
+def write_plan(path: Path, steps: list[dict[str, int]]) -> None:
+    path.write_text(json.dumps({"name": "p", "steps": [{"write": s} for s in steps]}))
+
+
+def test_apply_reads_back_its_unknown_step(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=1)
+    t = WritesUnanswered(device)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, [{"threshold": 400, "mode": 2}, {"fan_setpoint": 80}])
+    rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
+    doc = json.loads(out)
+    assert rc == 5
+    step1 = doc["steps"][0]
+    assert step1["state"] == "unknown"
+    assert step1["reconcile"]["observed"] == {"threshold": 400, "mode": 2, "generation": 1}
+    assert step1["reconcile"]["intended_state_holds"] is True
+    assert reads_at(device, DEFAULT_MAP.named("threshold").address) >= 1
+
+
+def test_apply_names_and_resolves_a_step_orphaned_by_a_plan_edit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=1)
+    t = SimTransport(device)
+    plan = tmp_path / "plan.json"
+    write_plan(plan, [{"threshold": 400}, {"fan_setpoint": 80}])
+    _, old = load_plan(str(plan))
+    # Step 1 runs, nothing answers (not even its read-back): UNKNOWN, left in flight.
+    rc, _ = inproc(["apply", str(plan)], t, capsys, drop_after_connect=True)
+    assert rc == 5
+    write_plan(plan, [{"threshold": 450}, {"fan_setpoint": 80}])  # the plan is edited
+    before = len(device.executions)
+    rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
+    doc = json.loads(out)
+    assert rc == 5 and doc["orphaned"] == [str(old[0].key)]
+    assert len(device.executions) == before  # nothing ran
+    rc, out = inproc(["apply", str(plan)], t, capsys)
+    assert rc == 5 and f"--resolve {old[0].key}" in out
+    # The key may only be settled with a verdict, and only while it is in flight.
+    with pytest.raises(UserError, match="--executed or --not-executed"):
+        inproc(["apply", str(plan), "--resolve", str(old[0].key)], t, capsys)
+    with pytest.raises(UserError, match="not in flight"):
+        inproc(["apply", str(plan), "--resolve", str(old[1].key), "--executed"], t, capsys)
+    with pytest.raises(UserError, match="journal"):
+        inproc(["apply", str(plan), "--resolve", "not-a-key", "--executed"], t, capsys)
+    rc, out = inproc(["apply", str(plan), "--resolve", str(old[0].key), "--executed"], t, capsys)
+    assert rc == 0 and "resolved as executed" in out
+    assert len(device.executions) == before  # resolving sends nothing
+    assert old[0].key in ReceiptJournal.open(f"{plan}.journal").done
+    rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
+    assert rc == 0 and [s["state"] for s in json.loads(out)["steps"]] == ["executed", "executed"]
+    assert device.core.value("threshold") == 450 and device.core.value("fan_setpoint") == 80

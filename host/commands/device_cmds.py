@@ -127,6 +127,13 @@ def register(sub: Any) -> None:
     p.add_argument("--journal", metavar="PATH", help="receipt journal (default: PLAN.json.journal)")
     p.add_argument("--no-check", action="store_true",
                    help="send even what the register map shows to be invalid")
+    p.add_argument("--resolve", metavar="KEY",
+                   help="settle a step left in flight (UNKNOWN) by hand, after checking the "
+                        "device: with --executed or --not-executed; nothing is sent")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--executed", action="store_true", help="with --resolve: it ran (receipt it)")
+    g.add_argument("--not-executed", action="store_true",
+                   help="with --resolve: it did not run (it may run again)")
     p.set_defaults(handler=run_apply)
 
     p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
@@ -243,24 +250,40 @@ def not_sent(reason: str) -> dict[str, Any]:
             "replay": False, "attempts": 0, "detail": f"REJECTED (not sent: {reason})"}
 
 
-def after_unknown(dev: Device, doc: dict[str, Any], lines: list[str]) -> None:
-    """Read back what an UNKNOWN command touched; add it to the output."""
-    if dev.unknown is None:
-        return
-    rec = dev.reconcile()
-    if rec is None:
-        return
-    doc["reconcile"] = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
-                        "summary": rec.summary}
-    lines.append(f"UNKNOWN: it may have run; read back: {rec.summary} "
-                 + " ".join(f"{k}={v}" for k, v in rec.observed.items()))
+def reconcile_json(dev: Device, r: Result) -> tuple[dict[str, Any], str]:
+    """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
+    rec = dev.reconcile(r)
+    if rec is None:  # pragma: no cover - reconcile(r) answers for every command
+        return {"observed": {}, "intended_state_holds": None, "summary": "nothing to read"}, ""
+    doc = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
+           "summary": rec.summary}
+    line = " ".join([f"UNKNOWN: it may have run; read back: {rec.summary}",
+                     *(f"{k}={v}" for k, v in rec.observed.items())])
+    return doc, line
 
 
-def finish(args: argparse.Namespace, dev: Device, outcome: Outcome, doc: dict[str, Any],
-           lines: list[str]) -> int:
+def after_unknown(dev: Device, results: Sequence[Result], doc: dict[str, Any],
+                  lines: list[str]) -> None:
+    """Read back what every UNKNOWN command touched and add it to the output: ``reconcile`` is
+    the first one's (the one blocking the handle), ``reconciles`` lists each in command order."""
+    each: list[dict[str, Any]] = []
+    for r in results:
+        if r.outcome is not Outcome.UNKNOWN:
+            continue
+        rec, line = reconcile_json(dev, r)
+        each.append(rec)
+        lines.append(line)
+    if each:
+        doc["reconcile"] = each[0]
+        doc["reconciles"] = each
+
+
+def finish(args: argparse.Namespace, dev: Device, results: Sequence[Result],
+           doc: dict[str, Any], lines: list[str]) -> int:
+    outcome = worst(r.outcome for r in results)
     doc["outcome"] = outcome.name
     if outcome is Outcome.UNKNOWN:
-        after_unknown(dev, doc, lines)
+        after_unknown(dev, results, doc, lines)
     emit(args, doc, lines)
     return EXIT_OF_OUTCOME[outcome]
 
@@ -290,7 +313,7 @@ def run_read(args: argparse.Namespace) -> int:
             else:
                 lines.append(f"{s.name:<{width}} : {r.describe()}")
         doc: dict[str, Any] = {"values": values, "results": per}
-        return finish(args, dev, worst(r.outcome for r in results), doc, lines)
+        return finish(args, dev, results, doc, lines)
 
 
 # ----------------------------------------------------------------------------------------- write
@@ -386,7 +409,7 @@ def run_write(args: argparse.Namespace) -> int:
             writes.append(entry)
             lines.append(line)
         doc: dict[str, Any] = {"writes": writes}
-        return finish(args, dev, worst(r.outcome for r in results), doc, lines)
+        return finish(args, dev, results, doc, lines)
 
 
 # ---------------------------------------------------------------------------------------- faults
@@ -418,7 +441,7 @@ def run_faults(args: argparse.Namespace) -> int:
             else:
                 faults[s.name] = result_json(r)
                 lines.append(f"{s.name}: {r.describe()}")
-        return finish(args, dev, worst(r.outcome for r in results), {"faults": faults}, lines)
+        return finish(args, dev, results, {"faults": faults}, lines)
 
 
 def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int:
@@ -454,10 +477,10 @@ def run_clear(args: argparse.Namespace) -> int:
         r = dev.clear_faults(mask, spec.name)
         doc: dict[str, Any] = {"register": spec.name, "mask": mask, "clear": result_json(r)}
         lines = [f"clear {spec.name} mask 0x{mask:04X}: {r.describe()}"]
-        outcomes = [r.outcome]
+        sent = [r]
         if r.outcome is not Outcome.UNKNOWN:
             back = dev.read(spec.name)
-            outcomes.append(back.outcome)
+            sent.append(back)
             if back.ok:
                 after = decode_fault_word(spec, back.values[0])
                 doc["after"] = after
@@ -466,7 +489,7 @@ def run_clear(args: argparse.Namespace) -> int:
                 lines.append(_fault_line(spec, back.values[0]) + (
                     f"  ({', '.join(still)} still latched: the condition persists)"
                     if still else ""))
-        return finish(args, dev, worst(outcomes), doc, lines)
+        return finish(args, dev, sent, doc, lines)
 
 
 # --------------------------------------------------------------------------------------- trigger
@@ -512,7 +535,7 @@ def run_trigger(args: argparse.Namespace) -> int:
                 lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
-        return finish(args, dev, r.outcome, doc, lines)
+        return finish(args, dev, [r], doc, lines)
 
 
 # ----------------------------------------------------------------------------------------- ports
@@ -606,11 +629,37 @@ def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[P
     return name, steps
 
 
+def resolve_step(args: argparse.Namespace, journal: str) -> int:
+    """``apply --resolve KEY --executed|--not-executed``: settle an in-flight key by hand."""
+    from host.journal import JournalError, ReceiptJournal, StepState
+
+    if args.executed == args.not_executed:
+        raise UserError("--resolve KEY needs --executed or --not-executed (check the device first)")
+    try:
+        j = ReceiptJournal.open(journal)
+        if j.state(args.resolve) is not StepState.PENDING:
+            pending = ", ".join(sorted(str(k) for k in j.pending)) or "none"
+            raise UserError(f"journal {journal}: {args.resolve} is not in flight "
+                            f"(in flight: {pending})")
+        j.resolve(args.resolve, executed=args.executed)
+    except JournalError as exc:
+        raise UserError(f"journal {journal}: {exc}") from None
+    verdict = "executed" if args.executed else "not_executed"
+    emit(args, {"outcome": Outcome.OK.name, "journal": journal, "resolved": args.resolve,
+                "as": verdict},
+         [f"{args.resolve}: resolved as {verdict.replace('_', ' ')} (journal {journal})"])
+    return EXIT_OK
+
+
 def run_apply(args: argparse.Namespace) -> int:
     from host.journal import JournalError, run_steps
 
-    name, steps = load_plan(args.plan)
     journal = args.journal or f"{args.plan}.journal"
+    if args.resolve is not None:
+        return resolve_step(args, journal)
+    if args.executed or args.not_executed:
+        raise UserError("--executed / --not-executed go with --resolve KEY")
+    name, steps = load_plan(args.plan)
     if not args.no_check:
         for step in steps:
             for a in step.writes:
@@ -659,11 +708,26 @@ def run_apply(args: argparse.Namespace) -> int:
                 detail = f": {last[step.key].describe()}"
             out_steps.append(entry)
             lines.append(f"step {step.index + 1}/{len(steps)} {_fmt(step.writes)}: {st}{detail}")
-        if report.outcome is Outcome.UNKNOWN:
-            lines.append(f"UNKNOWN: a step may have run; `idemlink apply {args.plan}` again reads "
-                         "it back and resumes (journal " + journal + ")")
         doc: dict[str, Any] = {"outcome": report.outcome.name, "plan": name, "journal": journal,
                                "steps": out_steps}
+        if report.outcome is Outcome.UNKNOWN:
+            # Read back what the step left UNKNOWN in this run touched (earlier runs' steps were
+            # just read back by run_steps' reconcile, which could not decide).
+            for entry, step in zip(out_steps, steps, strict=True):
+                if step.key in report.unknown and step.key in last:
+                    entry["reconcile"], line = reconcile_json(dev, last[step.key])
+                    lines.append(f"step {step.index + 1}: {line}")
+            if report.orphaned:
+                doc["orphaned"] = [str(k) for k in report.orphaned]
+                for k in report.orphaned:
+                    lines.append(
+                        f"UNKNOWN: journal {journal} holds step {k} in flight, which is not in "
+                        "this plan (was the plan edited?): nothing runs until it is settled. "
+                        f"Check the device, then `idemlink apply {args.plan} --resolve {k} "
+                        "--executed` (it ran) or `--not-executed` (it did not)")
+            if len(report.orphaned) < len(report.unknown):
+                lines.append(f"UNKNOWN: a step may have run; `idemlink apply {args.plan}` again "
+                             "reads it back and resumes (journal " + journal + ")")
         emit(args, doc, lines)
         return EXIT_OF_OUTCOME[report.outcome]
 
