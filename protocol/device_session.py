@@ -6,13 +6,15 @@ The command itself is run by an ``Executor`` (the register core), called at most
 (epoch, sequence number) — that is the whole promise, and this table is where it is kept:
 
 =============================  ================================================================
-REQUEST with another epoch     answer EPOCH_MISMATCH (with our epoch); nothing runs; not committed
+REQUEST with another epoch     answer EPOCH_MISMATCH (our epoch in the header, the request's epoch
+                               as u32 LE in the payload); nothing runs; not committed
 window verdict NEW/ACCEPT_OLD  run the executor, commit the number, store the answer, send it
 DUPLICATE, same digest         resend the stored answer with the REPLAY flag; nothing runs
 DUPLICATE, other digest        answer IDEMPOTENCY_CONFLICT; nothing runs
 DUPLICATE, answer evicted      answer ANSWER_EVICTED (it ran before); nothing runs
 TOO_OLD                        answer TOO_OLD; nothing runs
-HELLO                          answer HELLO_REPLY (device info, our epoch); no state change
+HELLO                          answer HELLO_REPLY (device info, our epoch); only the hand-out
+                               floor moves (see ``device_info``)
 anything else / decode error   counted, no answer (the host's retry covers it)
 =============================  ================================================================
 
@@ -89,11 +91,31 @@ class DeviceSession:
         self.decoder = FrameDecoder()
         self.contract_hash = contract_hash
         self.name = name
-        self.max_inflight = min(max_inflight, self.window.size, 255)
+        # Never more in flight than answers kept: a retry must still find its answer.
+        self.max_inflight = min(max_inflight, self.window.size, self.cache.slots, 255)
+        self._handed_out: int | None = None
         self.counters: Counter[str] = Counter()
 
+    def first_seq(self) -> int:
+        """The first number for a new host session: 1 on a fresh boot; else a whole window beyond
+        both the highest number seen and the last number handed out. A host process that died with
+        requests in flight used numbers just above those; a new one must not reuse them, or a
+        delayed frame of the dead one would be executed and its answer taken by the new one (and
+        the new one's own request refused as a conflict). Numbers of the dead process that arrive
+        later are then inside the window (they may still run, and that process reported them
+        UNKNOWN) or too old: they never collide."""
+        highest, handed = self.window.highest, self._handed_out
+        if highest is None and handed is None:
+            return 1
+        marks = [m for m in (None if highest is None else (highest + 1) & 0xFFFFFFFF, handed)
+                 if m is not None]
+        base = marks[0]
+        for m in marks[1:]:
+            if 0 < (m - base) & 0xFFFFFFFF < 0x80000000:
+                base = m
+        return (base + self.window.size) & 0xFFFFFFFF
+
     def device_info(self) -> DeviceInfo:
-        highest = self.window.highest
         return DeviceInfo(
             version=PROTOCOL_VERSION,
             window=self.window.size,
@@ -101,7 +123,7 @@ class DeviceSession:
             replay_slots=self.cache.slots,
             max_inflight=self.max_inflight,
             contract_hash=self.contract_hash,
-            next_seq=1 if highest is None else (highest + 1) & 0xFFFFFFFF,
+            next_seq=self.first_seq(),
             name=self.name,
         )
 
@@ -124,7 +146,9 @@ class DeviceSession:
             return wire
         if frame.type is FrameType.HELLO:
             self.counters["hello"] += 1
-            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, self.device_info().encode())
+            info = self.device_info()
+            self._handed_out = info.next_seq
+            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, info.encode())
         self.counters["unexpected_frames"] += 1
         return b""
 
@@ -134,7 +158,9 @@ class DeviceSession:
     def _request(self, frame: Frame, now: float) -> tuple[RequestDisposition, bytes]:
         seq = frame.seq
         if frame.epoch != self.epoch:
-            return RequestDisposition.EPOCH_MISMATCH, self._answer(seq, Status.EPOCH_MISMATCH)
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(
+                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")))
+            return RequestDisposition.EPOCH_MISMATCH, wire
         verdict = self.window.check(seq)
         if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
             payload = encode_response(Status.OK, self.executor(frame.payload, now, seq))

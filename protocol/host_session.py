@@ -8,18 +8,30 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
 
 - A retry resends the *same* sequence number and content with the RETRANSMIT flag, so the device
   can replay the first answer instead of running the command again.
-- Up to ``max_inflight`` requests are outstanding (never more than the device advertised); answers are
-  matched by sequence number *and* the epoch the request was sent in. An answer for a number that is
-  not outstanding (late, duplicated, from a previous epoch) is counted and dropped — it is never
-  taken for another request's answer.
-- Boot epoch change (an EPOCH_MISMATCH answer to an outstanding request, carrying a new epoch;
-  one answering nothing outstanding is a late answer like any other): every outstanding request sent
+- Up to ``max_inflight`` requests are outstanding (never more than the device advertised), and a new
+  number is not taken while it would run ``min(replay_slots, window)`` or more ahead of the oldest
+  outstanding one: the device can then still replay the oldest one's answer when its retry arrives
+  (otherwise a lost answer in a busy pipeline would come back ANSWER_EVICTED, i.e. UNKNOWN).
+- Answers are matched by sequence number *and* the epoch the request was sent in, and must fit the
+  request (``answer_fits``: same function, the echo a write answers with, the byte count a read
+  asked for). An answer for a number that is not outstanding (late, duplicated, from a previous
+  epoch) or that does not fit (another host process's request under the same number) is counted and
+  dropped — it is never taken for another request's answer.
+- Boot epoch change (an EPOCH_MISMATCH answer to an outstanding request, carrying a new epoch and
+  naming the epoch the refused request carried; one answering nothing outstanding, or naming another
+  epoch than the request's, is a late answer like any other): every outstanding request sent
   in the old epoch is settled at once — a *set-only* command (absolute writes, harmless to repeat) is
   re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
   (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
 - No valid answer after ``attempts`` sends → UNKNOWN (NO_ANSWER).
 - An OK answer is refined from its PDU by ``classify_pdu``: a Modbus exception is REJECTED (or UNKNOWN
-  for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED.
+  for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a TRIGGER code of ILLEGAL_VALUE or
+  ABNORMAL_STATE is classified like the exception FC06 would have answered (03 → REJECTED,
+  04 → UNKNOWN).
+- ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
+  the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
+  NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
+  numbers that requests still in flight carry.
 """
 
 from __future__ import annotations
@@ -41,17 +53,25 @@ from protocol.frame import (
 )
 from protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
+    LocalProtocolError,
     ModbusException,
     Outcome,
     Status,
     known_status,
     status_info,
 )
+from protocol.registers import TriggerStatus
 from protocol.session import DeviceInfo, decode_response, encode_hello
 
 SEQ_MASK = 0xFFFFFFFF
 GUARD_FAILED_FUNCTIONS = {0x41}
 """Functions whose OK answer starts with an inner status byte (conditional write)."""
+TRIGGER_FUNCTION = 0x42
+_TRIGGER_CODE_EXCEPTION = {
+    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
+    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
+}
+"""TRIGGER codes that mean "nothing started", as the exception FC06 answers in the same case."""
 
 
 @dataclass(slots=True)
@@ -99,7 +119,36 @@ def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None
         if inner != Status.OK:
             info = status_info(inner)
             return info.outcome, known_status(inner), None
+    if request_pdu and request_pdu[0] == TRIGGER_FUNCTION and len(pdu) == 5:
+        code = int.from_bytes(pdu[3:5], "big")
+        if code in _TRIGGER_CODE_EXCEPTION:
+            exc = _TRIGGER_CODE_EXCEPTION[TriggerStatus(code)]
+            return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
     return Outcome.OK, Status.OK, None
+
+
+def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
+    """Whether an OK answer's PDU can be the answer to ``request_pdu``: the same function (or its
+    exception), a write's echo, a read's byte count. False means the answer belongs to another
+    request that travelled under the same number (e.g. a delayed frame of a host process that
+    died); True is necessary, not sufficient."""
+    if not request_pdu or not pdu:
+        return not request_pdu and not pdu
+    fc = request_pdu[0]
+    if pdu[0] == fc | 0x80:
+        return len(pdu) == 2
+    if pdu[0] != fc:
+        return False
+    if fc in (0x03, 0x04) and len(request_pdu) == 5:
+        count = int.from_bytes(request_pdu[3:5], "big")
+        return len(pdu) >= 2 and pdu[1] == 2 * count and len(pdu) == 2 + 2 * count
+    if fc == 0x06:
+        return pdu == request_pdu
+    if fc == 0x10:
+        return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
+    if fc == TRIGGER_FUNCTION:
+        return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
+    return True
 
 
 class SessionState(Enum):
@@ -128,6 +177,7 @@ class HostCounters:
     replays: int = 0
     reissued: int = 0
     late_answers: int = 0
+    mismatched_answers: int = 0  #: OK answers under our number that do not fit our request
     decode_errors: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
@@ -172,7 +222,13 @@ class HostSession:
 
     # ------------------------------------------------------------------ shell-facing interface
     def open(self, now: float) -> None:
-        """Start (or restart) the HELLO handshake."""
+        """Start (or restart) the HELLO handshake. Refused while requests are outstanding: the
+        handshake brings the device's idea of the next number, which in-flight requests may
+        already carry (``abandon`` them first)."""
+        if self.outstanding:
+            raise LocalProtocolError(
+                f"open() with {self.outstanding} request(s) outstanding: abandon() them first",
+                Status.MALFORMED_REQUEST)
         self.state = SessionState.HELLO_SENT
         self._hello_sent = 0
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
@@ -182,6 +238,21 @@ class HostSession:
         """Queue a request; it is sent as soon as a pipelining slot is free."""
         self._queue.append(_Pending(tag, pdu, set_only))
         self._pump(now)
+
+    def abandon(self, status: Status) -> None:
+        """Settle every request the session holds, because the shell stops driving it (``status``:
+        LINK_LOST, CANCELLED). A request that went out may still run: UNKNOWN with ``status``. One
+        never sent: NOT_EXECUTED. One queued for re-issue after an epoch change went out in the
+        old epoch: UNKNOWN."""
+        for p in sorted(self._inflight.values(), key=lambda q: q.seq):
+            self._finish(p, Outcome.UNKNOWN, status)
+        while self._queue:
+            p = self._queue.popleft()
+            outcome = Outcome.UNKNOWN if p.sent_as else Outcome.NOT_EXECUTED
+            self.counters.outcomes[outcome.name] += 1
+            self._events.append(Completion(
+                p.tag, outcome, status if p.sent_as else None, attempts=p.attempts,
+                reissued=p.reissued, seq=p.seq, epoch=p.epoch, sent_as=tuple(p.sent_as)))
 
     def resync(self) -> None:
         """Forget any partial frame (after the port carried another protocol, e.g. YMODEM)."""
@@ -271,6 +342,8 @@ class HostSession:
         if self.state is not SessionState.OPEN:
             return
         while self._queue and len(self._inflight) < self.max_inflight:
+            if self._inflight and self._run_ahead() >= self._run_ahead_limit():
+                break
             p = self._queue.popleft()
             p.seq = self._next_seq
             self._next_seq = (self._next_seq + 1) & SEQ_MASK
@@ -279,6 +352,16 @@ class HostSession:
             p.sent_as.append((p.epoch, p.seq))
             self._inflight[p.seq] = p
             self._transmit(p, now, retransmit=False)
+
+    def _run_ahead(self) -> int:
+        """How far the next number is ahead of the oldest outstanding one (serial arithmetic)."""
+        return min((self._next_seq - seq) & SEQ_MASK for seq in self._inflight)
+
+    def _run_ahead_limit(self) -> int:
+        info = self.info
+        if info is None:
+            return self.max_inflight
+        return max(1, min(info.replay_slots, info.window))
 
     def _transmit(self, p: _Pending, now: float, *, retransmit: bool) -> None:
         p.attempts += 1
@@ -305,7 +388,10 @@ class HostSession:
             return
         status, pdu = decoded
         if status == Status.EPOCH_MISMATCH and frame.epoch != self.epoch:
-            if p is not None and p.epoch == self.epoch:
+            # The answer names the epoch the refused request carried (devices before that field:
+            # nothing); a refusal of another epoch's request under the same number is stale.
+            refused = int.from_bytes(pdu[:4], "little") if len(pdu) >= 4 else None
+            if p is not None and p.epoch == self.epoch and refused in (None, p.epoch):
                 self._epoch_changed(frame.epoch, now)
             else:  # answers nothing outstanding: e.g. a delayed copy from an older boot
                 self.counters.late_answers += 1
@@ -319,6 +405,9 @@ class HostSession:
             self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
             return
         if status == Status.OK:
+            if not answer_fits(p.pdu, pdu):
+                self.counters.mismatched_answers += 1
+                return
             replay = bool(frame.flags & Flags.REPLAY)
             if replay:
                 self.counters.replays += 1

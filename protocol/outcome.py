@@ -60,6 +60,7 @@ class Status(IntEnum):
     NO_ANSWER = 0xE0
     LINK_LOST = 0xE1
     EPOCH_CHANGED_IN_FLIGHT = 0xE2
+    CANCELLED = 0xE3
 
 
 FIRST_LOCAL_STATUS = 0xE0
@@ -123,6 +124,11 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
         Outcome.UNKNOWN,
         Action.RECONCILE_FIRST,
         "(host) the device rebooted while a non-set-only command was in flight",
+    ),
+    Status.CANCELLED: StatusInfo(
+        Outcome.UNKNOWN,
+        Action.RECONCILE_FIRST,
+        "(host) the caller stopped waiting while the request was out: it may still run",
     ),
 }
 

@@ -5,13 +5,15 @@
   is never de-duplicated.
 - HELLO_REPLY (device → host): ``DEVICE_INFO`` — what a host must know before sending commands:
   protocol version, de-duplication window, payload limit, replay-cache slots, pipelining depth,
-  contract hash, the first sequence number a new host session should use (one past the highest
-  number this epoch has seen, so a second host process never collides with the first) and a
-  name. The frame header carries the device's current boot epoch.
+  contract hash, the first sequence number a new host session should use (1 on a fresh boot, else a
+  window beyond both the highest number seen and the last start handed out, so a new host process
+  never reuses a number a dead one may still have in flight; see ``DeviceSession.first_seq``) and
+  a name. The frame header carries the device's current boot epoch.
 - REQUEST payload: a Modbus-style PDU (function code + data), see ``protocol.modbus``.
 - RESPONSE payload: ``status u8`` (``protocol.outcome.Status``) followed by the response PDU (empty
-  unless the status is OK). A replayed answer is the exact bytes of the first one, with the REPLAY
-  flag set in the header.
+  unless the status is OK; for EPOCH_MISMATCH, the refused request's epoch as u32 LE, so a host
+  can tell a refusal of its own request from a delayed one of an older boot's). A replayed answer
+  is the exact bytes of the first one, with the REPLAY flag set in the header.
 
 Additive evolution: fields are only ever appended to DEVICE_INFO; a reader ignores bytes after the
 fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply.
@@ -111,9 +113,13 @@ def contract_section() -> ContractSection:
         "header and this payload (little-endian; fields are only ever appended, readers ignore "
         "trailing bytes):\n\n"
         + md_table(["field", "size"], rows)
-        + "\nREQUEST payload: a Modbus-style PDU (function code, data). RESPONSE payload: "
-        "`status u8` then the response PDU. A replayed RESPONSE carries the exact bytes of the "
-        "first answer with the REPLAY flag set.\n"
+        + "\n`next_seq` is 1 on a fresh boot, else the window size beyond both the highest number "
+        "seen and the last `next_seq` handed out (a new host process never reuses a number a dead "
+        "one may still have in flight).\n\n"
+        "REQUEST payload: a Modbus-style PDU (function code, data). RESPONSE payload: "
+        "`status u8` then the response PDU (for EPOCH_MISMATCH: the refused request's epoch, "
+        "u32 LE; the header carries the device's current epoch). A replayed RESPONSE carries the "
+        "exact bytes of the first answer with the REPLAY flag set.\n"
     )
     return ContractSection(
         name="session",

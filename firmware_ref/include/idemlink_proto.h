@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "dc33f796cd276311"
+#define IDL_CONTRACT_HASH "bf69d64f0a1da622"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -88,7 +88,8 @@ typedef enum {
     IDL_STATUS_PAYLOAD_TOO_LARGE = 50,
     IDL_STATUS_NO_ANSWER = 224,
     IDL_STATUS_LINK_LOST = 225,
-    IDL_STATUS_EPOCH_CHANGED_IN_FLIGHT = 226
+    IDL_STATUS_EPOCH_CHANGED_IN_FLIGHT = 226,
+    IDL_STATUS_CANCELLED = 227
 } idl_status_t;
 /** Modbus exceptions */
 typedef enum {
