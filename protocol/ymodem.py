@@ -230,8 +230,17 @@ class FileData:
 
 @dataclass(frozen=True, slots=True)
 class FileCommitted:
-    """Receiver: the file is complete; make it visible. Sender: the receiver ACKed the EOT.
-    Emitted exactly once per file."""
+    """Receiver: the file is complete; make it visible. Sender: the receiver ACKed the EOT *and*
+    asked for the next file ('C'), which it does only after committing. Emitted once per file."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class FileUnconfirmed:
+    """Sender: an ACK to the EOT came, but the batch ended before the receiver's 'C' confirmed the
+    file (the ACK may have been a late copy of a data block's ACK): the file's fate is unknown."""
 
     name: str
     size: int
@@ -270,7 +279,8 @@ class Aborted:
     by_peer: bool = False
 
 
-Event = FileStarted | FileData | FileCommitted | HeaderRefused | Progress | BatchEnded | Aborted
+Event = (FileStarted | FileData | FileCommitted | FileUnconfirmed | HeaderRefused | Progress
+         | BatchEnded | Aborted)
 
 
 # --- shared plumbing ----------------------------------------------------------------------------
@@ -323,7 +333,8 @@ class RxIn(enum.Enum):
     BLOCK_OTHER = "BLOCK_OTHER"
     BAD_PACKET = "BAD_PACKET"  #: CRC, complement or inter-byte timeout (after purge)
     EOT = "EOT"
-    CANCEL = "CANCEL"  #: CAN CAN
+    NOISE = "NOISE"  #: a byte where only an EOT may stand: right after an EOT, or before EOT #2
+    CANCEL = "CANCEL"  #: CAN CAN (also while purging, or ending a damaged block)
     TIMEOUT = "TIMEOUT"
 
 
@@ -347,6 +358,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_FIRST_BLOCK, _I.BAD_PACKET): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
     (_R.WAIT_FIRST_BLOCK, _I.TIMEOUT): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
     (_R.WAIT_FIRST_BLOCK, _I.EOT): (_R.WAIT_EOT_CONFIRM, "first_eot"),  # NAK (empty file)
+    (_R.WAIT_FIRST_BLOCK, _I.NOISE): (_R.WAIT_FIRST_BLOCK, "purge"),  # then 'C'
     (_R.WAIT_FIRST_BLOCK, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.RECV_DATA, _I.BLOCK_NEXT): (_R.RECV_DATA, "accept_block"),  # ACK
     (_R.RECV_DATA, _I.BLOCK_DUP): (_R.RECV_DATA, "ack_duplicate"),  # ACK, nothing delivered
@@ -354,6 +366,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.RECV_DATA, _I.BAD_PACKET): (_R.RECV_DATA, "nak"),
     (_R.RECV_DATA, _I.TIMEOUT): (_R.RECV_DATA, "nak"),
     (_R.RECV_DATA, _I.EOT): (_R.WAIT_EOT_CONFIRM, "first_eot"),  # NAK
+    (_R.RECV_DATA, _I.NOISE): (_R.RECV_DATA, "purge"),  # the "EOT" was a block's number byte
     (_R.RECV_DATA, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.WAIT_EOT_CONFIRM, _I.EOT): (_R.WAIT_NEXT_HEADER, "commit"),  # ACK, commit once, 'C'
     (_R.WAIT_EOT_CONFIRM, _I.TIMEOUT): (_R.WAIT_EOT_CONFIRM, "nak"),
@@ -361,6 +374,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_NEXT): (_R.RECV_DATA, "accept_block"),  # the EOT was noise
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_DUP): (_R.RECV_DATA, "ack_duplicate"),
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
+    (_R.WAIT_EOT_CONFIRM, _I.NOISE): (_R.RECV_DATA, "purge"),  # the EOT was noise: NAK when quiet
     (_R.WAIT_EOT_CONFIRM, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.WAIT_NEXT_HEADER, _I.EOT): (_R.WAIT_NEXT_HEADER, "reack_eot"),  # ACK 'C', no commit
     (_R.WAIT_NEXT_HEADER, _I.HEADER): (_R.WAIT_FIRST_BLOCK, "accept_header"),
@@ -373,6 +387,12 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_NEXT_HEADER, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.DONE, _I.END_OF_BATCH): (_R.DONE, "ack_only"),  # our final ACK was lost
 }
+
+
+#: States where an EOT moves towards a commit: it must stand alone (nothing after it in the burst).
+_EOT_CHECKED = frozenset((RxState.WAIT_FIRST_BLOCK, RxState.RECV_DATA, RxState.WAIT_EOT_CONFIRM))
+#: A damaged or cut block ending in CAN CAN (lrzsz: CAN x10 then BS x10) is the sender cancelling.
+_CANCEL_TAIL = re.compile(rb"\x18\x18[\x18\x08]*\Z")
 
 
 @dataclass(slots=True)
@@ -412,6 +432,7 @@ class Receiver(_Machine):
         self._refusal = ""
         self._c_sent = 0
         self._block_payload = b""
+        self._eot_pending = False  # an EOT read last in this burst: it counts only if it stays last
 
     # public API
 
@@ -428,10 +449,15 @@ class Receiver(_Machine):
         self._do_abort(reason, by_peer=False)
 
     def receive_data(self, data: bytes, now: float) -> None:
+        """An EOT counts only when nothing follows it in ``data``: a lost SOH/STX turns a block's
+        number byte into an apparent EOT, and the bytes after it show it was not one."""
         for b in data:
             if self.state is RxState.ABORTED:
                 return
             self._feed_byte(b, now)
+        if self._eot_pending:
+            self._eot_pending = False
+            self._input(RxIn.EOT, now)
 
     def tick(self, now: float) -> None:
         if self._purging:
@@ -441,8 +467,9 @@ class Receiver(_Machine):
             return
         if self._need and now >= self._last_byte_at + self.config.interbyte_timeout:
             self._need = 0
+            cancelled = _CANCEL_TAIL.search(self._buf) is not None
             self._buf.clear()
-            self._input(RxIn.BAD_PACKET, now)
+            self._input(RxIn.CANCEL if cancelled else RxIn.BAD_PACKET, now)
             return
         if self._deadline is not None and now >= self._deadline and not self._need:
             self._deadline = None
@@ -459,7 +486,15 @@ class Receiver(_Machine):
 
     def _feed_byte(self, b: int, now: float) -> None:
         self._last_byte_at = now
-        if self._purging:
+        if self._eot_pending:  # a byte after an EOT in the same burst: the EOT was noise
+            self._eot_pending = False
+            self._input(RxIn.NOISE, now)
+        if self._purging:  # drop everything until the line is quiet, but hear CAN CAN
+            if b == CAN and self._pending_can:
+                self._pending_can = False
+                self._input(RxIn.CANCEL, now)
+            else:
+                self._pending_can = b == CAN
             return
         if self._need:
             self._buf.append(b)
@@ -479,14 +514,22 @@ class Receiver(_Machine):
         if b in (SOH, STX):
             self._buf = bytearray((b,))
             self._need = 3 + (BLOCK_SMALL if b == SOH else BLOCK_LARGE) + 2
+        elif b == EOT and self.state in _EOT_CHECKED:
+            self._eot_pending = True
         elif b == EOT:
             self._input(RxIn.EOT, now)
+        elif self.state is RxState.WAIT_EOT_CONFIRM:
+            self._input(RxIn.NOISE, now)  # only EOT #2 (or a resent block) may come now
         # anything else between blocks is line noise: ignored
 
     def _classify_block(self, pkt: bytes, now: float) -> None:
         number, comp, payload = pkt[1], pkt[2], pkt[3:-2]
         if number ^ comp != 0xFF or crc16(pkt[3:]) != 0:
+            if _CANCEL_TAIL.search(pkt):  # the sender cancelled inside the block
+                self._input(RxIn.CANCEL, now)
+                return
             self._purging = True  # NAK once the line is quiet
+            self._pending_can = False
             return
         if self.state in (RxState.WAIT_HEADER, RxState.WAIT_NEXT_HEADER, RxState.DONE):
             if number != 0:
@@ -546,6 +589,8 @@ class Receiver(_Machine):
         self.state = RxState.ABORTED
         self.abort_reason = reason
         self._deadline = None
+        self._purging = self._eot_pending = False
+        self._need = 0
         if not by_peer:
             self._out += bytes((CAN,)) * CAN_COUNT
         self._events.append(Aborted(reason, by_peer))
@@ -602,6 +647,13 @@ class Receiver(_Machine):
         self._received += len(payload)
         self._out.append(ACK)
         self._arm(now, self.config.block_timeout)
+
+    def _rx_purge(self, now: float) -> None:
+        """Bytes where only an EOT may stand: drop the line until it is quiet, then NAK (or 'C'
+        before block 1) so the sender resends what it sent."""
+        self._purging = True
+        self._pending_can = False
+        self._last_byte_at = now
 
     def _rx_ack_duplicate(self, now: float) -> None:
         self._out.append(ACK)
@@ -694,17 +746,18 @@ TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
     (_S.SENT_BLOCK, _T.C): (_S.SENT_BLOCK, "c_during_block"),  # NAK for block 1, else noise
     (_S.SENT_BLOCK, _T.TIMEOUT): (_S.SENT_BLOCK, "resend"),
     (_S.SENT_BLOCK, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
-    (_S.SENT_EOT1, _T.ACK): (_S.WAIT_NEXT_C, "file_done"),  # rb: ACK at once
+    (_S.SENT_EOT1, _T.ACK): (_S.WAIT_NEXT_C, "eot_acked"),  # rb: ACK at once
     (_S.SENT_EOT1, _T.NAK): (_S.SENT_EOT2, "resend"),  # seed 004: NAK, then confirm
     (_S.SENT_EOT1, _T.C): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT1, _T.TIMEOUT): (_S.SENT_EOT1, "resend"),  # NAK lost: the resend confirms
     (_S.SENT_EOT1, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
-    (_S.SENT_EOT2, _T.ACK): (_S.WAIT_NEXT_C, "file_done"),
+    (_S.SENT_EOT2, _T.ACK): (_S.WAIT_NEXT_C, "eot_acked"),
     (_S.SENT_EOT2, _T.NAK): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT2, _T.C): (_S.SENT_EOT2, "resend"),  # our ACK lost, receiver moved on
     (_S.SENT_EOT2, _T.TIMEOUT): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT2, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
-    (_S.WAIT_NEXT_C, _T.C): (_S.SENT_HEADER, "send_header"),  # or the end-of-batch block 0
+    (_S.WAIT_NEXT_C, _T.C): (_S.SENT_HEADER, "confirm_file"),  # FileCommitted, next block 0
+    (_S.WAIT_NEXT_C, _T.NAK): (_S.SENT_EOT2, "resend"),  # the receiver did not take the EOT
     (_S.WAIT_NEXT_C, _T.TIMEOUT): (_S.WAIT_NEXT_C, "wait_again"),
     (_S.WAIT_NEXT_C, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_END, _T.ACK): (_S.DONE, "batch_done"),
@@ -768,7 +821,9 @@ class Sender(_Machine):
         self._pending_can = False
         self._scheduled = bytearray()
         self._send_at = 0.0
-        self.committed: list[str] = []
+        self.committed: list[str] = []  #: files the receiver confirmed (EOT ACKed, then 'C')
+        self.unconfirmed: list[str] = []  #: EOT ACKed but the batch ended before the 'C'
+        self._eot_acked = False
         self.abort_reason: str | None = None
         self.stale_answers = 0  #: ACK/NAK/'C' ignored because they preceded our last send
         self._sends = 0
@@ -854,6 +909,11 @@ class Sender(_Machine):
         self.abort_reason = reason
         self._deadline = None
         self._scheduled.clear()
+        if self._eot_acked:  # an ACK to the EOT, but no 'C': we cannot know the file arrived
+            f = self.files[self._index]
+            self._eot_acked = False
+            self.unconfirmed.append(f.name)
+            self._events.append(FileUnconfirmed(f.name, f.size))
         if not by_peer:
             self._out += bytes((CAN,)) * CAN_COUNT
         self._events.append(Aborted(reason, by_peer))
@@ -942,13 +1002,20 @@ class Sender(_Machine):
         if self._block_no == 1 and self._offset == 0:
             self._tx_resend(now, inp)
 
-    def _tx_file_done(self, now: float, inp: TxIn) -> None:
-        f = self.files[self._index]
+    def _tx_eot_acked(self, now: float, inp: TxIn) -> None:
+        """Not yet delivered: a late copy of the last block's ACK looks the same. The receiver's
+        'C' for the next file confirms it; its NAK sends us back to EOT."""
         self._retries = 0
+        self._eot_acked = True
+        self._deadline = now + self.config.c_timeout
+
+    def _tx_confirm_file(self, now: float, inp: TxIn) -> None:
+        f = self.files[self._index]
+        self._eot_acked = False
         self.committed.append(f.name)
         self._events.append(FileCommitted(f.name, f.size))
         self._index += 1
-        self._deadline = now + self.config.c_timeout
+        self._tx_send_header(now, inp)
 
     def _tx_batch_done(self, now: float, inp: TxIn) -> None:
         self._deadline = None
