@@ -6,7 +6,8 @@ its transport to ``receive_batch``: the same sans-I/O receiver as ``idemlink rec
 ``files_dir`` through the safe ``DirectorySink`` (invisible until complete, never outside the
 directory, never a half file). The batch ends on the empty header, on CAN CAN, on the receiver's own
 timeouts (no sender: 'C' every second, ten times), or when the server is stopped — and the port
-returns to framed mode in every case.
+returns to framed mode in every case. Whatever ends the batch (including an exception from the
+transport), an uncommitted file's temporary is deleted.
 """
 
 from __future__ import annotations
@@ -44,21 +45,24 @@ def receive_batch(
     if quota is not None:  # a declared size over the quota is refused at the header
         config = dataclasses.replace(config, max_file_size=quota)
     driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite, quota=quota), config)
-    out = driver.start(clock())
-    if out:
-        transport.write(out)
-    while not driver.finished:
-        if stop is not None and stop.is_set():
-            driver.rx.abort("device stopping", clock())
-            out = driver.feed(b"", clock())
-            if out:
-                transport.write(out)
-            break
-        now = clock()
-        due = driver.next_deadline()
-        wait = 0.05 if due is None else min(0.05, max(0.0, due - now))
-        data = transport.read(wait)
-        out = driver.feed(data, clock())
+    try:
+        out = driver.start(clock())
         if out:
             transport.write(out)
+        while not driver.finished:
+            if stop is not None and stop.is_set():
+                driver.rx.abort("device stopping", clock())
+                out = driver.feed(b"", clock())
+                if out:
+                    transport.write(out)
+                break
+            now = clock()
+            due = driver.next_deadline()
+            wait = 0.05 if due is None else min(0.05, max(0.0, due - now))
+            data = transport.read(wait)
+            out = driver.feed(data, clock())
+            if out:
+                transport.write(out)
+    finally:
+        driver.close()  # a closed pty or any error mid-file: no .ymodem-*.part left in flash
     return driver.report

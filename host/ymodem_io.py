@@ -33,6 +33,7 @@ from protocol.ymodem import (
     FileCommitted,
     FileData,
     FileStarted,
+    FileUnconfirmed,
     HeaderRefused,
     Progress,
     Receiver,
@@ -230,6 +231,11 @@ class ReceiverDriver:
     def next_deadline(self) -> float | None:
         return self.rx.next_deadline()
 
+    def close(self) -> None:
+        """Whatever way the batch ends (done, CAN, Ctrl-C, a dead port): the uncommitted file, if
+        any, is discarded (temporary deleted, descriptor closed). Committed files stay."""
+        self.sink.discard()
+
     def _handle_events(self, now: float) -> None:
         while (ev := self.rx.next_event()) is not None:
             try:
@@ -312,8 +318,8 @@ def receive_files(
     """Receive one YMODEM batch into ``sink``. Start this before the sender opens its port."""
     drv = ReceiverDriver(sink, config, progress)
     now = time.monotonic()
-    port.write(drv.start(now))
     try:
+        port.write(drv.start(now))
         _pump(port, drv.feed, drv.next_deadline, lambda: drv.finished,
               None if overall_timeout is None else now + overall_timeout)
     except TimeoutError:
@@ -325,8 +331,7 @@ def receive_files(
         port.write(drv.rx.data_to_send())  # CAN CAN: the sender stops
         raise
     finally:
-        if not drv.finished:
-            sink.discard()
+        drv.close()  # any exit that did not commit (Ctrl-C, OSError from the port) leaves nothing
     if not drv.report.ok and not drv.report.reason:
         drv.report.reason = drv.rx.abort_reason or "unfinished"
     return drv.report
@@ -343,6 +348,19 @@ def _file_reader(path: Path) -> tuple[SendFile, Callable[[], None]]:
     return SendFile(path.name, st.st_size, int(st.st_mtime), st.st_mode & 0o777, read), fh.close
 
 
+def check_batch_names(paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Raise ``ValueError`` if two paths share a basename: only basenames go on the wire, so the
+    receiver would refuse (or, with overwrite, replace) the second, and the report could not say
+    which one failed. Call it before handing a port to the receiver."""
+    seen: dict[str, str | os.PathLike[str]] = {}
+    for p in paths:
+        name = Path(p).name
+        if name in seen:
+            raise ValueError(f"same file name twice in one batch: {os.fspath(seen[name])} and "
+                             f"{os.fspath(p)} (both arrive as {name!r})")
+        seen[name] = p
+
+
 def send_files(
     port: PortLike,
     paths: Sequence[str | os.PathLike[str]],
@@ -350,7 +368,9 @@ def send_files(
     progress: ProgressCallback | None = None,
     overall_timeout: float | None = None,
 ) -> TransferReport:
-    """Send ``paths`` as one YMODEM batch (basenames on the wire)."""
+    """Send ``paths`` as one YMODEM batch (basenames on the wire). Two paths with the same
+    basename are refused (``ValueError``, see ``check_batch_names``) before anything is sent."""
+    check_batch_names(paths)
     files: list[SendFile] = []
     closers: list[Callable[[], None]] = []
     try:
@@ -395,14 +415,20 @@ def _send(
                 report.files.append(FileResult(ev.name, ev.size, True, now - file_t0))
                 report.bytes += ev.size
                 file_t0 = now
+            elif isinstance(ev, FileUnconfirmed):
+                report.files.append(FileResult(
+                    ev.name, ev.size, False, now - file_t0,
+                    "not confirmed: the EOT was ACKed but the receiver never asked for the next "
+                    "file, it may not have kept it"))
             elif isinstance(ev, BatchEnded):
                 report.ok, report.final_ack = True, ev.final_ack
             elif isinstance(ev, Aborted):
                 report.reason = ev.reason
-                done = {r.name for r in report.files}
+                # Files are reported in batch order, one result each: the rest failed (by index,
+                # not by name).
                 report.files += [
                     FileResult(f.name, f.size, False, 0.0, ev.reason)
-                    for f in files if f.name not in done
+                    for f in files[len(report.files):]
                 ]
         if tx.state is not last_state:
             log.debug("sender %.3f %s -> %s", now - t0, last_state.value, tx.state.value)

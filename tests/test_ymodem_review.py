@@ -15,10 +15,12 @@ import random
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import serial
+from test_ymodem_core import Pair, files_of
 
 from host.ymodem_io import DirectorySink, TransferReport, receive_files
 from protocol import ymodem as ym
@@ -168,3 +170,356 @@ def test_sb_with_a_122_character_name_is_refused_not_truncated(tmp_path: Path) -
     finally:
         socat.terminate()
         socat.wait(timeout=5)
+
+
+# --- 2. a duplicated ACK read late must not make the sender claim a file --------------------------
+
+
+class DelayedCopyPair(Pair):
+    """A pair whose line duplicates one chosen byte, the copy arriving ``copy_delay`` s later (in
+    its own read when the pair delivers byte by byte or the delay exceeds the turnaround)."""
+
+    copy_delay = 0.0
+    dup_when: Callable[[str, int], bool] = staticmethod(lambda d, b: False)
+
+    def _put(self, direction: str, data: bytes) -> None:
+        if data:
+            self.chunks[direction].append(data)
+        t = max(self.now, self.busy[direction])
+        for b in data:
+            t += self.byte_time
+            self.sent[direction].append(b)
+            self.lines[direction].append((t + self.latency, b))
+            if self.dup_when(direction, b):
+                self.lines[direction].append((t + self.latency + self.copy_delay, b))
+        self.lines[direction].sort(key=lambda x: x[0])
+        self.busy[direction] = t
+
+
+@pytest.mark.parametrize(("turnaround", "copy_delay", "byte_by_byte"),
+                         [(0.0, 0.0, True), (0.002, 0.005, False), (0.002, 0.001, False)],
+                         ids=["turnaround-0-own-read", "copy-after-turnaround", "copy-inside"])
+def test_a_late_duplicate_ack_never_makes_the_sender_report_a_discarded_file(
+        turnaround: float, copy_delay: float, byte_by_byte: bool) -> None:
+    data = random.Random(1).randbytes(5000)
+    p = DelayedCopyPair(ym.Sender(files_of({"fw.bin": data}), ym.SenderConfig(turnaround=turnaround)),
+                        ym.Receiver(), byte_by_byte=byte_by_byte)
+    p.copy_delay = copy_delay
+    acks = [0]
+
+    def dup_when(direction: str, b: int) -> bool:
+        if direction == "rx>tx" and b == ym.ACK:
+            acks[0] += 1
+            return acks[0] == 3  # the ACK of data block 2 comes twice
+        return False
+
+    p.dup_when = dup_when
+    p.run(until=600)
+    got = p.received()
+    assert set(p.tx.committed) <= set(got)  # never "delivered" when the receiver discarded it
+    assert got == {"fw.bin": data}  # and the NAK in WAIT_NEXT_C resends EOT: the batch completes
+    assert p.tx.state is ym.TxState.DONE and p.rx.state is ym.RxState.DONE
+
+
+def _sender_after_eot_ack() -> ym.Sender:
+    tx = ym.Sender(files_of({"f": b"abc"}), ym.SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([ym.ACK, ym.CRC_REQUEST]), 0.2)
+    tx.receive_data(bytes([ym.ACK]), 0.3)
+    assert tx.data_to_send()[-1] == ym.EOT
+    tx.receive_data(bytes([ym.ACK]), 0.4)
+    assert tx.state is ym.TxState.WAIT_NEXT_C
+    return tx
+
+
+def test_nak_after_the_eot_ack_resends_eot_and_nothing_is_reported_yet() -> None:
+    tx = _sender_after_eot_ack()
+    assert not any(isinstance(e, ym.FileCommitted) for e in tx.events())
+    tx.receive_data(bytes([ym.NAK]), 0.5)
+    assert tx.data_to_send() == bytes([ym.EOT]) and tx.state is ym.TxState.SENT_EOT2
+    tx.receive_data(bytes([ym.ACK, ym.CRC_REQUEST]), 0.6)
+    assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [ym.FileCommitted("f", 3)]
+    assert tx.committed == ["f"] and tx.state.value == "SENT_END"
+
+
+def test_abort_before_the_next_c_reports_the_file_unconfirmed_not_ok() -> None:
+    tx = _sender_after_eot_ack()
+    tx.receive_data(bytes([ym.CAN, ym.CAN]), 0.5)
+    evs = tx.events()
+    assert tx.committed == [] and tx.unconfirmed == ["f"]
+    assert ym.FileUnconfirmed("f", 3) in evs and not any(isinstance(e, ym.FileCommitted) for e in evs)
+
+
+def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
+    """The receiver ACKs the EOT and then cancels: the file is reported not ok, 'not confirmed'."""
+    from host import ymodem_io
+
+    src = tmp_path / "f.bin"
+    src.write_bytes(b"abc")
+
+    class Script:  # plays the receiver: C, ACK C, ACK (block 1), ACK (to EOT) + CAN CAN
+        timeout: float | None = 0.0
+
+        def __init__(self) -> None:
+            self.answers = [b"C", b"\x06C", b"\x06", b"\x06\x18\x18"]
+            self.pending = bytearray(self.answers.pop(0))
+
+        @property
+        def in_waiting(self) -> int:
+            return len(self.pending)
+
+        def read(self, size: int = 1) -> bytes:
+            out = bytes(self.pending[:size])
+            del self.pending[:size]
+            return out
+
+        def write(self, data: bytes, /) -> int:
+            if self.answers:
+                self.pending += self.answers.pop(0)
+            return len(data)
+
+    rep = ymodem_io.send_files(Script(), [src], ym.SenderConfig(turnaround=0), overall_timeout=10)
+    assert not rep.ok
+    assert [(f.name, f.ok) for f in rep.files] == [("f.bin", False)]
+    assert "not confirmed" in rep.files[0].detail
+
+
+# --- 3. no size field: a lost STX must not end the file early -------------------------------------
+
+
+def _no_size_blocks() -> tuple[bytes, list[bytes]]:
+    data = bytearray(random.Random(0).randbytes(4 * 1024))
+    for i, v in enumerate(data):  # keep framing bytes out of the payload except the one we plant
+        if v in (ym.SOH, ym.STX, ym.EOT, ym.CAN):
+            data[i] = 0x55
+    data[3 * 1024 + 10] = ym.EOT  # a payload byte 0x04 early in block 4
+    return bytes(data), [ym.build_block(n, bytes(data[(n - 1) * 1024 : n * 1024])) for n in range(1, 5)]
+
+
+@pytest.mark.parametrize("byte_by_byte", [False, True], ids=["burst", "byte-by-byte"])
+def test_without_a_size_a_lost_stx_is_not_taken_for_eot(byte_by_byte: bool) -> None:
+    data, blocks = _no_size_blocks()
+    rx = ym.Receiver()
+    rx.start(0.0)
+    now = 0.0
+    rx.receive_data(ym.build_block(0, b"fw.bin\x00".ljust(128, b"\x00")), now)  # name only
+    evs: list[object] = []
+
+    def feed(chunk: bytes) -> None:
+        if byte_by_byte:
+            for b in chunk:
+                rx.receive_data(bytes([b]), now)
+        else:
+            rx.receive_data(chunk, now)
+
+    for n, blk in enumerate(blocks, 1):
+        now += 0.1
+        feed(blk[1:] if n == 4 else blk)  # block 4's STX is lost on the line
+    evs += rx.events()
+    assert not any(isinstance(e, ym.FileCommitted) for e in evs)
+    now += 1.0
+    rx.tick(now)  # quiet: the purge ends with a NAK
+    assert rx.data_to_send().endswith(bytes([ym.NAK]))
+    now += 0.1
+    feed(blocks[3])  # the sender resends block 4
+    assert rx.data_to_send().endswith(bytes([ym.ACK]))
+    for _ in range(2):  # EOT, NAK, EOT: committed with all four blocks
+        now += 0.1
+        rx.receive_data(bytes([ym.EOT]), now)
+    evs += rx.events()
+    body = b"".join(e.data for e in evs if isinstance(e, ym.FileData))
+    assert [e for e in evs if isinstance(e, ym.FileCommitted)] == [ym.FileCommitted("fw.bin", 4096)]
+    assert body == data
+
+
+def test_an_eot_followed_by_more_bytes_in_one_read_is_noise() -> None:
+    rx = ym.Receiver()
+    rx.start(0.0)
+    rx.receive_data(ym.build_block(0, b"f\x00".ljust(128, b"\x00")), 0.1)
+    rx.receive_data(ym.build_block(1, bytes(128)), 0.2)
+    rx.data_to_send()
+    rx.receive_data(bytes([ym.EOT, 0x42]), 0.3)
+    assert rx.data_to_send() == b"" and rx.state is ym.RxState.RECV_DATA
+    rx.receive_data(bytes([ym.EOT]), 0.4)  # during the purge: dropped
+    assert rx.data_to_send() == b""
+    rx.tick(0.4 + rx.config.purge_quiet)
+    assert rx.data_to_send() == bytes([ym.NAK])
+    assert not any(isinstance(e, ym.FileCommitted) for e in rx.events())
+
+
+# --- CAN CAN from the sender around a damaged block ----------------------------------------------
+
+
+def _rx_in_data() -> ym.Receiver:
+    rx = ym.Receiver()
+    rx.start(0.0)
+    _, hdr = ym.build_header("f", 5000, 0, 0o644)
+    rx.receive_data(ym.build_block(0, hdr), 0.1)
+    rx.receive_data(ym.build_block(1, bytes(1024)), 0.2)
+    rx.data_to_send()
+    return rx
+
+
+def test_can_can_while_purging_a_bad_block_is_a_cancel_by_the_sender() -> None:
+    rx = _rx_in_data()
+    bad = bytearray(ym.build_block(2, bytes(1024)))
+    bad[100] ^= 0xFF
+    rx.receive_data(bytes(bad), 0.3)
+    rx.receive_data(bytes([ym.CAN]) * 10 + bytes([8]) * 10, 0.31)  # lrzsz's cancel
+    assert rx.state is ym.RxState.ABORTED and rx.abort_reason == "cancelled by sender"
+
+
+def test_can_can_ending_a_cut_block_is_a_cancel_by_the_sender() -> None:
+    rx = _rx_in_data()
+    rx.receive_data(ym.build_block(2, bytes(1024))[:400] + bytes([ym.CAN]) * 10 + bytes([8]) * 10,
+                    0.3)
+    assert rx.state is ym.RxState.RECV_DATA  # inside a block: payload bytes may be CAN
+    rx.tick(0.3 + rx.config.interbyte_timeout)
+    assert rx.state.value == "ABORTED" and rx.abort_reason == "cancelled by sender"
+    assert ym.NAK not in rx.data_to_send()
+
+
+def test_can_can_filling_up_a_damaged_block_is_a_cancel_by_the_sender() -> None:
+    rx = _rx_in_data()
+    rx.receive_data(ym.build_block(2, bytes(1024))[:1010] + bytes([ym.CAN]) * 10 + bytes([8]) * 10,
+                    0.3)
+    assert rx.state is ym.RxState.ABORTED and rx.abort_reason == "cancelled by sender"
+
+
+# --- 4. Ctrl-C or a dead port leaves no temporary file --------------------------------------------
+
+
+class _DyingPort:
+    """Delivers a header and one block, then raises ``exc`` from read (Ctrl-C, an unplug)."""
+
+    timeout: float | None = 0.0
+
+    def __init__(self, exc: BaseException) -> None:
+        _, hdr = ym.build_header("big.bin", 4096, 0, 0o644)
+        self.chunks = [ym.build_block(0, hdr), ym.build_block(1, bytes(1024))]
+        self.exc = exc
+        self.written = bytearray()
+
+    @property
+    def in_waiting(self) -> int:
+        return len(self.chunks[0]) if self.chunks else 0
+
+    def read(self, size: int = 1) -> bytes:
+        if self.chunks:
+            return self.chunks.pop(0)
+        raise self.exc
+
+    def write(self, data: bytes, /) -> int:
+        self.written += data
+        return len(data)
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt(), OSError(5, "device disconnected")],
+                         ids=["ctrl-c", "oserror"])
+def test_receive_interrupted_mid_file_leaves_no_temporary_and_no_open_fd(
+        tmp_path: Path, exc: BaseException) -> None:
+    sink = DirectorySink(tmp_path)
+    port = _DyingPort(exc)
+    with pytest.raises(type(exc)):
+        receive_files(port, sink)
+    assert list(tmp_path.iterdir()) == []
+    assert sink._fd is None  # the descriptor is closed too
+    if isinstance(exc, KeyboardInterrupt):
+        assert port.written.count(ym.CAN) >= 2  # and the sender was told
+
+
+def test_device_receive_loop_with_a_dying_transport_leaves_no_temporary(tmp_path: Path) -> None:
+    import time
+
+    from device_sim.file_receive import receive_batch
+
+    class Transport:
+        def __init__(self) -> None:
+            _, hdr = ym.build_header("big.bin", 4096, 0, 0o644)
+            self.chunks = [ym.build_block(0, hdr), ym.build_block(1, bytes(1024))]
+
+        def read(self, timeout: float) -> bytes:
+            if self.chunks:
+                return self.chunks.pop(0)
+            raise OSError(5, "pty closed")
+
+        def write(self, data: bytes) -> None:
+            pass
+
+    with pytest.raises(OSError):
+        receive_batch(tmp_path, Transport(), time.monotonic)
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- 5. two files with one basename ---------------------------------------------------------------
+
+
+def test_two_files_with_the_same_basename_are_refused_before_sending(tmp_path: Path) -> None:
+    from host.ymodem_io import send_files
+
+    for sub, body in (("a", b"first"), ("b", b"second")):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "x.bin").write_bytes(body)
+
+    class Port:
+        timeout: float | None = 0.0
+        in_waiting = 0
+        written = bytearray()
+
+        def read(self, size: int = 1) -> bytes:
+            raise AssertionError("nothing may be read: the batch must not start")
+
+        def write(self, data: bytes, /) -> int:
+            self.written += data
+            return len(data)
+
+    port = Port()
+    with pytest.raises(ValueError, match="same file name twice"):
+        send_files(port, [tmp_path / "a" / "x.bin", tmp_path / "b" / "x.bin"])
+    assert port.written == b""
+
+
+def test_cli_send_refuses_the_same_basename_twice(tmp_path: Path) -> None:
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "x.bin").write_bytes(b"z")
+    exe = shutil.which("idemlink")
+    if exe is None:
+        pytest.skip("idemlink entry point not installed")
+    res = subprocess.run([exe, "send", "--plain", "--port", str(tmp_path / "no-such-port"),
+                          str(tmp_path / "a" / "x.bin"), str(tmp_path / "b" / "x.bin")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode != 0
+    assert "same file name twice" in res.stderr
+
+
+def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
+    """Results follow the batch by index: each file gets exactly one line, in order."""
+    from host import ymodem_io
+
+    files = [ym.SendFile.from_bytes("a.bin", b"1"), ym.SendFile.from_bytes("b.bin", b"2")]
+
+    class Port:  # receiver: takes a.bin completely, then cancels at b.bin's header
+        timeout: float | None = 0.0
+
+        def __init__(self) -> None:
+            self.answers = [b"C", b"\x06C", b"\x06", b"\x06C", b"\x18\x18"]
+            self.pending = bytearray(self.answers.pop(0))
+
+        @property
+        def in_waiting(self) -> int:
+            return len(self.pending)
+
+        def read(self, size: int = 1) -> bytes:
+            out = bytes(self.pending[:size])
+            del self.pending[:size]
+            return out
+
+        def write(self, data: bytes, /) -> int:
+            if self.answers:
+                self.pending += self.answers.pop(0)
+            return len(data)
+
+    rep = ymodem_io._send(Port(), files, ym.SenderConfig(turnaround=0), None, 10)
+    assert [(f.name, f.ok) for f in rep.files] == [("a.bin", True), ("b.bin", False)]

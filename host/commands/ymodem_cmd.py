@@ -91,12 +91,16 @@ def _print_report(report: Any, verb: str) -> None:
 
 
 def run_send(args: argparse.Namespace) -> int:
-    from host.ymodem_io import send_files
+    from host.ymodem_io import check_batch_names, send_files
     from protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
 
     for f in args.files:
         if not Path(f).is_file():
             raise UserError(f"not a regular file: {f}")
+    try:
+        check_batch_names(args.files)  # before the device is switched to file receive
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
     config = SenderConfig(
         block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
         turnaround=args.turnaround_ms / 1000.0,
