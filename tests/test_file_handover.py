@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from device_sim.device import SimulatedDevice
 from device_sim.link import LinkConfig
 from device_sim.pytest_plugin import start_pty_sim
@@ -120,3 +122,34 @@ def test_the_devices_flash_is_finite_a_batch_over_its_quota_is_refused(tmp_path:
         assert list((tmp_path / "flash" / "files").iterdir()) == []  # nothing partial either
     finally:
         sim.close()
+
+
+def test_cli_send_exits_unknown_when_the_hand_over_is_unknown_and_the_batch_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The hand-over's answer was lost and no receiver answered the batch: the device may yet
+    switch (or did and gave up) — exit 5 (UNKNOWN), not 1 ("local error, nothing sent")."""
+    import host.device as hd
+    from host.cli import EXIT_UNKNOWN, main
+    from host.ymodem_io import FileResult, TransferReport
+    from protocol.outcome import Status
+
+    f = tmp_path / "fw.bin"
+    f.write_bytes(b"x" * 100)
+
+    class StalledDevice:
+        def __enter__(self) -> StalledDevice:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def send_files(self, paths: list[str], **kw: object) -> tuple[hd.Result, TransferReport]:
+            res = hd.Result(hd.Command(hd.CommandKind.FILE_RECEIVE, 0), Outcome.UNKNOWN,
+                            Status.NO_ANSWER)
+            report = TransferReport([FileResult("fw.bin", 100, False, 2.0, "no receiver")],
+                                    ok=False, reason="no receiver ('C') before the start timeout")
+            return res, report
+
+    monkeypatch.setattr(hd.Device, "open", classmethod(lambda cls, *a, **k: StalledDevice()))
+    assert main(["send", "--no-progress", "--port", "/dev/null", str(f)]) == EXIT_UNKNOWN
+    assert "UNKNOWN (NO_ANSWER)" in capsys.readouterr().err

@@ -143,7 +143,16 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
         return {Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED, Outcome.REJECTED: EXIT_REJECTED}.get(
             res.outcome, EXIT_UNKNOWN)
     _print_report(report, "sent")
-    return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
+    if report.ok and all(f.ok for f in report.files):
+        return EXIT_OK
+    if res.outcome is Outcome.UNKNOWN:
+        # The hand-over's answer was lost and the batch did not go through: the device may yet
+        # switch to file receive (or may have and given up). That is an UNKNOWN, not a local error.
+        print(f"hand-over to file receive: {res.describe()}; the device may still be waiting for "
+              "a sender or may have switched back: read it back before sending again",
+              file=sys.stderr)
+        return EXIT_UNKNOWN
+    return EXIT_LOCAL_ERROR
 
 
 def run_receive(args: argparse.Namespace) -> int:
