@@ -8,6 +8,11 @@ Every command returns a ``Result`` with exactly one ``Outcome`` — a protocol o
 exception. An UNKNOWN result blocks the handle: further commands raise ``UnknownOutstanding`` until
 ``acknowledge_unknown()``; ``reconcile()`` reads back what the unknown command touched.
 
+A failing port (an OSError / ``PortError`` from the transport) ends the operation with
+``LinkLost``, whose ``results`` settle every request of it (UNKNOWN/LINK_LOST if it was sent, which
+blocks the handle); an interrupted operation (KeyboardInterrupt) settles its requests as
+UNKNOWN/CANCELLED before the interrupt propagates. Nothing is left in the session to run later.
+
 The request loop lives once, in ``Device._drive``: it only moves bytes between the transport and
 the sans-I/O ``HostSession`` and passes the time in. An asyncio shell would replace only that loop.
 """
@@ -103,9 +108,18 @@ class SerialTransport:
             port.timeout = 0  # reads below never block: select() does the waiting
 
     def write(self, data: bytes) -> None:
-        self.port.write(data)
+        try:
+            self.port.write(data)
+        except OSError as exc:  # serial.SerialException is an OSError
+            raise PortError(f"{self.port.name}: write failed: {exc}") from exc
 
     def read(self, timeout: float) -> bytes:
+        try:
+            return self._read(timeout)
+        except (OSError, ValueError) as exc:  # ValueError: select() on a closed descriptor
+            raise PortError(f"{self.port.name}: read failed: {exc}") from exc
+
+    def _read(self, timeout: float) -> bytes:
         port = self.port
         if self._fd is not None:
             # Waiting in select() rather than through port.timeout: pyserial reconfigures the
@@ -127,7 +141,10 @@ class SerialTransport:
         return self._clock()
 
     def close(self) -> None:
-        self.port.close()
+        try:
+            self.port.close()
+        except OSError as exc:  # a port that already failed may fail to close too
+            log.warning("closing %s: %s", self.port.name, exc)
 
 
 class PortError(LocalProtocolError):
@@ -135,6 +152,26 @@ class PortError(LocalProtocolError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, Status.LINK_LOST)
+
+
+class LinkLost(PortError):
+    """The transport failed while a command was out. ``results`` settles every request of the
+    interrupted operation: UNKNOWN (LINK_LOST) for one that was sent — the handle is then blocked
+    as for any UNKNOWN — NOT_EXECUTED for one never sent. Empty: nothing was out (e.g. HELLO)."""
+
+    def __init__(self, message: str, results: tuple[Result, ...] = ()) -> None:
+        super().__init__(message)
+        self.results = results
+
+    @property
+    def unknown(self) -> bool:
+        """Whether something may have run."""
+        return any(r.outcome is Outcome.UNKNOWN for r in self.results)
+
+
+TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, PortError)
+"""What a failing transport raises (``SerialTransport`` turns pyserial's errors into PortError;
+other transports may raise OSError, as sockets and file descriptors do)."""
 
 
 class IncompatibleDevice(RemoteProtocolError):
@@ -331,6 +368,7 @@ class Device:
         self.unknown: Result | None = None
         self.stats = DriverStats()
         self._results: dict[int, Completion] = {}
+        self._commands: dict[int, Command] = {}  #: tag -> command, while submitted
         self._tag = 0
 
     # ------------------------------------------------------------------ opening
@@ -412,17 +450,64 @@ class Device:
             s.tick(now)
 
     def _drive(self, steps: Steps[T]) -> T:
-        """Run an operation on the blocking transport."""
+        """Run an operation on the blocking transport.
+
+        If the transport fails, every request of the operation is settled (``abandon``) and
+        ``LinkLost`` carries the results; if the caller interrupts (KeyboardInterrupt, any other
+        exception), the requests are settled the same way (CANCELLED) before it propagates. Either
+        way nothing stays in the session to run behind the caller's back, and the handle is
+        blocked if something may have run."""
         t = self.transport
         try:
             out, wait = next(steps)
             while True:
-                if out:
-                    t.write(out)
-                out, wait = steps.send(t.read(wait))
+                try:
+                    if out:
+                        t.write(out)
+                    data = t.read(wait)
+                except TRANSPORT_ERRORS as exc:
+                    raise self._link_lost(exc) from exc
+                out, wait = steps.send(data)
         except StopIteration as stop:
             result: T = stop.value
             return result
+        except LinkLost:
+            raise
+        except BaseException:
+            self._settle_abandoned(Status.CANCELLED)
+            raise
+        finally:
+            steps.close()
+
+    def _link_lost(self, exc: BaseException) -> LinkLost:
+        results = self._settle_abandoned(Status.LINK_LOST)
+        sent = sum(r.outcome is Outcome.UNKNOWN for r in results)
+        what = (f"{sent} request(s) may have run (UNKNOWN)" if sent
+                else "nothing was out")
+        return LinkLost(f"the port failed: {exc}; {what}", tuple(results))
+
+    def _settle_abandoned(self, status: Status) -> list[Result]:
+        """Give up every request the session holds (``HostSession.abandon``) and turn those of
+        the interrupted operation into Results; an UNKNOWN one blocks the handle."""
+        self.session.abandon(status)
+        for ev in self.session.events():
+            if isinstance(ev, Completion):
+                self._results[ev.tag] = ev
+        results = [self._result(self._commands.pop(tag), self._results.pop(tag))
+                   for tag in sorted(self._results) if tag in self._commands]
+        self._results.clear()
+        self._commands.clear()
+        return results
+
+    def _result(self, c: Command, comp: Completion) -> Result:
+        values, code = answer_of(c, comp.pdu)
+        r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
+                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as)
+        self.stats.commands += 1
+        self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
+        if r.outcome is Outcome.UNKNOWN and self.unknown is None:
+            self.unknown = r
+        return r
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
@@ -454,20 +539,10 @@ class Device:
         for c in cmds:
             self._tag += 1
             tags.append(self._tag)
+            self._commands[self._tag] = c
             self.session.submit(c.pdu(), now, set_only=self._reissuable(c), tag=self._tag)
         yield from self._exchange(lambda: all(t in self._results for t in tags))
-        results = []
-        for c, t in zip(cmds, tags, strict=True):
-            comp = self._results.pop(t)
-            values, code = answer_of(c, comp.pdu)
-            r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
-                       comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as)
-            self.stats.commands += 1
-            self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
-            if r.outcome is Outcome.UNKNOWN and self.unknown is None:
-                self.unknown = r
-            results.append(r)
-        return results
+        return [self._result(self._commands.pop(t), self._results.pop(t)) for t in tags]
 
     def execute(self, command: Command) -> Result:
         return self.run([command])[0]

@@ -20,14 +20,15 @@ from pathlib import Path
 import pytest
 
 from device_sim.device import SimulatedDevice
+from device_sim.pytest_plugin import start_pty_sim
 from device_sim.simlink import SimTransport
 from host.cli import UserError, build_parser
 from host.commands.device_cmds import load_plan
-from host.device import Device
+from host.device import Device, LinkLost, PortError, UnknownOutstanding
 from host.journal import ReceiptJournal
 from protocol.frame import Frame, FrameDecoder, FrameType
 from protocol.modbus import FunctionCode
-from protocol.outcome import LocalProtocolError
+from protocol.outcome import LocalProtocolError, Outcome, Status
 from protocol.registers import DEFAULT_MAP
 
 
@@ -218,3 +219,125 @@ def test_apply_names_and_resolves_a_step_orphaned_by_a_plan_edit(
     rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
     assert rc == 0 and [s["state"] for s in json.loads(out)["steps"]] == ["executed", "executed"]
     assert device.core.value("threshold") == 450 and device.core.value("fan_setpoint") == 80
+
+
+# --------------------------------------------------------------------------- a port that fails
+
+
+class FailsAfterRequest(SimTransport):
+    """Fails (``error``) on the first read after ``arm()`` once a request has gone out."""
+
+    def __init__(self, device: SimulatedDevice, error: BaseException) -> None:
+        super().__init__(device)
+        self.error = error
+        self.armed = False
+        self.requests_written = 0
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def write(self, data: bytes) -> None:
+        if self.armed:
+            self.requests_written += 1
+        super().write(data)
+
+    def read(self, timeout: float) -> bytes:
+        if self.armed and self.requests_written:
+            raise self.error
+        return super().read(timeout)
+
+
+def test_port_error_mid_command_is_link_lost_unknown_and_blocks() -> None:
+    t = FailsAfterRequest(SimulatedDevice(seed=1), OSError(5, "Input/output error"))
+    dev = Device(t, max_inflight=1)
+    dev.connect()
+    t.arm()
+    cmds = [dev.write_command({"threshold": 300}), dev.write_command({"mode": 1}),
+            dev.write_command({"fan_setpoint": 70})]
+    with pytest.raises(LinkLost) as info:
+        dev.run(cmds)
+    got = [(r.command, r.outcome, r.status) for r in info.value.results]
+    assert got == [(cmds[0], Outcome.UNKNOWN, Status.LINK_LOST),  # it went out: may have run
+                   (cmds[1], Outcome.NOT_EXECUTED, None), (cmds[2], Outcome.NOT_EXECUTED, None)]
+    assert info.value.unknown and isinstance(info.value, PortError)
+    assert dev.session.outstanding == 0 and not dev._results  # nothing left to run later
+    assert dev.unknown is info.value.results[0]
+    with pytest.raises(UnknownOutstanding):
+        dev.read("threshold")
+
+
+def test_keyboard_interrupt_mid_command_settles_and_blocks() -> None:
+    t = FailsAfterRequest(SimulatedDevice(seed=1), KeyboardInterrupt())
+    dev = Device(t)
+    dev.connect()
+    t.arm()
+    with pytest.raises(KeyboardInterrupt):
+        dev.write({"threshold": 300})
+    assert dev.session.outstanding == 0 and not dev._results
+    assert dev.unknown is not None and dev.unknown.status is Status.CANCELLED
+    with pytest.raises(UnknownOutstanding):
+        dev.write({"mode": 1})
+    t.armed = False
+    rec = dev.reconcile()
+    assert rec is not None and rec.observed["threshold"] in (300, DEFAULT_MAP.named(
+        "threshold").default)
+    dev.acknowledge_unknown()
+    assert dev.write({"mode": 1}).ok  # the handle works again, no stray completion around
+    assert not dev._results
+
+
+def test_cli_port_failure_mid_command_exits_5_without_traceback(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    t = FailsAfterRequest(SimulatedDevice(seed=1), OSError(5, "Input/output error"))
+    args = parse(["write", "threshold=300", "--json"])
+
+    def opener() -> Device:
+        dev = Device(t)
+        dev.connect()
+        t.arm()
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    out, err = capsys.readouterr()
+    assert rc == 5
+    assert "the port failed" in err and "Traceback" not in err and len(err.splitlines()) == 1
+    doc = json.loads(out)
+    assert doc["outcome"] == "UNKNOWN" and doc["results"][0]["status"] == "LINK_LOST"
+
+
+def test_real_pty_whose_device_goes_away() -> None:
+    """A real serial port (a pty) whose other end closes: LinkLost, not a raw OSError."""
+    sim = start_pty_sim(SimulatedDevice(seed=4))
+    try:
+        dev = Device.open(sim.path, timeout=0.5, attempts=3)
+    except BaseException:
+        sim.close()
+        raise
+    try:
+        assert dev.write({"threshold": 310}).ok
+        sim.close()  # the device side disappears
+        with pytest.raises(LinkLost) as info:
+            dev.write({"threshold": 320})
+        assert [r.outcome for r in info.value.results] == [Outcome.UNKNOWN]
+        assert dev.unknown is info.value.results[0] and dev.session.outstanding == 0
+    finally:
+        dev.close()
+
+
+def test_cli_port_failure_before_any_request_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
+    t = FailsAfterRequest(SimulatedDevice(seed=1), OSError(5, "Input/output error"))
+    t.arm()  # fails during the HELLO handshake: no request was ever out
+    args = parse(["read", "threshold"])
+
+    def opener() -> Device:
+        dev = Device(t)
+        dev.connect()
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == ""
+    assert "nothing was out" in err and len(err.splitlines()) == 1
+    assert t.device.executions == []

@@ -43,7 +43,7 @@ from host.cli import (
     EXIT_UNKNOWN,
     UserError,
 )
-from host.device import Device, IncompatibleDevice, NoDevice, PortError, Result
+from host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from host.frame_view import FrameDescriber, trigger_code_name
 from protocol.outcome import Outcome
 from protocol.registers import (
@@ -95,7 +95,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("read", parents=[common], help="read registers by name or address")
     p.add_argument("registers", nargs="*", metavar="NAME",
                    help="register names or addresses (default: every register)")
-    p.set_defaults(handler=run_read)
+    p.set_defaults(handler=link_guarded(run_read))
 
     p = sub.add_parser("write", parents=[common], help="set registers: NAME=VALUE...")
     p.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
@@ -103,24 +103,24 @@ def register(sub: Any) -> None:
                    help="write only if the generation counter still equals G (else exit 3)")
     p.add_argument("--no-check", action="store_true",
                    help="send even what the register map shows to be invalid")
-    p.set_defaults(handler=run_write)
+    p.set_defaults(handler=link_guarded(run_write))
 
     p = sub.add_parser("faults", parents=[common], help="read the fault words, bit by bit")
-    p.set_defaults(handler=run_faults)
+    p.set_defaults(handler=link_guarded(run_faults))
 
     p = sub.add_parser("clear", parents=[common], help="clear latched fault bits (write 1s)")
     p.add_argument("bits", nargs="*", metavar="BIT",
                    help="bit names or numbers (default: every declared bit)")
     p.add_argument("--mask", type=_int_arg, metavar="M", help="the bits to clear as a mask")
     p.add_argument("--register", metavar="NAME", help="the fault register (default: the only one)")
-    p.set_defaults(handler=run_clear)
+    p.set_defaults(handler=link_guarded(run_clear))
 
     p = sub.add_parser("trigger", parents=[common], help="start a one-shot action, or reset/query")
     p.add_argument("name", nargs="?", metavar="NAME", help="trigger register (default: the only one)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
     g.add_argument("--status", action="store_true", help="read the trigger state only")
-    p.set_defaults(handler=run_trigger)
+    p.set_defaults(handler=link_guarded(run_trigger))
 
     p = sub.add_parser("apply", parents=[common], help="apply a plan of writes, journaled")
     p.add_argument("plan", metavar="PLAN.json")
@@ -134,7 +134,7 @@ def register(sub: Any) -> None:
     g.add_argument("--executed", action="store_true", help="with --resolve: it ran (receipt it)")
     g.add_argument("--not-executed", action="store_true",
                    help="with --resolve: it did not run (it may run again)")
-    p.set_defaults(handler=run_apply)
+    p.set_defaults(handler=link_guarded(run_apply))
 
     p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
     p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
@@ -224,6 +224,34 @@ def open_device(args: argparse.Namespace) -> Device:
                            attempts=args.attempts)
     except (PortError, NoDevice, IncompatibleDevice) as exc:
         raise UserError(f"{args.port}: {exc}") from None
+
+
+def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
+    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent)."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except LinkLost as exc:
+            outcome = Outcome.UNKNOWN if exc.unknown else None
+            hint = ""
+            if exc.unknown:
+                hint = ("; once the port is back, `idemlink apply` again reads the step back"
+                        if args.command == "apply" else
+                        "; once the port is back, read back what it touched before going on")
+            print(f"idemlink {args.command}: {exc}{hint}",
+                  file=sys.stderr)
+            if args.json:
+                print(json.dumps({"outcome": outcome.name if outcome else None,
+                                  "error": str(exc),
+                                  "results": [result_json(r) for r in exc.results]},
+                                 sort_keys=True))
+            return EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+
+    guarded.__name__ = handler.__name__
+    guarded.__doc__ = handler.__doc__
+    return guarded
 
 
 def emit(args: argparse.Namespace, doc: dict[str, Any], lines: Sequence[str]) -> None:
