@@ -4,14 +4,23 @@
 of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``,
 ``await read(timeout)``). There is no second copy of the request loop, the retry rules, the epoch
 rule or the result decoding: only ``_drive`` differs, and the typed helpers are one line each.
+
+One operation at a time: every operation holds the device's ``asyncio.Lock``, so tasks sharing one
+``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits the
+transport's ``read``). A cancelled operation (``task.cancel()``, ``asyncio.wait_for`` timing out)
+settles its requests as UNKNOWN/CANCELLED (NOT_EXECUTED if never sent) before the cancellation
+propagates, and an UNKNOWN one blocks the handle, as in the blocking driver; a transport error
+raises ``LinkLost`` the same way.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
-from host.device import Command, Device, Reconciliation, Result, Steps
+from host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
+from protocol.outcome import Status
 from protocol.registers import DEFAULT_MAP, RegisterMap
 
 T = TypeVar("T")
@@ -34,18 +43,35 @@ class AsyncDevice:
         # transport is only asked for the time, which both kinds of transport provide.
         self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
                            attempts=attempts, max_inflight=max_inflight)
+        self._lock = asyncio.Lock()
 
     async def _drive(self, steps: Steps[T]) -> T:
+        async with self._lock:
+            return await self._drive_locked(steps)
+
+    async def _drive_locked(self, steps: Steps[T]) -> T:
         t = self.transport
+        core = self.core
         try:
             out, wait = next(steps)
             while True:
-                if out:
-                    await t.write(out)
-                out, wait = steps.send(await t.read(wait))
+                try:
+                    if out:
+                        await t.write(out)
+                    data = await t.read(wait)
+                except TRANSPORT_ERRORS as exc:
+                    raise core._link_lost(exc) from exc
+                out, wait = steps.send(data)
         except StopIteration as stop:
             result: T = stop.value
             return result
+        except LinkLost:
+            raise
+        except BaseException:  # asyncio.CancelledError above all
+            core._settle_abandoned(Status.CANCELLED)
+            raise
+        finally:
+            steps.close()
 
     async def connect(self) -> None:
         await self._drive(self.core._connect_steps())

@@ -1,18 +1,24 @@
-"""The asyncio shell runs the same operations as the blocking one (no second request loop)."""
+"""The asyncio shell runs the same operations as the blocking one (no second request loop);
+tasks sharing one device are serialised; a cancelled operation leaves nothing behind."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from device_sim.device import SimulatedDevice
 from device_sim.link import LinkConfig
 from device_sim.simlink import SimTransport
 from host.aio import AsyncDevice
-from protocol.outcome import Outcome
+from host.device import UnknownOutstanding
+from protocol.modbus import FunctionCode
+from protocol.outcome import Outcome, Status
 
 
 class AsyncSim:
-    """SimTransport behind async methods (its read jumps simulated time, so nothing blocks)."""
+    """SimTransport behind async methods (its read jumps simulated time, so it never really waits:
+    it cannot show two readers waiting at once — ``WaitingTransport`` below does)."""
 
     def __init__(self, t: SimTransport) -> None:
         self.t = t
@@ -46,3 +52,128 @@ def test_async_device_over_a_lossy_line() -> None:
     asyncio.run(session())
     assert sim.device.core.value("threshold") == 444 and sim.device.core.value("mode") == 0
     assert sim.closed
+
+
+def test_concurrent_tasks_on_one_device_are_serialised() -> None:
+    """Two tasks sharing one AsyncDevice each get their own answers. ``AsyncSim.read`` never
+    really waits, so this passes even without the device's lock (the session routes answers by
+    tag); ``test_concurrent_tasks_on_a_transport_that_really_waits`` is the one that needs it."""
+    sim = SimTransport(SimulatedDevice(seed=3), LinkConfig(seed=3))
+
+    async def session() -> list[Outcome]:
+        dev = AsyncDevice(AsyncSim(sim), timeout=0.02, attempts=3)
+        await dev.connect()
+
+        async def writer(name: str, values: range) -> list[Outcome]:
+            return [(await dev.write({name: v})).outcome for v in values]
+
+        a, b = await asyncio.gather(writer("threshold", range(100, 120)),
+                                    writer("mode", range(0, 2)))
+        await dev.close()
+        return a + b
+
+    outcomes = asyncio.run(session())
+    assert outcomes == [Outcome.OK] * 22
+    assert sim.device.core.value("threshold") == 119 and sim.device.core.value("mode") == 1
+
+
+class WaitingTransport:
+    """An in-memory device whose answers arrive on the event loop, and whose ``read`` really waits
+    (for an answer or its timeout) — and, like ``asyncio.StreamReader``, raises RuntimeError when
+    a second coroutine waits while one already does. ``answer=False``: the device runs every
+    request but its answers are lost."""
+
+    def __init__(self, device: SimulatedDevice) -> None:
+        self.device = device
+        self.answer = True
+        self.buf = bytearray()
+        self.arrived = asyncio.Event()
+        self.waiting = False
+        self.request_out = asyncio.Event()  #: set when a write request reached the device
+
+    def now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def write(self, data: bytes) -> None:
+        before = len(self.device.executions)
+        reply = self.device.receive_data(data, self.now())
+        if any(e.request[:1] != bytes([FunctionCode.READ_HOLDING_REGISTERS])
+               for e in self.device.executions[before:]):
+            self.request_out.set()
+        if reply and self.answer:
+            asyncio.get_running_loop().call_soon(self._deliver, reply)
+
+    def _deliver(self, data: bytes) -> None:
+        self.buf += data
+        self.arrived.set()
+
+    async def read(self, timeout: float) -> bytes:
+        if self.waiting:
+            raise RuntimeError("read() called while another coroutine is already waiting")
+        if not self.buf:
+            self.waiting = True
+            try:
+                await asyncio.wait_for(self.arrived.wait(), timeout)
+            except TimeoutError:
+                return b""
+            finally:
+                self.waiting = False
+        data = bytes(self.buf)
+        self.buf.clear()
+        self.arrived.clear()
+        return data
+
+    async def close(self) -> None:
+        pass
+
+
+def test_concurrent_tasks_on_a_transport_that_really_waits() -> None:
+    device = SimulatedDevice(seed=4)
+
+    async def session() -> list[Outcome]:
+        dev = AsyncDevice(WaitingTransport(device), timeout=1.0, attempts=2)
+        await dev.connect()
+
+        async def writer(name: str, values: range) -> list[Outcome]:
+            return [(await dev.write({name: v})).outcome for v in values]
+
+        async def reader() -> list[Outcome]:
+            return [(await dev.read("threshold")).outcome for _ in range(5)]
+
+        a, b, c = await asyncio.gather(writer("threshold", range(100, 110)),
+                                       writer("mode", range(0, 3)), reader())
+        return a + b + c
+
+    assert asyncio.run(session()) == [Outcome.OK] * 18
+    assert device.core.value("threshold") == 109 and device.core.value("mode") == 2
+
+
+def test_cancelled_operation_is_settled_and_blocks_the_handle() -> None:
+    device = SimulatedDevice(seed=5)
+    threshold = device.core.value("threshold")
+
+    async def session() -> None:
+        t = WaitingTransport(device)
+        dev = AsyncDevice(t, timeout=30.0, attempts=5)
+        await dev.connect()
+        t.answer = False  # the device runs the write; its answer is lost
+        task = asyncio.create_task(dev.write({"threshold": 111}))
+        await t.request_out.wait()  # the write is out
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        core = dev.core
+        assert core.session.outstanding == 0 and not core._results  # nothing left to re-send
+        assert core.unknown is not None and core.unknown.status is Status.CANCELLED
+        assert core.unknown.outcome is Outcome.UNKNOWN
+        with pytest.raises(UnknownOutstanding):
+            await dev.write({"mode": 1})
+        t.answer = True
+        rec = await dev.reconcile()
+        assert rec is not None and rec.intended_state_holds is True  # it did run
+        dev.acknowledge_unknown()
+        assert (await dev.write({"mode": 1})).ok
+
+    asyncio.run(session())
+    writes = [e for e in device.executions if e.request[:3] == bytes([6, 0, 4])]
+    assert len(writes) == 1 and threshold != 111  # ran once, not re-sent behind our back
