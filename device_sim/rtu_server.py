@@ -4,7 +4,8 @@ Contract:
 
 - ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
   means the line was silent), get the bytes to send back. Frames for another unit id and frames
-  with a bad CRC get silence; garbage is skipped (the decoder slides until a CRC-valid frame);
+  with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
+  CRC the rest of the burst is dropped until the line pauses (``RtuDecoder``);
   broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the

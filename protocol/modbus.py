@@ -18,9 +18,10 @@ Contract:
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
 - RTU: ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
-  streaming decoder: RTU has no delimiter, so it computes the expected length from the function
-  code, verifies the CRC, and slides one byte on a bad CRC. An unknown function code's length is
-  unknowable; such a frame is accepted only when the line went silent right after it (``gap()``).
+  streaming decoder: it computes the expected length from the function code and verifies the
+  CRC; another slave's answer (shared bus) is skipped whole; after a bad CRC the rest of the
+  burst is dropped until the line pauses (time is passed in). An unknown function code's frame
+  is its whole burst (it ends at a pause).
 """
 
 from __future__ import annotations
@@ -403,36 +404,83 @@ def response_frame_length(buf: bytes | bytearray) -> int:
     return UNKNOWN_LENGTH
 
 
+def _request_head_plausible(buf: bytes | bytearray) -> bool:
+    """Could the head of ``buf`` still become a well-formed request? Counted requests carry
+    their byte count twice (quantity and byte count), which another slave's answer almost never
+    matches; fixed-length requests and heads too short to tell stay plausible."""
+    if len(buf) < 2:
+        return True
+    fc = buf[1]
+    if fc in (0x10, FunctionCode.WRITE_IF_GENERATION, 0x0F, 0x17):
+        at = _COUNTED_REQUEST[fc]
+        if len(buf) <= at:
+            return True
+        quantity = int.from_bytes(buf[at - 2:at], "big")
+        need = (quantity + 7) // 8 if fc == 0x0F else 2 * quantity
+        return bool(buf[at] == need and quantity)
+    return fc in _FIXED_REQUEST
+
+
 class RtuDecoder:
-    """Streaming RTU decoder that resynchronises after garbage.
+    """Streaming RTU decoder, framed by length and CRC, resynchronised only at pauses.
 
     ``feed(data, now)``; call ``idle(now)`` when a read returned nothing (or ``gap()`` to say the
-    line has certainly been silent);
-    ``next_frame()`` returns the next CRC-valid frame or None. At each position the expected
-    length comes from the function code; a bad CRC, an impossible length, or an incomplete frame
-    followed by silence drops one byte and tries again. An unknown function code waits for
-    silence, unless a complete CRC-valid frame already follows it in the buffer (then it is
-    garbage and skipped at once). ``discarded`` counts dropped bytes.
+    line has certainly been silent); ``next_frame()`` returns the next CRC-valid frame or None.
+
+    - The expected length comes from the function code; back-to-back valid frames in one read
+      are all taken (a pty or a loaded host merges them).
+    - A complete CRC-valid frame of the other direction at the head (``other_length_of``,
+      by default another slave's *answer* on a shared RS-485 bus) is skipped whole at once
+      (``skipped``) instead of being taken for the start of a longer request. When its head
+      could still be a well-formed longer request, it is skipped once a pause follows it.
+    - A burst is the bytes between two pauses of at least ``frame_gap`` seconds (Modbus's
+      t3.5: 1.75 ms above 19200 Bd). After a CRC failure or an impossible length, the rest of
+      the burst is dropped (Modbus over serial line V1.02, section 2.5.1.1): a valid-looking frame
+      inside a damaged one is never taken. Parsing restarts at the next pause.
+    - An incomplete frame is given up after ``resync_silence`` seconds of silence (much longer
+      than t3.5: ptys and USB adapters pause inside frames) or as soon as a later burst starts
+      with a complete valid frame. An unknown function code's frame is its whole burst.
+    - ``discarded`` counts dropped bytes. Without times (``now=None``) only ``gap()`` and
+      ``idle()`` mark pauses.
     """
 
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
-                 resync_silence: float = 0.1) -> None:
+                 resync_silence: float = 0.1, frame_gap: float = 0.00175,
+                 other_length_of: Callable[[bytes | bytearray], int] | None = None) -> None:
         self._buf = bytearray()
         self._length_of = length_of
+        if other_length_of is None and length_of is request_frame_length:
+            other_length_of = response_frame_length
+        self._other_length_of = other_length_of
         self._silent = False
         self._last_rx: float | None = None
+        self._consumed = 0  #: stream offset of ``_buf[0]``
+        self._starts: list[int] = []  #: stream offsets where a burst began after a pause
+        self._discarding = False  #: dropping the rest of a damaged burst
         self.resync_silence = resync_silence
+        self.frame_gap = frame_gap
         self.discarded = 0
+        self.skipped = 0
 
     def feed(self, data: bytes, now: float | None = None) -> None:
-        if data:
-            self._buf += data
-            self._silent = False
-            self._last_rx = now
+        if not data:
+            return
+        pause = self._silent or (now is not None and self._last_rx is not None
+                                 and now - self._last_rx >= self.frame_gap)
+        self._silent = False
+        self._last_rx = now
+        if self._discarding and not pause:
+            self.discarded += len(data)
+            return
+        self._discarding = False
+        if pause and self._buf:
+            self._starts.append(self._consumed + len(self._buf))
+        self._buf += data
 
     def gap(self) -> None:
         """The line went silent after the bytes fed so far (long enough to give up on them)."""
         self._silent = True
+        self._discarding = False
 
     def idle(self, now: float) -> None:
         """Nothing arrived; at ``resync_silence`` seconds after the last byte this is a ``gap``.
@@ -440,25 +488,49 @@ class RtuDecoder:
         adapter can pause inside a frame for milliseconds, and dropping a good frame's head
         costs a client timeout, while waiting a little longer costs nothing.)"""
         if self._last_rx is None or now - self._last_rx >= self.resync_silence:
-            self._silent = True
+            self.gap()
 
     @property
     def pending(self) -> int:
         return len(self._buf)
 
-    def _slide(self) -> None:
-        del self._buf[0]
-        self.discarded += 1
+    # ------------------------------------------------------------------------------ internals
 
-    def _valid_frame_ahead(self) -> bool:
-        """A complete CRC-valid frame of known length starts later in the buffer: the unknown
-        function code at the head is garbage (or unanswerable), so skip it without waiting."""
-        buf = self._buf
-        for j in range(1, len(buf) - MIN_RTU_FRAME + 1):
-            n = self._length_of(buf[j:j + 12])
-            if MIN_RTU_FRAME <= n <= len(buf) - j and crc16(bytes(buf[j:j + n - 2])) == (
-                int.from_bytes(buf[j + n - 2:j + n], "little")
-            ):
+    def _drop(self, n: int) -> None:
+        del self._buf[:n]
+        self._consumed += n
+        self._starts = [s for s in self._starts if s > self._consumed]
+
+    def _pauses(self) -> list[int]:
+        """Buffer offsets where a burst began after a pause."""
+        return [s - self._consumed for s in self._starts]
+
+    def _drop_burst(self) -> None:
+        """A damaged or impossible frame: drop up to the next pause (the rest of the burst, and
+        what still arrives of it when no pause is known yet)."""
+        pauses = self._pauses()
+        n = pauses[0] if pauses else len(self._buf)
+        self.discarded += n
+        self._drop(n)
+        if not pauses and not self._silent:
+            self._discarding = True
+
+    @staticmethod
+    def _valid(buf: bytes | bytearray, n: int) -> bool:
+        return MIN_RTU_FRAME <= n <= len(buf) and crc16(bytes(buf[:n - 2])) == int.from_bytes(
+            buf[n - 2:n], "little")
+
+    def _other(self, buf: bytes | bytearray) -> int:
+        """Length of a complete CRC-valid frame of the other direction at the head, or 0."""
+        if self._other_length_of is None:
+            return 0
+        n = self._other_length_of(buf)
+        return n if self._valid(buf, n) else 0
+
+    def _later_burst_starts_a_frame(self) -> bool:
+        for p in self._pauses():
+            rest = self._buf[p:]
+            if self._valid(rest, self._length_of(rest)) or self._other(rest):
                 return True
         return False
 
@@ -466,31 +538,37 @@ class RtuDecoder:
         while self._buf:
             buf = self._buf
             n = self._length_of(buf)
+            if self._valid(buf, n):
+                return self._take(n)
+            other = self._other(buf)
+            if other and (
+                not (n == NEED_MORE or len(buf) < n <= MAX_RTU_FRAME)
+                or not _request_head_plausible(buf) or other in self._pauses() or self._silent
+            ):
+                self.skipped += 1
+                self._drop(other)
+                continue
             if n == UNKNOWN_LENGTH:
-                if self._silent and len(buf) >= MIN_RTU_FRAME and (
-                    crc16(bytes(buf[:-2])) == int.from_bytes(buf[-2:], "little")
-                ):
-                    n = len(buf)
-                elif self._silent or len(buf) > MAX_RTU_FRAME or self._valid_frame_ahead():
-                    self._slide()
-                    continue
-                else:
-                    return None
-            if n == NEED_MORE or n > len(buf):
-                if n > MAX_RTU_FRAME:
-                    self._slide()
-                    continue
-                if self._silent:
-                    self._slide()
+                ends = self._pauses() + ([len(buf)] if self._silent else [])
+                for end in ends:
+                    if self._valid(buf, end):
+                        return self._take(end)
+                if self._silent or len(buf) > MAX_RTU_FRAME or self._later_burst_starts_a_frame():
+                    self._drop_burst()
                     continue
                 return None
-            frame = bytes(buf[:n])
-            if crc16(frame[:-2]) != int.from_bytes(frame[-2:], "little"):
-                self._slide()
-                continue
-            del self._buf[:n]
-            return RtuFrame(frame[0], frame[1:-2])
+            if n == NEED_MORE or n > len(buf):
+                if n > MAX_RTU_FRAME or self._silent or self._later_burst_starts_a_frame():
+                    self._drop_burst()
+                    continue
+                return None
+            self._drop_burst()  # complete, CRC mismatch
         return None
+
+    def _take(self, n: int) -> RtuFrame:
+        frame = bytes(self._buf[:n])
+        self._drop(n)
+        return RtuFrame(frame[0], frame[1:-2])
 
 
 def contract_section() -> ContractSection:

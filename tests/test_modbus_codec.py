@@ -250,24 +250,34 @@ def test_decoder_resyncs_after_garbage(garbage: bytes, req: Request, unit: int) 
         assert encode_rtu(f.unit, f.pdu) in garbage
 
 
-def test_decoder_resyncs_without_silence_after_a_bad_crc() -> None:
+def test_decoder_resyncs_at_the_next_pause_after_a_bad_crc() -> None:
+    """Modbus over serial line V1.02 2.5.1.1: a frame with a bad CRC is dropped up to the next
+    t3.5 silence, so a good frame in the same burst is dropped too; after a pause it is taken."""
     good = encode_rtu(1, bytes.fromhex("0300000004"))
     bad = bytearray(good)
     bad[4] ^= 0xFF
     dec = RtuDecoder()
-    dec.feed(bytes(bad) + good)
+    dec.feed(bytes(bad) + good, 1.0)
+    assert _drain(dec) == []
+    assert dec.discarded == len(bad) + len(good)
+    dec.feed(bytes(bad), 2.0)
+    dec.feed(good, 2.01)
     assert _drain(dec) == [RtuFrame(1, bytes.fromhex("0300000004"))]
-    assert dec.discarded == len(bad)
 
 
-def test_decoder_garbage_announcing_a_long_frame_is_dropped_at_silence() -> None:
-    """``01 10 .. bc=0xF6`` promises 255 bytes; a real frame follows and the line goes quiet."""
+def test_decoder_garbage_announcing_a_long_frame() -> None:
+    """``01 10 .. bc=0xF6`` promises 255 bytes. A real frame after a pause ends the promise at
+    once; in the same burst both are one damaged frame, dropped at silence."""
     good = encode_rtu(1, bytes.fromhex("0600040064"))
     dec = RtuDecoder()
-    dec.feed(bytes.fromhex("011000000001f6") + good)
+    dec.feed(bytes.fromhex("011000000001f6"), 1.0)
     assert _drain(dec) == []  # still waiting for the promised 255 bytes
-    dec.gap()
+    dec.feed(good, 1.01)
     assert _drain(dec) == [RtuFrame(1, bytes.fromhex("0600040064"))]
+    dec.feed(bytes.fromhex("011000000001f6") + good, 2.0)
+    assert _drain(dec) == []
+    dec.gap()
+    assert _drain(dec) == [] and dec.pending == 0
 
 
 def test_unknown_function_is_framed_only_at_silence() -> None:

@@ -267,15 +267,28 @@ def test_silence_on_other_unit_and_bad_crc(raw: serial.Serial) -> None:
     assert ask(raw, read, 7) == encode_rtu(UNIT, bytes.fromhex("0302") + (40).to_bytes(2, "big"))
 
 
+def _garbage_then_pause(port: serial.Serial, garbage: bytes) -> None:
+    """Send ``garbage``, then leave the line idle for 10 ms (t3.5 is 1.75 ms at 115200 Bd).
+    The pause is the stimulus under test (a frame boundary), not a wait for a result."""
+    port.reset_input_buffer()
+    port.write(garbage)
+    port.flush()
+    time.sleep(0.01)
+
+
 def test_resync_after_garbage(raw: serial.Serial) -> None:
     read = encode_rtu(UNIT, bytes.fromhex("0300040001"))
     for garbage in (b"\x00", b"\xff\xfe\x01", b"\x01\x03\x00", bytes(range(40)),
                     b"\x01\x10\x00\x00\x00\x01\xf6"):  # the last promises a 255-byte frame
-        answer = ask(raw, garbage + read, 7)
+        _garbage_then_pause(raw, garbage)
+        answer = ask(raw, read, 7)
         assert answer[:3] == bytes([UNIT, 3, 2]), (garbage, answer)
-    # Garbage then a write in one burst: the write happens exactly once.
+    # Garbage and a request in one burst are one damaged frame (Modbus over serial line 2.5.1.1).
+    assert ask(raw, b"\x00" + read, 1) == b""
+    # Garbage, a pause, then a write twice in one burst: the write happens exactly once.
     write = encode_rtu(UNIT, bytes.fromhex("060006002d"))
-    assert ask(raw, b"\x55\xaa" + write + write, 16) == write + write
+    _garbage_then_pause(raw, b"\x55\xaa")
+    assert ask(raw, write + write, 16) == write + write
     assert ask(raw, encode_rtu(UNIT, bytes.fromhex("0300060001")), 7) == encode_rtu(
         UNIT, bytes.fromhex("0302002d"))
 
@@ -345,6 +358,8 @@ def test_server_keeps_a_frame_split_by_a_short_pause_and_drops_a_stale_head() ->
 def test_server_garbage_then_a_duplicated_write_acts_once() -> None:
     server = RtuServer(DeviceCore(), unit=1)
     write = encode_rtu(1, bytes.fromhex("060006002d"))
-    assert server.receive(b"\x55\xaa" + write + write, 1.0) == write + write
+    assert server.receive(b"\x55\xaa", 1.0) == b""
+    assert server.receive(write + write, 1.01) == write + write  # after a pause
+    assert server.receive(b"\x55\xaa" + write, 2.0) == b""  # one damaged burst: dropped
     assert server.core.count(EffectKind.SET, "fan_setpoint") == 1
     assert server.core.generation == 1

