@@ -21,6 +21,7 @@ runs it in-process behind the link emulator.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from device_sim.flash import ConfigFlash
 from protocol.contract import contract_hash
-from protocol.device_core import ConfigSnapshot, DeviceCore
+from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from protocol.device_session import DeviceSession
 from protocol.modbus import FunctionCode, exception_pdu
 from protocol.outcome import ModbusException
@@ -146,10 +147,9 @@ class SimulatedDevice:
         if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
             response = self._request_file_receive(pdu)
         else:
-            response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}")
+            response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}",
+                                         persist=self._persist if self.flash is not None else None)
         self.executions.append(Execution(epoch, seq, pdu, response, now))
-        if self.flash is not None and self.core.generation != self._generation_saved:
-            self._save_flash()
         return response
 
     def _request_file_receive(self, pdu: bytes) -> bytes:
@@ -161,6 +161,17 @@ class SimulatedDevice:
 
     def _load_flash(self) -> ConfigSnapshot | None:
         return self.flash.load() if self.flash is not None else None
+
+    def _persist(self, snap: ConfigSnapshot) -> None:
+        """Save the configuration a write is about to commit (persist first: a write that
+        cannot be saved answers exception 04 and changes nothing)."""
+        assert self.flash is not None
+        try:
+            self.flash.save(snap)
+        except OSError as exc:
+            logging.getLogger(__name__).error("configuration not saved (%s): write refused", exc)
+            raise PersistError(str(exc)) from None
+        self._generation_saved = snap.generation
 
     def _save_flash(self) -> None:
         if self.flash is not None:

@@ -9,7 +9,9 @@ Contract:
   broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
-  configuration is loaded at start and saved (atomically) after every change of generation.
+  configuration is loaded at start and saved (atomically) BEFORE a write changes it: a write
+  whose configuration cannot be saved answers exception 04 and changes nothing (logged; the
+  server keeps serving).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from device_sim.flash import ConfigFlash
-from protocol.device_core import DeviceCore
+from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
@@ -52,7 +54,6 @@ class RtuServer:
             snap = flash.load()
             if snap is not None:
                 core.restore(snap, core.now)
-        self._saved_generation = core.generation
 
     def receive(self, data: bytes, now: float) -> bytes:
         """Feed received bytes (b"" = nothing arrived); return the bytes to send. Bytes of an
@@ -66,8 +67,8 @@ class RtuServer:
             if frame.unit not in (self.unit, BROADCAST_UNIT):
                 self.ignored += 1
                 continue
-            response = self.core.execute(frame.pdu, now)
-            self._persist()
+            response = self.core.execute(
+                frame.pdu, now, persist=self._persist if self.flash is not None else None)
             if frame.unit == BROADCAST_UNIT:
                 continue
             self.answered += 1
@@ -76,10 +77,13 @@ class RtuServer:
             self.core.tick(now)
         return bytes(out)
 
-    def _persist(self) -> None:
-        if self.flash is not None and self.core.generation != self._saved_generation:
-            self.flash.save(self.core.snapshot())
-            self._saved_generation = self.core.generation
+    def _persist(self, snap: ConfigSnapshot) -> None:
+        assert self.flash is not None
+        try:
+            self.flash.save(snap)
+        except OSError as exc:
+            log.error("configuration not saved (%s): the write is refused (exception 04)", exc)
+            raise PersistError(str(exc)) from None
 
     def serve(self, transport: Transport, stop: threading.Event,
               clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:

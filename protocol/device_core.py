@@ -18,6 +18,10 @@ Contract:
   a no-op write leaves it alone. ``WRITE_IF_GENERATION`` checks it (read-only) after validation
   and strictly before any change; a failed guard answers GUARD_FAILED and changes nothing.
 - Every side effect is appended to ``log`` as an ``Effect`` (ground truth for tests and oracles).
+- Persist first: a write that changes the configuration calls the shell's ``persist`` hook
+  (given to ``execute``/``write``/``write_if_generation``) with the configuration it is about
+  to commit, before changing anything; a hook raising ``PersistError`` makes the request answer
+  exception 04 (SERVER_DEVICE_FAILURE) with nothing changed.
 - ``snapshot()``/``restore()`` carry the persistent configuration (holdings + generation);
   ``reset_volatile()`` models a reboot (triggers IDLE, faults re-latched from live conditions).
 
@@ -154,6 +158,17 @@ class RegisterAccessError(RemoteProtocolError):
         super().__init__(message, Status.MALFORMED_REQUEST,
                          MODBUS_EXCEPTION_TABLE[exception].action)
         self.exception = exception
+
+
+class PersistError(LocalProtocolError):
+    """The shell could not save the configuration a write was about to commit."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST)
+
+
+#: The shell's persist hook: save this configuration or raise ``PersistError``.
+Persist = Callable[["ConfigSnapshot"], None]
 
 
 class SnapshotError(LocalProtocolError):
@@ -408,6 +423,20 @@ class DeviceCore:
                 plan.codes[spec.address] = entry[2]
         return plan
 
+    def _persist_first(self, plan: _Plan, persist: Persist | None) -> None:
+        """Save the configuration ``plan`` would commit, before anything changes."""
+        new = dict(self._holdings)
+        new.update(plan.holdings)
+        if persist is None or new == self._holdings:
+            return
+        snap = ConfigSnapshot(tuple(sorted(new.items())),
+                              (self._generation + 1) % GENERATION_MODULUS)
+        try:
+            persist(snap)
+        except PersistError as exc:
+            raise RegisterAccessError(f"configuration not saved, nothing changed: {exc}",
+                                      ModbusException.SERVER_DEVICE_FAILURE) from None
+
     def _apply(self, plan: _Plan, now: float, request: int, tag: int | str | None) -> None:
         changed = False
         for a, value in plan.holdings.items():
@@ -433,19 +462,22 @@ class DeviceCore:
         self._latch(now, request, tag)
 
     def write(self, address: int, values: tuple[int, ...] | list[int], now: float,
-              tag: int | str | None = None) -> dict[int, TriggerStatus]:
+              tag: int | str | None = None, persist: Persist | None = None,
+              ) -> dict[int, TriggerStatus]:
         """FC06/FC16 semantics: validate every value, then apply all. Returns the trigger answers
         (by address) for any trigger registers written."""
         now = self._advance(now)
         self.tick(now)
         self.requests += 1
         plan = self._plan(address, tuple(values), holdings_only=False)
+        self._persist_first(plan, persist)
         self._apply(plan, now, self.requests, tag)
         return plan.codes
 
     def write_if_generation(self, generation: int, address: int,
                             values: tuple[int, ...] | list[int], now: float,
-                            tag: int | str | None = None) -> tuple[bool, int]:
+                            tag: int | str | None = None, persist: Persist | None = None,
+                            ) -> tuple[bool, int]:
         """Write HOLDING registers only if the generation still equals ``generation``.
         Returns (executed, generation after); (False, current) changed nothing."""
         now = self._advance(now)
@@ -454,6 +486,7 @@ class DeviceCore:
         plan = self._plan(address, tuple(values), holdings_only=True)
         if generation != self._generation:  # read-only guard, strictly before any change
             return False, self._generation
+        self._persist_first(plan, persist)
         self._apply(plan, now, self.requests, tag)
         return True, self._generation
 
@@ -479,11 +512,14 @@ class DeviceCore:
 
     # ----------------------------------------------------------------------------- Modbus
 
-    def execute(self, pdu: bytes, now: float, tag: int | str | None = None) -> bytes:
-        """Answer one request PDU. Bad requests get their exception and change nothing."""
-        return encode_response(self.handle(pdu, now, tag))
+    def execute(self, pdu: bytes, now: float, tag: int | str | None = None,
+                persist: Persist | None = None) -> bytes:
+        """Answer one request PDU. Bad requests get their exception and change nothing;
+        ``persist`` saves a configuration change before it is applied (see the module doc)."""
+        return encode_response(self.handle(pdu, now, tag, persist))
 
-    def handle(self, pdu: bytes, now: float, tag: int | str | None = None) -> Response:
+    def handle(self, pdu: bytes, now: float, tag: int | str | None = None,
+               persist: Persist | None = None) -> Response:
         """As ``execute`` but returns the typed response."""
         try:
             req: Request = decode_request(pdu)
@@ -492,30 +528,32 @@ class DeviceCore:
             self.tick(now)
             return ExceptionResponse(exc.function & 0x7F, exc.exception)
         try:
-            return self._dispatch(req, now, tag)
+            return self._dispatch(req, now, tag, persist)
         except RegisterAccessError as exc:
             return ExceptionResponse(pdu[0], exc.exception)
 
-    def _dispatch(self, req: Request, now: float, tag: int | str | None) -> Response:
+    def _dispatch(self, req: Request, now: float, tag: int | str | None,
+                  persist: Persist | None) -> Response:
         match req:
             case ReadRegisters(function, address, count):
                 return ReadRegistersResponse(function, self.read(address, count, now))
             case WriteSingleRegister(address, value):
-                self._write_checked(address, (value,), now, tag)
+                self._write_checked(address, (value,), now, tag, persist)
                 return WriteSingleRegisterResponse(address, value)
             case WriteMultipleRegisters(address, values):
-                self._write_checked(address, values, now, tag)
+                self._write_checked(address, values, now, tag, persist)
                 return WriteMultipleRegistersResponse(address, len(values))
             case WriteIfGeneration(generation, address, values):
-                ok, gen = self.write_if_generation(generation, address, values, now, tag)
+                ok, gen = self.write_if_generation(generation, address, values, now, tag,
+                                                   persist)
                 return WriteIfGenerationResponse(Status.OK if ok else Status.GUARD_FAILED, gen)
             case TriggerRequest(address, value):
                 return TriggerResponse(address, self.trigger(address, value, now, tag))
         raise AssertionError(req)  # pragma: no cover
 
     def _write_checked(self, address: int, values: tuple[int, ...], now: float,
-                       tag: int | str | None) -> None:
-        codes = self.write(address, values, now, tag)
+                       tag: int | str | None, persist: Persist | None) -> None:
+        codes = self.write(address, values, now, tag, persist)
         for code in codes.values():  # unreachable for valid plans; kept for clarity
             if code in _TRIGGER_EXCEPTION:  # pragma: no cover
                 raise RegisterAccessError(code.name, _TRIGGER_EXCEPTION[code])
@@ -644,6 +682,8 @@ __all__ = [
     "EffectKind",
     "FaultRule",
     "FunctionCode",
+    "Persist",
+    "PersistError",
     "RegisterAccessError",
     "SnapshotError",
     "TriggerAction",

@@ -15,13 +15,25 @@ known frames and pymodbus.
 
 from __future__ import annotations
 
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from device_sim.device import SimulatedDevice
+from device_sim.flash import ConfigFlash
 from device_sim.rtu_server import RtuServer
-from protocol.device_core import DeviceCore
-from protocol.modbus import RtuDecoder, RtuFrame, encode_rtu
+from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind
+from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu
+from protocol.modbus import WriteSingleRegister as Fc06
 
 OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
 OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
@@ -118,3 +130,64 @@ def test_bad_frame_then_good_frame_same_burst_vs_after_a_pause() -> None:
     dec.feed(bytes(bad), 2.0)
     dec.feed(good, 2.01)  # a pause between them
     assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300000004"))
+
+
+# ---------------------------------------------------------------- 3. flash save failures
+
+
+def test_rtu_server_answers_04_and_keeps_serving_when_the_flash_is_gone(tmp_path: Path) -> None:
+    flash_dir = tmp_path / "flash"
+    server = RtuServer(DeviceCore(), unit=1, flash=ConfigFlash(flash_dir))
+    write = encode_rtu(1, bytes.fromhex("0600040190"))  # threshold := 400
+    assert server.receive(write, 1.0) == write
+    shutil.rmtree(flash_dir)
+    write500 = encode_rtu(1, bytes.fromhex("06000401f4"))
+    assert server.receive(write500, 2.0) == encode_rtu(1, bytes.fromhex("8604"))
+    assert (server.core.value("threshold"), server.core.generation) == (400, 1)
+    assert server.receive(OUR_READ, 3.0) == encode_rtu(1, bytes.fromhex("03020190"))
+    flash_dir.mkdir()  # the card is back: the same write now works and is saved
+    assert server.receive(write500, 4.0) == write500
+    assert ConfigFlash(flash_dir).load() == ConfigSnapshot(((4, 500), (5, 1), (6, 50)), 2)
+
+
+def test_framed_device_answers_04_when_the_flash_is_gone(tmp_path: Path) -> None:
+    dev = SimulatedDevice(seed=1, flash_dir=tmp_path / "flash")
+    shutil.rmtree(tmp_path / "flash")
+    answer = dev._execute(encode_request(Fc06(4, 400)), 1.0, seq=1)
+    assert answer == bytes.fromhex("8604")
+    assert dev.core.value("threshold") == 350 and dev.core.count(EffectKind.SET) == 0
+
+
+def _line(proc: subprocess.Popen[bytes], deadline: float) -> str:
+    assert proc.stdout is not None
+    buf = b""
+    while not buf.endswith(b"\n"):
+        ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise AssertionError(f"no port line (got {buf!r})")
+        chunk = os.read(proc.stdout.fileno(), 1)
+        if not chunk:
+            raise AssertionError(f"sim exited (got {buf!r})")
+        buf += chunk
+    return buf.decode().strip()
+
+
+def test_sim_cli_survives_a_vanished_flash_dir(tmp_path: Path) -> None:
+    flash_dir = tmp_path / "flash"
+    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu",
+                             "--flash-dir", str(flash_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = serial.Serial(_line(proc, time.monotonic() + 10), 115200, timeout=2)
+        shutil.rmtree(flash_dir)
+        write = encode_rtu(1, bytes.fromhex("0600040190"))
+        port.write(write)
+        assert port.read(5) == encode_rtu(1, bytes.fromhex("8604"))
+        port.write(OUR_READ)
+        assert port.read(7) == OUR_ANSWER
+        assert proc.poll() is None
+        port.close()
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert b"Traceback" not in err
