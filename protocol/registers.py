@@ -11,6 +11,10 @@ Contract (seed 004's Modbus audit, made a schema):
   unknown keyword "behaviours") with ``RegisterSchemaError``.
 - All registers share one flat 16-bit address space; the map is validated whole (unique addresses
   and names, exactly one generation counter, min <= default <= max, fault bits in 0..15).
+- Names end up as C macros, so register and fault-bit names are lower-case ASCII identifiers
+  (``[a-z][a-z0-9_]*``), fault-bit names are unique across the map, and every name the C header
+  would define (``IDL_REG_<NAME>``, ``_MIN``/``_MAX``/``_DEFAULT``, ``IDL_FAULT_<BIT>``, the enum
+  members) is unique: a map whose header would not compile is refused at construction.
 
 The map is part of the single-source contract: ``contract_section()`` renders C defines, the
 Markdown table and a JSON form (``to_json()``) from the one declaration below.
@@ -18,12 +22,15 @@ Markdown table and a JSON form (``to_json()``) from the one declaration below.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
 from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+
+_C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 REGISTER_MAX = 0xFFFF
 ADDRESS_MAX = 0xFFFF
@@ -114,8 +121,9 @@ class RegisterSpec:
         object.__setattr__(self, "kind", parse_kind(self.kind))
         if not 0 <= self.address <= ADDRESS_MAX:
             raise RegisterSchemaError(f"{self.name}: address {self.address} outside 0..0xFFFF")
-        if not self.name.isidentifier() or self.name.lower() != self.name:
-            raise RegisterSchemaError(f"register name {self.name!r} must be a lower-case identifier")
+        if not isinstance(self.name, str) or not _C_SAFE_NAME.match(self.name):
+            raise RegisterSchemaError(f"register name {self.name!r} must be a lower-case "
+                                      "ASCII identifier ([a-z][a-z0-9_]*)")
         if not 0 <= self.minimum <= self.maximum <= REGISTER_MAX:
             raise RegisterSchemaError(f"{self.name}: need 0 <= min <= max <= 0xFFFF")
         if not self.minimum <= self.default <= self.maximum:
@@ -128,6 +136,10 @@ class RegisterSpec:
             seen_bits = [b.bit for b in self.bits]
             if len(set(seen_bits)) != len(seen_bits) or not all(0 <= b <= 15 for b in seen_bits):
                 raise RegisterSchemaError(f"{self.name}: fault bits must be unique, in 0..15")
+            for b in self.bits:
+                if not isinstance(b.name, str) or not _C_SAFE_NAME.match(b.name):
+                    raise RegisterSchemaError(f"{self.name}: fault bit name {b.name!r} must be a "
+                                              "lower-case ASCII identifier ([a-z][a-z0-9_]*)")
         if self.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER, RegisterKind.GENERATION) and (
             self.default != 0
         ):
@@ -176,6 +188,38 @@ def register(
     return RegisterSpec(address=address, name=name, kind=parse_kind(kind), **options)
 
 
+def _c_name(name: str) -> str:
+    return name.upper()
+
+
+_ENUMS = (
+    CEnum("idl_reg_kind_t", "IDL_REG_KIND", RegisterKind, "register kinds"),
+    CEnum("idl_trigger_state_t", "IDL_TRIGGER", TriggerState, "trigger states"),
+)
+
+
+def _defines(regs: tuple[RegisterSpec, ...]) -> list[CDefine]:
+    """Every C define the map renders (also used to check the names are unique)."""
+    defines: list[CDefine] = [CDefine("IDL_REG_COUNT", f"{len(regs)}u", "registers in the map")]
+    for r in regs:
+        defines.append(CDefine(f"IDL_REG_{_c_name(r.name)}", f"0x{r.address:04X}u",
+                               f"{r.kind.name} {r.unit}".strip()))
+        if r.kind is RegisterKind.HOLDING:
+            defines += [
+                CDefine(f"IDL_REG_{_c_name(r.name)}_MIN", f"{r.minimum}u"),
+                CDefine(f"IDL_REG_{_c_name(r.name)}_MAX", f"{r.maximum}u"),
+                CDefine(f"IDL_REG_{_c_name(r.name)}_DEFAULT", f"{r.default}u"),
+            ]
+        for b in r.bits:
+            defines.append(CDefine(f"IDL_FAULT_{_c_name(b.name)}", f"(1u << {b.bit})",
+                                   b.description))
+    # Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a
+    # 16-bit-int C compiler takes them too.
+    defines += [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
+                        "answer to a trigger write") for s in TriggerStatus]
+    return defines
+
+
 @dataclass(frozen=True, slots=True)
 class RegisterMap:
     """A validated set of registers, indexed by address and by name."""
@@ -198,6 +242,21 @@ class RegisterMap:
         gens = [r for r in regs if r.kind is RegisterKind.GENERATION]
         if len(gens) != 1:
             raise RegisterSchemaError("a map has exactly one GENERATION register")
+        bit_owner: dict[str, str] = {}
+        for r in regs:
+            for b in r.bits:
+                if b.name in bit_owner:
+                    raise RegisterSchemaError(
+                        f"fault bit {b.name!r} declared in {bit_owner[b.name]!r} and {r.name!r}")
+                bit_owner[b.name] = r.name
+        seen: set[str] = set()
+        for name in [d.name for d in _defines(regs)] + [
+            f"{e.prefix}_{m.name}" for e in _ENUMS for m in e.members
+        ]:
+            if name in seen:
+                raise RegisterSchemaError(
+                    f"the C header would define {name} twice; rename the register or bit")
+            seen.add(name)
         object.__setattr__(self, "registers", regs)
         object.__setattr__(self, "_by_address", by_addr)
         object.__setattr__(self, "_by_name", by_name)
@@ -264,25 +323,9 @@ DEFAULT_MAP = make_map(
 )
 
 
-def _c_name(name: str) -> str:
-    return name.upper()
-
-
 def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
     """The register map's part of the contract: addresses, kinds, limits, fault bits, codes."""
-    defines: list[CDefine] = [CDefine("IDL_REG_COUNT", f"{len(regmap)}u", "registers in the map")]
-    for r in regmap:
-        defines.append(CDefine(f"IDL_REG_{_c_name(r.name)}", f"0x{r.address:04X}u",
-                               f"{r.kind.name} {r.unit}".strip()))
-        if r.kind is RegisterKind.HOLDING:
-            defines += [
-                CDefine(f"IDL_REG_{_c_name(r.name)}_MIN", f"{r.minimum}u"),
-                CDefine(f"IDL_REG_{_c_name(r.name)}_MAX", f"{r.maximum}u"),
-                CDefine(f"IDL_REG_{_c_name(r.name)}_DEFAULT", f"{r.default}u"),
-            ]
-        for b in r.bits:
-            defines.append(CDefine(f"IDL_FAULT_{_c_name(b.name)}", f"(1u << {b.bit})",
-                                   b.description))
+    defines = _defines(regmap.registers)
     rows = [
         [f"0x{r.address:04X}", r.name, r.kind.name,
          r.minimum if r.kind is RegisterKind.HOLDING else "",
@@ -292,10 +335,6 @@ def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
          + ("; bits: " + ", ".join(f"{b.bit} {b.name}" for b in r.bits) if r.bits else "")]
         for r in regmap
     ]
-    # Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a
-    # 16-bit-int C compiler takes them too.
-    defines += [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
-                        "answer to a trigger write") for s in TriggerStatus]
     code_rows = [[f"0x{s.value:04X}", s.name] for s in TriggerStatus]
     md = (
         "## Register map\n\n"
@@ -312,10 +351,7 @@ def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
     return ContractSection(
         name="registers",
         defines=defines,
-        enums=[
-            CEnum("idl_reg_kind_t", "IDL_REG_KIND", RegisterKind, "register kinds"),
-            CEnum("idl_trigger_state_t", "IDL_TRIGGER", TriggerState, "trigger states"),
-        ],
+        enums=list(_ENUMS),
         markdown=md,
         data={
             "registers": regmap.to_json(),

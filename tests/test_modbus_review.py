@@ -34,6 +34,7 @@ from device_sim.rtu_server import RtuServer
 from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind
 from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu
 from protocol.modbus import WriteSingleRegister as Fc06
+from protocol.registers import FaultBit, RegisterSchemaError, make_map, register
 
 OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
 OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
@@ -191,3 +192,35 @@ def test_sim_cli_survives_a_vanished_flash_dir(tmp_path: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert b"Traceback" not in err
+
+
+# ----------------------------------------------------------------------- 4. C-safe schema
+
+
+def _gen() -> object:
+    return register(0, "generation", "generation")
+
+
+@pytest.mark.parametrize("regs", [
+    pytest.param(lambda: [register(1, "a", "holding", maximum=10),
+                          register(2, "a_min", "holding", maximum=5)], id="a+a_min"),
+    pytest.param(lambda: [register(1, "count", "holding")], id="count"),
+    pytest.param(lambda: [register(1, "kind_input", "holding")], id="enum-member"),
+    pytest.param(lambda: [register(1, "f1", "fault", bits=(FaultBit(0, "stall"),)),
+                          register(2, "f2", "fault", bits=(FaultBit(3, "stall"),))],
+                 id="fault-bit-twice"),
+    pytest.param(lambda: [register(1, "f", "fault", bits=(FaultBit(0, "over temp!"),))],
+                 id="fault-bit-not-identifier"),
+    pytest.param(lambda: [register(1, "f", "fault", bits=(FaultBit(0, "Stall"),))],
+                 id="fault-bit-upper-case"),
+    pytest.param(lambda: [register(1, "f", "fault", bits=(FaultBit(0, "a"), FaultBit(1, "a")))],
+                 id="fault-bit-twice-one-word"),
+])
+def test_schema_refuses_maps_whose_c_header_breaks(regs: object) -> None:
+    with pytest.raises(RegisterSchemaError):
+        make_map([_gen(), *regs()])  # type: ignore[operator, list-item]
+
+
+def test_schema_refuses_non_ascii_register_names() -> None:
+    with pytest.raises(RegisterSchemaError):
+        register(1, "température", "holding")
