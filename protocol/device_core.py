@@ -32,6 +32,7 @@ without Modbus encoding; they raise ``RegisterAccessError`` carrying the excepti
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
@@ -178,6 +179,10 @@ class SnapshotError(LocalProtocolError):
         super().__init__(message, Status.MALFORMED_REQUEST)
 
 
+def _plain_int(x: object) -> bool:
+    return type(x) is int
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigSnapshot:
     """Persistent configuration: HOLDING values by address, and the generation counter."""
@@ -191,12 +196,32 @@ class ConfigSnapshot:
 
     @classmethod
     def from_json(cls, text: str) -> ConfigSnapshot:
+        """Strict: ``{"holdings": [[address, value], ...], "generation": g}`` with plain JSON
+        integers only (no floats, booleans or strings) and each address once."""
         try:
             raw = json.loads(text)
-            holdings = tuple((int(a), int(v)) for a, v in raw["holdings"])
-            return cls(holdings, int(raw["generation"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except ValueError as exc:
             raise SnapshotError(f"unreadable configuration snapshot: {exc}") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("holdings"), list):
+            raise SnapshotError("configuration snapshot: need an object with a holdings list")
+        pairs = raw["holdings"]
+        if not all(isinstance(p, list) and len(p) == 2 and all(_plain_int(x) for x in p)
+                   for p in pairs):
+            raise SnapshotError("configuration snapshot: holdings must be [address, value] "
+                                "pairs of integers")
+        generation = raw.get("generation")
+        if not isinstance(generation, int) or not _plain_int(generation):
+            raise SnapshotError(f"configuration snapshot: generation {generation!r} is not an "
+                                "integer")
+        snap = cls(tuple((a, v) for a, v in pairs), generation)
+        snap.check_unique()
+        return snap
+
+    def check_unique(self) -> None:
+        addresses = [a for a, _ in self.holdings]
+        if len(set(addresses)) != len(addresses):
+            dups = sorted({a for a in addresses if addresses.count(a) > 1})
+            raise SnapshotError(f"configuration snapshot: address(es) {dups} given twice")
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +271,8 @@ class DeviceCore:
         now: float = 0.0,
         max_log: int | None = None,
     ) -> None:
-        if trigger_duration < 0:
-            raise ValueError("trigger_duration must be >= 0")
+        if not math.isfinite(trigger_duration) or trigger_duration < 0:
+            raise ValueError(f"trigger_duration must be finite and >= 0, not {trigger_duration}")
         self.regmap = regmap
         self.trigger_duration = trigger_duration
         self.rules = rules if rules is not None else (DEFAULT_RULES if regmap is DEFAULT_MAP
@@ -635,6 +660,7 @@ class DeviceCore:
         return ConfigSnapshot(tuple(sorted(self._holdings.items())), self._generation)
 
     def _load(self, snap: ConfigSnapshot) -> None:
+        snap.check_unique()
         holdings = dict(snap.holdings)
         if set(holdings) != set(self._holdings):
             raise SnapshotError("snapshot holds other registers than this map's HOLDINGs")

@@ -31,7 +31,8 @@ from hypothesis import strategies as st
 from device_sim.device import SimulatedDevice
 from device_sim.flash import ConfigFlash
 from device_sim.rtu_server import RtuServer
-from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind
+from host.cli import EXIT_LOCAL_ERROR
+from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
 from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu
 from protocol.modbus import WriteSingleRegister as Fc06
 from protocol.registers import FaultBit, RegisterSchemaError, make_map, register
@@ -224,3 +225,41 @@ def test_schema_refuses_maps_whose_c_header_breaks(regs: object) -> None:
 def test_schema_refuses_non_ascii_register_names() -> None:
     with pytest.raises(RegisterSchemaError):
         register(1, "température", "holding")
+
+
+# ---------------------------------------------------------------------- 5. input checking
+
+
+@pytest.mark.parametrize("duration", [float("nan"), float("inf"), -1.0])
+def test_trigger_duration_must_be_finite_and_non_negative(duration: float) -> None:
+    with pytest.raises(ValueError):
+        DeviceCore(trigger_duration=duration)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-1"])
+def test_sim_refuses_a_non_finite_trigger_duration(text: str) -> None:
+    # A subprocess: before the fix the simulator accepted the value and served forever.
+    r = subprocess.run([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu",
+                        f"--trigger-duration={text}"], capture_output=True, text=True, timeout=20)
+    assert r.returncode == EXIT_LOCAL_ERROR and "trigger duration" in r.stderr
+
+
+@pytest.mark.parametrize("text", [
+    '{"holdings": [[4, 100], [4, 900], [5, 1], [6, 50]], "generation": 3}',
+    '{"holdings": [[4, 100.9], [5, 1], [6, 50]], "generation": 2}',
+    '{"holdings": [[4, 100], [5, true], [6, 50]], "generation": 2}',
+    '{"holdings": [[4, 100], [5, 1], [6, 50]], "generation": 2.7}',
+    '{"holdings": [[4, 100], [5, 1], [6, 50]], "generation": false}',
+    '{"holdings": [["4", 100], [5, 1], [6, 50]], "generation": 2}',
+    '{"holdings": [[4, 100, 7], [5, 1], [6, 50]], "generation": 2}',
+    '{"holdings": {"4": 100}, "generation": 2}',
+    '[1, 2]',
+])
+def test_snapshot_json_takes_plain_ints_and_unique_addresses_only(text: str) -> None:
+    with pytest.raises(SnapshotError):
+        DeviceCore(config=ConfigSnapshot.from_json(text))
+
+
+def test_snapshot_object_with_a_duplicate_address_is_refused() -> None:
+    with pytest.raises(SnapshotError):
+        DeviceCore(config=ConfigSnapshot(((4, 100), (4, 900), (5, 1), (6, 50)), 3))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -77,8 +78,9 @@ def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTranspor
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.trigger_duration < 0:
-        raise UserError(f"trigger duration {args.trigger_duration} is negative")
+    if not math.isfinite(args.trigger_duration) or args.trigger_duration < 0:
+        raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
+                        "seconds >= 0")
     if args.modbus_rtu:
         return run_rtu(args)
     return run_framed(args)
