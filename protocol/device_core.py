@@ -435,17 +435,19 @@ class DeviceCore:
                 if value not in (0, 1):
                     raise RegisterAccessError(f"{spec.name}: trigger value {value} (0 or 1)",
                                               ModbusException.ILLEGAL_DATA_VALUE)
-                event = TriggerEvent.WRITE_1 if value == 1 else TriggerEvent.WRITE_0
-                raw = self._trigger[spec.address]
-                if raw not in {s.value for s in TriggerState}:
-                    raise RegisterAccessError(f"{spec.name}: impossible state {raw}",
-                                              ModbusException.SERVER_DEVICE_FAILURE)
-                entry = TRIGGER_TABLE.get((TriggerState(raw), event))
-                if entry is None:  # pragma: no cover - the table covers every write
-                    raise RegisterAccessError(f"{spec.name}: no transition",
-                                              ModbusException.SERVER_DEVICE_FAILURE)
-                plan.triggers[spec.address] = event
-                plan.codes[spec.address] = entry[2]
+                plan.triggers[spec.address] = (TriggerEvent.WRITE_1 if value == 1
+                                               else TriggerEvent.WRITE_0)
+        for address, event in plan.triggers.items():  # pass 3: trigger states (04)
+            spec = self._spec(address)
+            raw = self._trigger[address]
+            if raw not in {s.value for s in TriggerState}:
+                raise RegisterAccessError(f"{spec.name}: impossible state {raw}",
+                                          ModbusException.SERVER_DEVICE_FAILURE)
+            entry = TRIGGER_TABLE.get((TriggerState(raw), event))
+            if entry is None:  # pragma: no cover - the table covers every write
+                raise RegisterAccessError(f"{spec.name}: no transition",
+                                          ModbusException.SERVER_DEVICE_FAILURE)
+            plan.codes[address] = entry[2]
         return plan
 
     def _persist_first(self, plan: _Plan, persist: Persist | None) -> None:

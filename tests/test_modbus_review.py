@@ -263,3 +263,17 @@ def test_snapshot_json_takes_plain_ints_and_unique_addresses_only(text: str) -> 
 def test_snapshot_object_with_a_duplicate_address_is_refused() -> None:
     with pytest.raises(SnapshotError):
         DeviceCore(config=ConfigSnapshot(((4, 100), (4, 900), (5, 1), (6, 50)), 3))
+
+
+# ------------------------------------------------------------------------ 6. check order
+
+
+def test_fc16_checks_all_values_before_trigger_states() -> None:
+    regmap = make_map([register(0, "generation", "generation"), register(1, "go", "trigger"),
+                       register(2, "level", "holding", maximum=10)])
+    core = DeviceCore(regmap)
+    core.force_trigger_state("go", 9)
+    fc16 = bytes.fromhex("10 0001 0002 04 0001 0063")  # go=1 (impossible state), level=99
+    assert core.execute(fc16, 1.0) == bytes.fromhex("9003")
+    assert core.execute(bytes.fromhex("10 0001 0002 04 0001 0005"), 1.0) == bytes.fromhex("9004")
+    assert core.value("level") == 0 and core.log == []
