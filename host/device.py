@@ -638,15 +638,17 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from host.ymodem_io import send_files
+        from host.ymodem_io import check_batch_names, send_files
 
+        paths = list(paths)
+        check_batch_names(paths)  # before the device is switched: it would wait for a sender
         res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
         if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
             return res, None
         port = getattr(self.transport, "port", None)
         if port is None:
             raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
-        report = send_files(port, list(paths), config, progress=progress)
+        report = send_files(port, paths, config, progress=progress)
         self.session.resync()
         if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
             self.unknown = None  # the receiver answered: the hand-over did happen

@@ -153,3 +153,19 @@ def test_cli_send_exits_unknown_when_the_hand_over_is_unknown_and_the_batch_fail
     monkeypatch.setattr(hd.Device, "open", classmethod(lambda cls, *a, **k: StalledDevice()))
     assert main(["send", "--no-progress", "--port", "/dev/null", str(f)]) == EXIT_UNKNOWN
     assert "UNKNOWN (NO_ANSWER)" in capsys.readouterr().err
+
+
+def test_device_send_files_refuses_a_repeated_basename_before_switching(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for d in ("a", "b"):
+        (tmp_path / d / "x.bin").write_bytes(d.encode())
+    sim = start_pty_sim(SimulatedDevice(seed=1, flash_dir=tmp_path / "flash"))
+    try:
+        with Device.open(sim.path) as dev:
+            with pytest.raises(ValueError, match="same file name twice"):
+                dev.send_files([str(tmp_path / "a" / "x.bin"), str(tmp_path / "b" / "x.bin")])
+            assert dev.read("threshold").ok  # still framed: the device was never switched
+        assert not [e for e in sim.device.executions if e.request[:1] == b"\x44"]
+    finally:
+        sim.close()

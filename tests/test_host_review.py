@@ -341,3 +341,31 @@ def test_cli_port_failure_before_any_request_exits_1(capsys: pytest.CaptureFixtu
     assert rc == 1 and out == ""
     assert "nothing was out" in err and len(err.splitlines()) == 1
     assert t.device.executions == []
+
+
+def test_sim_serving_a_port_that_fails_exits_1_without_a_traceback(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`idemlink sim --port P` whose port dies: one line, exit 1 (before: a PortError traceback)."""
+    import argparse
+    import contextlib
+    from collections.abc import Iterator
+
+    import host.commands.sim_cmd as sim_cmd
+    from host.cli import UserError
+    from host.device import PortError
+
+    class DyingTransport:
+        def read(self, timeout: float) -> bytes:
+            raise PortError("read failed: [Errno 5] Input/output error")
+
+        def write(self, data: bytes) -> None:
+            raise AssertionError("nothing to answer")
+
+    @contextlib.contextmanager
+    def serving_end(args: argparse.Namespace) -> Iterator[tuple[DyingTransport, str]]:
+        yield DyingTransport(), "/dev/fake"
+
+    monkeypatch.setattr(sim_cmd, "_serving_end", serving_end)
+    args = argparse.Namespace(seed=1, trigger_duration=1.0, flash_dir=None, modbus_rtu=False)
+    with pytest.raises(UserError, match="the port failed while serving"):
+        sim_cmd.run(args)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from host.cli import EXIT_OK, UserError
+from protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
     from device_sim.serve import ServeTransport
@@ -72,6 +73,10 @@ def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTranspor
         try:
             print(path, flush=True)
             serve(transport, stop)
+        except OSError as exc:  # includes host.device.PortError's pyserial/OS causes
+            raise UserError(f"the port failed while serving: {exc}") from None
+        except LocalProtocolError as exc:  # PortError: the serial wrapper's typed failure
+            raise UserError(f"the port failed while serving: {exc}") from None
         finally:
             restore()
     return EXIT_OK
