@@ -473,8 +473,11 @@ class Device:
             return result
         except LinkLost:
             raise
-        except BaseException:
-            self._settle_abandoned(Status.CANCELLED)
+        except BaseException as exc:
+            # The interrupt propagates unchanged; the settled requests ride along on it so a
+            # caller that reports the interrupt (the CLI) can say whether something may have run.
+            exc.settled_results = tuple(  # type: ignore[attr-defined]
+                self._settle_abandoned(Status.CANCELLED))
             raise
         finally:
             steps.close()

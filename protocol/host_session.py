@@ -132,8 +132,10 @@ def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
     exception), a write's echo, a read's byte count. False means the answer belongs to another
     request that travelled under the same number (e.g. a delayed frame of a host process that
     died); True is necessary, not sufficient."""
-    if not request_pdu or not pdu:
-        return not request_pdu and not pdu
+    if not request_pdu:
+        return True  # nothing to compare with (the device answers an empty PDU with an exception)
+    if not pdu:
+        return False
     fc = request_pdu[0]
     if pdu[0] == fc | 0x80:
         return len(pdu) == 2
@@ -355,7 +357,7 @@ class HostSession:
 
     def _run_ahead(self) -> int:
         """How far the next number is ahead of the oldest outstanding one (serial arithmetic)."""
-        return min((self._next_seq - seq) & SEQ_MASK for seq in self._inflight)
+        return max((self._next_seq - seq) & SEQ_MASK for seq in self._inflight)
 
     def _run_ahead_limit(self) -> int:
         info = self.info

@@ -116,6 +116,8 @@ def test_an_answer_that_does_not_fit_the_request_is_dropped() -> None:
     (b"\x42\x00\x08\x00\x01", b"\x42\x00\x08\x01\x01", True),
     (b"\x42\x00\x08\x00\x01", b"\x42\x00\x09\x00\x00", False),
     (b"\x41\x00\x01\x00\x04\x00\x01\x02\x00\x05", b"\x41\x00\x00\x02", True),
+    (b"", b"\x80\x03", True),  # an empty request: nothing to compare with
+    (READ, b"", False),
 ])
 def test_answer_fits(request_pdu: bytes, answer: bytes, fits: bool) -> None:
     assert answer_fits(request_pdu, answer) is fits
@@ -231,3 +233,39 @@ def test_trigger_codes_that_started_nothing_are_not_ok() -> None:
     assert got["illegal"].outcome is Outcome.REJECTED
     assert got["illegal"].exception is ModbusException.ILLEGAL_DATA_VALUE
     assert sim.core.count(EffectKind.TRIGGER_STARTED) == 0
+
+
+@pytest.mark.parametrize("slots", [64, 8])
+def test_run_ahead_is_measured_from_the_oldest_outstanding_request(slots: int) -> None:
+    """The same lost answer, but the line carries one frame at a time and every answer is
+    delivered on its own (the lockstep test above empties the pipeline between batches, which hid
+    a limit measured from the newest outstanding number instead of the oldest)."""
+    dev = DeviceSession(Exec(), 0xE1, contract_hash=HASH, replay_slots=slots)
+    host = HostSession(contract_hash=HASH, timeout=0.2, attempts=5, max_inflight=8)
+    opened(host, dev)
+    n, now = 200, 0.0
+    for i in range(n):
+        host.submit(READ, now, set_only=True, tag=i)
+    lost: int | None = None
+    done: dict[object, Completion] = {}
+    widest = 0
+    while len(done) < n and now < 30:
+        out = host.data_to_send()
+        for f in frames(out):
+            back = dev.receive_data(f.encode(), now)
+            now += 0.001
+            for a in frames(back):
+                if lost is None:
+                    lost = a.seq
+                    continue
+                host.receive_data(a.encode(), now)
+                done.update(completions(host))
+                if 0 not in done:
+                    widest = max(widest, (host._next_seq - lost) & 0xFFFFFFFF)
+        if not out:
+            now = max(now, host.next_deadline() or now)
+        host.tick(now)
+        done.update(completions(host))
+    assert len(done) == n and all(c.outcome is Outcome.OK for c in done.values())
+    assert done[0].replay and dev.counters["evicted"] == 0
+    assert widest <= slots  # the pipeline waited for the stuck oldest request

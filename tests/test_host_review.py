@@ -369,3 +369,50 @@ def test_sim_serving_a_port_that_fails_exits_1_without_a_traceback(
     args = argparse.Namespace(seed=1, trigger_duration=1.0, flash_dir=None, modbus_rtu=False)
     with pytest.raises(UserError, match="the port failed while serving"):
         sim_cmd.run(args)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cli_ctrl_c_with_a_request_out_says_it_may_have_run(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool) -> None:
+    """Ctrl-C after the trigger reached the device: exit 130 as documented, but no longer silent —
+    one line (and the results with --json) says a request may have run."""
+    from host.cli import main
+    from protocol.device_core import EffectKind
+
+    sim = SimTransport(SimulatedDevice(seed=3))
+
+    class Interrupting:
+        armed = False
+
+        def write(self, data: bytes) -> None:
+            sim.write(data)
+
+        def read(self, timeout: float) -> bytes:
+            data = sim.read(timeout)
+            if self.armed:
+                raise KeyboardInterrupt  # the answer is here, the user hits Ctrl-C
+            return data
+
+        def now(self) -> float:
+            return sim.now()
+
+        def close(self) -> None:
+            pass
+
+    tr = Interrupting()
+
+    def fake_open(url: str, **kw: float) -> Device:
+        dev = Device(tr, timeout=0.2, attempts=5)
+        dev.connect()
+        tr.armed = True
+        return dev
+
+    monkeypatch.setattr(Device, "open", staticmethod(fake_open))
+    rc = main(["trigger", "--port", "sim://x", *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert rc == 130
+    assert "may have run (UNKNOWN, CANCELLED)" in err
+    if as_json:
+        doc = json.loads(out)
+        assert doc["outcome"] == "UNKNOWN" and doc["results"][0]["status"] == "CANCELLED"
+    assert sim.device.core.count(EffectKind.TRIGGER_STARTED) == 1

@@ -228,7 +228,8 @@ def open_device(args: argparse.Namespace) -> Device:
 
 def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
-    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent)."""
+    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent). An
+    interrupt (Ctrl-C) still exits 130, after one line saying whether a request may have run."""
 
     def guarded(args: argparse.Namespace) -> int:
         try:
@@ -248,6 +249,18 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
                                   "results": [result_json(r) for r in exc.results]},
                                  sort_keys=True))
             return EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+        except KeyboardInterrupt as exc:
+            results: tuple[Result, ...] = getattr(exc, "settled_results", ())
+            sent = [r for r in results if r.outcome is Outcome.UNKNOWN]
+            if sent:
+                print(f"idemlink {args.command}: interrupted; {len(sent)} request(s) may have run "
+                      "(UNKNOWN, CANCELLED): read back what it touched before going on",
+                      file=sys.stderr)
+                if args.json:
+                    print(json.dumps({"outcome": Outcome.UNKNOWN.name, "error": "interrupted",
+                                      "results": [result_json(r) for r in results]},
+                                     sort_keys=True))
+            raise
 
     guarded.__name__ = handler.__name__
     guarded.__doc__ = handler.__doc__
