@@ -16,7 +16,8 @@ Contract (both machines):
 - Receiver never completes a header from bytes outside the block: a block 0 whose name has no NUL
   inside the block is refused. Names go through ``check_name`` (a pure function returning a typed
   ``NameRefusal``). Size rule: the first metadata field must be 1..20 ASCII digits (no sign, no
-  spaces, no hex); an absent metadata string means "size unknown"; anything else is refused.
+  spaces, no hex); an absent metadata string (room for one, all NUL) means "size unknown"; a size
+  cut by the block's end, or no room left for one (sb's 123..127-character names), is refused.
   ``FileData`` never carries bytes beyond the declared size (the 0x1A padding is cut there).
 - The shell may refuse a file at any time (name exists, quota, write error) with ``abort(reason)``:
   unsent output is dropped and CAN CAN is queued instead.
@@ -50,6 +51,9 @@ BLOCK_LARGE = 1024
 CAN_COUNT = 8  #: CAN bytes we send to abort (the peer needs two in a row)
 REGULAR_FILE = 0o100000  #: S_IFREG, always sent with the mode (rb keeps padding without it)
 MAX_NAME_BYTES = 255
+#: In a 128-byte block 0 whose byte 125 is NUL, sz-family senders (lrzsz sb) put a block count in
+#: bytes 126-127 ("a little goodie for IMP/KMD"): those two bytes are not metadata.
+_SB_COUNT_AT = 126
 
 crc16 = crcmod.predefined.mkCrcFun("xmodem")
 """CRC-16/XMODEM (poly 0x1021, init 0, not reflected); sent high byte first."""
@@ -159,28 +163,40 @@ class Header:
 def parse_header(payload: bytes, max_name: int = MAX_NAME_BYTES) -> Header | NameRefusal | HeaderRefusal:
     """Parse a non-empty block 0 payload (``payload[0] != 0``).
 
-    A metadata field counts only when a space or NUL follows it inside the block: sb cuts the
-    metadata of long names at the block's end with no NUL (its own bytes sit in 126-127), so a
-    field running into the end is cut. A cut size is refused (``SIZE_CUT``: a truncated number
-    would truncate the file); cut later fields (mtime, mode) are ignored."""
+    The metadata is read only from its *area*: after the name's NUL up to the block's end, except
+    that in a 128-byte block whose byte 125 is NUL the last two bytes are not metadata (sb and the
+    whole sz family write a block count there: "a little goodie for IMP/KMD"; they keep it off only
+    when byte 125 is used). A metadata field counts only when a space or NUL follows it inside the
+    area: a field running into the area's end is cut. A cut size is refused (``SIZE_CUT``: a
+    truncated number would truncate the file); cut later fields (mtime, mode) are ignored.
+    "No metadata" (size unknown) needs proof: an area of at least 2 bytes (room for one digit and
+    its end) that is all NUL. A shorter area (the name's NUL at 125-127 in a 128-byte block: sb's
+    125..127-character names), or an empty first field followed by other bytes, is ``SIZE_CUT``."""
     nul = payload.find(b"\x00")
     if nul < 0:
         return HeaderRefusal.NAME_NOT_TERMINATED
     name = check_name(payload[:nul], max_name)
     if isinstance(name, NameRefusal):
         return name
-    end = payload.find(b"\x00", nul + 1)
-    meta = payload[nul + 1 : end if end >= 0 else len(payload)]
+    area_end = len(payload)
+    if len(payload) == BLOCK_SMALL and payload[_SB_COUNT_AT - 1] == 0:
+        area_end = _SB_COUNT_AT  # 126-127: sb's block count, not metadata
+    area = payload[nul + 1 : area_end]
+    if len(area) < 2:
+        return HeaderRefusal.SIZE_CUT  # no room for even "0" and its end: size cut or absent?
+    end = area.find(b"\x00")
+    meta = area[: end if end >= 0 else len(area)]
+    if not meta:
+        # no metadata only if nothing else stands in the area
+        return Header(name, None, None, None) if not area.strip(b"\x00") else HeaderRefusal.SIZE_CUT
     fields = meta.split(b" ")
-    if end < 0 and meta:
-        fields.pop()  # the last field runs into the block's end: cut
+    if end < 0:
+        fields.pop()  # the last field runs into the area's end: cut
         if not fields:
             return HeaderRefusal.SIZE_CUT
-    size: int | None = None
-    if meta:
-        size = parse_size(fields[0])
-        if size is None:
-            return HeaderRefusal.BAD_SIZE
+    size = parse_size(fields[0])
+    if size is None:
+        return HeaderRefusal.BAD_SIZE
     mtime = int(fields[1], 8) if len(fields) > 1 and _OCTAL_RE.fullmatch(fields[1]) else None
     mode = int(fields[2], 8) if len(fields) > 2 and _OCTAL_RE.fullmatch(fields[2]) else None
     return Header(name, size, mtime, mode)

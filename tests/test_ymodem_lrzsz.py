@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,13 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 def pty_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    a, b = str(tmp_path / "ttyA"), str(tmp_path / "ttyB")
+    with socat_ptys(tmp_path) as pair:
+        yield pair
+
+
+@contextmanager
+def socat_ptys(tmp_path: Path, tag: str = "") -> Iterator[tuple[str, str]]:
+    a, b = str(tmp_path / f"ttyA{tag}"), str(tmp_path / f"ttyB{tag}")
     proc = subprocess.Popen(
         ["socat", "-d", "-d", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
         stderr=subprocess.PIPE, text=True,
@@ -41,9 +48,11 @@ def pty_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
             break
     else:
         pytest.fail("socat did not start")
-    yield a, b
-    proc.terminate()
-    proc.wait(timeout=5)
+    try:
+        yield a, b
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
 
 
 def sha(p: Path) -> str:
@@ -101,14 +110,16 @@ def test_our_sender_to_rb(tmp_path: Path, pty_pair: tuple[str, str], caplog: pyt
     assert_same(src, dst)  # UPPER.BIN keeps its case: we send the mode with S_IFREG
 
 
-def _receive_in_thread(port_path: str, dst: Path) -> tuple[threading.Thread, list[TransferReport]]:
+def _receive_in_thread(port_path: str, dst: Path, overall_timeout: float = 90
+                       ) -> tuple[threading.Thread, list[TransferReport]]:
     result: list[TransferReport] = []
     port = serial.serial_for_url(port_path)  # opened before the sender starts
 
     def work() -> None:
         try:
             result.append(receive_files(port, DirectorySink(dst),
-                                        ReceiverConfig(header_retries=10), overall_timeout=90))
+                                        ReceiverConfig(header_retries=10),
+                                        overall_timeout=overall_timeout))
         finally:
             port.close()
 
@@ -157,3 +168,35 @@ def test_cli_send_plain_to_cli_receive(tmp_path: Path, pty_pair: tuple[str, str]
     assert "cli one.bin: ok, 5000 bytes" in send.stdout and "batch complete" in send.stdout
     assert "cli one.bin: ok, 5000 bytes" in out and "kB/s" in out
     assert_same(src, dst)
+
+
+def test_sb_long_names_119_to_127_arrive_whole_or_are_refused(tmp_path: Path) -> None:
+    """sb keeps block 0 at 128 bytes: from 123 characters on the size no longer fits (cut, or
+    overwritten by sb's block count in 126-127 for 125, or absent for 127). Each name either
+    arrives byte-exact (the size ended inside the block) or is refused with no file at all:
+    never a file with its 0x1A padding reported ok."""
+    outcomes: dict[int, str] = {}
+    for n in range(119, 128):
+        name = "n" * (n - 4) + ".bin"
+        src, dst = tmp_path / f"src{n}", tmp_path / f"dst{n}"
+        files = make_files(src, {name: 5000}, seed=n)
+        dst.mkdir()
+        with socat_ptys(tmp_path, str(n)) as (a, b):
+            thread, result = _receive_in_thread(b, dst, overall_timeout=20)
+            with open(a, "r+b", buffering=0) as tty:
+                rc = subprocess.run(["sb", "--ymodem", "-k", "-t", "30", name], stdin=tty,
+                                    stdout=tty, stderr=subprocess.DEVNULL, cwd=src,
+                                    timeout=30).returncode
+            thread.join(30)
+        assert not thread.is_alive() and result, n
+        report = result[0]
+        if report.ok:
+            assert rc == 0 and [f.name for f in report.files] == [name], (n, report)
+            assert_same(files, dst)
+            outcomes[n] = "ok"
+        else:
+            assert "size unknown" in report.reason, (n, report)
+            assert rc != 0 and list(dst.iterdir()) == [], n  # cancelled: nothing left, sb fails
+            outcomes[n] = "refused"
+    assert outcomes == {**{n: "ok" for n in range(119, 123)},
+                        **{n: "refused" for n in range(123, 128)}}

@@ -83,8 +83,67 @@ def test_sb_reviewer_block0_is_refused_with_a_clear_reason_and_cancelled() -> No
     assert rx.state is ym.RxState.ABORTED and "size unknown" in (rx.abort_reason or "")
 
 
-def test_name_nul_as_last_byte_means_no_metadata_and_a_terminated_header_is_unchanged() -> None:
-    assert ym.parse_header(b"x" * 127 + b"\x00") == ym.Header("x" * 127, None, None, None)
+def sz_block0(name_len: int, size: int, mtime: int = 0o15316470153) -> bytes:
+    """Block 0 exactly as lrzsz's wctxpn() builds it (sz.c): name, NUL, sprintf'd metadata
+    "size mtime mode 0 files left bytes left" cut at 128, and, when byte 125 is NUL, the block
+    count in 126-127 ("a little goodie for IMP/KMD"). Checked against sb's real bytes for names
+    of 119..127 characters (/tmp/review2_ymodem/s2_sb_header_dump.out)."""
+    name = b"n" * (name_len - 4) + b".bin"
+    meta = f"{size} {mtime:o} 100644 0 1 {size}".encode()
+    buf = bytearray((name + b"\x00" + meta).ljust(1024, b"\x00"))
+    if not buf[125]:
+        buf[127] = ((size + 127) >> 7) & 0xFF
+        buf[126] = ((size + 127) >> 15) & 0xFF
+    return bytes(buf[:128])
+
+
+# name length -> what the header must give (size, or a refusal): sb's real tails for 5000 bytes
+# were "5000 153", "5000 15", "5000 1", "5000 ", "5000", "500", NUL '(', "5", "" (name + NUL).
+SB_LONG_NAMES: list[tuple[int, int | HeaderRefusal]] = [
+    (119, 5000), (120, 5000), (121, 5000), (122, 5000),  # the size ends inside the block
+    (123, HeaderRefusal.SIZE_CUT), (124, HeaderRefusal.SIZE_CUT),  # the size runs into the end
+    (125, HeaderRefusal.SIZE_CUT),  # metadata overwritten by the block count: was size unknown
+    (126, HeaderRefusal.SIZE_CUT),
+    (127, HeaderRefusal.SIZE_CUT),  # the NUL is the last byte, no room at all: was size unknown
+]
+
+
+def test_sz_block0_model_matches_sbs_real_bytes() -> None:
+    real_tails = {119: b"\x005000 153", 120: b"\x005000 15", 121: b"\x005000 1",
+                  122: b"\x005000 ", 123: b"\x005000", 124: b"\x00500", 125: b"\x00\x00(",
+                  126: b"\x005", 127: b"\x00"}
+    for n, tail in real_tails.items():
+        assert sz_block0(n, 5000)[n:] == tail, n
+
+
+@pytest.mark.parametrize(("name_len", "expected"), SB_LONG_NAMES)
+def test_sb_names_of_119_to_127_characters_never_lose_the_size(
+        name_len: int, expected: int | HeaderRefusal) -> None:
+    parsed = ym.parse_header(sz_block0(name_len, 5000))
+    if isinstance(expected, HeaderRefusal):
+        assert parsed is expected
+    else:
+        assert isinstance(parsed, ym.Header) and parsed.size == expected
+
+
+def test_a_name_only_header_must_leave_room_and_nothing_else_in_the_metadata() -> None:
+    # room for "0" and its end, all NUL: a legal name-only header (bootloaders send these)
+    assert ym.parse_header(b"x" * 123 + b"\x00" * 5) == ym.Header("x" * 123, None, None, None)
+    # no room: the NUL at 125 (126-127 then belong to sz's count), 126 or 127
+    for n in (125, 126, 127):
+        assert ym.parse_header(b"x" * n + b"\x00" * (128 - n)) is HeaderRefusal.SIZE_CUT, n
+    # an empty first field with other bytes after it is not "no metadata"
+    assert ym.parse_header(b"f\x00\x00123 0".ljust(128, b"\x00")) is HeaderRefusal.SIZE_CUT
+    # sz's block count behind a short name-only header is not metadata
+    assert ym.parse_header(b"f\x00".ljust(126, b"\x00") + b"\x00(") == ym.Header(
+        "f", None, None, None)
+    # a 1K block 0 with a long name and its full metadata is read as before
+    body = b"n" * 200 + b"\x001234567 15316470153 100644\x00"
+    assert ym.parse_header(body.ljust(1024, b"\x00")) == ym.Header(
+        "n" * 200, 1234567, 0o15316470153, 0o100644)
+
+
+def test_a_terminated_header_is_unchanged() -> None:
     assert ym.parse_header(b"f\x0012 0 100644\x00".ljust(128, b"\x00")) == ym.Header(
         "f", 12, 0, 0o100644)
     # a metadata string ending exactly at the block's end with a space is complete
