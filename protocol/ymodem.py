@@ -12,7 +12,9 @@ Contract (both machines):
 - Receiver EOT machine (seed 004): first EOT -> NAK and wait (``WAIT_EOT_CONFIRM``); the next EOT ->
   ACK, ``FileCommitted`` emitted exactly once, then ``'C'`` for the next header; an EOT after the
   commit -> ACK again, no second commit, no error. A repeat of the last accepted block is ACKed
-  and not delivered again; any other out-of-sequence block cancels.
+  and not delivered again (block 0 only if byte-identical to the accepted header); any other
+  out-of-sequence block cancels. Sender: a file counts as delivered only on the receiver's 'C'
+  after the EOT's ACK; for an empty file only on a 'C' after the EOT was sent once more.
 - Receiver never completes a header from bytes outside the block: a block 0 whose name has no NUL
   inside the block is refused. Names go through ``check_name`` (a pure function returning a typed
   ``NameRefusal``). Size rule: the first metadata field must be 1..20 ASCII digits (no sign, no
@@ -347,6 +349,9 @@ class RxIn(enum.Enum):
     BLOCK_NEXT = "BLOCK_NEXT"
     BLOCK_DUP = "BLOCK_DUP"  #: same number as the last accepted block
     BLOCK_OTHER = "BLOCK_OTHER"
+    #: a block 0 before block 1 that is not byte-identical to the accepted header: the sender moved
+    #: on (took a late 'C' or ACK for our commit) while we still wait for this file's data
+    OTHER_HEADER = "OTHER_HEADER"
     BAD_PACKET = "BAD_PACKET"  #: CRC, complement or inter-byte timeout (after purge)
     EOT = "EOT"
     NOISE = "NOISE"  #: a byte where only an EOT may stand: right after an EOT, or before EOT #2
@@ -369,7 +374,8 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_HEADER, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
     (_R.WAIT_HEADER, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.WAIT_FIRST_BLOCK, _I.BLOCK_NEXT): (_R.RECV_DATA, "accept_block"),  # ACK
-    (_R.WAIT_FIRST_BLOCK, _I.BLOCK_DUP): (_R.WAIT_FIRST_BLOCK, "reack_header"),  # ACK 'C'
+    (_R.WAIT_FIRST_BLOCK, _I.BLOCK_DUP): (_R.WAIT_FIRST_BLOCK, "reack_header"),  # same header: ACK 'C'
+    (_R.WAIT_FIRST_BLOCK, _I.OTHER_HEADER): (_R.ABORTED, "cancel_other_header"),  # CAN CAN
     (_R.WAIT_FIRST_BLOCK, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
     (_R.WAIT_FIRST_BLOCK, _I.BAD_PACKET): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
     (_R.WAIT_FIRST_BLOCK, _I.TIMEOUT): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
@@ -379,6 +385,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.RECV_DATA, _I.BLOCK_NEXT): (_R.RECV_DATA, "accept_block"),  # ACK
     (_R.RECV_DATA, _I.BLOCK_DUP): (_R.RECV_DATA, "ack_duplicate"),  # ACK, nothing delivered
     (_R.RECV_DATA, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),  # CAN CAN
+    (_R.RECV_DATA, _I.OTHER_HEADER): (_R.ABORTED, "cancel_other_header"),  # no block 1 yet
     (_R.RECV_DATA, _I.BAD_PACKET): (_R.RECV_DATA, "nak"),
     (_R.RECV_DATA, _I.TIMEOUT): (_R.RECV_DATA, "nak"),
     (_R.RECV_DATA, _I.EOT): (_R.WAIT_EOT_CONFIRM, "first_eot"),  # NAK
@@ -390,6 +397,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_NEXT): (_R.RECV_DATA, "accept_block"),  # the EOT was noise
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_DUP): (_R.RECV_DATA, "ack_duplicate"),
     (_R.WAIT_EOT_CONFIRM, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
+    (_R.WAIT_EOT_CONFIRM, _I.OTHER_HEADER): (_R.ABORTED, "cancel_other_header"),  # empty file
     (_R.WAIT_EOT_CONFIRM, _I.NOISE): (_R.RECV_DATA, "purge"),  # the EOT was noise: NAK when quiet
     (_R.WAIT_EOT_CONFIRM, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.WAIT_NEXT_HEADER, _I.EOT): (_R.WAIT_NEXT_HEADER, "reack_eot"),  # ACK 'C', no commit
@@ -441,6 +449,7 @@ class Receiver(_Machine):
         self._last_block = 0  # number of the last accepted block (0 = header)
         self._errors = 0
         self._header: Header | None = None
+        self._header_payload = b""  # block 0 as accepted: only a byte-identical copy is a repeat
         self._received = 0  # payload bytes accepted for the current file
         self._delivered = 0  # bytes delivered in FileData (<= declared size)
         self.commits = 0  # files committed in this batch
@@ -564,6 +573,7 @@ class Receiver(_Machine):
                     parsed = HeaderRefusal.TOO_LARGE
                 if isinstance(parsed, Header):
                     self._header = parsed
+                    self._header_payload = payload
                     self._input(RxIn.HEADER, now)
                 else:
                     nul = payload.find(b"\x00")
@@ -573,7 +583,9 @@ class Receiver(_Machine):
                     self._input(RxIn.BAD_HEADER, now)
             return
         self._block_payload = payload
-        if number == (self._last_block + 1) & 0xFF:
+        if number == 0 and self._received == 0 and payload != self._header_payload:
+            self._input(RxIn.OTHER_HEADER, now)  # no data yet: block 0 can only be our header
+        elif number == (self._last_block + 1) & 0xFF:
             self._input(RxIn.BLOCK_NEXT, now)
         elif number == self._last_block:
             self._input(RxIn.BLOCK_DUP, now)
@@ -647,6 +659,10 @@ class Receiver(_Machine):
 
     def _rx_cancel_sequence(self, now: float) -> None:
         self._do_abort("block out of sequence", by_peer=False)
+
+    def _rx_cancel_other_header(self, now: float) -> None:
+        self._do_abort("a different block 0 before this file's data: the sender moved on without "
+                       "our commit", by_peer=False)
 
     def _rx_peer_cancelled(self, now: float) -> None:
         self._do_abort("cancelled by sender", by_peer=True)
@@ -738,6 +754,10 @@ class TxIn(enum.Enum):
     ACK = "ACK"
     NAK = "NAK"
     C = "C"
+    #: 'C' in WAIT_NEXT_C for an empty file whose EOT was never re-checked: the ACK we took for the
+    #: EOT may be a late copy of the header's ACK, and a receiver still waiting for block 1 sends
+    #: 'C' too (timeout, bad packet), so this 'C' does not prove a commit
+    C_UNPROVEN = "C_UNPROVEN"
     CANCEL = "CANCEL"
     TIMEOUT = "TIMEOUT"
 
@@ -773,6 +793,7 @@ TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
     (_S.SENT_EOT2, _T.TIMEOUT): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT2, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.WAIT_NEXT_C, _T.C): (_S.SENT_HEADER, "confirm_file"),  # FileCommitted, next block 0
+    (_S.WAIT_NEXT_C, _T.C_UNPROVEN): (_S.SENT_EOT2, "recheck_eot"),  # empty file: EOT again
     (_S.WAIT_NEXT_C, _T.NAK): (_S.SENT_EOT2, "resend"),  # the receiver did not take the EOT
     (_S.WAIT_NEXT_C, _T.TIMEOUT): (_S.WAIT_NEXT_C, "wait_again"),
     (_S.WAIT_NEXT_C, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
@@ -840,6 +861,7 @@ class Sender(_Machine):
         self.committed: list[str] = []  #: files the receiver confirmed (EOT ACKed, then 'C')
         self.unconfirmed: list[str] = []  #: EOT ACKed but the batch ended before the 'C'
         self._eot_acked = False
+        self._eot_rechecked = False  # empty file: EOT resent after a 'C' in WAIT_NEXT_C
         self.abort_reason: str | None = None
         self.stale_answers = 0  #: ACK/NAK/'C' ignored because they preceded our last send
         self._sends = 0
@@ -879,7 +901,7 @@ class Sender(_Machine):
             elif b == NAK:
                 self._input(TxIn.NAK, now)
             elif b == CRC_REQUEST:
-                self._input(TxIn.C, now)
+                self._input(TxIn.C_UNPROVEN if self._c_unproven() else TxIn.C, now)
             stale = self._sends != sends
 
     def tick(self, now: float) -> None:
@@ -934,6 +956,12 @@ class Sender(_Machine):
             self._out += bytes((CAN,)) * CAN_COUNT
         self._events.append(Aborted(reason, by_peer))
 
+    def _c_unproven(self) -> bool:
+        """A 'C' that cannot confirm the current file: it is empty (so the receiver's 'C' asking
+        for block 1 looks the same) and its EOT was not yet sent again after such a 'C'."""
+        return (self.state is TxState.WAIT_NEXT_C and not self._eot_rechecked
+                and self.files[self._index].size == 0)
+
     def _timeout_for_state(self) -> float:
         if self.state in (TxState.SENT_EOT1, TxState.SENT_EOT2):
             return self.config.eot_timeout
@@ -963,6 +991,7 @@ class Sender(_Machine):
         _, payload = build_header(f.name, f.size, f.mtime, f.mode)
         self._offset = 0
         self._block_no = 0
+        self._eot_rechecked = False
         self._send(build_block(0, payload), now, self.config.ack_timeout)
 
     def _tx_resend(self, now: float, inp: TxIn) -> None:
@@ -1024,6 +1053,12 @@ class Sender(_Machine):
         self._retries = 0
         self._eot_acked = True
         self._deadline = now + self.config.c_timeout
+
+    def _tx_recheck_eot(self, now: float, inp: TxIn) -> None:
+        """Empty file, 'C' after the EOT's ACK: send the EOT again. A receiver that committed ACKs
+        it again and sends 'C' (now proof); one still waiting for block 1 NAKs it (seed 004)."""
+        self._eot_rechecked = True
+        self._tx_resend(now, inp)
 
     def _tx_confirm_file(self, now: float, inp: TxIn) -> None:
         f = self.files[self._index]

@@ -240,6 +240,7 @@ class DelayedCopyPair(Pair):
 
     copy_delay = 0.0
     dup_when: Callable[[str, int], bool] = staticmethod(lambda d, b: False)
+    drop_when: Callable[[str, int], bool] = staticmethod(lambda d, b: False)
 
     def _put(self, direction: str, data: bytes) -> None:
         if data:
@@ -248,6 +249,8 @@ class DelayedCopyPair(Pair):
         for b in data:
             t += self.byte_time
             self.sent[direction].append(b)
+            if self.drop_when(direction, b):
+                continue
             self.lines[direction].append((t + self.latency, b))
             if self.dup_when(direction, b):
                 self.lines[direction].append((t + self.latency + self.copy_delay, b))
@@ -582,3 +585,98 @@ def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
 
     rep = ymodem_io._send(Port(), files, ym.SenderConfig(turnaround=0), None, 10)
     assert [(f.name, f.ok) for f in rep.files] == [("a.bin", True), ("b.bin", False)]
+
+
+# --- review 2: an empty file "confirmed" by the receiver's 'C' for block 1 ------------------------
+
+
+@pytest.mark.parametrize("spec", [{"empty.bin": b""}, {"empty.bin": b"", "a.bin": b"x" * 3000}],
+                         ids=["A-empty-only", "B-empty-then-a"])
+def test_an_empty_file_is_not_confirmed_by_the_receivers_c_for_block_1(
+        spec: dict[str, bytes]) -> None:
+    """/tmp/review2_ymodem/s1: the header's ACK arrives twice (the copy 5 ms late, after the
+    turnaround) and the first EOT is lost. The copy was taken for the EOT's ACK, the receiver's
+    timeout 'C' (still asking for block 1) for the commit: A reported empty.bin committed while
+    the receiver aborted; B reported a.bin committed, the receiver having taken a.bin's header for
+    a repeat of empty.bin's."""
+    p = DelayedCopyPair(ym.Sender(files_of(spec), ym.SenderConfig()), ym.Receiver())
+    p.copy_delay = 0.005
+    n = {"ack": 0, "eot": 0}
+
+    def dup_when(direction: str, b: int) -> bool:
+        if direction == "rx>tx" and b == ym.ACK:
+            n["ack"] += 1
+            return n["ack"] == 1  # the header's ACK
+        return False
+
+    def drop_when(direction: str, b: int) -> bool:
+        if direction == "tx>rx" and b == ym.EOT:
+            n["eot"] += 1
+            return n["eot"] == 1
+        return False
+
+    p.dup_when, p.drop_when = dup_when, drop_when
+    p.run(until=600)
+    got = p.received()
+    assert set(p.tx.committed) <= set(got)  # no file reported delivered that was not
+    assert got == spec and p.tx.committed == list(spec)  # and the batch still completes
+    assert p.tx.state is ym.TxState.DONE and p.rx.state is ym.RxState.DONE
+
+
+def _rx_waiting_for_block_1(header: bytes) -> ym.Receiver:
+    rx = ym.Receiver()
+    rx.start(0.0)
+    rx.receive_data(ym.build_block(0, header), 0.1)
+    assert rx.data_to_send() == bytes([ym.CRC_REQUEST, ym.ACK, ym.CRC_REQUEST])
+    assert rx.state is ym.RxState.WAIT_FIRST_BLOCK
+    return rx
+
+
+def test_only_a_byte_identical_header_is_a_repeat_before_block_1() -> None:
+    _, first = ym.build_header("empty.bin", 0, 0, 0o644)
+    rx = _rx_waiting_for_block_1(first)
+    rx.receive_data(ym.build_block(0, first), 0.2)  # our ACK was lost: the same header again
+    assert rx.data_to_send() == bytes([ym.ACK, ym.CRC_REQUEST])
+    assert rx.state is ym.RxState.WAIT_FIRST_BLOCK
+    for other in (ym.build_header("a.bin", 3000, 0, 0o644)[1],  # the next file's header
+                  ym.build_header("empty.bin", 0, 1, 0o644)[1],  # same name, other metadata
+                  bytes(ym.BLOCK_SMALL)):  # the end of the batch
+        rx = _rx_waiting_for_block_1(first)
+        rx.events()
+        rx.receive_data(ym.build_block(0, other), 0.2)
+        out = rx.data_to_send()
+        assert out.count(ym.CAN) >= 2 and ym.ACK not in out
+        assert rx.state is ym.RxState.ABORTED
+        assert "sender moved on" in (rx.abort_reason or "")
+        evs = rx.events()
+        assert not any(isinstance(e, (ym.FileCommitted, ym.FileStarted, ym.BatchEnded))
+                       for e in evs)
+
+
+def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming() -> None:
+    tx = ym.Sender(files_of({"empty.bin": b"", "b": b"x"}), ym.SenderConfig(turnaround=0))
+    tx.start(0.0)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.1)
+    tx.data_to_send()
+    tx.receive_data(bytes([ym.ACK]), 0.2)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.3)
+    assert tx.data_to_send() == bytes([ym.EOT])
+    tx.receive_data(bytes([ym.ACK]), 0.4)  # maybe a late copy of the header's ACK
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.4)  # maybe the receiver asking for block 1
+    assert tx.data_to_send() == bytes([ym.EOT]) and tx.state is ym.TxState.SENT_EOT2
+    assert not any(isinstance(e, ym.FileCommitted) for e in tx.events())
+    tx.receive_data(bytes([ym.ACK]), 3.5)  # a committed receiver ACKs the EOT again...
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.6)  # ... and asks for the next file: proof
+    assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [
+        ym.FileCommitted("empty.bin", 0)]
+    assert tx.data_to_send()[:3] == bytes([ym.SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
+    # the next (non-empty) file is confirmed by its first 'C' after the EOT's ACK
+    tx.receive_data(bytes([ym.ACK]), 3.7)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.8)
+    tx.data_to_send()
+    tx.receive_data(bytes([ym.ACK]), 3.9)
+    assert tx.data_to_send() == bytes([ym.EOT])
+    tx.receive_data(bytes([ym.ACK]), 4.0)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 4.1)
+    assert tx.committed == ["empty.bin", "b"]
+    assert tx.data_to_send() == ym.build_block(0, bytes(ym.BLOCK_SMALL))  # the end of the batch
