@@ -1049,8 +1049,9 @@ class Sender(_Machine):
 
     def _tx_eot_acked(self, now: float, inp: TxIn) -> None:
         """Not yet delivered: a late copy of the last block's ACK looks the same. The receiver's
-        'C' for the next file confirms it; its NAK sends us back to EOT."""
-        self._retries = 0
+        'C' for the next file confirms it; its NAK sends us back to EOT. ``_retries`` keeps
+        counting (reset only by the next header): an ACK-then-NAK peer cycles WAIT_NEXT_C ->
+        SENT_EOT2 -> WAIT_NEXT_C, and ``max_retries`` EOTs end it (FileUnconfirmed, CAN CAN)."""
         self._eot_acked = True
         self._deadline = now + self.config.c_timeout
 

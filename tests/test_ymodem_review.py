@@ -680,3 +680,27 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
     tx.receive_data(bytes([ym.CRC_REQUEST]), 4.1)
     assert tx.committed == ["empty.bin", "b"]
     assert tx.data_to_send() == ym.build_block(0, bytes(ym.BLOCK_SMALL))  # the end of the batch
+
+
+def test_an_ack_then_nak_peer_cannot_keep_the_sender_resending_eot_forever() -> None:
+    """/tmp/review2_ymodem/s3a: each ACK to the EOT reset the retry count, so a peer answering
+    every EOT with ACK and then NAK (instead of 'C') was sent EOTs for ever."""
+    cfg = ym.SenderConfig(turnaround=0)
+    tx = ym.Sender(files_of({"a.bin": b"x" * 100}), cfg)
+    now = 0.0
+    tx.start(now)
+    for answer in (b"C", b"\x06C", b"\x06"):  # header ACKed, 'C', block 1 ACKed -> EOT
+        tx.receive_data(answer, now)
+    eots = tx.data_to_send().count(ym.EOT)
+    while now < 3600 and tx.state is not ym.TxState.ABORTED:
+        now += 0.5
+        tx.receive_data(bytes([ym.ACK]), now)
+        now += 1.0
+        tx.receive_data(bytes([ym.NAK]), now)
+        tx.tick(now)
+        eots += tx.data_to_send().count(ym.EOT)
+    assert tx.state is ym.TxState.ABORTED and now < 60
+    assert eots == cfg.max_retries + 1  # the first EOT and max_retries resends
+    evs = tx.events()
+    assert ym.FileUnconfirmed("a.bin", 100) in evs and tx.unconfirmed == ["a.bin"]
+    assert not tx.committed and any(isinstance(e, ym.Aborted) and not e.by_peer for e in evs)
