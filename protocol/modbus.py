@@ -18,10 +18,12 @@ Contract:
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
 - RTU: ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
-  streaming decoder: it computes the expected length from the function code and verifies the
-  CRC; another slave's answer (shared bus) is skipped whole; after a bad CRC the rest of the
-  burst is dropped until the line pauses (time is passed in). An unknown function code's frame
-  is its whole burst (it ends at a pause).
+  streaming decoder: it computes the expected length from the function code, waits for the
+  whole declared length of a plausible head whatever the pauses inside it, and verifies the
+  CRC; another slave's answer (shared bus) is skipped whole; a complete frame with a bad CRC is
+  dropped with at least its declared length and the rest of its burst, up to a pause of t3.5
+  (``rtu_frame_gap(baudrate)``; time is passed in). An unknown function code's frame is its
+  whole burst (it ends at a pause).
 """
 
 from __future__ import annotations
@@ -421,31 +423,62 @@ def _request_head_plausible(buf: bytes | bytearray) -> bool:
     return fc in _FIXED_REQUEST
 
 
+FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd (and for ptys / unknown lines)
+
+
+def _answer_head_plausible(buf: bytes | bytearray) -> bool:
+    """Could the head of ``buf`` be a well-formed answer? Register reads carry an even byte count
+    of 2..250, bit reads 1..250; the other answers have a fixed length."""
+    if len(buf) < 3:
+        return True
+    fc = buf[1]
+    if fc in (0x03, 0x04, 0x17):
+        return 2 <= buf[2] <= 250 and buf[2] % 2 == 0
+    if fc in (0x01, 0x02):
+        return 1 <= buf[2] <= 250
+    return True
+
+
+def rtu_frame_gap(baudrate: int | None) -> float:
+    """Modbus over serial line V1.02 2.5.1.1: t3.5 is 3.5 character times (11 bits each) up to
+    19200 Bd and a fixed 1.75 ms above; ``None`` (a pty, an unknown line) gives 1.75 ms."""
+    if baudrate is None or baudrate > 19200:
+        return FRAME_GAP_FAST
+    if baudrate <= 0:
+        raise ValueError(f"baud rate {baudrate} must be positive")
+    return 3.5 * 11 / baudrate
+
+
 class RtuDecoder:
     """Streaming RTU decoder, framed by length and CRC, resynchronised only at pauses.
 
     ``feed(data, now)``; call ``idle(now)`` when a read returned nothing (or ``gap()`` to say the
     line has certainly been silent); ``next_frame()`` returns the next CRC-valid frame or None.
 
-    - The expected length comes from the function code; back-to-back valid frames in one read
-      are all taken (a pty or a loaded host merges them).
-    - A complete CRC-valid frame of the other direction at the head (``other_length_of``,
-      by default another slave's *answer* on a shared RS-485 bus) is skipped whole at once
-      (``skipped``) instead of being taken for the start of a longer request. When its head
-      could still be a well-formed longer request, it is skipped once a pause follows it.
-    - A burst is the bytes between two pauses of at least ``frame_gap`` seconds (Modbus's
-      t3.5: 1.75 ms above 19200 Bd). After a CRC failure or an impossible length, the rest of
-      the burst is dropped (Modbus over serial line V1.02, section 2.5.1.1): a valid-looking frame
-      inside a damaged one is never taken. Parsing restarts at the next pause.
-    - An incomplete frame is given up after ``resync_silence`` seconds of silence (much longer
-      than t3.5: ptys and USB adapters pause inside frames) or as soon as a later burst starts
-      with a complete valid frame. An unknown function code's frame is its whole burst.
+    - The head of the buffer is read both as a request (``length_of``) and as an answer of the
+      other direction (``other_length_of``; by default another slave's answer on a shared
+      RS-485 bus). A view is *plausible* when its length is known and at most 256 bytes and its
+      counts agree. A CRC-valid request is taken; a CRC-valid answer is skipped whole
+      (``skipped``) once the request view is impossible or has failed.
+    - While a plausible view is incomplete the decoder waits for its whole declared length (or
+      ``resync_silence``); pauses inside it do not matter, so a frame arriving slowly or in
+      chunks is never cut, and nothing inside it is looked at.
+    - When every plausible view is complete and fails its CRC, the head is damaged: at least
+      its declared length is dropped, and the rest of the burst up to the next pause of at
+      least ``frame_gap`` seconds (t3.5; ``rtu_frame_gap(baudrate)``) with it (Modbus over
+      serial line V1.02, 2.5.1.1). Only a CRC-valid request that begins after a pause inside
+      the head and ends beyond its declared length is taken (garbage, pause, request).
+    - A head that cannot be a frame (unknown function code, counts that disagree, over 256
+      bytes) ends at a pause: an unknown function code's frame is its whole burst; it is given up
+      as soon as a later burst starts a complete valid frame, or at silence.
+    - An incomplete head is given up after ``resync_silence`` seconds of silence (much longer
+      than t3.5: ptys and USB adapters pause inside frames); parsing restarts at its first pause.
     - ``discarded`` counts dropped bytes. Without times (``now=None``) only ``gap()`` and
       ``idle()`` mark pauses.
     """
 
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
-                 resync_silence: float = 0.1, frame_gap: float = 0.00175,
+                 resync_silence: float = 0.1, frame_gap: float = FRAME_GAP_FAST,
                  other_length_of: Callable[[bytes | bytearray], int] | None = None) -> None:
         self._buf = bytearray()
         self._length_of = length_of
@@ -461,6 +494,8 @@ class RtuDecoder:
         self.frame_gap = frame_gap
         self.discarded = 0
         self.skipped = 0
+        self._wait_head = -1  #: stream offset of the head that waits for ``_wait_need`` bytes
+        self._wait_need = 0
 
     def feed(self, data: bytes, now: float | None = None) -> None:
         if not data:
@@ -499,20 +534,21 @@ class RtuDecoder:
     def _drop(self, n: int) -> None:
         del self._buf[:n]
         self._consumed += n
-        self._starts = [s for s in self._starts if s > self._consumed]
+        if self._starts and self._starts[0] <= self._consumed:
+            self._starts = [s for s in self._starts if s > self._consumed]
 
     def _pauses(self) -> list[int]:
         """Buffer offsets where a burst began after a pause."""
         return [s - self._consumed for s in self._starts]
 
-    def _drop_burst(self) -> None:
-        """A damaged or impossible frame: drop up to the next pause (the rest of the burst, and
-        what still arrives of it when no pause is known yet)."""
-        pauses = self._pauses()
-        n = pauses[0] if pauses else len(self._buf)
+    def _drop_to_pause(self, at_least: int) -> None:
+        """Drop ``at_least`` bytes and the rest of their burst: up to the next pause, or all
+        that is buffered and what still arrives before a pause."""
+        later = [p for p in self._pauses() if p >= at_least]
+        n = later[0] if later else len(self._buf)
         self.discarded += n
         self._drop(n)
-        if not pauses and not self._silent:
+        if not later and not self._silent:
             self._discarding = True
 
     @staticmethod
@@ -520,49 +556,97 @@ class RtuDecoder:
         return MIN_RTU_FRAME <= n <= len(buf) and crc16(bytes(buf[:n - 2])) == int.from_bytes(
             buf[n - 2:n], "little")
 
-    def _other(self, buf: bytes | bytearray) -> int:
-        """Length of a complete CRC-valid frame of the other direction at the head, or 0."""
+    def _request_view(self, buf: bytes | bytearray) -> int:
+        """Declared length of a plausible request at the head (NEED_MORE while unknown), or 0."""
+        n = self._length_of(buf)
+        if n == UNKNOWN_LENGTH or n > MAX_RTU_FRAME or not _request_head_plausible(buf):
+            return 0
+        return n
+
+    def _answer_view(self, buf: bytes | bytearray) -> int:
+        """Declared length of a plausible answer at the head (NEED_MORE while unknown), or 0."""
         if self._other_length_of is None:
             return 0
-        n = self._other_length_of(buf)
-        return n if self._valid(buf, n) else 0
+        m = self._other_length_of(buf)
+        if m == UNKNOWN_LENGTH or m > MAX_RTU_FRAME or not _answer_head_plausible(buf):
+            return 0
+        return m
 
     def _later_burst_starts_a_frame(self) -> bool:
         for p in self._pauses():
             rest = self._buf[p:]
-            if self._valid(rest, self._length_of(rest)) or self._other(rest):
+            if self._valid(rest, self._length_of(rest)) or self._valid(rest, self._answer_view(rest)):
                 return True
         return False
+
+    def _request_across(self, declared: int) -> int | None:
+        """A damaged head of ``declared`` bytes: the first pause inside it where a CRC-valid
+        request begins that ends beyond it (0 if none; None while such a request is incomplete)."""
+        waiting = False
+        for p in self._pauses():
+            if p >= declared:
+                break
+            rest = self._buf[p:]
+            n = self._request_view(rest)
+            if n == NEED_MORE or (n and p + n > declared and n > len(rest)):
+                waiting = True
+            elif n and p + n > declared and self._valid(rest, n):
+                return p
+        return None if waiting else 0
+
+    def _wait(self, need: int) -> None:
+        """Nothing can change for this head before it has ``need`` bytes (or silence)."""
+        self._wait_head = self._consumed
+        self._wait_need = need if need > 0 else len(self._buf) + 1
 
     def next_frame(self) -> RtuFrame | None:
         while self._buf:
             buf = self._buf
+            size = len(buf)
+            if self._wait_head == self._consumed and size < self._wait_need and not self._silent:
+                return None  # bytes trickling into a known length: O(1) per read
             n = self._length_of(buf)
-            if self._valid(buf, n):
+            if 0 < n <= size and self._valid(buf, n):
                 return self._take(n)
-            other = self._other(buf)
-            if other and (
-                not (n == NEED_MORE or len(buf) < n <= MAX_RTU_FRAME)
-                or not _request_head_plausible(buf) or other in self._pauses() or self._silent
-            ):
+            req = self._request_view(buf)
+            ans = self._answer_view(buf)
+            req_waits = req == NEED_MORE or req > size
+            if 0 < ans <= size and self._valid(buf, ans):
+                if req_waits and not self._silent:
+                    self._wait(req)
+                    return None  # the head may still become a longer valid request
                 self.skipped += 1
-                self._drop(other)
+                self._drop(ans)
                 continue
+            if req_waits or ans == NEED_MORE or ans > size:
+                if not self._silent:
+                    pending = [v for v in (req, ans) if v == NEED_MORE or v > size]
+                    self._wait(min(pending) if NEED_MORE not in pending else NEED_MORE)
+                    return None  # wait for the whole declared length
+                self._drop_to_pause(1)  # silence inside it: restart at its first pause
+                continue
+            if req or ans:  # every plausible view is complete and its CRC is wrong: damaged
+                declared = max(req, ans)
+                at = self._request_across(declared)
+                if at is None and not self._silent:
+                    return None
+                if at:
+                    self.discarded += at
+                    self._drop(at)
+                else:
+                    self._drop_to_pause(declared)
+                continue
+            # The head cannot be a request or an answer: an unknown function's frame ends at a
+            # pause; anything else is junk up to the next pause.
             if n == UNKNOWN_LENGTH:
-                ends = self._pauses() + ([len(buf)] if self._silent else [])
-                for end in ends:
+                for end in self._pauses() + ([size] if self._silent else []):
                     if self._valid(buf, end):
                         return self._take(end)
-                if self._silent or len(buf) > MAX_RTU_FRAME or self._later_burst_starts_a_frame():
-                    self._drop_burst()
-                    continue
-                return None
-            if n == NEED_MORE or n > len(buf):
-                if n > MAX_RTU_FRAME or self._silent or self._later_burst_starts_a_frame():
-                    self._drop_burst()
-                    continue
-                return None
-            self._drop_burst()  # complete, CRC mismatch
+            if (self._silent or size > MAX_RTU_FRAME or n > MAX_RTU_FRAME or 0 < n <= size
+                    or self._later_burst_starts_a_frame()):
+                self._drop_to_pause(1)
+                continue
+            return None
         return None
 
     def _take(self, n: int) -> RtuFrame:

@@ -277,3 +277,127 @@ def test_fc16_checks_all_values_before_trigger_states() -> None:
     assert core.execute(fc16, 1.0) == bytes.fromhex("9003")
     assert core.execute(bytes.fromhex("10 0001 0002 04 0001 0005"), 1.0) == bytes.fromhex("9004")
     assert core.value("level") == 0 and core.log == []
+
+
+# ------------------------------------------- review 2: valid frames of others arriving slowly
+
+#: A valid FC16 request to unit 2 whose payload carries the bytes of 'unit 1: mode := 2'.
+_EMBEDDED = encode_rtu(1, bytes.fromhex("0600050002"))
+_OUTER = encode_rtu(2, bytes.fromhex("1001000005 0a".replace(" ", "")) + _EMBEDDED + b"\x00\x00")
+
+
+@pytest.mark.parametrize("schedule", ["1 byte per 2.3 ms", "1 byte per 9.2 ms", "7|8|rest"])
+def test_valid_frame_of_another_unit_with_pauses_is_not_executed(schedule: str) -> None:
+    assert _OUTER.hex() == "0210010000050a010600050002180a0000400f"
+    if schedule == "7|8|rest":
+        chunks = [(_OUTER[:7], 0.0001), (_OUTER[7:15], 0.002), (_OUTER[15:], 0.002)]
+    else:
+        dt = 0.0023 if schedule.startswith("1 byte per 2") else 0.0092
+        chunks = [(bytes([b]), dt) for b in _OUTER]
+    server = RtuServer(DeviceCore(), unit=1)
+    t, out = 100.0, b""
+    for chunk, dt in chunks:
+        t += dt
+        out += server.receive(chunk, t)
+    out += server.receive(b"", t + 0.2)
+    assert out == b"" and server.core.log == [] and server.core.value("mode") == 1
+    assert server.ignored == 1  # unit 2's frame, whole
+    assert server.receive(OUR_READ, t + 0.3) == OUR_ANSWER
+
+
+def _fc16(rng: object, unit: int) -> bytes:
+    import random
+    assert isinstance(rng, random.Random)
+    data = bytes(rng.getrandbits(8) for _ in range(246))
+    return encode_rtu(unit, bytes([0x10, 0, 0, 0, 123, 246]) + data)
+
+
+def test_random_255_byte_fc16_delivered_one_byte_per_pause_are_all_decoded() -> None:
+    import random
+    rng = random.Random(7)
+    dec = RtuDecoder()
+    t = 0.0
+    for _ in range(300):
+        frame = _fc16(rng, 1)
+        got = []
+        for b in frame:
+            t += 0.00229  # 4800 Bd with the default 1.75 ms gap: a 'pause' after every byte
+            dec.feed(bytes([b]), t)
+            while (f := dec.next_frame()) is not None:
+                got.append(f)
+        assert got == [RtuFrame(1, frame[1:-2])]
+        t += 0.01
+
+
+def test_trickled_frames_cost_linear_time() -> None:
+    """One byte per read, a pause after each: the decoder must not rescan every pause."""
+    import random
+    rng = random.Random(3)
+    frames = [_fc16(rng, 1) for _ in range(20)]
+    dec = RtuDecoder()
+    t = 0.0
+    start = time.perf_counter()
+    n = 0
+    for frame in frames:
+        for b in frame:
+            t += 0.00229
+            dec.feed(bytes([b]), t)
+            while dec.next_frame() is not None:
+                n += 1
+    per_frame = (time.perf_counter() - start) / len(frames)
+    assert n == len(frames)
+    assert per_frame < 0.003  # ~0.1 ms expected; 22 ms/frame before the fix
+
+
+@st.composite
+def _other_unit_frame(draw: st.DrawFn) -> bytes:
+    """A valid frame of the bus that is not for unit 1: a master's request to another unit or
+    another unit's answer, its payload random and sometimes carrying a request for unit 1."""
+    unit = draw(st.integers(2, 247))
+    bait = encode_rtu(1, bytes.fromhex(draw(st.sampled_from(["0600050002", "0300040001"]))))
+    raw = draw(st.binary(max_size=60))
+    at = draw(st.integers(0, len(raw)))
+    data = raw[:at] + (bait if draw(st.booleans()) else b"") + raw[at:]
+    data = data[:246] + (b"\x00" if len(data[:246]) % 2 else b"")
+    kind = draw(st.sampled_from(["fc16", "fc03-answer", "fc03", "fc06", "fc16-answer", "exc"]))
+    if kind == "fc16" and data:
+        pdu = bytes([0x10, 0, 0, 0, len(data) // 2, len(data)]) + data
+    elif kind == "fc03-answer" and data:
+        pdu = bytes([0x03, len(data)]) + data
+    elif kind == "exc":
+        pdu = bytes([0x83, draw(st.integers(1, 4))])
+    elif kind == "fc16-answer":
+        pdu = bytes([0x10]) + draw(st.binary(min_size=4, max_size=4))
+    else:
+        pdu = bytes([3 if kind == "fc03" else 6]) + draw(st.binary(min_size=4, max_size=4))
+    return encode_rtu(unit, pdu)
+
+
+@settings(deadline=None, max_examples=300)
+@given(st.lists(st.one_of(_other_unit_frame(), st.integers(0, 0xFFFF)), min_size=1,
+                max_size=8), st.data())
+def test_bus_streams_in_random_chunks_and_gaps_run_only_our_frames_once(
+        items: list[bytes | int], data: st.DataObject) -> None:
+    ours = [RtuFrame(1, bytes([6, 0, 4]) + v.to_bytes(2, "big"))
+            for v in items if isinstance(v, int)]
+    wire = b"".join(encode_rtu(1, bytes([6, 0, 4]) + v.to_bytes(2, "big")) if isinstance(v, int)
+                    else v for v in items)
+    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(wire) - 1)), max_size=40))))
+    dec = RtuDecoder()
+    t, prev, got = 0.0, 0, []
+    for c in [*cuts, len(wire)]:
+        t += data.draw(st.sampled_from([0.0001, 0.001, 0.002, 0.005, 0.03]))
+        dec.feed(wire[prev:c], t)
+        prev = c
+        got += _drain(dec)
+    dec.gap()
+    got += _drain(dec)
+    assert [f for f in got if f.unit in (0, 1)] == ours
+    assert dec.pending == 0
+
+
+def _drain(dec: RtuDecoder) -> list[RtuFrame]:
+    out = []
+    while (f := dec.next_frame()) is not None:
+        out.append(f)
+    return out
