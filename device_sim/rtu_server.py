@@ -5,7 +5,8 @@ Contract:
 - ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
   means the line was silent), get the bytes to send back. Frames for another unit id and frames
   with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
-  CRC the rest of the burst is dropped until the line pauses (``RtuDecoder``);
+  CRC the rest of the burst is dropped until the line pauses for t3.5 (``RtuDecoder``; from
+  ``baudrate``: 3.5 characters up to 19200 Bd, 1.75 ms above or when ``None``, e.g. a pty);
   broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
@@ -24,7 +25,7 @@ from typing import Protocol
 
 from device_sim.flash import ConfigFlash
 from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu
+from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu, rtu_frame_gap
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 
@@ -41,13 +42,13 @@ class RtuServer:
     """A Modbus RTU slave serving ``core`` as unit ``unit``."""
 
     def __init__(self, core: DeviceCore, unit: int = 1, flash: ConfigFlash | None = None,
-                 ) -> None:
+                 baudrate: int | None = None) -> None:
         if not 1 <= unit <= 247:
             raise ValueError(f"unit id {unit} outside 1..247")
         self.core = core
         self.unit = unit
         self.flash = flash
-        self.decoder = RtuDecoder()
+        self.decoder = RtuDecoder(frame_gap=rtu_frame_gap(baudrate))
         self.answered = 0
         self.ignored = 0
         if flash is not None:

@@ -401,3 +401,47 @@ def _drain(dec: RtuDecoder) -> list[RtuFrame]:
     while (f := dec.next_frame()) is not None:
         out.append(f)
     return out
+
+
+# ------------------------------------------------------------ review 2: t3.5 from the baud rate
+
+
+def test_frame_gap_is_three_and_a_half_characters_up_to_19200_baud() -> None:
+    from protocol.modbus import rtu_frame_gap
+    # 3.5 x 11 bits: 9600 Bd -> 38.5/9600 s = 4.0104 ms; 1200 Bd -> 32.08 ms; above 19200: 1.75 ms
+    assert rtu_frame_gap(9600) == pytest.approx(0.0040104, abs=1e-7)
+    assert rtu_frame_gap(1200) == pytest.approx(0.0320833, abs=1e-7)
+    assert rtu_frame_gap(19200) == pytest.approx(0.0020052, abs=1e-7)
+    assert rtu_frame_gap(38400) == rtu_frame_gap(115200) == rtu_frame_gap(None) == 0.00175
+    with pytest.raises(ValueError):
+        rtu_frame_gap(0)
+
+
+def test_rtu_server_at_9600_baud_does_not_see_a_3_ms_pause() -> None:
+    """At 9600 Bd, 3 ms is less than t3.5 (4.01 ms): a good frame 3 ms after a damaged one is
+    the same burst and dropped with it; at 115200 Bd it is after a pause and answered."""
+    bad = bytearray(OUR_READ)
+    bad[4] ^= 0xFF
+    slow = RtuServer(DeviceCore(), unit=1, baudrate=9600)
+    assert slow.receive(bytes(bad), 1.0) + slow.receive(OUR_READ, 1.003) == b""
+    assert slow.receive(OUR_READ, 1.010) == OUR_ANSWER  # 7 ms: a pause
+    fast = RtuServer(DeviceCore(), unit=1, baudrate=115200)
+    assert fast.receive(bytes(bad), 1.0) + fast.receive(OUR_READ, 1.003) == OUR_ANSWER
+    assert RtuServer(DeviceCore(), unit=1).decoder.frame_gap == 0.00175
+
+
+def test_sim_cli_passes_the_baud_rate_to_the_rtu_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    from host.cli import build_parser
+    from host.commands import sim_cmd
+    seen: list[float] = []
+
+    def fake_serve(args: object, serve: object) -> int:
+        seen.append(serve.__self__.decoder.frame_gap)  # type: ignore[attr-defined]
+        return 0
+
+    monkeypatch.setattr(sim_cmd, "_serve_until_signal", fake_serve)
+    for argv in (["sim", "--modbus-rtu", "--port", "loop://", "--baudrate", "9600"],
+                 ["sim", "--modbus-rtu"]):
+        args = build_parser().parse_args(argv)
+        assert args.handler(args) == 0
+    assert seen == [pytest.approx(0.0040104, abs=1e-7), 0.00175]

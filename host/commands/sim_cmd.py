@@ -32,7 +32,8 @@ def register(sub: Any) -> None:
     p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
     p.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
     p.add_argument("--flash-dir", help="directory keeping the configuration across runs")
-    p.add_argument("--baudrate", type=int, default=115200, help="baud rate for --port")
+    p.add_argument("--baudrate", type=int, default=115200,
+                   help="baud rate for --port (with --modbus-rtu it also sets t3.5)")
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
     p.add_argument("--seed", type=int, default=None,
@@ -95,6 +96,8 @@ def run_rtu(args: argparse.Namespace) -> int:
     """The same register map as a plain Modbus RTU slave."""
     if not 1 <= args.unit <= 247:
         raise UserError(f"unit id {args.unit} outside 1..247")
+    if args.baudrate <= 0:
+        raise UserError(f"baud rate {args.baudrate} must be positive")
     from device_sim.flash import ConfigFlash
     from device_sim.rtu_server import RtuServer
     from protocol.device_core import DeviceCore, SnapshotError
@@ -102,7 +105,9 @@ def run_rtu(args: argparse.Namespace) -> int:
     core = DeviceCore(trigger_duration=args.trigger_duration)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
-        server = RtuServer(core, unit=args.unit, flash=flash)
+        # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
+        server = RtuServer(core, unit=args.unit, flash=flash,
+                           baudrate=args.baudrate if args.port else None)
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
     return _serve_until_signal(args, server.serve)
