@@ -107,8 +107,14 @@ class SimulatedDevice:
         return self.session.epoch
 
     def reboot(self, now: float) -> None:
-        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept."""
-        self._save_flash()
+        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept.
+        A flash that cannot be written (directory gone, disk full) is logged and the reboot goes
+        on: the RAM configuration stays the truth until the next successful save."""
+        try:
+            self._save_flash()
+        except OSError as exc:
+            logging.getLogger(__name__).error(
+                "configuration not saved at reboot (%s); keeping the RAM copy", exc)
         self.core.reset_volatile(now)
         self.session = self._new_session()
 

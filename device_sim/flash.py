@@ -1,8 +1,9 @@
 """Simulated flash: where a simulated device keeps its configuration across reboots and runs.
 
 ``ConfigFlash(dir)`` stores the register core's ``ConfigSnapshot`` as ``config.json``, replaced
-atomically (temporary file, fsync, rename: a reader sees the old or the new file, never half),
-mode 0600. Both the framed simulator and the Modbus RTU simulator use it.
+atomically (temporary file, fsync, rename, fsync of the directory: a reader sees the old or the
+new file, never half, and a completed save survives a power loss), mode 0600. Both the framed
+simulator and the Modbus RTU simulator use it.
 """
 
 from __future__ import annotations
@@ -43,3 +44,13 @@ class ConfigFlash:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        """Make the rename itself durable: without this an acknowledged save can revert to the
+        old file after a power loss (the directory entry was still only in the page cache)."""
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

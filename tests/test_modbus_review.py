@@ -445,3 +445,40 @@ def test_sim_cli_passes_the_baud_rate_to_the_rtu_server(monkeypatch: pytest.Monk
         args = build_parser().parse_args(argv)
         assert args.handler(args) == 0
     assert seen == [pytest.approx(0.0040104, abs=1e-7), 0.00175]
+
+
+# -------------------------------------------------------- review 2: flash durability / reboot
+
+
+def test_flash_save_fsyncs_the_directory_after_the_rename(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """os.replace is durable only once the directory entry is on disk: the directory is fsynced
+    after the rename (else an acknowledged write can revert after a power loss)."""
+    import stat
+    calls: list[tuple[str, bool]] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append(("fsync", stat.S_ISDIR(os.fstat(fd).st_mode)))
+        real_fsync(fd)
+
+    def replace(src: str, dst: str) -> None:
+        calls.append(("replace", False))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    flash = ConfigFlash(tmp_path / "flash")
+    flash.save(DeviceCore().snapshot())
+    assert calls == [("fsync", False), ("replace", False), ("fsync", True)]
+
+
+def test_reboot_keeps_going_when_the_flash_dir_is_gone(tmp_path: Path,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    dev = SimulatedDevice(seed=1, flash_dir=tmp_path / "flash")
+    assert dev._execute(encode_request(Fc06(4, 400)), 1.0, seq=1) == bytes.fromhex("0600040190")
+    shutil.rmtree(tmp_path / "flash")
+    with caplog.at_level("ERROR"):
+        dev.reboot(2.0)  # raised FileNotFoundError before
+    assert "not saved" in caplog.text
+    assert dev.core.value("threshold") == 400  # RAM is the truth until the next save
