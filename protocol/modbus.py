@@ -439,6 +439,20 @@ def _answer_head_plausible(buf: bytes | bytearray) -> bool:
     return True
 
 
+def _any_head(buf: bytes | bytearray) -> bool:
+    return True
+
+
+def _plausibility(length_of: Callable[[bytes | bytearray], int] | None,
+                  ) -> Callable[[bytes | bytearray], bool]:
+    """The head check that goes with a length function (none for a caller's own)."""
+    if length_of is request_frame_length:
+        return _request_head_plausible
+    if length_of is response_frame_length:
+        return _answer_head_plausible
+    return _any_head
+
+
 def rtu_frame_gap(baudrate: int | None) -> float:
     """Modbus over serial line V1.02 2.5.1.1: t3.5 is 3.5 character times (11 bits each) up to
     19200 Bd and a fixed 1.75 ms above; ``None`` (a pty, an unknown line) gives 1.75 ms."""
@@ -485,6 +499,8 @@ class RtuDecoder:
         if other_length_of is None and length_of is request_frame_length:
             other_length_of = response_frame_length
         self._other_length_of = other_length_of
+        self._head_ok = _plausibility(length_of)
+        self._other_head_ok = _plausibility(other_length_of)
         self._silent = False
         self._last_rx: float | None = None
         self._consumed = 0  #: stream offset of ``_buf[0]``
@@ -559,7 +575,7 @@ class RtuDecoder:
     def _request_view(self, buf: bytes | bytearray) -> int:
         """Declared length of a plausible request at the head (NEED_MORE while unknown), or 0."""
         n = self._length_of(buf)
-        if n == UNKNOWN_LENGTH or n > MAX_RTU_FRAME or not _request_head_plausible(buf):
+        if n == UNKNOWN_LENGTH or n > MAX_RTU_FRAME or not self._head_ok(buf):
             return 0
         return n
 
@@ -568,7 +584,7 @@ class RtuDecoder:
         if self._other_length_of is None:
             return 0
         m = self._other_length_of(buf)
-        if m == UNKNOWN_LENGTH or m > MAX_RTU_FRAME or not _answer_head_plausible(buf):
+        if m == UNKNOWN_LENGTH or m > MAX_RTU_FRAME or not self._other_head_ok(buf):
             return 0
         return m
 

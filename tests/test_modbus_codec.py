@@ -293,3 +293,18 @@ def test_response_lengths() -> None:
     assert response_frame_length(encode_rtu(1, bytes.fromhex("8302"))) == 5
     assert response_frame_length(encode_rtu(1, bytes.fromhex("0304000a000b"))) == 9
     assert response_frame_length(encode_rtu(1, bytes.fromhex("41000008"))) == 7
+
+
+def test_host_side_decoder_frames_answers_in_chunks_with_pauses() -> None:
+    """With ``length_of=response_frame_length`` (a master reading answers) the head checks are
+    the answer's: an FC16 answer and a 125-register FC03 answer arrive in chunks with pauses."""
+    fc16 = encode_rtu(1, bytes.fromhex("1000000005"))
+    fc03 = encode_rtu(1, bytes([3, 250]) + bytes(range(250)))
+    dec = RtuDecoder(length_of=response_frame_length)
+    t, got = 0.0, []
+    for frame in (fc16, fc03):
+        for i in range(0, len(frame), 3):
+            t += 0.003
+            dec.feed(frame[i:i + 3], t)
+            got += _drain(dec)
+    assert got == [RtuFrame(1, fc16[1:-2]), RtuFrame(1, fc03[1:-2])]
