@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,7 @@ EXIT_NOT_EXECUTED = 3
 EXIT_REJECTED = 4
 EXIT_UNKNOWN = 5
 EXIT_CHECK_FAILED = 6
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by SIGPIPE
 
 
 class UserError(Exception):
@@ -63,6 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_LOCAL_ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, and keep Python's shutdown flush
+        # from raising again on the dead stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
+
+import pytest
+import serial
+from serial import SerialException
 
 import device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
 from device_sim.device import SimulatedDevice
@@ -32,3 +37,21 @@ def test_every_command_acts_once_through_a_faulty_url() -> None:
         assert sum(1 for e in sim.device.executions if e.request[0] == 0x42) == 1
     finally:
         sim.close()
+
+
+def test_a_port_failing_behind_the_faulty_link_reaches_the_caller_not_a_thread(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device's end goes away: the caller's next read raises SerialException (the host turns
+    that into LinkLost); the pump thread does not die with a traceback of its own."""
+    uncaught: list[object] = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    sim = start_pty_sim(SimulatedDevice(seed=5))
+    port = serial.serial_for_url(f"faulty://{sim.path}?seed=1", timeout=0.2)
+    try:
+        sim.close()
+        with pytest.raises(SerialException, match="behind the faulty link failed"):
+            for _ in range(25):
+                port.read(1)
+    finally:
+        port.close()
+    assert uncaught == []

@@ -416,3 +416,15 @@ def test_cli_ctrl_c_with_a_request_out_says_it_may_have_run(
         doc = json.loads(out)
         assert doc["outcome"] == "UNKNOWN" and doc["results"][0]["status"] == "CANCELLED"
     assert sim.device.core.count(EffectKind.TRIGGER_STARTED) == 1
+
+
+def test_output_into_a_closed_pipe_exits_141_without_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "regmap", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first byte (`| head -c 0`)
+    err = proc.stderr.read()
+    assert proc.wait() == 141 and err == b""

@@ -64,6 +64,7 @@ class Serial(SerialBase):
         self._rx = bytearray()
         self._threads: list[threading.Thread] = []
         self._stopping = False
+        self._failure: BaseException | None = None  # the inner port's error, seen by a pump thread
         self._cancel = False
         self._t0 = 0.0
         self.inner_url = ""
@@ -91,6 +92,7 @@ class Serial(SerialBase):
         self.link = Link(config)
         self._rx.clear()
         self._stopping = False
+        self._failure = None
         self._t0 = time.monotonic()
         self.link.start(0.0)
         self.is_open = True
@@ -131,7 +133,23 @@ class Serial(SerialBase):
                         break
                     nxt = direction.next_event_time()
                     self._cond.wait(None if nxt is None else max(0.0, nxt - now))
-            inner.write(out)
+            try:
+                inner.write(out)
+            except (SerialException, OSError) as exc:
+                self._fail(exc)
+                return
+
+    def _fail(self, exc: BaseException) -> None:
+        """A pump thread lost the inner port: remember it for the caller's next read or write
+        (raised there, in the caller's thread) instead of dying with a traceback of its own."""
+        with self._cond:
+            if not self._stopping and self._failure is None:
+                self._failure = exc
+            self._cond.notify_all()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise SerialException(f"the port behind the faulty link failed: {self._failure}")
 
     def _receive_in(self) -> None:
         inner = self._inner
@@ -139,10 +157,10 @@ class Serial(SerialBase):
         while not self._stopping:
             try:
                 data = inner.read(max(1, inner.in_waiting))
-            except (SerialException, OSError, TypeError, AttributeError):
-                if self._stopping:
-                    return
-                raise
+            except (SerialException, OSError, TypeError, AttributeError) as exc:
+                if not self._stopping:
+                    self._fail(exc)
+                return
             if data:
                 with self._cond:
                     self.link.b_to_a.send(data, self._now())
@@ -160,6 +178,8 @@ class Serial(SerialBase):
             raise PortNotOpenError()
         with self._cond:
             self._rx += self.link.b_to_a.poll(self._now())
+            if not self._rx:
+                self._raise_failure()
             return len(self._rx)
 
     def read(self, size: int = 1) -> bytes:
@@ -174,6 +194,10 @@ class Serial(SerialBase):
                 self._rx += self.link.b_to_a.poll(now)
                 if len(self._rx) >= size or not self.is_open or self._cancel:
                     break
+                if self._failure is not None:
+                    if self._rx:
+                        break  # hand over what arrived before the failure first
+                    self._raise_failure()
                 wait: float | None = None
                 if deadline is not None:
                     wait = deadline - time.monotonic()
@@ -193,6 +217,7 @@ class Serial(SerialBase):
             raise PortNotOpenError()
         data = bytes(b)
         with self._cond:
+            self._raise_failure()
             self.link.a_to_b.send(data, self._now())
             self._cond.notify_all()
         return len(data)
