@@ -354,6 +354,9 @@ class RxIn(enum.Enum):
     OTHER_HEADER = "OTHER_HEADER"
     BAD_PACKET = "BAD_PACKET"  #: CRC, complement or inter-byte timeout (after purge)
     EOT = "EOT"
+    #: an EOT after the commit once a block (good or bad) has arrived since: the sender moved on to
+    #: another header, so this EOT is not a repeat of the committed file's (review 3)
+    STALE_EOT = "STALE_EOT"
     NOISE = "NOISE"  #: a byte where only an EOT may stand: right after an EOT, or before EOT #2
     CANCEL = "CANCEL"  #: CAN CAN (also while purging, or ending a damaged block)
     TIMEOUT = "TIMEOUT"
@@ -377,7 +380,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_FIRST_BLOCK, _I.BLOCK_DUP): (_R.WAIT_FIRST_BLOCK, "reack_header"),  # same header: ACK 'C'
     (_R.WAIT_FIRST_BLOCK, _I.OTHER_HEADER): (_R.ABORTED, "cancel_other_header"),  # CAN CAN
     (_R.WAIT_FIRST_BLOCK, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
-    (_R.WAIT_FIRST_BLOCK, _I.BAD_PACKET): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
+    (_R.WAIT_FIRST_BLOCK, _I.BAD_PACKET): (_R.WAIT_FIRST_BLOCK, "nak_first_block"),  # NAK
     (_R.WAIT_FIRST_BLOCK, _I.TIMEOUT): (_R.WAIT_FIRST_BLOCK, "ask_first_block"),  # 'C'
     (_R.WAIT_FIRST_BLOCK, _I.EOT): (_R.WAIT_EOT_CONFIRM, "first_eot"),  # NAK (empty file)
     (_R.WAIT_FIRST_BLOCK, _I.NOISE): (_R.WAIT_FIRST_BLOCK, "purge"),  # then 'C'
@@ -401,12 +404,13 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_EOT_CONFIRM, _I.NOISE): (_R.RECV_DATA, "purge"),  # the EOT was noise: NAK when quiet
     (_R.WAIT_EOT_CONFIRM, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.WAIT_NEXT_HEADER, _I.EOT): (_R.WAIT_NEXT_HEADER, "reack_eot"),  # ACK 'C', no commit
+    (_R.WAIT_NEXT_HEADER, _I.STALE_EOT): (_R.WAIT_NEXT_HEADER, "nak_stale_eot"),  # NAK, error
     (_R.WAIT_NEXT_HEADER, _I.HEADER): (_R.WAIT_FIRST_BLOCK, "accept_header"),
     (_R.WAIT_NEXT_HEADER, _I.BAD_HEADER): (_R.ABORTED, "refuse_header"),
     (_R.WAIT_NEXT_HEADER, _I.END_OF_BATCH): (_R.DONE, "end_batch"),
-    (_R.WAIT_NEXT_HEADER, _I.BAD_PACKET): (_R.WAIT_NEXT_HEADER, "ask_header"),
+    (_R.WAIT_NEXT_HEADER, _I.BAD_PACKET): (_R.WAIT_NEXT_HEADER, "ask_next_header"),  # 'C'; moved on
     (_R.WAIT_NEXT_HEADER, _I.TIMEOUT): (_R.WAIT_NEXT_HEADER, "ask_header"),
-    (_R.WAIT_NEXT_HEADER, _I.BLOCK_DUP): (_R.WAIT_NEXT_HEADER, "ack_only"),
+    (_R.WAIT_NEXT_HEADER, _I.BLOCK_DUP): (_R.WAIT_NEXT_HEADER, "ack_moved_on"),  # ACK; moved on
     (_R.WAIT_NEXT_HEADER, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
     (_R.WAIT_NEXT_HEADER, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.DONE, _I.END_OF_BATCH): (_R.DONE, "ack_only"),  # our final ACK was lost
@@ -458,6 +462,7 @@ class Receiver(_Machine):
         self._c_sent = 0
         self._block_payload = b""
         self._eot_pending = False  # an EOT read last in this burst: it counts only if it stays last
+        self._moved_on = False  # since the commit a block arrived: an EOT is no longer a repeat
 
     # public API
 
@@ -542,7 +547,8 @@ class Receiver(_Machine):
         elif b == EOT and self.state in _EOT_CHECKED:
             self._eot_pending = True
         elif b == EOT:
-            self._input(RxIn.EOT, now)
+            stale = self.state is RxState.WAIT_NEXT_HEADER and self._moved_on
+            self._input(RxIn.STALE_EOT if stale else RxIn.EOT, now)
         elif self.state is RxState.WAIT_EOT_CONFIRM:
             self._input(RxIn.NOISE, now)  # only EOT #2 (or a resent block) may come now
         # anything else between blocks is line noise: ignored
@@ -657,6 +663,14 @@ class Receiver(_Machine):
             self._out.append(CRC_REQUEST)
             self._arm(now, self.config.c_interval)
 
+    def _rx_nak_first_block(self, now: float) -> None:
+        """A bad block 1 (or noise) before block 1: NAK, not rb's 'C'. Senders resend on either,
+        but a 'C' is what a sender that (misled by a late ACK) waits on after an EOT takes for
+        "committed, next header"; here 'C' goes out only on the timeout (review 3)."""
+        if not self._error("bad first block"):
+            self._out.append(NAK)
+            self._arm(now, self.config.c_interval)
+
     def _rx_cancel_sequence(self, now: float) -> None:
         self._do_abort("block out of sequence", by_peer=False)
 
@@ -681,8 +695,8 @@ class Receiver(_Machine):
         self._arm(now, self.config.block_timeout)
 
     def _rx_purge(self, now: float) -> None:
-        """Bytes where only an EOT may stand: drop the line until it is quiet, then NAK (or 'C'
-        before block 1) so the sender resends what it sent."""
+        """Bytes where only an EOT may stand: drop the line until it is quiet, then NAK so the
+        sender resends what it sent."""
         self._purging = True
         self._pending_can = False
         self._last_byte_at = now
@@ -725,9 +739,29 @@ class Receiver(_Machine):
         assert h is not None
         self.commits += 1
         self._errors = 0
+        self._moved_on = False
         self._events.append(FileCommitted(h.name, self._delivered))
         self._out += bytes((ACK, CRC_REQUEST))
         self._arm(now, self.config.c_interval)
+
+    def _rx_ask_next_header(self, now: float) -> None:
+        """A bad block after the commit: the sender has sent something other than our file's EOT
+        (a header), so from now on an EOT is not a repeat of the committed file's."""
+        self._moved_on = True
+        self._rx_ask_header(now)
+
+    def _rx_ack_moved_on(self, now: float) -> None:
+        """A data block numbered like our last one after the commit: not a repeat of ours (the
+        sender sent our EOT after that block's ACK), so the sender moved on (a lost header)."""
+        self._moved_on = True
+        self._out.append(ACK)
+
+    def _rx_nak_stale_eot(self, now: float) -> None:
+        """An EOT after the sender moved on: it ends a file whose header we never accepted, not
+        the committed one. ACK 'C' would let the sender report that file; NAK it (an error)."""
+        if not self._error("EOT for a file whose header we did not accept"):
+            self._out.append(NAK)
+            self._arm(now, self.config.c_interval)
 
     def _rx_reack_eot(self, now: float) -> None:
         self._out += bytes((ACK, CRC_REQUEST))

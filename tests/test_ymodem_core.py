@@ -737,3 +737,58 @@ def test_a_duplicated_nak_causes_one_resend_not_two() -> None:
     first = tx.data_to_send()[-133:]
     tx.receive_data(bytes([NAK, NAK]), 0.3)
     assert tx.data_to_send() == first  # once
+
+
+# --- review 3, receiver side: no 'C' and no ACK 'C' that a misled sender could take for a commit --
+
+
+def _rx_committed_one_block_file() -> Receiver:
+    rx = Receiver()
+    rx.start(0.0)
+    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    rx.receive_data(ref_block(0, header), 0.1)
+    block1 = ref_block(1, b"hello".ljust(128, b"\x1a"))
+    rx.receive_data(block1, 0.2)
+    rx.receive_data(bytes([EOT]), 0.3)
+    rx.receive_data(bytes([EOT]), 0.4)
+    assert rx.commits == 1 and rx.state is RxState.WAIT_NEXT_HEADER
+    rx.data_to_send()
+    return rx
+
+
+def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
+    rx = _rx_committed_one_block_file()
+    rx.receive_data(bytes([EOT]), 0.5)  # our ACK was lost: the sender repeats the EOT
+    assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
+    bad = bytearray(ref_block(0, ym.build_header("b.bin", 0, 0, 0o644)[1]))
+    bad[40] ^= 0x10  # the next header, damaged
+    rx.receive_data(bytes(bad), 0.6)
+    rx.tick(0.6 + rx.config.purge_quiet)
+    assert rx.data_to_send() == bytes([CRC_REQUEST])
+    # the sender moved on (it took a late ACK for the header's): this EOT ends b.bin, not a.bin
+    rx.receive_data(bytes([EOT]), 1.0)
+    assert rx.data_to_send() == bytes([NAK]) and rx.commits == 1
+
+
+def test_after_the_commit_a_block_numbered_like_ours_makes_a_later_eot_stale() -> None:
+    rx = _rx_committed_one_block_file()
+    other = ref_block(1, b"other file".ljust(128, b"\x1a"))  # b.bin's block 1, its header lost
+    rx.receive_data(other, 0.5)
+    assert rx.data_to_send() == bytes([ACK])
+    rx.receive_data(bytes([EOT]), 0.6)
+    assert rx.data_to_send() == bytes([NAK]) and rx.commits == 1
+
+
+def test_a_bad_first_block_is_nakked_not_answered_with_c() -> None:
+    rx = Receiver()
+    rx.start(0.0)
+    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    rx.receive_data(ref_block(0, header), 0.1)
+    rx.data_to_send()
+    bad = bytearray(ref_block(1, b"hello".ljust(128, b"\x1a")))
+    bad[10] ^= 0x01
+    rx.receive_data(bytes(bad), 0.2)
+    rx.tick(0.2 + rx.config.purge_quiet)
+    assert rx.data_to_send() == bytes([NAK])  # a 'C' here could pass for "committed, next file"
+    rx.tick(0.2 + rx.config.purge_quiet + rx.config.c_interval)
+    assert rx.data_to_send() == bytes([CRC_REQUEST])  # the timeout still asks with 'C'
