@@ -14,7 +14,8 @@ Contract (both machines):
   commit -> ACK again, no second commit, no error. A repeat of the last accepted block is ACKed
   and not delivered again (block 0 only if byte-identical to the accepted header); any other
   out-of-sequence block cancels. Sender: a file counts as delivered only on the receiver's 'C'
-  after the EOT's ACK; for an empty file only on a 'C' after the EOT was sent once more.
+  after an ACK to an EOT sent once an earlier EOT of this file had been answered (NAK-first
+  receivers give that for free; ACK-first ones like rb get the EOT once more).
 - Receiver never completes a header from bytes outside the block: a block 0 whose name has no NUL
   inside the block is refused. Names go through ``check_name`` (a pure function returning a typed
   ``NameRefusal``). Size rule: the first metadata field must be 1..20 ASCII digits (no sign, no
@@ -257,8 +258,9 @@ class FileCommitted:
 
 @dataclass(frozen=True, slots=True)
 class FileUnconfirmed:
-    """Sender: an ACK to the EOT came, but the batch ended before the receiver's 'C' confirmed the
-    file (the ACK may have been a late copy of a data block's ACK): the file's fate is unknown."""
+    """Sender: the frame ending the file went out (its last block, or an empty file's EOT), but the
+    batch ended before the receiver proved the commit (see ``Sender._c_unproven``): the receiver
+    may or may not have committed it. Reported "not confirmed", never ok."""
 
     name: str
     size: int
@@ -410,7 +412,7 @@ RX_TRANSITIONS: dict[tuple[RxState, RxIn], tuple[RxState, str]] = {
     (_R.WAIT_NEXT_HEADER, _I.END_OF_BATCH): (_R.DONE, "end_batch"),
     (_R.WAIT_NEXT_HEADER, _I.BAD_PACKET): (_R.WAIT_NEXT_HEADER, "ask_next_header"),  # 'C'; moved on
     (_R.WAIT_NEXT_HEADER, _I.TIMEOUT): (_R.WAIT_NEXT_HEADER, "ask_header"),
-    (_R.WAIT_NEXT_HEADER, _I.BLOCK_DUP): (_R.WAIT_NEXT_HEADER, "ack_moved_on"),  # ACK; moved on
+    (_R.WAIT_NEXT_HEADER, _I.BLOCK_DUP): (_R.WAIT_NEXT_HEADER, "ack_only"),
     (_R.WAIT_NEXT_HEADER, _I.BLOCK_OTHER): (_R.ABORTED, "cancel_sequence"),
     (_R.WAIT_NEXT_HEADER, _I.CANCEL): (_R.ABORTED, "peer_cancelled"),
     (_R.DONE, _I.END_OF_BATCH): (_R.DONE, "ack_only"),  # our final ACK was lost
@@ -462,7 +464,7 @@ class Receiver(_Machine):
         self._c_sent = 0
         self._block_payload = b""
         self._eot_pending = False  # an EOT read last in this burst: it counts only if it stays last
-        self._moved_on = False  # since the commit a block arrived: an EOT is no longer a repeat
+        self._moved_on = False  # a bad block since the commit: an EOT is no longer a repeat
 
     # public API
 
@@ -750,12 +752,6 @@ class Receiver(_Machine):
         self._moved_on = True
         self._rx_ask_header(now)
 
-    def _rx_ack_moved_on(self, now: float) -> None:
-        """A data block numbered like our last one after the commit: not a repeat of ours (the
-        sender sent our EOT after that block's ACK), so the sender moved on (a lost header)."""
-        self._moved_on = True
-        self._out.append(ACK)
-
     def _rx_nak_stale_eot(self, now: float) -> None:
         """An EOT after the sender moved on: it ends a file whose header we never accepted, not
         the committed one. ACK 'C' would let the sender report that file; NAK it (an error)."""
@@ -788,9 +784,10 @@ class TxIn(enum.Enum):
     ACK = "ACK"
     NAK = "NAK"
     C = "C"
-    #: 'C' in WAIT_NEXT_C for an empty file whose EOT was never re-checked: the ACK we took for the
-    #: EOT may be a late copy of the header's ACK, and a receiver still waiting for block 1 sends
-    #: 'C' too (timeout, bad packet), so this 'C' does not prove a commit
+    #: 'C' in WAIT_NEXT_C when the ACK we took for the EOT did not answer an EOT sent *after* an
+    #: earlier EOT of this file had been answered (ACK or NAK): that ACK may be a late copy (of a
+    #: block's or the header's ACK), and a receiver still waiting for block 1 sends 'C' too
+    #: (timeout, bad packet), so this 'C' does not prove a commit
     C_UNPROVEN = "C_UNPROVEN"
     CANCEL = "CANCEL"
     TIMEOUT = "TIMEOUT"
@@ -817,18 +814,18 @@ TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
     (_S.SENT_BLOCK, _T.TIMEOUT): (_S.SENT_BLOCK, "resend"),
     (_S.SENT_BLOCK, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_EOT1, _T.ACK): (_S.WAIT_NEXT_C, "eot_acked"),  # rb: ACK at once
-    (_S.SENT_EOT1, _T.NAK): (_S.SENT_EOT2, "resend"),  # seed 004: NAK, then confirm
+    (_S.SENT_EOT1, _T.NAK): (_S.SENT_EOT2, "eot_naked"),  # seed 004: NAK, then confirm
     (_S.SENT_EOT1, _T.C): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT1, _T.TIMEOUT): (_S.SENT_EOT1, "resend"),  # NAK lost: the resend confirms
     (_S.SENT_EOT1, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_EOT2, _T.ACK): (_S.WAIT_NEXT_C, "eot_acked"),
-    (_S.SENT_EOT2, _T.NAK): (_S.SENT_EOT2, "resend"),
+    (_S.SENT_EOT2, _T.NAK): (_S.SENT_EOT2, "eot_naked"),
     (_S.SENT_EOT2, _T.C): (_S.SENT_EOT2, "resend"),  # our ACK lost, receiver moved on
     (_S.SENT_EOT2, _T.TIMEOUT): (_S.SENT_EOT2, "resend"),
     (_S.SENT_EOT2, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.WAIT_NEXT_C, _T.C): (_S.SENT_HEADER, "confirm_file"),  # FileCommitted, next block 0
-    (_S.WAIT_NEXT_C, _T.C_UNPROVEN): (_S.SENT_EOT2, "recheck_eot"),  # empty file: EOT again
-    (_S.WAIT_NEXT_C, _T.NAK): (_S.SENT_EOT2, "resend"),  # the receiver did not take the EOT
+    (_S.WAIT_NEXT_C, _T.C_UNPROVEN): (_S.SENT_EOT2, "recheck_eot"),  # no proof yet: EOT again
+    (_S.WAIT_NEXT_C, _T.NAK): (_S.SENT_EOT2, "eot_naked"),  # the receiver did not take the EOT
     (_S.WAIT_NEXT_C, _T.TIMEOUT): (_S.WAIT_NEXT_C, "wait_again"),
     (_S.WAIT_NEXT_C, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_END, _T.ACK): (_S.DONE, "batch_done"),
@@ -895,7 +892,12 @@ class Sender(_Machine):
         self.committed: list[str] = []  #: files the receiver confirmed (EOT ACKed, then 'C')
         self.unconfirmed: list[str] = []  #: EOT ACKed but the batch ended before the 'C'
         self._eot_acked = False
-        self._eot_rechecked = False  # empty file: EOT resent after a 'C' in WAIT_NEXT_C
+        self._final_sent = False  # the frame ending this file went out: the receiver may commit
+        # Proof of a commit (see _c_unproven): an EOT of this file was answered (ACK/NAK), an EOT
+        # was sent after that answer ("armed"), and an ACK came while armed ("proven").
+        self._eot_answered = False
+        self._eot_armed = False
+        self._eot_proven = False
         self.abort_reason: str | None = None
         self.stale_answers = 0  #: ACK/NAK/'C' ignored because they preceded our last send
         self._sends = 0
@@ -981,9 +983,12 @@ class Sender(_Machine):
         self.abort_reason = reason
         self._deadline = None
         self._scheduled.clear()
-        if self._eot_acked:  # an ACK to the EOT, but no 'C': we cannot know the file arrived
+        # The frame ending the file went out (or an ACK to its EOT came, but no proven 'C'): the
+        # receiver may have committed (late EOT copies can commit a complete file before our own
+        # EOT), so the file's fate is unknown: "not confirmed", never "failed" and never ok.
+        if self._eot_acked or self._final_sent:
             f = self.files[self._index]
-            self._eot_acked = False
+            self._eot_acked = self._final_sent = False
             self.unconfirmed.append(f.name)
             self._events.append(FileUnconfirmed(f.name, f.size))
         if not by_peer:
@@ -991,10 +996,14 @@ class Sender(_Machine):
         self._events.append(Aborted(reason, by_peer))
 
     def _c_unproven(self) -> bool:
-        """A 'C' that cannot confirm the current file: it is empty (so the receiver's 'C' asking
-        for block 1 looks the same) and its EOT was not yet sent again after such a 'C'."""
-        return (self.state is TxState.WAIT_NEXT_C and not self._eot_rechecked
-                and self.files[self._index].size == 0)
+        """A 'C' that cannot confirm the current file. A receiver still waiting for block 1 sends
+        'C' too, and the ACK we took for the EOT may be a late copy, so a 'C' proves a commit only
+        after an ACK to an EOT that was sent once an earlier EOT of this file had been answered by
+        ACK or NAK: a receiver that saw an EOT of this file no longer waits for block 1 (it NAKs
+        an EOT short of the declared size and then only NAKs), so its later 'C' comes from the
+        header wait, after the commit. Our receiver's NAK-first handshake gives this proof at no
+        cost (EOT, NAK, EOT, ACK 'C'); rb's ACK-first costs one more EOT round."""
+        return self.state is TxState.WAIT_NEXT_C and not self._eot_proven
 
     def _timeout_for_state(self) -> float:
         if self.state in (TxState.SENT_EOT1, TxState.SENT_EOT2):
@@ -1011,6 +1020,7 @@ class Sender(_Machine):
         if len(data) != min(size, remaining):
             raise ValueError(f"short read from {f.name!r} at {self._offset}")
         self._current_len = len(data)
+        self._final_sent = self._final_sent or self._offset + len(data) >= f.size
         return build_block(self._block_no, data.ljust(size, bytes((CPMEOF,))))
 
     # actions (the table names them; ``inp`` is the input that fired)
@@ -1025,7 +1035,7 @@ class Sender(_Machine):
         _, payload = build_header(f.name, f.size, f.mtime, f.mode)
         self._offset = 0
         self._block_no = 0
-        self._eot_rechecked = False
+        self._eot_answered = self._eot_armed = self._eot_proven = False
         self._send(build_block(0, payload), now, self.config.ack_timeout)
 
     def _tx_resend(self, now: float, inp: TxIn) -> None:
@@ -1034,7 +1044,14 @@ class Sender(_Machine):
             self._do_abort(f"no answer after {self.config.max_retries} retries ({self.state.value})",
                            by_peer=False)
             return
+        if self.state in (TxState.SENT_EOT1, TxState.SENT_EOT2) and self._eot_answered:
+            self._eot_armed = True
         self._send(self._current, now, self._timeout_for_state())
+
+    def _tx_eot_naked(self, now: float, inp: TxIn) -> None:
+        """A NAK to an EOT (seed 004's first answer, or the receiver refusing it): EOT again."""
+        self._eot_answered = True
+        self._tx_resend(now, inp)
 
     def _tx_resend_end(self, now: float, inp: TxIn) -> None:
         self._retries += 1
@@ -1061,6 +1078,7 @@ class Sender(_Machine):
         self._block_no = 1
         if self.files[self._index].size == 0:
             self.state = TxState.SENT_EOT1
+            self._final_sent = True
             self._send(bytes((EOT,)), now, self.config.eot_timeout)
             return
         self._send(self._next_block(), now, self.config.ack_timeout)
@@ -1087,17 +1105,20 @@ class Sender(_Machine):
         counting (reset only by the next header): an ACK-then-NAK peer cycles WAIT_NEXT_C ->
         SENT_EOT2 -> WAIT_NEXT_C, and ``max_retries`` EOTs end it (FileUnconfirmed, CAN CAN)."""
         self._eot_acked = True
+        if self._eot_armed:
+            self._eot_proven = True
+        self._eot_answered = True
         self._deadline = now + self.config.c_timeout
 
     def _tx_recheck_eot(self, now: float, inp: TxIn) -> None:
-        """Empty file, 'C' after the EOT's ACK: send the EOT again. A receiver that committed ACKs
-        it again and sends 'C' (now proof); one still waiting for block 1 NAKs it (seed 004)."""
-        self._eot_rechecked = True
+        """Unproven 'C' after the EOT's ACK: send the EOT again. A receiver that committed ACKs it
+        again and sends 'C' (now proof); one still waiting for block 1 NAKs it (the size guard,
+        or seed 004's first NAK for an empty file) and never sends 'C' for this file again."""
         self._tx_resend(now, inp)
 
     def _tx_confirm_file(self, now: float, inp: TxIn) -> None:
         f = self.files[self._index]
-        self._eot_acked = False
+        self._eot_acked = self._final_sent = False
         self.committed.append(f.name)
         self._events.append(FileCommitted(f.name, f.size))
         self._index += 1

@@ -7,6 +7,7 @@ seeded fault campaign whose oracle is the source data (never the code under test
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -463,6 +464,12 @@ def test_sender_accepts_ack_to_the_first_eot_like_rb() -> None:
     tx.receive_data(bytes([ACK]), 1.3)
     assert tx.state is TxState.WAIT_NEXT_C and tx.committed == []  # not before the 'C'
     tx.receive_data(bytes([CRC_REQUEST]), 2.3)  # rb: 'C' ~1 s after its ACK
+    # ACK-first: that ACK answered the first EOT, so it may be a late copy and the 'C' a receiver's
+    # request for block 1: the EOT goes once more, and its ACK + 'C' are the proof (review 3)
+    tx.tick(2.4)
+    assert tx.data_to_send() == bytes([EOT]) and tx.committed == []
+    tx.receive_data(bytes([ACK]), 3.4)
+    tx.receive_data(bytes([CRC_REQUEST]), 4.4)
     assert tx.state.value == "SENT_END" and tx.committed == ["f"]
 
 
@@ -476,6 +483,11 @@ def test_sender_waits_over_a_second_before_resending_eot_then_c_before_end_block
     tx.tick(5.0)
     assert tx.data_to_send() == b""  # no end block before 'C'
     tx.receive_data(bytes([CRC_REQUEST]), 5.1)
+    tx.tick(5.2)
+    assert tx.data_to_send() == bytes([EOT])  # unproven (no answered EOT before): once more
+    tx.receive_data(bytes([ACK]), 6.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 7.0)
+    tx.tick(7.1)
     assert tx.data_to_send() == ref_block(0, bytes(128))
 
 
@@ -501,7 +513,11 @@ def test_sender_finishes_with_success_when_the_final_ack_never_comes() -> None:
     tx = _sender_at_eot()
     tx.receive_data(bytes([ACK]), 1.0)
     tx.receive_data(bytes([CRC_REQUEST]), 2.0)
-    t = 2.0
+    tx.tick(2.1)
+    tx.receive_data(bytes([ACK]), 3.0)  # the proving round (see the rb test above)
+    tx.receive_data(bytes([CRC_REQUEST]), 4.0)
+    assert tx.committed == ["f"]
+    t = 4.0
     while tx.state is not TxState.DONE and t < 60:
         t += 0.5
         tx.tick(t)
@@ -579,7 +595,9 @@ def test_seed_scenario_the_nak_to_the_first_eot_is_lost() -> None:
     p.fault = _drop_first("rx>tx", NAK)
     p.run()
     assert b"".join(p.chunks["rx>tx"]).count(NAK) == 1  # the only NAK was the EOT's, and it was lost
-    assert p.eots_sent() == 2  # the resent EOT confirmed
+    # the resent EOT commits; its ACK answered an EOT nobody had answered before (it could be a
+    # late copy), so the sender proves it with one more EOT: ACK 'C' again, no second commit
+    assert p.eots_sent() == 3
     assert p.received() == {"fw.bin": data}
     assert p.rx.commits == 1 and p.count(p.rx_events, FileCommitted) == 1
     assert p.tx.committed == ["fw.bin"] and p.count(p.tx_events, FileCommitted) == 1
@@ -739,6 +757,180 @@ def test_a_duplicated_nak_causes_one_resend_not_two() -> None:
     assert tx.data_to_send() == first  # once
 
 
+# --- review 3 campaign: late copies of single control bytes --------------------------------------
+# Virtual-time campaign (review 3): ACK/NAK/'C' (rx>tx) and EOT (tx>rx) are doubled with the copy
+# arriving 10 ms .. 12 s late, or lost; rare bit flips; per-direction reads of one byte, a whole
+# burst, or polled. Oracle: the source data. A file the sender reports ok must be committed exactly
+# once, byte exact; a file the receiver committed must be reported ok or "not confirmed".
+
+_R3_SHAPES = [
+    [0, 0, 0], [0, 0, 5], [3, 0, 0], [0, 1], [0], [1, 0], [128, 0], [1024, 0, 0, 2048],
+    [0, 128, 0, 1024], [256, 3072, 0], [896, 897, 0], [0, 0, 1, 0], [127, 129, 0], [1, 1, 0, 0],
+]
+
+
+class LateCopyRun:
+    def __init__(self, seed: int) -> None:
+        rnd = random.Random(seed)
+        if rnd.random() < 0.7:
+            sizes = rnd.choice(_R3_SHAPES)
+        else:
+            sizes = [rnd.choice([0, 0, 1, 127, 128, 129, 256, 1023, 1024, 1025, 2048, 3072])
+                     for _ in range(rnd.randint(1, 5))]
+        self.spec = {f"f{i}_{s}.bin": rnd.randbytes(s) for i, s in enumerate(sizes)}
+        block = rnd.choice([128, 1024])
+        turnaround = rnd.choice([0.0, 0.002, 0.002, 0.01])
+        self.read_mode = {d: rnd.choice(["byte", "burst", "poll"]) for d in ("tx>rx", "rx>tx")}
+        self.poll = {d: rnd.choice([0.005, 0.02, 0.1, 0.3]) for d in ("tx>rx", "rx>tx")}
+        self.p_dup = rnd.choice([0.02, 0.05, 0.1, 0.2])
+        self.p_loss = rnd.choice([0.0, 0.01, 0.03])
+        self.p_flip = rnd.choice([0.0, 0.0, 0.0002])
+        self.max_delay = rnd.choice([0.05, 0.5, 3.0, 12.0])
+        self.fault_seed = rnd.getrandbits(32)
+        self.tx = Sender([SendFile.from_bytes(n, d) for n, d in self.spec.items()],
+                         SenderConfig(block_size=block, turnaround=turnaround))
+        self.rx = Receiver(ReceiverConfig())
+        self.now = 0.0
+        self.lines: dict[str, list[tuple[float, int]]] = {"tx>rx": [], "rx>tx": []}
+        self.busy = {"tx>rx": 0.0, "rx>tx": 0.0}
+        self.count = {"tx>rx": 0, "rx>tx": 0}
+        self.rx_events: list[object] = []
+
+    def _fault(self, d: str, idx: int, b: int) -> list[tuple[float, int]]:
+        r = random.Random(f"{self.fault_seed}:{d}:{idx}")
+        u = r.random()
+        delay = r.uniform(0.01, self.max_delay)
+        flip = 1 << r.randrange(8)
+        ctrl = (d == "rx>tx" and b in (ACK, NAK, CRC_REQUEST)) or (d == "tx>rx" and b == EOT)
+        if ctrl and u < self.p_dup:
+            return [(0.0, b), (delay, b)]
+        if ctrl and u < self.p_dup + self.p_loss:
+            return []
+        if u > 1 - self.p_flip:
+            return [(0.0, b ^ flip)]
+        return [(0.0, b)]
+
+    def _put(self, d: str, data: bytes) -> None:
+        t = max(self.now, self.busy[d])
+        for b in data:
+            t += 10 / 115200
+            for extra, x in self._fault(d, self.count[d], b):
+                self.lines[d].append((t + 0.001 + extra, x))
+            self.count[d] += 1
+        self.lines[d].sort(key=lambda e: e[0])
+        self.busy[d] = t
+
+    def _deliver_time(self, d: str) -> float | None:
+        if not self.lines[d]:
+            return None
+        t = self.lines[d][0][0]
+        if self.read_mode[d] == "poll":
+            p = self.poll[d]
+            return math.ceil(t / p - 1e-9) * p
+        return t
+
+    def _deliver(self, d: str, m: Sender | Receiver) -> None:
+        dt = self._deliver_time(d)
+        if dt is None or dt > self.now:
+            return
+        line = self.lines[d]
+        n = 0
+        while n < len(line) and line[n][0] <= max(self.now, dt) + 1e-9:  # float poll rounding
+            n += 1
+        data = bytes(b for _, b in line[:n])
+        del line[:n]
+        if self.read_mode[d] == "byte":
+            for b in data:
+                m.receive_data(bytes([b]), self.now)
+        else:
+            m.receive_data(data, self.now)
+
+    def finished(self) -> bool:
+        return (self.tx.state in (TxState.DONE, TxState.ABORTED)
+                and self.rx.state in (RxState.DONE, RxState.ABORTED))
+
+    def go(self, until: float = 4000.0) -> LateCopyRun:
+        self.rx.start(0.0)
+        self.tx.start(0.0)
+        while not self.finished() and self.now < until:
+            self.rx_events += self.rx.events()
+            self.tx.events()
+            self._put("rx>tx", self.rx.data_to_send())
+            self._put("tx>rx", self.tx.data_to_send())
+            ts = [t for t in (self.tx.next_deadline(), self.rx.next_deadline(),
+                              self._deliver_time("tx>rx"), self._deliver_time("rx>tx"))
+                  if t is not None]
+            if not ts:
+                break
+            self.now = max(self.now, min(ts))
+            self._deliver("tx>rx", self.rx)
+            self._deliver("rx>tx", self.tx)
+            self.rx.tick(self.now)
+            self.tx.tick(self.now)
+        self.rx_events += self.rx.events()
+        return self
+
+    def violations(self) -> list[str]:
+        got: dict[str, bytes] = {}
+        v: list[str] = []
+        cur: bytearray | None = None
+        for ev in self.rx_events:
+            if isinstance(ev, FileStarted):
+                cur = bytearray()
+            elif isinstance(ev, FileData):
+                if cur is None or ev.offset != len(cur):
+                    v.append("data gapped/twice")
+                else:
+                    cur += ev.data
+            elif isinstance(ev, FileCommitted):
+                if ev.name in got:
+                    v.append(f"{ev.name} committed twice")
+                got[ev.name] = bytes(cur or b"")
+                cur = None
+            elif isinstance(ev, Aborted):
+                cur = None
+        if not self.finished():
+            v.append(f"HANG tx={self.tx.state.value} rx={self.rx.state.value}")
+        for n in self.tx.committed:
+            if got.get(n) != self.spec[n]:
+                v.append(f"SENDER-OK-NOT-COMMITTED {n}")
+        for n, body in got.items():
+            if body != self.spec[n]:
+                v.append(f"COMMITTED-WRONG-BYTES {n}")
+            if n not in self.tx.committed and n not in self.tx.unconfirmed:
+                v.append(f"RX-COMMITTED-SENDER-FAILED {n}")
+        if self.tx.state is TxState.DONE and got != self.spec:
+            v.append("SENDER-DONE-BUT-MISSING")
+        return v
+
+
+def late_copy_failures(seeds: range) -> dict[int, list[str]]:
+    bad = {}
+    for seed in seeds:
+        v = LateCopyRun(seed).go().violations()
+        if v:
+            bad[seed] = v
+    return bad
+
+
+def test_late_copies_of_control_bytes_never_make_a_false_ok() -> None:
+    # review 3: before the fix, seeds 40, 42 and 136 of these 300 reported a file ok that the
+    # receiver never committed (a late ACK carried the sender through block 1 or a lost header)
+    assert late_copy_failures(range(300)) == {}
+
+
+@pytest.mark.slow
+def test_late_copies_of_control_bytes_long() -> None:
+    # The residual limit (docs/YMODEM.md): a late copy of a header's ACK 'C' arriving, in order,
+    # after an armed EOT the receiver has not answered is byte for byte the commit's proof. Before
+    # the fix 109 of seeds 0..8726 reported a false ok; what is left must stay rare and of that
+    # one kind: never a hang, wrong bytes, a double commit or a committed file reported failed.
+    bad = late_copy_failures(range(300, 4300))
+    kinds = {v.split()[0] for vs in bad.values() for v in vs}
+    assert kinds <= {"SENDER-OK-NOT-COMMITTED", "SENDER-DONE-BUT-MISSING"}, bad
+    assert len(bad) <= 10, bad  # 0.25 % (before the fix: 1.25 %)
+
+
 # --- review 3, receiver side: no 'C' and no ACK 'C' that a misled sender could take for a commit --
 
 
@@ -767,15 +959,6 @@ def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
     assert rx.data_to_send() == bytes([CRC_REQUEST])
     # the sender moved on (it took a late ACK for the header's): this EOT ends b.bin, not a.bin
     rx.receive_data(bytes([EOT]), 1.0)
-    assert rx.data_to_send() == bytes([NAK]) and rx.commits == 1
-
-
-def test_after_the_commit_a_block_numbered_like_ours_makes_a_later_eot_stale() -> None:
-    rx = _rx_committed_one_block_file()
-    other = ref_block(1, b"other file".ljust(128, b"\x1a"))  # b.bin's block 1, its header lost
-    rx.receive_data(other, 0.5)
-    assert rx.data_to_send() == bytes([ACK])
-    rx.receive_data(bytes([EOT]), 0.6)
     assert rx.data_to_send() == bytes([NAK]) and rx.commits == 1
 
 

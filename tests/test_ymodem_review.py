@@ -566,7 +566,8 @@ def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
         timeout: float | None = 0.0
 
         def __init__(self) -> None:
-            self.answers = [b"C", b"\x06C", b"\x06", b"\x06C", b"\x18\x18"]
+            # NAK-first EOT (seed 004): EOT, NAK, EOT, ACK 'C' proves a.bin's commit
+            self.answers = [b"C", b"\x06C", b"\x06", b"\x15", b"\x06C", b"\x18\x18"]
             self.pending = bytearray(self.answers.pop(0))
 
         @property
@@ -670,7 +671,7 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
     assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [
         ym.FileCommitted("empty.bin", 0)]
     assert tx.data_to_send()[:3] == bytes([ym.SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
-    # the next (non-empty) file is confirmed by its first 'C' after the EOT's ACK
+    # a non-empty file likewise (review 3): an ACK to its first EOT proves nothing yet
     tx.receive_data(bytes([ym.ACK]), 3.7)
     tx.receive_data(bytes([ym.CRC_REQUEST]), 3.8)
     tx.data_to_send()
@@ -678,6 +679,9 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
     assert tx.data_to_send() == bytes([ym.EOT])
     tx.receive_data(bytes([ym.ACK]), 4.0)
     tx.receive_data(bytes([ym.CRC_REQUEST]), 4.1)
+    assert tx.data_to_send() == bytes([ym.EOT]) and tx.committed == ["empty.bin"]
+    tx.receive_data(bytes([ym.ACK]), 4.2)
+    tx.receive_data(bytes([ym.CRC_REQUEST]), 4.3)
     assert tx.committed == ["empty.bin", "b"]
     assert tx.data_to_send() == ym.build_block(0, bytes(ym.BLOCK_SMALL))  # the end of the batch
 
