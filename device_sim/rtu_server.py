@@ -5,8 +5,9 @@ Contract:
 - ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
   means the line was silent), get the bytes to send back. Frames for another unit id and frames
   with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
-  CRC the rest of the burst is dropped until the line pauses for t3.5 (``RtuDecoder``; from
-  ``baudrate``: 3.5 characters up to 19200 Bd, 1.75 ms above or when ``None``, e.g. a pty);
+  CRC, an implausible head or a frame cut by a pause, parsing restarts only at a real pause of
+  t3.5 (``RtuDecoder``: 3.5 characters up to 19200 Bd, 1.75 ms above; ``baudrate=None``, e.g.
+  a pty, uses the simulator's default 115200 Bd);
   broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
@@ -25,7 +26,7 @@ from typing import Protocol
 
 from device_sim.flash import ConfigFlash
 from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from protocol.modbus import BROADCAST_UNIT, RtuDecoder, encode_rtu, rtu_frame_gap
+from protocol.modbus import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 
@@ -48,7 +49,10 @@ class RtuServer:
         self.core = core
         self.unit = unit
         self.flash = flash
-        self.decoder = RtuDecoder(frame_gap=rtu_frame_gap(baudrate))
+        # pauses are measured in character times of the line; a pty (``None``) has no baud
+        # rate: the simulator's default
+        self.decoder = RtuDecoder(
+            baudrate=DEFAULT_BAUDRATE if baudrate is None else baudrate, unit=unit)
         self.answered = 0
         self.ignored = 0
         if flash is not None:
@@ -57,8 +61,9 @@ class RtuServer:
                 core.restore(snap, core.now)
 
     def receive(self, data: bytes, now: float) -> bytes:
-        """Feed received bytes (b"" = nothing arrived); return the bytes to send. Bytes of an
-        incomplete frame are given up after ``decoder.resync_silence`` seconds of silence."""
+        """Feed received bytes (b"" = nothing arrived) with the time the read returned; return
+        the bytes to send. A real pause of t3.5 (seen at the next read, or 0.1 s without bytes)
+        ends an incomplete frame: it is dropped."""
         if data:
             self.decoder.feed(data, now)
         else:
@@ -88,7 +93,9 @@ class RtuServer:
 
     def serve(self, transport: Transport, stop: threading.Event,
               clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:
-        """Serve until ``stop`` is set. ``poll`` is the silence that counts as a frame gap."""
+        """Serve until ``stop`` is set. Each read is stamped when it returns (the decoder takes
+        its transmission time off); an empty read after ``poll`` seconds is a pause once 0.1 s
+        passed without bytes."""
         log.info("Modbus RTU unit %d serving", self.unit)
         while not stop.is_set():
             data = transport.read(poll)

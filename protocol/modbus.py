@@ -18,16 +18,16 @@ Contract:
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
 - RTU: ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
-  streaming decoder: it computes the expected length from the function code, waits for the
-  whole declared length of a plausible head whatever the pauses inside it, and verifies the
-  CRC; another slave's answer (shared bus) is skipped whole; a complete frame with a bad CRC is
-  dropped with at least its declared length and the rest of its burst, up to a pause of t3.5
-  (``rtu_frame_gap(baudrate)``; time is passed in). An unknown function code's frame is its
-  whole burst (it ends at a pause).
+  streaming decoder with one rule set (Modbus over serial line V1.02 2.5.1.1: a silence of t3.5
+  ends a frame): a pause is real only when the time between two reads, less the second read's
+  transmission time, reaches t3.5 (``rtu_frame_gap(baudrate)``; time is passed in); a frame is
+  read at the head by its declared length and taken (or skipped, another slave's answer) when
+  its CRC is right; a head that fails restarts parsing only at a real pause. See its docstring.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -423,7 +423,10 @@ def _request_head_plausible(buf: bytes | bytearray) -> bool:
     return fc in _FIXED_REQUEST
 
 
-FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd (and for ptys / unknown lines)
+FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd
+DEFAULT_BAUDRATE = 115200  #: the simulator's default line speed (also used for a pty)
+CHAR_BITS = 11  #: start + 8 data + parity (or a second stop bit) + stop
+_HEAD_BYTES = 16  #: every length function and head check looks at fewer bytes than this
 
 
 def _answer_head_plausible(buf: bytes | bytearray) -> bool:
@@ -460,84 +463,107 @@ def rtu_frame_gap(baudrate: int | None) -> float:
         return FRAME_GAP_FAST
     if baudrate <= 0:
         raise ValueError(f"baud rate {baudrate} must be positive")
-    return 3.5 * 11 / baudrate
+    return 3.5 * CHAR_BITS / baudrate
+
+
+_WAIT = -3  #: a view whose length is not reached yet (and no pause cut it)
+_WAIT_PAUSE = -4  #: a view of unknown length waiting for the next pause
+_DEAD = 0  #: a view that cannot be a frame (implausible, unknown size, or cut by a pause)
 
 
 class RtuDecoder:
-    """Streaming RTU decoder, framed by length and CRC, resynchronised only at pauses.
+    """Streaming RTU decoder: frames end at a silence of t3.5 (Modbus over serial line V1.02
+    2.5.1.1) or at their declared length; nothing is parsed from a position that is neither.
 
-    ``feed(data, now)``; call ``idle(now)`` when a read returned nothing (or ``gap()`` to say the
-    line has certainly been silent); ``next_frame()`` returns the next CRC-valid frame or None.
+    ``feed(data, now)`` with ``now`` the time the read returned; ``idle(now)`` when a read
+    returned nothing; ``gap()`` when the line has certainly been silent; ``next_frame()`` returns
+    the next CRC-valid frame (any unit; the caller filters) or None. The rules:
 
-    - The head of the buffer is read both as a request (``length_of``) and as an answer of the
-      other direction (``other_length_of``; by default another slave's answer on a shared
-      RS-485 bus). A view is *plausible* when its length is known and at most 256 bytes and its
-      counts agree. A CRC-valid request is taken; a CRC-valid answer is skipped whole
-      (``skipped``) once the request view is impossible or has failed.
-    - While a plausible view is incomplete the decoder waits for its whole declared length (or
-      ``resync_silence``); pauses inside it do not matter, so a frame arriving slowly or in
-      chunks is never cut, and nothing inside it is looked at.
-    - When every plausible view is complete and fails its CRC, the head is damaged: at least
-      its declared length is dropped, and the rest of the burst up to the next pause of at
-      least ``frame_gap`` seconds (t3.5; ``rtu_frame_gap(baudrate)``) with it (Modbus over
-      serial line V1.02, 2.5.1.1). Only a CRC-valid request that begins after a pause inside
-      the head and ends beyond its declared length is taken (garbage, pause, request).
-    - A head that cannot be a frame (unknown function code, counts that disagree, over 256
-      bytes) ends at a pause: an unknown function code's frame is its whole burst; it is given up
-      as soon as a later burst starts a complete valid frame, or at silence.
-    - An incomplete head is given up after ``resync_silence`` seconds of silence (much longer
-      than t3.5: ptys and USB adapters pause inside frames); parsing restarts at its first pause.
-    - ``discarded`` counts dropped bytes. Without times (``now=None``) only ``gap()`` and
-      ``idle()`` mark pauses.
+    1. Real pauses only. A read's bytes are contiguous on the line, and the line was silent
+       before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (``char_time`` =
+       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``idle(now)`` is a pause
+       only after ``resync_silence`` (0.1 s) without bytes. Feeds without ``now`` are contiguous
+       (only ``gap``/``idle`` mark pauses). The first byte ever starts a frame.
+    2. The head (the first byte after a pause or after the previous frame) is read by declared
+       length: as a request (``length_of``) and, unless it is addressed to ``unit``, as another
+       slave's answer (``other_length_of``). A function code that tells no length is framed by
+       the next pause. A view is dead when it is implausible, longer than 256 bytes, or still
+       incomplete when a pause is recorded after the head.
+    3. A complete CRC-valid request view is returned; a complete CRC-valid answer view is
+       skipped whole (``skipped``), once no request view is still waiting for a declared length.
+       Parsing goes on right after the frame.
+    4. Otherwise, while a view waits for its length, the decoder waits. When no view is left,
+       the head failed: parsing restarts at the first pause after the head's start; if none is
+       recorded, every byte is dropped until the next pause (``discarded`` counts them).
+       A burst shorter than 4 bytes thus ends at the pause that follows it.
+    5. A pause is only known at a read's boundary, but it may lie anywhere in that read (a
+       late read returns bytes from before and after it together). So a frame that starts at a
+       head restarted after a failure, or that runs across a recorded pause (a host late in
+       the middle of a frame), counts only if it and the CRC-valid frames right after it end
+       where a read ended: no pause can hide inside them; a valid view that stays before the
+       pause wins over one that runs across it. The next head is sure again.
+
+    Consequence (limit): a frame that follows an unknown-length or damaged frame without a
+    t3.5 pause is lost with it (the spec gives no boundary between them). Cost per read is
+    O(read size) plus at most one CRC per view length of a head.
     """
 
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
-                 resync_silence: float = 0.1, frame_gap: float = FRAME_GAP_FAST,
-                 other_length_of: Callable[[bytes | bytearray], int] | None = None) -> None:
-        self._buf = bytearray()
+                 baudrate: int = DEFAULT_BAUDRATE,
+                 other_length_of: Callable[[bytes | bytearray], int] | None = None,
+                 unit: int | None = None, resync_silence: float = 0.1) -> None:
+        if baudrate <= 0:
+            raise ValueError(f"baud rate {baudrate} must be positive")
         self._length_of = length_of
         if other_length_of is None and length_of is request_frame_length:
             other_length_of = response_frame_length
         self._other_length_of = other_length_of
         self._head_ok = _plausibility(length_of)
         self._other_head_ok = _plausibility(other_length_of)
-        self._silent = False
-        self._last_rx: float | None = None
-        self._consumed = 0  #: stream offset of ``_buf[0]``
-        self._starts: list[int] = []  #: stream offsets where a burst began after a pause
-        self._discarding = False  #: dropping the rest of a damaged burst
+        self.unit = unit
+        self.baudrate = baudrate
+        self.char_time = CHAR_BITS / baudrate
+        self.frame_gap = rtu_frame_gap(baudrate)
         self.resync_silence = resync_silence
-        self.frame_gap = frame_gap
+        self._buf = bytearray()
+        self._consumed = 0  #: stream offset of ``_buf[0]``
+        self._pauses: list[int] = []  #: stream offsets (> _consumed) after a real pause
+        self._read_ends: list[int] = []  #: stream offsets (> _consumed) where a read ended
+        self._silent = True  #: the line is silent after the last byte (start: idle line)
+        self._hunting = False  #: dropping bytes until the next pause
+        self._unsure = False  #: the head starts at a pause after a failure (rule 5)
+        self._last_rx: float | None = None
+        self._crc_cache: dict[tuple[int, int], bool] = {}  #: (offset, length) -> CRC ok
         self.discarded = 0
         self.skipped = 0
-        self._wait_head = -1  #: stream offset of the head that waits for ``_wait_need`` bytes
-        self._wait_need = 0
+
+    # -------------------------------------------------------------------------------- input
 
     def feed(self, data: bytes, now: float | None = None) -> None:
         if not data:
             return
-        pause = self._silent or (now is not None and self._last_rx is not None
-                                 and now - self._last_rx >= self.frame_gap)
+        if self._silent or (
+                now is not None and self._last_rx is not None
+                and (now - self._last_rx) - len(data) * self.char_time >= self.frame_gap):
+            self._pause_here()
         self._silent = False
-        self._last_rx = now
-        if self._discarding and not pause:
+        if now is not None:
+            self._last_rx = now
+        if self._hunting:
             self.discarded += len(data)
             return
-        self._discarding = False
-        if pause and self._buf:
-            self._starts.append(self._consumed + len(self._buf))
         self._buf += data
+        self._read_ends.append(self._consumed + len(self._buf))
 
     def gap(self) -> None:
-        """The line went silent after the bytes fed so far (long enough to give up on them)."""
+        """The line has been silent (at least t3.5) since the last byte fed."""
         self._silent = True
-        self._discarding = False
+        self._pause_here()
 
     def idle(self, now: float) -> None:
-        """Nothing arrived; at ``resync_silence`` seconds after the last byte this is a ``gap``.
-        (Much longer than Modbus's 3.5 characters on purpose: a pty, a loaded host or a USB
-        adapter can pause inside a frame for milliseconds, and dropping a good frame's head
-        costs a client timeout, while waiting a little longer costs nothing.)"""
+        """Nothing arrived by ``now``. A read that returns late may still hold bytes that were
+        on the line meanwhile, so an empty read is a pause only after ``resync_silence`` (the
+        last resort; the next read's own timing says whether the line paused)."""
         if self._last_rx is None or now - self._last_rx >= self.resync_silence:
             self.gap()
 
@@ -545,130 +571,113 @@ class RtuDecoder:
     def pending(self) -> int:
         return len(self._buf)
 
-    # ------------------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------------------ framing
 
-    def _drop(self, n: int) -> None:
+    def _pause_here(self) -> None:
+        """A real pause after the bytes received so far."""
+        if self._hunting:
+            self._hunting = False
+            self._unsure = True
+        end = self._consumed + len(self._buf)
+        if self._buf and (not self._pauses or self._pauses[-1] != end):
+            self._pauses.append(end)
+
+    def _drop(self, n: int, *, junk: bool) -> None:
         del self._buf[:n]
         self._consumed += n
-        if self._starts and self._starts[0] <= self._consumed:
-            self._starts = [s for s in self._starts if s > self._consumed]
+        self._crc_cache.clear()
+        if junk:
+            self.discarded += n
+        while self._pauses and self._pauses[0] <= self._consumed:
+            self._pauses.pop(0)
+        while self._read_ends and self._read_ends[0] <= self._consumed:
+            self._read_ends.pop(0)
 
-    def _pauses(self) -> list[int]:
-        """Buffer offsets where a burst began after a pause."""
-        return [s - self._consumed for s in self._starts]
+    def _fail(self) -> None:
+        """The head is no frame: restart at the first pause after its start, or hunt for one."""
+        self._unsure = True
+        if self._pauses:
+            self._drop(self._pauses[0] - self._consumed, junk=True)
+        else:
+            self._drop(len(self._buf), junk=True)
+            self._hunting = not self._silent
 
-    def _drop_to_pause(self, at_least: int) -> None:
-        """Drop ``at_least`` bytes and the rest of their burst: up to the next pause, or all
-        that is buffered and what still arrives before a pause."""
-        later = [p for p in self._pauses() if p >= at_least]
-        n = later[0] if later else len(self._buf)
-        self.discarded += n
-        self._drop(n)
-        if not later and not self._silent:
-            self._discarding = True
+    def _view(self, n: int, size: int, cut: bool) -> int:
+        """Classify a declared length ``n`` against the ``size`` bytes buffered: complete (its
+        CRC and rule 5 decide), waiting, or dead (incomplete and cut by a pause)."""
+        if n == NEED_MORE or n > size:
+            return _DEAD if cut or n > MAX_RTU_FRAME else _WAIT
+        return n if n >= MIN_RTU_FRAME else _DEAD
 
-    @staticmethod
-    def _valid(buf: bytes | bytearray, n: int) -> bool:
-        return MIN_RTU_FRAME <= n <= len(buf) and crc16(bytes(buf[:n - 2])) == int.from_bytes(
-            buf[n - 2:n], "little")
+    def _views(self, at: int = 0) -> tuple[int, int]:
+        """(request view, answer view) of the frame at buffer offset ``at`` (the head: 0): a
+        length, ``_WAIT``, ``_WAIT_PAUSE`` or ``_DEAD``. Pauses only bound the head."""
+        cut = bool(self._pauses) and at == 0
+        limit = self._pauses[0] - self._consumed if cut else len(self._buf)
+        size = len(self._buf) - at
+        head = bytes(self._buf[at:at + _HEAD_BYTES])
+        n = self._length_of(head)
+        if n == UNKNOWN_LENGTH:  # framed by the next pause
+            if at:
+                req = _DEAD
+            elif cut:
+                req = limit if MIN_RTU_FRAME <= limit <= MAX_RTU_FRAME else _DEAD
+            else:
+                req = _DEAD if limit > MAX_RTU_FRAME else _WAIT_PAUSE
+        else:
+            req = self._view(n, size, cut) if self._head_ok(head) else _DEAD
+        ans = _DEAD
+        if self._other_length_of is not None and head[0] != self.unit:
+            m = self._other_length_of(head)
+            if m != UNKNOWN_LENGTH and self._other_head_ok(head):
+                ans = self._view(m, size, cut)
+        return req, ans
 
-    def _request_view(self, buf: bytes | bytearray) -> int:
-        """Declared length of a plausible request at the head (NEED_MORE while unknown), or 0."""
-        n = self._length_of(buf)
-        if n == UNKNOWN_LENGTH or n > MAX_RTU_FRAME or not self._head_ok(buf):
-            return 0
-        return n
+    def _crc_ok(self, at: int, n: int) -> bool:
+        if (at, n) not in self._crc_cache:
+            self._crc_cache[at, n] = crc16(bytes(self._buf[at:at + n - 2])) == int.from_bytes(
+                self._buf[at + n - 2:at + n], "little")
+        return self._crc_cache[at, n]
 
-    def _answer_view(self, buf: bytes | bytearray) -> int:
-        """Declared length of a plausible answer at the head (NEED_MORE while unknown), or 0."""
-        if self._other_length_of is None:
-            return 0
-        m = self._other_length_of(buf)
-        if m == UNKNOWN_LENGTH or m > MAX_RTU_FRAME or not self._other_head_ok(buf):
-            return 0
-        return m
-
-    def _later_burst_starts_a_frame(self) -> bool:
-        for p in self._pauses():
-            rest = self._buf[p:]
-            if self._valid(rest, self._length_of(rest)) or self._valid(rest, self._answer_view(rest)):
+    def _tiles_a_read(self, at: int) -> bool:
+        """Rule 5: from buffer offset ``at``, CRC-valid frames back to back reach a read's end."""
+        while True:
+            i = bisect.bisect_left(self._read_ends, self._consumed + at)
+            if i < len(self._read_ends) and self._read_ends[i] == self._consumed + at:
                 return True
-        return False
+            n = next((v for v in self._views(at) if v > 0 and self._crc_ok(at, v)), 0)
+            if not n:
+                return False
+            at += n
 
-    def _request_across(self, declared: int) -> int | None:
-        """A damaged head of ``declared`` bytes: the first pause inside it where a CRC-valid
-        request begins that ends beyond it (0 if none; None while such a request is incomplete)."""
-        waiting = False
-        for p in self._pauses():
-            if p >= declared:
-                break
-            rest = self._buf[p:]
-            n = self._request_view(rest)
-            if n == NEED_MORE or (n and p + n > declared and n > len(rest)):
-                waiting = True
-            elif n and p + n > declared and self._valid(rest, n):
-                return p
-        return None if waiting else 0
+    def _across(self, n: int) -> bool:
+        """Do the head's first ``n`` bytes run across a recorded pause?"""
+        return bool(self._pauses) and self._pauses[0] - self._consumed < n
 
-    def _wait(self, need: int) -> None:
-        """Nothing can change for this head before it has ``need`` bytes (or silence)."""
-        self._wait_head = self._consumed
-        self._wait_need = need if need > 0 else len(self._buf) + 1
+    def _valid(self, n: int) -> bool:
+        """The head's complete view of ``n`` bytes is a frame: CRC right, and rule 5."""
+        if n <= 0 or not self._crc_ok(0, n):
+            return False
+        return not (self._unsure or self._across(n)) or self._tiles_a_read(n)
 
     def next_frame(self) -> RtuFrame | None:
         while self._buf:
-            buf = self._buf
-            size = len(buf)
-            if self._wait_head == self._consumed and size < self._wait_need and not self._silent:
-                return None  # bytes trickling into a known length: O(1) per read
-            n = self._length_of(buf)
-            if 0 < n <= size and self._valid(buf, n):
-                return self._take(n)
-            req = self._request_view(buf)
-            ans = self._answer_view(buf)
-            req_waits = req == NEED_MORE or req > size
-            if 0 < ans <= size and self._valid(buf, ans):
-                if req_waits and not self._silent:
-                    self._wait(req)
-                    return None  # the head may still become a longer valid request
+            req, ans = self._views()
+            ans_ok = self._valid(ans)
+            if self._valid(req) and not (ans_ok and self._across(req) and not self._across(ans)):
+                frame = bytes(self._buf[:req])
+                self._drop(req, junk=False)
+                self._unsure = False
+                return RtuFrame(frame[0], frame[1:-2])
+            if ans_ok and req != _WAIT:
                 self.skipped += 1
-                self._drop(ans)
+                self._drop(ans, junk=False)
+                self._unsure = False
                 continue
-            if req_waits or ans == NEED_MORE or ans > size:
-                if not self._silent:
-                    pending = [v for v in (req, ans) if v == NEED_MORE or v > size]
-                    self._wait(min(pending) if NEED_MORE not in pending else NEED_MORE)
-                    return None  # wait for the whole declared length
-                self._drop_to_pause(1)  # silence inside it: restart at its first pause
-                continue
-            if req or ans:  # every plausible view is complete and its CRC is wrong: damaged
-                declared = max(req, ans)
-                at = self._request_across(declared)
-                if at is None and not self._silent:
-                    return None
-                if at:
-                    self.discarded += at
-                    self._drop(at)
-                else:
-                    self._drop_to_pause(declared)
-                continue
-            # The head cannot be a request or an answer: an unknown function's frame ends at a
-            # pause; anything else is junk up to the next pause.
-            if n == UNKNOWN_LENGTH:
-                for end in self._pauses() + ([size] if self._silent else []):
-                    if self._valid(buf, end):
-                        return self._take(end)
-            if (self._silent or size > MAX_RTU_FRAME or n > MAX_RTU_FRAME or 0 < n <= size
-                    or self._later_burst_starts_a_frame()):
-                self._drop_to_pause(1)
-                continue
-            return None
+            if req in (_WAIT, _WAIT_PAUSE) or ans == _WAIT:
+                return None
+            self._fail()
         return None
-
-    def _take(self, n: int) -> RtuFrame:
-        frame = bytes(self._buf[:n])
-        self._drop(n)
-        return RtuFrame(frame[0], frame[1:-2])
 
 
 def contract_section() -> ContractSection:

@@ -295,16 +295,24 @@ def test_response_lengths() -> None:
     assert response_frame_length(encode_rtu(1, bytes.fromhex("41000008"))) == 7
 
 
-def test_host_side_decoder_frames_answers_in_chunks_with_pauses() -> None:
+def test_host_side_decoder_frames_answers_read_in_chunks() -> None:
     """With ``length_of=response_frame_length`` (a master reading answers) the head checks are
-    the answer's: an FC16 answer and a 125-register FC03 answer arrive in chunks with pauses."""
+    the answer's. Chunks read as they arrive (stamped at their last byte: no line pause) are
+    one frame; a real pause (t3.5 = 1.75 ms at 115200 Bd) ends an answer still incomplete."""
     fc16 = encode_rtu(1, bytes.fromhex("1000000005"))
     fc03 = encode_rtu(1, bytes([3, 250]) + bytes(range(250)))
-    dec = RtuDecoder(length_of=response_frame_length)
+    char = 11 / 115200
+    dec = RtuDecoder(length_of=response_frame_length, baudrate=115200)
     t, got = 0.0, []
     for frame in (fc16, fc03):
+        t += 0.01  # a pause between the answers
         for i in range(0, len(frame), 3):
-            t += 0.003
-            dec.feed(frame[i:i + 3], t)
+            chunk = frame[i:i + 3]
+            t += len(chunk) * char
+            dec.feed(chunk, t + 0.0002)  # read latency below t3.5
             got += _drain(dec)
     assert got == [RtuFrame(1, fc16[1:-2]), RtuFrame(1, fc03[1:-2])]
+    dec.feed(fc16[:4], t + 0.01)  # an answer that stops half way
+    assert _drain(dec) == []
+    dec.feed(fc16, t + 0.012 + 8 * char)  # 2 ms of silence, then a whole answer
+    assert _drain(dec) == [RtuFrame(1, fc16[1:-2])] and dec.discarded == 4

@@ -6,7 +6,10 @@
 3. a write whose configuration cannot be saved is not applied: exception 04, the server lives;
 4. the schema refuses maps whose generated C header would not compile;
 5. a NaN/infinite trigger duration and sloppy flash snapshots are typed errors;
-6. FC16 checks every value (03) before any trigger state (04).
+6. FC16 checks every value (03) before any trigger state (04);
+7. (reviews 2 and 3) a pause is the time between reads less the transmission time: a frame read
+   in parts is never restarted inside, nothing runs that was not sent to us intact, and our
+   request after a real pause is answered with its read (a Hypothesis bus-timeline property).
 
 Expected bytes are written out by hand (Modbus Application Protocol V1.1b3), not computed by the
 code under test; ``encode_rtu`` only appends the CRC, which test_modbus_codec checks against
@@ -33,7 +36,7 @@ from device_sim.flash import ConfigFlash
 from device_sim.rtu_server import RtuServer
 from host.cli import EXIT_LOCAL_ERROR
 from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
-from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu
+from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu, rtu_frame_gap
 from protocol.modbus import WriteSingleRegister as Fc06
 from protocol.registers import FaultBit, RegisterSchemaError, make_map, register
 
@@ -73,7 +76,8 @@ def test_shared_bus_fc03_answers_with_any_data_never_delay_us(data: bytes) -> No
     server = RtuServer(DeviceCore(), unit=1)
     server.receive(encode_rtu(2, bytes([3, 0, 0, 0, len(data) // 2])), 10.0)
     assert server.receive(encode_rtu(2, bytes([3, len(data)]) + data), 10.003) == b""
-    assert server.receive(OUR_READ, 10.005) == OUR_ANSWER
+    # the master's next request follows a pause of t3.5 (1.75 ms; the 8 bytes take 0.76 ms)
+    assert server.receive(OUR_READ, 10.006) == OUR_ANSWER
     assert server.core.log == []  # nothing ran on our registers
 
 
@@ -286,23 +290,39 @@ _EMBEDDED = encode_rtu(1, bytes.fromhex("0600050002"))
 _OUTER = encode_rtu(2, bytes.fromhex("1001000005 0a".replace(" ", "")) + _EMBEDDED + b"\x00\x00")
 
 
-@pytest.mark.parametrize("schedule", ["1 byte per 2.3 ms", "1 byte per 9.2 ms", "7|8|rest"])
-def test_valid_frame_of_another_unit_with_pauses_is_not_executed(schedule: str) -> None:
+@pytest.mark.parametrize(("baud", "schedule"), [(4800, "1 byte per read"),
+                                               (1200, "1 byte per read"),
+                                               (115200, "7|8|rest")])
+def test_valid_frame_of_another_unit_read_slowly_is_skipped_whole(baud: int,
+                                                                  schedule: str) -> None:
+    """Reads stamped when their last byte arrived: the line never pauses inside the frame,
+    however slow the baud rate or the reads, so the bytes for unit 1 inside it never run."""
     assert _OUTER.hex() == "0210010000050a010600050002180a0000400f"
-    if schedule == "7|8|rest":
-        chunks = [(_OUTER[:7], 0.0001), (_OUTER[7:15], 0.002), (_OUTER[15:], 0.002)]
-    else:
-        dt = 0.0023 if schedule.startswith("1 byte per 2") else 0.0092
-        chunks = [(bytes([b]), dt) for b in _OUTER]
-    server = RtuServer(DeviceCore(), unit=1)
-    t, out = 100.0, b""
-    for chunk, dt in chunks:
-        t += dt
-        out += server.receive(chunk, t)
+    char = 11 / baud
+    cuts = [1] * len(_OUTER) if schedule == "1 byte per read" else [7, 8, len(_OUTER) - 15]
+    server = RtuServer(DeviceCore(), unit=1, baudrate=baud)
+    t, at, out = 100.0, 0, b""
+    for n in cuts:
+        t += n * char
+        out += server.receive(_OUTER[at:at + n], t + 0.0003)  # 0.3 ms read latency
+        at += n
     out += server.receive(b"", t + 0.2)
     assert out == b"" and server.core.log == [] and server.core.value("mode") == 1
     assert server.ignored == 1  # unit 2's frame, whole
     assert server.receive(OUR_READ, t + 0.3) == OUR_ANSWER
+
+
+def test_a_frame_with_real_pauses_between_its_bytes_is_no_frame() -> None:
+    """2.3 ms between bytes at 115200 Bd is a pause (t3.5 = 1.75 ms) before every byte: each
+    byte begins a frame that the next pause cuts, so nothing inside runs; a request sent
+    whole after a pause is answered at once."""
+    server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
+    t, out = 100.0, b""
+    for b in _OUTER:
+        t += 0.0023
+        out += server.receive(bytes([b]), t)
+    assert out == b"" and server.core.log == [] and server.ignored == 0
+    assert server.receive(OUR_READ, t + 0.005) == OUR_ANSWER
 
 
 def _fc16(rng: object, unit: int) -> bytes:
@@ -312,16 +332,16 @@ def _fc16(rng: object, unit: int) -> bytes:
     return encode_rtu(unit, bytes([0x10, 0, 0, 0, 123, 246]) + data)
 
 
-def test_random_255_byte_fc16_delivered_one_byte_per_pause_are_all_decoded() -> None:
+def test_random_255_byte_fc16_read_one_byte_at_a_time_at_4800_baud_are_all_decoded() -> None:
     import random
     rng = random.Random(7)
-    dec = RtuDecoder()
+    dec = RtuDecoder(baudrate=4800)
     t = 0.0
     for _ in range(300):
         frame = _fc16(rng, 1)
         got = []
         for b in frame:
-            t += 0.00229  # 4800 Bd with the default 1.75 ms gap: a 'pause' after every byte
+            t += 11 / 4800 + rng.uniform(0, 0.0005)  # a read per byte, 0..0.5 ms latency
             dec.feed(bytes([b]), t)
             while (f := dec.next_frame()) is not None:
                 got.append(f)
@@ -330,23 +350,36 @@ def test_random_255_byte_fc16_delivered_one_byte_per_pause_are_all_decoded() -> 
 
 
 def test_trickled_frames_cost_linear_time() -> None:
-    """One byte per read, a pause after each: the decoder must not rescan every pause."""
+    """One byte per read (4800 Bd): the decoder must not rescan the buffer on every read."""
     import random
     rng = random.Random(3)
     frames = [_fc16(rng, 1) for _ in range(20)]
-    dec = RtuDecoder()
+    dec = RtuDecoder(baudrate=4800)
     t = 0.0
     start = time.perf_counter()
     n = 0
     for frame in frames:
         for b in frame:
-            t += 0.00229
+            t += 11 / 4800
             dec.feed(bytes([b]), t)
             while dec.next_frame() is not None:
                 n += 1
     per_frame = (time.perf_counter() - start) / len(frames)
     assert n == len(frames)
     assert per_frame < 0.003  # ~0.1 ms expected; 22 ms/frame before the fix
+
+
+def test_unknown_function_bytes_each_after_a_pause_cost_constant_time() -> None:
+    """Review 3, finding 7: a 253-byte unknown-function frame, one byte per read with a pause
+    before each, cost 53 ms per frame (CRC from every recorded pause on every read)."""
+    frame = encode_rtu(2, b"\x2b" + bytes(range(250)))
+    dec = RtuDecoder(baudrate=115200)
+    start = time.perf_counter()
+    for k in range(20):
+        for j, b in enumerate(frame):
+            dec.feed(bytes([b]), 10.0 + k + j * 0.002)
+            assert dec.next_frame() is None
+    assert (time.perf_counter() - start) / 20 < 0.005  # ~0.5 ms per frame expected
 
 
 @st.composite
@@ -373,27 +406,159 @@ def _other_unit_frame(draw: st.DrawFn) -> bytes:
     return encode_rtu(unit, pdu)
 
 
-@settings(deadline=None, max_examples=300)
-@given(st.lists(st.one_of(_other_unit_frame(), st.integers(0, 0xFFFF)), min_size=1,
-                max_size=8), st.data())
-def test_bus_streams_in_random_chunks_and_gaps_run_only_our_frames_once(
-        items: list[bytes | int], data: st.DataObject) -> None:
-    ours = [RtuFrame(1, bytes([6, 0, 4]) + v.to_bytes(2, "big"))
-            for v in items if isinstance(v, int)]
-    wire = b"".join(encode_rtu(1, bytes([6, 0, 4]) + v.to_bytes(2, "big")) if isinstance(v, int)
-                    else v for v in items)
-    cuts = sorted(set(data.draw(st.lists(st.integers(1, max(1, len(wire) - 1)), max_size=40))))
-    dec = RtuDecoder()
-    t, prev, got = 0.0, 0, []
-    for c in [*cuts, len(wire)]:
-        t += data.draw(st.sampled_from([0.0001, 0.001, 0.002, 0.005, 0.03]))
-        dec.feed(wire[prev:c], t)
-        prev = c
-        got += _drain(dec)
-    dec.gap()
-    got += _drain(dec)
-    assert [f for f in got if f.unit in (0, 1)] == ours
-    assert dec.pending == 0
+@st.composite
+def _bus_line(draw: st.DrawFn) -> tuple[int, list[tuple[float, bytes]], list[tuple[bytes, int]]]:
+    """A bus timeline: (baud, reads, our requests). Items go on the line back to back or after
+    a real pause; our requests (unique, for unit 1 or broadcast) always follow a pause and are
+    followed by one (the master waits for the answer). Other units' frames carry requests for
+    unit 1 in their payloads; damaged frames have one bit flipped; garbage is random. The
+    bytes are cut into reads (never across a pause: a read's bytes are contiguous on the line)
+    stamped when their last byte arrived plus 0..0.5 ms of read latency. ``ours`` holds each
+    request with the index of the read that holds its last byte."""
+    baud = draw(st.sampled_from([1200, 9600, 19200, 115200]))
+    char, gap, latency = 11 / baud, rtu_frame_gap(baud), 0.0005
+    items: list[tuple[str, bytes]] = []
+    for tag in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["ours", "other", "other", "damaged", "garbage"]))
+        if kind == "ours":
+            unit = draw(st.sampled_from([1, 1, 0]))
+            frame = encode_rtu(unit, bytes([6, 0, 4]) + tag.to_bytes(2, "big"))
+        elif kind == "garbage":
+            frame = draw(st.binary(min_size=1, max_size=40))
+        else:
+            frame = draw(_other_unit_frame())
+            if kind == "damaged":
+                bit = draw(st.integers(0, 8 * len(frame) - 1))
+                hit = bytearray(frame)
+                hit[bit // 8] ^= 1 << bit % 8
+                frame = bytes(hit)
+        items.append((kind, frame))
+    t, reads, ours = 1.0, [], []
+    pending = bytearray()
+    for i, (kind, frame) in enumerate(items):
+        pause = kind == "ours" or (i and items[i - 1][0] == "ours") or draw(st.booleans())
+        if pause:
+            if pending:
+                reads.append((t + draw(st.floats(0, latency)), bytes(pending)))
+                pending.clear()
+            t += gap + latency + 1e-6 + draw(st.floats(0, 0.2))  # measured > t3.5 whatever
+            # the latencies (1 us: clear of float rounding at exactly t3.5)
+        else:
+            t += draw(st.floats(0, 0.5)) * char
+        cuts = set(draw(st.lists(st.integers(1, len(frame)), max_size=4)))
+        for j, b in enumerate(frame, 1):
+            t += char
+            pending.append(b)
+            if j in cuts and j < len(frame):
+                reads.append((t + draw(st.floats(0, latency)), bytes(pending)))
+                pending.clear()
+        if kind == "ours":
+            reads.append((t + draw(st.floats(0, latency)), bytes(pending)))
+            pending.clear()
+            ours.append((frame, len(reads) - 1))
+    if pending:
+        reads.append((t + draw(st.floats(0, latency)), bytes(pending)))
+    stamps = [r[0] for r in reads]  # reads return in order
+    for k in range(1, len(stamps)):
+        stamps[k] = max(stamps[k], stamps[k - 1])
+    return baud, [(stamps[k], reads[k][1]) for k in range(len(reads))], ours
+
+
+@settings(deadline=None, max_examples=400)
+@given(_bus_line())
+def test_bus_timelines_run_only_our_intact_requests_once_and_at_once(
+        line: tuple[int, list[tuple[float, bytes]], list[tuple[bytes, int]]]) -> None:
+    """Pause model: the time between two reads includes the transmission of the second."""
+    baud, reads, ours = line
+    dec = RtuDecoder(baudrate=baud, unit=1)
+    ran: list[tuple[bytes, int]] = []
+    last = None
+    for k, (t, data) in enumerate(reads):
+        if last is not None:  # the serve loop's empty reads while the line is quiet
+            first_byte = t - len(data) * 11 / baud
+            poll = last + 0.02
+            while poll < first_byte:
+                dec.idle(poll)
+                ran += [(encode_rtu(f.unit, f.pdu), k - 1) for f in _drain(dec) if f.unit < 2]
+                poll += 0.02
+        dec.feed(data, t)
+        ran += [(encode_rtu(f.unit, f.pdu), k) for f in _drain(dec) if f.unit < 2]
+        last = t
+    assert ran == ours
+
+
+# ------------------------------------------- review 3: pauses measured with transmission time
+
+_POISON = encode_rtu(1, bytes.fromhex("0600050000"))  # 'unit 1: mode := 0'
+
+
+def _run(server: RtuServer, reads: list[tuple[float, bytes]], tail: float = 0.3) -> bytes:
+    """Feed reads (stamped when they returned) with the serve loop's empty reads between."""
+    out, last = b"", None
+    for t, data in reads:
+        if last is not None:
+            poll = last + 0.02
+            while poll < t - len(data) * server.decoder.char_time:
+                out += server.receive(b"", poll)
+                poll += 0.02
+        out += server.receive(data, t)
+        last = t
+    assert last is not None
+    return out + server.receive(b"", last + tail)
+
+
+def test_review3_frame_of_unknown_length_read_in_two_parts_runs_nothing() -> None:
+    """Finding 1: a 0x44 frame to unit 2 carrying our FC06, read as 3 + 10 bytes at 9600 Bd
+    with no pause on the line: the second read looked like it followed a 11 ms pause."""
+    frame = encode_rtu(2, b"\x44\x00" + _POISON)
+    server = RtuServer(DeviceCore(), unit=1, baudrate=9600)
+    char = 11 / 9600
+    assert _run(server, [(1.0, frame[:3]), (1.0 + 10 * char, frame[3:])]) == b""
+    assert server.core.log == []
+
+
+def test_review3_damaged_fc16_read_in_two_parts_runs_nothing() -> None:
+    """Finding 2: FC16 to unit 2 with a bit error in its byte count, its payload our FC06."""
+    inner = _POISON + b"\x00\x00"
+    frame = bytearray(encode_rtu(2, bytes([0x10, 0, 0, 0, len(inner) // 2, len(inner)]) + inner))
+    frame[6] ^= 0x01
+    server = RtuServer(DeviceCore(), unit=1, baudrate=9600)
+    assert _run(server, [(1.0, bytes(frame[:7])), (1.0 + 12 * 11 / 9600, bytes(frame[7:]))]) == b""
+    assert server.core.log == []
+
+
+@pytest.mark.parametrize("pdu", ["0400000001", "0600040001", "4200080001"])
+def test_review3_glitch_pause_request_is_answered_at_once(pdu: str) -> None:
+    """Findings 3 and 6: one stray byte, a 5 ms pause, a request: answered with its read
+    (FC04 was lost, FC06/0x42 answered 0.1 s later or, with 50 ms retries, never)."""
+    request = encode_rtu(1, bytes.fromhex(pdu))
+    server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
+    assert server.receive(b"\x00", 0.995) == b""
+    answer = server.receive(request, 1.0)
+    assert answer[:2] == request[:2] and len(answer) >= 7
+
+
+@pytest.mark.parametrize("other", ["2b0e0100", "0800000000"])
+def test_review3_unknown_frame_and_our_request_in_one_burst_are_one_frame(other: str) -> None:
+    """Finding 5, a limit of the spec: with no t3.5 between another unit's frame of unknown
+    length and our request, nothing marks where ours starts; both are dropped at the pause.
+    The master's retry after a pause is answered at once."""
+    server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
+    assert _run(server, [(1.0, encode_rtu(2, bytes.fromhex(other)) + OUR_READ)]) == b""
+    assert server.receive(OUR_READ, 1.5) == OUR_ANSWER
+
+
+def test_review3_answer_whose_crc_reads_as_a_byte_count_does_not_delay_us() -> None:
+    """Finding 5b/T7: unit 2's FC16 answer whose CRC low byte is 2 x count also reads as the
+    head of a long FC16 request; our request 3 ms later cuts that view and is answered."""
+    for addr in range(0x10000):
+        answer = encode_rtu(2, bytes([0x10]) + addr.to_bytes(2, "big") + (10).to_bytes(2, "big"))
+        if answer[6] == 20:
+            break
+    server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
+    assert server.receive(answer, 1.0) == b""
+    assert server.receive(OUR_READ, 1.003) == OUR_ANSWER
+    assert server.decoder.skipped == 1
 
 
 def _drain(dec: RtuDecoder) -> list[RtuFrame]:
@@ -419,14 +584,18 @@ def test_frame_gap_is_three_and_a_half_characters_up_to_19200_baud() -> None:
 
 def test_rtu_server_at_9600_baud_does_not_see_a_3_ms_pause() -> None:
     """At 9600 Bd, 3 ms is less than t3.5 (4.01 ms): a good frame 3 ms after a damaged one is
-    the same burst and dropped with it; at 115200 Bd it is after a pause and answered."""
+    the same burst and dropped with it; 5 ms is a pause, and so is 3 ms at 115200 Bd. (Read
+    times are when the last byte arrived: the 8 bytes take 9.17 ms at 9600 Bd.)"""
     bad = bytearray(OUR_READ)
     bad[4] ^= 0xFF
+    frame_time = 8 * 11 / 9600
     slow = RtuServer(DeviceCore(), unit=1, baudrate=9600)
-    assert slow.receive(bytes(bad), 1.0) + slow.receive(OUR_READ, 1.003) == b""
-    assert slow.receive(OUR_READ, 1.010) == OUR_ANSWER  # 7 ms: a pause
+    t = 1.0 + 0.003 + frame_time
+    assert slow.receive(bytes(bad), 1.0) + slow.receive(OUR_READ, t) == b""
+    assert slow.receive(OUR_READ, t + 0.005 + frame_time) == OUR_ANSWER  # 5 ms: a pause
     fast = RtuServer(DeviceCore(), unit=1, baudrate=115200)
-    assert fast.receive(bytes(bad), 1.0) + fast.receive(OUR_READ, 1.003) == OUR_ANSWER
+    assert fast.receive(bytes(bad), 1.0) + fast.receive(OUR_READ, 1.003 + 8 * 11 / 115200
+                                                         ) == OUR_ANSWER
     assert RtuServer(DeviceCore(), unit=1).decoder.frame_gap == 0.00175
 
 
