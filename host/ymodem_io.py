@@ -418,8 +418,8 @@ def _send(
             elif isinstance(ev, FileUnconfirmed):
                 report.files.append(FileResult(
                     ev.name, ev.size, False, now - file_t0,
-                    "not confirmed: the EOT was ACKed but the receiver never asked for the next "
-                    "file, it may not have kept it"))
+                    "not confirmed: the whole file went out but the receiver's answers never "
+                    "proved it kept it (it may or may not have)"))
             elif isinstance(ev, BatchEnded):
                 report.ok, report.final_ack = True, ev.final_ack
             elif isinstance(ev, Aborted):
