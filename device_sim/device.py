@@ -14,6 +14,9 @@ runs it in-process behind the link emulator.
   (``<flash-dir>/files``) and never replace an existing file unless the request allowed it.
   Like every command it runs once per sequence number: a
   retransmitted request gets the replayed answer and does not restart the batch.
+- ``FILE_INFO`` (0x45, framed only, read-only): size and CRC-32C of a committed file in
+  ``files_dir`` (status 1, size and CRC 0, when there is none; the hidden ``.part`` temporaries of a
+  batch in progress are never visible); a name YMODEM's receiver would refuse is exception 03.
 - ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
   number, request PDU, response PDU, simulated time — one record per execution. The register
   core's ``log`` holds every side effect. Tests and the fault-campaign oracle read both.
@@ -32,7 +35,16 @@ from device_sim.flash import ConfigFlash
 from protocol.contract import contract_hash
 from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from protocol.device_session import DeviceSession
-from protocol.modbus import FunctionCode, exception_pdu
+from protocol.frame import crc32c
+from protocol.modbus import (
+    FileInfoResponse,
+    FileInfoStatus,
+    FunctionCode,
+    ModbusPduError,
+    decode_file_info_request,
+    encode_response,
+    exception_pdu,
+)
 from protocol.outcome import ModbusException
 from protocol.registers import DEFAULT_MAP, RegisterMap
 from protocol.replay import DEFAULT_SLOTS
@@ -152,6 +164,8 @@ class SimulatedDevice:
         epoch = self.session.epoch
         if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
             response = self._request_file_receive(pdu)
+        elif pdu[:1] == bytes([FunctionCode.FILE_INFO]):
+            response = self._file_info(pdu)
         else:
             response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}",
                                          persist=self._persist if self.flash is not None else None)
@@ -164,6 +178,31 @@ class SimulatedDevice:
         self._file_receive = FileReceiveRequest(overwrite=pdu[1:] == b"\x01",
                                                 quota=self.file_quota)
         return bytes([FunctionCode.FILE_RECEIVE, 0])
+
+    def _file_info(self, pdu: bytes) -> bytes:
+        """Size and CRC-32C of a committed file (read-only). ``check_name`` already refuses
+        every name that is not one plain component, so the path stays inside ``files_dir``; a
+        name starting with '.' (the receiver's temporaries) is never a committed file."""
+        try:
+            name = decode_file_info_request(pdu).name
+        except ModbusPduError as exc:
+            return exception_pdu(FunctionCode.FILE_INFO, exc.exception)
+        path = self.files_dir / name
+        absent = FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
+        if name.startswith(".") or path.is_symlink() or not path.is_file():
+            return encode_response(absent)
+        crc, size = 0, 0
+        try:
+            with path.open("rb") as f:
+                while chunk := f.read(1 << 16):
+                    crc = crc32c(chunk, crc)
+                    size += len(chunk)
+        except FileNotFoundError:  # removed meanwhile
+            return encode_response(absent)
+        except OSError as exc:
+            logging.getLogger(__name__).error("FILE_INFO %s: %s", name, exc)
+            return exception_pdu(FunctionCode.FILE_INFO, ModbusException.SERVER_DEVICE_FAILURE)
+        return encode_response(FileInfoResponse(FileInfoStatus.PRESENT, size, crc))
 
     def _load_flash(self) -> ConfigSnapshot | None:
         return self.flash.load() if self.flash is not None else None

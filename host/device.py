@@ -13,6 +13,11 @@ A failing port (an OSError / ``PortError`` from the transport) ends the operatio
 blocks the handle); an interrupted operation (KeyboardInterrupt) settles its requests as
 UNKNOWN/CANCELLED before the interrupt propagates. Nothing is left in the session to run later.
 
+``file_info(name)`` reads a stored file's size and CRC-32C back (FILE_INFO, read-only: its UNKNOWN
+does not block the handle, there is nothing to reconcile). ``send_files`` uses it to verify every
+file of a framed YMODEM batch once the port is back in framed mode: a file is ok only when the
+device holds exactly its bytes (``FileResult.verified``).
+
 The request loop lives once, in ``Device._drive``: it only moves bytes between the transport and
 the sans-I/O ``HostSession`` and passes the time in. An asyncio shell would replace only that loop.
 """
@@ -25,10 +30,11 @@ import struct
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from protocol.contract import contract_hash
-from protocol.frame import PROTOCOL_VERSION
+from protocol.frame import PROTOCOL_VERSION, crc32c
 from protocol.host_session import (
     Completion,
     HelloFailed,
@@ -37,6 +43,9 @@ from protocol.host_session import (
     SessionState,
 )
 from protocol.modbus import (
+    FileInfoRequest,
+    FileInfoResponse,
+    FileInfoStatus,
     FunctionCode,
     ReadRegisters,
     Request,
@@ -44,6 +53,8 @@ from protocol.modbus import (
     WriteIfGeneration,
     WriteMultipleRegisters,
     WriteSingleRegister,
+    decode_response,
+    encode_file_info_request,
     encode_request,
 )
 from protocol.outcome import (
@@ -57,7 +68,7 @@ from protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterS
 from protocol.session import DeviceInfo
 
 if TYPE_CHECKING:
-    from host.ymodem_io import TransferReport
+    from host.ymodem_io import FileResult, TransferReport
     from protocol.ymodem import SenderConfig
 
 log = logging.getLogger(__name__)
@@ -203,9 +214,10 @@ class CommandKind(Enum):
     TRIGGER = "trigger"
     TRIGGER_RESET = "trigger_reset"
     FILE_RECEIVE = "file_receive"  #: hand the device's port to a YMODEM receiver for one batch
+    FILE_INFO = "file_info"  #: size and CRC-32C of a stored file (read-only)
 
 
-REISSUABLE = {CommandKind.WRITE, CommandKind.READ}
+REISSUABLE = {CommandKind.WRITE, CommandKind.READ, CommandKind.FILE_INFO}
 """Commands re-issued in a new boot epoch: absolute (set-only) writes and reads, which are harmless
 to repeat. Triggers, fault clears and conditional writes are not: in flight across a reboot they
 end UNKNOWN."""
@@ -221,6 +233,7 @@ class Command:
     values: tuple[int, ...] = ()
     generation: int = 0
     input_registers: bool = False
+    name: str = ""  #: FILE_INFO: the stored file's name
 
     def request(self) -> Request:
         k = self.kind
@@ -239,6 +252,8 @@ class Command:
     def pdu(self) -> bytes:
         if self.kind is CommandKind.FILE_RECEIVE:  # values=(1,): existing files may be replaced
             return bytes([FunctionCode.FILE_RECEIVE, *self.values])
+        if self.kind is CommandKind.FILE_INFO:
+            return encode_file_info_request(FileInfoRequest(self.name))
         return encode_request(self.request())
 
     @property
@@ -263,6 +278,7 @@ class Result:
     seq: int = 0
     epoch: int = 0
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) it travelled under
+    file: FileInfoResponse | None = None  #: FILE_INFO: the decoded answer (OK outcome only)
 
     @property
     def ok(self) -> bool:
@@ -305,13 +321,28 @@ def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
     return (), None
 
 
+def file_info_of(cmd: Command, pdu: bytes) -> FileInfoResponse | None:
+    """The decoded FILE_INFO answer ``pdu`` to ``cmd`` (None for another command, an exception
+    or a malformed answer; never raises)."""
+    if cmd.kind is not CommandKind.FILE_INFO:
+        return None
+    try:
+        resp = decode_response(pdu)
+    except RemoteProtocolError:
+        return None
+    return resp if isinstance(resp, FileInfoResponse) else None
+
+
+_READ_ONLY = {CommandKind.READ, CommandKind.FILE_INFO}
+
+
 def _span(c: Command) -> range:
     return range(c.address, c.address + max(c.count, len(c.values), 1))
 
 
 def _conflict(a: Command, b: Command) -> bool:
     """Would running ``a`` and ``b`` in either order give different results?"""
-    a_writes, b_writes = a.kind is not CommandKind.READ, b.kind is not CommandKind.READ
+    a_writes, b_writes = a.kind not in _READ_ONLY, b.kind not in _READ_ONLY
     if not (a_writes or b_writes):
         return False
     guarded = CommandKind.WRITE_IF_GENERATION
@@ -504,11 +535,13 @@ class Device:
 
     def _result(self, c: Command, comp: Completion) -> Result:
         values, code = answer_of(c, comp.pdu)
+        file = file_info_of(c, comp.pdu) if comp.outcome is Outcome.OK else None
         r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
-                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as)
+                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file)
         self.stats.commands += 1
         self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
-        if r.outcome is Outcome.UNKNOWN and self.unknown is None:
+        if (r.outcome is Outcome.UNKNOWN and self.unknown is None
+                and c.kind is not CommandKind.FILE_INFO):  # no effect: nothing to reconcile
             self.unknown = r
         return r
 
@@ -554,6 +587,8 @@ class Device:
         """Harmless to run again after a reboot: a read, or a write that touches only HOLDING
         registers (checked against the map, whoever built the Command)."""
         if c.kind is CommandKind.READ:
+            return True
+        if c.kind is CommandKind.FILE_INFO:
             return True
         if c.kind is not CommandKind.WRITE:
             return False
@@ -627,6 +662,14 @@ class Device:
     def trigger_status(self, register: str | int = "self_clean") -> Result:
         return self.read(register)
 
+    def file_info(self, name: str) -> Result:
+        """Size and CRC-32C of the committed file ``name`` on the device (``Result.file``;
+        ``FileInfoStatus.ABSENT`` when it has none). Read-only: harmless to retry or replay.
+        A name the device would refuse raises ``ValueError`` before anything is sent."""
+        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
+        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
+        return self.execute(cmd)
+
     def send_files(
         self,
         paths: Iterable[str],
@@ -635,8 +678,16 @@ class Device:
         config: SenderConfig | None = None,
         overwrite: bool = False,
     ) -> tuple[Result, TransferReport | None]:
-        """Hand the device's port to YMODEM (FILE_RECEIVE), send ``paths`` as one batch, and
-        return to framed mode. The report is None when the device did not switch.
+        """Hand the device's port to YMODEM (FILE_RECEIVE), send ``paths`` as one batch, return
+        to framed mode and read every file back (FILE_INFO). The report is None when the device
+        did not switch.
+
+        YMODEM's bytes cannot always prove a commit (docs/YMODEM.md), so each file the batch
+        reported ok or "not confirmed" is checked against the device's size and CRC-32C of what
+        it stored: the same bytes → ok and ``verified``; absent or different → failed
+        (``verified=False``); no answer → the YMODEM verdict stays, ``verified=None`` ("not
+        verified"). A file the batch reported failed is not read back (a device that already had
+        it refused it). Local digests are taken before the batch.
 
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
@@ -645,6 +696,7 @@ class Device:
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender
+        digests = {Path(p).name: _digest(Path(p)) for p in paths}
         res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
         if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
             return res, None
@@ -655,7 +707,42 @@ class Device:
         self.session.resync()
         if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
             self.unknown = None  # the receiver answered: the hand-over did happen
+        self._verify(report.files, digests)
         return res, report
+
+    def _verify(self, files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> None:
+        """Read back (FILE_INFO, pipelined; allowed while the handle is blocked, like
+        ``reconcile``) every file YMODEM reported ok or unconfirmed, and settle its verdict."""
+        todo = [f for f in files if (f.ok or f.unconfirmed) and f.name in digests]
+        if not todo:
+            return
+        cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in todo]
+        try:
+            back = self._drive(self._wave_steps(cmds))
+        except LinkLost as exc:
+            for f in todo:
+                f.verified = None
+                f.detail = _join(f.detail, f"not verified: {exc}")
+            return
+        for f, r in zip(todo, back, strict=True):
+            size, crc = digests[f.name]
+            info = r.file
+            if info is None:
+                f.verified = None
+                f.detail = _join(f.detail, f"not verified: read-back {r.describe()}")
+            elif info.status is FileInfoStatus.ABSENT:
+                f.ok, f.verified = False, False
+                f.detail = ("the device does not have it (read back after the batch: absent)"
+                            + (", though YMODEM reported it ok" if not f.unconfirmed else ""))
+            elif (info.size, info.crc32c) != (size, crc):
+                f.ok, f.verified = False, False
+                f.detail = (f"the device holds different bytes: {info.size} bytes, CRC-32C "
+                            f"{info.crc32c:08x}; sent {size} bytes, CRC-32C {crc:08x}")
+            else:
+                was_unconfirmed = not f.ok
+                f.ok, f.verified = True, True
+                f.detail = ("YMODEM could not confirm it; the read-back did"
+                            if was_unconfirmed else "")
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:
@@ -674,6 +761,8 @@ class Device:
         c = r.command
         if c.kind is CommandKind.FILE_RECEIVE:
             return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
+        if c.kind is CommandKind.FILE_INFO:
+            return Reconciliation(c, {}, True, "a file read-back has no effect to reconcile")
         span = max(c.count, len(c.values), 1)
         reads = [Command(CommandKind.READ, c.address, span),
                  Command(CommandKind.READ, self.regmap.generation.address, 1)]
@@ -682,6 +771,20 @@ class Device:
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _digest(path: Path) -> tuple[int, int]:
+    """(size, CRC-32C) of a local file, as FILE_INFO reports a stored one."""
+    crc, size = 0, 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 16):
+            crc = crc32c(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
 def _judge_read_back(

@@ -84,6 +84,8 @@ class FileResult:
     ok: bool
     seconds: float
     detail: str = ""
+    unconfirmed: bool = False  #: the whole file went out, the receiver never proved it kept it
+    verified: bool | None = None  #: framed hand-over read-back: same bytes / not / no answer
 
 
 @dataclass(slots=True)
@@ -419,7 +421,7 @@ def _send(
                 report.files.append(FileResult(
                     ev.name, ev.size, False, now - file_t0,
                     "not confirmed: the whole file went out but the receiver's answers never "
-                    "proved it kept it (it may or may not have)"))
+                    "proved it kept it (it may or may not have)", unconfirmed=True))
             elif isinstance(ev, BatchEnded):
                 report.ok, report.final_ack = True, ev.final_ack
             elif isinstance(ev, Aborted):

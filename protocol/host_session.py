@@ -51,6 +51,7 @@ from protocol.frame import (
     FrameType,
     encode_frame,
 )
+from protocol.modbus import FILE_INFO_ANSWER_LENGTH, FileInfoStatus, FunctionCode
 from protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
     LocalProtocolError,
@@ -150,6 +151,8 @@ def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
         return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
     if fc == TRIGGER_FUNCTION:
         return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
+    if fc == FunctionCode.FILE_INFO:
+        return len(pdu) == FILE_INFO_ANSWER_LENGTH and pdu[1] in set(FileInfoStatus)
     return True
 
 

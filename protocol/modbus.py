@@ -3,7 +3,7 @@
 Contract:
 
 - PDUs (function code + data, no unit id, no CRC) for FC03, FC04, FC06, FC16, exception responses
-  (function | 0x80, code 01-04), and two functions from the user-defined range 65-72:
+  (function | 0x80, code 01-04), and four functions from the user-defined range 65-72:
 
   * ``0x41 WRITE_IF_GENERATION``: ``gen:u16 addr:u16 count:u16 bytes:u8 values:u16*count`` — write
     these registers only if the configuration generation still equals ``gen``. Answer:
@@ -13,6 +13,14 @@ Contract:
   * ``0x42 TRIGGER``: ``addr:u16 value:u16`` -> ``addr:u16 code:u16`` where ``code`` is a
     ``TriggerStatus`` (0, 0x0101, 0x0102, 0xFF01, 0xFF00). FC06 cannot carry the code back (its
     answer is an echo), so a framed host that needs it uses 0x42.
+  * ``0x44 FILE_RECEIVE`` (framed only): ``[overwrite:u8]`` -> ``status:u8``; the device then
+    hands its port to a YMODEM receive batch (device_sim/file_receive.py, docs/YMODEM.md).
+  * ``0x45 FILE_INFO`` (framed only): ``len:u8 name:utf8*len`` -> ``status:u8 size:u32
+    crc32c:u32`` of a committed file (status 0 present, 1 absent: size and CRC 0). Read-only, so
+    a retry or a replay is harmless. The name follows YMODEM's receive rules
+    (``protocol.ymodem.check_name``); a refused name or a bad length is exception 03. Its codec is
+    separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
+    answers 01 for it, as for 0x44, so the register core (and the RTU face) never sees it.
 
 - ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
@@ -37,11 +45,13 @@ import crcmod.predefined
 
 from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 from protocol.outcome import ModbusException, RemoteProtocolError, Status
+from protocol.ymodem import NameRefusal, check_name
 
 MAX_READ_COUNT = 125
 MAX_WRITE_COUNT = 123
 MAX_CONDITIONAL_WRITE_COUNT = 122  # 1 + 2 + 2 + 2 + 1 + 2*122 = 252 <= 253 (max PDU)
 MAX_PDU = 253
+MAX_FILE_INFO_NAME = MAX_PDU - 2  #: name bytes in a 0x45 request (fc + length byte + name)
 MAX_RTU_FRAME = 256
 MIN_RTU_FRAME = 4  # unit + function + CRC
 BROADCAST_UNIT = 0
@@ -55,9 +65,20 @@ class FunctionCode(IntEnum):
     WRITE_IF_GENERATION = 0x41  #: user-defined: conditional write guarded by the generation
     TRIGGER = 0x42  #: user-defined: trigger write answering the TriggerStatus code
     FILE_RECEIVE = 0x44  #: user-defined (framed only): switch the port to a YMODEM receive batch
+    FILE_INFO = 0x45  #: user-defined (framed only): size and CRC-32C of a stored file
 
 
 EXCEPTION_FLAG = 0x80
+
+
+class FileInfoStatus(IntEnum):
+    """First byte of a FILE_INFO answer."""
+
+    PRESENT = 0x00
+    ABSENT = 0x01
+
+
+FILE_INFO_ANSWER_LENGTH = 10  #: fc + status:u8 + size:u32 + crc32c:u32
 
 
 # ----------------------------------------------------------------------------------------- errors
@@ -150,6 +171,13 @@ class TriggerRequest:
     value: int
 
 
+@dataclass(frozen=True, slots=True)
+class FileInfoRequest:
+    """0x45: a stored file's name (one plain path component, see ``check_name``)."""
+
+    name: str
+
+
 Request = (ReadRegisters | WriteSingleRegister | WriteMultipleRegisters | WriteIfGeneration
            | TriggerRequest)
 
@@ -188,13 +216,20 @@ class TriggerResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class FileInfoResponse:
+    status: FileInfoStatus
+    size: int  #: bytes stored (0 when absent)
+    crc32c: int  #: CRC-32C of the stored bytes (0 when absent)
+
+
+@dataclass(frozen=True, slots=True)
 class ExceptionResponse:
     function: int  #: the request's function code (without the 0x80 flag)
     exception: ModbusException
 
 
 Response = (ReadRegistersResponse | WriteSingleRegisterResponse | WriteMultipleRegistersResponse
-            | WriteIfGenerationResponse | TriggerResponse | ExceptionResponse)
+            | WriteIfGenerationResponse | TriggerResponse | FileInfoResponse | ExceptionResponse)
 
 
 # ----------------------------------------------------------------------------------------- decode
@@ -283,6 +318,9 @@ def decode_response(pdu: bytes) -> Response:
             return WriteIfGenerationResponse(Status(pdu[1]), struct.unpack_from(">H", pdu, 2)[0])
         if len(pdu) == 5 and fc == FunctionCode.TRIGGER:
             return TriggerResponse(*struct.unpack_from(">HH", pdu, 1))
+        if len(pdu) == FILE_INFO_ANSWER_LENGTH and fc == FunctionCode.FILE_INFO:
+            status, size, crc = struct.unpack_from(">BII", pdu, 1)
+            return FileInfoResponse(FileInfoStatus(status), size, crc)
     except ValueError as exc:  # unknown exception or status code
         raise BadResponse(str(exc)) from None
     raise BadResponse(f"cannot parse a 0x{fc:02X} response of {len(pdu)} bytes")
@@ -325,9 +363,34 @@ def encode_response(resp: Response) -> bytes:
             return struct.pack(">BBH", FunctionCode.WRITE_IF_GENERATION, status, generation)
         case TriggerResponse(address, code):
             return struct.pack(">BHH", FunctionCode.TRIGGER, address, code)
+        case FileInfoResponse(status, size, crc):
+            return struct.pack(">BBII", FunctionCode.FILE_INFO, status, size, crc)
         case ExceptionResponse(function, exception):
             return bytes([(function | EXCEPTION_FLAG) & 0xFF, exception])
     raise TypeError(f"not a response: {resp!r}")  # pragma: no cover
+
+
+def encode_file_info_request(req: FileInfoRequest) -> bytes:
+    """``0x45 len:u8 name``. Raises ``ValueError`` for a name the device would refuse."""
+    raw = req.name.encode("utf-8")
+    checked = check_name(raw, MAX_FILE_INFO_NAME)
+    if isinstance(checked, NameRefusal) or checked != req.name:
+        why = checked.value if isinstance(checked, NameRefusal) else "not a plain file name"
+        raise ValueError(f"file name {req.name!r} refused: {why}")
+    return bytes([FunctionCode.FILE_INFO, len(raw)]) + raw
+
+
+def decode_file_info_request(pdu: bytes) -> FileInfoRequest:
+    """Parse a 0x45 request; ``ModbusPduError`` (exception 03) for a bad length or name."""
+    fc = FunctionCode.FILE_INFO
+    if pdu[:1] != bytes([fc]):
+        raise IllegalFunction(f"not a FILE_INFO request: {pdu[:1].hex()}", pdu[0] if pdu else 0)
+    _check_len(pdu, 2, fc, exact=False)
+    _check_len(pdu, 2 + pdu[1], fc)
+    checked = check_name(pdu[2:], MAX_FILE_INFO_NAME)
+    if isinstance(checked, NameRefusal):
+        raise QuantityOutOfRange(f"function 0x{fc:02X}: name refused: {checked.value}", fc)
+    return FileInfoRequest(checked)
 
 
 def exception_pdu(function: int, exception: ModbusException) -> bytes:
@@ -692,6 +755,11 @@ def contract_section() -> ContractSection:
          "gen:u16 addr:u16 count:u16 (1..122) bytes:u8 values",
          "status:u8 (0x00 OK / 0x12 GUARD_FAILED) generation:u16"],
         ["0x42", "TRIGGER", "addr:u16 value:u16", "addr:u16 code:u16 (trigger status)"],
+        ["0x44", "FILE_RECEIVE (framed only)", "[overwrite:u8 (0/1)]",
+         "status:u8 (0), then the port runs one YMODEM receive batch"],
+        ["0x45", "FILE_INFO (framed only, read-only)",
+         f"len:u8 (1..{MAX_FILE_INFO_NAME}) name:utf8 (YMODEM receive name rules)",
+         "status:u8 (0 present / 1 absent) size:u32 crc32c:u32 (0 0 when absent)"],
     ]
     md = (
         "## Modbus functions\n\n"
@@ -709,9 +777,17 @@ def contract_section() -> ContractSection:
             CDefine("IDL_MB_MAX_COND_WRITE", f"{MAX_CONDITIONAL_WRITE_COUNT}u",
                     "registers per 0x41"),
             CDefine("IDL_MB_EXCEPTION_FLAG", f"0x{EXCEPTION_FLAG:02X}u"),
+            CDefine("IDL_MB_MAX_FILE_INFO_NAME", f"{MAX_FILE_INFO_NAME}u", "name bytes per 0x45"),
+            CDefine("IDL_MB_FILE_INFO_ANSWER_LEN", f"{FILE_INFO_ANSWER_LENGTH}u",
+                    "0x45 answer PDU bytes"),
         ],
-        enums=[CEnum("idl_mb_function_t", "IDL_MB_FC", FunctionCode, "Modbus function codes")],
+        enums=[CEnum("idl_mb_function_t", "IDL_MB_FC", FunctionCode, "Modbus function codes"),
+               CEnum("idl_mb_file_status_t", "IDL_MB_FILE", FileInfoStatus,
+                     "0x45 FILE_INFO answer status")],
         markdown=md,
         data={"functions": {f.name: f.value for f in FunctionCode},
-              "limits": [MAX_READ_COUNT, MAX_WRITE_COUNT, MAX_CONDITIONAL_WRITE_COUNT]},
+              "limits": [MAX_READ_COUNT, MAX_WRITE_COUNT, MAX_CONDITIONAL_WRITE_COUNT],
+              "file_info": {"max_name": MAX_FILE_INFO_NAME,
+                            "answer_length": FILE_INFO_ANSWER_LENGTH,
+                            "status": {s.name: s.value for s in FileInfoStatus}}},
     )

@@ -38,7 +38,7 @@ def test_send_to_the_device_then_frames_again(tmp_path: Path) -> None:
             res, report = dev.send_files([str(f) for f in files])
             assert res.outcome is Outcome.OK
             assert report is not None and report.ok
-            assert [f.ok for f in report.files] == [True, True, True]
+            assert [(f.ok, f.verified) for f in report.files] == [(True, True)] * 3
             assert dev.write({"threshold": 420}).ok  # back in framed mode
         received = tmp_path / "flash" / "files"
         for f in files:
@@ -79,7 +79,8 @@ def test_cli_send_shows_per_file_results(tmp_path: Path) -> None:
                             *map(str, files)], capture_output=True, text=True, timeout=60,
                            check=False)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "image.bin: ok, 10500 bytes" in r.stdout
+        assert "image.bin: ok, 10500 bytes, verified" in r.stdout
+        assert "conf with spaces.txt: ok, 14 bytes, verified" in r.stdout
         assert "batch complete" in r.stdout
     finally:
         proc.terminate()

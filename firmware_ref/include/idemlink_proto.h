@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "bf69d64f0a1da622"
+#define IDL_CONTRACT_HASH "c6e101d23982d140"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -162,6 +162,8 @@ typedef enum {
 #define IDL_MB_MAX_WRITE 123u /**< registers per FC16 */
 #define IDL_MB_MAX_COND_WRITE 122u /**< registers per 0x41 */
 #define IDL_MB_EXCEPTION_FLAG 0x80u
+#define IDL_MB_MAX_FILE_INFO_NAME 251u /**< name bytes per 0x45 */
+#define IDL_MB_FILE_INFO_ANSWER_LEN 10u /**< 0x45 answer PDU bytes */
 /** Modbus function codes */
 typedef enum {
     IDL_MB_FC_READ_HOLDING_REGISTERS = 3,
@@ -170,8 +172,14 @@ typedef enum {
     IDL_MB_FC_WRITE_MULTIPLE_REGISTERS = 16,
     IDL_MB_FC_WRITE_IF_GENERATION = 65,
     IDL_MB_FC_TRIGGER = 66,
-    IDL_MB_FC_FILE_RECEIVE = 68
+    IDL_MB_FC_FILE_RECEIVE = 68,
+    IDL_MB_FC_FILE_INFO = 69
 } idl_mb_function_t;
+/** 0x45 FILE_INFO answer status */
+typedef enum {
+    IDL_MB_FILE_PRESENT = 0,
+    IDL_MB_FILE_ABSENT = 1
+} idl_mb_file_status_t;
 
 /* ---- ymodem ---- */
 #define IDL_YM_BLOCK_SMALL 128u /**< SOH payload bytes */

@@ -3,9 +3,11 @@
 ``send --plain`` speaks plain YMODEM to any receiver (lrzsz ``rb``, a bootloader); ``send`` without
 ``--plain`` is the framed hand-over to an idemlink device: a FILE_RECEIVE command (run once, like
 every command) switches the device's port to a YMODEM receive batch, which returns to framed mode
-at the end of the batch, on abort or on timeout.
+at the end of the batch, on abort or on timeout; then every file is read back in frames (FILE_INFO:
+size and CRC-32C of what the device stored) and is ok only when verified.
 ``receive --dir D`` is a plain YMODEM receiver for any sender (``sb``). Both print one line per
-file and the throughput; exit 0 only when every file arrived and the batch ended.
+file and the throughput; exit 0 only when every file arrived and the batch ended (framed: when
+every file is verified on the device; 5 when a read-back got no answer and nothing failed).
 """
 
 from __future__ import annotations
@@ -79,11 +81,16 @@ def _open(url: str, baud: int) -> Any:
         raise UserError(f"cannot open {url}: {exc}") from exc
 
 
-def _print_report(report: Any, verb: str) -> None:
+def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
     for f in report.files:
         state = "ok" if f.ok else "FAILED"
-        extra = f" ({f.detail})" if f.detail and not f.ok else ""
-        print(f"{f.name}: {state}, {f.size} bytes{extra}")
+        extra = f" ({f.detail})" if f.detail and (not f.ok or framed) else ""
+        check = ""
+        if framed and f.verified is True:
+            check = ", verified"
+        elif framed and f.verified is None and (f.ok or f.unconfirmed):
+            check = ", not verified"
+        print(f"{f.name}: {state}, {f.size} bytes{check}{extra}")
     status = "complete" if report.ok else f"aborted: {report.reason}"
     note = "" if report.final_ack else " (receiver's final ACK not seen)"
     print(f"{verb} {report.bytes} bytes in {report.seconds:.2f} s, "
@@ -142,9 +149,17 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
         print(f"device did not switch to file receive: {res.describe()}", file=sys.stderr)
         return {Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED, Outcome.REJECTED: EXIT_REJECTED}.get(
             res.outcome, EXIT_UNKNOWN)
-    _print_report(report, "sent")
-    if report.ok and all(f.ok for f in report.files):
-        return EXIT_OK
+    _print_report(report, "sent", framed=True)
+    named = {f.name for f in report.files}
+    if all(f.verified for f in report.files) and all(Path(p).name in named for p in args.files):
+        return EXIT_OK  # every file is on the device, byte for byte (even if the batch's end
+        # was not clean: what was promised is there)
+    undecided = [f for f in report.files if f.verified is None and (f.ok or f.unconfirmed)]
+    failed = [f for f in report.files if not f.ok and not (f.unconfirmed and f.verified is None)]
+    if undecided and not failed:
+        print(f"{len(undecided)} file(s) not verified: the read-back got no answer; read them "
+              "back before relying on them", file=sys.stderr)
+        return EXIT_UNKNOWN
     if res.outcome is Outcome.UNKNOWN:
         # The hand-over's answer was lost and the batch did not go through: the device may yet
         # switch to file receive (or may have and given up). That is an UNKNOWN, not a local error.
