@@ -65,6 +65,10 @@ class FrameDescriber:
     def _request(self, epoch: int, seq: int, pdu: bytes) -> str:
         from protocol import modbus as mb
 
+        if pdu[:1] == bytes([mb.FunctionCode.FILE_INFO]):
+            return f"FC45 file info {mb.decode_file_info_request(pdu).name!r}"
+        if pdu[:1] == bytes([mb.FunctionCode.FILE_RECEIVE]):
+            return "FC44 file receive" + (" (overwrite)" if pdu[1:] == b"\x01" else "")
         req = mb.decode_request(pdu)
         self._requests[(epoch, seq)] = req
         if len(self._requests) > 4096:
@@ -115,6 +119,10 @@ class FrameDescriber:
                 return f"status={st} conditional {wst.name} generation={generation}"
             case mb.TriggerResponse(address, code):
                 return f"status={st} trigger {self._reg(address)} {trigger_code_name(code)}"
+            case mb.FileInfoResponse(fst, size, crc):
+                if fst is mb.FileInfoStatus.ABSENT:
+                    return f"status={st} file absent"
+                return f"status={st} file {size} bytes crc32c={crc:08x}"
             case mb.ExceptionResponse(function, exception):
                 return f"status={st} FC{function:02X} exception {exception.name}"
         return f"status={st} {pdu.hex()}"

@@ -316,3 +316,38 @@ def test_host_side_decoder_frames_answers_read_in_chunks() -> None:
     assert _drain(dec) == []
     dec.feed(fc16, t + 0.012 + 8 * char)  # 2 ms of silence, then a whole answer
     assert _drain(dec) == [RtuFrame(1, fc16[1:-2])] and dec.discarded == 4
+
+
+# ------------------------------------------------------------------ 0x45 FILE_INFO (framed only)
+
+
+def test_file_info_never_reaches_the_register_core() -> None:
+    """decode_request answers 01 for 0x45 (as for 0x44): only the framed device handles it, so
+    the register core and the RTU face never see a request they cannot dispatch."""
+    with pytest.raises(IllegalFunction):
+        decode_request(b"\x45\x01a")
+
+
+@pytest.mark.parametrize("pdu", [b"\x45\x00", b"\x45" + bytes(8), b"\x45" + bytes(10),
+                                 b"\x45\x02" + bytes(8)])
+def test_file_info_answer_of_a_wrong_length_or_status_is_refused(pdu: bytes) -> None:
+    with pytest.raises(BadResponse):
+        decode_response(pdu)
+
+
+@given(st.binary(min_size=0, max_size=12))
+def test_answer_fits_a_file_info_only_with_its_exact_shape(pdu: bytes) -> None:
+    from protocol.host_session import answer_fits
+
+    fits = answer_fits(b"\x45\x01a", pdu)
+    shaped = len(pdu) == 10 and pdu[0] == 0x45 and pdu[1] in (0, 1)
+    assert fits == (shaped or (len(pdu) == 2 and pdu[0] == 0xC5))
+
+
+def test_frame_view_describes_file_info() -> None:
+    from host.frame_view import FrameDescriber
+
+    d = FrameDescriber()
+    assert "file info 'fw.bin'" in d._request(1, 1, b"\x45\x06fw.bin")
+    answer = bytes.fromhex("00 45 00 00000009 e3069283")  # status OK + the PDU
+    assert "9 bytes crc32c=e3069283" in d._response(1, 1, answer)
