@@ -73,6 +73,12 @@ class Execution:
     time: float
 
 
+
+def _is_receive_temporary(name: str) -> bool:
+    """The YMODEM receiver's uncommitted temporaries (host.ymodem_io.DirectorySink names them
+    ``.ymodem-<random>.part``); any other name, dot-files included, may be a committed file."""
+    return name.startswith(".ymodem-") and name.endswith(".part")
+
 class SimulatedDevice:
     """Register core + framed session + reboots + simulated flash. See the module docstring."""
 
@@ -181,26 +187,34 @@ class SimulatedDevice:
 
     def _file_info(self, pdu: bytes) -> bytes:
         """Size and CRC-32C of a committed file (read-only). ``check_name`` already refuses
-        every name that is not one plain component, so the path stays inside ``files_dir``; a
-        name starting with '.' (the receiver's temporaries) is never a committed file."""
+        every name that is not one plain component, so the path stays inside ``files_dir``; the
+        receiver's own temporaries (``.ymodem-*.part``) are never committed files. A file too
+        large for the answer's u32 size gets exception 04 (the host then says "not verified")."""
         try:
             name = decode_file_info_request(pdu).name
         except ModbusPduError as exc:
             return exception_pdu(FunctionCode.FILE_INFO, exc.exception)
         path = self.files_dir / name
         absent = FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
-        if name.startswith(".") or path.is_symlink() or not path.is_file():
+        if _is_receive_temporary(name) or path.is_symlink() or not path.is_file():
             return encode_response(absent)
-        crc, size = 0, 0
+        crc = 0
         try:
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 16):
-                    crc = crc32c(chunk, crc)
-                    size += len(chunk)
+            size = path.stat().st_size
+            if size <= 0xFFFFFFFF:  # never hash what the answer cannot describe
+                size = 0
+                with path.open("rb") as f:
+                    while chunk := f.read(1 << 16):
+                        crc = crc32c(chunk, crc)
+                        size += len(chunk)
         except FileNotFoundError:  # removed meanwhile
             return encode_response(absent)
         except OSError as exc:
             logging.getLogger(__name__).error("FILE_INFO %s: %s", name, exc)
+            return exception_pdu(FunctionCode.FILE_INFO, ModbusException.SERVER_DEVICE_FAILURE)
+        if size > 0xFFFFFFFF:  # the answer's size is a u32: such a file cannot be described
+            logging.getLogger(__name__).error("FILE_INFO %s: %d bytes exceed the u32 size", name,
+                                              size)
             return exception_pdu(FunctionCode.FILE_INFO, ModbusException.SERVER_DEVICE_FAILURE)
         return encode_response(FileInfoResponse(FileInfoStatus.PRESENT, size, crc))
 

@@ -43,6 +43,7 @@ from protocol.host_session import (
     SessionState,
 )
 from protocol.modbus import (
+    MAX_FILE_INFO_NAME,
     FileInfoRequest,
     FileInfoResponse,
     FileInfoStatus,
@@ -696,6 +697,10 @@ class Device:
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender
+        for p in paths:  # every name must fit the read-back's request, or it could not be verified
+            if len(Path(p).name.encode("utf-8", "surrogateescape")) > MAX_FILE_INFO_NAME:
+                raise ValueError(f"file name {Path(p).name!r} is longer than the "
+                                 f"{MAX_FILE_INFO_NAME} bytes a read-back (FILE_INFO) can ask for")
         digests = {Path(p).name: _digest(Path(p)) for p in paths}
         res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
         if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):

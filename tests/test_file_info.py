@@ -230,3 +230,51 @@ def test_crc_matches_an_independent_crc32c_of_the_local_file(tmp_path: Path) -> 
         assert info.file is not None and info.file.crc32c == CRC32C_CHECK
     finally:
         sim.close()
+
+
+# ---- review of the read-back: dot-files, long names, files too large for the answer -----------
+
+
+def test_a_dot_file_that_arrived_is_verified_not_absent(tmp_path: Path) -> None:
+    """Only the receiver's own `.ymodem-*.part` temporaries are hidden; `.env` is a file."""
+    env = tmp_path / ".env"
+    env.write_bytes(b"KEY=value\n")
+    sim = start_pty_sim(SimulatedDevice(seed=4, flash_dir=tmp_path / "flash"))
+    try:
+        with Device.open(sim.path) as dev:
+            _, report = dev.send_files([str(env)])
+        assert report is not None
+        assert [(f.name, f.ok, f.verified) for f in report.files] == [(".env", True, True)]
+    finally:
+        sim.close()
+
+
+def test_a_name_too_long_to_read_back_is_refused_before_the_hand_over(tmp_path: Path) -> None:
+    """YMODEM takes names up to 255 bytes, FILE_INFO up to MAX_FILE_INFO_NAME: such a file could
+    be stored but never verified, so it is refused before the device is switched."""
+    from protocol.modbus import MAX_FILE_INFO_NAME
+
+    long_name = tmp_path / ("a" * (MAX_FILE_INFO_NAME + 1))
+    long_name.write_bytes(b"x")
+    sim = start_pty_sim(SimulatedDevice(seed=5, flash_dir=tmp_path / "flash"))
+    try:
+        with Device.open(sim.path) as dev:
+            with pytest.raises(ValueError, match="read-back"):
+                dev.send_files([str(long_name)])
+            assert dev.read("threshold").ok  # still framed
+        assert not [e for e in sim.device.executions if e.request[:1] == b"\x44"]
+    finally:
+        sim.close()
+
+
+def test_a_file_too_large_for_the_answer_is_exception_04_not_a_dead_device(
+        tmp_path: Path) -> None:
+    """A u32 cannot carry its size: exception 04 (the host says "not verified"), and the device
+    lives on (before: struct.error escaped and the serve loop died)."""
+    dev = SimulatedDevice(seed=1, flash_dir=tmp_path)
+    with (dev.files_dir / "big.bin").open("wb") as f:
+        f.truncate(2**32 + 5)  # sparse: nothing is written
+    answer = dev._execute(bytes([FunctionCode.FILE_INFO, 7]) + b"big.bin", 0.0, 1)
+    assert answer == bytes([FunctionCode.FILE_INFO | 0x80, ModbusException.SERVER_DEVICE_FAILURE])
+    (dev.files_dir / "small").write_bytes(b"123456789")
+    assert dev._execute(bytes([FunctionCode.FILE_INFO, 5]) + b"small", 0.0, 2)[1] == 0  # present

@@ -141,7 +141,7 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
         with Device.open(args.port, baudrate=args.baud) as dev:
             res, report = dev.send_files(args.files, progress=bar, config=config,
                                          overwrite=args.overwrite)
-    except IdemlinkError as exc:
+    except (IdemlinkError, ValueError) as exc:  # ValueError: a batch refused before the hand-over
         raise UserError(str(exc)) from exc
     finally:
         bar.close()
