@@ -37,6 +37,31 @@ def sb_block0(name_len: int, meta: bytes, tail: bytes) -> bytes:
     return body.ljust(126, b"\x00") + tail
 
 
+class ScriptedPort:
+    """A pyserial-like port that plays a receiver from a script: the first answer is waiting at
+    once, and each write of the sender releases the next one."""
+
+    timeout: float | None = 0.0
+
+    def __init__(self, answers: list[bytes]) -> None:
+        self.answers = list(answers)
+        self.pending = bytearray(self.answers.pop(0))
+
+    @property
+    def in_waiting(self) -> int:
+        return len(self.pending)
+
+    def read(self, size: int = 1) -> bytes:
+        out = bytes(self.pending[:size])
+        del self.pending[:size]
+        return out
+
+    def write(self, data: bytes, /) -> int:
+        if self.answers:
+            self.pending += self.answers.pop(0)
+        return len(data)
+
+
 # (name length, what sb put in 126-127) -> expected: size, mtime, mode or a refusal.
 # The file is 1234567 bytes, mtime 0o15303265007, mode 0o100644 (sb's own meta string).
 SB_META = b"1234567 15303265007 100644 0 1 1234567"
@@ -52,6 +77,7 @@ SB_CASES: list[tuple[int, bytes, object]] = [
 
 
 @pytest.mark.parametrize(("name_len", "tail", "expected"), SB_CASES)
+
 def test_sb_long_name_block0_cut_size_is_refused_cut_fields_ignored(
         name_len: int, tail: bytes, expected: object) -> None:
     payload = sb_block0(name_len, SB_META, tail)
@@ -320,28 +346,9 @@ def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
     src = tmp_path / "f.bin"
     src.write_bytes(b"abc")
 
-    class Script:  # plays the receiver: C, ACK C, ACK (block 1), ACK (to EOT) + CAN CAN
-        timeout: float | None = 0.0
-
-        def __init__(self) -> None:
-            self.answers = [b"C", b"\x06C", b"\x06", b"\x06\x18\x18"]
-            self.pending = bytearray(self.answers.pop(0))
-
-        @property
-        def in_waiting(self) -> int:
-            return len(self.pending)
-
-        def read(self, size: int = 1) -> bytes:
-            out = bytes(self.pending[:size])
-            del self.pending[:size]
-            return out
-
-        def write(self, data: bytes, /) -> int:
-            if self.answers:
-                self.pending += self.answers.pop(0)
-            return len(data)
-
-    rep = ymodem_io.send_files(Script(), [src], ym.SenderConfig(turnaround=0), overall_timeout=10)
+    # plays the receiver: C, ACK C, ACK (block 1), ACK (to EOT) + CAN CAN
+    script = ScriptedPort([b"C", b"\x06C", b"\x06", b"\x06\x18\x18"])
+    rep = ymodem_io.send_files(script, [src], ym.SenderConfig(turnaround=0), overall_timeout=10)
     assert not rep.ok
     assert [(f.name, f.ok) for f in rep.files] == [("f.bin", False)]
     assert "not confirmed" in rep.files[0].detail
@@ -562,29 +569,10 @@ def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
 
     files = [ym.SendFile.from_bytes("a.bin", b"1"), ym.SendFile.from_bytes("b.bin", b"2")]
 
-    class Port:  # receiver: takes a.bin completely, then cancels at b.bin's header
-        timeout: float | None = 0.0
-
-        def __init__(self) -> None:
-            # NAK-first EOT (seed 004): EOT, NAK, EOT, ACK 'C' proves a.bin's commit
-            self.answers = [b"C", b"\x06C", b"\x06", b"\x15", b"\x06C", b"\x18\x18"]
-            self.pending = bytearray(self.answers.pop(0))
-
-        @property
-        def in_waiting(self) -> int:
-            return len(self.pending)
-
-        def read(self, size: int = 1) -> bytes:
-            out = bytes(self.pending[:size])
-            del self.pending[:size]
-            return out
-
-        def write(self, data: bytes, /) -> int:
-            if self.answers:
-                self.pending += self.answers.pop(0)
-            return len(data)
-
-    rep = ymodem_io._send(Port(), files, ym.SenderConfig(turnaround=0), None, 10)
+    # receiver: takes a.bin completely (NAK-first EOT, seed 004: EOT, NAK, EOT, ACK 'C' proves
+    # its commit), then cancels at b.bin's header
+    port = ScriptedPort([b"C", b"\x06C", b"\x06", b"\x15", b"\x06C", b"\x18\x18"])
+    rep = ymodem_io._send(port, files, ym.SenderConfig(turnaround=0), None, 10)
     assert [(f.name, f.ok) for f in rep.files] == [("a.bin", True), ("b.bin", False)]
 
 
