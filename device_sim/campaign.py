@@ -8,17 +8,23 @@ ground truth (its execution log and the register core's effect log) and counts:
 - ``duplicated_effects`` — a request that ran more than once under one (epoch, seq), or a command
   that is not set-only (trigger, fault clear, conditional write) that ran more than once at all.
   A set-only write re-issued after a reboot (the documented epoch rule) may run once per epoch; that
-  is counted separately as ``reissued_set_only`` and is harmless by its semantics.
+  is counted separately as ``reissued_set_only`` and is harmless by its semantics; twice in one
+  epoch is a duplicate. Also every execution of a batch must be claimed, via ``sent_as``, by
+  exactly one result whose request PDU is the one executed (an unclaimed run is a duplicate).
 - ``lost_acknowledged_writes`` — a holding register whose value on the device differs from what the
   acknowledged (OK) writes, in order, say it must be.
 - ``misclassified`` — OK that did not run exactly as answered (no execution, or another answer than
-  the one executed); NOT_EXECUTED or REJECTED whose request caused any side effect; an UNKNOWN that
+  the one executed); an outcome other than the executed response PDU means, decoded here from the
+  bytes and not by host code (exception: REJECTED, 04: UNKNOWN; guard failure: NOT_EXECUTED; else
+  OK), unless UNKNOWN; an OK read whose values are not the big-endian decode of the executed
+  answer; NOT_EXECUTED or REJECTED whose request caused any side effect; an UNKNOWN that
   ``reconcile()`` could not resolve, or resolved against the truth.
 """
 
 from __future__ import annotations
 
 import random
+import struct
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,7 +37,28 @@ from device_sim.simlink import SimTransport
 from host.device import Command, CommandKind, Device, Result, answer_of
 from protocol.device_core import EffectKind
 from protocol.outcome import Outcome
-from protocol.registers import RegisterKind, RegisterSpec
+from protocol.registers import RegisterKind, RegisterSpec, TriggerStatus
+
+#: The device's own answer, read without host code: what a host must report for it.
+_GUARD_FUNCTION = 0x41
+_GUARD_FAILED = 0x12
+_SERVER_DEVICE_FAILURE = 0x04
+_TRIGGER_FUNCTION = 0x42
+_TRIGGER_VERDICT: dict[int, Outcome] = {int(TriggerStatus.ABNORMAL_STATE): Outcome.UNKNOWN,
+                                         int(TriggerStatus.ILLEGAL_VALUE): Outcome.REJECTED}
+
+
+def _truth_outcome(request: bytes, response: bytes) -> Outcome:
+    """The outcome an execution's response PDU means, decoded here from the bytes alone."""
+    if response[:1] and response[0] & 0x80:
+        exc = response[1] if len(response) > 1 else _SERVER_DEVICE_FAILURE
+        return Outcome.UNKNOWN if exc == _SERVER_DEVICE_FAILURE else Outcome.REJECTED
+    if request[:1] == bytes([_GUARD_FUNCTION]) and len(response) > 1 and response[1] == _GUARD_FAILED:
+        return Outcome.NOT_EXECUTED
+    if request[:1] == bytes([_TRIGGER_FUNCTION]) and len(response) == 5:
+        code = int.from_bytes(response[3:5], "big")
+        return _TRIGGER_VERDICT.get(code, Outcome.OK)
+    return Outcome.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,13 +177,29 @@ class _Campaign:
             rep.duplicated_effects += 1
             rep.problems.append(f"ran twice under one seq: {res}")
         elif len(execs) > 1:
-            if cmd.set_only:
+            if cmd.set_only and len({x.epoch for x in execs}) < len(execs):
+                rep.duplicated_effects += 1  # the epoch rule allows one run per epoch, no more
+                rep.problems.append(f"set-only ran twice in one epoch: {res}")
+            elif cmd.set_only:
                 rep.reissued_set_only += 1
             else:
                 rep.duplicated_effects += 1
                 rep.problems.append(f"non-set-only ran {len(execs)} times: {res}")
+        final = [x for x in execs if (x.epoch, x.seq) == (res.epoch, res.seq)]
+        if len(final) == 1 and res.outcome is not Outcome.UNKNOWN:  # UNKNOWN: answer never seen
+            truth = _truth_outcome(final[0].request, final[0].response)
+            if truth is not res.outcome:
+                rep.misclassified += 1
+                rep.problems.append(f"reported {res.outcome.name}, device answered {truth.name} "
+                                    f"({final[0].response.hex()}): {res}")
+        if res.outcome is Outcome.OK and cmd.kind is CommandKind.READ and len(final) == 1:
+            pdu = final[0].response  # decoded here, big-endian, independently of the host
+            want = (struct.unpack_from(f">{cmd.count}H", pdu, 2)
+                    if len(pdu) == 2 + 2 * cmd.count else None)
+            if res.values != want:
+                rep.misclassified += 1
+                rep.problems.append(f"read {res.values}, device answered {want}: {res}")
         if res.outcome is Outcome.OK:
-            final = [x for x in execs if (x.epoch, x.seq) == (res.epoch, res.seq)]
             if len(final) != 1:
                 rep.misclassified += 1
                 rep.problems.append(f"OK without exactly one execution: {res}")
@@ -175,6 +218,28 @@ class _Campaign:
             if res.outcome is Outcome.OK or (res.outcome is Outcome.UNKNOWN and execs and applied):
                 for i, v in enumerate(cmd.values):
                     self.model[cmd.address + i] = v
+
+    def _account(self, results: list[Result], end: int) -> None:
+        """Every execution of the batch is claimed, through ``sent_as``, by exactly one result
+        whose request is the one executed; anything else is an effect nobody accounts for."""
+        rep = self.report
+        claims: Counter[tuple[int, int]] = Counter()
+        owner: dict[tuple[int, int], bytes] = {}
+        for res in results:
+            pdu = res.command.pdu()
+            for key in set(res.sent_as):
+                claims[key] += 1
+                owner[key] = pdu
+        for x in self.sim.executions[self._exec_mark:end]:
+            key = (x.epoch, x.seq)
+            if claims[key] != 1:
+                rep.duplicated_effects += 1
+                rep.problems.append(f"execution {x.epoch:08x}:{x.seq} claimed by {claims[key]} "
+                                    f"results: {x.request.hex()}")
+            elif owner[key] != x.request:
+                rep.duplicated_effects += 1
+                rep.problems.append(f"execution {x.epoch:08x}:{x.seq} ran {x.request.hex()}, "
+                                    f"its result sent {owner[key].hex()}")
 
     def _reconcile(self, res: Result) -> None:
         rep = self.report
@@ -219,6 +284,7 @@ class _Campaign:
             self._exec_mark = len(self.sim.executions)
             effects_before = len(self.sim.core.log)
             results = self.dev.run(batch)
+            self._account(results, len(self.sim.executions))
             for res in results:
                 self._judge(res, effects_before)
                 rep.outcomes[res.outcome.name] += 1

@@ -4,14 +4,17 @@ zero misclassified outcomes — and the oracle that says so is shown to catch ea
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 
 import pytest
 
 from device_sim.campaign import CampaignConfig, run_campaign
-from protocol import device_session, host_session
-from protocol.window import Verdict
+from host.device import Command, CommandKind
+from protocol import host_session
+from protocol.outcome import Outcome, Status
+from protocol.window import ReplayWindow, Verdict
 
 
 def test_twenty_thousand_commands_at_ten_percent_loss() -> None:
@@ -61,13 +64,13 @@ SMALL = CampaignConfig(commands=2500, loss=0.15, dup=0.05, corrupt=0.02, reboot_
 
 
 def test_mutant_device_without_replay_duplicates_effects(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_check = device_session.ReplayWindow.check
+    real_check = ReplayWindow.check
 
-    def forgetful(self: device_session.ReplayWindow, seq: int) -> Verdict:
+    def forgetful(self: ReplayWindow, seq: int) -> Verdict:
         v = real_check(self, seq)
         return Verdict.ACCEPT_OLD if v is Verdict.DUPLICATE else v
 
-    monkeypatch.setattr(device_session.ReplayWindow, "check", forgetful)
+    monkeypatch.setattr(ReplayWindow, "check", forgetful)
     rep = run_campaign(SMALL)
     assert rep.duplicated_effects > 0
 
@@ -97,8 +100,8 @@ def test_mutant_no_answer_reported_as_not_executed_is_misclassified(
 
     def optimistic(self: host_session.HostSession, p: host_session._Pending, outcome: object,
                    status: object, **kw: object) -> None:
-        if status is host_session.Status.NO_ANSWER:
-            outcome = host_session.Outcome.NOT_EXECUTED
+        if status is Status.NO_ANSWER:
+            outcome = Outcome.NOT_EXECUTED
         real(self, p, outcome, status, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(host_session.HostSession, "_finish", optimistic)
@@ -140,6 +143,82 @@ def test_mutant_replay_of_another_answer_is_misclassified(monkeypatch: pytest.Mo
     rep = run_campaign(SMALL)
     assert rep.misclassified > 0
     assert any("another answer" in p for p in rep.problems)
+
+
+def test_mutant_rejected_reported_as_not_executed_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = host_session.classify_pdu
+
+    def softened(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None, object]:
+        outcome, status, exc = real(request_pdu, pdu)
+        return (Outcome.NOT_EXECUTED if outcome is Outcome.REJECTED else outcome), status, exc
+
+    monkeypatch.setattr(host_session, "classify_pdu", softened)
+    rep = run_campaign(SMALL)
+    assert rep.misclassified > 0
+    assert any("reported NOT_EXECUTED, device answered REJECTED" in p for p in rep.problems)
+
+
+def test_mutant_input_registers_decoded_little_endian_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import host.device
+
+    real = host.device.answer_of
+
+    def little_endian(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
+        values, code = real(cmd, pdu)
+        if cmd.kind is CommandKind.READ and cmd.input_registers and values:
+            return struct.unpack_from(f"<{cmd.count}H", pdu, 2), code
+        return values, code
+
+    monkeypatch.setattr(host.device, "answer_of", little_endian)
+    rep = run_campaign(SMALL)
+    assert rep.misclassified > 0
+    assert any(p.startswith("read ") and "device answered" in p for p in rep.problems)
+
+
+def test_mutant_trigger_retry_renumbered_and_forgotten_duplicates_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = host_session.HostSession._transmit
+
+    def renumber(self: host_session.HostSession, p: host_session._Pending, now: float, *,
+                 retransmit: bool) -> None:
+        if retransmit and not p.set_only and p.pdu[0] in (0x06, host_session.TRIGGER_FUNCTION):
+            del self._inflight[p.seq]  # retried under a new number, and the old one forgotten
+            p.seq = self._next_seq
+            self._next_seq = (self._next_seq + 1) & host_session.SEQ_MASK
+            p.sent_as[:] = [(p.epoch, p.seq)]
+            self._inflight[p.seq] = p
+        real(self, p, now, retransmit=retransmit)
+
+    monkeypatch.setattr(host_session.HostSession, "_transmit", renumber)
+    rep = run_campaign(SMALL)
+    assert rep.duplicated_effects > 0
+    assert any("claimed by 0 results" in p for p in rep.problems)
+
+
+def test_mutant_set_only_retry_renumbered_in_one_epoch_duplicates_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = host_session.HostSession._transmit
+
+    def renumber(self: host_session.HostSession, p: host_session._Pending, now: float, *,
+                 retransmit: bool) -> None:
+        if retransmit and p.set_only:  # the epoch rule stretched to every retry
+            del self._inflight[p.seq]
+            p.seq = self._next_seq
+            self._next_seq = (self._next_seq + 1) & host_session.SEQ_MASK
+            p.sent_as.append((p.epoch, p.seq))
+            self._inflight[p.seq] = p
+        real(self, p, now, retransmit=retransmit)
+
+    monkeypatch.setattr(host_session.HostSession, "_transmit", renumber)
+    rep = run_campaign(SMALL)
+    assert rep.duplicated_effects > 0
+    assert any("set-only ran twice in one epoch" in p for p in rep.problems)
 
 
 @pytest.mark.slow
