@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
 from host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
-from protocol.outcome import Status
 from protocol.registers import DEFAULT_MAP, RegisterMap
 
 T = TypeVar("T")
@@ -67,8 +66,8 @@ class AsyncDevice:
             return result
         except LinkLost:
             raise
-        except BaseException:  # asyncio.CancelledError above all
-            core._settle_abandoned(Status.CANCELLED)
+        except BaseException as exc:  # asyncio.CancelledError above all
+            core._interrupted(exc)
             raise
         finally:
             steps.close()

@@ -506,13 +506,18 @@ class Device:
         except LinkLost:
             raise
         except BaseException as exc:
-            # The interrupt propagates unchanged; the settled requests ride along on it so a
-            # caller that reports the interrupt (the CLI) can say whether something may have run.
-            exc.settled_results = tuple(  # type: ignore[attr-defined]
-                self._settle_abandoned(Status.CANCELLED))
+            self._interrupted(exc)
             raise
         finally:
             steps.close()
+
+    def _interrupted(self, exc: BaseException) -> None:
+        """The caller stopped the operation (KeyboardInterrupt, asyncio cancellation): settle its
+        requests as CANCELLED. The interrupt propagates unchanged; the settled requests ride along
+        on it so a caller that reports it (the CLI) can say whether something may have run. Shared
+        by the blocking and the asyncio request loops."""
+        exc.settled_results = tuple(  # type: ignore[attr-defined]
+            self._settle_abandoned(Status.CANCELLED))
 
     def _link_lost(self, exc: BaseException) -> LinkLost:
         results = self._settle_abandoned(Status.LINK_LOST)

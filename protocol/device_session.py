@@ -105,14 +105,13 @@ class DeviceSession:
         later are then inside the window (they may still run, and that process reported them
         UNKNOWN) or too old: they never collide."""
         highest, handed = self.window.highest, self._handed_out
-        if highest is None and handed is None:
-            return 1
-        marks = [m for m in (None if highest is None else (highest + 1) & 0xFFFFFFFF, handed)
-                 if m is not None]
-        base = marks[0]
-        for m in marks[1:]:
-            if 0 < (m - base) & 0xFFFFFFFF < 0x80000000:
-                base = m
+        seen = None if highest is None else (highest + 1) & 0xFFFFFFFF
+        if seen is None or handed is None:
+            base = seen if handed is None else handed
+            if base is None:
+                return 1
+        else:  # the later of the two, in serial arithmetic
+            base = handed if 0 < (handed - seen) & 0xFFFFFFFF < 0x80000000 else seen
         return (base + self.window.size) & 0xFFFFFFFF
 
     def device_info(self) -> DeviceInfo:
