@@ -11,7 +11,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
 
 N = 20_000
 ROUNDS = 7

@@ -53,7 +53,7 @@ def pty_pair() -> Iterator[tuple[str, str]]:
 @contextlib.contextmanager
 def simulator(port: str, *extra: str) -> Iterator[None]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "sim", "--port", port, *extra],
+        [sys.executable, "-m", "idemlink", "sim", "--port", port, *extra],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     assert proc.stdout is not None
@@ -72,7 +72,7 @@ def rate(fn: Callable[[int], None], n: int) -> float:
 
 
 def ours(port: str, pipelined: bool) -> Callable[[int], None]:
-    from host.device import Device
+    from idemlink.host.device import Device
 
     dev = Device.open(port, max_inflight=16)
 

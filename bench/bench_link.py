@@ -1,6 +1,6 @@
 """Link efficiency: full-map reads per second through the emulated line, against its bound.
 
-Every client talks through the same real-time link emulator (``device_sim.link_proxy.LinkProxy``,
+Every client talks through the same real-time link emulator (``idemlink.device_sim.link_proxy.LinkProxy``,
 10 bits per byte at 115200 baud, a fixed one-way latency, no faults) to the simulator:
 
 - idemlink stop-and-wait (``Device.read``), idemlink pipelined (``Device.run`` of 128 reads, 16 in flight),
@@ -25,12 +25,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.link_proxy import LinkProxy
-from device_sim.pytest_plugin import start_pty_sim
-from protocol.frame import FrameType, encode_frame
-from protocol.modbus import encode_rtu
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.link_proxy import LinkProxy
+from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.modbus import encode_rtu
+from idemlink.pytest_plugin import start_pty_sim
 
 BAUD = 115200
 COUNT = 9
@@ -74,7 +74,7 @@ def through_line(target: str, latency: float) -> Iterator[str]:
 
 
 def ours(latency: float) -> tuple[float, float]:
-    from host.device import Device
+    from idemlink.host.device import Device
 
     sim = start_pty_sim(SimulatedDevice(seed=1))
     try:
@@ -101,7 +101,7 @@ def pymodbus_rate(latency: float) -> float:
     from pymodbus.client import ModbusSerialClient
     from pymodbus.framer import FramerType
 
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu"],
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--modbus-rtu"],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

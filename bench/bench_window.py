@@ -18,7 +18,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from protocol.window import HALF, SEQ_MASK, WINDOW_SIZE, ReplayWindow
+from idemlink.protocol.window import HALF, SEQ_MASK, WINDOW_SIZE, ReplayWindow
 
 RING = 1024
 

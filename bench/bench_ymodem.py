@@ -1,6 +1,6 @@
 """YMODEM throughput through a paced link: 115200 baud (10 bits a byte), 1 ms one-way latency.
 
-One 1 MiB random file, one run each, through the same emulated line (``device_sim.link``'s
+One 1 MiB random file, one run each, through the same emulated line (``idemlink.device_sim.link``'s
 ``LinkDirection`` relaying between two pty pairs in a separate process):
 
 1. lrzsz ``sb -k`` -> ``rb`` (the peer),
@@ -37,8 +37,8 @@ LATENCY = 0.001
 def relay(conn: Connection, baud: int, latency: float) -> None:
     """Two pty pairs joined by a paced full-duplex line; sends the two slave paths, then relays
     until told to stop (any message on ``conn``)."""
-    from device_sim.link import LinkConfig, LinkDirection
-    from device_sim.pty import open_pty
+    from idemlink.device_sim.link import LinkConfig, LinkDirection
+    from idemlink.device_sim.pty import open_pty
 
     a, b = open_pty(), open_pty()
     cfg = LinkConfig(baud=baud, latency=latency)
@@ -129,8 +129,8 @@ def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
     finished)."""
     import serial
 
-    from host.ymodem_io import send_files
-    from protocol.ymodem import SenderConfig
+    from idemlink.host.ymodem_io import send_files
+    from idemlink.protocol.ymodem import SenderConfig
 
     line = Line()
     try:
@@ -142,7 +142,7 @@ def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
                 cfg = SenderConfig()
             else:
                 peer = subprocess.Popen(
-                    [sys.executable, "-m", "host.cli", "receive", "--port", line.b, "--dir",
+                    [sys.executable, "-m", "idemlink", "receive", "--port", line.b, "--dir",
                      str(dst), "--no-progress"], stdout=subprocess.DEVNULL)
                 cfg = SenderConfig(turnaround=0.0)
             t0 = time.monotonic()

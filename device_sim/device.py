@@ -1,8 +1,8 @@
 """The simulated idemlink device: the register core behind the framed session, with reboots.
 
 ``SimulatedDevice`` is still sans-I/O (bytes and simulated time in, bytes out); the shells in
-``device_sim.serve`` put it on a pseudo-terminal or any pyserial port, and ``device_sim.simlink``
-runs it in-process behind the link emulator.
+``idemlink.device_sim.serve`` put it on a pseudo-terminal or any pyserial port, and
+``idemlink.device_sim.simlink`` runs it in-process behind the link emulator.
 
 - ``receive_data(data, now) -> bytes``: what the device answers.
 - ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
@@ -31,12 +31,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from device_sim.flash import ConfigFlash
-from protocol.contract import contract_hash
-from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from protocol.device_session import DeviceSession
-from protocol.frame import crc32c
-from protocol.modbus import (
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import crc32c
+from idemlink.protocol.modbus import (
     FileInfoResponse,
     FileInfoStatus,
     FunctionCode,
@@ -45,10 +45,10 @@ from protocol.modbus import (
     encode_response,
     exception_pdu,
 )
-from protocol.outcome import ModbusException
-from protocol.registers import DEFAULT_MAP, RegisterMap
-from protocol.replay import DEFAULT_SLOTS
-from protocol.window import RING_BITS
+from idemlink.protocol.outcome import ModbusException
+from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap
+from idemlink.protocol.replay import DEFAULT_SLOTS
+from idemlink.protocol.window import RING_BITS
 
 DEFAULT_FILE_QUOTA = 16 * 1024 * 1024
 """Bytes one YMODEM batch may store on the simulated device."""

@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from protocol.device_core import ConfigSnapshot
+from idemlink.protocol.device_core import ConfigSnapshot
 
 
 class ConfigFlash:

@@ -34,7 +34,7 @@ from types import TracebackType
 
 import serial
 
-from device_sim.link import Link, LinkConfig, LinkDirection
+from idemlink.device_sim.link import Link, LinkConfig, LinkDirection
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Put the link emulator in real time between a serving device and its byte transport.
 
 ``LossyTransport(inner, link, clock)`` has the same ``read(timeout)`` / ``write(bytes)`` shape as the
-transports ``device_sim.serve`` uses: bytes the host sent arrive through the link's a→b direction
+transports ``idemlink.device_sim.serve`` uses: bytes the host sent arrive through the link's a→b direction
 (paced, delayed, dropped, duplicated, corrupted as configured), and the device's answers leave
 through b→a. So a simulator on a pseudo-terminal can sit behind a lossy line while the host opens
 the pty path like any serial port.
@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from device_sim.link import Link
+from idemlink.device_sim.link import Link
 
 
 class _Inner(Protocol):

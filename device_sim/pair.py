@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from device_sim.link import Link, LinkDirection, RebootEvent
+from idemlink.device_sim.link import Link, LinkDirection, RebootEvent
 
 
 class SimClockError(ValueError):

@@ -1,4 +1,4 @@
-"""Plain Modbus RTU slave around ``protocol.device_core`` (the I/O shell).
+"""Plain Modbus RTU slave around ``idemlink.protocol.device_core`` (the I/O shell).
 
 Contract:
 
@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from device_sim.flash import ConfigFlash
-from protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from protocol.modbus import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.modbus import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 

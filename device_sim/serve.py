@@ -8,8 +8,8 @@ device is ticked so RUNNING triggers finish and fault conditions latch on time: 
 busy-spins and never sleeps blindly. ``install_stop_signals(stop)`` makes SIGINT and SIGTERM set
 the event (the loop then returns within one tick interval).
 
-A port or pyserial URL is served through ``host.device.SerialTransport`` (the same wrapper the
-host uses: DTR/RTS low before opening, waits in ``select``); ``device_sim.pty.open_pty()`` gives
+A port or pyserial URL is served through ``idemlink.host.device.SerialTransport`` (the same wrapper the
+host uses: DTR/RTS low before opening, waits in ``select``); ``idemlink.device_sim.pty.open_pty()`` gives
 the pty variant.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
-from device_sim.device import FileReceiveRequest, SimulatedDevice
+from idemlink.device_sim.device import FileReceiveRequest, SimulatedDevice
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ def serve(
                 stats.bytes_out += len(answer)
             request = device.take_file_receive()
             if request is not None:
-                from device_sim.file_receive import receive_batch
+                from idemlink.device_sim.file_receive import receive_batch
 
                 report = receive_batch(device.files_dir, transport, clock, stop,
                                        overwrite=request.overwrite, quota=request.quota)

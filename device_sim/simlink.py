@@ -1,6 +1,6 @@
 """An in-process host↔device line on a simulated clock: the driver's ``Transport`` for tests.
 
-``SimTransport`` is a ``host.device.Transport`` whose ``read(timeout)`` *jumps* simulated time to
+``SimTransport`` is a ``idemlink.host.device.Transport`` whose ``read(timeout)`` *jumps* simulated time to
 the next event instead of sleeping: bytes written by the host go through the link emulator's a→b
 direction into the ``SimulatedDevice``, its answers come back through b→a, and scheduled reboots
 (``LinkConfig.reboot_at`` / ``reboot_every``) reboot the device. Everything is drawn from seeded
@@ -11,8 +11,8 @@ The device can also be rebooted from a test at any moment with ``reboot()``.
 
 from __future__ import annotations
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import Link, LinkConfig
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import Link, LinkConfig
 
 DEVICE_TURNAROUND = 0.0002
 """Simulated processing time of the device per received chunk (seconds)."""

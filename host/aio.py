@@ -1,6 +1,6 @@
 """The asyncio shell: the same driver, awaited instead of blocking.
 
-``AsyncDevice`` runs exactly the operations ``host.device.Device`` defines — each is a generator
+``AsyncDevice`` runs exactly the operations ``idemlink.host.device.Device`` defines — each is a generator
 of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``,
 ``await read(timeout)``). There is no second copy of the request loop, the retry rules, the epoch
 rule or the result decoding: only ``_drive`` differs, and the typed helpers are one line each.
@@ -19,8 +19,8 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
-from host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
-from protocol.registers import DEFAULT_MAP, RegisterMap
+from idemlink.host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
+from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap
 
 T = TypeVar("T")
 

@@ -33,16 +33,16 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from protocol.contract import contract_hash
-from protocol.frame import PROTOCOL_VERSION, crc32c
-from protocol.host_session import (
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.frame import PROTOCOL_VERSION, crc32c
+from idemlink.protocol.host_session import (
     Completion,
     HelloFailed,
     HostSession,
     SessionOpened,
     SessionState,
 )
-from protocol.modbus import (
+from idemlink.protocol.modbus import (
     MAX_FILE_INFO_NAME,
     FileInfoRequest,
     FileInfoResponse,
@@ -58,19 +58,19 @@ from protocol.modbus import (
     encode_file_info_request,
     encode_request,
 )
-from protocol.outcome import (
+from idemlink.protocol.outcome import (
     LocalProtocolError,
     ModbusException,
     Outcome,
     RemoteProtocolError,
     Status,
 )
-from protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
-from protocol.session import DeviceInfo
+from idemlink.protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
+from idemlink.protocol.session import DeviceInfo
 
 if TYPE_CHECKING:
-    from host.ymodem_io import FileResult, TransferReport
-    from protocol.ymodem import SenderConfig
+    from idemlink.host.ymodem_io import FileResult, TransferReport
+    from idemlink.protocol.ymodem import SenderConfig
 
 log = logging.getLogger(__name__)
 
@@ -457,7 +457,7 @@ class Device:
     # ------------------------------------------------------------------ the one request loop
     # Every operation is written once, as a generator of I/O requests ("write these bytes, then
     # wait at most this long for input") over the sans-I/O HostSession. ``_drive`` runs one on
-    # the blocking transport; ``host.aio.AsyncDevice`` runs the very same generators on asyncio.
+    # the blocking transport; ``idemlink.host.aio.AsyncDevice`` runs the very same generators on asyncio.
 
     def _exchange(
         self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None
@@ -698,7 +698,7 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from host.ymodem_io import check_batch_names, send_files
+        from idemlink.host.ymodem_io import check_batch_names, send_files
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender

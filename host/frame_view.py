@@ -1,6 +1,6 @@
 """Human-readable (and JSON) descriptions of idemlink frames, for ``monitor`` and ``link --monitor``.
 
-``FrameDescriber.describe(item)`` takes what ``protocol.frame.FrameDecoder`` yields (a ``Frame`` or
+``FrameDescriber.describe(item)`` takes what ``idemlink.protocol.frame.FrameDecoder`` yields (a ``Frame`` or
 a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (or ``{"type":
 "ERROR", "error", "text"}``). It remembers requests by (epoch, seq), so an answer can name the
 registers its request touched. It never raises: what it cannot parse it shows as hex.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.registers import DEFAULT_MAP, RegisterMap, TriggerStatus
+from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap, TriggerStatus
 
 
 def trigger_code_name(code: int) -> str:
@@ -34,7 +34,7 @@ class FrameDescriber:
         return spec.name if spec is not None else f"@{address}"
 
     def describe(self, item: Any) -> dict[str, Any]:
-        from protocol.frame import DecodeError, FrameType
+        from idemlink.protocol.frame import DecodeError, FrameType
 
         if isinstance(item, DecodeError):
             return {"type": "ERROR", "error": item.kind.name, "text": f"! {item.kind.name}: "
@@ -48,7 +48,7 @@ class FrameDescriber:
             if f.type is FrameType.HELLO:
                 body = f"version={f.payload[0]} contract={f.payload[1:9].hex()}"
             elif f.type is FrameType.HELLO_REPLY:
-                from protocol.session import DeviceInfo
+                from idemlink.protocol.session import DeviceInfo
                 info = DeviceInfo.decode(f.payload)
                 body = (f"{info.name!r} version={info.version} window={info.window} "
                         f"inflight={info.max_inflight} next_seq={info.next_seq} "
@@ -63,7 +63,7 @@ class FrameDescriber:
         return head
 
     def _request(self, epoch: int, seq: int, pdu: bytes) -> str:
-        from protocol import modbus as mb
+        from idemlink.protocol import modbus as mb
 
         if pdu[:1] == bytes([mb.FunctionCode.FILE_INFO]):
             return f"FC45 file info {mb.decode_file_info_request(pdu).name!r}"
@@ -89,9 +89,9 @@ class FrameDescriber:
         return pdu.hex()
 
     def _response(self, epoch: int, seq: int, payload: bytes) -> str:
-        from protocol import modbus as mb
-        from protocol.outcome import known_status
-        from protocol.session import decode_response
+        from idemlink.protocol import modbus as mb
+        from idemlink.protocol.outcome import known_status
+        from idemlink.protocol.session import decode_response
 
         decoded = decode_response(payload)
         if decoded is None:

@@ -2,7 +2,7 @@
 
 Contract.
 
-- The journal is the persisted set of step keys (UUIDs, see ``host.keys``) of one job, each either
+- The journal is the persisted set of step keys (UUIDs, see ``idemlink.host.keys``) of one job, each either
   ``done`` (receipted: executed exactly once, never to run again) or ``pending`` (in flight: it
   was about to run, may have run, and is UNKNOWN until reconciled). A key in neither is absent.
 - Per key, state only moves along ``TRANSITIONS``: ABSENT -BEGIN-> PENDING -EXECUTED-> DONE, and
@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol, TypeVar
 
-from host.keys import MalformedKeyError, format_key, parse_key
-from protocol.outcome import Outcome
+from idemlink.host.keys import MalformedKeyError, format_key, parse_key
+from idemlink.protocol.outcome import Outcome
 
 __all__ = [
     "FILE_MODE",
@@ -518,7 +518,7 @@ class ReceiptJournal:
 
 
 class KeyedStep(Protocol):
-    """A step of a job: anything with a ``key`` (its idempotency key, see ``host.keys``)."""
+    """A step of a job: anything with a ``key`` (its idempotency key, see ``idemlink.host.keys``)."""
 
     @property
     def key(self) -> uuid.UUID: ...

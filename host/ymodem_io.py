@@ -1,4 +1,4 @@
-"""The YMODEM shell: move bytes between a pyserial port and ``protocol.ymodem``, and files to disk.
+"""The YMODEM shell: move bytes between a pyserial port and ``idemlink.protocol.ymodem``, and files to disk.
 
 Contract:
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from protocol.ymodem import (
+from idemlink.protocol.ymodem import (
     Aborted,
     BatchEnded,
     Event,

@@ -18,16 +18,16 @@ import importlib
 import json
 from typing import Any
 
-from protocol.contract_section import ContractSection
+from idemlink.protocol.contract_section import ContractSection
 
 SECTION_MODULES: tuple[str, ...] = (
-    "protocol.frame",
-    "protocol.outcome",
-    "protocol.session",
-    "protocol.window",
-    "protocol.registers",
-    "protocol.modbus",
-    "protocol.ymodem",
+    "idemlink.protocol.frame",
+    "idemlink.protocol.outcome",
+    "idemlink.protocol.session",
+    "idemlink.protocol.window",
+    "idemlink.protocol.registers",
+    "idemlink.protocol.modbus",
+    "idemlink.protocol.ymodem",
 )
 """Modules exposing ``contract_section()``, in rendering order. Add a line to add a section."""
 
@@ -95,7 +95,7 @@ def render_protocol_md(secs: list[ContractSection]) -> str:
 
 def golden_vectors() -> list[dict[str, Any]]:
     """Golden frames: their fields and exact wire bytes (consumed by Python and C tests)."""
-    from protocol.frame import Flags, FrameType, encode_frame
+    from idemlink.protocol.frame import Flags, FrameType, encode_frame
 
     cases: list[tuple[str, FrameType, int, int, bytes, int]] = [
         ("hello", FrameType.HELLO, 0, 0, b"", 0),

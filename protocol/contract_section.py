@@ -1,7 +1,7 @@
 """The shape of one piece of the single-source contract.
 
 Each declaration module (frames, status codes, the de-duplication window, the register map, ...)
-exposes ``contract_section() -> ContractSection``. ``protocol.contract`` collects the sections in a
+exposes ``contract_section() -> ContractSection``. ``idemlink.protocol.contract`` collects the sections in a
 fixed order and renders the C header, docs/PROTOCOL.md and the contract hash from them, so a
 constant is written exactly once, in Python.
 """

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
-from protocol.modbus import (
+from idemlink.protocol.modbus import (
     ExceptionResponse,
     FunctionCode,
     ModbusPduError,
@@ -56,14 +56,14 @@ from protocol.modbus import (
     decode_request,
     encode_response,
 )
-from protocol.outcome import (
+from idemlink.protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
     LocalProtocolError,
     ModbusException,
     RemoteProtocolError,
     Status,
 )
-from protocol.registers import (
+from idemlink.protocol.registers import (
     DEFAULT_MAP,
     RegisterKind,
     RegisterMap,

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Callable
 from enum import Enum
 
-from protocol.frame import (
+from idemlink.protocol.frame import (
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     DecodeError,
@@ -39,10 +39,10 @@ from protocol.frame import (
     FrameType,
     encode_frame,
 )
-from protocol.outcome import Status
-from protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
-from protocol.session import DeviceInfo, encode_response
-from protocol.window import RING_BITS, ReplayWindow, Verdict
+from idemlink.protocol.outcome import Status
+from idemlink.protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
+from idemlink.protocol.session import DeviceInfo, encode_response
+from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
 
 Executor = Callable[[bytes, float, int], bytes]
 """Runs one request PDU (at simulated time ``now``, for sequence number ``seq``) and returns the

@@ -26,7 +26,7 @@ not know or which carries a flag we do not know is refused with a typed, counted
 capabilities arrive as new frame types or new flags that a peer only uses after the session
 handshake (HELLO) showed the other side knows them.
 
-Delimiting: ``00 cobs(frame) 00`` (see ``protocol.cobs``). The streaming ``FrameDecoder`` never
+Delimiting: ``00 cobs(frame) 00`` (see ``idemlink.protocol.cobs``). The streaming ``FrameDecoder`` never
 raises on bad input, buffers at most ``MAX_ENCODED`` bytes, and loses at most the damaged frame.
 """
 
@@ -40,8 +40,8 @@ from enum import IntEnum, IntFlag
 import construct as cs
 import crcmod.predefined
 
-from protocol import cobs
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol import cobs
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 
 PROTOCOL_VERSION = 1
 MAX_PAYLOAD = 512

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from protocol.frame import (
+from idemlink.protocol.frame import (
     PROTOCOL_VERSION,
     DecodeError,
     DecodeErrorKind,
@@ -51,8 +51,8 @@ from protocol.frame import (
     FrameType,
     encode_frame,
 )
-from protocol.modbus import FILE_INFO_ANSWER_LENGTH, FileInfoStatus, FunctionCode
-from protocol.outcome import (
+from idemlink.protocol.modbus import FILE_INFO_ANSWER_LENGTH, FileInfoStatus, FunctionCode
+from idemlink.protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
     LocalProtocolError,
     ModbusException,
@@ -61,8 +61,8 @@ from protocol.outcome import (
     known_status,
     status_info,
 )
-from protocol.registers import TriggerStatus
-from protocol.session import DeviceInfo, decode_response, encode_hello
+from idemlink.protocol.registers import TriggerStatus
+from idemlink.protocol.session import DeviceInfo, decode_response, encode_hello
 
 SEQ_MASK = 0xFFFFFFFF
 GUARD_FAILED_FUNCTIONS = {0x41}

@@ -18,7 +18,7 @@ Contract:
   * ``0x45 FILE_INFO`` (framed only): ``len:u8 name:utf8*len`` -> ``status:u8 size:u32
     crc32c:u32`` of a committed file (status 0 present, 1 absent: size and CRC 0). Read-only, so
     a retry or a replay is harmless. The name follows YMODEM's receive rules
-    (``protocol.ymodem.check_name``); a refused name or a bad length is exception 03. Its codec is
+    (``idemlink.protocol.ymodem.check_name``); a refused name or a bad length is exception 03. Its codec is
     separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
     answers 01 for it, as for 0x44, so the register core (and the RTU face) never sees it.
 
@@ -43,9 +43,9 @@ from enum import IntEnum
 
 import crcmod.predefined
 
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
-from protocol.outcome import ModbusException, RemoteProtocolError, Status
-from protocol.ymodem import NameRefusal, check_name
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.outcome import ModbusException, RemoteProtocolError, Status
+from idemlink.protocol.ymodem import NameRefusal, check_name
 
 MAX_READ_COUNT = 125
 MAX_WRITE_COUNT = 123

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import IntEnum
 
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 
 
 class Outcome(IntEnum):

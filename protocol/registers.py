@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 
 _C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 

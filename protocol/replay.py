@@ -22,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from enum import Enum
 
-from protocol.frame import crc32c
+from idemlink.protocol.frame import crc32c
 
 DEFAULT_SLOTS = 64
 ENTRY_OVERHEAD = 10

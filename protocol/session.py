@@ -9,8 +9,8 @@
   window beyond both the highest number seen and the last start handed out, so a new host process
   never reuses a number a dead one may still have in flight; see ``DeviceSession.first_seq``) and
   a name. The frame header carries the device's current boot epoch.
-- REQUEST payload: a Modbus-style PDU (function code + data), see ``protocol.modbus``.
-- RESPONSE payload: ``status u8`` (``protocol.outcome.Status``) followed by the response PDU (empty
+- REQUEST payload: a Modbus-style PDU (function code + data), see ``idemlink.protocol.modbus``.
+- RESPONSE payload: ``status u8`` (``idemlink.protocol.outcome.Status``) followed by the response PDU (empty
   unless the status is OK; for EPOCH_MISMATCH, the refused request's epoch as u32 LE, so a host
   can tell a refusal of its own request from a delayed one of an older boot's). A replayed answer
   is the exact bytes of the first one, with the REPLAY flag set in the header.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import construct as cs
 
-from protocol.contract_section import CDefine, ContractSection, md_table
+from idemlink.protocol.contract_section import CDefine, ContractSection, md_table
 
 CONTRACT_HASH_LEN = 8
 

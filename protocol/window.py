@@ -28,9 +28,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum, IntEnum
 
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
-from protocol.frame import SEQ_BITS
-from protocol.outcome import LocalProtocolError, Status
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.frame import SEQ_BITS
+from idemlink.protocol.outcome import LocalProtocolError, Status
 
 RING_BITS = 1024
 """Bits in the ring (a power of two dividing 2^SEQ_BITS)."""

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import crcmod.predefined
 
-from protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 
 # --- wire constants (declared once; exported through contract_section) -------------------------
 

@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.simlink import SimTransport
-from host.aio import AsyncDevice
-from host.device import UnknownOutstanding
-from protocol.modbus import FunctionCode
-from protocol.outcome import Outcome, Status
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.aio import AsyncDevice
+from idemlink.host.device import UnknownOutstanding
+from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.outcome import Outcome, Status
 
 
 class AsyncSim:

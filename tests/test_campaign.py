@@ -10,11 +10,11 @@ import sys
 
 import pytest
 
-from device_sim.campaign import CampaignConfig, run_campaign
-from host.device import Command, CommandKind
-from protocol import host_session
-from protocol.outcome import Outcome, Status
-from protocol.window import ReplayWindow, Verdict
+from idemlink.campaign import CampaignConfig, run_campaign
+from idemlink.host.device import Command, CommandKind
+from idemlink.protocol import host_session
+from idemlink.protocol.outcome import Outcome, Status
+from idemlink.protocol.window import ReplayWindow, Verdict
 
 
 def test_twenty_thousand_commands_at_ten_percent_loss() -> None:
@@ -38,7 +38,7 @@ def test_other_seeds_with_reordering_and_noise(seed: int) -> None:
 
 def test_cli_soak_json_reports_zero_faults() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "host.cli", "soak", "--commands", "1500", "--loss", "0.1",
+        [sys.executable, "-m", "idemlink", "soak", "--commands", "1500", "--loss", "0.1",
          "--seed", "5", "--json"],
         capture_output=True, text=True, check=False, timeout=120,
     )
@@ -51,7 +51,7 @@ def test_cli_soak_json_reports_zero_faults() -> None:
 
 def test_cli_soak_bad_probability_is_one_line_not_a_traceback() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "host.cli", "soak", "--commands", "10", "--loss", "2"],
+        [sys.executable, "-m", "idemlink", "soak", "--commands", "10", "--loss", "2"],
         capture_output=True, text=True, check=False, timeout=60,
     )
     assert r.returncode == 1
@@ -113,7 +113,7 @@ def test_mutant_no_answer_reported_as_not_executed_is_misclassified(
 def test_mutant_reboot_that_loses_configuration_loses_acknowledged_writes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from device_sim.device import SimulatedDevice
+    from idemlink.device_sim.device import SimulatedDevice
 
     real = SimulatedDevice.reboot
 
@@ -129,7 +129,7 @@ def test_mutant_reboot_that_loses_configuration_loses_acknowledged_writes(
 
 
 def test_mutant_replay_of_another_answer_is_misclassified(monkeypatch: pytest.MonkeyPatch) -> None:
-    from protocol.replay import ReplayCache, ReplayVerdict
+    from idemlink.protocol.replay import ReplayCache, ReplayVerdict
 
     real = ReplayCache.lookup
 
@@ -163,9 +163,10 @@ def test_mutant_rejected_reported_as_not_executed_is_misclassified(
 def test_mutant_input_registers_decoded_little_endian_is_misclassified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import host.device
 
-    real = host.device.answer_of
+    import idemlink.host.device as host_device
+
+    real = host_device.answer_of
 
     def little_endian(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
         values, code = real(cmd, pdu)
@@ -173,7 +174,7 @@ def test_mutant_input_registers_decoded_little_endian_is_misclassified(
             return struct.unpack_from(f"<{cmd.count}H", pdu, 2), code
         return values, code
 
-    monkeypatch.setattr(host.device, "answer_of", little_endian)
+    monkeypatch.setattr(host_device, "answer_of", little_endian)
     rep = run_campaign(SMALL)
     assert rep.misclassified > 0
     assert any(p.startswith("read ") and "device answered" in p for p in rep.problems)

@@ -23,20 +23,20 @@ from typing import Any
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import Link, LinkConfig
-from device_sim.pty import open_pty
-from device_sim.simlink import SimTransport
-from host.cli import UserError, build_parser
-from host.device import Device
-from host.journal import ReceiptJournal
-from protocol.frame import Flags, FrameType, encode_frame
-from protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
-from protocol.registers import DEFAULT_MAP
+from idemlink.cli import UserError, build_parser
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import Link, LinkConfig
+from idemlink.device_sim.pty import open_pty
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device
+from idemlink.host.journal import ReceiptJournal
+from idemlink.protocol.frame import Flags, FrameType, encode_frame
+from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
+from idemlink.protocol.registers import DEFAULT_MAP
 
-# Not ``-m host.cli``: that runs cli.py as ``__main__``, a second copy whose ``UserError`` is not
+# Not ``-m idemlink.cli``: that runs cli.py as ``__main__``, a second copy whose ``UserError`` is not
 # the one the command modules raise (so the one-line error handling would not apply).
-CLI = [sys.executable, "-c", "import sys; from host.cli import main; sys.exit(main())"]
+CLI = [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())"]
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -348,7 +348,7 @@ def test_inproc_read_all_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_inproc_apply_reconciles_a_step_left_in_flight(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from host.commands.device_cmds import load_plan
+    from idemlink.commands.device_cmds import load_plan
 
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"name": "r", "steps": [

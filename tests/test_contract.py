@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from host.cli import main
-from protocol import contract
+from idemlink.cli import main
+from idemlink.protocol import contract
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -36,20 +36,24 @@ def test_check_names_the_drifted_file(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_changing_a_declared_constant_without_regenerating_is_caught(tmp_path: Path) -> None:
     # A copy of the repository with one constant edited in the Python declaration and the
     # generated files left alone: the check must fail and name the drifted files.
+    # Laid out as installed (idemlink/protocol, ...) and first on PYTHONPATH, so the copy, not
+    # the editable install, is what runs.
+    pkg = tmp_path / "site" / "idemlink"
+    shutil.copytree(ROOT / "idemlink", pkg)
     for d in ("protocol", "host", "device_sim"):
-        shutil.copytree(ROOT / d, tmp_path / d)
+        shutil.copytree(ROOT / d, pkg / d)
     for rel in [*contract.render_all(), "pyproject.toml"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
-    src = tmp_path / "protocol" / "frame.py"
+    src = pkg / "protocol" / "frame.py"
     text = src.read_text()
     assert "MAX_PAYLOAD = 512\n" in text
     src.write_text(text.replace("MAX_PAYLOAD = 512\n", "MAX_PAYLOAD = 600\n"))
     r = subprocess.run(
-        [sys.executable, "-c", "import sys; from host.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())",
          "contract", "--check", "--root", str(tmp_path)],
         capture_output=True, text=True, check=False, cwd=tmp_path,
-        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(tmp_path / "site"), "PATH": "/usr/bin:/bin"},
     )
     assert r.returncode == 6, r.stdout + r.stderr
     assert contract.HEADER_PATH in r.stdout and contract.PROTOCOL_MD_PATH in r.stdout
@@ -72,7 +76,7 @@ def test_header_compiles_as_c99(tmp_path: Path) -> None:
 
 def test_contract_hash_changes_with_the_declaration(monkeypatch: pytest.MonkeyPatch) -> None:
     before = contract.contract_hash()
-    import protocol.frame as frame
+    import idemlink.protocol.frame as frame
 
     monkeypatch.setattr(frame, "MAX_PAYLOAD", 256)
     assert contract.contract_hash() != before

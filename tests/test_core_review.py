@@ -16,14 +16,14 @@ import struct
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from protocol.contract import contract_hash
-from protocol.device_core import EffectKind
-from protocol.device_session import DeviceSession
-from protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
-from protocol.host_session import Completion, HostSession, answer_fits
-from protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
-from protocol.session import encode_response
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.device_core import EffectKind
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.host_session import Completion, HostSession, answer_fits
+from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
+from idemlink.protocol.session import encode_response
 
 HASH = b"12345678"
 READ = b"\x03\x00\x04\x00\x01"

@@ -8,7 +8,7 @@ import sys
 
 
 def test_demo_runs_and_reports_zero_duplicated_effects() -> None:
-    r = subprocess.run([sys.executable, "-m", "host.cli", "demo", "--burst", "60"],
+    r = subprocess.run([sys.executable, "-m", "idemlink", "demo", "--burst", "60"],
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     out = r.stdout

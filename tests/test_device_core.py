@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from protocol.device_core import (
+from idemlink.protocol.device_core import (
     TRIGGER_TABLE,
     ConfigSnapshot,
     DeviceCore,
@@ -20,8 +20,8 @@ from protocol.device_core import (
     SnapshotError,
     TriggerEvent,
 )
-from protocol.outcome import ModbusException
-from protocol.registers import TriggerState, TriggerStatus
+from idemlink.protocol.outcome import ModbusException
+from idemlink.protocol.registers import TriggerState, TriggerStatus
 
 # The model knows the default map by heart (written out here, not read from the code under test).
 INPUT, HOLDING, FAULT, TRIGGER, GEN = "input", "holding", "fault", "trigger", "generation"

@@ -9,11 +9,11 @@ import pytest
 import serial
 from serial import SerialException
 
-import device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
-from device_sim.device import SimulatedDevice
-from device_sim.pytest_plugin import start_pty_sim
-from host.device import Device
-from protocol.outcome import Outcome
+import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.host.device import Device
+from idemlink.protocol.outcome import Outcome
+from idemlink.pytest_plugin import start_pty_sim
 
 
 def test_every_command_acts_once_through_a_faulty_url() -> None:

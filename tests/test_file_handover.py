@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.pytest_plugin import start_pty_sim
-from host.device import Device
-from protocol.outcome import Outcome
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.host.device import Device
+from idemlink.protocol.outcome import Outcome
+from idemlink.pytest_plugin import start_pty_sim
 
 
 def sha(p: Path) -> str:
@@ -70,12 +70,12 @@ def test_send_through_a_lossy_line(tmp_path: Path) -> None:
 def test_cli_send_shows_per_file_results(tmp_path: Path) -> None:
     files = make_files(tmp_path)[:2]
     flash = tmp_path / "flash"
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--flash-dir", str(flash)],
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--flash-dir", str(flash)],
                             stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         port = proc.stdout.readline().strip()
-        r = subprocess.run([sys.executable, "-m", "host.cli", "send", "--port", port,
+        r = subprocess.run([sys.executable, "-m", "idemlink", "send", "--port", port,
                             *map(str, files)], capture_output=True, text=True, timeout=60,
                            check=False)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -129,10 +129,10 @@ def test_cli_send_exits_unknown_when_the_hand_over_is_unknown_and_the_batch_fail
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """The hand-over's answer was lost and no receiver answered the batch: the device may yet
     switch (or did and gave up) — exit 5 (UNKNOWN), not 1 ("local error, nothing sent")."""
-    import host.device as hd
-    from host.cli import EXIT_UNKNOWN, main
-    from host.ymodem_io import FileResult, TransferReport
-    from protocol.outcome import Status
+    import idemlink.host.device as hd
+    from idemlink.cli import EXIT_UNKNOWN, main
+    from idemlink.host.ymodem_io import FileResult, TransferReport
+    from idemlink.protocol.outcome import Status
 
     f = tmp_path / "fw.bin"
     f.write_bytes(b"x" * 100)

@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.pytest_plugin import start_pty_sim
-from host.device import Command, CommandKind, Device
-from protocol.modbus import (
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.host.device import Command, CommandKind, Device
+from idemlink.protocol.modbus import (
     FileInfoRequest,
     FileInfoResponse,
     FileInfoStatus,
@@ -23,7 +22,8 @@ from protocol.modbus import (
     encode_file_info_request,
     encode_response,
 )
-from protocol.outcome import ModbusException, Outcome
+from idemlink.protocol.outcome import ModbusException, Outcome
+from idemlink.pytest_plugin import start_pty_sim
 
 # CRC-32C check value of the standard "123456789" (RFC 3720 B.4 / the CRC catalogue), so the tests
 # do not take the digest from the code under test.
@@ -96,7 +96,7 @@ def test_device_answers_present_absent_and_hides_temporaries(tmp_path: Path) -> 
 
 
 def test_file_info_over_the_pty_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import host.device as hd
+    import idemlink.host.device as hd
     sim = start_pty_sim(SimulatedDevice(seed=2, flash_dir=tmp_path / "flash"))
     try:
         (sim.device.files_dir / "check.txt").write_bytes(b"123456789")
@@ -143,8 +143,8 @@ def test_a_file_the_device_lacks_after_the_batch_is_failed(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """YMODEM says ok, but the device does not have the file when it is read back (a commit that
     never happened looks exactly like this): failed, and the CLI exits 1."""
-    import host.ymodem_io as yio
-    from host.cli import EXIT_LOCAL_ERROR, main
+    import idemlink.host.ymodem_io as yio
+    from idemlink.cli import EXIT_LOCAL_ERROR, main
 
     files = _files(tmp_path)
     flash = tmp_path / "flash"
@@ -179,8 +179,8 @@ def test_an_unconfirmed_file_that_is_there_is_verified(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """The other way: YMODEM could not prove the commit, the read-back can."""
-    import host.ymodem_io as yio
-    from host.cli import EXIT_OK, main
+    import idemlink.host.ymodem_io as yio
+    from idemlink.cli import EXIT_OK, main
 
     files = _files(tmp_path)
     sim = start_pty_sim(SimulatedDevice(seed=5, flash_dir=tmp_path / "flash"))
@@ -252,7 +252,7 @@ def test_a_dot_file_that_arrived_is_verified_not_absent(tmp_path: Path) -> None:
 def test_a_name_too_long_to_read_back_is_refused_before_the_hand_over(tmp_path: Path) -> None:
     """YMODEM takes names up to 255 bytes, FILE_INFO up to MAX_FILE_INFO_NAME: such a file could
     be stored but never verified, so it is refused before the device is switched."""
-    from protocol.modbus import MAX_FILE_INFO_NAME
+    from idemlink.protocol.modbus import MAX_FILE_INFO_NAME
 
     long_name = tmp_path / ("a" * (MAX_FILE_INFO_NAME + 1))
     long_name.write_bytes(b"x")

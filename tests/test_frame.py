@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import cobs
-from protocol.frame import (
+from idemlink.protocol import cobs
+from idemlink.protocol.frame import (
     FRAME,
     MAX_ENCODED,
     MAX_PAYLOAD,
@@ -220,7 +220,7 @@ def test_decode_segment_agrees_with_decode_on_zero_free_input(seg: bytes) -> Non
 def test_residue_check_equals_trailer_comparison(body: bytes) -> None:
     import struct
 
-    from protocol.frame import CRC_RESIDUE
+    from idemlink.protocol.frame import CRC_RESIDUE
 
     good = body + struct.pack("<I", crc32c(body))
     assert crc32c(good) == CRC_RESIDUE

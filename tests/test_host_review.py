@@ -19,17 +19,17 @@ from pathlib import Path
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.pytest_plugin import start_pty_sim
-from device_sim.simlink import SimTransport
-from host.cli import UserError, build_parser
-from host.commands.device_cmds import load_plan
-from host.device import Device, LinkLost, PortError, UnknownOutstanding
-from host.journal import ReceiptJournal
-from protocol.frame import Frame, FrameDecoder, FrameType
-from protocol.modbus import FunctionCode
-from protocol.outcome import LocalProtocolError, Outcome, Status
-from protocol.registers import DEFAULT_MAP
+from idemlink.cli import UserError, build_parser
+from idemlink.commands.device_cmds import load_plan
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device, LinkLost, PortError, UnknownOutstanding
+from idemlink.host.journal import ReceiptJournal
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
+from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.registers import DEFAULT_MAP
+from idemlink.pytest_plugin import start_pty_sim
 
 
 class Bounded:
@@ -350,9 +350,9 @@ def test_sim_serving_a_port_that_fails_exits_1_without_a_traceback(
     import contextlib
     from collections.abc import Iterator
 
-    import host.commands.sim_cmd as sim_cmd
-    from host.cli import UserError
-    from host.device import PortError
+    import idemlink.commands.sim_cmd as sim_cmd
+    from idemlink.cli import UserError
+    from idemlink.host.device import PortError
 
     class DyingTransport:
         def read(self, timeout: float) -> bytes:
@@ -376,8 +376,8 @@ def test_cli_ctrl_c_with_a_request_out_says_it_may_have_run(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], as_json: bool) -> None:
     """Ctrl-C after the trigger reached the device: exit 130 as documented, but no longer silent —
     one line (and the results with --json) says a request may have run."""
-    from host.cli import main
-    from protocol.device_core import EffectKind
+    from idemlink.cli import main
+    from idemlink.protocol.device_core import EffectKind
 
     sim = SimTransport(SimulatedDevice(seed=3))
 
@@ -422,7 +422,7 @@ def test_output_into_a_closed_pipe_exits_141_without_a_traceback() -> None:
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "regmap", "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "regmap", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()  # the reader is gone before the first byte (`| head -c 0`)

@@ -31,8 +31,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from host import journal as J
-from host.keys import (
+from idemlink.host import journal as J
+from idemlink.host.keys import (
     KeyFieldError,
     KeySource,
     MalformedKeyError,
@@ -41,7 +41,7 @@ from host.keys import (
     source_namespace,
     step_key,
 )
-from protocol.outcome import Outcome
+from idemlink.protocol.outcome import Outcome
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -746,7 +746,7 @@ def test_foreign_in_flight_key_blocks_until_resolved_by_hand(jpath: Path) -> Non
 WRITER = textwrap.dedent(
     """
     import sys, uuid
-    from host import journal as J
+    from idemlink.host import journal as J
     path, rounds = sys.argv[1], int(sys.argv[2])
     small = J.Snapshot(frozenset({uuid.UUID(int=1)}))
     big = J.Snapshot(frozenset(uuid.UUID(int=i) for i in range(2, 600)),
@@ -789,9 +789,9 @@ def test_concurrent_reader_never_sees_a_partial_journal(jpath: Path) -> None:
 CHILD = textwrap.dedent(
     """
     import json, os, random, signal, sys, time, uuid
-    from host.journal import run_steps
-    from host.keys import KeySource, step_key
-    from protocol.outcome import Outcome
+    from idemlink.host.journal import run_steps
+    from idemlink.host.keys import KeySource, step_key
+    from idemlink.protocol.outcome import Outcome
 
     journal, log_path, n, job = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     kill_at = os.environ.get("KILL_AT", "")

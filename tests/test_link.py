@@ -23,8 +23,8 @@ import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import device_sim.urlhandler
-from device_sim.link import (
+from idemlink.device_sim import urlhandler
+from idemlink.device_sim.link import (
     PARAM_NAMES,
     FrameFault,
     Link,
@@ -34,9 +34,9 @@ from device_sim.link import (
     RebootEvent,
     config_from_params,
 )
-from device_sim.link_proxy import LinkProxy
-from device_sim.pair import SimClock, SimClockError, SimPair
-from protocol import cobs
+from idemlink.device_sim.link_proxy import LinkProxy
+from idemlink.device_sim.pair import SimClock, SimClockError, SimPair
+from idemlink.protocol import cobs
 
 BAUDS = st.sampled_from([None, 1200, 9600, 115200, 1_000_000])
 LATENCIES = st.sampled_from([0.0, 0.0005, 0.002, 0.010])
@@ -436,7 +436,7 @@ def read_exactly(port: serial.SerialBase, n: int, deadline: float) -> bytes:
 
 
 def test_faulty_url_round_trip_through_loop_is_exact_and_paced() -> None:
-    device_sim.urlhandler.register()
+    urlhandler.register()
     port = serial.serial_for_url("faulty://loop://?baud=115200&latency_ms=2", timeout=0.5)
     try:
         data = bytes(range(256)) * 2
@@ -466,7 +466,7 @@ def test_faulty_url_counts_every_lost_byte() -> None:
 
 
 def test_faulty_url_options_and_errors() -> None:
-    from device_sim.urlhandler.protocol_faulty import split_url
+    from idemlink.device_sim.urlhandler.protocol_faulty import split_url
 
     assert split_url("faulty://loop://?loss=0.1&seed=2") == ("loop://", {"loss": "0.1", "seed": "2"})
     assert split_url("faulty://socket://h:1?logging=debug&loss=0.1") == (
@@ -583,7 +583,7 @@ def test_link_command_prints_paths_serves_and_exits_cleanly_on_sigterm() -> None
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": str(root)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "link", "--baud", "115200", "--latency-ms", "1",
+        [sys.executable, "-m", "idemlink", "link", "--baud", "115200", "--latency-ms", "1",
          "--stats"],
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
@@ -719,13 +719,13 @@ def test_frame_gap_must_be_positive() -> None:
 
 def test_link_monitor_decodes_the_frames_crossing_the_line() -> None:
     """``idemlink link --monitor`` between a host and the pty simulator: a spy on the wire."""
-    from device_sim.device import SimulatedDevice
-    from device_sim.pytest_plugin import start_pty_sim
-    from host.device import Device
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.host.device import Device
+    from idemlink.pytest_plugin import start_pty_sim
 
     sim = start_pty_sim(SimulatedDevice(seed=4))
     proc = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from host.cli import main; sys.exit(main())",
+        [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())",
          "link", "--b", sim.path, "--monitor"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0,  # unbuffered: select works
     )

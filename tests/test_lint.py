@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,5 +24,8 @@ def test_ruff_clean() -> None:
 
 def test_mypy_strict_clean() -> None:
     pytest.importorskip("mypy")
-    r = _run(sys.executable, "-m", "mypy")
+    from typecheck import run_mypy
+
+    r = run_mypy()
     assert r.returncode == 0, r.stdout + r.stderr
+    assert "Success" in r.stdout, r.stdout

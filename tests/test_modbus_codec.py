@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.modbus import (
+from idemlink.protocol.modbus import (
     MAX_CONDITIONAL_WRITE_COUNT,
     MAX_WRITE_COUNT,
     AddressOverflow,
@@ -44,7 +44,7 @@ from protocol.modbus import (
     encode_rtu,
     response_frame_length,
 )
-from protocol.outcome import ModbusException, Status
+from idemlink.protocol.outcome import ModbusException, Status
 
 # One table, both directions (request object <-> PDU bytes). Hex written by hand from the
 # Modbus Application Protocol v1.1b3 examples and our 0x41/0x42 layout in the module docstring.
@@ -337,7 +337,7 @@ def test_file_info_answer_of_a_wrong_length_or_status_is_refused(pdu: bytes) -> 
 
 @given(st.binary(min_size=0, max_size=12))
 def test_answer_fits_a_file_info_only_with_its_exact_shape(pdu: bytes) -> None:
-    from protocol.host_session import answer_fits
+    from idemlink.protocol.host_session import answer_fits
 
     fits = answer_fits(b"\x45\x01a", pdu)
     shaped = len(pdu) == 10 and pdu[0] == 0x45 and pdu[1] in (0, 1)
@@ -345,7 +345,7 @@ def test_answer_fits_a_file_info_only_with_its_exact_shape(pdu: bytes) -> None:
 
 
 def test_frame_view_describes_file_info() -> None:
-    from host.frame_view import FrameDescriber
+    from idemlink.host.frame_view import FrameDescriber
 
     d = FrameDescriber()
     assert "file info 'fw.bin'" in d._request(1, 1, b"\x45\x06fw.bin")

@@ -31,14 +31,14 @@ import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_sim.device import SimulatedDevice
-from device_sim.flash import ConfigFlash
-from device_sim.rtu_server import RtuServer
-from host.cli import EXIT_LOCAL_ERROR
-from protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
-from protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu, rtu_frame_gap
-from protocol.modbus import WriteSingleRegister as Fc06
-from protocol.registers import FaultBit, RegisterSchemaError, make_map, register
+from idemlink.cli import EXIT_LOCAL_ERROR
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
+from idemlink.protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu, rtu_frame_gap
+from idemlink.protocol.modbus import WriteSingleRegister as Fc06
+from idemlink.protocol.registers import FaultBit, RegisterSchemaError, make_map, register
 
 OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
 OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
@@ -180,7 +180,7 @@ def _line(proc: subprocess.Popen[bytes], deadline: float) -> str:
 
 def test_sim_cli_survives_a_vanished_flash_dir(tmp_path: Path) -> None:
     flash_dir = tmp_path / "flash"
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu",
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--modbus-rtu",
                              "--flash-dir", str(flash_dir)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -243,7 +243,7 @@ def test_trigger_duration_must_be_finite_and_non_negative(duration: float) -> No
 @pytest.mark.parametrize("text", ["nan", "inf", "-1"])
 def test_sim_refuses_a_non_finite_trigger_duration(text: str) -> None:
     # A subprocess: before the fix the simulator accepted the value and served forever.
-    r = subprocess.run([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu",
+    r = subprocess.run([sys.executable, "-m", "idemlink", "sim", "--modbus-rtu",
                         f"--trigger-duration={text}"], capture_output=True, text=True, timeout=20)
     assert r.returncode == EXIT_LOCAL_ERROR and "trigger duration" in r.stderr
 
@@ -572,7 +572,7 @@ def _drain(dec: RtuDecoder) -> list[RtuFrame]:
 
 
 def test_frame_gap_is_three_and_a_half_characters_up_to_19200_baud() -> None:
-    from protocol.modbus import rtu_frame_gap
+    from idemlink.protocol.modbus import rtu_frame_gap
     # 3.5 x 11 bits: 9600 Bd -> 38.5/9600 s = 4.0104 ms; 1200 Bd -> 32.08 ms; above 19200: 1.75 ms
     assert rtu_frame_gap(9600) == pytest.approx(0.0040104, abs=1e-7)
     assert rtu_frame_gap(1200) == pytest.approx(0.0320833, abs=1e-7)
@@ -600,8 +600,8 @@ def test_rtu_server_at_9600_baud_does_not_see_a_3_ms_pause() -> None:
 
 
 def test_sim_cli_passes_the_baud_rate_to_the_rtu_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    from host.cli import build_parser
-    from host.commands import sim_cmd
+    from idemlink.cli import build_parser
+    from idemlink.commands import sim_cmd
     seen: list[float] = []
 
     def fake_serve(args: object, serve: object) -> int:

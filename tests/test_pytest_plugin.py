@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 FOREIGN = '''
-from device_sim.link import LinkConfig
+from idemlink.device_sim.link import LinkConfig
 
 def test_in_process(idemlink_sim):
     dev = idemlink_sim.connect()

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from host.cli import main
-from protocol.registers import (
+from idemlink.cli import main
+from idemlink.protocol.registers import (
     DEFAULT_MAP,
     FaultBit,
     RegisterKind,

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.simlink import SimTransport
-from host.device import Command, CommandKind, Device
-from host.ymodem_io import DirectorySink, ReceiverDriver
-from protocol.device_session import DeviceSession
-from protocol.host_session import Completion, HostSession
-from protocol.outcome import LocalProtocolError, Outcome, Status
-from protocol.ymodem import CAN, Sender, SendFile, TxState
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Command, CommandKind, Device
+from idemlink.host.ymodem_io import DirectorySink, ReceiverDriver
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.host_session import Completion, HostSession
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.ymodem import CAN, Sender, SendFile, TxState
 
 HASH = b"12345678"
 READ = b"\x03\x00\x00\x00\x01"
@@ -140,7 +140,7 @@ class _AnswersLostForTriggers(SimTransport):
     """A line that loses every answer while a trigger start (FC 0x42, value 1) is being sent."""
 
     def write(self, data: bytes) -> None:
-        from protocol.frame import Frame, FrameDecoder
+        from idemlink.protocol.frame import Frame, FrameDecoder
 
         for f in FrameDecoder().feed(data):
             if isinstance(f, Frame) and f.payload[:1] == b"\x42":

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import serial
 
-from device_sim.rtu_server import ConfigFlash, RtuServer
-from protocol.device_core import DeviceCore, EffectKind
-from protocol.modbus import encode_rtu
+from idemlink.device_sim.rtu_server import ConfigFlash, RtuServer
+from idemlink.protocol.device_core import DeviceCore, EffectKind
+from idemlink.protocol.modbus import encode_rtu
 
 needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll not installed")
 
@@ -65,7 +65,7 @@ def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
 
 
 def start_sim(*args: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "host.cli", "sim", "--modbus-rtu", *args],
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--modbus-rtu", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     path = _read_line(proc.stdout, proc, time.monotonic() + 20)
     return proc, path

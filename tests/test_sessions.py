@@ -6,15 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.simlink import SimTransport
-from host.device import Device, IncompatibleDevice, UnknownOutstanding
-from protocol.device_session import DeviceSession
-from protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
-from protocol.host_session import HostSession
-from protocol.outcome import Outcome, Status
-from protocol.session import decode_response
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device, IncompatibleDevice, UnknownOutstanding
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.host_session import HostSession
+from idemlink.protocol.outcome import Outcome, Status
+from idemlink.protocol.session import decode_response
 
 EPOCH = 0xA5A5A5A5
 HASH = b"12345678"
@@ -192,7 +192,7 @@ def test_unknown_when_no_answer_blocks_until_acknowledged() -> None:
 
 
 def test_reboot_mid_flight_reissues_set_only_and_reports_others_unknown() -> None:
-    from host.device import Command, CommandKind
+    from idemlink.host.device import Command, CommandKind
 
     dev, t = connect()
     t.drop_answers = True  # the first attempts run, their answers are lost...
@@ -224,8 +224,8 @@ def test_incompatible_contract_is_refused() -> None:
 
 
 def test_a_device_of_a_newer_protocol_version_is_refused_clearly() -> None:
-    from protocol import cobs
-    from protocol.frame import crc32c
+    from idemlink.protocol import cobs
+    from idemlink.protocol.frame import crc32c
 
     class NewerDevice:
         """Answers every HELLO with a version-2 frame (which we must not try to parse)."""
@@ -284,8 +284,8 @@ def test_device_session_never_raises_and_runs_each_number_once(
 def test_host_session_ends_every_request_exactly_once_whatever_arrives(
     answers: list[tuple[int, int, int, bytes, bool]], junk: bytes, n: int
 ) -> None:
-    from protocol.host_session import Completion
-    from protocol.session import encode_response
+    from idemlink.protocol.host_session import Completion
+    from idemlink.protocol.session import encode_response
 
     host = HostSession(contract_hash=HASH, timeout=0.1, attempts=3, max_inflight=4)
     dev, _ = make()
@@ -314,7 +314,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
 
 
 def test_a_hand_built_write_to_a_trigger_is_not_reissued_after_a_reboot() -> None:
-    from host.device import Command, CommandKind
+    from idemlink.host.device import Command, CommandKind
 
     dev, t = connect()
     t.drop_answers = True
@@ -333,7 +333,7 @@ def test_a_hand_built_write_to_a_trigger_is_not_reissued_after_a_reboot() -> Non
 
 
 def test_a_malformed_read_answer_carries_no_values_and_never_raises() -> None:
-    from host.device import Command, CommandKind, answer_of
+    from idemlink.host.device import Command, CommandKind, answer_of
 
     read3 = Command(CommandKind.READ, 4, 3)
     assert answer_of(read3, bytes([3, 6, 0, 1, 0, 2, 0, 3])) == ((1, 2, 3), None)

@@ -14,12 +14,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.simlink import SimTransport
-from host.device import Device, Result
-from protocol.outcome import Outcome
-from protocol.registers import DEFAULT_MAP, RegisterKind, TriggerState
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device, Result
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import DEFAULT_MAP, RegisterKind, TriggerState
 
 HOLDINGS = DEFAULT_MAP.of_kind(RegisterKind.HOLDING)
 TRIGGER = DEFAULT_MAP.of_kind(RegisterKind.TRIGGER)[0]

@@ -26,9 +26,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from protocol.contract_section import ContractSection
-from protocol.outcome import LocalProtocolError
-from protocol.window import (
+from idemlink.protocol.contract_section import ContractSection
+from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.window import (
     BLOCK_BITS,
     RING_BITS,
     WINDOW_SIZE,

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import ymodem as ym
-from protocol.ymodem import (
+from idemlink.protocol import ymodem as ym
+from idemlink.protocol.ymodem import (
     ACK,
     CAN,
     CRC_REQUEST,

@@ -1,6 +1,6 @@
 """The YMODEM shell's safe file sink and the embeddable ReceiverDriver, driven in-process.
 
-The sender is the real ``protocol.ymodem.Sender``; the oracle is the source bytes and the
+The sender is the real ``idemlink.protocol.ymodem.Sender``; the oracle is the source bytes and the
 directory listing, never a value the sink computed.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from host.ymodem_io import DirectorySink, ReceiverDriver, SinkRefused
-from protocol.ymodem import (
+from idemlink.host.ymodem_io import DirectorySink, ReceiverDriver, SinkRefused
+from idemlink.protocol.ymodem import (
     CAN,
     FileStarted,
     ReceiverConfig,
@@ -167,7 +167,7 @@ def test_receiver_refuses_hostile_name_before_the_sink_sees_it(tmp_path: Path) -
     drv = ReceiverDriver(DirectorySink(target))
     drv.start(0.0)
     # A hand-made block 0 whose name climbs out of the directory.
-    from protocol.ymodem import build_block
+    from idemlink.protocol.ymodem import build_block
 
     out = drv.feed(build_block(0, b"../outside\x005 0 100644".ljust(128, b"\x00")), 0.1)
     assert out.count(CAN) >= 2

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import serial
 
-from host.ymodem_io import DirectorySink, TransferReport, receive_files, send_files
-from protocol.ymodem import ReceiverConfig, SenderConfig
+from idemlink.host.ymodem_io import DirectorySink, TransferReport, receive_files, send_files
+from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("socat") and shutil.which("sb") and shutil.which("rb")),
@@ -85,7 +85,7 @@ def assert_same(src: list[Path], dst: Path) -> None:
                          ids=["1k-blocks", "128-blocks-long-name"])
 def test_our_sender_to_rb(tmp_path: Path, pty_pair: tuple[str, str], caplog: pytest.LogCaptureFixture,
                           spec: dict[str, int], block: int) -> None:
-    caplog.set_level(logging.DEBUG, logger="host.ymodem_io")
+    caplog.set_level(logging.DEBUG, logger="idemlink.host.ymodem_io")
     a, b = pty_pair
     src = make_files(tmp_path / "src", spec)
     dst = tmp_path / "dst"
@@ -157,10 +157,10 @@ def test_cli_send_plain_to_cli_receive(tmp_path: Path, pty_pair: tuple[str, str]
     dst.mkdir()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     recv = subprocess.Popen(
-        [sys.executable, "-m", "host.cli", "receive", "--port", b, "--dir", str(dst),
+        [sys.executable, "-m", "idemlink", "receive", "--port", b, "--dir", str(dst),
          "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     send = subprocess.run(
-        [sys.executable, "-m", "host.cli", "send", "--plain", "--port", a, *map(str, src)],
+        [sys.executable, "-m", "idemlink", "send", "--plain", "--port", a, *map(str, src)],
         capture_output=True, text=True, timeout=60, env=env)
     out, err = recv.communicate(timeout=30)
     assert send.returncode == 0, send.stdout + send.stderr

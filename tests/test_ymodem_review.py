@@ -22,9 +22,9 @@ import pytest
 import serial
 from test_ymodem_core import Pair, files_of
 
-from host.ymodem_io import DirectorySink, TransferReport, receive_files
-from protocol import ymodem as ym
-from protocol.ymodem import HeaderRefusal, NameRefusal, ReceiverConfig
+from idemlink.host.ymodem_io import DirectorySink, TransferReport, receive_files
+from idemlink.protocol import ymodem as ym
+from idemlink.protocol.ymodem import HeaderRefusal, NameRefusal, ReceiverConfig
 
 # --- 1. block 0 cut by a long name ----------------------------------------------------------------
 
@@ -341,7 +341,7 @@ def test_abort_before_the_next_c_reports_the_file_unconfirmed_not_ok() -> None:
 
 def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
     """The receiver ACKs the EOT and then cancels: the file is reported not ok, 'not confirmed'."""
-    from host import ymodem_io
+    from idemlink.host import ymodem_io
 
     src = tmp_path / "f.bin"
     src.write_bytes(b"abc")
@@ -501,7 +501,7 @@ def test_receive_interrupted_mid_file_leaves_no_temporary_and_no_open_fd(
 def test_device_receive_loop_with_a_dying_transport_leaves_no_temporary(tmp_path: Path) -> None:
     import time
 
-    from device_sim.file_receive import receive_batch
+    from idemlink.device_sim.file_receive import receive_batch
 
     class Transport:
         def __init__(self) -> None:
@@ -525,7 +525,7 @@ def test_device_receive_loop_with_a_dying_transport_leaves_no_temporary(tmp_path
 
 
 def test_two_files_with_the_same_basename_are_refused_before_sending(tmp_path: Path) -> None:
-    from host.ymodem_io import send_files
+    from idemlink.host.ymodem_io import send_files
 
     for sub, body in (("a", b"first"), ("b", b"second")):
         (tmp_path / sub).mkdir()
@@ -565,7 +565,7 @@ def test_cli_send_refuses_the_same_basename_twice(tmp_path: Path) -> None:
 
 def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
     """Results follow the batch by index: each file gets exactly one line, in order."""
-    from host import ymodem_io
+    from idemlink.host import ymodem_io
 
     files = [ym.SendFile.from_bytes("a.bin", b"1"), ym.SendFile.from_bytes("b.bin", b"2")]
 

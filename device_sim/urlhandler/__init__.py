@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import serial
 
-PACKAGE = "device_sim.urlhandler"
+PACKAGE = "idemlink.device_sim.urlhandler"
 
 
 def register() -> None:

@@ -3,7 +3,7 @@ front of any other pyserial URL (``loop://``, ``socket://``, a device or pty pat
 
 Contract:
 
-- The options are ``device_sim.link.PARAM_NAMES`` (``baud``, ``latency_ms``, ``loss``, ``dup``,
+- The options are ``idemlink.device_sim.link.PARAM_NAMES`` (``baud``, ``latency_ms``, ``loss``, ``dup``,
   ``corrupt``, ``frame_loss``, ``frame_dup``, ``frame_corrupt``, ``reorder``, ``noise_rate``,
   ``seed``...). Other query options are handed on to the inner URL, so
   ``faulty://socket://host:7000?logging=debug&loss=0.1`` opens ``socket://host:7000?logging=debug``.
@@ -28,7 +28,7 @@ from typing import Any
 import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
-from device_sim.link import PARAM_NAMES, Link, LinkConfigError, config_from_params
+from idemlink.device_sim.link import PARAM_NAMES, Link, LinkConfigError, config_from_params
 
 SCHEME = "faulty://"
 _INNER_READ_TIMEOUT = 0.02  # the reader thread's poll period for stop requests

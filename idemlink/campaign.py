@@ -1,6 +1,6 @@
 """The fault campaign: mixed commands through a lossy link with reboots, judged by an oracle.
 
-``run_campaign(CampaignConfig)`` drives a ``host.device.Device`` against a ``SimulatedDevice``
+``run_campaign(CampaignConfig)`` drives a ``idemlink.host.device.Device`` against a ``SimulatedDevice``
 through the link emulator on a simulated clock (``SimTransport``), so a run is reproducible from its
 seed and 20,000 commands take seconds. The oracle compares every host outcome with the device's
 ground truth (its execution log and the register core's effect log) and counts:
@@ -31,13 +31,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import LinkConfig
-from device_sim.simlink import SimTransport
-from host.device import Command, CommandKind, Device, Result, answer_of
-from protocol.device_core import EffectKind
-from protocol.outcome import Outcome
-from protocol.registers import RegisterKind, RegisterSpec, TriggerStatus
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Command, CommandKind, Device, Result, answer_of
+from idemlink.protocol.device_core import EffectKind
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import RegisterKind, RegisterSpec, TriggerStatus
 
 #: The device's own answer, read without host code: what a host must report for it.
 _GUARD_FUNCTION = 0x41

@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import Link, LinkConfig
-from device_sim.serve import LockedDevice
-from device_sim.simlink import SimTransport
-from protocol.registers import RegisterMap
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import Link, LinkConfig
+from idemlink.device_sim.serve import LockedDevice
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.protocol.registers import RegisterMap
 
 if TYPE_CHECKING:
-    from host.device import Device
+    from idemlink.host.device import Device
 
 
 @dataclass(slots=True)
@@ -52,8 +52,8 @@ class InProcessSim:
         return self.transport.device.core.regmap
 
     def connect(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
-        """A connected ``host.device.Device`` on this simulated line."""
-        from host.device import Device
+        """A connected ``idemlink.host.device.Device`` on this simulated line."""
+        from idemlink.host.device import Device
 
         dev = Device(self.transport, timeout=timeout, attempts=attempts,
                      max_inflight=max_inflight)
@@ -84,8 +84,8 @@ class PtySim:
             self.device.reboot(time.monotonic())
 
     def open(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
-        """``host.device.Device.open`` on this pty (closed at teardown)."""
-        from host.device import Device
+        """``idemlink.host.device.Device.open`` on this pty (closed at teardown)."""
+        from idemlink.host.device import Device
 
         dev = Device.open(self.path, timeout=timeout, attempts=attempts,
                           max_inflight=max_inflight)
@@ -100,9 +100,9 @@ class PtySim:
 
 def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None = None) -> PtySim:
     """Serve a device on a new pty (optionally behind a lossy real-time line); ``close()`` it."""
-    from device_sim.lossy_transport import LossyTransport
-    from device_sim.pty import open_pty
-    from device_sim.serve import serve
+    from idemlink.device_sim.lossy_transport import LossyTransport
+    from idemlink.device_sim.pty import open_pty
+    from idemlink.device_sim.serve import serve
 
     sim = device if device is not None else SimulatedDevice(seed=0)
     shared = LockedDevice(sim)

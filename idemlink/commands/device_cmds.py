@@ -3,20 +3,20 @@
 Contract:
 
 - Every command except ``ports`` talks to one device at ``--port`` (a device path or any pyserial
-  URL), opened without toggling DTR/RTS, through ``host.device.Device``; ``--timeout`` and
+  URL), opened without toggling DTR/RTS, through ``idemlink.host.device.Device``; ``--timeout`` and
   ``--attempts`` tune the retries, ``--json`` prints one JSON document on stdout instead of text.
 - The exit status is the worst outcome class of the commands sent (UNKNOWN 5 > REJECTED 4 >
-  NOT_EXECUTED 3 > OK 0); see ``host.cli``. A write the register map already shows to be invalid
+  NOT_EXECUTED 3 > OK 0); see ``idemlink.cli``. A write the register map already shows to be invalid
   (out of range, read-only register) is REJECTED without being sent (exit 4; ``--no-check`` sends
   it anyway and lets the device refuse it).
 - User mistakes (no such port, no device answering, unknown register or bit, a value that is not an
   integer or does not fit 16 bits, a bad plan file, a refused journal) raise ``UserError``: one line
   on stderr, exit 1, nothing sent.
 - After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it.
-- ``apply PLAN.json`` runs a plan of writes through the receipt journal (``host.journal.run_steps``)
+- ``apply PLAN.json`` runs a plan of writes through the receipt journal (``idemlink.host.journal.run_steps``)
   with keys ``step_key(KeySource.PLAN_STEP, plan name, step index, "addr=value,...")``; the plan
   format is documented in docs/CLI.md and in ``load_plan``.
-- ``monitor`` decodes the idemlink frames passing on a port (``protocol.frame.FrameDecoder``) and
+- ``monitor`` decodes the idemlink frames passing on a port (``idemlink.protocol.frame.FrameDecoder``) and
   prints one line per frame or refused frame.
 
 Tests may inject the device: a handler uses ``args.open_device()`` when the namespace has it.
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from host.cli import (
+from idemlink.cli import (
     EXIT_LOCAL_ERROR,
     EXIT_NOT_EXECUTED,
     EXIT_OK,
@@ -43,10 +43,10 @@ from host.cli import (
     EXIT_UNKNOWN,
     UserError,
 )
-from host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
-from host.frame_view import FrameDescriber, trigger_code_name
-from protocol.outcome import Outcome
-from protocol.registers import (
+from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
+from idemlink.host.frame_view import FrameDescriber, trigger_code_name
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import (
     DEFAULT_MAP,
     REGISTER_MAX,
     RegisterKind,
@@ -633,7 +633,7 @@ def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[P
     ``step_key(KeySource.PLAN_STEP, name, index, "addr=value,...")``: the same plan re-applied skips
     what is receipted; a changed step is a new step.
     """
-    from host.keys import KeySource, step_key
+    from idemlink.host.keys import KeySource, step_key
 
     try:
         raw = Path(path).read_text(encoding="utf-8")
@@ -672,7 +672,7 @@ def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[P
 
 def resolve_step(args: argparse.Namespace, journal: str) -> int:
     """``apply --resolve KEY --executed|--not-executed``: settle an in-flight key by hand."""
-    from host.journal import JournalError, ReceiptJournal, StepState
+    from idemlink.host.journal import JournalError, ReceiptJournal, StepState
 
     if args.executed == args.not_executed:
         raise UserError("--resolve KEY needs --executed or --not-executed (check the device first)")
@@ -693,7 +693,7 @@ def resolve_step(args: argparse.Namespace, journal: str) -> int:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    from host.journal import JournalError, run_steps
+    from idemlink.host.journal import JournalError, run_steps
 
     journal = args.journal or f"{args.plan}.journal"
     if args.resolve is not None:
@@ -779,7 +779,7 @@ def run_apply(args: argparse.Namespace) -> int:
 def run_monitor(args: argparse.Namespace) -> int:
     import serial
 
-    from protocol.frame import FrameDecoder
+    from idemlink.protocol.frame import FrameDecoder
 
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL)")

@@ -18,7 +18,7 @@ def register(sub: Any) -> None:
 
 def drifted_files(root: Path) -> list[str]:
     """Committed artifacts whose content differs from a fresh rendering."""
-    from protocol.contract import render_all
+    from idemlink.protocol.contract import render_all
 
     out = []
     for rel, text in render_all().items():
@@ -29,8 +29,8 @@ def drifted_files(root: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from host.cli import UserError
-    from protocol.contract import render_all
+    from idemlink.cli import UserError
+    from idemlink.protocol.contract import render_all
 
     root = Path(args.root)
     if not (root / "pyproject.toml").is_file():

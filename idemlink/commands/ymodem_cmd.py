@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from host.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError
+from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError
 
 
 def register(sub: Any) -> None:
@@ -98,8 +98,8 @@ def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
 
 
 def run_send(args: argparse.Namespace) -> int:
-    from host.ymodem_io import check_batch_names, send_files
-    from protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
+    from idemlink.host.ymodem_io import check_batch_names, send_files
+    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
 
     for f in args.files:
         if not Path(f).is_file():
@@ -132,9 +132,9 @@ def run_send(args: argparse.Namespace) -> int:
 
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
-    from host.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
-    from host.device import Device
-    from protocol.outcome import IdemlinkError, Outcome
+    from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
+    from idemlink.host.device import Device
+    from idemlink.protocol.outcome import IdemlinkError, Outcome
 
     bar = _Bar(not args.no_progress)
     try:
@@ -171,8 +171,8 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
 
 
 def run_receive(args: argparse.Namespace) -> int:
-    from host.ymodem_io import DirectorySink, SinkRefused, receive_files
-    from protocol.ymodem import ReceiverConfig
+    from idemlink.host.ymodem_io import DirectorySink, SinkRefused, receive_files
+    from idemlink.protocol.ymodem import ReceiverConfig
 
     try:
         sink = DirectorySink(args.dir, overwrite=args.overwrite, quota=args.quota)

@@ -1,8 +1,8 @@
 """``idemlink sim``: run the simulated device on a pseudo-terminal, a port or a pyserial URL.
 
 Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served
-by ``device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
-(``device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the FIRST line of
+by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
+(``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the FIRST line of
 stdout (flushed), then the simulator serves until SIGINT or SIGTERM, closes what it opened and
 exits 0. A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
 """
@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from host.cli import EXIT_OK, UserError
-from protocol.outcome import LocalProtocolError
+from idemlink.cli import EXIT_OK, UserError
+from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
-    from device_sim.serve import ServeTransport
+    from idemlink.device_sim.serve import ServeTransport
 
 
 def register(sub: Any) -> None:
@@ -44,8 +44,8 @@ def register(sub: Any) -> None:
 @contextlib.contextmanager
 def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
     """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
-    from device_sim.pty import open_pty
-    from host.device import PortError, SerialTransport
+    from idemlink.device_sim.pty import open_pty
+    from idemlink.host.device import PortError, SerialTransport
 
     if args.port:
         try:
@@ -66,7 +66,7 @@ def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str
 
 def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
                         threading.Event], object]) -> int:
-    from device_sim.serve import install_stop_signals
+    from idemlink.device_sim.serve import install_stop_signals
 
     with _serving_end(args) as (transport, path):
         stop = threading.Event()
@@ -98,9 +98,9 @@ def run_rtu(args: argparse.Namespace) -> int:
         raise UserError(f"unit id {args.unit} outside 1..247")
     if args.baudrate <= 0:
         raise UserError(f"baud rate {args.baudrate} must be positive")
-    from device_sim.flash import ConfigFlash
-    from device_sim.rtu_server import RtuServer
-    from protocol.device_core import DeviceCore, SnapshotError
+    from idemlink.device_sim.flash import ConfigFlash
+    from idemlink.device_sim.rtu_server import RtuServer
+    from idemlink.protocol.device_core import DeviceCore, SnapshotError
 
     core = DeviceCore(trigger_duration=args.trigger_duration)
     try:
@@ -115,9 +115,9 @@ def run_rtu(args: argparse.Namespace) -> int:
 
 def run_framed(args: argparse.Namespace) -> int:
     """The framed simulator (``SimulatedDevice``) on a new pty or on ``--port``."""
-    from device_sim.device import SimulatedDevice
-    from device_sim.serve import serve
-    from protocol.device_core import SnapshotError
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.serve import serve
+    from idemlink.protocol.device_core import SnapshotError
 
     try:
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,

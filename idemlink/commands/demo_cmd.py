@@ -3,7 +3,7 @@ and a summary proving every retry was absorbed with zero duplicated effects.
 
 The device runs in a background thread on the master side of a pty, behind the link emulator
 (real-time pacing at 115200 baud, latency, frame loss, duplication and corruption both ways); the
-host opens the pty's path with ``host.device.Device.open`` exactly as it would open hardware.
+host opens the pty's path with ``idemlink.host.device.Device.open`` exactly as it would open hardware.
 Finishes in seconds and leaves no thread, process or pty behind.
 """
 
@@ -18,13 +18,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from device_sim.device import SimulatedDevice
-from device_sim.link import Link, LinkConfig
-from device_sim.lossy_transport import LossyTransport
-from device_sim.pty import open_pty
-from device_sim.serve import LockedDevice, serve
-from host.device import Device, Result
-from protocol.outcome import Outcome
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import Link, LinkConfig
+from idemlink.device_sim.lossy_transport import LossyTransport
+from idemlink.device_sim.pty import open_pty
+from idemlink.device_sim.serve import LockedDevice, serve
+from idemlink.host.device import Device, Result
+from idemlink.protocol.outcome import Outcome
 
 
 def register(sub: Any) -> None:

@@ -1,4 +1,4 @@
-"""``idemlink soak``: the fault campaign that proves the promise (see ``device_sim.campaign``)."""
+"""``idemlink soak``: the fault campaign that proves the promise (see ``idemlink.campaign``)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_sim.campaign import CampaignConfig, run_campaign
-    from device_sim.link import LinkConfigError
-    from host.cli import UserError
+    from idemlink.campaign import CampaignConfig, run_campaign
+    from idemlink.cli import UserError
+    from idemlink.device_sim.link import LinkConfigError
 
     if args.commands < 1 or args.reboot_every < 0:
         raise UserError("--commands must be >= 1 and --reboot-every >= 0")

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from host.commands import COMMAND_MODULES
+from idemlink.commands import COMMAND_MODULES
 
 EXIT_OK = 0
 EXIT_LOCAL_ERROR = 1
@@ -71,11 +71,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return EXIT_BROKEN_PIPE
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # Run through the importable module, not this __main__ copy: the command modules raise
-    # host.cli.UserError, which must be the class ``main`` catches.
-    from host.cli import main as _main
-
-    sys.exit(_main())

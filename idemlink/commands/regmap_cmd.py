@@ -1,6 +1,6 @@
 """``idemlink regmap [--json]``: print the device's register map (address, name, kind, limits).
 
-Contract: the map printed is ``protocol.registers.DEFAULT_MAP``, the same declaration the device
+Contract: the map printed is ``idemlink.protocol.registers.DEFAULT_MAP``, the same declaration the device
 core, the C header and docs/PROTOCOL.md are built from. ``--json`` prints a JSON list for tools.
 """
 
@@ -10,7 +10,7 @@ import argparse
 import json
 from typing import Any
 
-from host.cli import EXIT_OK
+from idemlink.cli import EXIT_OK
 
 
 def register(sub: Any) -> None:
@@ -20,7 +20,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from protocol.registers import DEFAULT_MAP
+    from idemlink.protocol.registers import DEFAULT_MAP
 
     rows = DEFAULT_MAP.to_json()
     if args.json:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from host.cli import UserError
+from idemlink.cli import UserError
 
 
 def register(sub: Any) -> None:
@@ -50,8 +50,8 @@ def register(sub: Any) -> None:
 def _monitor_tap() -> Callable[[str, bytes, float], None]:
     """A spy on the line: one frame decoder per direction, one describer (so an answer is shown
     with the registers its request named)."""
-    from host.frame_view import FrameDescriber
-    from protocol.frame import FrameDecoder
+    from idemlink.host.frame_view import FrameDescriber
+    from idemlink.protocol.frame import FrameDecoder
 
     decoders = {"a->b": FrameDecoder(), "b->a": FrameDecoder()}
     describer = FrameDescriber()
@@ -64,8 +64,8 @@ def _monitor_tap() -> Callable[[str, bytes, float], None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from device_sim.link import LinkConfig, LinkConfigError
-    from device_sim.link_proxy import LinkProxy
+    from idemlink.device_sim.link import LinkConfig, LinkConfigError
+    from idemlink.device_sim.link_proxy import LinkProxy
 
     try:
         config = LinkConfig(
