@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from idemlink.device_sim.flash import ConfigFlash
+from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_id
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession
@@ -46,7 +46,8 @@ from idemlink.protocol.modbus import (
     exception_pdu,
 )
 from idemlink.protocol.outcome import ModbusException
-from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap
+from idemlink.protocol.registers import RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.replay import DEFAULT_SLOTS
 from idemlink.protocol.window import RING_BITS
 
@@ -94,6 +95,7 @@ class SimulatedDevice:
         now: float = 0.0,
         name: str = "idemlink-sim",
         file_quota: int = DEFAULT_FILE_QUOTA,
+        device_id: str | None = None,
     ) -> None:
         self._rng = random.Random(seed)
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
@@ -103,6 +105,7 @@ class SimulatedDevice:
         self.name = name
         self.file_quota = file_quota
         self._hash = contract_hash()
+        self.device_id = self._identity(device_id, seed)
         self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
                                config=self._load_flash())
         self.executions: list[Execution] = []
@@ -128,12 +131,12 @@ class SimulatedDevice:
         """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept.
         A flash that cannot be written (directory gone, disk full) is logged and the reboot goes
         on: the RAM configuration stays the truth until the next successful save."""
+        self.core.reset_volatile(now)
         try:
             self._save_flash()
         except OSError as exc:
             logging.getLogger(__name__).error(
                 "configuration not saved at reboot (%s); keeping the RAM copy", exc)
-        self.core.reset_volatile(now)
         self.session = self._new_session()
 
     @property
@@ -164,7 +167,21 @@ class SimulatedDevice:
         return DeviceSession(
             self._execute, epoch, contract_hash=self._hash, name=self.name,
             ring_bits=self.ring_bits, replay_slots=self.replay_slots,
+            map_hash=self.core.regmap.hash, device_id=self.device_id,
+            map_name=self.core.regmap.name,
         )
+
+    def _identity(self, given: str | None, seed: int | None) -> str:
+        """The device id HELLO advertises: ``given`` (checked); else the one kept in the flash
+        directory (created once, like an MCU's unique id it never changes); else one drawn from
+        the seed (reproducible) or from the OS (a new device each run)."""
+        if given is not None:
+            return check_device_id(given)
+        if self.flash is not None:
+            return self.flash.device_id()
+        if seed is not None:
+            return f"sim-{random.Random(f'device-id:{seed}').getrandbits(64):016x}"
+        return new_device_id()
 
     def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
         epoch = self.session.epoch

@@ -16,11 +16,13 @@ raises ``LinkLost`` the same way.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterable, Mapping
 from typing import Protocol, TypeVar
 
 from idemlink.host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
-from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap
+from idemlink.protocol.registers import RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 T = TypeVar("T")
 
@@ -35,13 +37,17 @@ class AsyncTransport(Protocol):
 class AsyncDevice:
     """A session with one idemlink device for asyncio programs."""
 
-    def __init__(self, transport: AsyncTransport, *, regmap: RegisterMap = DEFAULT_MAP,
-                 timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> None:
+    def __init__(self, transport: AsyncTransport, *,
+                 regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
+                 timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
+                 check_map: bool = True) -> None:
         self.transport = transport
+        if not isinstance(regmap, RegisterMap):
+            regmap = resolve_regmap(regmap)
         # The synchronous Device holds the session, the tag table and every operation; its own
         # transport is only asked for the time, which both kinds of transport provide.
         self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
-                           attempts=attempts, max_inflight=max_inflight)
+                           attempts=attempts, max_inflight=max_inflight, check_map=check_map)
         self._lock = asyncio.Lock()
 
     async def _drive(self, steps: Steps[T]) -> T:

@@ -25,6 +25,7 @@ the sans-I/O ``HostSession`` and passes the time in. An asyncio shell would repl
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import struct
 from collections.abc import Callable, Generator, Iterable, Mapping
@@ -65,7 +66,8 @@ from idemlink.protocol.outcome import (
     RemoteProtocolError,
     Status,
 )
-from idemlink.protocol.registers import DEFAULT_MAP, RegisterKind, RegisterMap, RegisterSpec, TriggerState
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, TriggerState
+from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.session import DeviceInfo
 
 if TYPE_CHECKING:
@@ -184,6 +186,23 @@ class LinkLost(PortError):
 TRANSPORT_ERRORS: tuple[type[BaseException], ...] = (OSError, PortError)
 """What a failing transport raises (``SerialTransport`` turns pyserial's errors into PortError;
 other transports may raise OSError, as sockets and file descriptors do)."""
+
+
+def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
+    """Refuse a device whose advertised register map is not ``regmap`` (naming both hashes). A
+    device too old to advertise one is taken at its word only for the built-in default map."""
+    theirs = info.map_hash
+    if theirs is None:
+        if regmap.hash != DEFAULT_MAP.hash:
+            raise IncompatibleDevice(
+                f"device {info.name!r} does not advertise its register map (an older firmware); "
+                f"cannot confirm it serves {regmap.name} {regmap.hash.hex()}")
+        return
+    if theirs != regmap.hash:
+        raise IncompatibleDevice(
+            f"device {info.device_id or info.name} serves register map "
+            f"{info.map_name or '?'} {theirs.hex()}, ours is {regmap.name} {regmap.hash.hex()}: "
+            "give its map file (--regmap FILE)")
 
 
 class IncompatibleDevice(RemoteProtocolError):
@@ -389,9 +408,11 @@ class Device:
         timeout: float = 0.2,
         attempts: int = 5,
         max_inflight: int = 8,
+        check_map: bool = True,
     ) -> None:
         self.transport = transport
         self.regmap = regmap
+        self.check_map = check_map
         self.session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, hello_attempts=max(attempts, 1),
@@ -406,11 +427,16 @@ class Device:
     # ------------------------------------------------------------------ opening
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
-             regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2, attempts: int = 5,
-             max_inflight: int = 8) -> Device:
-        """Open ``url`` (any pyserial URL) and run the HELLO handshake."""
-        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), regmap=regmap,
-                  timeout=timeout, attempts=attempts, max_inflight=max_inflight)
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> Device:
+        """Open ``url`` (any pyserial URL) and run the HELLO handshake. ``regmap`` is the device's
+        register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
+        that advertises another map is refused (``IncompatibleDevice``) unless ``check_map`` is
+        False (for tools that only ask who is there, like ``idemlink info``)."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), regmap=rm,
+                  timeout=timeout, attempts=attempts, max_inflight=max_inflight,
+                  check_map=check_map)
         try:
             dev.connect()
         except BaseException:
@@ -437,8 +463,10 @@ class Device:
                 f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
         if ev.info.contract_hash != contract_hash():
             raise IncompatibleDevice(
-                f"device contract {ev.info.contract_hash.hex()} differs from ours "
-                f"{contract_hash().hex()} (different register map or frame layout)")
+                f"device protocol contract {ev.info.contract_hash.hex()} differs from ours "
+                f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
+        if self.check_map:
+            check_map(ev.info, self.regmap)
 
     def close(self) -> None:
         self.transport.close()
@@ -655,18 +683,35 @@ class Device:
         return self.execute(
             Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation))
 
-    def clear_faults(self, mask: int, register: str | int = "faults") -> Result:
-        spec = self.spec(register)
+    def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
+        """Write 1s to clear the bits of ``mask`` in a fault word (the map's only one when
+        ``register`` is None)."""
+        spec = self._the(RegisterKind.FAULT, register)
         return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
 
-    def trigger(self, register: str | int = "self_clean") -> Result:
-        return self.execute(Command(CommandKind.TRIGGER, self.spec(register).address))
+    def trigger(self, register: str | int | None = None) -> Result:
+        """Start a trigger's action once (the map's only trigger when ``register`` is None)."""
+        return self.execute(Command(CommandKind.TRIGGER,
+                                    self._the(RegisterKind.TRIGGER, register).address))
 
-    def trigger_reset(self, register: str | int = "self_clean") -> Result:
-        return self.execute(Command(CommandKind.TRIGGER_RESET, self.spec(register).address))
+    def trigger_reset(self, register: str | int | None = None) -> Result:
+        return self.execute(Command(CommandKind.TRIGGER_RESET,
+                                    self._the(RegisterKind.TRIGGER, register).address))
 
-    def trigger_status(self, register: str | int = "self_clean") -> Result:
-        return self.read(register)
+    def trigger_status(self, register: str | int | None = None) -> Result:
+        return self.read(self._the(RegisterKind.TRIGGER, register).name)
+
+    def _the(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
+        """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
+        the choices when the map has several or none)."""
+        if register is not None:
+            return self.spec(register)
+        specs = self.regmap.of_kind(kind)
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs) or "none"
+            raise ValueError(f"the map {self.regmap.name} has {len(specs)} {kind.name.lower()} "
+                             f"registers ({names}): name one")
+        return specs[0]
 
     def file_info(self, name: str) -> Result:
         """Size and CRC-32C of the committed file ``name`` on the device (``Result.file``;

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from idemlink.protocol.registers import DEFAULT_MAP, RegisterMap, TriggerStatus
+from idemlink.protocol.registers import RegisterMap, TriggerStatus
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 
 def trigger_code_name(code: int) -> str:

@@ -22,8 +22,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from idemlink.commands import COMMAND_MODULES
+
+if TYPE_CHECKING:
+    from idemlink.protocol.registers import RegisterMap
 
 EXIT_OK = 0
 EXIT_LOCAL_ERROR = 1
@@ -40,6 +44,24 @@ class UserError(Exception):
 
 
 Handler = Callable[[argparse.Namespace], int]
+
+
+def add_regmap_option(parser: argparse.ArgumentParser) -> None:
+    """``--regmap FILE``: the device's register map (default: the built-in thermal controller)."""
+    parser.add_argument(
+        "--regmap", metavar="FILE", default=None,
+        help="the device's register map file (TOML or JSON, see docs/REGMAP.md) or a built-in "
+             "map's name; default: the built-in thermal-controller")
+
+
+def regmap_from(args: argparse.Namespace) -> RegisterMap:
+    """The map ``--regmap`` names; a map file that cannot be loaded is one UserError line."""
+    from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
+
+    try:
+        return resolve_regmap(getattr(args, "regmap", None))
+    except RegmapFileError as exc:
+        raise UserError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,10 @@ Installed with idemlink, so any project's tests can ask for:
 - ``idemlink_sim_pty`` — the same device served on a pseudo-terminal by a background thread:
   ``.path`` (open it with any serial tool or ``Device.open(path)``), ``.device``, ``.reboot()``,
   ``.open() -> Device``. A lossy line is set with ``idemlink_pty_factory(link=LinkConfig(...))``.
+- Your device's register map instead of the built-in thermal controller: mark the test
+  ``@pytest.mark.idemlink_regmap("path/to/map.toml")`` (a map file or a built-in map's name), or
+  build devices yourself with ``idemlink_sim_factory(regmap=..., seed=...)`` and
+  ``idemlink_pty_factory(regmap=...)``. ``connect()``/``open()`` use the device's map.
 
 Example::
 
@@ -56,7 +60,7 @@ class InProcessSim:
         from idemlink.host.device import Device
 
         dev = Device(self.transport, timeout=timeout, attempts=attempts,
-                     max_inflight=max_inflight)
+                     max_inflight=max_inflight, regmap=self.regmap)
         dev.connect()
         return dev
 
@@ -88,7 +92,7 @@ class PtySim:
         from idemlink.host.device import Device
 
         dev = Device.open(self.path, timeout=timeout, attempts=attempts,
-                          max_inflight=max_inflight)
+                          max_inflight=max_inflight, regmap=self.device.core.regmap)
         self.opened.append(dev)
         return dev
 
@@ -122,19 +126,57 @@ def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None
     return PtySim(pair.slave_path, sim, shared, shutdown)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "idemlink_regmap(ref): the register map (file path or built-in name) of the "
+        "idemlink_sim / idemlink_sim_pty devices of this test")
+
+
+def _marked_map(request: pytest.FixtureRequest) -> RegisterMap | None:
+    marker = request.node.get_closest_marker("idemlink_regmap")
+    if marker is None:
+        return None
+    from idemlink.protocol.regmap_file import resolve_regmap
+
+    return resolve_regmap(marker.args[0] if marker.args else marker.kwargs["ref"])
+
+
+def _device(regmap: RegisterMap | str | None, **options: object) -> SimulatedDevice:
+    from idemlink.protocol.regmap_file import resolve_regmap
+
+    rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+    options.setdefault("seed", 0)
+    return SimulatedDevice(regmap=rm, **options)  # type: ignore[arg-type]
+
+
 @pytest.fixture
-def idemlink_sim() -> InProcessSim:
+def idemlink_sim_factory() -> Callable[..., InProcessSim]:
+    """Build in-process simulated devices: ``factory(regmap=None|RegisterMap|path|name,
+    seed=0, **SimulatedDevice options)``."""
+
+    def factory(regmap: RegisterMap | str | None = None, **options: object) -> InProcessSim:
+        return InProcessSim(SimTransport(_device(regmap, **options)))
+
+    return factory
+
+
+@pytest.fixture
+def idemlink_sim(request: pytest.FixtureRequest) -> InProcessSim:
     """An in-process simulated device on a simulated clock (see the module docstring)."""
-    return InProcessSim(SimTransport(SimulatedDevice(seed=0)))
+    return InProcessSim(SimTransport(_device(_marked_map(request))))
 
 
 @pytest.fixture
-def idemlink_pty_factory() -> Iterator[Callable[..., PtySim]]:
-    """Start pty-served devices (``factory(link=LinkConfig(...), device=...)``); all are stopped
-    at teardown."""
+def idemlink_pty_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..., PtySim]]:
+    """Start pty-served devices (``factory(link=LinkConfig(...), device=..., regmap=...)``); all
+    are stopped at teardown."""
     started: list[PtySim] = []
+    marked = _marked_map(request)
 
-    def factory(link: LinkConfig | None = None, device: SimulatedDevice | None = None) -> PtySim:
+    def factory(link: LinkConfig | None = None, device: SimulatedDevice | None = None,
+                regmap: RegisterMap | str | None = None) -> PtySim:
+        if device is None:
+            device = _device(regmap if regmap is not None else marked)
         s = start_pty_sim(device, link)
         started.append(s)
         return s

@@ -64,13 +64,13 @@ from idemlink.protocol.outcome import (
     Status,
 )
 from idemlink.protocol.registers import (
-    DEFAULT_MAP,
     RegisterKind,
     RegisterMap,
     RegisterSpec,
     TriggerState,
     TriggerStatus,
 )
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 GENERATION_MODULUS = 0x10000
 
@@ -243,8 +243,6 @@ DEFAULT_RULES: tuple[FaultRule, ...] = (
     FaultRule("faults", 0, _over_temperature, "temperature > threshold"),
 )
 
-#: Initial live inputs of the default map (the simulated world).
-DEFAULT_INPUTS: dict[str, int] = {"temperature": 250, "humidity": 450, "fan_speed": 1200}
 
 
 @dataclass(slots=True)
@@ -275,8 +273,8 @@ class DeviceCore:
             raise ValueError(f"trigger_duration must be finite and >= 0, not {trigger_duration}")
         self.regmap = regmap
         self.trigger_duration = trigger_duration
-        self.rules = rules if rules is not None else (DEFAULT_RULES if regmap is DEFAULT_MAP
-                                                      else ())
+        self.rules = rules if rules is not None else (DEFAULT_RULES if regmap.hash ==
+                                                      DEFAULT_MAP.hash else ())
         self.log: list[Effect] = []
         self.max_log = max_log
         self.requests = 0
@@ -285,7 +283,7 @@ class DeviceCore:
         self._gen_addr = regmap.generation.address
         self._holdings = {r.address: r.default for r in regmap.of_kind(RegisterKind.HOLDING)}
         self._generation = 0
-        base_inputs = dict(DEFAULT_INPUTS) if regmap is DEFAULT_MAP else {}
+        base_inputs = {r.name: r.default for r in regmap.of_kind(RegisterKind.INPUT)}
         base_inputs.update(inputs or {})
         self._inputs = {r.address: base_inputs.get(r.name, 0)
                         for r in regmap.of_kind(RegisterKind.INPUT)}
@@ -296,6 +294,7 @@ class DeviceCore:
         self._started: dict[int, float] = {}
         if config is not None:
             self._load(config)
+            self._revert_volatile(now)
         self._latch(now, 0, None)
 
     # ----------------------------------------------------------------------------- plumbing
@@ -685,7 +684,8 @@ class DeviceCore:
 
     def reset_volatile(self, now: float) -> None:
         """A reboot: triggers back to IDLE (a running action is lost), latched faults forgotten
-        and re-latched from the conditions that still hold. Configuration is kept."""
+        and re-latched from the conditions that still hold. Configuration is kept, except
+        HOLDING registers declared volatile (``persist = false``), which return to default."""
         now = self._advance(now)
         for a in self._trigger:
             self._trigger[a] = int(TriggerState.IDLE)
@@ -694,7 +694,24 @@ class DeviceCore:
             self._latched[a] = 0
         self._record(now, EffectKind.REBOOT, self._spec(self._gen_addr), self._generation,
                      self._generation, 0, None)
+        self._revert_volatile(now)
         self._latch(now, 0, None)
+
+    def _revert_volatile(self, now: float) -> None:
+        """At boot, HOLDING registers declared ``persist = false`` are back at their default; if
+        one held another value, that is an effective configuration change (generation +1)."""
+        changed = False
+        for spec in self.regmap.of_kind(RegisterKind.HOLDING):
+            old = self._holdings[spec.address]
+            if not spec.persist and old != spec.default:
+                self._holdings[spec.address] = spec.default
+                self._record(now, EffectKind.SET, spec, old, spec.default, 0, None)
+                changed = True
+        if changed:
+            old_gen = self._generation
+            self._generation = (old_gen + 1) % GENERATION_MODULUS
+            self._record(now, EffectKind.GENERATION, self._spec(self._gen_addr), old_gen,
+                         self._generation, 0, None)
 
 
 #: Exception codes an FC06 trigger answer maps to (documented; used by tests and docs).

@@ -78,6 +78,9 @@ class DeviceSession:
         *,
         contract_hash: bytes,
         name: str = "idemlink-sim",
+        map_hash: bytes | None = None,
+        device_id: str = "",
+        map_name: str = "",
         ring_bits: int = RING_BITS,
         replay_slots: int = DEFAULT_SLOTS,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
@@ -91,6 +94,9 @@ class DeviceSession:
         self.decoder = FrameDecoder()
         self.contract_hash = contract_hash
         self.name = name
+        self.map_hash = map_hash
+        self.device_id = device_id
+        self.map_name = map_name
         # Never more in flight than answers kept: a retry must still find its answer.
         self.max_inflight = min(max_inflight, self.window.size, self.cache.slots, 255)
         self._handed_out: int | None = None
@@ -124,6 +130,9 @@ class DeviceSession:
             contract_hash=self.contract_hash,
             next_seq=self.first_seq(),
             name=self.name,
+            map_hash=self.map_hash,
+            device_id=self.device_id,
+            map_name=self.map_name,
         )
 
     def receive_data(self, data: bytes, now: float) -> bytes:

@@ -22,15 +22,21 @@ Markdown table and a JSON form (``to_json()``) from the one declaration below.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from enum import IntEnum
 from typing import Any
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 
 _C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_MAP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}\Z")
+_LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
+MAP_HASH_LEN = 8
 
 REGISTER_MAX = 0xFFFF
 ADDRESS_MAX = 0xFFFF
@@ -116,6 +122,9 @@ class RegisterSpec:
     default: int = 0
     bits: tuple[FaultBit, ...] = ()
     description: str = ""
+    scale: str = ""  #: decimal text; shown value = raw * scale ("" = 1, shown as the raw integer)
+    labels: tuple[tuple[int, str], ...] = ()  #: (raw value, label) for enumerated values
+    persist: bool = True  #: HOLDING only: kept across reboots (else back to default at boot)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", parse_kind(self.kind))
@@ -144,6 +153,35 @@ class RegisterSpec:
             self.default != 0
         ):
             raise RegisterSchemaError(f"{self.name}: a {self.kind.name} register starts at 0")
+        if self.scale:
+            try:
+                scale = Decimal(self.scale)
+            except InvalidOperation:
+                raise RegisterSchemaError(f"{self.name}: scale {self.scale!r} is not a decimal "
+                                          "number") from None
+            if not scale.is_finite() or scale <= 0:
+                raise RegisterSchemaError(f"{self.name}: scale must be a number > 0")
+            if self.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER, RegisterKind.GENERATION):
+                raise RegisterSchemaError(f"{self.name}: a {self.kind.name} register has no scale")
+        if self.labels:
+            if self.kind not in (RegisterKind.INPUT, RegisterKind.HOLDING):
+                raise RegisterSchemaError(f"{self.name}: only INPUT and HOLDING registers have "
+                                          "labels (trigger states and fault bits are named)")
+            values = [v for v, _ in self.labels]
+            texts = [s for _, s in self.labels]
+            if len(set(values)) != len(values) or len(set(texts)) != len(texts):
+                raise RegisterSchemaError(f"{self.name}: labels and their values must be unique")
+            for v, s in self.labels:
+                if not isinstance(s, str) or not _LABEL.match(s):
+                    raise RegisterSchemaError(
+                        f"{self.name}: label {s!r} must be a word ([A-Za-z_][A-Za-z0-9_.-]*), "
+                        "so that it cannot be read as a number")
+                if type(v) is not int or not self.minimum <= v <= self.maximum:
+                    raise RegisterSchemaError(
+                        f"{self.name}: label {s!r} = {v!r} outside {self.minimum}..{self.maximum}")
+        if not self.persist and self.kind is not RegisterKind.HOLDING:
+            raise RegisterSchemaError(f"{self.name}: only HOLDING registers are configuration; "
+                                      "persist applies to them alone")
 
     @property
     def writable(self) -> bool:
@@ -155,6 +193,58 @@ class RegisterSpec:
         for b in self.bits:
             mask |= 1 << b.bit
         return mask
+
+    # ------------------------------------------------------------------ values as people read them
+    def label_of(self, raw: int) -> str | None:
+        for v, s in self.labels:
+            if v == raw:
+                return s
+        return None
+
+    def scaled(self, raw: int) -> int | Decimal:
+        """The value in the register's unit: ``raw * scale`` (exact), or ``raw`` without a scale."""
+        if not self.scale:
+            return raw
+        return raw * Decimal(self.scale)
+
+    def show(self, raw: int) -> str:
+        """``42.0 °C``, ``auto``, ``1200 rpm``: the value as the map describes it (no raw)."""
+        label = self.label_of(raw)
+        if label is not None:
+            return label
+        text = str(self.scaled(raw))
+        return f"{text} {self.unit}" if self.unit else text
+
+    def raw_from_text(self, text: str) -> int:
+        """The raw register value for ``text``: a label, or a number in the register's unit
+        (``42.5`` with scale 0.1 is raw 425). Raises ``ValueError`` naming the register when the
+        text is neither, or falls between two steps of the scale."""
+        text = text.strip()
+        for v, s in self.labels:
+            if s == text:
+                return v
+        try:
+            number = Decimal(text.replace("_", "")) if text else Decimal("nan")
+        except InvalidOperation:
+            number = Decimal("nan")
+        if not number.is_finite():
+            choices = f" or one of: {', '.join(s for _, s in self.labels)}" if self.labels else ""
+            raise ValueError(f"{self.name}: {text!r} is not a number{choices}")
+        raw = number / Decimal(self.scale) if self.scale else number
+        if raw != raw.to_integral_value():
+            raise ValueError(f"{self.name}: {text} is not a multiple of the scale {self.scale}"
+                             if self.scale else f"{self.name}: {text} is not an integer")
+        return int(raw)
+
+    def identity(self) -> dict[str, Any]:
+        """Everything about the register that changes what its bytes mean (not descriptions)."""
+        return {
+            "address": self.address, "name": self.name, "kind": self.kind.name.lower(),
+            "min": self.minimum, "max": self.maximum, "default": self.default,
+            "unit": self.unit, "scale": self.scale, "persist": self.persist,
+            "labels": [[v, s] for v, s in self.labels],
+            "bits": [[b.bit, b.name] for b in self.bits],
+        }
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -171,6 +261,10 @@ class RegisterSpec:
         if self.kind is RegisterKind.FAULT:
             out["bits"] = [{"bit": b.bit, "name": b.name, "description": b.description}
                            for b in self.bits]
+        out["scale"] = self.scale or None
+        out["labels"] = {s: v for v, s in self.labels} if self.labels else None
+        if self.kind is RegisterKind.HOLDING:
+            out["persist"] = self.persist
         return out
 
 
@@ -178,7 +272,8 @@ def register(
     address: int, name: str, kind: RegisterKind | str, **options: Any
 ) -> RegisterSpec:
     """Declare a register; refuses forbidden kinds and unknown options (e.g. ``clear_on_read``)."""
-    allowed = {"unit", "minimum", "maximum", "default", "bits", "description"}
+    allowed = {"unit", "minimum", "maximum", "default", "bits", "description", "scale", "labels",
+               "persist"}
     unknown = set(options) - allowed
     if unknown:
         raise RegisterSchemaError(
@@ -189,7 +284,7 @@ def register(
 
 
 def _c_name(name: str) -> str:
-    return name.upper()
+    return re.sub(r"[^A-Z0-9_]", "_", name.upper())
 
 
 _ENUMS = (
@@ -198,26 +293,32 @@ _ENUMS = (
 )
 
 
-def _defines(regs: tuple[RegisterSpec, ...]) -> list[CDefine]:
-    """Every C define the map renders (also used to check the names are unique)."""
+def map_defines(regs: Iterable[RegisterSpec]) -> list[CDefine]:
+    """Every C define one device's map renders (also used to check the names are unique)."""
+    regs = tuple(regs)
     defines: list[CDefine] = [CDefine("IDL_REG_COUNT", f"{len(regs)}u", "registers in the map")]
     for r in regs:
+        unit = r.unit.replace("°", "deg ").encode("ascii", "replace").decode()
         defines.append(CDefine(f"IDL_REG_{_c_name(r.name)}", f"0x{r.address:04X}u",
-                               f"{r.kind.name} {r.unit}".strip()))
+                               f"{r.kind.name} {unit}".strip()))
         if r.kind is RegisterKind.HOLDING:
             defines += [
                 CDefine(f"IDL_REG_{_c_name(r.name)}_MIN", f"{r.minimum}u"),
                 CDefine(f"IDL_REG_{_c_name(r.name)}_MAX", f"{r.maximum}u"),
                 CDefine(f"IDL_REG_{_c_name(r.name)}_DEFAULT", f"{r.default}u"),
             ]
+        defines += [CDefine(f"IDL_REG_{_c_name(r.name)}_{_c_name(s)}", f"{v}u", "label")
+                    for v, s in r.labels]
         for b in r.bits:
             defines.append(CDefine(f"IDL_FAULT_{_c_name(b.name)}", f"(1u << {b.bit})",
                                    b.description))
-    # Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a
-    # 16-bit-int C compiler takes them too.
-    defines += [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
-                        "answer to a trigger write") for s in TriggerStatus]
     return defines
+
+
+#: Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a 16-bit-int
+#: C compiler takes them too. They belong to the protocol, whatever the device's map.
+_PROTOCOL_DEFINES = [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
+                             "answer to a trigger write") for s in TriggerStatus]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +326,11 @@ class RegisterMap:
     """A validated set of registers, indexed by address and by name."""
 
     registers: tuple[RegisterSpec, ...]
+    name: str = "unnamed"
+    description: str = ""
     _by_address: Mapping[int, RegisterSpec] = field(init=False, repr=False, compare=False)
     _by_name: Mapping[str, RegisterSpec] = field(init=False, repr=False, compare=False)
+    _hash: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         regs = tuple(sorted(self.registers, key=lambda r: r.address))
@@ -249,8 +353,11 @@ class RegisterMap:
                     raise RegisterSchemaError(
                         f"fault bit {b.name!r} declared in {bit_owner[b.name]!r} and {r.name!r}")
                 bit_owner[b.name] = r.name
+        if not isinstance(self.name, str) or not _MAP_NAME.match(self.name):
+            raise RegisterSchemaError(f"map name {self.name!r} must be 1-40 characters of "
+                                      "[A-Za-z0-9_.-], starting with a letter or digit")
         seen: set[str] = set()
-        for name in [d.name for d in _defines(regs)] + [
+        for name in [d.name for d in map_defines(regs)] + [d.name for d in _PROTOCOL_DEFINES] + [
             f"{e.prefix}_{m.name}" for e in _ENUMS for m in e.members
         ]:
             if name in seen:
@@ -260,6 +367,16 @@ class RegisterMap:
         object.__setattr__(self, "registers", regs)
         object.__setattr__(self, "_by_address", by_addr)
         object.__setattr__(self, "_by_name", by_name)
+        identity = json.dumps([r.identity() for r in regs], sort_keys=True,
+                              separators=(",", ":")).encode()
+        object.__setattr__(self, "_hash", hashlib.sha256(identity).digest()[:MAP_HASH_LEN])
+
+    @property
+    def hash(self) -> bytes:
+        """8 bytes of SHA-256 over what the registers mean (addresses, kinds, limits, bits,
+        units, scales, labels, persistence; not the descriptions or the map's name). A device
+        advertises it at HELLO; a host refuses a device whose map hash differs from its own."""
+        return self._hash
 
     def __iter__(self) -> Iterator[RegisterSpec]:
         return iter(self.registers)
@@ -286,75 +403,82 @@ class RegisterMap:
     def to_json(self) -> list[dict[str, Any]]:
         return [r.to_json() for r in self.registers]
 
+    def runs(self, addresses: Iterable[int]) -> list[tuple[int, int]]:
+        """Contiguous ``(start, count)`` runs covering ``addresses`` (sorted, de-duplicated)."""
+        out: list[tuple[int, int]] = []
+        for a in sorted(set(addresses)):
+            if out and out[-1][0] + out[-1][1] == a:
+                out[-1] = (out[-1][0], out[-1][1] + 1)
+            else:
+                out.append((a, 1))
+        return out
 
-def make_map(specs: Iterable[RegisterSpec]) -> RegisterMap:
-    return RegisterMap(tuple(specs))
+
+def make_map(specs: Iterable[RegisterSpec], *, name: str = "unnamed",
+             description: str = "") -> RegisterMap:
+    return RegisterMap(tuple(specs), name=name, description=description)
 
 
-#: Fault bit numbers of the default map's fault word.
+#: Fault bit numbers of the built-in thermal controller's fault word.
 FAULT_OVER_TEMPERATURE = 0
 FAULT_SENSOR = 1
 FAULT_FAN_STALL = 2
 
-#: The default map: a thermal controller. Addresses are contiguous from 0 so that a generic
-#: tool (``mbpoll -r 0 -c 9``) can read it all in one request.
-DEFAULT_MAP = make_map(
-    [
-        register(0, "temperature", "input", unit="0.1 degC",
-                 description="measured temperature"),
-        register(1, "humidity", "input", unit="0.1 %RH", description="measured humidity"),
-        register(2, "fan_speed", "input", unit="rpm", description="measured fan speed"),
-        register(3, "generation", "generation",
-                 description="configuration generation: +1 per effective configuration change"),
-        register(4, "threshold", "holding", unit="0.1 degC", minimum=0, maximum=1000,
-                 default=350, description="over-temperature threshold"),
-        register(5, "mode", "holding", minimum=0, maximum=2, default=1,
-                 description="0 off, 1 auto, 2 manual"),
-        register(6, "fan_setpoint", "holding", unit="%", minimum=0, maximum=100, default=50,
-                 description="fan set-point in manual mode"),
-        register(7, "faults", "fault", description="latched faults; write 1s to clear",
-                 bits=(FaultBit(FAULT_OVER_TEMPERATURE, "over_temperature",
-                                "temperature above threshold"),
-                       FaultBit(FAULT_SENSOR, "sensor_fault", "sensor reading invalid"),
-                       FaultBit(FAULT_FAN_STALL, "fan_stall", "fan commanded but not turning"))),
-        register(8, "self_clean", "trigger",
-                 description="self-clean: write 1 to start once, 0 to reset"),
-    ]
-)
+
+def map_rows(regmap: RegisterMap) -> list[list[object]]:
+    """One row per register for the map's Markdown table."""
+    rows: list[list[object]] = []
+    for r in regmap:
+        holding = r.kind is RegisterKind.HOLDING
+        notes = r.description
+        if r.bits:
+            notes += "; bits: " + ", ".join(f"{b.bit} {b.name}" for b in r.bits)
+        if r.labels:
+            notes += "; labels: " + ", ".join(f"{v} {s}" for v, s in r.labels)
+        if holding and not r.persist:
+            notes += "; volatile (default again after a reboot)"
+        rows.append([f"0x{r.address:04X}", r.name, r.kind.name,
+                     r.minimum if holding else "", r.maximum if holding else "",
+                     r.default if holding else "", r.scale, r.unit, notes.lstrip("; ")])
+    return rows
 
 
-def contract_section(regmap: RegisterMap = DEFAULT_MAP) -> ContractSection:
-    """The register map's part of the contract: addresses, kinds, limits, fault bits, codes."""
-    defines = _defines(regmap.registers)
-    rows = [
-        [f"0x{r.address:04X}", r.name, r.kind.name,
-         r.minimum if r.kind is RegisterKind.HOLDING else "",
-         r.maximum if r.kind is RegisterKind.HOLDING else "",
-         r.default if r.kind is RegisterKind.HOLDING else "",
-         r.unit, r.description
-         + ("; bits: " + ", ".join(f"{b.bit} {b.name}" for b in r.bits) if r.bits else "")]
-        for r in regmap
-    ]
+def map_markdown(regmap: RegisterMap) -> str:
+    """The device's register document (rendered by ``idemlink contract --regmap``)."""
+    title = f"# Register map: {regmap.name}\n\n"
+    about = f"{regmap.description}\n\n" if regmap.description else ""
+    return (
+        title + "<!-- GENERATED by `idemlink contract` from the map file. Do not edit. -->\n\n"
+        + about + f"Map hash: `{regmap.hash.hex()}` (a host refuses a device whose map hash "
+        "differs from its own map's). Shown value = raw x scale, in the unit.\n\n"
+        + md_table(["address", "name", "kind", "min", "max", "default", "scale", "unit",
+                    "notes"], map_rows(regmap))
+    )
+
+
+def contract_section() -> ContractSection:
+    """The register model's part of the protocol contract: kinds, trigger states and answers.
+    A device's own map (addresses, limits, bits) is not part of it: it has its own hash
+    (``RegisterMap.hash``) and its own generated header (``idemlink contract --regmap``)."""
     code_rows = [[f"0x{s.value:04X}", s.name] for s in TriggerStatus]
     md = (
-        "## Register map\n\n"
-        "One flat 16-bit address space. Kinds: INPUT (read-only), HOLDING (set-only, absolute "
-        "values within min..max), FAULT (latched; reading never clears; writing 1s clears the "
-        "bits whose condition has gone), TRIGGER (one-shot IDLE -> RUNNING -> DONE; 0 resets), "
-        "GENERATION (read-only; +1 per effective configuration change, never on a no-op). "
-        "There is no increment, toggle or read-to-clear register: the schema refuses them.\n\n"
-        + md_table(["address", "name", "kind", "min", "max", "default", "unit", "description"],
-                   rows)
-        + "\n### Trigger answers\n\n"
+        "## Register model\n\n"
+        "One flat 16-bit address space per device, described by its map file (docs/REGMAP.md). "
+        "Kinds: INPUT (read-only), HOLDING (set-only, absolute values within min..max), FAULT "
+        "(latched; reading never clears; writing 1s clears the bits whose condition has gone), "
+        "TRIGGER (one-shot IDLE -> RUNNING -> DONE; 0 resets), GENERATION (read-only; +1 per "
+        "effective configuration change, never on a no-op). There is no increment, toggle or "
+        "read-to-clear register: the schema refuses them.\n\n"
+        "### Trigger answers\n\n"
         + md_table(["code", "name"], code_rows)
     )
     return ContractSection(
         name="registers",
-        defines=defines,
+        defines=list(_PROTOCOL_DEFINES),
         enums=list(_ENUMS),
         markdown=md,
         data={
-            "registers": regmap.to_json(),
+            "kinds": {k.name: k.value for k in RegisterKind},
             "trigger_status": {s.name: s.value for s in TriggerStatus},
             "trigger_state": {s.name: s.value for s in TriggerState},
         },

@@ -16,7 +16,9 @@
   is the exact bytes of the first one, with the REPLAY flag set in the header.
 
 Additive evolution: fields are only ever appended to DEVICE_INFO; a reader ignores bytes after the
-fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply.
+fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply. The first
+extension (``DEVICE_INFO_IDENTITY``) carries the device's register-map hash, its stable device id
+and its map's name; a reply without it (an older device) decodes with those fields ``None``.
 """
 
 from __future__ import annotations
@@ -47,6 +49,15 @@ DEVICE_INFO = cs.Struct(
     "_extensions" / cs.GreedyBytes,
 )
 
+#: Appended to DEVICE_INFO: which device this is and which register map it serves.
+DEVICE_INFO_IDENTITY = cs.Struct(
+    "map_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "device_id" / cs.PascalString(cs.Int8ul, "utf8"),
+    "map_name" / cs.PascalString(cs.Int8ul, "utf8"),
+    "_extensions" / cs.GreedyBytes,
+)
+MAX_DEVICE_ID_LEN = 64
+
 RESPONSE_PAYLOAD = cs.Struct(
     "status" / cs.Int8ul,
     "pdu" / cs.GreedyBytes,
@@ -65,25 +76,38 @@ class DeviceInfo:
     contract_hash: bytes
     next_seq: int
     name: str
+    map_hash: bytes | None = None  #: the register map's hash (None: an older device)
+    device_id: str | None = None  #: stable id of this device (MCU unique id, sim's id file)
+    map_name: str | None = None  #: the register map's name
 
     def encode(self) -> bytes:
+        identity = b""
+        if self.map_hash is not None:
+            identity = bytes(DEVICE_INFO_IDENTITY.build({
+                "map_hash": self.map_hash, "device_id": self.device_id or "",
+                "map_name": self.map_name or "", "_extensions": b""}))
         return bytes(
             DEVICE_INFO.build(
                 {
                     "version": self.version, "window": self.window,
                     "max_payload": self.max_payload, "replay_slots": self.replay_slots,
                     "max_inflight": self.max_inflight, "contract_hash": self.contract_hash,
-                    "next_seq": self.next_seq, "name": self.name, "_extensions": b"",
+                    "next_seq": self.next_seq, "name": self.name, "_extensions": identity,
                 }
             )
         )
 
     @classmethod
     def decode(cls, payload: bytes) -> DeviceInfo:
-        """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short input."""
+        """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short or
+        malformed input (including a truncated identity extension)."""
         c = DEVICE_INFO.parse(payload)
+        map_hash = device_id = map_name = None
+        if c._extensions:
+            ident = DEVICE_INFO_IDENTITY.parse(c._extensions)
+            map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
-                   bytes(c.contract_hash), c.next_seq, c.name)
+                   bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name)
 
 
 def encode_hello(version: int, contract_hash: bytes) -> bytes:
@@ -104,8 +128,11 @@ def decode_response(payload: bytes) -> tuple[int, bytes] | None:
 
 
 def contract_section() -> ContractSection:
-    rows = [[sc.name, sc.sizeof() if sc.name != "name" else "1 + n (u8 length, UTF-8)"]
+    text = "1 + n (u8 length, UTF-8)"
+    rows = [[sc.name, sc.sizeof() if sc.name != "name" else text]
             for sc in DEVICE_INFO.subcons if not sc.name.startswith("_")]
+    rows += [[sc.name, sc.sizeof() if sc.name == "map_hash" else text]
+             for sc in DEVICE_INFO_IDENTITY.subcons if not sc.name.startswith("_")]
     md = (
         "## Session\n\n"
         "A host opens a session with HELLO (epoch 0, any seq; payload: version u8, contract hash "
@@ -113,6 +140,9 @@ def contract_section() -> ContractSection:
         "header and this payload (little-endian; fields are only ever appended, readers ignore "
         "trailing bytes):\n\n"
         + md_table(["field", "size"], rows)
+        + "\n`map_hash` (8 bytes of SHA-256 over the register map's meaning), `device_id` (a "
+        "stable id: the MCU's unique id, or the simulator's) and `map_name` are the first "
+        "extension; a reply that ends after `name` comes from an older device.\n"
         + "\n`next_seq` is 1 on a fresh boot, else the window size beyond both the highest number "
         "seen and the last `next_seq` handed out (a new host process never reuses a number a dead "
         "one may still have in flight).\n\n"
@@ -123,9 +153,12 @@ def contract_section() -> ContractSection:
     )
     return ContractSection(
         name="session",
-        defines=[CDefine("IDL_CONTRACT_HASH_LEN", CONTRACT_HASH_LEN, "bytes of contract hash")],
+        defines=[CDefine("IDL_CONTRACT_HASH_LEN", CONTRACT_HASH_LEN, "bytes of contract hash"),
+                 CDefine("IDL_MAP_HASH_LEN", CONTRACT_HASH_LEN, "bytes of register-map hash"),
+                 CDefine("IDL_MAX_DEVICE_ID_LEN", MAX_DEVICE_ID_LEN, "bytes of device id")],
         markdown=md,
         data={"device_info": [sc.name for sc in DEVICE_INFO.subcons],
+              "device_info_identity": [sc.name for sc in DEVICE_INFO_IDENTITY.subcons],
               "hello": [sc.name for sc in HELLO_PAYLOAD.subcons],
               "response": [sc.name for sc in RESPONSE_PAYLOAD.subcons]},
     )

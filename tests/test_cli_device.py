@@ -32,7 +32,7 @@ from idemlink.host.device import Device
 from idemlink.host.journal import ReceiptJournal
 from idemlink.protocol.frame import Flags, FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
-from idemlink.protocol.registers import DEFAULT_MAP
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 # Not ``-m idemlink.cli``: that runs cli.py as ``__main__``, a second copy whose ``UserError`` is not
 # the one the command modules raise (so the one-line error handling would not apply).

@@ -28,7 +28,7 @@ from idemlink.host.journal import ReceiptJournal
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
 from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.registers import DEFAULT_MAP
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.pytest_plugin import start_pty_sim
 
 

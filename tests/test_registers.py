@@ -9,7 +9,6 @@ import pytest
 
 from idemlink.cli import main
 from idemlink.protocol.registers import (
-    DEFAULT_MAP,
     FaultBit,
     RegisterKind,
     RegisterSchemaError,
@@ -17,8 +16,11 @@ from idemlink.protocol.registers import (
     TriggerStatus,
     contract_section,
     make_map,
+    map_defines,
+    map_markdown,
     register,
 )
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 
 @pytest.mark.parametrize("kind", ["increment", "INCREMENT", "decrement", "toggle",
@@ -82,19 +84,25 @@ def test_default_map_covers_every_kind_and_is_contiguous() -> None:
         "over_temperature", "sensor_fault", "fan_stall"}
 
 
-def test_contract_section_declares_addresses_kinds_and_trigger_codes() -> None:
-    sec = contract_section()
-    defines = {d.name: d.value for d in sec.defines}
+def test_map_defines_declare_addresses_limits_bits_and_labels() -> None:
+    defines = {d.name: d.value for d in map_defines(DEFAULT_MAP.registers)}
     assert defines["IDL_REG_THRESHOLD"] == "0x0004u"
     assert defines["IDL_REG_THRESHOLD_MAX"] == "1000u"
     assert defines["IDL_FAULT_FAN_STALL"] == "(1u << 2)"
+    assert defines["IDL_REG_MODE_MANUAL"] == "2u"
+    assert "| 0x0008 | self_clean | TRIGGER |" in map_markdown(DEFAULT_MAP)
+
+
+def test_protocol_section_declares_kinds_and_trigger_codes_not_a_map() -> None:
+    sec = contract_section()
+    defines = {d.name: d.value for d in sec.defines}
+    assert not any(n.startswith("IDL_REG_") for n in defines)
     codes = {n[len("IDL_TRIGGER_STATUS_"):]: v for n, v in defines.items()
              if n.startswith("IDL_TRIGGER_STATUS_")}
     assert codes == {"ACCEPTED": "0x0000u", "RUNNING": "0x0101u", "DONE": "0x0102u",
                      "ABNORMAL_STATE": "0xFF00u", "ILLEGAL_VALUE": "0xFF01u"}
     kinds = {e.type_name: {m.name: int(m.value) for m in e.members} for e in sec.enums}
     assert kinds["idl_trigger_state_t"] == {"IDLE": 0, "RUNNING": 1, "DONE": 2}
-    assert "| 0x0008 | self_clean | TRIGGER |" in sec.markdown
     json.dumps(sec.data)  # serialisable, feeds the contract hash
     assert sec.data["trigger_status"]["RUNNING"] == 0x0101
     assert int(TriggerStatus.RUNNING) == 0x0101
@@ -102,11 +110,15 @@ def test_contract_section_declares_addresses_kinds_and_trigger_codes() -> None:
 
 def test_regmap_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["regmap", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["schema"], doc["name"]) == ("idemlink.regmap/1", "thermal-controller")
+    rows = doc["registers"]
     by_name = {r["name"]: r for r in rows}
     assert by_name["threshold"] == {"address": 4, "name": "threshold", "kind": "holding",
-                                    "unit": "0.1 degC", "description": "over-temperature threshold",
-                                    "min": 0, "max": 1000, "default": 350}
+                                    "unit": "°C", "description": "over-temperature threshold",
+                                    "min": 0, "max": 1000, "default": 350, "scale": "0.1",
+                                    "labels": None, "persist": True}
+    assert by_name["mode"]["labels"] == {"off": 0, "auto": 1, "manual": 2}
     assert by_name["faults"]["bits"][0] == {"bit": 0, "name": "over_temperature",
                                             "description": "temperature above threshold"}
     assert {r["kind"] for r in rows} == {"input", "holding", "fault", "trigger", "generation"}
@@ -115,8 +127,11 @@ def test_regmap_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
 def test_regmap_table_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["regmap"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["address", "name", "kind", "min", "max", "unit"]
-    assert lines[5].split()[:5] == ["0x0004", "threshold", "holding", "0", "1000"]
+    assert lines[0].startswith("thermal-controller (hash ")
+    assert lines[1].split() == ["address", "name", "kind", "min", "max", "default", "scale",
+                                "unit", "values"]
+    assert lines[6].split()[:8] == ["0x0004", "threshold", "holding", "0", "1000", "350", "0.1",
+                                    "°C"]
 
 
 def test_spec_writability() -> None:

@@ -19,7 +19,8 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, Result
 from idemlink.protocol.outcome import Outcome
-from idemlink.protocol.registers import DEFAULT_MAP, RegisterKind, TriggerState
+from idemlink.protocol.registers import RegisterKind, TriggerState
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 HOLDINGS = DEFAULT_MAP.of_kind(RegisterKind.HOLDING)
 TRIGGER = DEFAULT_MAP.of_kind(RegisterKind.TRIGGER)[0]

@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "c6e101d23982d140"
+#define IDL_CONTRACT_HASH "b47a76b93865d309"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -101,6 +101,8 @@ typedef enum {
 
 /* ---- session ---- */
 #define IDL_CONTRACT_HASH_LEN 8u /**< bytes of contract hash */
+#define IDL_MAP_HASH_LEN 8u /**< bytes of register-map hash */
+#define IDL_MAX_DEVICE_ID_LEN 64u /**< bytes of device id */
 
 /* ---- window ---- */
 #define IDL_WINDOW_RING_BITS 1024u /**< bits in the de-duplication ring */
@@ -115,28 +117,6 @@ typedef enum {
 } idl_verdict_t;
 
 /* ---- registers ---- */
-#define IDL_REG_COUNT 9u /**< registers in the map */
-#define IDL_REG_TEMPERATURE 0x0000u /**< INPUT 0.1 degC */
-#define IDL_REG_HUMIDITY 0x0001u /**< INPUT 0.1 %RH */
-#define IDL_REG_FAN_SPEED 0x0002u /**< INPUT rpm */
-#define IDL_REG_GENERATION 0x0003u /**< GENERATION */
-#define IDL_REG_THRESHOLD 0x0004u /**< HOLDING 0.1 degC */
-#define IDL_REG_THRESHOLD_MIN 0u
-#define IDL_REG_THRESHOLD_MAX 1000u
-#define IDL_REG_THRESHOLD_DEFAULT 350u
-#define IDL_REG_MODE 0x0005u /**< HOLDING */
-#define IDL_REG_MODE_MIN 0u
-#define IDL_REG_MODE_MAX 2u
-#define IDL_REG_MODE_DEFAULT 1u
-#define IDL_REG_FAN_SETPOINT 0x0006u /**< HOLDING % */
-#define IDL_REG_FAN_SETPOINT_MIN 0u
-#define IDL_REG_FAN_SETPOINT_MAX 100u
-#define IDL_REG_FAN_SETPOINT_DEFAULT 50u
-#define IDL_REG_FAULTS 0x0007u /**< FAULT */
-#define IDL_FAULT_OVER_TEMPERATURE (1u << 0) /**< temperature above threshold */
-#define IDL_FAULT_SENSOR_FAULT (1u << 1) /**< sensor reading invalid */
-#define IDL_FAULT_FAN_STALL (1u << 2) /**< fan commanded but not turning */
-#define IDL_REG_SELF_CLEAN 0x0008u /**< TRIGGER */
 #define IDL_TRIGGER_STATUS_ACCEPTED 0x0000u /**< answer to a trigger write */
 #define IDL_TRIGGER_STATUS_RUNNING 0x0101u /**< answer to a trigger write */
 #define IDL_TRIGGER_STATUS_DONE 0x0102u /**< answer to a trigger write */

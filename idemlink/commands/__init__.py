@@ -12,5 +12,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.sim_cmd",
     "idemlink.commands.regmap_cmd",
     "idemlink.commands.device_cmds",
+    "idemlink.commands.info_cmd",
     "idemlink.commands.link_cmd",
 )

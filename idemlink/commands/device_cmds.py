@@ -42,12 +42,13 @@ from idemlink.cli import (
     EXIT_REJECTED,
     EXIT_UNKNOWN,
     UserError,
+    add_regmap_option,
+    regmap_from,
 )
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.frame_view import FrameDescriber, trigger_code_name
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import (
-    DEFAULT_MAP,
     REGISTER_MAX,
     RegisterKind,
     RegisterMap,
@@ -55,6 +56,7 @@ from idemlink.protocol.registers import (
     TriggerState,
     TriggerStatus,
 )
+from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 EXIT_OF_OUTCOME: dict[Outcome, int] = {
     Outcome.OK: EXIT_OK,
@@ -91,6 +93,7 @@ def register(sub: Any) -> None:
     common.add_argument("--attempts", type=int, default=5,
                         help="sends per command before it is UNKNOWN (default 5)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    add_regmap_option(common)
 
     p = sub.add_parser("read", parents=[common], help="read registers by name or address")
     p.add_argument("registers", nargs="*", metavar="NAME",
@@ -221,7 +224,7 @@ def open_device(args: argparse.Namespace) -> Device:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     try:
         return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                           attempts=args.attempts)
+                           attempts=args.attempts, regmap=regmap_from(args))
     except (PortError, NoDevice, IncompatibleDevice) as exc:
         raise UserError(f"{args.port}: {exc}") from None
 
@@ -337,7 +340,7 @@ def _unit(spec: RegisterSpec) -> str:
 
 
 def run_read(args: argparse.Namespace) -> int:
-    regmap = DEFAULT_MAP
+    regmap = regmap_from(args)
     specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
     with open_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
@@ -414,7 +417,7 @@ def _fmt(run: Sequence[Assignment]) -> str:
 
 
 def run_write(args: argparse.Namespace) -> int:
-    regmap = DEFAULT_MAP
+    regmap = regmap_from(args)
     assignments = parse_assignments(regmap, args.assignments)
     runs = contiguous_runs(assignments)
     if args.if_generation is not None:
@@ -470,7 +473,7 @@ def _fault_line(spec: RegisterSpec, value: int) -> str:
 
 
 def run_faults(args: argparse.Namespace) -> int:
-    specs = DEFAULT_MAP.of_kind(RegisterKind.FAULT)
+    specs = regmap_from(args).of_kind(RegisterKind.FAULT)
     with open_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
         faults: dict[str, Any] = {}
@@ -512,7 +515,7 @@ def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    spec = _only(DEFAULT_MAP, RegisterKind.FAULT, args.register, "clear")
+    spec = _only(regmap_from(args), RegisterKind.FAULT, args.register, "clear")
     mask = fault_mask(spec, args.bits, args.mask)
     with open_device(args) as dev:
         r = dev.clear_faults(mask, spec.name)
@@ -552,7 +555,7 @@ def _state_name(value: int) -> str:
 
 
 def run_trigger(args: argparse.Namespace) -> int:
-    spec = _only(DEFAULT_MAP, RegisterKind.TRIGGER, args.name, "use")
+    spec = _only(regmap_from(args), RegisterKind.TRIGGER, args.name, "use")
     with open_device(args) as dev:
         doc: dict[str, Any] = {"register": spec.name}
         if args.status:
@@ -700,7 +703,7 @@ def run_apply(args: argparse.Namespace) -> int:
         return resolve_step(args, journal)
     if args.executed or args.not_executed:
         raise UserError("--executed / --not-executed go with --resolve KEY")
-    name, steps = load_plan(args.plan)
+    name, steps = load_plan(args.plan, regmap_from(args))
     if not args.no_check:
         for step in steps:
             for a in step.writes:

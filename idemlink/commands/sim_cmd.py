@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_OK, UserError
+from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
 from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
@@ -31,7 +31,11 @@ def register(sub: Any) -> None:
     p.add_argument("--modbus-rtu", action="store_true", help="serve as a plain Modbus RTU slave")
     p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
     p.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
-    p.add_argument("--flash-dir", help="directory keeping the configuration across runs")
+    p.add_argument("--flash-dir", help="directory keeping the configuration (and the device id) "
+                   "across runs")
+    p.add_argument("--device-id", default=None,
+                   help="the id HELLO advertises (default: kept in --flash-dir, else drawn anew)")
+    add_regmap_option(p)
     p.add_argument("--baudrate", type=int, default=115200,
                    help="baud rate for --port (with --modbus-rtu it also sets t3.5)")
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
@@ -102,7 +106,7 @@ def run_rtu(args: argparse.Namespace) -> int:
     from idemlink.device_sim.rtu_server import RtuServer
     from idemlink.protocol.device_core import DeviceCore, SnapshotError
 
-    core = DeviceCore(trigger_duration=args.trigger_duration)
+    core = DeviceCore(regmap_from(args), trigger_duration=args.trigger_duration)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
         # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
@@ -116,12 +120,17 @@ def run_rtu(args: argparse.Namespace) -> int:
 def run_framed(args: argparse.Namespace) -> int:
     """The framed simulator (``SimulatedDevice``) on a new pty or on ``--port``."""
     from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.flash import DeviceIdError
     from idemlink.device_sim.serve import serve
     from idemlink.protocol.device_core import SnapshotError
 
+    regmap = regmap_from(args)
     try:
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
-                                 flash_dir=args.flash_dir, now=time.monotonic())
+                                 flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
+                                 device_id=getattr(args, "device_id", None))
+    except DeviceIdError as exc:
+        raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
     return _serve_until_signal(args, lambda transport, stop: serve(device, transport, stop))
