@@ -16,25 +16,48 @@ Example::
         dev = idemlink_sim.connect()
         assert dev.write({"threshold": 420}).ok
         assert idemlink_sim.device.core.value("threshold") == 420
+
+Loading the plugin costs nothing and cannot fail on idemlink's account: the module imports only
+the standard library and pytest, and the simulator is imported when a fixture is first used. An
+import that fails then raises ``PluginLoadError``, whose message starts with "idemlink pytest
+plugin:" and says how to switch the plugin off (``pytest -p no:idemlink``): a project that has
+idemlink installed but does not use it is never broken by it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
 
-from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.link import Link, LinkConfig
-from idemlink.device_sim.serve import LockedDevice
-from idemlink.device_sim.simlink import SimTransport
-from idemlink.protocol.registers import RegisterMap
-
 if TYPE_CHECKING:
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.link import LinkConfig
+    from idemlink.device_sim.serve import LockedDevice
+    from idemlink.device_sim.simlink import SimTransport
     from idemlink.host.device import Device
+    from idemlink.protocol.registers import RegisterMap
+
+DISABLE_HINT = "disable with -p no:idemlink"
+
+
+class PluginLoadError(ImportError):
+    """idemlink's simulator could not be imported for a fixture of this plugin."""
+
+
+@contextmanager
+def loading(what: str) -> Iterator[None]:
+    """Re-raise an ImportError inside as a ``PluginLoadError`` that names idemlink and the way to
+    disable the plugin."""
+    try:
+        yield
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"idemlink pytest plugin: cannot import {what}: {exc} ({DISABLE_HINT})") from exc
 
 
 @dataclass(slots=True)
@@ -53,7 +76,8 @@ class InProcessSim:
 
     def connect(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
         """A connected ``idemlink.host.device.Device`` on this simulated line."""
-        from idemlink.host.device import Device
+        with loading("the host driver"):
+            from idemlink.host.device import Device
 
         dev = Device(self.transport, timeout=timeout, attempts=attempts,
                      max_inflight=max_inflight)
@@ -85,7 +109,8 @@ class PtySim:
 
     def open(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
         """``idemlink.host.device.Device.open`` on this pty (closed at teardown)."""
-        from idemlink.host.device import Device
+        with loading("the host driver"):
+            from idemlink.host.device import Device
 
         dev = Device.open(self.path, timeout=timeout, attempts=attempts,
                           max_inflight=max_inflight)
@@ -100,9 +125,12 @@ class PtySim:
 
 def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None = None) -> PtySim:
     """Serve a device on a new pty (optionally behind a lossy real-time line); ``close()`` it."""
-    from idemlink.device_sim.lossy_transport import LossyTransport
-    from idemlink.device_sim.pty import open_pty
-    from idemlink.device_sim.serve import serve
+    with loading("the simulator"):
+        from idemlink.device_sim.device import SimulatedDevice
+        from idemlink.device_sim.link import Link
+        from idemlink.device_sim.lossy_transport import LossyTransport
+        from idemlink.device_sim.pty import open_pty
+        from idemlink.device_sim.serve import LockedDevice, serve
 
     sim = device if device is not None else SimulatedDevice(seed=0)
     shared = LockedDevice(sim)
@@ -125,6 +153,9 @@ def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None
 @pytest.fixture
 def idemlink_sim() -> InProcessSim:
     """An in-process simulated device on a simulated clock (see the module docstring)."""
+    with loading("the simulator"):
+        from idemlink.device_sim.device import SimulatedDevice
+        from idemlink.device_sim.simlink import SimTransport
     return InProcessSim(SimTransport(SimulatedDevice(seed=0)))
 
 
