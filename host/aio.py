@@ -9,8 +9,9 @@ One operation at a time: every operation holds the device's ``asyncio.Lock``, so
 ``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits the
 transport's ``read``). A cancelled operation (``task.cancel()``, ``asyncio.wait_for`` timing out)
 settles its requests as UNKNOWN/CANCELLED (NOT_EXECUTED if never sent) before the cancellation
-propagates, and an UNKNOWN one blocks the handle, as in the blocking driver; a transport error
-raises ``LinkLost`` the same way.
+propagates, and an UNKNOWN one that may have had an effect blocks the handle (a cancelled read does
+not), as in the blocking driver — the rule is ``Device._result``'s; a transport error raises
+``LinkLost`` the same way.
 """
 
 from __future__ import annotations

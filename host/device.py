@@ -5,16 +5,21 @@
 handshake and refuses a device whose protocol version or contract hash differs from ours.
 
 Every command returns a ``Result`` with exactly one ``Outcome`` — a protocol outcome is never an
-exception. An UNKNOWN result blocks the handle: further commands raise ``UnknownOutstanding`` until
-``acknowledge_unknown()``; ``reconcile()`` reads back what the unknown command touched.
+exception. An UNKNOWN result of a command that may have had an effect (``Command.may_have_effect``:
+writes, conditional writes, triggers, fault clears, the file hand-over — every function but the
+read-only ones, ``idemlink.protocol.modbus.may_have_effect``) blocks the handle: further commands
+raise ``UnknownOutstanding`` until ``acknowledge_unknown()``; ``reconcile()`` reads back what the
+unknown command touched. A read (register read, FILE_INFO) that got no answer is UNKNOWN too and
+carries no values, but it changed nothing: it does not block, and the next command proceeds.
 
 A failing port (an OSError / ``PortError`` from the transport) ends the operation with
 ``LinkLost``, whose ``results`` settle every request of it (UNKNOWN/LINK_LOST if it was sent, which
-blocks the handle); an interrupted operation (KeyboardInterrupt) settles its requests as
-UNKNOWN/CANCELLED before the interrupt propagates. Nothing is left in the session to run later.
+blocks the handle if it may have had an effect); an interrupted operation (KeyboardInterrupt)
+settles its requests as UNKNOWN/CANCELLED before the interrupt propagates, by the same rule.
+Nothing is left in the session to run later.
 
-``file_info(name)`` reads a stored file's size and CRC-32C back (FILE_INFO, read-only: its UNKNOWN
-does not block the handle, there is nothing to reconcile). ``send_files`` uses it to verify every
+``file_info(name)`` reads a stored file's size and CRC-32C back (FILE_INFO, read-only: like any
+read, its UNKNOWN does not block the handle). ``send_files`` uses it to verify every
 file of a framed YMODEM batch once the port is back in framed mode: a file is ok only when the
 device holds exactly its bytes (``FileResult.verified``).
 
@@ -58,6 +63,7 @@ from idemlink.protocol.modbus import (
     decode_response,
     encode_file_info_request,
     encode_request,
+    may_have_effect,
 )
 from idemlink.protocol.outcome import (
     LocalProtocolError,
@@ -171,7 +177,8 @@ class PortError(LocalProtocolError):
 class LinkLost(PortError):
     """The transport failed while a command was out. ``results`` settles every request of the
     interrupted operation: UNKNOWN (LINK_LOST) for one that was sent — the handle is then blocked
-    as for any UNKNOWN — NOT_EXECUTED for one never sent. Empty: nothing was out (e.g. HELLO)."""
+    if it may have had an effect, as for any UNKNOWN — NOT_EXECUTED for one never sent. Empty:
+    nothing was out (e.g. HELLO)."""
 
     def __init__(self, message: str, results: tuple[Result, ...] = ()) -> None:
         super().__init__(message)
@@ -237,10 +244,13 @@ class CommandKind(Enum):
     FILE_INFO = "file_info"  #: size and CRC-32C of a stored file (read-only)
 
 
-REISSUABLE = {CommandKind.WRITE, CommandKind.READ, CommandKind.FILE_INFO}
-"""Commands re-issued in a new boot epoch: absolute (set-only) writes and reads, which are harmless
-to repeat. Triggers, fault clears and conditional writes are not: in flight across a reboot they
-end UNKNOWN."""
+_FUNCTION_OF_KIND = {
+    CommandKind.WRITE_IF_GENERATION: FunctionCode.WRITE_IF_GENERATION,
+    CommandKind.TRIGGER: FunctionCode.TRIGGER,
+    CommandKind.TRIGGER_RESET: FunctionCode.TRIGGER,
+    CommandKind.FILE_RECEIVE: FunctionCode.FILE_RECEIVE,
+    CommandKind.FILE_INFO: FunctionCode.FILE_INFO,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,12 +265,28 @@ class Command:
     input_registers: bool = False
     name: str = ""  #: FILE_INFO: the stored file's name
 
+    @property
+    def function(self) -> FunctionCode:
+        """The Modbus function this command travels as."""
+        k = self.kind
+        if k is CommandKind.READ:
+            return (FunctionCode.READ_INPUT_REGISTERS if self.input_registers
+                    else FunctionCode.READ_HOLDING_REGISTERS)
+        if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
+            return (FunctionCode.WRITE_SINGLE_REGISTER if len(self.values) == 1
+                    else FunctionCode.WRITE_MULTIPLE_REGISTERS)
+        return _FUNCTION_OF_KIND[k]
+
+    @property
+    def may_have_effect(self) -> bool:
+        """Whether running it can change the device's state: an UNKNOWN outcome then blocks the
+        handle until reconciled. False for reads (register reads, FILE_INFO) only."""
+        return may_have_effect(self.function)
+
     def request(self) -> Request:
         k = self.kind
         if k is CommandKind.READ:
-            fc = (FunctionCode.READ_INPUT_REGISTERS if self.input_registers
-                  else FunctionCode.READ_HOLDING_REGISTERS)
-            return ReadRegisters(fc, self.address, self.count)
+            return ReadRegisters(self.function, self.address, self.count)
         if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
             if len(self.values) == 1:
                 return WriteSingleRegister(self.address, self.values[0])
@@ -278,8 +304,10 @@ class Command:
 
     @property
     def set_only(self) -> bool:
-        """Harmless to run again (a read or an absolute write): re-issued after a reboot."""
-        return self.kind in REISSUABLE
+        """Harmless to run again (a read or an absolute write): re-issued after a reboot.
+        Triggers, fault clears and conditional writes are not: in flight across a reboot they end
+        UNKNOWN."""
+        return self.kind is CommandKind.WRITE or not self.may_have_effect
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,16 +381,13 @@ def file_info_of(cmd: Command, pdu: bytes) -> FileInfoResponse | None:
     return resp if isinstance(resp, FileInfoResponse) else None
 
 
-_READ_ONLY = {CommandKind.READ, CommandKind.FILE_INFO}
-
-
 def _span(c: Command) -> range:
     return range(c.address, c.address + max(c.count, len(c.values), 1))
 
 
 def _conflict(a: Command, b: Command) -> bool:
     """Would running ``a`` and ``b`` in either order give different results?"""
-    a_writes, b_writes = a.kind not in _READ_ONLY, b.kind not in _READ_ONLY
+    a_writes, b_writes = a.may_have_effect, b.may_have_effect
     if not (a_writes or b_writes):
         return False
     guarded = CommandKind.WRITE_IF_GENERATION
@@ -516,7 +541,7 @@ class Device:
         ``LinkLost`` carries the results; if the caller interrupts (KeyboardInterrupt, any other
         exception), the requests are settled the same way (CANCELLED) before it propagates. Either
         way nothing stays in the session to run behind the caller's back, and the handle is
-        blocked if something may have run."""
+        blocked if a command that may have had an effect was out."""
         t = self.transport
         try:
             out, wait = next(steps)
@@ -541,9 +566,10 @@ class Device:
 
     def _interrupted(self, exc: BaseException) -> None:
         """The caller stopped the operation (KeyboardInterrupt, asyncio cancellation): settle its
-        requests as CANCELLED. The interrupt propagates unchanged; the settled requests ride along
-        on it so a caller that reports it (the CLI) can say whether something may have run. Shared
-        by the blocking and the asyncio request loops."""
+        requests as CANCELLED (a cancelled read blocks nothing, a cancelled write does). The
+        interrupt propagates unchanged; the settled requests ride along on it so a caller that
+        reports it (the CLI) can say whether something may have run. Shared by the blocking and
+        the asyncio request loops."""
         exc.settled_results = tuple(  # type: ignore[attr-defined]
             self._settle_abandoned(Status.CANCELLED))
 
@@ -556,7 +582,8 @@ class Device:
 
     def _settle_abandoned(self, status: Status) -> list[Result]:
         """Give up every request the session holds (``HostSession.abandon``) and turn those of
-        the interrupted operation into Results; an UNKNOWN one blocks the handle."""
+        the interrupted operation into Results; an UNKNOWN one blocks the handle if it may have
+        had an effect (``_result``, the one place that rule is applied)."""
         self.session.abandon(status)
         for ev in self.session.events():
             if isinstance(ev, Completion):
@@ -574,16 +601,16 @@ class Device:
                    comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file)
         self.stats.commands += 1
         self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
-        if (r.outcome is Outcome.UNKNOWN and self.unknown is None
-                and c.kind is not CommandKind.FILE_INFO):  # no effect: nothing to reconcile
-            self.unknown = r
+        if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:
+            self.unknown = r  # a read changed nothing: there is nothing to reconcile
         return r
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
         """Send commands pipelined (up to the negotiated depth) and return one Result each, in
         order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged; commands of a
-        later wave than one that ended UNKNOWN are not sent (NOT_EXECUTED, no status)."""
+        later wave than one whose command that may have had an effect ended UNKNOWN are not sent
+        (NOT_EXECUTED, no status). An unanswered read blocks nothing."""
         return self._drive(self._run_steps(list(commands)))
 
     def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
@@ -593,7 +620,7 @@ class Device:
                 "reconcile() and acknowledge_unknown() first")
         results: list[Result] = []
         for wave in _waves(commands):
-            if self.unknown is not None:  # an earlier wave ended UNKNOWN: the rest stays unsent
+            if self.unknown is not None:  # an earlier wave blocked the handle: the rest stays unsent
                 results += [Result(c, Outcome.NOT_EXECUTED, None) for c in wave]
                 continue
             results += yield from self._wave_steps(wave)
@@ -620,9 +647,7 @@ class Device:
     def _reissuable(self, c: Command) -> bool:
         """Harmless to run again after a reboot: a read, or a write that touches only HOLDING
         registers (checked against the map, whoever built the Command)."""
-        if c.kind is CommandKind.READ:
-            return True
-        if c.kind is CommandKind.FILE_INFO:
+        if not c.may_have_effect:
             return True
         if c.kind is not CommandKind.WRITE:
             return False
@@ -806,7 +831,8 @@ class Device:
 
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         """Read back the state an UNKNOWN command (default: the blocking one) touched and say
-        whether the state it intended holds. Allowed while the handle is blocked."""
+        whether the state it intended holds. Allowed while the handle is blocked. A read has no
+        effect to reconcile: it is answered without sending anything."""
         return self._drive(self._reconcile_steps(result))
 
     def _reconcile_steps(self, result: Result | None) -> Steps[Reconciliation | None]:
@@ -814,10 +840,10 @@ class Device:
         if r is None:
             return None
         c = r.command
+        if not c.may_have_effect:
+            return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
         if c.kind is CommandKind.FILE_RECEIVE:
             return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
-        if c.kind is CommandKind.FILE_INFO:
-            return Reconciliation(c, {}, True, "a file read-back has no effect to reconcile")
         span = max(c.count, len(c.values), 1)
         reads = [Command(CommandKind.READ, c.address, span),
                  Command(CommandKind.READ, self.regmap.generation.address, 1)]
@@ -860,9 +886,7 @@ def _judge_read_back(
     elif c.kind is CommandKind.TRIGGER:
         holds = values[0] != TriggerState.IDLE
         summary = f"trigger state {values[0]:#06x}"
-    elif c.kind is CommandKind.TRIGGER_RESET:
+    else:  # TRIGGER_RESET: reads never get here (``_reconcile_steps``)
         holds = values[0] == TriggerState.IDLE
         summary = f"trigger state {values[0]:#06x}"
-    else:
-        holds, summary = True, "a read has no effect to reconcile"
     return Reconciliation(c, observed, holds, summary)

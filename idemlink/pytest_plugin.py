@@ -20,25 +20,48 @@ Example::
         dev = idemlink_sim.connect()
         assert dev.write({"threshold": 420}).ok
         assert idemlink_sim.device.core.value("threshold") == 420
+
+Loading the plugin costs nothing and cannot fail on idemlink's account: the module imports only
+the standard library and pytest, and the simulator is imported when a fixture is first used. An
+import that fails then raises ``PluginLoadError``, whose message starts with "idemlink pytest
+plugin:" and says how to switch the plugin off (``pytest -p no:idemlink``): a project that has
+idemlink installed but does not use it is never broken by it.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pytest
 
-from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.link import Link, LinkConfig
-from idemlink.device_sim.serve import LockedDevice
-from idemlink.device_sim.simlink import SimTransport
-from idemlink.protocol.registers import RegisterMap
-
 if TYPE_CHECKING:
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.link import LinkConfig
+    from idemlink.device_sim.serve import LockedDevice
+    from idemlink.device_sim.simlink import SimTransport
     from idemlink.host.device import Device
+    from idemlink.protocol.registers import RegisterMap
+
+DISABLE_HINT = "disable with -p no:idemlink"
+
+
+class PluginLoadError(ImportError):
+    """idemlink's simulator could not be imported for a fixture of this plugin."""
+
+
+@contextmanager
+def loading(what: str) -> Iterator[None]:
+    """Re-raise an ImportError inside as a ``PluginLoadError`` that names idemlink and the way to
+    disable the plugin."""
+    try:
+        yield
+    except ImportError as exc:
+        raise PluginLoadError(
+            f"idemlink pytest plugin: cannot import {what}: {exc} ({DISABLE_HINT})") from exc
 
 
 @dataclass(slots=True)
@@ -57,7 +80,8 @@ class InProcessSim:
 
     def connect(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
         """A connected ``idemlink.host.device.Device`` on this simulated line."""
-        from idemlink.host.device import Device
+        with loading("the host driver"):
+            from idemlink.host.device import Device
 
         dev = Device(self.transport, timeout=timeout, attempts=attempts,
                      max_inflight=max_inflight, regmap=self.regmap)
@@ -89,7 +113,8 @@ class PtySim:
 
     def open(self, *, timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8) -> Device:
         """``idemlink.host.device.Device.open`` on this pty (closed at teardown)."""
-        from idemlink.host.device import Device
+        with loading("the host driver"):
+            from idemlink.host.device import Device
 
         dev = Device.open(self.path, timeout=timeout, attempts=attempts,
                           max_inflight=max_inflight, regmap=self.device.core.regmap)
@@ -104,9 +129,12 @@ class PtySim:
 
 def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None = None) -> PtySim:
     """Serve a device on a new pty (optionally behind a lossy real-time line); ``close()`` it."""
-    from idemlink.device_sim.lossy_transport import LossyTransport
-    from idemlink.device_sim.pty import open_pty
-    from idemlink.device_sim.serve import serve
+    with loading("the simulator"):
+        from idemlink.device_sim.device import SimulatedDevice
+        from idemlink.device_sim.link import Link
+        from idemlink.device_sim.lossy_transport import LossyTransport
+        from idemlink.device_sim.pty import open_pty
+        from idemlink.device_sim.serve import LockedDevice, serve
 
     sim = device if device is not None else SimulatedDevice(seed=0)
     shared = LockedDevice(sim)
@@ -136,13 +164,17 @@ def _marked_map(request: pytest.FixtureRequest) -> RegisterMap | None:
     marker = request.node.get_closest_marker("idemlink_regmap")
     if marker is None:
         return None
-    from idemlink.protocol.regmap_file import resolve_regmap
+    with loading("the register-map loader"):
+        from idemlink.protocol.regmap_file import resolve_regmap
 
     return resolve_regmap(marker.args[0] if marker.args else marker.kwargs["ref"])
 
 
 def _device(regmap: RegisterMap | str | None, **options: object) -> SimulatedDevice:
-    from idemlink.protocol.regmap_file import resolve_regmap
+    with loading("the simulator"):
+        from idemlink.device_sim.device import SimulatedDevice
+        from idemlink.protocol.registers import RegisterMap
+        from idemlink.protocol.regmap_file import resolve_regmap
 
     rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
     options.setdefault("seed", 0)
@@ -155,7 +187,7 @@ def idemlink_sim_factory() -> Callable[..., InProcessSim]:
     seed=0, **SimulatedDevice options)``."""
 
     def factory(regmap: RegisterMap | str | None = None, **options: object) -> InProcessSim:
-        return InProcessSim(SimTransport(_device(regmap, **options)))
+        return InProcessSim(_sim_transport(_device(regmap, **options)))
 
     return factory
 
@@ -163,7 +195,13 @@ def idemlink_sim_factory() -> Callable[..., InProcessSim]:
 @pytest.fixture
 def idemlink_sim(request: pytest.FixtureRequest) -> InProcessSim:
     """An in-process simulated device on a simulated clock (see the module docstring)."""
-    return InProcessSim(SimTransport(_device(_marked_map(request))))
+    return InProcessSim(_sim_transport(_device(_marked_map(request))))
+
+
+def _sim_transport(device: SimulatedDevice) -> SimTransport:
+    with loading("the simulator"):
+        from idemlink.device_sim.simlink import SimTransport
+    return SimTransport(device)
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ Contract:
     separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
     answers 01 for it, as for 0x44, so the register core (and the RTU face) never sees it.
 
+- ``may_have_effect(function)`` is the one rule of which requests can change the device's state: all
+  but the reads (FC03, FC04) and FILE_INFO. A host blocks on an unanswered request only if it can.
 - ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
@@ -66,6 +68,21 @@ class FunctionCode(IntEnum):
     TRIGGER = 0x42  #: user-defined: trigger write answering the TriggerStatus code
     FILE_RECEIVE = 0x44  #: user-defined (framed only): switch the port to a YMODEM receive batch
     FILE_INFO = 0x45  #: user-defined (framed only): size and CRC-32C of a stored file
+
+
+READ_ONLY_FUNCTIONS: frozenset[int] = frozenset({
+    FunctionCode.READ_HOLDING_REGISTERS,
+    FunctionCode.READ_INPUT_REGISTERS,
+    FunctionCode.FILE_INFO,
+})
+"""Functions that never change the device's state (the register model has no read-to-clear)."""
+
+
+def may_have_effect(function: int) -> bool:
+    """Whether a request of ``function`` can change the device's state, so that an unanswered one
+    leaves something to reconcile. Only the read-only functions above cannot; any other code,
+    including one this stack does not know, is assumed to act."""
+    return function not in READ_ONLY_FUNCTIONS
 
 
 EXCEPTION_FLAG = 0x80

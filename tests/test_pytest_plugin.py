@@ -41,3 +41,45 @@ def test_plugin_fixtures_in_a_foreign_suite(tmp_path: Path) -> None:
                        cwd=tmp_path, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "4 passed" in r.stdout
+
+
+def test_loading_the_plugin_imports_nothing_of_idemlink_yet(tmp_path: Path) -> None:
+    """A suite that never asks for a fixture pays nothing and cannot be broken by the simulator."""
+    code = ("import sys, idemlink.pytest_plugin; "
+            "print(sorted(m for m in sys.modules if m.startswith('idemlink.')))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=60, check=True)
+    assert r.stdout.strip() == "['idemlink.pytest_plugin']"
+
+
+BROKEN_IMPORT = '''
+import sys
+
+sys.modules["idemlink.device_sim.simlink"] = None  # importing it now raises ImportError
+
+def test_uses_the_sim(idemlink_sim):
+    pass
+'''
+
+
+def test_an_import_error_names_the_plugin_and_how_to_disable_it(tmp_path: Path) -> None:
+    (tmp_path / "test_broken.py").write_text(BROKEN_IMPORT)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "idemlink pytest plugin: cannot import the simulator" in r.stdout
+    assert "(disable with -p no:idemlink)" in r.stdout
+
+
+def test_the_plugin_is_disabled_with_p_no_idemlink(tmp_path: Path) -> None:
+    (tmp_path / "test_no_plugin.py").write_text(
+        "import pytest\n\n"
+        "def test_without(request):\n"
+        "    assert request.config.pluginmanager.get_plugin('idemlink') is None\n"
+        "    with pytest.raises(pytest.FixtureLookupError):\n"
+        "        request.getfixturevalue('idemlink_sim')\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "-p", "no:idemlink", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path, check=False)
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr

@@ -12,7 +12,8 @@ Contract:
 - User mistakes (no such port, no device answering, unknown register or bit, a value that is not an
   integer or does not fit 16 bits, a bad plan file, a refused journal) raise ``UserError``: one line
   on stderr, exit 1, nothing sent.
-- After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it.
+- After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it;
+  an unanswered read (UNKNOWN, exit 5, no value) changed nothing and is not read back.
 - ``apply PLAN.json`` runs a plan of writes through the receipt journal (``idemlink.host.journal.run_steps``)
   with keys ``step_key(KeySource.PLAN_STEP, plan name, step index, "addr=value,...")``; the plan
   format is documented in docs/CLI.md and in ``load_plan``.
@@ -231,8 +232,10 @@ def open_device(args: argparse.Namespace) -> Device:
 
 def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
-    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent). An
-    interrupt (Ctrl-C) still exits 130, after one line saying whether a request may have run."""
+    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent); the hint to
+    read back is given only if one that was out may have had an effect (not for a read). An
+    interrupt (Ctrl-C) still exits 130, after one line if a request that may have had an effect
+    was out."""
 
     def guarded(args: argparse.Namespace) -> int:
         try:
@@ -240,7 +243,7 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
         except LinkLost as exc:
             outcome = Outcome.UNKNOWN if exc.unknown else None
             hint = ""
-            if exc.unknown:
+            if any(r.outcome is Outcome.UNKNOWN and r.command.may_have_effect for r in exc.results):
                 hint = ("; once the port is back, `idemlink apply` again reads the step back"
                         if args.command == "apply" else
                         "; once the port is back, read back what it touched before going on")
@@ -254,7 +257,7 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
             return EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
         except KeyboardInterrupt as exc:
             results: tuple[Result, ...] = getattr(exc, "settled_results", ())
-            sent = [r for r in results if r.outcome is Outcome.UNKNOWN]
+            sent = [r for r in results if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
             if sent:
                 print(f"idemlink {args.command}: interrupted; {len(sent)} request(s) may have run "
                       "(UNKNOWN, CANCELLED): read back what it touched before going on",
@@ -308,11 +311,12 @@ def reconcile_json(dev: Device, r: Result) -> tuple[dict[str, Any], str]:
 
 def after_unknown(dev: Device, results: Sequence[Result], doc: dict[str, Any],
                   lines: list[str]) -> None:
-    """Read back what every UNKNOWN command touched and add it to the output: ``reconcile`` is
-    the first one's (the one blocking the handle), ``reconciles`` lists each in command order."""
+    """Read back what every UNKNOWN command that may have had an effect touched and add it to the
+    output: ``reconcile`` is the first one's (the one blocking the handle), ``reconciles`` lists
+    each in command order. An unanswered read has nothing to read back."""
     each: list[dict[str, Any]] = []
     for r in results:
-        if r.outcome is not Outcome.UNKNOWN:
+        if r.outcome is not Outcome.UNKNOWN or not r.command.may_have_effect:
             continue
         rec, line = reconcile_json(dev, r)
         each.append(rec)
