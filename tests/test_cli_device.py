@@ -126,8 +126,27 @@ def test_write_read_roundtrip(sim: Sim) -> None:
     assert doc["outcome"] == "OK"
     assert doc["values"] == {"threshold": 420, "mode": 2}
     assert doc["results"]["threshold"]["address"] == 4
-    r = cli("read", "--port", sim.path, "mode")
-    assert r.returncode == 0 and r.stdout.split() == ["mode", "=", "2"]
+    r = cli("read", "--port", sim.path, "mode", "threshold", "fan_setpoint")
+    assert r.returncode == 0
+    assert r.stdout.splitlines() == ["mode         = manual (2)",
+                                     "threshold    = 42.0 °C (raw 420)",
+                                     "fan_setpoint = 50 %"]
+    assert doc["results"]["threshold"]["shown"] == "42.0 °C"
+
+
+def test_values_typed_as_people_read_them(sim: Sim) -> None:
+    # a label, a number with a decimal point in the register's unit, an integer is raw
+    r = cli("write", "--port", sim.path, "threshold=42.5", "mode=auto", "fan_setpoint=70")
+    assert r.returncode == 0, r.stderr
+    assert (sim.holdings()["threshold"], sim.holdings()["mode"]) == (425, 1)
+    assert sim.holdings()["fan_setpoint"] == 70
+    before = sim.holdings()
+    for bad, why in [("threshold=42.55", "not a multiple of the scale 0.1"),
+                     ("mode=fast", "off, auto, manual"),
+                     ("threshold=100.1", "outside 0..1000 (0.0..100.0 °C)")]:
+        r = cli("write", "--port", sim.path, bad)
+        assert r.returncode in (1, 4) and why in r.stderr + r.stdout, (bad, r.stderr, r.stdout)
+    assert sim.holdings() == before
 
 
 def test_out_of_range_is_rejected_exit_4(sim: Sim) -> None:

@@ -340,6 +340,32 @@ def _unit(spec: RegisterSpec) -> str:
     return f" {spec.unit}" if spec.unit else ""
 
 
+def shown(spec: RegisterSpec, raw: int) -> str:
+    """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``: the map's reading, and the raw value
+    whenever the reading is not the raw number itself."""
+    text = spec.show(raw)
+    bare = text[: -len(_unit(spec))] if _unit(spec) and text.endswith(_unit(spec)) else text
+    if bare == str(raw):
+        return text
+    return f"{text} ({raw})" if spec.label_of(raw) is not None else f"{text} (raw {raw})"
+
+
+def parse_value(spec: RegisterSpec, text: str) -> int:
+    """A value typed for ``spec``: a label (``auto``), a number with a decimal point in the
+    register's unit (``42.5`` is raw 425 with scale 0.1), or an integer: the raw register value
+    (decimal or 0x hex, as on the wire and in mbpoll)."""
+    text = text.strip()
+    if any(s == text for _, s in spec.labels) or "." in text:
+        try:
+            return spec.raw_from_text(text)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    if spec.labels and text and not text[0].isdigit():
+        choices = ", ".join(s for _, s in spec.labels)
+        raise UserError(f"{spec.name}: {text!r} is neither a number nor one of: {choices}")
+    return parse_int(text, spec.name)
+
+
 # ------------------------------------------------------------------------------------------ read
 
 
@@ -357,7 +383,8 @@ def run_read(args: argparse.Namespace) -> int:
             if r.ok:
                 values[s.name] = r.values[0]
                 per[s.name]["value"] = r.values[0]
-                lines.append(f"{s.name:<{width}} = {r.values[0]}{_unit(s)}")
+                per[s.name]["shown"] = s.show(r.values[0])
+                lines.append(f"{s.name:<{width}} = {shown(s, r.values[0])}")
             else:
                 lines.append(f"{s.name:<{width}} : {r.describe()}")
         doc: dict[str, Any] = {"values": values, "results": per}
@@ -384,7 +411,7 @@ def parse_assignments(regmap: RegisterMap, items: Sequence[str]) -> list[Assignm
         if spec.name in seen:
             raise UserError(f"{spec.name} assigned twice")
         seen.add(spec.name)
-        value = parse_int(text, spec.name)
+        value = parse_value(spec, text)
         if not 0 <= value <= REGISTER_MAX:
             raise UserError(f"{spec.name}={value}: a register holds 0..{REGISTER_MAX}")
         if spec.kind is RegisterKind.FAULT:
@@ -401,7 +428,12 @@ def map_refusal(a: Assignment) -> str | None:
     if not s.writable:
         return f"{s.name} is a read-only {s.kind.name} register"
     if s.kind is RegisterKind.HOLDING and not s.minimum <= a.value <= s.maximum:
-        return f"{s.name}={a.value} outside {s.minimum}..{s.maximum}{_unit(s)}"
+        limits = f"{s.minimum}..{s.maximum}"
+        if s.scale:
+            limits += f" ({s.scaled(s.minimum)}..{s.scaled(s.maximum)}{_unit(s)})"
+        elif s.unit:
+            limits += _unit(s)
+        return f"{s.name}={a.value} outside {limits}"
     return None
 
 
@@ -804,7 +836,7 @@ def run_monitor(args: argparse.Namespace) -> int:
         raise UserError(f"cannot open {args.port}: {exc}") from None
     print(f"idemlink monitor: listening on {args.port}", file=sys.stderr, flush=True)
     decoder = FrameDecoder()
-    describer = FrameDescriber()
+    describer = FrameDescriber(regmap_from(args))
     start = time.monotonic()
     end = start + args.seconds if args.seconds is not None else None
     shown = 0

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from idemlink.cli import UserError
+from idemlink.cli import UserError, add_regmap_option, regmap_from
+from idemlink.protocol.registers import RegisterMap
 
 
 def register(sub: Any) -> None:
@@ -42,19 +43,20 @@ def register(sub: Any) -> None:
     p.add_argument("--noise-rate", type=float, default=0.0, help="noise bursts per second")
     p.add_argument("--seed", type=int, default=0, help="seed of every fault (default 0)")
     p.add_argument("--stats", action="store_true", help="print fault counters (JSON) on exit")
+    add_regmap_option(p)
     p.add_argument("--monitor", action="store_true",
                    help="decode and print the idemlink frames crossing the line, both ways")
     p.set_defaults(handler=run)
 
 
-def _monitor_tap() -> Callable[[str, bytes, float], None]:
+def _monitor_tap(regmap: RegisterMap) -> Callable[[str, bytes, float], None]:
     """A spy on the line: one frame decoder per direction, one describer (so an answer is shown
     with the registers its request named)."""
     from idemlink.host.frame_view import FrameDescriber
     from idemlink.protocol.frame import FrameDecoder
 
     decoders = {"a->b": FrameDecoder(), "b->a": FrameDecoder()}
-    describer = FrameDescriber()
+    describer = FrameDescriber(regmap)
 
     def tap(direction: str, data: bytes, t: float) -> None:
         for item in decoders[direction].feed(data):
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except LinkConfigError as exc:
         raise UserError(str(exc)) from None
-    tap = _monitor_tap() if args.monitor else None
+    tap = _monitor_tap(regmap_from(args)) if args.monitor else None
     try:
         proxy = LinkProxy(args.a, args.b, config, tap=tap)
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
