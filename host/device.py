@@ -100,7 +100,9 @@ class Transport(Protocol):
 class SerialTransport:
     """A pyserial port (any URL). DTR/RTS are set low *before* opening, so opening does not pulse
     the reset line that many boards wire to DTR (pass ``keep_lines=False`` to leave pyserial's
-    defaults)."""
+    defaults). A local serial device is opened exclusively (an advisory ``flock``, released when
+    the process dies): a second program driving the same port would take our answers and make
+    every command look replayed, so it is refused with "port busy" (``PortBusy``)."""
 
     def __init__(self, url: str, *, baudrate: int = 115200, keep_lines: bool = True) -> None:
         import time
@@ -113,8 +115,13 @@ class SerialTransport:
             if keep_lines:
                 port.dtr = False
                 port.rts = False
+            if hasattr(port, "exclusive"):
+                port.exclusive = True
             port.open()
         except (serial.SerialException, ValueError, OSError) as exc:
+            if "exclusively lock" in str(exc):
+                raise PortBusy(f"port busy: {url} is already open in another program "
+                               "(close it, or use `idemlink monitor` to watch the line)") from exc
             raise PortError(f"cannot open {url}: {exc}") from exc
         self.port = port
         self._fd: int | None = None
@@ -172,6 +179,10 @@ class PortError(LocalProtocolError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, Status.LINK_LOST)
+
+
+class PortBusy(PortError):
+    """The port is held open by another program (exclusive lock)."""
 
 
 class LinkLost(PortError):

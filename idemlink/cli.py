@@ -64,21 +64,56 @@ def regmap_from(args: argparse.Namespace) -> RegisterMap:
         raise UserError(str(exc)) from None
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``-v``/``-vv`` and ``--log-level``, accepted before or after the command name (the
+    command's copy does not override what was given before it)."""
+    keep = argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count", default=0 if top else keep,
+                        help="log to stderr: -v progress (INFO), -vv every frame (DEBUG)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None if top else keep,
+                        help="log level on stderr (overrides -v)")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from idemlink import __version__
+
     parser = argparse.ArgumentParser(
         prog="idemlink",
         description="idemlink: a serial protocol stack where retries are harmless.",
     )
+    parser.add_argument("--version", action="version", version=f"idemlink {__version__}")
+    _add_logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for command in sub.choices.values():
+        _add_logging_options(command, top=False)
     return parser
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Logging on stderr as the options ask; silent (warnings only) by default."""
+    import logging
+
+    level_name: str | None = getattr(args, "log_level", None)
+    verbose: int = getattr(args, "verbose", 0)
+    if level_name is not None:
+        level = getattr(logging, level_name.upper())
+    else:
+        level = (logging.WARNING, logging.INFO)[verbose] if verbose < 2 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    configure_logging(args)
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -36,6 +36,7 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
 
 from __future__ import annotations
 
+import logging
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from enum import Enum
@@ -63,6 +64,17 @@ from idemlink.protocol.outcome import (
 )
 from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.session import DeviceInfo, decode_response, encode_hello
+
+def status_name(code: int) -> str:
+    try:
+        return Status(code).name
+    except ValueError:
+        return f"0x{code:02x}"
+
+
+#: Frame-level trace (direction, type, epoch, seq, function, status, retry/replay flags) at DEBUG:
+#: ``idemlink -v -v`` or ``logging.getLogger("idemlink.frames").setLevel(logging.DEBUG)``.
+frame_log = logging.getLogger("idemlink.frames")
 
 SEQ_MASK = 0xFFFFFFFF
 GUARD_FAILED_FUNCTIONS = {0x41}
@@ -287,6 +299,8 @@ class HostSession:
     def receive_data(self, data: bytes, now: float) -> None:
         for ev in self._decoder.feed(data):
             if isinstance(ev, DecodeError):
+                if frame_log.isEnabledFor(logging.DEBUG):
+                    frame_log.debug("rx undecodable frame: %s", ev.kind.name)
                 self.counters.decode_errors += 1
                 if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
                     self._foreign_version = ev.detail
@@ -320,6 +334,8 @@ class HostSession:
 
     # ------------------------------------------------------------------ internals
     def _send_hello(self, now: float) -> None:
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("tx HELLO seq=%d attempt=%d", self._hello_seq, self._hello_sent + 1)
         self._hello_sent += 1
         self._hello_deadline = now + self.timeout
         self._out += encode_frame(
@@ -336,6 +352,10 @@ class HostSession:
             self.state = SessionState.CLOSED
             self._events.append(HelloFailed(f"malformed HELLO_REPLY: {exc}"))
             return
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",
+                            frame.epoch, info.device_id, info.map_name, info.next_seq,
+                            info.window)
         self.info = info
         self.epoch = frame.epoch
         self._next_seq = info.next_seq
@@ -375,9 +395,17 @@ class HostSession:
         if retransmit:
             self.counters.retries += 1
         flags = Flags.RETRANSMIT if retransmit else Flags.NONE
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("tx REQUEST epoch=%08x seq=%d fc=0x%02x attempt=%d%s", p.epoch, p.seq,
+                            p.pdu[0] if p.pdu else 0, p.attempts,
+                            " RETRANSMIT" if retransmit else "")
         self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags)
 
     def _finish(self, p: _Pending, outcome: Outcome, status: Status | None, **kw: Any) -> None:
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("settled epoch=%08x seq=%d %s%s%s", p.epoch, p.seq, outcome.name,
+                            f" ({status.name})" if status is not None else "",
+                            " replayed" if kw.get("replay") else "")
         del self._inflight[p.seq]
         self.counters.outcomes[outcome.name] += 1
         self._events.append(
@@ -388,6 +416,11 @@ class HostSession:
     def _on_response(self, frame: Frame, now: float) -> None:
         p = self._inflight.get(frame.seq)
         decoded = decode_response(frame.payload)
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx RESPONSE epoch=%08x seq=%d status=%s%s%s", frame.epoch, frame.seq,
+                            status_name(decoded[0]) if decoded else "-",
+                            " REPLAY" if frame.flags & Flags.REPLAY else "",
+                            "" if p is not None else " (nothing outstanding)")
         if decoded is None:
             self.counters.decode_errors += 1
             return
