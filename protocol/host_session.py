@@ -65,6 +65,7 @@ from idemlink.protocol.outcome import (
 from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.session import DeviceInfo, decode_response, encode_hello
 
+
 def status_name(code: int) -> str:
     try:
         return Status(code).name
