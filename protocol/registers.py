@@ -208,7 +208,13 @@ class RegisterSpec:
         return raw * Decimal(self.scale)
 
     def show(self, raw: int) -> str:
-        """``42.0 °C``, ``auto``, ``1200 rpm``: the value as the map describes it (no raw)."""
+        """``42.0 °C``, ``auto``, ``1200 rpm``, ``RUNNING``, ``0x0005 over_temperature
+        fan_stall``: the value as the map describes it (no raw)."""
+        if self.kind is RegisterKind.TRIGGER:
+            return TriggerState(raw).name if raw in set(TriggerState) else f"state {raw}"
+        if self.kind is RegisterKind.FAULT:
+            names = [b.name for b in self.bits if raw >> b.bit & 1]
+            return " ".join([f"0x{raw:04X}", *names])
         label = self.label_of(raw)
         if label is not None:
             return label

@@ -13,5 +13,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.regmap_cmd",
     "idemlink.commands.device_cmds",
     "idemlink.commands.info_cmd",
+    "idemlink.commands.watch_cmd",
     "idemlink.commands.link_cmd",
 )

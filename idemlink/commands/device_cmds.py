@@ -344,10 +344,14 @@ def shown(spec: RegisterSpec, raw: int) -> str:
     """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``: the map's reading, and the raw value
     whenever the reading is not the raw number itself."""
     text = spec.show(raw)
+    if spec.kind is RegisterKind.FAULT:
+        return text
     bare = text[: -len(_unit(spec))] if _unit(spec) and text.endswith(_unit(spec)) else text
     if bare == str(raw):
         return text
-    return f"{text} ({raw})" if spec.label_of(raw) is not None else f"{text} (raw {raw})"
+    if spec.label_of(raw) is not None or spec.kind is RegisterKind.TRIGGER:
+        return f"{text} ({raw})"
+    return f"{text} (raw {raw})"
 
 
 def parse_value(spec: RegisterSpec, text: str) -> int:
