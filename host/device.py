@@ -779,7 +779,7 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from idemlink.host.ymodem_io import check_batch_names, send_files
+        from idemlink.host.ymodem_io import TransferReport, check_batch_names, send_files
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender
@@ -788,18 +788,51 @@ class Device:
                 raise ValueError(f"file name {Path(p).name!r} is longer than the "
                                  f"{MAX_FILE_INFO_NAME} bytes a read-back (FILE_INFO) can ask for")
         digests = {Path(p).name: _digest(Path(p)) for p in paths}
+        identical, asked = self._already_there(paths, digests, overwrite)
+        todo = [p for p in paths if Path(p).name not in {f.name for f in identical}]
+        if not todo:  # every file is on the device byte for byte: nothing to hand over
+            return asked, TransferReport(files=identical, ok=True)
         res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
         if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
             return res, None
         port = getattr(self.transport, "port", None)
         if port is None:
             raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
-        report = send_files(port, paths, config, progress=progress)
+        report = send_files(port, todo, config, progress=progress)
         self.session.resync()
         if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
             self.unknown = None  # the receiver answered: the hand-over did happen
         self._verify(report.files, digests)
+        report.files[:0] = identical
         return res, report
+
+    def _already_there(self, paths: list[str], digests: Mapping[str, tuple[int, int]],
+                       overwrite: bool) -> tuple[list[FileResult], Result]:
+        """Ask the device (FILE_INFO, read-only) what it holds under each name before sending:
+        the same size and CRC-32C -> that file is not sent again (``identical``); different bytes
+        without ``overwrite`` -> ``ValueError`` naming the file and ``--overwrite`` before anything
+        is switched. A question that got no answer decides nothing: the file is sent."""
+        from idemlink.host.ymodem_io import FileResult
+
+        cmds = [Command(CommandKind.FILE_INFO, 0, name=Path(p).name) for p in paths]
+        answers = self._drive(self._wave_steps(cmds))
+        identical: list[FileResult] = []
+        for p, r in zip(paths, answers, strict=True):
+            name = Path(p).name
+            info = r.file
+            if info is None or info.status is not FileInfoStatus.PRESENT:
+                continue
+            size, crc = digests[name]
+            if (info.size, info.crc32c) == (size, crc):
+                identical.append(FileResult(name, size, ok=True, seconds=0.0, verified=True,
+                                            identical=True,
+                                            detail="already on the device, identical"))
+            elif not overwrite:
+                raise ValueError(
+                    f"{name}: the device already has a different {name} ({info.size} bytes, "
+                    f"CRC-32C {info.crc32c:08x}; this one: {size} bytes, CRC-32C {crc:08x}); "
+                    "send with --overwrite to replace it")
+        return identical, answers[-1]
 
     def _verify(self, files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> None:
         """Read back (FILE_INFO, pipelined; allowed while the handle is blocked, like

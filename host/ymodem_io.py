@@ -86,6 +86,7 @@ class FileResult:
     detail: str = ""
     unconfirmed: bool = False  #: the whole file went out, the receiver never proved it kept it
     verified: bool | None = None  #: framed hand-over read-back: same bytes / not / no answer
+    identical: bool = False  #: already on the device with the same size and CRC-32C: not sent
 
 
 @dataclass(slots=True)

@@ -98,10 +98,10 @@ def test_existing_file_is_replaced_only_when_asked(tmp_path: Path) -> None:
             _, first = dev.send_files([str(f)])
             assert first is not None and first.ok
             f.write_bytes(b"second version\n")
-            _, refused = dev.send_files([str(f)])
-            assert refused is not None and not refused.ok  # cancelled: the file exists
+            with pytest.raises(ValueError, match="send with --overwrite"):
+                dev.send_files([str(f)])  # asked first: refused before any hand-over
             assert stored.read_bytes() == b"first version\n"
-            assert dev.read("threshold").ok  # frames again after the cancelled batch
+            assert dev.read("threshold").ok
             _, replaced = dev.send_files([str(f)], overwrite=True)
             assert replaced is not None and replaced.ok
         assert stored.read_bytes() == b"second version\n"

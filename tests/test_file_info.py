@@ -134,7 +134,48 @@ def test_send_files_verifies_every_file(tmp_path: Path) -> None:
         assert report is not None
         assert [(f.ok, f.verified) for f in report.files] == [(True, True), (True, True)]
         reads = [e for e in sim.device.executions if e.request[:1] == b"\x45"]
-        assert sorted(e.request[2:].decode() for e in reads) == sorted(f.name for f in files)
+        # asked once before sending (is it there already?) and read back once after
+        assert sorted(e.request[2:].decode() for e in reads) == sorted(
+            [f.name for f in files] * 2)
+    finally:
+        sim.close()
+
+
+def _hand_overs(sim: object) -> int:
+    return sum(1 for e in sim.device.executions  # type: ignore[attr-defined]
+               if e.request[:1] == b"\x44")
+
+
+def test_sending_a_file_already_there_sends_nothing(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    files = _files(tmp_path)
+    sim = start_pty_sim(SimulatedDevice(seed=4, flash_dir=tmp_path / "flash"))
+    try:
+        with Device.open(sim.path) as dev:
+            dev.send_files([str(files[0])])
+        assert _hand_overs(sim) == 1
+        # both files: the one already there is skipped, the other is sent
+        with Device.open(sim.path) as dev:
+            _, report = dev.send_files([str(f) for f in files])
+        assert report is not None
+        assert [(f.name, f.identical, f.verified) for f in report.files] == [
+            ("image.bin", True, True), ("conf.txt", False, True)]
+        assert _hand_overs(sim) == 2
+        # again, from the CLI: every file identical -> no hand-over at all, exit 0
+        from idemlink.cli import main
+
+        assert main(["send", "--port", sim.path, "--no-progress", *map(str, files)]) == 0
+        out = capsys.readouterr().out
+        assert out.count("already on the device, identical") == 2
+        assert _hand_overs(sim) == 2
+        # a different file under a known name: refused before the hand-over, hint given
+        files[1].write_text("threshold=430\n")
+        assert main(["send", "--port", sim.path, "--no-progress", str(files[1])]) == 1
+        assert "--overwrite" in capsys.readouterr().err
+        assert _hand_overs(sim) == 2
+        assert main(["send", "--port", sim.path, "--no-progress", "--overwrite",
+                     str(files[1])]) == 0
+        assert (sim.device.files_dir / "conf.txt").read_text() == "threshold=430\n"
     finally:
         sim.close()
 

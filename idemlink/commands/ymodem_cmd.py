@@ -83,6 +83,10 @@ def _open(url: str, baud: int) -> Any:
 
 def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
     for f in report.files:
+        if f.identical:
+            print(f"{f.name}: already on the device, identical ({f.size} bytes, size and "
+                  "CRC-32C read back): not sent")
+            continue
         state = "ok" if f.ok else "FAILED"
         extra = f" ({f.detail})" if f.detail and (not f.ok or framed) else ""
         check = ""
