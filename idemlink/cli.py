@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    return parser
+
+
 def configure_logging(args: argparse.Namespace) -> None:
     """Logging on stderr as the options ask; silent (warnings only) by default."""
     import logging
@@ -112,7 +120,10 @@ def configure_logging(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # name the command's own usage, not the top-level one
+        command = _subparser(parser, args.command)
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
     configure_logging(args)
     handler: Handler = args.handler
     try:

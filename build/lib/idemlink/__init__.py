@@ -1,0 +1,19 @@
+"""idemlink: a serial protocol stack whose one promise is: retries are harmless.
+
+One top-level import name. The layers live in sub-packages, each in its own source directory:
+
+- ``idemlink.protocol`` (``protocol/``): the sans-I/O core, bytes in, events out, time passed in;
+- ``idemlink.host`` (``host/``): the driver over pyserial, blocking and asyncio, the journal;
+- ``idemlink.device_sim`` (``device_sim/``): the simulated device and the link emulator;
+- ``idemlink`` itself (``idemlink/``): the application layer that joins them, the CLI, the soak
+  campaign and its oracle, and the pytest plugin.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata as _metadata
+
+try:
+    __version__ = _metadata.version("idemlink")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+    __version__ = "0+unknown"

@@ -1,0 +1,141 @@
+"""The ``idemlink`` command line.
+
+Exit status (documented in the README, one per outcome class):
+
+====  =============================================================
+0     OK
+1     usage or local error (no such port, unknown register, bad value)
+2     argparse usage error
+3     NOT_EXECUTED (definitely did not run: guard failed, conflict)
+4     REJECTED (the request is invalid; retrying cannot help)
+5     UNKNOWN (may have run: reconcile before anything else)
+6     drift or check failure (``contract --check``, soak oracle)
+====  =============================================================
+
+User mistakes print one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from idemlink.commands import COMMAND_MODULES
+
+if TYPE_CHECKING:
+    from idemlink.protocol.registers import RegisterMap
+
+EXIT_OK = 0
+EXIT_LOCAL_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_EXECUTED = 3
+EXIT_REJECTED = 4
+EXIT_UNKNOWN = 5
+EXIT_CHECK_FAILED = 6
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by SIGPIPE
+
+
+class UserError(Exception):
+    """A mistake of the user's (bad port, unknown register...): printed as one line, exit 1."""
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def add_regmap_option(parser: argparse.ArgumentParser) -> None:
+    """``--regmap FILE``: the device's register map (default: the built-in thermal controller)."""
+    parser.add_argument(
+        "--regmap", metavar="FILE", default=None,
+        help="the device's register map file (TOML or JSON, see docs/REGMAP.md) or a built-in "
+             "map's name; default: the built-in thermal-controller")
+
+
+def regmap_from(args: argparse.Namespace) -> RegisterMap:
+    """The map ``--regmap`` names; a map file that cannot be loaded is one UserError line."""
+    from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
+
+    try:
+        return resolve_regmap(getattr(args, "regmap", None))
+    except RegmapFileError as exc:
+        raise UserError(str(exc)) from None
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """``-v``/``-vv`` and ``--log-level``, accepted before or after the command name (the
+    command's copy does not override what was given before it)."""
+    keep = argparse.SUPPRESS
+    parser.add_argument("-v", "--verbose", action="count", default=0 if top else keep,
+                        help="log to stderr: -v progress (INFO), -vv every frame (DEBUG)")
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=None if top else keep,
+                        help="log level on stderr (overrides -v)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from idemlink import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="idemlink",
+        description="idemlink: a serial protocol stack where retries are harmless.",
+    )
+    parser.add_argument("--version", action="version", version=f"idemlink {__version__}")
+    _add_logging_options(parser, top=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    for command in sub.choices.values():
+        _add_logging_options(command, top=False)
+    return parser
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    return parser
+
+
+def configure_logging(args: argparse.Namespace) -> None:
+    """Logging on stderr as the options ask; silent (warnings only) by default."""
+    import logging
+
+    level_name: str | None = getattr(args, "log_level", None)
+    verbose: int = getattr(args, "verbose", 0)
+    if level_name is not None:
+        level = getattr(logging, level_name.upper())
+    else:
+        level = (logging.WARNING, logging.INFO)[verbose] if verbose < 2 else logging.DEBUG
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s",
+                        datefmt="%H:%M:%S")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # name the command's own usage, not the top-level one
+        command = _subparser(parser, args.command)
+        command.error(f"unrecognized arguments: {' '.join(extras)}")
+    configure_logging(args)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except UserError as exc:
+        print(f"idemlink {args.command}: {exc}", file=sys.stderr)
+        return EXIT_LOCAL_ERROR
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): say nothing more, and keep Python's shutdown flush
+        # from raising again on the dead stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE

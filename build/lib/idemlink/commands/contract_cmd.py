@@ -1,0 +1,87 @@
+"""``idemlink contract``: regenerate, or ``--check``, the committed contract artifacts.
+
+With ``--regmap FILE --out DIR`` it renders one device's map instead: ``DIR/idemlink_regmap.h``
+(defines and a const register table for the C device core) and ``DIR/<map name>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "contract", help="regenerate (or --check) the C header, PROTOCOL.md and golden vectors"
+    )
+    p.add_argument("--check", action="store_true", help="exit 6 and name each drifted file")
+    p.add_argument("--root", default=".", help="repository root (default: .)")
+    p.add_argument("--regmap", metavar="FILE", default=None,
+                   help="render this device's map (C header + register document) instead")
+    p.add_argument("--out", metavar="DIR", default=None,
+                   help="with --regmap: the directory to write into (created if missing)")
+    p.set_defaults(handler=run)
+
+
+def drifted_files(root: Path) -> list[str]:
+    """Committed artifacts whose content differs from a fresh rendering."""
+    from idemlink.protocol.contract import render_all
+
+    out = []
+    for rel, text in render_all().items():
+        path = root / rel
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            out.append(rel)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.cli import UserError
+    from idemlink.protocol.contract import render_all
+
+    if args.regmap is not None or args.out is not None:
+        return _run_map(args)
+    root = Path(args.root)
+    if not (root / "pyproject.toml").is_file():
+        raise UserError(f"{root} is not the idemlink repository root (no pyproject.toml)")
+    if args.check:
+        drifted = drifted_files(root)
+        for rel in drifted:
+            print(f"drifted: {rel} (run `idemlink contract` and commit it)")
+        if not drifted:
+            print("contract: all generated files are up to date")
+        return 6 if drifted else 0
+    for rel, text in render_all().items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {rel}")
+    return 0
+
+
+def _run_map(args: argparse.Namespace) -> int:
+    from idemlink.cli import UserError, regmap_from
+    from idemlink.protocol.contract import render_map
+
+    if args.regmap is None or args.out is None:
+        raise UserError("--regmap FILE and --out DIR go together")
+    files = render_map(regmap_from(args))
+    out = Path(args.out)
+    if args.check:
+        drifted = [n for n, text in files.items()
+                   if not (out / n).is_file() or (out / n).read_text(encoding="utf-8") != text]
+        for n in drifted:
+            print(f"drifted: {out / n} (run `idemlink contract --regmap ... --out ...`)")
+        if not drifted:
+            print("contract: the map's generated files are up to date")
+        return 6 if drifted else 0
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (out / name).write_text(text, encoding="utf-8")
+            print(f"wrote {out / name}")
+    except OSError as exc:
+        raise UserError(f"cannot write into {out}: {exc.strerror or exc}") from None
+    return 0

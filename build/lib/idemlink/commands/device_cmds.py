@@ -1,0 +1,878 @@
+"""``idemlink read|write|faults|clear|trigger|apply|monitor|ports``: the device commands.
+
+Contract:
+
+- Every command except ``ports`` talks to one device at ``--port`` (a device path or any pyserial
+  URL), opened without toggling DTR/RTS, through ``idemlink.host.device.Device``; ``--timeout`` and
+  ``--attempts`` tune the retries, ``--json`` prints one JSON document on stdout instead of text.
+- The exit status is the worst outcome class of the commands sent (UNKNOWN 5 > REJECTED 4 >
+  NOT_EXECUTED 3 > OK 0); see ``idemlink.cli``. A write the register map already shows to be invalid
+  (out of range, read-only register) is REJECTED without being sent (exit 4; ``--no-check`` sends
+  it anyway and lets the device refuse it).
+- User mistakes (no such port, no device answering, unknown register or bit, a value that is not an
+  integer or does not fit 16 bits, a bad plan file, a refused journal) raise ``UserError``: one line
+  on stderr, exit 1, nothing sent.
+- After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it;
+  an unanswered read (UNKNOWN, exit 5, no value) changed nothing and is not read back.
+- ``apply PLAN.json`` runs a plan of writes through the receipt journal (``idemlink.host.journal.run_steps``)
+  with keys ``step_key(KeySource.PLAN_STEP, plan name, step index, "addr=value,...")``; the plan
+  format is documented in docs/CLI.md and in ``load_plan``.
+- ``monitor`` decodes the idemlink frames passing on a port (``idemlink.protocol.frame.FrameDecoder``) and
+  prints one line per frame or refused frame.
+
+Tests may inject the device: a handler uses ``args.open_device()`` when the namespace has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from idemlink.cli import (
+    EXIT_LOCAL_ERROR,
+    EXIT_NOT_EXECUTED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNKNOWN,
+    UserError,
+    add_regmap_option,
+    regmap_from,
+)
+from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
+from idemlink.host.frame_view import FrameDescriber, trigger_code_name
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import (
+    REGISTER_MAX,
+    RegisterKind,
+    RegisterMap,
+    RegisterSpec,
+    TriggerState,
+    TriggerStatus,
+)
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+EXIT_OF_OUTCOME: dict[Outcome, int] = {
+    Outcome.OK: EXIT_OK,
+    Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED,
+    Outcome.REJECTED: EXIT_REJECTED,
+    Outcome.UNKNOWN: EXIT_UNKNOWN,
+}
+
+#: Worst first: the exit status of several commands is that of the worst outcome.
+SEVERITY: tuple[Outcome, ...] = (Outcome.UNKNOWN, Outcome.REJECTED, Outcome.NOT_EXECUTED,
+                                 Outcome.OK)
+
+PLAN_FORMAT = "idemlink.plan"
+PLAN_VERSION = 1
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    seen = set(outcomes)
+    for o in SEVERITY:
+        if o in seen:
+            return o
+    return Outcome.OK
+
+
+# ------------------------------------------------------------------------------- argument parsing
+
+
+def register(sub: Any) -> None:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
+    common.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    common.add_argument("--timeout", type=float, default=0.2,
+                        help="seconds to wait for each answer before a retry (default 0.2)")
+    common.add_argument("--attempts", type=int, default=5,
+                        help="sends per command before it is UNKNOWN (default 5)")
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    add_regmap_option(common)
+
+    p = sub.add_parser("read", parents=[common], help="read registers by name or address")
+    p.add_argument("registers", nargs="*", metavar="NAME",
+                   help="register names or addresses (default: every register)")
+    p.set_defaults(handler=link_guarded(run_read))
+
+    p = sub.add_parser("write", parents=[common], help="set registers: NAME=VALUE...")
+    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    p.add_argument("--if-generation", type=_int_arg, metavar="G",
+                   help="write only if the generation counter still equals G (else exit 3)")
+    p.add_argument("--no-check", action="store_true",
+                   help="send even what the register map shows to be invalid")
+    p.set_defaults(handler=link_guarded(run_write))
+
+    p = sub.add_parser("faults", parents=[common], help="read the fault words, bit by bit")
+    p.set_defaults(handler=link_guarded(run_faults))
+
+    p = sub.add_parser("clear", parents=[common], help="clear latched fault bits (write 1s)")
+    p.add_argument("bits", nargs="*", metavar="BIT",
+                   help="bit names or numbers (default: every declared bit)")
+    p.add_argument("--mask", type=_int_arg, metavar="M", help="the bits to clear as a mask")
+    p.add_argument("--register", metavar="NAME", help="the fault register (default: the only one)")
+    p.set_defaults(handler=link_guarded(run_clear))
+
+    p = sub.add_parser("trigger", parents=[common], help="start a one-shot action, or reset/query")
+    p.add_argument("name", nargs="?", metavar="NAME", help="trigger register (default: the only one)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
+    g.add_argument("--status", action="store_true", help="read the trigger state only")
+    p.set_defaults(handler=link_guarded(run_trigger))
+
+    p = sub.add_parser("apply", parents=[common], help="apply a plan of writes, journaled")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--journal", metavar="PATH", help="receipt journal (default: PLAN.json.journal)")
+    p.add_argument("--no-check", action="store_true",
+                   help="send even what the register map shows to be invalid")
+    p.add_argument("--resolve", metavar="KEY",
+                   help="settle a step left in flight (UNKNOWN) by hand, after checking the "
+                        "device: with --executed or --not-executed; nothing is sent")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--executed", action="store_true", help="with --resolve: it ran (receipt it)")
+    g.add_argument("--not-executed", action="store_true",
+                   help="with --resolve: it did not run (it may run again)")
+    p.set_defaults(handler=link_guarded(run_apply))
+
+    p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
+    p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
+    p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
+    p.set_defaults(handler=run_monitor)
+
+    p = sub.add_parser("ports", help="list serial ports")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=run_ports)
+
+
+def _int_arg(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def parse_int(text: str, what: str) -> int:
+    """An integer in decimal, 0x hex or 0b binary; ``UserError`` otherwise."""
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        raise UserError(f"{what}: {text!r} is not an integer") from None
+
+
+def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
+    """A register by name or address; ``UserError`` naming the known ones otherwise."""
+    spec: RegisterSpec | None
+    if isinstance(ref, int) or ref.strip().lstrip("-").isdigit() or ref.startswith("0x"):
+        try:
+            spec = regmap.at(ref if isinstance(ref, int) else int(ref, 0))
+        except ValueError:
+            spec = None
+    else:
+        try:
+            spec = regmap.named(ref)
+        except KeyError:
+            spec = None
+    if spec is None:
+        names = ", ".join(r.name for r in regmap)
+        raise UserError(f"no register {ref!r} in the map (registers: {names})")
+    return spec
+
+
+def _only(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -> RegisterSpec:
+    if ref is not None:
+        spec = resolve(regmap, ref)
+        if spec.kind is not kind:
+            raise UserError(f"{spec.name} is a {spec.kind.name} register, not {kind.name}")
+        return spec
+    specs = regmap.of_kind(kind)
+    if len(specs) != 1:
+        raise UserError(f"name the {kind.name.lower()} register to {verb}: "
+                        + ", ".join(s.name for s in specs))
+    return specs[0]
+
+
+# ------------------------------------------------------------------------------- opening, output
+
+
+MAX_TIMEOUT = 60.0
+"""Upper bound of ``--timeout`` (seconds per answer): beyond it a lost answer looks like a hang."""
+MAX_SECONDS = 366 * 86400.0
+"""Upper bound of ``monitor --seconds`` (a year): larger values overflow the clock arithmetic."""
+
+
+def check_seconds(option: str, value: float, maximum: float) -> None:
+    """A duration option must be a finite number in (0, maximum]; ``UserError`` otherwise
+    (``float()`` accepts ``nan`` and ``inf``, which would hang or crash the loops)."""
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise UserError(f"{option} {value!r}: expected seconds, > 0 and <= {maximum:g}")
+
+
+def open_device(args: argparse.Namespace) -> Device:
+    """The device at ``args.port`` (or ``args.open_device()`` when a test injected one)."""
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    injected: Callable[[], Device] | None = getattr(args, "open_device", None)
+    if injected is not None:
+        return injected()
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    try:
+        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                           attempts=args.attempts, regmap=regmap_from(args))
+    except (PortError, NoDevice, IncompatibleDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
+    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent); the hint to
+    read back is given only if one that was out may have had an effect (not for a read). An
+    interrupt (Ctrl-C) still exits 130, after one line if a request that may have had an effect
+    was out."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except LinkLost as exc:
+            outcome = Outcome.UNKNOWN if exc.unknown else None
+            hint = ""
+            if any(r.outcome is Outcome.UNKNOWN and r.command.may_have_effect for r in exc.results):
+                hint = ("; once the port is back, `idemlink apply` again reads the step back"
+                        if args.command == "apply" else
+                        "; once the port is back, read back what it touched before going on")
+            print(f"idemlink {args.command}: {exc}{hint}",
+                  file=sys.stderr)
+            if args.json:
+                print(json.dumps({"outcome": outcome.name if outcome else None,
+                                  "error": str(exc),
+                                  "results": [result_json(r) for r in exc.results]},
+                                 sort_keys=True))
+            return EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+        except KeyboardInterrupt as exc:
+            results: tuple[Result, ...] = getattr(exc, "settled_results", ())
+            sent = [r for r in results if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
+            if sent:
+                print(f"idemlink {args.command}: interrupted; {len(sent)} request(s) may have run "
+                      "(UNKNOWN, CANCELLED): read back what it touched before going on",
+                      file=sys.stderr)
+                if args.json:
+                    print(json.dumps({"outcome": Outcome.UNKNOWN.name, "error": "interrupted",
+                                      "results": [result_json(r) for r in results]},
+                                     sort_keys=True))
+            raise
+
+    guarded.__name__ = handler.__name__
+    guarded.__doc__ = handler.__doc__
+    return guarded
+
+
+def emit(args: argparse.Namespace, doc: dict[str, Any], lines: Sequence[str]) -> None:
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    else:
+        for line in lines:
+            print(line)
+
+
+def result_json(r: Result) -> dict[str, Any]:
+    return {
+        "outcome": r.outcome.name,
+        "status": r.status.name if r.status is not None else None,
+        "exception": r.exception.name if r.exception is not None else None,
+        "replay": r.replay,
+        "attempts": r.attempts,
+        "detail": r.describe(),
+    }
+
+
+def not_sent(reason: str) -> dict[str, Any]:
+    return {"outcome": Outcome.REJECTED.name, "status": None, "exception": None,
+            "replay": False, "attempts": 0, "detail": f"REJECTED (not sent: {reason})"}
+
+
+def reconcile_json(dev: Device, r: Result) -> tuple[dict[str, Any], str]:
+    """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
+    rec = dev.reconcile(r)
+    if rec is None:  # pragma: no cover - reconcile(r) answers for every command
+        return {"observed": {}, "intended_state_holds": None, "summary": "nothing to read"}, ""
+    doc = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
+           "summary": rec.summary}
+    line = " ".join([f"UNKNOWN: it may have run; read back: {rec.summary}",
+                     *(f"{k}={v}" for k, v in rec.observed.items())])
+    return doc, line
+
+
+def after_unknown(dev: Device, results: Sequence[Result], doc: dict[str, Any],
+                  lines: list[str]) -> None:
+    """Read back what every UNKNOWN command that may have had an effect touched and add it to the
+    output: ``reconcile`` is the first one's (the one blocking the handle), ``reconciles`` lists
+    each in command order. An unanswered read has nothing to read back."""
+    each: list[dict[str, Any]] = []
+    for r in results:
+        if r.outcome is not Outcome.UNKNOWN or not r.command.may_have_effect:
+            continue
+        rec, line = reconcile_json(dev, r)
+        each.append(rec)
+        lines.append(line)
+    if each:
+        doc["reconcile"] = each[0]
+        doc["reconciles"] = each
+
+
+def finish(args: argparse.Namespace, dev: Device, results: Sequence[Result],
+           doc: dict[str, Any], lines: list[str]) -> int:
+    outcome = worst(r.outcome for r in results)
+    doc["outcome"] = outcome.name
+    if outcome is Outcome.UNKNOWN:
+        after_unknown(dev, results, doc, lines)
+    emit(args, doc, lines)
+    return EXIT_OF_OUTCOME[outcome]
+
+
+def _unit(spec: RegisterSpec) -> str:
+    return f" {spec.unit}" if spec.unit else ""
+
+
+def shown(spec: RegisterSpec, raw: int) -> str:
+    """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``: the map's reading, and the raw value
+    whenever the reading is not the raw number itself."""
+    text = spec.show(raw)
+    if spec.kind is RegisterKind.FAULT:
+        return text
+    bare = text[: -len(_unit(spec))] if _unit(spec) and text.endswith(_unit(spec)) else text
+    if bare == str(raw):
+        return text
+    if spec.label_of(raw) is not None or spec.kind is RegisterKind.TRIGGER:
+        return f"{text} ({raw})"
+    return f"{text} (raw {raw})"
+
+
+def parse_value(spec: RegisterSpec, text: str) -> int:
+    """A value typed for ``spec``: a label (``auto``), a number with a decimal point in the
+    register's unit (``42.5`` is raw 425 with scale 0.1), or an integer: the raw register value
+    (decimal or 0x hex, as on the wire and in mbpoll)."""
+    text = text.strip()
+    if any(s == text for _, s in spec.labels) or "." in text:
+        try:
+            return spec.raw_from_text(text)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    if spec.labels and text and not text[0].isdigit():
+        choices = ", ".join(s for _, s in spec.labels)
+        raise UserError(f"{spec.name}: {text!r} is neither a number nor one of: {choices}")
+    return parse_int(text, spec.name)
+
+
+# ------------------------------------------------------------------------------------------ read
+
+
+def run_read(args: argparse.Namespace) -> int:
+    regmap = regmap_from(args)
+    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
+    with open_device(args) as dev:
+        results = dev.run([dev.read_command(s.address) for s in specs])
+        values: dict[str, int] = {}
+        per: dict[str, Any] = {}
+        lines: list[str] = []
+        width = max(len(s.name) for s in specs)
+        for s, r in zip(specs, results, strict=True):
+            per[s.name] = {"address": s.address, **result_json(r)}
+            if r.ok:
+                values[s.name] = r.values[0]
+                per[s.name]["value"] = r.values[0]
+                per[s.name]["shown"] = s.show(r.values[0])
+                lines.append(f"{s.name:<{width}} = {shown(s, r.values[0])}")
+            else:
+                lines.append(f"{s.name:<{width}} : {r.describe()}")
+        doc: dict[str, Any] = {"values": values, "results": per}
+        return finish(args, dev, results, doc, lines)
+
+
+# ----------------------------------------------------------------------------------------- write
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    spec: RegisterSpec
+    value: int
+
+
+def parse_assignments(regmap: RegisterMap, items: Sequence[str]) -> list[Assignment]:
+    out: list[Assignment] = []
+    seen: set[str] = set()
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name or not text:
+            raise UserError(f"{item!r}: expected NAME=VALUE")
+        spec = resolve(regmap, name.strip())
+        if spec.name in seen:
+            raise UserError(f"{spec.name} assigned twice")
+        seen.add(spec.name)
+        value = parse_value(spec, text)
+        if not 0 <= value <= REGISTER_MAX:
+            raise UserError(f"{spec.name}={value}: a register holds 0..{REGISTER_MAX}")
+        if spec.kind is RegisterKind.FAULT:
+            raise UserError(f"{spec.name} is a fault word: use `idemlink clear`")
+        if spec.kind is RegisterKind.TRIGGER:
+            raise UserError(f"{spec.name} is a trigger: use `idemlink trigger`")
+        out.append(Assignment(spec, value))
+    return out
+
+
+def map_refusal(a: Assignment) -> str | None:
+    """Why the register map already shows this write to be invalid, or None."""
+    s = a.spec
+    if not s.writable:
+        return f"{s.name} is a read-only {s.kind.name} register"
+    if s.kind is RegisterKind.HOLDING and not s.minimum <= a.value <= s.maximum:
+        limits = f"{s.minimum}..{s.maximum}"
+        if s.scale:
+            limits += f" ({s.scaled(s.minimum)}..{s.scaled(s.maximum)}{_unit(s)})"
+        elif s.unit:
+            limits += _unit(s)
+        return f"{s.name}={a.value} outside {limits}"
+    return None
+
+
+def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]:
+    """Group by contiguous addresses: each group is one atomic write (FC06 or FC16)."""
+    runs: list[list[Assignment]] = []
+    for a in sorted(assignments, key=lambda x: x.spec.address):
+        if runs and runs[-1][-1].spec.address + 1 == a.spec.address:
+            runs[-1].append(a)
+        else:
+            runs.append([a])
+    return runs
+
+
+def _fmt(run: Sequence[Assignment]) -> str:
+    return " ".join(f"{a.spec.name}={a.value}" for a in run)
+
+
+def run_write(args: argparse.Namespace) -> int:
+    regmap = regmap_from(args)
+    assignments = parse_assignments(regmap, args.assignments)
+    runs = contiguous_runs(assignments)
+    if args.if_generation is not None:
+        if len(runs) != 1:
+            raise UserError("--if-generation needs registers at contiguous addresses "
+                            "(one atomic conditional write)")
+        if not 0 <= args.if_generation <= REGISTER_MAX:
+            raise UserError(f"generation {args.if_generation} outside 0..{REGISTER_MAX}")
+    if not args.no_check:
+        refusals = [(a, why) for a in assignments if (why := map_refusal(a)) is not None]
+        if refusals:
+            emit(args, {"outcome": Outcome.REJECTED.name,
+                        "writes": [{"registers": {a.spec.name: a.value}, **not_sent(why)}
+                                   for a, why in refusals]},
+                 [f"REJECTED (checked against the register map, nothing sent): {why}"
+                  for _, why in refusals])
+            return EXIT_REJECTED
+    with open_device(args) as dev:
+        if args.if_generation is not None:
+            values: dict[str | int, int] = {a.spec.name: a.value for a in runs[0]}
+            results = [dev.write_if_generation(args.if_generation, values)]
+        else:
+            results = dev.run([dev.write_command({a.spec.name: a.value for a in run})
+                               for run in runs])
+        writes: list[dict[str, Any]] = []
+        lines: list[str] = []
+        for run, r in zip(runs, results, strict=True):
+            entry = {"registers": {a.spec.name: a.value for a in run}, **result_json(r)}
+            line = f"{_fmt(run)}: {r.describe()}"
+            if args.if_generation is not None and r.code is not None:
+                entry["generation"] = r.code
+                line += f" (generation {'now' if r.ok else 'is'} {r.code})"
+            writes.append(entry)
+            lines.append(line)
+        doc: dict[str, Any] = {"writes": writes}
+        return finish(args, dev, results, doc, lines)
+
+
+# ---------------------------------------------------------------------------------------- faults
+
+
+def decode_fault_word(spec: RegisterSpec, value: int) -> dict[str, Any]:
+    """The named bits of a fault word (undeclared set bits appear as ``bitN``)."""
+    declared = {b.bit: b.name for b in spec.bits}
+    latched = [declared.get(i, f"bit{i}") for i in range(16) if value >> i & 1]
+    return {"value": value, "latched": latched,
+            "bits": {b.name: bool(value >> b.bit & 1) for b in spec.bits}}
+
+
+def _fault_line(spec: RegisterSpec, value: int) -> str:
+    latched = decode_fault_word(spec, value)["latched"]
+    return f"{spec.name} = 0x{value:04X}  " + (", ".join(latched) if latched else "(none latched)")
+
+
+def run_faults(args: argparse.Namespace) -> int:
+    specs = regmap_from(args).of_kind(RegisterKind.FAULT)
+    with open_device(args) as dev:
+        results = dev.run([dev.read_command(s.address) for s in specs])
+        faults: dict[str, Any] = {}
+        lines: list[str] = []
+        for s, r in zip(specs, results, strict=True):
+            if r.ok:
+                faults[s.name] = decode_fault_word(s, r.values[0])
+                lines.append(_fault_line(s, r.values[0]))
+            else:
+                faults[s.name] = result_json(r)
+                lines.append(f"{s.name}: {r.describe()}")
+        return finish(args, dev, results, {"faults": faults}, lines)
+
+
+def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int:
+    if bits and mask is not None:
+        raise UserError("give bit names or --mask, not both")
+    if mask is not None:
+        if not 0 < mask <= REGISTER_MAX:
+            raise UserError(f"mask {mask:#x} outside 1..0xFFFF")
+        return mask
+    if not bits:
+        return spec.fault_mask
+    by_name = {b.name: b.bit for b in spec.bits}
+    out = 0
+    for text in bits:
+        if text in by_name:
+            out |= 1 << by_name[text]
+            continue
+        try:
+            n = int(text, 0)
+        except ValueError:
+            raise UserError(f"no fault bit {text!r} in {spec.name} (bits: "
+                            + ", ".join(f"{b.bit} {b.name}" for b in spec.bits) + ")") from None
+        if not 0 <= n <= 15:
+            raise UserError(f"bit {n} outside 0..15")
+        out |= 1 << n
+    return out
+
+
+def run_clear(args: argparse.Namespace) -> int:
+    spec = _only(regmap_from(args), RegisterKind.FAULT, args.register, "clear")
+    mask = fault_mask(spec, args.bits, args.mask)
+    with open_device(args) as dev:
+        r = dev.clear_faults(mask, spec.name)
+        doc: dict[str, Any] = {"register": spec.name, "mask": mask, "clear": result_json(r)}
+        lines = [f"clear {spec.name} mask 0x{mask:04X}: {r.describe()}"]
+        sent = [r]
+        if r.outcome is not Outcome.UNKNOWN:
+            back = dev.read(spec.name)
+            sent.append(back)
+            if back.ok:
+                after = decode_fault_word(spec, back.values[0])
+                doc["after"] = after
+                still = [n for n in after["latched"] if n in
+                         decode_fault_word(spec, mask)["latched"]]
+                lines.append(_fault_line(spec, back.values[0]) + (
+                    f"  ({', '.join(still)} still latched: the condition persists)"
+                    if still else ""))
+        return finish(args, dev, sent, doc, lines)
+
+
+# --------------------------------------------------------------------------------------- trigger
+
+TRIGGER_MEANING: dict[int, str] = {
+    TriggerStatus.ACCEPTED: "started",
+    TriggerStatus.RUNNING: "already running: nothing started",
+    TriggerStatus.DONE: "already done: nothing started (`--reset` to re-arm)",
+    TriggerStatus.ABNORMAL_STATE: "abnormal state",
+    TriggerStatus.ILLEGAL_VALUE: "illegal value",
+}
+
+
+def _state_name(value: int) -> str:
+    try:
+        return TriggerState(value).name
+    except ValueError:
+        return f"0x{value:04X}"
+
+
+def run_trigger(args: argparse.Namespace) -> int:
+    spec = _only(regmap_from(args), RegisterKind.TRIGGER, args.name, "use")
+    with open_device(args) as dev:
+        doc: dict[str, Any] = {"register": spec.name}
+        if args.status:
+            r = dev.trigger_status(spec.name)
+            doc.update(result_json(r))
+            if r.ok:
+                doc["state"] = _state_name(r.values[0])
+                doc["value"] = r.values[0]
+                lines = [f"{spec.name}: {doc['state']}"]
+            else:
+                lines = [f"{spec.name}: {r.describe()}"]
+        else:
+            r = dev.trigger_reset(spec.name) if args.reset else dev.trigger(spec.name)
+            doc.update(result_json(r))
+            doc["action"] = "reset" if args.reset else "start"
+            if r.ok and r.code is not None:
+                doc["code"] = r.code
+                doc["code_name"] = trigger_code_name(r.code)
+                meaning = "reset to IDLE" if args.reset and r.code == 0 else (
+                    TRIGGER_MEANING.get(r.code, "unknown code"))
+                lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
+            else:
+                lines = [f"{spec.name}: {r.describe()}"]
+        return finish(args, dev, [r], doc, lines)
+
+
+# ----------------------------------------------------------------------------------------- ports
+
+
+def run_ports(args: argparse.Namespace) -> int:
+    from serial.tools import list_ports
+
+    ports = sorted(list_ports.comports(), key=lambda p: p.device)
+    doc = [{"device": p.device, "description": p.description, "hwid": p.hwid} for p in ports]
+    if args.json:
+        print(json.dumps(doc, sort_keys=True))
+    elif not ports:
+        print("no serial ports found (the simulator's pty is not listed: `idemlink sim` prints it)")
+    else:
+        for p in ports:
+            print(f"{p.device}\t{p.description}\t{p.hwid}")
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------------------- apply
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One step of a plan: an atomic write of contiguous registers, keyed by its content."""
+
+    index: int
+    writes: tuple[Assignment, ...]
+    key: uuid.UUID
+
+    @property
+    def values(self) -> dict[str | int, int]:
+        return {a.spec.name: a.value for a in self.writes}
+
+
+def step_content(writes: Sequence[Assignment]) -> str:
+    """Canonical text of a step: ``addr=value`` by address, comma-separated."""
+    return ",".join(f"{a.spec.address}={a.value}" for a in sorted(writes, key=lambda a: a.spec.address))
+
+
+def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[PlanStep]]:
+    """Read and validate a plan file.
+
+    Format (JSON)::
+
+        {"format": "idemlink.plan", "version": 1, "name": "summer-profile",
+         "steps": [{"write": {"threshold": 400, "mode": 2}},
+                   {"write": {"fan_setpoint": 80}}]}
+
+    ``format`` and ``version`` are optional (if present they must match); ``name`` defaults to the
+    file name without ``.json``. Each step writes registers at contiguous addresses, applied
+    atomically (one FC06/FC16). A step's key is
+    ``step_key(KeySource.PLAN_STEP, name, index, "addr=value,...")``: the same plan re-applied skips
+    what is receipted; a changed step is a new step.
+    """
+    from idemlink.host.keys import KeySource, step_key
+
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read plan {path}: {exc}") from None
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan {path} is not JSON: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list) or not doc["steps"]:
+        raise UserError(f"plan {path}: expected an object with a non-empty \"steps\" list")
+    if doc.get("format", PLAN_FORMAT) != PLAN_FORMAT or doc.get("version", 1) != PLAN_VERSION:
+        raise UserError(f"plan {path}: format must be {PLAN_FORMAT!r} version {PLAN_VERSION}")
+    name = doc.get("name", Path(path).name.removesuffix(".json"))
+    if not isinstance(name, str) or not name:
+        raise UserError(f"plan {path}: \"name\" must be a non-empty string")
+    steps: list[PlanStep] = []
+    for i, step in enumerate(doc["steps"]):
+        where = f"plan {path} step {i + 1}"
+        if not isinstance(step, dict) or set(step) != {"write"} or not isinstance(
+                step["write"], dict) or not step["write"]:
+            raise UserError(f"{where}: expected {{\"write\": {{NAME: VALUE, ...}}}}")
+        items = []
+        for k, v in step["write"].items():
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise UserError(f"{where}: {k}={v!r} is not an integer")
+            items.append(f"{k}={v}")
+        writes = parse_assignments(regmap, items)
+        if len(contiguous_runs(writes)) != 1:
+            raise UserError(f"{where}: registers must be at contiguous addresses "
+                            "(a step is one atomic write)")
+        key = step_key(KeySource.PLAN_STEP, name, i, step_content(writes))
+        steps.append(PlanStep(i, tuple(writes), key))
+    return name, steps
+
+
+def resolve_step(args: argparse.Namespace, journal: str) -> int:
+    """``apply --resolve KEY --executed|--not-executed``: settle an in-flight key by hand."""
+    from idemlink.host.journal import JournalError, ReceiptJournal, StepState
+
+    if args.executed == args.not_executed:
+        raise UserError("--resolve KEY needs --executed or --not-executed (check the device first)")
+    try:
+        j = ReceiptJournal.open(journal)
+        if j.state(args.resolve) is not StepState.PENDING:
+            pending = ", ".join(sorted(str(k) for k in j.pending)) or "none"
+            raise UserError(f"journal {journal}: {args.resolve} is not in flight "
+                            f"(in flight: {pending})")
+        j.resolve(args.resolve, executed=args.executed)
+    except JournalError as exc:
+        raise UserError(f"journal {journal}: {exc}") from None
+    verdict = "executed" if args.executed else "not_executed"
+    emit(args, {"outcome": Outcome.OK.name, "journal": journal, "resolved": args.resolve,
+                "as": verdict},
+         [f"{args.resolve}: resolved as {verdict.replace('_', ' ')} (journal {journal})"])
+    return EXIT_OK
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    from idemlink.host.journal import JournalError, run_steps
+
+    journal = args.journal or f"{args.plan}.journal"
+    if args.resolve is not None:
+        return resolve_step(args, journal)
+    if args.executed or args.not_executed:
+        raise UserError("--executed / --not-executed go with --resolve KEY")
+    name, steps = load_plan(args.plan, regmap_from(args))
+    if not args.no_check:
+        for step in steps:
+            for a in step.writes:
+                why = map_refusal(a)
+                if why is not None:
+                    line = (f"step {step.index + 1}: REJECTED (checked against the register map, "
+                            f"nothing sent): {why}")
+                    emit(args, {"outcome": Outcome.REJECTED.name, "plan": name,
+                                "step": step.index + 1, **not_sent(why)}, [line])
+                    return EXIT_REJECTED
+    with open_device(args) as dev:
+        last: dict[uuid.UUID, Result] = {}
+
+        def execute(step: PlanStep) -> Outcome:
+            r = dev.write(step.values)
+            last[step.key] = r
+            return r.outcome
+
+        def reconcile(step: PlanStep) -> bool | None:
+            # An absolute write: if the registers hold the values it is applied (receipt it);
+            # if not, it did not take (or was overwritten since) and running it again is harmless.
+            back = dev.run([dev.read_command(a.spec.address) for a in step.writes])
+            if any(not b.ok for b in back):
+                return None
+            return all(b.values[0] == a.value for a, b in zip(step.writes, back, strict=True))
+
+        try:
+            report = run_steps(journal, steps, execute, reconcile)
+        except JournalError as exc:
+            raise UserError(f"journal {journal}: {exc}") from None
+        state = {k: "skipped" for k in report.skipped}
+        state.update({k: "reconciled" for k in report.reconciled})
+        state.update({k: "executed" for k in report.executed})
+        state.update({k: "unknown" for k in report.unknown})
+        if report.stopped_at is not None and report.stopped_at not in state:
+            state[report.stopped_at] = report.outcome.name.lower()
+        out_steps: list[dict[str, Any]] = []
+        lines: list[str] = []
+        for step in steps:
+            st = state.get(step.key, "not run")
+            entry: dict[str, Any] = {"index": step.index + 1, "key": str(step.key),
+                                     "writes": step.values, "state": st}
+            detail = ""
+            if step.key in last:
+                entry["result"] = result_json(last[step.key])
+                detail = f": {last[step.key].describe()}"
+            out_steps.append(entry)
+            lines.append(f"step {step.index + 1}/{len(steps)} {_fmt(step.writes)}: {st}{detail}")
+        doc: dict[str, Any] = {"outcome": report.outcome.name, "plan": name, "journal": journal,
+                               "steps": out_steps}
+        if report.outcome is Outcome.UNKNOWN:
+            # Read back what the step left UNKNOWN in this run touched (earlier runs' steps were
+            # just read back by run_steps' reconcile, which could not decide).
+            for entry, step in zip(out_steps, steps, strict=True):
+                if step.key in report.unknown and step.key in last:
+                    entry["reconcile"], line = reconcile_json(dev, last[step.key])
+                    lines.append(f"step {step.index + 1}: {line}")
+            if report.orphaned:
+                doc["orphaned"] = [str(k) for k in report.orphaned]
+                for k in report.orphaned:
+                    lines.append(
+                        f"UNKNOWN: journal {journal} holds step {k} in flight, which is not in "
+                        "this plan (was the plan edited?): nothing runs until it is settled. "
+                        f"Check the device, then `idemlink apply {args.plan} --resolve {k} "
+                        "--executed` (it ran) or `--not-executed` (it did not)")
+            if len(report.orphaned) < len(report.unknown):
+                lines.append(f"UNKNOWN: a step may have run; `idemlink apply {args.plan}` again "
+                             "reads it back and resumes (journal " + journal + ")")
+        emit(args, doc, lines)
+        return EXIT_OF_OUTCOME[report.outcome]
+
+
+# --------------------------------------------------------------------------------------- monitor
+
+
+def run_monitor(args: argparse.Namespace) -> int:
+    import serial
+
+    from idemlink.protocol.frame import FrameDecoder
+
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL)")
+    if args.count is not None and args.count < 1:
+        raise UserError("--count must be >= 1")
+    if args.seconds is not None:
+        check_seconds("--seconds", args.seconds, MAX_SECONDS)
+    try:
+        port = serial.serial_for_url(args.port, baudrate=args.baudrate, timeout=0.05,
+                                     do_not_open=True)
+        port.dtr = False
+        port.rts = False
+        port.open()
+    except (serial.SerialException, ValueError, OSError) as exc:
+        raise UserError(f"cannot open {args.port}: {exc}") from None
+    print(f"idemlink monitor: listening on {args.port}", file=sys.stderr, flush=True)
+    decoder = FrameDecoder()
+    describer = FrameDescriber(regmap_from(args))
+    start = time.monotonic()
+    end = start + args.seconds if args.seconds is not None else None
+    shown = 0
+    try:
+        while args.count is None or shown < args.count:
+            now = time.monotonic()
+            if end is not None and now >= end:
+                break
+            port.timeout = 0.05 if end is None else max(0.0, min(0.05, end - now))
+            data = port.read(1)
+            if not data:
+                continue
+            waiting = int(getattr(port, "in_waiting", 0) or 0)
+            if waiting:
+                data += port.read(waiting)
+            t = time.monotonic() - start
+            for item in decoder.feed(data):
+                d = describer.describe(item)
+                d["t"] = round(t, 6)
+                if args.json:
+                    print(json.dumps(d, sort_keys=True), flush=True)
+                else:
+                    print(f"+{t:9.3f}s {d['text']}", flush=True)
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    break
+    except KeyboardInterrupt:
+        pass
+    except serial.SerialException as exc:
+        print(f"idemlink monitor: {args.port}: {exc}", file=sys.stderr)
+        return EXIT_LOCAL_ERROR
+    finally:
+        port.close()
+    return EXIT_OK
+

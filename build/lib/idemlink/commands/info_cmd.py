@@ -1,0 +1,88 @@
+"""``idemlink info --port P [--json] [--regmap FILE]``: who is on this port.
+
+Contract: one HELLO, no command sent (nothing on the device changes). Prints the device id, name,
+current boot epoch, the register map it serves (name and hash) and whether that is the map given
+with ``--regmap`` (default: the built-in map), the protocol version and contract hash, the
+de-duplication window, replay slots, pipelining depth, payload limit and the next sequence number
+it would hand a new host. Works whatever map the device serves (the map is reported, not
+enforced). ``--json`` prints one object, schema ``idemlink.info/1``. Exit 0, or 1 when no idemlink
+device answered or the port cannot be opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "info", help="identify the device on a port: id, epoch, register map, limits")
+    p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
+    p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    p.add_argument("--timeout", type=float, default=0.2,
+                   help="seconds to wait for the answer before a retry (default 0.2)")
+    p.add_argument("--attempts", type=int, default=5, help="HELLOs before giving up (default 5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_regmap_option(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds
+    from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
+    from idemlink.protocol.contract import contract_hash
+
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    regmap = regmap_from(args)
+    try:
+        with Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                         attempts=args.attempts, regmap=regmap, check_map=False) as dev:
+            info = dev.info
+            epoch = dev.session.epoch
+    except (PortError, NoDevice, IncompatibleDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+    assert info is not None
+    matches = info.map_hash == regmap.hash
+    ours = contract_hash()
+    out: dict[str, Any] = {
+        "schema": "idemlink.info/1", "port": args.port, "device_id": info.device_id,
+        "name": info.name, "epoch": epoch,
+        "map": {"name": info.map_name, "hash": info.map_hash.hex() if info.map_hash else None,
+                "matches": matches, "expected": {"name": regmap.name, "hash": regmap.hash.hex()}},
+        "protocol": {"version": info.version, "contract_hash": info.contract_hash.hex(),
+                     "matches": info.contract_hash == ours},
+        "window": info.window, "replay_slots": info.replay_slots,
+        "max_inflight": info.max_inflight, "max_payload": info.max_payload,
+        "next_seq": info.next_seq,
+    }
+    if args.json:
+        print(json.dumps(out))
+        return EXIT_OK
+    if info.map_hash is None:
+        map_line = "not advertised (an older firmware)"
+    else:
+        verdict = "matches --regmap" if matches else (
+            f"differs from {regmap.name} {regmap.hash.hex()}: commands need its map file")
+        map_line = f"{info.map_name} {info.map_hash.hex()} ({verdict})"
+    proto = "same as ours" if info.contract_hash == ours else f"ours is {ours.hex()}"
+    rows = [
+        ("device id", info.device_id or "not advertised"),
+        ("name", info.name),
+        ("boot epoch", f"0x{epoch:08x}"),
+        ("register map", map_line),
+        ("protocol", f"version {info.version}, contract {info.contract_hash.hex()} ({proto})"),
+        ("window", f"{info.window} numbers, {info.replay_slots} replayed answers, "
+                   f"{info.max_inflight} in flight, payload <= {info.max_payload} B"),
+        ("next seq", str(info.next_seq)),
+    ]
+    for k, v in rows:
+        print(f"{k:<13} {v}")
+    return EXIT_OK

@@ -1,0 +1,66 @@
+"""``idemlink regmap [FILE] [--json] [--check]``: show, or check, a device's register map.
+
+Contract: ``FILE`` is a map file (TOML or JSON, docs/REGMAP.md) or a built-in map's name; without
+it, the built-in thermal controller. The text form is a table (address, name, kind, limits, scale,
+unit, labels or bits); ``--json`` prints one object ``{"schema": "idemlink.regmap/1", "name",
+"hash", "description", "registers": [...]}``. ``--check`` only validates: it prints
+``ok: NAME (N registers, hash H)`` and exits 0, or prints the one-line reason and exits 6.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from idemlink.cli import EXIT_CHECK_FAILED, EXIT_OK, UserError
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "regmap", help="show or --check a register map file (default: the built-in map)")
+    p.add_argument("file", nargs="?", default=None, metavar="FILE",
+                   help="map file (TOML/JSON) or built-in map name (default: thermal-controller)")
+    p.add_argument("--regmap", dest="regmap_opt", metavar="FILE", default=None,
+                   help="same as FILE")
+    p.add_argument("--json", action="store_true", help="JSON for tools")
+    p.add_argument("--check", action="store_true",
+                   help="validate only: exit 0 if the map loads, 6 with the reason if not")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
+
+    ref = args.file if args.file is not None else args.regmap_opt
+    try:
+        regmap = resolve_regmap(ref)
+    except RegmapFileError as exc:
+        if args.check:
+            print(f"invalid: {exc}")
+            return EXIT_CHECK_FAILED
+        raise UserError(str(exc)) from None
+    if args.check:
+        print(f"ok: {regmap.name} ({len(regmap)} registers, hash {regmap.hash.hex()})")
+        return EXIT_OK
+    if args.json:
+        print(json.dumps({"schema": "idemlink.regmap/1", "name": regmap.name,
+                          "hash": regmap.hash.hex(), "description": regmap.description,
+                          "registers": regmap.to_json()}))
+        return EXIT_OK
+    print(f"{regmap.name} (hash {regmap.hash.hex()})")
+    header = ("address", "name", "kind", "min", "max", "default", "scale", "unit", "values")
+    table = [header]
+    for r in regmap:
+        holding = r.kind.name == "HOLDING"
+        values = ", ".join(f"{v}={s}" for v, s in r.labels) or ", ".join(
+            f"{b.bit}:{b.name}" for b in r.bits)
+        if holding and not r.persist:
+            values = (values + "; " if values else "") + "volatile"
+        table.append((f"0x{r.address:04X}", r.name, r.kind.name.lower(),
+                      str(r.minimum) if holding else "", str(r.maximum) if holding else "",
+                      str(r.default) if holding else "", r.scale, r.unit, values))
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return EXIT_OK

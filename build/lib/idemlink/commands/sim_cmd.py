@@ -1,0 +1,136 @@
+"""``idemlink sim``: run the simulated device on a pseudo-terminal, a port or a pyserial URL.
+
+Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served
+by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
+(``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the FIRST line of
+stdout (flushed), then the simulator serves until SIGINT or SIGTERM, closes what it opened and
+exits 0. A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.protocol.outcome import LocalProtocolError
+
+if TYPE_CHECKING:
+    from idemlink.device_sim.serve import ServeTransport
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "sim", help="run the simulated device (prints its port path first)"
+    )
+    p.add_argument("--modbus-rtu", action="store_true", help="serve as a plain Modbus RTU slave")
+    p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
+    p.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
+    p.add_argument("--flash-dir", help="directory keeping the configuration (and the device id) "
+                   "across runs")
+    p.add_argument("--device-id", default=None,
+                   help="the id HELLO advertises (default: kept in --flash-dir, else drawn anew)")
+    add_regmap_option(p)
+    p.add_argument("--baudrate", type=int, default=115200,
+                   help="baud rate for --port (with --modbus-rtu it also sets t3.5)")
+    p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
+                   type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the framed simulator's boot epochs (default: random)")
+    p.set_defaults(handler=run)
+
+
+@contextlib.contextmanager
+def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
+    """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
+    from idemlink.device_sim.pty import open_pty
+    from idemlink.host.device import PortError, SerialTransport
+
+    if args.port:
+        try:
+            port = SerialTransport(args.port, baudrate=args.baudrate)
+        except PortError as exc:
+            raise UserError(str(exc)) from None
+        try:
+            yield port, args.port
+        finally:
+            port.close()
+    else:
+        pair = open_pty()
+        try:
+            yield pair.transport(), pair.slave_path
+        finally:
+            pair.close()
+
+
+def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
+                        threading.Event], object]) -> int:
+    from idemlink.device_sim.serve import install_stop_signals
+
+    with _serving_end(args) as (transport, path):
+        stop = threading.Event()
+        restore = install_stop_signals(stop)
+        try:
+            print(path, flush=True)
+            serve(transport, stop)
+        except OSError as exc:  # includes host.device.PortError's pyserial/OS causes
+            raise UserError(f"the port failed while serving: {exc}") from None
+        except LocalProtocolError as exc:  # PortError: the serial wrapper's typed failure
+            raise UserError(f"the port failed while serving: {exc}") from None
+        finally:
+            restore()
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.trigger_duration) or args.trigger_duration < 0:
+        raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
+                        "seconds >= 0")
+    if args.modbus_rtu:
+        return run_rtu(args)
+    return run_framed(args)
+
+
+def run_rtu(args: argparse.Namespace) -> int:
+    """The same register map as a plain Modbus RTU slave."""
+    if not 1 <= args.unit <= 247:
+        raise UserError(f"unit id {args.unit} outside 1..247")
+    if args.baudrate <= 0:
+        raise UserError(f"baud rate {args.baudrate} must be positive")
+    from idemlink.device_sim.flash import ConfigFlash
+    from idemlink.device_sim.rtu_server import RtuServer
+    from idemlink.protocol.device_core import DeviceCore, SnapshotError
+
+    core = DeviceCore(regmap_from(args), trigger_duration=args.trigger_duration)
+    try:
+        flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
+        # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
+        server = RtuServer(core, unit=args.unit, flash=flash,
+                           baudrate=args.baudrate if args.port else None)
+    except (OSError, SnapshotError) as exc:
+        raise UserError(f"flash directory: {exc}") from None
+    return _serve_until_signal(args, server.serve)
+
+
+def run_framed(args: argparse.Namespace) -> int:
+    """The framed simulator (``SimulatedDevice``) on a new pty or on ``--port``."""
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.flash import DeviceIdError
+    from idemlink.device_sim.serve import serve
+    from idemlink.protocol.device_core import SnapshotError
+
+    regmap = regmap_from(args)
+    try:
+        device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
+                                 flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
+                                 device_id=getattr(args, "device_id", None))
+    except DeviceIdError as exc:
+        raise UserError(str(exc)) from None
+    except (OSError, SnapshotError) as exc:
+        raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
+    return _serve_until_signal(args, lambda transport, stop: serve(device, transport, stop))

@@ -1,0 +1,218 @@
+"""``idemlink watch``: poll registers at an interval and print what changed.
+
+Contract:
+
+- Each poll reads the chosen registers (default: every register of the map) in one pipelined
+  batch, one request per contiguous run. The first poll prints every value; later polls print
+  only registers whose raw value changed (``--every`` prints all of them each time).
+- Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``), ``--csv`` (header
+  ``time,poll,register,address,raw,value,unit,outcome``) and ``--json`` (one object per line,
+  schema ``idemlink.watch/1``).
+- Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
+  ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
+  port that fails is reported once, then reopened at the next interval until it is back.
+- It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
+  with a failed read, reconnections) and exit 0; exit 1 if no poll ever reached the device (a
+  device serving another map is exit 1 at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
+
+if TYPE_CHECKING:
+    from idemlink.host.device import Command, Device
+    from idemlink.protocol.registers import RegisterMap, RegisterSpec
+
+CSV_HEADER = ("time", "poll", "register", "address", "raw", "value", "unit", "outcome")
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "watch", help="poll registers at an interval and print changes")
+    p.add_argument("registers", nargs="*", metavar="NAME",
+                   help="register names or addresses (default: every register)")
+    p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
+    p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    p.add_argument("--timeout", type=float, default=0.2,
+                   help="seconds to wait for each answer before a retry (default 0.2)")
+    p.add_argument("--attempts", type=int, default=5,
+                   help="sends per read before it is UNKNOWN (default 5)")
+    p.add_argument("--interval", type=float, default=1.0,
+                   help="seconds between the starts of two polls (default 1)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many polls")
+    p.add_argument("--every", action="store_true",
+                   help="print every register at every poll, not only changes")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true", help="CSV lines (with a header)")
+    fmt.add_argument("--json", action="store_true", help="one JSON object per line")
+    add_regmap_option(p)
+    p.set_defaults(handler=run)
+
+
+@dataclass(slots=True)
+class Summary:
+    polls: int = 0
+    changes: int = 0
+    failed_polls: int = 0
+    reconnects: int = 0
+
+    def line(self) -> str:
+        return (f"idemlink watch: {self.polls} poll(s), {self.changes} change(s), "
+                f"{self.failed_polls} poll(s) with a read that got no answer, "
+                f"{self.reconnects} reconnection(s)")
+
+
+class Printer:
+    """Writes one register reading per line in the chosen format."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.csv = args.csv
+        self.json = args.json
+        if self.csv:
+            self._row(CSV_HEADER)
+
+    def _row(self, row: tuple[object, ...]) -> None:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow(row)
+        sys.stdout.write(buf.getvalue())
+
+    def reading(self, stamp: float, poll: int, spec: RegisterSpec, raw: int | None,
+                outcome: str) -> None:
+        from idemlink.commands.device_cmds import shown
+
+        clock = time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}"
+        value: int | float | str | None = None
+        if raw is not None:
+            label = spec.label_of(raw)
+            value = label if label is not None else (
+                float(spec.scaled(raw)) if spec.scale else raw)
+        if self.json:
+            print(json.dumps({
+                "schema": "idemlink.watch/1", "time": round(stamp, 3), "poll": poll,
+                "name": spec.name, "address": spec.address, "raw": raw, "value": value,
+                "unit": spec.unit, "outcome": outcome}), flush=True)
+        elif self.csv:
+            self._row((f"{stamp:.3f}", poll, spec.name, spec.address, "" if raw is None else raw,
+                       "" if value is None else value, spec.unit, outcome))
+            sys.stdout.flush()
+        elif raw is None:
+            print(f"{clock} {spec.name} : {outcome}", flush=True)
+        else:
+            print(f"{clock} {spec.name} = {shown(spec, raw)}", flush=True)
+
+
+def batches(regmap: RegisterMap, specs: list[RegisterSpec]) -> list[list[RegisterSpec]]:
+    """One read per run of contiguous addresses of the same table (input or holding)."""
+    from idemlink.protocol.registers import RegisterKind
+
+    out: list[list[RegisterSpec]] = []
+    for start, count in regmap.runs(s.address for s in specs):
+        run: list[RegisterSpec] = []
+        for a in range(start, start + count):
+            spec = regmap.at(a)
+            assert spec is not None
+            if run and (spec.kind is RegisterKind.INPUT) != (run[-1].kind is RegisterKind.INPUT):
+                out.append(run)
+                run = []
+            run.append(spec)
+        out.append(run)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve
+
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    check_seconds("--interval", args.interval, 86400.0)
+    if args.count is not None and args.count < 1:
+        raise UserError("--count must be >= 1")
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    regmap = regmap_from(args)
+    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
+    groups = batches(regmap, specs)
+    printer = Printer(args)
+    summary = Summary()
+    try:
+        return _loop(args, regmap, groups, printer, summary)
+    except KeyboardInterrupt:
+        print(summary.line(), file=sys.stderr)
+        return EXIT_OK
+
+
+def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
+          printer: Printer, summary: Summary) -> int:
+    from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
+
+    last: dict[str, int] = {}
+    dev: Device | None = None
+    next_start = time.monotonic()
+    ever_open = False
+    try:
+        while args.count is None or summary.polls < args.count:
+            time.sleep(max(0.0, next_start - time.monotonic()))
+            next_start += args.interval
+            if dev is None:
+                try:
+                    dev = Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                                      attempts=args.attempts, regmap=regmap)
+                except IncompatibleDevice as exc:
+                    raise UserError(f"{args.port}: {exc}") from None
+                except (PortError, NoDevice) as exc:
+                    print(f"idemlink watch: {exc}; retrying in {args.interval:g} s",
+                          file=sys.stderr, flush=True)
+                    summary.polls += 1
+                    summary.failed_polls += 1
+                    continue
+                if ever_open:
+                    summary.reconnects += 1
+                ever_open = True
+            try:
+                _poll(dev, groups, printer, summary, last, args.every)
+            except PortError as exc:
+                print(f"idemlink watch: {exc}; reopening at the next poll", file=sys.stderr,
+                      flush=True)
+                summary.failed_polls += 1
+                dev.close()
+                dev = None
+    finally:
+        if dev is not None:
+            dev.close()
+    print(summary.line(), file=sys.stderr)
+    return EXIT_OK if ever_open else EXIT_LOCAL_ERROR
+
+
+def _poll(dev: Device, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
+          last: dict[str, int], every: bool) -> None:
+    summary.polls += 1
+    commands: list[Command] = [dev.read_command(g[0].address, len(g)) for g in groups]
+    stamp = time.time()
+    results = dev.run(commands)
+    failed = False
+    for group, result in zip(groups, results, strict=True):
+        for i, spec in enumerate(group):
+            if not result.ok:
+                failed = True
+                printer.reading(stamp, summary.polls, spec, None, result.describe())
+                last.pop(spec.name, None)
+                continue
+            raw = result.values[i]
+            if every or last.get(spec.name) != raw:
+                if spec.name in last:
+                    summary.changes += 1
+                printer.reading(stamp, summary.polls, spec, raw, "OK")
+            last[spec.name] = raw
+    if failed:
+        summary.failed_polls += 1

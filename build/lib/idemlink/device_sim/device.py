@@ -1,0 +1,255 @@
+"""The simulated idemlink device: the register core behind the framed session, with reboots.
+
+``SimulatedDevice`` is still sans-I/O (bytes and simulated time in, bytes out); the shells in
+``idemlink.device_sim.serve`` put it on a pseudo-terminal or any pyserial port, and
+``idemlink.device_sim.simlink`` runs it in-process behind the link emulator.
+
+- ``receive_data(data, now) -> bytes``: what the device answers.
+- ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
+  replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
+  the simulated flash directory when one is given (``config.json``, replaced atomically).
+- ``FILE_RECEIVE`` (0x44, framed only; ``44`` or ``44 01`` to allow replacing existing files): the
+  device answers ``44 00`` and then hands its port to a YMODEM receiver for one batch
+  (``take_file_receive()`` tells the serving shell, once); files land in ``files_dir``
+  (``<flash-dir>/files``) and never replace an existing file unless the request allowed it.
+  Like every command it runs once per sequence number: a
+  retransmitted request gets the replayed answer and does not restart the batch.
+- ``FILE_INFO`` (0x45, framed only, read-only): size and CRC-32C of a committed file in
+  ``files_dir`` (status 1, size and CRC 0, when there is none; the hidden ``.part`` temporaries of a
+  batch in progress are never visible); a name YMODEM's receiver would refuse is exception 03.
+- ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
+  number, request PDU, response PDU, simulated time — one record per execution. The register
+  core's ``log`` holds every side effect. Tests and the fault-campaign oracle read both.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_id
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import crc32c
+from idemlink.protocol.modbus import (
+    FileInfoResponse,
+    FileInfoStatus,
+    FunctionCode,
+    ModbusPduError,
+    decode_file_info_request,
+    encode_response,
+    exception_pdu,
+)
+from idemlink.protocol.outcome import ModbusException
+from idemlink.protocol.registers import RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.replay import DEFAULT_SLOTS
+from idemlink.protocol.window import RING_BITS
+
+DEFAULT_FILE_QUOTA = 16 * 1024 * 1024
+"""Bytes one YMODEM batch may store on the simulated device."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileReceiveRequest:
+    """A FILE_RECEIVE command ran: the serving shell owes the host one YMODEM batch."""
+
+    overwrite: bool
+    quota: int  #: bytes the batch may store (the simulated flash is finite)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One command the device really ran."""
+
+    epoch: int
+    seq: int
+    request: bytes
+    response: bytes
+    time: float
+
+
+
+def _is_receive_temporary(name: str) -> bool:
+    """The YMODEM receiver's uncommitted temporaries (host.ymodem_io.DirectorySink names them
+    ``.ymodem-<random>.part``); any other name, dot-files included, may be a committed file."""
+    return name.startswith(".ymodem-") and name.endswith(".part")
+
+class SimulatedDevice:
+    """Register core + framed session + reboots + simulated flash. See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        regmap: RegisterMap = DEFAULT_MAP,
+        trigger_duration: float = 2.0,
+        flash_dir: str | os.PathLike[str] | None = None,
+        ring_bits: int = RING_BITS,
+        replay_slots: int = DEFAULT_SLOTS,
+        now: float = 0.0,
+        name: str = "idemlink-sim",
+        file_quota: int = DEFAULT_FILE_QUOTA,
+        device_id: str | None = None,
+    ) -> None:
+        self._rng = random.Random(seed)
+        self.flash_dir = Path(flash_dir) if flash_dir is not None else None
+        self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
+        self.ring_bits = ring_bits
+        self.replay_slots = replay_slots
+        self.name = name
+        self.file_quota = file_quota
+        self._hash = contract_hash()
+        self.device_id = self._identity(device_id, seed)
+        self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
+                               config=self._load_flash())
+        self.executions: list[Execution] = []
+        self.epochs: list[int] = []
+        self._file_receive: FileReceiveRequest | None = None
+        self._files_dir: Path | None = None
+        self.session = self._new_session()
+        self._generation_saved = self.core.generation
+
+    # ------------------------------------------------------------------ bytes and time
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        self.core.tick(now)
+        return self.session.receive_data(data, now)
+
+    def tick(self, now: float) -> None:
+        self.core.tick(now)
+
+    @property
+    def epoch(self) -> int:
+        return self.session.epoch
+
+    def reboot(self, now: float) -> None:
+        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept.
+        A flash that cannot be written (directory gone, disk full) is logged and the reboot goes
+        on: the RAM configuration stays the truth until the next successful save."""
+        self.core.reset_volatile(now)
+        try:
+            self._save_flash()
+        except OSError as exc:
+            logging.getLogger(__name__).error(
+                "configuration not saved at reboot (%s); keeping the RAM copy", exc)
+        self.session = self._new_session()
+
+    @property
+    def files_dir(self) -> Path:
+        """Where received files go: ``<flash-dir>/files`` (a private temporary dir without one)."""
+        if self._files_dir is None:
+            base = self.flash_dir if self.flash_dir is not None else Path(
+                tempfile.mkdtemp(prefix="idemlink-sim-"))
+            self._files_dir = base / "files"
+            self._files_dir.mkdir(parents=True, exist_ok=True)
+        return self._files_dir
+
+    def take_file_receive(self) -> FileReceiveRequest | None:
+        """Once after a FILE_RECEIVE command ran: the shell must now run a YMODEM batch."""
+        request, self._file_receive = self._file_receive, None
+        return request
+
+    # ------------------------------------------------------------------ ground truth
+    def executions_of(self, epoch: int, seq: int) -> list[Execution]:
+        return [e for e in self.executions if e.epoch == epoch and e.seq == seq]
+
+    # ------------------------------------------------------------------ internals
+    def _new_session(self) -> DeviceSession:
+        epoch = self._rng.getrandbits(32)
+        while epoch in self.epochs or epoch == 0:
+            epoch = self._rng.getrandbits(32)
+        self.epochs.append(epoch)
+        return DeviceSession(
+            self._execute, epoch, contract_hash=self._hash, name=self.name,
+            ring_bits=self.ring_bits, replay_slots=self.replay_slots,
+            map_hash=self.core.regmap.hash, device_id=self.device_id,
+            map_name=self.core.regmap.name,
+        )
+
+    def _identity(self, given: str | None, seed: int | None) -> str:
+        """The device id HELLO advertises: ``given`` (checked); else the one kept in the flash
+        directory (created once, like an MCU's unique id it never changes); else one drawn from
+        the seed (reproducible) or from the OS (a new device each run)."""
+        if given is not None:
+            return check_device_id(given)
+        if self.flash is not None:
+            return self.flash.device_id()
+        if seed is not None:
+            return f"sim-{random.Random(f'device-id:{seed}').getrandbits(64):016x}"
+        return new_device_id()
+
+    def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
+        epoch = self.session.epoch
+        if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
+            response = self._request_file_receive(pdu)
+        elif pdu[:1] == bytes([FunctionCode.FILE_INFO]):
+            response = self._file_info(pdu)
+        else:
+            response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}",
+                                         persist=self._persist if self.flash is not None else None)
+        self.executions.append(Execution(epoch, seq, pdu, response, now))
+        return response
+
+    def _request_file_receive(self, pdu: bytes) -> bytes:
+        if len(pdu) > 2 or pdu[1:] not in (b"", b"\x00", b"\x01"):
+            return exception_pdu(FunctionCode.FILE_RECEIVE, ModbusException.ILLEGAL_DATA_VALUE)
+        self._file_receive = FileReceiveRequest(overwrite=pdu[1:] == b"\x01",
+                                                quota=self.file_quota)
+        return bytes([FunctionCode.FILE_RECEIVE, 0])
+
+    def _file_info(self, pdu: bytes) -> bytes:
+        """Size and CRC-32C of a committed file (read-only). ``check_name`` already refuses
+        every name that is not one plain component, so the path stays inside ``files_dir``; the
+        receiver's own temporaries (``.ymodem-*.part``) are never committed files. A file too
+        large for the answer's u32 size gets exception 04 (the host then says "not verified")."""
+        try:
+            name = decode_file_info_request(pdu).name
+        except ModbusPduError as exc:
+            return exception_pdu(FunctionCode.FILE_INFO, exc.exception)
+        path = self.files_dir / name
+        absent = FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
+        if _is_receive_temporary(name) or path.is_symlink() or not path.is_file():
+            return encode_response(absent)
+        crc = 0
+        try:
+            size = path.stat().st_size
+            if size <= 0xFFFFFFFF:  # never hash what the answer cannot describe
+                size = 0
+                with path.open("rb") as f:
+                    while chunk := f.read(1 << 16):
+                        crc = crc32c(chunk, crc)
+                        size += len(chunk)
+        except FileNotFoundError:  # removed meanwhile
+            return encode_response(absent)
+        except OSError as exc:
+            logging.getLogger(__name__).error("FILE_INFO %s: %s", name, exc)
+            return exception_pdu(FunctionCode.FILE_INFO, ModbusException.SERVER_DEVICE_FAILURE)
+        if size > 0xFFFFFFFF:  # the answer's size is a u32: such a file cannot be described
+            logging.getLogger(__name__).error("FILE_INFO %s: %d bytes exceed the u32 size", name,
+                                              size)
+            return exception_pdu(FunctionCode.FILE_INFO, ModbusException.SERVER_DEVICE_FAILURE)
+        return encode_response(FileInfoResponse(FileInfoStatus.PRESENT, size, crc))
+
+    def _load_flash(self) -> ConfigSnapshot | None:
+        return self.flash.load() if self.flash is not None else None
+
+    def _persist(self, snap: ConfigSnapshot) -> None:
+        """Save the configuration a write is about to commit (persist first: a write that
+        cannot be saved answers exception 04 and changes nothing)."""
+        assert self.flash is not None
+        try:
+            self.flash.save(snap)
+        except OSError as exc:
+            logging.getLogger(__name__).error("configuration not saved (%s): write refused", exc)
+            raise PersistError(str(exc)) from None
+        self._generation_saved = snap.generation
+
+    def _save_flash(self) -> None:
+        if self.flash is not None:
+            self.flash.save(self.core.snapshot())
+            self._generation_saved = self.core.generation

@@ -1,0 +1,104 @@
+"""Plain Modbus RTU slave around ``idemlink.protocol.device_core`` (the I/O shell).
+
+Contract:
+
+- ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
+  means the line was silent), get the bytes to send back. Frames for another unit id and frames
+  with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
+  CRC, an implausible head or a frame cut by a pause, parsing restarts only at a real pause of
+  t3.5 (``RtuDecoder``: 3.5 characters up to 19200 Bd, 1.75 ms above; ``baudrate=None``, e.g.
+  a pty, uses the simulator's default 115200 Bd);
+  broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
+- ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
+  the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
+  configuration is loaded at start and saved (atomically) BEFORE a write changes it: a write
+  whose configuration cannot be saved answers exception 04 and changes nothing (logged; the
+  server keeps serving).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.modbus import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
+
+__all__ = ["ConfigFlash", "RtuServer", "Transport"]
+
+log = logging.getLogger(__name__)
+
+
+class Transport(Protocol):
+    def read(self, timeout: float) -> bytes: ...
+
+    def write(self, data: bytes) -> None: ...
+
+
+class RtuServer:
+    """A Modbus RTU slave serving ``core`` as unit ``unit``."""
+
+    def __init__(self, core: DeviceCore, unit: int = 1, flash: ConfigFlash | None = None,
+                 baudrate: int | None = None) -> None:
+        if not 1 <= unit <= 247:
+            raise ValueError(f"unit id {unit} outside 1..247")
+        self.core = core
+        self.unit = unit
+        self.flash = flash
+        # pauses are measured in character times of the line; a pty (``None``) has no baud
+        # rate: the simulator's default
+        self.decoder = RtuDecoder(
+            baudrate=DEFAULT_BAUDRATE if baudrate is None else baudrate, unit=unit)
+        self.answered = 0
+        self.ignored = 0
+        if flash is not None:
+            snap = flash.load()
+            if snap is not None:
+                core.restore(snap, core.now)
+
+    def receive(self, data: bytes, now: float) -> bytes:
+        """Feed received bytes (b"" = nothing arrived) with the time the read returned; return
+        the bytes to send. A real pause of t3.5 (seen at the next read, or 0.1 s without bytes)
+        ends an incomplete frame: it is dropped."""
+        if data:
+            self.decoder.feed(data, now)
+        else:
+            self.decoder.idle(now)
+        out = bytearray()
+        while (frame := self.decoder.next_frame()) is not None:
+            if frame.unit not in (self.unit, BROADCAST_UNIT):
+                self.ignored += 1
+                continue
+            response = self.core.execute(
+                frame.pdu, now, persist=self._persist if self.flash is not None else None)
+            if frame.unit == BROADCAST_UNIT:
+                continue
+            self.answered += 1
+            out += encode_rtu(self.unit, response)
+        if not data:
+            self.core.tick(now)
+        return bytes(out)
+
+    def _persist(self, snap: ConfigSnapshot) -> None:
+        assert self.flash is not None
+        try:
+            self.flash.save(snap)
+        except OSError as exc:
+            log.error("configuration not saved (%s): the write is refused (exception 04)", exc)
+            raise PersistError(str(exc)) from None
+
+    def serve(self, transport: Transport, stop: threading.Event,
+              clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:
+        """Serve until ``stop`` is set. Each read is stamped when it returns (the decoder takes
+        its transmission time off); an empty read after ``poll`` seconds is a pause once 0.1 s
+        passed without bytes."""
+        log.info("Modbus RTU unit %d serving", self.unit)
+        while not stop.is_set():
+            data = transport.read(poll)
+            reply = self.receive(data, clock())
+            if reply:
+                transport.write(reply)

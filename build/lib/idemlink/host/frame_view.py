@@ -1,0 +1,129 @@
+"""Human-readable (and JSON) descriptions of idemlink frames, for ``monitor`` and ``link --monitor``.
+
+``FrameDescriber.describe(item)`` takes what ``idemlink.protocol.frame.FrameDecoder`` yields (a ``Frame`` or
+a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (or ``{"type":
+"ERROR", "error", "text"}``). It remembers requests by (epoch, seq), so an answer can name the
+registers its request touched. It never raises: what it cannot parse it shows as hex.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from idemlink.protocol.registers import RegisterMap, TriggerStatus
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+
+def trigger_code_name(code: int) -> str:
+    """``RUNNING`` for 0x0101 and so on; hex for a code this version does not know."""
+    try:
+        return TriggerStatus(code).name
+    except ValueError:
+        return f"0x{code:04X}"
+
+
+class FrameDescriber:
+    """Human-readable and JSON descriptions of the frames passing by (remembers requests by
+    (epoch, seq) so a read answer can name its registers)."""
+
+    def __init__(self, regmap: RegisterMap = DEFAULT_MAP) -> None:
+        self.regmap = regmap
+        self._requests: dict[tuple[int, int], Any] = {}
+
+    def _reg(self, address: int) -> str:
+        spec = self.regmap.at(address)
+        return spec.name if spec is not None else f"@{address}"
+
+    def describe(self, item: Any) -> dict[str, Any]:
+        from idemlink.protocol.frame import DecodeError, FrameType
+
+        if isinstance(item, DecodeError):
+            return {"type": "ERROR", "error": item.kind.name, "text": f"! {item.kind.name}: "
+                    f"{item.detail}"}
+        f = item
+        head = {"type": f.type.name, "epoch": f"{f.epoch:08x}", "seq": f.seq,
+                "flags": [fl.name for fl in type(f.flags) if fl and fl in f.flags and fl.name]}
+        flags = ("[" + ",".join(head["flags"]) + "] ") if head["flags"] else ""
+        prefix = f"{f.type.name:<11} epoch={f.epoch:08x} seq={f.seq} {flags}"
+        try:
+            if f.type is FrameType.HELLO:
+                body = f"version={f.payload[0]} contract={f.payload[1:9].hex()}"
+            elif f.type is FrameType.HELLO_REPLY:
+                from idemlink.protocol.session import DeviceInfo
+                info = DeviceInfo.decode(f.payload)
+                body = (f"{info.name!r} version={info.version} window={info.window} "
+                        f"inflight={info.max_inflight} next_seq={info.next_seq} "
+                        f"contract={info.contract_hash.hex()}")
+            elif f.type is FrameType.REQUEST:
+                body = self._request(f.epoch, f.seq, f.payload)
+            else:
+                body = self._response(f.epoch, f.seq, f.payload)
+        except Exception as exc:  # a monitor shows what it cannot parse, it never stops on it
+            body = f"payload {f.payload.hex()} (undecodable: {exc})"
+        head["text"] = prefix + body
+        return head
+
+    def _request(self, epoch: int, seq: int, pdu: bytes) -> str:
+        from idemlink.protocol import modbus as mb
+
+        if pdu[:1] == bytes([mb.FunctionCode.FILE_INFO]):
+            return f"FC45 file info {mb.decode_file_info_request(pdu).name!r}"
+        if pdu[:1] == bytes([mb.FunctionCode.FILE_RECEIVE]):
+            return "FC44 file receive" + (" (overwrite)" if pdu[1:] == b"\x01" else "")
+        req = mb.decode_request(pdu)
+        self._requests[(epoch, seq)] = req
+        if len(self._requests) > 4096:
+            self._requests.pop(next(iter(self._requests)))
+        match req:
+            case mb.ReadRegisters(function, address, count):
+                return f"FC{function:02X} read {self._reg(address)}({address}) x{count}"
+            case mb.WriteSingleRegister(address, value):
+                return f"FC06 write {self._reg(address)}({address}) = {value}"
+            case mb.WriteMultipleRegisters(address, values):
+                return "FC10 write " + " ".join(
+                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+            case mb.WriteIfGeneration(generation, address, values):
+                return f"FC41 if generation={generation}: write " + " ".join(
+                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+            case mb.TriggerRequest(address, value):
+                return f"FC42 trigger {self._reg(address)} {'start' if value == 1 else value}"
+        return pdu.hex()
+
+    def _response(self, epoch: int, seq: int, payload: bytes) -> str:
+        from idemlink.protocol import modbus as mb
+        from idemlink.protocol.outcome import known_status
+        from idemlink.protocol.session import decode_response
+
+        decoded = decode_response(payload)
+        if decoded is None:
+            return "empty payload"
+        status, pdu = decoded
+        known = known_status(status)
+        st = known.name if known is not None else f"0x{status:02X}"
+        if not pdu:
+            return f"status={st}"
+        resp = mb.decode_response(pdu)
+        req = self._requests.get((epoch, seq))
+        match resp:
+            case mb.ReadRegistersResponse(_, values):
+                if isinstance(req, mb.ReadRegisters):
+                    text = " ".join(f"{self._reg(req.address + i)}={v}"
+                                    for i, v in enumerate(values))
+                else:
+                    text = " ".join(str(v) for v in values)
+                return f"status={st} read {text}"
+            case mb.WriteSingleRegisterResponse(address, value):
+                return f"status={st} wrote {self._reg(address)}={value}"
+            case mb.WriteMultipleRegistersResponse(address, count):
+                return f"status={st} wrote {count} from {self._reg(address)}"
+            case mb.WriteIfGenerationResponse(wst, generation):
+                return f"status={st} conditional {wst.name} generation={generation}"
+            case mb.TriggerResponse(address, code):
+                return f"status={st} trigger {self._reg(address)} {trigger_code_name(code)}"
+            case mb.FileInfoResponse(fst, size, crc):
+                if fst is mb.FileInfoStatus.ABSENT:
+                    return f"status={st} file absent"
+                return f"status={st} file {size} bytes crc32c={crc:08x}"
+            case mb.ExceptionResponse(function, exception):
+                return f"status={st} FC{function:02X} exception {exception.name}"
+        return f"status={st} {pdu.hex()}"

@@ -1,0 +1,736 @@
+"""The device core: the register map's semantics, sans-I/O, driven by simulated time.
+
+Contract:
+
+- ``execute(pdu, now) -> response PDU``: one Modbus request PDU in, one response PDU out. Never
+  raises for bad input: a bad request is answered by its exception and changes nothing.
+- Every request is validated whole before anything changes (addresses first -> exception 02,
+  then values -> 03, then an impossible trigger state -> 04). Reads never change state.
+  HOLDING writes set absolute values within min..max; writes to INPUT or GENERATION registers are
+  exception 02 (they are not writable addresses, like an unknown one).
+- FAULT bits latch while their condition holds; reading never clears; writing 1s clears exactly
+  those bits whose condition has gone (a persisting condition stays latched); writing 0s does
+  nothing; writing a bit the register does not declare is exception 03.
+- TRIGGER registers follow ``TRIGGER_TABLE``: 1 in IDLE starts the action once (0); RUNNING ->
+  0x0101, DONE -> 0x0102; 0 resets to IDLE; another value 0xFF01 (exception 03); a state outside
+  the table 0xFF00 (exception 04). RUNNING lasts ``trigger_duration`` simulated seconds.
+- The GENERATION counter is +1 (mod 2^16) per request that effectively changed a HOLDING value;
+  a no-op write leaves it alone. ``WRITE_IF_GENERATION`` checks it (read-only) after validation
+  and strictly before any change; a failed guard answers GUARD_FAILED and changes nothing.
+- Every side effect is appended to ``log`` as an ``Effect`` (ground truth for tests and oracles).
+- Persist first: a write that changes the configuration calls the shell's ``persist`` hook
+  (given to ``execute``/``write``/``write_if_generation``) with the configuration it is about
+  to commit, before changing anything; a hook raising ``PersistError`` makes the request answer
+  exception 04 (SERVER_DEVICE_FAILURE) with nothing changed.
+- ``snapshot()``/``restore()`` carry the persistent configuration (holdings + generation);
+  ``reset_volatile()`` models a reboot (triggers IDLE, faults re-latched from live conditions).
+
+Typed calls (``read``, ``write``, ``write_if_generation``, ``trigger``) give the same semantics
+without Modbus encoding; they raise ``RegisterAccessError`` carrying the exception code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum, IntEnum
+
+from idemlink.protocol.modbus import (
+    ExceptionResponse,
+    FunctionCode,
+    ModbusPduError,
+    ReadRegisters,
+    ReadRegistersResponse,
+    Request,
+    Response,
+    TriggerRequest,
+    TriggerResponse,
+    WriteIfGeneration,
+    WriteIfGenerationResponse,
+    WriteMultipleRegisters,
+    WriteMultipleRegistersResponse,
+    WriteSingleRegister,
+    WriteSingleRegisterResponse,
+    decode_request,
+    encode_response,
+)
+from idemlink.protocol.outcome import (
+    MODBUS_EXCEPTION_TABLE,
+    LocalProtocolError,
+    ModbusException,
+    RemoteProtocolError,
+    Status,
+)
+from idemlink.protocol.registers import (
+    RegisterKind,
+    RegisterMap,
+    RegisterSpec,
+    TriggerState,
+    TriggerStatus,
+)
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+GENERATION_MODULUS = 0x10000
+
+# ------------------------------------------------------------------------------ trigger machine
+
+
+class TriggerEvent(Enum):
+    WRITE_1 = "write 1"
+    WRITE_0 = "write 0"
+    FINISHED = "duration elapsed"
+
+
+class TriggerAction(Enum):
+    NONE = "none"
+    START = "start the action"
+    ABORT = "abort the running action"
+    FINISH = "action finished"
+    RESET = "reset to IDLE"
+
+
+#: (state, event) -> (next state, side effect, answer). A write of any other value is
+#: ILLEGAL_VALUE before this table is consulted; a state not in the table is ABNORMAL_STATE.
+TRIGGER_TABLE: dict[tuple[TriggerState, TriggerEvent],
+                    tuple[TriggerState, TriggerAction, TriggerStatus]] = {
+    (TriggerState.IDLE, TriggerEvent.WRITE_1):
+        (TriggerState.RUNNING, TriggerAction.START, TriggerStatus.ACCEPTED),
+    (TriggerState.RUNNING, TriggerEvent.WRITE_1):
+        (TriggerState.RUNNING, TriggerAction.NONE, TriggerStatus.RUNNING),
+    (TriggerState.DONE, TriggerEvent.WRITE_1):
+        (TriggerState.DONE, TriggerAction.NONE, TriggerStatus.DONE),
+    (TriggerState.IDLE, TriggerEvent.WRITE_0):
+        (TriggerState.IDLE, TriggerAction.NONE, TriggerStatus.ACCEPTED),
+    (TriggerState.RUNNING, TriggerEvent.WRITE_0):
+        (TriggerState.IDLE, TriggerAction.ABORT, TriggerStatus.ACCEPTED),
+    (TriggerState.DONE, TriggerEvent.WRITE_0):
+        (TriggerState.IDLE, TriggerAction.RESET, TriggerStatus.ACCEPTED),
+    (TriggerState.RUNNING, TriggerEvent.FINISHED):
+        (TriggerState.DONE, TriggerAction.FINISH, TriggerStatus.ACCEPTED),
+}
+
+_TRIGGER_EXCEPTION = {
+    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
+    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
+}
+
+# ---------------------------------------------------------------------------------- ground truth
+
+
+class EffectKind(IntEnum):
+    SET = 1  #: a HOLDING register took a new value (old -> new)
+    GENERATION = 2  #: the generation counter moved (old -> new)
+    FAULT_LATCHED = 3  #: fault bits latched (old word -> new word)
+    FAULT_CLEARED = 4  #: fault bits cleared by a W1C write (old word -> new word)
+    TRIGGER_STARTED = 5  #: the one-shot action started
+    TRIGGER_FINISHED = 6  #: the action completed (time = start + duration)
+    TRIGGER_ABORTED = 7  #: reset while RUNNING: the action was stopped
+    TRIGGER_RESET = 8  #: DONE -> IDLE
+    INPUT_SET = 9  #: the simulation changed a live input (sim hook, not a request)
+    CONDITION = 10  #: the simulation changed an external fault condition (sim hook)
+    REBOOT = 11  #: reset_volatile()
+    RESTORED = 12  #: restore() loaded a configuration snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """One side effect, as it happened. ``request`` numbers the write-type calls (``write``,
+    ``write_if_generation``, ``trigger``, also when reached through ``execute``) from 1; 0 means
+    ``tick``, a sim hook, a reboot or a restore. ``tag`` is what the causing call was given
+    (e.g. the framed layer's epoch:seq)."""
+
+    index: int
+    time: float
+    kind: EffectKind
+    register: str
+    address: int
+    old: int
+    new: int
+    request: int
+    tag: int | str | None = None
+
+
+class RegisterAccessError(RemoteProtocolError):
+    """A request the device refuses; nothing changed. ``exception`` is the Modbus answer."""
+
+    def __init__(self, message: str, exception: ModbusException) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST,
+                         MODBUS_EXCEPTION_TABLE[exception].action)
+        self.exception = exception
+
+
+class PersistError(LocalProtocolError):
+    """The shell could not save the configuration a write was about to commit."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST)
+
+
+#: The shell's persist hook: save this configuration or raise ``PersistError``.
+Persist = Callable[["ConfigSnapshot"], None]
+
+
+class SnapshotError(LocalProtocolError):
+    """A configuration snapshot that does not fit this register map."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, Status.MALFORMED_REQUEST)
+
+
+def _plain_int(x: object) -> bool:
+    return type(x) is int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSnapshot:
+    """Persistent configuration: HOLDING values by address, and the generation counter."""
+
+    holdings: tuple[tuple[int, int], ...]
+    generation: int
+
+    def to_json(self) -> str:
+        return json.dumps({"holdings": [list(p) for p in self.holdings],
+                           "generation": self.generation}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ConfigSnapshot:
+        """Strict: ``{"holdings": [[address, value], ...], "generation": g}`` with plain JSON
+        integers only (no floats, booleans or strings) and each address once."""
+        try:
+            raw = json.loads(text)
+        except ValueError as exc:
+            raise SnapshotError(f"unreadable configuration snapshot: {exc}") from None
+        if not isinstance(raw, dict) or not isinstance(raw.get("holdings"), list):
+            raise SnapshotError("configuration snapshot: need an object with a holdings list")
+        pairs = raw["holdings"]
+        if not all(isinstance(p, list) and len(p) == 2 and all(_plain_int(x) for x in p)
+                   for p in pairs):
+            raise SnapshotError("configuration snapshot: holdings must be [address, value] "
+                                "pairs of integers")
+        generation = raw.get("generation")
+        if not isinstance(generation, int) or not _plain_int(generation):
+            raise SnapshotError(f"configuration snapshot: generation {generation!r} is not an "
+                                "integer")
+        snap = cls(tuple((a, v) for a, v in pairs), generation)
+        snap.check_unique()
+        return snap
+
+    def check_unique(self) -> None:
+        addresses = [a for a, _ in self.holdings]
+        if len(set(addresses)) != len(addresses):
+            dups = sorted({a for a in addresses if addresses.count(a) > 1})
+            raise SnapshotError(f"configuration snapshot: address(es) {dups} given twice")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRule:
+    """A fault condition computed from register values (by name), e.g. over-temperature."""
+
+    fault: str
+    bit: int
+    predicate: Callable[[Mapping[str, int]], bool]
+    description: str = ""
+
+
+def _over_temperature(v: Mapping[str, int]) -> bool:
+    return v["temperature"] > v["threshold"]
+
+
+#: Rules for ``DEFAULT_MAP``: over-temperature latches while temperature > threshold.
+DEFAULT_RULES: tuple[FaultRule, ...] = (
+    FaultRule("faults", 0, _over_temperature, "temperature > threshold"),
+)
+
+
+
+@dataclass(slots=True)
+class _Plan:
+    """The validated effect of one write request, applied only after validation succeeded."""
+
+    holdings: dict[int, int] = field(default_factory=dict)
+    clears: dict[int, int] = field(default_factory=dict)
+    triggers: dict[int, TriggerEvent] = field(default_factory=dict)
+    codes: dict[int, TriggerStatus] = field(default_factory=dict)
+
+
+class DeviceCore:
+    """The simulated device's registers and their semantics. See the module docstring."""
+
+    def __init__(
+        self,
+        regmap: RegisterMap = DEFAULT_MAP,
+        *,
+        trigger_duration: float = 5.0,
+        rules: tuple[FaultRule, ...] | None = None,
+        inputs: Mapping[str, int] | None = None,
+        config: ConfigSnapshot | None = None,
+        now: float = 0.0,
+        max_log: int | None = None,
+    ) -> None:
+        if not math.isfinite(trigger_duration) or trigger_duration < 0:
+            raise ValueError(f"trigger_duration must be finite and >= 0, not {trigger_duration}")
+        self.regmap = regmap
+        self.trigger_duration = trigger_duration
+        self.rules = rules if rules is not None else (DEFAULT_RULES if regmap.hash ==
+                                                      DEFAULT_MAP.hash else ())
+        self.log: list[Effect] = []
+        self.max_log = max_log
+        self.requests = 0
+        self._effects = 0
+        self._now = now
+        self._gen_addr = regmap.generation.address
+        self._holdings = {r.address: r.default for r in regmap.of_kind(RegisterKind.HOLDING)}
+        self._generation = 0
+        base_inputs = {r.name: r.default for r in regmap.of_kind(RegisterKind.INPUT)}
+        base_inputs.update(inputs or {})
+        self._inputs = {r.address: base_inputs.get(r.name, 0)
+                        for r in regmap.of_kind(RegisterKind.INPUT)}
+        self._latched = {r.address: 0 for r in regmap.of_kind(RegisterKind.FAULT)}
+        self._external = {r.address: 0 for r in regmap.of_kind(RegisterKind.FAULT)}
+        self._trigger = {r.address: int(TriggerState.IDLE)
+                         for r in regmap.of_kind(RegisterKind.TRIGGER)}
+        self._started: dict[int, float] = {}
+        if config is not None:
+            self._load(config)
+            self._revert_volatile(now)
+        self._latch(now, 0, None)
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def _record(self, now: float, kind: EffectKind, spec: RegisterSpec, old: int, new: int,
+                request: int, tag: int | str | None) -> None:
+        self._effects += 1
+        self.log.append(Effect(self._effects, now, kind, spec.name, spec.address, old, new,
+                               request, tag))
+        if self.max_log is not None and len(self.log) > self.max_log:
+            del self.log[: len(self.log) - self.max_log]
+
+    def _names(self) -> dict[str, int]:
+        return {r.name: self._read_one(r) for r in self.regmap}
+
+    def _conditions(self, address: int) -> int:
+        cond = self._external[address]
+        if self.rules:
+            values = self._names()
+            spec = self.regmap.at(address)
+            for rule in self.rules:
+                if spec is not None and rule.fault == spec.name and rule.predicate(values):
+                    cond |= 1 << rule.bit
+        return cond
+
+    def _latch(self, now: float, request: int, tag: int | str | None) -> None:
+        for address, old in self._latched.items():
+            new = old | self._conditions(address)
+            if new != old:
+                self._latched[address] = new
+                self._record(now, EffectKind.FAULT_LATCHED, self._spec(address), old, new,
+                             request, tag)
+
+    def _spec(self, address: int) -> RegisterSpec:
+        spec = self.regmap.at(address)
+        assert spec is not None
+        return spec
+
+    def _read_one(self, spec: RegisterSpec) -> int:
+        a = spec.address
+        match spec.kind:
+            case RegisterKind.INPUT:
+                return self._inputs[a]
+            case RegisterKind.HOLDING:
+                return self._holdings[a]
+            case RegisterKind.FAULT:
+                return self._latched[a]
+            case RegisterKind.TRIGGER:
+                return self._trigger[a]
+            case RegisterKind.GENERATION:
+                return self._generation
+        raise AssertionError(spec.kind)  # pragma: no cover
+
+    def _advance(self, now: float) -> float:
+        """Time never runs backwards inside the core."""
+        self._now = max(self._now, now)
+        return self._now
+
+    # --------------------------------------------------------------------------------- time
+
+    def tick(self, now: float) -> None:
+        """Advance simulated time: finish triggers whose duration elapsed, latch faults."""
+        now = self._advance(now)
+        for address, started in sorted(self._started.items()):
+            done_at = started + self.trigger_duration
+            if now >= done_at and self._trigger[address] == TriggerState.RUNNING:
+                self._trigger_step(address, TriggerEvent.FINISHED, done_at, 0, None)
+        self._latch(now, 0, None)
+
+    def _trigger_step(self, address: int, event: TriggerEvent, now: float, request: int,
+                      tag: int | str | None) -> None:
+        state = TriggerState(self._trigger[address])
+        nxt, action, _ = TRIGGER_TABLE[(state, event)]
+        self._trigger[address] = int(nxt)
+        spec = self._spec(address)
+        kind = {TriggerAction.START: EffectKind.TRIGGER_STARTED,
+                TriggerAction.FINISH: EffectKind.TRIGGER_FINISHED,
+                TriggerAction.ABORT: EffectKind.TRIGGER_ABORTED,
+                TriggerAction.RESET: EffectKind.TRIGGER_RESET}.get(action)
+        if action is TriggerAction.START:
+            self._started[address] = now
+        elif action in (TriggerAction.FINISH, TriggerAction.ABORT):
+            self._started.pop(address, None)
+        if kind is not None:
+            self._record(now, kind, spec, int(state), int(nxt), request, tag)
+
+    # ------------------------------------------------------------------------- typed calls
+
+    def read(self, address: int, count: int, now: float | None = None) -> tuple[int, ...]:
+        """Values of ``count`` registers from ``address``; any unmapped one -> exception 02."""
+        if now is not None:
+            self.tick(now)
+        if count < 1 or address < 0 or address + count > GENERATION_MODULUS:
+            raise RegisterAccessError("read outside the address space",
+                                      ModbusException.ILLEGAL_DATA_ADDRESS)
+        specs = [self.regmap.at(a) for a in range(address, address + count)]
+        out = []
+        for a, spec in zip(range(address, address + count), specs, strict=True):
+            if spec is None:
+                raise RegisterAccessError(f"no register at 0x{a:04X}",
+                                          ModbusException.ILLEGAL_DATA_ADDRESS)
+            out.append(self._read_one(spec))
+        return tuple(out)
+
+    def _plan(self, address: int, values: tuple[int, ...], holdings_only: bool) -> _Plan:
+        if not values or address < 0 or address + len(values) > GENERATION_MODULUS:
+            raise RegisterAccessError("write outside the address space",
+                                      ModbusException.ILLEGAL_DATA_ADDRESS)
+        specs: list[RegisterSpec] = []
+        for a in range(address, address + len(values)):  # pass 1: addresses (02)
+            spec = self.regmap.at(a)
+            if spec is None:
+                raise RegisterAccessError(f"no register at 0x{a:04X}",
+                                          ModbusException.ILLEGAL_DATA_ADDRESS)
+            if not spec.writable or (holdings_only and spec.kind is not RegisterKind.HOLDING):
+                raise RegisterAccessError(f"{spec.name} ({spec.kind.name}) is not writable here",
+                                          ModbusException.ILLEGAL_DATA_ADDRESS)
+            specs.append(spec)
+        plan = _Plan()
+        for spec, value in zip(specs, values, strict=True):  # pass 2: values (03)
+            if not 0 <= value <= 0xFFFF:
+                raise RegisterAccessError(f"{spec.name}: {value} is not a 16-bit value",
+                                          ModbusException.ILLEGAL_DATA_VALUE)
+            if spec.kind is RegisterKind.HOLDING:
+                if not spec.minimum <= value <= spec.maximum:
+                    raise RegisterAccessError(
+                        f"{spec.name}: {value} outside {spec.minimum}..{spec.maximum}",
+                        ModbusException.ILLEGAL_DATA_VALUE)
+                plan.holdings[spec.address] = value
+            elif spec.kind is RegisterKind.FAULT:
+                if value & ~spec.fault_mask:
+                    raise RegisterAccessError(
+                        f"{spec.name}: bits 0x{value & ~spec.fault_mask:04X} not declared",
+                        ModbusException.ILLEGAL_DATA_VALUE)
+                plan.clears[spec.address] = value
+            else:  # TRIGGER
+                if value not in (0, 1):
+                    raise RegisterAccessError(f"{spec.name}: trigger value {value} (0 or 1)",
+                                              ModbusException.ILLEGAL_DATA_VALUE)
+                plan.triggers[spec.address] = (TriggerEvent.WRITE_1 if value == 1
+                                               else TriggerEvent.WRITE_0)
+        for address, event in plan.triggers.items():  # pass 3: trigger states (04)
+            spec = self._spec(address)
+            raw = self._trigger[address]
+            if raw not in {s.value for s in TriggerState}:
+                raise RegisterAccessError(f"{spec.name}: impossible state {raw}",
+                                          ModbusException.SERVER_DEVICE_FAILURE)
+            entry = TRIGGER_TABLE.get((TriggerState(raw), event))
+            if entry is None:  # pragma: no cover - the table covers every write
+                raise RegisterAccessError(f"{spec.name}: no transition",
+                                          ModbusException.SERVER_DEVICE_FAILURE)
+            plan.codes[address] = entry[2]
+        return plan
+
+    def _persist_first(self, plan: _Plan, persist: Persist | None) -> None:
+        """Save the configuration ``plan`` would commit, before anything changes."""
+        new = dict(self._holdings)
+        new.update(plan.holdings)
+        if persist is None or new == self._holdings:
+            return
+        snap = ConfigSnapshot(tuple(sorted(new.items())),
+                              (self._generation + 1) % GENERATION_MODULUS)
+        try:
+            persist(snap)
+        except PersistError as exc:
+            raise RegisterAccessError(f"configuration not saved, nothing changed: {exc}",
+                                      ModbusException.SERVER_DEVICE_FAILURE) from None
+
+    def _apply(self, plan: _Plan, now: float, request: int, tag: int | str | None) -> None:
+        changed = False
+        for a, value in plan.holdings.items():
+            old = self._holdings[a]
+            if old != value:
+                self._holdings[a] = value
+                changed = True
+                self._record(now, EffectKind.SET, self._spec(a), old, value, request, tag)
+        if changed:
+            old_gen = self._generation
+            self._generation = (old_gen + 1) % GENERATION_MODULUS
+            self._record(now, EffectKind.GENERATION, self._spec(self._gen_addr), old_gen,
+                         self._generation, request, tag)
+        for a, event in plan.triggers.items():
+            self._trigger_step(a, event, now, request, tag)
+        for a, bits in plan.clears.items():
+            old = self._latched[a]
+            new = old & ~(bits & ~self._conditions(a))
+            if new != old:
+                self._latched[a] = new
+                self._record(now, EffectKind.FAULT_CLEARED, self._spec(a), old, new, request,
+                             tag)
+        self._latch(now, request, tag)
+
+    def write(self, address: int, values: tuple[int, ...] | list[int], now: float,
+              tag: int | str | None = None, persist: Persist | None = None,
+              ) -> dict[int, TriggerStatus]:
+        """FC06/FC16 semantics: validate every value, then apply all. Returns the trigger answers
+        (by address) for any trigger registers written."""
+        now = self._advance(now)
+        self.tick(now)
+        self.requests += 1
+        plan = self._plan(address, tuple(values), holdings_only=False)
+        self._persist_first(plan, persist)
+        self._apply(plan, now, self.requests, tag)
+        return plan.codes
+
+    def write_if_generation(self, generation: int, address: int,
+                            values: tuple[int, ...] | list[int], now: float,
+                            tag: int | str | None = None, persist: Persist | None = None,
+                            ) -> tuple[bool, int]:
+        """Write HOLDING registers only if the generation still equals ``generation``.
+        Returns (executed, generation after); (False, current) changed nothing."""
+        now = self._advance(now)
+        self.tick(now)
+        self.requests += 1
+        plan = self._plan(address, tuple(values), holdings_only=True)
+        if generation != self._generation:  # read-only guard, strictly before any change
+            return False, self._generation
+        self._persist_first(plan, persist)
+        self._apply(plan, now, self.requests, tag)
+        return True, self._generation
+
+    def trigger(self, address: int, value: int, now: float,
+                tag: int | str | None = None) -> TriggerStatus:
+        """Write a trigger register and get seed 004's answer code; never raises for the
+        value or state (0xFF01 / 0xFF00 come back as codes). Unknown/non-trigger -> 02."""
+        now = self._advance(now)
+        self.tick(now)
+        self.requests += 1
+        spec = self.regmap.at(address)
+        if spec is None or spec.kind is not RegisterKind.TRIGGER:
+            raise RegisterAccessError(f"no trigger register at 0x{address:04X}",
+                                      ModbusException.ILLEGAL_DATA_ADDRESS)
+        try:
+            plan = self._plan(address, (value,), holdings_only=False)
+        except RegisterAccessError as exc:
+            if exc.exception is ModbusException.SERVER_DEVICE_FAILURE:
+                return TriggerStatus.ABNORMAL_STATE
+            return TriggerStatus.ILLEGAL_VALUE
+        self._apply(plan, now, self.requests, tag)
+        return plan.codes[address]
+
+    # ----------------------------------------------------------------------------- Modbus
+
+    def execute(self, pdu: bytes, now: float, tag: int | str | None = None,
+                persist: Persist | None = None) -> bytes:
+        """Answer one request PDU. Bad requests get their exception and change nothing;
+        ``persist`` saves a configuration change before it is applied (see the module doc)."""
+        return encode_response(self.handle(pdu, now, tag, persist))
+
+    def handle(self, pdu: bytes, now: float, tag: int | str | None = None,
+               persist: Persist | None = None) -> Response:
+        """As ``execute`` but returns the typed response."""
+        try:
+            req: Request = decode_request(pdu)
+        except ModbusPduError as exc:
+            self._advance(now)
+            self.tick(now)
+            return ExceptionResponse(exc.function & 0x7F, exc.exception)
+        try:
+            return self._dispatch(req, now, tag, persist)
+        except RegisterAccessError as exc:
+            return ExceptionResponse(pdu[0], exc.exception)
+
+    def _dispatch(self, req: Request, now: float, tag: int | str | None,
+                  persist: Persist | None) -> Response:
+        match req:
+            case ReadRegisters(function, address, count):
+                return ReadRegistersResponse(function, self.read(address, count, now))
+            case WriteSingleRegister(address, value):
+                self._write_checked(address, (value,), now, tag, persist)
+                return WriteSingleRegisterResponse(address, value)
+            case WriteMultipleRegisters(address, values):
+                self._write_checked(address, values, now, tag, persist)
+                return WriteMultipleRegistersResponse(address, len(values))
+            case WriteIfGeneration(generation, address, values):
+                ok, gen = self.write_if_generation(generation, address, values, now, tag,
+                                                   persist)
+                return WriteIfGenerationResponse(Status.OK if ok else Status.GUARD_FAILED, gen)
+            case TriggerRequest(address, value):
+                return TriggerResponse(address, self.trigger(address, value, now, tag))
+        raise AssertionError(req)  # pragma: no cover
+
+    def _write_checked(self, address: int, values: tuple[int, ...], now: float,
+                       tag: int | str | None, persist: Persist | None) -> None:
+        codes = self.write(address, values, now, tag, persist)
+        for code in codes.values():  # unreachable for valid plans; kept for clarity
+            if code in _TRIGGER_EXCEPTION:  # pragma: no cover
+                raise RegisterAccessError(code.name, _TRIGGER_EXCEPTION[code])
+
+    # ------------------------------------------------------------------------ inspection
+
+    def value(self, name: str) -> int:
+        """Current value of a register by name (no side effect)."""
+        return self._read_one(self.regmap.named(name))
+
+    def values(self) -> dict[str, int]:
+        """Every register by name (no side effect)."""
+        return self._names()
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def now(self) -> float:
+        return self._now
+
+    def effects(self, kind: EffectKind | None = None, register: str | None = None,
+                ) -> list[Effect]:
+        return [e for e in self.log
+                if (kind is None or e.kind is kind) and (register is None or e.register == register)]
+
+    def count(self, kind: EffectKind, register: str | None = None) -> int:
+        """How many times a side effect happened (e.g. TRIGGER_STARTED on self_clean)."""
+        return len(self.effects(kind, register))
+
+    # ------------------------------------------------------------------------ sim hooks
+
+    def set_input(self, name: str, value: int, now: float) -> None:
+        """Simulation: the physical world changed a live input (e.g. temperature)."""
+        spec = self.regmap.named(name)
+        if spec.kind is not RegisterKind.INPUT or not 0 <= value <= 0xFFFF:
+            raise LocalProtocolError(f"{name} is not an INPUT register or {value} not 16-bit",
+                                     Status.MALFORMED_REQUEST)
+        now = self._advance(now)
+        self.tick(now)
+        old = self._inputs[spec.address]
+        if old != value:
+            self._inputs[spec.address] = value
+            self._record(now, EffectKind.INPUT_SET, spec, old, value, 0, None)
+        self._latch(now, 0, None)
+
+    def set_condition(self, bit_name: str, active: bool, now: float) -> None:
+        """Simulation: an external fault condition (e.g. fan_stall) appears or goes."""
+        for spec in self.regmap.of_kind(RegisterKind.FAULT):
+            for b in spec.bits:
+                if b.name == bit_name:
+                    now = self._advance(now)
+                    self.tick(now)
+                    old = self._external[spec.address]
+                    new = old | (1 << b.bit) if active else old & ~(1 << b.bit)
+                    if new != old:
+                        self._external[spec.address] = new
+                        self._record(now, EffectKind.CONDITION, spec, old, new, 0, None)
+                    self._latch(now, 0, None)
+                    return
+        raise LocalProtocolError(f"no fault bit named {bit_name!r}", Status.MALFORMED_REQUEST)
+
+    def force_trigger_state(self, name: str, raw: int) -> None:
+        """Test hook: put a trigger in any raw state, including an impossible one."""
+        spec = self.regmap.named(name)
+        if spec.kind is not RegisterKind.TRIGGER:
+            raise LocalProtocolError(f"{name} is not a TRIGGER", Status.MALFORMED_REQUEST)
+        self._trigger[spec.address] = raw
+        if raw == TriggerState.RUNNING:
+            self._started[spec.address] = self._now
+        else:
+            self._started.pop(spec.address, None)
+
+    # ---------------------------------------------------------------- persistence, reboot
+
+    def snapshot(self) -> ConfigSnapshot:
+        """The persistent configuration (what survives a reboot in simulated flash)."""
+        return ConfigSnapshot(tuple(sorted(self._holdings.items())), self._generation)
+
+    def _load(self, snap: ConfigSnapshot) -> None:
+        snap.check_unique()
+        holdings = dict(snap.holdings)
+        if set(holdings) != set(self._holdings):
+            raise SnapshotError("snapshot holds other registers than this map's HOLDINGs")
+        for a, v in holdings.items():
+            spec = self._spec(a)
+            if not spec.minimum <= v <= spec.maximum:
+                raise SnapshotError(f"snapshot: {spec.name}={v} outside its range")
+        if not 0 <= snap.generation < GENERATION_MODULUS:
+            raise SnapshotError("snapshot: generation outside 0..0xFFFF")
+        self._holdings = holdings
+        self._generation = snap.generation
+
+    def restore(self, snap: ConfigSnapshot, now: float) -> None:
+        """Load a configuration snapshot (validated whole; a bad one changes nothing)."""
+        now = self._advance(now)
+        self._load(snap)
+        self._record(now, EffectKind.RESTORED, self._spec(self._gen_addr), 0, snap.generation,
+                     0, None)
+        self._latch(now, 0, None)
+
+    def reset_volatile(self, now: float) -> None:
+        """A reboot: triggers back to IDLE (a running action is lost), latched faults forgotten
+        and re-latched from the conditions that still hold. Configuration is kept, except
+        HOLDING registers declared volatile (``persist = false``), which return to default."""
+        now = self._advance(now)
+        for a in self._trigger:
+            self._trigger[a] = int(TriggerState.IDLE)
+        self._started.clear()
+        for a in self._latched:
+            self._latched[a] = 0
+        self._record(now, EffectKind.REBOOT, self._spec(self._gen_addr), self._generation,
+                     self._generation, 0, None)
+        self._revert_volatile(now)
+        self._latch(now, 0, None)
+
+    def _revert_volatile(self, now: float) -> None:
+        """At boot, HOLDING registers declared ``persist = false`` are back at their default; if
+        one held another value, that is an effective configuration change (generation +1)."""
+        changed = False
+        for spec in self.regmap.of_kind(RegisterKind.HOLDING):
+            old = self._holdings[spec.address]
+            if not spec.persist and old != spec.default:
+                self._holdings[spec.address] = spec.default
+                self._record(now, EffectKind.SET, spec, old, spec.default, 0, None)
+                changed = True
+        if changed:
+            old_gen = self._generation
+            self._generation = (old_gen + 1) % GENERATION_MODULUS
+            self._record(now, EffectKind.GENERATION, self._spec(self._gen_addr), old_gen,
+                         self._generation, 0, None)
+
+
+#: Exception codes an FC06 trigger answer maps to (documented; used by tests and docs).
+TRIGGER_EXCEPTIONS = dict(_TRIGGER_EXCEPTION)
+
+__all__ = [
+    "DEFAULT_RULES",
+    "TRIGGER_EXCEPTIONS",
+    "TRIGGER_TABLE",
+    "ConfigSnapshot",
+    "DeviceCore",
+    "Effect",
+    "EffectKind",
+    "FaultRule",
+    "FunctionCode",
+    "Persist",
+    "PersistError",
+    "RegisterAccessError",
+    "SnapshotError",
+    "TriggerAction",
+    "TriggerEvent",
+]

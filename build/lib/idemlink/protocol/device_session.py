@@ -1,0 +1,187 @@
+"""The device side of the framed protocol: frames in, exactly-once execution, answers out.
+
+``DeviceSession`` is sans-I/O: ``receive_data(bytes, now) -> bytes`` returns what to send back.
+It owns one boot epoch, one ``ReplayWindow`` and one ``ReplayCache``; a reboot is a new session.
+The command itself is run by an ``Executor`` (the register core), called at most once per
+(epoch, sequence number) — that is the whole promise, and this table is where it is kept:
+
+=============================  ================================================================
+REQUEST with another epoch     answer EPOCH_MISMATCH (our epoch in the header, the request's epoch
+                               as u32 LE in the payload); nothing runs; not committed
+window verdict NEW/ACCEPT_OLD  run the executor, commit the number, store the answer, send it
+DUPLICATE, same digest         resend the stored answer with the REPLAY flag; nothing runs
+DUPLICATE, other digest        answer IDEMPOTENCY_CONFLICT; nothing runs
+DUPLICATE, answer evicted      answer ANSWER_EVICTED (it ran before); nothing runs
+TOO_OLD                        answer TOO_OLD; nothing runs
+HELLO                          answer HELLO_REPLY (device info, our epoch); only the hand-out
+                               floor moves (see ``device_info``)
+anything else / decode error   counted, no answer (the host's retry covers it)
+=============================  ================================================================
+
+The number is committed only after the frame passed its CRC (the decoder guarantees it) and only
+for requests that were executed, so a forged far-ahead number in a corrupted frame never moves the
+window, and a refused request can run later under the same number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from enum import Enum
+
+from idemlink.protocol.frame import (
+    MAX_PAYLOAD,
+    PROTOCOL_VERSION,
+    DecodeError,
+    Flags,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+)
+from idemlink.protocol.outcome import Status
+from idemlink.protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
+from idemlink.protocol.session import DeviceInfo, encode_response
+from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
+
+Executor = Callable[[bytes, float, int], bytes]
+"""Runs one request PDU (at simulated time ``now``, for sequence number ``seq``) and returns the
+response PDU."""
+
+DEFAULT_MAX_INFLIGHT = 32
+
+
+class RequestDisposition(Enum):
+    """What the session did with a request (for counters, tests and the monitor)."""
+
+    EXECUTED = "executed"
+    REPLAYED = "replayed"
+    CONFLICT = "conflict"
+    EVICTED = "evicted"
+    TOO_OLD = "too_old"
+    EPOCH_MISMATCH = "epoch_mismatch"
+
+
+_DUPLICATE_ANSWER: dict[ReplayVerdict, tuple[RequestDisposition, Status]] = {
+    ReplayVerdict.CONFLICT: (RequestDisposition.CONFLICT, Status.IDEMPOTENCY_CONFLICT),
+    ReplayVerdict.EVICTED: (RequestDisposition.EVICTED, Status.ANSWER_EVICTED),
+}
+
+
+class DeviceSession:
+    """One boot of a device: epoch, de-duplication window, replay cache and frame decoder."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        epoch: int,
+        *,
+        contract_hash: bytes,
+        name: str = "idemlink-sim",
+        map_hash: bytes | None = None,
+        device_id: str = "",
+        map_name: str = "",
+        ring_bits: int = RING_BITS,
+        replay_slots: int = DEFAULT_SLOTS,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+    ) -> None:
+        if not 0 <= epoch < 2**32:
+            raise ValueError("epoch must fit in 32 bits")
+        self.executor = executor
+        self.epoch = epoch
+        self.window = ReplayWindow(ring_bits)
+        self.cache = ReplayCache(replay_slots)
+        self.decoder = FrameDecoder()
+        self.contract_hash = contract_hash
+        self.name = name
+        self.map_hash = map_hash
+        self.device_id = device_id
+        self.map_name = map_name
+        # Never more in flight than answers kept: a retry must still find its answer.
+        self.max_inflight = min(max_inflight, self.window.size, self.cache.slots, 255)
+        self._handed_out: int | None = None
+        self.counters: Counter[str] = Counter()
+
+    def first_seq(self) -> int:
+        """The first number for a new host session: 1 on a fresh boot; else a whole window beyond
+        both the highest number seen and the last number handed out. A host process that died with
+        requests in flight used numbers just above those; a new one must not reuse them, or a
+        delayed frame of the dead one would be executed and its answer taken by the new one (and
+        the new one's own request refused as a conflict). Numbers of the dead process that arrive
+        later are then inside the window (they may still run, and that process reported them
+        UNKNOWN) or too old: they never collide."""
+        highest, handed = self.window.highest, self._handed_out
+        seen = None if highest is None else (highest + 1) & 0xFFFFFFFF
+        if seen is None or handed is None:
+            base = seen if handed is None else handed
+            if base is None:
+                return 1
+        else:  # the later of the two, in serial arithmetic
+            base = handed if 0 < (handed - seen) & 0xFFFFFFFF < 0x80000000 else seen
+        return (base + self.window.size) & 0xFFFFFFFF
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo(
+            version=PROTOCOL_VERSION,
+            window=self.window.size,
+            max_payload=MAX_PAYLOAD,
+            replay_slots=self.cache.slots,
+            max_inflight=self.max_inflight,
+            contract_hash=self.contract_hash,
+            next_seq=self.first_seq(),
+            name=self.name,
+            map_hash=self.map_hash,
+            device_id=self.device_id,
+            map_name=self.map_name,
+        )
+
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        """Feed received bytes; returns the bytes to send back (possibly empty)."""
+        out = []
+        for event in self.decoder.feed(data):
+            if isinstance(event, DecodeError):
+                self.counters["decode_errors"] += 1
+                continue
+            reply = self.handle_frame(event, now)
+            if reply:
+                out.append(reply)
+        return b"".join(out)
+
+    def handle_frame(self, frame: Frame, now: float) -> bytes:
+        if frame.type is FrameType.REQUEST:
+            disposition, wire = self._request(frame, now)
+            self.counters[disposition.value] += 1
+            return wire
+        if frame.type is FrameType.HELLO:
+            self.counters["hello"] += 1
+            info = self.device_info()
+            self._handed_out = info.next_seq
+            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, info.encode())
+        self.counters["unexpected_frames"] += 1
+        return b""
+
+    def _answer(self, seq: int, status: Status, flags: int = 0) -> bytes:
+        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(status), flags)
+
+    def _request(self, frame: Frame, now: float) -> tuple[RequestDisposition, bytes]:
+        seq = frame.seq
+        if frame.epoch != self.epoch:
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(
+                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")))
+            return RequestDisposition.EPOCH_MISMATCH, wire
+        verdict = self.window.check(seq)
+        if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
+            payload = encode_response(Status.OK, self.executor(frame.payload, now, seq))
+            self.window.commit(seq)
+            self.cache.store(seq, request_digest(frame.payload), payload)
+            return RequestDisposition.EXECUTED, encode_frame(
+                FrameType.RESPONSE, seq, self.epoch, payload
+            )
+        if verdict is Verdict.TOO_OLD:
+            return RequestDisposition.TOO_OLD, self._answer(seq, Status.TOO_OLD)
+        found, stored = self.cache.lookup(seq, request_digest(frame.payload))
+        if found is ReplayVerdict.REPLAY:
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, stored, Flags.REPLAY)
+            return RequestDisposition.REPLAYED, wire
+        disposition, status = _DUPLICATE_ANSWER[found]
+        return disposition, self._answer(seq, status)

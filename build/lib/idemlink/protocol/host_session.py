@@ -1,0 +1,474 @@
+"""The host side of the framed protocol, sans-I/O: requests in, retries, exactly one outcome out.
+
+``HostSession`` never touches a port or a clock: the shell calls ``receive_data(bytes, now)``,
+``tick(now)``, sends ``data_to_send()`` and sleeps until ``next_deadline()``. Every submitted request
+ends in exactly one ``Completion`` carrying one of the four outcomes.
+
+Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
+
+- A retry resends the *same* sequence number and content with the RETRANSMIT flag, so the device
+  can replay the first answer instead of running the command again.
+- Up to ``max_inflight`` requests are outstanding (never more than the device advertised), and a new
+  number is not taken while it would run ``min(replay_slots, window)`` or more ahead of the oldest
+  outstanding one: the device can then still replay the oldest one's answer when its retry arrives
+  (otherwise a lost answer in a busy pipeline would come back ANSWER_EVICTED, i.e. UNKNOWN).
+- Answers are matched by sequence number *and* the epoch the request was sent in, and must fit the
+  request (``answer_fits``: same function, the echo a write answers with, the byte count a read
+  asked for). An answer for a number that is not outstanding (late, duplicated, from a previous
+  epoch) or that does not fit (another host process's request under the same number) is counted and
+  dropped — it is never taken for another request's answer.
+- Boot epoch change (an EPOCH_MISMATCH answer to an outstanding request, carrying a new epoch and
+  naming the epoch the refused request carried; one answering nothing outstanding, or naming another
+  epoch than the request's, is a late answer like any other): every outstanding request sent
+  in the old epoch is settled at once — a *set-only* command (absolute writes, harmless to repeat) is
+  re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
+  (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
+- No valid answer after ``attempts`` sends → UNKNOWN (NO_ANSWER).
+- An OK answer is refined from its PDU by ``classify_pdu``: a Modbus exception is REJECTED (or UNKNOWN
+  for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a TRIGGER code of ILLEGAL_VALUE or
+  ABNORMAL_STATE is classified like the exception FC06 would have answered (03 → REJECTED,
+  04 → UNKNOWN).
+- ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
+  the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
+  NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
+  numbers that requests still in flight carry.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from idemlink.protocol.frame import (
+    PROTOCOL_VERSION,
+    DecodeError,
+    DecodeErrorKind,
+    Flags,
+    Frame,
+    FrameDecoder,
+    FrameType,
+    encode_frame,
+)
+from idemlink.protocol.modbus import FILE_INFO_ANSWER_LENGTH, FileInfoStatus, FunctionCode
+from idemlink.protocol.outcome import (
+    MODBUS_EXCEPTION_TABLE,
+    LocalProtocolError,
+    ModbusException,
+    Outcome,
+    Status,
+    known_status,
+    status_info,
+)
+from idemlink.protocol.registers import TriggerStatus
+from idemlink.protocol.session import DeviceInfo, decode_response, encode_hello
+
+
+def status_name(code: int) -> str:
+    try:
+        return Status(code).name
+    except ValueError:
+        return f"0x{code:02x}"
+
+
+#: Frame-level trace (direction, type, epoch, seq, function, status, retry/replay flags) at DEBUG:
+#: ``idemlink -v -v`` or ``logging.getLogger("idemlink.frames").setLevel(logging.DEBUG)``.
+frame_log = logging.getLogger("idemlink.frames")
+
+SEQ_MASK = 0xFFFFFFFF
+GUARD_FAILED_FUNCTIONS = {0x41}
+"""Functions whose OK answer starts with an inner status byte (conditional write)."""
+TRIGGER_FUNCTION = 0x42
+_TRIGGER_CODE_EXCEPTION = {
+    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
+    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
+}
+"""TRIGGER codes that mean "nothing started", as the exception FC06 answers in the same case."""
+
+
+@dataclass(slots=True)
+class Completion:
+    """The one and only result of a submitted request."""
+
+    tag: Any
+    outcome: Outcome
+    status: Status | None
+    exception: ModbusException | None = None
+    pdu: bytes = b""
+    replay: bool = False
+    attempts: int = 0
+    reissued: int = 0
+    seq: int = 0
+    epoch: int = 0
+    sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) this request travelled under
+
+
+@dataclass(slots=True)
+class SessionOpened:
+    info: DeviceInfo
+    epoch: int
+
+
+@dataclass(slots=True)
+class HelloFailed:
+    reason: str
+    incompatible: bool = False  #: something answered, in a frame version we do not speak
+
+
+Event = Completion | SessionOpened | HelloFailed
+
+
+def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None, ModbusException | None]:
+    """Refine an OK answer from its PDU (one rule for every host shell)."""
+    if pdu and pdu[0] & 0x80:
+        try:
+            exc = ModbusException(pdu[1]) if len(pdu) > 1 else ModbusException.SERVER_DEVICE_FAILURE
+        except ValueError:
+            exc = ModbusException.SERVER_DEVICE_FAILURE
+        return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+    if request_pdu and request_pdu[0] in GUARD_FAILED_FUNCTIONS and len(pdu) > 1:
+        inner = pdu[1]
+        if inner != Status.OK:
+            info = status_info(inner)
+            return info.outcome, known_status(inner), None
+    if request_pdu and request_pdu[0] == TRIGGER_FUNCTION and len(pdu) == 5:
+        code = int.from_bytes(pdu[3:5], "big")
+        if code in _TRIGGER_CODE_EXCEPTION:
+            exc = _TRIGGER_CODE_EXCEPTION[TriggerStatus(code)]
+            return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+    return Outcome.OK, Status.OK, None
+
+
+def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
+    """Whether an OK answer's PDU can be the answer to ``request_pdu``: the same function (or its
+    exception), a write's echo, a read's byte count. False means the answer belongs to another
+    request that travelled under the same number (e.g. a delayed frame of a host process that
+    died); True is necessary, not sufficient."""
+    if not request_pdu:
+        return True  # nothing to compare with (the device answers an empty PDU with an exception)
+    if not pdu:
+        return False
+    fc = request_pdu[0]
+    if pdu[0] == fc | 0x80:
+        return len(pdu) == 2
+    if pdu[0] != fc:
+        return False
+    if fc in (0x03, 0x04) and len(request_pdu) == 5:
+        count = int.from_bytes(request_pdu[3:5], "big")
+        return len(pdu) >= 2 and pdu[1] == 2 * count and len(pdu) == 2 + 2 * count
+    if fc == 0x06:
+        return pdu == request_pdu
+    if fc == 0x10:
+        return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
+    if fc == TRIGGER_FUNCTION:
+        return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
+    if fc == FunctionCode.FILE_INFO:
+        return len(pdu) == FILE_INFO_ANSWER_LENGTH and pdu[1] in set(FileInfoStatus)
+    return True
+
+
+class SessionState(Enum):
+    CLOSED = "closed"
+    HELLO_SENT = "hello_sent"
+    OPEN = "open"
+
+
+@dataclass(slots=True)
+class _Pending:
+    tag: Any
+    pdu: bytes
+    set_only: bool
+    seq: int = 0
+    epoch: int = 0
+    attempts: int = 0
+    deadline: float = 0.0
+    reissued: int = 0
+    sent_as: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class HostCounters:
+    sent: int = 0
+    retries: int = 0
+    replays: int = 0
+    reissued: int = 0
+    late_answers: int = 0
+    mismatched_answers: int = 0  #: OK answers under our number that do not fit our request
+    decode_errors: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+
+class HostSession:
+    """Request tracker for one device. See the module docstring for the rules."""
+
+    def __init__(
+        self,
+        *,
+        contract_hash: bytes,
+        timeout: float = 0.2,
+        attempts: int = 5,
+        max_inflight: int = 8,
+        hello_attempts: int = 5,
+        hello_nonce: int = 0,
+    ) -> None:
+        if attempts < 1 or max_inflight < 1:
+            raise ValueError("attempts and max_inflight must be >= 1")
+        self.contract_hash = contract_hash
+        self.timeout = timeout
+        self.attempts = attempts
+        self.want_inflight = max_inflight
+        self.max_inflight = max_inflight
+        self.hello_attempts = hello_attempts
+        self.state = SessionState.CLOSED
+        self.info: DeviceInfo | None = None
+        self.epoch = 0
+        self._next_seq = 1
+        # HELLO numbers start at a shell-chosen nonce, so a stale HELLO_REPLY left on the line by
+        # another process's handshake is not taken for ours (it would bring an old next_seq).
+        self._hello_seq = hello_nonce & SEQ_MASK
+        self._hello_sent = 0
+        self._hello_deadline = 0.0
+        self._decoder = FrameDecoder()
+        self._foreign_version: str | None = None
+        self._out = bytearray()
+        self._inflight: dict[int, _Pending] = {}
+        self._queue: deque[_Pending] = deque()
+        self._events: list[Event] = []
+        self.counters = HostCounters()
+
+    # ------------------------------------------------------------------ shell-facing interface
+    def open(self, now: float) -> None:
+        """Start (or restart) the HELLO handshake. Refused while requests are outstanding: the
+        handshake brings the device's idea of the next number, which in-flight requests may
+        already carry (``abandon`` them first)."""
+        if self.outstanding:
+            raise LocalProtocolError(
+                f"open() with {self.outstanding} request(s) outstanding: abandon() them first",
+                Status.MALFORMED_REQUEST)
+        self.state = SessionState.HELLO_SENT
+        self._hello_sent = 0
+        self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
+        self._send_hello(now)
+
+    def submit(self, pdu: bytes, now: float, *, set_only: bool, tag: Any = None) -> None:
+        """Queue a request; it is sent as soon as a pipelining slot is free."""
+        self._queue.append(_Pending(tag, pdu, set_only))
+        self._pump(now)
+
+    def abandon(self, status: Status) -> None:
+        """Settle every request the session holds, because the shell stops driving it (``status``:
+        LINK_LOST, CANCELLED). A request that went out may still run: UNKNOWN with ``status``. One
+        never sent: NOT_EXECUTED. One queued for re-issue after an epoch change went out in the
+        old epoch: UNKNOWN."""
+        for p in sorted(self._inflight.values(), key=lambda q: q.seq):
+            self._finish(p, Outcome.UNKNOWN, status)
+        while self._queue:
+            p = self._queue.popleft()
+            outcome = Outcome.UNKNOWN if p.sent_as else Outcome.NOT_EXECUTED
+            self.counters.outcomes[outcome.name] += 1
+            self._events.append(Completion(
+                p.tag, outcome, status if p.sent_as else None, attempts=p.attempts,
+                reissued=p.reissued, seq=p.seq, epoch=p.epoch, sent_as=tuple(p.sent_as)))
+
+    def resync(self) -> None:
+        """Forget any partial frame (after the port carried another protocol, e.g. YMODEM)."""
+        self._decoder.reset()
+
+    def data_to_send(self) -> bytes:
+        out = bytes(self._out)
+        self._out.clear()
+        return out
+
+    def events(self) -> list[Event]:
+        ev = self._events
+        self._events = []
+        return ev
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._inflight) + len(self._queue)
+
+    def next_deadline(self) -> float | None:
+        if self.state is SessionState.HELLO_SENT:
+            return self._hello_deadline
+        if not self._inflight:
+            return None
+        return min(p.deadline for p in self._inflight.values())
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        for ev in self._decoder.feed(data):
+            if isinstance(ev, DecodeError):
+                if frame_log.isEnabledFor(logging.DEBUG):
+                    frame_log.debug("rx undecodable frame: %s", ev.kind.name)
+                self.counters.decode_errors += 1
+                if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
+                    self._foreign_version = ev.detail
+            elif ev.type is FrameType.RESPONSE:
+                self._on_response(ev, now)
+            elif ev.type is FrameType.HELLO_REPLY:
+                self._on_hello_reply(ev, now)
+            else:
+                self.counters.late_answers += 1
+        self._pump(now)
+
+    def tick(self, now: float) -> None:
+        if self.state is SessionState.HELLO_SENT and now >= self._hello_deadline:
+            if self._hello_sent >= self.hello_attempts:
+                self.state = SessionState.CLOSED
+                if self._foreign_version is not None:
+                    self._events.append(HelloFailed(
+                        f"the device answers in another protocol {self._foreign_version} "
+                        f"(we speak version {PROTOCOL_VERSION})", incompatible=True))
+                else:
+                    self._events.append(
+                        HelloFailed(f"no HELLO_REPLY after {self._hello_sent} attempts"))
+            else:
+                self._send_hello(now)
+        for p in [p for p in self._inflight.values() if now >= p.deadline]:
+            if p.attempts >= self.attempts:
+                self._finish(p, Outcome.UNKNOWN, Status.NO_ANSWER)
+            else:
+                self._transmit(p, now, retransmit=True)
+        self._pump(now)
+
+    # ------------------------------------------------------------------ internals
+    def _send_hello(self, now: float) -> None:
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("tx HELLO seq=%d attempt=%d", self._hello_seq, self._hello_sent + 1)
+        self._hello_sent += 1
+        self._hello_deadline = now + self.timeout
+        self._out += encode_frame(
+            FrameType.HELLO, self._hello_seq, 0, encode_hello(PROTOCOL_VERSION, self.contract_hash)
+        )
+
+    def _on_hello_reply(self, frame: Frame, now: float) -> None:
+        if self.state is not SessionState.HELLO_SENT or frame.seq != self._hello_seq:
+            self.counters.late_answers += 1
+            return
+        try:
+            info = DeviceInfo.decode(frame.payload)
+        except Exception as exc:  # construct raises several types on short input
+            self.state = SessionState.CLOSED
+            self._events.append(HelloFailed(f"malformed HELLO_REPLY: {exc}"))
+            return
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",
+                            frame.epoch, info.device_id, info.map_name, info.next_seq,
+                            info.window)
+        self.info = info
+        self.epoch = frame.epoch
+        self._next_seq = info.next_seq
+        self.max_inflight = max(1, min(self.want_inflight, info.max_inflight))
+        self.state = SessionState.OPEN
+        self._events.append(SessionOpened(info, frame.epoch))
+
+    def _pump(self, now: float) -> None:
+        if self.state is not SessionState.OPEN:
+            return
+        while self._queue and len(self._inflight) < self.max_inflight:
+            if self._inflight and self._run_ahead() >= self._run_ahead_limit():
+                break
+            p = self._queue.popleft()
+            p.seq = self._next_seq
+            self._next_seq = (self._next_seq + 1) & SEQ_MASK
+            p.epoch = self.epoch
+            p.attempts = 0
+            p.sent_as.append((p.epoch, p.seq))
+            self._inflight[p.seq] = p
+            self._transmit(p, now, retransmit=False)
+
+    def _run_ahead(self) -> int:
+        """How far the next number is ahead of the oldest outstanding one (serial arithmetic)."""
+        return max((self._next_seq - seq) & SEQ_MASK for seq in self._inflight)
+
+    def _run_ahead_limit(self) -> int:
+        info = self.info
+        if info is None:
+            return self.max_inflight
+        return max(1, min(info.replay_slots, info.window))
+
+    def _transmit(self, p: _Pending, now: float, *, retransmit: bool) -> None:
+        p.attempts += 1
+        p.deadline = now + self.timeout
+        self.counters.sent += 1
+        if retransmit:
+            self.counters.retries += 1
+        flags = Flags.RETRANSMIT if retransmit else Flags.NONE
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("tx REQUEST epoch=%08x seq=%d fc=0x%02x attempt=%d%s", p.epoch, p.seq,
+                            p.pdu[0] if p.pdu else 0, p.attempts,
+                            " RETRANSMIT" if retransmit else "")
+        self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags)
+
+    def _finish(self, p: _Pending, outcome: Outcome, status: Status | None, **kw: Any) -> None:
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("settled epoch=%08x seq=%d %s%s%s", p.epoch, p.seq, outcome.name,
+                            f" ({status.name})" if status is not None else "",
+                            " replayed" if kw.get("replay") else "")
+        del self._inflight[p.seq]
+        self.counters.outcomes[outcome.name] += 1
+        self._events.append(
+            Completion(p.tag, outcome, status, attempts=p.attempts, reissued=p.reissued,
+                       seq=p.seq, epoch=p.epoch, sent_as=tuple(p.sent_as), **kw)
+        )
+
+    def _on_response(self, frame: Frame, now: float) -> None:
+        p = self._inflight.get(frame.seq)
+        decoded = decode_response(frame.payload)
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx RESPONSE epoch=%08x seq=%d status=%s%s%s", frame.epoch, frame.seq,
+                            status_name(decoded[0]) if decoded else "-",
+                            " REPLAY" if frame.flags & Flags.REPLAY else "",
+                            "" if p is not None else " (nothing outstanding)")
+        if decoded is None:
+            self.counters.decode_errors += 1
+            return
+        status, pdu = decoded
+        if status == Status.EPOCH_MISMATCH and frame.epoch != self.epoch:
+            # The answer names the epoch the refused request carried (devices before that field:
+            # nothing); a refusal of another epoch's request under the same number is stale.
+            refused = int.from_bytes(pdu[:4], "little") if len(pdu) >= 4 else None
+            if p is not None and p.epoch == self.epoch and refused in (None, p.epoch):
+                self._epoch_changed(frame.epoch, now)
+            else:  # answers nothing outstanding: e.g. a delayed copy from an older boot
+                self.counters.late_answers += 1
+            return
+        if p is None or frame.epoch != p.epoch:
+            self.counters.late_answers += 1
+            return
+        if status == Status.EPOCH_MISMATCH:
+            # Sent in the device's own epoch yet refused: the device must have changed epoch and
+            # back; nothing certain can be said.
+            self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
+            return
+        if status == Status.OK:
+            if not answer_fits(p.pdu, pdu):
+                self.counters.mismatched_answers += 1
+                return
+            replay = bool(frame.flags & Flags.REPLAY)
+            if replay:
+                self.counters.replays += 1
+            outcome, st, exc = classify_pdu(p.pdu, pdu)
+            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay)
+            return
+        info = status_info(status)
+        self._finish(p, info.outcome, known_status(status))
+
+    def _epoch_changed(self, epoch: int, now: float) -> None:
+        self.epoch = epoch
+        reissue: list[_Pending] = []
+        for p in sorted(self._inflight.values(), key=lambda q: q.seq):
+            if p.epoch == epoch:
+                continue
+            if p.set_only and p.reissued < self.attempts:  # a flapping epoch cannot loop us
+                del self._inflight[p.seq]
+                p.reissued += 1
+                self.counters.reissued += 1
+                reissue.append(p)
+            else:
+                self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
+        self._queue.extendleft(reversed(reissue))
+        self._pump(now)
+

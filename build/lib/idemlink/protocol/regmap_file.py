@@ -1,0 +1,278 @@
+"""Register-map files: one device's registers described in TOML (or JSON), validated whole.
+
+Contract (the format is documented in docs/REGMAP.md):
+
+- ``parse_regmap(text, source=..., fmt="toml"|"json") -> RegisterMap``: a document with ``name``,
+  optional ``description`` and a ``registers`` list; each register has ``address``, ``name``,
+  ``kind`` and the fields its kind allows (``min``, ``max``, ``default``, ``unit``, ``scale``,
+  ``labels``, ``persist``, ``bits``, ``description``). Unknown fields and non-idempotent behaviours
+  (``kind = "toggle"``, ``clear_on_read = true``) are refused, as are overlapping addresses, bad
+  ranges and names the generated C header could not define.
+- Every refusal is one ``RegmapFileError`` whose message names the file, the register (by name,
+  else by position) and the field: ``pump.toml: register 'speed' (#2): field 'max': 70000 outside
+  0..65535``. Nothing is half-loaded.
+- ``load_regmap(path)`` reads a regular file of at most ``MAX_FILE_BYTES`` (``.json`` is JSON,
+  anything else TOML); ``resolve_regmap(ref)`` takes a path or the name of a map shipped in the
+  package (``BUILTIN_MAPS``). ``DEFAULT_MAP`` is the shipped thermal controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tomllib
+from decimal import Decimal, InvalidOperation
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from idemlink.protocol.registers import (
+    FORBIDDEN_KINDS,
+    FaultBit,
+    RegisterMap,
+    RegisterSchemaError,
+    RegisterSpec,
+    parse_kind,
+)
+
+MAX_FILE_BYTES = 1 << 20
+MAX_REGISTERS = 4096
+
+#: Maps shipped in the package (``protocol/maps/NAME.toml``), by name.
+BUILTIN_MAPS: tuple[str, ...] = ("thermal-controller", "pump-controller")
+DEFAULT_MAP_NAME = "thermal-controller"
+
+_TOP_FIELDS = {"name", "description", "registers"}
+_FIELDS = {"address", "name", "kind", "unit", "scale", "min", "max", "default", "labels",
+           "persist", "bits", "description"}
+_BIT_FIELDS = {"bit", "name", "description"}
+#: Which optional fields each kind takes (address, name, kind, description: every kind).
+_KIND_FIELDS = {
+    "input": {"unit", "scale", "default", "labels", "min", "max"},
+    "holding": {"unit", "scale", "min", "max", "default", "labels", "persist"},
+    "fault": {"bits"},
+    "trigger": set(),
+    "generation": set(),
+}
+#: Field names people reach for that would break idempotency, and why they are refused.
+_FORBIDDEN_FIELDS = {
+    "clear_on_read": FORBIDDEN_KINDS["read_to_clear"],
+    "read_to_clear": FORBIDDEN_KINDS["read_to_clear"],
+    "increment": FORBIDDEN_KINDS["increment"],
+    "toggle": FORBIDDEN_KINDS["toggle"],
+    "on_read": "reading a register never has a side effect",
+}
+
+
+class RegmapFileError(RegisterSchemaError):
+    """A map file that cannot be loaded; the message names the file, register and field."""
+
+
+def _int(where: str, field: str, value: object) -> int:
+    if type(value) is not int:
+        raise RegmapFileError(f"{where}: field {field!r}: {value!r} is not an integer")
+    return value
+
+
+def _text(where: str, field: str, value: object, limit: int = 200) -> str:
+    if not isinstance(value, str) or len(value) > limit or any(ord(c) < 32 for c in value):
+        raise RegmapFileError(f"{where}: field {field!r}: need text of at most {limit} "
+                              "printable characters")
+    return value
+
+
+def _scale(where: str, value: object) -> str:
+    if type(value) is float:
+        text = repr(value)
+    elif type(value) is int or isinstance(value, str):
+        text = str(value)
+    else:
+        raise RegmapFileError(f"{where}: field 'scale': {value!r} is not a number")
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        number = Decimal("nan")
+    if not number.is_finite() or number <= 0:
+        raise RegmapFileError(f"{where}: field 'scale': {value!r} must be a number > 0")
+    if number == number.to_integral_value():
+        return str(int(number))
+    return format(number.normalize(), "f")
+
+
+def _labels(where: str, value: object) -> tuple[tuple[int, str], ...]:
+    if not isinstance(value, dict) or not value:
+        raise RegmapFileError(f"{where}: field 'labels': need a table of label = value, "
+                              "e.g. labels = { off = 0, auto = 1 }")
+    return tuple(sorted((_int(where, f"labels.{k}", v), str(k)) for k, v in value.items()))
+
+
+def _bits(where: str, value: object) -> tuple[FaultBit, ...]:
+    if not isinstance(value, list) or not value:
+        raise RegmapFileError(f"{where}: field 'bits': need a list of {{ bit = N, name = ... }}")
+    out = []
+    for i, b in enumerate(value):
+        at = f"{where}: bits[{i}]"
+        if not isinstance(b, dict):
+            raise RegmapFileError(f"{at}: need {{ bit = N, name = ... }}")
+        unknown = set(b) - _BIT_FIELDS
+        if unknown:
+            raise RegmapFileError(f"{at}: unknown field(s) {sorted(unknown)}; a bit has "
+                                  f"{sorted(_BIT_FIELDS)}")
+        if "bit" not in b or "name" not in b:
+            raise RegmapFileError(f"{at}: needs both 'bit' and 'name'")
+        out.append(FaultBit(_int(at, "bit", b["bit"]), _text(at, "name", b["name"], 64),
+                            _text(at, "description", b.get("description", ""))))
+    return tuple(out)
+
+
+def _register(source: str, index: int, raw: object) -> RegisterSpec:
+    where = f"{source}: register #{index + 1}"
+    if not isinstance(raw, dict):
+        raise RegmapFileError(f"{where}: need a table of fields")
+    if isinstance(raw.get("name"), str):
+        where = f"{source}: register {raw['name']!r} (#{index + 1})"
+    for field in raw:
+        if field in _FORBIDDEN_FIELDS:
+            raise RegmapFileError(f"{where}: field {field!r} is not allowed: "
+                                  f"{_FORBIDDEN_FIELDS[field]}")
+    unknown = set(raw) - _FIELDS
+    if unknown:
+        raise RegmapFileError(f"{where}: unknown field(s) {sorted(unknown)}; fields are "
+                              f"{sorted(_FIELDS)}")
+    for field in ("address", "name", "kind"):
+        if field not in raw:
+            raise RegmapFileError(f"{where}: field {field!r} is missing")
+    try:
+        kind = parse_kind(_text(where, "kind", raw["kind"], 40))
+    except RegmapFileError:
+        raise
+    except RegisterSchemaError as exc:
+        raise RegmapFileError(f"{where}: field 'kind': {exc}") from None
+    allowed = _KIND_FIELDS[kind.name.lower()] | {"address", "name", "kind", "description"}
+    misplaced = set(raw) - allowed
+    if misplaced:
+        raise RegmapFileError(f"{where}: field(s) {sorted(misplaced)} do not apply to a "
+                              f"{kind.name.lower()} register")
+    options: dict[str, Any] = {}
+    if "unit" in raw:
+        options["unit"] = _text(where, "unit", raw["unit"], 32)
+    if "scale" in raw:
+        options["scale"] = _scale(where, raw["scale"])
+    for field, key in (("min", "minimum"), ("max", "maximum"), ("default", "default")):
+        if field in raw:
+            options[key] = _int(where, field, raw[field])
+    lo, hi = options.get("minimum", 0), options.get("maximum", 0xFFFF)
+    for field, value in (("min", lo), ("max", hi), ("default", options.get("default", lo))):
+        if not 0 <= value <= 0xFFFF:
+            raise RegmapFileError(f"{where}: field {field!r}: {value} outside 0..65535")
+    if lo > hi:
+        raise RegmapFileError(f"{where}: field 'max': {hi} is below min {lo}")
+    if "default" in options and not lo <= options["default"] <= hi:
+        raise RegmapFileError(f"{where}: field 'default': {options['default']} outside "
+                              f"min..max ({lo}..{hi})")
+    if "labels" in raw:
+        options["labels"] = _labels(where, raw["labels"])
+    if "persist" in raw:
+        if type(raw["persist"]) is not bool:
+            raise RegmapFileError(f"{where}: field 'persist': need true or false")
+        options["persist"] = raw["persist"]
+    if "bits" in raw:
+        options["bits"] = _bits(where, raw["bits"])
+    if "description" in raw:
+        options["description"] = _text(where, "description", raw["description"], 500)
+    try:
+        return RegisterSpec(address=_int(where, "address", raw["address"]),
+                            name=_text(where, "name", raw["name"], 64), kind=kind, **options)
+    except RegmapFileError:
+        raise
+    except RegisterSchemaError as exc:
+        raise RegmapFileError(f"{where}: {_strip_name(str(exc), raw['name'])}") from None
+
+
+def _strip_name(message: str, name: object) -> str:
+    prefix = f"{name}: "
+    return message[len(prefix):] if message.startswith(prefix) else message
+
+
+def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml") -> RegisterMap:
+    """Parse and validate a whole map document. See the module docstring."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        doc: object = json.loads(text) if fmt == "json" else tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise RegmapFileError(f"{source}: not UTF-8 text") from None
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise RegmapFileError(f"{source}: not valid {fmt.upper()}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise RegmapFileError(f"{source}: need a document with name and registers")
+    unknown = set(doc) - _TOP_FIELDS
+    if unknown:
+        raise RegmapFileError(f"{source}: unknown top-level field(s) {sorted(unknown)}; fields "
+                              f"are {sorted(_TOP_FIELDS)} (a register is one [[registers]] table)")
+    if "name" not in doc:
+        raise RegmapFileError(f"{source}: field 'name' is missing (the map's name)")
+    regs = doc.get("registers")
+    if not isinstance(regs, list) or not regs:
+        raise RegmapFileError(f"{source}: field 'registers': need a list of registers")
+    if len(regs) > MAX_REGISTERS:
+        raise RegmapFileError(f"{source}: {len(regs)} registers; at most {MAX_REGISTERS}")
+    specs = [_register(source, i, r) for i, r in enumerate(regs)]
+    by_address: dict[int, str] = {}
+    for s in specs:
+        if s.address in by_address:
+            raise RegmapFileError(f"{source}: register {s.name!r}: field 'address': 0x"
+                                  f"{s.address:04X} is already {by_address[s.address]!r}")
+        by_address[s.address] = s.name
+    try:
+        return RegisterMap(tuple(specs), name=_text(source, "name", doc["name"], 40),
+                           description=_text(source, "description", doc.get("description", ""),
+                                             500))
+    except RegmapFileError:
+        raise
+    except RegisterSchemaError as exc:
+        raise RegmapFileError(f"{source}: {exc}") from None
+
+
+def load_regmap(path: str | os.PathLike[str]) -> RegisterMap:
+    """Read and parse a map file (regular file, at most 1 MiB; ``.json`` is JSON, else TOML)."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise RegmapFileError(f"{p}: cannot open the map file: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RegmapFileError(f"{p}: not a regular file")
+        if st.st_size > MAX_FILE_BYTES:
+            raise RegmapFileError(f"{p}: {st.st_size} bytes; a map file is at most "
+                                  f"{MAX_FILE_BYTES}")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    return parse_regmap(data, source=str(p), fmt="json" if p.suffix.lower() == ".json" else "toml")
+
+
+def builtin_map(name: str) -> RegisterMap:
+    """A map shipped in the package, by name (``BUILTIN_MAPS``)."""
+    if name not in BUILTIN_MAPS:
+        raise RegmapFileError(f"no built-in map {name!r}; built-in maps: {', '.join(BUILTIN_MAPS)}")
+    text = resources.files("idemlink.protocol").joinpath("maps", f"{name}.toml").read_text("utf-8")
+    return parse_regmap(text, source=f"{name}.toml")
+
+
+def resolve_regmap(ref: str | os.PathLike[str] | None) -> RegisterMap:
+    """``None`` -> the default map; a built-in map's name; else a path to a map file."""
+    if ref is None:
+        return DEFAULT_MAP
+    if isinstance(ref, str) and ref in BUILTIN_MAPS and not Path(ref).exists():
+        return builtin_map(ref)
+    return load_regmap(ref)
+
+
+#: The built-in thermal controller: what the demo, ``idemlink sim`` and every command use when no
+#: ``--regmap`` is given.
+DEFAULT_MAP: RegisterMap = builtin_map(DEFAULT_MAP_NAME)

@@ -1,0 +1,164 @@
+"""Payloads of the session frames: the HELLO handshake and the REQUEST/RESPONSE envelopes.
+
+- HELLO (host → device): ``HELLO_PAYLOAD`` — the host's protocol version and contract hash. The frame's
+  epoch is 0 and its seq is echoed back, so a host matches the reply; HELLO has no side effect and
+  is never de-duplicated.
+- HELLO_REPLY (device → host): ``DEVICE_INFO`` — what a host must know before sending commands:
+  protocol version, de-duplication window, payload limit, replay-cache slots, pipelining depth,
+  contract hash, the first sequence number a new host session should use (1 on a fresh boot, else a
+  window beyond both the highest number seen and the last start handed out, so a new host process
+  never reuses a number a dead one may still have in flight; see ``DeviceSession.first_seq``) and
+  a name. The frame header carries the device's current boot epoch.
+- REQUEST payload: a Modbus-style PDU (function code + data), see ``idemlink.protocol.modbus``.
+- RESPONSE payload: ``status u8`` (``idemlink.protocol.outcome.Status``) followed by the response PDU (empty
+  unless the status is OK; for EPOCH_MISMATCH, the refused request's epoch as u32 LE, so a host
+  can tell a refusal of its own request from a delayed one of an older boot's). A replayed answer
+  is the exact bytes of the first one, with the REPLAY flag set in the header.
+
+Additive evolution: fields are only ever appended to DEVICE_INFO; a reader ignores bytes after the
+fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply. The first
+extension (``DEVICE_INFO_IDENTITY``) carries the device's register-map hash, its stable device id
+and its map's name; a reply without it (an older device) decodes with those fields ``None``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import construct as cs
+
+from idemlink.protocol.contract_section import CDefine, ContractSection, md_table
+
+CONTRACT_HASH_LEN = 8
+
+HELLO_PAYLOAD = cs.Struct(
+    "version" / cs.Int8ul,
+    "contract_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "_extensions" / cs.GreedyBytes,
+)
+
+DEVICE_INFO = cs.Struct(
+    "version" / cs.Int8ul,
+    "window" / cs.Int16ul,
+    "max_payload" / cs.Int16ul,
+    "replay_slots" / cs.Int16ul,
+    "max_inflight" / cs.Int8ul,
+    "contract_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "next_seq" / cs.Int32ul,
+    "name" / cs.PascalString(cs.Int8ul, "utf8"),
+    "_extensions" / cs.GreedyBytes,
+)
+
+#: Appended to DEVICE_INFO: which device this is and which register map it serves.
+DEVICE_INFO_IDENTITY = cs.Struct(
+    "map_hash" / cs.Bytes(CONTRACT_HASH_LEN),
+    "device_id" / cs.PascalString(cs.Int8ul, "utf8"),
+    "map_name" / cs.PascalString(cs.Int8ul, "utf8"),
+    "_extensions" / cs.GreedyBytes,
+)
+MAX_DEVICE_ID_LEN = 64
+
+RESPONSE_PAYLOAD = cs.Struct(
+    "status" / cs.Int8ul,
+    "pdu" / cs.GreedyBytes,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """What the device advertises in HELLO_REPLY."""
+
+    version: int
+    window: int
+    max_payload: int
+    replay_slots: int
+    max_inflight: int
+    contract_hash: bytes
+    next_seq: int
+    name: str
+    map_hash: bytes | None = None  #: the register map's hash (None: an older device)
+    device_id: str | None = None  #: stable id of this device (MCU unique id, sim's id file)
+    map_name: str | None = None  #: the register map's name
+
+    def encode(self) -> bytes:
+        identity = b""
+        if self.map_hash is not None:
+            identity = bytes(DEVICE_INFO_IDENTITY.build({
+                "map_hash": self.map_hash, "device_id": self.device_id or "",
+                "map_name": self.map_name or "", "_extensions": b""}))
+        return bytes(
+            DEVICE_INFO.build(
+                {
+                    "version": self.version, "window": self.window,
+                    "max_payload": self.max_payload, "replay_slots": self.replay_slots,
+                    "max_inflight": self.max_inflight, "contract_hash": self.contract_hash,
+                    "next_seq": self.next_seq, "name": self.name, "_extensions": identity,
+                }
+            )
+        )
+
+    @classmethod
+    def decode(cls, payload: bytes) -> DeviceInfo:
+        """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short or
+        malformed input (including a truncated identity extension)."""
+        c = DEVICE_INFO.parse(payload)
+        map_hash = device_id = map_name = None
+        if c._extensions:
+            ident = DEVICE_INFO_IDENTITY.parse(c._extensions)
+            map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
+        return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
+                   bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name)
+
+
+def encode_hello(version: int, contract_hash: bytes) -> bytes:
+    return bytes(HELLO_PAYLOAD.build(
+        {"version": version, "contract_hash": contract_hash, "_extensions": b""}))
+
+
+def encode_response(status: int, pdu: bytes = b"") -> bytes:
+    """RESPONSE payload (fast path of ``RESPONSE_PAYLOAD.build``)."""
+    return bytes((status,)) + pdu
+
+
+def decode_response(payload: bytes) -> tuple[int, bytes] | None:
+    """``(status, pdu)`` or ``None`` for an empty payload."""
+    if not payload:
+        return None
+    return payload[0], payload[1:]
+
+
+def contract_section() -> ContractSection:
+    text = "1 + n (u8 length, UTF-8)"
+    rows = [[sc.name, sc.sizeof() if sc.name != "name" else text]
+            for sc in DEVICE_INFO.subcons if not sc.name.startswith("_")]
+    rows += [[sc.name, sc.sizeof() if sc.name == "map_hash" else text]
+             for sc in DEVICE_INFO_IDENTITY.subcons if not sc.name.startswith("_")]
+    md = (
+        "## Session\n\n"
+        "A host opens a session with HELLO (epoch 0, any seq; payload: version u8, contract hash "
+        "8 bytes). The device answers HELLO_REPLY with the same seq, its current boot epoch in the "
+        "header and this payload (little-endian; fields are only ever appended, readers ignore "
+        "trailing bytes):\n\n"
+        + md_table(["field", "size"], rows)
+        + "\n`map_hash` (8 bytes of SHA-256 over the register map's meaning), `device_id` (a "
+        "stable id: the MCU's unique id, or the simulator's) and `map_name` are the first "
+        "extension; a reply that ends after `name` comes from an older device.\n"
+        + "\n`next_seq` is 1 on a fresh boot, else the window size beyond both the highest number "
+        "seen and the last `next_seq` handed out (a new host process never reuses a number a dead "
+        "one may still have in flight).\n\n"
+        "REQUEST payload: a Modbus-style PDU (function code, data). RESPONSE payload: "
+        "`status u8` then the response PDU (for EPOCH_MISMATCH: the refused request's epoch, "
+        "u32 LE; the header carries the device's current epoch). A replayed RESPONSE carries the "
+        "exact bytes of the first answer with the REPLAY flag set.\n"
+    )
+    return ContractSection(
+        name="session",
+        defines=[CDefine("IDL_CONTRACT_HASH_LEN", CONTRACT_HASH_LEN, "bytes of contract hash"),
+                 CDefine("IDL_MAP_HASH_LEN", CONTRACT_HASH_LEN, "bytes of register-map hash"),
+                 CDefine("IDL_MAX_DEVICE_ID_LEN", MAX_DEVICE_ID_LEN, "bytes of device id")],
+        markdown=md,
+        data={"device_info": [sc.name for sc in DEVICE_INFO.subcons],
+              "device_info_identity": [sc.name for sc in DEVICE_INFO_IDENTITY.subcons],
+              "hello": [sc.name for sc in HELLO_PAYLOAD.subcons],
+              "response": [sc.name for sc in RESPONSE_PAYLOAD.subcons]},
+    )
