@@ -2,8 +2,12 @@
 
 ``FrameDescriber.describe(item)`` takes what ``idemlink.protocol.frame.FrameDecoder`` yields (a ``Frame`` or
 a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (or ``{"type":
-"ERROR", "error", "text"}``). It remembers requests by (epoch, seq), so an answer can name the
-registers its request touched. It never raises: what it cannot parse it shows as hex.
+"ERROR", "error", "text"}``), plus what it decoded: ``function`` (a request's or answer's
+function code), ``status`` (an answer's), ``registers`` (``[{"name", "address", "raw", "value",
+"unit"}]`` for writes and read answers, ``value`` as the register map shows it), ``code`` (a
+trigger answer's), ``device`` (a HELLO reply's id, map and limits). It remembers requests by
+(epoch, seq), so an answer can name the registers its request touched. It never raises: what it
+cannot parse it shows as hex.
 """
 
 from __future__ import annotations
@@ -34,6 +38,22 @@ class FrameDescriber:
         spec = self.regmap.at(address)
         return spec.name if spec is not None else f"@{address}"
 
+    def _regs(self, address: int, values: tuple[int, ...] | list[int]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i, raw in enumerate(values):
+            spec = self.regmap.at(address + i)
+            out.append({"name": spec.name if spec else None, "address": address + i, "raw": raw,
+                        "value": spec.show(raw) if spec else str(raw),
+                        "unit": spec.unit if spec else ""})
+        return out
+
+    def _shown(self, address: int, raw: int) -> str:
+        spec = self.regmap.at(address)
+        if spec is None:
+            return f"@{address}={raw}"
+        text = spec.show(raw)
+        return f"{spec.name}={raw}" if text == str(raw) else f"{spec.name}={raw} ({text})"
+
     def describe(self, item: Any) -> dict[str, Any]:
         from idemlink.protocol.frame import DecodeError, FrameType
 
@@ -54,16 +74,26 @@ class FrameDescriber:
                 body = (f"{info.name!r} version={info.version} window={info.window} "
                         f"inflight={info.max_inflight} next_seq={info.next_seq} "
                         f"contract={info.contract_hash.hex()}")
+                if info.map_hash is not None:
+                    body += (f" device={info.device_id} map={info.map_name} "
+                             f"{info.map_hash.hex()}")
+                head["device"] = {"id": info.device_id, "name": info.name,
+                                  "map": info.map_name,
+                                  "map_hash": info.map_hash.hex() if info.map_hash else None,
+                                  "window": info.window, "next_seq": info.next_seq}
             elif f.type is FrameType.REQUEST:
-                body = self._request(f.epoch, f.seq, f.payload)
+                head["function"] = f.payload[0] if f.payload else None
+                body = self._request(f.epoch, f.seq, f.payload, head)
             else:
-                body = self._response(f.epoch, f.seq, f.payload)
+                body = self._response(f.epoch, f.seq, f.payload, head)
         except Exception as exc:  # a monitor shows what it cannot parse, it never stops on it
             body = f"payload {f.payload.hex()} (undecodable: {exc})"
         head["text"] = prefix + body
         return head
 
-    def _request(self, epoch: int, seq: int, pdu: bytes) -> str:
+    def _request(self, epoch: int, seq: int, pdu: bytes,
+                 head: dict[str, Any] | None = None) -> str:
+        head = {} if head is None else head
         from idemlink.protocol import modbus as mb
 
         if pdu[:1] == bytes([mb.FunctionCode.FILE_INFO]):
@@ -78,18 +108,24 @@ class FrameDescriber:
             case mb.ReadRegisters(function, address, count):
                 return f"FC{function:02X} read {self._reg(address)}({address}) x{count}"
             case mb.WriteSingleRegister(address, value):
-                return f"FC06 write {self._reg(address)}({address}) = {value}"
+                head["registers"] = self._regs(address, [value])
+                return f"FC06 write {self._shown(address, value)}"
             case mb.WriteMultipleRegisters(address, values):
+                head["registers"] = self._regs(address, values)
                 return "FC10 write " + " ".join(
-                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+                    self._shown(address + i, v) for i, v in enumerate(values))
             case mb.WriteIfGeneration(generation, address, values):
+                head["registers"] = self._regs(address, values)
                 return f"FC41 if generation={generation}: write " + " ".join(
-                    f"{self._reg(address + i)}={v}" for i, v in enumerate(values))
+                    self._shown(address + i, v) for i, v in enumerate(values))
             case mb.TriggerRequest(address, value):
+                head["registers"] = self._regs(address, [value])
                 return f"FC42 trigger {self._reg(address)} {'start' if value == 1 else value}"
         return pdu.hex()
 
-    def _response(self, epoch: int, seq: int, payload: bytes) -> str:
+    def _response(self, epoch: int, seq: int, payload: bytes,
+                  head: dict[str, Any] | None = None) -> str:
+        head = {} if head is None else head
         from idemlink.protocol import modbus as mb
         from idemlink.protocol.outcome import known_status
         from idemlink.protocol.session import decode_response
@@ -100,14 +136,17 @@ class FrameDescriber:
         status, pdu = decoded
         known = known_status(status)
         st = known.name if known is not None else f"0x{status:02X}"
+        head["status"] = st
         if not pdu:
             return f"status={st}"
+        head["function"] = pdu[0]
         resp = mb.decode_response(pdu)
         req = self._requests.get((epoch, seq))
         match resp:
             case mb.ReadRegistersResponse(_, values):
                 if isinstance(req, mb.ReadRegisters):
-                    text = " ".join(f"{self._reg(req.address + i)}={v}"
+                    head["registers"] = self._regs(req.address, values)
+                    text = " ".join(self._shown(req.address + i, v)
                                     for i, v in enumerate(values))
                 else:
                     text = " ".join(str(v) for v in values)
@@ -119,6 +158,7 @@ class FrameDescriber:
             case mb.WriteIfGenerationResponse(wst, generation):
                 return f"status={st} conditional {wst.name} generation={generation}"
             case mb.TriggerResponse(address, code):
+                head["code"] = code
                 return f"status={st} trigger {self._reg(address)} {trigger_code_name(code)}"
             case mb.FileInfoResponse(fst, size, crc):
                 if fst is mb.FileInfoStatus.ABSENT:

@@ -293,8 +293,12 @@ def test_monitor_decodes_frames() -> None:
     lines = [json.loads(line) for line in out.splitlines()]
     assert [d["type"] for d in lines] == ["REQUEST", "RESPONSE", "ERROR"]
     assert lines[0]["seq"] == 8 and lines[0]["flags"] == ["RETRANSMIT"]
-    assert "threshold(4) = 400" in lines[0]["text"]
+    assert "FC06 write threshold=400 (40.0 °C)" in lines[0]["text"]
+    assert lines[0]["function"] == 6
+    assert lines[0]["registers"] == [{"name": "threshold", "address": 4, "raw": 400,
+                                      "value": "40.0 °C", "unit": "°C"}]
     assert lines[1]["flags"] == ["REPLAY"] and "wrote threshold=400" in lines[1]["text"]
+    assert lines[1]["status"] == "OK"
     assert lines[2]["error"] == "BAD_CRC"
 
 

@@ -40,3 +40,31 @@ def test_vv_logs_every_frame_with_type_seq_epoch_status(where: str) -> None:
         assert "DEBUG" not in warn.stderr
     finally:
         sim.close()
+
+
+def test_trace_file_holds_every_frame_both_ways_decoded(tmp_path: object) -> None:
+    import json
+    from pathlib import Path
+
+    trace = Path(str(tmp_path)) / "trace.jsonl"
+    sim = start_pty_sim()
+    try:
+        for argv in (["write", "threshold=42.5"], ["read", "threshold"]):
+            r = subprocess.run([*CLI, *argv, "--port", sim.path, "--trace", str(trace)],
+                               capture_output=True, text=True, check=False, timeout=30)
+            assert r.returncode == 0, r.stderr
+        bad = subprocess.run([*CLI, "read", "--port", sim.path, "--trace", "/nonexistent/x"],
+                             capture_output=True, text=True, check=False, timeout=30)
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "--trace" in bad.stderr
+    finally:
+        sim.close()
+    rows = [json.loads(line) for line in trace.read_text().splitlines()]
+    assert [(r["dir"], r["type"]) for r in rows] == [
+        ("tx", "HELLO"), ("rx", "HELLO_REPLY"), ("tx", "REQUEST"), ("rx", "RESPONSE")] * 2
+    assert all(r["schema"] == "idemlink.trace/1" for r in rows)
+    write_req = rows[2]
+    assert write_req["registers"] == [{"name": "threshold", "address": 4, "raw": 425,
+                                       "value": "42.5 °C", "unit": "°C"}]
+    read_answer = rows[7]
+    assert read_answer["status"] == "OK" and read_answer["registers"][0]["raw"] == 425
+    assert rows[1]["device"]["id"] == sim.device.device_id

@@ -94,6 +94,8 @@ def register(sub: Any) -> None:
     common.add_argument("--attempts", type=int, default=5,
                         help="sends per command before it is UNKNOWN (default 5)")
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument("--trace", metavar="FILE", default=None,
+                        help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
 
     p = sub.add_parser("read", parents=[common], help="read registers by name or address")
@@ -223,9 +225,28 @@ def open_device(args: argparse.Namespace) -> Device:
         return injected()
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    regmap = regmap_from(args)
+    trace = getattr(args, "trace", None)
     try:
-        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                           attempts=args.attempts, regmap=regmap_from(args))
+        if trace is None:
+            return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                               attempts=args.attempts, regmap=regmap)
+        from idemlink.host.device import SerialTransport
+        from idemlink.host.trace import TracingTransport
+
+        serial_port = SerialTransport(args.port, baudrate=args.baudrate)
+        try:
+            transport = TracingTransport(serial_port, trace, regmap)
+        except OSError as exc:
+            serial_port.close()
+            raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
+        dev = Device(transport, regmap=regmap, timeout=args.timeout, attempts=args.attempts)
+        try:
+            dev.connect()
+        except BaseException:
+            dev.close()
+            raise
+        return dev
     except (PortError, NoDevice, IncompatibleDevice) as exc:
         raise UserError(f"{args.port}: {exc}") from None
 
