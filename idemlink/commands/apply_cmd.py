@@ -113,9 +113,7 @@ def run_apply(args: argparse.Namespace) -> int:
         except JournalError as exc:
             if lock is not None:
                 lock.release()
-            if isinstance(exc, JournalBusyError):
-                raise UserError(f"{exc}; nothing sent") from None
-            raise UserError(f"journal {journal_path}: {exc}") from None
+            raise journal_refused(journal_path, exc) from None
     try:
         with open_device(args) as dev:
             run = ApplyRun(args, dev, regmap, plan, journal, journal_path)
@@ -131,6 +129,13 @@ def run_apply(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def journal_refused(journal_path: str, exc: JournalError) -> UserError:
+    """The one line for a journal that cannot be used (nothing was sent)."""
+    if isinstance(exc, JournalBusyError):  # its message names the journal already
+        return UserError(f"{exc}; nothing sent")
+    return UserError(f"journal {journal_path}: {exc}")
 
 
 def resolve_step(args: argparse.Namespace, journal_path: str) -> int:
@@ -152,7 +157,7 @@ def resolve_step(args: argparse.Namespace, journal_path: str) -> int:
                                 f"{len(holders)} devices ({', '.join(holders)}): add --device ID")
             j.resolve(holders[0], args.resolve, executed=args.executed)
     except JournalError as exc:
-        raise UserError(f"journal {journal_path}: {exc}") from None
+        raise journal_refused(journal_path, exc) from None
     verdict = "executed" if args.executed else "not_executed"
     emit(args, {"outcome": Outcome.OK.name, "journal": journal_path, "resolved": args.resolve,
                 "device": holders[0], "as": verdict},
