@@ -9,6 +9,8 @@ with TRIGGER_STARTED / FAULT_CLEARED, its execution log, its flash), never the C
   device too; a device without an id is refused one-shot steps before anything is sent;
 - a second ``apply`` on a journal whose lock another process holds refuses at once (real
   subprocesses against a pty simulator); two racing applies never run a step twice;
+- a conditional step fails (exit 3, released) when another host changed the configuration
+  during the run; its guard counts this run's own writes;
 - a receipt that cannot be written after the step ran: the step line, a journal line, exit 5; the
   next run reads the step back instead of running it again;
 - the journal keyed by device: an old (version 1) file loads, its ids kept apart.
@@ -35,6 +37,7 @@ from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
 from idemlink.host.plan import load_plan
 from idemlink.protocol.device_core import EffectKind
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
 from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.pytest_plugin import start_pty_sim
@@ -303,3 +306,47 @@ def test_a_symlink_at_the_lock_path_is_refused(tmp_path: Path) -> None:
     with J.lock_journal(journal), pytest.raises(J.JournalBusyError):
         J.lock_journal(journal)  # one writer, even within a process
     J.lock_journal(journal).release()  # released on exit
+
+
+class ChangedByOtherHost(SimTransport):
+    """Before the ``n``-th request after HELLO reaches the device, another host sets
+    threshold=123."""
+
+    def __init__(self, device: SimulatedDevice, n: int) -> None:
+        super().__init__(device)
+        self._decoder = FrameDecoder()
+        self._left = n
+
+    def write(self, data: bytes) -> None:
+        for frame in self._decoder.feed(data):
+            if isinstance(frame, Frame) and frame.type is FrameType.REQUEST:
+                self._left -= 1
+                if self._left == 0:
+                    self.device.core.write(DEFAULT_MAP.named("threshold").address, (123,),
+                                           self.now())
+        super().write(data)
+
+
+def test_conditional_step_fails_when_another_host_changed_the_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json", {"steps": [
+        {"write_if_generation": {"fan_setpoint": 90}}]})
+    device = SimulatedDevice(seed=12)
+    t = ChangedByOtherHost(device, 2)  # request 1 reads the generation, request 2 is the write
+    args = build_parser().parse_args(["apply", str(plan), "--json"])
+
+    def opener() -> Device:
+        dev = Device(t)
+        dev.connect()
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 3 and doc["steps"][0]["state"] == "not_executed"
+    assert device.core.value("fan_setpoint") != 90 and device.core.value("threshold") == 123
+    key = doc["steps"][0]["key"]
+    assert J.DeviceJournal.open(f"{plan}.journal").state(device.device_id, key) is \
+        J.StepState.ABSENT  # released: it may run again
+    rc, doc = apply([str(plan)], device, capsys)  # a fresh run reads the new generation
+    assert rc == 0 and device.core.value("fan_setpoint") == 90
