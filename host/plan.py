@@ -25,9 +25,9 @@ Contract.
 
   The last three are one-shot: run at most once per device, recorded in the receipt journal keyed
   by (device id, step key).
-- Values are JSON integers (not booleans) in 0..65535; the map resolves every name (``PlanError``
-  naming the known ones otherwise). ``map_refusals`` says which writes the map already shows to be
-  out of range or read-only.
+- Values are JSON integers (not booleans) in 0..65535: raw register values, as on the wire. The
+  map resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says
+  which writes the map already shows to be out of range or read-only.
 - A one-shot step's key is ``step_key(KeySource.PLAN_STEP, name, index, content)`` with content
   ``trigger:ADDR``, ``clear:ADDR=MASK`` or ``write_if_generation:ADDR=VALUE,...`` (decimal,
   by address): the same step of the same plan has the same key on every run; an edited step is a
@@ -249,11 +249,16 @@ def map_refusals(plan: Plan) -> list[tuple[PlanStep, str]]:
     out: list[tuple[PlanStep, str]] = []
     for step in plan.steps:
         for spec, value in step.writes:
-            unit = f" {spec.unit}" if spec.unit else ""
             if not spec.writable:
                 out.append((step, f"{spec.name} is a read-only {spec.kind.name} register"))
             elif spec.kind is RegisterKind.HOLDING and not spec.minimum <= value <= spec.maximum:
-                out.append((step, f"{spec.name}={value} outside {spec.minimum}..{spec.maximum}"
-                                  f"{unit}"))
+                unit = f" {spec.unit}" if spec.unit else ""
+                limits = f"{spec.minimum}..{spec.maximum}"
+                if spec.scale:
+                    limits += (f" ({spec.scaled(spec.minimum)}..{spec.scaled(spec.maximum)}"
+                               f"{unit})")
+                else:
+                    limits += unit
+                out.append((step, f"{spec.name}={value} outside {limits}"))
     return out
 
