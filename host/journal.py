@@ -1,4 +1,4 @@
-"""The receipt journal: crash-safe progress for a multi-step job (seed 003).
+"""The receipt journal: crash-safe progress for a multi-step job, per device.
 
 Contract.
 
@@ -18,9 +18,10 @@ Contract.
   to a good journal), FIFO, directory, socket or device at the path is refused
   (``JournalUnsafeFileError``) - checked without a race: ``open(O_NOFOLLOW | O_NONBLOCK)`` then
   ``fstat`` on the descriptor. A journal readable by group or others is refused too.
-- Every change rewrites the whole snapshot by atomic replacement: temp file ``.<name>.tmp`` in the
-  same directory created 0600 with ``O_EXCL | O_NOFOLLOW``, written, fsynced, ``os.replace``d over
-  the journal, then the directory fsynced. A reader sees the old file or the new one, never half.
+- Every change rewrites the whole snapshot by atomic replacement: a temp file with a unique name
+  (``tempfile.mkstemp``: ``.<name>.XXXXXXXX.tmp`` in the same directory, created 0600 with
+  ``O_EXCL``; two processes never share one), written, fsynced, ``os.replace``d over the journal,
+  then the directory fsynced. A reader sees the old file or the new one, never half.
   A state change is durable when the call returns.
 - A missing file is the empty set. Anything else that does not decode - empty, truncated, not
   UTF-8, not JSON, wrong shape - is refused with ``JournalCorruptError``; never read as empty.
@@ -33,7 +34,24 @@ Contract.
   ``version``; readers keep unknown fields and write them back unchanged. ``version`` changes only
   for an incompatible layout, and a reader refuses a version it does not know
   (``JournalVersionError``). Object keys must be unique; NaN/Infinity are refused.
-- Not supported: two processes changing one journal at once (one job runner per journal).
+- Keyed by device (version 2, ``DeviceJournal``): one file serves many devices; the state is kept
+  per (device id, step key), so a step receipted on one device still runs on another::
+
+      {"format":"idemlink.receipt-journal","version":2,
+       "devices":{"<device id>":{"done":[ids...],"pending":[ids...]}, ...},
+       "unscoped":{"done":[...],"pending":[...]}}
+
+  devices sorted, ids sorted, empty devices dropped; ``unscoped`` (only when non-empty) holds the
+  ids of a version-1 file, which belong to no device: a version-1 file loads as a keyed journal
+  whose ids are all unscoped, kept and written back, never taken for any device's. A device id is
+  1-64 characters of ``[A-Za-z0-9_.:-]`` starting with a letter or digit (``DEVICE_ID_PATTERN``).
+  The limits (``MAX_IDS``, ``MAX_ENCODED_BYTES``) count the whole file, all devices together.
+  ``decode``/``load``/``ReceiptJournal`` (the single-scope API) refuse a version-2 file
+  (``JournalVersionError``).
+- One writer per journal: ``lock_journal(path)`` takes an exclusive ``fcntl.flock`` on the sibling
+  ``<path>.lock`` (created 0600, never deleted, a symlink refused) or raises ``JournalBusyError`` at
+  once; the lock dies with its process, so it is never stale. ``run_steps`` does not take it: its
+  caller does.
 
 ``run_steps`` is the job runner built on this: it re-executes nothing already receipted and
 reports steps that were in flight as UNKNOWN - executing nothing - until they are reconciled.
@@ -42,10 +60,13 @@ reports steps that were in flight as UNKNOWN - executing nothing - until they ar
 from __future__ import annotations
 
 import errno
+import fcntl
 import json
 import logging
 import os
+import re
 import stat
+import tempfile
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -56,31 +77,43 @@ from idemlink.host.keys import MalformedKeyError, format_key, parse_key
 from idemlink.protocol.outcome import Outcome
 
 __all__ = [
+    "DEVICE_ID_PATTERN",
     "FILE_MODE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "KEYED_FORMAT_VERSION",
     "MAX_ENCODED_BYTES",
     "MAX_IDS",
     "TRANSITIONS",
+    "DeviceJournal",
+    "JournalBusyError",
     "JournalCorruptError",
     "JournalDuplicateError",
     "JournalError",
     "JournalKeyError",
     "JournalLimitError",
+    "JournalLock",
     "JournalStateError",
     "JournalUnsafeFileError",
     "JournalVersionError",
+    "KeyedSnapshot",
     "KeyedStep",
     "ReceiptJournal",
     "RunReport",
     "Snapshot",
     "StepEvent",
     "StepState",
+    "check_device_id",
     "decode",
+    "decode_keyed",
     "encode",
+    "encode_keyed",
     "load",
+    "load_keyed",
+    "lock_journal",
     "run_steps",
     "save",
+    "save_keyed",
 ]
 
 log = logging.getLogger(__name__)
@@ -89,6 +122,7 @@ MAX_IDS = 1024
 MAX_ENCODED_BYTES = 64 * 1024
 FORMAT_NAME = "idemlink.receipt-journal"
 FORMAT_VERSION = 1
+KEYED_FORMAT_VERSION = 2
 FILE_MODE = 0o600
 
 _KNOWN_FIELDS = ("format", "version", "done", "pending")
@@ -265,9 +299,8 @@ def _ids(doc: Mapping[str, object], name: str, where: str) -> list[uuid.UUID]:
     return keys
 
 
-def decode(data: bytes, where: str = "journal") -> Snapshot:
-    """Decode file bytes strictly. Raises ``JournalLimitError`` over a limit,
-    ``JournalVersionError`` for an unknown version, ``JournalCorruptError`` for anything else."""
+def _parse_doc(data: bytes, where: str) -> tuple[dict[str, object], int]:
+    """The top-level object of a journal file and its format version (any version >= 1)."""
     _check_size(len(data))
     if not data.endswith(b"\n") or data.count(b"\n") != 1:
         raise JournalCorruptError(f"{where}: not a receipt journal (not one newline-ended line)")
@@ -283,18 +316,35 @@ def decode(data: bytes, where: str = "journal") -> Snapshot:
     version = doc.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise JournalCorruptError(f"{where}: bad format version {version!r}")
-    if version != FORMAT_VERSION:
-        raise JournalVersionError(
-            f"{where}: format version {version} is newer than this reader ({FORMAT_VERSION})"
-        )
+    return doc, version
+
+
+def _scope(doc: Mapping[str, object], where: str) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+    """The ``done`` and ``pending`` ids of one scope, each list free of duplicates across both."""
     done = _ids(doc, "done", where)
     pending = _ids(doc, "pending", where)
-    _check_count(len(done) + len(pending))
     seen: set[uuid.UUID] = set()
     for key in (*done, *pending):
         if key in seen:
             raise JournalCorruptError(f"{where}: duplicate id {format_key(key)}")
         seen.add(key)
+    return done, pending
+
+
+def decode(data: bytes, where: str = "journal") -> Snapshot:
+    """Decode the bytes of a version-1 (unscoped) journal strictly. Raises ``JournalLimitError``
+    over a limit, ``JournalVersionError`` for another version (a version-2 file is keyed by
+    device: read it with ``decode_keyed``), ``JournalCorruptError`` for anything else."""
+    doc, version = _parse_doc(data, where)
+    if version == KEYED_FORMAT_VERSION:
+        raise JournalVersionError(
+            f"{where}: format version {version} is keyed by device; open it as a DeviceJournal")
+    if version != FORMAT_VERSION:
+        raise JournalVersionError(
+            f"{where}: format version {version} is newer than this reader ({KEYED_FORMAT_VERSION})"
+        )
+    done, pending = _scope(doc, where)
+    _check_count(len(done) + len(pending))
     extra = {k: v for k, v in doc.items() if k not in _KNOWN_FIELDS}
     return Snapshot(frozenset(done), frozenset(pending), extra)
 
@@ -398,20 +448,18 @@ def save(path: str | os.PathLike[str], snapshot: Snapshot) -> None:
     else:
         if not stat.S_ISREG(st.st_mode):
             raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+    _replace(p, data)
+
+
+def _replace(p: str, data: bytes) -> None:
+    """Write ``data`` to a new uniquely named temp file beside ``p`` (``tempfile.mkstemp``:
+    created 0600 with ``O_EXCL``, so two processes never share one), fsync it, ``os.replace``
+    it over ``p``, fsync the directory."""
     directory, name = os.path.split(os.path.abspath(p))
-    tmp = os.path.join(directory, f".{name}.tmp")
     try:
-        # A crash may have left a temp file behind; it was never the journal.
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
-        raise JournalError(f"{tmp}: cannot remove stale temp file: {exc.strerror}") from exc
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, FILE_MODE)
-    except OSError as exc:
-        raise JournalError(f"{tmp}: cannot create: {exc.strerror}") from exc
+        raise JournalError(f"{directory}: cannot create a temp file: {exc.strerror}") from exc
     try:
         try:
             os.fchmod(fd, FILE_MODE)  # the umask may have removed owner bits
@@ -631,3 +679,266 @@ def run_steps(
             journal.resolve(key, executed=False)
             return report(outcome, key)
     return report(Outcome.OK)
+
+
+# ------------------------------------------------------------------------- keyed by device
+
+#: A device id as a journal accepts it: what a device advertises at HELLO (the MCU's unique id,
+#: the simulator's id file), 1-64 characters of ``[A-Za-z0-9_.:-]`` starting with a letter or digit.
+DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+
+_KEYED_FIELDS = ("format", "version", "devices", "unscoped")
+
+
+def check_device_id(device_id: object) -> str:
+    """``device_id`` if a journal can key on it; ``JournalKeyError`` otherwise."""
+    if not isinstance(device_id, str) or not DEVICE_ID_PATTERN.match(device_id):
+        raise JournalKeyError(f"device id {str(device_id)[:70]!r} is not 1-64 characters of "
+                              "[A-Za-z0-9_.:-] starting with a letter or digit")
+    return device_id
+
+
+@dataclass(frozen=True, slots=True)
+class KeyedSnapshot:
+    """A journal keyed by device: per device id, the ``done`` and ``pending`` ids of that device
+    (a ``Snapshot`` without extra fields). ``unscoped`` holds the ids of a version-1 file, which
+    belong to no device: kept and written back, never consulted for a device. Empty scopes are
+    dropped. The limits count every id of every scope together."""
+
+    devices: Mapping[str, Snapshot] = field(default_factory=dict)
+    unscoped: Snapshot = Snapshot()
+    extra: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for device_id, scope in self.devices.items():
+            check_device_id(device_id)
+            if scope.extra:
+                raise JournalStateError(f"device {device_id}: a scope has no extra fields")
+        for name in self.extra:
+            if name in _KEYED_FIELDS:
+                raise JournalStateError(f"extra field {name!r} collides with a journal field")
+
+    @property
+    def count(self) -> int:
+        return sum(len(s.done) + len(s.pending) for s in (*self.devices.values(), self.unscoped))
+
+    def scope(self, device_id: str) -> Snapshot:
+        return self.devices.get(check_device_id(device_id), Snapshot())
+
+    def with_scope(self, device_id: str, scope: Snapshot) -> KeyedSnapshot:
+        devices = dict(self.devices)
+        devices[check_device_id(device_id)] = scope
+        return KeyedSnapshot({d: s for d, s in devices.items() if s.done or s.pending},
+                             self.unscoped, self.extra)
+
+
+def encode_keyed(snapshot: KeyedSnapshot) -> bytes:
+    """The version-2 file bytes of ``snapshot``; ``JournalLimitError`` if over either limit."""
+    _check_count(snapshot.count)
+    devices = {d: {"done": sorted(format_key(k) for k in s.done),
+                   "pending": sorted(format_key(k) for k in s.pending)}
+               for d, s in sorted(snapshot.devices.items())}
+    doc: dict[str, object] = {"format": FORMAT_NAME, "version": KEYED_FORMAT_VERSION,
+                              "devices": devices}
+    u = snapshot.unscoped
+    if u.done or u.pending or u.extra:
+        doc["unscoped"] = {"done": sorted(format_key(k) for k in u.done),
+                           "pending": sorted(format_key(k) for k in u.pending), **u.extra}
+    doc.update(snapshot.extra)
+    try:
+        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise JournalStateError(f"extra fields are not plain JSON: {exc}") from exc
+    data = text.encode("ascii") + b"\n"
+    _check_size(len(data))
+    return data
+
+
+def decode_keyed(data: bytes, where: str = "journal") -> KeyedSnapshot:
+    """Decode a journal file of either version strictly: a version-1 file becomes the
+    ``unscoped`` ids (no device); a version-2 file its devices. Errors as ``decode``."""
+    doc, version = _parse_doc(data, where)
+    if version == FORMAT_VERSION:
+        return KeyedSnapshot(unscoped=decode(data, where))
+    if version != KEYED_FORMAT_VERSION:
+        raise JournalVersionError(f"{where}: format version {version} is newer than this reader "
+                                  f"({KEYED_FORMAT_VERSION})")
+    raw = doc.get("devices")
+    if not isinstance(raw, dict):
+        raise JournalCorruptError(f"{where}: field 'devices' is missing or not an object")
+    devices: dict[str, Snapshot] = {}
+    for device_id, body in raw.items():
+        at = f"{where}: device {device_id[:70]!r}"
+        if not DEVICE_ID_PATTERN.match(device_id):
+            raise JournalCorruptError(f"{at}: not a device id")
+        if not isinstance(body, dict) or set(body) != {"done", "pending"}:
+            raise JournalCorruptError(f"{at}: expected {{\"done\": [...], \"pending\": [...]}}")
+        done, pending = _scope(body, at)
+        devices[device_id] = Snapshot(frozenset(done), frozenset(pending))
+    unscoped = Snapshot()
+    if "unscoped" in doc:
+        body = doc["unscoped"]
+        if not isinstance(body, dict):
+            raise JournalCorruptError(f"{where}: field 'unscoped' is not an object")
+        done, pending = _scope(body, f"{where}: unscoped")
+        unscoped = Snapshot(frozenset(done), frozenset(pending),
+                            {k: v for k, v in body.items() if k not in _KNOWN_FIELDS})
+    extra = {k: v for k, v in doc.items() if k not in _KEYED_FIELDS}
+    snap = KeyedSnapshot(devices, unscoped, extra)
+    _check_count(snap.count)
+    return snap
+
+
+def load_keyed(path: str | os.PathLike[str]) -> KeyedSnapshot:
+    """Read the journal at ``path`` (either version). A missing file is the empty snapshot."""
+    p = os.fspath(path)
+    fd = _open_existing(p)
+    if fd is None:
+        return KeyedSnapshot()
+    try:
+        data = _read_all(fd)
+    finally:
+        os.close(fd)
+    return decode_keyed(data, where=p)
+
+
+def save_keyed(path: str | os.PathLike[str], snapshot: KeyedSnapshot) -> None:
+    """Replace the journal at ``path`` with ``snapshot`` (version 2), atomically and durably."""
+    p = os.fspath(path)
+    data = encode_keyed(snapshot)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+    _replace(p, data)
+
+
+class DeviceJournal:
+    """One journal file serving many devices: the state of a step is kept per (device id, step
+    key), so a step receipted on one device is still to run on another. Same transitions, limits
+    and file rules as ``ReceiptJournal``; every change is on disk when it returns, a refused
+    change leaves the file and this object as they were. Hold ``lock_journal(path)`` around a
+    run: one writer per journal."""
+
+    def __init__(self, path: str | os.PathLike[str], snapshot: KeyedSnapshot) -> None:
+        self._path = os.fspath(path)
+        self._snapshot = snapshot
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> DeviceJournal:
+        return cls(path, load_keyed(path))
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def snapshot(self) -> KeyedSnapshot:
+        return self._snapshot
+
+    def done(self, device_id: str) -> frozenset[uuid.UUID]:
+        return self._snapshot.scope(device_id).done
+
+    def pending(self, device_id: str) -> frozenset[uuid.UUID]:
+        return self._snapshot.scope(device_id).pending
+
+    def state(self, device_id: str, key: KeyLike) -> StepState:
+        return self._snapshot.scope(device_id).state(_as_key(key))
+
+    def begin(self, device_id: str, key: KeyLike) -> None:
+        self._apply(device_id, _as_key(key), StepEvent.BEGIN)
+
+    def complete(self, device_id: str, key: KeyLike) -> None:
+        self._apply(device_id, _as_key(key), StepEvent.EXECUTED)
+
+    def resolve(self, device_id: str, key: KeyLike, executed: bool) -> None:
+        event = StepEvent.EXECUTED if executed else StepEvent.NOT_EXECUTED
+        self._apply(device_id, _as_key(key), event)
+
+    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent) -> None:
+        scope = self._snapshot.scope(device_id)
+        current = scope.state(key)
+        nxt = TRANSITIONS.get((current, event))
+        if nxt is None:
+            text = f"device {device_id} step {format_key(key)}"
+            if current is StepState.DONE:
+                raise JournalDuplicateError(f"{text}: already receipted; {event.value} refused")
+            raise JournalStateError(f"{text}: {event.value} is not allowed when {current.value}")
+        new = self._snapshot.with_scope(device_id, scope.with_state(key, nxt))
+        save_keyed(self._path, new)
+        self._snapshot = new
+
+
+# ------------------------------------------------------------------------------------- lock
+
+
+class JournalBusyError(JournalError):
+    """Another process holds the journal's lock: one writer per journal."""
+
+
+class JournalLock:
+    """An exclusive ``fcntl.flock`` on ``<journal>.lock``, held while the object is open. The lock
+    file is created 0600 on first use and never deleted (deleting it would let two processes lock
+    two different files); the lock dies with the process that holds it, so it is never stale."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> JournalLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_path(journal: str | os.PathLike[str]) -> str:
+    return os.fspath(journal) + ".lock"
+
+
+def lock_journal(journal: str | os.PathLike[str]) -> JournalLock:
+    """Take the journal's lock at once or raise ``JournalBusyError`` naming the holder's pid (as
+    it wrote it); ``JournalUnsafeFileError`` if the lock path is a symlink or not a private
+    regular file; ``JournalError`` if it cannot be created."""
+    p = lock_path(journal)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(p, flags, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise JournalUnsafeFileError(f"{p}: is a symbolic link; refused") from exc
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP, errno.EISDIR):
+            raise JournalUnsafeFileError(f"{p}: is not a regular file; refused") from exc
+        raise JournalError(f"{p}: cannot open the journal lock: {exc.strerror}") from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+        if st.st_uid != os.geteuid():
+            raise JournalUnsafeFileError(f"{p}: owned by uid {st.st_uid}; refused")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            raise JournalBusyError(
+                f"journal {os.fspath(journal)} is in use by another process"
+                + (f" (pid {holder})" if holder.isdigit() else "")
+                + ": one apply per journal at a time") from None
+        os.fchmod(fd, FILE_MODE)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    except OSError as exc:
+        os.close(fd)
+        raise JournalError(f"{p}: cannot lock: {exc.strerror}") from exc
+    except BaseException:
+        os.close(fd)
+        raise
+    return JournalLock(p, fd)

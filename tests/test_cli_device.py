@@ -29,7 +29,7 @@ from idemlink.device_sim.link import Link, LinkConfig
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
-from idemlink.host.journal import ReceiptJournal
+from idemlink.host.journal import DeviceJournal
 from idemlink.protocol.frame import Flags, FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -224,18 +224,17 @@ def test_trigger_cycle(sim: Sim) -> None:
     assert doc["state"] == "IDLE"
 
 
-def test_apply_plan_journaled(sim: Sim, tmp_path: Path) -> None:
+def test_apply_plan_converges(sim: Sim, tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"name": "t", "steps": [
         {"write": {"threshold": 333, "mode": 0}}, {"write": {"fan_setpoint": 12}}]}))
     rc, doc = cli_json("apply", "--port", sim.path, str(plan))
-    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["executed", "executed"]
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written"]
     h = sim.holdings()
     assert (h["threshold"], h["mode"], h["fan_setpoint"]) == (333, 0, 12)
-    journal = Path(str(plan) + ".journal")
-    assert journal.stat().st_mode & 0o777 == 0o600
+    assert not Path(str(plan) + ".journal").exists()  # set-only writes need no journal
     rc, doc = cli_json("apply", "--port", sim.path, str(plan))
-    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["skipped", "skipped"]
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["in_place", "in_place"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"steps": [{"write": {"threshold": 5000}}]}))
     assert cli("apply", "--port", sim.path, str(bad)).returncode == 4
@@ -371,28 +370,27 @@ def test_inproc_read_all_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_inproc_apply_reconciles_a_step_left_in_flight(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from idemlink.commands.device_cmds import load_plan
+    from idemlink.host.plan import load_plan
 
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"name": "r", "steps": [
-        {"write": {"threshold": 500}}, {"write": {"mode": 2}}]}))
-    _, steps = load_plan(str(plan))
+        {"trigger": "self_clean"}, {"clear": {"faults": ["fan_stall"]}}]}))
+    steps = load_plan(plan, DEFAULT_MAP).steps
     journal = tmp_path / "j"
-    # A crash left both steps in flight; step 1 had taken effect, step 2 had not.
-    j = ReceiptJournal.open(journal)
-    j.begin(steps[0].key)
-    j.begin(steps[1].key)
     device = SimulatedDevice(seed=2)
-    t = SimTransport(device)
-    Device(t).connect()
-    dev = Device(t)
+    # A crash left the trigger in flight for this device after it had started.
+    j = DeviceJournal.open(journal)
+    j.begin(device.device_id, steps[0].key)
+    dev = Device(SimTransport(device))
     dev.connect()
-    assert dev.write({"threshold": 500}).ok
+    assert dev.trigger().ok
     before = len(device.executions)
+    t = SimTransport(device)
     rc, out = run_inproc(["apply", str(plan), "--journal", str(journal), "--json"], t, capsys)
     doc = json.loads(out)
     assert rc == 0
-    assert [s["state"] for s in doc["steps"]] == ["reconciled", "executed"]
-    ran = [e.request for e in device.executions[before:] if e.request[0] != 0x03]
-    assert ran == [encode_request(WriteSingleRegister(5, 2))]  # step 1 was not run again
-    assert ReceiptJournal.open(journal).done == {s.key for s in steps}
+    assert [s["state"] for s in doc["steps"]] == ["skipped", "executed"]
+    assert doc["reconciled"] == [{"key": str(steps[0].key), "executed": True}]
+    ran = [e.request[0] for e in device.executions[before:] if e.request[0] != 0x03]
+    assert ran == [FunctionCode.WRITE_SINGLE_REGISTER]  # the clear; the trigger did not run again
+    assert DeviceJournal.open(journal).done(device.device_id) == {s.key for s in steps}

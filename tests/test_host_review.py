@@ -4,8 +4,8 @@
 - an interrupted command (Ctrl-C, asyncio cancellation) leaves nothing in the session;
 - ``run()`` before ``connect()`` raises instead of polling forever;
 - ``--timeout nan|inf|1e300`` and ``monitor --seconds nan`` are user errors;
-- ``apply`` names a pending journal key that the edited plan no longer has, and ``--resolve``
-  settles it;
+- ``apply`` names a one-shot step's pending journal key that the edited plan no longer has, and
+  ``--resolve`` settles it;
 - every UNKNOWN command of a ``write`` is read back, and ``apply`` reads back its UNKNOWN step.
 
 The simulated device's execution log is the ground truth throughout.
@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 
 from idemlink.cli import UserError, build_parser
-from idemlink.commands.device_cmds import load_plan
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, LinkLost, PortError, UnknownOutstanding
-from idemlink.host.journal import ReceiptJournal
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.plan import load_plan
+from idemlink.protocol.device_core import EffectKind
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
 from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
@@ -167,8 +168,8 @@ def test_write_reads_back_every_unknown_group(capsys: pytest.CaptureFixture[str]
     assert rc == 5 and out.count("read back: the registers hold the intended values") == 2
 
 
-def write_plan(path: Path, steps: list[dict[str, int]]) -> None:
-    path.write_text(json.dumps({"name": "p", "steps": [{"write": s} for s in steps]}))
+def write_plan(path: Path, steps: list[dict[str, object]]) -> None:
+    path.write_text(json.dumps({"name": "p", "steps": steps}))
 
 
 def test_apply_reads_back_its_unknown_step(
@@ -176,49 +177,57 @@ def test_apply_reads_back_its_unknown_step(
     device = SimulatedDevice(seed=1)
     t = WritesUnanswered(device)
     plan = tmp_path / "plan.json"
-    write_plan(plan, [{"threshold": 400, "mode": 2}, {"fan_setpoint": 80}])
+    write_plan(plan, [{"write": {"threshold": 400, "mode": 2}}, {"write": {"fan_setpoint": 80}}])
     rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
     doc = json.loads(out)
     assert rc == 5
     step1 = doc["steps"][0]
     assert step1["state"] == "unknown"
-    assert step1["reconcile"]["observed"] == {"threshold": 400, "mode": 2, "generation": 1}
-    assert step1["reconcile"]["intended_state_holds"] is True
+    assert step1["reconciles"][0]["observed"] == {"threshold": 400, "mode": 2, "generation": 1}
+    assert step1["reconciles"][0]["intended_state_holds"] is True
     assert reads_at(device, DEFAULT_MAP.named("threshold").address) >= 1
 
 
 def test_apply_names_and_resolves_a_step_orphaned_by_a_plan_edit(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     device = SimulatedDevice(seed=1)
-    t = SimTransport(device)
+    t = WritesUnanswered(device)
     plan = tmp_path / "plan.json"
-    write_plan(plan, [{"threshold": 400}, {"fan_setpoint": 80}])
-    _, old = load_plan(str(plan))
-    # Step 1 runs, nothing answers (not even its read-back): UNKNOWN, left in flight.
-    rc, _ = inproc(["apply", str(plan)], t, capsys, drop_after_connect=True)
-    assert rc == 5
-    write_plan(plan, [{"threshold": 450}, {"fan_setpoint": 80}])  # the plan is edited
+    write_plan(plan, [{"trigger": "self_clean"}, {"write": {"fan_setpoint": 80}}])
+    old = load_plan(plan, DEFAULT_MAP).steps[0].key
+    # The trigger runs, its answer is lost: UNKNOWN, left in flight for this device.
+    rc, _ = inproc(["apply", str(plan)], t, capsys)
+    assert rc == 5 and device.core.count(EffectKind.TRIGGER_STARTED) == 1
+    write_plan(plan, [{"write": {"fan_setpoint": 80}}, {"trigger": "self_clean"}])  # edited
+    t = SimTransport(device)
     before = len(device.executions)
     rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
     doc = json.loads(out)
-    assert rc == 5 and doc["orphaned"] == [str(old[0].key)]
-    assert len(device.executions) == before  # nothing ran
+    assert rc == 5 and doc["in_flight"] == [str(old)]
+    assert all(e.request[0] == FunctionCode.READ_HOLDING_REGISTERS
+               for e in device.executions[before:])  # nothing ran
     rc, out = inproc(["apply", str(plan)], t, capsys)
-    assert rc == 5 and f"--resolve {old[0].key}" in out
+    assert rc == 5 and f"--resolve {old}" in out
     # The key may only be settled with a verdict, and only while it is in flight.
     with pytest.raises(UserError, match="--executed or --not-executed"):
-        inproc(["apply", str(plan), "--resolve", str(old[0].key)], t, capsys)
+        inproc(["apply", str(plan), "--resolve", str(old)], t, capsys)
+    new = load_plan(plan, DEFAULT_MAP).steps[1].key
     with pytest.raises(UserError, match="not in flight"):
-        inproc(["apply", str(plan), "--resolve", str(old[1].key), "--executed"], t, capsys)
+        inproc(["apply", str(plan), "--resolve", str(new), "--executed"], t, capsys)
     with pytest.raises(UserError, match="journal"):
         inproc(["apply", str(plan), "--resolve", "not-a-key", "--executed"], t, capsys)
-    rc, out = inproc(["apply", str(plan), "--resolve", str(old[0].key), "--executed"], t, capsys)
-    assert rc == 0 and "resolved as executed" in out
+    before = len(device.executions)
+    rc, out = inproc(["apply", str(plan), "--resolve", str(old), "--executed"], t, capsys)
+    assert rc == 0 and f"resolved as executed on device {device.device_id}" in out
     assert len(device.executions) == before  # resolving sends nothing
-    assert old[0].key in ReceiptJournal.open(f"{plan}.journal").done
+    assert old in DeviceJournal.open(f"{plan}.journal").done(device.device_id)
+    dev = Device(t)
+    dev.connect()
+    assert dev.trigger_reset().ok  # re-arm: the edited plan's trigger is a new step
     rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
-    assert rc == 0 and [s["state"] for s in json.loads(out)["steps"]] == ["executed", "executed"]
-    assert device.core.value("threshold") == 450 and device.core.value("fan_setpoint") == 80
+    assert rc == 0 and [s["state"] for s in json.loads(out)["steps"]] == ["written", "executed"]
+    assert device.core.value("fan_setpoint") == 80
+    assert device.core.count(EffectKind.TRIGGER_STARTED) == 2
 
 
 # --------------------------------------------------------------------------- a port that fails

@@ -483,19 +483,23 @@ def test_file_mode_is_0600_whatever_the_umask(jpath: Path, umask: int) -> None:
     assert sorted(p.name for p in jpath.parent.iterdir()) == [jpath.name]  # no temp left
 
 
-def test_stale_temp_file_from_a_crash_is_replaced(jpath: Path) -> None:
+def test_temp_files_are_unique_and_stale_ones_are_never_used(jpath: Path) -> None:
+    # Temp names are unique per save (mkstemp), so two processes never share one: a file left at
+    # any fixed name by a crash is neither read nor written through, and no temp file remains.
     tmp = jpath.parent / f".{jpath.name}.tmp"
     tmp.write_bytes(b"half a jour")
     os.chmod(tmp, 0o644)
     J.save(jpath, J.Snapshot(frozenset({u(1)})))
-    assert not tmp.exists()
+    assert tmp.read_bytes() == b"half a jour"
     assert J.load(jpath).done == {u(1)}
-    # A symlink planted at the temp name is removed, not written through.
+    tmp.unlink()
     victim = jpath.parent / "victim"
     victim.write_bytes(b"keep")
     tmp.symlink_to(victim)
     J.save(jpath, J.Snapshot(frozenset({u(2)})))
     assert victim.read_bytes() == b"keep" and J.load(jpath).done == {u(2)}
+    assert sorted(p.name for p in jpath.parent.iterdir()) == sorted(
+        [jpath.name, tmp.name, "victim"])
 
 
 # ----------------------------------------------------------------------------- corruption
@@ -546,8 +550,14 @@ def test_every_proper_prefix_of_a_journal_is_refused() -> None:
 
 
 def test_newer_version_is_refused_as_such(jpath: Path) -> None:
-    write_raw(jpath, GOOD.replace(b'"version":1', b'"version":2'))
+    # Version 2 is the device-keyed layout (DeviceJournal); 3 is the first unknown one.
+    write_raw(jpath, GOOD.replace(b'"version":1', b'"version":3'))
     with pytest.raises(J.JournalVersionError, match="newer"):
+        J.load(jpath)
+    with pytest.raises(J.JournalVersionError, match="newer"):
+        J.load_keyed(jpath)
+    write_raw(jpath, J.encode_keyed(J.KeyedSnapshot({"dev-1": J.Snapshot(frozenset({u(1)}))})))
+    with pytest.raises(J.JournalVersionError, match="keyed by device"):
         J.load(jpath)
 
 
@@ -968,3 +978,48 @@ def test_execute_returning_a_non_outcome_leaves_the_step_in_flight(jpath: Path) 
     with pytest.raises(TypeError):
         J.run_steps(jpath, [Step(u(0))], lambda s: 0)  # type: ignore[arg-type,return-value]
     assert J.load(jpath).pending == {u(0)}
+
+
+# ----------------------------------------------------------------------- keyed by device
+
+
+def test_keyed_journal_round_trip_and_scopes(jpath: Path) -> None:
+    snap = J.KeyedSnapshot({"dev-a": J.Snapshot(frozenset({u(1)}), frozenset({u(2)})),
+                            "dev-b": J.Snapshot(frozenset({u(1)}))},
+                           J.Snapshot(frozenset({u(3)})), {"note": "kept"})
+    J.save_keyed(jpath, snap)
+    assert J.load_keyed(jpath) == snap
+    assert jpath.stat().st_mode & 0o777 == 0o600
+    j = J.DeviceJournal.open(jpath)
+    assert j.state("dev-a", u(1)) is J.StepState.DONE and j.state("dev-c", u(1)) is \
+        J.StepState.ABSENT  # a receipt on one device says nothing about another
+    j.begin("dev-c", u(1))
+    j.complete("dev-c", u(1))
+    with pytest.raises(J.JournalDuplicateError):
+        j.begin("dev-c", u(1))
+    assert J.load_keyed(jpath).scope("dev-c").done == {u(1)}
+    with pytest.raises(J.JournalKeyError):
+        j.begin("bad id/../x", u(4))
+
+
+def test_keyed_limits_count_every_device(jpath: Path) -> None:
+    half = frozenset(u(i) for i in range(512))
+    full = J.KeyedSnapshot({"a": J.Snapshot(half), "b": J.Snapshot(half)})
+    J.save_keyed(jpath, full)
+    j = J.DeviceJournal.open(jpath)
+    with pytest.raises(J.JournalLimitError):
+        j.begin("c", u(9999))
+    assert J.load_keyed(jpath) == full  # refused, nothing changed
+
+
+@pytest.mark.parametrize("body", [
+    b'"devices":{"bad id":{"done":[],"pending":[]}}',
+    b'"devices":{"a":{"done":[]}}',
+    b'"devices":[]',
+    b'"devices":{"a":{"done":["12340000-0000-0000-0000-000000000001"],'
+    b'"pending":["12340000-0000-0000-0000-000000000001"]}}',
+])
+def test_keyed_corrupt_files_are_refused(jpath: Path, body: bytes) -> None:
+    write_raw(jpath, b'{"format":"idemlink.receipt-journal","version":2,' + body + b"}\n")
+    with pytest.raises(J.JournalCorruptError):
+        J.load_keyed(jpath)

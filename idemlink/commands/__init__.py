@@ -12,6 +12,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.sim_cmd",
     "idemlink.commands.regmap_cmd",
     "idemlink.commands.device_cmds",
+    "idemlink.commands.apply_cmd",
     "idemlink.commands.info_cmd",
     "idemlink.commands.watch_cmd",
     "idemlink.commands.link_cmd",

@@ -1,4 +1,4 @@
-"""``idemlink read|write|faults|clear|trigger|apply|monitor|ports``: the device commands.
+"""``idemlink read|write|faults|clear|trigger|monitor|ports``: the device commands.
 
 Contract:
 
@@ -14,9 +14,8 @@ Contract:
   on stderr, exit 1, nothing sent.
 - After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it;
   an unanswered read (UNKNOWN, exit 5, no value) changed nothing and is not read back.
-- ``apply PLAN.json`` runs a plan of writes through the receipt journal (``idemlink.host.journal.run_steps``)
-  with keys ``step_key(KeySource.PLAN_STEP, plan name, step index, "addr=value,...")``; the plan
-  format is documented in docs/CLI.md and in ``load_plan``.
+- ``apply PLAN.json`` lives in ``idemlink.commands.apply_cmd`` (it shares these options and
+  helpers).
 - ``monitor`` decodes the idemlink frames passing on a port (``idemlink.protocol.frame.FrameDecoder``) and
   prints one line per frame or refused frame.
 
@@ -30,10 +29,8 @@ import json
 import math
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from idemlink.cli import (
@@ -57,7 +54,6 @@ from idemlink.protocol.registers import (
     TriggerState,
     TriggerStatus,
 )
-from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 EXIT_OF_OUTCOME: dict[Outcome, int] = {
     Outcome.OK: EXIT_OK,
@@ -70,10 +66,6 @@ EXIT_OF_OUTCOME: dict[Outcome, int] = {
 SEVERITY: tuple[Outcome, ...] = (Outcome.UNKNOWN, Outcome.REJECTED, Outcome.NOT_EXECUTED,
                                  Outcome.OK)
 
-PLAN_FORMAT = "idemlink.plan"
-PLAN_VERSION = 1
-
-
 def worst(outcomes: Iterable[Outcome]) -> Outcome:
     seen = set(outcomes)
     for o in SEVERITY:
@@ -85,7 +77,9 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
 # ------------------------------------------------------------------------------- argument parsing
 
 
-def register(sub: Any) -> None:
+def device_options() -> argparse.ArgumentParser:
+    """The options every device command takes (``--port``, ``--timeout``, ``--json``...), as an
+    argparse parent."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     common.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
@@ -97,6 +91,11 @@ def register(sub: Any) -> None:
     common.add_argument("--trace", metavar="FILE", default=None,
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
+    return common
+
+
+def register(sub: Any) -> None:
+    common = device_options()
 
     p = sub.add_parser("read", parents=[common], help="read registers by name or address")
     p.add_argument("registers", nargs="*", metavar="NAME",
@@ -127,20 +126,6 @@ def register(sub: Any) -> None:
     g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
     g.add_argument("--status", action="store_true", help="read the trigger state only")
     p.set_defaults(handler=link_guarded(run_trigger))
-
-    p = sub.add_parser("apply", parents=[common], help="apply a plan of writes, journaled")
-    p.add_argument("plan", metavar="PLAN.json")
-    p.add_argument("--journal", metavar="PATH", help="receipt journal (default: PLAN.json.journal)")
-    p.add_argument("--no-check", action="store_true",
-                   help="send even what the register map shows to be invalid")
-    p.add_argument("--resolve", metavar="KEY",
-                   help="settle a step left in flight (UNKNOWN) by hand, after checking the "
-                        "device: with --executed or --not-executed; nothing is sent")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--executed", action="store_true", help="with --resolve: it ran (receipt it)")
-    g.add_argument("--not-executed", action="store_true",
-                   help="with --resolve: it did not run (it may run again)")
-    p.set_defaults(handler=link_guarded(run_apply))
 
     p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
     p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
@@ -659,182 +644,6 @@ def run_ports(args: argparse.Namespace) -> int:
         for p in ports:
             print(f"{p.device}\t{p.description}\t{p.hwid}")
     return EXIT_OK
-
-
-# ----------------------------------------------------------------------------------------- apply
-
-
-@dataclass(frozen=True, slots=True)
-class PlanStep:
-    """One step of a plan: an atomic write of contiguous registers, keyed by its content."""
-
-    index: int
-    writes: tuple[Assignment, ...]
-    key: uuid.UUID
-
-    @property
-    def values(self) -> dict[str | int, int]:
-        return {a.spec.name: a.value for a in self.writes}
-
-
-def step_content(writes: Sequence[Assignment]) -> str:
-    """Canonical text of a step: ``addr=value`` by address, comma-separated."""
-    return ",".join(f"{a.spec.address}={a.value}" for a in sorted(writes, key=lambda a: a.spec.address))
-
-
-def load_plan(path: str, regmap: RegisterMap = DEFAULT_MAP) -> tuple[str, list[PlanStep]]:
-    """Read and validate a plan file.
-
-    Format (JSON)::
-
-        {"format": "idemlink.plan", "version": 1, "name": "summer-profile",
-         "steps": [{"write": {"threshold": 400, "mode": 2}},
-                   {"write": {"fan_setpoint": 80}}]}
-
-    ``format`` and ``version`` are optional (if present they must match); ``name`` defaults to the
-    file name without ``.json``. Each step writes registers at contiguous addresses, applied
-    atomically (one FC06/FC16). A step's key is
-    ``step_key(KeySource.PLAN_STEP, name, index, "addr=value,...")``: the same plan re-applied skips
-    what is receipted; a changed step is a new step.
-    """
-    from idemlink.host.keys import KeySource, step_key
-
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read plan {path}: {exc}") from None
-    try:
-        doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"plan {path} is not JSON: {exc}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list) or not doc["steps"]:
-        raise UserError(f"plan {path}: expected an object with a non-empty \"steps\" list")
-    if doc.get("format", PLAN_FORMAT) != PLAN_FORMAT or doc.get("version", 1) != PLAN_VERSION:
-        raise UserError(f"plan {path}: format must be {PLAN_FORMAT!r} version {PLAN_VERSION}")
-    name = doc.get("name", Path(path).name.removesuffix(".json"))
-    if not isinstance(name, str) or not name:
-        raise UserError(f"plan {path}: \"name\" must be a non-empty string")
-    steps: list[PlanStep] = []
-    for i, step in enumerate(doc["steps"]):
-        where = f"plan {path} step {i + 1}"
-        if not isinstance(step, dict) or set(step) != {"write"} or not isinstance(
-                step["write"], dict) or not step["write"]:
-            raise UserError(f"{where}: expected {{\"write\": {{NAME: VALUE, ...}}}}")
-        items = []
-        for k, v in step["write"].items():
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise UserError(f"{where}: {k}={v!r} is not an integer")
-            items.append(f"{k}={v}")
-        writes = parse_assignments(regmap, items)
-        if len(contiguous_runs(writes)) != 1:
-            raise UserError(f"{where}: registers must be at contiguous addresses "
-                            "(a step is one atomic write)")
-        key = step_key(KeySource.PLAN_STEP, name, i, step_content(writes))
-        steps.append(PlanStep(i, tuple(writes), key))
-    return name, steps
-
-
-def resolve_step(args: argparse.Namespace, journal: str) -> int:
-    """``apply --resolve KEY --executed|--not-executed``: settle an in-flight key by hand."""
-    from idemlink.host.journal import JournalError, ReceiptJournal, StepState
-
-    if args.executed == args.not_executed:
-        raise UserError("--resolve KEY needs --executed or --not-executed (check the device first)")
-    try:
-        j = ReceiptJournal.open(journal)
-        if j.state(args.resolve) is not StepState.PENDING:
-            pending = ", ".join(sorted(str(k) for k in j.pending)) or "none"
-            raise UserError(f"journal {journal}: {args.resolve} is not in flight "
-                            f"(in flight: {pending})")
-        j.resolve(args.resolve, executed=args.executed)
-    except JournalError as exc:
-        raise UserError(f"journal {journal}: {exc}") from None
-    verdict = "executed" if args.executed else "not_executed"
-    emit(args, {"outcome": Outcome.OK.name, "journal": journal, "resolved": args.resolve,
-                "as": verdict},
-         [f"{args.resolve}: resolved as {verdict.replace('_', ' ')} (journal {journal})"])
-    return EXIT_OK
-
-
-def run_apply(args: argparse.Namespace) -> int:
-    from idemlink.host.journal import JournalError, run_steps
-
-    journal = args.journal or f"{args.plan}.journal"
-    if args.resolve is not None:
-        return resolve_step(args, journal)
-    if args.executed or args.not_executed:
-        raise UserError("--executed / --not-executed go with --resolve KEY")
-    name, steps = load_plan(args.plan, regmap_from(args))
-    if not args.no_check:
-        for step in steps:
-            for a in step.writes:
-                why = map_refusal(a)
-                if why is not None:
-                    line = (f"step {step.index + 1}: REJECTED (checked against the register map, "
-                            f"nothing sent): {why}")
-                    emit(args, {"outcome": Outcome.REJECTED.name, "plan": name,
-                                "step": step.index + 1, **not_sent(why)}, [line])
-                    return EXIT_REJECTED
-    with open_device(args) as dev:
-        last: dict[uuid.UUID, Result] = {}
-
-        def execute(step: PlanStep) -> Outcome:
-            r = dev.write(step.values)
-            last[step.key] = r
-            return r.outcome
-
-        def reconcile(step: PlanStep) -> bool | None:
-            # An absolute write: if the registers hold the values it is applied (receipt it);
-            # if not, it did not take (or was overwritten since) and running it again is harmless.
-            back = dev.run([dev.read_command(a.spec.address) for a in step.writes])
-            if any(not b.ok for b in back):
-                return None
-            return all(b.values[0] == a.value for a, b in zip(step.writes, back, strict=True))
-
-        try:
-            report = run_steps(journal, steps, execute, reconcile)
-        except JournalError as exc:
-            raise UserError(f"journal {journal}: {exc}") from None
-        state = {k: "skipped" for k in report.skipped}
-        state.update({k: "reconciled" for k in report.reconciled})
-        state.update({k: "executed" for k in report.executed})
-        state.update({k: "unknown" for k in report.unknown})
-        if report.stopped_at is not None and report.stopped_at not in state:
-            state[report.stopped_at] = report.outcome.name.lower()
-        out_steps: list[dict[str, Any]] = []
-        lines: list[str] = []
-        for step in steps:
-            st = state.get(step.key, "not run")
-            entry: dict[str, Any] = {"index": step.index + 1, "key": str(step.key),
-                                     "writes": step.values, "state": st}
-            detail = ""
-            if step.key in last:
-                entry["result"] = result_json(last[step.key])
-                detail = f": {last[step.key].describe()}"
-            out_steps.append(entry)
-            lines.append(f"step {step.index + 1}/{len(steps)} {_fmt(step.writes)}: {st}{detail}")
-        doc: dict[str, Any] = {"outcome": report.outcome.name, "plan": name, "journal": journal,
-                               "steps": out_steps}
-        if report.outcome is Outcome.UNKNOWN:
-            # Read back what the step left UNKNOWN in this run touched (earlier runs' steps were
-            # just read back by run_steps' reconcile, which could not decide).
-            for entry, step in zip(out_steps, steps, strict=True):
-                if step.key in report.unknown and step.key in last:
-                    entry["reconcile"], line = reconcile_json(dev, last[step.key])
-                    lines.append(f"step {step.index + 1}: {line}")
-            if report.orphaned:
-                doc["orphaned"] = [str(k) for k in report.orphaned]
-                for k in report.orphaned:
-                    lines.append(
-                        f"UNKNOWN: journal {journal} holds step {k} in flight, which is not in "
-                        "this plan (was the plan edited?): nothing runs until it is settled. "
-                        f"Check the device, then `idemlink apply {args.plan} --resolve {k} "
-                        "--executed` (it ran) or `--not-executed` (it did not)")
-            if len(report.orphaned) < len(report.unknown):
-                lines.append(f"UNKNOWN: a step may have run; `idemlink apply {args.plan}` again "
-                             "reads it back and resumes (journal " + journal + ")")
-        emit(args, doc, lines)
-        return EXIT_OF_OUTCOME[report.outcome]
 
 
 # --------------------------------------------------------------------------------------- monitor

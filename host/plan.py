@@ -1,0 +1,264 @@
+"""The plan format of ``idemlink apply``: set-only writes that converge, one-shot steps journaled.
+
+Contract.
+
+- A plan is one JSON object (``load_plan``/``parse_plan``)::
+
+      {"format": "idemlink.plan", "version": 1, "name": "summer-profile",
+       "steps": [{"write": {"threshold": 400, "mode": 2}},
+                 {"write_if_generation": {"fan_setpoint": 80}},
+                 {"trigger": "self_clean"},
+                 {"clear": {"faults": ["over_temperature"]}}]}
+
+  ``format`` and ``version`` are optional (if present they must be these); ``name`` defaults to
+  the file name without ``.json``. Each step is an object with exactly one of:
+
+  - ``write``: ``{NAME: VALUE, ...}`` over HOLDING registers at contiguous addresses. Set-only:
+    the runner reads the registers back and writes only those that differ, so applying it again,
+    or to another device, converges; it needs no journal.
+  - ``write_if_generation``: the same shape; written only if the device's generation counter
+    still equals the generation this run observed (read at the start of the run, plus one for each
+    write of this run that changed the device): nobody else changed the configuration meanwhile.
+  - ``trigger``: a TRIGGER register's name; starts its one-shot action.
+  - ``clear``: ``{FAULT_REGISTER: [BIT_NAME, ...]}`` (exactly one register, bit names as the
+    map declares them): clears those latched bits (W1C).
+
+  The last three are one-shot: run at most once per device, recorded in the receipt journal keyed
+  by (device id, step key).
+- Values are JSON integers (not booleans) in 0..65535: raw register values, as on the wire. The
+  map resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says
+  which writes the map already shows to be out of range or read-only.
+- A one-shot step's key is ``step_key(KeySource.PLAN_STEP, name, index, content)`` with content
+  ``trigger:ADDR``, ``clear:ADDR=MASK`` or ``write_if_generation:ADDR=VALUE,...`` (decimal,
+  by address): the same step of the same plan has the same key on every run; an edited step is a
+  new step. The device id is not in the key: the journal scopes keys by device.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from idemlink.host.keys import KeySource, step_key
+from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
+
+__all__ = [
+    "PLAN_FORMAT",
+    "PLAN_VERSION",
+    "Plan",
+    "PlanError",
+    "PlanStep",
+    "StepKind",
+    "load_plan",
+    "map_refusals",
+    "parse_plan",
+]
+
+PLAN_FORMAT = "idemlink.plan"
+PLAN_VERSION = 1
+
+
+class PlanError(ValueError):
+    """A plan file that cannot be read or does not follow the format (one line, names the step)."""
+
+
+class StepKind(Enum):
+    WRITE = "write"
+    WRITE_IF_GENERATION = "write_if_generation"
+    TRIGGER = "trigger"
+    CLEAR = "clear"
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """One step. ``writes`` for the two write kinds (sorted by address); ``register`` for a
+    trigger or a clear; ``mask`` the bits of a clear; ``key`` for one-shot steps only."""
+
+    index: int  #: 0-based position in the plan
+    kind: StepKind
+    writes: tuple[tuple[RegisterSpec, int], ...] = ()
+    register: RegisterSpec | None = None
+    mask: int = 0
+    key: uuid.UUID | None = None
+
+    @property
+    def one_shot(self) -> bool:
+        return self.kind is not StepKind.WRITE
+
+    @property
+    def values(self) -> dict[str | int, int]:
+        return {spec.name: value for spec, value in self.writes}
+
+    def text(self) -> str:
+        """The step as a line shows it: ``threshold=400 mode=2``, ``trigger self_clean``..."""
+        assigned = " ".join(f"{s.name}={v}" for s, v in self.writes)
+        if self.kind is StepKind.WRITE:
+            return assigned
+        if self.kind is StepKind.WRITE_IF_GENERATION:
+            return f"if-generation {assigned}"
+        assert self.register is not None
+        if self.kind is StepKind.TRIGGER:
+            return f"trigger {self.register.name}"
+        bits = [b.name for b in self.register.bits if self.mask >> b.bit & 1]
+        return f"clear {self.register.name} {','.join(bits)}"
+
+    def to_json(self) -> dict[str, object]:
+        if self.kind in (StepKind.WRITE, StepKind.WRITE_IF_GENERATION):
+            return {self.kind.value: {s.name: v for s, v in self.writes}}
+        assert self.register is not None
+        if self.kind is StepKind.TRIGGER:
+            return {"trigger": self.register.name}
+        return {"clear": {self.register.name: [b.name for b in self.register.bits
+                                                 if self.mask >> b.bit & 1]}}
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    name: str
+    steps: tuple[PlanStep, ...]
+
+    @property
+    def one_shot(self) -> tuple[PlanStep, ...]:
+        return tuple(s for s in self.steps if s.one_shot)
+
+
+def load_plan(path: str | Path, regmap: RegisterMap) -> Plan:
+    """Read and validate the plan file at ``path``; ``PlanError`` for anything wrong."""
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanError(f"cannot read plan {path}: {exc}") from None
+    try:
+        doc = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"plan {path} is not JSON: {exc}") from None
+    return parse_plan(doc, regmap, default_name=p.name.removesuffix(".json"), where=f"plan {path}")
+
+
+def parse_plan(doc: object, regmap: RegisterMap, *, default_name: str = "plan",
+               where: str = "plan") -> Plan:
+    """Validate a decoded plan document against ``regmap``."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("steps"), list) or not doc["steps"]:
+        raise PlanError(f"{where}: expected an object with a non-empty \"steps\" list")
+    if doc.get("format", PLAN_FORMAT) != PLAN_FORMAT or doc.get("version", 1) != PLAN_VERSION:
+        raise PlanError(f"{where}: format must be {PLAN_FORMAT!r} version {PLAN_VERSION}")
+    name = doc.get("name", default_name)
+    if not isinstance(name, str) or not name:
+        raise PlanError(f"{where}: \"name\" must be a non-empty string")
+    steps = tuple(_step(i, raw, regmap, name, f"{where} step {i + 1}")
+                  for i, raw in enumerate(doc["steps"]))
+    return Plan(name, steps)
+
+
+_SHAPES = ('{"write": {NAME: VALUE, ...}}, {"write_if_generation": {NAME: VALUE, ...}}, '
+           '{"trigger": NAME} or {"clear": {FAULT_REGISTER: [BIT, ...]}}')
+
+
+def _step(index: int, raw: object, regmap: RegisterMap, plan: str, where: str) -> PlanStep:
+    if not isinstance(raw, dict) or len(raw) != 1:
+        raise PlanError(f"{where}: expected one of {_SHAPES}")
+    (verb, body), = raw.items()
+    try:
+        kind = StepKind(verb)
+    except ValueError:
+        raise PlanError(f"{where}: unknown step {verb!r}; expected one of {_SHAPES}") from None
+    if kind in (StepKind.WRITE, StepKind.WRITE_IF_GENERATION):
+        writes = _writes(body, regmap, where, verb)
+        if kind is StepKind.WRITE:
+            return PlanStep(index, kind, writes)
+        content = "write_if_generation:" + ",".join(f"{s.address}={v}" for s, v in writes)
+        return PlanStep(index, kind, writes, key=step_key(KeySource.PLAN_STEP, plan, index,
+                                                          content))
+    if kind is StepKind.TRIGGER:
+        if not isinstance(body, str):
+            raise PlanError(f"{where}: expected {{\"trigger\": NAME}}")
+        spec = _named(regmap, body, RegisterKind.TRIGGER, where)
+        return PlanStep(index, kind, register=spec,
+                        key=step_key(KeySource.PLAN_STEP, plan, index, f"trigger:{spec.address}"))
+    if not isinstance(body, dict) or len(body) != 1:
+        raise PlanError(f"{where}: expected {{\"clear\": {{FAULT_REGISTER: [BIT, ...]}}}}")
+    (reg, bits), = body.items()
+    spec = _named(regmap, reg, RegisterKind.FAULT, where)
+    mask = _mask(spec, bits, where)
+    return PlanStep(index, kind, register=spec, mask=mask,
+                    key=step_key(KeySource.PLAN_STEP, plan, index,
+                                 f"clear:{spec.address}={mask}"))
+
+
+def _named(regmap: RegisterMap, name: str, kind: RegisterKind, where: str) -> RegisterSpec:
+    try:
+        spec = regmap.named(name)
+    except KeyError:
+        known = ", ".join(r.name for r in regmap.of_kind(kind)) or "none"
+        raise PlanError(f"{where}: no {kind.name.lower()} register {name!r} in the map "
+                        f"{regmap.name} ({kind.name.lower()} registers: {known})") from None
+    if spec.kind is not kind:
+        raise PlanError(f"{where}: {spec.name} is a {spec.kind.name} register, not {kind.name}")
+    return spec
+
+
+def _mask(spec: RegisterSpec, bits: object, where: str) -> int:
+    declared = {b.name: b.bit for b in spec.bits}
+    names = ", ".join(declared) or "none"
+    if not isinstance(bits, list) or not bits or not all(isinstance(b, str) for b in bits):
+        raise PlanError(f"{where}: expected a non-empty list of {spec.name} bit names ({names})")
+    mask = 0
+    for name in bits:
+        if name not in declared:
+            raise PlanError(f"{where}: no fault bit {name!r} in {spec.name} (bits: {names})")
+        if mask >> declared[name] & 1:
+            raise PlanError(f"{where}: bit {name} named twice")
+        mask |= 1 << declared[name]
+    return mask
+
+
+def _writes(body: object, regmap: RegisterMap, where: str,
+            verb: str) -> tuple[tuple[RegisterSpec, int], ...]:
+    if not isinstance(body, dict) or not body:
+        raise PlanError(f"{where}: expected {{{verb!r}: {{NAME: VALUE, ...}}}}")
+    out: list[tuple[RegisterSpec, int]] = []
+    for name, value in body.items():
+        try:
+            spec = regmap.named(name)
+        except KeyError:
+            known = ", ".join(r.name for r in regmap.of_kind(RegisterKind.HOLDING))
+            raise PlanError(f"{where}: no register {name!r} in the map {regmap.name} "
+                            f"(settable: {known})") from None
+        if spec.kind is RegisterKind.FAULT:
+            raise PlanError(f"{where}: {spec.name} is a fault word: use a \"clear\" step")
+        if spec.kind is RegisterKind.TRIGGER:
+            raise PlanError(f"{where}: {spec.name} is a trigger: use a \"trigger\" step")
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(f"{where}: {name}={value!r} is not an integer")
+        if not 0 <= value <= REGISTER_MAX:
+            raise PlanError(f"{where}: {name}={value}: a register holds 0..{REGISTER_MAX}")
+        out.append((spec, value))
+    out.sort(key=lambda sv: sv[0].address)
+    if len(regmap.runs(s.address for s, _ in out)) != 1:
+        raise PlanError(f"{where}: registers must be at contiguous addresses "
+                        "(a step is one atomic write)")
+    return tuple(out)
+
+
+def map_refusals(plan: Plan) -> list[tuple[PlanStep, str]]:
+    """Each write the map already shows to be invalid (read-only, out of range), with why."""
+    out: list[tuple[PlanStep, str]] = []
+    for step in plan.steps:
+        for spec, value in step.writes:
+            if not spec.writable:
+                out.append((step, f"{spec.name} is a read-only {spec.kind.name} register"))
+            elif spec.kind is RegisterKind.HOLDING and not spec.minimum <= value <= spec.maximum:
+                unit = f" {spec.unit}" if spec.unit else ""
+                limits = f"{spec.minimum}..{spec.maximum}"
+                if spec.scale:
+                    limits += (f" ({spec.scaled(spec.minimum)}..{spec.scaled(spec.maximum)}"
+                               f"{unit})")
+                else:
+                    limits += unit
+                out.append((step, f"{spec.name}={value} outside {limits}"))
+    return out
+

@@ -1,0 +1,455 @@
+"""``idemlink apply PLAN.json``: bring one device to a plan, right for every device.
+
+Contract (the plan format is ``idemlink.host.plan``; docs/CLI.md "apply"):
+
+- Set-only ``write`` steps converge: the step's registers are read back first and only those that
+  differ are written (one atomic write per contiguous run, ``RegisterMap.runs``); a device that
+  already holds the values gets no write and the step says ``already in place``. They need no
+  journal: applying the plan to another device, or to one changed by hand, ends with that device
+  holding the plan; applying it again is a no-op.
+- One-shot steps (``trigger``, ``clear``, ``write_if_generation``) run at most once per device:
+  their receipts live in the journal (default ``PLAN.json.journal``, ``DeviceJournal``) keyed by
+  (device id as advertised at HELLO, step key). A device without an id (older firmware) cannot be
+  told apart: a plan with one-shot steps is refused for it (exit 1, nothing sent). A plan without
+  one-shot steps never touches the journal.
+- One writer per journal: a plan with one-shot steps (and ``--resolve``) first takes
+  ``lock_journal`` (``fcntl.flock`` on ``JOURNAL.lock``); another process holding it makes this one
+  refuse at once (one line, exit 1, nothing sent).
+- Steps run in plan order; the run stops at the first step that does not end OK. Each step's line
+  is printed (text mode) as soon as it settles; ``--json`` prints one document at the end.
+- Exit status: the worst outcome of the steps (UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > OK 0).
+  Exit 1 only while nothing that may have had an effect was sent. A journal that cannot be written
+  once a step was sent: the step's real line, one ``journal`` line on stderr, exit 5 (the device
+  changed, our record did not); the step is left in flight and the next run reads it back.
+- A one-shot step found in flight (an earlier run was cut off) is read back: a trigger that is not
+  IDLE, fault bits that are clear, conditional-write registers that hold the values - it ran
+  (receipted); otherwise it stays UNKNOWN (exit 5, nothing runs) until ``--resolve KEY
+  --executed|--not-executed`` settles it by hand (``--device ID`` when several devices hold it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_OK, EXIT_REJECTED, UserError, regmap_from
+from idemlink.commands.device_cmds import (
+    EXIT_OF_OUTCOME,
+    decode_fault_word,
+    device_options,
+    emit,
+    link_guarded,
+    not_sent,
+    open_device,
+    reconcile_json,
+    result_json,
+    worst,
+)
+from idemlink.host.device import Device, LinkLost, Result
+from idemlink.host.frame_view import trigger_code_name
+from idemlink.host.journal import (
+    DeviceJournal,
+    JournalBusyError,
+    JournalError,
+    JournalLock,
+    StepState,
+    check_device_id,
+    lock_journal,
+)
+from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import RegisterMap, TriggerState, TriggerStatus
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("apply", parents=[device_options()],
+                       help="bring a device to a plan: writes converge, one-shot steps journaled")
+    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("--journal", metavar="PATH",
+                   help="receipt journal of the one-shot steps (default: PLAN.json.journal)")
+    p.add_argument("--no-check", action="store_true",
+                   help="send even what the register map shows to be invalid")
+    p.add_argument("--resolve", metavar="KEY",
+                   help="settle a one-shot step left in flight (UNKNOWN) by hand, after checking "
+                        "the device: with --executed or --not-executed; nothing is sent")
+    p.add_argument("--device", metavar="ID",
+                   help="with --resolve: the device whose step it is (needed when several hold it)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--executed", action="store_true", help="with --resolve: it ran (receipt it)")
+    g.add_argument("--not-executed", action="store_true",
+                   help="with --resolve: it did not run (it may run again)")
+    p.set_defaults(handler=link_guarded(run_apply))
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    journal_path = args.journal or f"{args.plan}.journal"
+    if args.resolve is not None:
+        return resolve_step(args, journal_path)
+    if args.executed or args.not_executed or args.device is not None:
+        raise UserError("--executed / --not-executed / --device go with --resolve KEY")
+    regmap = regmap_from(args)
+    try:
+        plan = load_plan(args.plan, regmap)
+    except PlanError as exc:
+        raise UserError(str(exc)) from None
+    if not args.no_check:
+        refusals = map_refusals(plan)
+        if refusals:
+            step, why = refusals[0]
+            line = (f"step {step.index + 1}: REJECTED (checked against the register map, "
+                    f"nothing sent): {why}")
+            emit(args, {"outcome": Outcome.REJECTED.name, "plan": plan.name,
+                        "step": step.index + 1, **not_sent(why)}, [line])
+            return EXIT_REJECTED
+    lock: JournalLock | None = None
+    journal: DeviceJournal | None = None
+    if plan.one_shot:
+        try:
+            lock = lock_journal(journal_path)
+            journal = DeviceJournal.open(journal_path)
+        except JournalError as exc:
+            if lock is not None:
+                lock.release()
+            raise journal_refused(journal_path, exc) from None
+    try:
+        with open_device(args) as dev:
+            run = ApplyRun(args, dev, regmap, plan, journal, journal_path)
+            try:
+                return run.run()
+            except LinkLost as exc:
+                if run.effects_sent and not exc.unknown:
+                    # Earlier steps were sent and settled; the rest did not run.
+                    print(f"idemlink apply: {exc}; the steps after the last line did not run",
+                          file=sys.stderr)
+                    return EXIT_NOT_EXECUTED
+                raise
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def journal_refused(journal_path: str, exc: JournalError) -> UserError:
+    """The one line for a journal that cannot be used (nothing was sent)."""
+    if isinstance(exc, JournalBusyError):  # its message names the journal already
+        return UserError(f"{exc}; nothing sent")
+    return UserError(f"journal {journal_path}: {exc}")
+
+
+def resolve_step(args: argparse.Namespace, journal_path: str) -> int:
+    """``apply --resolve KEY --executed|--not-executed [--device ID]``: settle by hand."""
+    if args.executed == args.not_executed:
+        raise UserError("--resolve KEY needs --executed or --not-executed (check the device first)")
+    try:
+        with lock_journal(journal_path):
+            j = DeviceJournal.open(journal_path)
+            holders = sorted(d for d in j.snapshot.devices if j.state(d, args.resolve)
+                             is StepState.PENDING)
+            if args.device is not None:
+                holders = [d for d in holders if d == args.device]
+            if not holders:
+                raise UserError(f"journal {journal_path}: {args.resolve} is not in flight"
+                                + (f" for device {args.device}" if args.device else ""))
+            if len(holders) > 1:
+                raise UserError(f"journal {journal_path}: {args.resolve} is in flight on "
+                                f"{len(holders)} devices ({', '.join(holders)}): add --device ID")
+            j.resolve(holders[0], args.resolve, executed=args.executed)
+    except JournalError as exc:
+        raise journal_refused(journal_path, exc) from None
+    verdict = "executed" if args.executed else "not_executed"
+    emit(args, {"outcome": Outcome.OK.name, "journal": journal_path, "resolved": args.resolve,
+                "device": holders[0], "as": verdict},
+         [f"{args.resolve}: resolved as {verdict.replace('_', ' ')} on device {holders[0]} "
+          f"(journal {journal_path})"])
+    return EXIT_OK
+
+
+@dataclass
+class Settled:
+    """How one step ended: its state word, outcome, JSON entry and text line."""
+
+    outcome: Outcome
+    entry: dict[str, Any]
+    lines: list[str] = field(default_factory=list)
+
+
+class ApplyRun:
+    """One run of a plan against one opened device."""
+
+    def __init__(self, args: argparse.Namespace, dev: Device, regmap: RegisterMap, plan: Plan,
+                 journal: DeviceJournal | None, journal_path: str) -> None:
+        self.args = args
+        self.dev = dev
+        self.regmap = regmap
+        self.plan = plan
+        self.journal = journal
+        self.journal_path = journal_path
+        self.device_id = ""
+        self.effects_sent = False
+        self.generation: int | None = None
+        self.entries: list[dict[str, Any]] = []
+        self.outcomes: list[Outcome] = []
+        self.doc: dict[str, Any] = {"plan": plan.name}
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        info = self.dev.info
+        ident = info.device_id if info is not None else None
+        self.doc["device_id"] = ident
+        if self.journal is not None:
+            if not ident:
+                raise UserError(
+                    f"{self.args.port or 'the device'} advertises no device id (older firmware): "
+                    "one-shot steps (trigger, clear, write_if_generation) run at most once per "
+                    "device and need one; nothing sent")
+            try:
+                self.device_id = check_device_id(ident)
+            except JournalError as exc:
+                raise UserError(f"journal {self.journal_path}: {exc}; nothing sent") from None
+            self.doc["journal"] = self.journal_path
+            if not self.settle_in_flight():
+                return self.finish()
+        if any(s.kind is StepKind.WRITE_IF_GENERATION for s in self.plan.steps):
+            back = self.dev.read(self.regmap.generation.name)
+            if not back.ok:
+                self.outcomes.append(back.outcome)
+                self.say(f"generation: {back.describe()} (read at the start; nothing sent)")
+                return self.finish()
+            self.generation = back.values[0]
+            self.doc["generation_at_start"] = self.generation
+        for step in self.plan.steps:
+            settled = self.one_shot(step) if step.one_shot else self.converge(step)
+            self.outcomes.append(settled.outcome)
+            self.entries.append(settled.entry)
+            for line in settled.lines:
+                self.say(line)
+            if settled.outcome is not Outcome.OK or settled.entry.get("journal_error"):
+                break
+        for step in self.plan.steps[len(self.entries):]:
+            self.entries.append({"index": step.index + 1, "step": step.to_json(),
+                                 "state": "not run"})
+            self.say(f"{self.head(step)}: not run")
+        return self.finish()
+
+    def finish(self) -> int:
+        outcome = worst(self.outcomes)
+        failed = any(e.get("journal_error") for e in self.entries)
+        self.doc["outcome"] = (Outcome.UNKNOWN if failed else outcome).name
+        self.doc["steps"] = self.entries
+        if self.args.json:
+            print(json.dumps(self.doc, sort_keys=True), flush=True)
+        return EXIT_OF_OUTCOME[Outcome.UNKNOWN] if failed else EXIT_OF_OUTCOME[outcome]
+
+    def say(self, line: str) -> None:
+        if not self.args.json:
+            print(line, flush=True)
+
+    def head(self, step: PlanStep) -> str:
+        return f"step {step.index + 1}/{len(self.plan.steps)} {step.text()}"
+
+    def entry(self, step: PlanStep, state: str, r: Result | None = None) -> dict[str, Any]:
+        e: dict[str, Any] = {"index": step.index + 1, "step": step.to_json(), "state": state}
+        if step.key is not None:
+            e["key"] = str(step.key)
+        if r is not None:
+            e["result"] = result_json(r)
+        return e
+
+    # ------------------------------------------------------------------ set-only writes
+    def converge(self, step: PlanStep) -> Settled:
+        first = step.writes[0][0]
+        back = self.dev.execute(self.dev.read_command(first.name, len(step.writes)))
+        if not back.ok:
+            return Settled(back.outcome, self.entry(step, back.outcome.name.lower(), back),
+                           [f"{self.head(step)}: read-back {back.describe()} (nothing written)"])
+        differ = [(s, v) for (s, v), now in zip(step.writes, back.values, strict=True) if now != v]
+        if not differ:
+            e = self.entry(step, "in_place")
+            e["written"] = {}
+            return Settled(Outcome.OK, e, [f"{self.head(step)}: already in place"])
+        at = {s.address: (s, v) for s, v in differ}
+        commands = [self.dev.write_command({at[a][0].name: at[a][1]
+                                            for a in range(start, start + count)})
+                    for start, count in self.regmap.runs(at)]
+        self.effects_sent = True
+        results = self.dev.run(commands)
+        outcome = worst(r.outcome for r in results)
+        written = {self.regmap.at(a).name: v  # type: ignore[union-attr]
+                   for r in results if r.ok
+                   for a, v in zip(range(r.command.address, r.command.address + r.command.count),
+                                   r.command.values, strict=True)}
+        if self.generation is not None:
+            self.generation += sum(1 for r in results if r.ok)
+        state = "written" if outcome is Outcome.OK else outcome.name.lower()
+        e = self.entry(step, state)
+        e["written"] = written
+        e["results"] = [result_json(r) for r in results]
+        names = " ".join(f"{n}={v}" for n, v in written.items())
+        subset = f" ({names})" if names and len(written) < len(step.writes) else ""
+        lines = [f"{self.head(step)}: {state}{subset}: "
+                 + "; ".join(r.describe() for r in results)]
+        for r in results:
+            if r.outcome is Outcome.UNKNOWN:
+                rec, line = reconcile_json(self.dev, r)
+                e.setdefault("reconciles", []).append(rec)
+                lines.append(f"step {step.index + 1}: {line}")
+        if outcome is Outcome.UNKNOWN:
+            lines.append(f"UNKNOWN: `idemlink apply {self.args.plan}` again reads the step back "
+                         "and converges")
+        return Settled(outcome, e, lines)
+
+    # ------------------------------------------------------------------ one-shot steps
+    def one_shot(self, step: PlanStep) -> Settled:
+        assert self.journal is not None and step.key is not None
+        if self.journal.state(self.device_id, step.key) is StepState.DONE:
+            return Settled(Outcome.OK, self.entry(step, "skipped"),
+                           [f"{self.head(step)}: skipped (ran on device {self.device_id} "
+                            "before)"])
+        if step.kind is StepKind.TRIGGER:
+            assert step.register is not None
+            now = self.dev.trigger_status(step.register.name)
+            if not now.ok:
+                return Settled(now.outcome, self.entry(step, now.outcome.name.lower(), now),
+                               [f"{self.head(step)}: state read {now.describe()} "
+                                "(nothing started)"])
+            if now.values[0] != TriggerState.IDLE:
+                name = _state_name(now.values[0])
+                return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not_executed", now),
+                               [f"{self.head(step)}: not started: the trigger is {name} "
+                                f"(`idemlink trigger {step.register.name} --reset` re-arms it)"])
+        try:
+            self.journal.begin(self.device_id, step.key)
+        except JournalError as exc:
+            if not self.effects_sent:
+                raise UserError(f"journal {self.journal_path}: {exc}; step {step.index + 1} "
+                                "not sent") from None
+            print(f"idemlink apply: journal {self.journal_path}: {exc}; step {step.index + 1} "
+                  "not sent", file=sys.stderr)
+            return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not run"),
+                           [f"{self.head(step)}: not run (journal error)"])
+        self.effects_sent = True
+        r, outcome, note = self.execute(step)
+        state = {Outcome.OK: "executed", Outcome.UNKNOWN: "unknown"}.get(
+            outcome, outcome.name.lower())
+        e = self.entry(step, state, r)
+        lines = [f"{self.head(step)}: {state}: {r.describe()}{note}"]
+        if outcome is Outcome.UNKNOWN:
+            rec, line = reconcile_json(self.dev, r)
+            e["reconcile"] = rec
+            lines.append(f"step {step.index + 1}: {line}")
+            lines.append(f"UNKNOWN: step {step.index + 1} stays in flight in journal "
+                         f"{self.journal_path}; `idemlink apply {self.args.plan}` again reads it "
+                         f"back, or settle it: --resolve {step.key} --executed|--not-executed")
+        try:
+            if outcome is Outcome.OK:
+                self.journal.complete(self.device_id, step.key)
+            elif outcome is not Outcome.UNKNOWN:
+                self.journal.resolve(self.device_id, step.key, executed=False)
+        except JournalError as exc:
+            e["journal_error"] = str(exc)
+            for line in lines:
+                self.say(line)
+            print(f"idemlink apply: journal {self.journal_path}: cannot record step "
+                  f"{step.index + 1} ({state}) for device {self.device_id}: {exc}. The device "
+                  "changed but the journal did not: the step stays in flight; once the journal "
+                  f"is writable `idemlink apply {self.args.plan}` reads it back",
+                  file=sys.stderr, flush=True)
+            return Settled(outcome, e, [])
+        return Settled(outcome, e, lines)
+
+    def execute(self, step: PlanStep) -> tuple[Result, Outcome, str]:
+        """Send a one-shot step: its result, the step's outcome and a note for its line."""
+        assert step.register is not None or step.writes
+        if step.kind is StepKind.TRIGGER:
+            assert step.register is not None
+            r = self.dev.trigger(step.register.name)
+            if not r.ok or r.code is None:
+                return r, r.outcome, ""
+            name = trigger_code_name(r.code)
+            if r.code == TriggerStatus.ACCEPTED:
+                return r, Outcome.OK, f" ({name}: started)"
+            if r.code in (TriggerStatus.RUNNING, TriggerStatus.DONE):
+                return r, Outcome.NOT_EXECUTED, f" ({name}: nothing started)"
+            return r, Outcome.REJECTED, f" ({name})"
+        if step.kind is StepKind.CLEAR:
+            assert step.register is not None
+            r = self.dev.clear_faults(step.mask, step.register.name)
+            if not r.ok:
+                return r, r.outcome, ""
+            back = self.dev.read(step.register.name)
+            if not back.ok:
+                return r, r.outcome, ""
+            latched = decode_fault_word(step.register, back.values[0] & step.mask)["latched"]
+            return r, r.outcome, (f" ({', '.join(latched)} still latched: the condition "
+                                  "persists)" if latched else "")
+        assert self.generation is not None
+        guard = self.generation
+        r = self.dev.write_if_generation(guard, step.values)
+        if r.ok and r.code is not None:
+            self.generation = r.code
+            return r, r.outcome, f" (generation now {r.code})"
+        if r.outcome is Outcome.NOT_EXECUTED and r.code is not None:
+            return r, r.outcome, (f" (generation is {r.code}, this run expected {guard}: the "
+                                  "configuration changed since this run read it)")
+        return r, r.outcome, ""
+
+    # ------------------------------------------------------------------ steps left in flight
+    def settle_in_flight(self) -> bool:
+        """Read back this device's one-shot steps left in flight by an earlier run; True when
+        none is left UNKNOWN (the run may go on)."""
+        assert self.journal is not None
+        by_key = {s.key: s for s in self.plan.one_shot}
+        unknown: list[str] = []
+        for key in sorted(self.journal.pending(self.device_id), key=str):
+            step = by_key.get(key)
+            verdict = self.read_back(step) if step is not None else None
+            if verdict is None:
+                unknown.append(str(key))
+                where = (f"step {step.index + 1} ({step.text()})" if step is not None
+                         else f"step {key}, which is not in this plan (was the plan edited?)")
+                self.say(f"UNKNOWN: journal {self.journal_path} holds {where} in flight for "
+                         f"device {self.device_id}, and reading the device back cannot tell "
+                         "whether it ran: nothing runs until it is settled. Check the device, "
+                         f"then `idemlink apply {self.args.plan} --resolve {key} --executed` "
+                         "(it ran) or `--not-executed` (it did not)")
+                continue
+            try:
+                self.journal.resolve(self.device_id, key, executed=verdict)
+            except JournalError as exc:
+                raise UserError(f"journal {self.journal_path}: {exc}") from None
+            assert step is not None
+            self.say(f"step {step.index + 1}: was in flight; read back: "
+                     + ("it ran (receipted)" if verdict else "it did not run"))
+            self.doc.setdefault("reconciled", []).append(
+                {"key": str(key), "executed": verdict})
+        if unknown:
+            self.doc["in_flight"] = unknown
+            self.outcomes.append(Outcome.UNKNOWN)
+            return False
+        return True
+
+    def read_back(self, step: PlanStep) -> bool | None:
+        """Did a one-shot step left in flight run? True (its effect is there), None (cannot
+        tell). Never False: an absent effect may be a restart since, not a step that never ran."""
+        if step.kind is StepKind.WRITE_IF_GENERATION:
+            first = step.writes[0][0]
+            back = self.dev.execute(self.dev.read_command(first.name, len(step.writes)))
+            if back.ok and list(back.values) == [v for _, v in step.writes]:
+                return True
+            return None
+        assert step.register is not None
+        back = self.dev.read(step.register.name)
+        if not back.ok:
+            return None
+        if step.kind is StepKind.TRIGGER:
+            return True if back.values[0] != TriggerState.IDLE else None
+        return True if back.values[0] & step.mask == 0 else None
+
+
+def _state_name(value: int) -> str:
+    try:
+        return TriggerState(value).name
+    except ValueError:
+        return f"0x{value:04X}"

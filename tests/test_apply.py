@@ -1,0 +1,352 @@
+"""``idemlink apply`` is right for every device: writes converge, one-shot steps run once per device.
+
+Ground truth throughout is the simulated device itself (its register core's values, its effect log
+with TRIGGER_STARTED / FAULT_CLEARED, its execution log, its flash), never the CLI's output:
+
+- one plan applied to two devices (different ids) leaves both holding it; applied again it is a
+  no-op ("already in place", no write sent); after a reset or a change by hand it converges;
+- a trigger step runs once per device, even when the plan is applied twice, and on the second
+  device too; a device without an id is refused one-shot steps before anything is sent;
+- a second ``apply`` on a journal whose lock another process holds refuses at once (real
+  subprocesses against a pty simulator); two racing applies never run a step twice;
+- a conditional step fails (exit 3, released) when another host changed the configuration
+  during the run; its guard counts this run's own writes;
+- a receipt that cannot be written after the step ran: the step line, a journal line, exit 5; the
+  next run reads the step back instead of running it again;
+- the journal keyed by device: an old (version 1) file loads, its ids kept apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import idemlink.host.journal as J
+from idemlink.cli import UserError, build_parser
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device
+from idemlink.host.plan import load_plan
+from idemlink.protocol.device_core import EffectKind
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
+from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.pytest_plugin import start_pty_sim
+
+CLI = [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())"]
+
+PLAN = {"name": "summer", "steps": [
+    {"write": {"threshold": 400, "mode": 2}},
+    {"write": {"fan_setpoint": 80}},
+    {"trigger": "self_clean"},
+]}
+
+
+def write_plan(path: Path, doc: dict[str, Any] = PLAN) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def apply(argv: list[str], device: SimulatedDevice, capsys: pytest.CaptureFixture[str],
+          *, no_id: bool = False) -> tuple[int, dict[str, Any]]:
+    """Run ``idemlink apply ... --json`` in-process against ``device``."""
+    args = build_parser().parse_args(["apply", *argv, "--json"])
+
+    def opener() -> Device:
+        dev = Device(SimTransport(device), attempts=3)
+        dev.connect()
+        if no_id:  # an older firmware: HELLO without the identity extension
+            assert dev.session.info is not None
+            dev.session.info = dataclasses.replace(dev.session.info, device_id=None)
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    out = capsys.readouterr().out
+    return rc, json.loads(out)
+
+
+def held(device: SimulatedDevice) -> tuple[int, int, int]:
+    c = device.core
+    return c.value("threshold"), c.value("mode"), c.value("fan_setpoint")
+
+
+def writes(device: SimulatedDevice, after: int = 0) -> list[bytes]:
+    """Every request that changes registers (FC06/FC16/conditional/trigger) since ``after``."""
+    reads = {FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS}
+    return [e.request for e in device.executions[after:] if e.request[0] not in reads]
+
+
+def started(device: SimulatedDevice) -> int:
+    return device.core.count(EffectKind.TRIGGER_STARTED, "self_clean")
+
+
+# ------------------------------------------------------------------ convergence, per device
+
+
+def test_one_plan_two_devices_both_end_holding_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    a, b = SimulatedDevice(seed=1), SimulatedDevice(seed=2)
+    assert a.device_id != b.device_id
+    rc, doc = apply([str(plan)], a, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written", "executed"]
+    assert held(a) == (400, 2, 80) and started(a) == 1
+    # The second board: before, the journal kept per plan said "skipped" and left its defaults.
+    rc, doc = apply([str(plan)], b, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written", "executed"]
+    assert held(b) == (400, 2, 80) and started(b) == 1
+    # Again on each: nothing is sent but reads; the trigger does not start twice.
+    for device in (a, b):
+        before = len(device.executions)
+        rc, doc = apply([str(plan)], device, capsys)
+        assert rc == 0 and [s["state"] for s in doc["steps"]] == ["in_place", "in_place",
+                                                                   "skipped"]
+        assert writes(device, before) == [] and started(device) == 1
+    assert J.load_keyed(f"{plan}.journal").devices.keys() == {a.device_id, b.device_id}
+
+
+def test_a_device_changed_by_hand_converges_writing_only_what_differs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    device = SimulatedDevice(seed=3)
+    assert apply([str(plan)], device, capsys)[0] == 0
+    dev = Device(SimTransport(device))
+    dev.connect()
+    assert dev.write({"mode": 0}).ok and dev.write({"fan_setpoint": 10}).ok  # by hand
+    before = len(device.executions)
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written", "skipped"]
+    assert doc["steps"][0]["written"] == {"mode": 2}  # threshold already held 400: not written
+    assert held(device) == (400, 2, 80) and started(device) == 1
+    assert len(writes(device, before)) == 2
+
+
+def test_a_reset_device_converges_and_its_trigger_stays_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    flash = tmp_path / "flash"
+    first = SimulatedDevice(seed=4, flash_dir=flash)
+    assert apply([str(plan)], first, capsys)[0] == 0
+    assert json.loads((flash / "config.json").read_text())["holdings"]
+    (flash / "config.json").unlink()  # restore defaults: same board (same id), config wiped
+    board = SimulatedDevice(seed=5, flash_dir=flash)
+    assert board.device_id == first.device_id
+    assert held(board) != (400, 2, 80)
+    rc, doc = apply([str(plan)], board, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written", "skipped"]
+    assert held(board) == (400, 2, 80) and started(board) == 0  # once per device: it ran before
+    holdings = dict(json.loads((flash / "config.json").read_text())["holdings"])
+    assert (holdings[4], holdings[5], holdings[6]) == (400, 2, 80)
+
+
+def test_a_device_without_id_is_refused_one_shot_steps_before_anything_is_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    device = SimulatedDevice(seed=6)
+    with pytest.raises(UserError, match="no device id"):
+        apply([str(plan)], device, capsys, no_id=True)
+    assert device.executions == [] and not Path(f"{plan}.journal").exists()
+    writes_only = write_plan(tmp_path / "w.json", {"steps": PLAN["steps"][:2]})
+    rc, _ = apply([str(writes_only)], device, capsys, no_id=True)  # set-only: no id needed
+    assert rc == 0 and held(device) == (400, 2, 80)
+    assert not Path(f"{writes_only}.journal").exists()  # nor a journal
+
+
+def test_clear_and_conditional_write_run_once_per_device(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json", {"steps": [
+        {"write": {"threshold": 500}},
+        {"write_if_generation": {"fan_setpoint": 77}},
+        {"clear": {"faults": ["fan_stall"]}},
+    ]})
+    device = SimulatedDevice(seed=7)
+    device.core.set_condition("fan_stall", True, 0.0)
+    device.core.set_condition("fan_stall", False, 0.0)  # latched, condition gone
+    rc, doc = apply([str(plan)], device, capsys)
+    # The guard is the generation read at the start, advanced by this run's own write.
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "executed", "executed"]
+    assert device.core.value("fan_setpoint") == 77 and device.core.value("faults") == 0
+    assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1
+    device.core.set_condition("fan_stall", True, 1.0)  # latches again
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["in_place", "skipped", "skipped"]
+    assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1  # not cleared behind our back
+
+
+def test_plan_errors_are_one_line_and_send_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=8)
+    for steps, match in (([{"trigger": "threshold"}], "not TRIGGER"),
+                         ([{"clear": {"faults": ["nope"]}}], "no fault bit 'nope'"),
+                         ([{"write": {"faults": 1}}], "use a \"clear\" step"),
+                         ([{"reboot": 1}], "unknown step 'reboot'")):
+        plan = write_plan(tmp_path / "bad.json", {"steps": steps})
+        with pytest.raises(UserError, match=match):
+            apply([str(plan)], device, capsys)
+    assert device.executions == []
+
+
+# ------------------------------------------------------------------ receipts that cannot be written
+
+
+def test_receipt_write_failure_after_the_step_ran_is_exit_5_with_the_step_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = write_plan(tmp_path / "plan.json", {"steps": [{"trigger": "self_clean"}]})
+    device = SimulatedDevice(seed=9)
+    real = J._write_all
+    calls: list[int] = []
+
+    def disk_full_after_begin(fd: int, data: bytes) -> None:
+        calls.append(fd)
+        if len(calls) > 1:  # BEGIN was written; the receipt hits a full disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data)
+
+    monkeypatch.setattr(J, "_write_all", disk_full_after_begin)
+    args = build_parser().parse_args(["apply", str(plan)])
+
+    def opener() -> Device:
+        dev = Device(SimTransport(device))
+        dev.connect()
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    out, err = capsys.readouterr()
+    assert started(device) == 1  # the device changed
+    assert rc == 5
+    assert "step 1/1 trigger self_clean: executed: OK (ACCEPTED: started)" in out
+    assert err.count("\n") == 1 and "cannot record step 1" in err and "No space left" in err
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # temp removed
+    monkeypatch.setattr(J, "_write_all", real)
+    # The journal still holds the step in flight: the next run reads it back (RUNNING: it ran).
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0 and doc["reconciled"] == [{"key": doc["steps"][0]["key"], "executed": True}]
+    assert doc["steps"][0]["state"] == "skipped" and started(device) == 1
+
+
+def test_old_format_journal_loads_and_keeps_its_ids_apart(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    journal = Path(f"{plan}.journal")
+    old = load_plan(plan, DEFAULT_MAP).one_shot[0].key
+    assert old is not None
+    J.save(journal, J.Snapshot(frozenset({old})))  # a version-1 file holding the same key
+    device = SimulatedDevice(seed=10)
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0 and doc["steps"][2]["state"] == "executed" and started(device) == 1
+    snap = J.load_keyed(journal)
+    assert snap.unscoped.done == {old} and snap.scope(device.device_id).done == {old}
+    assert json.loads(journal.read_text())["version"] == 2
+    assert journal.stat().st_mode & 0o777 == 0o600
+
+
+# ------------------------------------------------------------------ one writer per journal
+
+
+def run_cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60)
+
+
+def test_a_second_apply_on_a_locked_journal_refuses_and_nothing_runs_twice(
+        tmp_path: Path) -> None:
+    plan = write_plan(tmp_path / "plan.json")
+    journal = f"{plan}.journal"
+    sim = start_pty_sim(SimulatedDevice(seed=11, trigger_duration=60.0))
+    try:
+        fd = os.open(J.lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another apply is running
+            os.write(fd, f"{os.getpid()}\n".encode())
+            with sim._shared.lock:
+                before = len(sim.device.executions)
+            r = run_cli("apply", "--port", sim.path, str(plan))
+            assert r.returncode == 1 and r.stdout == ""
+            assert r.stderr.count("\n") == 1 and f"in use by another process (pid {os.getpid()})" \
+                in r.stderr
+            with sim._shared.lock:
+                assert len(sim.device.executions) == before  # not even opened
+        finally:
+            os.close(fd)  # the holder exits: its lock goes with it
+        # Two real applies at once: one may refuse, one runs; nothing runs twice.
+        procs = [subprocess.Popen([*CLI, "apply", "--port", sim.path, str(plan), "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        results = [(p.wait(60), p.communicate()) for p in procs]
+        assert sorted(rc for rc, _ in results) in ([0, 0], [0, 1])
+        with sim._shared.lock:
+            assert started(sim.device) == 1
+            assert (sim.device.core.value("threshold"), sim.device.core.value("fan_setpoint")) \
+                == (400, 80)
+        assert Path(J.lock_path(journal)).exists()  # never deleted
+    finally:
+        sim.close()
+
+
+def test_a_symlink_at_the_lock_path_is_refused(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    journal = tmp_path / "j"
+    Path(J.lock_path(journal)).symlink_to(victim)
+    with pytest.raises(J.JournalUnsafeFileError):
+        J.lock_journal(journal)
+    assert victim.read_text() == "keep"
+    Path(J.lock_path(journal)).unlink()
+    with J.lock_journal(journal), pytest.raises(J.JournalBusyError):
+        J.lock_journal(journal)  # one writer, even within a process
+    J.lock_journal(journal).release()  # released on exit
+
+
+class ChangedByOtherHost(SimTransport):
+    """Before the ``n``-th request after HELLO reaches the device, another host sets
+    threshold=123."""
+
+    def __init__(self, device: SimulatedDevice, n: int) -> None:
+        super().__init__(device)
+        self._decoder = FrameDecoder()
+        self._left = n
+
+    def write(self, data: bytes) -> None:
+        for frame in self._decoder.feed(data):
+            if isinstance(frame, Frame) and frame.type is FrameType.REQUEST:
+                self._left -= 1
+                if self._left == 0:
+                    self.device.core.write(DEFAULT_MAP.named("threshold").address, (123,),
+                                           self.now())
+        super().write(data)
+
+
+def test_conditional_step_fails_when_another_host_changed_the_configuration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plan = write_plan(tmp_path / "plan.json", {"steps": [
+        {"write_if_generation": {"fan_setpoint": 90}}]})
+    device = SimulatedDevice(seed=12)
+    t = ChangedByOtherHost(device, 2)  # request 1 reads the generation, request 2 is the write
+    args = build_parser().parse_args(["apply", str(plan), "--json"])
+
+    def opener() -> Device:
+        dev = Device(t)
+        dev.connect()
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 3 and doc["steps"][0]["state"] == "not_executed"
+    assert device.core.value("fan_setpoint") != 90 and device.core.value("threshold") == 123
+    key = doc["steps"][0]["key"]
+    assert J.DeviceJournal.open(f"{plan}.journal").state(device.device_id, key) is \
+        J.StepState.ABSENT  # released: it may run again
+    rc, doc = apply([str(plan)], device, capsys)  # a fresh run reads the new generation
+    assert rc == 0 and device.core.value("fan_setpoint") == 90
