@@ -25,7 +25,9 @@ Contract.
 
   The last three are one-shot: run at most once per device, recorded in the receipt journal keyed
   by (device id, step key).
-- Values are JSON integers (not booleans) in 0..65535: raw register values, as on the wire. The
+- Values are JSON integers (not booleans) in 0..65535: raw register values, as on the wire; or
+  strings as typed on the command line (``"42.5"`` in the register's unit, a label such as
+  ``"auto"``, ``"raw:420"``; ``RegisterSpec.raw_from_text``). Floats are refused (ambiguous). The
   map resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says
   which writes the map already shows to be out of range or read-only.
 - A one-shot step's key is ``step_key(KeySource.PLAN_STEP, name, index, content)`` with content
@@ -232,8 +234,15 @@ def _writes(body: object, regmap: RegisterMap, where: str,
             raise PlanError(f"{where}: {spec.name} is a fault word: use a \"clear\" step")
         if spec.kind is RegisterKind.TRIGGER:
             raise PlanError(f"{where}: {spec.name} is a trigger: use a \"trigger\" step")
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PlanError(f"{where}: {name}={value!r} is not an integer")
+        if isinstance(value, str):  # as typed on the command line: label, unit, raw:N
+            try:
+                value = spec.raw_from_text(value)
+            except ValueError as exc:
+                raise PlanError(f"{where}: {exc}") from None
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(f"{where}: {name}={value!r}: give the raw register value as an "
+                            f"integer, or a string as typed on the command line (\"42.5\", "
+                            "a label)")
         if not 0 <= value <= REGISTER_MAX:
             raise PlanError(f"{where}: {name}={value}: a register holds 0..{REGISTER_MAX}")
         out.append((spec, value))

@@ -222,25 +222,42 @@ class RegisterSpec:
         return f"{text} {self.unit}" if self.unit else text
 
     def raw_from_text(self, text: str) -> int:
-        """The raw register value for ``text``: a label, or a number in the register's unit
-        (``42.5`` with scale 0.1 is raw 425). Raises ``ValueError`` naming the register when the
-        text is neither, or falls between two steps of the scale."""
+        """The raw register value for ``text``, as people type it: a label (``auto``); a number
+        in the register's unit (``42.5`` with scale 0.1 is raw 425; without a scale the number
+        is the raw value); or an explicit raw value, ``raw:420`` or ``0x01A4``/``0b1...``.
+        Raises ``ValueError`` naming the register when the text is none of these, falls between
+        two steps of the scale, or is outside 0..65535 raw."""
         text = text.strip()
         for v, s in self.labels:
             if s == text:
                 return v
-        try:
-            number = Decimal(text.replace("_", "")) if text else Decimal("nan")
-        except InvalidOperation:
-            number = Decimal("nan")
-        if not number.is_finite():
-            choices = f" or one of: {', '.join(s for _, s in self.labels)}" if self.labels else ""
-            raise ValueError(f"{self.name}: {text!r} is not a number{choices}")
-        raw = number / Decimal(self.scale) if self.scale else number
-        if raw != raw.to_integral_value():
-            raise ValueError(f"{self.name}: {text} is not a multiple of the scale {self.scale}"
-                             if self.scale else f"{self.name}: {text} is not an integer")
-        return int(raw)
+        lowered = text.lower()
+        if lowered.startswith("raw:") or lowered.startswith(("0x", "0b")):
+            digits = text[4:].strip() if lowered.startswith("raw:") else text
+            try:
+                raw = int(digits, 0)
+            except ValueError:
+                raise ValueError(f"{self.name}: {text!r} is not a raw integer") from None
+        else:
+            try:
+                number = Decimal(text.replace("_", "")) if text else Decimal("nan")
+            except InvalidOperation:
+                number = Decimal("nan")
+            if not number.is_finite():
+                choices = (f" or one of: {', '.join(s for _, s in self.labels)}"
+                           if self.labels else "")
+                raise ValueError(f"{self.name}: {text!r} is not a number{choices}")
+            exact = number / Decimal(self.scale) if self.scale else number
+            if exact != exact.to_integral_value():
+                raise ValueError(
+                    f"{self.name}: {text} is not a multiple of the scale {self.scale}"
+                    if self.scale else f"{self.name}: {text} is not an integer")
+            raw = int(exact)
+        if not 0 <= raw <= REGISTER_MAX:
+            unit = f" {self.unit}" if self.unit and not lowered.startswith(("raw:", "0x", "0b")) else ""
+            raise ValueError(f"{self.name}={text}{unit}: outside what a register holds "
+                             f"(raw 0..{REGISTER_MAX})")
+        return raw
 
     def identity(self) -> dict[str, Any]:
         """Everything about the register that changes what its bytes mean (not descriptions)."""

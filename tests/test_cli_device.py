@@ -118,7 +118,7 @@ def cli_json(*args: str) -> tuple[int, Any]:
 
 
 def test_write_read_roundtrip(sim: Sim) -> None:
-    r = cli("write", "--port", sim.path, "threshold=420", "mode=2")
+    r = cli("write", "--port", sim.path, "threshold=42.0", "mode=2")
     assert r.returncode == 0, r.stderr
     assert sim.holdings()["threshold"] == 420 and sim.holdings()["mode"] == 2
     rc, doc = cli_json("read", "--port", sim.path, "threshold", "mode", "4")
@@ -151,10 +151,10 @@ def test_values_typed_as_people_read_them(sim: Sim) -> None:
 
 def test_out_of_range_is_rejected_exit_4(sim: Sim) -> None:
     before = sim.holdings()
-    r = cli("write", "--port", sim.path, "threshold=1001")
+    r = cli("write", "--port", sim.path, "threshold=100.1")
     assert r.returncode == 4
     assert "0..1000" in r.stdout and "nothing sent" in r.stdout
-    rc, doc = cli_json("write", "--no-check", "--port", sim.path, "threshold=1001")
+    rc, doc = cli_json("write", "--no-check", "--port", sim.path, "threshold=100.1")
     assert rc == 4
     assert doc["writes"][0]["exception"] == "ILLEGAL_DATA_VALUE"  # the device's own answer
     assert sim.holdings() == before
@@ -164,7 +164,7 @@ def test_user_mistakes_exit_1_one_line(sim: Sim, tmp_path: Path) -> None:
     cases = [
         ("write", "--port", sim.path, "nosuch=1"),
         ("write", "--port", sim.path, "threshold=twelve"),
-        ("write", "--port", sim.path, "threshold=70000"),
+        ("write", "--port", sim.path, "threshold=7000"),
         ("read", "--port", sim.path, "nosuch"),
         ("read", "--port", str(tmp_path / "no-such-port"), "threshold"),
         ("read", "threshold"),
@@ -192,7 +192,7 @@ def test_conditional_write(sim: Sim) -> None:
 
 def test_faults_and_clear(sim: Sim) -> None:
     # temperature 250 (0.1 degC) over a threshold of 200 latches over_temperature.
-    assert cli("write", "--port", sim.path, "threshold=200").returncode == 0
+    assert cli("write", "--port", sim.path, "threshold=20.0").returncode == 0
     rc, doc = cli_json("faults", "--port", sim.path)
     assert rc == 0
     assert doc["faults"]["faults"]["latched"] == ["over_temperature"]
@@ -200,7 +200,7 @@ def test_faults_and_clear(sim: Sim) -> None:
     # Reading does not clear; clearing while the condition holds re-latches at once.
     rc, doc = cli_json("clear", "--port", sim.path, "over_temperature")
     assert rc == 0 and doc["mask"] == 1 and doc["after"]["latched"] == ["over_temperature"]
-    assert cli("write", "--port", sim.path, "threshold=400").returncode == 0
+    assert cli("write", "--port", sim.path, "threshold=40.0").returncode == 0
     rc, doc = cli_json("faults", "--port", sim.path)
     assert doc["faults"]["faults"]["value"] == 1  # still latched: never cleared by reading
     rc, doc = cli_json("clear", "--port", sim.path, "--mask", "0x1")

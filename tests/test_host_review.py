@@ -156,7 +156,7 @@ def test_write_reads_back_every_unknown_group(capsys: pytest.CaptureFixture[str]
     device = SimulatedDevice(seed=1)
     t = WritesUnanswered(device)
     th, fan = DEFAULT_MAP.named("threshold").address, DEFAULT_MAP.named("fan_setpoint").address
-    rc, out = inproc(["write", "threshold=400", "fan_setpoint=80", "--json"], t, capsys)
+    rc, out = inproc(["write", "threshold=40.0", "fan_setpoint=80", "--json"], t, capsys)
     doc = json.loads(out)
     assert rc == 5 and [w["outcome"] for w in doc["writes"]] == ["UNKNOWN", "UNKNOWN"]
     assert reads_at(device, th) >= 1 and reads_at(device, fan) >= 1  # both were read back
@@ -164,7 +164,7 @@ def test_write_reads_back_every_unknown_group(capsys: pytest.CaptureFixture[str]
         {"threshold": 400, "generation": 2}, {"fan_setpoint": 80, "generation": 2}]
     assert all(r["intended_state_holds"] is True for r in doc["reconciles"])
     assert doc["reconcile"] == doc["reconciles"][0]
-    rc, out = inproc(["write", "threshold=401", "fan_setpoint=81"], t, capsys)
+    rc, out = inproc(["write", "threshold=40.1", "fan_setpoint=81"], t, capsys)
     assert rc == 5 and out.count("read back: the registers hold the intended values") == 2
 
 
@@ -298,7 +298,7 @@ def test_keyboard_interrupt_mid_command_settles_and_blocks() -> None:
 def test_cli_port_failure_mid_command_exits_5_without_traceback(
         capsys: pytest.CaptureFixture[str]) -> None:
     t = FailsAfterRequest(SimulatedDevice(seed=1), OSError(5, "Input/output error"))
-    args = parse(["write", "threshold=300", "--json"])
+    args = parse(["write", "threshold=30.0", "--json"])
 
     def opener() -> Device:
         dev = Device(t)

@@ -361,19 +361,12 @@ def shown(spec: RegisterSpec, raw: int) -> str:
 
 
 def parse_value(spec: RegisterSpec, text: str) -> int:
-    """A value typed for ``spec``: a label (``auto``), a number with a decimal point in the
-    register's unit (``42.5`` is raw 425 with scale 0.1), or an integer: the raw register value
-    (decimal or 0x hex, as on the wire and in mbpoll)."""
-    text = text.strip()
-    if any(s == text for _, s in spec.labels) or "." in text:
-        try:
-            return spec.raw_from_text(text)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    if spec.labels and text and not text[0].isdigit():
-        choices = ", ".join(s for _, s in spec.labels)
-        raise UserError(f"{spec.name}: {text!r} is neither a number nor one of: {choices}")
-    return parse_int(text, spec.name)
+    """A value typed for ``spec`` (``RegisterSpec.raw_from_text``: a label, a number in the
+    register's unit, or ``raw:N``/``0x..``); ``UserError`` naming the register otherwise."""
+    try:
+        return spec.raw_from_text(text)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 # ------------------------------------------------------------------------------------------ read
@@ -443,7 +436,7 @@ def map_refusal(a: Assignment) -> str | None:
             limits += f" ({s.scaled(s.minimum)}..{s.scaled(s.maximum)}{_unit(s)})"
         elif s.unit:
             limits += _unit(s)
-        return f"{s.name}={a.value} outside {limits}"
+        return f"{s.name}={_typed(a)} outside {limits}"
     return None
 
 
@@ -458,8 +451,14 @@ def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]
     return runs
 
 
+def _typed(a: Assignment) -> str:
+    """``420`` or ``4200 (420.0 °C)``: the raw value, and how the map reads it if that differs."""
+    text = a.spec.show(a.value)
+    return str(a.value) if text == str(a.value) else f"{a.value} ({text})"
+
+
 def _fmt(run: Sequence[Assignment]) -> str:
-    return " ".join(f"{a.spec.name}={a.value}" for a in run)
+    return " ".join(f"{a.spec.name}={_typed(a)}" for a in run)
 
 
 def run_write(args: argparse.Namespace) -> int:
