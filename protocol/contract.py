@@ -186,8 +186,11 @@ def render_map_header(regmap: RegisterMap) -> str:
 
 
 def render_map(regmap: RegisterMap) -> dict[str, str]:
-    """``{file name: text}`` for one device's map: the C header and the register document."""
-    return {MAP_HEADER_NAME: render_map_header(regmap), f"{regmap.name}.md": map_markdown(regmap)}
+    """``{file name: text}`` for one device's map: its C header, the protocol header it includes
+    (so a firmware build needs nothing from an idemlink checkout) and the register document."""
+    return {MAP_HEADER_NAME: render_map_header(regmap),
+            HEADER_PATH.rsplit("/", 1)[1]: render_header(sections()),
+            f"{regmap.name}.md": map_markdown(regmap)}
 
 
 def render_all() -> dict[str, str]:

@@ -13,25 +13,25 @@
 #define IDL_MAP_HASH "6d994d702f3d66b1"
 #define IDL_MAP_HASH_BYTES { 0x6Du, 0x99u, 0x4Du, 0x70u, 0x2Fu, 0x3Du, 0x66u, 0xB1u }
 #define IDL_REG_COUNT 9u /**< registers in the map */
-#define IDL_REG_TEMPERATURE 0x0000u /**< INPUT deg C */
-#define IDL_REG_HUMIDITY 0x0001u /**< INPUT %RH */
-#define IDL_REG_FAN_SPEED 0x0002u /**< INPUT rpm */
+#define IDL_REG_TEMPERATURE 0x0000u /**< INPUT, value = raw x 0.1 deg C */
+#define IDL_REG_HUMIDITY 0x0001u /**< INPUT, value = raw x 0.1 %RH */
+#define IDL_REG_FAN_SPEED 0x0002u /**< INPUT, rpm */
 #define IDL_REG_GENERATION 0x0003u /**< GENERATION */
-#define IDL_REG_THRESHOLD 0x0004u /**< HOLDING deg C */
-#define IDL_REG_THRESHOLD_MIN 0u
-#define IDL_REG_THRESHOLD_MAX 1000u
-#define IDL_REG_THRESHOLD_DEFAULT 350u
+#define IDL_REG_THRESHOLD 0x0004u /**< HOLDING, value = raw x 0.1 deg C */
+#define IDL_REG_THRESHOLD_MIN 0u /**< raw */
+#define IDL_REG_THRESHOLD_MAX 1000u /**< raw */
+#define IDL_REG_THRESHOLD_DEFAULT 350u /**< raw */
 #define IDL_REG_MODE 0x0005u /**< HOLDING */
-#define IDL_REG_MODE_MIN 0u
-#define IDL_REG_MODE_MAX 2u
-#define IDL_REG_MODE_DEFAULT 1u
+#define IDL_REG_MODE_MIN 0u /**< raw */
+#define IDL_REG_MODE_MAX 2u /**< raw */
+#define IDL_REG_MODE_DEFAULT 1u /**< raw */
 #define IDL_REG_MODE_OFF 0u /**< label */
 #define IDL_REG_MODE_AUTO 1u /**< label */
 #define IDL_REG_MODE_MANUAL 2u /**< label */
-#define IDL_REG_FAN_SETPOINT 0x0006u /**< HOLDING % */
-#define IDL_REG_FAN_SETPOINT_MIN 0u
-#define IDL_REG_FAN_SETPOINT_MAX 100u
-#define IDL_REG_FAN_SETPOINT_DEFAULT 50u
+#define IDL_REG_FAN_SETPOINT 0x0006u /**< HOLDING, % */
+#define IDL_REG_FAN_SETPOINT_MIN 0u /**< raw */
+#define IDL_REG_FAN_SETPOINT_MAX 100u /**< raw */
+#define IDL_REG_FAN_SETPOINT_DEFAULT 50u /**< raw */
 #define IDL_REG_FAULTS 0x0007u /**< FAULT */
 #define IDL_FAULT_OVER_TEMPERATURE (1u << 0) /**< temperature above threshold */
 #define IDL_FAULT_SENSOR_FAULT (1u << 1) /**< sensor reading invalid */
