@@ -161,13 +161,24 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _marked_map(request: pytest.FixtureRequest) -> RegisterMap | None:
+    """The map of the ``idemlink_regmap`` marker: a path relative to the test's own file (then to
+    the working directory), or a built-in map's name. A map that cannot be loaded fails the test
+    with one line naming idemlink, the file and the reason."""
     marker = request.node.get_closest_marker("idemlink_regmap")
     if marker is None:
         return None
     with loading("the register-map loader"):
-        from idemlink.protocol.regmap_file import resolve_regmap
+        from pathlib import Path
 
-    return resolve_regmap(marker.args[0] if marker.args else marker.kwargs["ref"])
+        from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
+
+    ref = str(marker.args[0] if marker.args else marker.kwargs["ref"])
+    beside = Path(str(request.node.path)).parent / ref
+    try:
+        return resolve_regmap(str(beside) if beside.is_file() else ref)
+    except RegmapFileError as exc:
+        pytest.fail(f"idemlink pytest plugin: idemlink_regmap({ref!r}): {exc} (a path is taken "
+                    "relative to the test file, then to the working directory)", pytrace=False)
 
 
 def _device(regmap: RegisterMap | str | None, **options: object) -> SimulatedDevice:

@@ -83,3 +83,25 @@ def test_the_plugin_is_disabled_with_p_no_idemlink(tmp_path: Path) -> None:
                         "-p", "no:idemlink", str(tmp_path)], capture_output=True, text=True,
                        timeout=120, cwd=tmp_path, check=False)
     assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_marker_path_is_relative_to_the_test_file_and_errors_are_one_line(tmp_path: Path) -> None:
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "pump.toml").write_text(
+        (Path(__file__).resolve().parent.parent / "protocol" / "maps" / "pump-controller.toml")
+        .read_text())
+    (tests / "test_my_pump.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.idemlink_regmap('pump.toml')\n"
+        "def test_beside(idemlink_sim):\n"
+        "    assert idemlink_sim.regmap.name == 'pump-controller'\n\n"
+        "@pytest.mark.idemlink_regmap('missing.toml')\n"
+        "def test_missing(idemlink_sim):\n"
+        "    pass\n")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "tests/test_my_pump.py"], capture_output=True, text=True, cwd=tmp_path,
+                       check=False, timeout=120)
+    assert "1 passed" in r.stdout and "1 error" in r.stdout, r.stdout
+    assert "idemlink pytest plugin: idemlink_regmap('missing.toml')" in r.stdout
+    assert "Traceback" not in r.stdout
