@@ -683,7 +683,7 @@ class Device:
         return Command(CommandKind.READ, spec.address, count,
                        input_registers=spec.kind is RegisterKind.INPUT)
 
-    def write_command(self, values: Mapping[str | int, int]) -> Command:
+    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
         """An absolute (set-only, re-issued after a reboot) write. Fault words and triggers are
         refused: a W1C clear or a trigger start is not harmless to repeat in a new boot epoch;
         use ``clear_faults()`` / ``trigger()``."""
@@ -696,25 +696,47 @@ class Device:
                     Status.MALFORMED_REQUEST)
         return Command(CommandKind.WRITE, *self._contiguous(values))
 
-    def _contiguous(self, values: Mapping[str | int, int]) -> tuple[int, int, tuple[int, ...]]:
+    def _contiguous(self, values: Mapping[str | int, int | str]) -> tuple[int, int, tuple[int, ...]]:
+        """``(first address, count, raw values)`` of a write. A value is a raw integer (0..65535)
+        or text as people type it (``"42.5"`` in the register's unit, a label, ``"raw:425"``:
+        ``RegisterSpec.raw_from_text``); anything else is a ``LocalProtocolError`` naming the
+        register, raised before anything is sent."""
         if not values:
             raise LocalProtocolError("nothing to write", Status.MALFORMED_REQUEST)
-        by_addr = sorted((self.spec(k).address, v) for k, v in values.items())
-        first = by_addr[0][0]
-        if [a for a, _ in by_addr] != list(range(first, first + len(by_addr))):
+        pairs: list[tuple[RegisterSpec, int]] = []
+        for key, value in values.items():
+            spec = self.spec(key)
+            if isinstance(value, str):
+                try:
+                    value = spec.raw_from_text(value)
+                except ValueError as exc:
+                    raise LocalProtocolError(str(exc), Status.MALFORMED_REQUEST) from None
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise LocalProtocolError(
+                    f"{spec.name}={value!r}: give a raw integer or text such as \"42.5\" or a "
+                    "label", Status.MALFORMED_REQUEST)
+            if not 0 <= value <= 0xFFFF:
+                raise LocalProtocolError(f"{spec.name}={value}: a register holds 0..65535",
+                                         Status.MALFORMED_REQUEST)
+            pairs.append((spec, value))
+        pairs.sort(key=lambda sv: sv[0].address)
+        first = pairs[0][0].address
+        if [s.address for s, _ in pairs] != list(range(first, first + len(pairs))):
             raise LocalProtocolError(
-                "a multi-register write must cover contiguous addresses (it is applied atomically)",
-                Status.MALFORMED_REQUEST)
-        return first, len(by_addr), tuple(v for _, v in by_addr)
+                "a multi-register write must cover contiguous addresses (it is applied "
+                "atomically): " + ", ".join(f"{s.name}@0x{s.address:04X}" for s, _ in pairs)
+                + "; write them in separate calls or through run()", Status.MALFORMED_REQUEST)
+        return first, len(pairs), tuple(v for _, v in pairs)
 
     def read(self, register: str | int, count: int = 1) -> Result:
         return self.execute(self.read_command(register, count))
 
-    def write(self, values: Mapping[str | int, int]) -> Result:
-        """Set absolute values (FC06 for one register, FC16 for several contiguous ones)."""
+    def write(self, values: Mapping[str | int, int | str]) -> Result:
+        """Set absolute values (FC06 for one register, FC16 for several contiguous ones); values
+        as in ``_contiguous`` (raw integers, or text in the register's unit or a label)."""
         return self.execute(self.write_command(values))
 
-    def write_if_generation(self, generation: int, values: Mapping[str | int, int]) -> Result:
+    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
         addr, count, vals = self._contiguous(values)
         return self.execute(
             Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation))

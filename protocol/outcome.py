@@ -25,7 +25,10 @@ from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, 
 
 
 class Outcome(IntEnum):
-    """The four outcomes of a command."""
+    """The four outcomes of a command. ``str()`` is the name (``OK``), not the number."""
+
+    def __str__(self) -> str:
+        return self.name
 
     OK = 0
     NOT_EXECUTED = 1

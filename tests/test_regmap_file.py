@@ -332,3 +332,21 @@ def test_contract_renders_a_compiling_c_header_for_any_map(tmp_path: Path) -> No
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
     assert main(["contract", "--regmap", "pump-controller", "--out", str(out), "--check"]) == 0
+
+
+def test_python_api_takes_text_values_and_refuses_bad_ones_by_name() -> None:
+    from idemlink.protocol.outcome import LocalProtocolError
+
+    sim = SimulatedDevice(seed=8)
+    dev = Device(SimTransport(sim))
+    dev.connect()
+    assert dev.write({"threshold": "42.5", "mode": "manual"}).ok
+    assert (sim.core.value("threshold"), sim.core.value("mode")) == (425, 2)
+    for bad, why in [({"threshold": 12.5}, "threshold=12.5: give a raw integer"),
+                     ({"mode": "fast"}, "off, auto, manual"),
+                     ({"threshold": 99999}, "threshold=99999: a register holds 0..65535"),
+                     ({"threshold": 1, "fan_setpoint": 2}, "threshold@0x0004, fan_setpoint@0x0006")]:
+        with pytest.raises(LocalProtocolError, match=None) as exc:
+            dev.write(bad)
+        assert why in str(exc.value), str(exc.value)
+    assert str(Outcome.OK) == "OK" and f"{Outcome.UNKNOWN}" == "UNKNOWN"
