@@ -5,6 +5,9 @@
 ``idemlink.device_sim.simlink`` runs it in-process behind the link emulator.
 
 - ``receive_data(data, now) -> bytes``: what the device answers.
+- Boot epochs: every boot draws a new one. A process start is a boot too: with a flash directory
+  the persisted boot counter (``ConfigFlash.count_boot``) is mixed into the seed, and
+  ``epoch_salt`` (``idemlink sim`` passes OS entropy when it has no flash directory) likewise.
 - ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
   replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
   the simulated flash directory when one is given (``config.json``, replaced atomically).
@@ -80,6 +83,19 @@ def _is_receive_temporary(name: str) -> bool:
     ``.ymodem-<random>.part``); any other name, dot-files included, may be a committed file."""
     return name.startswith(".ymodem-") and name.endswith(".part")
 
+def _epoch_generator(seed: int | None, boot_count: int, salt: int | None) -> random.Random:
+    """The generator of boot epochs. Unseeded: OS entropy. Seeded: the seed mixed with the
+    persisted boot counter (a process start on the same flash directory is a new boot) and the
+    caller's salt (``idemlink sim`` without a flash directory passes fresh OS entropy), so a
+    restarted process never draws the epochs of the previous one again; a seeded device without
+    flash or salt keeps ``Random(seed)`` (in-process runs stay reproducible)."""
+    if seed is None:
+        return random.Random()
+    if boot_count == 0 and salt is None:
+        return random.Random(seed)
+    return random.Random(f"{seed}:boot{boot_count}:salt{salt}")
+
+
 class SimulatedDevice:
     """Register core + framed session + reboots + simulated flash. See the module docstring."""
 
@@ -96,8 +112,8 @@ class SimulatedDevice:
         name: str = "idemlink-sim",
         file_quota: int = DEFAULT_FILE_QUOTA,
         device_id: str | None = None,
+        epoch_salt: int | None = None,
     ) -> None:
-        self._rng = random.Random(seed)
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
         self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
         self.ring_bits = ring_bits
@@ -105,9 +121,11 @@ class SimulatedDevice:
         self.name = name
         self.file_quota = file_quota
         self._hash = contract_hash()
-        self.device_id = self._identity(device_id, seed)
         self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
-                               config=self._load_flash())
+                               config=self._load_flash())  # a refused flash changes nothing
+        self.device_id = self._identity(device_id, seed)
+        self.boot_count = self.flash.count_boot() if self.flash is not None else 0
+        self._rng = _epoch_generator(seed, self.boot_count, epoch_salt)
         self.executions: list[Execution] = []
         self.epochs: list[int] = []
         self._file_receive: FileReceiveRequest | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -41,7 +42,8 @@ def register(sub: Any) -> None:
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the framed simulator's boot epochs (default: random)")
+                   help="seed of the framed simulator's boot epochs, mixed with the flash "
+                        "directory's boot counter or fresh entropy (default: random)")
     p.set_defaults(handler=run)
 
 
@@ -126,9 +128,12 @@ def run_framed(args: argparse.Namespace) -> int:
 
     regmap = regmap_from(args)
     try:
+        # without a flash directory nothing counts process starts: fresh entropy makes this
+        # process's epochs differ from a previous run's with the same seed
+        salt = None if args.flash_dir else secrets.randbits(64)
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
-                                 device_id=getattr(args, "device_id", None))
+                                 device_id=getattr(args, "device_id", None), epoch_salt=salt)
     except DeviceIdError as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
