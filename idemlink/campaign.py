@@ -168,7 +168,7 @@ class _Campaign:
         sim = self.sim
         keys = set(res.sent_as)
         tags = {f"{e:08x}:{s}" for e, s in keys}
-        execs = [x for x in sim.executions[self._exec_mark:] if (x.epoch, x.seq) in keys]
+        execs = [x for x in sim.executions.since(self._exec_mark) if (x.epoch, x.seq) in keys]
         per_key = Counter((x.epoch, x.seq) for x in execs)
         effects = [e for e in sim.core.log[effects_before:] if e.tag in tags
                    and e.kind not in (EffectKind.TRIGGER_FINISHED,)]
@@ -230,7 +230,7 @@ class _Campaign:
             for key in set(res.sent_as):
                 claims[key] += 1
                 owner[key] = pdu
-        for x in self.sim.executions[self._exec_mark:end]:
+        for x in self.sim.executions.since(self._exec_mark, end):
             key = (x.epoch, x.seq)
             if claims[key] != 1:
                 rep.duplicated_effects += 1
