@@ -103,3 +103,23 @@ def test_cli_sim_survives_a_reader_that_stopped_and_exits_0_on_sigterm(
             proc.kill()
             proc.wait()
     assert rc == 0
+
+
+def test_cli_sim_on_a_port_survives_a_reader_that_stopped() -> None:
+    pair = open_pty()  # the sim serves the slave path; this test holds the master and never reads
+    proc = subprocess.Popen([*CLI, "sim", "--port", pair.slave_path], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().decode().strip() == pair.slave_path
+        _flood(pair.master_fd, HELLO, 2500)
+        time.sleep(0.3)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        pair.close()
+    assert rc == 0

@@ -23,6 +23,7 @@ from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
     from idemlink.device_sim.serve import ServeTransport
+    from idemlink.host.device import SerialTransport
 
 
 def register(sub: Any) -> None:
@@ -50,16 +51,20 @@ def register(sub: Any) -> None:
 @contextlib.contextmanager
 def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
     """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
-    from idemlink.device_sim.pty import open_pty
+    from idemlink.device_sim.pty import WRITE_STALL, open_pty
     from idemlink.host.device import PortError, SerialTransport
 
     if args.port:
         try:
             port = SerialTransport(args.port, baudrate=args.baudrate)
+            port.port.write_timeout = WRITE_STALL
         except PortError as exc:
             raise UserError(str(exc)) from None
+        except (OSError, ValueError) as exc:  # the port refused the write timeout
+            port.close()
+            raise UserError(f"{args.port}: {exc}") from None
         try:
-            yield port, args.port
+            yield _DroppingPort(port), args.port
         finally:
             port.close()
     else:
@@ -68,6 +73,31 @@ def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str
             yield pair.transport(), pair.slave_path
         finally:
             pair.close()
+
+
+class _DroppingPort:
+    """A ``--port`` whose writes give up after ``WRITE_STALL`` (a peer that stopped reading, a
+    flow-controlled line): the timed-out write is ``WriteStalled``, which the serving loops drop
+    and count, as on a pty."""
+
+    def __init__(self, port: SerialTransport) -> None:
+        self.port = port
+
+    def read(self, timeout: float) -> bytes:
+        return self.port.read(timeout)
+
+    def write(self, data: bytes) -> None:
+        import serial
+
+        from idemlink.device_sim.pty import WriteStalled
+        from idemlink.host.device import PortError
+
+        try:
+            self.port.write(data)
+        except PortError as exc:
+            if isinstance(exc.__cause__, serial.SerialTimeoutException):
+                raise WriteStalled(len(data)) from None
+            raise
 
 
 def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
