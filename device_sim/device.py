@@ -5,6 +5,9 @@
 ``idemlink.device_sim.simlink`` runs it in-process behind the link emulator.
 
 - ``receive_data(data, now) -> bytes``: what the device answers.
+- Boot epochs: every boot draws a new one. A process start is a boot too: with a flash directory
+  the persisted boot counter (``ConfigFlash.count_boot``) is mixed into the seed, and
+  ``epoch_salt`` (``idemlink sim`` passes OS entropy when it has no flash directory) likewise.
 - ``reboot(now)``: draws a new boot epoch (from the seeded generator), forgets the window, the
   replay cache and the volatile state (triggers, latched faults), keeps the configuration — in
   the simulated flash directory when one is given (``config.json``, replaced atomically).
@@ -17,19 +20,29 @@
 - ``FILE_INFO`` (0x45, framed only, read-only): size and CRC-32C of a committed file in
   ``files_dir`` (status 1, size and CRC 0, when there is none; the hidden ``.part`` temporaries of a
   batch in progress are never visible); a name YMODEM's receiver would refuse is exception 03.
-- ``executions``: the ground-truth log of every command the device actually ran — epoch, sequence
-  number, request PDU, response PDU, simulated time — one record per execution. The register
-  core's ``log`` holds every side effect. Tests and the fault-campaign oracle read both.
+- ``executions``: the ground-truth log of the commands the device actually ran — epoch, sequence
+  number, request PDU, response PDU, simulated time — one record per execution. It is a bounded
+  ``ExecutionLog``: the last ``keep_executions`` (default ``DEFAULT_KEPT_EXECUTIONS``) records,
+  indexed by absolute position (``len`` counts every execution, ``executions[mark:]`` is what ran
+  since ``mark``), so a device serving for days keeps flat memory; an index already dropped raises
+  ``ExecutionsEvicted`` rather than answering from a partial log. ``keep_executions=None`` keeps
+  everything (for oracles that need the whole history). The register core's ``log`` holds every
+  side effect. Tests and the fault-campaign oracle read both (the campaign consumes the log
+  batch by batch).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
 import tempfile
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_id
 from idemlink.protocol.contract import contract_hash
@@ -63,6 +76,14 @@ class FileReceiveRequest:
     quota: int  #: bytes the batch may store (the simulated flash is finite)
 
 
+DEFAULT_KEPT_EXECUTIONS = 10_000
+"""Executions a ``SimulatedDevice`` keeps by default (about 2 MB)."""
+
+
+class ExecutionsEvicted(LookupError):
+    """The asked-for executions were already dropped from the bounded log."""
+
+
 @dataclass(frozen=True, slots=True)
 class Execution:
     """One command the device really ran."""
@@ -74,11 +95,93 @@ class Execution:
     time: float
 
 
+class ExecutionLog:
+    """The last ``keep`` executions (every one with ``keep=None``), indexed by absolute position.
+
+    ``len(log)`` is the number of executions since the device was built; ``log[mark:]`` (or
+    ``since(mark)``) the ones from position ``mark`` on; iteration yields the records still kept.
+    Asking for a position already dropped raises ``ExecutionsEvicted``."""
+
+    def __init__(self, keep: int | None = DEFAULT_KEPT_EXECUTIONS) -> None:
+        if keep is not None and keep < 1:
+            raise ValueError("keep must be >= 1 (or None for every execution)")
+        self._kept: deque[Execution] = deque(maxlen=keep)
+        self._total = 0
+
+    def append(self, execution: Execution) -> None:
+        self._kept.append(execution)
+        self._total += 1
+
+    @property
+    def first_kept(self) -> int:
+        """Absolute position of the oldest record still kept."""
+        return self._total - len(self._kept)
+
+    def __len__(self) -> int:
+        return self._total
+
+    def __iter__(self) -> Iterator[Execution]:
+        return iter(self._kept)
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to a list of every execution since the start (``log == []``: nothing ran);
+        a log that already dropped records equals no list."""
+        if isinstance(other, list | tuple):
+            return self.first_kept == 0 and list(self._kept) == list(other)
+        return self is other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def since(self, mark: int, end: int | None = None) -> list[Execution]:
+        """The executions at positions ``mark .. end-1`` (``end``: all so far)."""
+        end = self._total if end is None else min(end, self._total)
+        if mark < self.first_kept:
+            raise ExecutionsEvicted(
+                f"executions from #{mark} asked for, the log keeps #{self.first_kept} on "
+                "(build the device with keep_executions=None to keep them all)")
+        first = self.first_kept
+        return list(itertools.islice(self._kept, mark - first, max(mark, end) - first))
+
+    @overload
+    def __getitem__(self, index: int) -> Execution: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Execution]: ...
+
+    def __getitem__(self, index: int | slice) -> Execution | list[Execution]:
+        if isinstance(index, slice):
+            if index.step not in (None, 1):
+                raise ValueError("execution log slices take no step")
+            start = self.first_kept if index.start is None else self._absolute(index.start)
+            stop = None if index.stop is None else self._absolute(index.stop)
+            return self.since(start, stop)
+        position = self._absolute(index)
+        if not self.first_kept <= position < self._total:
+            raise (ExecutionsEvicted if 0 <= position < self.first_kept else IndexError)(
+                f"execution #{position} not kept")
+        return self._kept[position - self.first_kept]
+
+    def _absolute(self, index: int) -> int:
+        return index + self._total if index < 0 else index
+
+
 
 def _is_receive_temporary(name: str) -> bool:
     """The YMODEM receiver's uncommitted temporaries (host.ymodem_io.DirectorySink names them
     ``.ymodem-<random>.part``); any other name, dot-files included, may be a committed file."""
     return name.startswith(".ymodem-") and name.endswith(".part")
+
+def _epoch_generator(seed: int | None, boot_count: int, salt: int | None) -> random.Random:
+    """The generator of boot epochs. Unseeded: OS entropy. Seeded: the seed mixed with the
+    persisted boot counter (a process start on the same flash directory is a new boot) and the
+    caller's salt (``idemlink sim`` without a flash directory passes fresh OS entropy), so a
+    restarted process never draws the epochs of the previous one again; a seeded device without
+    flash or salt keeps ``Random(seed)`` (in-process runs stay reproducible)."""
+    if seed is None:
+        return random.Random()
+    if boot_count == 0 and salt is None:
+        return random.Random(seed)
+    return random.Random(f"{seed}:boot{boot_count}:salt{salt}")
+
 
 class SimulatedDevice:
     """Register core + framed session + reboots + simulated flash. See the module docstring."""
@@ -96,8 +199,9 @@ class SimulatedDevice:
         name: str = "idemlink-sim",
         file_quota: int = DEFAULT_FILE_QUOTA,
         device_id: str | None = None,
+        epoch_salt: int | None = None,
+        keep_executions: int | None = DEFAULT_KEPT_EXECUTIONS,
     ) -> None:
-        self._rng = random.Random(seed)
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
         self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
         self.ring_bits = ring_bits
@@ -105,10 +209,12 @@ class SimulatedDevice:
         self.name = name
         self.file_quota = file_quota
         self._hash = contract_hash()
-        self.device_id = self._identity(device_id, seed)
         self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
-                               config=self._load_flash())
-        self.executions: list[Execution] = []
+                               config=self._load_flash())  # a refused flash changes nothing
+        self.device_id = self._identity(device_id, seed)
+        self.boot_count = self.flash.count_boot() if self.flash is not None else 0
+        self._rng = _epoch_generator(seed, self.boot_count, epoch_salt)
+        self.executions = ExecutionLog(keep_executions)
         self.epochs: list[int] = []
         self._file_receive: FileReceiveRequest | None = None
         self._files_dir: Path | None = None

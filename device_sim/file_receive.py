@@ -12,6 +12,7 @@ transport), an uncommitted file's temporary is deleted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable
@@ -28,6 +29,13 @@ DEVICE_RECEIVER = ReceiverConfig(c_interval=1.0, header_retries=10)
 class _Transport(Protocol):
     def read(self, timeout: float) -> bytes: ...
     def write(self, data: bytes) -> None: ...
+
+
+def _send(transport: _Transport, data: bytes) -> None:
+    """A reply the sender does not read in time is dropped: the protocol's retries cover it
+    (the batch must not end the serving loop)."""
+    with contextlib.suppress(TimeoutError):
+        transport.write(data)
 
 
 def receive_batch(
@@ -48,13 +56,13 @@ def receive_batch(
     try:
         out = driver.start(clock())
         if out:
-            transport.write(out)
+            _send(transport, out)
         while not driver.finished:
             if stop is not None and stop.is_set():
                 driver.rx.abort("device stopping", clock())
                 out = driver.feed(b"", clock())
                 if out:
-                    transport.write(out)
+                    _send(transport, out)
                 break
             now = clock()
             due = driver.next_deadline()
@@ -62,7 +70,7 @@ def receive_batch(
             data = transport.read(wait)
             out = driver.feed(data, clock())
             if out:
-                transport.write(out)
+                _send(transport, out)
     finally:
         driver.close()  # a closed pty or any error mid-file: no .ymodem-*.part left in flash
     return driver.report

@@ -8,10 +8,21 @@ simulator and the Modbus RTU simulator use it.
 The directory also keeps the device's id (``device_id``, one line of text), created on first use:
 like an MCU's unique id it never changes for that directory, so a host's journal can tell this
 device from another.
+
+``count_boot()`` increments and returns a boot counter kept in ``boots`` (same atomic
+replacement): the framed simulator mixes it into its seeded boot epochs so that every process
+start draws new epochs (docs/DESIGN.md, "Boot epochs of the simulator").
+
+Hostile files are refused, never followed or read whole: a file is opened with ``O_NOFOLLOW |
+O_NONBLOCK`` (a symbolic link or a FIFO does not hang or redirect the read), judged on the
+descriptor (``fstat``: a regular file of at most ``MAX_FILE_BYTES``) before anything is read.
+A refusal is ``UnsafeFlashFileError`` (an ``OSError``: the simulators report it as one line) and
+leaves the directory untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
@@ -39,11 +50,62 @@ def new_device_id() -> str:
     return f"sim-{secrets.randbits(64):016x}"
 
 
+MAX_FILE_BYTES = 1 << 20
+"""Largest flash file read (a configuration snapshot is a few KiB)."""
+
+
+class UnsafeFlashFileError(OSError):
+    """A flash file that is not a small regular file (symlink, FIFO, device, huge): refused."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def read_flash_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes | None:
+    """The content of ``path`` (None when absent); refuses what is not a regular file of at most
+    ``limit`` bytes, judged on the opened descriptor (no check-then-open race)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFlashFileError(f"{path}: is a symbolic link; refused") from None
+        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
+            raise UnsafeFlashFileError(f"{path}: is a special file; refused") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFlashFileError(f"{path}: is {_kind(st.st_mode)}; refused")
+        if st.st_size > limit:
+            raise UnsafeFlashFileError(
+                f"{path}: {st.st_size} bytes, more than the {limit} a flash file may hold; "
+                "refused")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= limit and (chunk := os.read(fd, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > limit:  # grew since fstat
+            raise UnsafeFlashFileError(f"{path}: grew past {limit} bytes while read; refused")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class ConfigFlash:
     """Simulated flash: the configuration snapshot as ``config.json`` in a directory, written
     by atomic replacement (a reader sees the old or the new file, never half), mode 0600."""
 
     FILE = "config.json"
+    BOOTS = "boots"
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
@@ -51,24 +113,31 @@ class ConfigFlash:
         self.path = self.dir / self.FILE
 
     def load(self) -> ConfigSnapshot | None:
-        try:
-            return ConfigSnapshot.from_json(self.path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        data = read_flash_file(self.path)
+        if data is None:
             return None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise UnsafeFlashFileError(f"{self.path}: not UTF-8 text ({exc.reason})") from None
+        return ConfigSnapshot.from_json(text)
 
     def save(self, snap: ConfigSnapshot) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".config.", suffix=".tmp")
+        self._replace(self.path, snap.to_json())
+
+    def count_boot(self) -> int:
+        """Increment the persisted boot counter and return it (1 on a fresh directory). A
+        counter that is not a decimal number is refused (``UnsafeFlashFileError``)."""
+        path = self.dir / self.BOOTS
+        data = read_flash_file(path, limit=64)
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(snap.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._sync_dir()
+            boots = int(data.decode("ascii")) if data is not None else 0
+        except (UnicodeDecodeError, ValueError):
+            raise UnsafeFlashFileError(f"{path}: not a boot counter; refused") from None
+        if boots < 0:
+            raise UnsafeFlashFileError(f"{path}: negative boot counter; refused")
+        self._replace(path, f"{boots + 1}\n")
+        return boots + 1
 
     def device_id(self) -> str:
         """This flash's device id: read from ``device_id``, created (atomically) the first time.
@@ -99,6 +168,20 @@ class ConfigFlash:
         except (UnicodeDecodeError, DeviceIdError):
             raise DeviceIdError(f"{path}: does not hold a device id (1-64 characters of "
                                 "[A-Za-z0-9_.:-])") from None
+
+    def _replace(self, path: Path, text: str) -> None:
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.stem}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        self._sync_dir()
 
     def _sync_dir(self) -> None:
         """Make the rename itself durable: without this an acknowledged save can revert to the

@@ -134,6 +134,19 @@ class LinkConfig:
         return out
 
 
+MAX_QUEUED_BYTES = 1 << 16
+"""Most bytes one direction (or a buffer behind it) holds undelivered; more are dropped and
+counted as ``bytes_overflow``, like a UART whose FIFO is full."""
+
+
+def bounded_append(buf: bytearray, data: bytes, limit: int = MAX_QUEUED_BYTES) -> int:
+    """Append what fits of ``data`` to ``buf`` (at most ``limit`` bytes held); returns how many
+    bytes were dropped (the newest, as a full FIFO drops them)."""
+    room = max(0, limit - len(buf))
+    buf += data[:room]
+    return max(0, len(data) - room)
+
+
 @dataclass(slots=True)
 class LinkStats:
     """Counters of one direction: what went in, what came out, and every fault injected."""
@@ -150,6 +163,7 @@ class LinkStats:
     frames_reordered: int = 0
     noise_bursts: int = 0
     noise_bytes: int = 0
+    bytes_overflow: int = 0  #: dropped because ``MAX_QUEUED_BYTES`` were already queued
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -206,6 +220,7 @@ class LinkDirection:
         self._now = -math.inf  # latest time seen
         self._busy_until = -math.inf  # end of the stop bit of the last byte on the line
         self._heap: list[tuple[float, int, int]] = []  # (delivery time, sequence, byte)
+        self.max_queued = MAX_QUEUED_BYTES  #: bytes held undelivered before more are dropped
         self._seq = 0
         self._last_push = -math.inf  # data deliveries are kept in order
         self._unit: list[tuple[float, int]] = []  # frame mode: the unit being assembled
@@ -261,6 +276,9 @@ class LinkDirection:
         stats = self.stats
         for b in bytes(data):
             stats.bytes_sent += 1
+            if self.in_flight >= self.max_queued:  # the line's buffer is full: dropped
+                stats.bytes_overflow += 1
+                continue
             if bt:
                 start = self._busy_until if self._busy_until > now else now
                 self._busy_until = start + bt

@@ -15,6 +15,10 @@ Contract:
   context manager (``with LinkProxy(None, None, cfg).start() as proxy: ...``).
 - ``tap(direction, data, t)``, when given, sees every delivery as the receiving end gets it (after
   the emulated faults): ``idemlink link --monitor`` decodes the frames crossing the line with it.
+- Memory is bounded: each direction of the link holds at most ``MAX_QUEUED_BYTES`` undelivered
+  (input faster than the emulated baud rate), and so does each end's output queue (a program
+  that stopped reading); beyond that bytes are dropped and counted in the direction's
+  ``bytes_overflow`` (``link.stats()``), as a UART FIFO overflows.
 - Reboot events are not acted on here (there is no device to reboot); ``link`` is exposed for
   its counters (``link.stats()``).
 """
@@ -34,7 +38,7 @@ from types import TracebackType
 
 import serial
 
-from idemlink.device_sim.link import Link, LinkConfig, LinkDirection
+from idemlink.device_sim.link import Link, LinkConfig, LinkDirection, bounded_append
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +67,12 @@ class _End:
         """The fd to wait on for writability, when output is queued."""
         return None
 
-    def send(self, data: bytes) -> None:
-        self._out += data
+    def send(self, data: bytes) -> int:
+        """Queue ``data`` and write what the end takes now; returns the bytes dropped because
+        ``MAX_QUEUED_BYTES`` were already waiting (a reader that stopped reading)."""
+        dropped = bounded_append(self._out, data)
         self.flush()
+        return dropped
 
     def flush(self) -> None:
         while self._out:
@@ -244,7 +251,7 @@ class LinkProxy:
             for _, direction, dst in routes:
                 out = direction.poll(now)
                 if out:
-                    dst.send(out)
+                    direction.stats.bytes_overflow += dst.send(out)
                     if self.tap is not None:
                         self.tap(direction.name, out, now)
             times = [

@@ -2,8 +2,10 @@
 
 Contract: ``open_pty()`` creates a pty pair in raw mode and returns a ``PtyPair`` whose
 ``slave_path`` any serial tool can open; the simulator serves the master side through
-``FdTransport`` (``read(timeout) -> bytes``, ``write(bytes)``). The pair keeps its own slave fd
-open so that a client closing and reopening the path does not hang up the master (no EIO).
+``FdTransport`` (``read(timeout) -> bytes``, ``write(bytes)``; a write the reader does not take
+within ``WRITE_STALL`` is dropped with ``WriteStalled``, never blocking the device). The pair
+keeps its own slave fd open so that a client closing and reopening the path does not hang up the
+master (no EIO).
 """
 
 from __future__ import annotations
@@ -43,11 +45,30 @@ def open_pty() -> PtyPair:
     return PtyPair(master, slave, os.ttyname(slave))
 
 
+WRITE_STALL = 0.1
+"""Longest wait for the reader to make room before the rest of an answer is dropped (seconds)."""
+
+
+class WriteStalled(TimeoutError):
+    """The reader did not take the bytes in time: ``unsent`` bytes of the answer were dropped."""
+
+    def __init__(self, unsent: int) -> None:
+        super().__init__(f"the reader took no bytes for {WRITE_STALL} s: {unsent} bytes dropped")
+        self.unsent = unsent
+
+
 class FdTransport:
-    """Byte transport over a file descriptor (the master side of a pty)."""
+    """Byte transport over a file descriptor (the master side of a pty).
+
+    Writes never block for long: when the reader stops reading and the pty buffer is full, the
+    rest of the answer is dropped after ``WRITE_STALL`` seconds (``WriteStalled``), and while the
+    reader stays stalled further answers are dropped at once (like a UART whose transmit FIFO
+    overflows). The serving loop counts them and keeps serving."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._stalled = False
+        os.set_blocking(fd, False)
 
     def read(self, timeout: float) -> bytes:
         """Bytes available within ``timeout`` seconds (b"" when the line stayed silent)."""
@@ -56,6 +77,8 @@ class FdTransport:
             return b""
         try:
             return os.read(self.fd, 4096)
+        except BlockingIOError:
+            return b""
         except OSError as exc:  # no reader on the slave side right now
             if exc.errno == errno.EIO:
                 return b""
@@ -64,11 +87,18 @@ class FdTransport:
     def write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
-            _, ready, _ = select.select([], [self.fd], [], 1.0)
-            if not ready:
-                raise TimeoutError("pty write stalled for 1 s")
-            n = os.write(self.fd, view)
+            _, ready, _ = select.select([], [self.fd], [], 0.0 if self._stalled else WRITE_STALL)
+            n = 0
+            if ready:
+                try:
+                    n = os.write(self.fd, view)
+                except BlockingIOError:
+                    n = 0
+            if n == 0:
+                self._stalled = True
+                raise WriteStalled(len(view))
             view = view[n:]
+        self._stalled = False
 
     def close(self) -> None:
         pass  # the PtyPair owns the fd

@@ -10,6 +10,8 @@ Contract:
   a pty, uses the simulator's default 115200 Bd);
   broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
+  an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
+  counted in ``answers_dropped``, and serving goes on;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
   configuration is loaded at start and saved (atomically) BEFORE a write changes it: a write
   whose configuration cannot be saved answers exception 04 and changes nothing (logged; the
@@ -55,6 +57,7 @@ class RtuServer:
             baudrate=DEFAULT_BAUDRATE if baudrate is None else baudrate, unit=unit)
         self.answered = 0
         self.ignored = 0
+        self.answers_dropped = 0  #: answers the peer did not read in time (dropped, not fatal)
         if flash is not None:
             snap = flash.load()
             if snap is not None:
@@ -101,4 +104,9 @@ class RtuServer:
             data = transport.read(poll)
             reply = self.receive(data, clock())
             if reply:
-                transport.write(reply)
+                try:
+                    transport.write(reply)
+                except TimeoutError as exc:  # the peer stopped reading: drop, keep serving
+                    self.answers_dropped += 1
+                    if self.answers_dropped == 1 or self.answers_dropped % 1000 == 0:
+                        log.warning("answer dropped (%s); %d so far", exc, self.answers_dropped)

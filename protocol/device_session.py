@@ -49,6 +49,9 @@ Executor = Callable[[bytes, float, int], bytes]
 response PDU."""
 
 DEFAULT_MAX_INFLIGHT = 32
+HANDOUT_SPAN = 1 << 30
+"""How far ahead of the highest number seen a HELLO may hand out a start (half the RFC 1982
+"ahead" range, so a start and the numbers after it are always NEW to the window)."""
 
 
 class RequestDisposition(Enum):
@@ -109,16 +112,24 @@ class DeviceSession:
         delayed frame of the dead one would be executed and its answer taken by the new one (and
         the new one's own request refused as a conflict). Numbers of the dead process that arrive
         later are then inside the window (they may still run, and that process reported them
-        UNKNOWN) or too old: they never collide."""
+        UNKNOWN) or too old: they never collide.
+
+        The hand-out never runs away from the window: it stays at most ``HANDOUT_SPAN`` ahead of
+        the highest number seen (past that, a request would be 2^31 ahead and refused TOO_OLD).
+        HELLOs with no request between them cycle through the starts ``highest + 1 + k·window``
+        (k = 1 .. ``HANDOUT_SPAN // window``, about a million), so a start is handed out again only
+        after that many handshakes in which no request arrived."""
         highest, handed = self.window.highest, self._handed_out
-        seen = None if highest is None else (highest + 1) & 0xFFFFFFFF
-        if seen is None or handed is None:
-            base = seen if handed is None else handed
-            if base is None:
-                return 1
-        else:  # the later of the two, in serial arithmetic
-            base = handed if 0 < (handed - seen) & 0xFFFFFFFF < 0x80000000 else seen
-        return (base + self.window.size) & 0xFFFFFFFF
+        anchor = 1 if highest is None else (highest + 1) & 0xFFFFFFFF
+        if handed is None:
+            return anchor if highest is None else (anchor + self.window.size) & 0xFFFFFFFF
+        offset = (handed - anchor) & 0xFFFFFFFF
+        step = self.window.size
+        # handed out at or ahead of the anchor: one window further; behind it: requests passed it
+        following = offset + step if offset < 0x80000000 else step
+        if following > HANDOUT_SPAN:
+            following = step
+        return (anchor + following) & 0xFFFFFFFF
 
     def device_info(self) -> DeviceInfo:
         return DeviceInfo(

@@ -27,7 +27,9 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
 - An OK answer is refined from its PDU by ``classify_pdu``: a Modbus exception is REJECTED (or UNKNOWN
   for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a TRIGGER code of ILLEGAL_VALUE or
   ABNORMAL_STATE is classified like the exception FC06 would have answered (03 → REJECTED,
-  04 → UNKNOWN).
+  04 → UNKNOWN); a TRIGGER code the contract does not define (``TriggerStatus``) is UNKNOWN.
+- A HELLO_REPLY whose payload does not parse fails the handshake as *incompatible* (something
+  answered, not in our layout), with a one-line reason.
 - ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
   the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
   NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
@@ -86,6 +88,8 @@ _TRIGGER_CODE_EXCEPTION = {
     TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
 }
 """TRIGGER codes that mean "nothing started", as the exception FC06 answers in the same case."""
+_TRIGGER_CODES = frozenset(int(c) for c in TriggerStatus)
+"""Every TRIGGER code the contract defines; any other answer is UNKNOWN."""
 
 
 @dataclass(slots=True)
@@ -138,6 +142,9 @@ def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None
         if code in _TRIGGER_CODE_EXCEPTION:
             exc = _TRIGGER_CODE_EXCEPTION[TriggerStatus(code)]
             return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+        if code not in _TRIGGER_CODES:
+            # a code this contract does not define: whether the action started is not known
+            return Outcome.UNKNOWN, Status.OK, None
     return Outcome.OK, Status.OK, None
 
 
@@ -351,7 +358,9 @@ class HostSession:
             info = DeviceInfo.decode(frame.payload)
         except Exception as exc:  # construct raises several types on short input
             self.state = SessionState.CLOSED
-            self._events.append(HelloFailed(f"malformed HELLO_REPLY: {exc}"))
+            # construct's messages span lines (a path per nesting level): one line for the shells
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            self._events.append(HelloFailed(f"malformed HELLO_REPLY: {reason}", incompatible=True))
             return
         if frame_log.isEnabledFor(logging.DEBUG):
             frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",

@@ -436,6 +436,9 @@ class ReceiverConfig:
     purge_quiet: float = 0.25  #: after a bad block, wait for this much silence before NAK
     eot_confirm_timeout: float = 5.0  #: no second EOT -> NAK again
     max_errors: int = 10  #: consecutive errors before CAN
+    #: once the sender has spoken, the longest silence tolerated (then CAN: "sender silent");
+    #: without it a sender gone quiet mid-file is waited on for max_errors × block_timeout
+    silence_timeout: float | None = 60.0
     max_name_bytes: int = MAX_NAME_BYTES
     max_file_size: int | None = None  #: declared sizes above this are refused
 
@@ -465,6 +468,7 @@ class Receiver(_Machine):
         self._block_payload = b""
         self._eot_pending = False  # an EOT read last in this burst: it counts only if it stays last
         self._moved_on = False  # a bad block since the commit: an EOT is no longer a repeat
+        self._heard = False  # any byte from the sender yet (the silence limit starts then)
 
     # public API
 
@@ -492,6 +496,10 @@ class Receiver(_Machine):
             self._input(RxIn.EOT, now)
 
     def tick(self, now: float) -> None:
+        silent_until = self._silence_deadline()
+        if silent_until is not None and now >= silent_until:
+            self._do_abort(f"sender silent for {self.config.silence_timeout:g} s", by_peer=False)
+            return
         if self._purging:
             if now >= self._last_byte_at + self.config.purge_quiet:  # same sum as next_deadline
                 self._purging = False
@@ -508,16 +516,31 @@ class Receiver(_Machine):
             self._input(RxIn.TIMEOUT, now)
 
     def next_deadline(self) -> float | None:
+        due = self._protocol_deadline()
+        silent_until = self._silence_deadline()
+        if silent_until is None:
+            return due
+        return silent_until if due is None else min(due, silent_until)
+
+    def _protocol_deadline(self) -> float | None:
         if self._purging:
             return self._last_byte_at + self.config.purge_quiet
         if self._need:
             return self._last_byte_at + self.config.interbyte_timeout
         return self._deadline
 
+    def _silence_deadline(self) -> float | None:
+        """When the sender's silence ends the batch (None: no limit, or not started/over)."""
+        limit = self.config.silence_timeout
+        if limit is None or not self._heard or self.state in (RxState.DONE, RxState.ABORTED):
+            return None
+        return self._last_byte_at + limit
+
     # parsing
 
     def _feed_byte(self, b: int, now: float) -> None:
         self._last_byte_at = now
+        self._heard = True
         if self._eot_pending:  # a byte after an EOT in the same burst: the EOT was noise
             self._eot_pending = False
             self._input(RxIn.NOISE, now)

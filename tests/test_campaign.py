@@ -226,3 +226,34 @@ def test_mutant_set_only_retry_renumbered_in_one_epoch_duplicates_effects(
 def test_a_million_commands() -> None:
     rep = run_campaign(CampaignConfig(commands=1_000_000, seed=1000))
     assert rep.passed, rep.problems[:5]
+
+
+# ----------------------------------------------------------- the oracle under harsh but legal links
+
+
+def test_an_unknown_whose_read_back_was_lost_is_unresolved_not_misclassified(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from idemlink.campaign import _Campaign
+    from idemlink.host.device import Reconciliation, Result
+
+    campaign = _Campaign(CampaignConfig(commands=1, seed=3))
+    cmd = Command(CommandKind.WRITE, 4, values=(400,))
+    res = Result(cmd, Outcome.UNKNOWN, Status.NO_ANSWER)
+    monkeypatch.setattr(campaign.dev, "reconcile", lambda r: Reconciliation(
+        cmd, {}, None, "read-back failed; still unknown"))
+    campaign._reconcile(res)
+    assert campaign.report.misclassified == 0 and campaign.report.unknown_unresolved == 1
+    # a read-back that arrived and disagrees with the device is still caught
+    monkeypatch.setattr(campaign.dev, "reconcile", lambda r: Reconciliation(
+        cmd, {"threshold": 999, "generation": 0}, False, "the registers do not hold"))
+    campaign._reconcile(res)
+    assert campaign.report.misclassified == 1
+
+
+def test_soak_without_any_handshake_is_one_line_exit_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import EXIT_LOCAL_ERROR, main
+
+    assert main(["soak", "--commands", "100", "--loss", "1.0"]) == EXIT_LOCAL_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "HELLO" in err and "Traceback" not in err

@@ -71,7 +71,7 @@ def test_run_before_connect_raises_instead_of_polling_forever() -> None:
         dev.read("threshold")
     with pytest.raises(LocalProtocolError, match="not connected"):
         dev.write({"threshold": 300})
-    assert sim.device.executions == []
+    assert len(sim.device.executions) == 0
     dev.connect()  # the handle is still usable once connected
     assert dev.read("threshold").ok
 
@@ -349,7 +349,7 @@ def test_cli_port_failure_before_any_request_exits_1(capsys: pytest.CaptureFixtu
     out, err = capsys.readouterr()
     assert rc == 1 and out == ""
     assert "nothing was out" in err and len(err.splitlines()) == 1
-    assert t.device.executions == []
+    assert len(t.device.executions) == 0
 
 
 def test_sim_serving_a_port_that_fails_exits_1_without_a_traceback(

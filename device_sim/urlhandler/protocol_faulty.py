@@ -16,6 +16,9 @@ Contract:
   ``size`` bytes, ``0`` never blocks).
 - ``port.link`` is the ``Link``: its counters (``link.stats()``) say which faults were injected;
   the run is reproducible from ``seed`` (up to the timing of noise bursts, which is real time).
+- Memory is bounded: each direction of the link and the receive buffer hold at most
+  ``MAX_QUEUED_BYTES``; what a reader that never reads (or a writer faster than ``baud``) would
+  pile up beyond that is dropped and counted as ``bytes_overflow``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,14 @@ from typing import Any
 import serial
 from serial.serialutil import PortNotOpenError, SerialBase, SerialException
 
-from idemlink.device_sim.link import PARAM_NAMES, Link, LinkConfigError, config_from_params
+from idemlink.device_sim.link import (
+    MAX_QUEUED_BYTES,
+    PARAM_NAMES,
+    Link,
+    LinkConfigError,
+    bounded_append,
+    config_from_params,
+)
 
 SCHEME = "faulty://"
 _INNER_READ_TIMEOUT = 0.02  # the reader thread's poll period for stop requests
@@ -177,10 +187,17 @@ class Serial(SerialBase):
         if not self.is_open:
             raise PortNotOpenError()
         with self._cond:
-            self._rx += self.link.b_to_a.poll(self._now())
+            self._take(self.link.b_to_a.poll(self._now()), 0)
             if not self._rx:
                 self._raise_failure()
             return len(self._rx)
+
+    def _take(self, data: bytes, size: int) -> None:
+        """Move delivered bytes into the receive buffer, which holds at most
+        ``MAX_QUEUED_BYTES`` (or the ``size`` being read); the rest counts as b→a overflow."""
+        if data:
+            limit = max(MAX_QUEUED_BYTES, size)
+            self.link.b_to_a.stats.bytes_overflow += bounded_append(self._rx, data, limit)
 
     def read(self, size: int = 1) -> bytes:
         if not self.is_open:
@@ -191,7 +208,7 @@ class Serial(SerialBase):
             self._cancel = False
             while True:
                 now = self._now()
-                self._rx += self.link.b_to_a.poll(now)
+                self._take(self.link.b_to_a.poll(now), size)
                 if len(self._rx) >= size or not self.is_open or self._cancel:
                     break
                 if self._failure is not None:

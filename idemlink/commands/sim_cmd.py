@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
     from idemlink.device_sim.serve import ServeTransport
+    from idemlink.host.device import SerialTransport
 
 
 def register(sub: Any) -> None:
@@ -41,23 +43,28 @@ def register(sub: Any) -> None:
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the framed simulator's boot epochs (default: random)")
+                   help="seed of the framed simulator's boot epochs, mixed with the flash "
+                        "directory's boot counter or fresh entropy (default: random)")
     p.set_defaults(handler=run)
 
 
 @contextlib.contextmanager
 def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
     """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
-    from idemlink.device_sim.pty import open_pty
+    from idemlink.device_sim.pty import WRITE_STALL, open_pty
     from idemlink.host.device import PortError, SerialTransport
 
     if args.port:
         try:
             port = SerialTransport(args.port, baudrate=args.baudrate)
+            port.port.write_timeout = WRITE_STALL
         except PortError as exc:
             raise UserError(str(exc)) from None
+        except (OSError, ValueError) as exc:  # the port refused the write timeout
+            port.close()
+            raise UserError(f"{args.port}: {exc}") from None
         try:
-            yield port, args.port
+            yield _DroppingPort(port), args.port
         finally:
             port.close()
     else:
@@ -66,6 +73,31 @@ def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str
             yield pair.transport(), pair.slave_path
         finally:
             pair.close()
+
+
+class _DroppingPort:
+    """A ``--port`` whose writes give up after ``WRITE_STALL`` (a peer that stopped reading, a
+    flow-controlled line): the timed-out write is ``WriteStalled``, which the serving loops drop
+    and count, as on a pty."""
+
+    def __init__(self, port: SerialTransport) -> None:
+        self.port = port
+
+    def read(self, timeout: float) -> bytes:
+        return self.port.read(timeout)
+
+    def write(self, data: bytes) -> None:
+        import serial
+
+        from idemlink.device_sim.pty import WriteStalled
+        from idemlink.host.device import PortError
+
+        try:
+            self.port.write(data)
+        except PortError as exc:
+            if isinstance(exc.__cause__, serial.SerialTimeoutException):
+                raise WriteStalled(len(data)) from None
+            raise
 
 
 def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
@@ -126,9 +158,12 @@ def run_framed(args: argparse.Namespace) -> int:
 
     regmap = regmap_from(args)
     try:
+        # without a flash directory nothing counts process starts: fresh entropy makes this
+        # process's epochs differ from a previous run's with the same seed
+        salt = None if args.flash_dir else secrets.randbits(64)
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
-                                 device_id=getattr(args, "device_id", None))
+                                 device_id=getattr(args, "device_id", None), epoch_salt=salt)
     except DeviceIdError as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:

@@ -1,4 +1,8 @@
-"""``idemlink soak``: the fault campaign that proves the promise (see ``idemlink.campaign``)."""
+"""``idemlink soak``: the fault campaign that proves the promise (see ``idemlink.campaign``).
+
+Exit 0 when the oracle found nothing wrong, 6 when it did, 1 (one line on stderr) when the
+campaign could not start: bad settings, or no opening HELLO got through (``--loss 1.0``).
+"""
 
 from __future__ import annotations
 
@@ -31,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.campaign import CampaignConfig, run_campaign
     from idemlink.cli import UserError
     from idemlink.device_sim.link import LinkConfigError
+    from idemlink.host.device import IncompatibleDevice, NoDevice
 
     if args.commands < 1 or args.reboot_every < 0:
         raise UserError("--commands must be >= 1 and --reboot-every >= 0")
@@ -52,8 +57,11 @@ def run(args: argparse.Namespace) -> int:
         report = run_campaign(cfg, progress=tick)
     except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
         raise UserError(str(exc)) from None
-    if bar is not None:
-        bar.close()
+    except (NoDevice, IncompatibleDevice) as exc:  # e.g. --loss 1.0: no handshake gets through
+        raise UserError(f"the opening HELLO failed, no command was run: {exc}") from None
+    finally:
+        if bar is not None:
+            bar.close()
     d = report.as_dict()
     if args.json:
         print(json.dumps(d, indent=1, sort_keys=True))
@@ -64,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
         print("outcomes  " + "  ".join(f"{k} {oc.get(k, 0)}" for k in
                                        ("OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN")))
         print(f"retries {d['retries']}  replays {d['replays']}  unknown reconciled "
-              f"{d['unknown_reconciled']}  set-only re-issued {d['reissued_set_only']}")
+              f"{d['unknown_reconciled']}  unresolved {d['unknown_unresolved']}  "
+              f"set-only re-issued {d['reissued_set_only']}")
         print(f"duplicated effects {d['duplicated_effects']}  lost acknowledged writes "
               f"{d['lost_acknowledged_writes']}  misclassified {d['misclassified']}")
         print(f"{d['commands_per_second']} commands/s wall, {d['simulated_seconds']:.1f} s simulated")

@@ -8,16 +8,24 @@ size and CRC-32C of what the device stored) and is ok only when verified.
 ``receive --dir D`` is a plain YMODEM receiver for any sender (``sb``). Both print one line per
 file and the throughput; exit 0 only when every file arrived and the batch ended (framed: when
 every file is verified on the device; 5 when a read-back got no answer and nothing failed).
+``send --plain`` and ``receive``: a port that dies mid-transfer is one line on stderr and exit 5
+(what the peer kept is unknown; the receiver's file in progress is discarded, committed files
+stay); SIGTERM or SIGHUP unwind like Ctrl-C (CAN CAN, temporary deleted) and exit 128 + signal.
+``receive --timeout`` bounds both the wait for a sender and any silence of a sender mid-batch.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError
+from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, EXIT_UNKNOWN, UserError
 
 
 def register(sub: Any) -> None:
@@ -42,7 +50,8 @@ def register(sub: Any) -> None:
     r.add_argument("--dir", required=True, help="target directory")
     r.add_argument("--overwrite", action="store_true", help="replace existing files")
     r.add_argument("--quota", type=int, default=None, help="byte limit for the batch")
-    r.add_argument("--timeout", type=float, default=60.0, help="wait for the sender (s)")
+    r.add_argument("--timeout", type=float, default=60.0,
+                   help="wait for the sender, and longest silence mid-batch (s); default 60")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(handler=run_receive)
 
@@ -70,6 +79,40 @@ class _Bar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP during a transfer: unwinds like Ctrl-C (CAN CAN to the peer, the
+    uncommitted temporary deleted), then exits 128 + the signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """Make SIGTERM and SIGHUP raise ``Terminated`` (their default would kill the process
+    without cleaning up); the previous handlers come back on exit."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        raise Terminated(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _close_quietly(port: Any) -> None:
+    with contextlib.suppress(OSError):
+        port.close()
 
 
 def _open(url: str, baud: int) -> Any:
@@ -127,10 +170,18 @@ def run_send(args: argparse.Namespace) -> int:
     port = _open(args.port, args.baud)
     bar = _Bar(not args.no_progress)
     try:
-        report = send_files(port, args.files, config, bar)
+        with _signals_interrupt():
+            report = send_files(port, args.files, config, bar)
+    except Terminated as exc:
+        print(f"idemlink send: {exc}; the receiver was told to cancel", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
+        print(f"idemlink send: the port failed mid-transfer ({_one_line(exc)}); what the "
+              "receiver kept is unknown", file=sys.stderr)
+        return EXIT_UNKNOWN
     finally:
         bar.close()
-        port.close()
+        _close_quietly(port)
     _print_report(report, "sent")
     return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
 
@@ -188,13 +239,21 @@ def run_receive(args: argparse.Namespace) -> int:
     c_interval = min(3.0, args.timeout)
     config = ReceiverConfig(c_interval=c_interval,
                             header_retries=max(1, round(args.timeout / c_interval)),
-                            max_file_size=args.quota)
+                            silence_timeout=args.timeout, max_file_size=args.quota)
     port = _open(args.port, args.baud)
     bar = _Bar(not args.no_progress)
     try:
-        report = receive_files(port, sink, config, bar)
+        with _signals_interrupt():
+            report = receive_files(port, sink, config, bar)
+    except Terminated as exc:
+        print(f"idemlink receive: {exc}; the file in progress was discarded", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
+        print(f"idemlink receive: the port failed mid-transfer ({_one_line(exc)}); the file in "
+              "progress was discarded, files reported before were committed", file=sys.stderr)
+        return EXIT_UNKNOWN
     finally:
         bar.close()
-        port.close()
+        _close_quietly(port)
     _print_report(report, "received")
     return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
