@@ -209,6 +209,8 @@ class SimulatedDevice:
         self.name = name
         self.file_quota = file_quota
         self._hash = contract_hash()
+        if self.flash is not None:
+            self.flash.claim_map(regmap.name, regmap.hash.hex())
         self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
                                config=self._load_flash())  # a refused flash changes nothing
         self.device_id = self._identity(device_id, seed)

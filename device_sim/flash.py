@@ -125,6 +125,25 @@ class ConfigFlash:
     def save(self, snap: ConfigSnapshot) -> None:
         self._replace(self.path, snap.to_json())
 
+    def claim_map(self, name: str, map_hash: str) -> None:
+        """Tie this flash to one register map (file ``map``: name and hash). A directory saved
+        with another map is refused (``UnsafeFlashFileError``, nothing changed): its
+        configuration would be read with the wrong layout, limits or scale. A directory from
+        before this file existed is claimed by the first map that opens it."""
+        path = self.dir / "map"
+        data = read_flash_file(path, limit=256)
+        if data is None:
+            self._replace(path, f"{name} {map_hash}\n")
+            return
+        try:
+            old_name, old_hash = data.decode("utf-8").split()
+        except (UnicodeDecodeError, ValueError):
+            raise UnsafeFlashFileError(f"{path}: not a map record; refused") from None
+        if old_hash != map_hash:
+            raise UnsafeFlashFileError(
+                f"{self.dir} holds the configuration of register map {old_name} {old_hash}, "
+                f"not {name} {map_hash}: use another flash directory")
+
     def count_boot(self) -> int:
         """Increment the persisted boot counter and return it (1 on a fresh directory). A
         counter that is not a decimal number is refused (``UnsafeFlashFileError``)."""

@@ -270,24 +270,30 @@ class RegisterSpec:
         }
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "address": self.address,
-            "name": self.name,
-            "kind": self.kind.name.lower(),
-            "unit": self.unit,
-            "description": self.description,
-        }
+        """The register as a map file states it (``regmap_file`` reads it back unchanged): the
+        fields its kind takes, defaults left out except ``min``/``max``/``default`` of a
+        HOLDING register and ``persist``."""
+        out: dict[str, Any] = {"address": self.address, "name": self.name,
+                               "kind": self.kind.name.lower()}
+        if self.unit:
+            out["unit"] = self.unit
+        if self.scale:
+            out["scale"] = self.scale
         if self.kind is RegisterKind.HOLDING:
-            out.update(min=self.minimum, max=self.maximum, default=self.default)
-        else:
-            out.update(min=None, max=None, default=None)
+            out.update(min=self.minimum, max=self.maximum, default=self.default,
+                       persist=self.persist)
+        elif self.kind is RegisterKind.INPUT:
+            if (self.minimum, self.maximum) != (0, REGISTER_MAX):
+                out.update(min=self.minimum, max=self.maximum)
+            out["default"] = self.default
+        if self.labels:
+            out["labels"] = {s: v for v, s in self.labels}
         if self.kind is RegisterKind.FAULT:
             out["bits"] = [{"bit": b.bit, "name": b.name, "description": b.description}
+                           if b.description else {"bit": b.bit, "name": b.name}
                            for b in self.bits]
-        out["scale"] = self.scale or None
-        out["labels"] = {s: v for v, s in self.labels} if self.labels else None
-        if self.kind is RegisterKind.HOLDING:
-            out["persist"] = self.persist
+        if self.description:
+            out["description"] = self.description
         return out
 
 
@@ -464,7 +470,8 @@ def map_rows(regmap: RegisterMap) -> list[list[object]]:
             notes += "; volatile (default again after a reboot)"
         rows.append([f"0x{r.address:04X}", r.name, r.kind.name,
                      r.minimum if holding else "", r.maximum if holding else "",
-                     r.default if holding else "", r.scale, r.unit, notes.lstrip("; ")])
+                     r.default if holding or r.kind is RegisterKind.INPUT else "", r.scale,
+                     r.unit, notes.lstrip("; ")])
     return rows
 
 

@@ -43,7 +43,8 @@ MAX_REGISTERS = 4096
 BUILTIN_MAPS: tuple[str, ...] = ("thermal-controller", "pump-controller")
 DEFAULT_MAP_NAME = "thermal-controller"
 
-_TOP_FIELDS = {"name", "description", "registers"}
+_TOP_FIELDS = {"name", "description", "registers", "schema", "hash"}
+SCHEMA = "idemlink.regmap/1"
 _FIELDS = {"address", "name", "kind", "unit", "scale", "min", "max", "default", "labels",
            "persist", "bits", "description"}
 _BIT_FIELDS = {"bit", "name", "description"}
@@ -225,14 +226,27 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
             raise RegmapFileError(f"{source}: register {s.name!r}: field 'address': 0x"
                                   f"{s.address:04X} is already {by_address[s.address]!r}")
         by_address[s.address] = s.name
+    if "schema" in doc and doc["schema"] != SCHEMA:
+        raise RegmapFileError(f"{source}: field 'schema': {doc['schema']!r} is not {SCHEMA!r}")
     try:
-        return RegisterMap(tuple(specs), name=_text(source, "name", doc["name"], 40),
-                           description=_text(source, "description", doc.get("description", ""),
-                                             500))
+        regmap = RegisterMap(tuple(specs), name=_text(source, "name", doc["name"], 40),
+                             description=_text(source, "description",
+                                               doc.get("description", ""), 500))
     except RegmapFileError:
         raise
     except RegisterSchemaError as exc:
         raise RegmapFileError(f"{source}: {exc}") from None
+    if "hash" in doc and doc["hash"] != regmap.hash.hex():
+        raise RegmapFileError(f"{source}: field 'hash': the file says {doc['hash']!r} but its "
+                              f"registers hash to {regmap.hash.hex()!r} (edited after export?); "
+                              "remove the hash field to accept the edit")
+    return regmap
+
+
+def map_document(regmap: RegisterMap) -> dict[str, Any]:
+    """The map as a JSON map file (what ``idemlink regmap --json`` prints; loads back as is)."""
+    return {"schema": SCHEMA, "name": regmap.name, "hash": regmap.hash.hex(),
+            "description": regmap.description, "registers": regmap.to_json()}
 
 
 def load_regmap(path: str | os.PathLike[str]) -> RegisterMap:

@@ -117,7 +117,8 @@ def test_regmap_json_cli(capsys: pytest.CaptureFixture[str]) -> None:
     assert by_name["threshold"] == {"address": 4, "name": "threshold", "kind": "holding",
                                     "unit": "°C", "description": "over-temperature threshold",
                                     "min": 0, "max": 1000, "default": 350, "scale": "0.1",
-                                    "labels": None, "persist": True}
+                                    "persist": True}
+    assert by_name["temperature"]["default"] == 250  # an input's simulated reading
     assert by_name["mode"]["labels"] == {"off": 0, "auto": 1, "manual": 2}
     assert by_name["faults"]["bits"][0] == {"bit": 0, "name": "over_temperature",
                                             "description": "temperature above threshold"}

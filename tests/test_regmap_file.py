@@ -68,6 +68,24 @@ def test_pump_map_has_its_own_layout() -> None:
     assert PUMP.hash != DEFAULT_MAP.hash
 
 
+def test_regmap_json_is_a_map_file_that_loads_back(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("thermal-controller", "pump-controller"):
+        assert main(["regmap", name, "--json"]) == 0
+        exported = tmp_path / f"{name}.json"
+        exported.write_text(capsys.readouterr().out)
+        assert load_regmap(exported) == builtin_map(name)
+        assert load_regmap(exported).hash == builtin_map(name).hash
+    edited = json.loads(exported.read_text())
+    edited["registers"][4]["max"] = 3000
+    exported.write_text(json.dumps(edited))
+    with pytest.raises(RegmapFileError, match="field 'hash'"):
+        load_regmap(exported)
+    del edited["hash"]
+    exported.write_text(json.dumps(edited))
+    assert load_regmap(exported).named("speed_setpoint").maximum == 3000
+
+
 def test_json_and_toml_describe_the_same_map(tmp_path: Path) -> None:
     doc = {"name": "pump-controller", "description": PUMP.description, "registers": []}
     for r in PUMP:
@@ -350,3 +368,23 @@ def test_python_api_takes_text_values_and_refuses_bad_ones_by_name() -> None:
             dev.write(bad)
         assert why in str(exc.value), str(exc.value)
     assert str(Outcome.OK) == "OK" and f"{Outcome.UNKNOWN}" == "UNKNOWN"
+
+
+@pytest.mark.parametrize("mode", [[], ["--modbus-rtu"]])
+def test_a_flash_dir_saved_with_another_map_is_refused(tmp_path: Path, mode: list[str]) -> None:
+    import sys
+
+    flash = tmp_path / "flash"
+    SimulatedDevice(flash_dir=flash, regmap=PUMP)  # claims the directory for the pump's map
+    before = {p.name: p.read_bytes() for p in flash.iterdir()}
+    # the same name, one limit changed: another hash
+    text = (MAPS / "pump-controller.toml").read_text().replace("max = 3600\ndefault = 1450",
+                                                                "max = 3000\ndefault = 1450")
+    other = tmp_path / "pump2.toml"
+    other.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "idemlink", "sim", *mode, "--regmap", str(other),
+                        "--flash-dir", str(flash)], capture_output=True, text=True, check=False,
+                       timeout=30)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert f"register map pump-controller {PUMP.hash.hex()}" in r.stderr
+    assert {p.name: p.read_bytes() for p in flash.iterdir()} == before

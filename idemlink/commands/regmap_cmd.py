@@ -2,8 +2,10 @@
 
 Contract: ``FILE`` is a map file (TOML or JSON, docs/REGMAP.md) or a built-in map's name; without
 it, the built-in thermal controller. The text form is a table (address, name, kind, limits, scale,
-unit, labels or bits); ``--json`` prints one object ``{"schema": "idemlink.regmap/1", "name",
-"hash", "description", "registers": [...]}``. ``--check`` only validates: it prints
+unit, labels or bits); ``--json`` prints the map as a JSON map file ``{"schema":
+"idemlink.regmap/1", "name", "hash", "description", "registers": [...]}`` that loads back as is
+(``idemlink regmap pump-controller --json > pump.json`` exports a built-in map to edit).
+``--check`` only validates: it prints
 ``ok: NAME (N registers, hash H)`` and exits 0, or prints the one-line reason and exits 6.
 """
 
@@ -30,7 +32,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
+    from idemlink.protocol.regmap_file import RegmapFileError, map_document, resolve_regmap
 
     ref = args.file if args.file is not None else args.regmap_opt
     try:
@@ -44,9 +46,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"ok: {regmap.name} ({len(regmap)} registers, hash {regmap.hash.hex()})")
         return EXIT_OK
     if args.json:
-        print(json.dumps({"schema": "idemlink.regmap/1", "name": regmap.name,
-                          "hash": regmap.hash.hex(), "description": regmap.description,
-                          "registers": regmap.to_json()}))
+        print(json.dumps(map_document(regmap), ensure_ascii=False))
         return EXIT_OK
     print(f"{regmap.name} (hash {regmap.hash.hex()})")
     header = ("address", "name", "kind", "min", "max", "default", "scale", "unit", "values")
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
             values = (values + "; " if values else "") + "volatile"
         table.append((f"0x{r.address:04X}", r.name, r.kind.name.lower(),
                       str(r.minimum) if holding else "", str(r.maximum) if holding else "",
-                      str(r.default) if holding else "", r.scale, r.unit, values))
+                      str(r.default) if holding or r.kind.name == "INPUT" else "", r.scale,
+                      r.unit, values))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

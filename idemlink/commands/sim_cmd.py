@@ -138,9 +138,12 @@ def run_rtu(args: argparse.Namespace) -> int:
     from idemlink.device_sim.rtu_server import RtuServer
     from idemlink.protocol.device_core import DeviceCore, SnapshotError
 
-    core = DeviceCore(regmap_from(args), trigger_duration=args.trigger_duration)
+    regmap = regmap_from(args)
+    core = DeviceCore(regmap, trigger_duration=args.trigger_duration)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
+        if flash is not None:
+            flash.claim_map(regmap.name, regmap.hash.hex())
         # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
         server = RtuServer(core, unit=args.unit, flash=flash,
                            baudrate=args.baudrate if args.port else None)
