@@ -220,7 +220,7 @@ def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
         raise IncompatibleDevice(
             f"device {info.device_id or info.name} serves register map "
             f"{info.map_name or '?'} {theirs.hex()}, ours is {regmap.name} {regmap.hash.hex()}: "
-            "give its map file (--regmap FILE)")
+            "open it with its map file (regmap=FILE; --regmap FILE on the command line)")
 
 
 class IncompatibleDevice(RemoteProtocolError):

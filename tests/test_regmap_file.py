@@ -314,6 +314,19 @@ def test_cli_drives_the_pump_over_a_pty(capsys: pytest.CaptureFixture[str]) -> N
                                                               "hash": DEFAULT_MAP.hash.hex()}}
         assert main(["info", "--port", port, "--regmap", "pump-controller"]) == 0
         assert "matches --regmap" in capsys.readouterr().out
+        # a fault bit names its word (bit names are unique in a map)
+        with pty._shared.lock:
+            pty.device.core.set_condition("overpressure", True, pty.device.core.now)
+            pty.device.core.set_condition("overpressure", False, pty.device.core.now)
+        assert pty.device.core.value("hydraulic_faults") == 8
+        assert main(["clear", "--port", port, "--regmap", "pump-controller", "overpressure"]) == 0
+        assert pty.device.core.value("hydraulic_faults") == 0
+        capsys.readouterr()
+        assert main(["clear", "--port", port, "--regmap", "pump-controller", "overpressure",
+                     "overheat"]) == 1
+        assert "different fault words" in capsys.readouterr().err
+        assert main(["read", "--port", port, "v_set"]) == 1
+        assert "give its map with --regmap FILE" in capsys.readouterr().err
     finally:
         pty.close()
 

@@ -167,7 +167,8 @@ def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
             spec = None
     if spec is None:
         names = ", ".join(r.name for r in regmap)
-        raise UserError(f"no register {ref!r} in the map (registers: {names})")
+        raise UserError(f"no register {ref!r} in the map {regmap.name} (registers: {names}); "
+                        "for another device, give its map with --regmap FILE")
     return spec
 
 
@@ -179,9 +180,21 @@ def _only(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -
         return spec
     specs = regmap.of_kind(kind)
     if len(specs) != 1:
-        raise UserError(f"name the {kind.name.lower()} register to {verb}: "
-                        + ", ".join(s.name for s in specs))
+        option = "--register NAME" if kind is RegisterKind.FAULT else "its name"
+        raise UserError(f"the map has {len(specs)} {kind.name.lower()} registers: give "
+                        f"{option} ({', '.join(s.name for s in specs)})")
     return specs[0]
+
+
+def _fault_word_of_bits(regmap: RegisterMap, bits: Sequence[str]) -> str | None:
+    """The one fault word that declares every named bit (bit names are unique in a map), or
+    None when a name is unknown (``fault_mask`` then names the choices)."""
+    owners = {s.name for s in regmap.of_kind(RegisterKind.FAULT)
+              for b in s.bits if b.name in bits}
+    if len(owners) > 1:
+        raise UserError(f"those bits belong to different fault words ({', '.join(sorted(owners))})"
+                        ": clear one word at a time with --register NAME")
+    return owners.pop() if owners else None
 
 
 # ------------------------------------------------------------------------------- opening, output
@@ -560,7 +573,11 @@ def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    spec = _only(regmap_from(args), RegisterKind.FAULT, args.register, "clear")
+    regmap = regmap_from(args)
+    register = args.register
+    if register is None and args.bits:
+        register = _fault_word_of_bits(regmap, args.bits)
+    spec = _only(regmap, RegisterKind.FAULT, register, "clear")
     mask = fault_mask(spec, args.bits, args.mask)
     with open_device(args) as dev:
         r = dev.clear_faults(mask, spec.name)

@@ -142,11 +142,11 @@ def run_rtu(args: argparse.Namespace) -> int:
     core = DeviceCore(regmap, trigger_duration=args.trigger_duration)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
-        if flash is not None:
-            flash.claim_map(regmap.name, regmap.hash.hex())
         # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
         server = RtuServer(core, unit=args.unit, flash=flash,
                            baudrate=args.baudrate if args.port else None)
+        if flash is not None:  # after the saved configuration was read and checked
+            flash.claim_map(regmap.name, regmap.hash.hex())
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
     return _serve_until_signal(args, server.serve)

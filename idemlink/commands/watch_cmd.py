@@ -102,8 +102,9 @@ class Printer:
                 "name": spec.name, "address": spec.address, "raw": raw, "value": value,
                 "unit": spec.unit, "outcome": outcome}), flush=True)
         elif self.csv:
+            exact = "" if raw is None else (spec.label_of(raw) or str(spec.scaled(raw)))
             self._row((f"{stamp:.3f}", poll, spec.name, spec.address, "" if raw is None else raw,
-                       "" if value is None else value, spec.unit, outcome))
+                       exact, spec.unit, outcome))
             sys.stdout.flush()
         elif raw is None:
             print(f"{clock} {spec.name} : {outcome}", flush=True)
