@@ -24,6 +24,7 @@ from typing import Any
 
 from idemlink.protocol.contract_section import ContractSection
 from idemlink.protocol.registers import (
+    MAP_FLAG_PERSIST,
     RegisterKind,
     RegisterMap,
     map_defines,
@@ -64,6 +65,12 @@ def _c_value(v: int | str) -> str:
     return v if isinstance(v, str) else (f"{v}u" if v >= 0 else str(v))
 
 
+def _c_comment(text: str) -> str:
+    """`` /**< text */`` with the text unable to end the comment early or open a nested one
+    (a unit or description from a map file may hold ``*/``)."""
+    return f" /**< {text.replace('*/', '* /').replace('/*', '/ *')} */" if text else ""
+
+
 def render_header(secs: list[ContractSection]) -> str:
     lines = [
         "/**",
@@ -80,8 +87,7 @@ def render_header(secs: list[ContractSection]) -> str:
     for s in secs:
         lines.append(f"/* ---- {s.name} ---- */")
         for d in s.defines:
-            comment = f" /**< {d.comment} */" if d.comment else ""
-            lines.append(f"#define {d.name} {_c_value(d.value)}{comment}")
+            lines.append(f"#define {d.name} {_c_value(d.value)}{_c_comment(d.comment)}")
         for e in s.enums:
             lines.append(f"/** {e.comment} */" if e.comment else "")
             lines.append("typedef enum {")
@@ -154,8 +160,7 @@ def render_map_header(regmap: RegisterMap) -> str:
         "#define IDL_MAP_HASH_BYTES { " + ", ".join(f"0x{b:02X}u" for b in regmap.hash) + " }",
     ]
     for d in map_defines(regmap.registers):
-        comment = f" /**< {d.comment} */" if d.comment else ""
-        lines.append(f"#define {d.name} {_c_value(d.value)}{comment}")
+        lines.append(f"#define {d.name} {_c_value(d.value)}{_c_comment(d.comment)}")
     lines += [
         "",
         "/** One register: address, kind (idl_reg_kind_t), flags, limits, default, fault mask. */",
@@ -169,7 +174,7 @@ def render_map_header(regmap: RegisterMap) -> str:
         "    uint16_t fault_mask; /**< FAULT: the declared bits */",
         "} idl_reg_desc_t;",
         "",
-        "#define IDL_REG_FLAG_PERSIST 0x01u /**< HOLDING kept across reboots */",
+        f"#define {MAP_FLAG_PERSIST} 0x01u /**< HOLDING kept across reboots */",
         "",
         "/** The map, sorted by address (binary-search it by address). */",
         "static const idl_reg_desc_t IDL_REGMAP[IDL_REG_COUNT] = {",
@@ -177,7 +182,7 @@ def render_map_header(regmap: RegisterMap) -> str:
     rows = []
     for r in regmap:
         holding = r.kind is RegisterKind.HOLDING
-        flags = "IDL_REG_FLAG_PERSIST" if holding and r.persist else "0u"
+        flags = MAP_FLAG_PERSIST if holding and r.persist else "0u"
         rows.append(f"    {{ 0x{r.address:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
                     f"{r.minimum}u, {r.maximum}u, {r.default}u, 0x{r.fault_mask:04X}u }}")
     lines.append(",\n".join(rows))

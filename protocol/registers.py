@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import IntEnum
+from fractions import Fraction
 from typing import Any
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
@@ -44,6 +45,26 @@ ADDRESS_MAX = 0xFFFF
 
 class RegisterSchemaError(ValueError):
     """A register declaration breaks the schema (a programming error in the map, not a wire error)."""
+
+
+#: A scale is a decimal number > 0 within these powers of ten, with at most this many significant
+#: digits: shown values and typed values stay exact, and no scale can make arithmetic explode.
+SCALE_EXPONENTS = (-12, 12)
+SCALE_DIGITS = 15
+#: Powers of ten a typed value may span before it is refused outright (beyond any register).
+_TYPED_EXPONENTS = (-40, 30)
+
+
+def check_scale(scale: Decimal) -> None:
+    """Refuse a scale that is not a finite decimal > 0 within ``SCALE_EXPONENTS`` (1e-12..1e12)
+    and ``SCALE_DIGITS`` significant digits."""
+    if not scale.is_finite() or scale <= 0:
+        raise RegisterSchemaError("scale must be a number > 0")
+    lo, hi = SCALE_EXPONENTS
+    digits = "".join(map(str, scale.as_tuple().digits)).rstrip("0")
+    if not lo <= scale.adjusted() < hi or len(digits) > SCALE_DIGITS:
+        raise RegisterSchemaError(f"scale must lie between 1e{lo} and 1e{hi} with at most "
+                                  f"{SCALE_DIGITS} significant digits")
 
 
 class RegisterKind(IntEnum):
@@ -159,8 +180,10 @@ class RegisterSpec:
             except InvalidOperation:
                 raise RegisterSchemaError(f"{self.name}: scale {self.scale!r} is not a decimal "
                                           "number") from None
-            if not scale.is_finite() or scale <= 0:
-                raise RegisterSchemaError(f"{self.name}: scale must be a number > 0")
+            try:
+                check_scale(scale)
+            except RegisterSchemaError as exc:
+                raise RegisterSchemaError(f"{self.name}: {exc}") from None
             if self.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER, RegisterKind.GENERATION):
                 raise RegisterSchemaError(f"{self.name}: a {self.kind.name} register has no scale")
         if self.labels:
@@ -247,8 +270,14 @@ class RegisterSpec:
                 choices = (f" or one of: {', '.join(s for _, s in self.labels)}"
                            if self.labels else "")
                 raise ValueError(f"{self.name}: {text!r} is not a number{choices}")
-            exact = number / Decimal(self.scale) if self.scale else number
-            if exact != exact.to_integral_value():
+            if number and number.adjusted() > _TYPED_EXPONENTS[1]:
+                raise ValueError(f"{self.name}={text}: outside what a register holds "
+                                 f"(raw 0..{REGISTER_MAX})")
+            if number and number.adjusted() < _TYPED_EXPONENTS[0]:
+                exact = Fraction(1, 2)  # smaller than any scale: between two steps
+            else:  # exact (Decimal division would round to 28 digits)
+                exact = Fraction(number) / Fraction(Decimal(self.scale or "1"))
+            if exact.denominator != 1:
                 raise ValueError(
                     f"{self.name}: {text} is not a multiple of the scale {self.scale}"
                     if self.scale else f"{self.name}: {text} is not an integer")
@@ -346,6 +375,11 @@ def map_defines(regs: Iterable[RegisterSpec]) -> list[CDefine]:
     return defines
 
 
+#: Names the generated map header defines besides ``map_defines`` (reserved: no register or bit
+#: may render to one of them).
+MAP_FLAG_PERSIST = "IDL_REG_FLAG_PERSIST"
+MAP_HEADER_NAMES = ("IDL_MAP_NAME", "IDL_MAP_HASH", "IDL_MAP_HASH_BYTES", MAP_FLAG_PERSIST)
+
 #: Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a 16-bit-int
 #: C compiler takes them too. They belong to the protocol, whatever the device's map.
 _PROTOCOL_DEFINES = [CDefine(f"IDL_TRIGGER_STATUS_{s.name}", f"0x{s.value:04X}u",
@@ -390,7 +424,7 @@ class RegisterMap:
         seen: set[str] = set()
         for name in [d.name for d in map_defines(regs)] + [d.name for d in _PROTOCOL_DEFINES] + [
             f"{e.prefix}_{m.name}" for e in _ENUMS for m in e.members
-        ]:
+        ] + list(MAP_HEADER_NAMES):
             if name in seen:
                 raise RegisterSchemaError(
                     f"the C header would define {name} twice; rename the register or bit")

@@ -7,7 +7,8 @@ Contract (the format is documented in docs/REGMAP.md):
   ``kind`` and the fields its kind allows (``min``, ``max``, ``default``, ``unit``, ``scale``,
   ``labels``, ``persist``, ``bits``, ``description``). Unknown fields and non-idempotent behaviours
   (``kind = "toggle"``, ``clear_on_read = true``) are refused, as are overlapping addresses, bad
-  ranges and names the generated C header could not define.
+  ranges and names the generated C header could not define; so are JSON objects that give a key
+  twice (TOML refuses them itself). A leading byte-order mark is ignored.
 - Every refusal is one ``RegmapFileError`` whose message names the file, the register (by name,
   else by position) and the field: ``pump.toml: register 'speed' (#2): field 'max': 70000 outside
   0..65535``. Nothing is half-loaded.
@@ -33,6 +34,7 @@ from idemlink.protocol.registers import (
     RegisterMap,
     RegisterSchemaError,
     RegisterSpec,
+    check_scale,
     parse_kind,
 )
 
@@ -96,6 +98,10 @@ def _scale(where: str, value: object) -> str:
         number = Decimal("nan")
     if not number.is_finite() or number <= 0:
         raise RegmapFileError(f"{where}: field 'scale': {value!r} must be a number > 0")
+    try:
+        check_scale(number)
+    except RegisterSchemaError as exc:
+        raise RegmapFileError(f"{where}: field 'scale': {value!r}: {exc}") from None
     if number == number.to_integral_value():
         return str(int(number))
     return format(number.normalize(), "f")
@@ -191,6 +197,16 @@ def _register(source: str, index: int, raw: object) -> RegisterSpec:
         raise RegmapFileError(f"{where}: {_strip_name(str(exc), raw['name'])}") from None
 
 
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object, refusing a key given twice (``json`` would silently keep the last)."""
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise RegmapFileError(f"field {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
 def _strip_name(message: str, name: object) -> str:
     prefix = f"{name}: "
     return message[len(prefix):] if message.startswith(prefix) else message
@@ -201,11 +217,17 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
     try:
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        doc: object = json.loads(text) if fmt == "json" else tomllib.loads(text)
+        text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors save
+        doc: object = (json.loads(text, object_pairs_hook=_unique_keys) if fmt == "json"
+                       else tomllib.loads(text))
     except UnicodeDecodeError:
         raise RegmapFileError(f"{source}: not UTF-8 text") from None
+    except RegmapFileError as exc:
+        raise RegmapFileError(f"{source}: {exc}") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise RegmapFileError(f"{source}: not valid {fmt.upper()}: {exc}") from None
+    except RecursionError:
+        raise RegmapFileError(f"{source}: not valid {fmt.upper()}: nested too deeply") from None
     if not isinstance(doc, dict):
         raise RegmapFileError(f"{source}: need a document with name and registers")
     unknown = set(doc) - _TOP_FIELDS

@@ -1,0 +1,126 @@
+"""Hostile map files, typed values and HELLO replies: one clear refusal, never a traceback or a hang.
+
+- A map file nested too deeply, a scale whose arithmetic would explode, a JSON object giving a key
+  twice: each is one ``RegmapFileError`` naming the file (and the field); a byte-order mark is
+  ignored (same hash as without).
+- The generated C header compiles whatever text a unit or description holds, and a register whose
+  name renders to a name the header already defines is refused.
+- A typed value is converted exactly: one that falls between two steps of the scale is refused
+  however many digits it has; an absurd exponent is refused, not computed.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from idemlink.cli import UserError, main
+from idemlink.commands.device_cmds import parse_assignments
+from idemlink.protocol.registers import RegisterSchemaError, register
+from idemlink.protocol.regmap_file import DEFAULT_MAP, RegmapFileError, load_regmap, parse_regmap
+
+BASE = """name = "t"
+[[registers]]
+address = 0
+name = "generation"
+kind = "generation"
+"""
+BASE_JSON = '{"name": "t", "registers": [{"address": 0, "name": "generation", "kind": "generation"}'
+
+
+def with_register(body: str) -> str:
+    return BASE + "[[registers]]\naddress = 1\n" + body
+
+
+# ------------------------------------------------------------------------------ map files
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("toml", "x = " + "[" * 50_000 + "]" * 50_000 + "\n"),
+    ("toml", "x = " + "{a=" * 20_000 + "1" + "}" * 20_000 + "\n"),
+    ("json", "[" * 50_000 + "]" * 50_000),
+], ids=["toml-arrays", "toml-tables", "json-arrays"])
+def test_a_file_nested_too_deeply_is_one_refusal(fmt: str, text: str) -> None:
+    with pytest.raises(RegmapFileError, match=r"^deep\.\w+: not valid .*nested too deeply$"):
+        parse_regmap(text, source=f"deep.{fmt}", fmt=fmt)
+
+
+@pytest.mark.parametrize("scale", ['"1e5000"', '"1e999999999"', '"1e-5000"', "1e-300", "1e300",
+                                   '"1.0000000000000001"'])
+def test_a_scale_beyond_exact_arithmetic_is_refused_at_once(scale: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(RegmapFileError, match=r"register 'x' \(#2\): field 'scale': .*1e-12"):
+        parse_regmap(with_register(f'name = "x"\nkind = "holding"\nscale = {scale}\n'))
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_scale_is_checked_when_a_register_is_declared_in_python() -> None:
+    with pytest.raises(RegisterSchemaError, match="x: scale must lie between"):
+        register(1, "x", "holding", scale="1e40")
+
+
+@pytest.mark.parametrize("doc, field", [
+    (BASE_JSON + ', {"address": 1, "name": "x", "kind": "holding", "max": 10, "max": 7}]}', "max"),
+    ('{"name": "t", "name": "u", "registers": []}', "name"),
+])
+def test_json_giving_a_key_twice_is_refused(doc: str, field: str) -> None:
+    with pytest.raises(RegmapFileError, match=rf"^m\.json: field '{field}' is given twice"):
+        parse_regmap(doc, source="m.json", fmt="json")
+
+
+def test_a_byte_order_mark_is_ignored(tmp_path: Path) -> None:
+    plain = parse_regmap(BASE)
+    toml_file = tmp_path / "bom.toml"
+    toml_file.write_bytes(b"\xef\xbb\xbf" + BASE.encode())
+    json_file = tmp_path / "bom.json"
+    json_file.write_bytes(b"\xef\xbb\xbf" + (BASE_JSON + "]}").encode())
+    assert load_regmap(toml_file).hash == load_regmap(json_file).hash == plain.hash
+
+
+def test_a_register_rendering_to_a_reserved_header_name_is_refused() -> None:
+    with pytest.raises(RegmapFileError, match="IDL_REG_FLAG_PERSIST twice"):
+        parse_regmap(with_register('name = "flag_persist"\nkind = "input"\n'))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc not installed")
+def test_comment_text_from_the_map_cannot_break_the_c_header(tmp_path: Path) -> None:
+    mapfile = tmp_path / "m.toml"
+    mapfile.write_text(with_register(
+        'name = "x"\nkind = "holding"\nunit = "*/ x /*"\n'
+        '[[registers]]\naddress = 2\nname = "f"\nkind = "fault"\n'
+        'bits = [{ bit = 0, name = "b", description = "*/ int oops; /*" }]\n'))
+    out = tmp_path / "gen"
+    assert main(["contract", "--regmap", str(mapfile), "--out", str(out)]) == 0
+    src = tmp_path / "use.c"
+    src.write_text('#include "idemlink_regmap.h"\n'
+                   "unsigned x(void) { return IDL_REG_X + IDL_FAULT_B; }\n")
+    include = Path(__file__).resolve().parent.parent / "firmware_ref" / "include"
+    r = subprocess.run(["gcc", "-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-c",
+                        "-o", str(tmp_path / "use.o"), f"-I{out}", f"-I{include}", str(src)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr
+
+
+# ------------------------------------------------------------------------------ typed values
+
+
+@pytest.mark.parametrize("text, message", [
+    ("threshold=42.5000000000000000000000000001", "not a multiple of the scale 0.1"),
+    ("threshold=1.0e999999999", "far outside"),
+    ("threshold=1.0e-999999999", "not a multiple of the scale 0.1"),
+    ("fan_setpoint=50.0000000000000000000000000001", "not an integer"),
+])
+def test_a_typed_value_is_converted_exactly_or_refused(text: str, message: str) -> None:
+    start = time.monotonic()
+    with pytest.raises(UserError, match=message):
+        parse_assignments(DEFAULT_MAP, [text])
+    assert time.monotonic() - start < 1.0
+
+
+def test_exact_values_still_convert() -> None:
+    got = parse_assignments(DEFAULT_MAP, ["threshold=42.50", "fan_setpoint=50.0", "mode=auto"])
+    assert [a.value for a in got] == [425, 50, 1]
