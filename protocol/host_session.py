@@ -65,7 +65,12 @@ from idemlink.protocol.outcome import (
     status_info,
 )
 from idemlink.protocol.registers import TriggerStatus
-from idemlink.protocol.session import DeviceInfo, decode_response, encode_hello
+from idemlink.protocol.session import (
+    DeviceInfo,
+    MalformedDeviceInfo,
+    decode_response,
+    encode_hello,
+)
 
 
 def status_name(code: int) -> str:
@@ -118,7 +123,8 @@ class SessionOpened:
 @dataclass(slots=True)
 class HelloFailed:
     reason: str
-    incompatible: bool = False  #: something answered, in a frame version we do not speak
+    incompatible: bool = False  #: something answered that we cannot talk to (another frame
+    #: version, or a HELLO_REPLY that does not parse)
 
 
 Event = Completion | SessionOpened | HelloFailed
@@ -356,11 +362,9 @@ class HostSession:
             return
         try:
             info = DeviceInfo.decode(frame.payload)
-        except Exception as exc:  # construct raises several types on short input
+        except MalformedDeviceInfo as exc:  # an answer in our framing we cannot read
             self.state = SessionState.CLOSED
-            # construct's messages span lines (a path per nesting level): one line for the shells
-            reason = " ".join(str(exc).split()) or type(exc).__name__
-            self._events.append(HelloFailed(f"malformed HELLO_REPLY: {reason}", incompatible=True))
+            self._events.append(HelloFailed(str(exc), incompatible=True))
             return
         if frame_log.isEnabledFor(logging.DEBUG):
             frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",

@@ -64,6 +64,21 @@ RESPONSE_PAYLOAD = cs.Struct(
 )
 
 
+class MalformedDeviceInfo(ValueError):
+    """A HELLO_REPLY payload that does not parse (the message is one line naming the field)."""
+
+
+def _parse(struct: cs.Struct, data: bytes, what: str) -> cs.Container:
+    try:
+        return struct.parse(data)
+    except (cs.ConstructError, UnicodeDecodeError) as exc:
+        lines = str(exc).splitlines() or [type(exc).__name__]
+        field = lines[0].rpartition("-> ")[2] if lines[0].startswith("Error in path") else ""
+        detail = " ".join(line.strip() for line in (lines[1:] if field else lines))
+        raise MalformedDeviceInfo(f"malformed {what}: " + (f"field {field}: " if field else "")
+                                  + detail) from None
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
     """What the device advertises in HELLO_REPLY."""
@@ -99,12 +114,12 @@ class DeviceInfo:
 
     @classmethod
     def decode(cls, payload: bytes) -> DeviceInfo:
-        """Parse a HELLO_REPLY payload; raises ``construct.ConstructError`` on short or
-        malformed input (including a truncated identity extension)."""
-        c = DEVICE_INFO.parse(payload)
+        """Parse a HELLO_REPLY payload; raises ``MalformedDeviceInfo`` (one line naming the
+        field) on short or malformed input, including a truncated identity extension."""
+        c = _parse(DEVICE_INFO, payload, "HELLO_REPLY")
         map_hash = device_id = map_name = None
         if c._extensions:
-            ident = DEVICE_INFO_IDENTITY.parse(c._extensions)
+            ident = _parse(DEVICE_INFO_IDENTITY, c._extensions, "HELLO_REPLY identity extension")
             map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
                    bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name)

@@ -7,6 +7,7 @@
   name renders to a name the header already defines is refused.
 - A typed value is converted exactly: one that falls between two steps of the scale is refused
   however many digits it has; an absurd exponent is refused, not computed.
+- A malformed HELLO_REPLY identity extension is a one-line refusal of an incompatible device.
 """
 
 from __future__ import annotations
@@ -14,14 +15,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from idemlink.cli import UserError, main
 from idemlink.commands.device_cmds import parse_assignments
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.registers import RegisterSchemaError, register
 from idemlink.protocol.regmap_file import DEFAULT_MAP, RegmapFileError, load_regmap, parse_regmap
+from idemlink.protocol.session import DeviceInfo
 
 BASE = """name = "t"
 [[registers]]
@@ -124,3 +130,37 @@ def test_a_typed_value_is_converted_exactly_or_refused(text: str, message: str) 
 def test_exact_values_still_convert() -> None:
     got = parse_assignments(DEFAULT_MAP, ["threshold=42.50", "fan_setpoint=50.0", "mode=auto"])
     assert [a.value for a in got] == [425, 50, 1]
+
+
+# ------------------------------------------------------------------------------ HELLO
+
+
+def _reply(identity: bytes) -> bytes:
+    base = DeviceInfo(1, 64, 256, 64, 8, b"\0" * 8, 1, "dev")
+    return base.encode() + identity
+
+
+@pytest.mark.parametrize("identity", [b"\x01\x02\x03", b"\x01" * 8, b"\x01" * 8 + b"\x05ab",
+                                      b"\x01" * 8 + b"\x02\xff\xfe\x00"])
+def test_a_malformed_identity_extension_is_one_line(identity: bytes) -> None:
+    with pytest.raises(ValueError) as exc:
+        DeviceInfo.decode(_reply(identity))
+    assert "\n" not in str(exc.value) and "HELLO_REPLY" in str(exc.value)
+
+
+class _Truncated(DeviceInfo):
+    def encode(self) -> bytes:
+        return DeviceInfo.encode(self)[:-3]  # the identity extension cut short
+
+
+def test_a_device_with_a_truncated_identity_is_refused_in_one_line() -> None:
+    sim = SimulatedDevice(seed=7)
+    real = sim.session.device_info
+    sim.session.device_info = lambda: _Truncated(  # type: ignore[method-assign]
+        *[getattr(real(), f.name) for f in fields(DeviceInfo)])
+    dev = Device(SimTransport(sim))
+    with pytest.raises(IncompatibleDevice) as exc:
+        dev.connect()
+    assert str(exc.value).startswith("malformed HELLO_REPLY identity extension: field ")
+    assert "\n" not in str(exc.value)
+    assert not sim.executions
