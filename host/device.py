@@ -74,7 +74,7 @@ from idemlink.protocol.outcome import (
 )
 from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, TriggerState
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
-from idemlink.protocol.session import DeviceInfo
+from idemlink.protocol.session import DeviceInfo, printable
 
 if TYPE_CHECKING:
     from idemlink.host.ymodem_io import FileResult, TransferReport
@@ -218,9 +218,10 @@ def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
         return
     if theirs != regmap.hash:
         raise IncompatibleDevice(
-            f"device {info.device_id or info.name} serves register map "
-            f"{info.map_name or '?'} {theirs.hex()}, ours is {regmap.name} {regmap.hash.hex()}: "
-            "open it with its map file (regmap=FILE; --regmap FILE on the command line)")
+            f"device {printable(info.device_id or info.name)} serves register map "
+            f"{printable(info.map_name or '?')} {theirs.hex()}, ours is {regmap.name} "
+            f"{regmap.hash.hex()}: open it with its map file (regmap=FILE; --regmap FILE on the "
+            "command line)")
 
 
 class IncompatibleDevice(RemoteProtocolError):

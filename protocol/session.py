@@ -125,6 +125,15 @@ class DeviceInfo:
                    bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name)
 
 
+def printable(text: str) -> str:
+    """``text`` safe to show on one line: non-printable characters (newlines, terminal escapes)
+    escaped as ``\\n``, ``\\x1b``. A device's id and names come from the device: any bytes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def encode_hello(version: int, contract_hash: bytes) -> bytes:
     return bytes(HELLO_PAYLOAD.build(
         {"version": version, "contract_hash": contract_hash, "_extensions": b""}))

@@ -7,11 +7,13 @@
   name renders to a name the header already defines is refused.
 - A typed value is converted exactly: one that falls between two steps of the scale is refused
   however many digits it has; an absurd exponent is refused, not computed.
-- A malformed HELLO_REPLY identity extension is a one-line refusal of an incompatible device.
+- A malformed HELLO_REPLY identity extension is a one-line refusal of an incompatible device; a
+  device id or name holding control characters is shown escaped, never sent to the terminal.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -26,8 +28,15 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.registers import RegisterSchemaError, register
-from idemlink.protocol.regmap_file import DEFAULT_MAP, RegmapFileError, load_regmap, parse_regmap
+from idemlink.protocol.regmap_file import (
+    DEFAULT_MAP,
+    RegmapFileError,
+    builtin_map,
+    load_regmap,
+    parse_regmap,
+)
 from idemlink.protocol.session import DeviceInfo
+from idemlink.pytest_plugin import start_pty_sim
 
 BASE = """name = "t"
 [[registers]]
@@ -164,3 +173,23 @@ def test_a_device_with_a_truncated_identity_is_refused_in_one_line() -> None:
     assert str(exc.value).startswith("malformed HELLO_REPLY identity extension: field ")
     assert "\n" not in str(exc.value)
     assert not sim.executions
+
+
+def test_a_device_id_with_control_characters_is_shown_escaped_on_one_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    sim = SimulatedDevice(seed=8, regmap=builtin_map("pump-controller"))
+    sim.session.device_id = "evil\n\x1b[2Jid"
+    sim.session.name = "name\rover"
+    pty = start_pty_sim(sim)
+    try:
+        assert main(["info", "--port", pty.path]) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\r" not in out
+        assert "evil\\n\\x1b[2Jid" in out and "name\\rover" in out and out.count("\n") == 7
+        assert main(["read", "--port", pty.path, "threshold"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "evil\\n\\x1b[2Jid" in err
+        assert main(["info", "--port", pty.path, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["device_id"] == "evil\n\x1b[2Jid"
+    finally:
+        pty.close()

@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
+    from idemlink.protocol.session import printable
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
@@ -71,11 +72,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         verdict = "matches --regmap" if matches else (
             f"differs from {regmap.name} {regmap.hash.hex()}: commands need its map file")
-        map_line = f"{info.map_name} {info.map_hash.hex()} ({verdict})"
+        map_line = f"{printable(info.map_name or '')} {info.map_hash.hex()} ({verdict})"
     proto = "same as ours" if info.contract_hash == ours else f"ours is {ours.hex()}"
     rows = [
-        ("device id", info.device_id or "not advertised"),
-        ("name", info.name),
+        ("device id", printable(info.device_id) if info.device_id else "not advertised"),
+        ("name", printable(info.name)),
         ("boot epoch", f"0x{epoch:08x}"),
         ("register map", map_line),
         ("protocol", f"version {info.version}, contract {info.contract_hash.hex()} ({proto})"),
