@@ -13,7 +13,8 @@ Contract:
   an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
   counted in ``answers_dropped``, and serving goes on;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
-  configuration is loaded at start and saved (atomically) BEFORE a write changes it: a write
+  configuration is loaded at start (a boot: ``persist = false`` holdings are back at their
+  default, the generation moving if one was not) and saved (atomically) BEFORE a write changes it: a write
   whose configuration cannot be saved answers exception 04 and changes nothing (logged; the
   server keeps serving).
 """
@@ -62,6 +63,7 @@ class RtuServer:
             snap = flash.load()
             if snap is not None:
                 core.restore(snap, core.now)
+                core.reset_volatile(core.now)  # a start is a boot: volatile holdings revert
 
     def receive(self, data: bytes, now: float) -> bytes:
         """Feed received bytes (b"" = nothing arrived) with the time the read returned; return

@@ -9,6 +9,9 @@
   however many digits it has; an absurd exponent is refused, not computed.
 - A malformed HELLO_REPLY identity extension is a one-line refusal of an incompatible device; a
   device id or name holding control characters is shown escaped, never sent to the terminal.
+- A --flash-dir written for another register map is refused (one line, file untouched), even when
+  the other map has its holdings at the same addresses. The Modbus RTU simulator's start from its
+  flash is a boot: volatile holdings revert there too.
 """
 
 from __future__ import annotations
@@ -25,8 +28,11 @@ import pytest
 from idemlink.cli import UserError, main
 from idemlink.commands.device_cmds import parse_assignments
 from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
+from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.registers import RegisterSchemaError, register
 from idemlink.protocol.regmap_file import (
     DEFAULT_MAP,
@@ -125,7 +131,7 @@ def test_comment_text_from_the_map_cannot_break_the_c_header(tmp_path: Path) -> 
 
 @pytest.mark.parametrize("text, message", [
     ("threshold=42.5000000000000000000000000001", "not a multiple of the scale 0.1"),
-    ("threshold=1.0e999999999", "far outside"),
+    ("threshold=1.0e999999999", "outside what a register holds"),
     ("threshold=1.0e-999999999", "not a multiple of the scale 0.1"),
     ("fan_setpoint=50.0000000000000000000000000001", "not an integer"),
 ])
@@ -193,3 +199,61 @@ def test_a_device_id_with_control_characters_is_shown_escaped_on_one_line(
         assert json.loads(capsys.readouterr().out)["device_id"] == "evil\n\x1b[2Jid"
     finally:
         pty.close()
+
+
+# ------------------------------------------------------------------------------ flash
+
+
+def test_a_flash_dir_of_another_map_is_refused_even_at_the_same_addresses(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flash = tmp_path / "flash"
+    thermal = SimulatedDevice(seed=9, flash_dir=flash)
+    t = SimTransport(thermal)
+    dev = Device(t)
+    dev.connect()
+    assert dev.write({"threshold": 425}).ok  # 42.5 °C
+    other_text = (Path(__file__).resolve().parent.parent / "protocol" / "maps"
+                  / "thermal-controller.toml").read_text().replace(
+        'name = "threshold"\nkind = "holding"\nunit = "°C"\nscale = 0.1',
+        'name = "pressure_limit"\nkind = "holding"\nunit = "bar"')
+    other_file = tmp_path / "other.toml"
+    other_file.write_text(other_text)
+    other = load_regmap(other_file)
+    assert other.named("pressure_limit").address == DEFAULT_MAP.named("threshold").address
+    saved = (flash / "config.json").read_bytes()
+    with pytest.raises(OSError, match=f"register map thermal-controller {DEFAULT_MAP.hash.hex()}, not"):
+        SimulatedDevice(seed=9, flash_dir=flash, regmap=other)
+    for argv in (["sim", "--flash-dir", str(flash), "--regmap", str(other_file)],
+                 ["sim", "--modbus-rtu", "--flash-dir", str(flash), "--regmap", str(other_file)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(flash) in err and DEFAULT_MAP.hash.hex() in err
+    assert (flash / "config.json").read_bytes() == saved
+    again = SimulatedDevice(seed=9, flash_dir=flash)
+    assert again.core.value("threshold") == 425
+
+
+def test_a_flash_written_before_maps_were_recorded_still_loads(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"generation": 3, "holdings": [[4, 400], [5, 1], '
+                                          '[6, 50]]}')
+    sim = SimulatedDevice(seed=10, flash_dir=tmp_path)
+    assert sim.core.value("threshold") == 400 and sim.core.generation == 3
+
+
+def test_the_modbus_rtu_simulator_boots_volatile_holdings_back_to_default(tmp_path: Path) -> None:
+    pump = builtin_map("pump-controller")
+
+    def start() -> DeviceCore:
+        core = DeviceCore(pump)
+        server = RtuServer(core, flash=ConfigFlash(tmp_path))
+        for name, value in (("test_speed", 900), ("speed_setpoint", 1000)):
+            if core.value(name) != value:
+                core.write(pump.named(name).address, (value,), 0.0, persist=server._persist)
+        return core
+
+    first = start()  # writes both
+    gen = first.generation
+    core = DeviceCore(pump)
+    RtuServer(core, flash=ConfigFlash(tmp_path))
+    assert core.value("test_speed") == 0 and core.value("speed_setpoint") == 1000
+    assert core.generation == gen + 1  # the configuration changed at boot: a planned write is stale
