@@ -293,9 +293,9 @@ class RegisterSpec:
         return {
             "address": self.address, "name": self.name, "kind": self.kind.name.lower(),
             "min": self.minimum, "max": self.maximum, "default": self.default,
-            "unit": self.unit, "scale": self.scale, "persist": self.persist,
+            "unit": self.unit, "scale": _canonical_scale(self.scale), "persist": self.persist,
             "labels": [[v, s] for v, s in self.labels],
-            "bits": [[b.bit, b.name] for b in self.bits],
+            "bits": sorted([b.bit, b.name] for b in self.bits),
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -324,6 +324,13 @@ class RegisterSpec:
         if self.description:
             out["description"] = self.description
         return out
+
+
+def _canonical_scale(scale: str) -> str:
+    """One text per scale value for the map hash: ``0.10`` is ``0.1``; a scale of 1 is no scale."""
+    if not scale or Decimal(scale) == 1:
+        return ""
+    return format(Decimal(scale).normalize(), "f")
 
 
 def register(

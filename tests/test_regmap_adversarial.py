@@ -17,8 +17,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import fields
 from pathlib import Path
@@ -124,6 +126,34 @@ def test_comment_text_from_the_map_cannot_break_the_c_header(tmp_path: Path) -> 
                         "-o", str(tmp_path / "use.o"), f"-I{out}", f"-I{include}", str(src)],
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("left, right", [
+    ('kind = "fault"\nbits = [{ bit = 0, name = "a" }, { bit = 1, name = "b" }]\n',
+     'kind = "fault"\nbits = [{ bit = 1, name = "b" }, { bit = 0, name = "a" }]\n'),
+    ('kind = "holding"\nscale = 1\n', 'kind = "holding"\n'),
+    ('kind = "holding"\nscale = "0.10"\n', 'kind = "holding"\nscale = 0.1\n'),
+    ('kind = "holding"\nlabels = { a = 0, b = 1 }\n', 'kind = "holding"\nlabels = { b = 1, a = 0 }\n'),
+], ids=["bit-order", "scale-1", "scale-0.10", "label-order"])
+def test_equivalent_files_have_the_same_hash(left: str, right: str) -> None:
+    assert (parse_regmap(with_register(f'name = "x"\n{left}')).hash
+            == parse_regmap(with_register(f'name = "x"\n{right}')).hash)
+
+
+def test_a_python_declared_scale_hashes_like_the_file() -> None:
+    assert register(1, "x", "holding", scale="0.10").identity() == register(
+        1, "x", "holding", scale="0.1").identity()
+
+
+def test_the_hash_is_the_same_in_another_process(tmp_path: Path) -> None:
+    mapfile = tmp_path / "m.toml"
+    mapfile.write_text(with_register('name = "x"\nkind = "holding"\nscale = 0.25\n'
+                                     'labels = { a = 0, b = 1 }\n'))
+    code = ("import sys; from idemlink.protocol.regmap_file import load_regmap; "
+            "print(load_regmap(sys.argv[1]).hash.hex())")
+    out = subprocess.run([sys.executable, "-c", code, str(mapfile)], capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONHASHSEED": "123"})
+    assert out.stdout.strip() == load_regmap(mapfile).hash.hex()
 
 
 # ------------------------------------------------------------------------------ typed values
