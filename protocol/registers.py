@@ -497,6 +497,11 @@ FAULT_SENSOR = 1
 FAULT_FAN_STALL = 2
 
 
+def _md_cell(text: str) -> str:
+    """Text from the map file as one Markdown table cell (a ``|`` would split the row)."""
+    return text.replace("\\", "\\\\").replace("|", "\\|")
+
+
 def map_rows(regmap: RegisterMap) -> list[list[object]]:
     """One row per register for the map's Markdown table."""
     rows: list[list[object]] = []
@@ -512,7 +517,7 @@ def map_rows(regmap: RegisterMap) -> list[list[object]]:
         rows.append([f"0x{r.address:04X}", r.name, r.kind.name,
                      r.minimum if holding else "", r.maximum if holding else "",
                      r.default if holding or r.kind is RegisterKind.INPUT else "", r.scale,
-                     r.unit, notes.lstrip("; ")])
+                     _md_cell(r.unit), _md_cell(notes.lstrip("; "))])
     return rows
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -35,7 +36,7 @@ from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.device_core import DeviceCore
-from idemlink.protocol.registers import RegisterSchemaError, register
+from idemlink.protocol.registers import RegisterSchemaError, map_markdown, register
 from idemlink.protocol.regmap_file import (
     DEFAULT_MAP,
     RegmapFileError,
@@ -287,3 +288,11 @@ def test_the_modbus_rtu_simulator_boots_volatile_holdings_back_to_default(tmp_pa
     RtuServer(core, flash=ConfigFlash(tmp_path))
     assert core.value("test_speed") == 0 and core.value("speed_setpoint") == 1000
     assert core.generation == gen + 1  # the configuration changed at boot: a planned write is stale
+
+
+def test_text_from_the_map_cannot_split_a_row_of_the_register_document() -> None:
+    regmap = parse_regmap(with_register(
+        'name = "x"\nkind = "holding"\nunit = "a|b"\ndescription = "left | right \\\\"\n'))
+    row = next(line for line in map_markdown(regmap).splitlines() if line.startswith("| 0x0001"))
+    cells = [c for c in re.split(r"(?<!\\)\|", row)][1:-1]
+    assert len(cells) == 9 and cells[7].strip() == "a\\|b"
