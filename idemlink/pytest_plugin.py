@@ -12,7 +12,8 @@ Installed with idemlink, so any project's tests can ask for:
 - Your device's register map instead of the built-in thermal controller: mark the test
   ``@pytest.mark.idemlink_regmap("path/to/map.toml")`` (a map file or a built-in map's name), or
   build devices yourself with ``idemlink_sim_factory(regmap=..., seed=...)`` and
-  ``idemlink_pty_factory(regmap=...)``. ``connect()``/``open()`` use the device's map.
+  ``idemlink_pty_factory(regmap=...)``. ``connect()``/``open()`` use the device's map. A marker
+  without a map, or whose map does not load, fails the test with that one line (no traceback).
 
 Example::
 
@@ -172,7 +173,11 @@ def _marked_map(request: pytest.FixtureRequest) -> RegisterMap | None:
 
         from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
 
-    ref = str(marker.args[0] if marker.args else marker.kwargs["ref"])
+    given = marker.args[0] if marker.args else marker.kwargs.get("ref")
+    if given is None:
+        pytest.fail("idemlink pytest plugin: idemlink_regmap marker without a map: name one, "
+                    'e.g. @pytest.mark.idemlink_regmap("pump.toml")', pytrace=False)
+    ref = str(given)
     beside = Path(str(request.node.path)).parent / ref
     try:
         return resolve_regmap(str(beside) if beside.is_file() else ref)

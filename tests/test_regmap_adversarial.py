@@ -296,3 +296,29 @@ def test_text_from_the_map_cannot_split_a_row_of_the_register_document() -> None
     row = next(line for line in map_markdown(regmap).splitlines() if line.startswith("| 0x0001"))
     cells = [c for c in re.split(r"(?<!\\)\|", row)][1:-1]
     assert len(cells) == 9 and cells[7].strip() == "a\\|b"
+
+
+# ------------------------------------------------------------------------------ pytest plugin
+
+BAD_MARKERS = '''
+import pytest
+
+@pytest.mark.idemlink_regmap("nope.toml")
+def test_missing_file(idemlink_sim):
+    pass
+
+@pytest.mark.idemlink_regmap()
+def test_no_map_named(idemlink_sim):
+    pass
+'''
+
+
+def test_a_marker_without_a_loadable_map_fails_the_test_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "test_bad_markers.py").write_text(BAD_MARKERS)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(tmp_path)], capture_output=True, text=True, timeout=120,
+                       cwd=tmp_path, check=False)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "idemlink_regmap('nope.toml'): nope.toml: cannot open the map file" in r.stdout
+    assert "idemlink_regmap marker without a map: name one" in r.stdout
+    assert "KeyError" not in r.stdout and "regmap_file.py" not in r.stdout, r.stdout
