@@ -38,6 +38,7 @@ _C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _MAP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}\Z")
 _LABEL = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 MAP_HASH_LEN = 8
+MAX_NAME_LEN = 40
 
 REGISTER_MAX = 0xFFFF
 ADDRESS_MAX = 0xFFFF
@@ -154,6 +155,10 @@ class RegisterSpec:
         if not isinstance(self.name, str) or not _C_SAFE_NAME.match(self.name):
             raise RegisterSchemaError(f"register name {self.name!r} must be a lower-case "
                                       "ASCII identifier ([a-z][a-z0-9_]*)")
+        if len(self.name) > MAX_NAME_LEN:
+            raise RegisterSchemaError(
+                f"register name {self.name!r} is longer than {MAX_NAME_LEN} characters (its C "
+                "macros must stay within the 63 significant characters C99 guarantees)")
         if not 0 <= self.minimum <= self.maximum <= REGISTER_MAX:
             raise RegisterSchemaError(f"{self.name}: need 0 <= min <= max <= 0xFFFF")
         if not self.minimum <= self.default <= self.maximum:
@@ -289,10 +294,12 @@ class RegisterSpec:
         return raw
 
     def identity(self) -> dict[str, Any]:
-        """Everything about the register that changes what its bytes mean (not descriptions)."""
+        """Everything about the register that changes what its bytes mean (not descriptions, not
+        an input's default: that is only the simulator's first reading)."""
         return {
             "address": self.address, "name": self.name, "kind": self.kind.name.lower(),
-            "min": self.minimum, "max": self.maximum, "default": self.default,
+            "min": self.minimum, "max": self.maximum,
+            "default": self.default if self.kind is not RegisterKind.INPUT else 0,
             "unit": self.unit, "scale": _canonical_scale(self.scale), "persist": self.persist,
             "labels": [[v, s] for v, s in self.labels],
             "bits": sorted([b.bit, b.name] for b in self.bits),

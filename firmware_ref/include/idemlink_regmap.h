@@ -10,8 +10,8 @@
 #include "idemlink_proto.h"
 
 #define IDL_MAP_NAME "thermal-controller"
-#define IDL_MAP_HASH "6d994d702f3d66b1"
-#define IDL_MAP_HASH_BYTES { 0x6Du, 0x99u, 0x4Du, 0x70u, 0x2Fu, 0x3Du, 0x66u, 0xB1u }
+#define IDL_MAP_HASH "1ba98b7efeb645ae"
+#define IDL_MAP_HASH_BYTES { 0x1Bu, 0xA9u, 0x8Bu, 0x7Eu, 0xFEu, 0xB6u, 0x45u, 0xAEu }
 #define IDL_REG_COUNT 9u /**< registers in the map */
 #define IDL_REG_TEMPERATURE 0x0000u /**< INPUT, value = raw x 0.1 deg C */
 #define IDL_REG_HUMIDITY 0x0001u /**< INPUT, value = raw x 0.1 %RH */
