@@ -1,0 +1,28 @@
+/**
+ * @file idl_modbus.h
+ * @brief The Modbus PDU face of the register core (protocol/modbus.py decode_request +
+ *        protocol/device_core.py execute): FC03, FC04, FC06, FC16, 0x41 WRITE_IF_GENERATION,
+ *        0x42 TRIGGER.
+ *
+ * A request is decoded whole before anything runs: empty, short, trailing bytes, a byte count
+ * that disagrees, a count outside 1..125 (read) / 123 (FC16) / 122 (0x41) -> exception 03;
+ * address + count past 0xFFFF -> 02; any other function code (0x44 and 0x45 included) -> 01.
+ * Then the register core answers (see idl_regs.h). An exception answer is
+ * (function | 0x80, code); for an empty PDU the function is 0.
+ */
+#ifndef IDL_MODBUS_H
+#define IDL_MODBUS_H
+
+#include <stdint.h>
+
+#include "idl_regs.h"
+
+/** Largest response PDU. */
+#define IDL_MB_MAX_PDU 253u
+
+/** Tick the core to `now`, run one request PDU, write the response PDU (at most IDL_MB_MAX_PDU
+ *  bytes) to `resp`; returns its length. */
+uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uint8_t *resp,
+                            uint32_t now);
+
+#endif /* IDL_MODBUS_H */

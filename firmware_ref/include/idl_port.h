@@ -1,0 +1,73 @@
+/**
+ * @file idl_port.h
+ * @brief What an integrator provides to run the idemlink device core, and the one-call glue
+ *        (idl_device_*) that wires the modules together.
+ *
+ * Provide these functions (port/posix/ is a complete example):
+ *
+ * | function                    | what                                        | context       |
+ * |-----------------------------|---------------------------------------------|---------------|
+ * | idl_port_write              | send bytes (UART TX: may block or queue)    | main loop     |
+ * | idl_port_millis             | free-running ms clock, wraps modulo 2^32    | ISR-safe read |
+ * | idl_port_flash_load         | the saved configuration, if any             | init only     |
+ * | idl_port_flash_save         | save a configuration (persist first)        | main loop     |
+ * | idl_port_unique_id          | the MCU's unique id as text (1..64 chars of | init only     |
+ * |                             | [A-Za-z0-9_.:-])                            |               |
+ * | idl_port_entropy32          | 32 random bits for the boot epoch (TRNG,    | init only     |
+ * |                             | ADC noise, uninitialised RAM hashed...)     |               |
+ * | idl_port_fault_conditions   | live conditions of a FAULT register's bits  | main loop     |
+ *
+ * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
+ * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
+ * (except through idl_port_write / idl_port_flash_save).
+ */
+#ifndef IDL_PORT_H
+#define IDL_PORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idl_modbus.h"
+#include "idl_regs.h"
+#include "idl_session.h"
+
+/* ---- provided by the integrator ---------------------------------------------------------- */
+
+void idl_port_write(const uint8_t *data, size_t n);
+uint32_t idl_port_millis(void);
+/** Fill `values` (indexed like IDL_REGMAP; HOLDING entries) and `generation`; false: none saved. */
+bool idl_port_flash_load(uint16_t *values, uint16_t *generation);
+/** Save durably before returning true (the write is answered only after this). */
+bool idl_port_flash_save(const uint16_t *values, uint16_t generation);
+/** Write the id (no terminator needed) into `buf` of `cap` bytes; returns its length. */
+size_t idl_port_unique_id(char *buf, size_t cap);
+uint32_t idl_port_entropy32(void);
+uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
+
+/* ---- glue ----------------------------------------------------------------------------------- */
+
+#ifndef IDL_DEVICE_NAME
+#define IDL_DEVICE_NAME "idemlink-c"
+#endif
+#ifndef IDL_TRIGGER_MS
+#define IDL_TRIGGER_MS 5000u
+#endif
+
+typedef struct {
+    idl_regs_t regs;
+    idl_session_config_t cfg;
+    char device_id[IDL_MAX_DEVICE_ID_LEN + 1u];
+    idl_session_t session;
+} idl_device_t;
+
+/** Boot: registers from the map and the saved configuration, a fresh epoch, an empty window. */
+void idl_device_init(idl_device_t *d);
+
+/** Received bytes: answers go out through idl_port_write. */
+void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n);
+
+/** Call at least every few tens of ms when idle: finishes triggers, latches faults on time. */
+void idl_device_poll(idl_device_t *d);
+
+#endif /* IDL_PORT_H */

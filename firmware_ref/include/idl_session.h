@@ -1,0 +1,87 @@
+/**
+ * @file idl_session.h
+ * @brief The device side of the framed protocol (protocol/device_session.py): frames in,
+ *        exactly-once execution, answers out.
+ *
+ * | REQUEST with another epoch     | EPOCH_MISMATCH (payload: status, request epoch u32 LE);   |
+ * |                                | nothing runs, nothing committed                           |
+ * | window NEW / ACCEPT_OLD        | execute, commit the number, store the answer, send it     |
+ * | DUPLICATE, same digest         | resend the stored answer with the REPLAY flag             |
+ * | DUPLICATE, other digest        | IDEMPOTENCY_CONFLICT                                      |
+ * | DUPLICATE, answer evicted      | ANSWER_EVICTED                                            |
+ * | TOO_OLD                        | TOO_OLD                                                   |
+ * | HELLO                          | HELLO_REPLY (device info incl. map hash, device id, map   |
+ * |                                | name), our epoch; only the hand-out floor moves            |
+ * | anything else / decode refusal | counted, no answer                                        |
+ *
+ * The digest is the CRC-32C of the request payload. An executed answer is status OK + the PDU
+ * the `execute` callback wrote. Not ISR-safe: feed bytes from one context (an ISR pushes received
+ * bytes into the integrator's ring, the main loop feeds them here).
+ */
+#ifndef IDL_SESSION_H
+#define IDL_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idl_frame.h"
+#include "idl_replay.h"
+#include "idl_window.h"
+
+#if IDL_WINDOW_SIZE > 65535u || IDL_MAX_PAYLOAD > 65535u
+#error "DEVICE_INFO carries the window and the payload limit as u16"
+#endif
+
+/** Run one request PDU at `now` (ms); write the response PDU (at most 253 bytes) to `resp`
+ *  and return its length. Called at most once per (epoch, sequence number). */
+typedef uint16_t (*idl_execute_fn)(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp,
+                                   uint32_t now);
+
+/** What a session advertises and runs (caller-owned, must outlive the session). */
+typedef struct {
+    idl_execute_fn execute;
+    void *ctx;
+    const char *name;      /**< device name (at most 255 bytes of UTF-8) */
+    const char *device_id; /**< stable id, 1..IDL_MAX_DEVICE_ID_LEN bytes */
+    const char *map_name;  /**< the register map's name */
+    const uint8_t *map_hash; /**< IDL_MAP_HASH_LEN bytes */
+    uint8_t max_inflight;  /**< advertised pipelining depth (clamped to the replay slots) */
+} idl_session_config_t;
+
+/** Request dispositions, counted in idl_session_t.counters. */
+typedef enum {
+    IDL_DISP_EXECUTED = 0,
+    IDL_DISP_REPLAYED = 1,
+    IDL_DISP_CONFLICT = 2,
+    IDL_DISP_EVICTED = 3,
+    IDL_DISP_TOO_OLD = 4,
+    IDL_DISP_EPOCH_MISMATCH = 5,
+    IDL_DISP_HELLO = 6,
+    IDL_DISP_UNEXPECTED = 7,
+    IDL_DISP_DECODE_ERRORS = 8
+} idl_disposition_t;
+
+typedef struct {
+    const idl_session_config_t *cfg;
+    uint32_t epoch;
+    uint32_t handed_out;     /**< last next_seq handed out (valid if has_handed_out) */
+    uint8_t has_handed_out;
+    uint32_t counters[9];
+    idl_window_t window;
+    idl_replay_t cache;
+    idl_frame_decoder_t decoder;
+    uint8_t tx[IDL_WIRE_MAX]; /**< the answer being sent */
+} idl_session_t;
+
+/** A new boot: `epoch` (non-zero, random: see idl_port.h), empty window and cache. */
+void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_t epoch);
+
+/** Feed one received byte at `now`; returns the length of the answer now in s->tx (0: none).
+ *  Send it before feeding the next byte. */
+size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
+
+/** next_seq of DEVICE_INFO (see protocol/device_session.py first_seq). */
+uint32_t idl_session_first_seq(const idl_session_t *s);
+
+#endif /* IDL_SESSION_H */

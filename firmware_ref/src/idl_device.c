@@ -1,0 +1,65 @@
+/* Glue: one device = register core + Modbus face + framed session + port. See idl_port.h. */
+#include "idl_port.h"
+
+#include <string.h>
+
+static const uint8_t MAP_HASH[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
+
+static uint16_t conditions(void *ctx, const idl_regs_t *r, uint16_t address)
+{
+    (void)ctx;
+    return idl_port_fault_conditions(r, address);
+}
+
+static bool persist(void *ctx, const idl_regs_t *r, const uint16_t *planned, uint16_t generation)
+{
+    (void)ctx;
+    (void)r;
+    return idl_port_flash_save(planned, generation);
+}
+
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
+{
+    return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, resp, now);
+}
+
+void idl_device_init(idl_device_t *d)
+{
+    uint32_t now = idl_port_millis();
+    uint32_t epoch;
+    size_t n;
+    uint16_t generation = 0;
+    idl_regs_init(&d->regs, IDL_TRIGGER_MS, conditions, persist, NULL, now);
+    /* the scratch array doubles as the load buffer: it is unused outside a write */
+    if (idl_port_flash_load(d->regs.planned, &generation)) {
+        (void)idl_regs_restore(&d->regs, d->regs.planned, generation, now);
+    }
+    n = idl_port_unique_id(d->device_id, IDL_MAX_DEVICE_ID_LEN);
+    d->device_id[n < IDL_MAX_DEVICE_ID_LEN ? n : IDL_MAX_DEVICE_ID_LEN] = '\0';
+    d->cfg.execute = execute;
+    d->cfg.ctx = &d->regs;
+    d->cfg.name = IDL_DEVICE_NAME;
+    d->cfg.device_id = d->device_id;
+    d->cfg.map_name = IDL_MAP_NAME;
+    d->cfg.map_hash = MAP_HASH;
+    d->cfg.max_inflight = 32u;
+    do {
+        epoch = idl_port_entropy32();
+    } while (epoch == 0u);
+    idl_session_init(&d->session, &d->cfg, epoch);
+}
+
+void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n)
+{
+    size_t i;
+    uint32_t now = idl_port_millis();
+    idl_regs_tick(&d->regs, now);
+    for (i = 0; i < n; i++) {
+        size_t out = idl_session_feed(&d->session, data[i], now);
+        if (out != 0u) {
+            idl_port_write(d->session.tx, out);
+        }
+    }
+}
+
+void idl_device_poll(idl_device_t *d) { idl_regs_tick(&d->regs, idl_port_millis()); }

@@ -1,0 +1,293 @@
+/* Register core: see idl_regs.h. */
+#include "idl_regs.h"
+
+#include <stddef.h>
+
+/* (state, value written) -> next state and answer; the START action is "IDLE + write 1";
+ * RUNNING becomes DONE in idl_regs_tick() when the duration elapsed. */
+static const uint8_t TRIGGER_NEXT[3][2] = {
+    /* IDLE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING },
+    /* RUNNING */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING },
+    /* DONE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_DONE },
+};
+static const uint16_t TRIGGER_ANSWER[3][2] = {
+    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_ACCEPTED },
+    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_RUNNING },
+    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_DONE },
+};
+
+static uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+
+int32_t idl_regs_index(uint16_t address)
+{
+    uint32_t lo = 0;
+    uint32_t hi = IDL_REG_COUNT;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) >> 1;
+        uint16_t a = IDL_REGMAP[mid].address;
+        if (a == address) {
+            return (int32_t)mid;
+        }
+        if (a < address) {
+            lo = mid + 1u;
+        } else {
+            hi = mid;
+        }
+    }
+    return -1;
+}
+
+static uint16_t conditions(const idl_regs_t *r, uint32_t i)
+{
+    return r->conditions != NULL ? r->conditions(r->ctx, r, IDL_REGMAP[i].address) : 0u;
+}
+
+static void latch(idl_regs_t *r)
+{
+    uint32_t i;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_FAULT) {
+            r->value[i] = (uint16_t)(r->value[i] | conditions(r, i));
+        }
+    }
+}
+
+static void advance(idl_regs_t *r, uint32_t now)
+{
+    if ((int32_t)(now - r->now) > 0) {
+        r->now = now;
+    }
+}
+
+void idl_regs_init(idl_regs_t *r, uint32_t trigger_ms, idl_fault_conditions_fn cond,
+                   idl_persist_fn persist, void *ctx, uint32_t now)
+{
+    uint32_t i;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        uint8_t kind = IDL_REGMAP[i].kind;
+        r->value[i] = (kind == (uint8_t)IDL_REG_KIND_INPUT || kind == (uint8_t)IDL_REG_KIND_HOLDING)
+                          ? IDL_REGMAP[i].def : 0u;
+        r->planned[i] = 0u;
+        r->started[i] = 0u;
+    }
+    r->now = now;
+    r->trigger_ms = trigger_ms;
+    r->generation = 0u;
+    r->conditions = cond;
+    r->persist = persist;
+    r->ctx = ctx;
+    latch(r);
+}
+
+bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation, uint32_t now)
+{
+    uint32_t i;
+    bool changed = false;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        const idl_reg_desc_t *d = &IDL_REGMAP[i];
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && (values[i] < d->min || values[i] > d->max)) {
+            return false;
+        }
+    }
+    advance(r, now);
+    r->generation = generation;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        const idl_reg_desc_t *d = &IDL_REGMAP[i];
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING) {
+            uint16_t v = (d->flags & IDL_REG_FLAG_PERSIST) ? values[i] : d->def;
+            changed = changed || v != values[i];
+            r->value[i] = v;
+        }
+    }
+    if (changed) {
+        r->generation = (uint16_t)(r->generation + 1u);
+    }
+    latch(r);
+    return true;
+}
+
+void idl_regs_tick(idl_regs_t *r, uint32_t now)
+{
+    uint32_t i;
+    advance(r, now);
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_TRIGGER
+            && r->value[i] == (uint16_t)IDL_TRIGGER_RUNNING
+            && (uint32_t)(r->now - r->started[i]) >= r->trigger_ms) {
+            r->value[i] = (uint16_t)IDL_TRIGGER_DONE;
+        }
+    }
+    latch(r);
+}
+
+static uint16_t value_at(const idl_regs_t *r, uint32_t i)
+{
+    return IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_GENERATION ? r->generation : r->value[i];
+}
+
+bool idl_regs_get(const idl_regs_t *r, uint16_t address, uint16_t *value)
+{
+    int32_t i = idl_regs_index(address);
+    if (i < 0) {
+        return false;
+    }
+    *value = value_at(r, (uint32_t)i);
+    return true;
+}
+
+bool idl_regs_set_input(idl_regs_t *r, uint16_t address, uint16_t value, uint32_t now)
+{
+    int32_t i = idl_regs_index(address);
+    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_INPUT) {
+        return false;
+    }
+    idl_regs_tick(r, now);
+    r->value[i] = value;
+    latch(r);
+    return true;
+}
+
+uint8_t idl_regs_read(const idl_regs_t *r, uint16_t address, uint16_t count, uint8_t *out)
+{
+    uint32_t k;
+    int32_t first = idl_regs_index(address);
+    /* the map is sorted and unique, so a gap-free run is consecutive in the table */
+    if (count == 0u || first < 0 || (uint32_t)first + count > IDL_REG_COUNT
+        || IDL_REGMAP[(uint32_t)first + count - 1u].address != (uint32_t)address + count - 1u) {
+        return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
+    }
+    for (k = 0; k < count; k++) {
+        uint16_t v = value_at(r, (uint32_t)first + k);
+        out[2u * k] = (uint8_t)(v >> 8);
+        out[2u * k + 1u] = (uint8_t)v;
+    }
+    return 0;
+}
+
+static void trigger_step(idl_regs_t *r, uint32_t i, uint16_t value)
+{
+    uint16_t state = r->value[i];
+    r->value[i] = TRIGGER_NEXT[state][value];
+    if (state == (uint16_t)IDL_TRIGGER_IDLE && value == 1u) {
+        r->started[i] = r->now;
+    }
+}
+
+/* Pass 1 and 2 of a write: the first exception, or 0. */
+static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t address, uint16_t count,
+                        const uint8_t *be, bool guarded)
+{
+    uint32_t k;
+    if (first < 0 || (uint32_t)first + count > IDL_REG_COUNT
+        || IDL_REGMAP[(uint32_t)first + count - 1u].address != (uint32_t)address + count - 1u) {
+        return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
+    }
+    for (k = 0; k < count; k++) {
+        uint8_t kind = IDL_REGMAP[(uint32_t)first + k].kind;
+        if (kind == (uint8_t)IDL_REG_KIND_INPUT || kind == (uint8_t)IDL_REG_KIND_GENERATION
+            || (guarded && kind != (uint8_t)IDL_REG_KIND_HOLDING)) {
+            return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
+        }
+    }
+    for (k = 0; k < count; k++) {
+        const idl_reg_desc_t *d = &IDL_REGMAP[(uint32_t)first + k];
+        uint16_t v = be16(be + 2u * k);
+        if ((d->kind == (uint8_t)IDL_REG_KIND_HOLDING && (v < d->min || v > d->max))
+            || (d->kind == (uint8_t)IDL_REG_KIND_FAULT && (v & (uint16_t)~d->fault_mask) != 0u)
+            || (d->kind == (uint8_t)IDL_REG_KIND_TRIGGER && v > 1u)) {
+            return IDL_MB_EXC_ILLEGAL_DATA_VALUE;
+        }
+    }
+    for (k = 0; k < count; k++) {
+        if (IDL_REGMAP[(uint32_t)first + k].kind == (uint8_t)IDL_REG_KIND_TRIGGER
+            && r->value[(uint32_t)first + k] > (uint16_t)IDL_TRIGGER_DONE) {
+            return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
+        }
+    }
+    return 0;
+}
+
+int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_t *be,
+                   bool guarded, uint16_t guard)
+{
+    uint32_t i;
+    uint32_t k;
+    bool changed = false;
+    int32_t first = idl_regs_index(address);
+    uint8_t exc = count == 0u ? (uint8_t)IDL_MB_EXC_ILLEGAL_DATA_ADDRESS
+                              : validate(r, first, address, count, be, guarded);
+    if (exc != 0u) {
+        return exc;
+    }
+    if (guarded && guard != r->generation) {
+        return IDL_REGS_GUARD_FAILED;
+    }
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        r->planned[i] = r->value[i];
+    }
+    for (k = 0; k < count; k++) {
+        i = (uint32_t)first + k;
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING) {
+            r->planned[i] = be16(be + 2u * k);
+            changed = changed || r->planned[i] != r->value[i];
+        }
+    }
+    if (changed && r->persist != NULL
+        && !r->persist(r->ctx, r, r->planned, (uint16_t)(r->generation + 1u))) {
+        return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
+    }
+    if (changed) {
+        for (i = 0; i < IDL_REG_COUNT; i++) {
+            r->value[i] = r->planned[i];
+        }
+        r->generation = (uint16_t)(r->generation + 1u);
+    }
+    for (k = 0; k < count; k++) {
+        i = (uint32_t)first + k;
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_TRIGGER) {
+            trigger_step(r, i, be16(be + 2u * k));
+        }
+    }
+    for (k = 0; k < count; k++) {
+        i = (uint32_t)first + k;
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_FAULT) {
+            uint16_t bits = be16(be + 2u * k);
+            r->value[i] = (uint16_t)(r->value[i] & ~(bits & ~conditions(r, i)));
+        }
+    }
+    latch(r);
+    return 0;
+}
+
+uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16_t *code)
+{
+    int32_t i = idl_regs_index(address);
+    uint16_t state;
+    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_TRIGGER) {
+        return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
+    }
+    state = r->value[i];
+    if (value > 1u) {
+        *code = IDL_TRIGGER_STATUS_ILLEGAL_VALUE;
+        return 0;
+    }
+    if (state > (uint16_t)IDL_TRIGGER_DONE) {
+        *code = IDL_TRIGGER_STATUS_ABNORMAL_STATE;
+        return 0;
+    }
+    *code = TRIGGER_ANSWER[state][value];
+    trigger_step(r, (uint32_t)i, value);
+    latch(r);
+    return 0;
+}
+
+bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw)
+{
+    int32_t i = idl_regs_index(address);
+    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_TRIGGER) {
+        return false;
+    }
+    r->value[i] = raw;
+    r->started[i] = r->now;
+    return true;
+}

@@ -1,0 +1,171 @@
+/* Framed device session: see idl_session.h. */
+#include "idl_session.h"
+
+#include <string.h>
+
+#include "idl_crc32c.h"
+
+#define RESPONSE_PDU_MAX (IDL_REPLAY_MAX_ANSWER - 1u)
+
+static uint8_t hex_nibble(char c)
+{
+    return (uint8_t)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+}
+
+void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_t epoch)
+{
+    memset(s->counters, 0, sizeof s->counters);
+    s->cfg = cfg;
+    s->epoch = epoch;
+    s->handed_out = 0;
+    s->has_handed_out = 0;
+    idl_window_init(&s->window);
+    idl_replay_init(&s->cache);
+    idl_frame_decoder_init(&s->decoder);
+}
+
+uint32_t idl_session_first_seq(const idl_session_t *s)
+{
+    uint32_t base;
+    bool seen_ok = !IDL_WINDOW_IS_EMPTY(&s->window);
+    uint32_t seen = s->window.highest + 1u;
+    if (!seen_ok && !s->has_handed_out) {
+        return 1u;
+    }
+    if (!seen_ok) {
+        base = s->handed_out;
+    } else if (!s->has_handed_out) {
+        base = seen;
+    } else { /* the later of the two, in serial arithmetic */
+        uint32_t d = s->handed_out - seen;
+        base = (d != 0u && d < 0x80000000u) ? s->handed_out : seen;
+    }
+    return base + IDL_WINDOW_SIZE;
+}
+
+/* A pascal string of at most `max` bytes (the caps keep DEVICE_INFO within IDL_MAX_PAYLOAD:
+ * 20 fixed bytes + 129 + 8 + 65 + 256 = 478). */
+static size_t put_str(uint8_t *p, const char *str, size_t max)
+{
+    size_t n = str != NULL ? strlen(str) : 0u;
+    if (n > max) {
+        n = max;
+    }
+    p[0] = (uint8_t)n;
+    memcpy(p + 1, str, n);
+    return n + 1u;
+}
+
+static void put_le(uint8_t *p, uint32_t v, unsigned bytes)
+{
+    unsigned i;
+    for (i = 0; i < bytes; i++) {
+        p[i] = (uint8_t)(v >> (8u * i));
+    }
+}
+
+static size_t hello(idl_session_t *s, uint32_t seq)
+{
+    const idl_session_config_t *c = s->cfg;
+    /* built at the end of tx; idl_frame_encode moves it into place */
+    uint8_t *p = s->tx + IDL_WIRE_MAX - IDL_CRC_LEN - IDL_MAX_PAYLOAD;
+    size_t n = 0;
+    unsigned i;
+    uint8_t inflight = c->max_inflight < IDL_REPLAY_SLOTS ? c->max_inflight
+                                                          : (uint8_t)IDL_REPLAY_SLOTS;
+    uint32_t next = idl_session_first_seq(s);
+    p[n++] = (uint8_t)IDL_PROTOCOL_VERSION;
+    put_le(p + n, IDL_WINDOW_SIZE, 2u);
+    put_le(p + n + 2u, IDL_MAX_PAYLOAD, 2u);
+    put_le(p + n + 4u, IDL_REPLAY_SLOTS, 2u);
+    n += 6u;
+    p[n++] = inflight;
+    for (i = 0; i < IDL_CONTRACT_HASH_LEN; i++) {
+        p[n++] = (uint8_t)((hex_nibble(IDL_CONTRACT_HASH[2u * i]) << 4)
+                           | hex_nibble(IDL_CONTRACT_HASH[2u * i + 1u]));
+    }
+    put_le(p + n, next, 4u);
+    n += 4u;
+    n += put_str(p + n, c->name, 128u);
+    memcpy(p + n, c->map_hash, IDL_MAP_HASH_LEN);
+    n += IDL_MAP_HASH_LEN;
+    n += put_str(p + n, c->device_id, IDL_MAX_DEVICE_ID_LEN);
+    n += put_str(p + n, c->map_name, 255u);
+    s->handed_out = next;
+    s->has_handed_out = 1u;
+    return idl_frame_encode(s->tx, IDL_FT_HELLO_REPLY, 0u, s->epoch, seq, p, n);
+}
+
+static size_t status_answer(idl_session_t *s, uint32_t seq, uint8_t status)
+{
+    return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, seq, &status, 1u);
+}
+
+static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
+{
+    idl_verdict_t v;
+    uint32_t digest;
+    const uint8_t *answer;
+    uint16_t length;
+    if (f->epoch != s->epoch) {
+        uint8_t payload[5];
+        payload[0] = (uint8_t)IDL_STATUS_EPOCH_MISMATCH;
+        put_le(payload + 1, f->epoch, 4u);
+        s->counters[IDL_DISP_EPOCH_MISMATCH]++;
+        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, f->seq, payload, 5u);
+    }
+    v = idl_window_check(&s->window, f->seq);
+    digest = idl_crc32c(f->payload, f->length);
+    if (v == IDL_VERDICT_NEW || v == IDL_VERDICT_ACCEPT_OLD) {
+        uint8_t slot = idl_replay_claim(&s->cache, f->seq);
+        uint8_t *out = idl_replay_data(&s->cache, slot);
+        uint16_t n = s->cfg->execute(s->cfg->ctx, f->payload, f->length, out + 1, now);
+        if (n > RESPONSE_PDU_MAX) {
+            n = RESPONSE_PDU_MAX;
+        }
+        out[0] = (uint8_t)IDL_STATUS_OK;
+        (void)idl_window_commit(&s->window, f->seq);
+        idl_replay_commit(&s->cache, slot, f->seq, digest, (uint16_t)(n + 1u));
+        s->counters[IDL_DISP_EXECUTED]++;
+        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, f->seq, out, n + 1u);
+    }
+    if (v == IDL_VERDICT_TOO_OLD) {
+        s->counters[IDL_DISP_TOO_OLD]++;
+        return status_answer(s, f->seq, IDL_STATUS_TOO_OLD);
+    }
+    switch (idl_replay_lookup(&s->cache, f->seq, digest, &answer, &length)) {
+    case IDL_REPLAY_REPLAY:
+        s->counters[IDL_DISP_REPLAYED]++;
+        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, IDL_FLAG_REPLAY, s->epoch, f->seq, answer,
+                                length);
+    case IDL_REPLAY_CONFLICT:
+        s->counters[IDL_DISP_CONFLICT]++;
+        return status_answer(s, f->seq, IDL_STATUS_IDEMPOTENCY_CONFLICT);
+    case IDL_REPLAY_EVICTED:
+    default:
+        s->counters[IDL_DISP_EVICTED]++;
+        return status_answer(s, f->seq, IDL_STATUS_ANSWER_EVICTED);
+    }
+}
+
+size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
+{
+    idl_frame_t f;
+    int ev = idl_frame_decoder_feed(&s->decoder, byte, &f);
+    if (ev == IDL_FRAME_NONE) {
+        return 0;
+    }
+    if (ev != IDL_FRAME_READY) {
+        s->counters[IDL_DISP_DECODE_ERRORS]++;
+        return 0;
+    }
+    if (f.type == (uint8_t)IDL_FT_REQUEST) {
+        return request(s, &f, now);
+    }
+    if (f.type == (uint8_t)IDL_FT_HELLO) {
+        s->counters[IDL_DISP_HELLO]++;
+        return hello(s, f.seq);
+    }
+    s->counters[IDL_DISP_UNEXPECTED]++;
+    return 0;
+}

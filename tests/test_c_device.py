@@ -1,0 +1,374 @@
+"""The C device core (firmware_ref/) against the Python reference, and the posix device driven by
+the host's own driver.
+
+- Differential: the same seeded random streams of frames (requests with valid and malformed
+  PDUs, retransmissions, reused numbers, old and far-ahead numbers, wrong epochs, HELLOs,
+  corrupted, truncated and oversized frames, garbage), time steps, sensor changes, external fault
+  conditions, failing flash and impossible trigger states go to ``DeviceCore`` + ``DeviceSession``
+  and to the C core (``firmware_ref/build/libidl_core.so`` through ctypes, built by
+  ``make -C firmware_ref lib``); every answer must be byte-identical, and so must the registers,
+  the saved configuration and the decoder's counters.
+- End to end: ``make -C firmware_ref device`` builds ``build/posix/idemlink-device``; it is started
+  on a pty and driven with ``idemlink.host.device.Device`` (HELLO, reads, set-only writes checked
+  against the flash file, REJECTED, NOT_EXECUTED, triggers, W1C clears, a retransmission answered
+  by replay, a lossy link).
+
+Everything skips, naming the reason, when make or a C compiler is missing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from idemlink.protocol import cobs
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import (
+    HEADER_LEN,
+    MAX_ENCODED,
+    DecodeErrorKind,
+    FrameType,
+    build_raw,
+    encode_frame,
+)
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.session import DeviceInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+FW = ROOT / "firmware_ref"
+SLOTS = 8  #: IDL_REPLAY_SLOTS the library is built with
+TRIGGER_MS = 2000
+STEP_MS = 125  #: time steps are multiples of 1/8 s, exact in binary floating point
+
+
+def _missing_tools() -> str | None:
+    for tool in ("make",):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        return "no C compiler (gcc or cc)"
+    return None
+
+
+def _make(target: str) -> None:
+    why = _missing_tools()
+    if why is not None:
+        pytest.skip(f"cannot build firmware_ref: {why}")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+# ---- the C core through ctypes -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def clib() -> ctypes.CDLL:
+    _make("lib")
+    lib = ctypes.CDLL(str(FW / "build" / "libidl_core.so"))
+    p, u8p = ctypes.c_void_p, ctypes.c_char_p
+    sig: dict[str, tuple[list[object], object]] = {
+        "idl_shim_sizeof": ([], ctypes.c_size_t),
+        "idl_shim_init": ([p, ctypes.c_uint32, ctypes.c_uint32, u8p, ctypes.c_uint32], None),
+        "idl_shim_feed": ([p, u8p, ctypes.c_size_t, ctypes.c_uint32, p, ctypes.c_size_t],
+                          ctypes.c_size_t),
+        "idl_shim_execute": ([p, u8p, ctypes.c_uint16, ctypes.c_uint32, p], ctypes.c_uint16),
+        "idl_shim_tick": ([p, ctypes.c_uint32], None),
+        "idl_shim_set_input": ([p, ctypes.c_uint16, ctypes.c_uint16, ctypes.c_uint32],
+                               ctypes.c_int),
+        "idl_shim_set_external": ([p, ctypes.c_uint16, ctypes.c_uint32], None),
+        "idl_shim_get": ([p, ctypes.c_uint16], ctypes.c_int32),
+        "idl_shim_force_trigger": ([p, ctypes.c_uint16, ctypes.c_uint16], ctypes.c_int),
+        "idl_shim_persist_fail": ([p, ctypes.c_int], None),
+        "idl_shim_persist_calls": ([p], ctypes.c_uint32),
+        "idl_shim_saved": ([p, ctypes.c_uint16], ctypes.c_int32),
+        "idl_shim_saved_generation": ([p], ctypes.c_uint32),
+        "idl_shim_first_seq": ([p], ctypes.c_uint32),
+        "idl_shim_decoder_counter": ([p, ctypes.c_uint], ctypes.c_uint32),
+    }
+    for name, (args, res) in sig.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+    return lib
+
+
+CANARY = b"\xa5\x5a\xc3\x3c" * 4
+
+
+class CDevice:
+    """One C core in a ctypes buffer with canaries on both sides."""
+
+    def __init__(self, lib: ctypes.CDLL, epoch: int, device_id: str) -> None:
+        self.lib = lib
+        self.size = lib.idl_shim_sizeof()
+        self.buf = ctypes.create_string_buffer(CANARY + bytes(self.size) + CANARY)
+        self.ptr = ctypes.c_void_p(ctypes.addressof(self.buf) + len(CANARY))
+        self.out = ctypes.create_string_buffer(1 << 16)
+        lib.idl_shim_init(self.ptr, epoch, TRIGGER_MS, device_id.encode(), 0)
+
+    def feed(self, data: bytes, now_ms: int) -> bytes:
+        n = self.lib.idl_shim_feed(self.ptr, data, len(data), now_ms, self.out, len(self.out))
+        return self.out.raw[:n]
+
+    def execute(self, pdu: bytes, now_ms: int) -> bytes:
+        n = self.lib.idl_shim_execute(self.ptr, pdu, len(pdu), now_ms, self.out)
+        return self.out.raw[:n]
+
+    def value(self, address: int) -> int:
+        return int(self.lib.idl_shim_get(self.ptr, address))
+
+    def canaries_ok(self) -> bool:
+        raw = self.buf.raw
+        return raw[:len(CANARY)] == CANARY and raw[len(CANARY) + self.size:][:len(CANARY)] == CANARY
+
+
+class PyDevice:
+    """The reference: DeviceCore behind DeviceSession, with a recording persist hook."""
+
+    def __init__(self, epoch: int, device_id: str) -> None:
+        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=TRIGGER_MS / 1000)
+        self.persist_fail = False
+        self.persist_calls = 0
+        self.saved: ConfigSnapshot | None = None
+        self.session = DeviceSession(
+            self._execute, epoch, contract_hash=contract_hash(), name="idemlink-sim",
+            map_hash=DEFAULT_MAP.hash, device_id=device_id, map_name=DEFAULT_MAP.name,
+            replay_slots=SLOTS)
+
+    def _persist(self, snap: ConfigSnapshot) -> None:
+        self.persist_calls += 1
+        if self.persist_fail:
+            raise PersistError("flash refused")
+        self.saved = snap
+
+    def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
+        return self.core.execute(pdu, now, persist=self._persist)
+
+    def feed(self, data: bytes, now_ms: int) -> bytes:
+        self.core.tick(now_ms / 1000)
+        return self.session.receive_data(data, now_ms / 1000)
+
+
+def _addr(rng: random.Random) -> int:
+    return rng.choice([rng.randrange(0, 12), rng.randrange(0, 12), rng.randrange(0x10000),
+                       0xFFFF, 0xFFF0])
+
+
+def _value(rng: random.Random) -> int:
+    return rng.choice([0, 1, 2, 3, 4, 7, 8, 50, 100, 101, 250, 351, 999, 1000, 1001, 0xFFFF,
+                       rng.randrange(0x10000)])
+
+
+def _count(rng: random.Random, limit: int) -> int:
+    return rng.choice([1, 1, 2, 3, 4, 5, 9, 0, limit, limit + 1, rng.randrange(0x10000)])
+
+
+def random_pdu(rng: random.Random, generation: int) -> bytes:
+    """Mostly well-formed requests for the thermal map, and every kind of malformed one."""
+    kind = rng.randrange(12)
+    if kind in (0, 1):  # read
+        fc = rng.choice([3, 4])
+        pdu = struct.pack(">BHH", fc, _addr(rng), _count(rng, 125) if rng.random() < 0.3
+                          else rng.randrange(1, 10))
+    elif kind in (2, 3):  # FC06
+        pdu = struct.pack(">BHH", 6, _addr(rng), _value(rng))
+    elif kind in (4, 5):  # FC16
+        count = rng.randrange(1, 6) if rng.random() < 0.8 else _count(rng, 123)
+        values = [_value(rng) for _ in range(min(count, 130))]
+        bc = 2 * count if rng.random() < 0.9 else rng.randrange(256)
+        pdu = struct.pack(">BHHB", 16, _addr(rng), count, bc & 0xFF) + struct.pack(
+            f">{len(values)}H", *values)
+    elif kind == 6:  # 0x41
+        count = rng.randrange(1, 4) if rng.random() < 0.85 else _count(rng, 122)
+        values = [_value(rng) for _ in range(min(count, 130))]
+        gen = generation if rng.random() < 0.6 else _value(rng)
+        pdu = struct.pack(">BHHHB", 0x41, gen, _addr(rng), count, (2 * count) & 0xFF) + \
+            struct.pack(f">{len(values)}H", *values)
+    elif kind in (7, 8):  # 0x42
+        pdu = struct.pack(">BHH", 0x42, rng.choice([8, 8, 8, _addr(rng)]),
+                          rng.choice([0, 1, 1, 2, _value(rng)]))
+    elif kind == 9:  # W1C on the fault word
+        pdu = struct.pack(">BHH", 6, 7, rng.choice([1, 2, 4, 7, 8, 0]))
+    elif kind == 10:  # unknown or file functions, random bytes
+        pdu = bytes([rng.choice([0, 1, 2, 5, 0x44, 0x45, 0x83, 0x90, 0xFF])]) + rng.randbytes(
+            rng.randrange(0, 8))
+    else:
+        pdu = b""
+    r = rng.random()
+    if r < 0.05 and pdu:
+        pdu = pdu[:rng.randrange(len(pdu))]  # short
+    elif r < 0.1:
+        pdu += rng.randbytes(rng.randrange(1, 4))  # trailing
+    return pdu
+
+
+def _corrupt(rng: random.Random, wire: bytes) -> bytes:
+    how = rng.randrange(5)
+    raw = bytearray(wire)
+    if how == 0 and len(raw) > 3:  # flip a bit inside
+        i = rng.randrange(1, len(raw) - 1)
+        raw[i] ^= 1 << rng.randrange(8)
+        return bytes(raw)
+    if how == 1:  # truncated, then the next frame's delimiter
+        return bytes(raw[:rng.randrange(1, len(raw))])
+    if how == 2:  # no delimiter for longer than the decoder holds
+        return b"\x00" + bytes(rng.randrange(1, 256) for _ in range(MAX_ENCODED + rng.randrange(1, 40)))
+    if how == 3:  # another version, unknown type or flag, bad length (valid CRC)
+        ftype, flags, version, pl = rng.choice([(3, 0, 2, b"\x03"), (9, 0, 1, b""),
+                                                (3, 0x80, 1, b"ab"), (3, 0x04, 1, b"")])
+        raw2 = build_raw(ftype, 1, 0, pl, flags, version=version,
+                         auth_tag=bytes(8) if flags & 0x80 else None)
+        return b"\x00" + cobs.encode(raw2) + b"\x00"
+    return rng.randbytes(rng.randrange(1, 20))  # garbage
+
+
+class Stream:
+    """Drives both devices with the same seeded random events and compares them."""
+
+    def __init__(self, lib: ctypes.CDLL, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.epoch = self.rng.randrange(1, 1 << 32)
+        device_id = f"c-{seed:08x}"
+        self.py = PyDevice(self.epoch, device_id)
+        self.c = CDevice(lib, self.epoch, device_id)
+        self.lib = lib
+        self.now = 0
+        self.seq = self.rng.choice([1, 1, 0xFFFFFFF0, self.rng.randrange(1 << 32)])
+        self.sent: list[tuple[int, bytes]] = []
+        self.answers = 0
+
+    def both(self, data: bytes) -> None:
+        a = self.py.feed(data, self.now)
+        b = self.c.feed(data, self.now)
+        assert b == a, f"answers differ for {data.hex()}:\n py {a.hex()}\n  c {b.hex()}"
+        self.answers += len(a) > 0
+
+    def request(self) -> bytes:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.55 or not self.sent:
+            self.seq = (self.seq + rng.choice([1, 1, 1, 2, 5])) & 0xFFFFFFFF
+            seq, pdu = self.seq, random_pdu(rng, self.py.core.generation)
+            self.sent.append((seq, pdu))
+        elif r < 0.75:  # retransmission (same number, same payload)
+            seq, pdu = rng.choice(self.sent[-12:])
+        elif r < 0.82:  # the number reused for other content
+            seq, _ = rng.choice(self.sent[-12:])
+            pdu = random_pdu(rng, self.py.core.generation)
+        elif r < 0.88:  # a late first arrival, or long gone
+            seq = (self.seq - rng.choice([1, 3, 40, 991, 992, 993, 5000])) & 0xFFFFFFFF
+            pdu = random_pdu(rng, self.py.core.generation)
+        elif r < 0.92:  # far ahead (and the wrap)
+            seq = (self.seq + rng.choice([992, 1 << 30, (1 << 31) - 1, 1 << 31])) & 0xFFFFFFFF
+            pdu = random_pdu(rng, self.py.core.generation)
+        else:
+            seq, pdu = self.seq, random_pdu(rng, self.py.core.generation)
+        epoch = self.epoch if rng.random() < 0.95 else rng.randrange(1 << 32)
+        flags = rng.choice([0, 0, 0, 1, 2, 3])
+        return encode_frame(FrameType.REQUEST, seq, epoch, pdu, flags)
+
+    def step(self) -> None:
+        rng = self.rng
+        r = rng.random()
+        if r < 0.6:
+            wire = self.request()
+            if rng.random() < 0.1:  # two frames in one read, or one split over two reads
+                if rng.random() < 0.5:
+                    wire += self.request()
+                else:
+                    cut = rng.randrange(len(wire))
+                    self.both(wire[:cut])
+                    wire = wire[cut:]
+            self.both(wire)
+        elif r < 0.65:
+            self.both(encode_frame(FrameType.HELLO, rng.randrange(1 << 32), 0,
+                                   bytes([1]) + contract_hash()))
+        elif r < 0.67:  # a frame a device must not answer
+            self.both(encode_frame(rng.choice([FrameType.RESPONSE, FrameType.HELLO_REPLY]),
+                                   self.seq, self.epoch, b"\x00"))
+        elif r < 0.75:
+            self.both(_corrupt(rng, self.request()))
+        elif r < 0.85:
+            self.now += STEP_MS * rng.choice([1, 2, 4, 8, 16, 24])
+        elif r < 0.9:
+            value = rng.choice([200, 349, 350, 351, 600, 1001])
+            self.py.core.set_input("temperature", value, self.now / 1000)
+            assert self.lib.idl_shim_set_input(self.c.ptr, 0, value, self.now) == 1
+        elif r < 0.93:
+            bits = rng.randrange(8) & 0b110
+            for name, bit in (("sensor_fault", 2), ("fan_stall", 4)):
+                self.py.core.set_condition(name, bool(bits & bit), self.now / 1000)
+            self.lib.idl_shim_set_external(self.c.ptr, bits, self.now)
+        elif r < 0.96:
+            fail = rng.random() < 0.5
+            self.py.persist_fail = fail
+            self.lib.idl_shim_persist_fail(self.c.ptr, int(fail))
+        elif r < 0.97:
+            raw = rng.choice([0, 1, 2, 3, 7])
+            self.py.core.force_trigger_state("self_clean", raw)
+            assert self.lib.idl_shim_force_trigger(self.c.ptr, 8, raw) == 1
+        else:
+            self.py.core.tick(self.now / 1000)
+            self.lib.idl_shim_tick(self.c.ptr, self.now)
+        self.check_state()
+
+    def check_state(self) -> None:
+        assert self.c.canaries_ok()
+        py_values = {r.address: self.py.core.value(r.name) for r in DEFAULT_MAP}
+        c_values = {a: self.c.value(a) for a in py_values}
+        assert c_values == py_values
+        assert self.lib.idl_shim_persist_calls(self.c.ptr) == self.py.persist_calls
+        if self.py.saved is not None:
+            assert {a: self.lib.idl_shim_saved(self.c.ptr, a)
+                    for a, _ in self.py.saved.holdings} == dict(self.py.saved.holdings)
+            assert self.lib.idl_shim_saved_generation(self.c.ptr) == self.py.saved.generation
+        assert self.lib.idl_shim_first_seq(self.c.ptr) == self.py.session.first_seq()
+        counters = self.py.session.decoder.counters
+        assert self.lib.idl_shim_decoder_counter(self.c.ptr, 0) == counters["FRAMES"]
+        for kind in DecodeErrorKind:
+            assert self.lib.idl_shim_decoder_counter(self.c.ptr, kind.value) == \
+                counters[kind.name], kind.name
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_c_core_answers_like_python(clib: ctypes.CDLL, seed: int) -> None:
+    stream = Stream(clib, seed)
+    for _ in range(400):
+        stream.step()
+    assert stream.answers > 100
+
+
+def test_c_modbus_pdus_like_python(clib: ctypes.CDLL) -> None:
+    """Many PDUs straight into the Modbus layer (no session), with time moving on."""
+    rng = random.Random(7)
+    py = DeviceCore(DEFAULT_MAP, trigger_duration=TRIGGER_MS / 1000)
+    c = CDevice(clib, 1, "x")
+    now = 0
+    for i in range(6000):
+        pdu = random_pdu(rng, py.generation)
+        if i % 7 == 0:
+            now += STEP_MS * rng.randrange(1, 20)
+        assert c.execute(pdu, now) == py.execute(pdu, now / 1000), pdu.hex()
+    assert c.canaries_ok()
+
+
+def test_c_hello_reply_decodes(clib: ctypes.CDLL) -> None:
+    c = CDevice(clib, 0x12345678, "dev-1")
+    wire = c.feed(encode_frame(FrameType.HELLO, 77, 0, bytes([1]) + contract_hash()), 0)
+    raw = cobs.decode(wire.strip(b"\x00"))
+    assert raw is not None
+    info = DeviceInfo.decode(raw[HEADER_LEN:-4])
+    assert info.map_hash == DEFAULT_MAP.hash and info.device_id == "dev-1"
+    assert info.map_name == DEFAULT_MAP.name and info.contract_hash == contract_hash()
+    assert (info.window, info.max_payload, info.replay_slots, info.max_inflight, info.next_seq) \
+        == (992, 512, SLOTS, SLOTS, 1)
