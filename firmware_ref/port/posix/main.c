@@ -1,0 +1,551 @@
+/*
+ * idemlink-device: the C device core on a POSIX host, served like `idemlink sim`.
+ *
+ *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
+ *                   [--trigger-duration SECONDS] [--baudrate N]
+ *
+ * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
+ * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
+ * configuration (config.json, the same format as the Python simulator, replaced atomically) and
+ * the device id (device_id, created once). A bad argument, port or flash directory is one line on
+ * stderr and exit 1 (2 for usage).
+ *
+ * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/select.h>
+#include <sys/stat.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "idl_port.h"
+
+#define PROG "idemlink-device"
+#define TICK_MS 20
+
+static volatile sig_atomic_t stop_requested;
+static int io_fd = -1;
+static const char *flash_dir;
+static const char *given_id;
+static int have_seed;
+static unsigned long long seed_state;
+
+static void on_signal(int signum)
+{
+    (void)signum;
+    stop_requested = 1;
+}
+
+static void fail(int code, const char *what, const char *detail)
+{
+    fprintf(stderr, PROG ": %s%s%s\n", what, detail ? ": " : "", detail ? detail : "");
+    exit(code);
+}
+
+/* ---- randomness: splitmix64 from --seed, else the OS ---------------------------------------- */
+
+static unsigned long long splitmix64(void)
+{
+    unsigned long long z = (seed_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static unsigned long long random64(void)
+{
+    unsigned long long v = 0;
+    int fd;
+    if (have_seed) {
+        return splitmix64();
+    }
+    fd = open("/dev/urandom", O_RDONLY);
+    if (fd < 0 || read(fd, &v, sizeof v) != (ssize_t)sizeof v) {
+        fail(1, "cannot read /dev/urandom", strerror(errno));
+    }
+    close(fd);
+    return v;
+}
+
+uint32_t idl_port_entropy32(void) { return (uint32_t)random64(); }
+
+/* ---- clock ----------------------------------------------------------------------------------- */
+
+uint32_t idl_port_millis(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint32_t)((unsigned long long)ts.tv_sec * 1000ull
+                      + (unsigned long long)ts.tv_nsec / 1000000ull);
+}
+
+/* ---- bytes out --------------------------------------------------------------------------------- */
+
+void idl_port_write(const uint8_t *data, size_t n)
+{
+    while (n > 0u) {
+        ssize_t k = write(io_fd, data, n);
+        if (k < 0) {
+            fd_set w;
+            struct timeval tv = { 1, 0 };
+            if (errno == EINTR) {
+                continue;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                fprintf(stderr, PROG ": write failed: %s\n", strerror(errno));
+                return;
+            }
+            FD_ZERO(&w);
+            FD_SET(io_fd, &w);
+            if (select(io_fd + 1, NULL, &w, NULL, &tv) <= 0) {
+                fprintf(stderr, PROG ": write stalled for 1 s, answer dropped\n");
+                return;
+            }
+            continue;
+        }
+        data += k;
+        n -= (size_t)k;
+    }
+}
+
+/* ---- the device id ----------------------------------------------------------------------------- */
+
+static int valid_id(const char *s, size_t n)
+{
+    size_t i;
+    if (n < 1u || n > IDL_MAX_DEVICE_ID_LEN) {
+        return 0;
+    }
+    for (i = 0; i < n; i++) {
+        char c = s[i];
+        int alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+        if (!alnum && (i == 0u || (c != '_' && c != '.' && c != ':' && c != '-'))) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void sync_dir(void)
+{
+    int fd = open(flash_dir, O_RDONLY);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+/* Write `text` to DIR/name by atomic replacement (temporary file, fsync, rename, fsync dir). */
+static int replace_file(const char *name, const char *text, size_t n)
+{
+    char tmp[4096];
+    char path[4096];
+    int fd;
+    size_t done = 0;
+    snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", flash_dir, name);
+    snprintf(path, sizeof path, "%s/%s", flash_dir, name);
+    fd = mkstemp(tmp);
+    if (fd < 0) {
+        return -1;
+    }
+    while (done < n) {
+        ssize_t k = write(fd, text + done, n - done);
+        if (k < 0) {
+            close(fd);
+            unlink(tmp);
+            return -1;
+        }
+        done += (size_t)k;
+    }
+    if (fsync(fd) != 0 || fchmod(fd, 0600) != 0 || close(fd) != 0 || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return -1;
+    }
+    sync_dir();
+    return 0;
+}
+
+size_t idl_port_unique_id(char *buf, size_t cap)
+{
+    char text[128];
+    size_t n;
+    if (given_id != NULL) {
+        n = strlen(given_id);
+        memcpy(buf, given_id, n < cap ? n : cap);
+        return n < cap ? n : cap;
+    }
+    if (flash_dir != NULL) {
+        char path[4096];
+        FILE *f;
+        snprintf(path, sizeof path, "%s/device_id", flash_dir);
+        f = fopen(path, "r");
+        if (f != NULL) {
+            n = fread(text, 1, sizeof text - 1u, f);
+            fclose(f);
+            while (n > 0u && (text[n - 1u] == '\n' || text[n - 1u] == '\r' || text[n - 1u] == ' ')) {
+                n--;
+            }
+            if (!valid_id(text, n)) {
+                fail(1, "flash directory: device_id does not hold a device id "
+                        "(1-64 characters of [A-Za-z0-9_.:-])", NULL);
+            }
+        } else {
+            n = (size_t)snprintf(text, sizeof text, "sim-%016llx", random64());
+            text[n] = '\n';
+            if (replace_file("device_id", text, n + 1u) != 0) {
+                fail(1, "flash directory: cannot create device_id", strerror(errno));
+            }
+        }
+    } else {
+        n = (size_t)snprintf(text, sizeof text, "sim-%016llx", random64());
+    }
+    if (n > cap) {
+        n = cap;
+    }
+    memcpy(buf, text, n);
+    return n;
+}
+
+/* ---- configuration flash: config.json like device_sim/flash.py ------------------------------ */
+
+bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
+{
+    char text[64 + 24 * IDL_REG_COUNT];
+    size_t n;
+    uint32_t i;
+    int first = 1;
+    if (flash_dir == NULL) {
+        return true;
+    }
+    n = (size_t)snprintf(text, sizeof text, "{\"generation\": %u, \"holdings\": [",
+                         (unsigned)generation);
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING) {
+            n += (size_t)snprintf(text + n, sizeof text - n, "%s[%u, %u]", first ? "" : ", ",
+                                  (unsigned)IDL_REGMAP[i].address, (unsigned)values[i]);
+            first = 0;
+        }
+    }
+    n += (size_t)snprintf(text + n, sizeof text - n, "]}");
+    if (replace_file("config.json", text, n) != 0) {
+        fprintf(stderr, PROG ": configuration not saved (%s): write refused\n", strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') {
+        p++;
+    }
+    return p;
+}
+
+/* A plain non-negative JSON integer; NULL if there is none. */
+static const char *number(const char *p, long *out)
+{
+    long v = 0;
+    p = skip_ws(p);
+    if (*p < '0' || *p > '9') {
+        return NULL;
+    }
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p - '0');
+        if (v > 0xFFFFF) {
+            return NULL;
+        }
+        p++;
+    }
+    *out = v;
+    return p;
+}
+
+static const char *expect(const char *p, char c)
+{
+    p = skip_ws(p);
+    return *p == c ? p + 1 : NULL;
+}
+
+bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
+{
+    char path[4096];
+    char text[4096];
+    size_t n;
+    FILE *f;
+    const char *p;
+    long gen = -1;
+    long a;
+    long v;
+    uint32_t seen = 0;
+    uint32_t i;
+    uint32_t holdings = 0;
+    if (flash_dir == NULL) {
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/config.json", flash_dir);
+    f = fopen(path, "r");
+    if (f == NULL) {
+        return false;
+    }
+    n = fread(text, 1, sizeof text - 1u, f);
+    fclose(f);
+    text[n] = '\0';
+    p = strstr(text, "\"generation\"");
+    if (p == NULL || (p = expect(p + 12, ':')) == NULL || number(p, &gen) == NULL || gen > 0xFFFF) {
+        fail(1, "flash directory: config.json: generation is not an integer 0..65535", NULL);
+    }
+    p = strstr(text, "\"holdings\"");
+    if (p == NULL || (p = expect(p + 10, ':')) == NULL || (p = expect(p, '[')) == NULL) {
+        fail(1, "flash directory: config.json: need a holdings list", NULL);
+    }
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        holdings += IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING;
+    }
+    if (*skip_ws(p) == ']') {
+        p = skip_ws(p) + 1;
+    } else {
+        for (;;) {
+            int32_t at;
+            if ((p = expect(p, '[')) == NULL || (p = number(p, &a)) == NULL
+                || (p = expect(p, ',')) == NULL || (p = number(p, &v)) == NULL
+                || (p = expect(p, ']')) == NULL || a > 0xFFFF || v > 0xFFFF) {
+                fail(1, "flash directory: config.json: holdings must be [address, value] pairs "
+                        "of integers", NULL);
+            }
+            at = idl_regs_index((uint16_t)a);
+            if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_HOLDING) {
+                fail(1, "flash directory: config.json: snapshot holds other registers than this "
+                        "map's HOLDINGs", NULL);
+            }
+            if (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v) {
+                fail(1, "flash directory: config.json: a value is outside its range", NULL);
+            }
+            values[at] = (uint16_t)v;
+            seen++;
+            p = skip_ws(p);
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            if (*p == ']') {
+                break;
+            }
+            fail(1, "flash directory: config.json: unreadable holdings list", NULL);
+        }
+    }
+    if (seen != holdings) {
+        fail(1, "flash directory: config.json: snapshot holds other registers than this map's "
+                "HOLDINGs", NULL);
+    }
+    *generation = (uint16_t)gen;
+    return true;
+}
+
+/* ---- the application's fault conditions ----------------------------------------------------- */
+
+uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
+{
+#if defined(IDL_REG_FAULTS) && defined(IDL_REG_TEMPERATURE) && defined(IDL_REG_THRESHOLD) \
+    && defined(IDL_FAULT_OVER_TEMPERATURE)
+    uint16_t t = 0;
+    uint16_t limit = 0;
+    if (address == IDL_REG_FAULTS && idl_regs_get(r, IDL_REG_TEMPERATURE, &t)
+        && idl_regs_get(r, IDL_REG_THRESHOLD, &limit) && t > limit) {
+        return (uint16_t)IDL_FAULT_OVER_TEMPERATURE;
+    }
+#else
+    (void)r;
+    (void)address;
+#endif
+    return 0;
+}
+
+/* ---- the serving end ----------------------------------------------------------------------- */
+
+static void make_raw(int fd)
+{
+    struct termios t;
+    if (tcgetattr(fd, &t) != 0) {
+        return;
+    }
+    t.c_iflag &= (tcflag_t) ~(IGNBRK | BRKINT | PARMRK | ISTRIP | INLCR | IGNCR | ICRNL | IXON);
+    t.c_oflag &= (tcflag_t)~OPOST;
+    t.c_lflag &= (tcflag_t) ~(ECHO | ECHONL | ICANON | ISIG | IEXTEN);
+    t.c_cflag &= (tcflag_t) ~(CSIZE | PARENB);
+    t.c_cflag |= CS8 | CLOCAL | CREAD;
+    t.c_cc[VMIN] = 1;
+    t.c_cc[VTIME] = 0;
+    (void)tcsetattr(fd, TCSANOW, &t);
+}
+
+static speed_t baud(long rate)
+{
+    switch (rate) {
+    case 9600: return B9600;
+    case 19200: return B19200;
+    case 38400: return B38400;
+    case 57600: return B57600;
+    case 115200: return B115200;
+    case 230400: return B230400;
+    default: return B0;
+    }
+}
+
+static long parse_long(const char *opt, const char *text)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || end == text) {
+        fprintf(stderr, PROG ": %s: %s is not an integer\n", opt, text);
+        exit(2);
+    }
+    return v;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
+                    "[--trigger-duration SECONDS] [--baudrate N]\n");
+    exit(2);
+}
+
+static idl_device_t device;
+
+int main(int argc, char **argv)
+{
+    const char *port = NULL;
+    long baudrate = 115200;
+    double trigger_s = IDL_TRIGGER_MS / 1000.0;
+    int slave_fd = -1;
+    const char *path;
+    struct sigaction sa;
+    int i;
+    memset(&sa, 0, sizeof sa); /* no SA_RESTART: a signal wakes the select and the loop ends */
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    for (i = 1; i < argc; i++) {
+        const char *opt = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) {
+            usage();
+        }
+        if (val == NULL) {
+            usage();
+        }
+        i++;
+        if (strcmp(opt, "--port") == 0) {
+            port = val;
+        } else if (strcmp(opt, "--flash-dir") == 0) {
+            flash_dir = val;
+        } else if (strcmp(opt, "--device-id") == 0) {
+            if (!valid_id(val, strlen(val))) {
+                fprintf(stderr, PROG ": device id '%s' must be 1-64 characters of "
+                                "[A-Za-z0-9_.:-], starting with a letter or digit\n", val);
+                return 1;
+            }
+            given_id = val;
+        } else if (strcmp(opt, "--seed") == 0) {
+            seed_state = (unsigned long long)parse_long(opt, val);
+            have_seed = 1;
+        } else if (strcmp(opt, "--baudrate") == 0) {
+            baudrate = parse_long(opt, val);
+        } else if (strcmp(opt, "--trigger-duration") == 0 || strcmp(opt, "--trigger-seconds") == 0) {
+            char *end;
+            trigger_s = strtod(val, &end);
+            if (*end != '\0' || !(trigger_s >= 0.0 && trigger_s < 4.0e6)) {
+                fprintf(stderr, PROG ": trigger duration %s must be a number of seconds >= 0\n",
+                        val);
+                return 1;
+            }
+        } else {
+            usage();
+        }
+    }
+    if (flash_dir != NULL && mkdir(flash_dir, 0700) != 0 && errno != EEXIST) {
+        fail(1, "flash directory", strerror(errno));
+    }
+    if (port != NULL) {
+        io_fd = open(port, O_RDWR | O_NOCTTY | O_NONBLOCK);
+        if (io_fd < 0) {
+            fprintf(stderr, PROG ": cannot open port %s: %s\n", port, strerror(errno));
+            return 1;
+        }
+        if (isatty(io_fd)) {
+            struct termios t;
+            make_raw(io_fd);
+            if (baud(baudrate) != B0 && tcgetattr(io_fd, &t) == 0) {
+                (void)cfsetispeed(&t, baud(baudrate));
+                (void)cfsetospeed(&t, baud(baudrate));
+                (void)tcsetattr(io_fd, TCSANOW, &t);
+            }
+        }
+        path = port;
+    } else {
+        io_fd = posix_openpt(O_RDWR | O_NOCTTY);
+        if (io_fd < 0 || grantpt(io_fd) != 0 || unlockpt(io_fd) != 0 || ptsname(io_fd) == NULL) {
+            fail(1, "cannot create a pseudo-terminal", strerror(errno));
+        }
+        path = ptsname(io_fd);
+        /* keep our own slave fd open: a client closing and reopening the path then never hangs
+         * up the master (no EIO) */
+        slave_fd = open(path, O_RDWR | O_NOCTTY);
+        if (slave_fd < 0) {
+            fail(1, "cannot open the pseudo-terminal", strerror(errno));
+        }
+        make_raw(slave_fd);
+        make_raw(io_fd);
+        (void)fcntl(io_fd, F_SETFL, fcntl(io_fd, F_GETFL) | O_NONBLOCK);
+    }
+
+    idl_device_init(&device);
+    device.regs.trigger_ms = (uint32_t)(trigger_s * 1000.0 + 0.5);
+    printf("%s\n", path);
+    fflush(stdout);
+
+    while (!stop_requested) {
+        fd_set r;
+        struct timeval tv = { 0, TICK_MS * 1000 };
+        uint8_t buf[4096];
+        int ready;
+        FD_ZERO(&r);
+        FD_SET(io_fd, &r);
+        ready = select(io_fd + 1, &r, NULL, NULL, &tv);
+        if (ready < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            fail(1, "the port failed while serving", strerror(errno));
+        }
+        if (ready > 0) {
+            ssize_t n = read(io_fd, buf, sizeof buf);
+            if (n > 0) {
+                idl_device_rx(&device, buf, (size_t)n);
+                continue;
+            }
+            if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO) {
+                fail(1, "the port failed while serving", strerror(errno));
+            }
+            if (n == 0 || (n < 0 && errno == EIO)) {
+                struct timespec pause = { 0, TICK_MS * 1000000L };
+                nanosleep(&pause, NULL); /* no reader on the other side right now */
+            }
+        }
+        idl_device_poll(&device);
+    }
+    if (slave_fd >= 0) {
+        close(slave_fd);
+    }
+    close(io_fd);
+    return 0;
+}
