@@ -23,10 +23,14 @@ import random
 import shutil
 import struct
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import serial
 
+import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
+from idemlink.host.device import Device
 from idemlink.protocol import cobs
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
@@ -35,10 +39,14 @@ from idemlink.protocol.frame import (
     HEADER_LEN,
     MAX_ENCODED,
     DecodeErrorKind,
+    Flags,
+    Frame,
+    FrameDecoder,
     FrameType,
     build_raw,
     encode_frame,
 )
+from idemlink.protocol.outcome import ModbusException, Outcome, Status
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.session import DeviceInfo
 
@@ -372,3 +380,195 @@ def test_c_hello_reply_decodes(clib: ctypes.CDLL) -> None:
     assert info.map_name == DEFAULT_MAP.name and info.contract_hash == contract_hash()
     assert (info.window, info.max_payload, info.replay_slots, info.max_inflight, info.next_seq) \
         == (992, 512, SLOTS, SLOTS, 1)
+
+
+# ---- the posix device, driven by the host's own driver ----------------------------------------
+
+
+@pytest.fixture(scope="session")
+def device_bin() -> Path:
+    _make("device")
+    return FW / "build" / "posix" / "idemlink-device"
+
+
+class RunningDevice:
+    """``idemlink-device`` on a new pty (its path is the first line of stdout)."""
+
+    def __init__(self, binary: Path, flash: Path, *args: str) -> None:
+        self.flash = flash
+        self.proc = subprocess.Popen(
+            [str(binary), "--flash-dir", str(flash), "--stats", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.path = self.proc.stdout.readline().strip()
+        assert self.path.startswith("/dev/"), self.path
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM; the exit must be clean. Returns the device's counters."""
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=5)
+        assert self.proc.returncode == 0, err
+        line = err.strip().splitlines()[-1]
+        return {k: int(v) for k, v in (w.split("=") for w in line.split() if "=" in w)}
+
+    def config(self) -> ConfigSnapshot:
+        return ConfigSnapshot.from_json((self.flash / "config.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def cdev(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
+    dev = RunningDevice(device_bin, tmp_path / "flash", "--trigger-duration", "60")
+    try:
+        yield dev
+    finally:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+            dev.proc.wait()
+
+
+def test_hello_advertises_the_built_in_map_and_a_stable_id(cdev: RunningDevice) -> None:
+    with Device.open(cdev.path) as dev:
+        info = dev.info
+    assert info is not None
+    assert info.map_hash == DEFAULT_MAP.hash and info.map_name == DEFAULT_MAP.name
+    assert info.contract_hash == contract_hash()
+    stored = (cdev.flash / "device_id").read_text(encoding="ascii").strip()
+    assert info.device_id == stored and stored
+    assert (info.window, info.replay_slots, info.next_seq) == (992, SLOTS, 1)
+    assert cdev.stop()["hello"] >= 1
+
+
+def test_reads_and_set_only_writes_reach_the_flash(cdev: RunningDevice) -> None:
+    with Device.open(cdev.path) as dev:
+        assert dev.read("temperature", 3).values == (250, 450, 1200)
+        assert not (cdev.flash / "config.json").exists()
+        assert dev.write({"threshold": 420, "mode": 2, "fan_setpoint": 75}).ok
+        assert dev.read("threshold", 3).values == (420, 2, 75)
+        assert dev.read("generation").values == (1,)
+        assert cdev.config() == ConfigSnapshot(((4, 420), (5, 2), (6, 75)), 1)
+        assert dev.write({"threshold": 420}).ok  # the same value again: no change
+        assert dev.read("generation").values == (1,)
+        bad = dev.write({"threshold": 1001})
+        assert bad.outcome is Outcome.REJECTED
+        assert bad.exception is ModbusException.ILLEGAL_DATA_VALUE
+        assert dev.read("threshold").values == (420,)
+        assert cdev.config().generation == 1
+    cdev.stop()
+
+
+def test_configuration_and_id_survive_a_restart(device_bin: Path, tmp_path: Path) -> None:
+    first = RunningDevice(device_bin, tmp_path / "flash")
+    with Device.open(first.path) as dev:
+        assert dev.write({"fan_setpoint": 9}).ok
+        ident = dev.info.device_id if dev.info else None
+        epoch = dev.info and dev.session.epoch
+    first.stop()
+    second = RunningDevice(device_bin, tmp_path / "flash")
+    with Device.open(second.path) as dev:
+        assert dev.read("fan_setpoint").values == (9,)
+        assert dev.read("generation").values == (1,)
+        assert dev.info is not None and dev.info.device_id == ident
+        assert dev.session.epoch != epoch
+    second.stop()
+
+
+def test_conditional_write_and_trigger(cdev: RunningDevice) -> None:
+    with Device.open(cdev.path) as dev:
+        stale = dev.write_if_generation(5, {"threshold": 500})
+        assert stale.outcome is Outcome.NOT_EXECUTED and stale.code == 0
+        ok = dev.write_if_generation(0, {"threshold": 500})
+        assert ok.ok and ok.code == 1
+        assert dev.read("threshold").values == (500,)
+        assert dev.trigger().code == 0
+        assert dev.trigger().code == 0x0101
+        assert dev.trigger_status().values == (1,)
+        assert dev.trigger_reset().code == 0
+        assert dev.trigger_status().values == (0,)
+    cdev.stop()
+
+
+def test_fault_bits_clear_only_when_their_condition_is_gone(cdev: RunningDevice) -> None:
+    with Device.open(cdev.path) as dev:
+        assert dev.read("faults").values == (0,)
+        assert dev.write({"threshold": 100}).ok  # temperature 250 > 100: over-temperature
+        assert dev.read("faults").values == (1,)
+        assert dev.clear_faults(1).ok
+        assert dev.read("faults").values == (1,)  # the condition persists: stays latched
+        assert dev.write({"threshold": 300}).ok
+        assert dev.read("faults").values == (1,)  # latched after the condition went
+        assert dev.clear_faults(1).ok
+        assert dev.read("faults").values == (0,)
+        bad = dev.clear_faults(8)  # a bit the map does not declare
+        assert bad.exception is ModbusException.ILLEGAL_DATA_VALUE
+    cdev.stop()
+
+
+def _exchange(port: serial.Serial, wire: bytes) -> Frame:
+    port.write(wire)
+    decoder = FrameDecoder()
+    for _ in range(50):
+        for event in decoder.feed(port.read(port.in_waiting or 1)):
+            assert isinstance(event, Frame), event
+            return event
+    raise AssertionError("no answer")
+
+
+def test_a_retransmission_is_answered_by_replay(cdev: RunningDevice) -> None:
+    port = serial.serial_for_url(cdev.path, timeout=0.1)
+    try:
+        hello = _exchange(port, encode_frame(FrameType.HELLO, 9, 0, bytes([1]) + contract_hash()))
+        epoch = hello.epoch
+        write = struct.pack(">BHH", 6, 4, 640)
+        first = _exchange(port, encode_frame(FrameType.REQUEST, 5, epoch, write))
+        again = _exchange(port, encode_frame(FrameType.REQUEST, 5, epoch, write, Flags.RETRANSMIT))
+        assert first.payload == b"\x00" + write and not first.flags & Flags.REPLAY
+        assert again.payload == first.payload and again.flags & Flags.REPLAY
+        other = _exchange(port, encode_frame(FrameType.REQUEST, 5, epoch, struct.pack(
+            ">BHH", 6, 4, 641)))
+        assert other.payload == bytes([Status.IDEMPOTENCY_CONFLICT])
+        wrong = _exchange(port, encode_frame(FrameType.REQUEST, 6, epoch ^ 1, write))
+        assert wrong.payload == bytes([Status.EPOCH_MISMATCH]) + (epoch ^ 1).to_bytes(4, "little")
+        read = _exchange(port, encode_frame(FrameType.REQUEST, 7, epoch, struct.pack(
+            ">BHH", 3, 3, 2)))
+        assert read.payload == b"\x00\x03\x04" + struct.pack(">HH", 1, 640)  # generation 1
+    finally:
+        port.close()
+    counters = cdev.stop()
+    assert (counters["executed"], counters["replayed"], counters["conflict"]) == (2, 1, 1)
+    assert cdev.config().generation == 1
+
+
+def test_every_command_acts_once_over_a_lossy_link(cdev: RunningDevice) -> None:
+    url = (f"faulty://{cdev.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
+           "&baud=115200&latency_ms=1&seed=11")
+    with Device.open(url, timeout=0.05, attempts=12) as dev:
+        results = [dev.write({"threshold": 300 + i}) for i in range(20)]
+        results += dev.run([dev.read_command("threshold")] * 10)
+        results.append(dev.trigger())
+        assert [r.outcome for r in results] == [Outcome.OK] * len(results)
+        assert results[-2].values == (319,)
+        sent = sum(len(r.sent_as) for r in results)
+        assert dev.session.counters.retries > 0
+        assert dev.read("generation").values == (20,)
+    counters = cdev.stop()
+    # one execution per command: the retries were replayed, never run again
+    assert counters["executed"] == len(results) + 1 == sent + 1
+    assert counters["replayed"] > 0
+    assert cdev.config() == ConfigSnapshot(((4, 319), (5, 1), (6, 50)), 20)
+
+
+def test_bad_arguments_are_one_line(device_bin: Path, tmp_path: Path) -> None:
+    bad_id = subprocess.run([str(device_bin), "--device-id", "-x"], capture_output=True,
+                            text=True, timeout=5, check=False)
+    assert bad_id.returncode == 1 and len(bad_id.stderr.splitlines()) == 1
+    assert bad_id.stdout == ""
+    usage = subprocess.run([str(device_bin), "--bogus", "1"], capture_output=True, text=True,
+                           timeout=5, check=False)
+    assert usage.returncode == 2 and len(usage.stderr.splitlines()) == 1
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "config.json").write_text('{"generation": 1, "holdings": [[4, 5000]]}')
+    broken = subprocess.run([str(device_bin), "--flash-dir", str(flash)], capture_output=True,
+                            text=True, timeout=5, check=False)
+    assert broken.returncode == 1 and len(broken.stderr.splitlines()) == 1
+    assert broken.stdout == ""

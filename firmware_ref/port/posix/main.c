@@ -2,13 +2,14 @@
  * idemlink-device: the C device core on a POSIX host, served like `idemlink sim`.
  *
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
- *                   [--trigger-duration SECONDS] [--baudrate N]
+ *                   [--trigger-duration SECONDS] [--baudrate N] [--stats]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
  * configuration (config.json, the same format as the Python simulator, replaced atomically) and
  * the device id (device_id, created once). A bad argument, port or flash directory is one line on
- * stderr and exit 1 (2 for usage).
+ * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
+ * as one line on stderr when it stops.
  *
  * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
  */
@@ -34,6 +35,7 @@ static int io_fd = -1;
 static const char *flash_dir;
 static const char *given_id;
 static int have_seed;
+static int print_stats;
 static unsigned long long seed_state;
 
 static void on_signal(int signum)
@@ -414,7 +416,7 @@ static long parse_long(const char *opt, const char *text)
 static void usage(void)
 {
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
-                    "[--trigger-duration SECONDS] [--baudrate N]\n");
+                    "[--trigger-duration SECONDS] [--baudrate N] [--stats]\n");
     exit(2);
 }
 
@@ -439,6 +441,10 @@ int main(int argc, char **argv)
         const char *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (strcmp(opt, "-h") == 0 || strcmp(opt, "--help") == 0) {
             usage();
+        }
+        if (strcmp(opt, "--stats") == 0) {
+            print_stats = 1;
+            continue;
         }
         if (val == NULL) {
             usage();
@@ -542,6 +548,15 @@ int main(int argc, char **argv)
             }
         }
         idl_device_poll(&device);
+    }
+    if (print_stats) {
+        const uint32_t *c = device.session.counters;
+        fprintf(stderr, PROG ": stopped: executed=%lu replayed=%lu conflict=%lu evicted=%lu "
+                        "too_old=%lu epoch_mismatch=%lu hello=%lu decode_errors=%lu\n",
+                (unsigned long)c[IDL_DISP_EXECUTED], (unsigned long)c[IDL_DISP_REPLAYED],
+                (unsigned long)c[IDL_DISP_CONFLICT], (unsigned long)c[IDL_DISP_EVICTED],
+                (unsigned long)c[IDL_DISP_TOO_OLD], (unsigned long)c[IDL_DISP_EPOCH_MISMATCH],
+                (unsigned long)c[IDL_DISP_HELLO], (unsigned long)c[IDL_DISP_DECODE_ERRORS]);
     }
     if (slave_fd >= 0) {
         close(slave_fd);
