@@ -45,10 +45,10 @@ int idl_cobs_decode_inplace(uint8_t *buf, size_t n)
             }
             buf[o++] = buf[k];
         }
-        i = j;
-        if (code != 0xFFu && i < n) {
+        if (code != 0xFFu && j != n) { /* a block shorter than 254 ends at a zero */
             buf[o++] = 0u;
         }
+        i = j;
     }
     return (int)o;
 }
@@ -129,7 +129,9 @@ size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epo
     }
     s = IDL_WIRE_MAX - raw_len;
     raw = wire + s;
-    memmove(raw + IDL_HEADER_LEN, payload, len);
+    if (len != 0u) {
+        memmove(raw + IDL_HEADER_LEN, payload, len);
+    }
     raw[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
     raw[IDL_OFF_TYPE] = type;
     raw[IDL_OFF_FLAGS] = flags;

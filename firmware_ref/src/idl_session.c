@@ -52,7 +52,9 @@ static size_t put_str(uint8_t *p, const char *str, size_t max)
         n = max;
     }
     p[0] = (uint8_t)n;
-    memcpy(p + 1, str, n);
+    if (n != 0u) {
+        memcpy(p + 1, str, n);
+    }
     return n + 1u;
 }
 

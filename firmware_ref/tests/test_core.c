@@ -1,0 +1,243 @@
+/* Unit tests of the device core: CRC-32C, COBS and frames, the decoder's refusals, the replay
+ * cache, the register core through Modbus PDUs and the session's dispositions. The byte-for-byte
+ * agreement with the Python reference is tested in tests/test_c_device.py (ctypes differential);
+ * these run natively, under the sanitizers and with every compiler variant. Prints one line per
+ * failure and a summary; exits non-zero on failure. */
+#include <stdio.h>
+#include <string.h>
+
+#include "idl_crc32c.h"
+#include "idl_frame.h"
+#include "idl_modbus.h"
+#include "idl_replay.h"
+#include "idl_session.h"
+
+static unsigned failures;
+static unsigned checks;
+
+#define CHECK(cond)                                                                        \
+    do {                                                                                   \
+        checks++;                                                                          \
+        if (!(cond)) {                                                                     \
+            failures++;                                                                    \
+            printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                        \
+        }                                                                                  \
+    } while (0)
+
+static void test_crc(void)
+{
+    static const uint8_t digits[] = "123456789";
+    uint8_t frame[13];
+    uint32_t crc;
+    CHECK(idl_crc32c(digits, 9u) == IDL_CRC_CHECK);
+    CHECK(idl_crc32c(digits, 0u) == 0u);
+    memcpy(frame, digits, 9u);
+    crc = idl_crc32c(frame, 9u);
+    frame[9] = (uint8_t)crc;
+    frame[10] = (uint8_t)(crc >> 8);
+    frame[11] = (uint8_t)(crc >> 16);
+    frame[12] = (uint8_t)(crc >> 24);
+    CHECK(idl_crc32c_update(IDL_CRC_INIT, frame, 13u) == IDL_CRC32C_RESIDUE_REG);
+}
+
+static idl_frame_decoder_t dec;
+static uint8_t wire[IDL_WIRE_MAX];
+static uint8_t payload[IDL_MAX_PAYLOAD];
+
+/* Feed bytes; returns the last event that was not NONE. */
+static int feed(const uint8_t *p, size_t n, idl_frame_t *f)
+{
+    int last = IDL_FRAME_NONE;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        int ev = idl_frame_decoder_feed(&dec, p[i], f);
+        if (ev != IDL_FRAME_NONE) {
+            last = ev;
+        }
+    }
+    return last;
+}
+
+static void test_frames(void)
+{
+    static const size_t sizes[] = { 0u, 1u, 200u, 253u, 254u, 255u, 508u, 509u, IDL_MAX_PAYLOAD };
+    size_t k;
+    size_t i;
+    idl_frame_t f;
+    idl_frame_decoder_init(&dec);
+    for (k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        unsigned pattern;
+        for (pattern = 0; pattern < 3u; pattern++) {
+            size_t n;
+            for (i = 0; i < sizes[k]; i++) { /* no zeros, all zeros, mixed */
+                payload[i] = (uint8_t)(pattern == 0u ? 1u + i % 255u : pattern == 1u ? 0u : i * 7u);
+            }
+            n = idl_frame_encode(wire, IDL_FT_REQUEST, IDL_FLAG_RETRANSMIT, 0xDEADBEEFu,
+                                 0xFFFFFFFEu, payload, sizes[k]);
+            CHECK(n >= IDL_MIN_FRAME + 2u && n <= IDL_WIRE_MAX);
+            CHECK(wire[0] == 0u && wire[n - 1u] == 0u && memchr(wire + 1, 0, n - 2u) == NULL);
+            CHECK(feed(wire, n, &f) == IDL_FRAME_READY);
+            CHECK(f.type == IDL_FT_REQUEST && f.flags == IDL_FLAG_RETRANSMIT);
+            CHECK(f.epoch == 0xDEADBEEFu && f.seq == 0xFFFFFFFEu && f.length == sizes[k]);
+            CHECK(memcmp(f.payload, payload, sizes[k]) == 0);
+        }
+    }
+    CHECK(idl_frame_encode(wire, IDL_FT_REQUEST, 0u, 1u, 1u, payload, IDL_MAX_PAYLOAD + 1u) == 0u);
+    CHECK(dec.counters[IDL_FRAME_COUNT_FRAMES] == 27u);
+}
+
+static void test_refusals(void)
+{
+    static const uint8_t garbage[] = { 0x00, 0x05, 0x01, 0x02, 0x00 };
+    uint8_t junk[IDL_MAX_ENCODED + 10u];
+    idl_frame_t f;
+    size_t n;
+    uint8_t *hit;
+    idl_frame_decoder_init(&dec);
+    memset(payload, 0x41, 10u);
+    n = idl_frame_encode(wire, IDL_FT_HELLO, 0u, 0u, 3u, payload, 10u);
+    hit = memchr(wire, 0x41, n); /* a payload byte: changing it keeps the COBS valid */
+    CHECK(hit != NULL);
+    if (hit != NULL) {
+        *hit = 0x42u;
+    }
+    CHECK(feed(wire, n, &f) == IDL_DECODE_BAD_CRC);
+    CHECK(feed(garbage, sizeof garbage, &f) == IDL_DECODE_MALFORMED); /* code past the end */
+    memset(junk, 0x41, sizeof junk);
+    CHECK(feed(junk, sizeof junk, &f) == IDL_DECODE_OVERSIZE);
+    CHECK(dec.len == 0u && dec.discarding == 1u);
+    n = idl_frame_encode(wire, IDL_FT_HELLO, 0u, 0u, 3u, payload, 10u);
+    CHECK(feed(wire, n, &f) == IDL_FRAME_READY); /* the delimiter ends the discarded run */
+    CHECK(dec.counters[IDL_DECODE_BAD_CRC] == 1u && dec.counters[IDL_DECODE_MALFORMED] == 1u);
+    CHECK(dec.counters[IDL_DECODE_OVERSIZE] == 1u && dec.counters[IDL_FRAME_COUNT_FRAMES] == 1u);
+}
+
+static idl_replay_t cache;
+
+static void store(uint32_t seq, uint8_t tag)
+{
+    uint8_t slot = idl_replay_claim(&cache, seq);
+    idl_replay_data(&cache, slot)[0] = tag;
+    idl_replay_commit(&cache, slot, seq, seq * 3u, 1u);
+}
+
+static void test_replay(void)
+{
+    const uint8_t *answer = NULL;
+    uint16_t length = 0;
+    uint32_t s;
+    idl_replay_init(&cache);
+    CHECK(idl_replay_lookup(&cache, 1u, 3u, &answer, &length) == IDL_REPLAY_EVICTED);
+    for (s = 1; s <= IDL_REPLAY_SLOTS; s++) {
+        store(s, (uint8_t)s);
+    }
+    store(1u, 0x11u); /* present: replaced and now the newest */
+    store(100u, 0x64u); /* full: the oldest (2) goes */
+    CHECK(idl_replay_lookup(&cache, 2u, 6u, &answer, &length) == IDL_REPLAY_EVICTED);
+    CHECK(idl_replay_lookup(&cache, 1u, 3u, &answer, &length) == IDL_REPLAY_REPLAY);
+    CHECK(length == 1u && answer[0] == 0x11u);
+    CHECK(idl_replay_lookup(&cache, 1u, 4u, &answer, &length) == IDL_REPLAY_CONFLICT);
+    CHECK(idl_replay_lookup(&cache, 100u, 300u, &answer, &length) == IDL_REPLAY_REPLAY);
+}
+
+static idl_regs_t regs;
+static uint8_t resp[IDL_MB_MAX_PDU];
+
+static uint16_t run(const uint8_t *pdu, uint16_t n) { return idl_modbus_execute(&regs, pdu, n, resp, 0u); }
+
+static void test_registers(void)
+{
+    static const uint8_t read3[] = { 0x03, 0x00, 0x04, 0x00, 0x03 };
+    static const uint8_t set_bad[] = { 0x10, 0x00, 0x04, 0x00, 0x02, 0x04, 0x01, 0x00, 0x00, 0x09 };
+    static const uint8_t set_ok[] = { 0x10, 0x00, 0x04, 0x00, 0x02, 0x04, 0x01, 0x00, 0x00, 0x02 };
+    static const uint8_t guarded_stale[] = { 0x41, 0x00, 0x00, 0x00, 0x04, 0x00, 0x01, 0x02, 0x00, 0x05 };
+    static const uint8_t input_write[] = { 0x06, 0x00, 0x00, 0x00, 0x01 };
+    static const uint8_t trigger1[] = { 0x42, 0x00, 0x08, 0x00, 0x01 };
+    static const uint8_t unknown[] = { 0x44 };
+    uint16_t v = 0;
+    idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
+    CHECK(run(read3, sizeof read3) == 8u && resp[1] == 6u && resp[2] == 0x01 && resp[3] == 0x5E);
+    CHECK(run(set_bad, sizeof set_bad) == 2u && resp[0] == 0x90 && resp[1] == 3u);
+    CHECK(idl_regs_get(&regs, IDL_REG_THRESHOLD, &v) && v == IDL_REG_THRESHOLD_DEFAULT);
+    CHECK(run(set_ok, sizeof set_ok) == 5u && regs.generation == 1u);
+    CHECK(idl_regs_get(&regs, IDL_REG_THRESHOLD, &v) && v == 256u);
+    CHECK(run(guarded_stale, sizeof guarded_stale) == 4u && resp[1] == IDL_STATUS_GUARD_FAILED);
+    CHECK(idl_regs_get(&regs, IDL_REG_THRESHOLD, &v) && v == 256u);
+    CHECK(run(input_write, sizeof input_write) == 2u && resp[1] == 2u);
+    CHECK(run(trigger1, sizeof trigger1) == 5u && resp[3] == 0x00 && resp[4] == 0x00);
+    CHECK(run(trigger1, sizeof trigger1) == 5u && resp[3] == 0x01 && resp[4] == 0x01);
+    idl_regs_tick(&regs, 1000u);
+    CHECK(run(trigger1, sizeof trigger1) == 5u && resp[3] == 0x01 && resp[4] == 0x02);
+    CHECK(run(unknown, sizeof unknown) == 2u && resp[0] == 0xC4 && resp[1] == 1u);
+    CHECK(run(unknown, 0u) == 2u && resp[0] == 0x80 && resp[1] == 3u);
+}
+
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *out, uint32_t now)
+{
+    return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, out, now);
+}
+
+static idl_session_t session;
+static const uint8_t map_hash[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
+
+/* Send one frame through the session; the answer, decoded, in *f (0 if none). */
+static int exchange(uint8_t type, uint32_t epoch, uint32_t seq, const uint8_t *p, size_t n,
+                    idl_frame_t *f)
+{
+    size_t len = idl_frame_encode(wire, type, 0u, epoch, seq, p, n);
+    size_t i;
+    size_t out = 0;
+    for (i = 0; i < len; i++) {
+        size_t k = idl_session_feed(&session, wire[i], 0u);
+        if (k != 0u) {
+            out = k;
+        }
+    }
+    if (out == 0u) {
+        return 0;
+    }
+    idl_frame_decoder_init(&dec);
+    return feed(session.tx, out, f) == IDL_FRAME_READY;
+}
+
+static void test_session(void)
+{
+    static const uint8_t write[] = { 0x06, 0x00, 0x05, 0x00, 0x02 };
+    static const uint8_t other[] = { 0x06, 0x00, 0x05, 0x00, 0x00 };
+    idl_session_config_t cfg = { execute, &regs, "t", "dev-1", IDL_MAP_NAME, map_hash, 32u };
+    idl_frame_t f;
+    const uint32_t epoch = 0x1234u;
+    idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
+    idl_session_init(&session, &cfg, epoch);
+    CHECK(idl_session_first_seq(&session) == 1u);
+    CHECK(exchange(IDL_FT_HELLO, 0u, 77u, NULL, 0u, &f) && f.type == IDL_FT_HELLO_REPLY);
+    CHECK(f.seq == 77u && f.epoch == epoch && f.payload[7] == IDL_REPLAY_SLOTS);
+    CHECK(idl_session_first_seq(&session) == 1u + IDL_WINDOW_SIZE);
+    CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f) && f.flags == 0u);
+    CHECK(f.length == 6u && f.payload[0] == IDL_STATUS_OK && regs.generation == 1u);
+    CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f));
+    CHECK(f.flags == IDL_FLAG_REPLAY && f.length == 6u && regs.generation == 1u);
+    CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, other, sizeof other, &f));
+    CHECK(f.length == 1u && f.payload[0] == IDL_STATUS_IDEMPOTENCY_CONFLICT);
+    CHECK(exchange(IDL_FT_REQUEST, epoch + 1u, 11u, write, sizeof write, &f));
+    CHECK(f.length == 5u && f.payload[0] == IDL_STATUS_EPOCH_MISMATCH && f.payload[1] == 0x35u);
+    CHECK(exchange(IDL_FT_REQUEST, epoch, 10u + IDL_WINDOW_SIZE, other, sizeof other, &f));
+    CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f));
+    CHECK(f.length == 1u && f.payload[0] == IDL_STATUS_TOO_OLD);
+    CHECK(!exchange(IDL_FT_RESPONSE, epoch, 12u, write, sizeof write, &f));
+    CHECK(session.counters[IDL_DISP_EXECUTED] == 2u && session.counters[IDL_DISP_REPLAYED] == 1u);
+    CHECK(session.counters[IDL_DISP_UNEXPECTED] == 1u);
+}
+
+int main(void)
+{
+    test_crc();
+    test_frames();
+    test_refusals();
+    test_replay();
+    test_registers();
+    test_session();
+    printf("idl core: %u checks, %u failures (K=%u, crc table %d)\n", checks, failures,
+           (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE);
+    return failures == 0u ? 0 : 1;
+}
