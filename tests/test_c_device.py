@@ -21,8 +21,10 @@ from __future__ import annotations
 import ctypes
 import random
 import shutil
+import signal
 import struct
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from idemlink.host.device import Device
 from idemlink.protocol import cobs
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.device_session import DeviceSession, Executor
 from idemlink.protocol.frame import (
     HEADER_LEN,
     MAX_ENCODED,
@@ -198,9 +200,11 @@ def random_pdu(rng: random.Random, generation: int) -> bytes:
             f">{len(values)}H", *values)
     elif kind == 6:  # 0x41
         count = rng.randrange(1, 4) if rng.random() < 0.85 else _count(rng, 122)
-        values = [_value(rng) for _ in range(min(count, 130))]
+        plausible = rng.random() < 0.5  # holdings only, values in every range
+        values = [rng.randrange(3) if plausible else _value(rng) for _ in range(min(count, 130))]
         gen = generation if rng.random() < 0.6 else _value(rng)
-        pdu = struct.pack(">BHHHB", 0x41, gen, _addr(rng), count, (2 * count) & 0xFF) + \
+        address = rng.choice([4, 5]) if plausible else _addr(rng)
+        pdu = struct.pack(">BHHHB", 0x41, gen, address, count, (2 * count) & 0xFF) + \
             struct.pack(f">{len(values)}H", *values)
     elif kind in (7, 8):  # 0x42
         pdu = struct.pack(">BHH", 0x42, rng.choice([8, 8, 8, _addr(rng)]),
@@ -354,6 +358,42 @@ def test_c_core_answers_like_python(clib: ctypes.CDLL, seed: int) -> None:
     for _ in range(400):
         stream.step()
     assert stream.answers > 100
+
+
+def test_the_streams_reach_every_answer(clib: ctypes.CDLL) -> None:
+    """The differential is only as good as its streams: together they produce every session
+    disposition, every decoder refusal, every Modbus exception and every trigger code."""
+    sessions: Counter[str] = Counter()
+    decoder: Counter[str] = Counter()
+    pdus: Counter[tuple[int, int]] = Counter()
+    for seed in range(12):
+        stream = Stream(clib, seed)
+        executed = stream.py.session
+        original = executed.executor
+
+        def spy(pdu: bytes, now: float, seq: int, run: Executor = original) -> bytes:
+            answer = run(pdu, now, seq)
+            if answer[0] & 0x80:
+                pdus[(0x80, answer[1])] += 1
+            elif answer[0] == 0x42:
+                pdus[(0x42, int.from_bytes(answer[3:5], "big"))] += 1
+            elif answer[0] == 0x41:
+                pdus[(0x41, answer[1])] += 1
+            return answer
+
+        executed.executor = spy
+        for _ in range(400):
+            stream.step()
+        sessions.update(executed.counters)
+        decoder.update(executed.decoder.counters)
+    for name in ("executed", "replayed", "conflict", "evicted", "too_old", "epoch_mismatch",
+                 "hello", "unexpected_frames", "decode_errors"):
+        assert sessions[name] > 0, name
+    for kind in DecodeErrorKind:
+        assert decoder[kind.name] > 0, kind.name
+    for key in [(0x80, code) for code in (1, 2, 3, 4)] + [
+            (0x42, code) for code in (0, 0x0101, 0x0102, 0xFF00, 0xFF01)] + [(0x41, 0), (0x41, 0x12)]:
+        assert pdus[key] > 0, key
 
 
 def test_c_modbus_pdus_like_python(clib: ctypes.CDLL) -> None:
@@ -572,3 +612,62 @@ def test_bad_arguments_are_one_line(device_bin: Path, tmp_path: Path) -> None:
                             text=True, timeout=5, check=False)
     assert broken.returncode == 1 and len(broken.stderr.splitlines()) == 1
     assert broken.stdout == ""
+
+
+def test_sigint_stops_cleanly(device_bin: Path, tmp_path: Path) -> None:
+    dev = RunningDevice(device_bin, tmp_path / "flash")
+    dev.proc.send_signal(signal.SIGINT)
+    _, err = dev.proc.communicate(timeout=5)
+    assert dev.proc.returncode == 0, err
+
+
+# ---- the firmware targets of the core -----------------------------------------------------------
+
+
+def _need(*tools: str) -> None:
+    for tool in tools:
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+
+
+def _make_out(target: str, *args: str) -> str:
+    _need("make")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_make_size_device_meets_the_budget() -> None:
+    """Cortex-M0+ and M4, -Os: the whole core without YMODEM in <= 6 KiB of code, one device's
+    RAM (K = 8 replay slots) <= 4 KiB."""
+    _need("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm")
+    rows = [dict(kv.split("=", 1) for kv in ln.split())
+            for ln in _make_out("size-device").splitlines() if ln.startswith("cpu=")]
+    for cpu in ("cortex-m0plus", "cortex-m4"):
+        mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
+        assert set(mine) == {"crc32c", "frame", "replay", "window", "session", "regs", "modbus",
+                             "device", "total"}
+        total = mine.pop("total")
+        assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
+        assert int(total["text"]) + int(total["data"]) <= 6144
+        assert int(total["ram_device"]) + int(total["data"]) + int(total["bss"]) <= 4096
+
+
+def test_make_qemu_core() -> None:
+    _need("arm-none-eabi-gcc", "qemu-system-arm")
+    assert _make_out("qemu-core").count(" 0 failures") == 2
+
+
+def test_make_fuzz_core() -> None:
+    _need("clang")
+    probe = subprocess.run(
+        ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", "/dev/null"],
+        input="#include <stdint.h>\n#include <stddef.h>\n"
+              "int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)"
+              "{(void)d;(void)n;return 0;}\n",
+        capture_output=True, text=True, check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip("clang without libFuzzer (libclang-rt-dev)")
+    _make_out("fuzz-core", "FUZZ_TIME=5")
