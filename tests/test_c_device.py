@@ -24,6 +24,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ import pytest
 import serial
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
+from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol import cobs
 from idemlink.protocol.contract import contract_hash
@@ -48,6 +50,7 @@ from idemlink.protocol.frame import (
     build_raw,
     encode_frame,
 )
+from idemlink.protocol.modbus import encode_rtu
 from idemlink.protocol.outcome import ModbusException, Outcome, Status
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.session import DeviceInfo
@@ -104,6 +107,9 @@ def clib() -> ctypes.CDLL:
         "idl_shim_saved_generation": ([p], ctypes.c_uint32),
         "idl_shim_first_seq": ([p], ctypes.c_uint32),
         "idl_shim_decoder_counter": ([p, ctypes.c_uint], ctypes.c_uint32),
+        "idl_shim_rtu_feed": ([p, u8p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, p,
+                               ctypes.c_size_t], ctypes.c_size_t),
+        "idl_shim_rtu_counter": ([p, ctypes.c_uint], ctypes.c_uint32),
     }
     for name, (args, res) in sig.items():
         fn = getattr(lib, name)
@@ -129,6 +135,11 @@ class CDevice:
     def feed(self, data: bytes, now_ms: int) -> bytes:
         n = self.lib.idl_shim_feed(self.ptr, data, len(data), now_ms, self.out, len(self.out))
         return self.out.raw[:n]
+
+    def rtu(self, data: bytes, now_ms: int, pause_after: bool) -> bytes:
+        n = self.lib.idl_shim_rtu_feed(self.ptr, data, len(data), int(pause_after), now_ms,
+                                       self.out, len(self.out))
+        return bytes(self.out.raw[:n])
 
     def execute(self, pdu: bytes, now_ms: int) -> bytes:
         n = self.lib.idl_shim_execute(self.ptr, pdu, len(pdu), now_ms, self.out)
@@ -422,6 +433,51 @@ def test_c_hello_reply_decodes(clib: ctypes.CDLL) -> None:
         == (992, 512, SLOTS, SLOTS, 1)
 
 
+
+def _rtu_read(rng: random.Random, generation: int) -> bytes:
+    """One read of an RTU line: requests for us, for everyone, for another unit, damaged ones,
+    garbage, several frames back to back."""
+    r = rng.random()
+    unit = 1 if r < 0.7 else 0 if r < 0.8 else rng.choice([2, 17, 247])
+    frame = encode_rtu(unit, random_pdu(rng, generation))
+    r = rng.random()
+    if r < 0.08:
+        damaged = bytearray(frame)
+        damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+        return bytes(damaged)
+    if r < 0.12:
+        return rng.randbytes(rng.randrange(1, 40))
+    if r < 0.2:  # a second, well-formed request right behind it
+        second = struct.pack(">BHH", rng.choice([3, 6]), rng.randrange(12), rng.randrange(3))
+        return frame + encode_rtu(1, second)
+    return frame
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_c_rtu_answers_like_the_python_rtu_server(clib: ctypes.CDLL, seed: int) -> None:
+    """Each read arrives after a pause of the line and is followed by one (an idle line), as on
+    a point-to-point link: the C RTU face and ``RtuServer`` answer the same bytes. (Back-to-back
+    frames are all well-formed: ``RtuDecoder`` sees pauses only at read boundaries, so after a
+    damaged frame it also refuses a valid one that does not end where a read ended; the C face
+    is told of every pause and needs no such rule.)"""
+    rng = random.Random(1000 + seed)
+    core = DeviceCore(DEFAULT_MAP, trigger_duration=TRIGGER_MS / 1000)
+    server = RtuServer(core, unit=1)
+    c = CDevice(clib, 1, "rtu")
+    now = 0
+    answered = 0
+    for _ in range(300):
+        now += STEP_MS * rng.randrange(2, 6)  # after the previous idle mark (+ 0.2 s)
+        data = _rtu_read(rng, core.generation)
+        py = server.receive(data, now / 1000) + server.receive(b"", now / 1000 + 0.2)
+        assert c.rtu(data, now, pause_after=True) == py, data.hex()
+        answered += len(py) > 0
+    assert answered > 100
+    assert {r.address: core.value(r.name) for r in DEFAULT_MAP} == {
+        r.address: c.value(r.address) for r in DEFAULT_MAP}
+    assert c.canaries_ok()
+
+
 # ---- the posix device, driven by the host's own driver ----------------------------------------
 
 
@@ -441,7 +497,8 @@ class RunningDevice:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.path = self.proc.stdout.readline().strip()
-        assert self.path.startswith("/dev/"), self.path
+        port = args[args.index("--port") + 1] if "--port" in args else None
+        assert self.path == port if port else self.path.startswith("/dev/"), self.path
 
     def stop(self) -> dict[str, int]:
         """SIGTERM; the exit must be clean. Returns the device's counters."""
@@ -647,7 +704,7 @@ def test_make_size_device_meets_the_budget() -> None:
     for cpu in ("cortex-m0plus", "cortex-m4"):
         mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
         assert set(mine) == {"crc32c", "frame", "replay", "window", "session", "regs", "modbus",
-                             "device", "total"}
+                             "device", "rtu", "total"}
         total = mine.pop("total")
         assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
         assert int(total["text"]) + int(total["data"]) <= 6144
@@ -671,3 +728,79 @@ def test_make_fuzz_core() -> None:
     if probe.returncode != 0:
         pytest.skip("clang without libFuzzer (libclang-rt-dev)")
     _make_out("fuzz-core", "FUZZ_TIME=5")
+
+
+# ---- the posix device as a Modbus RTU slave ------------------------------------------------------
+
+
+@pytest.fixture
+def rtu_line(device_bin: Path, tmp_path: Path) -> Iterator[tuple[str, RunningDevice]]:
+    """A socat pty pair; the C device (``--modbus-rtu``, unit 1) on one end; yields the other."""
+    _need("socat")
+    a, b = str(tmp_path / "devA"), str(tmp_path / "devB")
+    socat = subprocess.Popen(["socat", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
+                             stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(250):  # socat creates both links before it moves bytes
+            if (Path(a).exists() and Path(b).exists()) or socat.poll() is not None:
+                break
+            time.sleep(0.02)
+        assert socat.poll() is None, "socat exited"
+        dev = RunningDevice(device_bin, tmp_path / "flash", "--port", a, "--modbus-rtu",
+                            "--unit", "1", "--trigger-duration", "0.3")
+        try:
+            yield b, dev
+        finally:
+            if dev.proc.poll() is None:
+                dev.proc.kill()
+                dev.proc.wait()
+    finally:
+        socat.terminate()
+        socat.wait(5)
+
+
+def _ask(port: serial.Serial, frame: bytes, expect: int) -> bytes:
+    port.reset_input_buffer()
+    port.write(frame)
+    return bytes(port.read(expect))
+
+
+def test_rtu_mode_serves_minimalmodbus_and_raw_frames(rtu_line: tuple[str, RunningDevice]) -> None:
+    import minimalmodbus
+
+    path, dev = rtu_line
+    inst = minimalmodbus.Instrument(path, 1)
+    inst.serial.baudrate = 115200
+    inst.serial.timeout = 0.5
+    inst.close_port_after_each_call = True
+    inst.write_register(5, 2, functioncode=6)  # minimalmodbus verifies the FC06 echo
+    assert inst.read_registers(0, 3, functioncode=4) == [250, 450, 1200]
+    inst.write_registers(4, [300, 0, 75])
+    assert inst.read_registers(4, 3) == [300, 0, 75]
+    with pytest.raises(minimalmodbus.IllegalRequestError):
+        inst.write_registers(4, [301, 0, 200])  # fan_setpoint 200 > 100: nothing changes
+    assert inst.read_registers(4, 3) == [300, 0, 75]
+    with pytest.raises(minimalmodbus.IllegalRequestError):
+        inst.read_register(20)
+
+    port = serial.Serial(path, 115200, timeout=0.3)
+    try:
+        assert _ask(port, encode_rtu(1, bytes.fromhex("0600000001")), 5) == encode_rtu(
+            1, bytes.fromhex("8602"))
+        assert _ask(port, encode_rtu(1, bytes.fromhex("2b0e0100")), 5) == encode_rtu(
+            1, bytes.fromhex("ab01"))  # unknown function: framed by the pause after it
+        assert _ask(port, encode_rtu(2, bytes.fromhex("0300000001")), 1) == b""
+        bad = bytearray(encode_rtu(1, bytes.fromhex("0600060000")))
+        bad[-1] ^= 0x55
+        assert _ask(port, bytes(bad), 1) == b""
+        for garbage in (b"\x00", b"\xff\xfe\x01", bytes(range(40)), b"\x01\x10\x00\x00\x00\x01\xf6"):
+            port.write(garbage)
+            port.flush()
+            time.sleep(0.05)  # the pause is the stimulus: a frame boundary (t3.5 = 1.75 ms)
+            assert _ask(port, encode_rtu(1, bytes.fromhex("0300060001")), 7) == encode_rtu(
+                1, bytes.fromhex("0302004b")), garbage
+    finally:
+        port.close()
+    counters = dev.stop()
+    assert counters["bad_crc"] >= 1 and counters["other_unit"] == 1
+    assert dev.config() == ConfigSnapshot(((4, 300), (5, 0), (6, 75)), 2)

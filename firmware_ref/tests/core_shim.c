@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "idl_modbus.h"
+#include "idl_rtu.h"
 #include "idl_session.h"
 
 typedef struct {
@@ -19,6 +20,7 @@ typedef struct {
     uint16_t saved[IDL_REG_COUNT];
     uint16_t saved_generation;
     idl_session_t session;
+    idl_rtu_t rtu;
 } idl_shim_t;
 
 static const uint8_t MAP_HASH[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
@@ -99,6 +101,7 @@ void idl_shim_init(idl_shim_t *s, uint32_t epoch, uint32_t trigger_ms, const cha
     s->cfg.map_hash = MAP_HASH;
     s->cfg.max_inflight = 32u;
     idl_session_init(&s->session, &s->cfg, epoch);
+    idl_rtu_init(&s->rtu, &s->regs, 1u);
 }
 
 size_t idl_shim_feed(idl_shim_t *s, const uint8_t *data, size_t n, uint32_t now, uint8_t *out,
@@ -168,3 +171,37 @@ uint32_t idl_shim_decoder_counter(const idl_shim_t *s, unsigned kind)
 uint32_t idl_shim_saved_generation(const idl_shim_t *s);
 
 uint32_t idl_shim_saved_generation(const idl_shim_t *s) { return s->saved_generation; }
+
+size_t idl_shim_rtu_feed(idl_shim_t *s, const uint8_t *data, size_t n, int pause_after,
+                         uint32_t now, uint8_t *out, size_t cap);
+uint32_t idl_shim_rtu_counter(const idl_shim_t *s, unsigned which);
+
+/* RTU: bytes of one read (the core ticked first), then optionally a pause of t3.5. */
+size_t idl_shim_rtu_feed(idl_shim_t *s, const uint8_t *data, size_t n, int pause_after,
+                         uint32_t now, uint8_t *out, size_t cap)
+{
+    size_t i;
+    size_t used = 0;
+    size_t k;
+    idl_regs_tick(&s->regs, now);
+    for (i = 0; i < n; i++) {
+        k = idl_rtu_feed(&s->rtu, data[i], now);
+        if (k != 0u && used + k <= cap) {
+            memcpy(out + used, s->rtu.out, k);
+            used += k;
+        }
+    }
+    if (pause_after) {
+        k = idl_rtu_pause(&s->rtu, now);
+        if (k != 0u && used + k <= cap) {
+            memcpy(out + used, s->rtu.out, k);
+            used += k;
+        }
+    }
+    return used;
+}
+
+uint32_t idl_shim_rtu_counter(const idl_shim_t *s, unsigned which)
+{
+    return which < 5u ? s->rtu.counters[which] : 0u;
+}

@@ -10,6 +10,7 @@
 #include "idl_frame.h"
 #include "idl_modbus.h"
 #include "idl_replay.h"
+#include "idl_rtu.h"
 #include "idl_session.h"
 
 static unsigned failures;
@@ -229,6 +230,42 @@ static void test_session(void)
     CHECK(session.counters[IDL_DISP_UNEXPECTED] == 1u);
 }
 
+static idl_rtu_t rtu;
+
+static size_t rtu_bytes(const uint8_t *p, size_t n)
+{
+    size_t i;
+    size_t out = 0;
+    for (i = 0; i < n; i++) {
+        size_t k = idl_rtu_feed(&rtu, p[i], 0u);
+        if (k != 0u) {
+            out = k;
+        }
+    }
+    return out;
+}
+
+static void test_rtu(void)
+{
+    static const uint8_t digits[] = "123456789";
+    static const uint8_t read_mode[] = { 0x01, 0x03, 0x00, 0x05, 0x00, 0x01, 0x94, 0x0B };
+    static const uint8_t other_unit[] = { 0x02, 0x03, 0x00, 0x05, 0x00, 0x01, 0x94, 0x38 };
+    static const uint8_t unknown[] = { 0x01, 0x2B, 0x0E, 0x01, 0x00, 0x70, 0x77 };
+    uint16_t crc;
+    CHECK(idl_crc16_modbus(digits, 9u) == 0x4B37u);
+    crc = idl_crc16_modbus(unknown, 5u);
+    CHECK(unknown[5] == (uint8_t)crc && unknown[6] == (uint8_t)(crc >> 8));
+    idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
+    idl_rtu_init(&rtu, &regs, 1u);
+    CHECK(rtu_bytes(read_mode, sizeof read_mode) == 7u);
+    CHECK(rtu.out[0] == 1u && rtu.out[1] == 3u && rtu.out[2] == 2u && rtu.out[4] == 1u);
+    CHECK(rtu_bytes(other_unit, sizeof other_unit) == 0u && rtu.counters[IDL_RTU_OTHER_UNIT] == 1u);
+    CHECK(rtu_bytes(unknown, sizeof unknown) == 0u);         /* framed by the pause */
+    CHECK(idl_rtu_pause(&rtu, 0u) == 5u && rtu.out[1] == 0xABu && rtu.out[2] == 1u);
+    CHECK(rtu_bytes(read_mode, 5u) == 0u && idl_rtu_pause(&rtu, 0u) == 0u); /* cut by a pause */
+    CHECK(rtu_bytes(read_mode, sizeof read_mode) == 7u);     /* the next head is sure again */
+}
+
 int main(void)
 {
     test_crc();
@@ -237,6 +274,7 @@ int main(void)
     test_replay();
     test_registers();
     test_session();
+    test_rtu();
     printf("idl core: %u checks, %u failures (K=%u, crc table %d)\n", checks, failures,
            (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE);
     return failures == 0u ? 0 : 1;

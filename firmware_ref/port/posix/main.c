@@ -3,13 +3,15 @@
  *
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
  *                   [--trigger-duration SECONDS] [--baudrate N] [--stats]
+ *                   [--modbus-rtu [--unit N]]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
  * configuration (config.json, the same format as the Python simulator, replaced atomically) and
  * the device id (device_id, created once). A bad argument, port or flash directory is one line on
  * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
- * as one line on stderr when it stops.
+ * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
+ * slave (unit --unit, default 1; t3.5 from --baudrate, 1.75 ms above 19200 Bd and on a pty).
  *
  * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
  */
@@ -26,6 +28,7 @@
 #include <unistd.h>
 
 #include "idl_port.h"
+#include "idl_rtu.h"
 
 #define PROG "idemlink-device"
 #define TICK_MS 20
@@ -416,16 +419,87 @@ static long parse_long(const char *opt, const char *text)
 static void usage(void)
 {
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
-                    "[--trigger-duration SECONDS] [--baudrate N] [--stats]\n");
+                    "[--trigger-duration SECONDS] [--baudrate N] [--stats] "
+                    "[--modbus-rtu [--unit N]]\n");
     exit(2);
 }
 
 static idl_device_t device;
+static idl_rtu_t rtu;
+
+static unsigned long long micros(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000ull;
+}
+
+/* Modbus RTU: a pause of t3.5 ends a frame. It is seen between two reads (their distance less
+ * the second read's transmission time) or when the line stays silent after the last byte. */
+static void serve_rtu(long baudrate)
+{
+    const unsigned long long char_us = 11000000ull / (unsigned long long)baudrate;
+    const unsigned long long t35_us = baudrate > 19200 ? 1750ull : (35ull * char_us + 9ull) / 10ull;
+    unsigned long long last_rx = 0;
+    int have_rx = 0;
+    while (!stop_requested) {
+        fd_set r;
+        int pending = rtu.len != 0u || rtu.hunting;
+        struct timeval tv = { 0, pending ? 2000 : TICK_MS * 1000 };
+        uint8_t buf[512];
+        unsigned long long now;
+        ssize_t n;
+        size_t i;
+        size_t out;
+        int ready;
+        FD_ZERO(&r);
+        FD_SET(io_fd, &r);
+        ready = select(io_fd + 1, &r, NULL, NULL, &tv);
+        if (ready < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            fail(1, "the port failed while serving", strerror(errno));
+        }
+        now = micros();
+        n = ready > 0 ? read(io_fd, buf, sizeof buf) : 0;
+        if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO) {
+            fail(1, "the port failed while serving", strerror(errno));
+        }
+        if (n <= 0) {
+            if (pending && have_rx && now - last_rx >= t35_us) {
+                out = idl_rtu_pause(&rtu, idl_port_millis());
+                if (out != 0u) {
+                    idl_port_write(rtu.out, out);
+                }
+            }
+            idl_device_poll(&device);
+            continue;
+        }
+        if (have_rx && now - last_rx >= t35_us + (unsigned long long)n * char_us) {
+            out = idl_rtu_pause(&rtu, idl_port_millis());
+            if (out != 0u) {
+                idl_port_write(rtu.out, out);
+            }
+        }
+        last_rx = now;
+        have_rx = 1;
+        idl_regs_tick(&device.regs, idl_port_millis());
+        for (i = 0; i < (size_t)n; i++) {
+            out = idl_rtu_feed(&rtu, buf[i], idl_port_millis());
+            if (out != 0u) {
+                idl_port_write(rtu.out, out);
+            }
+        }
+    }
+}
 
 int main(int argc, char **argv)
 {
     const char *port = NULL;
     long baudrate = 115200;
+    long unit = 1;
+    int rtu_mode = 0;
     double trigger_s = IDL_TRIGGER_MS / 1000.0;
     int slave_fd = -1;
     const char *path;
@@ -444,6 +518,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(opt, "--stats") == 0) {
             print_stats = 1;
+            continue;
+        }
+        if (strcmp(opt, "--modbus-rtu") == 0) {
+            rtu_mode = 1;
             continue;
         }
         if (val == NULL) {
@@ -466,6 +544,16 @@ int main(int argc, char **argv)
             have_seed = 1;
         } else if (strcmp(opt, "--baudrate") == 0) {
             baudrate = parse_long(opt, val);
+            if (baudrate <= 0) {
+                fprintf(stderr, PROG ": baud rate %ld must be positive\n", baudrate);
+                return 1;
+            }
+        } else if (strcmp(opt, "--unit") == 0) {
+            unit = parse_long(opt, val);
+            if (unit < 1 || unit > 247) {
+                fprintf(stderr, PROG ": unit id %ld outside 1..247\n", unit);
+                return 1;
+            }
         } else if (strcmp(opt, "--trigger-duration") == 0 || strcmp(opt, "--trigger-seconds") == 0) {
             char *end;
             trigger_s = strtod(val, &end);
@@ -519,6 +607,10 @@ int main(int argc, char **argv)
     printf("%s\n", path);
     fflush(stdout);
 
+    if (rtu_mode) {
+        idl_rtu_init(&rtu, &device.regs, (uint8_t)unit);
+        serve_rtu(baudrate);
+    }
     while (!stop_requested) {
         fd_set r;
         struct timeval tv = { 0, TICK_MS * 1000 };
@@ -549,7 +641,15 @@ int main(int argc, char **argv)
         }
         idl_device_poll(&device);
     }
-    if (print_stats) {
+    if (print_stats && rtu_mode) {
+        fprintf(stderr, PROG ": stopped: answered=%lu broadcasts=%lu other_unit=%lu bad_crc=%lu "
+                        "dropped=%lu\n",
+                (unsigned long)rtu.counters[IDL_RTU_ANSWERED],
+                (unsigned long)rtu.counters[IDL_RTU_BROADCASTS],
+                (unsigned long)rtu.counters[IDL_RTU_OTHER_UNIT],
+                (unsigned long)rtu.counters[IDL_RTU_BAD_CRC],
+                (unsigned long)rtu.counters[IDL_RTU_DROPPED]);
+    } else if (print_stats) {
         const uint32_t *c = device.session.counters;
         fprintf(stderr, PROG ": stopped: executed=%lu replayed=%lu conflict=%lu evicted=%lu "
                         "too_old=%lu epoch_mismatch=%lu hello=%lu decode_errors=%lu\n",

@@ -1,0 +1,71 @@
+/**
+ * @file idl_rtu.h
+ * @brief Modbus RTU slave face of the register core: unit id + PDU + CRC-16/MODBUS (poly 0x8005
+ *        reflected, init 0xFFFF, low byte first), as device_sim/rtu_server.py serves it.
+ *
+ * Framing (Modbus over serial line V1.02 2.5.1.1, the subset a point-to-point slave needs):
+ * - A request is read at its head by its declared length: 8 bytes for FC01-06 and 0x42; the
+ *   byte count at offset 6 (FC0F, FC10), 8 (0x41) or 10 (FC17) plus 3 more; a counted head whose
+ *   byte count disagrees with its quantity (or a quantity of 0) cannot be a request. Any other
+ *   function code is framed by the next pause.
+ * - A complete frame with the right CRC for our unit is executed and answered; unit 0
+ *   (broadcast) is executed without an answer; another unit is skipped silently. Parsing goes on
+ *   right after it (back-to-back frames are fine).
+ * - A bad CRC, an implausible head, or more than 256 bytes of a function framed by the pause:
+ *   everything up to the next pause is
+ *   dropped (counted). A pause (the line silent for t3.5: 3.5 character times up to 19200 Bd,
+ *   1.75 ms above; the integrator detects it with a timer or the UART's idle-line interrupt)
+ *   ends a frame of unknown length and drops an incomplete one.
+ * Limits: on a shared bus another slave's answer is not recognised as such: it is dropped up to
+ * the next pause like a damaged request (the Python RtuDecoder skips it by its own length). The
+ * port must report every pause (timer or idle-line interrupt): the Python RtuDecoder, which sees
+ * pauses only at read boundaries, has extra rules for pauses hidden inside a read that a port
+ * with exact pauses does not need.
+ * Not ISR-safe: call from one context.
+ */
+#ifndef IDL_RTU_H
+#define IDL_RTU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idl_modbus.h"
+
+/** Largest frame Modbus allows (the answer buffer). */
+#define IDL_RTU_MAX_FRAME 256u
+/** Largest plausible request: FC17 with a byte count of 254 (unit + 10 + 1 + 254 + CRC). Requests
+ *  longer than 256 bytes are read whole and answered (exception 03: too many registers). */
+#define IDL_RTU_MAX_REQUEST 267u
+#define IDL_RTU_BROADCAST 0u
+
+/** Counters in idl_rtu_t.counters. */
+typedef enum {
+    IDL_RTU_ANSWERED = 0,  /**< requests for our unit, answered */
+    IDL_RTU_BROADCASTS = 1, /**< unit 0 requests, executed without an answer */
+    IDL_RTU_OTHER_UNIT = 2, /**< valid frames for another unit, skipped */
+    IDL_RTU_BAD_CRC = 3,    /**< complete frames with a wrong CRC */
+    IDL_RTU_DROPPED = 4     /**< bytes dropped (implausible, too long, cut by a pause, hunting) */
+} idl_rtu_counter_t;
+
+typedef struct {
+    idl_regs_t *regs;
+    uint32_t counters[5];
+    uint16_t len;
+    uint8_t unit;
+    uint8_t hunting; /**< dropping bytes until the next pause */
+    uint8_t buf[IDL_RTU_MAX_REQUEST];
+    uint8_t out[IDL_RTU_MAX_FRAME]; /**< the answer being sent */
+} idl_rtu_t;
+
+/** CRC-16/MODBUS of n bytes. */
+uint16_t idl_crc16_modbus(const uint8_t *data, size_t n);
+
+void idl_rtu_init(idl_rtu_t *r, idl_regs_t *regs, uint8_t unit);
+
+/** One received byte at `now` (ms); returns the length of an answer now in r->out (0: none). */
+size_t idl_rtu_feed(idl_rtu_t *r, uint8_t byte, uint32_t now);
+
+/** The line was silent for t3.5; returns the length of an answer now in r->out (0: none). */
+size_t idl_rtu_pause(idl_rtu_t *r, uint32_t now);
+
+#endif /* IDL_RTU_H */
