@@ -36,7 +36,7 @@ import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with 
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol import cobs
-from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.contract import contract_hash, render_map_header
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession, Executor
 from idemlink.protocol.frame import (
@@ -52,7 +52,8 @@ from idemlink.protocol.frame import (
 )
 from idemlink.protocol.modbus import encode_rtu
 from idemlink.protocol.outcome import ModbusException, Outcome, Status
-from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.registers import RegisterKind, RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP, builtin_map
 from idemlink.protocol.session import DeviceInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,12 +72,12 @@ def _missing_tools() -> str | None:
     return None
 
 
-def _make(target: str) -> None:
+def _make(target: str, *args: str) -> None:
     why = _missing_tools()
     if why is not None:
         pytest.skip(f"cannot build firmware_ref: {why}")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
-                          check=False)
+    proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
+                          text=True, check=False)
     if proc.returncode != 0:
         pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
 
@@ -84,10 +85,8 @@ def _make(target: str) -> None:
 # ---- the C core through ctypes -----------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def clib() -> ctypes.CDLL:
-    _make("lib")
-    lib = ctypes.CDLL(str(FW / "build" / "libidl_core.so"))
+def _load(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
     p, u8p = ctypes.c_void_p, ctypes.c_char_p
     sig: dict[str, tuple[list[object], object]] = {
         "idl_shim_sizeof": ([], ctypes.c_size_t),
@@ -116,6 +115,12 @@ def clib() -> ctypes.CDLL:
         fn.argtypes = args
         fn.restype = res
     return lib
+
+
+@pytest.fixture(scope="session")
+def clib() -> ctypes.CDLL:
+    _make("lib")
+    return _load(FW / "build" / "libidl_core.so")
 
 
 CANARY = b"\xa5\x5a\xc3\x3c" * 4
@@ -180,9 +185,14 @@ class PyDevice:
         return self.session.receive_data(data, now_ms / 1000)
 
 
-def _addr(rng: random.Random) -> int:
-    return rng.choice([rng.randrange(0, 12), rng.randrange(0, 12), rng.randrange(0x10000),
-                       0xFFFF, 0xFFF0])
+def _of(regmap: RegisterMap, kind: RegisterKind) -> list[int]:
+    return [r.address for r in regmap.of_kind(kind)]
+
+
+def _addr(rng: random.Random, regmap: RegisterMap = DEFAULT_MAP) -> int:
+    """A mapped address, a neighbour of one (gaps, the ends), or anything."""
+    near = rng.choice([r.address for r in regmap]) + rng.choice([0, 0, 0, -1, 1, 2])
+    return rng.choice([near & 0xFFFF, near & 0xFFFF, rng.randrange(0x10000), 0xFFFF, 0xFFF0])
 
 
 def _value(rng: random.Random) -> int:
@@ -194,34 +204,37 @@ def _count(rng: random.Random, limit: int) -> int:
     return rng.choice([1, 1, 2, 3, 4, 5, 9, 0, limit, limit + 1, rng.randrange(0x10000)])
 
 
-def random_pdu(rng: random.Random, generation: int) -> bytes:
+def random_pdu(rng: random.Random, generation: int, regmap: RegisterMap = DEFAULT_MAP) -> bytes:
     """Mostly well-formed requests for the thermal map, and every kind of malformed one."""
     kind = rng.randrange(12)
     if kind in (0, 1):  # read
         fc = rng.choice([3, 4])
-        pdu = struct.pack(">BHH", fc, _addr(rng), _count(rng, 125) if rng.random() < 0.3
+        pdu = struct.pack(">BHH", fc, _addr(rng, regmap), _count(rng, 125) if rng.random() < 0.3
                           else rng.randrange(1, 10))
     elif kind in (2, 3):  # FC06
-        pdu = struct.pack(">BHH", 6, _addr(rng), _value(rng))
+        pdu = struct.pack(">BHH", 6, _addr(rng, regmap), _value(rng))
     elif kind in (4, 5):  # FC16
         count = rng.randrange(1, 6) if rng.random() < 0.8 else _count(rng, 123)
         values = [_value(rng) for _ in range(min(count, 130))]
         bc = 2 * count if rng.random() < 0.9 else rng.randrange(256)
-        pdu = struct.pack(">BHHB", 16, _addr(rng), count, bc & 0xFF) + struct.pack(
+        pdu = struct.pack(">BHHB", 16, _addr(rng, regmap), count, bc & 0xFF) + struct.pack(
             f">{len(values)}H", *values)
     elif kind == 6:  # 0x41
         count = rng.randrange(1, 4) if rng.random() < 0.85 else _count(rng, 122)
         plausible = rng.random() < 0.5  # holdings only, values in every range
         values = [rng.randrange(3) if plausible else _value(rng) for _ in range(min(count, 130))]
         gen = generation if rng.random() < 0.6 else _value(rng)
-        address = rng.choice([4, 5]) if plausible else _addr(rng)
+        holdings = _of(regmap, RegisterKind.HOLDING)
+        address = rng.choice(holdings[:-1] or holdings) if plausible else _addr(rng, regmap)
         pdu = struct.pack(">BHHHB", 0x41, gen, address, count, (2 * count) & 0xFF) + \
             struct.pack(f">{len(values)}H", *values)
     elif kind in (7, 8):  # 0x42
-        pdu = struct.pack(">BHH", 0x42, rng.choice([8, 8, 8, _addr(rng)]),
+        triggers = _of(regmap, RegisterKind.TRIGGER)
+        pdu = struct.pack(">BHH", 0x42, rng.choice([*triggers, *triggers, _addr(rng, regmap)]),
                           rng.choice([0, 1, 1, 2, _value(rng)]))
     elif kind == 9:  # W1C on the fault word
-        pdu = struct.pack(">BHH", 6, 7, rng.choice([1, 2, 4, 7, 8, 0]))
+        faults = _of(regmap, RegisterKind.FAULT)
+        pdu = struct.pack(">BHH", 6, rng.choice(faults), rng.choice([1, 2, 4, 7, 8, 9, 0]))
     elif kind == 10:  # unknown or file functions, random bytes
         pdu = bytes([rng.choice([0, 1, 2, 5, 0x44, 0x45, 0x83, 0x90, 0xFF])]) + rng.randbytes(
             rng.randrange(0, 8))
@@ -470,7 +483,8 @@ def test_c_rtu_answers_like_the_python_rtu_server(clib: ctypes.CDLL, seed: int) 
         now += STEP_MS * rng.randrange(2, 6)  # after the previous idle mark (+ 0.2 s)
         data = _rtu_read(rng, core.generation)
         py = server.receive(data, now / 1000) + server.receive(b"", now / 1000 + 0.2)
-        assert c.rtu(data, now, pause_after=True) == py, data.hex()
+        mine = c.rtu(data, now, pause_after=False) + c.rtu(b"", now + 200, pause_after=True)
+        assert mine == py, data.hex()
         answered += len(py) > 0
     assert answered > 100
     assert {r.address: core.value(r.name) for r in DEFAULT_MAP} == {
@@ -532,7 +546,11 @@ def test_hello_advertises_the_built_in_map_and_a_stable_id(cdev: RunningDevice) 
     stored = (cdev.flash / "device_id").read_text(encoding="ascii").strip()
     assert info.device_id == stored and stored
     assert (info.window, info.replay_slots, info.next_seq) == (992, SLOTS, 1)
-    assert cdev.stop()["hello"] >= 1
+    with Device.open(cdev.path) as dev:  # the port reopened: a new host session
+        assert dev.read("mode").values == (1,)
+        again = dev.info
+    assert again is not None and again.next_seq == 1 + 992  # beyond the first hand-out
+    assert cdev.stop()["hello"] >= 2
 
 
 def test_reads_and_set_only_writes_reach_the_flash(cdev: RunningDevice) -> None:
@@ -804,3 +822,62 @@ def test_rtu_mode_serves_minimalmodbus_and_raw_frames(rtu_line: tuple[str, Runni
     counters = dev.stop()
     assert counters["bad_crc"] >= 1 and counters["other_unit"] == 1
     assert dev.config() == ConfigSnapshot(((4, 300), (5, 0), (6, 75)), 2)
+
+
+
+# ---- another register map: the core is the map's, not the thermal controller's -----------------
+
+PUMP = builtin_map("pump-controller")
+
+
+@pytest.fixture(scope="session")
+def pump_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The core built for the pump controller (gaps in the addresses, two fault words, two
+    triggers, a volatile HOLDING) from the header ``idemlink contract --regmap`` renders."""
+    d = tmp_path_factory.mktemp("pump")
+    header = d / "idemlink_regmap.h"
+    header.write_text(render_map_header(PUMP), encoding="utf-8")
+    for target in ("lib", "device"):
+        _make(target, f"BUILD={d / 'build'}", f"REGMAP_H={header}")
+    return d / "build"
+
+
+def test_pump_map_core_answers_like_python(pump_build: Path) -> None:
+    lib = _load(pump_build / "libidl_core.so")
+    rng = random.Random(3)
+    py = DeviceCore(PUMP, trigger_duration=TRIGGER_MS / 1000)
+    c = CDevice(lib, 1, "pump")
+    now = 0
+    for i in range(6000):
+        if i % 5 == 0:
+            now += STEP_MS * rng.randrange(1, 12)
+        pdu = random_pdu(rng, py.generation, PUMP)
+        assert c.execute(pdu, now) == py.execute(pdu, now / 1000), pdu.hex()
+    assert {r.address: py.value(r.name) for r in PUMP} == {r.address: c.value(r.address)
+                                                          for r in PUMP}
+    assert c.canaries_ok()
+
+
+def test_pump_device_advertises_its_map_and_reverts_a_volatile_holding_at_boot(
+        pump_build: Path, tmp_path: Path) -> None:
+    binary = pump_build / "posix" / "idemlink-device"
+    first = RunningDevice(binary, tmp_path / "flash")
+    with Device.open(first.path, regmap=PUMP) as dev:
+        assert dev.info is not None and dev.info.map_hash == PUMP.hash
+        assert dev.info.map_name == PUMP.name
+        assert dev.write({"speed_setpoint": 2000}).ok
+        assert dev.write({"test_speed": 1200}).ok
+        assert dev.trigger("prime").code == 0
+        assert dev.read("test_speed").values == (1200,)
+    first.stop()
+    saved = first.config()
+    assert saved == ConfigSnapshot(((0x201, 2000), (0x202, 60), (0x203, 0), (0x204, 1200)), 2)
+    second = RunningDevice(binary, tmp_path / "flash")
+    reference = DeviceCore(PUMP, config=saved)  # what the Python simulator boots into
+    with Device.open(second.path, regmap=PUMP) as dev:
+        values = dev.read("config_generation", 5).values
+        assert values == tuple(reference.value(r) for r in (
+            "config_generation", "speed_setpoint", "max_pressure", "control", "test_speed"))
+        assert values[0] == 3 and values[-1] == 0  # back to its default: a configuration change
+        assert dev.read("prime").values == (0,)  # volatile state starts IDLE
+    second.stop()

@@ -29,7 +29,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The register map: the generated header in include/, or another one rendered by
+ * `idemlink contract --regmap FILE --out DIR`, chosen with -DIDL_REGMAP_HEADER='"DIR/idemlink_regmap.h"'
+ * (a quoted include would otherwise always find the one next to this file first). */
+#ifdef IDL_REGMAP_HEADER
+#include IDL_REGMAP_HEADER
+#else
 #include "idemlink_regmap.h"
+#endif
 
 #if IDL_REG_COUNT < 1u || IDL_REG_COUNT > 65536u
 #error "the register map must hold 1..65536 registers"
