@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import random
+import re
 import shutil
 import signal
 import struct
@@ -881,3 +882,74 @@ def test_pump_device_advertises_its_map_and_reverts_a_volatile_holding_at_boot(
         assert values[0] == 3 and values[-1] == 0  # back to its default: a configuration change
         assert dev.read("prime").values == (0,)  # volatile state starts IDLE
     second.stop()
+
+
+# ---- the device on an emulated MCU (QEMU mps2-an385) ---------------------------------------------
+
+
+class QemuDevice:
+    """``build/qemu/idemlink-device.elf`` on QEMU's mps2-an385; UART0 is a host pty. The
+    configuration file lives in ``workdir`` (semihosting)."""
+
+    def __init__(self, elf: Path, workdir: Path) -> None:
+        self.proc = subprocess.Popen(
+            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor", "none",
+             "-serial", "pty", "-semihosting-config", "enable=on,target=native", "-kernel",
+             str(elf)], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        match = re.search(r"(/dev/pts/\d+)", line)
+        assert match, line
+        self.path = match.group(1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.communicate(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def qemu_elf() -> Path:
+    _need("arm-none-eabi-gcc", "qemu-system-arm")
+    _make("qemu-device")
+    return FW / "build" / "qemu" / "idemlink-device.elf"
+
+
+def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> None:
+    """The same host driver, the same answers, from the core running on QEMU's Cortex-M3 with its
+    UART on a pty: identity, writes, refusals, a replayed retransmission, a lossy link, and the
+    configuration kept across a power cycle."""
+    first = QemuDevice(qemu_elf, tmp_path)
+    try:
+        with Device.open(first.path, timeout=0.5) as dev:
+            assert dev.info is not None and dev.info.device_id == "qemu-mps2-an385"
+            assert dev.info.map_hash == DEFAULT_MAP.hash
+            assert dev.write({"threshold": 420, "mode": 2}).ok
+            assert dev.write({"fan_setpoint": 101}).exception is ModbusException.ILLEGAL_DATA_VALUE
+            assert dev.write_if_generation(7, {"threshold": 1}).outcome is Outcome.NOT_EXECUTED
+            assert [dev.trigger().code, dev.trigger().code] == [0, 0x0101]
+            epoch = dev.session.epoch
+        port = serial.serial_for_url(first.path, timeout=0.5)
+        try:
+            write = struct.pack(">BHH", 6, 6, 77)
+            once = _exchange(port, encode_frame(FrameType.REQUEST, 50_000, epoch, write))
+            again = _exchange(port, encode_frame(FrameType.REQUEST, 50_000, epoch, write,
+                                                 Flags.RETRANSMIT))
+            assert again.payload == once.payload and again.flags & Flags.REPLAY
+        finally:
+            port.close()
+        url = (f"faulty://{first.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
+               "&baud=115200&latency_ms=1&seed=5")
+        with Device.open(url, timeout=0.1, attempts=12) as dev:
+            results = [dev.write({"threshold": 500 + i}) for i in range(10)]
+            assert [r.outcome for r in results] == [Outcome.OK] * 10
+            assert dev.read("generation").values == (12,)  # 2 writes before, 10 here: once each
+    finally:
+        first.stop()
+    second = QemuDevice(qemu_elf, tmp_path)  # power cycle: the configuration came back
+    try:
+        with Device.open(second.path, timeout=0.5) as dev:
+            assert dev.read("threshold", 3).values == (509, 2, 77)
+            assert dev.read("generation").values == (12,)
+            assert dev.read("self_clean").values == (0,)
+    finally:
+        second.stop()

@@ -1,0 +1,170 @@
+/*
+ * The idemlink device core on an emulated MCU: QEMU's mps2-an385 (Cortex-M3, 25 MHz).
+ *
+ *   qemu-system-arm -machine mps2-an385 -nographic -monitor none -serial pty \
+ *       -semihosting-config enable=on,target=native -kernel build/qemu/idemlink-device.elf
+ *
+ * UART0 (CMSDK APB UART at 0x40004000) carries the framed protocol: QEMU's `-serial pty` makes it
+ * a pty on the host that `idemlink` opens like any port. The clock is the CMSDK timer 0 running
+ * free at 25 MHz, read and accumulated by the main loop (QEMU computes its value from the host's
+ * clock; counting periodic interrupts instead loses ticks when the host is busy).
+ * The configuration is kept in `idemlink-config.bin` in QEMU's working directory through
+ * semihosting (a stand-in for a flash sector: written whole, with a CRC, read back at boot).
+ * The boot epoch mixes the host's time (semihosting) with SysTick; the device id is fixed by
+ * IDL_QEMU_DEVICE_ID. Everything else is the portable core through idl_port.h.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "idl_crc32c.h"
+#include "idl_port.h"
+
+#ifndef IDL_QEMU_DEVICE_ID
+#define IDL_QEMU_DEVICE_ID "qemu-mps2-an385"
+#endif
+#define CONFIG_FILE "idemlink-config.bin"
+
+#define UART0_BASE 0x40004000u
+#define UART_DATA (*(volatile uint32_t *)(UART0_BASE + 0x00u))
+#define UART_STATE (*(volatile uint32_t *)(UART0_BASE + 0x04u))
+#define UART_CTRL (*(volatile uint32_t *)(UART0_BASE + 0x08u))
+#define UART_BAUDDIV (*(volatile uint32_t *)(UART0_BASE + 0x10u))
+#define UART_STATE_TX_FULL 0x1u
+#define UART_STATE_RX_FULL 0x2u
+
+#define TIMER0_CTRL (*(volatile uint32_t *)0x40000000u)
+#define TIMER0_VALUE (*(volatile uint32_t *)0x40000004u)
+#define TIMER0_RELOAD (*(volatile uint32_t *)0x40000008u)
+#define CPU_HZ 25000000u
+
+static uint32_t timer_last;
+static uint64_t cycles;
+
+/* Main loop only (it accumulates): the timer wraps every 171 s, the loop reads it far more often. */
+uint32_t idl_port_millis(void)
+{
+    uint32_t now = TIMER0_VALUE; /* counts down */
+    cycles += (uint32_t)(timer_last - now);
+    timer_last = now;
+    return (uint32_t)(cycles / (CPU_HZ / 1000u));
+}
+
+void idl_port_write(const uint8_t *data, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        while (UART_STATE & UART_STATE_TX_FULL) {
+        }
+        UART_DATA = data[i];
+    }
+}
+
+/* Configuration "sector": generation, the values by map index, CRC-32C of both. */
+typedef struct {
+    uint16_t generation;
+    uint16_t values[IDL_REG_COUNT];
+    uint32_t crc;
+} config_image_t;
+
+static uint32_t image_crc(const config_image_t *img)
+{
+    return idl_crc32c((const uint8_t *)img, offsetof(config_image_t, crc));
+}
+
+bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
+{
+    config_image_t img;
+    FILE *f = fopen(CONFIG_FILE, "rb");
+    size_t n;
+    if (f == NULL) {
+        return false;
+    }
+    n = fread(&img, 1, sizeof img, f);
+    fclose(f);
+    if (n != sizeof img || img.crc != image_crc(&img)) {
+        return false; /* torn or foreign: boot with the defaults */
+    }
+    memcpy(values, img.values, sizeof img.values);
+    *generation = img.generation;
+    return true;
+}
+
+bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
+{
+    config_image_t img;
+    FILE *f;
+    memset(&img, 0, sizeof img);
+    img.generation = generation;
+    memcpy(img.values, values, sizeof img.values);
+    img.crc = image_crc(&img);
+    f = fopen(CONFIG_FILE, "wb");
+    if (f == NULL) {
+        return false;
+    }
+    if (fwrite(&img, 1, sizeof img, f) != sizeof img) {
+        fclose(f);
+        return false;
+    }
+    return fclose(f) == 0;
+}
+
+size_t idl_port_unique_id(char *buf, size_t cap)
+{
+    size_t n = strlen(IDL_QEMU_DEVICE_ID);
+    if (n > cap) {
+        n = cap;
+    }
+    memcpy(buf, IDL_QEMU_DEVICE_ID, n);
+    return n;
+}
+
+uint32_t idl_port_entropy32(void)
+{
+    uint32_t seed = (uint32_t)time(NULL) ^ (TIMER0_VALUE << 7);
+    return idl_crc32c((const uint8_t *)&seed, sizeof seed); /* mixed, non-zero almost always */
+}
+
+uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
+{
+#if defined(IDL_REG_FAULTS) && defined(IDL_REG_TEMPERATURE) && defined(IDL_REG_THRESHOLD) \
+    && defined(IDL_FAULT_OVER_TEMPERATURE)
+    uint16_t t = 0;
+    uint16_t limit = 0;
+    if (address == IDL_REG_FAULTS && idl_regs_get(r, IDL_REG_TEMPERATURE, &t)
+        && idl_regs_get(r, IDL_REG_THRESHOLD, &limit) && t > limit) {
+        return (uint16_t)IDL_FAULT_OVER_TEMPERATURE;
+    }
+#else
+    (void)r;
+    (void)address;
+#endif
+    return 0;
+}
+
+static idl_device_t device;
+
+int main(void)
+{
+    uint32_t polled = 0;
+    UART_BAUDDIV = CPU_HZ / 115200u;
+    UART_CTRL = 0x3u; /* TX and RX enabled, no interrupts: the loop polls */
+    TIMER0_RELOAD = 0xFFFFFFFFu;
+    TIMER0_VALUE = 0xFFFFFFFFu;
+    timer_last = 0xFFFFFFFFu;
+    TIMER0_CTRL = 1u; /* enabled, no interrupt */
+    idl_device_init(&device);
+    for (;;) {
+        uint8_t chunk[64];
+        size_t n = 0;
+        while (n < sizeof chunk && (UART_STATE & UART_STATE_RX_FULL)) {
+            chunk[n++] = (uint8_t)UART_DATA;
+        }
+        if (n != 0u) {
+            idl_device_rx(&device, chunk, n);
+        } else if (idl_port_millis() != polled) {
+            polled = idl_port_millis();
+            idl_device_poll(&device);
+        }
+    }
+}
