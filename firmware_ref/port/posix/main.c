@@ -313,9 +313,7 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
     for (i = 0; i < IDL_REG_COUNT; i++) {
         holdings += IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING;
     }
-    if (*skip_ws(p) == ']') {
-        p = skip_ws(p) + 1;
-    } else {
+    if (*skip_ws(p) != ']') {
         for (;;) {
             int32_t at;
             if ((p = expect(p, '[')) == NULL || (p = number(p, &a)) == NULL
@@ -614,7 +612,6 @@ int main(int argc, char **argv)
     while (!stop_requested) {
         fd_set r;
         struct timeval tv = { 0, TICK_MS * 1000 };
-        uint8_t buf[4096];
         int ready;
         FD_ZERO(&r);
         FD_SET(io_fd, &r);
@@ -626,6 +623,7 @@ int main(int argc, char **argv)
             fail(1, "the port failed while serving", strerror(errno));
         }
         if (ready > 0) {
+            uint8_t buf[4096];
             ssize_t n = read(io_fd, buf, sizeof buf);
             if (n > 0) {
                 idl_device_rx(&device, buf, (size_t)n);
@@ -634,7 +632,7 @@ int main(int argc, char **argv)
             if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO) {
                 fail(1, "the port failed while serving", strerror(errno));
             }
-            if (n == 0 || (n < 0 && errno == EIO)) {
+            if (n == 0 || errno == EIO) {
                 struct timespec pause = { 0, TICK_MS * 1000000L };
                 nanosleep(&pause, NULL); /* no reader on the other side right now */
             }
