@@ -19,6 +19,7 @@ Everything skips, naming the reason, when make or a C compiler is missing.
 from __future__ import annotations
 
 import ctypes
+import os
 import random
 import re
 import shutil
@@ -34,6 +35,7 @@ import pytest
 import serial
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
+from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol import cobs
@@ -49,13 +51,15 @@ from idemlink.protocol.frame import (
     FrameDecoder,
     FrameType,
     build_raw,
+    crc32c,
     encode_frame,
 )
-from idemlink.protocol.modbus import encode_rtu
+from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus, encode_rtu
 from idemlink.protocol.outcome import ModbusException, Outcome, Status
 from idemlink.protocol.registers import RegisterKind, RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, builtin_map
 from idemlink.protocol.session import DeviceInfo
+from idemlink.protocol.ymodem import NameRefusal, check_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
@@ -110,6 +114,8 @@ def _load(path: Path) -> ctypes.CDLL:
         "idl_shim_rtu_feed": ([p, u8p, ctypes.c_size_t, ctypes.c_int, ctypes.c_uint32, p,
                                ctypes.c_size_t], ctypes.c_size_t),
         "idl_shim_rtu_counter": ([p, ctypes.c_uint], ctypes.c_uint32),
+        "idl_shim_check_name": ([u8p, ctypes.c_size_t, ctypes.c_size_t], ctypes.c_int),
+        "idl_shim_file_info": ([u8p, u8p, ctypes.c_uint16, p], ctypes.c_uint16),
     }
     for name, (args, res) in sig.items():
         fn = getattr(lib, name)
@@ -723,8 +729,9 @@ def test_make_size_device_meets_the_budget() -> None:
     for cpu in ("cortex-m0plus", "cortex-m4"):
         mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
         assert set(mine) == {"crc32c", "frame", "replay", "window", "session", "regs", "modbus",
-                             "device", "rtu", "total"}
+                             "device", "name", "files", "rtu", "total"}
         total = mine.pop("total")
+        mine.pop("rtu")  # the optional plain-RTU face is listed apart
         assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
         assert int(total["text"]) + int(total["data"]) <= 6144
         assert int(total["ram_device"]) + int(total["data"]) + int(total["bss"]) <= 4096
@@ -953,3 +960,93 @@ def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> No
             assert dev.read("self_clean").values == (0,)
     finally:
         second.stop()
+
+
+
+# ---- FILE_INFO and the file-name rules ------------------------------------------------------------
+
+#: idl_name_verdict_t, in NameRefusal's order of checks
+NAME_CODES = {None: 0, NameRefusal.EMPTY: 1, NameRefusal.TOO_LONG: 2, NameRefusal.NOT_UTF8: 3,
+              NameRefusal.CONTROL_CHAR: 4, NameRefusal.ABSOLUTE: 5, NameRefusal.DRIVE_LETTER: 6,
+              NameRefusal.PATH_SEPARATOR: 7, NameRefusal.DOT_DOT: 8, NameRefusal.FORMAT_CHAR: 9,
+              NameRefusal.RESERVED_DEVICE: 10, NameRefusal.TRAILING_DOT_SPACE: 11}
+
+
+def _python_name_code(raw: bytes, limit: int) -> int:
+    checked = check_name(raw, limit)
+    return NAME_CODES[checked if isinstance(checked, NameRefusal) else None]
+
+
+def _random_name(rng: random.Random) -> bytes:
+    pieces = ["a", "b.txt", ".", "..", " ", ":", "/", "\\", "C:", "con", "Com1", "lpt\u00b9",
+              "nul.tar.gz", "AUX  ", "\u200b", "\u202e", "\ufeff", "\u00ad", "\x7f", "\x85",
+              "\x00", "\n", "\u00e9", "\U0001f600", "\U000e0041", ".ymodem-", ".part"]
+    pieces += ["LPT9", "com0", "prn", "comx", "Com\u00b2.log"]
+    text = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 5)))
+    raw = text.encode("utf-8")
+    r = rng.random()
+    if r < 0.15:  # invalid UTF-8: stray continuation, overlong, surrogate, past U+10FFFF, cut
+        raw += rng.choice([b"\x80", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+                           b"\xe2\x82", b"\xff"])
+    elif r < 0.2:
+        raw = rng.randbytes(rng.randrange(1, 12))
+    elif r < 0.25:
+        raw = b"x" * rng.choice([250, 251, 252, 255, 256])
+    return raw
+
+
+def test_c_name_rules_like_python(clib: ctypes.CDLL) -> None:
+    rng = random.Random(11)
+    for _ in range(20000):
+        raw = _random_name(rng)
+        for limit in (251, 255):
+            assert clib.idl_shim_check_name(raw, len(raw), limit) == _python_name_code(raw, limit), \
+                (raw, limit)
+
+
+def test_c_format_characters_are_pythons(clib: ctypes.CDLL) -> None:
+    """Every BMP code point and the supplementary ones near a Cf range, between two letters:
+    the C table is the running Python's unicodedata (regenerate it if this fails)."""
+    cps = list(range(0x20, 0xD800)) + list(range(0xE000, 0x10000))
+    cps += [c + d for c in (0x110BD, 0x110CD, 0x13430, 0x13438, 0x13439, 0x1343F, 0x1BCA0, 0x1BCA3,
+                            0x1D173, 0x1D17A, 0xE0001, 0xE0020, 0xE007F) for d in (-1, 0, 1)]
+    for cp in cps:
+        raw = ("a" + chr(cp) + "b").encode("utf-8")
+        assert clib.idl_shim_check_name(raw, len(raw), 255) == _python_name_code(raw, 255), hex(cp)
+
+
+def test_c_file_info_like_the_simulator(clib: ctypes.CDLL, tmp_path: Path) -> None:
+    sim = SimulatedDevice(seed=1, flash_dir=tmp_path)
+    files = sim.files_dir
+    (files / "a.txt").write_bytes(b"hello, device\n" * 300)
+    (files / "empty").write_bytes(b"")
+    (files / ".hidden").write_bytes(b"x")
+    (files / ".ymodem-1234.part").write_bytes(b"half")
+    (files / "sub").mkdir()
+    (files / "link").symlink_to(files / "a.txt")
+    os.mkfifo(files / "fifo")
+    out = ctypes.create_string_buffer(64)
+    names = [b"a.txt", b"empty", b".hidden", b".ymodem-1234.part", b"sub", b"link", b"fifo",
+             b"missing", b"", b"..", b"a/b", b"con.txt", "\u00e9t\u00e9".encode(), b"x" * 251,
+             b"x" * 252]
+    pdus = [bytes([0x45, len(n) & 0xFF]) + n for n in names]
+    pdus += [b"\x45", b"\x45\x05ab", b"\x45\x01ab", b"\x45\x00"]
+    for pdu in pdus:
+        n = clib.idl_shim_file_info(str(files).encode(), pdu, len(pdu), out)
+        assert out.raw[:n] == sim._file_info(pdu), pdu
+
+
+def test_file_info_on_the_posix_device(device_bin: Path, tmp_path: Path) -> None:
+    files = tmp_path / "flash" / "files"
+    files.mkdir(parents=True)
+    data = bytes(range(256)) * 41
+    (files / "firmware.bin").write_bytes(data)
+    dev = RunningDevice(device_bin, tmp_path / "flash")
+    with Device.open(dev.path) as host:
+        present = host.file_info("firmware.bin")
+        assert present.ok and present.file == FileInfoResponse(FileInfoStatus.PRESENT, len(data),
+                                                               crc32c(data))
+        absent = host.file_info("nothing.txt")
+        assert absent.ok and absent.file == FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
+        assert host.write({"mode": 0}).ok  # registers still answer between file questions
+    dev.stop()

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "idl_files.h"
 #include "idl_modbus.h"
+#include "idl_name.h"
 #include "idl_session.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -37,6 +39,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                               32u };
     size_t i;
     uint32_t now = 0;
+    if (size > 1u && data[0] == 0xFFu) { /* the name rules and FILE_INFO on raw bytes */
+        uint8_t answer[IDL_MB_FILE_INFO_ANSWER_LEN];
+        (void)idl_name_check(data + 1, size - 1u, 255u);
+        if (idl_file_info_execute(data + 1, (uint16_t)(size - 1u > 300u ? 300u : size - 1u), answer,
+                                  NULL, NULL) > sizeof answer) {
+            abort();
+        }
+        return 0;
+    }
     idl_regs_init(&regs, 100u, NULL, NULL, NULL, 0u);
     idl_session_init(&session, &cfg, 7u);
     if (size > 0u && (data[0] & 1u) != 0u) {

@@ -16,6 +16,7 @@
  * | idl_port_entropy32          | 32 random bits for the boot epoch (TRNG,    | init only     |
  * |                             | ADC noise, uninitialised RAM hashed...)     |               |
  * | idl_port_fault_conditions   | live conditions of a FAULT register's bits  | main loop     |
+ * | idl_port_file_info          | size and CRC-32C of a stored file (0x45)    | main loop     |
  *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
@@ -44,6 +45,10 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation);
 size_t idl_port_unique_id(char *buf, size_t cap);
 uint32_t idl_port_entropy32(void);
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
+/** FILE_INFO: the committed file `name` (checked: one plain component, `len` bytes of UTF-8, no
+ *  terminator): 0 present (*size, *crc = CRC-32C of its bytes), 1 absent, -1 failed. A device
+ *  without file storage returns 1. */
+int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
 
 /* ---- glue ----------------------------------------------------------------------------------- */
 

@@ -1,6 +1,8 @@
 /* Glue: one device = register core + Modbus face + framed session + port. See idl_port.h. */
 #include "idl_port.h"
 
+#include "idl_files.h"
+
 #include <string.h>
 
 static const uint8_t MAP_HASH[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
@@ -18,8 +20,20 @@ static bool persist(void *ctx, const idl_regs_t *r, const uint16_t *planned, uin
     return idl_port_flash_save(planned, generation);
 }
 
+static int file_lookup(void *ctx, const uint8_t *name, uint8_t len, uint32_t *size,
+                       uint32_t *crc)
+{
+    (void)ctx;
+    return idl_port_file_info(name, len, size, crc);
+}
+
+/* FILE_INFO is answered here (the register core never sees it, as in device_sim/device.py);
+ * FILE_RECEIVE (0x44) is not implemented yet: the register core answers it with exception 01. */
 static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
 {
+    if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_INFO) {
+        return idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
+    }
     return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, resp, now);
 }
 

@@ -6,7 +6,10 @@
 #include <stddef.h>
 #include <string.h>
 
+#include "idl_files.h"
 #include "idl_modbus.h"
+#include "idl_name.h"
+#include "posix_files.h"
 #include "idl_rtu.h"
 #include "idl_session.h"
 
@@ -204,4 +207,23 @@ size_t idl_shim_rtu_feed(idl_shim_t *s, const uint8_t *data, size_t n, int pause
 uint32_t idl_shim_rtu_counter(const idl_shim_t *s, unsigned which)
 {
     return which < 5u ? s->rtu.counters[which] : 0u;
+}
+
+int idl_shim_check_name(const uint8_t *name, size_t n, size_t max);
+uint16_t idl_shim_file_info(const char *dir, const uint8_t *pdu, uint16_t n, uint8_t *out);
+
+int idl_shim_check_name(const uint8_t *name, size_t n, size_t max)
+{
+    return (int)idl_name_check(name, n, max);
+}
+
+static int lookup(void *ctx, const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
+{
+    return idl_posix_file_info((const char *)ctx, name, len, size, crc);
+}
+
+/* FILE_INFO over the files in `dir` (as the posix device answers it) */
+uint16_t idl_shim_file_info(const char *dir, const uint8_t *pdu, uint16_t n, uint8_t *out)
+{
+    return idl_file_info_execute(pdu, n, out, lookup, (void *)(uintptr_t)dir);
 }

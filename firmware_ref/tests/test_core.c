@@ -7,8 +7,10 @@
 #include <string.h>
 
 #include "idl_crc32c.h"
+#include "idl_files.h"
 #include "idl_frame.h"
 #include "idl_modbus.h"
+#include "idl_name.h"
 #include "idl_replay.h"
 #include "idl_rtu.h"
 #include "idl_session.h"
@@ -266,6 +268,30 @@ static void test_rtu(void)
     CHECK(rtu_bytes(read_mode, sizeof read_mode) == 7u);     /* the next head is sure again */
 }
 
+static void test_names(void)
+{
+    static const uint8_t ok[] = "a.txt";
+    static const uint8_t overlong[] = { 0xC0, 0xAF };
+    static const uint8_t zwsp[] = { 'a', 0xE2, 0x80, 0x8B, 'b' };
+    static const uint8_t com_sup[] = { 'C', 'o', 'M', 0xC2, 0xB9, ' ', '.', 'x' };
+    static const uint8_t info[] = { 0x45, 0x05, 'a', '.', 't', 'x', 't' };
+    static const uint8_t info_bad[] = { 0x45, 0x02, '.', '.' };
+    uint8_t out[IDL_MB_FILE_INFO_ANSWER_LEN];
+    CHECK(idl_name_check(ok, 5u, 255u) == IDL_NAME_OK);
+    CHECK(idl_name_check(ok, 0u, 255u) == IDL_NAME_EMPTY);
+    CHECK(idl_name_check(ok, 5u, 4u) == IDL_NAME_TOO_LONG);
+    CHECK(idl_name_check(overlong, 2u, 255u) == IDL_NAME_NOT_UTF8);
+    CHECK(idl_name_check(zwsp, 5u, 255u) == IDL_NAME_FORMAT_CHAR);
+    CHECK(idl_name_check(com_sup, 8u, 255u) == IDL_NAME_RESERVED_DEVICE);
+    CHECK(idl_name_check((const uint8_t *)"a:b", 3u, 255u) == IDL_NAME_DRIVE_LETTER);
+    CHECK(idl_name_check((const uint8_t *)"a/b", 3u, 255u) == IDL_NAME_PATH_SEPARATOR);
+    CHECK(idl_name_check((const uint8_t *)"a. ", 3u, 255u) == IDL_NAME_TRAILING_DOT_SPACE);
+    CHECK(idl_file_info_execute(info, sizeof info, out, NULL, NULL) == 10u);
+    CHECK(out[0] == 0x45u && out[1] == IDL_MB_FILE_ABSENT && out[5] == 0u && out[9] == 0u);
+    CHECK(idl_file_info_execute(info_bad, sizeof info_bad, out, NULL, NULL) == 2u);
+    CHECK(out[0] == 0xC5u && out[1] == IDL_MB_EXC_ILLEGAL_DATA_VALUE);
+}
+
 int main(void)
 {
     test_crc();
@@ -275,6 +301,7 @@ int main(void)
     test_registers();
     test_session();
     test_rtu();
+    test_names();
     printf("idl core: %u checks, %u failures (K=%u, crc table %d)\n", checks, failures,
            (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE);
     return failures == 0u ? 0 : 1;

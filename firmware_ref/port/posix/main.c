@@ -29,6 +29,7 @@
 
 #include "idl_port.h"
 #include "idl_rtu.h"
+#include "posix_files.h"
 
 #define PROG "idemlink-device"
 #define TICK_MS 20
@@ -368,6 +369,18 @@ uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
     (void)address;
 #endif
     return 0;
+}
+
+/* ---- FILE_INFO: <flash-dir>/files, like the Python simulator's files_dir ------------------- */
+
+int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
+{
+    char dir[4096];
+    if (flash_dir == NULL) {
+        return 1; /* no flash: nothing was ever received */
+    }
+    snprintf(dir, sizeof dir, "%s/files", flash_dir);
+    return idl_posix_file_info(dir, name, len, size, crc);
 }
 
 /* ---- the serving end ----------------------------------------------------------------------- */

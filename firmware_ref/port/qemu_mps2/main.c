@@ -142,6 +142,15 @@ uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
     return 0;
 }
 
+int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
+{
+    (void)name;
+    (void)len;
+    (void)size;
+    (void)crc;
+    return 1; /* no file storage on this board */
+}
+
 static idl_device_t device;
 
 int main(void)
