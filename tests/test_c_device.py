@@ -1050,3 +1050,36 @@ def test_file_info_on_the_posix_device(device_bin: Path, tmp_path: Path) -> None
         assert absent.ok and absent.file == FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
         assert host.write({"mode": 0}).ok  # registers still answer between file questions
     dev.stop()
+
+
+def test_hostile_or_foreign_flash_is_refused_untouched(device_bin: Path, tmp_path: Path) -> None:
+    """As the Python simulator: a symlink or FIFO in the flash directory is refused, never followed
+    or read; a directory saved with another map is refused; nothing is written either way."""
+    target = tmp_path / "elsewhere.json"
+    target.write_text('{"generation": 0, "holdings": [[4, 350], [5, 1], [6, 50]]}')
+    cases = {"config.json": lambda p: p.symlink_to(target), "device_id": os.mkfifo,
+             "map": lambda p: p.write_text("pump-controller e2da3a9fc375ac4d\n")}
+    for name, make in cases.items():
+        flash = tmp_path / f"flash-{name}"
+        flash.mkdir()
+        make(flash / name)
+        before = sorted(p.name for p in flash.iterdir())
+        proc = subprocess.run([str(device_bin), "--flash-dir", str(flash)], capture_output=True,
+                              text=True, timeout=5, check=False)
+        assert proc.returncode == 1 and proc.stdout == "", name
+        assert len(proc.stderr.splitlines()) == 1, name
+        assert "refused" in proc.stderr or "use another flash directory" in proc.stderr, name
+        assert sorted(p.name for p in flash.iterdir()) == before, name
+
+
+def test_a_seeded_device_draws_new_epochs_on_every_start(device_bin: Path, tmp_path: Path) -> None:
+    epochs = []
+    for boot in (1, 2, 3):
+        dev = RunningDevice(device_bin, tmp_path / "flash", "--seed", "7")
+        with Device.open(dev.path) as host:
+            epochs.append(host.session.epoch)
+        dev.stop()
+        assert (tmp_path / "flash" / "boots").read_text().strip() == str(boot)
+        assert (tmp_path / "flash" / "map").read_text().split() == [
+            DEFAULT_MAP.name, DEFAULT_MAP.hash.hex()]
+    assert len(set(epochs)) == 3

@@ -33,6 +33,11 @@
 #error "DEVICE_INFO carries the window and the payload limit as u16"
 #endif
 
+/** How far ahead of the highest number seen a HELLO may hand out a start (protocol/
+ *  device_session.py HANDOUT_SPAN: half the RFC 1982 "ahead" range, so a start and the numbers
+ *  after it are always NEW to the window). */
+#define IDL_HANDOUT_SPAN 0x40000000u
+
 /** Run one request PDU at `now` (ms); write the response PDU (at most 253 bytes) to `resp`
  *  and return its length. Called at most once per (epoch, sequence number). */
 typedef uint16_t (*idl_execute_fn)(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp,
@@ -81,7 +86,9 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
  *  Send it before feeding the next byte. */
 size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
 
-/** next_seq of DEVICE_INFO (see protocol/device_session.py first_seq). */
+/** next_seq of DEVICE_INFO (protocol/device_session.py first_seq): 1 on a fresh boot; else one
+ *  window beyond the later of the highest number seen and the last start handed out, but never
+ *  more than IDL_HANDOUT_SPAN ahead of the highest (HELLOs without requests then cycle). */
 uint32_t idl_session_first_seq(const idl_session_t *s);
 
 #endif /* IDL_SESSION_H */

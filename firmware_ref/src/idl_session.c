@@ -26,21 +26,20 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
 
 uint32_t idl_session_first_seq(const idl_session_t *s)
 {
-    uint32_t base;
-    bool seen_ok = !IDL_WINDOW_IS_EMPTY(&s->window);
-    uint32_t seen = s->window.highest + 1u;
-    if (!seen_ok && !s->has_handed_out) {
-        return 1u;
+    bool seen = !IDL_WINDOW_IS_EMPTY(&s->window);
+    uint32_t anchor = seen ? s->window.highest + 1u : 1u;
+    uint32_t offset;
+    uint32_t following;
+    if (!s->has_handed_out) {
+        return seen ? anchor + IDL_WINDOW_SIZE : anchor;
     }
-    if (!seen_ok) {
-        base = s->handed_out;
-    } else if (!s->has_handed_out) {
-        base = seen;
-    } else { /* the later of the two, in serial arithmetic */
-        uint32_t d = s->handed_out - seen;
-        base = (d != 0u && d < 0x80000000u) ? s->handed_out : seen;
+    offset = s->handed_out - anchor;
+    /* handed out at or ahead of the anchor: one window further; behind it: requests passed it */
+    following = offset < 0x80000000u ? offset + IDL_WINDOW_SIZE : IDL_WINDOW_SIZE;
+    if (following > IDL_HANDOUT_SPAN) {
+        following = IDL_WINDOW_SIZE;
     }
-    return base + IDL_WINDOW_SIZE;
+    return anchor + following;
 }
 
 /* A pascal string of at most `max` bytes (the caps keep DEVICE_INFO within IDL_MAX_PAYLOAD:

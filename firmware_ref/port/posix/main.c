@@ -7,8 +7,10 @@
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
- * configuration (config.json, the same format as the Python simulator, replaced atomically) and
- * the device id (device_id, created once). A bad argument, port or flash directory is one line on
+ * configuration (config.json, the same format as the Python simulator, replaced atomically), the
+ * device id (device_id, created once), the map it belongs to (map: another map is refused) and a
+ * boot counter (boots: mixed into --seed so every start draws new epochs); a symlink, FIFO or
+ * oversized file there is refused, never followed. A bad argument, port or flash directory is one line on
  * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
  * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
  * slave (unit --unit, default 1; t3.5 from --baudrate, 1.75 ms above 19200 Bd and on a pty).
@@ -177,6 +179,90 @@ static int replace_file(const char *name, const char *text, size_t n)
     return 0;
 }
 
+/* Read DIR/name into buf (NUL-terminated): -1 when absent. A symlink, a FIFO, a device or a
+ * file of cap bytes or more is refused (one line, exit 1), judged on the opened descriptor, as
+ * device_sim/flash.py read_flash_file does; the directory is left untouched. */
+static long read_flash_file(const char *name, char *buf, size_t cap)
+{
+    char path[4096];
+    struct stat st;
+    size_t total = 0;
+    ssize_t n;
+    int fd;
+    snprintf(path, sizeof path, "%s/%s", flash_dir, name);
+    fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            return -1;
+        }
+        fprintf(stderr, PROG ": flash directory: %s: %s; refused\n", path,
+                errno == ELOOP ? "is a symbolic link" : strerror(errno));
+        exit(1);
+    }
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size >= cap) {
+        fprintf(stderr, PROG ": flash directory: %s: not a regular file of less than %lu bytes; "
+                        "refused\n", path, (unsigned long)cap);
+        exit(1);
+    }
+    while (total + 1u < cap && (n = read(fd, buf + total, cap - 1u - total)) > 0) {
+        total += (size_t)n;
+    }
+    close(fd);
+    buf[total] = '\0';
+    return (long)total;
+}
+
+/* Tie the flash directory to this map (file `map`: name and hash, like the Python simulator):
+ * a directory saved with another map is refused, nothing changed. */
+static void claim_map(void)
+{
+    char text[257];
+    char name[257];
+    char hash[257];
+    long n = read_flash_file("map", text, sizeof text);
+    if (n < 0) {
+        n = (long)snprintf(text, sizeof text, "%s %s\n", IDL_MAP_NAME, IDL_MAP_HASH);
+        if (replace_file("map", text, (size_t)n) != 0) {
+            fail(1, "flash directory: cannot write the map record", strerror(errno));
+        }
+        return;
+    }
+    if (sscanf(text, "%256s %256s", name, hash) != 2) {
+        fail(1, "flash directory: map: not a map record; refused", NULL);
+    }
+    if (strcmp(hash, IDL_MAP_HASH) != 0) {
+        fprintf(stderr, PROG ": %s holds the configuration of register map %s %s, not %s %s: use "
+                        "another flash directory\n", flash_dir, name, hash, IDL_MAP_NAME,
+                IDL_MAP_HASH);
+        exit(1);
+    }
+}
+
+/* The persisted boot counter (file `boots`), incremented: mixed into seeded epochs so that every
+ * start draws new ones (a repeated epoch would let an old host replay into a new boot). */
+static unsigned long count_boot(void)
+{
+    char text[65];
+    char *end;
+    unsigned long boots = 0;
+    long n = read_flash_file("boots", text, sizeof text);
+    if (n >= 0) {
+        errno = 0;
+        boots = strtoul(text, &end, 10);
+        while (*end == '\n' || *end == ' ') {
+            end++;
+        }
+        if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
+            fail(1, "flash directory: boots: not a boot counter; refused", NULL);
+        }
+    }
+    n = (long)snprintf(text, sizeof text, "%lu\n", boots + 1u);
+    if (replace_file("boots", text, (size_t)n) != 0) {
+        fail(1, "flash directory: cannot write the boot counter", strerror(errno));
+    }
+    return boots + 1u;
+}
+
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
     char text[128];
@@ -187,13 +273,9 @@ size_t idl_port_unique_id(char *buf, size_t cap)
         return n < cap ? n : cap;
     }
     if (flash_dir != NULL) {
-        char path[4096];
-        FILE *f;
-        snprintf(path, sizeof path, "%s/device_id", flash_dir);
-        f = fopen(path, "r");
-        if (f != NULL) {
-            n = fread(text, 1, sizeof text - 1u, f);
-            fclose(f);
+        long got = read_flash_file("device_id", text, sizeof text);
+        if (got >= 0) {
+            n = (size_t)got;
             while (n > 0u && (text[n - 1u] == '\n' || text[n - 1u] == '\r' || text[n - 1u] == ' ')) {
                 n--;
             }
@@ -281,10 +363,7 @@ static const char *expect(const char *p, char c)
 
 bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 {
-    char path[4096];
-    char text[4096];
-    size_t n;
-    FILE *f;
+    char text[1u << 16];
     const char *p;
     long gen = -1;
     long a;
@@ -295,14 +374,9 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
     if (flash_dir == NULL) {
         return false;
     }
-    snprintf(path, sizeof path, "%s/config.json", flash_dir);
-    f = fopen(path, "r");
-    if (f == NULL) {
+    if (read_flash_file("config.json", text, sizeof text) < 0) {
         return false;
     }
-    n = fread(text, 1, sizeof text - 1u, f);
-    fclose(f);
-    text[n] = '\0';
     p = strstr(text, "\"generation\"");
     if (p == NULL || (p = expect(p + 12, ':')) == NULL || number(p, &gen) == NULL || gen > 0xFFFF) {
         fail(1, "flash directory: config.json: generation is not an integer 0..65535", NULL);
@@ -613,6 +687,26 @@ int main(int argc, char **argv)
         (void)fcntl(io_fd, F_SETFL, fcntl(io_fd, F_GETFL) | O_NONBLOCK);
     }
 
+    if (flash_dir != NULL) {
+        uint16_t check[IDL_REG_COUNT];
+        uint16_t generation;
+        char ident[IDL_MAX_DEVICE_ID_LEN];
+        char text[128];
+        long n;
+        /* every check before anything is written: a refused flash exits with nothing changed */
+        (void)idl_port_flash_load(check, &generation);
+        n = read_flash_file("device_id", text, sizeof text);
+        while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) {
+            n--;
+        }
+        if (n >= 0 && !valid_id(text, (size_t)n)) {
+            fail(1, "flash directory: device_id does not hold a device id "
+                    "(1-64 characters of [A-Za-z0-9_.:-])", NULL);
+        }
+        claim_map();
+        (void)idl_port_unique_id(ident, sizeof ident); /* created once */
+        seed_state ^= 0xA0761D6478BD642Full * count_boot(); /* new epochs on every start */
+    }
     idl_device_init(&device);
     device.regs.trigger_ms = (uint32_t)(trigger_s * 1000.0 + 0.5);
     printf("%s\n", path);
