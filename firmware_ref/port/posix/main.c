@@ -101,7 +101,7 @@ void idl_port_write(const uint8_t *data, size_t n)
         ssize_t k = write(io_fd, data, n);
         if (k < 0) {
             fd_set w;
-            struct timeval tv = { 1, 0 };
+            struct timeval tv = { 0, 100000 }; /* a reader that stalls 0.1 s loses the answer */
             if (errno == EINTR) {
                 continue;
             }
@@ -112,7 +112,7 @@ void idl_port_write(const uint8_t *data, size_t n)
             FD_ZERO(&w);
             FD_SET(io_fd, &w);
             if (select(io_fd + 1, NULL, &w, NULL, &tv) <= 0) {
-                fprintf(stderr, PROG ": write stalled for 1 s, answer dropped\n");
+                fprintf(stderr, PROG ": write stalled for 0.1 s, answer dropped\n");
                 return;
             }
             continue;
