@@ -41,7 +41,7 @@ from idemlink.protocol.frame import (
 )
 from idemlink.protocol.outcome import Status
 from idemlink.protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
-from idemlink.protocol.session import DeviceInfo, encode_response
+from idemlink.protocol.session import HANDOUT_SPAN, DeviceInfo, encode_response
 from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
 
 Executor = Callable[[bytes, float, int], bytes]
@@ -49,7 +49,6 @@ Executor = Callable[[bytes, float, int], bytes]
 response PDU."""
 
 DEFAULT_MAX_INFLIGHT = 32
-HANDOUT_SPAN = 1 << 30
 """How far ahead of the highest number seen a HELLO may hand out a start (half the RFC 1982
 "ahead" range, so a start and the numbers after it are always NEW to the window)."""
 

@@ -58,6 +58,11 @@ DEVICE_INFO_IDENTITY = cs.Struct(
 )
 MAX_DEVICE_ID_LEN = 64
 
+#: How far ahead of the highest number seen a HELLO may hand out a start: half the RFC 1982
+#: "ahead" range, so a start and the numbers after it are always NEW to the window
+#: (``DeviceSession.first_seq``).
+HANDOUT_SPAN = 1 << 30
+
 RESPONSE_PAYLOAD = cs.Struct(
     "status" / cs.Int8ul,
     "pdu" / cs.GreedyBytes,
@@ -179,9 +184,12 @@ def contract_section() -> ContractSection:
         name="session",
         defines=[CDefine("IDL_CONTRACT_HASH_LEN", CONTRACT_HASH_LEN, "bytes of contract hash"),
                  CDefine("IDL_MAP_HASH_LEN", CONTRACT_HASH_LEN, "bytes of register-map hash"),
-                 CDefine("IDL_MAX_DEVICE_ID_LEN", MAX_DEVICE_ID_LEN, "bytes of device id")],
+                 CDefine("IDL_MAX_DEVICE_ID_LEN", MAX_DEVICE_ID_LEN, "bytes of device id"),
+                 CDefine("IDL_HANDOUT_SPAN", f"0x{HANDOUT_SPAN:08X}u",
+                         "a HELLO's next_seq stays at most this far ahead of the highest seen")],
         markdown=md,
-        data={"device_info": [sc.name for sc in DEVICE_INFO.subcons],
+        data={"handout_span": HANDOUT_SPAN,
+              "device_info": [sc.name for sc in DEVICE_INFO.subcons],
               "device_info_identity": [sc.name for sc in DEVICE_INFO_IDENTITY.subcons],
               "hello": [sc.name for sc in HELLO_PAYLOAD.subcons],
               "response": [sc.name for sc in RESPONSE_PAYLOAD.subcons]},

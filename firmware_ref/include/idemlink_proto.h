@@ -6,7 +6,7 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "b47a76b93865d309"
+#define IDL_CONTRACT_HASH "44d2f2230a344059"
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -103,6 +103,7 @@ typedef enum {
 #define IDL_CONTRACT_HASH_LEN 8u /**< bytes of contract hash */
 #define IDL_MAP_HASH_LEN 8u /**< bytes of register-map hash */
 #define IDL_MAX_DEVICE_ID_LEN 64u /**< bytes of device id */
+#define IDL_HANDOUT_SPAN 0x40000000u /**< a HELLO's next_seq stays at most this far ahead of the highest seen */
 
 /* ---- window ---- */
 #define IDL_WINDOW_RING_BITS 1024u /**< bits in the de-duplication ring */

@@ -33,10 +33,11 @@
 #error "DEVICE_INFO carries the window and the payload limit as u16"
 #endif
 
-/** How far ahead of the highest number seen a HELLO may hand out a start (protocol/
- *  device_session.py HANDOUT_SPAN: half the RFC 1982 "ahead" range, so a start and the numbers
- *  after it are always NEW to the window). */
-#define IDL_HANDOUT_SPAN 0x40000000u
+/* IDL_HANDOUT_SPAN (idemlink_proto.h, generated): how far ahead of the highest number seen a
+ * HELLO may hand out a start, so a start and the numbers after it are always NEW to the window. */
+#ifndef IDL_HANDOUT_SPAN
+#error "idemlink_proto.h is older than this core: regenerate it with `idemlink contract`"
+#endif
 
 /** Run one request PDU at `now` (ms); write the response PDU (at most 253 bytes) to `resp`
  *  and return its length. Called at most once per (epoch, sequence number). */
