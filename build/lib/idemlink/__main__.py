@@ -1,9 +1,0 @@
-"""``python -m idemlink``: the same entry point as the ``idemlink`` console script."""
-
-from __future__ import annotations
-
-import sys
-
-from idemlink.cli import main
-
-sys.exit(main())

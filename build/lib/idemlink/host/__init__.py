@@ -1,1 +1,0 @@
-"""idemlink's host side: the driver over pyserial, outcomes, the receipt journal and the CLI."""
