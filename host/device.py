@@ -33,7 +33,8 @@ import logging
 import os
 import secrets
 import struct
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -409,19 +410,24 @@ def _conflict(a: Command, b: Command) -> bool:
     return ra.start < rb.stop and rb.start < ra.stop
 
 
-def _waves(cmds: list[Command]) -> list[list[Command]]:
-    """Split a pipelined batch so that commands whose order matters never overlap in flight.
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    """A command of the continuous pipeline, with what the dependency rule needs precomputed."""
 
-    Pipelined requests may execute in any order (a lost request is retried after later ones ran),
-    so a wave holds only commands that commute; the next wave starts when the previous one is done.
-    """
-    waves: list[list[Command]] = []
-    for c in cmds:
-        if not waves or any(_conflict(c, w) for w in waves[-1]):
-            waves.append([c])
-        else:
-            waves[-1].append(c)
-    return waves
+    tag: int
+    command: Command
+    effect: bool
+    span: range
+
+
+def _flows_conflict(a: _Flow, b: _Flow) -> bool:
+    """``_conflict`` on precomputed facts (the pipeline checks it often)."""
+    if not (a.effect or b.effect):
+        return False
+    guarded = CommandKind.WRITE_IF_GENERATION
+    if (a.command.kind is guarded and b.effect) or (b.command.kind is guarded and a.effect):
+        return True
+    return a.span.start < b.span.stop and b.span.start < a.span.stop
 
 
 RECONCILE_ROUNDS = 3
@@ -547,13 +553,24 @@ class Device:
             s.tick(now)
 
     def _drive(self, steps: Steps[T]) -> T:
-        """Run an operation on the blocking transport.
+        """Run an operation on the blocking transport to its end (``_rounds``)."""
+        rounds = self._rounds(steps)
+        try:
+            while True:
+                next(rounds)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    def _rounds(self, steps: Steps[T]) -> Generator[None, None, T]:
+        """The blocking request loop, one I/O round per ``next()`` (``stream`` hands results out
+        between rounds); returns the operation's result.
 
         If the transport fails, every request of the operation is settled (``abandon``) and
         ``LinkLost`` carries the results; if the caller interrupts (KeyboardInterrupt, any other
-        exception), the requests are settled the same way (CANCELLED) before it propagates. Either
-        way nothing stays in the session to run behind the caller's back, and the handle is
-        blocked if a command that may have had an effect was out."""
+        exception, leaving a ``stream`` early), the requests are settled the same way (CANCELLED)
+        before it propagates. Either way nothing stays in the session to run behind the caller's
+        back, and the handle is blocked if a command that may have had an effect was out."""
         t = self.transport
         try:
             out, wait = next(steps)
@@ -565,6 +582,7 @@ class Device:
                 except TRANSPORT_ERRORS as exc:
                     raise self._link_lost(exc) from exc
                 out, wait = steps.send(data)
+                yield
         except StopIteration as stop:
             result: T = stop.value
             return result
@@ -600,8 +618,9 @@ class Device:
         for ev in self.session.events():
             if isinstance(ev, Completion):
                 self._results[ev.tag] = ev
-        results = [self._result(self._commands.pop(tag), self._results.pop(tag))
-                   for tag in sorted(self._results) if tag in self._commands]
+        never_sent = Completion(None, Outcome.NOT_EXECUTED, None)  # taken, not yet submitted
+        results = [self._result(c, self._results.pop(tag, never_sent))
+                   for tag, c in sorted(self._commands.items())]
         self._results.clear()
         self._commands.clear()
         return results
@@ -619,30 +638,150 @@ class Device:
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
-        """Send commands pipelined (up to the negotiated depth) and return one Result each, in
-        order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged; commands of a
-        later wave than one whose command that may have had an effect ended UNKNOWN are not sent
-        (NOT_EXECUTED, no status). An unanswered read blocks nothing."""
+        """Send commands pipelined and return one Result each, in order (``stream`` collected).
+        Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
         return self._drive(self._run_steps(list(commands)))
 
-    def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
+    def stream(self, commands: Iterable[Command]) -> Iterator[Result]:
+        """The continuous pipeline: yield one Result per command, in submission order, while
+        later commands are already on the line.
+
+        Requests keep leaving while answers arrive, up to the negotiated depth (the device's
+        advertised window and ``max_inflight``). A command waits only for the earlier commands it
+        does not commute with (``_conflict``: overlapping registers when one may have an effect,
+        a conditional write after any effective write); everything else overtakes it. Once a
+        command that may have had an effect ends UNKNOWN the handle is blocked: commands not yet
+        sent are not sent (NOT_EXECUTED, no status) and nothing more is taken from ``commands``:
+        the stream ends after the results of the commands it had taken (``run`` takes them all,
+        so every command gets its result). An unanswered read blocks nothing. ``commands`` is
+        read lazily (at most about twice the pipeline depth ahead), so it may be endless.
+        Leaving the loop early (``break``, an exception) settles what is still out as CANCELLED,
+        like an interrupted ``run``."""
+        self._refuse_if_blocked()
+        ready: deque[Result] = deque()
+        steps = self._flow_steps(iter(commands), ready.append, self._lookahead())
+        for _ in self._rounds(steps):
+            while ready:
+                yield ready.popleft()
+        while ready:
+            yield ready.popleft()
+
+    def _lookahead(self) -> int:
+        return 2 * max(self.session.max_inflight, 1)
+
+    def _refuse_if_blocked(self) -> None:
         if self.unknown is not None:
             raise UnknownOutstanding(
                 f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
                 "reconcile() and acknowledge_unknown() first")
+
+    def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
+        self._refuse_if_blocked()
         results: list[Result] = []
-        for wave in _waves(commands):
-            if self.unknown is not None:  # an earlier wave blocked the handle: the rest stays unsent
-                results += [Result(c, Outcome.NOT_EXECUTED, None) for c in wave]
-                continue
-            results += yield from self._wave_steps(wave)
+        yield from self._flow_steps(iter(commands), results.append, None)
         return results
 
-    def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+    def _flow_steps(self, source: Iterator[Command], emit: Callable[[Result], None],
+                    lookahead: int | None) -> Steps[None]:
+        """The continuous pipeline as an operation: pull commands from ``source`` (all at once
+        when ``lookahead`` is None), submit each as soon as the session has room and no earlier
+        unfinished command conflicts with it, ``emit`` results in submission order."""
+        self._require_open()
+        s = self.session
+        t = self.transport
+        held: deque[_Flow] = deque()  # taken from source, not yet submitted
+        live: dict[int, _Flow] = {}  # submitted, not yet completed
+        done: dict[int, Result] = {}
+        order: deque[int] = deque()  # tags in submission order, not yet emitted
+        effectful_live = 0
+        exhausted = False
+        while True:
+            for ev in s.events():
+                if isinstance(ev, Completion) and ev.tag in live:
+                    f = live.pop(ev.tag)
+                    effectful_live -= f.effect
+                    done[f.tag] = self._result(self._commands.pop(f.tag), ev)
+            while order and order[0] in done:
+                emit(done.pop(order.popleft()))
+            if self.unknown is not None:  # blocked: what was not sent stays unsent
+                exhausted = True  # and nothing more is taken from the source
+                if held:
+                    for f in held:
+                        done[f.tag] = self._result(self._commands.pop(f.tag),
+                                                   Completion(f.tag, Outcome.NOT_EXECUTED, None))
+                    held.clear()
+                    continue
+            if not exhausted and (lookahead is None or len(held) + len(live) < lookahead):
+                exhausted = self._take(source, held, order, lookahead, len(live))
+            if held:
+                effectful_live += self._submit_ready(held, live, effectful_live, t.now())
+            if exhausted and not held and not live and not order:
+                return
+            now = t.now()
+            deadline = s.next_deadline()
+            wait = 0.05 if deadline is None else max(0.0, deadline - now)
+            data = yield s.data_to_send(), wait
+            now = t.now()
+            if data:
+                s.receive_data(data, now)
+            s.tick(now)
+
+    def _take(self, source: Iterator[Command], held: deque[_Flow], order: deque[int],
+              lookahead: int | None, in_flight: int) -> bool:
+        """Move commands from ``source`` to ``held`` (up to the lookahead); True once exhausted."""
+        while lookahead is None or len(held) + in_flight < lookahead:
+            try:
+                c = next(source)
+            except StopIteration:
+                return True
+            self._tag += 1
+            self._commands[self._tag] = c
+            order.append(self._tag)
+            held.append(_Flow(self._tag, c, c.may_have_effect, _span(c)))
+        return False
+
+    def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,
+                      now: float) -> int:
+        """Submit every held command (in order, scanning at most the lookahead) that conflicts
+        with no unfinished earlier one, while the session has room; returns how many of the
+        submitted may have an effect."""
+        s = self.session
+        room = s.max_inflight - s.outstanding
+        if room <= 0:
+            return 0
+        added = 0
+        # Only a command that may have an effect conflicts with anything: without one (a stream
+        # of reads) nothing is checked.
+        check = bool(effectful_live) or any(f.effect for f in held)
+        blockers: list[_Flow] = list(live.values()) if check else []
+        scan = self._lookahead()
+        kept: list[_Flow] = []
+        while held and room > 0 and scan > 0:
+            f = held.popleft()
+            scan -= 1
+            if check and any(_flows_conflict(f, b) for b in blockers):
+                kept.append(f)
+                blockers.append(f)
+                continue
+            s.submit(f.command.pdu(), now, set_only=self._reissuable(f.command), tag=f.tag)
+            live[f.tag] = f
+            added += f.effect
+            room -= 1
+            if check:
+                blockers.append(f)
+        held.extendleft(reversed(kept))
+        return added
+
+    def _require_open(self) -> None:
         if self.session.state is not SessionState.OPEN:
             # Without a session nothing would ever be sent, and the loop would wait forever.
             raise LocalProtocolError("not connected: call connect() first (HELLO handshake)",
                                      Status.MALFORMED_REQUEST)
+
+    def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+        """Submit ``cmds`` together (they commute: reconcile's read-back, FILE_INFO) and wait for
+        all of them."""
+        self._require_open()
         now = self.transport.now()
         tags = []
         for c in cmds:
