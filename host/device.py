@@ -671,8 +671,10 @@ class Device:
 
     def _refuse_if_blocked(self) -> None:
         if self.unknown is not None:
+            status = self.unknown.status
             raise UnknownOutstanding(
-                f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
+                f"a previous {self.unknown.command.kind.value} ended UNKNOWN"
+                f"{f' ({status.name})' if status is not None else ''}; "
                 "reconcile() and acknowledge_unknown() first")
 
     def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
@@ -876,28 +878,45 @@ class Device:
         as in ``_contiguous`` (raw integers, or text in the register's unit or a label)."""
         return self.execute(self.write_command(values))
 
-    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
+    def write_if_generation_command(self, generation: int,
+                                    values: Mapping[str | int, int | str]) -> Command:
         addr, count, vals = self._contiguous(values)
-        return self.execute(
-            Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation))
+        return Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation)
+
+    def clear_faults_command(self, mask: int, register: str | int | None = None) -> Command:
+        spec = self._the(RegisterKind.FAULT, register)
+        return Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,))
+
+    def trigger_command(self, register: str | int | None = None, *, reset: bool = False) -> Command:
+        kind = CommandKind.TRIGGER_RESET if reset else CommandKind.TRIGGER
+        return Command(kind, self._the(RegisterKind.TRIGGER, register).address)
+
+    def trigger_status_command(self, register: str | int | None = None) -> Command:
+        return self.read_command(self._the(RegisterKind.TRIGGER, register).name)
+
+    def file_info_command(self, name: str) -> Command:
+        """FILE_INFO for ``name``; ``ValueError`` for a name the device would refuse."""
+        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
+        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
+        return cmd
+
+    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
+        return self.execute(self.write_if_generation_command(generation, values))
 
     def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
         """Write 1s to clear the bits of ``mask`` in a fault word (the map's only one when
         ``register`` is None)."""
-        spec = self._the(RegisterKind.FAULT, register)
-        return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
+        return self.execute(self.clear_faults_command(mask, register))
 
     def trigger(self, register: str | int | None = None) -> Result:
         """Start a trigger's action once (the map's only trigger when ``register`` is None)."""
-        return self.execute(Command(CommandKind.TRIGGER,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register))
 
     def trigger_reset(self, register: str | int | None = None) -> Result:
-        return self.execute(Command(CommandKind.TRIGGER_RESET,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register, reset=True))
 
     def trigger_status(self, register: str | int | None = None) -> Result:
-        return self.read(self._the(RegisterKind.TRIGGER, register).name)
+        return self.execute(self.trigger_status_command(register))
 
     def _the(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
         """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
@@ -915,9 +934,7 @@ class Device:
         """Size and CRC-32C of the committed file ``name`` on the device (``Result.file``;
         ``FileInfoStatus.ABSENT`` when it has none). Read-only: harmless to retry or replay.
         A name the device would refuse raises ``ValueError`` before anything is sent."""
-        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
-        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
-        return self.execute(cmd)
+        return self.execute(self.file_info_command(name))
 
     def send_files(
         self,
@@ -941,7 +958,30 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from idemlink.host.ymodem_io import TransferReport, check_batch_names, send_files
+        from idemlink.host.ymodem_io import TransferReport, send_files
+
+        paths, digests, handover = self._prepare_batch(paths, overwrite)
+        identical, asked = self._drive(self._already_there_steps(paths, digests, overwrite))
+        todo = [p for p in paths if Path(p).name not in {f.name for f in identical}]
+        if not todo:  # every file is on the device byte for byte: nothing to hand over
+            return asked, TransferReport(files=identical, ok=True)
+        res = self.execute(handover)
+        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+            return res, None
+        port = getattr(self.transport, "port", None)
+        if port is None:
+            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+        report = send_files(port, todo, config, progress=progress)
+        self._batch_done(res, report)
+        self._verify(report.files, digests)
+        report.files[:0] = identical
+        return res, report
+
+    def _prepare_batch(self, paths: Iterable[str], overwrite: bool
+                       ) -> tuple[list[str], dict[str, tuple[int, int]], Command]:
+        """Check a batch's names, take the local digests, build the hand-over command (nothing
+        is sent: a bad name raises ``ValueError`` first)."""
+        from idemlink.host.ymodem_io import check_batch_names
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender
@@ -950,26 +990,18 @@ class Device:
                 raise ValueError(f"file name {Path(p).name!r} is longer than the "
                                  f"{MAX_FILE_INFO_NAME} bytes a read-back (FILE_INFO) can ask for")
         digests = {Path(p).name: _digest(Path(p)) for p in paths}
-        identical, asked = self._already_there(paths, digests, overwrite)
-        todo = [p for p in paths if Path(p).name not in {f.name for f in identical}]
-        if not todo:  # every file is on the device byte for byte: nothing to hand over
-            return asked, TransferReport(files=identical, ok=True)
-        res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
-        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
-            return res, None
-        port = getattr(self.transport, "port", None)
-        if port is None:
-            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
-        report = send_files(port, todo, config, progress=progress)
-        self.session.resync()
-        if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
-            self.unknown = None  # the receiver answered: the hand-over did happen
-        self._verify(report.files, digests)
-        report.files[:0] = identical
-        return res, report
+        return paths, digests, Command(CommandKind.FILE_RECEIVE, 0,
+                                       values=(1,) if overwrite else ())
 
-    def _already_there(self, paths: list[str], digests: Mapping[str, tuple[int, int]],
-                       overwrite: bool) -> tuple[list[FileResult], Result]:
+    def _batch_done(self, handover: Result, report: TransferReport) -> None:
+        """Back in framed mode after a batch: forget YMODEM's bytes; a completed batch proves an
+        UNKNOWN hand-over did happen."""
+        self.session.resync()
+        if handover.outcome is Outcome.UNKNOWN and report.ok and self.unknown is handover:
+            self.unknown = None  # the receiver answered: the hand-over did happen
+
+    def _already_there_steps(self, paths: list[str], digests: Mapping[str, tuple[int, int]],
+                             overwrite: bool) -> Steps[tuple[list[FileResult], Result]]:
         """Ask the device (FILE_INFO, read-only) what it holds under each name before sending:
         the same size and CRC-32C -> that file is not sent again (``identical``); different bytes
         without ``overwrite`` -> ``ValueError`` naming the file and ``--overwrite`` before anything
@@ -977,7 +1009,7 @@ class Device:
         from idemlink.host.ymodem_io import FileResult
 
         cmds = [Command(CommandKind.FILE_INFO, 0, name=Path(p).name) for p in paths]
-        answers = self._drive(self._wave_steps(cmds))
+        answers = yield from self._wave_steps(cmds)
         identical: list[FileResult] = []
         for p, r in zip(paths, answers, strict=True):
             name = Path(p).name
@@ -999,36 +1031,16 @@ class Device:
     def _verify(self, files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> None:
         """Read back (FILE_INFO, pipelined; allowed while the handle is blocked, like
         ``reconcile``) every file YMODEM reported ok or unconfirmed, and settle its verdict."""
-        todo = [f for f in files if (f.ok or f.unconfirmed) and f.name in digests]
+        todo = _to_verify(files, digests)
         if not todo:
             return
-        cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in todo]
         try:
-            back = self._drive(self._wave_steps(cmds))
+            back = self._drive(self._wave_steps(
+                [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in todo]))
         except LinkLost as exc:
-            for f in todo:
-                f.verified = None
-                f.detail = _join(f.detail, f"not verified: {exc}")
+            _not_verified(todo, exc)
             return
-        for f, r in zip(todo, back, strict=True):
-            size, crc = digests[f.name]
-            info = r.file
-            if info is None:
-                f.verified = None
-                f.detail = _join(f.detail, f"not verified: read-back {r.describe()}")
-            elif info.status is FileInfoStatus.ABSENT:
-                f.ok, f.verified = False, False
-                f.detail = ("the device does not have it (read back after the batch: absent)"
-                            + (", though YMODEM reported it ok" if not f.unconfirmed else ""))
-            elif (info.size, info.crc32c) != (size, crc):
-                f.ok, f.verified = False, False
-                f.detail = (f"the device holds different bytes: {info.size} bytes, CRC-32C "
-                            f"{info.crc32c:08x}; sent {size} bytes, CRC-32C {crc:08x}")
-            else:
-                was_unconfirmed = not f.ok
-                f.ok, f.verified = True, True
-                f.detail = ("YMODEM could not confirm it; the read-back did"
-                            if was_unconfirmed else "")
+        _judge_files(todo, back, digests)
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:
@@ -1058,6 +1070,41 @@ class Device:
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _to_verify(files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> list[FileResult]:
+    """The files of a batch to read back: those YMODEM reported ok or unconfirmed."""
+    return [f for f in files if (f.ok or f.unconfirmed) and f.name in digests]
+
+
+def _not_verified(todo: list[FileResult], exc: BaseException) -> None:
+    for f in todo:
+        f.verified = None
+        f.detail = _join(f.detail, f"not verified: {exc}")
+
+
+def _judge_files(todo: list[FileResult], back: list[Result],
+                 digests: Mapping[str, tuple[int, int]]) -> None:
+    """Settle each file's verdict from its FILE_INFO read-back."""
+    for f, r in zip(todo, back, strict=True):
+        size, crc = digests[f.name]
+        info = r.file
+        if info is None:
+            f.verified = None
+            f.detail = _join(f.detail, f"not verified: read-back {r.describe()}")
+        elif info.status is FileInfoStatus.ABSENT:
+            f.ok, f.verified = False, False
+            f.detail = ("the device does not have it (read back after the batch: absent)"
+                        + (", though YMODEM reported it ok" if not f.unconfirmed else ""))
+        elif (info.size, info.crc32c) != (size, crc):
+            f.ok, f.verified = False, False
+            f.detail = (f"the device holds different bytes: {info.size} bytes, CRC-32C "
+                        f"{info.crc32c:08x}; sent {size} bytes, CRC-32C {crc:08x}")
+        else:
+            was_unconfirmed = not f.ok
+            f.ok, f.verified = True, True
+            f.detail = ("YMODEM could not confirm it; the read-back did"
+                        if was_unconfirmed else "")
 
 
 def _digest(path: Path) -> tuple[int, int]:
