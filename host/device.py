@@ -98,6 +98,10 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+POLL_STEP = 0.005
+"""Read timeout of a port without a file descriptor: how late a deadline may be noticed."""
+
+
 class SerialTransport:
     """A pyserial port (any URL). DTR/RTS are set low *before* opening, so opening does not pulse
     the reset line that many boards wire to DTR (pass ``keep_lines=False`` to leave pyserial's
@@ -123,7 +127,11 @@ class SerialTransport:
             if "exclusively lock" in str(exc):
                 raise PortBusy(f"port busy: {url} is already open in another program "
                                "(close it, or use `idemlink monitor` to watch the line)") from exc
-            raise PortError(f"cannot open {url}: {exc}") from exc
+            hint = ""
+            if url.startswith("rfc2217://") and "option 'control'" in str(exc):
+                hint = (" (the server does not answer RFC 2217 line control, as ser2net on a pty "
+                        "does not: add ?ign_set_control to the URL)")
+            raise PortError(f"cannot open {url}: {exc}{hint}") from exc
         self.port = port
         self._fd: int | None = None
         try:
@@ -134,6 +142,8 @@ class SerialTransport:
             self._fd = None
         if self._fd is not None:
             port.timeout = 0  # reads below never block: select() does the waiting
+        else:
+            port.timeout = POLL_STEP
 
     def write(self, data: bytes) -> None:
         try:
@@ -158,12 +168,17 @@ class SerialTransport:
             if not ready:
                 return b""
             return bytes(port.read(max(1, port.in_waiting)))
-        port.timeout = max(0.0, timeout)
-        first = port.read(1)
-        if not first:
-            return b""
-        waiting = port.in_waiting
-        return first + port.read(waiting) if waiting else first
+        # No descriptor (rfc2217://, loop://, faulty://): the port keeps one short timeout set at
+        # open, because changing it reconfigures the port — over RFC 2217 a network round trip
+        # per change. Wait in steps of it until the deadline.
+        deadline = self._clock() + max(0.0, timeout)
+        while True:
+            first = port.read(1)
+            if first:
+                waiting = port.in_waiting
+                return first + port.read(waiting) if waiting else first
+            if self._clock() >= deadline:
+                return b""
 
     def now(self) -> float:
         return self._clock()
