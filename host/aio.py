@@ -536,9 +536,10 @@ class AsyncDevice:
 
 
 def _log_settled(exc: BaseException) -> None:
-    """Say what a cancelled operation left: UNKNOWN commands that may have run."""
+    """Say what a cancelled operation left: commands with an effect that may have run (a
+    cancelled read changed nothing and is not worth a warning)."""
     settled: tuple[Result, ...] = getattr(exc, "settled_results", ())
-    unknown = [r for r in settled if r.outcome is Outcome.UNKNOWN]
+    unknown = [r for r in settled if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
     if unknown:
         log.warning("%s: %d request(s) were out and may have run (UNKNOWN/%s): %s",
                     type(exc).__name__, len(unknown), Status.CANCELLED.name,

@@ -149,3 +149,20 @@ def test_a_blocked_stream_stops_taking_commands() -> None:
     assert results[0].outcome is Outcome.UNKNOWN and dev.unknown is results[0]
     assert results[1:] and all(r.outcome is Outcome.NOT_EXECUTED and not r.sent_as
                                for r in results[1:])
+
+
+def test_the_sessions_next_deadline_is_the_earliest_of_what_is_in_flight() -> None:
+    """``HostSession`` caches the earliest deadline (the shell asks every I/O round); the cache
+    follows new requests, retries and answers."""
+    dev = paced(0.0)
+    s = dev.session
+    s.timeout = 1.0
+    s.submit(dev.read_command("mode").pdu(), 10.0, set_only=True, tag="a")
+    s.submit(dev.read_command("mode").pdu(), 10.5, set_only=True, tag="b")
+    assert s.next_deadline() == 11.0
+    s.tick(11.0)  # "a" is retried: its deadline moves past "b"'s
+    assert s.counters.retries == 1 and s.next_deadline() == 11.5
+    s.tick(11.5)  # now "b"
+    assert s.counters.retries == 2 and s.next_deadline() == 12.0
+    s.abandon(Status.CANCELLED)
+    assert s.next_deadline() is None
