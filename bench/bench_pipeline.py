@@ -19,7 +19,9 @@ each), aggregate reads/s against N Ã— the N = 1 figure, the host process's CPU Â
 (``time.process_time``), and the event loop's lag (a task asking to sleep 1 ms: how late it wakes).
 
 Usage: ``python3 bench/bench_pipeline.py [--runs 3] [--seconds 3] [--latencies 0,2,10,20]
-[--devices] [--device-latency-ms 2] [--plot]`` (``--plot`` regenerates ``bench/pipeline.png``).
+[--devices] [--device-latency-ms 2] [--plot]``. The single-device medians are saved to
+``bench/pipeline_results.json``; ``--plot`` draws ``bench/pipeline.png`` from the figures just
+measured, or with ``--skip-single`` from the saved ones.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import statistics
 import subprocess
@@ -305,10 +308,14 @@ def main() -> None:
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     rows = []
+    saved = HERE / "pipeline_results.json"
     if not args.skip_single:
         for ms in (float(x) for x in args.latencies.split(",")):
             rows.append(median_rows([single(ms, args.seconds) for _ in range(args.runs)]))
             report_single(rows[-1], args.runs)
+        saved.write_text(json.dumps(rows, indent=1) + "\n")
+    elif args.plot and saved.exists():  # redraw the last measured figures
+        rows = json.loads(saved.read_text())
     if args.plot and rows:
         out = HERE / "pipeline.png"
         plot(rows, out)

@@ -328,6 +328,7 @@ class AsyncDevice:
         self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
                            attempts=attempts, max_inflight=max_inflight, check_map=check_map)
         self._lock = asyncio.Lock()
+        self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
 
     # -------------------------------------------------------------- opening
     @classmethod
@@ -366,6 +367,12 @@ class AsyncDevice:
 
     # -------------------------------------------------------------- the request loop
     async def _drive(self, steps: Steps[T]) -> T:
+        if self._streaming is not None and self._streaming is asyncio.current_task():
+            steps.close()  # the stream holds the device: waiting for it would never end
+            raise LocalProtocolError(
+                "this task is iterating a stream of this device: one operation at a time per "
+                "device (run the other operation from another task, or after the stream)",
+                Status.MALFORMED_REQUEST)
         async with self._lock:
             return await self._drive_locked(steps)
 
@@ -426,12 +433,14 @@ class AsyncDevice:
 
     async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
         """``Device.stream`` for asyncio: results in submission order while later requests are
-        on the line. Holds the device for its whole run; leaving early settles what is out as
-        CANCELLED (close it: ``contextlib.aclosing``)."""
+        on the line. Holds the device for its whole run (other tasks' operations wait; one of
+        this device's operations awaited inside the loop raises ``LocalProtocolError``); leaving
+        early settles what is out as CANCELLED (close it: ``contextlib.aclosing``)."""
         self.core._refuse_if_blocked()
         ready: list[Result] = []
         core = self.core
         async with self._lock:
+            self._streaming = asyncio.current_task()
             steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
             queue: asyncio.Queue[Result | None] = asyncio.Queue()
 
@@ -451,6 +460,7 @@ class AsyncDevice:
                     yield r
                 await task  # raises what the loop raised (LinkLost)
             finally:
+                self._streaming = None
                 if not task.done():
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

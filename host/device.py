@@ -481,6 +481,7 @@ class Device:
         self._results: dict[int, Completion] = {}
         self._commands: dict[int, Command] = {}  #: tag -> command, while submitted
         self._tag = 0
+        self._operating = False  #: a blocking operation (or a stream) is being driven
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -587,6 +588,12 @@ class Device:
         before it propagates. Either way nothing stays in the session to run behind the caller's
         back, and the handle is blocked if a command that may have had an effect was out."""
         t = self.transport
+        if self._operating:
+            steps.close()
+            raise LocalProtocolError(
+                "another operation of this device is in progress (a stream being iterated?): "
+                "one operation at a time per device", Status.MALFORMED_REQUEST)
+        self._operating = True
         try:
             out, wait = next(steps)
             while True:
@@ -607,6 +614,7 @@ class Device:
             self._interrupted(exc)
             raise
         finally:
+            self._operating = False
             steps.close()
 
     def _interrupted(self, exc: BaseException) -> None:
@@ -671,7 +679,8 @@ class Device:
         so every command gets its result). An unanswered read blocks nothing. ``commands`` is
         read lazily (at most about twice the pipeline depth ahead), so it may be endless.
         Leaving the loop early (``break``, an exception) settles what is still out as CANCELLED,
-        like an interrupted ``run``."""
+        like an interrupted ``run``. The device runs one operation at a time: calling another of
+        its operations inside the loop raises ``LocalProtocolError``."""
         self._refuse_if_blocked()
         ready: deque[Result] = deque()
         steps = self._flow_steps(iter(commands), ready.append, self._lookahead())

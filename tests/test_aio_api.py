@@ -215,3 +215,22 @@ def test_leaving_an_async_stream_early_settles_and_releases_the_device() -> None
         assert (await dev.reconcile()) is not None  # the device is free for the next operation
 
     asyncio.run(session())
+
+
+def test_awaiting_the_same_device_inside_its_stream_is_refused_not_a_deadlock() -> None:
+    from idemlink.protocol.outcome import LocalProtocolError
+
+    async def session() -> None:
+        _, dev = lost_answers(SimulatedDevice(seed=10))
+        await dev.connect()
+        got = []
+        async for r in dev.stream([dev.read_command("mode")] * 10):
+            got.append(r)
+            if len(got) == 1:
+                with pytest.raises(LocalProtocolError, match="one operation at a time"):
+                    async with asyncio.timeout(1.0):  # the same task: a deadlock would time out
+                        await dev.read("threshold")
+        assert len(got) == 10 and all(r.ok for r in got)
+        assert (await dev.read("threshold")).ok
+
+    asyncio.run(session())

@@ -166,3 +166,18 @@ def test_the_sessions_next_deadline_is_the_earliest_of_what_is_in_flight() -> No
     assert s.counters.retries == 2 and s.next_deadline() == 12.0
     s.abandon(Status.CANCELLED)
     assert s.next_deadline() is None
+
+
+def test_another_operation_inside_a_stream_is_refused_and_the_stream_goes_on() -> None:
+    """Without the guard the inner read took the stream's answers and the stream hung."""
+    from idemlink.protocol.outcome import LocalProtocolError
+
+    dev = paced(0.002)
+    got = []
+    for r in dev.stream([dev.read_command("mode")] * 40):
+        got.append(r)
+        if len(got) == 1:
+            with pytest.raises(LocalProtocolError, match="one operation at a time"):
+                dev.read("threshold")
+    assert len(got) == 40 and all(r.ok for r in got)
+    assert dev.read("threshold").ok
