@@ -74,6 +74,9 @@ PARITY = (
 """The blocking ``Device``'s public operations that ``AsyncDevice`` has too (tests check both)."""
 
 _READ_CHUNK = 4096
+ROUND_BYTES = 512
+"""Most bytes one ``AsyncSerialTransport.read`` returns (about a dozen answers): what one round of
+the request loop works through before the event loop gets a turn."""
 
 
 class AsyncTransport(Protocol):
@@ -100,6 +103,7 @@ class AsyncSerialTransport:
         self.port = port
         self._loop = loop
         self._buf = bytearray()
+        self._more_waiting = False
         self._waiter: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self._closed = False
@@ -180,7 +184,13 @@ class AsyncSerialTransport:
             w.set_result(None)
 
     async def read(self, timeout: float) -> bytes:
-        """What has arrived, waiting at most ``timeout`` seconds for the first byte."""
+        """What has arrived (at most ``ROUND_BYTES``), waiting at most ``timeout`` seconds for
+        the first byte. When more was waiting than one call returns, the next call first lets
+        the loop run other callbacks: a backlog (a loop busy with many devices) is worked off in
+        short slices instead of one long callback."""
+        if self._more_waiting:
+            self._more_waiting = False
+            await asyncio.sleep(0)
         if not self._buf and self._error is None and timeout > 0:
             waiter = self._loop.create_future()
             self._waiter = waiter
@@ -191,8 +201,9 @@ class AsyncSerialTransport:
                 timer.cancel()
                 self._waiter = None
         if self._buf:
-            data = bytes(self._buf)
-            self._buf.clear()
+            data = bytes(self._buf[:ROUND_BYTES])
+            del self._buf[:ROUND_BYTES]
+            self._more_waiting = bool(self._buf)
             return data
         if self._error is not None:
             raise self._error

@@ -234,3 +234,35 @@ def test_awaiting_the_same_device_inside_its_stream_is_refused_not_a_deadlock() 
         assert (await dev.read("threshold")).ok
 
     asyncio.run(session())
+
+
+def test_a_backlog_is_read_in_slices_that_let_the_loop_run() -> None:
+    """A loop that fell behind finds many answers waiting: each read returns at most
+    ROUND_BYTES, and the next one first yields, so no single callback works off the backlog."""
+    import os
+    import tty
+
+    import serial
+
+    from idemlink.host.aio import ROUND_BYTES, AsyncSerialTransport
+
+    async def session() -> None:
+        master, slave = os.openpty()
+        tty.setraw(slave)
+        port = serial.Serial(os.ttyname(slave), timeout=0)
+        t = AsyncSerialTransport(port, asyncio.get_running_loop())
+        try:
+            os.write(master, bytes(3 * ROUND_BYTES))
+            await asyncio.sleep(0.05)
+            ran: list[int] = []
+            asyncio.get_running_loop().call_soon(ran.append, 1)
+            first = await t.read(1.0)
+            assert len(first) == ROUND_BYTES and not ran
+            second = await t.read(1.0)
+            assert len(second) == ROUND_BYTES and ran == [1]
+        finally:
+            await t.close()
+            os.close(master)
+            os.close(slave)
+
+    asyncio.run(session())
