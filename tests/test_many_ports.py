@@ -118,3 +118,32 @@ def test_the_devices_run_concurrently(capsys: pytest.CaptureFixture[str]) -> Non
         for s in sims:
             s.close()
     assert one >= 0.4 and three < 2 * one, (one, three)
+
+
+def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]) -> None:
+    """SIGINT while a write is out on a line that loses write answers: each device settles what
+    it had out (the mute one's write is UNKNOWN/CANCELLED and says so), the blocks are printed,
+    exit 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mute = start_pty_sim(MuteOnWrites(seed=9))
+    try:
+        argv = [sys.executable, "-m", "idemlink", "write", "--port", rack[0].path, "--port",
+                mute.path, "mode=1", "--timeout", "1", "--attempts", "20"]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not any(e.request[:1] == b"\x06" for e in mute.device.executions):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        mute.close()
+    assert proc.returncode == 130, (out, err)
+    assert f"== {rack[0].path}: OK (exit 0)" in out
+    assert f"== {mute.path}: INTERRUPTED (exit 130)" in out
+    assert f"{mute.path}: idemlink write: interrupted; 1 request(s) may have run" in err
+    assert "Traceback" not in err

@@ -15,8 +15,9 @@ Contract:
   (its stderr text, or null).
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
-- Ctrl-C interrupts every device: each settles what it had out (CANCELLED, as with one port), the
-  blocks are printed, exit 130.
+- Ctrl-C interrupts every device within one ``--timeout``: each settles what it had out
+  (CANCELLED, as with one port; a write that was out says it may have run), the blocks are printed
+  (INTERRUPTED for a device that had not finished), exit 130.
 - ``apply`` with several ports shares one receipt journal, locked once by this process; its
   writes are serialised (each device has its own scope in it). ``--trace`` and ``apply --resolve``
   take one port.
@@ -46,7 +47,8 @@ EXIT_INTERRUPTED = 130
 
 #: Worst first; any other status ranks with the local error.
 RANK: dict[int, int] = {5: 5, 4: 4, 3: 3, EXIT_LOCAL_ERROR: 2, 0: 0}
-OUTCOME_OF_EXIT: dict[int, str] = {0: "OK", 3: "NOT_EXECUTED", 4: "REJECTED", 5: "UNKNOWN"}
+OUTCOME_OF_EXIT: dict[int, str] = {0: "OK", 3: "NOT_EXECUTED", 4: "REJECTED", 5: "UNKNOWN",
+                                   EXIT_INTERRUPTED: "INTERRUPTED"}
 
 
 class PortAction(argparse.Action):
