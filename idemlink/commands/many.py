@@ -10,8 +10,8 @@ Contract:
   and holding that device's own output, then one summary line ``N devices: 2 OK, 1 UNKNOWN; exit
   5``. A device's stderr lines go to stderr prefixed by its port.
 - ``--json``: one JSON list, one object per device in the order given: ``port``, ``exit``,
-  ``outcome`` (OK, NOT_EXECUTED, REJECTED, UNKNOWN, or ERROR for a local error such as no device
-  answering), ``result`` (the document the command prints for one device, or null) and ``error``
+  ``outcome`` (OK, NOT_EXECUTED, REJECTED, UNKNOWN, ERROR for a local error such as no device
+  answering, INTERRUPTED), ``result`` (the document the command prints for one device, or null) and ``error``
   (its stderr text, or null).
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
