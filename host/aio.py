@@ -1,31 +1,82 @@
 """The asyncio shell: the same driver, awaited instead of blocking.
 
-``AsyncDevice`` runs exactly the operations ``idemlink.host.device.Device`` defines — each is a generator
-of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``,
-``await read(timeout)``). There is no second copy of the request loop, the retry rules, the epoch
-rule or the result decoding: only ``_drive`` differs, and the typed helpers are one line each.
+``AsyncDevice`` runs exactly the operations ``idemlink.host.device.Device`` defines — each is a
+generator of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport``
+(``await write``, ``await read(timeout)``). There is no second copy of the request loop's rules, the
+retry rules, the epoch rule or the result decoding: only ``_rounds`` differs (it awaits), and every
+operation of the blocking ``Device`` is here, one or two lines each (``PARITY`` lists them).
 
-One operation at a time: every operation holds the device's ``asyncio.Lock``, so tasks sharing one
-``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits the
-transport's ``read``). A cancelled operation (``task.cancel()``, ``asyncio.wait_for`` timing out)
-settles its requests as UNKNOWN/CANCELLED (NOT_EXECUTED if never sent) before the cancellation
-propagates, and an UNKNOWN one that may have had an effect blocks the handle (a cancelled read does
-not), as in the blocking driver — the rule is ``Device._result``'s; a transport error raises
-``LinkLost`` the same way.
+``async with AsyncDevice.open(url, ...) as dev:`` opens any pyserial URL with
+``AsyncSerialTransport`` (a tty or pty, ``socket://``, ``rfc2217://``, ``loop://``, ``faulty://``)
+and runs the HELLO handshake; ``dev = await AsyncDevice.open(url)`` works too (then ``await
+dev.close()``).
+
+One operation at a time per device: every operation holds the device's ``asyncio.Lock``, so tasks
+sharing one ``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits
+the transport's ``read``). Separate ``AsyncDevice`` instances share nothing, so one event loop drives
+many devices at once (``asyncio.gather``). ``stream(commands)`` is an async generator of results in
+submission order over the continuous pipeline; close it when leaving early
+(``async with contextlib.aclosing(dev.stream(cmds)) as results:``) so the lock is released at once.
+
+Cancellation and timeouts (``task.cancel()``, ``asyncio.timeout``, ``asyncio.wait_for``) have the
+blocking driver's outcome semantics: the operation's requests are settled before the cancellation
+propagates — UNKNOWN/CANCELLED if sent, NOT_EXECUTED if not — and an UNKNOWN one that may have had an
+effect (a write, trigger, fault clear, conditional write, file hand-over) blocks the handle until
+``reconcile()`` / ``acknowledge_unknown()``, while a cancelled read blocks nothing. The settled
+results ride on the exception (``exc.settled_results``), are logged as a warning, and
+``UnknownOutstanding`` names the CANCELLED status. The rule is ``Device._result``'s; a transport
+error raises ``LinkLost`` the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
-from collections.abc import Iterable, Mapping
-from typing import Protocol, TypeVar
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from idemlink.host.device import TRANSPORT_ERRORS, Command, Device, LinkLost, Reconciliation, Result, Steps
-from idemlink.protocol.registers import RegisterMap
+from idemlink.host.device import (
+    TRANSPORT_ERRORS,
+    Command,
+    CommandKind,
+    Device,
+    LinkLost,
+    PortError,
+    Reconciliation,
+    Result,
+    Steps,
+)
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.registers import RegisterMap, RegisterSpec
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
+from idemlink.protocol.session import DeviceInfo
+
+if TYPE_CHECKING:
+    from idemlink.host.ymodem_io import TransferReport
+    from idemlink.protocol.ymodem import SenderConfig
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+PARITY = (
+    "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
+    "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
+    "reconcile", "acknowledge_unknown", "spec", "read_command", "write_command", "info",
+    "unknown", "regmap",
+)
+"""The blocking ``Device``'s public operations that ``AsyncDevice`` has too (tests check both)."""
+
+_READ_CHUNK = 4096
+ROUND_BYTES = 512
+"""Most bytes one ``AsyncSerialTransport.read`` returns (about a dozen answers): what one round of
+the request loop works through before the event loop gets a turn."""
 
 
 class AsyncTransport(Protocol):
@@ -35,8 +86,246 @@ class AsyncTransport(Protocol):
     async def close(self) -> None: ...
 
 
+class AsyncSerialTransport:
+    """A pyserial port driven by the event loop.
+
+    The port is opened by pyserial (same URLs, same DTR/RTS handling as the blocking
+    ``SerialTransport``), so every URL handler works and YMODEM can borrow the very same port.
+    A port with a file descriptor (ttys, ptys, ``socket://``) is read through the loop's
+    readiness callback (``loop.add_reader``) and written with non-blocking ``os.write`` (waiting
+    in ``loop.add_writer`` when the kernel's buffer is full): no thread, no polling, and the
+    callback only moves bytes into a buffer. A port without one (``rfc2217://``, ``loop://``,
+    ``faulty://``) is read by one helper thread that hands bytes to the loop
+    (``call_soon_threadsafe``), and written from a worker thread.
+    """
+
+    def __init__(self, port: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self.port = port
+        self._loop = loop
+        self._buf = bytearray()
+        self._more_waiting = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+        self._closed = False
+        self._fd = _fileno(port)
+        self._thread: threading.Thread | None = None
+        self._running = threading.Event()  # the helper thread reads while set
+        self._idle = threading.Event()  # the helper thread is not inside a read
+        if self._fd is not None:
+            os.set_blocking(self._fd, False)
+            loop.add_reader(self._fd, self._on_readable)
+        else:
+            port.timeout = 0.02
+            self._running.set()
+            self._thread = threading.Thread(target=self._pump, name=f"aio-{port.name}",
+                                            daemon=True)
+            self._thread.start()
+
+    @classmethod
+    async def open(cls, url: str, *, baudrate: int = 115200,
+                   keep_lines: bool = True) -> AsyncSerialTransport:
+        """Open ``url`` (a network URL's connection is made in a worker thread)."""
+        from idemlink.host.device import SerialTransport
+
+        blocking = await asyncio.to_thread(SerialTransport, url, baudrate=baudrate,
+                                           keep_lines=keep_lines)
+        return cls(blocking.port, asyncio.get_running_loop())
+
+    # -------------------------------------------------------------- reading
+    def _on_readable(self) -> None:
+        assert self._fd is not None
+        try:
+            data = os.read(self._fd, _READ_CHUNK)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(PortError(f"{self.port.name}: read failed: {exc}"))
+            return
+        if not data:
+            self._fail(PortError(f"{self.port.name}: closed by the other end"))
+            return
+        self._feed(data)
+
+    def _pump(self) -> None:
+        while not self._closed:
+            if not self._running.wait(0.1):
+                continue
+            self._idle.clear()
+            try:
+                if not self._running.is_set():
+                    continue
+                data = self.port.read(max(1, self.port.in_waiting))
+            except Exception as exc:  # pyserial raises several types on a dying port
+                if not self._closed:
+                    self._call(self._fail, PortError(f"{self.port.name}: read failed: {exc}"))
+                return
+            finally:
+                self._idle.set()
+            if data:
+                self._call(self._feed, bytes(data))
+
+    def _call(self, fn: Callable[..., None], *args: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    def _feed(self, data: bytes) -> None:
+        self._buf += data
+        self._wake()
+
+    def _fail(self, exc: BaseException) -> None:
+        self._error = exc
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+        self._wake()
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def read(self, timeout: float) -> bytes:
+        """What has arrived (at most ``ROUND_BYTES``), waiting at most ``timeout`` seconds for
+        the first byte. When more was waiting than one call returns, the next call first lets
+        the loop run other callbacks: a backlog (a loop busy with many devices) is worked off in
+        short slices instead of one long callback."""
+        if self._more_waiting:
+            self._more_waiting = False
+            await asyncio.sleep(0)
+        if not self._buf and self._error is None and timeout > 0:
+            waiter = self._loop.create_future()
+            self._waiter = waiter
+            timer = self._loop.call_later(timeout, _settle, waiter)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        if self._buf:
+            data = bytes(self._buf[:ROUND_BYTES])
+            del self._buf[:ROUND_BYTES]
+            self._more_waiting = bool(self._buf)
+            return data
+        if self._error is not None:
+            raise self._error
+        return b""
+
+    # -------------------------------------------------------------- writing
+    async def write(self, data: bytes) -> None:
+        if self._error is not None:
+            raise self._error
+        if self._closed:
+            raise PortError(f"{self.port.name}: write on a closed port")
+        if self._fd is None:
+            try:
+                await asyncio.to_thread(self.port.write, data)
+            except OSError as exc:
+                raise PortError(f"{self.port.name}: write failed: {exc}") from exc
+            return
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:
+                raise PortError(f"{self.port.name}: write failed: {exc}") from exc
+            view = view[n:]
+            if view:
+                await self._writable()
+
+    async def _writable(self) -> None:
+        assert self._fd is not None
+        fut = self._loop.create_future()
+        self._loop.add_writer(self._fd, _settle, fut)
+        try:
+            await fut
+        finally:
+            self._loop.remove_writer(self._fd)
+
+    # -------------------------------------------------------------- the port for YMODEM
+    @contextlib.asynccontextmanager
+    async def borrowed(self) -> AsyncIterator[Any]:
+        """Lend the pyserial port to blocking code run in a worker thread (YMODEM): the loop
+        stops reading it meanwhile, and takes it back (non-blocking again) afterwards."""
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+            os.set_blocking(self._fd, True)
+        else:
+            self._running.clear()
+            await asyncio.to_thread(self._idle.wait, 1.0)
+        self._buf.clear()
+        try:
+            yield self.port
+        finally:
+            if self._fd is not None:
+                os.set_blocking(self._fd, False)
+                if self._error is None and not self._closed:
+                    self._loop.add_reader(self._fd, self._on_readable)
+            else:
+                self.port.timeout = 0.02
+                self._running.set()
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._fd is not None:
+            self._loop.remove_reader(self._fd)
+        self._running.set()  # let the helper thread see _closed
+        self._fail(PortError(f"{self.port.name}: closed"))
+        try:
+            await asyncio.to_thread(self.port.close)
+        except OSError as exc:
+            log.warning("closing %s: %s", self.port.name, exc)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 2.0)
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _fileno(port: Any) -> int | None:
+    """The port's file descriptor, when the event loop can wait on it."""
+    try:
+        fd = port.fileno()
+    except (AttributeError, OSError, NotImplementedError, ValueError):
+        return None
+    if not isinstance(fd, int) or fd < 0:
+        return None
+    with contextlib.suppress(OSError):
+        os.fstat(fd)
+        return fd
+    return None
+
+
+class _Opening:
+    """What ``AsyncDevice.open`` returns: await it, or use it in ``async with``."""
+
+    def __init__(self, opener: Callable[[], Any]) -> None:
+        self._opener = opener
+        self._device: AsyncDevice | None = None
+
+    def __await__(self) -> Generator[Any, None, AsyncDevice]:
+        dev: AsyncDevice = yield from self._opener().__await__()
+        return dev
+
+    async def __aenter__(self) -> AsyncDevice:
+        self._device = await self._opener()
+        return self._device
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._device is not None:
+            await self._device.close()
+
+
 class AsyncDevice:
-    """A session with one idemlink device for asyncio programs."""
+    """A session with one idemlink device for asyncio programs (see the module docstring)."""
 
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
@@ -50,12 +339,57 @@ class AsyncDevice:
         self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
                            attempts=attempts, max_inflight=max_inflight, check_map=check_map)
         self._lock = asyncio.Lock()
+        self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
 
+    # -------------------------------------------------------------- opening
+    @classmethod
+    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> _Opening:
+        """Open ``url`` and run the HELLO handshake, as ``Device.open`` does:
+        ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+
+        async def opener() -> AsyncDevice:
+            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
+            dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
+                      max_inflight=max_inflight, check_map=check_map)
+            try:
+                await dev.connect()
+            except BaseException:
+                await dev.close()
+                raise
+            return dev
+
+        return _Opening(opener)
+
+    async def __aenter__(self) -> AsyncDevice:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        await self._drive(self.core._connect_steps())
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+    # -------------------------------------------------------------- the request loop
     async def _drive(self, steps: Steps[T]) -> T:
+        if self._streaming is not None and self._streaming is asyncio.current_task():
+            steps.close()  # the stream holds the device: waiting for it would never end
+            raise LocalProtocolError(
+                "this task is iterating a stream of this device: one operation at a time per "
+                "device (run the other operation from another task, or after the stream)",
+                Status.MALFORMED_REQUEST)
         async with self._lock:
             return await self._drive_locked(steps)
 
-    async def _drive_locked(self, steps: Steps[T]) -> T:
+    async def _drive_locked(self, steps: Steps[T], between: Callable[[], None] | None = None) -> T:
+        """``Device._rounds``, awaited: move bytes between the transport and the operation;
+        settle its requests if the transport fails (``LinkLost``) or the caller cancels."""
         t = self.transport
         core = self.core
         try:
@@ -68,6 +402,8 @@ class AsyncDevice:
                 except TRANSPORT_ERRORS as exc:
                     raise core._link_lost(exc) from exc
                 out, wait = steps.send(data)
+                if between is not None:
+                    between()
         except StopIteration as stop:
             result: T = stop.value
             return result
@@ -75,15 +411,71 @@ class AsyncDevice:
             raise
         except BaseException as exc:  # asyncio.CancelledError above all
             core._interrupted(exc)
+            _log_settled(exc)
             raise
         finally:
             steps.close()
 
-    async def connect(self) -> None:
-        await self._drive(self.core._connect_steps())
+    # -------------------------------------------------------------- operations
+    @property
+    def info(self) -> DeviceInfo | None:
+        return self.core.info
+
+    @property
+    def unknown(self) -> Result | None:
+        """The UNKNOWN result that blocks the handle (None: not blocked)."""
+        return self.core.unknown
+
+    @property
+    def regmap(self) -> RegisterMap:
+        return self.core.regmap
+
+    def spec(self, register: str | int) -> RegisterSpec:
+        return self.core.spec(register)
+
+    def read_command(self, register: str | int, count: int = 1) -> Command:
+        return self.core.read_command(register, count)
+
+    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
+        return self.core.write_command(values)
 
     async def run(self, commands: Iterable[Command]) -> list[Result]:
         return await self._drive(self.core._run_steps(list(commands)))
+
+    async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
+        """``Device.stream`` for asyncio: results in submission order while later requests are
+        on the line. Holds the device for its whole run (other tasks' operations wait; one of
+        this device's operations awaited inside the loop raises ``LocalProtocolError``); leaving
+        early settles what is out as CANCELLED (close it: ``contextlib.aclosing``)."""
+        self.core._refuse_if_blocked()
+        ready: list[Result] = []
+        core = self.core
+        async with self._lock:
+            self._streaming = asyncio.current_task()
+            steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
+            queue: asyncio.Queue[Result | None] = asyncio.Queue()
+
+            def hand_out() -> None:
+                for r in ready:
+                    queue.put_nowait(r)
+                ready.clear()
+
+            def finished(_: object) -> None:
+                hand_out()
+                queue.put_nowait(None)
+
+            task = asyncio.ensure_future(self._drive_locked(steps, hand_out))
+            task.add_done_callback(finished)
+            try:
+                while (r := await queue.get()) is not None:
+                    yield r
+                await task  # raises what the loop raised (LinkLost)
+            finally:
+                self._streaming = None
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
 
     async def execute(self, command: Command) -> Result:
         return (await self.run([command]))[0]
@@ -91,8 +483,71 @@ class AsyncDevice:
     async def read(self, register: str | int, count: int = 1) -> Result:
         return await self.execute(self.core.read_command(register, count))
 
-    async def write(self, values: Mapping[str | int, int]) -> Result:
+    async def write(self, values: Mapping[str | int, int | str]) -> Result:
         return await self.execute(self.core.write_command(values))
+
+    async def write_if_generation(self, generation: int,
+                                  values: Mapping[str | int, int | str]) -> Result:
+        return await self.execute(self.core.write_if_generation_command(generation, values))
+
+    async def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
+        return await self.execute(self.core.clear_faults_command(mask, register))
+
+    async def trigger(self, register: str | int | None = None) -> Result:
+        return await self.execute(self.core.trigger_command(register))
+
+    async def trigger_reset(self, register: str | int | None = None) -> Result:
+        return await self.execute(self.core.trigger_command(register, reset=True))
+
+    async def trigger_status(self, register: str | int | None = None) -> Result:
+        return await self.execute(self.core.trigger_status_command(register))
+
+    async def file_info(self, name: str) -> Result:
+        return await self.execute(self.core.file_info_command(name))
+
+    async def send_files(
+        self,
+        paths: Iterable[str],
+        *,
+        progress: Callable[[str, int, int | None], None] | None = None,
+        config: SenderConfig | None = None,
+        overwrite: bool = False,
+    ) -> tuple[Result, TransferReport | None]:
+        """``Device.send_files``: files already on the device byte for byte are not sent again;
+        the YMODEM batch runs in a worker thread on the transport's pyserial port (the loop stays
+        free), then every file is read back (FILE_INFO)."""
+        from idemlink.host.device import _judge_files, _not_verified, _to_verify
+        from idemlink.host.ymodem_io import TransferReport, send_files
+
+        core = self.core
+        paths_, digests, handover = await asyncio.to_thread(core._prepare_batch, paths, overwrite)
+        borrowed = getattr(self.transport, "borrowed", None)
+        if borrowed is None:
+            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+        async with self._lock:
+            identical, asked = await self._drive_locked(
+                core._already_there_steps(paths_, digests, overwrite))
+            todo = [p for p in paths_ if Path(p).name not in {f.name for f in identical}]
+            if not todo:
+                return asked, TransferReport(files=identical, ok=True)
+            res = (await self._drive_locked(core._run_steps([handover])))[0]
+            if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+                return res, None
+            async with borrowed() as port:
+                report = await asyncio.to_thread(send_files, port, todo, config,
+                                                 progress=progress)
+            core._batch_done(res, report)
+            check = _to_verify(report.files, digests)
+            if check:
+                cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in check]
+                try:
+                    back = await self._drive_locked(core._wave_steps(cmds))
+                except LinkLost as exc:
+                    _not_verified(check, exc)
+                else:
+                    _judge_files(check, back, digests)
+            report.files[:0] = identical
+            return res, report
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         return await self._drive(self.core._reconcile_steps(result))
@@ -100,5 +555,16 @@ class AsyncDevice:
     def acknowledge_unknown(self) -> None:
         self.core.acknowledge_unknown()
 
-    async def close(self) -> None:
-        await self.transport.close()
+
+def _log_settled(exc: BaseException) -> None:
+    """Say what a cancelled operation left: commands with an effect that may have run (a
+    cancelled read changed nothing and is not worth a warning)."""
+    settled: tuple[Result, ...] = getattr(exc, "settled_results", ())
+    unknown = [r for r in settled if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
+    if unknown:
+        log.warning("%s: %d request(s) were out and may have run (UNKNOWN/%s): %s",
+                    type(exc).__name__, len(unknown), Status.CANCELLED.name,
+                    ", ".join(r.command.kind.value for r in unknown))
+
+
+__all__ = ["PARITY", "AsyncDevice", "AsyncSerialTransport", "AsyncTransport"]

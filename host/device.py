@@ -33,7 +33,8 @@ import logging
 import os
 import secrets
 import struct
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -97,6 +98,10 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+POLL_STEP = 0.005
+"""Read timeout of a port without a file descriptor: how late a deadline may be noticed."""
+
+
 class SerialTransport:
     """A pyserial port (any URL). DTR/RTS are set low *before* opening, so opening does not pulse
     the reset line that many boards wire to DTR (pass ``keep_lines=False`` to leave pyserial's
@@ -122,7 +127,11 @@ class SerialTransport:
             if "exclusively lock" in str(exc):
                 raise PortBusy(f"port busy: {url} is already open in another program "
                                "(close it, or use `idemlink monitor` to watch the line)") from exc
-            raise PortError(f"cannot open {url}: {exc}") from exc
+            hint = ""
+            if url.startswith("rfc2217://") and "option 'control'" in str(exc):
+                hint = (" (the server does not answer RFC 2217 line control, as ser2net on a pty "
+                        "does not: add ?ign_set_control to the URL)")
+            raise PortError(f"cannot open {url}: {exc}{hint}") from exc
         self.port = port
         self._fd: int | None = None
         try:
@@ -133,6 +142,8 @@ class SerialTransport:
             self._fd = None
         if self._fd is not None:
             port.timeout = 0  # reads below never block: select() does the waiting
+        else:
+            port.timeout = POLL_STEP
 
     def write(self, data: bytes) -> None:
         try:
@@ -157,12 +168,17 @@ class SerialTransport:
             if not ready:
                 return b""
             return bytes(port.read(max(1, port.in_waiting)))
-        port.timeout = max(0.0, timeout)
-        first = port.read(1)
-        if not first:
-            return b""
-        waiting = port.in_waiting
-        return first + port.read(waiting) if waiting else first
+        # No descriptor (rfc2217://, loop://, faulty://): the port keeps one short timeout set at
+        # open, because changing it reconfigures the port — over RFC 2217 a network round trip
+        # per change. Wait in steps of it until the deadline.
+        deadline = self._clock() + max(0.0, timeout)
+        while True:
+            first = port.read(1)
+            if first:
+                waiting = port.in_waiting
+                return first + port.read(waiting) if waiting else first
+            if self._clock() >= deadline:
+                return b""
 
     def now(self) -> float:
         return self._clock()
@@ -409,19 +425,24 @@ def _conflict(a: Command, b: Command) -> bool:
     return ra.start < rb.stop and rb.start < ra.stop
 
 
-def _waves(cmds: list[Command]) -> list[list[Command]]:
-    """Split a pipelined batch so that commands whose order matters never overlap in flight.
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    """A command of the continuous pipeline, with what the dependency rule needs precomputed."""
 
-    Pipelined requests may execute in any order (a lost request is retried after later ones ran),
-    so a wave holds only commands that commute; the next wave starts when the previous one is done.
-    """
-    waves: list[list[Command]] = []
-    for c in cmds:
-        if not waves or any(_conflict(c, w) for w in waves[-1]):
-            waves.append([c])
-        else:
-            waves[-1].append(c)
-    return waves
+    tag: int
+    command: Command
+    effect: bool
+    span: range
+
+
+def _flows_conflict(a: _Flow, b: _Flow) -> bool:
+    """``_conflict`` on precomputed facts (the pipeline checks it often)."""
+    if not (a.effect or b.effect):
+        return False
+    guarded = CommandKind.WRITE_IF_GENERATION
+    if (a.command.kind is guarded and b.effect) or (b.command.kind is guarded and a.effect):
+        return True
+    return a.span.start < b.span.stop and b.span.start < a.span.stop
 
 
 RECONCILE_ROUNDS = 3
@@ -460,6 +481,7 @@ class Device:
         self._results: dict[int, Completion] = {}
         self._commands: dict[int, Command] = {}  #: tag -> command, while submitted
         self._tag = 0
+        self._operating = False  #: a blocking operation (or a stream) is being driven
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -547,14 +569,31 @@ class Device:
             s.tick(now)
 
     def _drive(self, steps: Steps[T]) -> T:
-        """Run an operation on the blocking transport.
+        """Run an operation on the blocking transport to its end (``_rounds``)."""
+        rounds = self._rounds(steps)
+        try:
+            while True:
+                next(rounds)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
+
+    def _rounds(self, steps: Steps[T]) -> Generator[None, None, T]:
+        """The blocking request loop, one I/O round per ``next()`` (``stream`` hands results out
+        between rounds); returns the operation's result.
 
         If the transport fails, every request of the operation is settled (``abandon``) and
         ``LinkLost`` carries the results; if the caller interrupts (KeyboardInterrupt, any other
-        exception), the requests are settled the same way (CANCELLED) before it propagates. Either
-        way nothing stays in the session to run behind the caller's back, and the handle is
-        blocked if a command that may have had an effect was out."""
+        exception, leaving a ``stream`` early), the requests are settled the same way (CANCELLED)
+        before it propagates. Either way nothing stays in the session to run behind the caller's
+        back, and the handle is blocked if a command that may have had an effect was out."""
         t = self.transport
+        if self._operating:
+            steps.close()
+            raise LocalProtocolError(
+                "another operation of this device is in progress (a stream being iterated?): "
+                "one operation at a time per device", Status.MALFORMED_REQUEST)
+        self._operating = True
         try:
             out, wait = next(steps)
             while True:
@@ -565,6 +604,7 @@ class Device:
                 except TRANSPORT_ERRORS as exc:
                     raise self._link_lost(exc) from exc
                 out, wait = steps.send(data)
+                yield
         except StopIteration as stop:
             result: T = stop.value
             return result
@@ -574,6 +614,7 @@ class Device:
             self._interrupted(exc)
             raise
         finally:
+            self._operating = False
             steps.close()
 
     def _interrupted(self, exc: BaseException) -> None:
@@ -600,8 +641,9 @@ class Device:
         for ev in self.session.events():
             if isinstance(ev, Completion):
                 self._results[ev.tag] = ev
-        results = [self._result(self._commands.pop(tag), self._results.pop(tag))
-                   for tag in sorted(self._results) if tag in self._commands]
+        never_sent = Completion(None, Outcome.NOT_EXECUTED, None)  # taken, not yet submitted
+        results = [self._result(c, self._results.pop(tag, never_sent))
+                   for tag, c in sorted(self._commands.items())]
         self._results.clear()
         self._commands.clear()
         return results
@@ -619,30 +661,153 @@ class Device:
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
-        """Send commands pipelined (up to the negotiated depth) and return one Result each, in
-        order. Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged; commands of a
-        later wave than one whose command that may have had an effect ended UNKNOWN are not sent
-        (NOT_EXECUTED, no status). An unanswered read blocks nothing."""
+        """Send commands pipelined and return one Result each, in order (``stream`` collected).
+        Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
         return self._drive(self._run_steps(list(commands)))
 
-    def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
+    def stream(self, commands: Iterable[Command]) -> Iterator[Result]:
+        """The continuous pipeline: yield one Result per command, in submission order, while
+        later commands are already on the line.
+
+        Requests keep leaving while answers arrive, up to the negotiated depth (the device's
+        advertised window and ``max_inflight``). A command waits only for the earlier commands it
+        does not commute with (``_conflict``: overlapping registers when one may have an effect,
+        a conditional write after any effective write); everything else overtakes it. Once a
+        command that may have had an effect ends UNKNOWN the handle is blocked: commands not yet
+        sent are not sent (NOT_EXECUTED, no status) and nothing more is taken from ``commands``:
+        the stream ends after the results of the commands it had taken (``run`` takes them all,
+        so every command gets its result). An unanswered read blocks nothing. ``commands`` is
+        read lazily (at most about twice the pipeline depth ahead), so it may be endless.
+        Leaving the loop early (``break``, an exception) settles what is still out as CANCELLED,
+        like an interrupted ``run``. The device runs one operation at a time: calling another of
+        its operations inside the loop raises ``LocalProtocolError``."""
+        self._refuse_if_blocked()
+        ready: deque[Result] = deque()
+        steps = self._flow_steps(iter(commands), ready.append, self._lookahead())
+        for _ in self._rounds(steps):
+            while ready:
+                yield ready.popleft()
+        while ready:
+            yield ready.popleft()
+
+    def _lookahead(self) -> int:
+        return 2 * max(self.session.max_inflight, 1)
+
+    def _refuse_if_blocked(self) -> None:
         if self.unknown is not None:
+            status = self.unknown.status
             raise UnknownOutstanding(
-                f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
+                f"a previous {self.unknown.command.kind.value} ended UNKNOWN"
+                f"{f' ({status.name})' if status is not None else ''}; "
                 "reconcile() and acknowledge_unknown() first")
+
+    def _run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
+        self._refuse_if_blocked()
         results: list[Result] = []
-        for wave in _waves(commands):
-            if self.unknown is not None:  # an earlier wave blocked the handle: the rest stays unsent
-                results += [Result(c, Outcome.NOT_EXECUTED, None) for c in wave]
-                continue
-            results += yield from self._wave_steps(wave)
+        yield from self._flow_steps(iter(commands), results.append, None)
         return results
 
-    def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+    def _flow_steps(self, source: Iterator[Command], emit: Callable[[Result], None],
+                    lookahead: int | None) -> Steps[None]:
+        """The continuous pipeline as an operation: pull commands from ``source`` (all at once
+        when ``lookahead`` is None), submit each as soon as the session has room and no earlier
+        unfinished command conflicts with it, ``emit`` results in submission order."""
+        self._require_open()
+        s = self.session
+        t = self.transport
+        held: deque[_Flow] = deque()  # taken from source, not yet submitted
+        live: dict[int, _Flow] = {}  # submitted, not yet completed
+        done: dict[int, Result] = {}
+        order: deque[int] = deque()  # tags in submission order, not yet emitted
+        effectful_live = 0
+        exhausted = False
+        while True:
+            for ev in s.events():
+                if isinstance(ev, Completion) and ev.tag in live:
+                    f = live.pop(ev.tag)
+                    effectful_live -= f.effect
+                    done[f.tag] = self._result(self._commands.pop(f.tag), ev)
+            while order and order[0] in done:
+                emit(done.pop(order.popleft()))
+            if self.unknown is not None:  # blocked: what was not sent stays unsent
+                exhausted = True  # and nothing more is taken from the source
+                if held:
+                    for f in held:
+                        done[f.tag] = self._result(self._commands.pop(f.tag),
+                                                   Completion(f.tag, Outcome.NOT_EXECUTED, None))
+                    held.clear()
+                    continue
+            if not exhausted and (lookahead is None or len(held) + len(live) < lookahead):
+                exhausted = self._take(source, held, order, lookahead, len(live))
+            if held:
+                effectful_live += self._submit_ready(held, live, effectful_live, t.now())
+            if exhausted and not held and not live and not order:
+                return
+            now = t.now()
+            deadline = s.next_deadline()
+            wait = 0.05 if deadline is None else max(0.0, deadline - now)
+            data = yield s.data_to_send(), wait
+            now = t.now()
+            if data:
+                s.receive_data(data, now)
+            s.tick(now)
+
+    def _take(self, source: Iterator[Command], held: deque[_Flow], order: deque[int],
+              lookahead: int | None, in_flight: int) -> bool:
+        """Move commands from ``source`` to ``held`` (up to the lookahead); True once exhausted."""
+        while lookahead is None or len(held) + in_flight < lookahead:
+            try:
+                c = next(source)
+            except StopIteration:
+                return True
+            self._tag += 1
+            self._commands[self._tag] = c
+            order.append(self._tag)
+            held.append(_Flow(self._tag, c, c.may_have_effect, _span(c)))
+        return False
+
+    def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,
+                      now: float) -> int:
+        """Submit every held command (in order, scanning at most the lookahead) that conflicts
+        with no unfinished earlier one, while the session has room; returns how many of the
+        submitted may have an effect."""
+        s = self.session
+        room = s.max_inflight - s.outstanding
+        if room <= 0:
+            return 0
+        added = 0
+        # Only a command that may have an effect conflicts with anything: without one (a stream
+        # of reads) nothing is checked.
+        check = bool(effectful_live) or any(f.effect for f in held)
+        blockers: list[_Flow] = list(live.values()) if check else []
+        scan = self._lookahead()
+        kept: list[_Flow] = []
+        while held and room > 0 and scan > 0:
+            f = held.popleft()
+            scan -= 1
+            if check and any(_flows_conflict(f, b) for b in blockers):
+                kept.append(f)
+                blockers.append(f)
+                continue
+            s.submit(f.command.pdu(), now, set_only=self._reissuable(f.command), tag=f.tag)
+            live[f.tag] = f
+            added += f.effect
+            room -= 1
+            if check:
+                blockers.append(f)
+        held.extendleft(reversed(kept))
+        return added
+
+    def _require_open(self) -> None:
         if self.session.state is not SessionState.OPEN:
             # Without a session nothing would ever be sent, and the loop would wait forever.
             raise LocalProtocolError("not connected: call connect() first (HELLO handshake)",
                                      Status.MALFORMED_REQUEST)
+
+    def _wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+        """Submit ``cmds`` together (they commute: reconcile's read-back, FILE_INFO) and wait for
+        all of them."""
+        self._require_open()
         now = self.transport.now()
         tags = []
         for c in cmds:
@@ -737,28 +902,45 @@ class Device:
         as in ``_contiguous`` (raw integers, or text in the register's unit or a label)."""
         return self.execute(self.write_command(values))
 
-    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
+    def write_if_generation_command(self, generation: int,
+                                    values: Mapping[str | int, int | str]) -> Command:
         addr, count, vals = self._contiguous(values)
-        return self.execute(
-            Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation))
+        return Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation)
+
+    def clear_faults_command(self, mask: int, register: str | int | None = None) -> Command:
+        spec = self._the(RegisterKind.FAULT, register)
+        return Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,))
+
+    def trigger_command(self, register: str | int | None = None, *, reset: bool = False) -> Command:
+        kind = CommandKind.TRIGGER_RESET if reset else CommandKind.TRIGGER
+        return Command(kind, self._the(RegisterKind.TRIGGER, register).address)
+
+    def trigger_status_command(self, register: str | int | None = None) -> Command:
+        return self.read_command(self._the(RegisterKind.TRIGGER, register).name)
+
+    def file_info_command(self, name: str) -> Command:
+        """FILE_INFO for ``name``; ``ValueError`` for a name the device would refuse."""
+        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
+        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
+        return cmd
+
+    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
+        return self.execute(self.write_if_generation_command(generation, values))
 
     def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
         """Write 1s to clear the bits of ``mask`` in a fault word (the map's only one when
         ``register`` is None)."""
-        spec = self._the(RegisterKind.FAULT, register)
-        return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
+        return self.execute(self.clear_faults_command(mask, register))
 
     def trigger(self, register: str | int | None = None) -> Result:
         """Start a trigger's action once (the map's only trigger when ``register`` is None)."""
-        return self.execute(Command(CommandKind.TRIGGER,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register))
 
     def trigger_reset(self, register: str | int | None = None) -> Result:
-        return self.execute(Command(CommandKind.TRIGGER_RESET,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register, reset=True))
 
     def trigger_status(self, register: str | int | None = None) -> Result:
-        return self.read(self._the(RegisterKind.TRIGGER, register).name)
+        return self.execute(self.trigger_status_command(register))
 
     def _the(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
         """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
@@ -776,9 +958,7 @@ class Device:
         """Size and CRC-32C of the committed file ``name`` on the device (``Result.file``;
         ``FileInfoStatus.ABSENT`` when it has none). Read-only: harmless to retry or replay.
         A name the device would refuse raises ``ValueError`` before anything is sent."""
-        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
-        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
-        return self.execute(cmd)
+        return self.execute(self.file_info_command(name))
 
     def send_files(
         self,
@@ -802,7 +982,30 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from idemlink.host.ymodem_io import TransferReport, check_batch_names, send_files
+        from idemlink.host.ymodem_io import TransferReport, send_files
+
+        paths, digests, handover = self._prepare_batch(paths, overwrite)
+        identical, asked = self._drive(self._already_there_steps(paths, digests, overwrite))
+        todo = [p for p in paths if Path(p).name not in {f.name for f in identical}]
+        if not todo:  # every file is on the device byte for byte: nothing to hand over
+            return asked, TransferReport(files=identical, ok=True)
+        res = self.execute(handover)
+        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+            return res, None
+        port = getattr(self.transport, "port", None)
+        if port is None:
+            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+        report = send_files(port, todo, config, progress=progress)
+        self._batch_done(res, report)
+        self._verify(report.files, digests)
+        report.files[:0] = identical
+        return res, report
+
+    def _prepare_batch(self, paths: Iterable[str], overwrite: bool
+                       ) -> tuple[list[str], dict[str, tuple[int, int]], Command]:
+        """Check a batch's names, take the local digests, build the hand-over command (nothing
+        is sent: a bad name raises ``ValueError`` first)."""
+        from idemlink.host.ymodem_io import check_batch_names
 
         paths = list(paths)
         check_batch_names(paths)  # before the device is switched: it would wait for a sender
@@ -811,26 +1014,18 @@ class Device:
                 raise ValueError(f"file name {Path(p).name!r} is longer than the "
                                  f"{MAX_FILE_INFO_NAME} bytes a read-back (FILE_INFO) can ask for")
         digests = {Path(p).name: _digest(Path(p)) for p in paths}
-        identical, asked = self._already_there(paths, digests, overwrite)
-        todo = [p for p in paths if Path(p).name not in {f.name for f in identical}]
-        if not todo:  # every file is on the device byte for byte: nothing to hand over
-            return asked, TransferReport(files=identical, ok=True)
-        res = self.execute(Command(CommandKind.FILE_RECEIVE, 0, values=(1,) if overwrite else ()))
-        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
-            return res, None
-        port = getattr(self.transport, "port", None)
-        if port is None:
-            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
-        report = send_files(port, todo, config, progress=progress)
-        self.session.resync()
-        if res.outcome is Outcome.UNKNOWN and report.ok and self.unknown is res:
-            self.unknown = None  # the receiver answered: the hand-over did happen
-        self._verify(report.files, digests)
-        report.files[:0] = identical
-        return res, report
+        return paths, digests, Command(CommandKind.FILE_RECEIVE, 0,
+                                       values=(1,) if overwrite else ())
 
-    def _already_there(self, paths: list[str], digests: Mapping[str, tuple[int, int]],
-                       overwrite: bool) -> tuple[list[FileResult], Result]:
+    def _batch_done(self, handover: Result, report: TransferReport) -> None:
+        """Back in framed mode after a batch: forget YMODEM's bytes; a completed batch proves an
+        UNKNOWN hand-over did happen."""
+        self.session.resync()
+        if handover.outcome is Outcome.UNKNOWN and report.ok and self.unknown is handover:
+            self.unknown = None  # the receiver answered: the hand-over did happen
+
+    def _already_there_steps(self, paths: list[str], digests: Mapping[str, tuple[int, int]],
+                             overwrite: bool) -> Steps[tuple[list[FileResult], Result]]:
         """Ask the device (FILE_INFO, read-only) what it holds under each name before sending:
         the same size and CRC-32C -> that file is not sent again (``identical``); different bytes
         without ``overwrite`` -> ``ValueError`` naming the file and ``--overwrite`` before anything
@@ -838,7 +1033,7 @@ class Device:
         from idemlink.host.ymodem_io import FileResult
 
         cmds = [Command(CommandKind.FILE_INFO, 0, name=Path(p).name) for p in paths]
-        answers = self._drive(self._wave_steps(cmds))
+        answers = yield from self._wave_steps(cmds)
         identical: list[FileResult] = []
         for p, r in zip(paths, answers, strict=True):
             name = Path(p).name
@@ -860,36 +1055,16 @@ class Device:
     def _verify(self, files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> None:
         """Read back (FILE_INFO, pipelined; allowed while the handle is blocked, like
         ``reconcile``) every file YMODEM reported ok or unconfirmed, and settle its verdict."""
-        todo = [f for f in files if (f.ok or f.unconfirmed) and f.name in digests]
+        todo = _to_verify(files, digests)
         if not todo:
             return
-        cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in todo]
         try:
-            back = self._drive(self._wave_steps(cmds))
+            back = self._drive(self._wave_steps(
+                [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in todo]))
         except LinkLost as exc:
-            for f in todo:
-                f.verified = None
-                f.detail = _join(f.detail, f"not verified: {exc}")
+            _not_verified(todo, exc)
             return
-        for f, r in zip(todo, back, strict=True):
-            size, crc = digests[f.name]
-            info = r.file
-            if info is None:
-                f.verified = None
-                f.detail = _join(f.detail, f"not verified: read-back {r.describe()}")
-            elif info.status is FileInfoStatus.ABSENT:
-                f.ok, f.verified = False, False
-                f.detail = ("the device does not have it (read back after the batch: absent)"
-                            + (", though YMODEM reported it ok" if not f.unconfirmed else ""))
-            elif (info.size, info.crc32c) != (size, crc):
-                f.ok, f.verified = False, False
-                f.detail = (f"the device holds different bytes: {info.size} bytes, CRC-32C "
-                            f"{info.crc32c:08x}; sent {size} bytes, CRC-32C {crc:08x}")
-            else:
-                was_unconfirmed = not f.ok
-                f.ok, f.verified = True, True
-                f.detail = ("YMODEM could not confirm it; the read-back did"
-                            if was_unconfirmed else "")
+        _judge_files(todo, back, digests)
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:
@@ -919,6 +1094,41 @@ class Device:
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _to_verify(files: list[FileResult], digests: Mapping[str, tuple[int, int]]) -> list[FileResult]:
+    """The files of a batch to read back: those YMODEM reported ok or unconfirmed."""
+    return [f for f in files if (f.ok or f.unconfirmed) and f.name in digests]
+
+
+def _not_verified(todo: list[FileResult], exc: BaseException) -> None:
+    for f in todo:
+        f.verified = None
+        f.detail = _join(f.detail, f"not verified: {exc}")
+
+
+def _judge_files(todo: list[FileResult], back: list[Result],
+                 digests: Mapping[str, tuple[int, int]]) -> None:
+    """Settle each file's verdict from its FILE_INFO read-back."""
+    for f, r in zip(todo, back, strict=True):
+        size, crc = digests[f.name]
+        info = r.file
+        if info is None:
+            f.verified = None
+            f.detail = _join(f.detail, f"not verified: read-back {r.describe()}")
+        elif info.status is FileInfoStatus.ABSENT:
+            f.ok, f.verified = False, False
+            f.detail = ("the device does not have it (read back after the batch: absent)"
+                        + (", though YMODEM reported it ok" if not f.unconfirmed else ""))
+        elif (info.size, info.crc32c) != (size, crc):
+            f.ok, f.verified = False, False
+            f.detail = (f"the device holds different bytes: {info.size} bytes, CRC-32C "
+                        f"{info.crc32c:08x}; sent {size} bytes, CRC-32C {crc:08x}")
+        else:
+            was_unconfirmed = not f.ok
+            f.ok, f.verified = True, True
+            f.detail = ("YMODEM could not confirm it; the read-back did"
+                        if was_unconfirmed else "")
 
 
 def _digest(path: Path) -> tuple[int, int]:

@@ -247,6 +247,7 @@ class HostSession:
         self._foreign_version: str | None = None
         self._out = bytearray()
         self._inflight: dict[int, _Pending] = {}
+        self._earliest: float | None = None  #: cached earliest in-flight deadline (None: stale)
         self._queue: deque[_Pending] = deque()
         self._events: list[Event] = []
         self.counters = HostCounters()
@@ -306,9 +307,16 @@ class HostSession:
     def next_deadline(self) -> float | None:
         if self.state is SessionState.HELLO_SENT:
             return self._hello_deadline
+        return self._earliest_deadline()
+
+    def _earliest_deadline(self) -> float | None:
+        """The earliest deadline of a request in flight, cached until one changes: the shell
+        asks every I/O round, which on a byte-paced line is several times per answer."""
         if not self._inflight:
             return None
-        return min(p.deadline for p in self._inflight.values())
+        if self._earliest is None:
+            self._earliest = min(p.deadline for p in self._inflight.values())
+        return self._earliest
 
     def receive_data(self, data: bytes, now: float) -> None:
         for ev in self._decoder.feed(data):
@@ -339,7 +347,10 @@ class HostSession:
                         HelloFailed(f"no HELLO_REPLY after {self._hello_sent} attempts"))
             else:
                 self._send_hello(now)
-        for p in [p for p in self._inflight.values() if now >= p.deadline]:
+        earliest = self._earliest_deadline()
+        due = [] if earliest is None or now < earliest else [
+            p for p in self._inflight.values() if now >= p.deadline]
+        for p in due:
             if p.attempts >= self.attempts:
                 self._finish(p, Outcome.UNKNOWN, Status.NO_ANSWER)
             else:
@@ -405,6 +416,10 @@ class HostSession:
     def _transmit(self, p: _Pending, now: float, *, retransmit: bool) -> None:
         p.attempts += 1
         p.deadline = now + self.timeout
+        if retransmit:
+            self._earliest = None
+        elif self._earliest is not None:
+            self._earliest = min(self._earliest, p.deadline)
         self.counters.sent += 1
         if retransmit:
             self.counters.retries += 1
@@ -421,6 +436,7 @@ class HostSession:
                             f" ({status.name})" if status is not None else "",
                             " replayed" if kw.get("replay") else "")
         del self._inflight[p.seq]
+        self._earliest = None
         self.counters.outcomes[outcome.name] += 1
         self._events.append(
             Completion(p.tag, outcome, status, attempts=p.attempts, reissued=p.reissued,
@@ -477,6 +493,7 @@ class HostSession:
                 continue
             if p.set_only and p.reissued < self.attempts:  # a flapping epoch cannot loop us
                 del self._inflight[p.seq]
+                self._earliest = None
                 p.reissued += 1
                 self.counters.reissued += 1
                 reissue.append(p)

@@ -48,6 +48,7 @@ from idemlink.commands.device_cmds import (
     result_json,
     worst,
 )
+from idemlink.commands.many import SharedJournals
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name
 from idemlink.host.journal import (
@@ -107,9 +108,13 @@ def run_apply(args: argparse.Namespace) -> int:
     lock: JournalLock | None = None
     journal: DeviceJournal | None = None
     if plan.one_shot:
+        shared: SharedJournals | None = getattr(args, "shared_journals", None)
         try:
-            lock = lock_journal(journal_path)
-            journal = DeviceJournal.open(journal_path)
+            if shared is not None:  # several ports: one journal, locked once for all of them
+                journal = shared.get(journal_path)
+            else:
+                lock = lock_journal(journal_path)
+                journal = DeviceJournal.open(journal_path)
         except JournalError as exc:
             if lock is not None:
                 lock.release()

@@ -5,6 +5,9 @@ Contract:
 - Every command except ``ports`` talks to one device at ``--port`` (a device path or any pyserial
   URL), opened without toggling DTR/RTS, through ``idemlink.host.device.Device``; ``--timeout`` and
   ``--attempts`` tune the retries, ``--json`` prints one JSON document on stdout instead of text.
+  Several ``--port`` values (or ``--ports-file``) run the command on every device at once
+  (``idemlink.commands.many``: a block per device, a summary, the worst exit status; ``--json`` a
+  list); ``monitor`` watches one port.
 - The exit status is the worst outcome class of the commands sent (UNKNOWN 5 > REJECTED 4 >
   NOT_EXECUTED 3 > OK 0); see ``idemlink.cli``. A write the register map already shows to be invalid
   (out of range, read-only register) is REJECTED without being sent (exit 4; ``--no-check`` sends
@@ -43,6 +46,7 @@ from idemlink.cli import (
     add_regmap_option,
     regmap_from,
 )
+from idemlink.commands.many import add_port_options, ports_of, run_on_ports
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.frame_view import FrameDescriber, trigger_code_name
 from idemlink.protocol.outcome import Outcome
@@ -81,7 +85,7 @@ def device_options() -> argparse.ArgumentParser:
     """The options every device command takes (``--port``, ``--timeout``, ``--json``...), as an
     argparse parent."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
+    add_port_options(common)
     common.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
     common.add_argument("--timeout", type=float, default=0.2,
                         help="seconds to wait for each answer before a retry (default 0.2)")
@@ -257,6 +261,13 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
     was out."""
 
     def guarded(args: argparse.Namespace) -> int:
+        ports = ports_of(args)
+        if len(ports) > 1:
+            return run_on_ports(args, one_port, ports)
+        args.port = ports[0] if ports else None
+        return one_port(args)
+
+    def one_port(args: argparse.Namespace) -> int:
         try:
             return handler(args)
         except LinkLost as exc:
@@ -670,8 +681,10 @@ def run_monitor(args: argparse.Namespace) -> int:
 
     from idemlink.protocol.frame import FrameDecoder
 
-    if not args.port:
-        raise UserError("--port is required (a device path or pyserial URL)")
+    ports = ports_of(args)
+    if len(ports) != 1:
+        raise UserError("monitor watches one port: give one --port (a device path or pyserial URL)")
+    args.port = ports[0]
     if args.count is not None and args.count < 1:
         raise UserError("--count must be >= 1")
     if args.seconds is not None:

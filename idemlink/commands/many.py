@@ -1,0 +1,267 @@
+"""Several ports at once: a device command run on every ``--port`` (or ``--ports-file``) together.
+
+Contract:
+
+- ``--port`` may be given several times, and ``--ports-file FILE`` adds one port per line (blank
+  lines and ``#`` comments skipped). One port: the command runs as always. Several: it runs on
+  each concurrently, in one process, one thread and one independent ``Device`` per port; a port
+  named twice is refused (two handles on one device would share its numbers).
+- Text output: one block per device in the order given, headed by ``== PORT: OUTCOME (exit N)``
+  and holding that device's own output, then one summary line ``N devices: 2 OK, 1 UNKNOWN; exit
+  5``. A device's stderr lines go to stderr prefixed by its port.
+- ``--json``: one JSON list, one object per device in the order given: ``port``, ``exit``,
+  ``outcome`` (OK, NOT_EXECUTED, REJECTED, UNKNOWN, ERROR for a local error such as no device
+  answering, INTERRUPTED), ``result`` (the document the command prints for one device, or null) and ``error``
+  (its stderr text, or null).
+- Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
+  0 (a device that could not be reached is never hidden by the others' success).
+- Ctrl-C interrupts every device within one ``--timeout``: each settles what it had out
+  (CANCELLED, as with one port; a write that was out says it may have run), the blocks are printed
+  (INTERRUPTED for a device that had not finished), exit 130.
+- ``apply`` with several ports shares one receipt journal, locked once by this process; its
+  writes are serialised (each device has its own scope in it). ``--trace`` and ``apply --resolve``
+  take one port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import ctypes
+import io
+import json
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from idemlink.cli import EXIT_LOCAL_ERROR, UserError
+from idemlink.host.journal import DeviceJournal, JournalLock, StepEvent, lock_journal
+
+EXIT_INTERRUPTED = 130
+
+#: Worst first; any other status ranks with the local error.
+RANK: dict[int, int] = {5: 5, 4: 4, 3: 3, EXIT_LOCAL_ERROR: 2, 0: 0}
+OUTCOME_OF_EXIT: dict[int, str] = {0: "OK", 3: "NOT_EXECUTED", 4: "REJECTED", 5: "UNKNOWN",
+                                   EXIT_INTERRUPTED: "INTERRUPTED"}
+
+
+class PortAction(argparse.Action):
+    """``--port`` given several times: every value lands in ``ports``; ``port`` keeps the first
+    (what a one-port command reads)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        ports = list(getattr(namespace, "ports", None) or [])
+        ports.append(values)
+        namespace.ports = ports
+        namespace.port = ports[0]
+
+
+def add_port_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", action=PortAction, default=None,
+                        help="device path or pyserial URL (see `idemlink ports`); give it several "
+                             "times to run on several devices at once")
+    parser.add_argument("--ports-file", metavar="FILE", default=None,
+                        help="one port per line (# comments): run on all of them at once")
+
+
+def ports_of(args: argparse.Namespace) -> list[str]:
+    """Every port the command line names, in order; ``UserError`` for an unreadable ports file
+    or a port named twice."""
+    ports = list(getattr(args, "ports", None) or [])
+    file = getattr(args, "ports_file", None)
+    if file is not None:
+        try:
+            text = Path(file).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"--ports-file {file}: {getattr(exc, 'strerror', None) or exc}") from None
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line:
+                ports.append(line)
+        if not ports:
+            raise UserError(f"--ports-file {file}: no port in it")
+    seen: set[str] = set()
+    for p in ports:
+        if p in seen:
+            raise UserError(f"port {p} is named twice")
+        seen.add(p)
+    return ports
+
+
+# ------------------------------------------------------------------------------ per-thread output
+
+
+class _PerThread(io.TextIOBase):
+    """A stream that writes to the calling thread's buffer when it has one, else to ``default``."""
+
+    def __init__(self, default: TextIO) -> None:
+        self.default = default
+        self.local = threading.local()
+
+    def write(self, s: str) -> int:
+        buf: io.StringIO | None = getattr(self.local, "buf", None)
+        return (buf if buf is not None else self.default).write(s)
+
+    def flush(self) -> None:
+        if getattr(self.local, "buf", None) is None:
+            self.default.flush()
+
+
+@contextlib.contextmanager
+def _captured_streams() -> Iterator[tuple[_PerThread, _PerThread]]:
+    out, err = _PerThread(sys.stdout), _PerThread(sys.stderr)
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        yield out, err
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+# ------------------------------------------------------------------------------ a shared journal
+
+
+class SharedJournal(DeviceJournal):
+    """A ``DeviceJournal`` that several threads write: each change is serialised (the snapshot it
+    replaces is immutable, so reads need no lock)."""
+
+    _write_lock = threading.Lock()
+
+    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent) -> None:
+        with self._write_lock:
+            super()._apply(device_id, key, event)
+
+
+class SharedJournals:
+    """The journals of one multi-port run: each locked and opened once, by the first device that
+    asks, for every device of the run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, tuple[JournalLock, SharedJournal]] = {}
+
+    def get(self, path: str) -> DeviceJournal:
+        with self._lock:
+            if path not in self._open:
+                lock = lock_journal(path)
+                try:
+                    journal = SharedJournal.open(path)
+                    assert isinstance(journal, SharedJournal)  # open() builds cls
+                    self._open[path] = (lock, journal)
+                except BaseException:
+                    lock.release()
+                    raise
+            return self._open[path][1]
+
+    def close(self) -> None:
+        for lock, _ in self._open.values():
+            lock.release()
+        self._open.clear()
+
+
+# ------------------------------------------------------------------------------ the run
+
+
+@dataclass(slots=True)
+class DeviceRun:
+    port: str
+    exit: int = EXIT_LOCAL_ERROR
+    out: str = ""
+    err: str = ""
+
+    @property
+    def outcome(self) -> str:
+        return OUTCOME_OF_EXIT.get(self.exit, "ERROR")
+
+
+def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int],
+                 ports: list[str]) -> int:
+    """Run ``handler`` once per port, concurrently; print the blocks and the summary; return the
+    worst exit status."""
+    if getattr(args, "trace", None) is not None:
+        raise UserError("--trace records one port: give one --port")
+    if getattr(args, "resolve", None) is not None:
+        raise UserError("--resolve settles one journal entry: give one --port, or none")
+    runs = [DeviceRun(p) for p in ports]
+    journals = SharedJournals()
+    threads: dict[int, int] = {}  # run index -> thread ident, while it runs
+    interrupted = False
+    with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool:
+        futures = [pool.submit(_one, args, handler, run, i, threads, journals, out, err)
+                   for i, run in enumerate(runs)]
+        try:
+            while not all(f.done() for f in futures):
+                wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
+        except KeyboardInterrupt:
+            interrupted = True
+            for ident in list(threads.values()):  # each settles its requests, as Ctrl-C would
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                           ctypes.py_object(KeyboardInterrupt))
+            wait(futures)
+    journals.close()
+    _report(args, runs)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
+
+
+def _one(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int], run: DeviceRun,
+         index: int, threads: dict[int, int], journals: SharedJournals, out: _PerThread,
+         err: _PerThread) -> None:
+    ns = copy.copy(args)
+    ns.port, ns.ports, ns.ports_file = run.port, [run.port], None
+    ns.shared_journals = journals
+    out.local.buf, err.local.buf = io.StringIO(), io.StringIO()
+    threads[index] = threading.get_ident()
+    try:
+        run.exit = handler(ns)
+    except UserError as exc:
+        print(f"idemlink {args.command}: {exc}", file=sys.stderr)
+        run.exit = EXIT_LOCAL_ERROR
+    except KeyboardInterrupt:
+        run.exit = EXIT_INTERRUPTED
+    except Exception as exc:  # one device's failure must not hide the others' results
+        print(f"idemlink {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        run.exit = EXIT_LOCAL_ERROR
+    finally:
+        threads.pop(index, None)
+        run.out, run.err = out.local.buf.getvalue(), err.local.buf.getvalue()
+        out.local.buf = err.local.buf = None
+
+
+def _report(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
+    for r in runs:
+        for line in r.err.splitlines():
+            print(f"{r.port}: {line}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print(json.dumps([{"port": r.port, "exit": r.exit, "outcome": r.outcome,
+                           "result": _document(r.out), "error": r.err.strip() or None}
+                          for r in runs], sort_keys=True))
+        return
+    for r in runs:
+        print(f"== {r.port}: {r.outcome} (exit {r.exit})")
+        sys.stdout.write(r.out)
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    worst = max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
+    parts = ", ".join(f"{n} {name}" for name, n in counts.items())
+    print(f"{len(runs)} devices: {parts}; exit {worst}")
+
+
+def _document(text: str) -> Any:
+    """The JSON document one device printed (None if it printed none; the text if not JSON)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text

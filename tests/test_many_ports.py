@@ -1,0 +1,149 @@
+"""Device commands and ``apply`` on several ports at once: one block per device, a summary, the
+worst exit status; ``--json`` a per-device list; ``apply`` shares its journal across the devices."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idemlink.cli import main
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.protocol.device_core import EffectKind
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
+from idemlink.pytest_plugin import PtySim, start_pty_sim
+
+
+class MuteOnWrites(SimulatedDevice):
+    """Runs everything, but the answers to anything other than a read are lost."""
+
+    def receive_data(self, data: bytes, now: float) -> bytes:
+        out = super().receive_data(data, now)
+        frames = FrameDecoder().feed(data)  # the serve loop hands over whole frames
+        if any(isinstance(f, Frame) and f.type is FrameType.REQUEST
+               and f.payload[:1] not in (b"\x03", b"\x04") for f in frames):
+            return b""  # retries too: their replayed answers are lost as well
+        return out
+
+
+@pytest.fixture
+def rack() -> Iterator[list[PtySim]]:
+    sims = [start_pty_sim(SimulatedDevice(seed=i)) for i in range(3)]
+    yield sims
+    for s in sims:
+        s.close()
+
+
+def ports(sims: list[PtySim]) -> list[str]:
+    return [a for s in sims for a in ("--port", s.path)]
+
+
+def test_write_then_read_on_three_devices(rack: list[PtySim],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["write", *ports(rack), "threshold=41.5"]) == 0
+    assert all(s.device.core.value("threshold") == 415 for s in rack)
+    capsys.readouterr()
+    assert main(["read", *ports(rack), "threshold"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    for s in rack:
+        i = out.index(f"== {s.path}: OK (exit 0)")
+        assert out[i + 1] == "threshold = 41.5 °C (raw 415)"
+    assert out[-1] == "3 devices: 3 OK; exit 0"
+
+
+def test_json_is_a_list_and_the_exit_status_is_the_worst(
+        rack: list[PtySim], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    mute = start_pty_sim(MuteOnWrites(seed=9))
+    missing = str(tmp_path / "no-such-port")
+    try:
+        argv = ["write", *ports(rack[:1]), "--port", missing, "--port", mute.path,
+                "mode=1", "--timeout", "0.05", "--attempts", "2", "--json"]
+        assert main(argv) == 5  # UNKNOWN on the mute line outranks the missing port's error
+    finally:
+        mute.close()
+    docs = json.loads(capsys.readouterr().out)
+    assert [(d["port"], d["outcome"], d["exit"]) for d in docs] == [
+        (rack[0].path, "OK", 0), (missing, "ERROR", 1), (mute.path, "UNKNOWN", 5)]
+    assert docs[0]["result"]["outcome"] == "OK" and docs[0]["error"] is None
+    assert docs[1]["result"] is None and missing in docs[1]["error"]
+    assert docs[2]["result"]["outcome"] == "UNKNOWN"
+
+
+def test_a_ports_file_and_a_port_named_twice(rack: list[PtySim], tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "bench.ports"
+    listing.write_text("# the rack\n" + "\n".join(s.path for s in rack) + "\n\n")
+    assert main(["read", "--ports-file", str(listing), "mode"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "3 devices: 3 OK; exit 0"
+    assert main(["read", "--ports-file", str(listing), "--port", rack[0].path]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"idemlink read: port {rack[0].path} is named twice"
+
+
+def test_apply_on_several_devices_shares_one_journal(rack: list[PtySim], tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"steps": [{"write": {"threshold": 400}},
+                                          {"trigger": "self_clean"}]}))
+    assert main(["apply", *ports(rack), str(plan)]) == 0
+    assert main(["apply", *ports(rack), str(plan)]) == 0  # receipts: the trigger does not rerun
+    for s in rack:
+        assert s.device.core.value("threshold") == 400
+        assert s.device.core.count(EffectKind.TRIGGER_STARTED, "self_clean") == 1
+    assert capsys.readouterr().out.splitlines()[-1] == "3 devices: 3 OK; exit 0"
+
+
+def test_monitor_watches_one_port(rack: list[PtySim], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["monitor", *ports(rack[:2]), "--count", "1"]) == 1
+    assert "monitor watches one port" in capsys.readouterr().err
+
+
+def test_the_devices_run_concurrently(capsys: pytest.CaptureFixture[str]) -> None:
+    """Three devices behind 100 ms lines: together they take about as long as one."""
+    import time
+
+    from idemlink.device_sim.link import LinkConfig
+
+    sims = [start_pty_sim(SimulatedDevice(seed=i), LinkConfig(latency=0.1)) for i in range(3)]
+    try:
+        t0 = time.monotonic()
+        assert main(["read", *ports(sims[:1]), "mode", "--timeout", "1"]) == 0
+        one = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert main(["read", *ports(sims), "mode", "--timeout", "1"]) == 0
+        three = time.monotonic() - t0
+    finally:
+        for s in sims:
+            s.close()
+    assert one >= 0.4 and three < 2 * one, (one, three)
+
+
+def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]) -> None:
+    """SIGINT while a write is out on a line that loses write answers: each device settles what
+    it had out (the mute one's write is UNKNOWN/CANCELLED and says so), the blocks are printed,
+    exit 130."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    mute = start_pty_sim(MuteOnWrites(seed=9))
+    try:
+        argv = [sys.executable, "-m", "idemlink", "write", "--port", rack[0].path, "--port",
+                mute.path, "mode=1", "--timeout", "1", "--attempts", "20"]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not any(e.request[:1] == b"\x06" for e in mute.device.executions):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        mute.close()
+    assert proc.returncode == 130, (out, err)
+    assert f"== {rack[0].path}: OK (exit 0)" in out
+    assert f"== {mute.path}: INTERRUPTED (exit 130)" in out
+    assert f"{mute.path}: idemlink write: interrupted; 1 request(s) may have run" in err
+    assert "Traceback" not in err
