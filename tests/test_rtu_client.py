@@ -319,6 +319,11 @@ def test_cli_against_the_rtu_simulator(sim_core: tuple[str, DeviceCore],
     assert rc == 1 and "0x41" in err
     rc, _, err = cli(capsys, "read", *rtu, "--unit", "9", "--attempts", "1", "--timeout", "0.05")
     assert rc == 1 and "no Modbus RTU slave answered at unit 9" in err
+    for bad, why in ((("--unit", "0"), "outside 1..247"), (("--trace", "t.jsonl"), "--trace")):
+        rc, _, err = cli(capsys, "read", *rtu, *bad)
+        assert rc == 1 and why in err and len(err.splitlines()) == 1
+    rc, _, err = cli(capsys, "read", "--port", port, "--unit", "2")
+    assert rc == 1 and "needs --modbus-rtu" in err
 
 
 def test_framed_command_meeting_rtu_says_add_modbus_rtu(

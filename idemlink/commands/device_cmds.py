@@ -153,7 +153,23 @@ def add_rtu_options(p: argparse.ArgumentParser) -> None:
     """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``)."""
     p.add_argument("--modbus-rtu", action="store_true",
                    help="the port has a standard Modbus RTU slave (not an idemlink device)")
-    p.add_argument("--unit", type=int, default=1, help="with --modbus-rtu: its unit id (1..247)")
+    p.add_argument("--unit", type=int, default=None,
+                   help="with --modbus-rtu: its unit id (1..247, default 1)")
+
+
+def rtu_unit(args: argparse.Namespace) -> int | None:
+    """The unit id to drive with ``--modbus-rtu`` (None without it); ``UserError`` for a unit
+    outside 1..247 or ``--unit`` without ``--modbus-rtu``."""
+    unit: int | None = getattr(args, "unit", None)
+    if not getattr(args, "modbus_rtu", False):
+        if unit is not None:
+            raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu")
+        return None
+    unit = 1 if unit is None else unit
+    if not 1 <= unit <= 247:
+        raise UserError(f"--unit {unit} outside 1..247 (broadcast, unit 0, gets no answer and "
+                        "cannot be read back)")
+    return unit
 
 
 def _int_arg(text: str) -> int:
@@ -279,23 +295,21 @@ AnyDevice = Device | RtuDevice
 
 def open_any_device(args: argparse.Namespace) -> AnyDevice:
     """``open_device``, or with ``--modbus-rtu`` the slave at ``args.port``, unit ``args.unit``."""
-    if not getattr(args, "modbus_rtu", False):
+    unit = rtu_unit(args)
+    if unit is None:
         return open_device(args)
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
-    if not 1 <= args.unit <= 247:
-        raise UserError(f"--unit {args.unit} outside 1..247 (broadcast, unit 0, gets no answer "
-                        "and cannot be read back)")
     if getattr(args, "trace", None) is not None:
         raise UserError("--trace decodes idemlink frames: it does not apply with --modbus-rtu")
     if getattr(args, "if_generation", None) is not None:
         raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
                         "which a standard Modbus RTU slave does not have; nothing was sent")
     try:
-        return RtuDevice.open(args.port, unit=args.unit, baudrate=args.baudrate,
+        return RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:

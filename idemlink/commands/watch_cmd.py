@@ -57,7 +57,8 @@ def register(sub: Any) -> None:
                    help="print every register at every poll, not only changes")
     p.add_argument("--modbus-rtu", action="store_true",
                    help="the port has a standard Modbus RTU slave (not an idemlink device)")
-    p.add_argument("--unit", type=int, default=1, help="with --modbus-rtu: its unit id (1..247)")
+    p.add_argument("--unit", type=int, default=None,
+                   help="with --modbus-rtu: its unit id (1..247, default 1)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV lines (with a header)")
     fmt.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -137,7 +138,7 @@ def batches(regmap: RegisterMap, specs: list[RegisterSpec]) -> list[list[Registe
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve
+    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve, rtu_unit
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     check_seconds("--interval", args.interval, 86400.0)
@@ -147,22 +148,21 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--attempts must be >= 1")
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
-    if args.modbus_rtu and not 1 <= args.unit <= 247:
-        raise UserError(f"--unit {args.unit} outside 1..247")
+    unit = rtu_unit(args)
     regmap = regmap_from(args)
     specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
     groups = batches(regmap, specs)
     printer = Printer(args)
     summary = Summary()
     try:
-        return _loop(args, regmap, groups, printer, summary)
+        return _loop(args, regmap, groups, printer, summary, unit)
     except KeyboardInterrupt:
         print(summary.line(), file=sys.stderr)
         return EXIT_OK
 
 
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
-          printer: Printer, summary: Summary) -> int:
+          printer: Printer, summary: Summary, unit: int | None) -> int:
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.host.rtu_device import RtuDevice
 
@@ -176,8 +176,8 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
             next_start += args.interval
             if dev is None:
                 try:
-                    if args.modbus_rtu:
-                        dev = RtuDevice.open(args.port, unit=args.unit, baudrate=args.baudrate,
+                    if unit is not None:
+                        dev = RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
                                              timeout=args.timeout, attempts=args.attempts,
                                              regmap=regmap)
                     else:
