@@ -20,7 +20,7 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.rtu_server import RtuServer
-from idemlink.host.device import Command, CommandKind, NoDevice, UnknownOutstanding
+from idemlink.host.device import Command, CommandKind, LinkLost, NoDevice, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.device_core import DeviceCore, EffectKind
 from idemlink.protocol.modbus import (
@@ -525,3 +525,20 @@ def test_sim_subprocess_serves_the_cli(capsys: pytest.CaptureFixture[str]) -> No
         assert rc == 0 and "IDLE" in out
     finally:
         assert stop_sim(proc, signal.SIGTERM) == 0
+
+
+class FailingWire(LossyWire):
+    """The port fails at the first read after a request went out."""
+
+    def read(self, timeout: float) -> bytes:
+        raise OSError(5, "Input/output error")
+
+
+def test_port_failing_while_a_trigger_is_out_is_link_lost_unknown_and_blocks() -> None:
+    wire = FailingWire(lambda p, n: False)
+    dev = RtuDevice(wire, timeout=0.1)
+    with pytest.raises(LinkLost) as caught:
+        dev.trigger()
+    (r,) = caught.value.results
+    assert (r.outcome, r.status, caught.value.unknown) == (Outcome.UNKNOWN, Status.LINK_LOST, True)
+    assert len(wire.requests) == 1 and dev.unknown is r
