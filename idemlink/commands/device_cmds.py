@@ -17,6 +17,12 @@ Contract:
   on stderr, exit 1, nothing sent.
 - After an UNKNOWN the command reads back what it touched (``Device.reconcile()``) and reports it;
   an unanswered read (UNKNOWN, exit 5, no value) changed nothing and is not read back.
+- ``--modbus-rtu [--unit N]`` (read, write, faults, clear, trigger) drives a standard Modbus RTU
+  slave with the map file instead (``idemlink.host.rtu_device.RtuDevice``): reads and set-only
+  writes may be retried, a fault clear (FC06 of the mask) or a trigger (FC06 of 1, then its state
+  read back) is sent once and is UNKNOWN without an answer; ``--if-generation`` and ``--trace``
+  are refused. A framed command that finds no idemlink device but a Modbus RTU slave at unit 1
+  says "this port answers Modbus RTU, not idemlink: add --modbus-rtu" (exit 1).
 - ``apply PLAN.json`` lives in ``idemlink.commands.apply_cmd`` (it shares these options and
   helpers).
 - ``monitor`` decodes the idemlink frames passing on a port (``idemlink.protocol.frame.FrameDecoder``) and
@@ -49,6 +55,7 @@ from idemlink.cli import (
 from idemlink.commands.many import add_port_options, ports_of, run_on_ports
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.frame_view import FrameDescriber, trigger_code_name
+from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import (
     REGISTER_MAX,
@@ -102,11 +109,13 @@ def register(sub: Any) -> None:
     common = device_options()
 
     p = sub.add_parser("read", parents=[common], help="read registers by name or address")
+    add_rtu_options(p)
     p.add_argument("registers", nargs="*", metavar="NAME",
                    help="register names or addresses (default: every register)")
     p.set_defaults(handler=link_guarded(run_read))
 
     p = sub.add_parser("write", parents=[common], help="set registers: NAME=VALUE...")
+    add_rtu_options(p)
     p.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
     p.add_argument("--if-generation", type=_int_arg, metavar="G",
                    help="write only if the generation counter still equals G (else exit 3)")
@@ -115,9 +124,11 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=link_guarded(run_write))
 
     p = sub.add_parser("faults", parents=[common], help="read the fault words, bit by bit")
+    add_rtu_options(p)
     p.set_defaults(handler=link_guarded(run_faults))
 
     p = sub.add_parser("clear", parents=[common], help="clear latched fault bits (write 1s)")
+    add_rtu_options(p)
     p.add_argument("bits", nargs="*", metavar="BIT",
                    help="bit names or numbers (default: every declared bit)")
     p.add_argument("--mask", type=_int_arg, metavar="M", help="the bits to clear as a mask")
@@ -125,6 +136,7 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=link_guarded(run_clear))
 
     p = sub.add_parser("trigger", parents=[common], help="start a one-shot action, or reset/query")
+    add_rtu_options(p)
     p.add_argument("name", nargs="?", metavar="NAME", help="trigger register (default: the only one)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
@@ -139,6 +151,29 @@ def register(sub: Any) -> None:
     p = sub.add_parser("ports", help="list serial ports")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=run_ports)
+
+
+def add_rtu_options(p: argparse.ArgumentParser) -> None:
+    """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``)."""
+    p.add_argument("--modbus-rtu", action="store_true",
+                   help="the port has a standard Modbus RTU slave (not an idemlink device)")
+    p.add_argument("--unit", type=int, default=None,
+                   help="with --modbus-rtu: its unit id (1..247, default 1)")
+
+
+def rtu_unit(args: argparse.Namespace) -> int | None:
+    """The unit id to drive with ``--modbus-rtu`` (None without it); ``UserError`` for a unit
+    outside 1..247 or ``--unit`` without ``--modbus-rtu``."""
+    unit: int | None = getattr(args, "unit", None)
+    if not getattr(args, "modbus_rtu", False):
+        if unit is not None:
+            raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu")
+        return None
+    unit = 1 if unit is None else unit
+    if not 1 <= unit <= 247:
+        raise UserError(f"--unit {unit} outside 1..247 (broadcast, unit 0, gets no answer and "
+                        "cannot be read back)")
+    return unit
 
 
 def _int_arg(text: str) -> int:
@@ -249,8 +284,53 @@ def open_device(args: argparse.Namespace) -> Device:
             dev.close()
             raise
         return dev
-    except (PortError, NoDevice, IncompatibleDevice) as exc:
+    except NoDevice as exc:
+        if answers_modbus_rtu(args.port, args.baudrate, regmap, args.timeout):
+            raise UserError(f"{args.port}: this port answers Modbus RTU, not idemlink: add "
+                            "--modbus-rtu") from None
         raise UserError(f"{args.port}: {exc}") from None
+    except (PortError, IncompatibleDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+AnyDevice = Device | RtuDevice
+"""An idemlink device or, with ``--modbus-rtu``, a standard Modbus RTU slave."""
+
+
+def open_any_device(args: argparse.Namespace) -> AnyDevice:
+    """``open_device``, or with ``--modbus-rtu`` the slave at ``args.port``, unit ``args.unit``."""
+    unit = rtu_unit(args)
+    if unit is None:
+        return open_device(args)
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    if getattr(args, "trace", None) is not None:
+        raise UserError("--trace decodes idemlink frames: it does not apply with --modbus-rtu")
+    if getattr(args, "if_generation", None) is not None:
+        raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
+                        "which a standard Modbus RTU slave does not have; nothing was sent")
+    try:
+        return RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
+                              timeout=args.timeout, attempts=args.attempts,
+                              regmap=regmap_from(args))
+    except (PortError, NoDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+def answers_modbus_rtu(port: str, baudrate: int, regmap: RegisterMap, timeout: float) -> bool:
+    """Whether a Modbus RTU slave answers at unit 1 on ``port`` (one read of the map's first
+    register; an exception answer counts): said when a framed command found no idemlink
+    device there."""
+    try:
+        with RtuDevice.open(port, baudrate=baudrate, regmap=regmap, timeout=timeout,
+                            attempts=1, probe=False) as dev:
+            r = dev.execute(dev.read_command(regmap.registers[0].address))
+    except (PortError, LinkLost):
+        return False
+    return r.outcome is not Outcome.UNKNOWN or r.exception is not None
 
 
 def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -327,7 +407,7 @@ def not_sent(reason: str) -> dict[str, Any]:
             "replay": False, "attempts": 0, "detail": f"REJECTED (not sent: {reason})"}
 
 
-def reconcile_json(dev: Device, r: Result) -> tuple[dict[str, Any], str]:
+def reconcile_json(dev: AnyDevice, r: Result) -> tuple[dict[str, Any], str]:
     """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
     rec = dev.reconcile(r)
     if rec is None:  # pragma: no cover - reconcile(r) answers for every command
@@ -339,7 +419,7 @@ def reconcile_json(dev: Device, r: Result) -> tuple[dict[str, Any], str]:
     return doc, line
 
 
-def after_unknown(dev: Device, results: Sequence[Result], doc: dict[str, Any],
+def after_unknown(dev: AnyDevice, results: Sequence[Result], doc: dict[str, Any],
                   lines: list[str]) -> None:
     """Read back what every UNKNOWN command that may have had an effect touched and add it to the
     output: ``reconcile`` is the first one's (the one blocking the handle), ``reconciles`` lists
@@ -356,7 +436,7 @@ def after_unknown(dev: Device, results: Sequence[Result], doc: dict[str, Any],
         doc["reconciles"] = each
 
 
-def finish(args: argparse.Namespace, dev: Device, results: Sequence[Result],
+def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
            doc: dict[str, Any], lines: list[str]) -> int:
     outcome = worst(r.outcome for r in results)
     doc["outcome"] = outcome.name
@@ -399,7 +479,7 @@ def parse_value(spec: RegisterSpec, text: str) -> int:
 def run_read(args: argparse.Namespace) -> int:
     regmap = regmap_from(args)
     specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
-    with open_device(args) as dev:
+    with open_any_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
         values: dict[str, int] = {}
         per: dict[str, Any] = {}
@@ -504,7 +584,7 @@ def run_write(args: argparse.Namespace) -> int:
                  [f"REJECTED (checked against the register map, nothing sent): {why}"
                   for _, why in refusals])
             return EXIT_REJECTED
-    with open_device(args) as dev:
+    with open_any_device(args) as dev:
         if args.if_generation is not None:
             values: dict[str | int, int] = {a.spec.name: a.value for a in runs[0]}
             results = [dev.write_if_generation(args.if_generation, values)]
@@ -543,7 +623,7 @@ def _fault_line(spec: RegisterSpec, value: int) -> str:
 
 def run_faults(args: argparse.Namespace) -> int:
     specs = regmap_from(args).of_kind(RegisterKind.FAULT)
-    with open_device(args) as dev:
+    with open_any_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
         faults: dict[str, Any] = {}
         lines: list[str] = []
@@ -590,7 +670,7 @@ def run_clear(args: argparse.Namespace) -> int:
         register = _fault_word_of_bits(regmap, args.bits)
     spec = _only(regmap, RegisterKind.FAULT, register, "clear")
     mask = fault_mask(spec, args.bits, args.mask)
-    with open_device(args) as dev:
+    with open_any_device(args) as dev:
         r = dev.clear_faults(mask, spec.name)
         doc: dict[str, Any] = {"register": spec.name, "mask": mask, "clear": result_json(r)}
         lines = [f"clear {spec.name} mask 0x{mask:04X}: {r.describe()}"]
@@ -629,7 +709,7 @@ def _state_name(value: int) -> str:
 
 def run_trigger(args: argparse.Namespace) -> int:
     spec = _only(regmap_from(args), RegisterKind.TRIGGER, args.name, "use")
-    with open_device(args) as dev:
+    with open_any_device(args) as dev:
         doc: dict[str, Any] = {"register": spec.name}
         if args.status:
             r = dev.trigger_status(spec.name)
@@ -650,6 +730,12 @@ def run_trigger(args: argparse.Namespace) -> int:
                 meaning = "reset to IDLE" if args.reset and r.code == 0 else (
                     TRIGGER_MEANING.get(r.code, "unknown code"))
                 lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
+            elif r.ok:  # a Modbus RTU slave's answer is an echo: its state says what happened
+                lines = [f"{spec.name}: {r.describe()}"]
+                state = dev.trigger_status(spec.name)
+                if state.ok:
+                    doc["state"] = _state_name(state.values[0])
+                    lines[0] += f" (written {0 if args.reset else 1}; state now {doc['state']})"
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
         return finish(args, dev, [r], doc, lines)

@@ -11,6 +11,8 @@ Contract:
 - Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
   ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
   port that fails is reported once, then reopened at the next interval until it is back.
+- ``--modbus-rtu [--unit N]`` polls a standard Modbus RTU slave instead (``RtuDevice``: reads
+  one after the other, retried like any read).
 - It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
   with a failed read, reconnections) and exit 0; exit 1 if no poll ever reached the device (a
   device serving another map is exit 1 at once).
@@ -31,6 +33,7 @@ from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option
 
 if TYPE_CHECKING:
     from idemlink.host.device import Command, Device
+    from idemlink.host.rtu_device import RtuDevice
     from idemlink.protocol.registers import RegisterMap, RegisterSpec
 
 CSV_HEADER = ("time", "poll", "register", "address", "raw", "value", "unit", "outcome")
@@ -52,6 +55,10 @@ def register(sub: Any) -> None:
     p.add_argument("--count", type=int, default=None, help="stop after this many polls")
     p.add_argument("--every", action="store_true",
                    help="print every register at every poll, not only changes")
+    p.add_argument("--modbus-rtu", action="store_true",
+                   help="the port has a standard Modbus RTU slave (not an idemlink device)")
+    p.add_argument("--unit", type=int, default=None,
+                   help="with --modbus-rtu: its unit id (1..247, default 1)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV lines (with a header)")
     fmt.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -131,7 +138,7 @@ def batches(regmap: RegisterMap, specs: list[RegisterSpec]) -> list[list[Registe
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve
+    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve, rtu_unit
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     check_seconds("--interval", args.interval, 86400.0)
@@ -141,24 +148,26 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--attempts must be >= 1")
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    unit = rtu_unit(args)
     regmap = regmap_from(args)
     specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
     groups = batches(regmap, specs)
     printer = Printer(args)
     summary = Summary()
     try:
-        return _loop(args, regmap, groups, printer, summary)
+        return _loop(args, regmap, groups, printer, summary, unit)
     except KeyboardInterrupt:
         print(summary.line(), file=sys.stderr)
         return EXIT_OK
 
 
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
-          printer: Printer, summary: Summary) -> int:
+          printer: Printer, summary: Summary, unit: int | None) -> int:
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
+    from idemlink.host.rtu_device import RtuDevice
 
     last: dict[str, int] = {}
-    dev: Device | None = None
+    dev: Device | RtuDevice | None = None
     next_start = time.monotonic()
     ever_open = False
     try:
@@ -167,8 +176,14 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
             next_start += args.interval
             if dev is None:
                 try:
-                    dev = Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                                      attempts=args.attempts, regmap=regmap)
+                    if unit is not None:
+                        dev = RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
+                                             timeout=args.timeout, attempts=args.attempts,
+                                             regmap=regmap)
+                    else:
+                        dev = Device.open(args.port, baudrate=args.baudrate,
+                                          timeout=args.timeout, attempts=args.attempts,
+                                          regmap=regmap)
                 except IncompatibleDevice as exc:
                     raise UserError(f"{args.port}: {exc}") from None
                 except (PortError, NoDevice) as exc:
@@ -195,7 +210,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
     return EXIT_OK if ever_open else EXIT_LOCAL_ERROR
 
 
-def _poll(dev: Device, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
+def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
           last: dict[str, int], every: bool) -> None:
     summary.polls += 1
     commands: list[Command] = [dev.read_command(g[0].address, len(g)) for g in groups]

@@ -1,0 +1,284 @@
+"""A driver for any standard Modbus RTU slave, with the same ``Result``s as ``Device``.
+
+``RtuDevice.open(url, unit=1, regmap=...)`` opens the port like ``Device.open`` (exclusively,
+DTR/RTS low) and reads one register of the map to make sure a slave answers at ``unit``
+(``NoDevice`` otherwise; an exception answer is a slave too). There is no handshake: a standard
+slave cannot say which map it serves, so the map given is taken at its word.
+
+It offers the part of ``Device``'s API the command line uses (``read``/``write``/``run``/
+``read_command``/``write_command``/``clear_faults``/``trigger``/``trigger_reset``/
+``trigger_status``/``spec``/``reconcile``/``acknowledge_unknown``/``close``, a context
+manager) with the same ``Command`` and ``Result`` types, over the sans-I/O
+``idemlink.protocol.rtu_master.RtuMaster`` (which decides, from the map, what may be retried):
+
+- the idemlink functions do not exist on a standard slave: a trigger is an FC06 write of 1 (reset:
+  0) to the trigger register — its answer is an echo, so ``Result.code`` is None: read the state
+  back with ``trigger_status`` — a fault clear is an FC06 write of the bit mask (write 1 to
+  clear); a conditional write and the file functions are refused before anything is sent
+  (``LocalProtocolError``, status UNSUPPORTED);
+- commands run one after the other (no pipelining); an UNKNOWN command that may have had an
+  effect blocks the handle (``UnknownOutstanding``) and leaves the rest of a ``run`` unsent
+  (NOT_EXECUTED), as with ``Device``; ``reconcile`` reads back what it touched;
+- a failing port raises ``LinkLost`` settling the command out (UNKNOWN/LINK_LOST) and the rest
+  (NOT_EXECUTED); an interrupt settles them as CANCELLED before it propagates.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+from idemlink.host.device import (
+    RECONCILE_ROUNDS,
+    TRANSPORT_ERRORS,
+    Command,
+    CommandKind,
+    Device,
+    LinkLost,
+    NoDevice,
+    Reconciliation,
+    Result,
+    SerialTransport,
+    Transport,
+    UnknownOutstanding,
+    _judge_read_back,
+    answer_of,
+)
+from idemlink.protocol.host_session import Completion
+from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
+from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
+from idemlink.protocol.rtu_master import RtuMaster
+
+IDLE_WAIT = 0.05  #: longest read while nothing is out
+
+
+class RtuDevice:
+    """A session with one Modbus RTU slave. See the module docstring."""
+
+    def __init__(self, transport: Transport, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
+                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+        self.transport = transport
+        self.regmap = regmap
+        self.master = RtuMaster(regmap, unit=unit, baudrate=baudrate, timeout=timeout,
+                                attempts=attempts)
+        self.unknown: Result | None = None
+        #: a ``Device`` without a port, for its map helpers only (lookup, write validation)
+        self._maps = Device(_NoPort(), regmap=regmap)
+
+    @classmethod
+    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, keep_lines: bool = True, probe: bool = True) -> RtuDevice:
+        """Open ``url`` and (``probe``) check that a slave answers at ``unit``."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
+        # a pty or a socket has no line rate: t3.5 is then the fast-line 1.75 ms
+        line_rate = baudrate if _is_serial_line(transport) else None
+        dev = cls(transport, regmap=rm, unit=unit, baudrate=line_rate, timeout=timeout,
+                  attempts=attempts)
+        try:
+            if probe:
+                dev.probe()
+        except BaseException:
+            dev.close()
+            raise
+        return dev
+
+    def probe(self) -> None:
+        """Read the map's first register; ``NoDevice`` if nothing answers at the unit."""
+        first = self.regmap.registers[0]
+        r = self.execute(Command(CommandKind.READ, first.address))
+        if r.outcome is Outcome.UNKNOWN and r.exception is None:
+            raise NoDevice(f"no Modbus RTU slave answered at unit {self.master.unit} "
+                           f"({r.attempts} read(s) of {first.name} got no answer)")
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> RtuDevice:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ the request loop
+    def _send_all(self, cmds: list[Command]) -> list[Result]:
+        """Run ``cmds`` one by one; stop sending after an UNKNOWN that may have had an effect."""
+        results: list[Result] = []
+        for i, c in enumerate(cmds):
+            if self.unknown is not None:
+                results += [Result(x, Outcome.NOT_EXECUTED, None) for x in cmds[i:]]
+                break
+            results.append(self._one(c))
+        return results
+
+    def _one(self, c: Command) -> Result:
+        pdu = self._pdu(c)
+        m, t = self.master, self.transport
+        got: list[Completion] = []
+        try:
+            m.submit(pdu, t.now(), tag=c)
+            while not got:
+                try:
+                    out = m.data_to_send()
+                    if out:
+                        t.write(out)
+                    deadline = m.next_deadline()
+                    now = t.now()
+                    data = t.read(IDLE_WAIT if deadline is None else max(0.0, deadline - now))
+                except TRANSPORT_ERRORS as exc:
+                    m.abandon(Status.LINK_LOST)
+                    r = self._result(c, m.events()[0])
+                    raise LinkLost(f"the port failed: {exc}; "
+                                   + ("1 request(s) may have run (UNKNOWN)"
+                                      if r.outcome is Outcome.UNKNOWN else "nothing was out"),
+                                   (r,)) from exc
+                now = t.now()
+                m.receive_data(data, now)
+                m.tick(now)
+                got = m.events()
+        except (LinkLost, LocalProtocolError, ValueError):
+            raise
+        except BaseException as exc:
+            m.abandon(Status.CANCELLED)
+            exc.settled_results = tuple(  # type: ignore[attr-defined]
+                self._result(c, e) for e in m.events())
+            raise
+        return self._result(c, got[0])
+
+    def _result(self, c: Command, comp: Completion) -> Result:
+        values, code = answer_of(c, comp.pdu) if comp.pdu else ((), None)
+        if c.kind in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET):
+            code = None  # an FC06 answer echoes the value written: it carries no trigger code
+        r = Result(c, comp.outcome, comp.status, comp.exception, values, code,
+                   attempts=comp.attempts)
+        if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:
+            self.unknown = r
+        return r
+
+    def _pdu(self, c: Command) -> bytes:
+        """The standard PDU ``c`` travels as; the idemlink-only functions are refused."""
+        k = c.kind
+        if k in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET):
+            value = 1 if k is CommandKind.TRIGGER else 0
+            return encode_request(WriteSingleRegister(c.address, value))
+        if c.function in (FunctionCode.WRITE_IF_GENERATION, FunctionCode.FILE_RECEIVE,
+                          FunctionCode.FILE_INFO):
+            raise LocalProtocolError(
+                f"a {k.value} needs the idemlink function 0x{c.function:02X}, which a standard "
+                "Modbus RTU slave does not have; nothing was sent", Status.UNSUPPORTED)
+        return c.pdu()
+
+    # ------------------------------------------------------------------ commands
+    def run(self, commands: Iterable[Command]) -> list[Result]:
+        """One Result per command, in order; see the module docstring."""
+        if self.unknown is not None:
+            raise UnknownOutstanding(
+                f"a previous {self.unknown.command.kind.value} ended UNKNOWN; "
+                "reconcile() and acknowledge_unknown() first")
+        cmds = list(commands)
+        for c in cmds:
+            self._pdu(c)  # refuse an impossible command before anything is sent
+        return self._send_all(cmds)
+
+    def execute(self, command: Command) -> Result:
+        return self.run([command])[0]
+
+    def spec(self, register: str | int) -> RegisterSpec:
+        """A register by name or address; ``LocalProtocolError`` if unknown."""
+        return self._maps.spec(register)
+
+    def read_command(self, register: str | int, count: int = 1) -> Command:
+        spec = self.spec(register)
+        return Command(CommandKind.READ, spec.address, count,
+                       input_registers=spec.kind is RegisterKind.INPUT)
+
+    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
+        """An absolute write (FC06/FC16); see ``Device.write_command``."""
+        return self._maps.write_command(values)
+
+    def read(self, register: str | int, count: int = 1) -> Result:
+        return self.execute(self.read_command(register, count))
+
+    def write(self, values: Mapping[str | int, int | str]) -> Result:
+        return self.execute(self.write_command(values))
+
+    def write_if_generation(self, generation: int,
+                            values: Mapping[str | int, int | str]) -> Result:
+        raise LocalProtocolError(
+            "a conditional write needs the idemlink function 0x41, which a standard Modbus RTU "
+            "slave does not have; nothing was sent", Status.UNSUPPORTED)
+
+    def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
+        """FC06 of ``mask`` to a fault word (write 1 to clear): sent once."""
+        spec = self._the(RegisterKind.FAULT, register)
+        return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
+
+    def trigger(self, register: str | int | None = None) -> Result:
+        """FC06 of 1 to a trigger register: sent once; its answer is an echo (no code)."""
+        return self.execute(Command(CommandKind.TRIGGER,
+                                    self._the(RegisterKind.TRIGGER, register).address))
+
+    def trigger_reset(self, register: str | int | None = None) -> Result:
+        return self.execute(Command(CommandKind.TRIGGER_RESET,
+                                    self._the(RegisterKind.TRIGGER, register).address))
+
+    def trigger_status(self, register: str | int | None = None) -> Result:
+        return self.read(self._the(RegisterKind.TRIGGER, register).name)
+
+    def _the(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
+        return self._maps._the(kind, register)
+
+    # ------------------------------------------------------------------ UNKNOWN handling
+    def acknowledge_unknown(self) -> None:
+        self.unknown = None
+
+    def reconcile(self, result: Result | None = None) -> Reconciliation | None:
+        """Read back what an UNKNOWN command touched (and the generation counter) and judge
+        whether its intended state holds, as ``Device.reconcile`` does. Allowed while blocked."""
+        r = result if result is not None else self.unknown
+        if r is None:
+            return None
+        c = r.command
+        if not c.may_have_effect:
+            return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
+        span = max(c.count, len(c.values), 1)
+        gen = self.regmap.generation.address
+        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
+            back = [self._one(Command(CommandKind.READ, c.address, span)),
+                    self._one(Command(CommandKind.READ, gen, 1))]
+            if all(b.outcome is Outcome.OK and b.values for b in back):
+                return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
+        return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+class _NoPort:
+    """The transport of the map-only ``Device`` behind ``RtuDevice``'s helpers: never used."""
+
+    def write(self, data: bytes) -> None:
+        raise LocalProtocolError("the map helper sends nothing", Status.UNSUPPORTED)
+
+    def read(self, timeout: float) -> bytes:
+        raise LocalProtocolError("the map helper reads nothing", Status.UNSUPPORTED)
+
+    def now(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+def _is_serial_line(transport: SerialTransport) -> bool:
+    """A real UART (its baud rate paces the line), not a pty, socket or loop URL."""
+    name = str(getattr(transport.port, "portstr", "") or "")
+    if "://" in name:
+        return False
+    try:
+        return not os.path.realpath(name).startswith(("/dev/pts/", "/dev/ptmx"))
+    except (OSError, ValueError):
+        return True
+
+
+__all__ = ["RtuDevice"]

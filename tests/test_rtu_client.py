@@ -1,0 +1,544 @@
+"""The Modbus RTU client (``--modbus-rtu``): the sans-I/O ``RtuMaster`` rules on a simulated
+clock, ``RtuDevice`` over an in-process slave whose answers a test can lose, and the command line
+against ``idemlink sim --modbus-rtu`` and a pymodbus RTU server over real ptys (plain, and behind
+the link proxy losing answers). Ground truth: the simulator's effect log, the pymodbus server's
+write log, the requests counted at the link."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from idemlink.cli import main
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.link_proxy import LinkProxy
+from idemlink.device_sim.pty import open_pty
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.host.device import Command, CommandKind, LinkLost, NoDevice, UnknownOutstanding
+from idemlink.host.rtu_device import RtuDevice
+from idemlink.protocol.device_core import DeviceCore, EffectKind
+from idemlink.protocol.modbus import (
+    FunctionCode,
+    ReadRegisters,
+    TriggerRequest,
+    WriteIfGeneration,
+    WriteMultipleRegisters,
+    WriteSingleRegister,
+    decode_rtu,
+    encode_request,
+    encode_rtu,
+    exception_pdu,
+)
+from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.rtu_master import RtuMaster, retry_allowed
+
+TH, MODE, FAULTS, TRIG, GEN, TEMP = 4, 5, 7, 8, 3, 0  # addresses in the default map
+
+
+def pdu(req: Any) -> bytes:
+    return encode_request(req)
+
+
+# ---------------------------------------------------------------------- the rules (sans-I/O)
+
+
+def test_the_map_decides_what_may_be_retried() -> None:
+    m = DEFAULT_MAP
+    assert retry_allowed(pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, 0, 9)), m)
+    assert retry_allowed(pdu(ReadRegisters(FunctionCode.READ_INPUT_REGISTERS, 0, 3)), m)
+    assert retry_allowed(pdu(WriteSingleRegister(TH, 1)), m)
+    assert retry_allowed(pdu(WriteMultipleRegisters(TH, (1, 1, 1))), m)
+    for once in (WriteSingleRegister(FAULTS, 1), WriteSingleRegister(TRIG, 1),
+                 WriteSingleRegister(GEN, 1), WriteSingleRegister(0x200, 1),
+                 WriteMultipleRegisters(MODE, (1, 1, 1)),  # runs into the fault word
+                 WriteIfGeneration(0, TH, (1,)), TriggerRequest(TRIG, 1)):
+        assert not retry_allowed(pdu(once), m), once
+
+
+class Line:
+    """A simulated clock and what the master put on the line."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.t = 0.0
+        self.m = RtuMaster(DEFAULT_MAP, **kw)
+        self.frames: list[bytes] = []
+
+    def step(self, dt: float) -> None:
+        self.t += dt
+        self.m.tick(self.t)
+        self.collect()
+
+    def collect(self) -> None:
+        out = self.m.data_to_send()
+        if out:
+            self.frames.append(out)
+
+    def run_silent(self, seconds: float) -> list[Any]:
+        for _ in range(int(seconds / 0.01)):
+            self.step(0.01)
+        return self.m.events()
+
+    def answer(self, pdu_: bytes, unit: int = 1) -> None:
+        self.t += 0.001
+        self.m.receive_data(encode_rtu(unit, pdu_), self.t)
+        self.collect()
+
+
+def test_unanswered_read_and_holding_write_are_retried_trigger_and_clear_sent_once() -> None:
+    line = Line(timeout=0.1, attempts=3)
+    for tag, req in (("read", ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, TH, 1)),
+                     ("write", WriteSingleRegister(TH, 400)),
+                     ("trigger", WriteSingleRegister(TRIG, 1)),
+                     ("clear", WriteSingleRegister(FAULTS, 1))):
+        line.frames.clear()
+        line.m.submit(pdu(req), line.t, tag=tag)
+        line.collect()
+        (done,) = line.run_silent(1.0)
+        sends = 3 if tag in ("read", "write") else 1
+        assert (done.tag, done.outcome, done.status, done.attempts) == (
+            tag, Outcome.UNKNOWN, Status.NO_ANSWER, sends)
+        assert line.frames == [encode_rtu(1, pdu(req))] * sends
+
+
+def test_exceptions_map_to_outcomes_and_are_never_retried() -> None:
+    expected = {ModbusException.ILLEGAL_FUNCTION: Outcome.REJECTED,
+                ModbusException.ILLEGAL_DATA_ADDRESS: Outcome.REJECTED,
+                ModbusException.ILLEGAL_DATA_VALUE: Outcome.REJECTED,
+                ModbusException.SERVER_DEVICE_FAILURE: Outcome.UNKNOWN}
+    for exc, outcome in expected.items():
+        line = Line(timeout=0.1, attempts=5)
+        line.m.submit(pdu(WriteSingleRegister(TH, 1)), line.t, tag=exc)
+        line.collect()
+        line.answer(exception_pdu(FunctionCode.WRITE_SINGLE_REGISTER, exc))
+        (done,) = line.m.events()
+        assert (done.outcome, done.exception, done.attempts) == (outcome, exc, 1)
+        assert line.run_silent(0.5) == [] and len(line.frames) == 1
+
+
+def test_only_a_fitting_answer_from_the_unit_settles_a_request() -> None:
+    line = Line(timeout=0.1, attempts=2, unit=5)
+    req = pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, TH, 2))
+    line.m.submit(req, line.t, tag="r")
+    line.collect()
+    line.answer(bytes([3, 4, 0, 1, 0, 2]), unit=6)  # another slave
+    line.answer(bytes([3, 2, 0, 1]))  # wrong unit and count
+    line.answer(bytes([3, 2, 0, 1]), unit=5)  # right unit, wrong count
+    line.answer(bytes([6, 0, TH, 0, 1]), unit=5)  # another function
+    assert line.m.events() == [] and line.m.ignored == 4
+    line.answer(bytes([3, 4, 0, 1, 0, 2]), unit=5)
+    (done,) = line.m.events()
+    assert done.outcome is Outcome.OK and done.pdu == bytes([3, 4, 0, 1, 0, 2])
+
+
+def test_one_request_at_a_time_with_t35_between() -> None:
+    line = Line(timeout=0.1, baudrate=9600)
+    gap = line.m.frame_gap
+    assert gap == pytest.approx(3.5 * 11 / 9600)
+    line.m.submit(pdu(WriteSingleRegister(TH, 1)), line.t, tag=1)
+    line.m.submit(pdu(WriteSingleRegister(MODE, 1)), line.t, tag=2)
+    line.collect()
+    assert len(line.frames) == 1  # the second waits for the first
+    line.answer(pdu(WriteSingleRegister(TH, 1))[0:1] + bytes([0, TH, 0, 1]))
+    assert [e.tag for e in line.m.events()] == [1] and len(line.frames) == 1
+    answered = line.t
+    assert line.m.next_deadline() == pytest.approx(answered + gap)
+    line.step(gap / 2)
+    assert len(line.frames) == 1  # the line must stay silent for t3.5
+    line.step(gap)
+    assert len(line.frames) == 2 and line.frames[1] == encode_rtu(1, pdu(WriteSingleRegister(MODE, 1)))
+
+
+def test_broadcast_is_sent_once_never_awaited_and_cannot_read() -> None:
+    line = Line(timeout=0.1, attempts=5, unit=0, turnaround=0.05)
+    line.m.submit(pdu(WriteSingleRegister(TH, 1)), line.t, tag="b")
+    line.collect()
+    (done,) = line.run_silent(0.2)
+    assert (done.outcome, done.status, done.attempts) == (Outcome.UNKNOWN, Status.NO_ANSWER, 1)
+    assert line.frames == [encode_rtu(0, pdu(WriteSingleRegister(TH, 1)))]
+    with pytest.raises(LocalProtocolError, match="broadcast"):
+        line.m.submit(pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, 0, 1)), line.t)
+
+
+def test_abandon_is_unknown_for_the_request_out_not_executed_for_the_rest() -> None:
+    line = Line()
+    line.m.submit(pdu(WriteSingleRegister(TRIG, 1)), 0.0, tag="out")
+    line.m.submit(pdu(WriteSingleRegister(TH, 1)), 0.0, tag="queued")
+    line.m.abandon(Status.LINK_LOST)
+    assert [(e.tag, e.outcome, e.status) for e in line.m.events()] == [
+        ("out", Outcome.UNKNOWN, Status.LINK_LOST), ("queued", Outcome.NOT_EXECUTED, None)]
+
+
+# -------------------------------------------------- RtuDevice over an in-process, lossy slave
+
+
+class LossyWire:
+    """``RtuDevice``'s transport, in process, on a simulated clock: requests reach an
+    ``RtuServer`` whole; ``lose(request_pdu, n)`` says whether the n-th answer is lost."""
+
+    def __init__(self, lose: Callable[[bytes, int], bool], trigger_duration: float = 5.0) -> None:
+        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=trigger_duration)
+        self.server = RtuServer(self.core, unit=1)
+        self.lose = lose
+        self.t = 0.0
+        self.requests: list[bytes] = []
+        self._inbox = b""
+
+    def write(self, data: bytes) -> None:
+        self.t += 0.001
+        self.requests.append(data)
+        answer = self.server.receive(data, self.t)
+        n = sum(r == data for r in self.requests)
+        if answer and not self.lose(decode_rtu(data).pdu, n):
+            self._inbox += answer
+
+    def read(self, timeout: float) -> bytes:
+        data, self._inbox = self._inbox, b""
+        if not data:
+            self.t += timeout
+            self.server.receive(b"", self.t)
+        return data
+
+    def now(self) -> float:
+        return self.t
+
+    def close(self) -> None:
+        pass
+
+
+def lossy(lose: Callable[[bytes, int], bool]) -> tuple[RtuDevice, LossyWire]:
+    wire = LossyWire(lose)
+    return RtuDevice(wire, timeout=0.1, attempts=5), wire
+
+
+def writes_to(address: int) -> Callable[[bytes, int], bool]:
+    return lambda p, n: p[0] == FunctionCode.WRITE_SINGLE_REGISTER and p[1:3] == address.to_bytes(2, "big")
+
+
+def test_trigger_without_answer_is_unknown_sent_once_and_ran_once() -> None:
+    dev, wire = lossy(writes_to(TRIG))
+    r = dev.trigger()
+    assert (r.outcome, r.status, r.attempts) == (Outcome.UNKNOWN, Status.NO_ANSWER, 1)
+    assert len(wire.requests) == 1
+    assert wire.core.count(EffectKind.TRIGGER_STARTED) == 1
+    with pytest.raises(UnknownOutstanding):
+        dev.read("threshold")
+    rec = dev.reconcile()
+    assert rec is not None and rec.intended_state_holds is True and "0x0001" in rec.summary
+    dev.acknowledge_unknown()
+    assert dev.read("self_clean").values == (1,)
+
+
+def test_fault_clear_without_answer_is_unknown_and_sent_once() -> None:
+    dev, wire = lossy(writes_to(FAULTS))
+    r = dev.clear_faults(1)
+    assert (r.outcome, r.attempts, len(wire.requests)) == (Outcome.UNKNOWN, 1, 1)
+
+
+def test_set_only_write_is_retried_until_answered_and_holds() -> None:
+    dev, wire = lossy(lambda p, n: p[0] == FunctionCode.WRITE_SINGLE_REGISTER and n <= 2)
+    r = dev.write({"threshold": 420})
+    assert (r.outcome, r.attempts) == (Outcome.OK, 3)
+    assert wire.core.read(TH, 1) == (420,)
+    # no de-duplication on Modbus RTU: it ran three times, to the same absolute value
+    assert sum(e.kind is EffectKind.SET for e in wire.core.log) == 1
+
+
+def test_a_run_stops_sending_after_an_unknown_with_effect() -> None:
+    dev, wire = lossy(writes_to(TRIG))
+    results = dev.run([Command(CommandKind.TRIGGER, TRIG), dev.write_command({"mode": 2})])
+    assert [r.outcome for r in results] == [Outcome.UNKNOWN, Outcome.NOT_EXECUTED]
+    assert len(wire.requests) == 1
+
+
+def test_idemlink_only_functions_are_refused_before_sending() -> None:
+    dev, wire = lossy(lambda p, n: False)
+    with pytest.raises(LocalProtocolError, match="0x41"):
+        dev.write_if_generation(0, {"threshold": 1})
+    with pytest.raises(LocalProtocolError, match="0x45"):
+        dev.run([Command(CommandKind.READ, TH), Command(CommandKind.FILE_INFO, 0, name="a")])
+    assert wire.requests == []
+
+
+def test_trigger_is_fc06_of_one_and_reset_of_zero() -> None:
+    dev, wire = lossy(lambda p, n: False)
+    assert dev.trigger().ok and dev.trigger_reset().ok
+    assert [decode_rtu(f).pdu for f in wire.requests] == [
+        pdu(WriteSingleRegister(TRIG, 1)), pdu(WriteSingleRegister(TRIG, 0))]
+    assert dev.trigger().code is None  # an echo carries no trigger code
+
+
+# ------------------------------------------------------------------ over real ptys (CLI)
+
+
+@pytest.fixture
+def sim_core() -> Iterator[tuple[str, DeviceCore]]:
+    """The RTU simulator in process on a pty: (client path, its core)."""
+    pair = open_pty()
+    core = DeviceCore(DEFAULT_MAP, trigger_duration=0.3)
+    server = RtuServer(core, unit=1)
+    stop = threading.Event()
+    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    th.start()
+    yield pair.slave_path, core
+    stop.set()
+    th.join(5)
+    pair.close()
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_cli_against_the_rtu_simulator(sim_core: tuple[str, DeviceCore],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    port, core = sim_core
+    rtu = ("--port", port, "--modbus-rtu")
+    rc, out, _ = cli(capsys, "read", "threshold", *rtu, "--json")
+    assert rc == 0 and json.loads(out)["values"] == {"threshold": 350}
+    assert cli(capsys, "write", "threshold=41", *rtu)[0] == 0
+    assert core.read(TH, 1) == (410,)
+    rc, out, _ = cli(capsys, "write", "threshold=41", "mode=7", "--no-check", *rtu)
+    assert rc == 4 and "ILLEGAL_DATA_VALUE" in out
+    rc, out, _ = cli(capsys, "faults", *rtu)
+    assert rc == 0 and "none latched" in out
+    rc, out, _ = cli(capsys, "clear", *rtu)
+    assert rc == 0 and "clear faults mask 0x0007: OK" in out
+    rc, out, _ = cli(capsys, "trigger", *rtu)
+    assert rc == 0 and "state now RUNNING" in out
+    assert core.count(EffectKind.TRIGGER_STARTED) == 1
+    rc, _, err = cli(capsys, "write", "threshold=41", "--if-generation", "0", *rtu)
+    assert rc == 1 and "0x41" in err
+    rc, _, err = cli(capsys, "read", *rtu, "--unit", "9", "--attempts", "1", "--timeout", "0.05")
+    assert rc == 1 and "no Modbus RTU slave answered at unit 9" in err
+    for bad, why in ((("--unit", "0"), "outside 1..247"), (("--trace", "t.jsonl"), "--trace")):
+        rc, _, err = cli(capsys, "read", *rtu, *bad)
+        assert rc == 1 and why in err and len(err.splitlines()) == 1
+    rc, _, err = cli(capsys, "read", "--port", port, "--unit", "2")
+    assert rc == 1 and "needs --modbus-rtu" in err
+
+
+def test_framed_command_meeting_rtu_says_add_modbus_rtu(
+        sim_core: tuple[str, DeviceCore], capsys: pytest.CaptureFixture[str]) -> None:
+    port, _ = sim_core
+    rc, out, err = cli(capsys, "read", "--port", port, "--attempts", "1", "--timeout", "0.1")
+    assert rc == 1 and out == ""
+    assert err.strip() == (f"idemlink read: {port}: this port answers Modbus RTU, not idemlink: "
+                           "add --modbus-rtu")
+
+
+def test_watch_polls_a_modbus_rtu_slave(sim_core: tuple[str, DeviceCore],
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    port, _ = sim_core
+    rc, out, _ = cli(capsys, "watch", "threshold", "mode", "--port", port, "--modbus-rtu",
+                     "--count", "2", "--interval", "0.05", "--csv")
+    assert rc == 0 and "threshold,4,350" in out and "mode,5,1" in out
+
+
+def test_answers_lost_on_a_real_line(sim_core: tuple[str, DeviceCore]) -> None:
+    """Behind the link proxy losing bytes of the answers only: every trigger request reaches the
+    simulator exactly once (triggers sent == triggers started == trigger frames at the link),
+    an unanswered one is UNKNOWN; set-only writes are retried and the value holds."""
+    port, core = sim_core
+    answers = LinkConfig(loss=0.08, seed=7)
+    requests = bytearray()
+
+    def tap(direction: str, data: bytes, t: float) -> None:
+        if direction == "b->a":
+            requests.extend(data)
+
+    with LinkProxy(port, None, answers, LinkConfig(), tap=tap).start() as proxy:
+        dev = RtuDevice.open(proxy.b_path, timeout=0.05, attempts=20, probe=False)
+        with dev:
+            outcomes = []
+            for value in range(400, 410):
+                assert dev.write({"threshold": value}).outcome is Outcome.OK
+                assert core.read(TH, 1) == (value,)
+            for _ in range(12):
+                r = dev.trigger()
+                assert r.attempts == 1 and r.outcome in (Outcome.OK, Outcome.UNKNOWN)
+                outcomes.append(r.outcome)
+                dev.acknowledge_unknown()
+                dev.trigger_reset()  # may itself go unanswered: the state says
+                dev.acknowledge_unknown()
+                while core.read(TRIG, 1) != (0,):
+                    dev.trigger_reset()
+                    dev.acknowledge_unknown()
+    assert Outcome.UNKNOWN in outcomes and Outcome.OK in outcomes
+    assert bytes(requests).count(encode_rtu(1, pdu(WriteSingleRegister(TRIG, 1)))) == 12
+    assert core.count(EffectKind.TRIGGER_STARTED) == 12
+
+
+# ------------------------------------------------------------------------ pymodbus's server
+
+
+class PymodbusSlave:
+    """A pymodbus RTU server (unit 1, the default map's nine registers) on ``path``, in a thread;
+    ``writes`` logs every write it executed, ``fail`` maps an address to the exception code its
+    writes answer, ``lost`` is how many answers the server's tracer dropped."""
+
+    def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
+        from pymodbus.server import ModbusSerialServer
+        from pymodbus.simulator import DataType, SimData, SimDevice
+
+        self.writes: list[tuple[int, list[int]]] = []
+        self.fail: dict[int, Any] = {}
+        self.values = [s.default for s in DEFAULT_MAP]
+        self.drop = drop
+        self.lost = 0
+
+        async def action(fc: int, start: int, address: int, count: int, regs: list[int],
+                         set_values: list[int] | None) -> Any:
+            if set_values is not None:
+                if address in self.fail:
+                    return self.fail[address]
+                self.writes.append((address, list(set_values)))
+                self.values[address:address + len(set_values)] = list(set_values)
+            return None
+
+        def trace(sending: bool, frame: bytes) -> bytes:
+            if sending and self.drop(frame):
+                self.lost += 1
+                return b""
+            return frame
+
+        device = SimDevice(1, simdata=[SimData(0, values=list(self.values),
+                                               datatype=DataType.REGISTERS)], action=action)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def serve() -> None:  # the server binds to the running loop
+            self.server = ModbusSerialServer(device, port=path, baudrate=115200,
+                                             trace_packet=trace)
+            ready.set()
+            await self.server.serve_forever()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(serve())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(5)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(5)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def proxy_pair() -> Iterator[LinkProxy]:
+    with LinkProxy(None, None, LinkConfig()).start() as proxy:
+        yield proxy
+
+
+def _open_when_ready(path: str) -> RtuDevice:
+    """pymodbus opens its port asynchronously: retry the first probe a few times."""
+    for _ in range(20):
+        try:
+            return RtuDevice.open(path, timeout=0.1, attempts=2)
+        except NoDevice:  # until the server listens
+            continue
+    return RtuDevice.open(path, timeout=0.1, attempts=2)
+
+
+def test_pymodbus_server_read_write_clear_trigger_and_exceptions(
+        proxy_pair: LinkProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    from pymodbus.constants import ExcCodes
+
+    slave = PymodbusSlave(proxy_pair.a_path)
+    try:
+        _open_when_ready(proxy_pair.b_path).close()
+        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu")
+        rc, out, _ = cli(capsys, "read", *rtu, "--json")
+        assert rc == 0 and json.loads(out)["values"]["fan_speed"] == 1200
+        assert cli(capsys, "write", "threshold=40", "mode=2", *rtu)[0] == 0
+        assert cli(capsys, "clear", "--mask", "1", *rtu)[0] == 0
+        rc, out, _ = cli(capsys, "trigger", *rtu)
+        assert rc == 0 and "state now RUNNING" in out  # pymodbus stores the 1 written
+        assert slave.writes == [(TH, [400, 2]), (FAULTS, [1]), (TRIG, [1])]
+        slave.fail[MODE] = ExcCodes.ILLEGAL_VALUE
+        rc, out, _ = cli(capsys, "write", "mode=1", *rtu)
+        assert rc == 4 and "REJECTED (Modbus exception ILLEGAL_DATA_VALUE)" in out
+        slave.fail[TH] = ExcCodes.DEVICE_FAILURE
+        rc, out, _ = cli(capsys, "write", "threshold=30", *rtu, "--json")
+        doc = json.loads(out)
+        assert rc == 5 and doc["writes"][0]["exception"] == "SERVER_DEVICE_FAILURE"
+        assert doc["reconcile"]["intended_state_holds"] is False  # read back: still 400
+    finally:
+        slave.close()
+
+
+def test_pymodbus_server_losing_answers(proxy_pair: LinkProxy,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The server executes but its answers to writes are lost: the trigger and the fault clear
+    are UNKNOWN and were written once; the set-only write is retried (several executions, same
+    value) and, answered at last, holds."""
+    lost_writes = {"n": 0}
+
+    def drop(frame: bytes) -> bool:
+        if frame[1] != FunctionCode.WRITE_SINGLE_REGISTER:
+            return False
+        address = int.from_bytes(frame[2:4], "big")
+        if address in (TRIG, FAULTS):
+            return True
+        lost_writes["n"] += 1
+        return lost_writes["n"] <= 2
+
+    slave = PymodbusSlave(proxy_pair.a_path, drop)
+    try:
+        _open_when_ready(proxy_pair.b_path).close()
+        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", "0.1")
+        rc, out, _ = cli(capsys, "trigger", *rtu, "--json")
+        doc = json.loads(out)
+        assert rc == 5 and doc["attempts"] == 1 and doc["outcome"] == "UNKNOWN"
+        assert doc["reconcile"]["intended_state_holds"] is True
+        rc, out, _ = cli(capsys, "clear", "--mask", "1", *rtu, "--json")
+        assert rc == 5 and json.loads(out)["clear"]["attempts"] == 1
+        rc, out, _ = cli(capsys, "write", "threshold=44", *rtu, "--json")
+        assert rc == 0 and json.loads(out)["writes"][0]["attempts"] == 3
+        assert slave.writes == [(TRIG, [1]), (FAULTS, [1])] + [(TH, [440])] * 3
+        assert slave.values[TH] == 440
+    finally:
+        slave.close()
+
+
+def test_sim_subprocess_serves_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    """``idemlink sim --modbus-rtu`` as its own process, as a user runs it."""
+    from test_rtu_interop import start_sim, stop_sim
+
+    proc, path = start_sim("--trigger-duration", "0.2")
+    try:
+        rtu = ("--port", path, "--modbus-rtu")
+        assert cli(capsys, "write", "fan_setpoint=70", *rtu)[0] == 0
+        rc, out, _ = cli(capsys, "read", "fan_setpoint", "generation", *rtu, "--json")
+        assert rc == 0 and json.loads(out)["values"] == {"fan_setpoint": 70, "generation": 1}
+        rc, out, _ = cli(capsys, "trigger", "--status", *rtu)
+        assert rc == 0 and "IDLE" in out
+    finally:
+        assert stop_sim(proc, signal.SIGTERM) == 0
+
+
+class FailingWire(LossyWire):
+    """The port fails at the first read after a request went out."""
+
+    def read(self, timeout: float) -> bytes:
+        raise OSError(5, "Input/output error")
+
+
+def test_port_failing_while_a_trigger_is_out_is_link_lost_unknown_and_blocks() -> None:
+    wire = FailingWire(lambda p, n: False)
+    dev = RtuDevice(wire, timeout=0.1)
+    with pytest.raises(LinkLost) as caught:
+        dev.trigger()
+    (r,) = caught.value.results
+    assert (r.outcome, r.status, caught.value.unknown) == (Outcome.UNKNOWN, Status.LINK_LOST, True)
+    assert len(wire.requests) == 1 and dev.unknown is r
