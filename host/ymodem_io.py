@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -143,11 +143,23 @@ class DirectorySink:
             raise SinkRefused(f"{ev.name} exists (use --overwrite)")
         if self.quota is not None and ev.size is not None and self.used + ev.size > self.quota:
             raise SinkRefused(f"{ev.name}: {ev.size} bytes exceed the quota")
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=".ymodem-", suffix=".part", dir=self.directory)
-        except OSError as exc:
-            raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
-        self._fd, self._tmp, self._file, self._written = fd, Path(tmp), ev, 0
+        # The name is recorded before the file is created, so an interrupt (Ctrl-C, SIGTERM)
+        # landing between the creation and the bookkeeping still finds and removes it.
+        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        for _ in range(100):
+            self._tmp = Path(self.directory) / f".ymodem-{secrets.token_hex(6)}.part"
+            try:
+                fd = os.open(self._tmp, flags, 0o600)
+                break
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                self._tmp = None
+                raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
+        else:
+            self._tmp = None
+            raise SinkRefused("cannot create a temporary file: every name taken")
+        self._fd, self._file, self._written = fd, ev, 0
 
     def write(self, offset: int, data: bytes) -> None:
         if self._fd is None:
