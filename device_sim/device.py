@@ -166,7 +166,7 @@ class ExecutionLog:
 
 
 def _is_receive_temporary(name: str) -> bool:
-    """The YMODEM receiver's uncommitted temporaries (host.ymodem_io.DirectorySink names them
+    """The YMODEM receiver's uncommitted temporaries (protocol.ymodem_files.DirectorySink names them
     ``.ymodem-<random>.part``); any other name, dot-files included, may be a committed file."""
     return name.startswith(".ymodem-") and name.endswith(".part")
 

@@ -2,7 +2,7 @@
 
 After a FILE_RECEIVE command (``idemlink.protocol.modbus.FunctionCode.FILE_RECEIVE``) the serve loop hands
 its transport to ``receive_batch``: the same sans-I/O receiver as ``idemlink receive``
-(``idemlink.host.ymodem_io.ReceiverDriver``, the idempotent EOT machine) writes into the device's
+(``idemlink.protocol.ymodem_files.ReceiverDriver``, the idempotent EOT machine) writes into the device's
 ``files_dir`` through the safe ``DirectorySink`` (invisible until complete, never outside the
 directory, never a half file). The batch ends on the empty header, on CAN CAN, on the receiver's own
 timeouts (no sender: 'C' every second, ten times), or when the server is stopped — and the port
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.host.ymodem_io import DirectorySink, ReceiverDriver, TransferReport
 from idemlink.protocol.ymodem import ReceiverConfig
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, TransferReport
 
 DEVICE_RECEIVER = ReceiverConfig(c_interval=1.0, header_retries=10)
 """The device gives up after ~10 s without a sender (the spec's 'C' cadence would wait 60 s)."""

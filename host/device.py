@@ -78,8 +78,8 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.session import DeviceInfo, printable
 
 if TYPE_CHECKING:
-    from idemlink.host.ymodem_io import FileResult, TransferReport
     from idemlink.protocol.ymodem import SenderConfig
+    from idemlink.protocol.ymodem_files import FileResult, TransferReport
 
 log = logging.getLogger(__name__)
 
@@ -982,7 +982,8 @@ class Device:
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from idemlink.host.ymodem_io import TransferReport, send_files
+        from idemlink.host.ymodem_io import send_files
+        from idemlink.protocol.ymodem_files import TransferReport
 
         paths, digests, handover = self._prepare_batch(paths, overwrite)
         identical, asked = self._drive(self._already_there_steps(paths, digests, overwrite))
@@ -1030,7 +1031,7 @@ class Device:
         the same size and CRC-32C -> that file is not sent again (``identical``); different bytes
         without ``overwrite`` -> ``ValueError`` naming the file and ``--overwrite`` before anything
         is switched. A question that got no answer decides nothing: the file is sent."""
-        from idemlink.host.ymodem_io import FileResult
+        from idemlink.protocol.ymodem_files import FileResult
 
         cmds = [Command(CommandKind.FILE_INFO, 0, name=Path(p).name) for p in paths]
         answers = yield from self._wave_steps(cmds)

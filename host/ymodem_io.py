@@ -5,52 +5,40 @@ Contract:
 - ``send_files(port, paths)`` / ``receive_files(port, sink)`` drive the sans-I/O core over any
   open pyserial port (``serial_for_url`` works: ``/dev/ttyUSB0``, a pty, ``socket://``...) and
   return a ``TransferReport`` (per-file results, bytes, seconds, throughput).
-- ``DirectorySink`` is the safe file sink: each file is written to a hidden temporary file in the
-  target directory and becomes visible only on commit (truncate to the declared size, fsync,
-  sanitised mode, mtime, then link/rename); it never writes outside its directory, enforces a
-  byte quota, never replaces an existing file unless ``overwrite``; any refusal or write error
-  raises ``SinkRefused`` and the driver cancels the batch (CAN CAN) and deletes the temporary file.
-- ``ReceiverDriver`` couples a ``Receiver`` to any ``FileSink`` without touching a port, so the
-  simulated device can embed the same receiver on its own port loop (``feed(data, now) -> bytes``).
+- The receiving side's file handling (``DirectorySink``, the port-less ``ReceiverDriver``, the
+  report types) lives in ``idemlink.protocol.ymodem_files``, shared with the simulated device.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import secrets
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from idemlink.protocol.ymodem import (
     Aborted,
     BatchEnded,
-    Event,
     FileCommitted,
-    FileData,
-    FileStarted,
     FileUnconfirmed,
-    HeaderRefused,
     Progress,
-    Receiver,
     ReceiverConfig,
-    RxState,
     Sender,
     SenderConfig,
     SendFile,
     TxState,
-    check_name,
-    sanitize_mode,
+)
+from idemlink.protocol.ymodem_files import (
+    FileResult,
+    FileSink,
+    ProgressCallback,
+    ReceiverDriver,
+    TransferReport,
 )
 
 log = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[str, int, int | None], None]
-"""``progress(name, bytes_done, size_or_None)``."""
 
 
 class PortLike(Protocol):
@@ -62,238 +50,6 @@ class PortLike(Protocol):
     def write(self, data: bytes, /) -> int | None: ...
     @property
     def in_waiting(self) -> int: ...
-
-
-class SinkRefused(Exception):
-    """The sink will not take (or keep) this file; the transfer is cancelled."""
-
-
-class FileSink(Protocol):
-    """Where a receiver's files go. One file is open at a time."""
-
-    def open(self, ev: FileStarted) -> None: ...
-    def write(self, offset: int, data: bytes) -> None: ...
-    def commit(self, name: str, size: int) -> Path | str: ...
-    def discard(self) -> None: ...
-
-
-@dataclass(slots=True)
-class FileResult:
-    name: str
-    size: int
-    ok: bool
-    seconds: float
-    detail: str = ""
-    unconfirmed: bool = False  #: the whole file went out, the receiver never proved it kept it
-    verified: bool | None = None  #: framed hand-over read-back: same bytes / not / no answer
-    identical: bool = False  #: already on the device with the same size and CRC-32C: not sent
-
-
-@dataclass(slots=True)
-class TransferReport:
-    files: list[FileResult] = field(default_factory=list)
-    ok: bool = False
-    reason: str = ""
-    bytes: int = 0
-    seconds: float = 0.0
-    final_ack: bool = True
-
-    @property
-    def throughput(self) -> float:
-        """Payload bytes per second over the whole batch."""
-        return self.bytes / self.seconds if self.seconds > 0 else 0.0
-
-
-class DirectorySink:
-    """Safe sink into one directory (see the module contract)."""
-
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        overwrite: bool = False,
-        quota: int | None = None,
-        default_mode: int = 0o644,
-    ) -> None:
-        self.directory = Path(directory).resolve()
-        if not self.directory.is_dir():
-            raise SinkRefused(f"not a directory: {self.directory}")
-        self.overwrite = overwrite
-        self.quota = quota
-        self.default_mode = default_mode
-        self.used = 0
-        self._fd: int | None = None
-        self._tmp: Path | None = None
-        self._file: FileStarted | None = None
-        self._written = 0
-
-    def _target(self, name: str) -> Path:
-        checked = check_name(name.encode("utf-8"))
-        if not isinstance(checked, str):
-            raise SinkRefused(f"name refused: {checked.value}")
-        target = self.directory / checked
-        if target.parent != self.directory:  # belt and braces: one component only
-            raise SinkRefused("name escapes the target directory")
-        return target
-
-    def open(self, ev: FileStarted) -> None:
-        self.discard()
-        target = self._target(ev.name)
-        if not self.overwrite and os.path.lexists(target):
-            raise SinkRefused(f"{ev.name} exists (use --overwrite)")
-        if self.quota is not None and ev.size is not None and self.used + ev.size > self.quota:
-            raise SinkRefused(f"{ev.name}: {ev.size} bytes exceed the quota")
-        # The name is recorded before the file is created, so an interrupt (Ctrl-C, SIGTERM)
-        # landing between the creation and the bookkeeping still finds and removes it.
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        for _ in range(100):
-            self._tmp = Path(self.directory) / f".ymodem-{secrets.token_hex(6)}.part"
-            try:
-                fd = os.open(self._tmp, flags, 0o600)
-                break
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                self._tmp = None
-                raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
-        else:
-            self._tmp = None
-            raise SinkRefused("cannot create a temporary file: every name taken")
-        self._fd, self._file, self._written = fd, ev, 0
-
-    def write(self, offset: int, data: bytes) -> None:
-        if self._fd is None:
-            raise SinkRefused("data without an open file")
-        if self.quota is not None and self.used + offset + len(data) > self.quota:
-            raise SinkRefused("byte quota exceeded")
-        try:
-            os.pwrite(self._fd, data, offset)
-        except OSError as exc:
-            raise SinkRefused(f"write error: {exc.strerror or exc}") from exc
-        self._written = max(self._written, offset + len(data))
-
-    def commit(self, name: str, size: int) -> Path:
-        if self._fd is None or self._tmp is None or self._file is None:
-            raise SinkRefused("commit without an open file")
-        ev, tmp, fd = self._file, self._tmp, self._fd
-        target = self._target(name)
-        try:
-            os.ftruncate(fd, size)
-            os.fchmod(fd, sanitize_mode(ev.mode, self.default_mode))
-            os.fsync(fd)
-            os.close(fd)
-            self._fd = None
-            if ev.mtime is not None:
-                os.utime(tmp, (ev.mtime, ev.mtime))
-            if self.overwrite:
-                os.replace(tmp, target)
-            else:
-                os.link(tmp, target)  # fails if the name appeared meanwhile: never overwrite
-                os.unlink(tmp)
-        except (OSError, OverflowError) as exc:  # utime: a header mtime beyond time_t overflows
-            self.discard()
-            detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise SinkRefused(f"commit failed: {detail}") from exc
-        self._tmp = self._file = None
-        self.used += size
-        return target
-
-    def discard(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        if self._tmp is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self._tmp)
-            self._tmp = None
-        self._file = None
-
-
-class ReceiverDriver:
-    """A ``Receiver`` and a ``FileSink``: bytes in, bytes out, files handled; no port."""
-
-    def __init__(
-        self,
-        sink: FileSink,
-        config: ReceiverConfig | None = None,
-        progress: ProgressCallback | None = None,
-    ) -> None:
-        self.rx = Receiver(config)
-        self.sink = sink
-        self.progress = progress
-        self.report = TransferReport()
-        self._current: FileStarted | None = None
-        self._started_at = 0.0
-        self._t0: float | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.rx.state in (RxState.DONE, RxState.ABORTED)
-
-    def start(self, now: float) -> bytes:
-        self._t0 = now
-        self.rx.start(now)
-        return self.rx.data_to_send()
-
-    def feed(self, data: bytes, now: float) -> bytes:
-        """Bytes from the line (may be empty) at ``now``; returns the bytes to write back."""
-        if data:
-            self.rx.receive_data(data, now)
-        self.rx.tick(now)
-        self._handle_events(now)
-        return self.rx.data_to_send()
-
-    def next_deadline(self) -> float | None:
-        return self.rx.next_deadline()
-
-    def close(self) -> None:
-        """Whatever way the batch ends (done, CAN, Ctrl-C, a dead port): the uncommitted file, if
-        any, is discarded (temporary deleted, descriptor closed). Committed files stay."""
-        self.sink.discard()
-
-    def _handle_events(self, now: float) -> None:
-        while (ev := self.rx.next_event()) is not None:
-            try:
-                self._handle(ev, now)
-            except SinkRefused as exc:
-                log.warning("receiver: %s", exc)
-                self.sink.discard()
-                self.rx.abort(str(exc), now)  # drops the pending ACK, queues CAN CAN
-
-    def _handle(self, ev: Event, now: float) -> None:
-        if isinstance(ev, FileStarted):
-            self._current, self._started_at = ev, now
-            self.sink.open(ev)
-        elif isinstance(ev, FileData):
-            self.sink.write(ev.offset, ev.data)
-            if self.progress and self._current:
-                self.progress(self._current.name, ev.offset + len(ev.data), self._current.size)
-        elif isinstance(ev, FileCommitted):
-            where = self.sink.commit(ev.name, ev.size)
-            self.report.files.append(
-                FileResult(ev.name, ev.size, True, now - self._started_at, str(where))
-            )
-            self.report.bytes += ev.size
-            self._current = None
-        elif isinstance(ev, HeaderRefused):
-            self.report.files.append(
-                FileResult(ev.raw_name.decode("utf-8", "replace"), 0, False, 0.0, ev.reason.value)
-            )
-        elif isinstance(ev, BatchEnded):
-            self.report.ok = True
-            self._close(now)
-        elif isinstance(ev, Aborted):
-            self.sink.discard()
-            if self._current is not None:
-                self.report.files.append(
-                    FileResult(self._current.name, 0, False, now - self._started_at, ev.reason)
-                )
-                self._current = None
-            self.report.reason = ev.reason
-            self._close(now)
-
-    def _close(self, now: float) -> None:
-        self.report.seconds = now - (self._t0 if self._t0 is not None else now)
 
 
 _POLL = 0.002  # port read timeout: the loop's granularity for deadlines

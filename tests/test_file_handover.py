@@ -131,8 +131,8 @@ def test_cli_send_exits_unknown_when_the_hand_over_is_unknown_and_the_batch_fail
     switch (or did and gave up) — exit 5 (UNKNOWN), not 1 ("local error, nothing sent")."""
     import idemlink.host.device as hd
     from idemlink.cli import EXIT_UNKNOWN, main
-    from idemlink.host.ymodem_io import FileResult, TransferReport
     from idemlink.protocol.outcome import Status
+    from idemlink.protocol.ymodem_files import FileResult, TransferReport
 
     f = tmp_path / "fw.bin"
     f.write_bytes(b"x" * 100)

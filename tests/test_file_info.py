@@ -23,6 +23,7 @@ from idemlink.protocol.modbus import (
     encode_response,
 )
 from idemlink.protocol.outcome import ModbusException, Outcome
+from idemlink.protocol.ymodem_files import TransferReport
 from idemlink.pytest_plugin import start_pty_sim
 
 # CRC-32C check value of the standard "123456789" (RFC 3720 B.4 / the CRC catalogue), so the tests
@@ -192,7 +193,7 @@ def test_a_file_the_device_lacks_after_the_batch_is_failed(
     sim = start_pty_sim(SimulatedDevice(seed=4, flash_dir=flash))
     real = yio.send_files
 
-    def send_then_lose(*args: object, **kw: object) -> yio.TransferReport:
+    def send_then_lose(*args: object, **kw: object) -> TransferReport:
         report = real(*args, **kw)  # type: ignore[arg-type]
         (flash / "files" / "conf.txt").unlink()
         (flash / "files" / "image.bin").write_bytes(b"other bytes")
@@ -227,7 +228,7 @@ def test_an_unconfirmed_file_that_is_there_is_verified(
     sim = start_pty_sim(SimulatedDevice(seed=5, flash_dir=tmp_path / "flash"))
     real = yio.send_files
 
-    def unconfirmed(*args: object, **kw: object) -> yio.TransferReport:
+    def unconfirmed(*args: object, **kw: object) -> TransferReport:
         report = real(*args, **kw)  # type: ignore[arg-type]
         for f in report.files:
             f.ok, f.unconfirmed, f.detail = False, True, "not confirmed"

@@ -11,11 +11,11 @@ import pytest
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Command, CommandKind, Device
-from idemlink.host.ymodem_io import DirectorySink, ReceiverDriver
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.ymodem import CAN, Sender, SendFile, TxState
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver
 
 HASH = b"12345678"
 READ = b"\x03\x00\x00\x00\x01"

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from idemlink.host.ymodem_io import DirectorySink, ReceiverDriver, SinkRefused
 from idemlink.protocol.ymodem import (
     CAN,
     FileStarted,
@@ -25,6 +24,7 @@ from idemlink.protocol.ymodem import (
     SendFile,
     TxState,
 )
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, SinkRefused
 
 
 def run(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: float = 600.0) -> bytes:

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import serial
 
-from idemlink.host.ymodem_io import DirectorySink, TransferReport, receive_files, send_files
+from idemlink.host.ymodem_io import receive_files, send_files
 from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
+from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("socat") and shutil.which("sb") and shutil.which("rb")),

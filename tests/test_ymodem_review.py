@@ -22,9 +22,10 @@ import pytest
 import serial
 from test_ymodem_core import Pair, files_of
 
-from idemlink.host.ymodem_io import DirectorySink, TransferReport, receive_files
+from idemlink.host.ymodem_io import receive_files
 from idemlink.protocol import ymodem as ym
 from idemlink.protocol.ymodem import HeaderRefusal, NameRefusal, ReceiverConfig
+from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
 
 # --- 1. block 0 cut by a long name ----------------------------------------------------------------
 

@@ -226,8 +226,9 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
 
 
 def run_receive(args: argparse.Namespace) -> int:
-    from idemlink.host.ymodem_io import DirectorySink, SinkRefused, receive_files
+    from idemlink.host.ymodem_io import receive_files
     from idemlink.protocol.ymodem import ReceiverConfig
+    from idemlink.protocol.ymodem_files import DirectorySink, SinkRefused
 
     try:
         sink = DirectorySink(args.dir, overwrite=args.overwrite, quota=args.quota)
