@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 
 from idemlink.protocol.modbus import (
+    TRIGGER_CODE_EXCEPTION,
     ExceptionResponse,
     FunctionCode,
     ModbusPduError,
@@ -111,10 +112,6 @@ TRIGGER_TABLE: dict[tuple[TriggerState, TriggerEvent],
         (TriggerState.DONE, TriggerAction.FINISH, TriggerStatus.ACCEPTED),
 }
 
-_TRIGGER_EXCEPTION = {
-    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
-    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
-}
 
 # ---------------------------------------------------------------------------------- ground truth
 
@@ -432,8 +429,9 @@ class DeviceCore:
                 plan.clears[spec.address] = value
             else:  # TRIGGER
                 if value not in (0, 1):
-                    raise RegisterAccessError(f"{spec.name}: trigger value {value} (0 or 1)",
-                                              ModbusException.ILLEGAL_DATA_VALUE)
+                    raise RegisterAccessError(
+                        f"{spec.name}: trigger value {value} (0 or 1)",
+                        TRIGGER_CODE_EXCEPTION[TriggerStatus.ILLEGAL_VALUE])
                 plan.triggers[spec.address] = (TriggerEvent.WRITE_1 if value == 1
                                                else TriggerEvent.WRITE_0)
         for address, event in plan.triggers.items():  # pass 3: trigger states (04)
@@ -441,7 +439,7 @@ class DeviceCore:
             raw = self._trigger[address]
             if raw not in {s.value for s in TriggerState}:
                 raise RegisterAccessError(f"{spec.name}: impossible state {raw}",
-                                          ModbusException.SERVER_DEVICE_FAILURE)
+                                          TRIGGER_CODE_EXCEPTION[TriggerStatus.ABNORMAL_STATE])
             entry = TRIGGER_TABLE.get((TriggerState(raw), event))
             if entry is None:  # pragma: no cover - the table covers every write
                 raise RegisterAccessError(f"{spec.name}: no transition",
@@ -581,8 +579,8 @@ class DeviceCore:
                        tag: int | str | None, persist: Persist | None) -> None:
         codes = self.write(address, values, now, tag, persist)
         for code in codes.values():  # unreachable for valid plans; kept for clarity
-            if code in _TRIGGER_EXCEPTION:  # pragma: no cover
-                raise RegisterAccessError(code.name, _TRIGGER_EXCEPTION[code])
+            if code in TRIGGER_CODE_EXCEPTION:  # pragma: no cover
+                raise RegisterAccessError(code.name, TRIGGER_CODE_EXCEPTION[code])
 
     # ------------------------------------------------------------------------ inspection
 
@@ -714,12 +712,8 @@ class DeviceCore:
                          self._generation, 0, None)
 
 
-#: Exception codes an FC06 trigger answer maps to (documented; used by tests and docs).
-TRIGGER_EXCEPTIONS = dict(_TRIGGER_EXCEPTION)
-
 __all__ = [
     "DEFAULT_RULES",
-    "TRIGGER_EXCEPTIONS",
     "TRIGGER_TABLE",
     "ConfigSnapshot",
     "DeviceCore",

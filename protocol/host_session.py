@@ -4,7 +4,7 @@
 ``tick(now)``, sends ``data_to_send()`` and sleeps until ``next_deadline()``. Every submitted request
 ends in exactly one ``Completion`` carrying one of the four outcomes.
 
-Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
+Rules (each tested):
 
 - A retry resends the *same* sequence number and content with the RETRANSMIT flag, so the device
   can replay the first answer instead of running the command again.
@@ -13,10 +13,10 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
   outstanding one: the device can then still replay the oldest one's answer when its retry arrives
   (otherwise a lost answer in a busy pipeline would come back ANSWER_EVICTED, i.e. UNKNOWN).
 - Answers are matched by sequence number *and* the epoch the request was sent in, and must fit the
-  request (``answer_fits``: same function, the echo a write answers with, the byte count a read
-  asked for). An answer for a number that is not outstanding (late, duplicated, from a previous
-  epoch) or that does not fit (another host process's request under the same number) is counted and
-  dropped — it is never taken for another request's answer.
+  request (``idemlink.protocol.modbus.answer_fits``: same function, the echo a write answers
+  with, the byte count a read asked for). An answer for a number that is not outstanding (late,
+  duplicated, from a previous epoch) or that does not fit (another host process's request under
+  the same number) is counted and dropped — it is never taken for another request's answer.
 - Boot epoch change (an EPOCH_MISMATCH answer to an outstanding request, carrying a new epoch and
   naming the epoch the refused request carried; one answering nothing outstanding, or naming another
   epoch than the request's, is a late answer like any other): every outstanding request sent
@@ -24,10 +24,11 @@ Rules (each a row of ``_STATUS_RULE`` or a branch below, each tested):
   re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
   (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
 - No valid answer after ``attempts`` sends → UNKNOWN (NO_ANSWER).
-- An OK answer is refined from its PDU by ``classify_pdu``: a Modbus exception is REJECTED (or UNKNOWN
-  for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a TRIGGER code of ILLEGAL_VALUE or
-  ABNORMAL_STATE is classified like the exception FC06 would have answered (03 → REJECTED,
-  04 → UNKNOWN); a TRIGGER code the contract does not define (``TriggerStatus``) is UNKNOWN.
+- An OK answer is refined from its PDU by ``idemlink.protocol.modbus.classify_answer``: a Modbus
+  exception is REJECTED (or UNKNOWN for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a
+  TRIGGER code of ILLEGAL_VALUE or ABNORMAL_STATE is classified like the exception FC06 would have
+  answered (03 → REJECTED, 04 → UNKNOWN); a TRIGGER code the contract does not define
+  (``TriggerStatus``) is UNKNOWN.
 - A HELLO_REPLY whose payload does not parse fails the handshake as *incompatible* (something
   answered, not in our layout), with a one-line reason.
 - ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
@@ -54,9 +55,8 @@ from idemlink.protocol.frame import (
     FrameType,
     encode_frame,
 )
-from idemlink.protocol.modbus import FILE_INFO_ANSWER_LENGTH, FileInfoStatus, FunctionCode
+from idemlink.protocol.modbus import answer_fits, classify_answer
 from idemlink.protocol.outcome import (
-    MODBUS_EXCEPTION_TABLE,
     LocalProtocolError,
     ModbusException,
     Outcome,
@@ -64,7 +64,6 @@ from idemlink.protocol.outcome import (
     known_status,
     status_info,
 )
-from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.session import (
     DeviceInfo,
     MalformedDeviceInfo,
@@ -85,16 +84,6 @@ def status_name(code: int) -> str:
 frame_log = logging.getLogger("idemlink.frames")
 
 SEQ_MASK = 0xFFFFFFFF
-GUARD_FAILED_FUNCTIONS = {0x41}
-"""Functions whose OK answer starts with an inner status byte (conditional write)."""
-TRIGGER_FUNCTION = 0x42
-_TRIGGER_CODE_EXCEPTION = {
-    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
-    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
-}
-"""TRIGGER codes that mean "nothing started", as the exception FC06 answers in the same case."""
-_TRIGGER_CODES = frozenset(int(c) for c in TriggerStatus)
-"""Every TRIGGER code the contract defines; any other answer is UNKNOWN."""
 
 
 @dataclass(slots=True)
@@ -128,58 +117,6 @@ class HelloFailed:
 
 
 Event = Completion | SessionOpened | HelloFailed
-
-
-def classify_pdu(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None, ModbusException | None]:
-    """Refine an OK answer from its PDU (one rule for every host shell)."""
-    if pdu and pdu[0] & 0x80:
-        try:
-            exc = ModbusException(pdu[1]) if len(pdu) > 1 else ModbusException.SERVER_DEVICE_FAILURE
-        except ValueError:
-            exc = ModbusException.SERVER_DEVICE_FAILURE
-        return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
-    if request_pdu and request_pdu[0] in GUARD_FAILED_FUNCTIONS and len(pdu) > 1:
-        inner = pdu[1]
-        if inner != Status.OK:
-            info = status_info(inner)
-            return info.outcome, known_status(inner), None
-    if request_pdu and request_pdu[0] == TRIGGER_FUNCTION and len(pdu) == 5:
-        code = int.from_bytes(pdu[3:5], "big")
-        if code in _TRIGGER_CODE_EXCEPTION:
-            exc = _TRIGGER_CODE_EXCEPTION[TriggerStatus(code)]
-            return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
-        if code not in _TRIGGER_CODES:
-            # a code this contract does not define: whether the action started is not known
-            return Outcome.UNKNOWN, Status.OK, None
-    return Outcome.OK, Status.OK, None
-
-
-def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
-    """Whether an OK answer's PDU can be the answer to ``request_pdu``: the same function (or its
-    exception), a write's echo, a read's byte count. False means the answer belongs to another
-    request that travelled under the same number (e.g. a delayed frame of a host process that
-    died); True is necessary, not sufficient."""
-    if not request_pdu:
-        return True  # nothing to compare with (the device answers an empty PDU with an exception)
-    if not pdu:
-        return False
-    fc = request_pdu[0]
-    if pdu[0] == fc | 0x80:
-        return len(pdu) == 2
-    if pdu[0] != fc:
-        return False
-    if fc in (0x03, 0x04) and len(request_pdu) == 5:
-        count = int.from_bytes(request_pdu[3:5], "big")
-        return len(pdu) >= 2 and pdu[1] == 2 * count and len(pdu) == 2 + 2 * count
-    if fc == 0x06:
-        return pdu == request_pdu
-    if fc == 0x10:
-        return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
-    if fc == TRIGGER_FUNCTION:
-        return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
-    if fc == FunctionCode.FILE_INFO:
-        return len(pdu) == FILE_INFO_ANSWER_LENGTH and pdu[1] in set(FileInfoStatus)
-    return True
 
 
 class SessionState(Enum):
@@ -479,7 +416,7 @@ class HostSession:
             replay = bool(frame.flags & Flags.REPLAY)
             if replay:
                 self.counters.replays += 1
-            outcome, st, exc = classify_pdu(p.pdu, pdu)
+            outcome, st, exc = classify_answer(p.pdu, pdu)
             self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay)
             return
         info = status_info(status)

@@ -22,6 +22,13 @@ Contract:
     separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
     answers 01 for it, as for 0x44, so the register core (and the RTU face) never sees it.
 
+- The answer rules a host applies, here once for every shell, the simulator and the C core's tests:
+  ``answer_fits(request, answer)`` (same function or its exception, a write's echo, a read's byte
+  count: an answer that does not fit belongs to another request); ``classify_answer(request,
+  answer)`` (the outcome an OK answer's PDU means: a Modbus exception is REJECTED, or UNKNOWN for
+  SERVER_DEVICE_FAILURE; a failed guard is NOT_EXECUTED; a TRIGGER code is classified through
+  ``TRIGGER_CODE_EXCEPTION``, like the exception FC06 answers in the same case, and a code the
+  contract does not define is UNKNOWN).
 - ``may_have_effect(function)`` is the one rule of which requests can change the device's state: all
   but the reads (FC03, FC04) and FILE_INFO. A host blocks on an unanswered request only if it can.
 - ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
@@ -46,7 +53,16 @@ from enum import IntEnum
 import crcmod.predefined
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
-from idemlink.protocol.outcome import ModbusException, RemoteProtocolError, Status
+from idemlink.protocol.outcome import (
+    MODBUS_EXCEPTION_TABLE,
+    ModbusException,
+    Outcome,
+    RemoteProtocolError,
+    Status,
+    known_status,
+    status_info,
+)
+from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.ymodem import NameRefusal, check_name
 
 MAX_READ_COUNT = 125
@@ -412,6 +428,73 @@ def decode_file_info_request(pdu: bytes) -> FileInfoRequest:
 
 def exception_pdu(function: int, exception: ModbusException) -> bytes:
     return encode_response(ExceptionResponse(function, exception))
+
+
+# ------------------------------------------------------------------------------- answer rules
+
+TRIGGER_CODE_EXCEPTION: dict[TriggerStatus, ModbusException] = {
+    TriggerStatus.ILLEGAL_VALUE: ModbusException.ILLEGAL_DATA_VALUE,
+    TriggerStatus.ABNORMAL_STATE: ModbusException.SERVER_DEVICE_FAILURE,
+}
+"""TRIGGER codes that mean "nothing started", and the exception FC06 answers in the same case
+(the device raises it for an FC06/FC16 trigger write; a host classifies a 0x42 code through it)."""
+_TRIGGER_CODES = frozenset(int(c) for c in TriggerStatus)
+"""Every TRIGGER code the contract defines; any other answer is UNKNOWN."""
+
+
+def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
+    """Whether an OK answer's PDU can be the answer to ``request_pdu``: the same function (or its
+    exception), a write's echo, a read's byte count. False means the answer belongs to another
+    request that travelled under the same number (e.g. a delayed frame of a host process that
+    died); True is necessary, not sufficient."""
+    if not request_pdu:
+        return True  # nothing to compare with (the device answers an empty PDU with an exception)
+    if not pdu:
+        return False
+    fc = request_pdu[0]
+    if pdu[0] == fc | EXCEPTION_FLAG:
+        return len(pdu) == 2
+    if pdu[0] != fc:
+        return False
+    if (fc in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS)
+            and len(request_pdu) == 5):
+        count = int.from_bytes(request_pdu[3:5], "big")
+        return len(pdu) >= 2 and pdu[1] == 2 * count and len(pdu) == 2 + 2 * count
+    if fc == FunctionCode.WRITE_SINGLE_REGISTER:
+        return pdu == request_pdu
+    if fc == FunctionCode.WRITE_MULTIPLE_REGISTERS:
+        return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
+    if fc == FunctionCode.TRIGGER:
+        return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
+    if fc == FunctionCode.FILE_INFO:
+        return len(pdu) == FILE_INFO_ANSWER_LENGTH and pdu[1] in set(FileInfoStatus)
+    return True
+
+
+def classify_answer(request_pdu: bytes, pdu: bytes,
+                    ) -> tuple[Outcome, Status | None, ModbusException | None]:
+    """The outcome, status and exception an OK answer's PDU means for ``request_pdu`` (one rule
+    for every host shell; see the module contract)."""
+    if pdu and pdu[0] & EXCEPTION_FLAG:
+        try:
+            exc = ModbusException(pdu[1]) if len(pdu) > 1 else ModbusException.SERVER_DEVICE_FAILURE
+        except ValueError:
+            exc = ModbusException.SERVER_DEVICE_FAILURE
+        return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+    fc = request_pdu[0] if request_pdu else None
+    if fc == FunctionCode.WRITE_IF_GENERATION and len(pdu) > 1:
+        inner = pdu[1]
+        if inner != Status.OK:
+            return status_info(inner).outcome, known_status(inner), None
+    if fc == FunctionCode.TRIGGER and len(pdu) == 5:
+        code = int.from_bytes(pdu[3:5], "big")
+        if code in TRIGGER_CODE_EXCEPTION:
+            exc = TRIGGER_CODE_EXCEPTION[TriggerStatus(code)]
+            return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
+        if code not in _TRIGGER_CODES:
+            # a code this contract does not define: whether the action started is not known
+            return Outcome.UNKNOWN, Status.OK, None
+    return Outcome.OK, Status.OK, None
 
 
 # -------------------------------------------------------------------------------------------- RTU

@@ -13,6 +13,7 @@ import pytest
 from idemlink.campaign import CampaignConfig, run_campaign
 from idemlink.host.device import Command, CommandKind
 from idemlink.protocol import host_session
+from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.protocol.window import ReplayWindow, Verdict
 
@@ -148,13 +149,13 @@ def test_mutant_replay_of_another_answer_is_misclassified(monkeypatch: pytest.Mo
 def test_mutant_rejected_reported_as_not_executed_is_misclassified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    real = host_session.classify_pdu
+    real = host_session.classify_answer
 
     def softened(request_pdu: bytes, pdu: bytes) -> tuple[Outcome, Status | None, object]:
         outcome, status, exc = real(request_pdu, pdu)
         return (Outcome.NOT_EXECUTED if outcome is Outcome.REJECTED else outcome), status, exc
 
-    monkeypatch.setattr(host_session, "classify_pdu", softened)
+    monkeypatch.setattr(host_session, "classify_answer", softened)
     rep = run_campaign(SMALL)
     assert rep.misclassified > 0
     assert any("reported NOT_EXECUTED, device answered REJECTED" in p for p in rep.problems)
@@ -187,7 +188,7 @@ def test_mutant_trigger_retry_renumbered_and_forgotten_duplicates_effects(
 
     def renumber(self: host_session.HostSession, p: host_session._Pending, now: float, *,
                  retransmit: bool) -> None:
-        if retransmit and not p.set_only and p.pdu[0] in (0x06, host_session.TRIGGER_FUNCTION):
+        if retransmit and not p.set_only and p.pdu[0] in (0x06, FunctionCode.TRIGGER):
             del self._inflight[p.seq]  # retried under a new number, and the old one forgotten
             p.seq = self._next_seq
             self._next_seq = (self._next_seq + 1) & host_session.SEQ_MASK

@@ -21,7 +21,8 @@ from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import EffectKind
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
-from idemlink.protocol.host_session import Completion, HostSession, answer_fits
+from idemlink.protocol.host_session import Completion, HostSession
+from idemlink.protocol.modbus import answer_fits
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
 from idemlink.protocol.session import encode_response
 

@@ -21,7 +21,7 @@ from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
-from idemlink.protocol.host_session import classify_pdu
+from idemlink.protocol.modbus import classify_answer
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import TriggerStatus
 
@@ -31,7 +31,7 @@ TRIGGER_START = bytes.fromhex("42000800" "01")
 @pytest.mark.parametrize("code", [0x0103, 0x0001, 0x00FF, 0xFF02, 0xFFFF])
 def test_an_undefined_trigger_code_is_unknown(code: int) -> None:
     answer = bytes.fromhex("420008") + code.to_bytes(2, "big")
-    outcome, _, _ = classify_pdu(TRIGGER_START, answer)
+    outcome, _, _ = classify_answer(TRIGGER_START, answer)
     assert outcome is Outcome.UNKNOWN
 
 
@@ -39,7 +39,7 @@ def test_an_undefined_trigger_code_is_unknown(code: int) -> None:
                                   TriggerStatus.DONE])
 def test_the_defined_trigger_codes_stay_ok(code: TriggerStatus) -> None:
     answer = bytes.fromhex("420008") + int(code).to_bytes(2, "big")
-    assert classify_pdu(TRIGGER_START, answer)[0] is Outcome.OK
+    assert classify_answer(TRIGGER_START, answer)[0] is Outcome.OK
 
 
 class _OddTriggerDevice(SimulatedDevice):

@@ -337,7 +337,7 @@ def test_file_info_answer_of_a_wrong_length_or_status_is_refused(pdu: bytes) -> 
 
 @given(st.binary(min_size=0, max_size=12))
 def test_answer_fits_a_file_info_only_with_its_exact_shape(pdu: bytes) -> None:
-    from idemlink.protocol.host_session import answer_fits
+    from idemlink.protocol.modbus import answer_fits
 
     fits = answer_fits(b"\x45\x01a", pdu)
     shaped = len(pdu) == 10 and pdu[0] == 0x45 and pdu[1] in (0, 1)
