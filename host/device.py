@@ -73,9 +73,9 @@ from idemlink.protocol.outcome import (
     RemoteProtocolError,
     Status,
 )
+from idemlink.protocol.payloads import DeviceInfo, printable
 from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, TriggerState
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
-from idemlink.protocol.session import DeviceInfo, printable
 
 if TYPE_CHECKING:
     from idemlink.protocol.ymodem import SenderConfig

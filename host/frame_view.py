@@ -69,7 +69,7 @@ class FrameDescriber:
             if f.type is FrameType.HELLO:
                 body = f"version={f.payload[0]} contract={f.payload[1:9].hex()}"
             elif f.type is FrameType.HELLO_REPLY:
-                from idemlink.protocol.session import DeviceInfo
+                from idemlink.protocol.payloads import DeviceInfo
                 info = DeviceInfo.decode(f.payload)
                 body = (f"{info.name!r} version={info.version} window={info.window} "
                         f"inflight={info.max_inflight} next_seq={info.next_seq} "
@@ -128,9 +128,9 @@ class FrameDescriber:
         head = {} if head is None else head
         from idemlink.protocol import modbus as mb
         from idemlink.protocol.outcome import known_status
-        from idemlink.protocol.session import decode_response
+        from idemlink.protocol.payloads import decode_response_payload
 
-        decoded = decode_response(payload)
+        decoded = decode_response_payload(payload)
         if decoded is None:
             return "empty payload"
         status, pdu = decoded

@@ -34,7 +34,7 @@ from idemlink.protocol.registers import (
 SECTION_MODULES: tuple[str, ...] = (
     "idemlink.protocol.frame",
     "idemlink.protocol.outcome",
-    "idemlink.protocol.session",
+    "idemlink.protocol.payloads",
     "idemlink.protocol.window",
     "idemlink.protocol.registers",
     "idemlink.protocol.modbus",

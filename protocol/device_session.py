@@ -40,8 +40,8 @@ from idemlink.protocol.frame import (
     encode_frame,
 )
 from idemlink.protocol.outcome import Status
+from idemlink.protocol.payloads import HANDOUT_SPAN, DeviceInfo, encode_response_payload
 from idemlink.protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
-from idemlink.protocol.session import HANDOUT_SPAN, DeviceInfo, encode_response
 from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
 
 Executor = Callable[[bytes, float, int], bytes]
@@ -171,17 +171,17 @@ class DeviceSession:
         return b""
 
     def _answer(self, seq: int, status: Status, flags: int = 0) -> bytes:
-        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(status), flags)
+        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(status), flags)
 
     def _request(self, frame: Frame, now: float) -> tuple[RequestDisposition, bytes]:
         seq = frame.seq
         if frame.epoch != self.epoch:
-            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response(
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(
                 Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")))
             return RequestDisposition.EPOCH_MISMATCH, wire
         verdict = self.window.check(seq)
         if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
-            payload = encode_response(Status.OK, self.executor(frame.payload, now, seq))
+            payload = encode_response_payload(Status.OK, self.executor(frame.payload, now, seq))
             self.window.commit(seq)
             self.cache.store(seq, request_digest(frame.payload), payload)
             return RequestDisposition.EXECUTED, encode_frame(

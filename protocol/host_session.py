@@ -64,10 +64,10 @@ from idemlink.protocol.outcome import (
     known_status,
     status_info,
 )
-from idemlink.protocol.session import (
+from idemlink.protocol.payloads import (
     DeviceInfo,
     MalformedDeviceInfo,
-    decode_response,
+    decode_response_payload,
     encode_hello,
 )
 
@@ -382,7 +382,7 @@ class HostSession:
 
     def _on_response(self, frame: Frame, now: float) -> None:
         p = self._inflight.get(frame.seq)
-        decoded = decode_response(frame.payload)
+        decoded = decode_response_payload(frame.payload)
         if frame_log.isEnabledFor(logging.DEBUG):
             frame_log.debug("rx RESPONSE epoch=%08x seq=%d status=%s%s%s", frame.epoch, frame.seq,
                             status_name(decoded[0]) if decoded else "-",

@@ -56,9 +56,9 @@ from idemlink.protocol.frame import (
 )
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus, encode_rtu
 from idemlink.protocol.outcome import ModbusException, Outcome, Status
+from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, builtin_map
-from idemlink.protocol.session import DeviceInfo
 from idemlink.protocol.ymodem import NameRefusal, check_name
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.modbus import answer_fits
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
-from idemlink.protocol.session import encode_response
+from idemlink.protocol.payloads import encode_response_payload
 
 HASH = b"12345678"
 READ = b"\x03\x00\x04\x00\x01"
@@ -213,7 +213,7 @@ def test_epoch_mismatch_names_the_refused_request_epoch() -> None:
     dev = DeviceSession(Exec(), 0xAAAA, contract_hash=HASH)
     (answer,) = frames(dev.receive_data(encode_frame(FrameType.REQUEST, 5, 0x1234, READ), 0.0))
     assert answer.epoch == 0xAAAA
-    assert answer.payload == encode_response(Status.EPOCH_MISMATCH, (0x1234).to_bytes(4, "little"))
+    assert answer.payload == encode_response_payload(Status.EPOCH_MISMATCH, (0x1234).to_bytes(4, "little"))
 
 
 def test_trigger_codes_that_started_nothing_are_not_ok() -> None:

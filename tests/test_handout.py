@@ -13,7 +13,7 @@ import random
 from idemlink.protocol.device_session import HANDOUT_SPAN, DeviceSession
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
 from idemlink.protocol.outcome import Status
-from idemlink.protocol.session import DeviceInfo
+from idemlink.protocol.payloads import DeviceInfo
 
 HASH = b"12345678"
 W = bytes.fromhex("060004012c")

@@ -36,6 +36,7 @@ from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterSchemaError, map_markdown, register
 from idemlink.protocol.regmap_file import (
     DEFAULT_MAP,
@@ -44,7 +45,6 @@ from idemlink.protocol.regmap_file import (
     load_regmap,
     parse_regmap,
 )
-from idemlink.protocol.session import DeviceInfo
 from idemlink.pytest_plugin import start_pty_sim
 
 BASE = """name = "t"

@@ -19,6 +19,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
 from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, TriggerState
 from idemlink.protocol.regmap_file import (
     DEFAULT_MAP,
@@ -27,7 +28,6 @@ from idemlink.protocol.regmap_file import (
     load_regmap,
     parse_regmap,
 )
-from idemlink.protocol.session import DeviceInfo
 from idemlink.pytest_plugin import InProcessSim, start_pty_sim
 
 PUMP = builtin_map("pump-controller")

@@ -14,7 +14,7 @@ from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.outcome import Outcome, Status
-from idemlink.protocol.session import decode_response
+from idemlink.protocol.payloads import decode_response_payload
 
 EPOCH = 0xA5A5A5A5
 HASH = b"12345678"
@@ -40,7 +40,7 @@ def exchange(dev: DeviceSession, seq: int, payload: bytes, epoch: int = EPOCH,
 
 
 def status_of(frame: Frame) -> int:
-    decoded = decode_response(frame.payload)
+    decoded = decode_response_payload(frame.payload)
     assert decoded is not None
     return decoded[0]
 
@@ -285,7 +285,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
     answers: list[tuple[int, int, int, bytes, bool]], junk: bytes, n: int
 ) -> None:
     from idemlink.protocol.host_session import Completion
-    from idemlink.protocol.session import encode_response
+    from idemlink.protocol.payloads import encode_response_payload
 
     host = HostSession(contract_hash=HASH, timeout=0.1, attempts=3, max_inflight=4)
     dev, _ = make()
@@ -296,7 +296,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
         host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=i % 2 == 0, tag=i)
     now = 0.0
     wire = junk + b"".join(
-        encode_frame(FrameType.RESPONSE, seq, epoch, encode_response(status, pdu),
+        encode_frame(FrameType.RESPONSE, seq, epoch, encode_response_payload(status, pdu),
                      Flags.REPLAY if replay else 0)
         for seq, epoch, status, pdu, replay in answers)
     done: list[Completion] = []

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
-    from idemlink.protocol.session import printable
+    from idemlink.protocol.payloads import printable
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:

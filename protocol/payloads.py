@@ -144,12 +144,12 @@ def encode_hello(version: int, contract_hash: bytes) -> bytes:
         {"version": version, "contract_hash": contract_hash, "_extensions": b""}))
 
 
-def encode_response(status: int, pdu: bytes = b"") -> bytes:
+def encode_response_payload(status: int, pdu: bytes = b"") -> bytes:
     """RESPONSE payload (fast path of ``RESPONSE_PAYLOAD.build``)."""
     return bytes((status,)) + pdu
 
 
-def decode_response(payload: bytes) -> tuple[int, bytes] | None:
+def decode_response_payload(payload: bytes) -> tuple[int, bytes] | None:
     """``(status, pdu)`` or ``None`` for an empty payload."""
     if not payload:
         return None
