@@ -274,7 +274,7 @@ def test_crc_matches_an_independent_crc32c_of_the_local_file(tmp_path: Path) -> 
         sim.close()
 
 
-# ---- review of the read-back: dot-files, long names, files too large for the answer -----------
+# ---- the read-back: dot-files, long names, files too large for the answer ----------------------
 
 
 def test_a_dot_file_that_arrived_is_verified_not_absent(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Receipt journal and content-derived keys (seed 003).
+"""Receipt journal and content-derived keys.
 
 Covers: key derivation (golden values recomputed by hand from the documented byte layout, prefix
 code / injectivity by hypothesis), every journal refusal (limits, malformed and duplicate ids,

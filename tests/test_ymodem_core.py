@@ -1,6 +1,6 @@
 """The sans-I/O YMODEM sender and receiver, driven in-process through a scriptable lossy pair.
 
-Covers the codec (block 0, blocks, names, sizes, modes), the seed 004 EOT scenarios by name, the
+Covers the codec (block 0, blocks, names, sizes, modes), the idempotent-EOT scenarios by name, the
 duplicate/out-of-sequence rules, CAN in both directions, the rb-compatible sender paths, and a
 seeded fault campaign whose oracle is the source data (never the code under test).
 """
@@ -465,7 +465,7 @@ def test_sender_accepts_ack_to_the_first_eot_like_rb() -> None:
     assert tx.state is TxState.WAIT_NEXT_C and tx.committed == []  # not before the 'C'
     tx.receive_data(bytes([CRC_REQUEST]), 2.3)  # rb: 'C' ~1 s after its ACK
     # ACK-first: that ACK answered the first EOT, so it may be a late copy and the 'C' a receiver's
-    # request for block 1: the EOT goes once more, and its ACK + 'C' are the proof (review 3)
+    # request for block 1: the EOT goes once more, and its ACK + 'C' are the proof
     tx.tick(2.4)
     assert tx.data_to_send() == bytes([EOT]) and tx.committed == []
     tx.receive_data(bytes([ACK]), 3.4)
@@ -757,8 +757,8 @@ def test_a_duplicated_nak_causes_one_resend_not_two() -> None:
     assert tx.data_to_send() == first  # once
 
 
-# --- review 3 campaign: late copies of single control bytes --------------------------------------
-# Virtual-time campaign (review 3): ACK/NAK/'C' (rx>tx) and EOT (tx>rx) are doubled with the copy
+# --- campaign: late copies of single control bytes ----------------------------------------------
+# Virtual-time campaign: ACK/NAK/'C' (rx>tx) and EOT (tx>rx) are doubled with the copy
 # arriving 10 ms .. 12 s late, or lost; rare bit flips; per-direction reads of one byte, a whole
 # burst, or polled. Oracle: the source data. A file the sender reports ok must be committed exactly
 # once, byte exact; a file the receiver committed must be reported ok or "not confirmed".
@@ -914,7 +914,7 @@ def late_copy_failures(seeds: range) -> dict[int, list[str]]:
 
 
 def test_late_copies_of_control_bytes_never_make_a_false_ok() -> None:
-    # review 3: before the fix, seeds 40, 42 and 136 of these 300 reported a file ok that the
+    # seeds 40, 42 and 136 of these 300 once reported a file ok that the
     # receiver never committed (a late ACK carried the sender through block 1 or a lost header)
     assert late_copy_failures(range(300)) == {}
 
@@ -931,7 +931,7 @@ def test_late_copies_of_control_bytes_long() -> None:
     assert len(bad) <= 10, bad  # 0.25 % (before the fix: 1.25 %)
 
 
-# --- review 3, receiver side: no 'C' and no ACK 'C' that a misled sender could take for a commit --
+# --- receiver side: no 'C' and no ACK 'C' that a misled sender could take for a commit -----------
 
 
 def _rx_committed_one_block_file() -> Receiver:

@@ -1,4 +1,4 @@
-"""Regression tests for the YMODEM review (/tmp/review_ymodem): each test reproduces one finding.
+"""YMODEM at its edges: what real senders put in block 0, late and lost control bytes, and names.
 
 1. sb cuts block 0's metadata at the block's end for long names: a cut size must be refused, cut
    later fields ignored (bytes as sb really sends them, and sb itself over socat when present).
@@ -7,6 +7,8 @@
 4. Ctrl-C or a port error leaves no ``.ymodem-*.part`` file behind (host and device loops).
 5. two files with the same basename are refused before sending.
 6. Windows device names, trailing dot/space and Unicode format characters are refused.
+7. a 'C' proves a commit only after a proven ACK (an empty file's header ACK read twice, a peer
+   answering ACK then NAK to every EOT).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
 
 
 def sb_block0(name_len: int, meta: bytes, tail: bytes) -> bytes:
-    """Block 0 payload as lrzsz sb 0.12.21 builds it (observed, /tmp/review_ymodem/r5): the name,
+    """Block 0 payload as lrzsz sb 0.12.21 builds it (observed on the wire): the name,
     NUL, the metadata string cut at byte 126, then two bytes of its own in 126-127."""
     name = b"n" * (name_len - 4) + b".bin"
     body = (name + b"\x00" + meta)[:126]
@@ -72,7 +74,7 @@ SB_CASES: list[tuple[int, bytes, object]] = [
     (116, b"53", (1234567, None, None)),  # mtime '1' + '53' cut: ignored (was 107)
     (118, b" 1", (1234567, None, None)),  # size ends with a space at 126: complete
     (120, b"67", HeaderRefusal.SIZE_CUT),  # size runs into the end (even if the digits are right)
-    (122, b"45", HeaderRefusal.SIZE_CUT),  # the reviewer's case: was size 12345
+    (122, b"45", HeaderRefusal.SIZE_CUT),  # sb's real bytes for a 122-character name: was 12345
     (124, b"23", HeaderRefusal.SIZE_CUT),
 ]
 
@@ -91,8 +93,8 @@ def test_sb_long_name_block0_cut_size_is_refused_cut_fields_ignored(
         assert (parsed.size, parsed.mtime, parsed.mode) == expected
 
 
-def test_sb_reviewer_block0_is_refused_with_a_clear_reason_and_cancelled() -> None:
-    # Exactly the bytes of /tmp/review_ymodem/r5 for a 122-character name.
+def test_sb_block0_of_a_122_character_name_is_refused_with_a_clear_reason_and_cancelled() -> None:
+    # Exactly the bytes sb sends for a 122-character name.
     name = b"n" * 118 + b".bin"
     payload = name + b"\x00" + b"123" + b"45"
     assert len(payload) == 128
@@ -114,7 +116,7 @@ def sz_block0(name_len: int, size: int, mtime: int = 0o15316470153) -> bytes:
     """Block 0 exactly as lrzsz's wctxpn() builds it (sz.c): name, NUL, sprintf'd metadata
     "size mtime mode 0 files left bytes left" cut at 128, and, when byte 125 is NUL, the block
     count in 126-127 ("a little goodie for IMP/KMD"). Checked against sb's real bytes for names
-    of 119..127 characters (/tmp/review2_ymodem/s2_sb_header_dump.out)."""
+    of 119..127 characters (dumped from sb 0.12.21)."""
     name = b"n" * (name_len - 4) + b".bin"
     meta = f"{size} {mtime:o} 100644 0 1 {size}".encode()
     buf = bytearray((name + b"\x00" + meta).ljust(1024, b"\x00"))
@@ -570,21 +572,21 @@ def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
 
     files = [ym.SendFile.from_bytes("a.bin", b"1"), ym.SendFile.from_bytes("b.bin", b"2")]
 
-    # receiver: takes a.bin completely (NAK-first EOT, seed 004: EOT, NAK, EOT, ACK 'C' proves
+    # receiver: takes a.bin completely (the idempotent EOT handshake: EOT, NAK, EOT, ACK 'C' proves
     # its commit), then cancels at b.bin's header
     port = ScriptedPort([b"C", b"\x06C", b"\x06", b"\x15", b"\x06C", b"\x18\x18"])
     rep = ymodem_io._send(port, files, ym.SenderConfig(turnaround=0), None, 10)
     assert [(f.name, f.ok) for f in rep.files] == [("a.bin", True), ("b.bin", False)]
 
 
-# --- review 2: an empty file "confirmed" by the receiver's 'C' for block 1 ------------------------
+# --- 7. an empty file "confirmed" by the receiver's 'C' for block 1 -------------------------------
 
 
 @pytest.mark.parametrize("spec", [{"empty.bin": b""}, {"empty.bin": b"", "a.bin": b"x" * 3000}],
                          ids=["A-empty-only", "B-empty-then-a"])
 def test_an_empty_file_is_not_confirmed_by_the_receivers_c_for_block_1(
         spec: dict[str, bytes]) -> None:
-    """/tmp/review2_ymodem/s1: the header's ACK arrives twice (the copy 5 ms late, after the
+    """The header's ACK arrives twice (the copy 5 ms late, after the
     turnaround) and the first EOT is lost. The copy was taken for the EOT's ACK, the receiver's
     timeout 'C' (still asking for block 1) for the commit: A reported empty.bin committed while
     the receiver aborted; B reported a.bin committed, the receiver having taken a.bin's header for
@@ -660,7 +662,7 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
     assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [
         ym.FileCommitted("empty.bin", 0)]
     assert tx.data_to_send()[:3] == bytes([ym.SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
-    # a non-empty file likewise (review 3): an ACK to its first EOT proves nothing yet
+    # a non-empty file likewise: an ACK to its first EOT proves nothing yet
     tx.receive_data(bytes([ym.ACK]), 3.7)
     tx.receive_data(bytes([ym.CRC_REQUEST]), 3.8)
     tx.data_to_send()
@@ -676,7 +678,7 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
 
 
 def test_an_ack_then_nak_peer_cannot_keep_the_sender_resending_eot_forever() -> None:
-    """/tmp/review2_ymodem/s3a: each ACK to the EOT reset the retry count, so a peer answering
+    """Each ACK to the EOT used to reset the retry count, so a peer answering
     every EOT with ACK and then NAK (instead of 'C') was sent EOTs for ever."""
     cfg = ym.SenderConfig(turnaround=0)
     tx = ym.Sender(files_of({"a.bin": b"x" * 100}), cfg)

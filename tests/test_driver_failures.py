@@ -1,4 +1,4 @@
-"""Regression tests for the host-driver review (/tmp/review_host): each reproduces a finding.
+"""How the host driver and the CLI fail: ports that die, interrupts, bad options, UNKNOWN read-backs.
 
 - a transport error mid-command settles the request as UNKNOWN/LINK_LOST and blocks the handle;
 - an interrupted command (Ctrl-C, asyncio cancellation) leaves nothing in the session;

@@ -1,4 +1,6 @@
-"""Findings of an adversarial review of the exactly-once promise: each test failed before its fix."""
+"""The exactly-once promise at its edges: a received file that cannot be stored cancels cleanly, a
+stale epoch refusal does not roll the host back, an UNKNOWN holds the later waves of a batch, and a
+plain write to a trigger or fault word is refused before it could be re-issued as set-only."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
-"""Regressions from the second review of the sans-I/O sessions (each case broke the promise before).
+"""Which answer a host session takes for which request (the sans-I/O sessions, both ends).
 
-- A new host process was handed the numbers a dead one still had in flight, and took the dead
-  one's delayed answer for its own (an OK for a write that never ran).
-- ``open()`` with requests in flight overwrote one and lost its Completion.
-- A pipeline could run more than the replay cache ahead of a request whose answer was lost, so its
-  retry found the answer evicted (UNKNOWN for a read that ran once and was answered).
-- A stale EPOCH_MISMATCH from an older boot, under a number reused in the new boot, rolled the
-  host's epoch back.
-- TRIGGER codes ILLEGAL_VALUE / ABNORMAL_STATE were reported OK.
+- A new host process is handed numbers a window apart from those a dead one may still have in
+  flight, and never takes the dead one's delayed answer for its own; an answer that does not fit
+  its request (``modbus.answer_fits``) is dropped.
+- ``open()`` is refused while requests are in flight; ``abandon`` settles them.
+- A pipeline never runs more than the replay cache ahead of its oldest outstanding request, so a
+  retry of a request whose answer was lost still finds it.
+- A stale EPOCH_MISMATCH from an older boot, under a number reused in the new boot, does not roll
+  the host's epoch back.
+- TRIGGER codes ILLEGAL_VALUE / ABNORMAL_STATE are not OK (``modbus.classify_answer``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Regression tests for the register-model / Modbus RTU review (one block per finding):
+"""The RTU server and the register model behind it, on a shared bus and a failing flash:
 
 1. another slave's answer on a shared RS-485 bus is not read as a request (no 0.1 s hold);
 2. after a CRC failure the rest of that burst is dropped (Modbus over serial line V1.02
@@ -7,9 +7,11 @@
 4. the schema refuses maps whose generated C header would not compile;
 5. a NaN/infinite trigger duration and sloppy flash snapshots are typed errors;
 6. FC16 checks every value (03) before any trigger state (04);
-7. (reviews 2 and 3) a pause is the time between reads less the transmission time: a frame read
+7. a pause is the time between reads less the transmission time: a frame read
    in parts is never restarted inside, nothing runs that was not sent to us intact, and our
-   request after a real pause is answered with its read (a Hypothesis bus-timeline property).
+   request after a real pause is answered with its read (a Hypothesis bus-timeline property);
+8. t3.5 follows the baud rate (3.5 characters up to 19200 Bd, 1.75 ms above);
+9. a flash save fsyncs the directory after the rename; a reboot survives a vanished flash directory.
 
 Expected bytes are written out by hand (Modbus Application Protocol V1.1b3), not computed by the
 code under test; ``encode_rtu`` only appends the CRC, which test_modbus_codec checks against
@@ -283,7 +285,7 @@ def test_fc16_checks_all_values_before_trigger_states() -> None:
     assert core.value("level") == 0 and core.log == []
 
 
-# ------------------------------------------- review 2: valid frames of others arriving slowly
+# -------------------------------------------------- 7. valid frames of others arriving slowly
 
 #: A valid FC16 request to unit 2 whose payload carries the bytes of 'unit 1: mode := 2'.
 _EMBEDDED = encode_rtu(1, bytes.fromhex("0600050002"))
@@ -370,7 +372,7 @@ def test_trickled_frames_cost_linear_time() -> None:
 
 
 def test_unknown_function_bytes_each_after_a_pause_cost_constant_time() -> None:
-    """Review 3, finding 7: a 253-byte unknown-function frame, one byte per read with a pause
+    """A 253-byte unknown-function frame, one byte per read with a pause
     before each, cost 53 ms per frame (CRC from every recorded pause on every read)."""
     frame = encode_rtu(2, b"\x2b" + bytes(range(250)))
     dec = RtuDecoder(baudrate=115200)
@@ -487,7 +489,7 @@ def test_bus_timelines_run_only_our_intact_requests_once_and_at_once(
     assert ran == ours
 
 
-# ------------------------------------------- review 3: pauses measured with transmission time
+# -------------------------------------------- 7. pauses measured with transmission time
 
 _POISON = encode_rtu(1, bytes.fromhex("0600050000"))  # 'unit 1: mode := 0'
 
@@ -507,7 +509,7 @@ def _run(server: RtuServer, reads: list[tuple[float, bytes]], tail: float = 0.3)
     return out + server.receive(b"", last + tail)
 
 
-def test_review3_frame_of_unknown_length_read_in_two_parts_runs_nothing() -> None:
+def test_frame_of_unknown_length_read_in_two_parts_runs_nothing() -> None:
     """Finding 1: a 0x44 frame to unit 2 carrying our FC06, read as 3 + 10 bytes at 9600 Bd
     with no pause on the line: the second read looked like it followed a 11 ms pause."""
     frame = encode_rtu(2, b"\x44\x00" + _POISON)
@@ -517,7 +519,7 @@ def test_review3_frame_of_unknown_length_read_in_two_parts_runs_nothing() -> Non
     assert server.core.log == []
 
 
-def test_review3_damaged_fc16_read_in_two_parts_runs_nothing() -> None:
+def test_damaged_fc16_read_in_two_parts_runs_nothing() -> None:
     """Finding 2: FC16 to unit 2 with a bit error in its byte count, its payload our FC06."""
     inner = _POISON + b"\x00\x00"
     frame = bytearray(encode_rtu(2, bytes([0x10, 0, 0, 0, len(inner) // 2, len(inner)]) + inner))
@@ -528,7 +530,7 @@ def test_review3_damaged_fc16_read_in_two_parts_runs_nothing() -> None:
 
 
 @pytest.mark.parametrize("pdu", ["0400000001", "0600040001", "4200080001"])
-def test_review3_glitch_pause_request_is_answered_at_once(pdu: str) -> None:
+def test_glitch_pause_request_is_answered_at_once(pdu: str) -> None:
     """Findings 3 and 6: one stray byte, a 5 ms pause, a request: answered with its read
     (FC04 was lost, FC06/0x42 answered 0.1 s later or, with 50 ms retries, never)."""
     request = encode_rtu(1, bytes.fromhex(pdu))
@@ -539,7 +541,7 @@ def test_review3_glitch_pause_request_is_answered_at_once(pdu: str) -> None:
 
 
 @pytest.mark.parametrize("other", ["2b0e0100", "0800000000"])
-def test_review3_unknown_frame_and_our_request_in_one_burst_are_one_frame(other: str) -> None:
+def test_unknown_frame_and_our_request_in_one_burst_are_one_frame(other: str) -> None:
     """Finding 5, a limit of the spec: with no t3.5 between another unit's frame of unknown
     length and our request, nothing marks where ours starts; both are dropped at the pause.
     The master's retry after a pause is answered at once."""
@@ -548,7 +550,7 @@ def test_review3_unknown_frame_and_our_request_in_one_burst_are_one_frame(other:
     assert server.receive(OUR_READ, 1.5) == OUR_ANSWER
 
 
-def test_review3_answer_whose_crc_reads_as_a_byte_count_does_not_delay_us() -> None:
+def test_answer_whose_crc_reads_as_a_byte_count_does_not_delay_us() -> None:
     """Finding 5b/T7: unit 2's FC16 answer whose CRC low byte is 2 x count also reads as the
     head of a long FC16 request; our request 3 ms later cuts that view and is answered."""
     for addr in range(0x10000):
@@ -568,7 +570,7 @@ def _drain(dec: RtuDecoder) -> list[RtuFrame]:
     return out
 
 
-# ------------------------------------------------------------ review 2: t3.5 from the baud rate
+# ------------------------------------------------------------------- 8. t3.5 from the baud rate
 
 
 def test_frame_gap_is_three_and_a_half_characters_up_to_19200_baud() -> None:
@@ -616,7 +618,7 @@ def test_sim_cli_passes_the_baud_rate_to_the_rtu_server(monkeypatch: pytest.Monk
     assert seen == [pytest.approx(0.0040104, abs=1e-7), 0.00175]
 
 
-# -------------------------------------------------------- review 2: flash durability / reboot
+# --------------------------------------------------------------- 9. flash durability / reboot
 
 
 def test_flash_save_fsyncs_the_directory_after_the_rename(tmp_path: Path,
