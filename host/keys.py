@@ -1,6 +1,6 @@
 """Idempotency keys derived from content: UUIDv5, one namespace per source, length-prefixed fields.
 
-Contract (seed 003). A key names *a piece of work* by what it is, not by when it was asked for, so
+Contract. A key names *a piece of work* by what it is, not by when it was asked for, so
 that a restarted job computes the same key for the same step and its receipt journal can tell
 "already done" from "not yet done".
 

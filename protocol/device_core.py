@@ -516,7 +516,7 @@ class DeviceCore:
 
     def trigger(self, address: int, value: int, now: float,
                 tag: int | str | None = None) -> TriggerStatus:
-        """Write a trigger register and get seed 004's answer code; never raises for the
+        """Write a trigger register and get its answer code (``TriggerStatus``); never raises for the
         value or state (0xFF01 / 0xFF00 come back as codes). Unknown/non-trigger -> 02."""
         now = self._advance(now)
         self.tick(now)

@@ -19,7 +19,7 @@ Width choices (written down in docs/PROTOCOL.md as well):
 
 The length field is never trusted before the CRC has passed.
 
-Compatibility rule (additive evolution, seed 000): the first byte is the version and the CRC-32C
+Compatibility rule (additive evolution): the first byte is the version and the CRC-32C
 trailer covers the whole frame in every version. A frame whose version is not ours, whose type we do
 not know or which carries a flag we do not know is refused with a typed, counted error
 (``UNKNOWN_VERSION`` / ``UNKNOWN_TYPE`` / ``UNKNOWN_FLAGS``) and never parsed further. New

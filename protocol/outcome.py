@@ -1,6 +1,6 @@
 """Outcomes, wire status codes and what the caller should do next.
 
-Every command ends in exactly one of four outcomes (seed 000):
+Every command ends in exactly one of four outcomes:
 
 - ``OK``: executed exactly once; the result is attached (and marked when it was a replay).
 - ``NOT_EXECUTED``: definitely did not run (a guard or precondition failed, a conflict, wrong epoch).

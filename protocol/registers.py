@@ -1,6 +1,6 @@
 """The register map: one declaration of every register the device exposes, and its rules.
 
-Contract (seed 004's Modbus audit, made a schema):
+Contract (every register behaviour that a retry could make harmful is refused by the schema):
 
 - Every register has exactly one ``RegisterKind``: ``INPUT`` (read-only live value), ``HOLDING``
   (set-only configuration with min/max and a unit), ``FAULT`` (latched bits, write 1s to clear),
@@ -97,7 +97,7 @@ class TriggerState(IntEnum):
 
 
 class TriggerStatus(IntEnum):
-    """The answer to a trigger write (seed 004's codes)."""
+    """The answer to a trigger write (the code a 0x42 TRIGGER answer carries)."""
 
     ACCEPTED = 0x0000  #: 1 written in IDLE: the action started now; or 0 written: reset to IDLE
     RUNNING = 0x0101  #: already running: nothing started

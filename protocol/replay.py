@@ -1,6 +1,6 @@
 """The device's response journal: the last K answers, keyed by sequence number.
 
-Seed 000's device-side journal made small enough for a microcontroller. For every request the
+A journal of answers small enough for a microcontroller. For every request the
 device executed it keeps ``(seq, digest of the request content, response payload)``; K entries,
 oldest evicted first. On a duplicate sequence number (the window's DUPLICATE verdict):
 

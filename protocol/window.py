@@ -1,4 +1,4 @@
-"""The sliding-window sequence de-duplication (seed 004), bit-exact with ``firmware_ref``.
+"""The sliding-window sequence de-duplication, bit-exact with ``firmware_ref``.
 
 Contract:
 
