@@ -153,16 +153,12 @@ class RegisterAccessError(RemoteProtocolError):
     """A request the device refuses; nothing changed. ``exception`` is the Modbus answer."""
 
     def __init__(self, message: str, exception: ModbusException) -> None:
-        super().__init__(message, Status.MALFORMED_REQUEST,
-                         MODBUS_EXCEPTION_TABLE[exception].action)
+        super().__init__(message, action=MODBUS_EXCEPTION_TABLE[exception].action)
         self.exception = exception
 
 
 class PersistError(LocalProtocolError):
     """The shell could not save the configuration a write was about to commit."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Status.MALFORMED_REQUEST)
 
 
 #: The shell's persist hook: save this configuration or raise ``PersistError``.
@@ -171,9 +167,6 @@ Persist = Callable[["ConfigSnapshot"], None]
 
 class SnapshotError(LocalProtocolError):
     """A configuration snapshot that does not fit this register map."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Status.MALFORMED_REQUEST)
 
 
 def _plain_int(x: object) -> bool:
@@ -615,8 +608,7 @@ class DeviceCore:
         """Simulation: the physical world changed a live input (e.g. temperature)."""
         spec = self.regmap.named(name)
         if spec.kind is not RegisterKind.INPUT or not 0 <= value <= 0xFFFF:
-            raise LocalProtocolError(f"{name} is not an INPUT register or {value} not 16-bit",
-                                     Status.MALFORMED_REQUEST)
+            raise LocalProtocolError(f"{name} is not an INPUT register or {value} not 16-bit")
         now = self._advance(now)
         self.tick(now)
         old = self._inputs[spec.address]
@@ -639,13 +631,13 @@ class DeviceCore:
                         self._record(now, EffectKind.CONDITION, spec, old, new, 0, None)
                     self._latch(now, 0, None)
                     return
-        raise LocalProtocolError(f"no fault bit named {bit_name!r}", Status.MALFORMED_REQUEST)
+        raise LocalProtocolError(f"no fault bit named {bit_name!r}")
 
     def force_trigger_state(self, name: str, raw: int) -> None:
         """Test hook: put a trigger in any raw state, including an impossible one."""
         spec = self.regmap.named(name)
         if spec.kind is not RegisterKind.TRIGGER:
-            raise LocalProtocolError(f"{name} is not a TRIGGER", Status.MALFORMED_REQUEST)
+            raise LocalProtocolError(f"{name} is not a TRIGGER")
         self._trigger[spec.address] = raw
         if raw == TriggerState.RUNNING:
             self._started[spec.address] = self._now

@@ -156,15 +156,9 @@ class AddressOverflow(ModbusPduError):
 class BadResponse(RemoteProtocolError):
     """A response PDU that cannot be parsed."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Status.MALFORMED_REQUEST)
-
 
 class RtuFrameError(RemoteProtocolError):
     """An RTU frame that is too short or fails its CRC."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Status.MALFORMED_REQUEST)
 
 
 # --------------------------------------------------------------------------------------- requests

@@ -182,12 +182,17 @@ def status_info(code: int) -> StatusInfo:
 
 
 class IdemlinkError(Exception):
-    """Base of every idemlink error. Carries a status code and the action it implies."""
+    """Base of every idemlink error. ``status`` is the wire status the error stands for, only when
+    one applies (a request the device refused as malformed, a function it does not support);
+    ``action`` is what the caller should do: the status's, or given, or None."""
 
-    def __init__(self, message: str, status: Status, action: Action | None = None) -> None:
+    def __init__(self, message: str, status: Status | None = None,
+                 action: Action | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.action = action if action is not None else STATUS_TABLE[status].action
+        if action is None and status is not None:
+            action = STATUS_TABLE[status].action
+        self.action = action
 
 
 class LocalProtocolError(IdemlinkError):

@@ -12,7 +12,7 @@ Contract:
   blocks, WireGuard's layout): the block holding ``highest`` is only partly in use, so one spare block
   keeps whole-block clearing correct.
 - State is explicit: EMPTY (nothing accepted since init/reset: every number is ``NEW``) or TRACKING.
-- ``check(seq)`` is pure. ``commit(seq)`` re-derives the verdict and applies it (``WINDOW_TABLE``):
+- ``check(seq)`` is pure. ``commit(seq)`` re-derives the verdict and applies it (``COMMIT_SPEC``):
   NEW advances ``highest`` and clears the ring blocks passed over (whole blocks, at most the whole
   ring; the bitmap is never shifted), ACCEPT_OLD sets the bit, DUPLICATE and TOO_OLD only count.
   Call ``commit`` only once the frame passed its integrity check, so a forged far-ahead number
@@ -30,7 +30,7 @@ from enum import Enum, IntEnum
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 from idemlink.protocol.frame import SEQ_BITS
-from idemlink.protocol.outcome import LocalProtocolError, Status
+from idemlink.protocol.outcome import LocalProtocolError
 
 RING_BITS = 1024
 """Bits in the ring (a power of two dividing 2^SEQ_BITS)."""
@@ -57,21 +57,23 @@ class WindowState(Enum):
     TRACKING = "tracking"
 
 
-class Effect(Enum):
+class CommitEffect(Enum):
     ADVANCE = "advance highest, clear the ring blocks passed over (capped at the ring), set the bit"
     MARK = "set the bit"
     COUNT = "change nothing but the diagnostic counter"
 
 
-WINDOW_TABLE: dict[tuple[WindowState, Verdict], tuple[WindowState, Effect, str]] = {
-    (WindowState.EMPTY, Verdict.NEW): (WindowState.TRACKING, Effect.ADVANCE, "advances"),
-    (WindowState.TRACKING, Verdict.NEW): (WindowState.TRACKING, Effect.ADVANCE, "advances"),
-    (WindowState.TRACKING, Verdict.ACCEPT_OLD): (WindowState.TRACKING, Effect.MARK, "accepted"),
-    (WindowState.TRACKING, Verdict.DUPLICATE): (WindowState.TRACKING, Effect.COUNT, "duplicates"),
-    (WindowState.TRACKING, Verdict.TOO_OLD): (WindowState.TRACKING, Effect.COUNT, "too_old"),
+COMMIT_SPEC: dict[tuple[WindowState, Verdict], tuple[WindowState, CommitEffect, str]] = {
+    (WindowState.EMPTY, Verdict.NEW): (WindowState.TRACKING, CommitEffect.ADVANCE, "advances"),
+    (WindowState.TRACKING, Verdict.NEW): (WindowState.TRACKING, CommitEffect.ADVANCE, "advances"),
+    (WindowState.TRACKING, Verdict.ACCEPT_OLD): (WindowState.TRACKING, CommitEffect.MARK, "accepted"),
+    (WindowState.TRACKING, Verdict.DUPLICATE): (WindowState.TRACKING, CommitEffect.COUNT, "duplicates"),
+    (WindowState.TRACKING, Verdict.TOO_OLD): (WindowState.TRACKING, CommitEffect.COUNT, "too_old"),
 }
-"""What ``commit`` does, per (state, verdict): next state, effect, counter bumped (NEW also bumps
-``accepted``). An EMPTY window only ever says NEW. ``check`` never changes anything."""
+"""The specification of ``commit``, per (state, verdict): next state, effect, counter bumped (NEW
+also bumps ``accepted``). ``commit`` is written out by hand for speed (and bit-exact with the C
+window); tests/test_window.py checks it against every row, and the contract renders the rows. An
+EMPTY window only ever says NEW. ``check`` never changes anything."""
 
 _NEW = Verdict.NEW
 _OLD = Verdict.ACCEPT_OLD
@@ -90,9 +92,7 @@ class WindowCounters:
 
 
 def _bad_seq(seq: int) -> LocalProtocolError:
-    return LocalProtocolError(
-        f"sequence number {seq!r} is outside 0..{SEQ_MASK}", Status.MALFORMED_REQUEST
-    )
+    return LocalProtocolError(f"sequence number {seq!r} is outside 0..{SEQ_MASK}")
 
 
 class ReplayWindow:
@@ -220,7 +220,7 @@ class ReplayWindow:
 def contract_section() -> ContractSection:
     rows = [
         [st.value, v.name, nxt.value, eff.value, ctr]
-        for (st, v), (nxt, eff, ctr) in WINDOW_TABLE.items()
+        for (st, v), (nxt, eff, ctr) in COMMIT_SPEC.items()
     ]
     vrows = [
         [0, "NEW", "d = (seq - highest) mod 2^32 in 1 .. 2^31-1, or the window is empty"],

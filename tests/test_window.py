@@ -30,9 +30,9 @@ from idemlink.protocol.contract_section import ContractSection
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.window import (
     BLOCK_BITS,
+    COMMIT_SPEC,
     RING_BITS,
     WINDOW_SIZE,
-    WINDOW_TABLE,
     ReplayWindow,
     Verdict,
     WindowState,
@@ -145,10 +145,10 @@ PROBE = {Verdict.NEW: 1001, Verdict.ACCEPT_OLD: 998, Verdict.DUPLICATE: 999,
          Verdict.TOO_OLD: 1000 - WINDOW_SIZE}
 
 
-@pytest.mark.parametrize("key", list(WINDOW_TABLE), ids=lambda k: f"{k[0].value}-{k[1].name}")
+@pytest.mark.parametrize("key", list(COMMIT_SPEC), ids=lambda k: f"{k[0].value}-{k[1].name}")
 def test_commit_does_what_the_table_says(key: tuple[WindowState, Verdict]) -> None:
     state, verdict = key
-    nxt, _effect, counter = WINDOW_TABLE[key]
+    nxt, _effect, counter = COMMIT_SPEC[key]
     w = _window_in(state)
     seq = PROBE[verdict]
     assert w.check(seq) is verdict
@@ -164,7 +164,7 @@ def test_commit_does_what_the_table_says(key: tuple[WindowState, Verdict]) -> No
 
 
 def test_empty_window_says_only_new() -> None:
-    assert {v for (s, v) in WINDOW_TABLE if s is WindowState.EMPTY} == {Verdict.NEW}
+    assert {v for (s, v) in COMMIT_SPEC if s is WindowState.EMPTY} == {Verdict.NEW}
     w = ReplayWindow()
     for seq in (0, 1, HALF, M - 1, 12345):
         assert w.check(seq) is Verdict.NEW
