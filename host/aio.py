@@ -53,13 +53,13 @@ from idemlink.host.device import (
     Steps,
 )
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterMap, RegisterSpec
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
-from idemlink.protocol.session import DeviceInfo
 
 if TYPE_CHECKING:
-    from idemlink.host.ymodem_io import TransferReport
     from idemlink.protocol.ymodem import SenderConfig
+    from idemlink.protocol.ymodem_files import TransferReport
 
 log = logging.getLogger(__name__)
 
@@ -517,7 +517,8 @@ class AsyncDevice:
         the YMODEM batch runs in a worker thread on the transport's pyserial port (the loop stays
         free), then every file is read back (FILE_INFO)."""
         from idemlink.host.device import _judge_files, _not_verified, _to_verify
-        from idemlink.host.ymodem_io import TransferReport, send_files
+        from idemlink.host.ymodem_io import send_files
+        from idemlink.protocol.ymodem_files import TransferReport
 
         core = self.core
         paths_, digests, handover = await asyncio.to_thread(core._prepare_batch, paths, overwrite)

@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from idemlink.protocol.host_session import Completion, answer_fits, classify_pdu
+from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import (
     BROADCAST_UNIT,
     CHAR_BITS,
@@ -46,6 +46,8 @@ from idemlink.protocol.modbus import (
     MAX_RTU_FRAME,
     FunctionCode,
     RtuDecoder,
+    answer_fits,
+    classify_answer,
     encode_rtu,
     response_frame_length,
     rtu_frame_gap,
@@ -162,7 +164,7 @@ class RtuMaster:
                     or not answer_fits(req.pdu, frame.pdu)):
                 self.ignored += 1
                 continue
-            outcome, status, exc = classify_pdu(req.pdu, frame.pdu)
+            outcome, status, exc = classify_answer(req.pdu, frame.pdu)
             self._complete(req, outcome, status, exc, frame.pdu, now)
         self._pump(now)
 
