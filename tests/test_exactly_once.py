@@ -5,7 +5,7 @@ plain write to a trigger or fault word is refused before it could be re-issued a
 from __future__ import annotations
 
 import errno
-import tempfile
+import os
 from pathlib import Path
 
 import pytest
@@ -74,16 +74,19 @@ def test_unrepresentable_mtime_cancels_cleanly_and_leaves_no_partial_file(tmp_pa
 def test_temporary_file_creation_error_cancels_instead_of_crashing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``DirectorySink.open`` created its temporary file with ``tempfile.mkstemp`` outside any
-    error handling, so an OSError there (no space or no inode left, too many open files, a
-    read-only directory) escaped as OSError instead of ``SinkRefused``: ``ReceiverDriver.feed``
-    raised (in the simulator this kills the serving thread) and the sender was never told to stop.
-    The contract: any refusal or write error cancels the batch with CAN CAN."""
+    """An OSError while ``DirectorySink.open`` creates its temporary file (no space or no inode
+    left, too many open files, a read-only directory) is a ``SinkRefused``, not an OSError out of
+    ``ReceiverDriver.feed`` (in the simulator that would kill the serving thread, and the sender
+    would never be told to stop). The contract: any refusal or write error cancels the batch with
+    CAN CAN."""
+    real_open = os.open
 
-    def full_disk(*args: object, **kwargs: object) -> tuple[int, str]:
-        raise OSError(errno.ENOSPC, "No space left on device")
+    def full_disk(path: str | os.PathLike[str], flags: int, mode: int = 0o777) -> int:
+        if os.fspath(path).endswith(".part"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(path, flags, mode)
 
-    monkeypatch.setattr(tempfile, "mkstemp", full_disk)
+    monkeypatch.setattr(os, "open", full_disk)
     drv = ReceiverDriver(DirectorySink(tmp_path))
     tx = Sender([SendFile.from_bytes("a.bin", b"data", mtime=1_700_000_000, mode=0o644)])
     sent = _run_ymodem(tx, drv)
