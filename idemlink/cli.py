@@ -12,7 +12,10 @@ Exit status (documented in the README, one per outcome class):
 6     drift or check failure (``contract --check``, soak oracle)
 ====  =============================================================
 
-User mistakes print one line on stderr, never a traceback.
+User mistakes print one line on stderr, never a traceback; with ``--json`` that error is also one
+``idemlink.error/1`` object on stdout (``idemlink.output``), usage errors (exit 2) included. Ctrl-C
+ends every command with exit 130 and one line on stderr saying what happened (the command's own
+line when it has one, else ``idemlink CMD: interrupted``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from idemlink.commands import COMMAND_MODULES
 
@@ -54,6 +57,21 @@ def add_regmap_option(parser: argparse.ArgumentParser) -> None:
              "map's name; default: the built-in thermal-controller")
 
 
+def add_baudrate_option(parser: argparse.ArgumentParser, default: int | None = 115200,
+                        text: str = "baud rate (default 115200)") -> None:
+    """``--baudrate N``, the spelling of every command (``--baud`` kept as a hidden alias)."""
+    parser.add_argument("--baudrate", type=int, default=default, metavar="N", help=text)
+    add_hidden_alias(parser, "--baud", "baudrate", int)
+
+
+def add_hidden_alias(parser: argparse.ArgumentParser, alias: str, dest: str,
+                     kind: Callable[[str], Any]) -> None:
+    """``alias`` sets ``dest`` like the documented option but is left out of ``--help`` (an older
+    spelling kept working)."""
+    parser.add_argument(alias, dest=dest, type=kind, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+
+
 def regmap_from(args: argparse.Namespace) -> RegisterMap:
     """The map ``--regmap`` names; a map file that cannot be loaded is one UserError line."""
     from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap
@@ -77,10 +95,26 @@ def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
                         help="log level on stderr (overrides -v)")
 
 
+class Parser(argparse.ArgumentParser):
+    """An argparse parser whose usage errors are also an ``idemlink.error/1`` object on stdout
+    when the command line asks for ``--json``."""
+
+    json_errors = False
+
+    def error(self, message: str) -> Any:
+        if Parser.json_errors:
+            from idemlink.output import ERROR_SCHEMA, print_json
+
+            command = self.prog.split()[1] if len(self.prog.split()) > 1 else None
+            print_json(ERROR_SCHEMA, {"command": command, "message": message,
+                                      "exit": EXIT_USAGE})
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from idemlink import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="idemlink",
         description="idemlink: a serial protocol stack where retries are harmless.",
     )
@@ -118,9 +152,23 @@ def configure_logging(args: argparse.Namespace) -> None:
                         datefmt="%H:%M:%S")
 
 
+EXIT_INTERRUPTED = 130
+
+
+def mark_reported(exc: BaseException) -> BaseException:
+    """Note that the command already printed its line about this interrupt (``main`` then adds
+    none)."""
+    exc.idemlink_reported = True  # type: ignore[attr-defined]
+    return exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from idemlink.output import error_json
+
+    words = list(sys.argv[1:] if argv is None else argv)
+    Parser.json_errors = "--json" in words
     parser = build_parser()
-    args, extras = parser.parse_known_args(argv)
+    args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
         command = _subparser(parser, args.command)
         command.error(f"unrecognized arguments: {' '.join(extras)}")
@@ -130,9 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handler(args)
     except UserError as exc:
         print(f"idemlink {args.command}: {exc}", file=sys.stderr)
+        error_json(args, str(exc), EXIT_LOCAL_ERROR)
         return EXIT_LOCAL_ERROR
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as exc:
+        if not getattr(exc, "idemlink_reported", False):
+            print(f"idemlink {args.command}: interrupted", file=sys.stderr)
+            error_json(args, "interrupted", EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         # The reader went away (`| head`): say nothing more, and keep Python's shutdown flush
         # from raising again on the dead stdout.

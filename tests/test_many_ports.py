@@ -63,7 +63,9 @@ def test_json_is_a_list_and_the_exit_status_is_the_worst(
         assert main(argv) == 5  # UNKNOWN on the mute line outranks the missing port's error
     finally:
         mute.close()
-    docs = json.loads(capsys.readouterr().out)
+    doc = json.loads(capsys.readouterr().out)  # one object per line, like every command's --json
+    assert doc["schema"] == "idemlink.devices/1" and doc["exit"] == 5
+    docs = doc["devices"]
     assert [(d["port"], d["outcome"], d["exit"]) for d in docs] == [
         (rack[0].path, "OK", 0), (missing, "ERROR", 1), (mute.path, "UNKNOWN", 5)]
     assert docs[0]["result"]["outcome"] == "OK" and docs[0]["error"] is None

@@ -30,7 +30,6 @@ Contract (the plan format is ``idemlink.host.plan``; docs/CLI.md "apply"):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,6 @@ from idemlink.commands.device_cmds import (
     EXIT_OF_OUTCOME,
     decode_fault_word,
     device_options,
-    emit,
     link_guarded,
     not_sent,
     open_device,
@@ -61,14 +59,18 @@ from idemlink.host.journal import (
     lock_journal,
 )
 from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
+from idemlink.output import add_json_option, emit, error_json, print_json
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap, TriggerState, TriggerStatus
+
+APPLY_SCHEMA = "idemlink.apply/1"
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("apply", parents=[device_options()],
                        help="bring a device to a plan: writes converge, one-shot steps journaled")
-    p.add_argument("plan", metavar="PLAN.json")
+    p.add_argument("plan", metavar="PLAN.json", help="the plan file (format below, docs/CLI.md)")
+    add_json_option(p, "idemlink.apply/1")
     p.add_argument("--journal", metavar="PATH",
                    help="receipt journal of the one-shot steps (default: PLAN.json.journal)")
     p.add_argument("--no-check", action="store_true",
@@ -102,7 +104,7 @@ def run_apply(args: argparse.Namespace) -> int:
             step, why = refusals[0]
             line = (f"step {step.index + 1}: REJECTED (checked against the register map, "
                     f"nothing sent): {why}")
-            emit(args, {"outcome": Outcome.REJECTED.name, "plan": plan.name,
+            emit(args, APPLY_SCHEMA, {"outcome": Outcome.REJECTED.name, "plan": plan.name,
                         "step": step.index + 1, **not_sent(why)}, [line])
             return EXIT_REJECTED
     lock: JournalLock | None = None
@@ -127,8 +129,10 @@ def run_apply(args: argparse.Namespace) -> int:
             except LinkLost as exc:
                 if run.effects_sent and not exc.unknown:
                     # Earlier steps were sent and settled; the rest did not run.
-                    print(f"idemlink apply: {exc}; the steps after the last line did not run",
-                          file=sys.stderr)
+                    message = f"{exc}; the steps after the last line did not run"
+                    print(f"idemlink apply: {message}", file=sys.stderr)
+                    error_json(args, message, EXIT_NOT_EXECUTED,
+                               outcome=Outcome.NOT_EXECUTED.name, steps=run.entries)
                     return EXIT_NOT_EXECUTED
                 raise
     finally:
@@ -164,7 +168,7 @@ def resolve_step(args: argparse.Namespace, journal_path: str) -> int:
     except JournalError as exc:
         raise journal_refused(journal_path, exc) from None
     verdict = "executed" if args.executed else "not_executed"
-    emit(args, {"outcome": Outcome.OK.name, "journal": journal_path, "resolved": args.resolve,
+    emit(args, APPLY_SCHEMA, {"outcome": Outcome.OK.name, "journal": journal_path, "resolved": args.resolve,
                 "device": holders[0], "as": verdict},
          [f"{args.resolve}: resolved as {verdict.replace('_', ' ')} on device {holders[0]} "
           f"(journal {journal_path})"])
@@ -244,7 +248,7 @@ class ApplyRun:
         self.doc["outcome"] = (Outcome.UNKNOWN if failed else outcome).name
         self.doc["steps"] = self.entries
         if self.args.json:
-            print(json.dumps(self.doc, sort_keys=True), flush=True)
+            print_json(APPLY_SCHEMA, self.doc)
         return EXIT_OF_OUTCOME[Outcome.UNKNOWN] if failed else EXIT_OF_OUTCOME[outcome]
 
     def say(self, line: str) -> None:

@@ -2,6 +2,7 @@
 
 With ``--regmap FILE --out DIR`` it renders one device's map instead: ``DIR/idemlink_regmap.h``
 (defines and a const register table for the C device core) and ``DIR/<map name>.md``.
+``--json`` prints one ``idemlink.contract/1`` object: ``{"check", "drifted", "wrote"}`` (paths).
 """
 
 from __future__ import annotations
@@ -9,6 +10,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from idemlink.output import add_json_option, emit
+
+CONTRACT_SCHEMA = "idemlink.contract/1"
 
 
 def register(sub: Any) -> None:
@@ -21,6 +26,7 @@ def register(sub: Any) -> None:
                    help="render this device's map (C header + register document) instead")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="with --regmap: the directory to write into (created if missing)")
+    add_json_option(p, CONTRACT_SCHEMA)
     p.set_defaults(handler=run)
 
 
@@ -47,17 +53,19 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{root} is not the idemlink repository root (no pyproject.toml)")
     if args.check:
         drifted = drifted_files(root)
-        for rel in drifted:
-            print(f"drifted: {rel} (run `idemlink contract` and commit it)")
-        if not drifted:
-            print("contract: all generated files are up to date")
+        lines = [f"drifted: {rel} (run `idemlink contract` and commit it)" for rel in drifted]
+        emit(args, CONTRACT_SCHEMA, {"check": True, "drifted": drifted, "wrote": []},
+             lines or ["contract: all generated files are up to date"])
         return 6 if drifted else 0
+    wrote: list[str] = []
     for rel, text in render_all().items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {rel}")
+            wrote.append(rel)
+    emit(args, CONTRACT_SCHEMA, {"check": False, "drifted": [], "wrote": wrote},
+         [f"wrote {rel}" for rel in wrote])
     return 0
 
 
@@ -70,18 +78,22 @@ def _run_map(args: argparse.Namespace) -> int:
     files = render_map(regmap_from(args))
     out = Path(args.out)
     if args.check:
-        drifted = [n for n, text in files.items()
+        drifted = [str(out / n) for n, text in files.items()
                    if not (out / n).is_file() or (out / n).read_text(encoding="utf-8") != text]
-        for n in drifted:
-            print(f"drifted: {out / n} (run `idemlink contract --regmap ... --out ...`)")
-        if not drifted:
-            print("contract: the map's generated files are up to date")
+        lines = [f"drifted: {n} (run `idemlink contract --regmap ... --out ...`)"
+                 for n in drifted]
+        emit(args, CONTRACT_SCHEMA, {"check": True, "drifted": drifted, "wrote": []},
+             lines or ["contract: the map's generated files are up to date"])
         return 6 if drifted else 0
+    wrote: list[str] = []
     try:
         out.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
             (out / name).write_text(text, encoding="utf-8")
-            print(f"wrote {out / name}")
+            wrote.append(str(out / name))
+            if not args.json:  # as it goes: a failure later still shows what was written
+                print(f"wrote {out / name}")
     except OSError as exc:
         raise UserError(f"cannot write into {out}: {exc.strerror or exc}") from None
+    emit(args, CONTRACT_SCHEMA, {"check": False, "drifted": [], "wrote": wrote}, [])
     return 0

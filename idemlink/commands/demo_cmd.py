@@ -4,12 +4,16 @@ and a summary proving every retry was absorbed with zero duplicated effects.
 The device runs in a background thread on the master side of a pty, behind the link emulator
 (real-time pacing at 115200 baud, latency, frame loss, duplication and corruption both ways); the
 host opens the pty's path with ``idemlink.host.device.Device.open`` exactly as it would open hardware.
-Finishes in seconds and leaves no thread, process or pty behind.
+Finishes in seconds and leaves no thread, process or pty behind. ``--json`` prints one
+``idemlink.demo/1`` object instead of the text: ``{"summary": {...}, "steps": [{"label",
+"outcome", "status", "attempts"}], "exit"}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import random
 import tempfile
 import threading
@@ -24,6 +28,7 @@ from idemlink.device_sim.lossy_transport import LossyTransport
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.serve import LockedDevice, serve
 from idemlink.host.device import Device, Result
+from idemlink.output import add_json_option, print_json
 from idemlink.protocol.outcome import Outcome
 
 
@@ -33,8 +38,9 @@ def register(sub: Any) -> None:
     p.add_argument("--loss", type=float, default=0.1, help="per-frame loss each way (default 0.1)")
     p.add_argument("--dup", type=float, default=0.05, help="per-frame duplication each way")
     p.add_argument("--corrupt", type=float, default=0.03, help="per-frame corruption each way")
-    p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--seed", type=int, default=3, help="seed of the line's faults (default 3)")
     p.add_argument("--burst", type=int, default=150, help="pipelined commands in the burst step")
+    add_json_option(p, "idemlink.demo/1")
     p.set_defaults(handler=run)
 
 
@@ -44,11 +50,21 @@ def _duplicated_effects(sim: SimulatedDevice) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    with tempfile.TemporaryDirectory(prefix="idemlink-demo-") as flash:
-        return _run(args, Path(flash))
+    text = io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="idemlink-demo-") as flash, \
+            contextlib.redirect_stdout(text) if args.json else contextlib.nullcontext():
+        status, summary, rows = _run(args, Path(flash))
+    if args.json:
+        print_json("idemlink.demo/1", {
+            "summary": summary, "exit": status,
+            "steps": [{"label": label, "outcome": r.outcome.name,
+                       "status": r.status.name if r.status is not None else None,
+                       "attempts": r.attempts} for label, r in rows]})
+    return status
 
 
-def _run(args: argparse.Namespace, flash: Path) -> int:
+def _run(args: argparse.Namespace,
+         flash: Path) -> tuple[int, dict[str, int | float], list[tuple[str, Result]]]:
     sim = SimulatedDevice(seed=args.seed, trigger_duration=0.3, flash_dir=flash / "device")
     shared = LockedDevice(sim)
     cfg = LinkConfig(baud=115200, latency=0.001, frame_loss=args.loss, frame_dup=args.dup,
@@ -134,18 +150,19 @@ def _run(args: argparse.Namespace, flash: Path) -> int:
     print()
     print("summary")
     table = [
-        ("commands", len(rows)),
-        ("frames sent by the host", stats.sent),
-        ("retries (same sequence number)", stats.retries),
-        ("answers replayed by the device", stats.replays),
-        ("set-only writes re-issued after reboot", stats.reissued),
-        ("faults injected by the line", faults),
-        *[(f"outcome {o.name}", outcomes.get(o.name, 0)) for o in Outcome],
-        ("duplicated effects", dups),
-        ("seconds", round(time.monotonic() - t0, 1)),
+        ("commands", "commands", len(rows)),
+        ("frames_sent", "frames sent by the host", stats.sent),
+        ("retries", "retries (same sequence number)", stats.retries),
+        ("replays", "answers replayed by the device", stats.replays),
+        ("reissued_set_only", "set-only writes re-issued after reboot", stats.reissued),
+        ("faults_injected", "faults injected by the line", faults),
+        *[(f"outcome_{o.name}", f"outcome {o.name}", outcomes.get(o.name, 0)) for o in Outcome],
+        ("duplicated_effects", "duplicated effects", dups),
+        ("seconds", "seconds", round(time.monotonic() - t0, 1)),
     ]
-    width = max(len(k) for k, _ in table)
-    for k, v in table:
-        print(f"  {k:<{width}}  {v}")
+    width = max(len(label) for _, label, _ in table)
+    for _, label, v in table:
+        print(f"  {label:<{width}}  {v}")
     files_ok = same and report is not None and report.ok
-    return 0 if dups == 0 and outcomes.get("UNKNOWN", 0) == 0 and files_ok else 5
+    status = 0 if dups == 0 and outcomes.get("UNKNOWN", 0) == 0 and files_ok else 5
+    return status, {key: v for key, _, v in table}, rows

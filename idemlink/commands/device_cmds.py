@@ -34,7 +34,6 @@ Tests may inject the device: a handler uses ``args.open_device()`` when the name
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -43,19 +42,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemlink.cli import (
+    EXIT_INTERRUPTED,
     EXIT_LOCAL_ERROR,
     EXIT_NOT_EXECUTED,
     EXIT_OK,
     EXIT_REJECTED,
     EXIT_UNKNOWN,
     UserError,
+    add_baudrate_option,
     add_regmap_option,
+    mark_reported,
     regmap_from,
 )
-from idemlink.commands.many import add_port_options, ports_of, run_on_ports
+from idemlink.commands.many import PortAction, add_port_options, ports_of, run_on_ports
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.frame_view import FrameDescriber, trigger_code_name
 from idemlink.host.rtu_device import RtuDevice
+from idemlink.output import add_json_option, emit, error_json, print_json, register_entry
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import (
     REGISTER_MAX,
@@ -89,16 +92,15 @@ def worst(outcomes: Iterable[Outcome]) -> Outcome:
 
 
 def device_options() -> argparse.ArgumentParser:
-    """The options every device command takes (``--port``, ``--timeout``, ``--json``...), as an
-    argparse parent."""
+    """The options every device command takes (``--port``, ``--timeout``...), as an argparse
+    parent (each command adds its own ``--json``, naming its schema)."""
     common = argparse.ArgumentParser(add_help=False)
     add_port_options(common)
-    common.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    add_baudrate_option(common)
     common.add_argument("--timeout", type=float, default=0.2,
                         help="seconds to wait for each answer before a retry (default 0.2)")
     common.add_argument("--attempts", type=int, default=5,
                         help="sends per command before it is UNKNOWN (default 5)")
-    common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument("--trace", metavar="FILE", default=None,
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
@@ -112,11 +114,14 @@ def register(sub: Any) -> None:
     add_rtu_options(p)
     p.add_argument("registers", nargs="*", metavar="NAME",
                    help="register names or addresses (default: every register)")
+    add_json_option(p, "idemlink.read/1")
     p.set_defaults(handler=link_guarded(run_read))
 
     p = sub.add_parser("write", parents=[common], help="set registers: NAME=VALUE...")
     add_rtu_options(p)
-    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE")
+    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE",
+                   help="a register and its value as the map reads it (42.0, auto, raw:420)")
+    add_json_option(p, "idemlink.write/1")
     p.add_argument("--if-generation", type=_int_arg, metavar="G",
                    help="write only if the generation counter still equals G (else exit 3)")
     p.add_argument("--no-check", action="store_true",
@@ -125,6 +130,7 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("faults", parents=[common], help="read the fault words, bit by bit")
     add_rtu_options(p)
+    add_json_option(p, "idemlink.faults/1")
     p.set_defaults(handler=link_guarded(run_faults))
 
     p = sub.add_parser("clear", parents=[common], help="clear latched fault bits (write 1s)")
@@ -133,6 +139,7 @@ def register(sub: Any) -> None:
                    help="bit names or numbers (default: every declared bit)")
     p.add_argument("--mask", type=_int_arg, metavar="M", help="the bits to clear as a mask")
     p.add_argument("--register", metavar="NAME", help="the fault register (default: the only one)")
+    add_json_option(p, "idemlink.clear/1")
     p.set_defaults(handler=link_guarded(run_clear))
 
     p = sub.add_parser("trigger", parents=[common], help="start a one-shot action, or reset/query")
@@ -141,15 +148,21 @@ def register(sub: Any) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--reset", action="store_true", help="reset the trigger to IDLE (write 0)")
     g.add_argument("--status", action="store_true", help="read the trigger state only")
+    add_json_option(p, "idemlink.trigger/1")
     p.set_defaults(handler=link_guarded(run_trigger))
 
-    p = sub.add_parser("monitor", parents=[common], help="decode frames passing on a port")
+    p = sub.add_parser("monitor", help="decode frames passing on a port")
+    p.add_argument("--port", action=PortAction, default=None,
+                   help="the device path or pyserial URL to listen on")
+    add_baudrate_option(p)
+    add_regmap_option(p)
+    add_json_option(p, "idemlink.monitor/1")
     p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
     p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
     p.set_defaults(handler=run_monitor)
 
     p = sub.add_parser("ports", help="list serial ports")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p, "idemlink.ports/1")
     p.set_defaults(handler=run_ports)
 
 
@@ -359,23 +372,20 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
                         "; once the port is back, read back what it touched before going on")
             print(f"idemlink {args.command}: {exc}{hint}",
                   file=sys.stderr)
-            if args.json:
-                print(json.dumps({"outcome": outcome.name if outcome else None,
-                                  "error": str(exc),
-                                  "results": [result_json(r) for r in exc.results]},
-                                 sort_keys=True))
-            return EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+            status = EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+            error_json(args, f"{exc}{hint}", status, outcome=outcome.name if outcome else None,
+                       error=str(exc), results=[result_json(r) for r in exc.results])
+            return status
         except KeyboardInterrupt as exc:
             results: tuple[Result, ...] = getattr(exc, "settled_results", ())
             sent = [r for r in results if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
             if sent:
-                print(f"idemlink {args.command}: interrupted; {len(sent)} request(s) may have run "
-                      "(UNKNOWN, CANCELLED): read back what it touched before going on",
-                      file=sys.stderr)
-                if args.json:
-                    print(json.dumps({"outcome": Outcome.UNKNOWN.name, "error": "interrupted",
-                                      "results": [result_json(r) for r in results]},
-                                     sort_keys=True))
+                message = (f"interrupted; {len(sent)} request(s) may have run (UNKNOWN, "
+                           "CANCELLED): read back what it touched before going on")
+                print(f"idemlink {args.command}: {message}", file=sys.stderr)
+                error_json(args, message, EXIT_INTERRUPTED, outcome=Outcome.UNKNOWN.name,
+                           error="interrupted", results=[result_json(r) for r in results])
+                mark_reported(exc)
             raise
 
     guarded.__name__ = handler.__name__
@@ -383,12 +393,9 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
     return guarded
 
 
-def emit(args: argparse.Namespace, doc: dict[str, Any], lines: Sequence[str]) -> None:
-    if args.json:
-        print(json.dumps(doc, sort_keys=True))
-    else:
-        for line in lines:
-            print(line)
+def schema_of(args: argparse.Namespace) -> str:
+    """``idemlink.read/1``, ``idemlink.write/1``...: the schema of the command's document."""
+    return f"idemlink.{args.command}/1"
 
 
 def result_json(r: Result) -> dict[str, Any]:
@@ -400,6 +407,15 @@ def result_json(r: Result) -> dict[str, Any]:
         "attempts": r.attempts,
         "detail": r.describe(),
     }
+
+
+def reading_entry(spec: RegisterSpec, r: Result) -> dict[str, Any]:
+    """A register read as every schema lists it (``register_entry``) with the read's
+    ``outcome``; ``raw`` and ``value`` are null when the read got no value."""
+    if r.ok and r.values:
+        return {**register_entry(spec, r.values[0]), "outcome": r.outcome.name}
+    return {"name": spec.name, "address": spec.address, "raw": None, "value": None,
+            "unit": spec.unit, "outcome": r.outcome.name}
 
 
 def not_sent(reason: str) -> dict[str, Any]:
@@ -438,11 +454,13 @@ def after_unknown(dev: AnyDevice, results: Sequence[Result], doc: dict[str, Any]
 
 def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
            doc: dict[str, Any], lines: list[str]) -> int:
+    """Print the command's result (``idemlink.COMMAND/1`` with ``--json``): the worst outcome,
+    and on UNKNOWN what was read back; return its exit status."""
     outcome = worst(r.outcome for r in results)
     doc["outcome"] = outcome.name
     if outcome is Outcome.UNKNOWN:
         after_unknown(dev, results, doc, lines)
-    emit(args, doc, lines)
+    emit(args, schema_of(args), doc, lines)
     return EXIT_OF_OUTCOME[outcome]
 
 
@@ -481,12 +499,14 @@ def run_read(args: argparse.Namespace) -> int:
     specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
     with open_any_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
+        registers: list[dict[str, Any]] = []
         values: dict[str, int] = {}
         per: dict[str, Any] = {}
         lines: list[str] = []
         width = max(len(s.name) for s in specs)
         for s, r in zip(specs, results, strict=True):
             per[s.name] = {"address": s.address, **result_json(r)}
+            registers.append(reading_entry(s, r))
             if r.ok:
                 values[s.name] = r.values[0]
                 per[s.name]["value"] = r.values[0]
@@ -494,7 +514,7 @@ def run_read(args: argparse.Namespace) -> int:
                 lines.append(f"{s.name:<{width}} = {shown(s, r.values[0])}")
             else:
                 lines.append(f"{s.name:<{width}} : {r.describe()}")
-        doc: dict[str, Any] = {"values": values, "results": per}
+        doc: dict[str, Any] = {"registers": registers, "values": values, "results": per}
         return finish(args, dev, results, doc, lines)
 
 
@@ -578,9 +598,11 @@ def run_write(args: argparse.Namespace) -> int:
     if not args.no_check:
         refusals = [(a, why) for a in assignments if (why := map_refusal(a)) is not None]
         if refusals:
-            emit(args, {"outcome": Outcome.REJECTED.name,
-                        "writes": [{"registers": {a.spec.name: a.value}, **not_sent(why)}
-                                   for a, why in refusals]},
+            emit(args, schema_of(args), {
+                "outcome": Outcome.REJECTED.name,
+                "registers": [register_entry(a.spec, a.value) for a, _ in refusals],
+                "writes": [{"registers": [register_entry(a.spec, a.value)], **not_sent(why)}
+                           for a, why in refusals]},
                  [f"REJECTED (checked against the register map, nothing sent): {why}"
                   for _, why in refusals])
             return EXIT_REJECTED
@@ -594,14 +616,16 @@ def run_write(args: argparse.Namespace) -> int:
         writes: list[dict[str, Any]] = []
         lines: list[str] = []
         for run, r in zip(runs, results, strict=True):
-            entry = {"registers": {a.spec.name: a.value for a in run}, **result_json(r)}
+            entry = {"registers": [register_entry(a.spec, a.value) for a in run],
+                     **result_json(r)}
             line = f"{_fmt(run)}: {r.describe()}"
             if args.if_generation is not None and r.code is not None:
                 entry["generation"] = r.code
                 line += f" (generation {'now' if r.ok else 'is'} {r.code})"
             writes.append(entry)
             lines.append(line)
-        doc: dict[str, Any] = {"writes": writes}
+        doc: dict[str, Any] = {"registers": [register_entry(a.spec, a.value)
+                                             for run in runs for a in run], "writes": writes}
         return finish(args, dev, results, doc, lines)
 
 
@@ -626,15 +650,18 @@ def run_faults(args: argparse.Namespace) -> int:
     with open_any_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
         faults: dict[str, Any] = {}
+        registers: list[dict[str, Any]] = []
         lines: list[str] = []
         for s, r in zip(specs, results, strict=True):
+            registers.append(reading_entry(s, r))
             if r.ok:
+                registers[-1]["latched"] = decode_fault_word(s, r.values[0])["latched"]
                 faults[s.name] = decode_fault_word(s, r.values[0])
                 lines.append(_fault_line(s, r.values[0]))
             else:
                 faults[s.name] = result_json(r)
                 lines.append(f"{s.name}: {r.describe()}")
-        return finish(args, dev, results, {"faults": faults}, lines)
+        return finish(args, dev, results, {"registers": registers, "faults": faults}, lines)
 
 
 def fault_mask(spec: RegisterSpec, bits: Sequence[str], mask: int | None) -> int:
@@ -681,6 +708,8 @@ def run_clear(args: argparse.Namespace) -> int:
             if back.ok:
                 after = decode_fault_word(spec, back.values[0])
                 doc["after"] = after
+                doc["registers"] = [{**reading_entry(spec, back),
+                                     "latched": after["latched"]}]
                 still = [n for n in after["latched"] if n in
                          decode_fault_word(spec, mask)["latched"]]
                 lines.append(_fault_line(spec, back.values[0]) + (
@@ -717,6 +746,7 @@ def run_trigger(args: argparse.Namespace) -> int:
             if r.ok:
                 doc["state"] = _state_name(r.values[0])
                 doc["value"] = r.values[0]
+                doc["registers"] = [reading_entry(spec, r)]
                 lines = [f"{spec.name}: {doc['state']}"]
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
@@ -735,6 +765,7 @@ def run_trigger(args: argparse.Namespace) -> int:
                 state = dev.trigger_status(spec.name)
                 if state.ok:
                     doc["state"] = _state_name(state.values[0])
+                    doc["registers"] = [reading_entry(spec, state)]
                     lines[0] += f" (written {0 if args.reset else 1}; state now {doc['state']})"
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
@@ -750,7 +781,7 @@ def run_ports(args: argparse.Namespace) -> int:
     ports = sorted(list_ports.comports(), key=lambda p: p.device)
     doc = [{"device": p.device, "description": p.description, "hwid": p.hwid} for p in ports]
     if args.json:
-        print(json.dumps(doc, sort_keys=True))
+        print_json("idemlink.ports/1", {"ports": doc})
     elif not ports:
         print("no serial ports found (the simulator's pty is not listed: `idemlink sim` prints it)")
     else:
@@ -806,7 +837,7 @@ def run_monitor(args: argparse.Namespace) -> int:
                 d = describer.describe(item)
                 d["t"] = round(t, 6)
                 if args.json:
-                    print(json.dumps(d, sort_keys=True), flush=True)
+                    print_json("idemlink.monitor/1", d)
                 else:
                     print(f"+{t:9.3f}s {d['text']}", flush=True)
                 shown += 1

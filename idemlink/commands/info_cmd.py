@@ -12,21 +12,23 @@ device answered or the port cannot be opened.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.cli import EXIT_OK, UserError, add_baudrate_option, add_regmap_option, regmap_from
+from idemlink.output import add_json_option, print_json
+
+INFO_SCHEMA = "idemlink.info/1"
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "info", help="identify the device on a port: id, epoch, register map, limits")
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
-    p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
+    add_baudrate_option(p)
     p.add_argument("--timeout", type=float, default=0.2,
                    help="seconds to wait for the answer before a retry (default 0.2)")
     p.add_argument("--attempts", type=int, default=5, help="HELLOs before giving up (default 5)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
     p.set_defaults(handler=run)
 
@@ -54,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     matches = info.map_hash == regmap.hash
     ours = contract_hash()
     out: dict[str, Any] = {
-        "schema": "idemlink.info/1", "port": args.port, "device_id": info.device_id,
+        "port": args.port, "device_id": info.device_id,
         "name": info.name, "epoch": epoch,
         "map": {"name": info.map_name, "hash": info.map_hash.hex() if info.map_hash else None,
                 "matches": matches, "expected": {"name": regmap.name, "hash": regmap.hash.hex()}},
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         "next_seq": info.next_seq,
     }
     if args.json:
-        print(json.dumps(out))
+        print_json(INFO_SCHEMA, out)
         return EXIT_OK
     if info.map_hash is None:
         map_line = "not advertised (an older firmware)"

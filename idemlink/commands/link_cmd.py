@@ -3,7 +3,9 @@
 Each of ``--a``/``--b`` is a pty or device path or a pyserial URL; a side left out gets a new
 pseudo-terminal. The paths of both sides are printed first, one per line (a, then b), so a script
 can connect its programs; then the proxy serves until SIGINT or SIGTERM, exits 0 and leaves no pty
-behind. ``--stats`` prints the fault counters as JSON on stderr at exit.
+behind. ``--stats`` prints the fault counters as JSON on stderr at exit. ``--json``: the first
+line is ``{"schema": "idemlink.link/1", "a", "b"}`` instead of the two paths, and the counters
+are one ``idemlink.link-stats/1`` object on stdout at exit.
 """
 
 from __future__ import annotations
@@ -16,20 +18,31 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from idemlink.cli import UserError, add_regmap_option, regmap_from
+from idemlink.cli import UserError, add_baudrate_option, add_regmap_option, regmap_from
+from idemlink.output import add_json_option, print_json
 from idemlink.protocol.registers import RegisterMap
+
+DESCRIPTION = """\
+Run the link emulator between two ports or pseudo-terminals, in real time.
+
+Each of --a/--b is a pty or device path or a pyserial URL; a side left out gets a new
+pseudo-terminal. The paths of both sides are printed first, one per line (a, then b), so a script
+can connect its programs; then the proxy serves until SIGINT or SIGTERM, exits 0 and leaves no pty
+behind. --stats prints the fault counters as JSON on stderr at exit; with --json the paths and
+the counters are JSON objects on stdout (docs/CLI.md).
+"""
 
 
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "link",
         help="emulate a paced, lossy serial line between two ports or new ptys",
-        description=__doc__,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--a", metavar="PATH|URL", help="side a (default: create a pty)")
     p.add_argument("--b", metavar="PATH|URL", help="side b (default: create a pty)")
-    p.add_argument("--baud", type=int, default=None, help="line rate, 10 bits/byte (default: unpaced)")
+    add_baudrate_option(p, default=None, text="line rate, 10 bits/byte (default: unpaced)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="one-way latency in ms")
     p.add_argument("--loss", type=float, default=0.0, help="per-byte loss probability")
     p.add_argument("--dup", type=float, default=0.0, help="per-byte duplication probability")
@@ -42,7 +55,9 @@ def register(sub: Any) -> None:
                    help="silence that also ends a frame (for traffic without 0x00 delimiters)")
     p.add_argument("--noise-rate", type=float, default=0.0, help="noise bursts per second")
     p.add_argument("--seed", type=int, default=0, help="seed of every fault (default 0)")
-    p.add_argument("--stats", action="store_true", help="print fault counters (JSON) on exit")
+    p.add_argument("--stats", action="store_true",
+                   help="print fault counters (JSON) on stderr at exit (stdout with --json)")
+    add_json_option(p, "idemlink.link/1 then idemlink.link-stats/1")
     add_regmap_option(p)
     p.add_argument("--monitor", action="store_true",
                    help="decode and print the idemlink frames crossing the line, both ways")
@@ -71,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = LinkConfig(
-            baud=args.baud,
+            baud=args.baudrate,
             latency=args.latency_ms / 1000.0,
             loss=args.loss,
             dup=args.dup,
@@ -92,8 +107,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
         raise UserError(f"cannot open a side: {exc}") from None
     with proxy:
-        print(proxy.a_path, flush=True)
-        print(proxy.b_path, flush=True)
+        if args.json:
+            print_json("idemlink.link/1", {"a": proxy.a_path, "b": proxy.b_path})
+        else:
+            print(proxy.a_path, flush=True)
+            print(proxy.b_path, flush=True)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             proxy.stop()
@@ -104,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-    if args.stats:
+    if args.json:
+        print_json("idemlink.link-stats/1", proxy.link.stats())
+    elif args.stats:
         print(json.dumps(proxy.link.stats(), sort_keys=True), file=sys.stderr)
     return 0

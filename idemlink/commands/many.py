@@ -9,10 +9,13 @@ Contract:
 - Text output: one block per device in the order given, headed by ``== PORT: OUTCOME (exit N)``
   and holding that device's own output, then one summary line ``N devices: 2 OK, 1 UNKNOWN; exit
   5``. A device's stderr lines go to stderr prefixed by its port.
-- ``--json``: one JSON list, one object per device in the order given: ``port``, ``exit``,
-  ``outcome`` (OK, NOT_EXECUTED, REJECTED, UNKNOWN, ERROR for a local error such as no device
-  answering, INTERRUPTED), ``result`` (the document the command prints for one device, or null) and ``error``
-  (its stderr text, or null).
+- ``--json``: one object, schema ``idemlink.devices/1``: ``command``, ``exit`` (the worst),
+  ``devices``, one object per device in the order given: ``port``, ``exit``, ``outcome`` (OK,
+  NOT_EXECUTED, REJECTED, UNKNOWN, ERROR for a local error such as no device answering,
+  INTERRUPTED), ``result`` (the document the command prints for one device, or null) and
+  ``error`` (its stderr text, or null).
+- Progress: while devices are still running, ``idemlink.output.Progress`` reports how many have
+  finished (a bar on a terminal, a periodic line on stderr otherwise).
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
 - Ctrl-C interrupts every device within one ``--timeout``: each settles what it had out
@@ -30,7 +33,6 @@ import contextlib
 import copy
 import ctypes
 import io
-import json
 import sys
 import threading
 import uuid
@@ -42,6 +44,7 @@ from typing import Any, TextIO
 
 from idemlink.cli import EXIT_LOCAL_ERROR, UserError
 from idemlink.host.journal import DeviceJournal, JournalLock, StepEvent, lock_journal
+from idemlink.output import Progress, print_json
 
 EXIT_INTERRUPTED = 130
 
@@ -193,18 +196,22 @@ def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace
     journals = SharedJournals()
     threads: dict[int, int] = {}  # run index -> thread ident, while it runs
     interrupted = False
+    progress = Progress(args.command, "devices", stream=sys.stderr)
     with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool:
         futures = [pool.submit(_one, args, handler, run, i, threads, journals, out, err)
                    for i, run in enumerate(runs)]
         try:
             while not all(f.done() for f in futures):
                 wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
+                progress.update(sum(f.done() for f in futures), len(futures))
         except KeyboardInterrupt:
             interrupted = True
             for ident in list(threads.values()):  # each settles its requests, as Ctrl-C would
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
                                                            ctypes.py_object(KeyboardInterrupt))
             wait(futures)
+        finally:
+            progress.close()
     journals.close()
     _report(args, runs)
     if interrupted:
@@ -240,10 +247,15 @@ def _report(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
     for r in runs:
         for line in r.err.splitlines():
             print(f"{r.port}: {line}", file=sys.stderr)
+    worst = max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
+    if any(r.exit == EXIT_INTERRUPTED for r in runs):
+        worst = EXIT_INTERRUPTED
     if getattr(args, "json", False):
-        print(json.dumps([{"port": r.port, "exit": r.exit, "outcome": r.outcome,
-                           "result": _document(r.out), "error": r.err.strip() or None}
-                          for r in runs], sort_keys=True))
+        print_json("idemlink.devices/1", {
+            "command": args.command, "exit": worst,
+            "devices": [{"port": r.port, "exit": r.exit, "outcome": r.outcome,
+                         "result": _document(r.out), "error": r.err.strip() or None}
+                        for r in runs]})
         return
     for r in runs:
         print(f"== {r.port}: {r.outcome} (exit {r.exit})")
@@ -251,13 +263,14 @@ def _report(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    worst = max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
     parts = ", ".join(f"{n} {name}" for name, n in counts.items())
     print(f"{len(runs)} devices: {parts}; exit {worst}")
 
 
 def _document(text: str) -> Any:
     """The JSON document one device printed (None if it printed none; the text if not JSON)."""
+    import json
+
     text = text.strip()
     if not text:
         return None

@@ -6,7 +6,9 @@ unit, labels or bits); ``--json`` prints the map as a JSON map file ``{"schema":
 "idemlink.regmap/1", "name", "hash", "description", "registers": [...]}`` that loads back as is
 (``idemlink regmap pump-controller --json > pump.json`` exports a built-in map to edit).
 ``--check`` only validates: it prints
-``ok: NAME (N registers, hash H)`` and exits 0, or prints the one-line reason and exits 6.
+``ok: NAME (N registers, hash H)`` and exits 0, or prints the one-line reason and exits 6
+(``--check --json``: one ``idemlink.regmap-check/1`` object, ``{"ok", "name", "hash",
+"registers", "reason"}``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import json
 from typing import Any
 
 from idemlink.cli import EXIT_CHECK_FAILED, EXIT_OK, UserError
+from idemlink.output import add_json_option, emit
+
+CHECK_SCHEMA = "idemlink.regmap-check/1"
 
 
 def register(sub: Any) -> None:
@@ -25,7 +30,7 @@ def register(sub: Any) -> None:
                    help="map file (TOML/JSON) or built-in map name (default: thermal-controller)")
     p.add_argument("--regmap", dest="regmap_opt", metavar="FILE", default=None,
                    help="same as FILE")
-    p.add_argument("--json", action="store_true", help="JSON for tools")
+    add_json_option(p, "idemlink.regmap/1 (with --check: idemlink.regmap-check/1)")
     p.add_argument("--check", action="store_true",
                    help="validate only: exit 0 if the map loads, 6 with the reason if not")
     p.set_defaults(handler=run)
@@ -39,11 +44,15 @@ def run(args: argparse.Namespace) -> int:
         regmap = resolve_regmap(ref)
     except RegmapFileError as exc:
         if args.check:
-            print(f"invalid: {exc}")
+            emit(args, CHECK_SCHEMA, {"ok": False, "name": None, "hash": None,
+                                      "registers": None, "reason": str(exc)},
+                 [f"invalid: {exc}"])
             return EXIT_CHECK_FAILED
         raise UserError(str(exc)) from None
     if args.check:
-        print(f"ok: {regmap.name} ({len(regmap)} registers, hash {regmap.hash.hex()})")
+        emit(args, CHECK_SCHEMA, {"ok": True, "name": regmap.name, "hash": regmap.hash.hex(),
+                                  "registers": len(regmap), "reason": None},
+             [f"ok: {regmap.name} ({len(regmap)} registers, hash {regmap.hash.hex()})"])
         return EXIT_OK
     if args.json:
         print(json.dumps(map_document(regmap), ensure_ascii=False))

@@ -2,9 +2,10 @@
 
 Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served
 by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
-(``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the FIRST line of
-stdout (flushed), then the simulator serves until SIGINT or SIGTERM, closes what it opened and
-exits 0. A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
+(``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the
+FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
+"mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0.
+A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.cli import EXIT_OK, UserError, add_hidden_alias, add_regmap_option, regmap_from
+from idemlink.output import add_json_option, print_json, wants_json
 from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ def register(sub: Any) -> None:
     add_regmap_option(p)
     p.add_argument("--baudrate", type=int, default=115200,
                    help="baud rate for --port (with --modbus-rtu it also sets t3.5)")
+    add_hidden_alias(p, "--baud", "baudrate", int)
+    add_json_option(p, "idemlink.sim/1")
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
     p.add_argument("--seed", type=int, default=None,
@@ -108,7 +112,11 @@ def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTranspor
         stop = threading.Event()
         restore = install_stop_signals(stop)
         try:
-            print(path, flush=True)
+            if wants_json(args):
+                print_json("idemlink.sim/1", {
+                    "port": path, "mode": "modbus-rtu" if args.modbus_rtu else "framed"})
+            else:
+                print(path, flush=True)
             serve(transport, stop)
         except OSError as exc:  # includes host.device.PortError's pyserial/OS causes
             raise UserError(f"the port failed while serving: {exc}") from None

@@ -2,14 +2,18 @@
 
 Exit 0 when the oracle found nothing wrong, 6 when it did, 1 (one line on stderr) when the
 campaign could not start: bad settings, or no opening HELLO got through (``--loss 1.0``).
+``--json`` prints the report as one ``idemlink.soak/1`` object. Progress goes to stderr
+(``idemlink.output.Progress``); Ctrl-C prints one line with the commands run so far, exit 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
+
+from idemlink.cli import EXIT_INTERRUPTED, mark_reported
+from idemlink.output import Progress, add_json_option, error_json, print_json
 
 
 def register(sub: Any) -> None:
@@ -18,7 +22,8 @@ def register(sub: Any) -> None:
         description="Exit 0 when the oracle found zero duplicated effects, zero lost "
         "acknowledged writes and zero misclassified outcomes; exit 6 otherwise.",
     )
-    p.add_argument("--commands", type=int, default=20_000)
+    p.add_argument("--commands", type=int, default=20_000,
+                   help="commands to run (default 20000)")
     p.add_argument("--loss", type=float, default=0.1, help="per-frame loss, each direction")
     p.add_argument("--dup", type=float, default=0.02, help="per-frame duplication, each direction")
     p.add_argument("--corrupt", type=float, default=0.02, help="per-frame bit flips, each direction")
@@ -26,8 +31,10 @@ def register(sub: Any) -> None:
     p.add_argument("--noise", type=float, default=0.0, help="noise bursts per simulated second")
     p.add_argument("--reboot-every", type=int, default=500, help="mean commands between reboots")
     p.add_argument("--batch", type=int, default=4, help="max commands pipelined together")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.add_argument("--seed", type=int, default=1, help="seed of every fault and command (default 1)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    add_json_option(p, "idemlink.soak/1")
     p.set_defaults(handler=run)
 
 
@@ -44,27 +51,29 @@ def run(args: argparse.Namespace) -> int:
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
         seed=args.seed, max_batch=max(1, args.batch),
     )
-    bar = None
-    if sys.stderr.isatty() and not args.json:
-        from tqdm import tqdm
+    bar = Progress("soak", "commands", enabled=not args.no_progress)
 
-        bar = tqdm(total=cfg.commands, unit="cmd", desc="soak")
     def tick(n: int) -> None:
-        if bar is not None:
-            bar.update(n)
+        bar.update(bar.done + n, cfg.commands)
 
     try:
         report = run_campaign(cfg, progress=tick)
+    except KeyboardInterrupt as exc:
+        message = (f"interrupted after {bar.done} of {cfg.commands} commands; no verdict (the "
+                   "oracle judges a finished campaign)")
+        print(f"idemlink soak: {message}", file=sys.stderr)
+        error_json(args, message, EXIT_INTERRUPTED, commands_run=bar.done,
+                   commands=cfg.commands)
+        raise mark_reported(exc) from None
     except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
         raise UserError(str(exc)) from None
     except (NoDevice, IncompatibleDevice) as exc:  # e.g. --loss 1.0: no handshake gets through
         raise UserError(f"the opening HELLO failed, no command was run: {exc}") from None
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     d = report.as_dict()
     if args.json:
-        print(json.dumps(d, indent=1, sort_keys=True))
+        print_json("idemlink.soak/1", d)
     else:
         oc = d["outcomes"]
         print(f"commands {d['commands']}  (seed {cfg.seed}, loss {cfg.loss}, dup {cfg.dup}, "

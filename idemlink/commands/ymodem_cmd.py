@@ -25,14 +25,27 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, EXIT_UNKNOWN, UserError
+from idemlink.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_LOCAL_ERROR,
+    EXIT_OK,
+    EXIT_UNKNOWN,
+    UserError,
+    add_baudrate_option,
+    add_hidden_alias,
+    mark_reported,
+)
+from idemlink.output import Progress, add_json_option, emit, error_json
+
+SEND_SCHEMA = "idemlink.send/1"
+RECEIVE_SCHEMA = "idemlink.receive/1"
 
 
 def register(sub: Any) -> None:
     s: argparse.ArgumentParser = sub.add_parser("send", help="send files by YMODEM")
-    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("files", nargs="+", metavar="FILE", help="the files to send, in this order")
     s.add_argument("--port", required=True, help="serial port or pyserial URL")
-    s.add_argument("--baud", type=int, default=115200)
+    add_baudrate_option(s)
     s.add_argument("--plain", action="store_true",
                    help="plain YMODEM to any receiver (no framed hand-over)")
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
@@ -40,45 +53,28 @@ def register(sub: Any) -> None:
                    help="to an idemlink device: allow replacing files it already has")
     s.add_argument("--turnaround-ms", type=float, default=2.0,
                    help="pause after each answer before sending (rb, RS-485); default 2")
-    s.add_argument("--timeout", type=float, default=60.0, help="wait for the receiver (s)")
-    s.add_argument("--no-progress", action="store_true")
+    s.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for the receiver to start the batch (default 60)")
+    add_hidden_alias(s, "--timeout", "start_timeout", float)  # the old spelling, for one release
+    s.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    add_json_option(s, SEND_SCHEMA)
     s.set_defaults(handler=run_send)
 
     r: argparse.ArgumentParser = sub.add_parser("receive", help="receive files by YMODEM")
     r.add_argument("--port", required=True, help="serial port or pyserial URL")
-    r.add_argument("--baud", type=int, default=115200)
+    add_baudrate_option(r)
     r.add_argument("--dir", required=True, help="target directory")
     r.add_argument("--overwrite", action="store_true", help="replace existing files")
     r.add_argument("--quota", type=int, default=None, help="byte limit for the batch")
-    r.add_argument("--timeout", type=float, default=60.0,
-                   help="wait for the sender, and longest silence mid-batch (s); default 60")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--idle-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds to wait for the sender, and longest silence mid-batch "
+                        "(default 60)")
+    add_hidden_alias(r, "--timeout", "idle_timeout", float)  # the old spelling, for one release
+    r.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    add_json_option(r, RECEIVE_SCHEMA)
     r.set_defaults(handler=run_receive)
-
-
-class _Bar:
-    """A tqdm bar per file, only on a terminal."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._bar: Any = None
-        self._name = ""
-
-    def __call__(self, name: str, done: int, size: int | None) -> None:
-        if not self.enabled:
-            return
-        from tqdm import tqdm
-
-        if name != self._name:
-            self.close()
-            self._name = name
-            self._bar = tqdm(total=size, desc=name, unit="B", unit_scale=True, leave=True)
-        self._bar.update(done - self._bar.n)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 class Terminated(KeyboardInterrupt):
@@ -124,11 +120,12 @@ def _open(url: str, baud: int) -> Any:
         raise UserError(f"cannot open {url}: {exc}") from exc
 
 
-def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
+def _report_lines(report: Any, verb: str, *, framed: bool = False) -> list[str]:
+    lines: list[str] = []
     for f in report.files:
         if f.identical:
-            print(f"{f.name}: already on the device, identical ({f.size} bytes, size and "
-                  "CRC-32C read back): not sent")
+            lines.append(f"{f.name}: already on the device, identical ({f.size} bytes, size and "
+                         "CRC-32C read back): not sent")
             continue
         state = "ok" if f.ok else "FAILED"
         extra = f" ({f.detail})" if f.detail and (not f.ok or framed) else ""
@@ -137,11 +134,52 @@ def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
             check = ", verified"
         elif framed and f.verified is None and (f.ok or f.unconfirmed):
             check = ", not verified"
-        print(f"{f.name}: {state}, {f.size} bytes{check}{extra}")
+        lines.append(f"{f.name}: {state}, {f.size} bytes{check}{extra}")
     status = "complete" if report.ok else f"aborted: {report.reason}"
     note = "" if report.final_ack else " (receiver's final ACK not seen)"
-    print(f"{verb} {report.bytes} bytes in {report.seconds:.2f} s, "
-          f"{report.throughput / 1000:.1f} kB/s, batch {status}{note}")
+    lines.append(f"{verb} {report.bytes} bytes in {report.seconds:.2f} s, "
+                 f"{report.throughput / 1000:.1f} kB/s, batch {status}{note}")
+    return lines
+
+
+def _report_doc(report: Any, port: str) -> dict[str, Any]:
+    """The ``idemlink.send/1`` / ``idemlink.receive/1`` object of a finished batch."""
+    return {
+        "port": port, "complete": report.ok, "reason": report.reason or None,
+        "final_ack": report.final_ack, "bytes": report.bytes,
+        "seconds": round(report.seconds, 3), "throughput": round(report.throughput, 1),
+        "files": [{"name": f.name, "size": f.size, "ok": f.ok, "detail": f.detail or None,
+                   "verified": f.verified, "identical": f.identical,
+                   "unconfirmed": f.unconfirmed} for f in report.files],
+    }
+
+
+def _print_report(args: argparse.Namespace, schema: str, report: Any, verb: str, exit_status: int,
+                  *, framed: bool = False, **extra: Any) -> int:
+    emit(args, schema, {**_report_doc(report, args.port), "exit": exit_status, **extra},
+         _report_lines(report, verb, framed=framed))
+    return exit_status
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    return Progress(args.command, "B", enabled=not args.no_progress)
+
+
+def _interrupted(args: argparse.Namespace, progress: Progress, exc: KeyboardInterrupt,
+                 what: str) -> KeyboardInterrupt:
+    """Ctrl-C mid-batch: one line saying where it stopped (and, with ``--json``, the bytes so
+    far); the exception, marked reported, for ``main`` to exit 130."""
+    if progress.label is None:
+        where = "before the first file started"
+    else:
+        of = f"/{progress.total}" if progress.total else ""
+        where = f"in {progress.label} at {progress.done}{of} bytes"
+    message = f"interrupted {where}; {what}"
+    print(f"idemlink {args.command}: {message}", file=sys.stderr)
+    error_json(args, message, EXIT_INTERRUPTED, file=progress.label, bytes=progress.done,
+               files_started=progress.items)
+    mark_reported(exc)
+    return exc
 
 
 def run_send(args: argparse.Namespace) -> int:
@@ -158,7 +196,7 @@ def run_send(args: argparse.Namespace) -> int:
     config = SenderConfig(
         block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
         turnaround=args.turnaround_ms / 1000.0,
-        start_timeout=args.timeout,
+        start_timeout=args.start_timeout,
     )
     for f in args.files:
         try:
@@ -167,23 +205,29 @@ def run_send(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from exc
     if not args.plain:
         return _send_framed(args, config)
-    port = _open(args.port, args.baud)
-    bar = _Bar(not args.no_progress)
+    port = _open(args.port, args.baudrate)
+    bar = _progress(args)
     try:
         with _signals_interrupt():
-            report = send_files(port, args.files, config, bar)
+            report = send_files(port, args.files, config, bar.update_item)
     except Terminated as exc:
         print(f"idemlink send: {exc}; the receiver was told to cancel", file=sys.stderr)
+        error_json(args, f"{exc}; the receiver was told to cancel", exc.exit_code)
         return exc.exit_code
+    except KeyboardInterrupt as exc:
+        raise _interrupted(args, bar, exc, "the receiver was told to cancel (CAN CAN): what it "
+                           "kept of that file is discarded") from None
     except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
-        print(f"idemlink send: the port failed mid-transfer ({_one_line(exc)}); what the "
-              "receiver kept is unknown", file=sys.stderr)
+        message = (f"the port failed mid-transfer ({_one_line(exc)}); what the receiver kept is "
+                   "unknown")
+        print(f"idemlink send: {message}", file=sys.stderr)
+        error_json(args, message, EXIT_UNKNOWN, outcome="UNKNOWN")
         return EXIT_UNKNOWN
     finally:
         bar.close()
         _close_quietly(port)
-    _print_report(report, "sent")
-    return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
+    ok = report.ok and all(f.ok for f in report.files)
+    return _print_report(args, SEND_SCHEMA, report, "sent", EXIT_OK if ok else EXIT_LOCAL_ERROR)
 
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
@@ -191,38 +235,53 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.host.device import Device
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
-    bar = _Bar(not args.no_progress)
+    bar = _progress(args)
     try:
-        with Device.open(args.port, baudrate=args.baud) as dev:
-            res, report = dev.send_files(args.files, progress=bar, config=config,
+        with Device.open(args.port, baudrate=args.baudrate) as dev:
+            res, report = dev.send_files(args.files, progress=bar.update_item, config=config,
                                          overwrite=args.overwrite)
     except (IdemlinkError, ValueError) as exc:  # ValueError: a batch refused before the hand-over
         raise UserError(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        raise _interrupted(args, bar, exc, "the device was told to cancel (CAN CAN); read back "
+                           "what it holds before relying on it") from None
     finally:
         bar.close()
     if report is None:
-        print(f"device did not switch to file receive: {res.describe()}", file=sys.stderr)
-        return {Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED, Outcome.REJECTED: EXIT_REJECTED}.get(
+        message = f"device did not switch to file receive: {res.describe()}"
+        print(message, file=sys.stderr)
+        status = {Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED, Outcome.REJECTED: EXIT_REJECTED}.get(
             res.outcome, EXIT_UNKNOWN)
-    _print_report(report, "sent", framed=True)
+        error_json(args, message, status, outcome=res.outcome.name)
+        return status
+    status, note = _framed_verdict(args, res, report)
+    _print_report(args, SEND_SCHEMA, report, "sent", status, framed=True,
+                  handover=res.outcome.name, note=note)
+    if note is not None:
+        print(note, file=sys.stderr)
+    return status
+
+
+def _framed_verdict(args: argparse.Namespace, res: Any, report: Any) -> tuple[int, str | None]:
+    """The exit status of a framed send and the stderr line that explains a non-zero one."""
+    from idemlink.protocol.outcome import Outcome
+
     named = {f.name for f in report.files}
     if all(f.verified for f in report.files) and all(Path(p).name in named for p in args.files):
-        return EXIT_OK  # every file is on the device, byte for byte (even if the batch's end
-        # was not clean: what was promised is there)
+        return EXIT_OK, None  # every file is on the device, byte for byte (even if the batch's
+        # end was not clean: what was promised is there)
     undecided = [f for f in report.files if f.verified is None and (f.ok or f.unconfirmed)]
     failed = [f for f in report.files if not f.ok and not (f.unconfirmed and f.verified is None)]
     if undecided and not failed:
-        print(f"{len(undecided)} file(s) not verified: the read-back got no answer; read them "
-              "back before relying on them", file=sys.stderr)
-        return EXIT_UNKNOWN
+        return EXIT_UNKNOWN, (f"{len(undecided)} file(s) not verified: the read-back got no "
+                              "answer; read them back before relying on them")
     if res.outcome is Outcome.UNKNOWN:
         # The hand-over's answer was lost and the batch did not go through: the device may yet
         # switch to file receive (or may have and given up). That is an UNKNOWN, not a local error.
-        print(f"hand-over to file receive: {res.describe()}; the device may still be waiting for "
-              "a sender or may have switched back: read it back before sending again",
-              file=sys.stderr)
-        return EXIT_UNKNOWN
-    return EXIT_LOCAL_ERROR
+        return EXIT_UNKNOWN, (f"hand-over to file receive: {res.describe()}; the device may "
+                              "still be waiting for a sender or may have switched back: read it "
+                              "back before sending again")
+    return EXIT_LOCAL_ERROR, None
 
 
 def run_receive(args: argparse.Namespace) -> int:
@@ -234,27 +293,35 @@ def run_receive(args: argparse.Namespace) -> int:
         sink = DirectorySink(args.dir, overwrite=args.overwrite, quota=args.quota)
     except SinkRefused as exc:
         raise UserError(str(exc)) from exc
-    if args.timeout <= 0 or (args.quota is not None and args.quota < 0):
-        raise UserError("--timeout must be > 0 and --quota >= 0")
-    # 'C' every few seconds for as long as --timeout says (the spec's cadence is 3 s).
-    c_interval = min(3.0, args.timeout)
+    timeout = args.idle_timeout
+    if not timeout > 0 or (args.quota is not None and args.quota < 0):
+        raise UserError("--idle-timeout must be > 0 and --quota >= 0")
+    # 'C' every few seconds for as long as --idle-timeout says (the spec's cadence is 3 s).
+    c_interval = min(3.0, timeout)
     config = ReceiverConfig(c_interval=c_interval,
-                            header_retries=max(1, round(args.timeout / c_interval)),
-                            silence_timeout=args.timeout, max_file_size=args.quota)
-    port = _open(args.port, args.baud)
-    bar = _Bar(not args.no_progress)
+                            header_retries=max(1, round(timeout / c_interval)),
+                            silence_timeout=timeout, max_file_size=args.quota)
+    port = _open(args.port, args.baudrate)
+    bar = _progress(args)
     try:
         with _signals_interrupt():
-            report = receive_files(port, sink, config, bar)
+            report = receive_files(port, sink, config, bar.update_item)
     except Terminated as exc:
         print(f"idemlink receive: {exc}; the file in progress was discarded", file=sys.stderr)
+        error_json(args, f"{exc}; the file in progress was discarded", exc.exit_code)
         return exc.exit_code
+    except KeyboardInterrupt as exc:
+        raise _interrupted(args, bar, exc, "the file in progress was discarded, files "
+                           "finished before were committed") from None
     except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
-        print(f"idemlink receive: the port failed mid-transfer ({_one_line(exc)}); the file in "
-              "progress was discarded, files reported before were committed", file=sys.stderr)
+        message = (f"the port failed mid-transfer ({_one_line(exc)}); the file in progress was "
+                   "discarded, files reported before were committed")
+        print(f"idemlink receive: {message}", file=sys.stderr)
+        error_json(args, message, EXIT_UNKNOWN, outcome="UNKNOWN")
         return EXIT_UNKNOWN
     finally:
         bar.close()
         _close_quietly(port)
-    _print_report(report, "received")
-    return EXIT_OK if report.ok and all(f.ok for f in report.files) else EXIT_LOCAL_ERROR
+    ok = report.ok and all(f.ok for f in report.files)
+    return _print_report(args, RECEIVE_SCHEMA, report, "received",
+                         EXIT_OK if ok else EXIT_LOCAL_ERROR)
