@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     add_baudrate_option(p)
     p.add_argument("--timeout", type=float, default=0.2,
-                   help="seconds to wait for the answer before a retry (default 0.2)")
+                   help="seconds to wait for each answer before a retry (default 0.2)")
     p.add_argument("--attempts", type=int, default=5, help="HELLOs before giving up (default 5)")
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)

@@ -107,17 +107,18 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
         raise UserError(f"cannot open a side: {exc}") from None
     with proxy:
-        if args.json:
-            print_json("idemlink.link/1", {"a": proxy.a_path, "b": proxy.b_path})
-        else:
-            print(proxy.a_path, flush=True)
-            print(proxy.b_path, flush=True)
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             proxy.stop()
 
+        # before the paths are printed: a script may signal as soon as it has read them
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            if args.json:
+                print_json("idemlink.link/1", {"a": proxy.a_path, "b": proxy.b_path})
+            else:
+                print(proxy.a_path, flush=True)
+                print(proxy.b_path, flush=True)
             proxy.serve()
         finally:
             for s, handler in previous.items():

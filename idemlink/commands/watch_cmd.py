@@ -61,7 +61,8 @@ def register(sub: Any) -> None:
                    help="with --modbus-rtu: its unit id (1..247, default 1)")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV lines (with a header)")
-    fmt.add_argument("--json", action="store_true", help="one JSON object per line")
+    fmt.add_argument("--json", action="store_true",
+                     help="one JSON object per reading, schema idemlink.watch/1 (docs/CLI.md)")
     add_regmap_option(p)
     p.set_defaults(handler=run)
 
