@@ -136,7 +136,9 @@ class Progress:
         fraction = done / total if total else 0.0
         if now - self._last_line >= self.period or fraction - self._last_fraction >= 0.1:
             self._last_line, self._last_fraction = now, fraction
-            print(self.line(), file=self.stream, flush=True)
+            # one write: a Ctrl-C between the text and its newline would glue the next line on
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
 
     def update_item(self, label: str, done: int, total: int | None) -> None:
         """``update`` in the shape of a YMODEM progress callback ``(name, done, size)``."""
