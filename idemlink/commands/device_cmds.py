@@ -4,10 +4,12 @@ Contract:
 
 - Every command except ``ports`` talks to one device at ``--port`` (a device path or any pyserial
   URL), opened without toggling DTR/RTS, through ``idemlink.host.device.Device``; ``--timeout`` and
-  ``--attempts`` tune the retries, ``--json`` prints one JSON document on stdout instead of text.
+  ``--attempts`` tune the retries, ``--json`` prints one JSON object on stdout instead of text
+  (schema ``idemlink.COMMAND/1``, ``idemlink.output``; an error is an ``idemlink.error/1`` object).
   Several ``--port`` values (or ``--ports-file``) run the command on every device at once
-  (``idemlink.commands.many``: a block per device, a summary, the worst exit status; ``--json`` a
-  list); ``monitor`` watches one port.
+  (``idemlink.commands.many``: a block per device, a summary, the worst exit status; ``--json`` one
+  ``idemlink.devices/1`` object); ``monitor`` watches one port (``--timeout``, ``--attempts``,
+  ``--trace`` do not apply to it and it does not take them).
 - The exit status is the worst outcome class of the commands sent (UNKNOWN 5 > REJECTED 4 >
   NOT_EXECUTED 3 > OK 0); see ``idemlink.cli``. A write the register map already shows to be invalid
   (out of range, read-only register) is REJECTED without being sent (exit 4; ``--no-check`` sends

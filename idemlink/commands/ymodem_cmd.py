@@ -11,7 +11,11 @@ every file is verified on the device; 5 when a read-back got no answer and nothi
 ``send --plain`` and ``receive``: a port that dies mid-transfer is one line on stderr and exit 5
 (what the peer kept is unknown; the receiver's file in progress is discarded, committed files
 stay); SIGTERM or SIGHUP unwind like Ctrl-C (CAN CAN, temporary deleted) and exit 128 + signal.
-``receive --timeout`` bounds both the wait for a sender and any silence of a sender mid-batch.
+``receive --idle-timeout`` bounds both the wait for a sender and any silence of a sender
+mid-batch; ``send --start-timeout`` the wait for the receiver to start (both were ``--timeout``,
+still accepted, hidden, for one release). ``--json`` prints one ``idemlink.send/1`` /
+``idemlink.receive/1`` object; progress goes to stderr (``idemlink.output.Progress``); Ctrl-C is
+one line saying where the batch stopped, exit 130.
 """
 
 from __future__ import annotations
