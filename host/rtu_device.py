@@ -52,6 +52,7 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.rtu_master import RtuMaster
 
 IDLE_WAIT = 0.05  #: longest read while nothing is out
+DRAIN_ROUNDS = 64  #: reads of stale input before a request (bounded: a babbling line ends it)
 
 
 class RtuDevice:
@@ -114,10 +115,23 @@ class RtuDevice:
             results.append(self._one(c))
         return results
 
+    def _discard_input(self) -> None:
+        """Drop what arrived while no request was out (a late answer to an earlier one): with no
+        transaction id it would fit the next request of the same shape. Nothing is out yet, so a
+        failing port here has run nothing."""
+        try:
+            for _ in range(DRAIN_ROUNDS):
+                if not self.transport.read(0.0):
+                    return
+                self.master.ignored += 1
+        except TRANSPORT_ERRORS as exc:
+            raise LinkLost(f"the port failed: {exc}; nothing was out") from exc
+
     def _one(self, c: Command) -> Result:
         pdu = self._pdu(c)
         m, t = self.master, self.transport
         got: list[Completion] = []
+        self._discard_input()
         try:
             m.submit(pdu, t.now(), tag=c)
             while not got:
