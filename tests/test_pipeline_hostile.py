@@ -3,11 +3,16 @@ own execution log (the ground truth of what ran, in which order)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device
-from idemlink.protocol.outcome import Outcome
+from idemlink.host.aio import AsyncDevice
+from idemlink.host.device import Device, Result
+from idemlink.protocol.outcome import Outcome, Status
 
 
 def paced_device(latency: float = 0.01) -> tuple[Device, SimTransport]:
@@ -38,3 +43,54 @@ def test_reads_of_other_registers_still_overtake_a_write() -> None:
                        dev.write_command({"threshold": 8}), dev.read_command("temperature")])
     assert [r.outcome for r in results] == [Outcome.OK] * 4
     assert results[3].seq < results[2].seq  # the second read left before the second write
+
+
+class _AsyncSim:
+    """SimTransport behind async methods; each read gives the event loop a turn."""
+
+    def __init__(self, t: SimTransport) -> None:
+        self.t = t
+
+    async def write(self, data: bytes) -> None:
+        self.t.write(data)
+
+    async def read(self, timeout: float) -> bytes:
+        await asyncio.sleep(0)
+        return self.t.read(timeout)
+
+    def now(self) -> float:
+        return self.t.now()
+
+    async def close(self) -> None:
+        self.t.close()
+
+
+def test_a_cancelled_async_stream_says_what_it_left_out() -> None:
+    """The consumer of ``AsyncDevice.stream`` is cancelled while writes are out: the
+    CancelledError it gets carries the settled requests (they rode only on the inner request
+    loop's own exception, which nobody sees), and they agree with the blocked handle."""
+    t = SimTransport(SimulatedDevice(seed=2), LinkConfig(baud=115200, latency=0.01))
+
+    async def session() -> tuple[tuple[Result, ...], AsyncDevice]:
+        dev = AsyncDevice(_AsyncSim(t), max_inflight=8)
+        await dev.connect()
+        cmds = [dev.write_command({"threshold": v}) if v % 2 else dev.read_command("temperature")
+                for v in range(20)]
+
+        async def consume() -> None:
+            async for _ in dev.stream(cmds):
+                pass
+
+        task = asyncio.create_task(consume())
+        for _ in range(6):
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await task
+        return caught.value.settled_results, dev  # type: ignore[attr-defined]
+
+    settled, dev = asyncio.run(session())
+    unknown = [r for r in settled if r.outcome is Outcome.UNKNOWN]
+    assert unknown and all(r.status is Status.CANCELLED for r in unknown)
+    assert dev.unknown is not None and dev.unknown in settled
+    assert dev.core.session.outstanding == 0
