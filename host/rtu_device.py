@@ -112,7 +112,18 @@ class RtuDevice:
             if self.unknown is not None:
                 results += [Result(x, Outcome.NOT_EXECUTED, None) for x in cmds[i:]]
                 break
-            results.append(self._one(c))
+            try:
+                results.append(self._one(c))
+            except LinkLost as exc:  # the commands never sent ride along, as with Device
+                exc.results = exc.results + _not_sent(cmds[i + len(exc.results):])
+                raise
+            except (LocalProtocolError, ValueError):
+                raise  # refused before anything was sent
+            except BaseException as exc:
+                settled: tuple[Result, ...] = getattr(exc, "settled_results", ())
+                exc.settled_results = settled + _not_sent(  # type: ignore[attr-defined]
+                    cmds[i + len(settled):])
+                raise
         return results
 
     def _discard_input(self) -> None:
@@ -266,6 +277,10 @@ class RtuDevice:
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _not_sent(cmds: list[Command]) -> tuple[Result, ...]:
+    return tuple(Result(c, Outcome.NOT_EXECUTED, None) for c in cmds)
 
 
 class _NoPort:

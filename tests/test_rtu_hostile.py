@@ -100,7 +100,55 @@ def test_a_port_failing_before_a_request_is_sent_ran_nothing() -> None:
     try:
         dev.trigger()
     except LinkLost as exc:
-        assert exc.results == () and not exc.unknown and "nothing was out" in str(exc)
+        assert [r.outcome for r in exc.results] == [Outcome.NOT_EXECUTED]
+        assert not exc.unknown and "nothing was out" in str(exc)
     else:
         raise AssertionError("a failing port must raise LinkLost")
     assert wire.requests == [] and dev.unknown is None
+
+
+class DiesAfterFirstRequest(LateWire):
+    """The port fails at the first read after a request went out."""
+
+    def read(self, timeout: float) -> bytes:
+        if self.requests:
+            raise OSError(5, "Input/output error")
+        return super().read(timeout)
+
+
+def test_a_port_failing_mid_run_settles_the_commands_not_sent() -> None:
+    """LinkLost names every command of the run it interrupted: the one out UNKNOWN, the ones
+    never sent NOT_EXECUTED (they were missing: the JSON results listed only the first)."""
+    wire = DiesAfterFirstRequest(delay=0.0)
+    dev = RtuDevice(wire, timeout=0.1)
+    cmds = [dev.write_command({"threshold": 5}), dev.write_command({"fan_setpoint": 1})]
+    try:
+        dev.run(cmds)
+    except LinkLost as exc:
+        assert [(r.command, r.outcome) for r in exc.results] == [
+            (cmds[0], Outcome.UNKNOWN), (cmds[1], Outcome.NOT_EXECUTED)]
+    else:
+        raise AssertionError("a failing port must raise LinkLost")
+    assert len(wire.requests) == 1
+
+
+def test_an_interrupted_run_settles_the_commands_not_sent() -> None:
+    wire = LateWire(delay=0.0)
+
+    def interrupt(timeout: float) -> bytes:
+        if wire.requests:
+            raise KeyboardInterrupt
+        return b""
+
+    wire.read = interrupt  # type: ignore[method-assign]
+    dev = RtuDevice(wire, timeout=0.1)
+    cmds = [dev.write_command({"threshold": 5}), dev.read_command("mode")]
+    try:
+        dev.run(cmds)
+    except KeyboardInterrupt as exc:
+        settled = exc.settled_results  # type: ignore[attr-defined]
+        assert [(r.command, r.outcome, r.status) for r in settled] == [
+            (cmds[0], Outcome.UNKNOWN, Status.CANCELLED), (cmds[1], Outcome.NOT_EXECUTED, None)]
+    else:
+        raise AssertionError("the interrupt must propagate")
+    assert dev.unknown is not None
