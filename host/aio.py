@@ -451,6 +451,7 @@ class AsyncDevice:
         ready: list[Result] = []
         core = self.core
         async with self._lock:
+            core._refuse_if_blocked()  # another task's operation may have blocked it meanwhile
             self._streaming = asyncio.current_task()
             steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
             queue: asyncio.Queue[Result | None] = asyncio.Queue()

@@ -11,7 +11,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.aio import AsyncDevice
-from idemlink.host.device import Device, Result
+from idemlink.host.device import Device, Result, UnknownOutstanding
 from idemlink.protocol.outcome import Outcome, Status
 
 
@@ -94,3 +94,26 @@ def test_a_cancelled_async_stream_says_what_it_left_out() -> None:
     assert unknown and all(r.status is Status.CANCELLED for r in unknown)
     assert dev.unknown is not None and dev.unknown in settled
     assert dev.core.session.outstanding == 0
+
+
+def test_an_async_stream_waiting_for_the_device_refuses_once_it_is_blocked() -> None:
+    """Task A's write ends UNKNOWN while task B's stream waits for the device: B must raise
+    UnknownOutstanding, not end silently with no result for its commands."""
+    t = SimTransport(SimulatedDevice(seed=1))
+
+    async def session() -> None:
+        dev = AsyncDevice(_AsyncSim(t), timeout=0.05, attempts=2)
+        await dev.connect()
+        t.drop_answers = True
+        a = asyncio.create_task(dev.write({"threshold": 5}))
+        await asyncio.sleep(0)
+
+        async def b() -> list[Result]:
+            return [r async for r in dev.stream([dev.read_command("mode")] * 3)]
+
+        bt = asyncio.create_task(b())
+        assert (await a).outcome is Outcome.UNKNOWN
+        with pytest.raises(UnknownOutstanding):
+            await bt
+
+    asyncio.run(session())
