@@ -451,6 +451,7 @@ class AsyncDevice:
         ready: list[Result] = []
         core = self.core
         async with self._lock:
+            core._refuse_if_blocked()  # another task's operation may have blocked it meanwhile
             self._streaming = asyncio.current_task()
             steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
             queue: asyncio.Queue[Result | None] = asyncio.Queue()
@@ -470,12 +471,14 @@ class AsyncDevice:
                 while (r := await queue.get()) is not None:
                     yield r
                 await task  # raises what the loop raised (LinkLost)
+            except BaseException as exc:  # the caller was cancelled or left the loop
+                settled = await _stop(task)
+                if settled is not None and not hasattr(exc, "settled_results"):
+                    exc.settled_results = settled  # type: ignore[attr-defined]
+                raise
             finally:
                 self._streaming = None
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                await _stop(task)
 
     async def execute(self, command: Command) -> Result:
         return (await self.run([command]))[0]
@@ -555,6 +558,20 @@ class AsyncDevice:
 
     def acknowledge_unknown(self) -> None:
         self.core.acknowledge_unknown()
+
+
+async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:
+    """Cancel a stream's request loop and wait for it; the requests it settled (None: it had
+    already ended)."""
+    if task.done():
+        return None
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError as exc:
+        settled: tuple[Result, ...] = getattr(exc, "settled_results", ())
+        return settled
+    return None
 
 
 def _log_settled(exc: BaseException) -> None:

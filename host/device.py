@@ -413,16 +413,10 @@ def _span(c: Command) -> range:
     return range(c.address, c.address + max(c.count, len(c.values), 1))
 
 
-def _conflict(a: Command, b: Command) -> bool:
-    """Would running ``a`` and ``b`` in either order give different results?"""
-    a_writes, b_writes = a.may_have_effect, b.may_have_effect
-    if not (a_writes or b_writes):
-        return False
-    guarded = CommandKind.WRITE_IF_GENERATION
-    if (a.kind is guarded and b_writes) or (b.kind is guarded and a_writes):
-        return True  # the guard reads the generation that every effective write moves
-    ra, rb = _span(a), _span(b)
-    return ra.start < rb.stop and rb.start < ra.stop
+def _conflict(a: Command, b: Command, generation: int | None = None) -> bool:
+    """Would running ``a`` and ``b`` in either order give different results? ``generation`` is
+    the address of the map's generation counter, which every effective write moves."""
+    return _flows_conflict(_flow(0, a, generation), _flow(0, b, generation))
 
 
 @dataclass(frozen=True, slots=True)
@@ -433,14 +427,23 @@ class _Flow:
     command: Command
     effect: bool
     span: range
+    sees_generation: bool  #: a conditional write, or a read of the generation counter
+
+
+def _flow(tag: int, c: Command, generation: int | None) -> _Flow:
+    span = _span(c)
+    sees = (c.kind is CommandKind.WRITE_IF_GENERATION
+            or (generation is not None and generation in span))
+    return _Flow(tag, c, c.may_have_effect, span, sees)
 
 
 def _flows_conflict(a: _Flow, b: _Flow) -> bool:
-    """``_conflict`` on precomputed facts (the pipeline checks it often)."""
+    """``_conflict`` on precomputed facts (the pipeline checks it often): overlapping registers
+    when one may have an effect; a command that sees the generation counter (a conditional
+    write's guard, a read of the counter) next to any command that may have an effect."""
     if not (a.effect or b.effect):
         return False
-    guarded = CommandKind.WRITE_IF_GENERATION
-    if (a.command.kind is guarded and b.effect) or (b.command.kind is guarded and a.effect):
+    if (a.sees_generation and b.effect) or (b.sees_generation and a.effect):
         return True
     return a.span.start < b.span.stop and b.span.start < a.span.stop
 
@@ -672,8 +675,9 @@ class Device:
         Requests keep leaving while answers arrive, up to the negotiated depth (the device's
         advertised window and ``max_inflight``). A command waits only for the earlier commands it
         does not commute with (``_conflict``: overlapping registers when one may have an effect,
-        a conditional write after any effective write); everything else overtakes it. Once a
-        command that may have had an effect ends UNKNOWN the handle is blocked: commands not yet
+        a conditional write or a read of the generation counter after any effective write);
+        everything else overtakes it. Once a command that may have had an effect ends UNKNOWN
+        the handle is blocked: commands not yet
         sent are not sent (NOT_EXECUTED, no status) and nothing more is taken from ``commands``:
         the stream ends after the results of the commands it had taken (``run`` takes them all,
         so every command gets its result). An unanswered read blocks nothing. ``commands`` is
@@ -763,7 +767,7 @@ class Device:
             self._tag += 1
             self._commands[self._tag] = c
             order.append(self._tag)
-            held.append(_Flow(self._tag, c, c.may_have_effect, _span(c)))
+            held.append(_flow(self._tag, c, self.regmap.generation.address))
         return False
 
     def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,

@@ -52,6 +52,7 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.rtu_master import RtuMaster
 
 IDLE_WAIT = 0.05  #: longest read while nothing is out
+DRAIN_ROUNDS = 64  #: reads of stale input before a request (bounded: a babbling line ends it)
 
 
 class RtuDevice:
@@ -111,13 +112,37 @@ class RtuDevice:
             if self.unknown is not None:
                 results += [Result(x, Outcome.NOT_EXECUTED, None) for x in cmds[i:]]
                 break
-            results.append(self._one(c))
+            try:
+                results.append(self._one(c))
+            except LinkLost as exc:  # the commands never sent ride along, as with Device
+                exc.results = exc.results + _not_sent(cmds[i + len(exc.results):])
+                raise
+            except (LocalProtocolError, ValueError):
+                raise  # refused before anything was sent
+            except BaseException as exc:
+                settled: tuple[Result, ...] = getattr(exc, "settled_results", ())
+                exc.settled_results = settled + _not_sent(  # type: ignore[attr-defined]
+                    cmds[i + len(settled):])
+                raise
         return results
+
+    def _discard_input(self) -> None:
+        """Drop what arrived while no request was out (a late answer to an earlier one): with no
+        transaction id it would fit the next request of the same shape. Nothing is out yet, so a
+        failing port here has run nothing."""
+        try:
+            for _ in range(DRAIN_ROUNDS):
+                if not self.transport.read(0.0):
+                    return
+                self.master.ignored += 1
+        except TRANSPORT_ERRORS as exc:
+            raise LinkLost(f"the port failed: {exc}; nothing was out") from exc
 
     def _one(self, c: Command) -> Result:
         pdu = self._pdu(c)
         m, t = self.master, self.transport
         got: list[Completion] = []
+        self._discard_input()
         try:
             m.submit(pdu, t.now(), tag=c)
             while not got:
@@ -252,6 +277,10 @@ class RtuDevice:
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+def _not_sent(cmds: list[Command]) -> tuple[Result, ...]:
+    return tuple(Result(c, Outcome.NOT_EXECUTED, None) for c in cmds)
 
 
 class _NoPort:
