@@ -39,6 +39,8 @@ Contract.
 from __future__ import annotations
 
 import json
+import os
+import stat
 import uuid
 from dataclasses import dataclass
 from enum import Enum
@@ -127,17 +129,33 @@ class Plan:
         return tuple(s for s in self.steps if s.one_shot)
 
 
+MAX_PLAN_BYTES = 1 << 20
+MAX_PLAN_STEPS = 1024
+
+
 def load_plan(path: str | Path, regmap: RegisterMap) -> Plan:
     """Read and validate the plan file at ``path``; ``PlanError`` for anything wrong."""
     p = Path(path)
     try:
-        raw = p.read_text(encoding="utf-8")
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise PlanError(f"cannot read plan {path}: not a regular file")
+            if st.st_size > MAX_PLAN_BYTES:
+                raise PlanError(f"plan {path}: {st.st_size} bytes; a plan is at most "
+                                f"{MAX_PLAN_BYTES}")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                raw = f.read(MAX_PLAN_BYTES + 1).decode("utf-8")
+        finally:
+            os.close(fd)
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"cannot read plan {path}: {exc}") from None
     try:
         doc = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"plan {path} is not JSON: {exc}") from None
+    except (json.JSONDecodeError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
+        raise PlanError(f"plan {path} is not JSON: {reason}") from None
     return parse_plan(doc, regmap, default_name=p.name.removesuffix(".json"), where=f"plan {path}")
 
 
@@ -151,6 +169,9 @@ def parse_plan(doc: object, regmap: RegisterMap, *, default_name: str = "plan",
     name = doc.get("name", default_name)
     if not isinstance(name, str) or not name:
         raise PlanError(f"{where}: \"name\" must be a non-empty string")
+    if len(doc["steps"]) > MAX_PLAN_STEPS:
+        raise PlanError(f"{where}: {len(doc['steps'])} steps; a plan has at most "
+                        f"{MAX_PLAN_STEPS} (the journal's limit)")
     steps = tuple(_step(i, raw, regmap, name, f"{where} step {i + 1}")
                   for i, raw in enumerate(doc["steps"]))
     return Plan(name, steps)

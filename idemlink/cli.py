@@ -57,11 +57,25 @@ def add_regmap_option(parser: argparse.ArgumentParser) -> None:
              "map's name; default: the built-in thermal-controller")
 
 
+MAX_BAUDRATE = 20_000_000
+
+
+def baud_rate(text: str) -> int:
+    """A baud rate: an integer in 1..20,000,000 (0 would hang up a real line, B0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 1 <= value <= MAX_BAUDRATE:
+        raise argparse.ArgumentTypeError(f"{value} outside 1..{MAX_BAUDRATE}")
+    return value
+
+
 def add_baudrate_option(parser: argparse.ArgumentParser, default: int | None = 115200,
                         text: str = "baud rate (default 115200)") -> None:
     """``--baudrate N``, the spelling of every command (``--baud`` kept as a hidden alias)."""
-    parser.add_argument("--baudrate", type=int, default=default, metavar="N", help=text)
-    add_hidden_alias(parser, "--baud", "baudrate", int)
+    parser.add_argument("--baudrate", type=baud_rate, default=default, metavar="N", help=text)
+    add_hidden_alias(parser, "--baud", "baudrate", baud_rate)
 
 
 def add_hidden_alias(parser: argparse.ArgumentParser, alias: str, dest: str,

@@ -29,3 +29,16 @@ def test_second_open_of_a_port_is_refused_and_the_first_keeps_working(
             assert again.read("mode").ok
     finally:
         sim.close()
+
+
+def test_a_faulty_url_is_no_way_around_the_exclusive_open() -> None:
+    sim = start_pty_sim()
+    try:
+        with Device.open(sim.path), pytest.raises(PortBusy, match="port busy"):
+            Device.open(f"faulty://{sim.path}")
+        with Device.open(f"faulty://{sim.path}") as dev:
+            assert dev.read("mode").ok
+            with pytest.raises(PortBusy):
+                Device.open(sim.path)
+    finally:
+        sim.close()

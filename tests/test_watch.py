@@ -64,3 +64,28 @@ def test_watch_reports_polls_that_got_no_answer_and_goes_on() -> None:
     assert any(line.endswith("mode = auto (1)") for line in lines), lines
     assert "Traceback" not in r.stderr
     assert "with a read that got no answer" in r.stderr
+
+
+def test_watch_opens_a_new_session_when_its_numbers_fall_behind_the_window() -> None:
+    """Another host drove the device's window far ahead (a second port on an RS-485 bus): our
+    reads come back TOO_OLD; watch says so for that poll, then says HELLO again and goes on."""
+    sim = start_pty_sim()
+    proc = subprocess.Popen([*CLI, "--port", sim.path, "--interval", "0.1", "--count", "20",
+                             "--every", "mode"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        time.sleep(0.6)
+        with sim._shared.lock:  # the other host's numbers, far ahead of ours
+            window = sim.device.session.window
+            window.commit(((window.highest or 0) + (1 << 20)) & 0xFFFFFFFF)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sim.close()
+    assert proc.returncode == 0, err
+    lines = out.splitlines()
+    too_old = [i for i, line in enumerate(lines) if "TOO_OLD" in line]
+    assert too_old, lines
+    assert any(line.endswith("mode = auto (1)") for line in lines[too_old[-1] + 1:]), lines
+    assert "1 reconnection(s)" in err or "2 reconnection(s)" in err, err

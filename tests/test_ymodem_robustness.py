@@ -141,3 +141,30 @@ def test_receive_cleans_its_temporary_on_sigterm_and_sighup(signum: int, tmp_pat
     assert rc == 128 + signum
     assert list(target.iterdir()) == []
     assert proc.stderr is not None and proc.stderr.read().decode().count("\n") == 1
+
+
+def test_framed_send_to_a_device_that_dies_mid_transfer_is_one_line_exit_5(tmp_path: Path) -> None:
+    """The device (its simulator process) is killed while the file crosses a paced line: one
+    line on stderr, exit 5 (part of the batch may be on the device), no traceback."""
+    big = tmp_path / "big.bin"
+    big.write_bytes(bytes(range(256)) * 800)  # 200 KB: ~18 s at 115200 baud
+    sim = subprocess.Popen([*CLI, "sim", "--flash-dir", str(tmp_path / "flash")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert sim.stdout is not None
+        port = sim.stdout.readline().strip()
+        send = subprocess.Popen([*CLI, "send", "--port", f"faulty://{port}?baud=115200",
+                                 "--no-progress", str(big)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not any((tmp_path / "flash" / "files").glob(".ymodem-*.part")):
+            assert time.monotonic() < deadline, "the transfer never started"
+            time.sleep(0.05)
+        sim.kill()
+        _, err = send.communicate(timeout=60)
+    finally:
+        if sim.poll() is None:
+            sim.kill()
+        sim.wait()
+    assert send.returncode == 5, err
+    assert "Traceback" not in err and err.count("\n") == 1 and "mid-transfer" in err, err

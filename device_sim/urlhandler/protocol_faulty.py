@@ -96,6 +96,9 @@ class Serial(SerialBase):
         inner = serial.serial_for_url(
             inner_url, do_not_open=True, baudrate=self.baudrate, timeout=_INNER_READ_TIMEOUT
         )
+        # The inner port is held exclusively when ours is (a faulty:// wrapper must not be a way
+        # around "one program per port").
+        inner.exclusive = bool(self.exclusive)
         inner.open()
         self._inner = inner
         self.inner_url = inner_url

@@ -196,13 +196,18 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                 if ever_open:
                     summary.reconnects += 1
                 ever_open = True
+            current = dev
             try:
-                _poll(dev, groups, printer, summary, last, args.every)
+                if _poll(current, groups, printer, summary, last, args.every):
+                    # Our numbers fell behind the device's window (another host drove it far
+                    # ahead): a new session (HELLO) hands out numbers that are new again.
+                    current.close()
+                    dev = None
             except PortError as exc:
                 print(f"idemlink watch: {exc}; reopening at the next poll", file=sys.stderr,
                       flush=True)
                 summary.failed_polls += 1
-                dev.close()
+                current.close()
                 dev = None
     finally:
         if dev is not None:
@@ -212,7 +217,10 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
 
 
 def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
-          last: dict[str, int], every: bool) -> None:
+          last: dict[str, int], every: bool) -> bool:
+    """One poll; True when the session must be opened anew (answers refused as TOO_OLD)."""
+    from idemlink.protocol.outcome import Status
+
     summary.polls += 1
     commands: list[Command] = [dev.read_command(g[0].address, len(g)) for g in groups]
     stamp = time.time()
@@ -233,3 +241,4 @@ def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Pr
             last[spec.name] = raw
     if failed:
         summary.failed_polls += 1
+    return any(r.status is Status.TOO_OLD for r in results)

@@ -187,9 +187,11 @@ def _interrupted(args: argparse.Namespace, progress: Progress, exc: KeyboardInte
 
 
 def run_send(args: argparse.Namespace) -> int:
+    from idemlink.commands.device_cmds import check_seconds
     from idemlink.host.ymodem_io import check_batch_names, send_files
     from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
 
+    check_seconds("--start-timeout", args.start_timeout, 3600.0)  # before anything is sent
     for f in args.files:
         if not Path(f).is_file():
             raise UserError(f"not a regular file: {f}")
@@ -236,16 +238,26 @@ def run_send(args: argparse.Namespace) -> int:
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
-    from idemlink.host.device import Device
+    from idemlink.host.device import Device, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
     bar = _progress(args)
+    handed_over = False
     try:
         with Device.open(args.port, baudrate=args.baudrate) as dev:
+            handed_over = True  # from here on the device may have switched or stored something
             res, report = dev.send_files(args.files, progress=bar.update_item, config=config,
                                          overwrite=args.overwrite)
-    except (IdemlinkError, ValueError) as exc:  # ValueError: a batch refused before the hand-over
+    except ValueError as exc:  # a batch refused before the hand-over
         raise UserError(str(exc)) from exc
+    except (IdemlinkError, OSError) as exc:  # OSError: pyserial's SerialException mid-transfer
+        if not handed_over or not isinstance(exc, (OSError, PortError)):
+            raise UserError(str(exc)) from exc
+        message = (f"the line failed mid-transfer: {_one_line(exc)}; the device may hold part "
+                   "of the batch: read it back (send again: identical files are skipped)")
+        print(f"idemlink send: {message}", file=sys.stderr)
+        error_json(args, message, EXIT_UNKNOWN)
+        return EXIT_UNKNOWN
     except KeyboardInterrupt as exc:
         raise _interrupted(args, bar, exc, "the device was told to cancel (CAN CAN); read back "
                            "what it holds before relying on it") from None
