@@ -38,8 +38,10 @@ def register(sub: Any) -> None:
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
     s.add_argument("--overwrite", action="store_true",
                    help="to an idemlink device: allow replacing files it already has")
-    s.add_argument("--turnaround-ms", type=float, default=2.0,
-                   help="pause after each answer before sending (rb, RS-485); default 2")
+    s.add_argument("--turnaround-ms", type=float, default=0.0,
+                   help="pause after each answer before sending, always (half-duplex RS-485); "
+                        "default 0: none until the receiver loses a frame, then 2 ms (rb "
+                        "flushes its input after each answer)")
     s.add_argument("--timeout", type=float, default=60.0, help="wait for the receiver (s)")
     s.add_argument("--no-progress", action="store_true")
     s.set_defaults(handler=run_send)
