@@ -23,9 +23,12 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, EXIT_UNKNOWN, UserError
+
+if TYPE_CHECKING:
+    from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
 
 
 def register(sub: Any) -> None:
@@ -146,9 +149,31 @@ def _print_report(report: Any, verb: str, *, framed: bool = False) -> None:
           f"{report.throughput / 1000:.1f} kB/s, batch {status}{note}")
 
 
+def sender_config(args: argparse.Namespace) -> SenderConfig:
+    """The sender's settings as ``send`` takes them from its options (the benchmark uses it)."""
+    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig
+
+    return SenderConfig(
+        block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
+        turnaround=args.turnaround_ms / 1000.0,
+        start_timeout=args.timeout,
+    )
+
+
+def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
+    """The receiver's settings as ``receive`` takes them from its options."""
+    from idemlink.protocol.ymodem import ReceiverConfig
+
+    # 'C' every few seconds for as long as --timeout says (the spec's cadence is 3 s).
+    c_interval = min(3.0, args.timeout)
+    return ReceiverConfig(c_interval=c_interval,
+                          header_retries=max(1, round(args.timeout / c_interval)),
+                          silence_timeout=args.timeout, max_file_size=args.quota)
+
+
 def run_send(args: argparse.Namespace) -> int:
     from idemlink.host.ymodem_io import check_batch_names, send_files
-    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
+    from idemlink.protocol.ymodem import build_header
 
     for f in args.files:
         if not Path(f).is_file():
@@ -157,11 +182,7 @@ def run_send(args: argparse.Namespace) -> int:
         check_batch_names(args.files)  # before the device is switched to file receive
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    config = SenderConfig(
-        block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
-        turnaround=args.turnaround_ms / 1000.0,
-        start_timeout=args.timeout,
-    )
+    config = sender_config(args)
     for f in args.files:
         try:
             build_header(Path(f).name, 0, 0, 0)
@@ -229,7 +250,6 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
 
 def run_receive(args: argparse.Namespace) -> int:
     from idemlink.host.ymodem_io import receive_files
-    from idemlink.protocol.ymodem import ReceiverConfig
     from idemlink.protocol.ymodem_files import DirectorySink, SinkRefused
 
     try:
@@ -238,11 +258,7 @@ def run_receive(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     if args.timeout <= 0 or (args.quota is not None and args.quota < 0):
         raise UserError("--timeout must be > 0 and --quota >= 0")
-    # 'C' every few seconds for as long as --timeout says (the spec's cadence is 3 s).
-    c_interval = min(3.0, args.timeout)
-    config = ReceiverConfig(c_interval=c_interval,
-                            header_retries=max(1, round(args.timeout / c_interval)),
-                            silence_timeout=args.timeout, max_file_size=args.quota)
+    config = receiver_config(args)
     port = _open(args.port, args.baud)
     bar = _Bar(not args.no_progress)
     try:
