@@ -886,6 +886,11 @@ class SenderConfig:
     #: NUL with 'C' after 1 s instead of its 10 s timeout. Our receiver ignores a NUL there (and
     #: NAKs it before a commit, never 'C'). None: never.
     nudge_after: float | None = 0.05
+    #: ... but after an ACK to EOT only when that ACK came this long after our EOT (rb answers an
+    #: EOT after 1 s of silence): a prompt ACK is a receiver that sends its 'C' promptly too, or a
+    #: late copy; a NUL close behind our EOT could share the receiver's read with it and make the
+    #: EOT noise
+    nudge_slow_ack: float = 0.5
     start_timeout: float = 60.0  #: waiting for the receiver's first 'C'
     #: header / data block ACK: neither 5 s (rb) nor 10 s (our receiver): timers firing together cross
     ack_timeout: float = 7.0
@@ -1167,7 +1172,8 @@ class Sender(_Machine):
             self._eot_proven = True
         self._eot_answered = True
         self._deadline = now + self.config.c_timeout
-        if self.config.nudge_after is not None:
+        slow = now - self._send_at >= self.config.nudge_slow_ack  # _send_at: our EOT went out
+        if self.config.nudge_after is not None and slow:
             self._nudge_at = now + self.config.nudge_after
 
     def _tx_nudge(self, now: float, inp: TxIn) -> None:

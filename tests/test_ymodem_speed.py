@@ -151,3 +151,15 @@ def test_an_explicit_turnaround_applies_from_the_first_answer() -> None:
     assert tx.data_to_send() == b""
     tx.tick(0.014)
     assert tx.data_to_send()[0] == ym.SOH
+
+
+def test_a_prompt_ack_to_eot_is_not_nudged() -> None:
+    """A NUL close behind our EOT could share the receiver's read with it, and ours takes an EOT
+    followed by anything for noise: a prompt ACK (a late copy, or a receiver whose 'C' comes at
+    once anyway) gets no nudge; only an ACK that came after rb's second of silence does."""
+    tx = _sender()
+    _to_first_eot(tx)
+    tx.receive_data(bytes([ACK]), 0.26)  # 50 ms after the EOT
+    assert tx.state is TxState.WAIT_NEXT_C
+    tx.tick(1.0)
+    assert tx.data_to_send() == b"" and tx.nudges == 0
