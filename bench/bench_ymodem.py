@@ -27,7 +27,6 @@ import hashlib
 import multiprocessing as mp
 import os
 import random
-import re
 import select
 import shutil
 import statistics
@@ -41,11 +40,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from docs_table import DOCS, markdown_table, replace_between_markers
+
 BAUD = 115200
 LATENCY = 0.001
 SMALL = 20_000
-DOC = Path(__file__).resolve().parent.parent / "docs" / "YMODEM.md"
-BEGIN, END = "<!-- bench_ymodem:begin -->", "<!-- bench_ymodem:end -->"
+DOC = DOCS / "YMODEM.md"
 
 
 def relay(conn: Connection, baud: int, latency: float) -> None:
@@ -206,32 +206,22 @@ class Row:
 
 def table(rows: list[Row], repeat: int) -> str:
     """The Markdown table (with its conditions line) that --update-docs writes."""
-    bound = {r.size: r.size / (BAUD / 10) for r in rows}
-    ref = {r.size: r.wall for r in rows if r.name.startswith("lrzsz sb -k -> rb")}
-    out = [f"{BAUD} baud (10 bits a byte), {LATENCY * 1000:g} ms one-way latency, no faults; "
-           f"median of {repeat} run(s) each; wall = sender's start until the receiver exited "
-           "with the file; `python3 bench/bench_ymodem.py"
-           f"{' --before' if any('before' in r.name for r in rows) else ''}"
-           f"{'' if repeat == 1 else f' --repeat {repeat}'} --update-docs`.", "",
-           "| run | file | wall | throughput | of line rate | vs sb -> rb |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        vs = f"{ref[r.size] / r.wall:.3f}×" if r.size in ref else "-"
-        out.append(f"| {r.name} | {_size(r.size)} | {r.wall:.2f} s | {r.size / r.wall / 1000:.2f} kB/s "
-                   f"| {bound[r.size] / r.wall:.1%} | {vs} |")
-    return "\n".join(out) + "\n"
+    ref = {r.size: r.wall for r in rows if r.name == "lrzsz sb -k -> rb"}
+    flags = (" --before" if any("before" in r.name for r in rows) else "") + (
+        f" --repeat {repeat}" if repeat > 1 else "")
+    head = (f"{BAUD} baud (10 bits a byte), {LATENCY * 1000:g} ms one-way latency, no faults; median "
+            f"of {repeat} run(s) each; wall = the sender's start until the receiver exited with the "
+            f"file; `python3 bench/bench_ymodem.py{flags} --update-docs`.\n\n")
+    body = [[r.name, _size(r.size), f"{r.wall:.2f} s", f"{r.size / r.wall / 1000:.2f} kB/s",
+             f"{r.size / (BAUD / 10) / r.wall:.1%}",
+             f"{ref[r.size] / r.wall:.3f}×" if r.size in ref else "-",
+             ", ".join(f"{w:.2f}" for w in r.walls)] for r in rows]
+    return head + markdown_table(["run", "file", "wall (median)", "throughput", "of line rate",
+                                  "vs sb -> rb", "runs (s)"], body)
 
 
 def _size(n: int) -> str:
     return f"{n / (1 << 20):g} MiB" if n % (1 << 20) == 0 else f"{n / 1000:g} KB"
-
-
-def update_docs(text: str, doc: Path = DOC) -> None:
-    """Replace what stands between the bench_ymodem markers in ``doc`` with ``text``."""
-    old = doc.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(old):
-        raise SystemExit(f"{doc}: no {BEGIN} ... {END} markers")
-    doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{text}{END}", old), encoding="utf-8")
 
 
 def main() -> None:
@@ -282,7 +272,7 @@ def main() -> None:
     text = table(rows, args.repeat)
     print(text)
     if args.update_docs:
-        update_docs(text)
+        replace_between_markers(DOC, "bench_ymodem", text)
         print(f"written to {DOC}")
 
 
