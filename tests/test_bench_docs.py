@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -34,7 +35,7 @@ def test_missing_markers_are_one_line_and_the_doc_is_untouched(tmp_path: Path) -
     dt = _docs_table()
     doc = tmp_path / "X.md"
     doc.write_text("no markers\n")
-    with pytest.raises(SystemExit, match="no <!-- t:begin --> ... <!-- t:end --> markers"):
+    with pytest.raises(SystemExit, match=re.escape("no <!-- t:begin --> ... <!-- t:end --> markers")):
         dt.replace_between_markers(doc, "t", "x")
     assert doc.read_text() == "no markers\n"
 
