@@ -15,7 +15,11 @@ Contract (both machines):
   and not delivered again (block 0 only if byte-identical to the accepted header); any other
   out-of-sequence block cancels. Sender: a file counts as delivered only on the receiver's 'C'
   after an ACK to an EOT sent once an earlier EOT of this file had been answered (NAK-first
-  receivers give that for free; ACK-first ones like rb get the EOT once more).
+  receivers give that for free; ACK-first ones like rb get the EOT once more). Speed without a
+  weaker proof: no turnaround until the receiver loses a header or block (then ``flush_guard``,
+  as rb flushes its input after answering), and one NUL (the "nudge", which any receiver takes
+  for noise) when rb sits out its one-second read before a 'C' (at the start, after a slow ACK
+  to EOT): it makes the receiver's own answer come sooner and proves nothing.
 - Receiver never completes a header from bytes outside the block: a block 0 whose name has no NUL
   inside the block is refused. Names go through ``check_name`` (a pure function returning a typed
   ``NameRefusal``). Size rule: the first metadata field must be 1..20 ASCII digits (no sign, no
