@@ -12,7 +12,8 @@ The bound of each protocol is the physical one of a full-duplex line with reques
 ``1 / ((request + response) × 10 / baud + 2 × latency)``. Reads cover the whole 9-register map.
 
 Run ``python3 bench/bench_link.py`` (2 ms) or ``--sweep`` for 0–20 ms and the plot
-``bench/link_efficiency.png`` (matplotlib, the ``bench`` extra).
+``bench/link_efficiency.png`` (matplotlib, the ``bench`` extra); ``--update-docs`` writes the
+figures table into docs/LINK.md between its bench_link markers.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from docs_table import DOCS, markdown_table, replace_between_markers
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
@@ -149,6 +152,26 @@ def report(m: dict[str, float]) -> None:
           f"{m['rtu_saw_bound']:.1f}/s (RTU full-duplex bound {m['rtu_bound']:.1f}/s)")
 
 
+def table(rows: list[dict[str, float]], sweep: bool) -> str:
+    """The figures table (with its conditions line) that --update-docs writes."""
+    req, resp = frame_sizes()
+    rreq, rresp = rtu_sizes()
+    head = (f"{BAUD} baud (10 bits a byte), no faults, {COUNT}-register reads (idemlink frames "
+            f"{req}/{resp} bytes, RTU {rreq}/{rresp} bytes), {SECONDS:g} s of reads a figure, one "
+            f"run; pipelined: 128 reads with up to 16 in flight; `python3 bench/bench_link.py"
+            f"{' --sweep' if sweep else ''} --update-docs`.\n\n")
+    body = [[f"{m['latency_ms']:g} ms",
+             f"{m['ours_pipelined']:.1f}/s ({m['ours_pipelined'] / m['ours_bound']:.1%} of "
+             f"{m['ours_bound']:.1f})",
+             f"{m['ours_stop_and_wait']:.1f}/s ({m['ours_stop_and_wait'] / m['ours_saw_bound']:.1%}"
+             f" of {m['ours_saw_bound']:.1f})",
+             f"{m['pymodbus']:.1f}/s ({m['pymodbus'] / m['rtu_saw_bound']:.1%} of "
+             f"{m['rtu_saw_bound']:.1f})"] for m in rows]
+    return head + markdown_table(["one-way latency", "idemlink pipelined (of full-duplex bound)",
+                                  "idemlink stop-and-wait (of its bound)",
+                                  "pymodbus RTU (of its stop-and-wait bound)"], body)
+
+
 def plot(rows: list[dict[str, float]], out: Path) -> None:
     import matplotlib
 
@@ -166,7 +189,8 @@ def plot(rows: list[dict[str, float]], out: Path) -> None:
             label="RTU stop-and-wait bound")
     ax.set_xlabel("one-way latency (ms)")
     ax.set_ylabel("9-register reads per second")
-    ax.set_title(f"Through the emulated line at {BAUD} baud")
+    ax.set_title(f"Through the emulated line at {BAUD} baud, no faults; pipelined: 16 in flight",
+                 fontsize=10)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
@@ -178,17 +202,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--latency-ms", type=float, default=2.0)
     ap.add_argument("--sweep", action="store_true", help="0, 2, 5, 10, 20 ms and the plot")
+    ap.add_argument("--update-docs", action="store_true",
+                    help="write the figures into docs/LINK.md between its bench_link markers")
     args = ap.parse_args()
-    if not args.sweep:
-        report(measure(args.latency_ms / 1000))
-        return
     rows = []
-    for ms in (0, 2, 5, 10, 20):
+    for ms in (0, 2, 5, 10, 20) if args.sweep else (args.latency_ms,):
         rows.append(measure(ms / 1000))
         report(rows[-1])
-    out = Path(__file__).with_name("link_efficiency.png")
-    plot(rows, out)
-    print(f"plot: {out}")
+    if args.sweep:
+        out = Path(__file__).with_name("link_efficiency.png")
+        plot(rows, out)
+        print(f"plot: {out}")
+    if args.update_docs:
+        replace_between_markers(DOCS / "LINK.md", "bench_link", table(rows, args.sweep))
+        print(f"table: {DOCS / 'LINK.md'}")
 
 
 if __name__ == "__main__":

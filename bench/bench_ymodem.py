@@ -1,15 +1,23 @@
 """YMODEM throughput through a paced link: 115200 baud (10 bits a byte), 1 ms one-way latency.
 
-One 1 MiB random file, one run each, through the same emulated line (``idemlink.device_sim.link``'s
-``LinkDirection`` relaying between two pty pairs in a separate process):
+Every direction, with the CLI's own defaults (the settings ``idemlink send --plain`` and
+``idemlink receive`` take when given no option, from ``idemlink.commands.ymodem_cmd``), through the
+same emulated line (``idemlink.device_sim.link``'s ``LinkDirection`` relaying between two pty pairs
+in a separate process):
 
-1. lrzsz ``sb -k`` -> ``rb`` (the peer),
-2. our sender -> our receiver (``idemlink receive``), turnaround 0,
-3. our sender (default 2 ms turnaround) -> ``rb``.
+1. lrzsz ``sb -k`` -> ``rb`` (the reference),
+2. idemlink -> idemlink (``idemlink receive``),
+3. idemlink -> ``rb``,
+4. lrzsz ``sb -k`` -> idemlink,
 
-Prints wall time, payload throughput and the ratio to the line rate (115200/10 B/s) and to the
-stop-and-wait ceiling for 1K blocks. Run: ``python3 bench/bench_ymodem.py [--size BYTES]``.
-Every run takes ~95 s at 1 MiB. Needs socat-free ptys, lrzsz (sb/rb).
+for one 1 MiB random file and one 20 KB file. ``--before`` adds idemlink -> idemlink and
+idemlink -> ``rb`` with the sender's previous defaults (2 ms turnaround on every answer, no nudge,
+2 s end-of-batch wait), measured in the same run. Wall time runs from the sender's start until the
+receiver exited with the whole batch; every figure is the median of ``--repeat`` runs.
+``--update-docs`` writes the table into docs/YMODEM.md between its bench_ymodem markers.
+
+Run: ``python3 bench/bench_ymodem.py [--size BYTES] [--repeat 3] [--before] [--update-docs]``
+(~95 s a run at 1 MiB). Needs lrzsz (sb, rb).
 """
 
 from __future__ import annotations
@@ -21,17 +29,23 @@ import os
 import random
 import select
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
+from docs_table import DOCS, markdown_table, replace_between_markers
+
 BAUD = 115200
 LATENCY = 0.001
+SMALL = 20_000
+DOC = DOCS / "YMODEM.md"
 
 
 def relay(conn: Connection, baud: int, latency: float) -> None:
@@ -97,40 +111,65 @@ def _exit_time(proc: subprocess.Popen[bytes], out: list[float]) -> threading.Thr
     return t
 
 
-def run_sb_rb(src: Path, dst: Path) -> tuple[float, float | None]:
-    """Returns (seconds until rb exited with the file, seconds until sb exited or None if sb
-    was still waiting for rb's lost final ACK 15 s later)."""
+def _wait_rx(proc: subprocess.Popen[bytes], t0: float, what: str) -> float:
+    done: list[float] = []
+    _exit_time(proc, done).join(600)
+    if not done:
+        proc.kill()
+        raise SystemExit(f"{what}: the receiver did not finish")
+    return done[0] - t0
+
+
+def run_sb(src: Path, dst: Path, to_rb: bool) -> float:
+    """lrzsz sb -> rb or -> ``idemlink receive``: seconds until the receiver exited with the file."""
     line = Line()
     try:
         with open(line.b, "r+b", buffering=0) as tb, open(line.a, "r+b", buffering=0) as ta:
-            rb = subprocess.Popen(["rb", "--ymodem", "-y"], stdin=tb, stdout=tb,
-                                  stderr=subprocess.DEVNULL, cwd=dst)
+            if to_rb:
+                rx = subprocess.Popen(["rb", "--ymodem", "-y"], stdin=tb, stdout=tb,
+                                      stderr=subprocess.DEVNULL, cwd=dst)
+            else:
+                rx = _idemlink_receive(line.b, dst)
+                time.sleep(0.5)  # its port open and 'C' sent, as a user would start it first
             t0 = time.monotonic()
             sb = subprocess.Popen(["sb", "--ymodem", "-k", "-t", "100", src.name], stdin=ta,
                                   stdout=ta, stderr=subprocess.DEVNULL, cwd=src.parent)
-            rb_done: list[float] = []
-            _exit_time(rb, rb_done).join(600)
+            wall = _wait_rx(rx, t0, "sb")
             try:
                 sb.wait(15)
-                sb_wall: float | None = time.monotonic() - t0
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # still waiting for rb's lost final ACK
                 sb.kill()
                 sb.wait()
-                sb_wall = None
-        if rb.returncode != 0 or sha(dst / src.name) != sha(src):
-            raise SystemExit(f"sb -> rb failed (rb exit {rb.returncode})")
-        return rb_done[0] - t0, sb_wall
+        if rx.returncode != 0 or sha(dst / src.name) != sha(src):
+            raise SystemExit(f"sb -> {'rb' if to_rb else 'idemlink'} failed (exit {rx.returncode})")
+        return wall
     finally:
         line.close()
 
 
-def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
-    """Returns (seconds until the receiver exited with the file, seconds until our sender
-    finished)."""
+def _idemlink_receive(port: str, dst: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "idemlink", "receive", "--port", port, "--dir",
+                             str(dst), "--no-progress"], stdout=subprocess.DEVNULL)
+
+
+def cli_sender_config(before: bool = False) -> object:
+    """What ``idemlink send --plain`` uses with no option; ``before``: the previous defaults."""
+    from idemlink.cli import build_parser
+    from idemlink.commands.ymodem_cmd import sender_config
+
+    args = build_parser().parse_args(["send", "--plain", "--port", "x", "f"])
+    cfg = sender_config(args)
+    if before:
+        cfg.turnaround, cfg.nudge_after, cfg.end_timeout = 0.002, None, 2.0
+    return cfg
+
+
+def run_ours(src: Path, dst: Path, to_rb: bool, before: bool = False) -> float:
+    """idemlink (the CLI's sender settings) -> rb or -> ``idemlink receive``: seconds until the
+    receiver exited with the file."""
     import serial
 
     from idemlink.host.ymodem_io import send_files
-    from idemlink.protocol.ymodem import SenderConfig
 
     line = Line()
     try:
@@ -139,70 +178,102 @@ def run_ours(src: Path, dst: Path, to_rb: bool) -> tuple[float, float | None]:
             if to_rb:
                 peer = subprocess.Popen(["rb", "--ymodem", "-y"], stdin=tb, stdout=tb,
                                         stderr=subprocess.DEVNULL, cwd=dst)
-                cfg = SenderConfig()
             else:
-                peer = subprocess.Popen(
-                    [sys.executable, "-m", "idemlink", "receive", "--port", line.b, "--dir",
-                     str(dst), "--no-progress"], stdout=subprocess.DEVNULL)
-                cfg = SenderConfig(turnaround=0.0)
+                peer = _idemlink_receive(line.b, dst)
             t0 = time.monotonic()
             rx_done: list[float] = []
             waiter = _exit_time(peer, rx_done)
-            report = send_files(port, [src], cfg)
-            tx_wall = time.monotonic() - t0
+            report = send_files(port, [src], cli_sender_config(before))  # type: ignore[arg-type]
             port.close()
             waiter.join(30)
         if not report.ok or not rx_done or sha(dst / src.name) != sha(src):
             raise SystemExit(f"ours failed: {report}")
-        return rx_done[0] - t0, tx_wall
+        return rx_done[0] - t0
     finally:
         line.close()
 
 
+@dataclass
+class Row:
+    name: str
+    size: int
+    walls: list[float]
+
+    @property
+    def wall(self) -> float:
+        return statistics.median(self.walls)
+
+
+def table(rows: list[Row], repeat: int) -> str:
+    """The Markdown table (with its conditions line) that --update-docs writes."""
+    ref = {r.size: r.wall for r in rows if r.name == "lrzsz sb -k -> rb"}
+    flags = (" --before" if any("before" in r.name for r in rows) else "") + (
+        f" --repeat {repeat}" if repeat > 1 else "")
+    head = (f"{BAUD} baud (10 bits a byte), {LATENCY * 1000:g} ms one-way latency, no faults; median "
+            f"of {repeat} run(s) each; wall = the sender's start until the receiver exited with the "
+            f"file; `python3 bench/bench_ymodem.py{flags} --update-docs`.\n\n")
+    body = [[r.name, _size(r.size), f"{r.wall:.2f} s", f"{r.size / r.wall / 1000:.2f} kB/s",
+             f"{r.size / (BAUD / 10) / r.wall:.1%}",
+             f"{ref[r.size] / r.wall:.3f}×" if r.size in ref else "-",
+             ", ".join(f"{w:.2f}" for w in r.walls)] for r in rows]
+    return head + markdown_table(["run", "file", "wall (median)", "throughput", "of line rate",
+                                  "vs sb -> rb", "runs (s)"], body)
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n % (1 << 20) == 0 else f"{n / 1000:g} KB"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=1 << 20)
-    ap.add_argument("--runs", default="1,2,3", help="which runs, e.g. 1,3 (default all)")
+    ap.add_argument("--size", type=int, default=1 << 20, help="the large file (default 1 MiB)")
+    ap.add_argument("--small", type=int, default=SMALL, help="the small file (0: none)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per row; the median is shown")
+    ap.add_argument("--before", action="store_true",
+                    help="also idemlink -> idemlink and -> rb with the previous sender defaults")
+    ap.add_argument("--update-docs", action="store_true",
+                    help="write the table into docs/YMODEM.md between its bench_ymodem markers")
     args = ap.parse_args()
     if not (shutil.which("sb") and shutil.which("rb")):
         raise SystemExit("needs lrzsz (sb, rb)")
-    size = args.size
-    line_rate = BAUD / 10
-    bound = size / line_rate
-    blocks = -(-size // 1024)
-    per_block = (1029 + 1) * 10 / BAUD + 2 * LATENCY
-    ceiling = blocks * per_block
-    print(f"{size} bytes at {BAUD} baud, {LATENCY * 1000:.0f} ms one-way latency")
-    print(f"line bound {bound:.2f} s; 1K stop-and-wait ceiling {ceiling:.2f} s "
-          f"({bound / ceiling:.1%} of line rate)")
+    blocks = -(-args.size // 1024)
+    ceiling = blocks * ((1029 + 1) * 10 / BAUD + 2 * LATENCY)
+    bound = args.size / (BAUD / 10)
+    print(f"{BAUD} baud, {LATENCY * 1000:g} ms one-way latency; line bound {bound:.2f} s for "
+          f"{args.size} bytes; 1K stop-and-wait ceiling {ceiling:.2f} s ({bound / ceiling:.1%})")
+    runs: list[tuple[str, Callable[[Path, Path], float]]] = [
+        ("lrzsz sb -k -> rb", lambda s, d: run_sb(s, d, to_rb=True)),
+        ("idemlink -> idemlink", lambda s, d: run_ours(s, d, to_rb=False)),
+        ("idemlink -> rb", lambda s, d: run_ours(s, d, to_rb=True)),
+        ("lrzsz sb -k -> idemlink", lambda s, d: run_sb(s, d, to_rb=False)),
+    ]
+    if args.before:
+        runs += [
+            ("idemlink -> idemlink, before", lambda s, d: run_ours(s, d, False, before=True)),
+            ("idemlink -> rb, before", lambda s, d: run_ours(s, d, True, before=True)),
+        ]
+    sizes = [args.size] + ([args.small] if args.small else [])
+    rows = [Row(name, size, []) for size in sizes for name, _ in runs]
+    fns = dict(runs)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        src = root / "src" / "payload.bin"
-        src.parent.mkdir()
-        src.write_bytes(random.Random(0).randbytes(size))
-        rows: list[tuple[str, float]] = []
-        runs: list[tuple[str, Callable[[Path], tuple[float, float | None]]]] = [
-            ("lrzsz sb -k -> rb", lambda d: run_sb_rb(src, d)),
-            ("ours -> ours (turnaround 0)", lambda d: run_ours(src, d, to_rb=False)),
-            ("ours -> rb (turnaround 2 ms)", lambda d: run_ours(src, d, to_rb=True)),
-        ]
-        print("wall = start of the sender until the receiver exited with the whole batch")
-        wanted = {int(x) for x in args.runs.split(",")}
-        for k, (name, fn) in enumerate(runs, 1):
-            if k not in wanted:
-                continue
-            d = root / f"dst{len(rows)}"
-            d.mkdir()
-            wall, tx_s = fn(d)
-            rows.append((name, wall))
-            extra = ("; sender still waiting for the final ACK after 15 s" if tx_s is None
-                     else f"; sender finished after {tx_s:.2f} s")
-            print(f"{name:30s} {wall:7.2f} s  {size / wall / 1000:6.2f} kB/s  "
-                  f"{bound / wall:6.1%} of line rate{extra}", flush=True)
-        if 1 in wanted:
-            peer = rows[0][1]
-            for name, wall in rows[1:]:
-                print(f"{name}: {peer / wall:.3f}x lrzsz throughput")
+        for k in range(args.repeat):
+            for row in rows:  # interleaved: slow drifts of a shared machine hit every row alike
+                src = root / f"src{row.size}" / "payload.bin"
+                if not src.exists():
+                    src.parent.mkdir()
+                    src.write_bytes(random.Random(row.size).randbytes(row.size))
+                dst = root / f"dst{len(os.listdir(root))}"
+                dst.mkdir()
+                wall = fns[row.name](src, dst)
+                row.walls.append(wall)
+                print(f"[{k + 1}/{args.repeat}] {row.name:30s} {_size(row.size):>8s} {wall:7.2f} s",
+                      flush=True)
+    text = table(rows, args.repeat)
+    print(text)
+    if args.update_docs:
+        replace_between_markers(DOC, "bench_ymodem", text)
+        print(f"written to {DOC}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,19 @@ class CampaignConfig:
     max_batch: int = 4  #: commands pipelined together (1..max_batch)
 
 
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """The campaign's running counts after one batch (``run_campaign(..., timeline=[])``; plotted
+    by ``idemlink.soak_plot``)."""
+
+    commands: int
+    seconds: float  #: simulated
+    retries: int
+    replays: int
+    unknown: int
+    reboots: int
+
+
 @dataclass(slots=True)
 class CampaignReport:
     config: dict[str, Any]
@@ -271,7 +284,8 @@ class _Campaign:
                 self.model[addr] = actual
 
     # -------------------------------------------------------------- main loop
-    def run(self, progress: Callable[[int], None] | None = None) -> CampaignReport:
+    def run(self, progress: Callable[[int], None] | None = None,
+            timeline: list[TimelinePoint] | None = None) -> CampaignReport:
         cfg = self.cfg
         rep = self.report
         t0 = time.perf_counter()
@@ -303,6 +317,10 @@ class _Campaign:
             self.dev.acknowledge_unknown()
             self._check_config()
             done += n
+            if timeline is not None:
+                timeline.append(TimelinePoint(done, self.transport.now(),
+                                              self.dev.session.counters.retries, rep.replays,
+                                              rep.outcomes["UNKNOWN"], rep.reboots))
             if progress is not None:
                 progress(n)
         rep.commands = done
@@ -313,5 +331,7 @@ class _Campaign:
         return rep
 
 
-def run_campaign(cfg: CampaignConfig, progress: Callable[[int], None] | None = None) -> CampaignReport:
-    return _Campaign(cfg).run(progress)
+def run_campaign(cfg: CampaignConfig, progress: Callable[[int], None] | None = None,
+                 timeline: list[TimelinePoint] | None = None) -> CampaignReport:
+    """Run the campaign; ``timeline``, if given, receives a ``TimelinePoint`` after every batch."""
+    return _Campaign(cfg).run(progress, timeline)

@@ -15,7 +15,11 @@ Contract (both machines):
   and not delivered again (block 0 only if byte-identical to the accepted header); any other
   out-of-sequence block cancels. Sender: a file counts as delivered only on the receiver's 'C'
   after an ACK to an EOT sent once an earlier EOT of this file had been answered (NAK-first
-  receivers give that for free; ACK-first ones like rb get the EOT once more).
+  receivers give that for free; ACK-first ones like rb get the EOT once more). Speed without a
+  weaker proof: no turnaround until the receiver loses a header or block (then ``flush_guard``,
+  as rb flushes its input after answering), and one NUL (the "nudge", which any receiver takes
+  for noise) when rb sits out its one-second read before a 'C' (at the start, after a slow ACK
+  to EOT): it makes the receiver's own answer come sooner and proves nothing.
 - Receiver never completes a header from bytes outside the block: a block 0 whose name has no NUL
   inside the block is refused. Names go through ``check_name`` (a pure function returning a typed
   ``NameRefusal``). Size rule: the first metadata field must be 1..20 ASCII digits (no sign, no
@@ -814,6 +818,10 @@ class TxIn(enum.Enum):
     C_UNPROVEN = "C_UNPROVEN"
     CANCEL = "CANCEL"
     TIMEOUT = "TIMEOUT"
+    #: ``nudge_after`` passed with no 'C' (at the start, or after an ACK to EOT): the receiver may
+    #: be sitting out a one-second read before its 'C' (rb reads one byte, with a 1 s timeout,
+    #: before every 'C' that asks for a header), or have sent its 'C' before our port was open
+    QUIET = "QUIET"
 
 
 _S = TxState
@@ -822,6 +830,7 @@ _T = TxIn
 TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
     (_S.WAIT_START, _T.C): (_S.SENT_HEADER, "send_header"),
     (_S.WAIT_START, _T.TIMEOUT): (_S.ABORTED, "give_up"),
+    (_S.WAIT_START, _T.QUIET): (_S.WAIT_START, "nudge"),  # rb's 'C' comes at once, or after 1 s
     (_S.WAIT_START, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_HEADER, _T.ACK): (_S.WAIT_DATA_C, "wait_data_c"),
     (_S.SENT_HEADER, _T.NAK): (_S.SENT_HEADER, "resend"),
@@ -850,6 +859,7 @@ TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
     (_S.WAIT_NEXT_C, _T.C_UNPROVEN): (_S.SENT_EOT2, "recheck_eot"),  # no proof yet: EOT again
     (_S.WAIT_NEXT_C, _T.NAK): (_S.SENT_EOT2, "eot_naked"),  # the receiver did not take the EOT
     (_S.WAIT_NEXT_C, _T.TIMEOUT): (_S.WAIT_NEXT_C, "wait_again"),
+    (_S.WAIT_NEXT_C, _T.QUIET): (_S.WAIT_NEXT_C, "nudge"),  # one NUL: rb's 1 s read ends at once
     (_S.WAIT_NEXT_C, _T.CANCEL): (_S.ABORTED, "peer_cancelled"),
     (_S.SENT_END, _T.ACK): (_S.DONE, "batch_done"),
     (_S.SENT_END, _T.NAK): (_S.SENT_END, "resend"),
@@ -859,19 +869,39 @@ TX_TRANSITIONS: dict[tuple[TxState, TxIn], tuple[TxState, str]] = {
 }
 
 
+NUDGE = 0x00  #: the byte sent to end a receiver's wait-for-any-byte (see ``nudge_after``)
+
+
 @dataclass(slots=True)
 class SenderConfig:
     """Timeouts (s), retry limits and the turnaround delay."""
 
     block_size: int = BLOCK_LARGE  #: 1024 (STX while > 896 bytes remain) or 128 (SOH only)
-    turnaround: float = 0.002  #: pause after a received byte before answering (rb flushes)
+    #: pause after a received byte before answering, always (half-duplex RS-485 needs one)
+    turnaround: float = 0.0
+    #: pause adopted for the rest of the batch once the receiver lost a frame (a header or block
+    #: NAKed, or not answered in time): rb flushes its input right after each answer, so a frame
+    #: that arrives before the flush is eaten. Over a real line the answer's own transit covers
+    #: that; over a local pty it may not.
+    flush_guard: float = 0.002
+    #: at the start and after an ACK to EOT, this long without 'C' sends one NUL: rb reads one
+    #: byte (1 s timeout) before each 'C' it sends for a header, so the NUL saves it that second;
+    #: an rb whose first 'C' was lost (pyserial purges input when it opens a port) answers the
+    #: NUL with 'C' after 1 s instead of its 10 s timeout. Our receiver ignores a NUL there (and
+    #: NAKs it before a commit, never 'C'). None: never.
+    nudge_after: float | None = 0.05
+    #: ... but after an ACK to EOT only when that ACK came this long after our EOT (rb answers an
+    #: EOT after 1 s of silence): a prompt ACK is a receiver that sends its 'C' promptly too, or a
+    #: late copy; a NUL close behind our EOT could share the receiver's read with it and make the
+    #: EOT noise
+    nudge_slow_ack: float = 0.5
     start_timeout: float = 60.0  #: waiting for the receiver's first 'C'
     #: header / data block ACK: neither 5 s (rb) nor 10 s (our receiver): timers firing together cross
     ack_timeout: float = 7.0
     eot_timeout: float = 3.0  #: before resending EOT (rb needs > 1 s of silence)
     c_timeout: float = 10.0  #: waiting for 'C' after a header or a committed file
     max_retries: int = 10
-    end_timeout: float = 2.0  #: end-of-batch block 0 ACK
+    end_timeout: float = 1.0  #: end-of-batch block 0 ACK
     end_retries: int = 1  #: then finish with success, BatchEnded(final_ack=False)
 
 
@@ -925,9 +955,14 @@ class Sender(_Machine):
         self.stale_answers = 0  #: ACK/NAK/'C' ignored because they preceded our last send
         self._sends = 0
         self._deadline = None
+        self._guarded = False  # the receiver lost a frame: flush_guard applies from now on
+        self._nudge_at: float | None = None
+        self.nudges = 0  #: NULs sent to end a receiver's one-byte read before its 'C'
 
     def start(self, now: float) -> None:
         self._deadline = now + self.config.start_timeout
+        if self.config.nudge_after is not None:
+            self._nudge_at = now + self.config.nudge_after
 
     def abort(self, reason: str, now: float = 0.0) -> None:
         if self.state in (TxState.DONE, TxState.ABORTED):
@@ -967,6 +1002,9 @@ class Sender(_Machine):
         if self._scheduled and now >= self._send_at:
             self._out += self._scheduled
             self._scheduled.clear()
+        if self._nudge_at is not None and now >= self._nudge_at and not self._scheduled:
+            self._nudge_at = None
+            self._input(TxIn.QUIET, now)
         if self._deadline is not None and now >= self._deadline and not self._scheduled:
             self._deadline = None
             self._input(TxIn.TIMEOUT, now)
@@ -977,6 +1015,8 @@ class Sender(_Machine):
     def next_deadline(self) -> float | None:
         if self._scheduled:
             return self._send_at
+        if self._nudge_at is not None and (self._deadline is None or self._nudge_at < self._deadline):
+            return self._nudge_at
         return self._deadline
 
     # plumbing
@@ -987,6 +1027,7 @@ class Sender(_Machine):
             return
         target, action = entry
         self.state = target
+        self._nudge_at = None  # only the ACK to an EOT (re)starts it
         getattr(self, "_tx_" + action)(now, inp)
 
     def _send(self, frame: bytes, now: float, timeout: float, *, keep: bool = True) -> None:
@@ -995,8 +1036,9 @@ class Sender(_Machine):
             self._current = frame
         self._sends += 1
         self._scheduled = bytearray(frame)
-        self._send_at = now + self.config.turnaround
-        if self.config.turnaround <= 0:
+        pause = max(self.config.turnaround, self.config.flush_guard if self._guarded else 0.0)
+        self._send_at = now + pause
+        if pause <= 0:
             self._out += self._scheduled
             self._scheduled.clear()
         self._deadline = self._send_at + timeout
@@ -1004,7 +1046,7 @@ class Sender(_Machine):
     def _do_abort(self, reason: str, by_peer: bool) -> None:
         self.state = TxState.ABORTED
         self.abort_reason = reason
-        self._deadline = None
+        self._deadline = self._nudge_at = None
         self._scheduled.clear()
         # The frame ending the file went out (or an ACK to its EOT came, but no proven 'C'): the
         # receiver may have committed (late EOT copies can commit a complete file before our own
@@ -1062,6 +1104,8 @@ class Sender(_Machine):
         self._send(build_block(0, payload), now, self.config.ack_timeout)
 
     def _tx_resend(self, now: float, inp: TxIn) -> None:
+        if self.state in (TxState.SENT_HEADER, TxState.SENT_BLOCK):
+            self._guarded = True  # a frame was lost: maybe eaten by the receiver's flush
         self._retries += 1
         if self._retries > self.config.max_retries:
             self._do_abort(f"no answer after {self.config.max_retries} retries ({self.state.value})",
@@ -1132,6 +1176,19 @@ class Sender(_Machine):
             self._eot_proven = True
         self._eot_answered = True
         self._deadline = now + self.config.c_timeout
+        slow = now - self._send_at >= self.config.nudge_slow_ack  # _send_at: our EOT went out
+        if self.config.nudge_after is not None and slow:
+            self._nudge_at = now + self.config.nudge_after
+
+    def _tx_nudge(self, now: float, inp: TxIn) -> None:
+        """No 'C' yet (at the start, or after the EOT's ACK): one NUL, straight out (not an
+        answer, so no turnaround and nothing read meanwhile is stale). rb reads one byte with a
+        1 s timeout before every 'C' asking for a header; the NUL ends that read, and the 'C'
+        (or the EOT re-check it starts) comes a second sooner. Any receiver takes it for line
+        noise: ours ignores it after a commit and NAKs it before one (never 'C'), so it cannot
+        forge the proof."""
+        self.nudges += 1
+        self._out.append(NUDGE)
 
     def _tx_recheck_eot(self, now: float, inp: TxIn) -> None:
         """Unproven 'C' after the EOT's ACK: send the EOT again. A receiver that committed ACKs it

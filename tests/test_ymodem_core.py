@@ -449,8 +449,8 @@ def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> 
 # --- the sender against rb-like answers ---------------------------------------------------------
 
 
-def _sender_at_eot(data: bytes = b"abc") -> Sender:
-    tx = Sender(files_of({"f": data}), SenderConfig(turnaround=0))
+def _sender_at_eot(data: bytes = b"abc", nudge_after: float | None = 0.05) -> Sender:
+    tx = Sender(files_of({"f": data}), SenderConfig(turnaround=0, nudge_after=nudge_after))
     tx.start(0.0)
     tx.receive_data(bytes([CRC_REQUEST]), 0.1)
     tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)
@@ -474,7 +474,7 @@ def test_sender_accepts_ack_to_the_first_eot_like_rb() -> None:
 
 
 def test_sender_waits_over_a_second_before_resending_eot_then_c_before_end_block() -> None:
-    tx = _sender_at_eot()
+    tx = _sender_at_eot(nudge_after=None)
     tx.tick(1.2)
     assert tx.data_to_send() == b""  # rb needs silence
     tx.tick(0.3 + tx.config.eot_timeout)
@@ -492,7 +492,7 @@ def test_sender_waits_over_a_second_before_resending_eot_then_c_before_end_block
 
 
 def test_c_during_header_and_first_block_is_a_nak_later_it_is_noise() -> None:
-    tx = Sender(files_of({"f": b"z" * 3000}), SenderConfig(turnaround=0))
+    tx = Sender(files_of({"f": b"z" * 3000}), SenderConfig(turnaround=0, flush_guard=0))
     tx.start(0.0)
     tx.receive_data(bytes([CRC_REQUEST]), 0.1)
     header = tx.data_to_send()
@@ -721,7 +721,8 @@ def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
         tx.receive_data(data, now)
         tx.tick(now)
         out = tx.data_to_send()
-        assert out == b"" or out[0] in (SOH, STX, EOT, CAN)  # frames, EOT or CAN: nothing else
+        # frames, EOT, CAN or the nudge (a lone NUL): nothing else
+        assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([ym.NUDGE])
     committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
     assert len(committed) == len({e.name for e in committed})
 
@@ -748,7 +749,7 @@ def test_a_duplicated_ack_is_never_taken_for_the_answer_to_eot(turnaround: float
 
 
 def test_a_duplicated_nak_causes_one_resend_not_two() -> None:
-    tx = Sender(files_of({"f": b"x" * 300}), SenderConfig(turnaround=0))
+    tx = Sender(files_of({"f": b"x" * 300}), SenderConfig(turnaround=0, flush_guard=0))
     tx.start(0.0)
     tx.receive_data(bytes([CRC_REQUEST]), 0.1)
     tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)

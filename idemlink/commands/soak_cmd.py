@@ -35,17 +35,28 @@ def register(sub: Any) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
     add_json_option(p, "idemlink.soak/1")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw retries, replays, UNKNOWN and reboots along the run (matplotlib)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.campaign import CampaignConfig, run_campaign
+    from idemlink.campaign import CampaignConfig, TimelinePoint, run_campaign
     from idemlink.cli import UserError
     from idemlink.device_sim.link import LinkConfigError
     from idemlink.host.device import IncompatibleDevice, NoDevice
 
     if args.commands < 1 or args.reboot_every < 0:
         raise UserError("--commands must be >= 1 and --reboot-every >= 0")
+    timeline: list[TimelinePoint] | None = None
+    if args.plot is not None:
+        from idemlink.soak_plot import PlotUnavailable, check_plot_path
+
+        try:
+            check_plot_path(args.plot)  # before the campaign: a bad path costs nothing
+        except PlotUnavailable as exc:
+            raise UserError(str(exc)) from None
+        timeline = []
     cfg = CampaignConfig(
         commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
@@ -57,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update(bar.done + n, cfg.commands)
 
     try:
-        report = run_campaign(cfg, progress=tick)
+        report = run_campaign(cfg, progress=tick, timeline=timeline)
     except KeyboardInterrupt as exc:
         message = (f"interrupted after {bar.done} of {cfg.commands} commands; no verdict (the "
                    "oracle judges a finished campaign)")
@@ -71,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"the opening HELLO failed, no command was run: {exc}") from None
     finally:
         bar.close()
+    if timeline is not None:
+        _plot(args.plot, timeline, cfg, report)
     d = report.as_dict()
     if args.json:
         print_json("idemlink.soak/1", d)
@@ -89,3 +102,17 @@ def run(args: argparse.Namespace) -> int:
         for p in d["problems"]:
             print("PROBLEM", p)
     return 0 if report.passed else 6
+
+
+def _plot(path: str, timeline: list[Any], cfg: Any, report: Any) -> None:
+    from idemlink.cli import UserError
+    from idemlink.soak_plot import PlotUnavailable, plot_timeline
+
+    caption = (f"{report.commands} commands, seed {cfg.seed}, up to {cfg.max_batch} pipelined; "
+               f"reboot every ~{cfg.reboot_every} commands\nper frame each way: loss {cfg.loss}, "
+               f"dup {cfg.dup}, corrupt {cfg.corrupt}, reorder {cfg.reorder}")
+    try:
+        plot_timeline(timeline, path, caption)
+    except PlotUnavailable as exc:
+        raise UserError(str(exc)) from None
+    print(f"plot written to {path}", file=sys.stderr)

@@ -27,7 +27,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import (
     EXIT_INTERRUPTED,
@@ -44,6 +44,9 @@ from idemlink.output import Progress, add_json_option, emit, error_json
 SEND_SCHEMA = "idemlink.send/1"
 RECEIVE_SCHEMA = "idemlink.receive/1"
 
+if TYPE_CHECKING:
+    from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
+
 
 def register(sub: Any) -> None:
     s: argparse.ArgumentParser = sub.add_parser("send", help="send files by YMODEM")
@@ -55,8 +58,10 @@ def register(sub: Any) -> None:
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
     s.add_argument("--overwrite", action="store_true",
                    help="to an idemlink device: allow replacing files it already has")
-    s.add_argument("--turnaround-ms", type=float, default=2.0,
-                   help="pause after each answer before sending (rb, RS-485); default 2")
+    s.add_argument("--turnaround-ms", type=float, default=0.0,
+                   help="pause after each answer before sending, always (half-duplex RS-485); "
+                        "default 0: none until the receiver loses a frame, then 2 ms (rb "
+                        "flushes its input after each answer)")
     s.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                    help="seconds to wait for the receiver to start the batch (default 60)")
     add_hidden_alias(s, "--timeout", "start_timeout", float)  # the old spelling, for one release
@@ -186,10 +191,32 @@ def _interrupted(args: argparse.Namespace, progress: Progress, exc: KeyboardInte
     return exc
 
 
+def sender_config(args: argparse.Namespace) -> SenderConfig:
+    """The sender's settings as ``send`` takes them from its options (the benchmark uses it)."""
+    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig
+
+    return SenderConfig(
+        block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
+        turnaround=args.turnaround_ms / 1000.0,
+        start_timeout=args.start_timeout,
+    )
+
+
+def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
+    """The receiver's settings as ``receive`` takes them from its options."""
+    from idemlink.protocol.ymodem import ReceiverConfig
+
+    # 'C' every few seconds for as long as --idle-timeout says (the spec's cadence is 3 s).
+    c_interval = min(3.0, args.idle_timeout)
+    return ReceiverConfig(c_interval=c_interval,
+                          header_retries=max(1, round(args.idle_timeout / c_interval)),
+                          silence_timeout=args.idle_timeout, max_file_size=args.quota)
+
+
 def run_send(args: argparse.Namespace) -> int:
     from idemlink.commands.device_cmds import check_seconds
     from idemlink.host.ymodem_io import check_batch_names, send_files
-    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig, build_header
+    from idemlink.protocol.ymodem import build_header
 
     check_seconds("--start-timeout", args.start_timeout, 3600.0)  # before anything is sent
     for f in args.files:
@@ -199,11 +226,7 @@ def run_send(args: argparse.Namespace) -> int:
         check_batch_names(args.files)  # before the device is switched to file receive
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    config = SenderConfig(
-        block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
-        turnaround=args.turnaround_ms / 1000.0,
-        start_timeout=args.start_timeout,
-    )
+    config = sender_config(args)
     for f in args.files:
         try:
             build_header(Path(f).name, 0, 0, 0)
@@ -302,7 +325,6 @@ def _framed_verdict(args: argparse.Namespace, res: Any, report: Any) -> tuple[in
 
 def run_receive(args: argparse.Namespace) -> int:
     from idemlink.host.ymodem_io import receive_files
-    from idemlink.protocol.ymodem import ReceiverConfig
     from idemlink.protocol.ymodem_files import DirectorySink, SinkRefused
 
     try:
@@ -312,11 +334,7 @@ def run_receive(args: argparse.Namespace) -> int:
     timeout = args.idle_timeout
     if not timeout > 0 or (args.quota is not None and args.quota < 0):
         raise UserError("--idle-timeout must be > 0 and --quota >= 0")
-    # 'C' every few seconds for as long as --idle-timeout says (the spec's cadence is 3 s).
-    c_interval = min(3.0, timeout)
-    config = ReceiverConfig(c_interval=c_interval,
-                            header_retries=max(1, round(timeout / c_interval)),
-                            silence_timeout=timeout, max_file_size=args.quota)
+    config = receiver_config(args)
     port = _open(args.port, args.baudrate)
     bar = _progress(args)
     try:

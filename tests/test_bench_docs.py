@@ -1,0 +1,47 @@
+"""Benchmark tables in the docs are written by the benchmarks between markers, never typed."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _docs_table() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_table", ROOT / "bench" / "docs_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_text_between_the_markers_is_replaced_and_nothing_else(tmp_path: Path) -> None:
+    dt = _docs_table()
+    doc = tmp_path / "X.md"
+    doc.write_text("intro\n<!-- t:begin -->\nold | table\n<!-- t:end -->\noutro\n")
+    dt.replace_between_markers(doc, "t", dt.markdown_table(["a", "b"], [["1", "2"]]))
+    assert doc.read_text() == ("intro\n<!-- t:begin -->\n| a | b |\n|---|---|\n| 1 | 2 |\n"
+                               "<!-- t:end -->\noutro\n")
+    dt.replace_between_markers(doc, "t", "again")  # idempotent shape: markers kept
+    assert doc.read_text() == "intro\n<!-- t:begin -->\nagain\n<!-- t:end -->\noutro\n"
+
+
+def test_missing_markers_are_one_line_and_the_doc_is_untouched(tmp_path: Path) -> None:
+    dt = _docs_table()
+    doc = tmp_path / "X.md"
+    doc.write_text("no markers\n")
+    with pytest.raises(SystemExit, match=re.escape("no <!-- t:begin --> ... <!-- t:end --> markers")):
+        dt.replace_between_markers(doc, "t", "x")
+    assert doc.read_text() == "no markers\n"
+
+
+@pytest.mark.parametrize(("doc", "name"), [("YMODEM.md", "bench_ymodem"), ("LINK.md", "bench_link")])
+def test_the_docs_carry_the_benchmark_markers(doc: str, name: str) -> None:
+    text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
+    begin, end = _docs_table().markers(name)
+    assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
