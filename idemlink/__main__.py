@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from idemlink.cli import main
+try:
+    from idemlink.cli import main
+except KeyboardInterrupt:  # Ctrl-C while the command modules load: nothing was sent yet
+    sys.exit(130)
 
 sys.exit(main())

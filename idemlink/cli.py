@@ -181,7 +181,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     words = list(sys.argv[1:] if argv is None else argv)
     Parser.json_errors = "--json" in words
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports every command module: Ctrl-C may land here
+    except KeyboardInterrupt:
+        return 130
     args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
         command = _subparser(parser, args.command)

@@ -40,3 +40,14 @@ def test_send_start_timeout_must_be_finite_and_positive(tmp_path: Path) -> None:
     for value in ("-1", "nan", "inf"):
         r = run("send", "--port", "loop://", "--start-timeout", value, str(f))
         assert r.returncode == 1 and "--start-timeout" in r.stderr, r.stderr
+
+
+def test_transfer_report_lines_never_carry_control_characters() -> None:
+    from idemlink.commands.ymodem_cmd import _report_lines
+    from idemlink.protocol.ymodem_files import FileResult, TransferReport
+
+    name = "esc\x1b[31mred.bin"
+    report = TransferReport(files=[FileResult(name, 0, False, 0.0, detail=f"{name} refused")])
+    lines = _report_lines(report, "received")
+    assert all(line.isprintable() for line in lines)
+    assert lines[0].startswith("esc\\x1b[31mred.bin: FAILED")

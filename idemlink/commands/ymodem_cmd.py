@@ -129,11 +129,18 @@ def _open(url: str, baud: int) -> Any:
         raise UserError(f"cannot open {url}: {exc}") from exc
 
 
+def _shown_name(name: str) -> str:
+    """A file name as the terminal may print it: a name a peer sent with control characters
+    (refused, but reported) is escaped, never written raw to the terminal."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in name)
+
+
 def _report_lines(report: Any, verb: str, *, framed: bool = False) -> list[str]:
     lines: list[str] = []
     for f in report.files:
+        name = _shown_name(f.name)
         if f.identical:
-            lines.append(f"{f.name}: already on the device, identical ({f.size} bytes, size and "
+            lines.append(f"{name}: already on the device, identical ({f.size} bytes, size and "
                          "CRC-32C read back): not sent")
             continue
         state = "ok" if f.ok else "FAILED"
@@ -143,7 +150,8 @@ def _report_lines(report: Any, verb: str, *, framed: bool = False) -> list[str]:
             check = ", verified"
         elif framed and f.verified is None and (f.ok or f.unconfirmed):
             check = ", not verified"
-        lines.append(f"{f.name}: {state}, {f.size} bytes{check}{extra}")
+        extra = _shown_name(extra)
+        lines.append(f"{name}: {state}, {f.size} bytes{check}{extra}")
     status = "complete" if report.ok else f"aborted: {report.reason}"
     note = "" if report.final_ack else " (receiver's final ACK not seen)"
     lines.append(f"{verb} {report.bytes} bytes in {report.seconds:.2f} s, "
