@@ -28,12 +28,17 @@
   ``ExecutionsEvicted`` rather than answering from a partial log. ``keep_executions=None`` keeps
   everything (for oracles that need the whole history). The register core's ``log`` holds every
   side effect. Tests and the fault-campaign oracle read both (the campaign consumes the log
-  batch by batch).
+  batch by batch). ``boots`` lists every boot as (epoch, simulated time).
+- ``effects``: a file the device appends its record to, one JSON line per boot
+  (``{"boot": epoch, "time": t}``) and per execution (``{"epoch", "seq", "request": hex,
+  "response": hex, "time"}``), flushed line by line — the format ``idemlink soak --device-cmd``
+  reads (docs/SOAK.md).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import random
@@ -201,6 +206,7 @@ class SimulatedDevice:
         device_id: str | None = None,
         epoch_salt: int | None = None,
         keep_executions: int | None = DEFAULT_KEPT_EXECUTIONS,
+        effects: str | os.PathLike[str] | None = None,
     ) -> None:
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
         self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
@@ -218,9 +224,11 @@ class SimulatedDevice:
         self._rng = _epoch_generator(seed, self.boot_count, epoch_salt)
         self.executions = ExecutionLog(keep_executions)
         self.epochs: list[int] = []
+        self.boots: list[tuple[int, float]] = []
+        self._effects = open(effects, "a", encoding="utf-8") if effects is not None else None  # noqa: SIM115
         self._file_receive: FileReceiveRequest | None = None
         self._files_dir: Path | None = None
-        self.session = self._new_session()
+        self.session = self._new_session(now)
         self._generation_saved = self.core.generation
 
     # ------------------------------------------------------------------ bytes and time
@@ -245,7 +253,7 @@ class SimulatedDevice:
         except OSError as exc:
             logging.getLogger(__name__).error(
                 "configuration not saved at reboot (%s); keeping the RAM copy", exc)
-        self.session = self._new_session()
+        self.session = self._new_session(now)
 
     @property
     def files_dir(self) -> Path:
@@ -267,11 +275,14 @@ class SimulatedDevice:
         return [e for e in self.executions if e.epoch == epoch and e.seq == seq]
 
     # ------------------------------------------------------------------ internals
-    def _new_session(self) -> DeviceSession:
+    def _new_session(self, now: float | None = None) -> DeviceSession:
+        now = self.core.now if now is None else now
         epoch = self._rng.getrandbits(32)
         while epoch in self.epochs or epoch == 0:
             epoch = self._rng.getrandbits(32)
         self.epochs.append(epoch)
+        self.boots.append((epoch, now))
+        self._record({"boot": epoch, "time": now})
         return DeviceSession(
             self._execute, epoch, contract_hash=self._hash, name=self.name,
             ring_bits=self.ring_bits, replay_slots=self.replay_slots,
@@ -301,7 +312,22 @@ class SimulatedDevice:
             response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}",
                                          persist=self._persist if self.flash is not None else None)
         self.executions.append(Execution(epoch, seq, pdu, response, now))
+        self._record({"epoch": epoch, "seq": seq, "request": pdu.hex(),
+                      "response": response.hex(), "time": now})
         return response
+
+    def _record(self, line: dict[str, object]) -> None:
+        """Append one line to the effects file (docs/SOAK.md), flushed: a killed process
+        loses nothing it ran."""
+        if self._effects is not None:
+            self._effects.write(json.dumps(line) + "\n")
+            self._effects.flush()
+
+    def close(self) -> None:
+        """Close the effects file (if any)."""
+        if self._effects is not None:
+            self._effects.close()
+            self._effects = None
 
     def _request_file_receive(self, pdu: bytes) -> bytes:
         if len(pdu) > 2 or pdu[1:] not in (b"", b"\x00", b"\x01"):

@@ -321,6 +321,8 @@ class Command:
             return WriteMultipleRegisters(self.address, self.values)
         if k is CommandKind.WRITE_IF_GENERATION:
             return WriteIfGeneration(self.generation, self.address, self.values)
+        if self.values:  # an explicit trigger value (a value other than 0/1 is refused: 0xFF01)
+            return TriggerRequest(self.address, self.values[0])
         return TriggerRequest(self.address, 1 if k is CommandKind.TRIGGER else 0)
 
     def pdu(self) -> bytes:
@@ -1157,18 +1159,32 @@ def _judge_read_back(
     """Does the state a command intended hold, given what was read back?"""
     observed = {spec(c.address + i).name: v for i, v in enumerate(values)}
     observed["generation"] = generation
-    holds: bool | None
-    if c.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
-        holds = tuple(values) == c.values
+    if c.kind is CommandKind.TRIGGER or c.kind is CommandKind.TRIGGER_RESET:
+        written = c.values or ((1,) if c.kind is CommandKind.TRIGGER else (0,))
+    else:
+        written = c.values
+    holds = all(_holds(spec(c.address + i).kind, w, v)
+                for i, (w, v) in enumerate(zip(written, values, strict=False)))
+    kinds = {spec(c.address + i).kind for i in range(len(written))}
+    if kinds == {RegisterKind.TRIGGER}:
+        summary = f"trigger state {values[0]:#06x}"
+    elif kinds == {RegisterKind.FAULT}:
+        summary = "the bits are clear" if holds else "some bits are still latched"
+    else:
         summary = ("the registers hold the intended values" if holds
                    else "the registers do not hold the intended values")
-    elif c.kind is CommandKind.CLEAR_FAULTS:
-        holds = values[0] & c.values[0] == 0
-        summary = "the bits are clear" if holds else "some bits are still latched"
-    elif c.kind is CommandKind.TRIGGER:
-        holds = values[0] != TriggerState.IDLE
-        summary = f"trigger state {values[0]:#06x}"
-    else:  # TRIGGER_RESET: reads never get here (``_reconcile_steps``)
-        holds = values[0] == TriggerState.IDLE
-        summary = f"trigger state {values[0]:#06x}"
     return Reconciliation(c, observed, holds, summary)
+
+
+def _holds(kind: RegisterKind, written: int, now: int) -> bool:
+    """Does a register read back as ``now`` hold what writing ``written`` intended? By kind:
+    a holding holds the value; a fault has the written bits clear; a trigger written 1 is
+    RUNNING or DONE (not IDLE, not an abnormal state), written 0 is IDLE; a trigger value other
+    than 0/1 was refused and intends nothing that can hold."""
+    if kind is RegisterKind.FAULT:
+        return now & written == 0
+    if kind is RegisterKind.TRIGGER:
+        if written == 1:
+            return now in (TriggerState.RUNNING, TriggerState.DONE)
+        return written == 0 and now == TriggerState.IDLE
+    return now == written

@@ -1,24 +1,28 @@
-"""The fault campaign: mixed commands through a lossy link with reboots, judged by an oracle.
+"""The fault campaign: mixed commands through a lossy link with device reboots and host-process
+crashes, judged by an oracle that trusts nothing of the code under test (``idemlink.oracle``).
 
-``run_campaign(CampaignConfig)`` drives a ``idemlink.host.device.Device`` against a ``SimulatedDevice``
-through the link emulator on a simulated clock (``SimTransport``), so a run is reproducible from its
-seed and 20,000 commands take seconds. The oracle compares every host outcome with the device's
-ground truth (its execution log and the register core's effect log) and counts:
+``run_campaign(CampaignConfig)`` drives a ``idemlink.host.device.Device`` against a
+``SimulatedDevice`` through the link emulator on a simulated clock (``SimTransport``), so a run is
+reproducible from its seed and 20,000 commands take seconds. ``idemlink.soak_device`` runs the
+same campaign against a device given as a command (a real port, real time).
 
-- ``duplicated_effects`` — a request that ran more than once under one (epoch, seq), or a command
-  that is not set-only (trigger, fault clear, conditional write) that ran more than once at all.
-  A set-only write re-issued after a reboot (the documented epoch rule) may run once per epoch; that
-  is counted separately as ``reissued_set_only`` and is harmless by its semantics; twice in one
-  epoch is a duplicate. Also every execution of a batch must be claimed, via ``sent_as``, by
-  exactly one result whose request PDU is the one executed (an unclaimed run is a duplicate).
-- ``lost_acknowledged_writes`` — a holding register whose value on the device differs from what the
-  acknowledged (OK) writes, in order, say it must be.
-- ``misclassified`` — OK that did not run exactly as answered (no execution, or another answer than
-  the one executed); an outcome other than the executed response PDU means, decoded here from the
-  bytes and not by host code (exception: REJECTED, 04: UNKNOWN; guard failure: NOT_EXECUTED; else
-  OK), unless UNKNOWN; an OK read whose values are not the big-endian decode of the executed
-  answer; NOT_EXECUTED or REJECTED whose request caused any side effect; an UNKNOWN that
-  ``reconcile()`` could not resolve, or resolved against the truth.
+What the campaign does, besides sending commands:
+
+- the command mix covers every outcome class: absolute writes (one register, the whole block, or
+  the block with one register changed), conditional writes (right and wrong generation), W1C
+  clears (with an undeclared bit now and then), triggers by 0x42 and by FC06, trigger values other
+  than 0/1, reads of the map and of an unmapped address;
+- the device reboots (``reboot_every``); the environment moves (temperature over/under the
+  threshold, external fault conditions, a trigger forced into an abnormal state and back);
+- the host process crashes (``restart_every``): the frames it had just written stay on the line
+  and arrive after a new process's HELLO (as from a serial adapter's buffer), and the new process
+  reconciles what the dead one may have run (as its journal would);
+- every UNKNOWN is reconciled.
+
+The oracle is fed the device's own record (boots and executions, in order) and the host's results
+as claims; the campaign turns each ``Result`` into a ``Claim`` with the request PDU encoded *here*
+from the command's fields, never by the host's encoder. In-process, the device's registers are
+also compared with the oracle's model after every batch.
 """
 
 from __future__ import annotations
@@ -27,38 +31,17 @@ import random
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import Any
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Command, CommandKind, Device, Result, answer_of
-from idemlink.protocol.device_core import EffectKind
+from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
+from idemlink.oracle import Boot, Claim, MapTruth, Oracle, Record, Reg, Run, Tally
 from idemlink.protocol.outcome import Outcome
-from idemlink.protocol.registers import RegisterKind, RegisterSpec, TriggerStatus
-
-#: The device's own answer, read without host code: what a host must report for it.
-_GUARD_FUNCTION = 0x41
-_GUARD_FAILED = 0x12
-_SERVER_DEVICE_FAILURE = 0x04
-_TRIGGER_FUNCTION = 0x42
-_TRIGGER_VERDICT: dict[int, Outcome] = {int(TriggerStatus.ABNORMAL_STATE): Outcome.UNKNOWN,
-                                         int(TriggerStatus.ILLEGAL_VALUE): Outcome.REJECTED}
-
-
-def _truth_outcome(request: bytes, response: bytes) -> Outcome:
-    """The outcome an execution's response PDU means, decoded here from the bytes alone."""
-    if response[:1] and response[0] & 0x80:
-        exc = response[1] if len(response) > 1 else _SERVER_DEVICE_FAILURE
-        return Outcome.UNKNOWN if exc == _SERVER_DEVICE_FAILURE else Outcome.REJECTED
-    if request[:1] == bytes([_GUARD_FUNCTION]) and len(response) > 1 and response[1] == _GUARD_FAILED:
-        return Outcome.NOT_EXECUTED
-    if request[:1] == bytes([_TRIGGER_FUNCTION]) and len(response) == 5:
-        code = int.from_bytes(response[3:5], "big")
-        return _TRIGGER_VERDICT.get(code, Outcome.OK)
-    return Outcome.OK
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,25 +54,15 @@ class CampaignConfig:
     byte_loss: float = 0.0
     noise_rate: float = 0.0  #: noise bursts per simulated second
     reboot_every: int = 500  #: mean commands between device reboots (0: never)
+    restart_every: int = 250  #: mean commands between host-process crashes (0: never)
     seed: int = 1
     baud: int | None = 115200
     latency: float = 0.001
     timeout: float = 0.03
     attempts: int = 6
     max_batch: int = 4  #: commands pipelined together (1..max_batch)
-
-
-@dataclass(frozen=True, slots=True)
-class TimelinePoint:
-    """The campaign's running counts after one batch (``run_campaign(..., timeline=[])``; plotted
-    by ``idemlink.soak_plot``)."""
-
-    commands: int
-    seconds: float  #: simulated
-    retries: int
-    replays: int
-    unknown: int
-    reboots: int
+    trigger_duration: float = 0.05  #: seconds a trigger stays RUNNING on the device
+    regmap: str = "thermal-controller"  #: built-in map name
 
 
 @dataclass(slots=True)
@@ -101,19 +74,34 @@ class CampaignReport:
     replays: int = 0
     reissued_set_only: int = 0
     reboots: int = 0
+    host_restarts: int = 0
+    executions: int = 0
+    late_executions: int = 0  #: executions that landed after their result was settled
+    reconcile_reads: int = 0
     unknown_reconciled: int = 0
     unknown_unresolved: int = 0  #: UNKNOWN whose read-back was lost too (honest, not a failure)
+    dead_reconciled: int = 0  #: requests of a crashed host process, reconciled by the next one
     duplicated_effects: int = 0
     lost_acknowledged_writes: int = 0
     misclassified: int = 0
+    register_semantics: int = 0  #: device answers the register map's semantics do not give
     problems: list[str] = field(default_factory=list)
     simulated_seconds: float = 0.0
     wall_seconds: float = 0.0
+    interrupted: bool = False
     link: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
-        return not (self.duplicated_effects or self.lost_acknowledged_writes or self.misclassified)
+        return not (self.duplicated_effects or self.lost_acknowledged_writes or self.misclassified
+                    or self.register_semantics)
+
+    def take(self, tally: Tally) -> None:
+        for name in ("duplicated_effects", "lost_acknowledged_writes", "misclassified",
+                     "register_semantics", "executions", "late_executions",
+                     "reissued_set_only"):
+            setattr(self, name, getattr(tally, name))
+        self.problems = list(tally.problems)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -123,11 +111,370 @@ class CampaignReport:
         d["commands_per_second"] = round(self.commands / self.wall_seconds, 1) if self.wall_seconds else 0
         return d
 
+    def verdict(self) -> str:
+        """One line: PASS or FAIL with the four counts."""
+        return (f"{'PASS' if self.passed else 'FAIL'}: {self.commands} commands, "
+                f"{self.duplicated_effects} duplicated effects, {self.lost_acknowledged_writes} "
+                f"lost acknowledged writes, {self.misclassified} misclassified, "
+                f"{self.register_semantics} register-semantics violations")
 
-class _Campaign:
-    def __init__(self, cfg: CampaignConfig) -> None:
+
+def map_text(name: str) -> str:
+    """A built-in map file's text, read as a file (the oracle parses it itself)."""
+    return resources.files("idemlink.protocol").joinpath("maps", f"{name}.toml").read_text("utf-8")
+
+
+def _over_temperature(v: Mapping[str, int]) -> Mapping[str, int]:
+    return {"faults": 1 if v["temperature"] > v["threshold"] else 0}
+
+
+#: What the campaign's environment knows of a map's fault conditions (the map file declares the
+#: bits, not what raises them): the thermal controller latches over_temperature while
+#: temperature > threshold.
+ENVIRONMENT_RULES: dict[str, Callable[[Mapping[str, int]], Mapping[str, int]]] = {
+    "thermal-controller": _over_temperature,
+}
+
+
+def intended_pdu(cmd: Command) -> bytes:
+    """The request PDU the campaign means by ``cmd``, encoded here (not by the host)."""
+    k = cmd.kind
+    if k is CommandKind.READ:
+        return struct.pack(">BHH", 4 if cmd.input_registers else 3, cmd.address, cmd.count)
+    if k in (CommandKind.WRITE, CommandKind.CLEAR_FAULTS):
+        if len(cmd.values) == 1:
+            return struct.pack(">BHH", 6, cmd.address, cmd.values[0])
+        n = len(cmd.values)
+        return struct.pack(f">BHHB{n}H", 0x10, cmd.address, n, 2 * n, *cmd.values)
+    if k is CommandKind.WRITE_IF_GENERATION:
+        n = len(cmd.values)
+        return struct.pack(f">BHHHB{n}H", 0x41, cmd.generation, cmd.address, n, 2 * n,
+                           *cmd.values)
+    value = cmd.values[0] if cmd.values else (1 if k is CommandKind.TRIGGER else 0)
+    return struct.pack(">BHH", 0x42, cmd.address, value)
+
+
+def claim_of(res: Result, *, dead: bool = False) -> Claim:
+    return Claim(intended_pdu(res.command), tuple(res.sent_as),
+                 None if dead else res.outcome.name, (res.epoch, res.seq), tuple(res.values),
+                 res.code)
+
+
+class HostCrash(Exception):
+    """The host process died (raised by ``CrashingTransport`` in the middle of an operation)."""
+
+
+class CrashingTransport:
+    """Wraps the host's transport; ``crash_after(n)`` makes the n-th following write the last
+    one of this process: its bytes are held (still on the line) and ``HostCrash`` is raised.
+    ``release()`` lets the held bytes arrive (after the next process's HELLO)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self._left: int | None = None
+        self.held = b""
+
+    def crash_after(self, writes: int) -> None:
+        self._left = writes
+
+    def disarm(self) -> None:
+        self._left = None
+
+    def write(self, data: bytes) -> None:
+        if self._left is not None:
+            self._left -= 1
+            if self._left <= 0:
+                self._left = None
+                self.held = data
+                raise HostCrash("the host process died")
+        self.inner.write(data)
+
+    def read(self, timeout: float) -> bytes:
+        return self.inner.read(timeout)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def release(self) -> None:
+        if self.held:
+            self.inner.write(self.held)
+            self.held = b""
+
+
+class _Host(Device):
+    """A host process whose every Result is also kept (``made``): when it dies mid-batch, the
+    results of its completed waves are lost with it, but the oracle must still know which
+    (epoch, seq) each request travelled under."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.made: list[Result] = []
+
+    def _result(self, c: Command, comp: Any) -> Result:
+        r = super()._result(c, comp)
+        self.made.append(r)
+        return r
+
+
+class Campaign:
+    """The campaign loop, over a device given by hooks (in-process or a spawned command)."""
+
+    def __init__(self, cfg: CampaignConfig, transport: Transport, *, tolerance: float = 0.0,
+                 environment: bool = True) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self.report = CampaignReport(config=asdict(cfg))
+        text = map_text(cfg.regmap)
+        self.oracle = Oracle(text, trigger_duration=cfg.trigger_duration, tolerance=tolerance,
+                             conditions=ENVIRONMENT_RULES.get(cfg.regmap))
+        regs = MapTruth.parse(text)
+        self.holdings = sorted(regs.of_kind("holding"), key=lambda r: r.address)
+        self.fault = regs.of_kind("fault")[0]
+        self.trigger = regs.of_kind("trigger")[0]
+        self.inputs = regs.of_kind("input")
+        self.span = (min(regs.registers), max(regs.registers) - min(regs.registers) + 1)
+        self.unmapped = next(a for a in range(0x10000) if a not in regs.registers)
+        self.environment = environment
+        self.transport = CrashingTransport(transport)
+        self.dev = self._new_host()
+        self.known_generation = 0
+        self.retries = 0
+
+    # -------------------------------------------------------------- hooks for the device
+    def records(self) -> list[Record]:
+        """The device's record since the last call (boots and executions, in order)."""
+        raise NotImplementedError
+
+    def schedule_reboot(self) -> None:
+        raise NotImplementedError
+
+    def truth(self) -> Mapping[str, int] | None:
+        """The device's registers by name, when it can show them (in-process)."""
+        return None
+
+    def set_input(self, name: str, value: int) -> None:
+        raise NotImplementedError
+
+    def set_condition(self, bit: str, active: bool) -> None:
+        raise NotImplementedError
+
+    def force_trigger(self, name: str, raw: int) -> None:
+        raise NotImplementedError
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        return {}
+
+    # -------------------------------------------------------------- command mix
+    def _value(self, spec: Reg) -> int:
+        if self.rng.random() < 0.05:
+            return min(0xFFFF, spec.maximum + 1 + self.rng.randrange(100))  # out of range
+        return self.rng.randint(spec.minimum, spec.maximum)
+
+    def _block(self) -> tuple[int, ...]:
+        """The whole holding block: fresh values, or the current ones with one changed."""
+        if self.rng.random() < 0.5:
+            return tuple(self._value(s) for s in self.holdings)
+        vals = [self.oracle.model.values[s.address] for s in self.holdings]
+        i = self.rng.randrange(len(vals))
+        vals[i] = self._value(self.holdings[i])
+        return tuple(vals)
+
+    def _command(self) -> Command:
+        r = self.rng.random()
+        first = self.holdings[0].address
+        trig = self.trigger.address
+        if r < 0.20:
+            spec = self.rng.choice(self.holdings)
+            return Command(CommandKind.WRITE, spec.address, 1, (self._value(spec),))
+        if r < 0.32:
+            vals = self._block()
+            return Command(CommandKind.WRITE, first, len(vals), vals)
+        if r < 0.42:
+            gen = self.known_generation if self.rng.random() < 0.6 else self.rng.randrange(0x10000)
+            if self.rng.random() < 0.5:
+                vals = self._block()
+                return Command(CommandKind.WRITE_IF_GENERATION, first, len(vals), vals,
+                               generation=gen)
+            spec = self.rng.choice(self.holdings)
+            return Command(CommandKind.WRITE_IF_GENERATION, spec.address, 1,
+                           (self._value(spec),), generation=gen)
+        if r < 0.51:
+            bits = self.rng.choice([1, 2, 4, 7, self.fault.mask, self.fault.mask,
+                                    (self.fault.mask + 1) | 1])
+            return Command(CommandKind.CLEAR_FAULTS, self.fault.address, 1, (bits,))
+        if r < 0.58:
+            return Command(CommandKind.TRIGGER, trig)
+        if r < 0.63:
+            return Command(CommandKind.TRIGGER_RESET, trig)
+        if r < 0.65:
+            return Command(CommandKind.TRIGGER, trig, values=(self.rng.choice([2, 5, 0xFFFF]),))
+        if r < 0.69:
+            return Command(CommandKind.WRITE, trig, 1, (self.rng.choice([0, 1, 1, 3]),))
+        if r < 0.70:
+            return Command(CommandKind.READ, self.unmapped, 1)
+        return Command(CommandKind.READ, self.span[0], self.span[1],
+                       input_registers=self.rng.random() < 0.7)
+
+    # -------------------------------------------------------------- environment
+    def _environment(self) -> None:
+        if not self.environment:
+            return
+        now = self.transport.now()
+        rng = self.rng
+        if rng.random() < 0.05 and self.inputs:  # temperature drifts over/under threshold
+            spec = self.inputs[0]
+            value = rng.randint(200, 600)
+            self.set_input(spec.name, value)
+            self.oracle.set_input(spec.name, value, now)
+        if rng.random() < 0.02 and self.oracle.regs.bits:
+            bit = rng.choice(sorted(self.oracle.regs.bits))
+            active = rng.random() < 0.5
+            self.set_condition(bit, active)
+            self.oracle.set_condition(bit, active, now)
+        if rng.random() < 0.01:  # an abnormal trigger state, or back to a normal one
+            raw = rng.choice([7, 0x00FF, 0, 0, 2])
+            self.force_trigger(self.trigger.name, raw)
+            self.oracle.force_trigger(self.trigger.name, raw, now)
+
+    # -------------------------------------------------------------- host processes
+    def _new_host(self) -> _Host:
+        cfg = self.cfg
+        return _Host(self.transport, timeout=cfg.timeout, attempts=cfg.attempts,
+                      max_inflight=cfg.max_batch)
+
+    def _connect(self) -> None:
+        for _ in range(20):
+            try:
+                self.dev.connect()
+                return
+            except NoDevice:
+                continue
+        self.dev.connect()
+
+    def _restart_host(self, crash: HostCrash) -> list[Result]:
+        """A new process after a crash: the dead one's requests are claimed (they report
+        nothing), the held frames arrive after the new HELLO, and the new process reconciles
+        what the dead one may have run."""
+        self.retries += self.dev.session.counters.retries
+        dead = list(self.dev.made)
+        handles = [self.oracle.claim(claim_of(r, dead=True)) for r in dead]
+        self.report.host_restarts += 1
+        self.dev = self._new_host()
+        self._connect()
+        self.transport.release()
+        self._sync()
+        for h in handles:
+            self.oracle.judge(h)
+        return [r for r in dead if r.sent_as and r.command.may_have_effect]
+
+    # -------------------------------------------------------------- feeding the oracle
+    def _sync(self) -> None:
+        self.oracle.feed(self.records())
+
+    def _check_truth(self) -> None:
+        truth = self.truth()
+        if truth is not None:
+            self.oracle.check_state(truth)
+
+    def _reconcile(self, res: Result, *, dead: bool = False) -> None:
+        """``reconcile()`` the result; its read-backs are claimed like any result (a command
+        with an effect among them is a duplicated effect), its verdict checked against the
+        oracle's model."""
+        rep = self.report
+        self._sync()
+        self.dev.made.clear()
+        rec = self.dev.reconcile(res)
+        handles = [self.oracle.claim(claim_of(r)) for r in self.dev.made]
+        rep.reconcile_reads += len(handles)
+        self._sync()
+        for r, h in zip(self.dev.made, handles, strict=True):
+            self.oracle.judge(h)
+            if r.command.may_have_effect or r.command.kind is not CommandKind.READ:
+                self.oracle.problem("duplicated_effects", f"reconcile() sent a "
+                                    f"{r.command.kind.value}: {intended_pdu(r.command).hex()}")
+        self.dev.made.clear()
+        if rec is None:
+            self.oracle.problem("misclassified", f"reconcile() refused an UNKNOWN result: {res}")
+        else:
+            self.oracle.check_reconcile(intended_pdu(res.command), rec.intended_state_holds,
+                                        rec.observed)
+            if dead:
+                rep.dead_reconciled += 1
+            elif rec.intended_state_holds is None:
+                rep.unknown_unresolved += 1  # the read-back itself was lost: still unknown
+            else:
+                rep.unknown_reconciled += 1
+        rep.take(self.oracle.tally)
+
+    # -------------------------------------------------------------- main loop
+    def _batch(self, batch: list[Command]) -> list[Result]:
+        cfg = self.cfg
+        if cfg.restart_every and self.rng.random() < len(batch) / cfg.restart_every:
+            self.transport.crash_after(self.rng.randint(1, 2 * len(batch)))
+        self.dev.made.clear()
+        try:
+            return self.dev.run(batch)
+        except HostCrash as crash:
+            self.transport.disarm()
+            for r in self._restart_host(crash):
+                self._reconcile(r, dead=True)
+            self.dev.acknowledge_unknown()
+            return []
+        finally:
+            self.transport.disarm()
+
+    def run(self, progress: Callable[[int], None] | None = None,
+            stop: Callable[[], bool] | None = None) -> CampaignReport:
+        cfg = self.cfg
+        rep = self.report
+        t0 = time.perf_counter()
+        self._connect()
+        done = 0
+        try:
+            while done < cfg.commands and not (stop is not None and stop()):
+                n = min(self.rng.randint(1, cfg.max_batch), cfg.commands - done)
+                batch = [self._command() for _ in range(n)]
+                if cfg.reboot_every and self.rng.random() < n / cfg.reboot_every:
+                    self.schedule_reboot()
+                    rep.reboots += 1
+                self._sync()
+                self._environment()
+                results = self._batch(batch)
+                handles = [self.oracle.claim(claim_of(r)) for r in results]
+                self._sync()
+                for res, h in zip(results, handles, strict=True):
+                    self.oracle.judge(h)
+                    rep.outcomes[res.outcome.name] += 1
+                    rep.replays += res.replay
+                    if res.command.kind is CommandKind.WRITE_IF_GENERATION and res.code is not None:
+                        self.known_generation = res.code
+                for res in results:
+                    if res.outcome is Outcome.UNKNOWN:
+                        self._reconcile(res)
+                self.dev.acknowledge_unknown()
+                self._check_truth()
+                done += n
+                if progress is not None:
+                    progress(n)
+        except KeyboardInterrupt:
+            rep.interrupted = True
+        self._sync()
+        rep.commands = done
+        rep.take(self.oracle.tally)
+        rep.retries = self.retries + self.dev.session.counters.retries
+        rep.simulated_seconds = self.transport.now()
+        rep.wall_seconds = time.perf_counter() - t0
+        rep.link = self.link_stats()
+        return rep
+
+
+class _Campaign(Campaign):
+    """The campaign against an in-process ``SimulatedDevice`` on a simulated clock."""
+
+    def __init__(self, cfg: CampaignConfig) -> None:
         link = LinkConfig(
             baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
             frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
@@ -135,203 +482,57 @@ class _Campaign:
             seed=cfg.seed,
         )
         link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
-        self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=0.05)
-        self.transport = SimTransport(self.sim, link, link_back)
-        self.dev = Device(self.transport, timeout=cfg.timeout, attempts=cfg.attempts,
-                          max_inflight=cfg.max_batch)
-        self.report = CampaignReport(config=asdict(cfg))
-        rm = self.sim.core.regmap
-        self.holdings = rm.of_kind(RegisterKind.HOLDING)
-        self.fault = rm.of_kind(RegisterKind.FAULT)[0]
-        self.trigger = rm.of_kind(RegisterKind.TRIGGER)[0]
-        self.model = {s.address: s.default for s in self.holdings}
-        self.known_generation = 0
+        from idemlink.protocol.regmap_file import builtin_map
 
-    # -------------------------------------------------------------- command mix
-    def _value(self, spec: RegisterSpec) -> int:
-        if self.rng.random() < 0.05:
-            return min(0xFFFF, spec.maximum + 1 + self.rng.randrange(100))  # out of range
-        return self.rng.randint(spec.minimum, spec.maximum)
+        self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
+                                   regmap=builtin_map(cfg.regmap))
+        self.sim_transport = SimTransport(self.sim, link, link_back)
+        self._exec_mark = 0
+        self._boot_mark = 0
+        super().__init__(cfg, self.sim_transport)
 
-    def _command(self) -> Command:
-        r = self.rng.random()
-        first = self.holdings[0].address
-        if r < 0.25:
-            spec = self.rng.choice(self.holdings)
-            return Command(CommandKind.WRITE, spec.address, 1, (self._value(spec),))
-        if r < 0.40:
-            vals = tuple(self._value(s) for s in self.holdings)
-            return Command(CommandKind.WRITE, first, len(vals), vals)
-        if r < 0.50:
-            gen = self.known_generation if self.rng.random() < 0.6 else self.rng.randrange(0x10000)
-            spec = self.rng.choice(self.holdings)
-            return Command(CommandKind.WRITE_IF_GENERATION, spec.address, 1,
-                           (self._value(spec),), generation=gen)
-        if r < 0.60:
-            return Command(CommandKind.CLEAR_FAULTS, self.fault.address, 1,
-                           (self.rng.choice([1, 2, 4, 7, self.fault.fault_mask]),))
-        if r < 0.68:
-            return Command(CommandKind.TRIGGER, self.trigger.address)
-        if r < 0.74:
-            return Command(CommandKind.TRIGGER_RESET, self.trigger.address)
-        return Command(CommandKind.READ, 0, len(self.sim.core.regmap), input_registers=True)
-
-    # -------------------------------------------------------------- the oracle
-    def _judge(self, res: Result, effects_before: int) -> None:
-        rep = self.report
+    def records(self) -> list[Record]:
         sim = self.sim
-        keys = set(res.sent_as)
-        tags = {f"{e:08x}:{s}" for e, s in keys}
-        execs = [x for x in sim.executions.since(self._exec_mark) if (x.epoch, x.seq) in keys]
-        per_key = Counter((x.epoch, x.seq) for x in execs)
-        effects = [e for e in sim.core.log[effects_before:] if e.tag in tags
-                   and e.kind not in (EffectKind.TRIGGER_FINISHED,)]
-        cmd = res.command
-        if any(n > 1 for n in per_key.values()):
-            rep.duplicated_effects += 1
-            rep.problems.append(f"ran twice under one seq: {res}")
-        elif len(execs) > 1:
-            if cmd.set_only and len({x.epoch for x in execs}) < len(execs):
-                rep.duplicated_effects += 1  # the epoch rule allows one run per epoch, no more
-                rep.problems.append(f"set-only ran twice in one epoch: {res}")
-            elif cmd.set_only:
-                rep.reissued_set_only += 1
-            else:
-                rep.duplicated_effects += 1
-                rep.problems.append(f"non-set-only ran {len(execs)} times: {res}")
-        final = [x for x in execs if (x.epoch, x.seq) == (res.epoch, res.seq)]
-        if len(final) == 1 and res.outcome is not Outcome.UNKNOWN:  # UNKNOWN: answer never seen
-            truth = _truth_outcome(final[0].request, final[0].response)
-            if truth is not res.outcome:
-                rep.misclassified += 1
-                rep.problems.append(f"reported {res.outcome.name}, device answered {truth.name} "
-                                    f"({final[0].response.hex()}): {res}")
-        if res.outcome is Outcome.OK and cmd.kind is CommandKind.READ and len(final) == 1:
-            pdu = final[0].response  # decoded here, big-endian, independently of the host
-            want = (struct.unpack_from(f">{cmd.count}H", pdu, 2)
-                    if len(pdu) == 2 + 2 * cmd.count else None)
-            if res.values != want:
-                rep.misclassified += 1
-                rep.problems.append(f"read {res.values}, device answered {want}: {res}")
-        if res.outcome is Outcome.OK:
-            if len(final) != 1:
-                rep.misclassified += 1
-                rep.problems.append(f"OK without exactly one execution: {res}")
-            elif answer_of(cmd, final[0].response) != (res.values, res.code):
-                # The host must report the answer of the one execution (a replay included).
-                rep.misclassified += 1
-                rep.problems.append(f"OK with another answer than the execution's: {res}")
-        elif res.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and effects:
-            rep.misclassified += 1
-            rep.problems.append(f"{res.outcome.name} but had effects {effects}: {res}")
-        # Model of acknowledged configuration.
-        if cmd.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
-            applied = any(e.kind is EffectKind.SET for e in effects) or (
-                res.outcome is Outcome.OK and not effects
-            )
-            if res.outcome is Outcome.OK or (res.outcome is Outcome.UNKNOWN and execs and applied):
-                for i, v in enumerate(cmd.values):
-                    self.model[cmd.address + i] = v
+        execs = sim.executions.since(self._exec_mark)
+        self._exec_mark = len(sim.executions)
+        boots = sim.boots[self._boot_mark:]
+        self._boot_mark = len(sim.boots)
+        out: list[Record] = []
+        epoch = self.oracle.epoch
+        b = 0
+        for x in execs:
+            while b < len(boots) and epoch != x.epoch:
+                out.append(Boot(*boots[b]))
+                epoch = boots[b][0]
+                b += 1
+            out.append(Run(x.epoch, x.seq, x.request, x.response, x.time))
+        out += [Boot(*bt) for bt in boots[b:]]
+        return out
 
-    def _account(self, results: list[Result], end: int) -> None:
-        """Every execution of the batch is claimed, through ``sent_as``, by exactly one result
-        whose request is the one executed; anything else is an effect nobody accounts for."""
-        rep = self.report
-        claims: Counter[tuple[int, int]] = Counter()
-        owner: dict[tuple[int, int], bytes] = {}
-        for res in results:
-            pdu = res.command.pdu()
-            for key in set(res.sent_as):
-                claims[key] += 1
-                owner[key] = pdu
-        for x in self.sim.executions.since(self._exec_mark, end):
-            key = (x.epoch, x.seq)
-            if claims[key] != 1:
-                rep.duplicated_effects += 1
-                rep.problems.append(f"execution {x.epoch:08x}:{x.seq} claimed by {claims[key]} "
-                                    f"results: {x.request.hex()}")
-            elif owner[key] != x.request:
-                rep.duplicated_effects += 1
-                rep.problems.append(f"execution {x.epoch:08x}:{x.seq} ran {x.request.hex()}, "
-                                    f"its result sent {owner[key].hex()}")
+    def schedule_reboot(self) -> None:
+        t = self.sim_transport
+        t.schedule_reboot(t.now() + self.rng.uniform(0, 0.01))
 
-    def _reconcile(self, res: Result) -> None:
-        rep = self.report
-        rec = self.dev.reconcile(res)
-        if rec is None:
-            rep.misclassified += 1
-            rep.problems.append(f"reconcile() refused an UNKNOWN result: {res}")
-        elif rec.intended_state_holds is None:
-            # the read-back itself was lost (harsh link): the host honestly still does not know;
-            # only a read-back that arrived can be checked against the device's truth
-            rep.unknown_unresolved += 1
-        else:
-            # The read-back must match the device's true state.
-            truth = {n: self.sim.core.value(n) for n in rec.observed if n != "generation"}
-            seen = {n: v for n, v in rec.observed.items() if n != "generation"}
-            if truth != seen and self.trigger.name not in truth:
-                rep.misclassified += 1
-                rep.problems.append(f"reconcile read {seen}, device holds {truth}")
-            rep.unknown_reconciled += 1
+    def truth(self) -> Mapping[str, int]:
+        now = self.sim_transport.now()
+        self.sim.tick(now)
+        self.oracle.model.finish_due(now, 0.0)
+        return self.sim.core.values()
 
-    def _check_config(self) -> None:
-        for addr in list(self.model):
-            actual = self.sim.core.value(self.sim.core.regmap.at(addr).name)  # type: ignore[union-attr]
-            if actual != self.model[addr]:
-                self.report.lost_acknowledged_writes += 1
-                self.report.problems.append(
-                    f"register {addr}: acknowledged {self.model[addr]}, device holds {actual}")
-                self.model[addr] = actual
+    def set_input(self, name: str, value: int) -> None:
+        self.sim.core.set_input(name, value, self.sim_transport.now())
 
-    # -------------------------------------------------------------- main loop
-    def run(self, progress: Callable[[int], None] | None = None,
-            timeline: list[TimelinePoint] | None = None) -> CampaignReport:
-        cfg = self.cfg
-        rep = self.report
-        t0 = time.perf_counter()
-        self.dev.connect()
-        done = 0
-        while done < cfg.commands:
-            n = min(self.rng.randint(1, cfg.max_batch), cfg.commands - done)
-            batch = [self._command() for _ in range(n)]
-            if cfg.reboot_every and self.rng.random() < n / cfg.reboot_every:
-                self.transport.schedule_reboot(self.transport.now() + self.rng.uniform(0, 0.01))
-                rep.reboots += 1
-            if self.rng.random() < 0.05:  # the environment: temperature drifts over/under threshold
-                self.sim.core.set_input("temperature", self.rng.randint(200, 600),
-                                        self.transport.now())
-            self._exec_mark = len(self.sim.executions)
-            effects_before = len(self.sim.core.log)
-            results = self.dev.run(batch)
-            self._account(results, len(self.sim.executions))
-            for res in results:
-                self._judge(res, effects_before)
-                rep.outcomes[res.outcome.name] += 1
-                if res.replay:
-                    rep.replays += 1
-                if res.command.kind is CommandKind.WRITE_IF_GENERATION and res.code is not None:
-                    self.known_generation = res.code
-            for res in results:
-                if res.outcome is Outcome.UNKNOWN:
-                    self._reconcile(res)
-            self.dev.acknowledge_unknown()
-            self._check_config()
-            done += n
-            if timeline is not None:
-                timeline.append(TimelinePoint(done, self.transport.now(),
-                                              self.dev.session.counters.retries, rep.replays,
-                                              rep.outcomes["UNKNOWN"], rep.reboots))
-            if progress is not None:
-                progress(n)
-        rep.commands = done
-        rep.retries = self.dev.session.counters.retries
-        rep.simulated_seconds = self.transport.now()
-        rep.wall_seconds = time.perf_counter() - t0
-        rep.link = self.transport.link.stats()
-        return rep
+    def set_condition(self, bit: str, active: bool) -> None:
+        self.sim.core.set_condition(bit, active, self.sim_transport.now())
+
+    def force_trigger(self, name: str, raw: int) -> None:
+        self.sim.core.tick(self.sim_transport.now())
+        self.sim.core.force_trigger_state(name, raw)
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        return self.sim_transport.link.stats()
 
 
 def run_campaign(cfg: CampaignConfig, progress: Callable[[int], None] | None = None,
-                 timeline: list[TimelinePoint] | None = None) -> CampaignReport:
-    """Run the campaign; ``timeline``, if given, receives a ``TimelinePoint`` after every batch."""
-    return _Campaign(cfg).run(progress, timeline)
+                 stop: Callable[[], bool] | None = None) -> CampaignReport:
+    return _Campaign(cfg).run(progress, stop)

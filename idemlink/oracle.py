@@ -1,0 +1,749 @@
+"""The soak campaign's judge: it trusts nothing of the code under test.
+
+Contract: an ``Oracle`` is built from a register map *file's text* (TOML or JSON, read here with
+``tomllib``/``json``: the kinds, limits, defaults, persistence and fault bits it declares) and the
+device's trigger duration. It is fed, in order, the device's own record of what happened —
+``Boot(epoch, time)`` and ``Run(epoch, seq, request, response, time)`` records (the effects-file
+format of docs/SOAK.md) — the environment's changes (``set_input``, ``set_condition``,
+``force_trigger``), and the host's results as *claims* (a command and every (epoch, seq) it
+travelled under). From these alone it judges:
+
+- register semantics: it replays every execution through its own model of the map (decoding and
+  encoding PDUs with its own few lines of ``struct``) and the device's answer must be the one the
+  model gives — a read must show exactly the modelled values (holdings, generation, latched fault
+  bits, trigger state), a trigger starts at most once per IDLE→RUNNING and finishes after its
+  duration, a W1C clear clears exactly the written bits whose condition has gone, the generation
+  moves only on an effective change, a reboot keeps persistent holdings and resets the volatile
+  state. A wrong answer is ``register_semantics``; a holding register read back with another
+  value than the acknowledged one is ``lost_acknowledged_writes``.
+- accounting: every execution is claimed by exactly one result whose request is the one executed,
+  wherever it lands (during its batch, during ``reconcile()``, or after its result was settled);
+  a command runs at most once, except that a write touching only HOLDING registers (by the map's
+  declarations, not by any host flag) may run once per boot epoch. Anything else is
+  ``duplicated_effects``. ``reconcile()``'s read-backs are results like any other.
+- outcomes: a reported outcome other than UNKNOWN must be what the executed answer means
+  (exception 04: UNKNOWN, other exceptions: REJECTED, failed guard: NOT_EXECUTED, trigger codes
+  0xFF00/0xFF01: UNKNOWN/REJECTED, else OK); an OK must carry the executed answer's values or
+  code (big-endian, decoded here); NOT_EXECUTED/REJECTED must have no execution that took effect,
+  also one that lands later. A ``reconcile()`` verdict must agree with the modelled state, judged
+  per register kind: holding = the value, trigger 1 = RUNNING or DONE, trigger 0 = IDLE, fault =
+  the written bits clear. These are ``misclassified``.
+
+The model can be given a timing tolerance for devices on a real clock: a trigger within
+``tolerance`` of its finish may be either RUNNING or DONE, and the first answer decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import struct
+import tomllib
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------------------------- the map file
+
+KINDS = ("input", "holding", "fault", "trigger", "generation")
+IDLE, RUNNING, DONE = 0, 1, 2
+CODE_ACCEPTED, CODE_RUNNING, CODE_DONE = 0x0000, 0x0101, 0x0102
+CODE_ABNORMAL, CODE_ILLEGAL = 0xFF00, 0xFF01
+EXC_ADDRESS, EXC_VALUE, EXC_FAILURE = 0x02, 0x03, 0x04
+FC_READ_HOLDING, FC_READ_INPUT, FC_WRITE_ONE, FC_WRITE_MANY = 0x03, 0x04, 0x06, 0x10
+FC_WRITE_IF_GENERATION, FC_TRIGGER = 0x41, 0x42
+GUARD_FAILED = 0x12
+MAX_READ, MAX_WRITE = 125, 123
+
+
+class OracleError(ValueError):
+    """A map file or an effects record the oracle cannot read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reg:
+    address: int
+    name: str
+    kind: str
+    minimum: int = 0
+    maximum: int = 0xFFFF
+    default: int = 0
+    persist: bool = True
+    mask: int = 0  #: fault: the declared bits
+
+
+@dataclass(frozen=True, slots=True)
+class MapTruth:
+    """The registers a map file declares, by address."""
+
+    registers: Mapping[int, Reg]
+    bits: Mapping[str, tuple[int, int]]  #: fault bit name -> (fault register address, bit)
+
+    @classmethod
+    def parse(cls, text: str, *, fmt: str = "toml") -> MapTruth:
+        try:
+            raw = json.loads(text) if fmt == "json" else tomllib.loads(text)
+        except ValueError as exc:
+            raise OracleError(f"unreadable map file: {exc}") from None
+        regs: dict[int, Reg] = {}
+        bits: dict[str, tuple[int, int]] = {}
+        for r in raw.get("registers", []):
+            kind = str(r.get("kind", ""))
+            if kind not in KINDS:
+                raise OracleError(f"register {r.get('name')!r}: kind {kind!r}")
+            mask = 0
+            for b in r.get("bits", []):
+                mask |= 1 << int(b["bit"])
+                bits[str(b["name"])] = (int(r["address"]), int(b["bit"]))
+            regs[int(r["address"])] = Reg(int(r["address"]), str(r["name"]), kind,
+                                          int(r.get("min", 0)), int(r.get("max", 0xFFFF)),
+                                          int(r.get("default", 0)), bool(r.get("persist", True)),
+                                          mask)
+        if [g.kind for g in regs.values()].count("generation") != 1:
+            raise OracleError("a map declares exactly one generation register")
+        return cls(regs, bits)
+
+    def named(self, name: str) -> Reg:
+        for r in self.registers.values():
+            if r.name == name:
+                return r
+        raise OracleError(f"no register named {name!r}")
+
+    def of_kind(self, kind: str) -> list[Reg]:
+        return [r for r in self.registers.values() if r.kind == kind]
+
+
+
+# ----------------------------------------------------------------------- the device's record
+
+
+@dataclass(frozen=True, slots=True)
+class Boot:
+    epoch: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    epoch: int
+    seq: int
+    request: bytes
+    response: bytes
+    time: float
+
+
+Record = Boot | Run
+
+
+def parse_effects_line(line: str) -> Record:
+    """One line of an effects file (docs/SOAK.md): ``{"boot": epoch, "time": t}`` or
+    ``{"epoch", "seq", "request": hex, "response": hex, "time"}``."""
+    try:
+        d = json.loads(line)
+        if "boot" in d:
+            return Boot(int(d["boot"]), float(d.get("time", 0.0)))
+        return Run(int(d["epoch"]), int(d["seq"]), bytes.fromhex(d["request"]),
+                   bytes.fromhex(d["response"]), float(d["time"]))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise OracleError(f"effects line {line[:80]!r}: {exc}") from None
+
+
+def effects_line(record: Record) -> str:
+    """The effects-file line of a record (no newline)."""
+    if isinstance(record, Boot):
+        return json.dumps({"boot": record.epoch, "time": record.time})
+    return json.dumps({"epoch": record.epoch, "seq": record.seq,
+                       "request": record.request.hex(), "response": record.response.hex(),
+                       "time": record.time})
+
+
+# ----------------------------------------------------------------------------- PDU reading
+
+
+def _exception(fc: int, code: int) -> bytes:
+    return bytes([(fc | 0x80) & 0xFF, code])
+
+
+def truth_outcome(request: bytes, response: bytes) -> str:
+    """The outcome (by name) an executed answer means, read from its bytes alone."""
+    if response[:1] and response[0] & 0x80:
+        exc = response[1] if len(response) > 1 else EXC_FAILURE
+        return "UNKNOWN" if exc == EXC_FAILURE else "REJECTED"
+    fc = request[0] if request else -1
+    if fc == FC_WRITE_IF_GENERATION and len(response) > 1 and response[1] == GUARD_FAILED:
+        return "NOT_EXECUTED"
+    if fc == FC_TRIGGER and len(response) == 5:
+        code = int.from_bytes(response[3:5], "big")
+        return {CODE_ABNORMAL: "UNKNOWN", CODE_ILLEGAL: "REJECTED"}.get(code, "OK")
+    return "OK"
+
+
+def answer_values(request: bytes, response: bytes) -> tuple[tuple[int, ...], int | None]:
+    """(read values, code) an answer carries: code is the trigger code or the generation after
+    a conditional write. Big-endian, decoded here."""
+    if not response or response[0] & 0x80:
+        return (), None
+    fc = request[0]
+    if fc in (FC_READ_HOLDING, FC_READ_INPUT):
+        n = int.from_bytes(request[3:5], "big")
+        if len(response) != 2 + 2 * n or response[1] != 2 * n:
+            return (), None
+        return struct.unpack_from(f">{n}H", response, 2), None
+    if fc == FC_TRIGGER and len(response) >= 5:
+        return (), int.from_bytes(response[3:5], "big")
+    if fc == FC_WRITE_IF_GENERATION and len(response) >= 4:
+        return (), int.from_bytes(response[2:4], "big")
+    return (), None
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    fc: int
+    address: int
+    values: tuple[int, ...] = ()
+    count: int = 0
+    generation: int = 0
+
+
+def decode_request(pdu: bytes) -> Decoded | None:
+    """The requests a soak sends; anything else is None (the model then expects an exception)."""
+    if not pdu:
+        return None
+    fc = pdu[0]
+    try:
+        if fc in (FC_READ_HOLDING, FC_READ_INPUT) and len(pdu) == 5:
+            a, n = struct.unpack_from(">HH", pdu, 1)
+            return Decoded(fc, a, count=n)
+        if fc in (FC_WRITE_ONE, FC_TRIGGER) and len(pdu) == 5:
+            a, v = struct.unpack_from(">HH", pdu, 1)
+            return Decoded(fc, a, (v,))
+        if fc == FC_WRITE_MANY and len(pdu) >= 6:
+            a, n, nb = struct.unpack_from(">HHB", pdu, 1)
+            if nb == 2 * n == len(pdu) - 6 and 1 <= n <= MAX_WRITE:
+                return Decoded(fc, a, struct.unpack_from(f">{n}H", pdu, 6))
+        if fc == FC_WRITE_IF_GENERATION and len(pdu) >= 8:
+            g, a, n, nb = struct.unpack_from(">HHHB", pdu, 1)
+            if nb == 2 * n == len(pdu) - 8 and 1 <= n <= MAX_WRITE:
+                return Decoded(fc, a, struct.unpack_from(f">{n}H", pdu, 8), generation=g)
+    except struct.error:
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------- the model
+
+#: The trigger semantics the map format declares ("1 starts once, 0 resets"): (state, value) ->
+#: (next state, starts the action, answer code).
+TRIGGER_RULES: dict[tuple[int, int], tuple[int, bool, int]] = {
+    (IDLE, 1): (RUNNING, True, CODE_ACCEPTED),
+    (RUNNING, 1): (RUNNING, False, CODE_RUNNING),
+    (DONE, 1): (DONE, False, CODE_DONE),
+    (IDLE, 0): (IDLE, False, CODE_ACCEPTED),
+    (RUNNING, 0): (IDLE, False, CODE_ACCEPTED),
+    (DONE, 0): (IDLE, False, CODE_ACCEPTED),
+}
+
+Conditions = Callable[[Mapping[str, int]], Mapping[str, int]]
+"""Fault conditions the environment knows: register values by name -> condition bits by fault
+register name (e.g. over-temperature: temperature > threshold)."""
+
+
+class _Refused(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+@dataclass(slots=True)
+class Model:
+    """The state a device of this map must be in, replayed from its own record."""
+
+    regs: MapTruth
+    duration: float
+    conditions: Conditions | None = None
+    values: dict[int, int] = field(default_factory=dict)  #: inputs, holdings, generation
+    latched: dict[int, int] = field(default_factory=dict)
+    external: dict[int, int] = field(default_factory=dict)
+    trigger: dict[int, int] = field(default_factory=dict)
+    started: dict[int, float] = field(default_factory=dict)
+    gen_addr: int = 0
+
+    @classmethod
+    def fresh(cls, regs: MapTruth, duration: float, conditions: Conditions | None) -> Model:
+        m = cls(regs, duration, conditions)
+        for r in regs.registers.values():
+            if r.kind in ("input", "holding"):
+                m.values[r.address] = r.default
+            elif r.kind == "generation":
+                m.values[r.address] = 0
+                m.gen_addr = r.address
+            elif r.kind == "fault":
+                m.latched[r.address] = m.external[r.address] = 0
+            else:
+                m.trigger[r.address] = IDLE
+        m.latch()
+        return m
+
+    # -- state ------------------------------------------------------------------------------
+    def read_one(self, r: Reg) -> int:
+        if r.kind == "fault":
+            return self.latched[r.address]
+        if r.kind == "trigger":
+            return self.trigger[r.address]
+        return self.values[r.address]
+
+    def names(self) -> dict[str, int]:
+        return {r.name: self.read_one(r) for r in self.regs.registers.values()}
+
+    def cond(self, address: int) -> int:
+        bits = self.external.get(address, 0)
+        if self.conditions is not None:
+            bits |= self.conditions(self.names()).get(self.regs.registers[address].name, 0)
+        return bits
+
+    def latch(self) -> None:
+        for a in self.latched:
+            self.latched[a] |= self.cond(a)
+
+    def finish_due(self, now: float, tolerance: float) -> list[int]:
+        """Finish triggers whose duration has surely elapsed; the addresses still ambiguous."""
+        ambiguous = []
+        for a, s in list(self.started.items()):
+            if self.trigger[a] != RUNNING:
+                continue
+            if now >= s + self.duration + tolerance:
+                self.trigger[a] = DONE
+                del self.started[a]
+            elif tolerance and now >= s + self.duration - tolerance:
+                ambiguous.append(a)
+        return ambiguous
+
+    def boot(self) -> None:
+        for a in self.trigger:
+            self.trigger[a] = IDLE
+        self.started.clear()
+        for a in self.latched:
+            self.latched[a] = 0
+        changed = False
+        for r in self.regs.of_kind("holding"):
+            if not r.persist and self.values[r.address] != r.default:
+                self.values[r.address] = r.default
+                changed = True
+        if changed:
+            self.bump()
+        self.latch()
+
+    def bump(self) -> None:
+        self.values[self.gen_addr] = (self.values[self.gen_addr] + 1) & 0xFFFF
+
+    # -- requests ---------------------------------------------------------------------------
+    def execute(self, request: bytes, now: float) -> bytes:
+        """The answer this map's semantics give, applying the request's effect."""
+        self.latch()
+        d = decode_request(request)
+        fc = request[0] if request else 0
+        if d is None:
+            return _exception(fc, EXC_VALUE)
+        try:
+            if d.fc in (FC_READ_HOLDING, FC_READ_INPUT):
+                return self._read(d)
+            if d.fc == FC_TRIGGER:
+                return self._trigger_request(d, now)
+            return self._write(d, now)
+        except _Refused as r:
+            return _exception(fc, r.code)
+
+    def _read(self, d: Decoded) -> bytes:
+        if not 1 <= d.count <= MAX_READ:
+            raise _Refused(EXC_VALUE)
+        out = []
+        for a in range(d.address, d.address + d.count):
+            r = self.regs.registers.get(a)
+            if r is None:
+                raise _Refused(EXC_ADDRESS)
+            out.append(self.read_one(r))
+        return struct.pack(f">BB{len(out)}H", d.fc, 2 * len(out), *out)
+
+    def _plan(self, d: Decoded, holdings_only: bool) -> list[tuple[Reg, int]]:
+        if d.address + len(d.values) > 0x10000:
+            raise _Refused(EXC_ADDRESS)
+        regs = []
+        for a in range(d.address, d.address + len(d.values)):
+            r = self.regs.registers.get(a)
+            if r is None or r.kind in ("input", "generation") or (
+                    holdings_only and r.kind != "holding"):
+                raise _Refused(EXC_ADDRESS)
+            regs.append(r)
+        plan = list(zip(regs, d.values, strict=True))
+        for r, v in plan:
+            if (r.kind == "holding" and not r.minimum <= v <= r.maximum) or (
+                    r.kind == "fault" and v & ~r.mask) or (r.kind == "trigger" and v not in (0, 1)):
+                raise _Refused(EXC_VALUE)
+        for r, _ in plan:
+            if r.kind == "trigger" and self.trigger[r.address] not in (IDLE, RUNNING, DONE):
+                raise _Refused(EXC_FAILURE)
+        return plan
+
+    def _apply(self, plan: list[tuple[Reg, int]], now: float) -> None:
+        changed = False
+        for r, v in plan:
+            if r.kind == "holding" and self.values[r.address] != v:
+                self.values[r.address] = v
+                changed = True
+        if changed:
+            self.bump()
+        for r, v in plan:
+            if r.kind == "trigger":
+                self._step(r.address, v, now)
+        for r, v in plan:
+            if r.kind == "fault":
+                self.latched[r.address] &= ~(v & ~self.cond(r.address))
+        self.latch()
+
+    def _step(self, address: int, value: int, now: float) -> int:
+        nxt, starts, code = TRIGGER_RULES[(self.trigger[address], value)]
+        self.trigger[address] = nxt
+        if starts:
+            self.started[address] = now
+        elif nxt != RUNNING:
+            self.started.pop(address, None)
+        return code
+
+    def _write(self, d: Decoded, now: float) -> bytes:
+        guarded = d.fc == FC_WRITE_IF_GENERATION
+        plan = self._plan(d, holdings_only=guarded)
+        if guarded:
+            if d.generation != self.values[self.gen_addr]:
+                return struct.pack(">BBH", d.fc, GUARD_FAILED, self.values[self.gen_addr])
+            self._apply(plan, now)
+            return struct.pack(">BBH", d.fc, 0, self.values[self.gen_addr])
+        self._apply(plan, now)
+        if d.fc == FC_WRITE_ONE:
+            return struct.pack(">BHH", d.fc, d.address, d.values[0])
+        return struct.pack(">BHH", d.fc, d.address, len(d.values))
+
+    def _trigger_request(self, d: Decoded, now: float) -> bytes:
+        r = self.regs.registers.get(d.address)
+        if r is None or r.kind != "trigger":
+            raise _Refused(EXC_ADDRESS)
+        value = d.values[0]
+        if value not in (0, 1):
+            code = CODE_ILLEGAL
+        elif self.trigger[d.address] not in (IDLE, RUNNING, DONE):
+            code = CODE_ABNORMAL
+        else:
+            code = self._step(d.address, value, now)
+            self.latch()
+        return struct.pack(">BHH", d.fc, d.address, code)
+
+    # -- intent -----------------------------------------------------------------------------
+    def intent_holds(self, request: bytes) -> bool | None:
+        """Does the state a write intended hold now (per register kind)? None: a read."""
+        d = decode_request(request)
+        if d is None or d.fc in (FC_READ_HOLDING, FC_READ_INPUT):
+            return None
+        for i, v in enumerate(d.values):
+            r = self.regs.registers.get(d.address + i)
+            if r is None or r.kind in ("input", "generation"):
+                return False
+            now = self.read_one(r)
+            if r.kind == "holding" and now != v:
+                return False
+            if r.kind == "fault" and now & v:
+                return False
+            if r.kind == "trigger" and not ((v == 1 and now in (RUNNING, DONE))
+                                            or (v == 0 and now == IDLE)):
+                return False
+        return True
+
+
+# ------------------------------------------------------------------------------- the judge
+
+
+@dataclass(slots=True)
+class Tally:
+    duplicated_effects: int = 0
+    lost_acknowledged_writes: int = 0
+    misclassified: int = 0
+    register_semantics: int = 0
+    executions: int = 0
+    late_executions: int = 0  #: landed after their result was settled
+    reissued_set_only: int = 0
+    boots: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not (self.duplicated_effects or self.lost_acknowledged_writes or self.misclassified
+                    or self.register_semantics)
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What the host says it sent: the request PDU and every (epoch, seq) it went under, with
+    the outcome it reported (None: the process died before it could report)."""
+
+    request: bytes
+    sent_as: tuple[tuple[int, int], ...]
+    outcome: str | None
+    final: tuple[int, int] = (0, 0)  #: the (epoch, seq) whose answer the result carries
+    values: tuple[int, ...] = ()
+    code: int | None = None
+
+
+@dataclass(slots=True)
+class _Claimed:
+    claim: Claim
+    runs: list[tuple[tuple[int, int], str, bytes]] = field(default_factory=list)
+    """(epoch, seq), truth, response of every execution of its request"""
+    judged: bool = False
+
+
+MAX_CLAIMS = 200_000
+"""Claims kept for executions still to come (a frame delayed by more is taken as unclaimed)."""
+MAX_PROBLEMS = 200
+
+
+class Oracle:
+    """See the module docstring."""
+
+    def __init__(self, map_text: str, *, trigger_duration: float, fmt: str = "toml",
+                 conditions: Conditions | None = None, tolerance: float = 0.0) -> None:
+        self.regs = MapTruth.parse(map_text, fmt=fmt)
+        self.model = Model.fresh(self.regs, trigger_duration, conditions)
+        self.tolerance = tolerance
+        self.tally = Tally()
+        self.epoch: int | None = None
+        self.acked: set[int] = set()
+        self._claims: OrderedDict[tuple[int, int], _Claimed] = OrderedDict()
+        self._executed: OrderedDict[tuple[int, int], int] = OrderedDict()
+
+    # -- problems ---------------------------------------------------------------------------
+    def problem(self, counter: str, text: str) -> None:
+        setattr(self.tally, counter, getattr(self.tally, counter) + 1)
+        if len(self.tally.problems) < MAX_PROBLEMS:
+            self.tally.problems.append(text)
+
+    # -- the environment --------------------------------------------------------------------
+    def set_input(self, name: str, value: int, now: float) -> None:
+        self.model.finish_due(now, 0.0)
+        self.model.values[self.regs.named(name).address] = value
+        self.model.latch()
+
+    def set_condition(self, bit_name: str, active: bool, now: float) -> None:
+        address, bit = self.regs.bits[bit_name]
+        old = self.model.external[address]
+        self.model.external[address] = old | (1 << bit) if active else old & ~(1 << bit)
+        self.model.latch()
+
+    def force_trigger(self, name: str, raw: int, now: float) -> None:
+        a = self.regs.named(name).address
+        self.model.finish_due(now, 0.0)
+        self.model.trigger[a] = raw
+        if raw == RUNNING:
+            self.model.started[a] = now
+        else:
+            self.model.started.pop(a, None)
+
+    # -- claims -----------------------------------------------------------------------------
+    def claim(self, c: Claim) -> _Claimed:
+        """A result (or a dead process's request): its keys now belong to it. The handle is
+        what ``judge`` takes once the result's batch was fed."""
+        entry = _Claimed(c)
+        for key in set(c.sent_as):
+            if key in self._claims and self._claims[key].claim is not c:
+                self.problem("duplicated_effects", f"{key[0]:08x}:{key[1]} claimed by two "
+                              f"results: {self._claims[key].claim.request.hex()} and "
+                              f"{c.request.hex()}")
+            self._claims[key] = entry
+            self._claims.move_to_end(key)
+        while len(self._claims) > MAX_CLAIMS:
+            self._claims.popitem(last=False)
+        return entry
+
+    def check_reconcile(self, request: bytes, verdict: bool | None,
+                        observed: Mapping[str, int]) -> None:
+        """``reconcile()`` said ``verdict`` for a command of PDU ``request``: check it."""
+        truth = self.model.intent_holds(request)
+        names = self.model.names()
+        if verdict is not None and truth is not None and verdict is not truth:
+            self.problem("misclassified", f"reconcile said the intended state "
+                          f"{'holds' if verdict else 'does not hold'} for {request.hex()}, "
+                          f"the device holds {names}")
+        wrong = {n: v for n, v in observed.items() if n in names and names[n] != v
+                 and not self._uncertain(n)}
+        if verdict is not None and wrong:
+            self.problem("misclassified", f"reconcile read {wrong}, device holds "
+                          f"{ {n: names[n] for n in wrong} }")
+
+    def _uncertain(self, name: str) -> bool:
+        return bool(self.tolerance) and self.regs.named(name).kind == "trigger"
+
+    # -- the device's record ----------------------------------------------------------------
+    def feed(self, records: Iterable[Record]) -> None:
+        for r in records:
+            if isinstance(r, Boot):
+                self.tally.boots += 1
+                self.epoch = r.epoch
+                self.model.finish_due(r.time, 0.0)
+                self.model.boot()
+            else:
+                self._run(r)
+
+    def _run(self, x: Run) -> None:
+        self.tally.executions += 1
+        if self.epoch is not None and x.epoch != self.epoch:
+            self.problem("register_semantics", f"execution in epoch {x.epoch:08x} without a "
+                          f"boot record (the device is in {self.epoch:08x})")
+        self.epoch = x.epoch
+        self._check_answer(x)
+        key = (x.epoch, x.seq)
+        n = self._executed.get(key, 0) + 1
+        self._executed[key] = n
+        self._executed.move_to_end(key)
+        while len(self._executed) > MAX_CLAIMS:
+            self._executed.popitem(last=False)
+        if n > 1:
+            self.problem("duplicated_effects", f"ran twice under one seq {x.epoch:08x}:{x.seq}: "
+                          f"{x.request.hex()}")
+        entry = self._claims.get(key)
+        if entry is None:
+            self.problem("duplicated_effects", f"execution {x.epoch:08x}:{x.seq} claimed by "
+                         f"0 results: {x.request.hex()}")
+            return
+        if entry.claim.request != x.request:
+            self.problem("duplicated_effects", f"execution {x.epoch:08x}:{x.seq} ran "
+                          f"{x.request.hex()}, its result sent {entry.claim.request.hex()}")
+            return
+        entry.runs.append((key, truth_outcome(x.request, x.response), x.response))
+        self._check_runs(entry)
+        if entry.judged:
+            self.tally.late_executions += 1
+            self._check_no_effect(entry)
+
+    def _check_answer(self, x: Run) -> None:
+        candidates = [self.model]
+        for a in self.model.finish_due(x.time, self.tolerance):
+            done = copy.deepcopy(self.model)
+            done.trigger[a] = DONE
+            done.started.pop(a, None)
+            candidates.append(done)
+        answers = []
+        for m in candidates:
+            answers.append(m.execute(x.request, x.time))
+            if answers[-1] == x.response:
+                self.model = m
+                return
+        self._report_answer(x, answers[0])
+
+    def _report_answer(self, x: Run, want: bytes) -> None:
+        """The device answered other than the map's semantics; resynchronise from a read."""
+        d = decode_request(x.request)
+        lost = []
+        if d is not None and d.fc in (FC_READ_HOLDING, FC_READ_INPUT):
+            got, _ = answer_values(x.request, x.response)
+            for i, v in enumerate(got):
+                r = self.regs.registers.get(d.address + i)
+                if r is None or self.model.read_one(r) == v:
+                    continue
+                if r.kind == "holding" and r.address in self.acked:
+                    lost.append(f"{r.name}: acknowledged {self.model.read_one(r)}, device holds {v}")
+                self._adopt(r, v)
+        if lost:
+            self.problem("lost_acknowledged_writes", "; ".join(lost))
+        else:
+            self.problem("register_semantics", f"{x.epoch:08x}:{x.seq} {x.request.hex()} "
+                          f"answered {x.response.hex()}, the map's semantics say {want.hex()}")
+
+    def _adopt(self, r: Reg, v: int) -> None:
+        if r.kind == "fault":
+            self.model.latched[r.address] = v
+        elif r.kind == "trigger":
+            self.model.trigger[r.address] = v
+            if v != RUNNING:
+                self.model.started.pop(r.address, None)
+        else:
+            self.model.values[r.address] = v
+
+    def _idempotent(self, request: bytes) -> bool:
+        """Harmless to run once per boot epoch, by the map: a read, or an absolute write to
+        HOLDING registers only."""
+        d = decode_request(request)
+        if d is None:
+            return False
+        if d.fc in (FC_READ_HOLDING, FC_READ_INPUT):
+            return True
+        if d.fc not in (FC_WRITE_ONE, FC_WRITE_MANY):
+            return False
+        return all((r := self.regs.registers.get(d.address + i)) is not None
+                   and r.kind == "holding" for i in range(len(d.values)))
+
+    def _check_runs(self, entry: _Claimed) -> None:
+        runs = entry.runs
+        if len(runs) < 2:
+            return
+        req = entry.claim.request.hex()
+        if not self._idempotent(entry.claim.request):
+            self.problem("duplicated_effects", f"ran {len(runs)} times, not idempotent by the "
+                          f"map: {req}")
+        elif len({k[0] for k, _, _ in runs}) < len(runs):
+            self.problem("duplicated_effects", f"set-only ran twice in one epoch: {req}")
+        else:
+            self.tally.reissued_set_only += 1
+
+    def _check_no_effect(self, entry: _Claimed) -> None:
+        c = entry.claim
+        if c.outcome in ("NOT_EXECUTED", "REJECTED") and any(
+                t in ("OK", "UNKNOWN") for _, t, _ in entry.runs):
+            self.problem("misclassified", f"{c.outcome} but it ran with effect: "
+                          f"{c.request.hex()} -> {entry.runs[-1][2].hex()}")
+
+    # -- results ----------------------------------------------------------------------------
+    def judge(self, entry: _Claimed) -> None:
+        """After the executions of its batch were fed: the result's outcome against them."""
+        c = entry.claim
+        entry.judged = True
+        if c.outcome is None:
+            return
+        self._check_no_effect(entry)
+        final = [(t, resp) for k, t, resp in entry.runs if k == c.final]
+        if final and c.outcome != "UNKNOWN":
+            truth, resp = final[-1]
+            if truth != c.outcome:
+                self.problem("misclassified", f"reported {c.outcome}, device answered {truth} "
+                              f"({resp.hex()}): {c.request.hex()}")
+        if c.outcome != "OK":
+            return
+        if len(final) != 1:
+            self.problem("misclassified", f"OK without exactly one execution: {c.request.hex()}")
+            return
+        values, code = answer_values(c.request, final[0][1])
+        is_read = c.request[:1] in (bytes([FC_READ_HOLDING]), bytes([FC_READ_INPUT]))
+        if is_read and c.values != values:
+            self.problem("misclassified", f"read {c.values}, device answered {values}: "
+                         f"{c.request.hex()}")
+        if (c.values, c.code) != (values, code):
+            self.problem("misclassified", f"OK with another answer than the execution's: "
+                          f"{c.request.hex()} carried {c.values}/{c.code}, ran {final[0][1].hex()}")
+        d = decode_request(c.request)
+        if d is not None and d.fc in (FC_WRITE_ONE, FC_WRITE_MANY, FC_WRITE_IF_GENERATION):
+            for i in range(len(d.values)):
+                r = self.regs.registers.get(d.address + i)
+                if r is not None and r.kind == "holding":
+                    self.acked.add(r.address)
+
+    def check_state(self, truth: Mapping[str, int]) -> None:
+        """Compare the model with the device's own registers (an in-process device shows them):
+        acknowledged configuration after every result."""
+        for r in self.regs.registers.values():
+            want = self.model.read_one(r)
+            got = truth.get(r.name)
+            if got is None or got == want or (self.tolerance and r.kind == "trigger"):
+                continue
+            if r.kind == "holding":
+                self.problem("lost_acknowledged_writes",
+                              f"register {r.address} ({r.name}): acknowledged {want}, device "
+                              f"holds {got}")
+            else:
+                self.problem("register_semantics", f"{r.name}: the map's semantics say {want}, "
+                              f"device holds {got}")
+            self._adopt(r, got)
