@@ -427,7 +427,10 @@ class Campaign:
             self.transport.disarm()
 
     def run(self, progress: Callable[[int], None] | None = None,
-            stop: Callable[[], bool] | None = None) -> CampaignReport:
+            stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
+            ) -> CampaignReport:
+        """Run the commands (until ``stop()`` says so, or Ctrl-C: the report then has
+        ``interrupted`` and the counts so far; with ``fail_fast``, until the first problem)."""
         cfg = self.cfg
         rep = self.report
         t0 = time.perf_counter()
@@ -435,6 +438,8 @@ class Campaign:
         done = 0
         try:
             while done < cfg.commands and not (stop is not None and stop()):
+                if fail_fast and not self.oracle.tally.passed:
+                    break
                 n = min(self.rng.randint(1, cfg.max_batch), cfg.commands - done)
                 batch = [self._command() for _ in range(n)]
                 if cfg.reboot_every and self.rng.random() < n / cfg.reboot_every:
@@ -534,5 +539,6 @@ class _Campaign(Campaign):
 
 
 def run_campaign(cfg: CampaignConfig, progress: Callable[[int], None] | None = None,
-                 stop: Callable[[], bool] | None = None) -> CampaignReport:
-    return _Campaign(cfg).run(progress, stop)
+                 stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
+                 ) -> CampaignReport:
+    return _Campaign(cfg).run(progress, stop, fail_fast=fail_fast)

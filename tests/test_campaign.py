@@ -7,6 +7,7 @@ import json
 import struct
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -72,7 +73,7 @@ def test_mutant_device_without_replay_duplicates_effects(monkeypatch: pytest.Mon
         return Verdict.ACCEPT_OLD if v is Verdict.DUPLICATE else v
 
     monkeypatch.setattr(ReplayWindow, "check", forgetful)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.duplicated_effects > 0
 
 
@@ -90,7 +91,7 @@ def test_mutant_retry_with_fresh_seq_duplicates_effects(monkeypatch: pytest.Monk
         real(self, p, now, retransmit=retransmit)
 
     monkeypatch.setattr(host_session.HostSession, "_transmit", fresh_seq)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.duplicated_effects > 0
 
 
@@ -125,7 +126,7 @@ def test_mutant_reboot_that_loses_configuration_loses_acknowledged_writes(
                 self.core._holdings[spec.address] = spec.default
 
     monkeypatch.setattr(SimulatedDevice, "reboot", amnesiac)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.lost_acknowledged_writes > 0
 
 
@@ -141,7 +142,7 @@ def test_mutant_replay_of_another_answer_is_misclassified(monkeypatch: pytest.Mo
         return verdict, answer
 
     monkeypatch.setattr(ReplayCache, "lookup", stale)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.misclassified > 0
     assert any("another answer" in p for p in rep.problems)
 
@@ -156,7 +157,7 @@ def test_mutant_rejected_reported_as_not_executed_is_misclassified(
         return (Outcome.NOT_EXECUTED if outcome is Outcome.REJECTED else outcome), status, exc
 
     monkeypatch.setattr(host_session, "classify_answer", softened)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.misclassified > 0
     assert any("reported NOT_EXECUTED, device answered REJECTED" in p for p in rep.problems)
 
@@ -176,7 +177,7 @@ def test_mutant_input_registers_decoded_little_endian_is_misclassified(
         return values, code
 
     monkeypatch.setattr(host_device, "answer_of", little_endian)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.misclassified > 0
     assert any(p.startswith("read ") and "device answered" in p for p in rep.problems)
 
@@ -197,7 +198,7 @@ def test_mutant_trigger_retry_renumbered_and_forgotten_duplicates_effects(
         real(self, p, now, retransmit=retransmit)
 
     monkeypatch.setattr(host_session.HostSession, "_transmit", renumber)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.duplicated_effects > 0
     assert any("claimed by 0 results" in p for p in rep.problems)
 
@@ -218,7 +219,7 @@ def test_mutant_set_only_retry_renumbered_in_one_epoch_duplicates_effects(
         real(self, p, now, retransmit=retransmit)
 
     monkeypatch.setattr(host_session.HostSession, "_transmit", renumber)
-    rep = run_campaign(SMALL)
+    rep = run_campaign(SMALL, fail_fast=True)
     assert rep.duplicated_effects > 0
     assert any("set-only ran twice in one epoch" in p for p in rep.problems)
 
@@ -258,3 +259,138 @@ def test_soak_without_any_handshake_is_one_line_exit_1(
     assert main(["soak", "--commands", "100", "--loss", "1.0"]) == EXIT_LOCAL_ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "HELLO" in err and "Traceback" not in err
+
+
+# ---- the independent oracle: deliberate bugs that break the promise must fail the default soak
+
+DEFAULT_SOAK = CampaignConfig(commands=5000, reboot_every=5, seed=2)
+"""``idemlink soak --commands 5000 --reboot-every 5 --seed 2``"""
+
+
+def test_the_default_soak_passes_and_exercises_every_outcome_class() -> None:
+    rep = run_campaign(DEFAULT_SOAK)
+    assert rep.passed, rep.problems[:5]
+    assert set(rep.outcomes) == {"OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN"}
+    assert rep.host_restarts > 5 and rep.dead_reconciled > 5 and rep.late_executions > 0
+    assert rep.reconcile_reads > 0 and rep.reissued_set_only > 0
+    assert rep.executions > rep.commands  # retries after reboots, read-backs
+
+
+def test_mutant_reconcile_comparing_only_the_first_register_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import idemlink.host.device as host_device
+    from idemlink.host.device import Reconciliation
+
+    real = host_device._judge_read_back
+
+    def first_only(c: Command, values: tuple[int, ...], generation: int,
+                   spec: object) -> Reconciliation:
+        rec = real(c, values, generation, spec)  # type: ignore[arg-type]
+        if c.kind in (CommandKind.WRITE, CommandKind.WRITE_IF_GENERATION):
+            return Reconciliation(c, rec.observed, values[0] == c.values[0], rec.summary)
+        return rec
+
+    monkeypatch.setattr(host_device, "_judge_read_back", first_only)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.misclassified > 0
+    assert any(p.startswith("reconcile said the intended state holds") for p in rep.problems)
+
+
+def test_mutant_trigger_restarted_while_running_breaks_register_semantics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.protocol import device_core
+    from idemlink.protocol.device_core import TriggerAction, TriggerEvent
+    from idemlink.protocol.registers import TriggerState, TriggerStatus
+
+    monkeypatch.setitem(device_core.TRIGGER_TABLE, (TriggerState.RUNNING, TriggerEvent.WRITE_1),
+                        (TriggerState.RUNNING, TriggerAction.START, TriggerStatus.RUNNING))
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.register_semantics > 0
+
+
+def test_mutant_new_host_process_handed_the_dead_ones_numbers_duplicates_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.protocol.device_session import DeviceSession
+
+    def no_gap(self: DeviceSession) -> int:
+        highest = self.window.highest
+        return 1 if highest is None else (highest + 1) & 0xFFFFFFFF
+
+    monkeypatch.setattr(DeviceSession, "first_seq", no_gap)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.duplicated_effects > 0
+    assert any("claimed by two results" in p for p in rep.problems)
+
+
+def test_mutant_reconcile_resending_an_idle_trigger_duplicates_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.host.device import Device, Reconciliation, Result
+
+    real = Device._reconcile_steps
+
+    def resend(self: Device, result: Result | None) -> Any:
+        rec: Reconciliation | None = yield from real(self, result)
+        if (rec is not None and result is not None and result.command.kind is CommandKind.TRIGGER
+                and rec.observed.get("self_clean") == 0):
+            yield from self._wave_steps([result.command])  # "it did not run: run it again"
+        return rec
+
+    monkeypatch.setattr(Device, "_reconcile_steps", resend)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.duplicated_effects > 0
+    assert any(p.startswith("reconcile() sent a trigger") for p in rep.problems)
+
+
+def test_mutant_triggers_reissued_in_a_new_epoch_duplicate_effects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.host.device import Device
+
+    real = Device._reissuable
+
+    def triggers_too(self: Device, c: Command) -> bool:
+        return c.kind in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) or real(self, c)
+
+    monkeypatch.setattr(Device, "_reissuable", triggers_too)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.duplicated_effects > 0
+    assert any("not idempotent by the map" in p for p in rep.problems)
+
+
+def test_mutant_generation_moving_on_a_no_op_write_breaks_register_semantics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.protocol.device_core import DeviceCore
+
+    real = DeviceCore._apply
+
+    def restless(self: DeviceCore, plan: Any, now: float, request: int, tag: Any) -> None:
+        before = self._generation
+        real(self, plan, now, request, tag)
+        if plan.holdings and self._generation == before:
+            self._generation = (before + 1) & 0xFFFF
+
+    monkeypatch.setattr(DeviceCore, "_apply", restless)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.register_semantics > 0
+
+
+def test_mutant_w1c_clearing_bits_it_was_not_given_breaks_register_semantics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from idemlink.protocol.device_core import DeviceCore
+
+    real = DeviceCore._apply
+
+    def greedy(self: DeviceCore, plan: Any, now: float, request: int, tag: Any) -> None:
+        real(self, plan, now, request, tag)
+        for a in plan.clears:  # every latched bit whose condition has gone, written or not
+            self._latched[a] &= self._conditions(a)
+
+    monkeypatch.setattr(DeviceCore, "_apply", greedy)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert rep.register_semantics > 0
