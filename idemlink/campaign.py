@@ -429,15 +429,20 @@ class Campaign:
     def run(self, progress: Callable[[int], None] | None = None,
             stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
             ) -> CampaignReport:
-        """Run the commands (until ``stop()`` says so, or Ctrl-C: the report then has
-        ``interrupted`` and the counts so far; with ``fail_fast``, until the first problem)."""
+        """Run the commands (until ``stop()`` says so between two batches, or Ctrl-C: the report
+        then has ``interrupted`` and the counts so far; with ``fail_fast``, until the first
+        problem)."""
         cfg = self.cfg
         rep = self.report
         t0 = time.perf_counter()
+        start = self.transport.now()
         self._connect()
         done = 0
         try:
-            while done < cfg.commands and not (stop is not None and stop()):
+            while done < cfg.commands:
+                if stop is not None and stop():
+                    rep.interrupted = True
+                    break
                 if fail_fast and not self.oracle.tally.passed:
                     break
                 n = min(self.rng.randint(1, cfg.max_batch), cfg.commands - done)
@@ -464,13 +469,15 @@ class Campaign:
                 done += n
                 if progress is not None:
                     progress(n)
-        except KeyboardInterrupt:
-            rep.interrupted = True
+        except KeyboardInterrupt:  # the counts so far; the interrupted batch's requests are
+            rep.interrupted = True  # claimed as a dead process's (they may still land)
+            for r in self.dev.made:
+                self.oracle.judge(self.oracle.claim(claim_of(r, dead=True)))
         self._sync()
         rep.commands = done
         rep.take(self.oracle.tally)
         rep.retries = self.retries + self.dev.session.counters.retries
-        rep.simulated_seconds = self.transport.now()
+        rep.simulated_seconds = self.transport.now() - start
         rep.wall_seconds = time.perf_counter() - t0
         rep.link = self.link_stats()
         return rep

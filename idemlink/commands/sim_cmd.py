@@ -6,6 +6,7 @@ by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RT
 FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
 "mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0.
 A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
+``--effects FILE`` appends the framed device's boots and executions to FILE (docs/SOAK.md).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ def register(sub: Any) -> None:
     add_json_option(p, "idemlink.sim/1")
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
+    p.add_argument("--effects", metavar="FILE",
+                   help="append every boot and execution to FILE as JSON lines (docs/SOAK.md), "
+                        "the record `idemlink soak --device-cmd` judges")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the framed simulator's boot epochs, mixed with the flash "
                         "directory's boot counter or fresh entropy (default: random)")
@@ -131,6 +135,14 @@ def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.trigger_duration) or args.trigger_duration < 0:
         raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
                         "seconds >= 0")
+    if args.effects is not None:
+        if args.modbus_rtu:
+            raise UserError("--effects records the framed simulator's executions; it does not "
+                            "apply to --modbus-rtu")
+        try:
+            open(args.effects, "a", encoding="utf-8").close()
+        except OSError as exc:
+            raise UserError(f"--effects {args.effects}: {exc.strerror}") from None
     if args.modbus_rtu:
         return run_rtu(args)
     return run_framed(args)
@@ -174,7 +186,8 @@ def run_framed(args: argparse.Namespace) -> int:
         salt = None if args.flash_dir else secrets.randbits(64)
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
-                                 device_id=getattr(args, "device_id", None), epoch_salt=salt)
+                                 device_id=getattr(args, "device_id", None), epoch_salt=salt,
+                                 effects=getattr(args, "effects", None))
     except DeviceIdError as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:

@@ -1,0 +1,217 @@
+"""The soak campaign against a device given as a command (``idemlink soak --device-cmd``).
+
+Contract: ``run_device_campaign(cfg, template)`` starts the link emulator as a real-time proxy
+between two pseudo-terminals, spawns the device with ``template``'s placeholders filled in —
+``{port}`` (the pty the device serves), ``{effects}`` (the file it appends its record to, format
+in docs/SOAK.md) and ``{flash}`` (a directory it may keep its configuration in, the same across
+restarts) — and runs the campaign of ``idemlink.campaign`` over the proxy in real time. A device
+reboot is the process stopped (SIGTERM; SIGKILL after ``STOP_GRACE`` seconds) and started again
+on the same port and flash directory, at a random moment, requests in flight; host-process
+crashes are as in-process. SIGTERM rather than a power cut: an execution whose effect is durable
+must also be in the effects file, which a kill between the two would tear. The oracle reads only
+the effects file: the device writes a ``boot`` line when it starts and one line per execution,
+flushed.
+The environment (inputs, fault conditions) is not moved: the device keeps its inputs at the map's
+defaults. ``DeviceCommandError`` (one line) when the template lacks a placeholder, the device
+does not start (no boot line within ``START_TIMEOUT``) or exits by itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import shlex
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from idemlink.campaign import Campaign, CampaignConfig, CampaignReport
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.link_proxy import LinkProxy
+from idemlink.host.device import SerialTransport
+from idemlink.oracle import Boot, OracleError, Record, parse_effects_line
+
+START_TIMEOUT = 10.0
+"""Seconds a spawned device has to write its boot line."""
+STOP_GRACE = 5.0
+"""Seconds a device has to exit after SIGTERM before it is killed."""
+CLOCK_TOLERANCE = 0.002
+"""A real clock: a trigger this close to its finish may read RUNNING or DONE."""
+
+
+class DeviceCommandError(RuntimeError):
+    """The device command could not be run as a device under test (one line)."""
+
+
+class EffectsReader:
+    """The records appended to an effects file since the last call (complete lines only)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read(self) -> list[Record]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        try:
+            return [parse_effects_line(line.decode()) for line in lines if line.strip()]
+        except (OracleError, UnicodeDecodeError) as exc:
+            raise DeviceCommandError(f"{self.path}: {exc}") from None
+
+
+class DeviceProcess:
+    """The device command, (re)started on demand; ``restart()`` is a power cycle."""
+
+    def __init__(self, template: str, values: Mapping[str, str], log: Path) -> None:
+        for key in ("{port}", "{effects}"):
+            if key not in template:
+                raise DeviceCommandError(f"--device-cmd must contain {key}: {template!r}")
+        argv = shlex.split(template)
+        for key, value in values.items():
+            argv = [a.replace("{" + key + "}", value) for a in argv]
+        self.argv = argv
+        self.log = log
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._killed = False
+
+    def start(self) -> None:
+        with self._lock:
+            self._start()
+
+    def _start(self) -> None:
+        try:
+            with self.log.open("ab") as err:
+                self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
+                                              stdout=subprocess.DEVNULL, stderr=err)
+        except OSError as exc:
+            raise DeviceCommandError(f"cannot start {self.argv[0]!r}: {exc.strerror}") from None
+
+    def restart(self) -> None:
+        with self._lock:
+            self._kill()
+            self._start()
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            self._proc = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._kill()
+
+    def check(self) -> None:
+        """Raise if the device exited by itself."""
+        with self._lock:
+            proc = self._proc
+            if proc is not None and proc.poll() is not None:
+                tail = self.log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+                raise DeviceCommandError(f"the device command exited ({proc.returncode}): "
+                                         f"{tail[0]}")
+
+
+class _CommandCampaign(Campaign):
+    def __init__(self, cfg: CampaignConfig, device: DeviceProcess, reader: EffectsReader,
+                 transport: SerialTransport, link_stats: Callable[[], dict[str, dict[str, int]]],
+                 ) -> None:
+        self.device = device
+        self.reader = reader
+        self._stats = link_stats
+        self._timer: threading.Timer | None = None
+        self._pending: list[Record] = []
+        super().__init__(cfg, transport, tolerance=CLOCK_TOLERANCE, environment=False)
+        self._boot_rng = random.Random(cfg.seed + 1)
+
+    def records(self) -> list[Record]:
+        self.device.check()
+        out, self._pending = self._pending + self.reader.read(), []
+        return out
+
+    def schedule_reboot(self) -> None:
+        if self._timer is not None and self._timer.is_alive():
+            return
+        self._timer = threading.Timer(self._boot_rng.uniform(0.0, 0.02), self.device.restart)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def link_stats(self) -> dict[str, dict[str, int]]:
+        return self._stats()
+
+    def finish(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
+
+
+def _wait_for_boot(reader: EffectsReader, device: DeviceProcess) -> list[Record]:
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        device.check()
+        got = reader.read()
+        if any(isinstance(r, Boot) for r in got):
+            return got
+        time.sleep(0.02)
+    raise DeviceCommandError(f"the device wrote no boot line to {{effects}} within "
+                             f"{START_TIMEOUT:.0f} s")
+
+
+@contextlib.contextmanager
+def _workspace() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="idemlink-soak-") as d:
+        yield Path(d)
+
+
+def run_device_campaign(cfg: CampaignConfig, template: str,
+                        progress: Callable[[int], None] | None = None,
+                        stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
+                        ) -> CampaignReport:
+    link = LinkConfig(
+        baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
+        frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
+        reorder_max_hold=0.01 if cfg.reorder else None, noise_rate=cfg.noise_rate, seed=cfg.seed)
+    link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
+    cfg = replace(cfg, timeout=max(cfg.timeout, 0.1))
+    with _workspace() as work, LinkProxy(None, None, link, link_back) as proxy:
+        proxy.start()
+        flash = work / "flash"
+        flash.mkdir()
+        effects = work / "effects.jsonl"
+        device = DeviceProcess(template, {"port": proxy.b_path, "effects": str(effects),
+                                          "flash": str(flash)}, work / "device.log")
+        reader = EffectsReader(effects)
+        device.start()
+        transport: SerialTransport | None = None
+        try:
+            first = _wait_for_boot(reader, device)
+            transport = SerialTransport(proxy.a_path, baudrate=link.baud or 115200)
+            campaign = _CommandCampaign(cfg, device, reader, transport, proxy.link.stats)
+            campaign._pending = first
+            try:
+                return campaign.run(progress, stop, fail_fast=fail_fast)
+            finally:
+                campaign.finish()
+        finally:
+            device.stop()
+            if transport is not None:
+                transport.close()
+
+
+__all__ = ["DeviceCommandError", "EffectsReader", "run_device_campaign"]
