@@ -12,7 +12,8 @@ Contract (both machines):
 - Receiver EOT machine (seed 004): first EOT -> NAK and wait (``WAIT_EOT_CONFIRM``); the next EOT ->
   ACK, ``FileCommitted`` emitted exactly once, then ``'C'`` for the next header; an EOT after the
   commit -> ACK again, no second commit, no error. A repeat of the last accepted block is ACKed
-  and not delivered again (block 0 only if byte-identical to the accepted header); any other
+  and not delivered again (block 0 only if byte-identical to the accepted header, the last data
+  block after the commit likewise: other bytes are the next file's block); any other
   out-of-sequence block cancels. Sender: a file counts as delivered only on the receiver's 'C'
   after an ACK to an EOT sent once an earlier EOT of this file had been answered (NAK-first
   receivers give that for free; ACK-first ones like rb get the EOT once more). Speed without a
@@ -593,7 +594,11 @@ class Receiver(_Machine):
             return
         if self.state in (RxState.WAIT_HEADER, RxState.WAIT_NEXT_HEADER, RxState.DONE):
             if number != 0:
-                dup = self.state is RxState.WAIT_NEXT_HEADER and number == self._last_block
+                # After the commit only a byte-identical copy of the last block is a repeat; a
+                # block of that number with other bytes is the next file's (its header was lost
+                # and the sender took a re-ACKed EOT for the header's ACK): not ours to ACK.
+                dup = (self.state is RxState.WAIT_NEXT_HEADER and number == self._last_block
+                       and payload == self._block_payload)
                 self._input(RxIn.BLOCK_DUP if dup else RxIn.BLOCK_OTHER, now)
             elif payload[0] == 0:
                 self._input(RxIn.END_OF_BATCH, now)

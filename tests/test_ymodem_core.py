@@ -976,3 +976,16 @@ def test_a_bad_first_block_is_nakked_not_answered_with_c() -> None:
     assert rx.data_to_send() == bytes([NAK])  # a 'C' here could pass for "committed, next file"
     rx.tick(0.2 + rx.config.purge_quiet + rx.config.c_interval)
     assert rx.data_to_send() == bytes([CRC_REQUEST])  # the timeout still asks with 'C'
+
+
+def test_after_the_commit_a_block_of_the_next_file_is_not_taken_for_a_repeat() -> None:
+    # Found by the explorer (two faults): the next header lost, a late EOT's ACK 'C' taken for its
+    # ACK, the next file's block 1 was ACKed as a repeat of the committed file's block 1, and its
+    # EOT re-ACKed as the commit: the sender reported a file the receiver never had.
+    rx = _rx_committed_one_block_file()
+    rx.receive_data(ref_block(1, b"!".ljust(128, b"\x1a")), 0.5)
+    assert ACK not in rx.data_to_send() and rx.state is RxState.ABORTED
+    # a true repeat of the committed file's last block (its ACK was lost) is still ACKed
+    rx = _rx_committed_one_block_file()
+    rx.receive_data(ref_block(1, b"hello".ljust(128, b"\x1a")), 0.5)
+    assert rx.data_to_send() == bytes([ACK]) and rx.commits == 1

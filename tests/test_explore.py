@@ -1,0 +1,63 @@
+"""Bounded exhaustive exploration (``idemlink.explore``): every schedule of loss, duplication,
+delay and reorder (and a device reboot) up to a depth, through the real sans-I/O machines.
+The default suite explores two faults; ``--run-slow`` three (docs/SOAK.md gives the counts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from idemlink.explore import explore_sessions, explore_ymodem
+from idemlink.protocol import ymodem
+from idemlink.protocol.window import ReplayWindow, Verdict
+
+#: What YMODEM cannot tell apart (docs/YMODEM.md, "residual limit"): a late copy of an ACK 'C'
+#: that is byte for byte the commit's proof. It may make a false ok, never anything else.
+RESIDUAL = {"SENDER-OK-NOT-COMMITTED", "SENDER-DONE-BUT-MISSING"}
+
+
+def test_ymodem_every_schedule_of_two_faults_around_eot_commits_once_or_aborts_cleanly() -> None:
+    r = explore_ymodem(2)
+    assert r.violations == []
+    assert r.states > 4000 and r.schedules > 100
+
+
+def test_sessions_every_schedule_of_two_faults_or_a_reboot_keeps_the_promise() -> None:
+    r = explore_sessions(2)
+    assert r.violations == []
+    assert r.states > 1500 and r.schedules > 150
+
+
+def test_the_explorer_finds_a_receiver_that_commits_a_repeated_eot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(ymodem.RX_TRANSITIONS, (ymodem.RxState.WAIT_NEXT_HEADER, ymodem.RxIn.EOT),
+                        (ymodem.RxState.WAIT_NEXT_HEADER, "commit"))
+    r = explore_ymodem(1)
+    assert "COMMITTED-TWICE" in r.kinds()
+    _, schedule = next(v for v in r.violations if v[0].startswith("COMMITTED-TWICE"))
+    assert any(step.startswith(("DUP", "DELAY")) for step in schedule)
+
+
+def test_the_explorer_finds_a_device_that_forgets_its_replay_window(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = ReplayWindow.check
+
+    def forgetful(self: ReplayWindow, seq: int) -> Verdict:
+        v = real(self, seq)
+        return Verdict.ACCEPT_OLD if v is Verdict.DUPLICATE else v
+
+    monkeypatch.setattr(ReplayWindow, "check", forgetful)
+    r = explore_sessions(1, reboots=0)
+    assert "DUPLICATED-EFFECT" in r.kinds()
+
+
+@pytest.mark.slow
+def test_ymodem_three_faults_leave_only_the_documented_residual() -> None:
+    r = explore_ymodem(3)
+    assert set(r.kinds()) <= RESIDUAL, r.violations[:3]
+    assert r.states > 40_000
+
+
+@pytest.mark.slow
+def test_sessions_three_faults_keep_the_promise() -> None:
+    r = explore_sessions(3)
+    assert r.violations == []
