@@ -34,6 +34,7 @@ import struct
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from idemlink.protocol.contract import contract_hash
@@ -117,10 +118,10 @@ class _World:
         if self.faults >= depth or not self.faults_allowed():
             return
         for i in range(len(self.net)):
-            yield f"LOSE {name[i]}", lambda w, i=i: w._lose(i), True
-            yield f"DUP {name[i]}", lambda w, i=i: w._deliver(i, keep=True), True
+            yield f"LOSE {name[i]}", partial(_World._lose, i=i), True
+            yield f"DUP {name[i]}", partial(_World._deliver, i=i, keep=True), True
             if i:
-                yield f"REORDER {name[i]}", lambda w, i=i: w._deliver(i), True
+                yield f"REORDER {name[i]}", partial(_World._deliver, i=i), True
         if self.net and self.deadline() is not None:
             yield "DELAY (timeout first)", lambda w: w._wait(), True
         for label, apply in self.extra_faults():
