@@ -498,6 +498,7 @@ class _Campaign(Campaign):
 
         self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
                                    regmap=builtin_map(cfg.regmap))
+        self.sim.core.max_log = 1000  # the oracle reads executions, not the core's effect log
         self.sim_transport = SimTransport(self.sim, link, link_back)
         self._exec_mark = 0
         self._boot_mark = 0

@@ -138,3 +138,18 @@ def test_reconcile_of_a_trigger_written_by_fc06_judges_the_state_not_the_value()
     sim.core.force_trigger_state("self_clean", 2)  # DONE
     rec = dev.reconcile(dev.execute(Command(CommandKind.WRITE, 8, 1, (1,))))
     assert rec is not None and rec.intended_state_holds is True
+
+
+def test_a_read_back_that_saw_a_trigger_running_is_not_contradicted_by_its_end() -> None:
+    oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
+    oracle.feed([Boot(1, 0.0)])
+    start, read = struct.pack(">BHH", 0x42, 8, 1), struct.pack(">BHH", 3, 8, 1)
+    steps = [(start, struct.pack(">BHH", 0x42, 8, 0), 0.0), (read, b"\x03\x02\x00\x01", 0.5),
+             (read, b"\x03\x02\x00\x02", 2.0)]
+    for seq, (pdu, answer, t) in enumerate(steps):
+        oracle.claim(Claim(pdu, ((1, seq),), "UNKNOWN"))
+        oracle.feed([Run(1, seq, pdu, answer, t)])
+    oracle.check_reconcile(start, True, {"self_clean": 1})  # read at 0.5: RUNNING; DONE by now
+    assert oracle.tally.passed, oracle.tally.problems
+    oracle.check_reconcile(start, True, {"self_clean": 0})  # IDLE it never was
+    assert oracle.tally.misclassified == 1
