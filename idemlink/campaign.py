@@ -154,10 +154,10 @@ def intended_pdu(cmd: Command) -> bytes:
     return struct.pack(">BHH", 0x42, cmd.address, value)
 
 
-def claim_of(res: Result, *, dead: bool = False) -> Claim:
+def claim_of(res: Result, *, dead: bool = False, readback: bool = False) -> Claim:
     return Claim(intended_pdu(res.command), tuple(res.sent_as),
                  None if dead else res.outcome.name, (res.epoch, res.seq), tuple(res.values),
-                 res.code)
+                 res.code, readback)
 
 
 class HostCrash(Exception):
@@ -387,7 +387,7 @@ class Campaign:
         self._sync()
         self.dev.made.clear()
         rec = self.dev.reconcile(res)
-        handles = [self.oracle.claim(claim_of(r)) for r in self.dev.made]
+        handles = [self.oracle.claim(claim_of(r, readback=True)) for r in self.dev.made]
         rep.reconcile_reads += len(handles)
         self._sync()
         for r, h in zip(self.dev.made, handles, strict=True):

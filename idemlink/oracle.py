@@ -436,8 +436,13 @@ class Model:
         return struct.pack(">BHH", d.fc, d.address, code)
 
     # -- intent -----------------------------------------------------------------------------
-    def intent_holds(self, request: bytes) -> bool | None:
-        """Does the state a write intended hold now (per register kind)? None: a read."""
+    def snapshot(self) -> dict[int, int]:
+        """Every register's value now, by address."""
+        return {a: self.read_one(r) for a, r in self.regs.registers.items()}
+
+    def intent_holds(self, request: bytes, state: Mapping[int, int] | None = None) -> bool | None:
+        """Does the state a write intended hold (per register kind) — now, or in ``state``
+        (values by address)? None: a read."""
         d = decode_request(request)
         if d is None or d.fc in (FC_READ_HOLDING, FC_READ_INPUT):
             return None
@@ -445,7 +450,7 @@ class Model:
             r = self.regs.registers.get(d.address + i)
             if r is None or r.kind in ("input", "generation"):
                 return False
-            now = self.read_one(r)
+            now = self.read_one(r) if state is None else state[r.address]
             if r.kind == "holding" and now != v:
                 return False
             if r.kind == "fault" and now & v:
@@ -488,6 +493,7 @@ class Claim:
     final: tuple[int, int] = (0, 0)  #: the (epoch, seq) whose answer the result carries
     values: tuple[int, ...] = ()
     code: int | None = None
+    readback: bool = False  #: a ``reconcile()`` read-back: its state is what the verdict saw
 
 
 @dataclass(slots=True)
@@ -516,6 +522,7 @@ class Oracle:
         self.acked: set[int] = set()
         self._claims: OrderedDict[tuple[int, int], _Claimed] = OrderedDict()
         self._executed: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._readbacks: list[tuple[range, dict[int, int]]] = []
 
     # -- problems ---------------------------------------------------------------------------
     def problem(self, counter: str, text: str) -> None:
@@ -562,26 +569,34 @@ class Oracle:
 
     def check_reconcile(self, request: bytes, verdict: bool | None,
                         observed: Mapping[str, int]) -> None:
-        """``reconcile()`` said ``verdict`` for a command of PDU ``request``: check it."""
-        truth = self.model.intent_holds(request)
-        names = self.model.names()
+        """``reconcile()`` said ``verdict`` for a command of PDU ``request``, having read
+        ``observed``: both are checked against the device's state when its read-back ran (a
+        trigger may finish, a reboot may reset it, after the read)."""
+        d = decode_request(request)
+        state = None
+        for span, snap in reversed(self._readbacks):
+            if d is not None and d.address in span:
+                state = snap
+                break
+        self._readbacks.clear()
+        if state is None:
+            state = self.model.snapshot()
+        names = {self.regs.registers[a].name: v for a, v in state.items()}
+        truth = self.model.intent_holds(request, state)
         if verdict is not None and truth is not None and verdict is not truth:
             self.problem("misclassified", f"reconcile said the intended state "
-                          f"{'holds' if verdict else 'does not hold'} for {request.hex()}, "
-                          f"the device holds {names}")
+                         f"{'holds' if verdict else 'does not hold'} for {request.hex()}, "
+                         f"the device held {names}")
         wrong = {n: v for n, v in observed.items() if n in names and names[n] != v
                  and not self._finished_since(n, v, names[n])}
         if verdict is not None and wrong:
-            self.problem("misclassified", f"reconcile read {wrong}, device holds "
-                          f"{ {n: names[n] for n in wrong} }")
+            self.problem("misclassified", f"reconcile read {wrong}, device held "
+                         f"{ {n: names[n] for n in wrong} }")
 
     def _finished_since(self, name: str, seen: int, now: int) -> bool:
-        """A trigger read RUNNING by the read-back may be DONE by now (or on a real clock,
-        within the tolerance, either way)."""
-        if self.regs.named(name).kind != "trigger":
-            return False
-        return (seen, now) == (RUNNING, DONE) or (bool(self.tolerance) and
-                                                  {seen, now} == {RUNNING, DONE})
+        """On a real clock a trigger within the tolerance of its end may read either way."""
+        return (bool(self.tolerance) and self.regs.named(name).kind == "trigger"
+                and {seen, now} == {RUNNING, DONE})
 
     # -- the device's record ----------------------------------------------------------------
     def feed(self, records: Iterable[Record]) -> None:
@@ -620,6 +635,10 @@ class Oracle:
                           f"{x.request.hex()}, its result sent {entry.claim.request.hex()}")
             return
         entry.runs.append((key, truth_outcome(x.request, x.response), x.response))
+        d = decode_request(x.request)
+        if entry.claim.readback and d is not None:
+            self._readbacks.append((range(d.address, d.address + d.count),
+                                    self.model.snapshot()))
         self._check_runs(entry)
         if entry.judged:
             self.tally.late_executions += 1

@@ -140,16 +140,23 @@ def test_reconcile_of_a_trigger_written_by_fc06_judges_the_state_not_the_value()
     assert rec is not None and rec.intended_state_holds is True
 
 
-def test_a_read_back_that_saw_a_trigger_running_is_not_contradicted_by_its_end() -> None:
+def test_a_reconcile_is_judged_on_the_state_its_read_back_saw() -> None:
+    """The trigger may finish, or a reboot reset it, after the read-back: the verdict and the
+    values reconcile() reports are those of the moment its read ran."""
     oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
     oracle.feed([Boot(1, 0.0)])
     start, read = struct.pack(">BHH", 0x42, 8, 1), struct.pack(">BHH", 3, 8, 1)
-    steps = [(start, struct.pack(">BHH", 0x42, 8, 0), 0.0), (read, b"\x03\x02\x00\x01", 0.5),
-             (read, b"\x03\x02\x00\x02", 2.0)]
-    for seq, (pdu, answer, t) in enumerate(steps):
-        oracle.claim(Claim(pdu, ((1, seq),), "UNKNOWN"))
-        oracle.feed([Run(1, seq, pdu, answer, t)])
-    oracle.check_reconcile(start, True, {"self_clean": 1})  # read at 0.5: RUNNING; DONE by now
+    reset = struct.pack(">BHH", 6, 8, 0)
+    oracle.claim(Claim(start, ((1, 0),), "UNKNOWN"))
+    oracle.feed([Run(1, 0, start, struct.pack(">BHH", 0x42, 8, 0), 0.0)])
+    oracle.claim(Claim(read, ((1, 1),), "OK", (1, 1), (1,), readback=True))
+    oracle.feed([Run(1, 1, read, b"\x03\x02\x00\x01", 0.5), Boot(2, 0.6)])  # then a reboot
+    oracle.check_reconcile(start, True, {"self_clean": 1})  # RUNNING when read; IDLE by now
+    oracle.claim(Claim(read, ((2, 1),), "OK", (2, 1), (0,), readback=True))
+    oracle.feed([Run(2, 1, read, b"\x03\x02\x00\x00", 0.7)])
+    oracle.check_reconcile(reset, True, {"self_clean": 0})
     assert oracle.tally.passed, oracle.tally.problems
-    oracle.check_reconcile(start, True, {"self_clean": 0})  # IDLE it never was
+    oracle.claim(Claim(read, ((2, 2),), "OK", (2, 2), (0,), readback=True))
+    oracle.feed([Run(2, 2, read, b"\x03\x02\x00\x00", 0.8)])
+    oracle.check_reconcile(start, True, {"self_clean": 0})  # IDLE does not hold a start
     assert oracle.tally.misclassified == 1
