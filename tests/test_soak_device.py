@@ -72,3 +72,14 @@ def test_ctrl_c_prints_the_counts_so_far_as_json() -> None:
     d = json.loads(out)
     assert d["interrupted"] is True and d["passed"] is True and 0 < d["commands"] < 30_000
     assert err.splitlines()[-1].startswith("PASS: ")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--effects", "/nonexistent/dir/effects.jsonl"], "--effects /nonexistent/dir/effects.jsonl"),
+    (["--modbus-rtu", "--effects", "e.jsonl"], "does not apply to --modbus-rtu"),
+])
+def test_sim_effects_that_cannot_be_written_is_one_line_exit_1(args: list[str], says: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "idemlink", "sim", *args], capture_output=True,
+                       text=True, check=False, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == ""

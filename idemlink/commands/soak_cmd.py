@@ -22,7 +22,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from idemlink.campaign import CampaignConfig, CampaignReport
 
 EXIT_INTERRUPTED = 130
 
@@ -104,7 +107,7 @@ def _first_interrupt_stops() -> tuple[Callable[[], bool], Callable[[], None]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.campaign import CampaignConfig, CampaignReport, run_campaign
+    from idemlink.campaign import CampaignConfig, run_campaign
     from idemlink.cli import UserError
     from idemlink.device_sim.link import LinkConfigError
     from idemlink.host.device import IncompatibleDevice, NoDevice, PortError
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_INTERRUPTED if report.interrupted else 0
 
 
-def _print(report: Any, cfg: Any, as_json: bool) -> None:
+def _print(report: CampaignReport, cfg: CampaignConfig, as_json: bool) -> None:
     d = report.as_dict()
     d["verdict"] = report.verdict()
     if as_json:
