@@ -497,7 +497,9 @@ class Claim:
 
 
 @dataclass(slots=True)
-class _Claimed:
+class Claimed:
+    """A claim as the oracle tracks it: the executions of its request so far."""
+
     claim: Claim
     runs: list[tuple[tuple[int, int], str, bytes]] = field(default_factory=list)
     """(epoch, seq), truth, response of every execution of its request"""
@@ -520,7 +522,7 @@ class Oracle:
         self.tally = Tally()
         self.epoch: int | None = None
         self.acked: set[int] = set()
-        self._claims: OrderedDict[tuple[int, int], _Claimed] = OrderedDict()
+        self._claims: OrderedDict[tuple[int, int], Claimed] = OrderedDict()
         self._executed: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._readbacks: list[tuple[range, dict[int, int]]] = []
 
@@ -552,10 +554,10 @@ class Oracle:
             self.model.started.pop(a, None)
 
     # -- claims -----------------------------------------------------------------------------
-    def claim(self, c: Claim) -> _Claimed:
+    def claim(self, c: Claim) -> Claimed:
         """A result (or a dead process's request): its keys now belong to it. The handle is
         what ``judge`` takes once the result's batch was fed."""
-        entry = _Claimed(c)
+        entry = Claimed(c)
         for key in set(c.sent_as):
             if key in self._claims and self._claims[key].claim is not c:
                 self.problem("duplicated_effects", f"{key[0]:08x}:{key[1]} claimed by two "
@@ -701,7 +703,7 @@ class Oracle:
         return all((r := self.regs.registers.get(d.address + i)) is not None
                    and r.kind == "holding" for i in range(len(d.values)))
 
-    def _check_runs(self, entry: _Claimed) -> None:
+    def _check_runs(self, entry: Claimed) -> None:
         runs = entry.runs
         if len(runs) < 2:
             return
@@ -714,7 +716,7 @@ class Oracle:
         else:
             self.tally.reissued_set_only += 1
 
-    def _check_no_effect(self, entry: _Claimed) -> None:
+    def _check_no_effect(self, entry: Claimed) -> None:
         c = entry.claim
         if c.outcome in ("NOT_EXECUTED", "REJECTED") and any(
                 t in ("OK", "UNKNOWN") for _, t, _ in entry.runs):
@@ -722,7 +724,7 @@ class Oracle:
                           f"{c.request.hex()} -> {entry.runs[-1][2].hex()}")
 
     # -- results ----------------------------------------------------------------------------
-    def judge(self, entry: _Claimed) -> None:
+    def judge(self, entry: Claimed) -> None:
         """After the executions of its batch were fed: the result's outcome against them."""
         c = entry.claim
         entry.judged = True
