@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +84,27 @@ def test_sim_effects_that_cannot_be_written_is_one_line_exit_1(args: list[str], 
                        text=True, check=False, timeout=60)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+RESTLESS_SIM = '''
+import sys
+from idemlink.protocol.device_core import DeviceCore
+real = DeviceCore._apply
+def restless(self, plan, now, request, tag):  # the generation moves on a no-op write too
+    before = self._generation
+    real(self, plan, now, request, tag)
+    if plan.holdings and self._generation == before:
+        self._generation = (before + 1) & 0xFFFF
+DeviceCore._apply = restless
+from idemlink.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_a_device_command_breaking_the_maps_semantics_fails_the_soak(tmp_path: Path) -> None:
+    script = tmp_path / "restless_sim.py"
+    script.write_text(RESTLESS_SIM)
+    template = (f"{shlex.quote(sys.executable)} {shlex.quote(str(script))} sim --port {{port}} "
+                "--effects {effects} --flash-dir {flash} --trigger-duration 0.2 --seed 3")
+    rep = run_device_campaign(DEVICE_SOAK, template, fail_fast=True)
+    assert rep.register_semantics > 0, rep.problems[:3]
