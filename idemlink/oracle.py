@@ -576,11 +576,11 @@ class Oracle:
         trigger may finish, a reboot may reset it, after the read)."""
         d = decode_request(request)
         state = None
-        for span, snap in reversed(self._readbacks):
+        readbacks, self._readbacks = self._readbacks, []
+        for span, snap in reversed(readbacks):
             if d is not None and d.address in span:
                 state = snap
                 break
-        self._readbacks.clear()
         if state is None:
             state = self.model.snapshot()
         names = {self.regs.registers[a].name: v for a, v in state.items()}
@@ -589,11 +589,22 @@ class Oracle:
             self.problem("misclassified", f"reconcile said the intended state "
                          f"{'holds' if verdict else 'does not hold'} for {request.hex()}, "
                          f"the device held {names}")
-        wrong = {n: v for n, v in observed.items() if n in names and names[n] != v
-                 and not self._finished_since(n, v, names[n])}
+        held = {n: self._held_when_read(n, readbacks, state) for n in observed if n in names}
+        wrong = {n: v for n, v in observed.items() if n in held and held[n] != v
+                 and not self._finished_since(n, v, held[n])}
         if verdict is not None and wrong:
             self.problem("misclassified", f"reconcile read {wrong}, device held "
-                         f"{ {n: names[n] for n in wrong} }")
+                         f"{ {n: held[n] for n in wrong} }")
+
+    def _held_when_read(self, name: str, readbacks: list[tuple[range, dict[int, int]]],
+                        fallback: Mapping[int, int]) -> int:
+        """A register's value when the last read-back covering it ran (the read-backs of one
+        reconciliation run apart: another request may land between them)."""
+        a = self.regs.named(name).address
+        for span, snap in reversed(readbacks):
+            if a in span:
+                return snap[a]
+        return fallback[a]
 
     def _finished_since(self, name: str, seen: int, now: int) -> bool:
         """On a real clock a trigger within the tolerance of its end may read either way."""

@@ -160,3 +160,19 @@ def test_a_reconcile_is_judged_on_the_state_its_read_back_saw() -> None:
     oracle.feed([Run(2, 2, read, b"\x03\x02\x00\x00", 0.8)])
     oracle.check_reconcile(start, True, {"self_clean": 0})  # IDLE does not hold a start
     assert oracle.tally.misclassified == 1
+
+
+def test_each_read_back_value_is_judged_when_its_own_read_ran() -> None:
+    """reconcile() reads the registers and the generation apart; a write landing between the two
+    reads moves the generation: each value is the one its own read saw."""
+    oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
+    oracle.feed([Boot(1, 0.0)])
+    write = struct.pack(">BHH", 6, 4, 500)
+    span, gen = struct.pack(">BHH", 3, 4, 1), struct.pack(">BHH", 3, 3, 1)
+    oracle.claim(Claim(span, ((1, 1),), "OK", (1, 1), (350,), readback=True))
+    oracle.claim(Claim(write, ((1, 2),), "UNKNOWN"))
+    oracle.claim(Claim(gen, ((1, 3),), "OK", (1, 3), (1,), readback=True))
+    oracle.feed([Run(1, 1, span, b"\x03\x02\x01\x5e", 0.1), Run(1, 2, write, write, 0.2),
+                 Run(1, 3, gen, b"\x03\x02\x00\x01", 0.3)])
+    oracle.check_reconcile(write, False, {"threshold": 350, "generation": 1})
+    assert oracle.tally.passed, oracle.tally.problems
