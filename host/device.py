@@ -805,7 +805,7 @@ class Device:
         return added
 
     def _require_open(self) -> None:
-        if self.session.state is not SessionState.OPEN:
+        if self.session.state is SessionState.CLOSED:
             # Without a session nothing would ever be sent, and the loop would wait forever.
             raise LocalProtocolError("not connected: call connect() first (HELLO handshake)",
                                      Status.MALFORMED_REQUEST)

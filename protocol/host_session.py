@@ -21,8 +21,12 @@ Rules (each tested):
   naming the epoch the refused request carried; one answering nothing outstanding, or naming another
   epoch than the request's, is a late answer like any other): every outstanding request sent
   in the old epoch is settled at once — a *set-only* command (absolute writes, harmless to repeat) is
-  re-issued under a fresh number in the new epoch; any other becomes UNKNOWN
-  (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot.
+  re-issued in the new epoch; any other becomes UNKNOWN
+  (EPOCH_CHANGED_IN_FLIGHT), because a copy may have run before the reboot. Nothing more goes out
+  before a new HELLO brings the new boot's numbers: a number the host picked itself could later be
+  handed to another process, whose request would then collide with a delayed frame of ours. While
+  that handshake goes unanswered, what waits is settled after each ``hello_attempts`` HELLOs (a
+  re-issue UNKNOWN, EPOCH_CHANGED_IN_FLIGHT; never sent NOT_EXECUTED) and the HELLOs go on.
 - No valid answer after ``attempts`` sends → UNKNOWN (NO_ANSWER).
 - An OK answer is refined from its PDU by ``idemlink.protocol.modbus.classify_answer``: a Modbus
   exception is REJECTED (or UNKNOWN for SERVER_DEVICE_FAILURE); a failed guard is NOT_EXECUTED; a
@@ -172,6 +176,7 @@ class HostSession:
         self.max_inflight = max_inflight
         self.hello_attempts = hello_attempts
         self.state = SessionState.CLOSED
+        self._rehandshake = False  #: HELLO_SENT after an epoch change (the session stays usable)
         self.info: DeviceInfo | None = None
         self.epoch = 0
         self._next_seq = 1
@@ -199,6 +204,7 @@ class HostSession:
                 f"open() with {self.outstanding} request(s) outstanding: abandon() them first",
                 Status.MALFORMED_REQUEST)
         self.state = SessionState.HELLO_SENT
+        self._rehandshake = False
         self._hello_sent = 0
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
         self._send_hello(now)
@@ -273,7 +279,11 @@ class HostSession:
 
     def tick(self, now: float) -> None:
         if self.state is SessionState.HELLO_SENT and now >= self._hello_deadline:
-            if self._hello_sent >= self.hello_attempts:
+            if self._hello_sent >= self.hello_attempts and self._rehandshake:
+                self._settle_queue()
+                self._hello_sent = 0
+                self._send_hello(now)
+            elif self._hello_sent >= self.hello_attempts:
                 self.state = SessionState.CLOSED
                 if self._foreign_version is not None:
                     self._events.append(HelloFailed(
@@ -323,6 +333,7 @@ class HostSession:
         self._next_seq = info.next_seq
         self.max_inflight = max(1, min(self.want_inflight, info.max_inflight))
         self.state = SessionState.OPEN
+        self._rehandshake = False
         self._events.append(SessionOpened(info, frame.epoch))
 
     def _pump(self, now: float) -> None:
@@ -437,5 +448,28 @@ class HostSession:
             else:
                 self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
         self._queue.extendleft(reversed(reissue))
-        self._pump(now)
+        self._handshake_again(now)
+
+    def _handshake_again(self, now: float) -> None:
+        """A new boot hands out its own numbers: HELLO again before anything more goes out. A
+        number this host picked itself could be handed to another process by that boot later,
+        and a delayed frame of ours would then run under that process's number."""
+        self.state = SessionState.HELLO_SENT
+        self._rehandshake = True
+        self._hello_sent = 0
+        self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
+        self._send_hello(now)
+
+    def _settle_queue(self) -> None:
+        """The handshake after an epoch change got no reply within its attempts: what waits for
+        a number is settled (a re-issue went out in the old epoch: UNKNOWN; never sent:
+        NOT_EXECUTED), and the handshake goes on for what is submitted next."""
+        while self._queue:
+            p = self._queue.popleft()
+            outcome = Outcome.UNKNOWN if p.sent_as else Outcome.NOT_EXECUTED
+            self.counters.outcomes[outcome.name] += 1
+            self._events.append(Completion(
+                p.tag, outcome, Status.EPOCH_CHANGED_IN_FLIGHT if p.sent_as else None,
+                attempts=p.attempts, reissued=p.reissued, seq=p.seq, epoch=p.epoch,
+                sent_as=tuple(p.sent_as)))
 

@@ -123,12 +123,14 @@ def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() 
     refused_in_a = boot_a.receive_data(host.data_to_send(), 0.0)
     stale_copy = refused_in_a  # the line duplicates this answer and delays the copy
     host.receive_data(refused_in_a, 0.0)
+    host.receive_data(boot_a.receive_data(host.data_to_send(), 0.0), 0.0)  # HELLO to A
     host.receive_data(boot_a.receive_data(host.data_to_send(), 0.0), 0.0)  # r1 re-issued in A
     assert _completions(host)["r1"].outcome is Outcome.OK
 
     boot_b = DeviceSession(ex_b, 0xBBBB, contract_hash=HASH)  # reboot: A -> B
     host.submit(READ, 0.0, set_only=True, tag="r2")
     host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)  # HELLO to B
     host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)  # r2 re-issued in B
     assert _completions(host)["r2"].outcome is Outcome.OK and host.epoch == 0xBBBB
 

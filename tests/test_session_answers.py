@@ -271,3 +271,62 @@ def test_run_ahead_is_measured_from_the_oldest_outstanding_request(slots: int) -
     assert len(done) == n and all(c.outcome is Outcome.OK for c in done.values())
     assert done[0].replay and dev.counters["evicted"] == 0
     assert widest <= slots  # the pipeline waited for the stuck oldest request
+
+
+def test_after_an_epoch_change_the_host_takes_numbers_from_the_new_boot_only() -> None:
+    """Host 1 learns of a reboot from an EPOCH_MISMATCH and must re-issue its write. Had it used
+    a number of its own (its counter ran on from the old boot), the new boot — which has seen
+    nothing — would hand host 2 those very numbers; host 1 dies with the re-issue still on the
+    line, the frame lands and runs under host 2's number, and host 2's own request is refused as a
+    conflict. It says HELLO first instead, and the new boot hands out numbers a window apart."""
+    ex = Exec()
+    old = DeviceSession(ex, 0xE0, contract_hash=HASH)
+    h1 = HostSession(contract_hash=HASH, hello_nonce=1, timeout=0.1, attempts=3)
+    opened(h1, old)
+    h1.submit(W100, 0.0, set_only=True, tag="p1")
+    h1.data_to_send()  # lost: the device reboots
+    new = DeviceSession(ex, 0xE1, contract_hash=HASH)
+    h1.tick(0.2)  # the retry meets the new boot
+    h1.receive_data(new.receive_data(h1.data_to_send(), 0.2), 0.2)
+    out = h1.data_to_send()
+    assert [f.type for f in frames(out)] == [FrameType.HELLO]  # not a re-issue numbered by itself
+    h1.receive_data(new.receive_data(out, 0.2), 0.2)
+    delayed = h1.data_to_send()  # the re-issue, under the new boot's number; host 1 dies
+    assert [f.type for f in frames(delayed)] == [FrameType.REQUEST]
+
+    h2 = HostSession(contract_hash=HASH, hello_nonce=2)
+    opened(h2, new, 1.0)
+    h2.submit(W500, 1.0, set_only=True, tag="p2")
+    h2.submit(READ, 1.0, set_only=True, tag="p3")
+    back = new.receive_data(delayed, 1.0) + new.receive_data(h2.data_to_send(), 1.0)
+    h2.receive_data(back, 1.0)
+    done = completions(h2)
+    assert done["p2"].outcome is Outcome.OK and done["p3"].outcome is Outcome.OK
+    assert [pdu for _, pdu in ex.calls] == [W100, W500, READ]  # each ran once
+    assert len({seq for seq, _ in ex.calls}) == 3
+
+
+def test_an_unanswered_handshake_after_an_epoch_change_settles_what_waits_and_goes_on() -> None:
+    ex = Exec()
+    old = DeviceSession(ex, 0xE0, contract_hash=HASH)
+    host = HostSession(contract_hash=HASH, hello_nonce=5, timeout=0.1, attempts=3,
+                       hello_attempts=2)
+    opened(host, old)
+    host.submit(W100, 0.0, set_only=True, tag="w")
+    host.data_to_send()  # lost
+    new = DeviceSession(ex, 0xE1, contract_hash=HASH)
+    host.tick(0.2)
+    host.receive_data(new.receive_data(host.data_to_send(), 0.2), 0.2)  # EPOCH_MISMATCH
+    host.data_to_send()  # HELLO, lost
+    host.tick(0.35)
+    host.data_to_send()  # HELLO again, lost: the round of hello_attempts is over
+    host.tick(0.5)
+    done = completions(host)["w"]
+    assert done.outcome is Outcome.UNKNOWN and done.status is Status.EPOCH_CHANGED_IN_FLIGHT
+    host.submit(READ, 0.5, set_only=True, tag="r")  # the session is still usable
+    out = host.data_to_send()
+    assert [f.type for f in frames(out)] == [FrameType.HELLO]  # the handshake goes on
+    host.receive_data(new.receive_data(out, 0.5), 0.5)
+    host.receive_data(new.receive_data(host.data_to_send(), 0.5), 0.5)
+    assert completions(host)["r"].outcome is Outcome.OK
+    assert ex.calls and ex.calls[-1][1] == READ and W100 not in [pdu for _, pdu in ex.calls]

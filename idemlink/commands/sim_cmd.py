@@ -135,14 +135,15 @@ def run(args: argparse.Namespace) -> int:
     if not math.isfinite(args.trigger_duration) or args.trigger_duration < 0:
         raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
                         "seconds >= 0")
-    if args.effects is not None:
+    effects = getattr(args, "effects", None)
+    if effects is not None:
         if args.modbus_rtu:
             raise UserError("--effects records the framed simulator's executions; it does not "
                             "apply to --modbus-rtu")
         try:
-            open(args.effects, "a", encoding="utf-8").close()
+            open(effects, "a", encoding="utf-8").close()
         except OSError as exc:
-            raise UserError(f"--effects {args.effects}: {exc.strerror}") from None
+            raise UserError(f"--effects {effects}: {exc.strerror}") from None
     if args.modbus_rtu:
         return run_rtu(args)
     return run_framed(args)
