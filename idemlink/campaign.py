@@ -65,6 +65,19 @@ class CampaignConfig:
     regmap: str = "thermal-controller"  #: built-in map name
 
 
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """The campaign's running counts after one batch (``run_campaign(..., timeline=[])``; plotted
+    by ``idemlink.soak_plot``)."""
+
+    commands: int
+    seconds: float  #: on the device's clock (simulated in-process)
+    retries: int
+    replays: int
+    unknown: int
+    reboots: int
+
+
 @dataclass(slots=True)
 class CampaignReport:
     config: dict[str, Any]
@@ -428,10 +441,10 @@ class Campaign:
 
     def run(self, progress: Callable[[int], None] | None = None,
             stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
-            ) -> CampaignReport:
+            timeline: list[TimelinePoint] | None = None) -> CampaignReport:
         """Run the commands (until ``stop()`` says so between two batches, or Ctrl-C: the report
         then has ``interrupted`` and the counts so far; with ``fail_fast``, until the first
-        problem)."""
+        problem). ``timeline``, if given, receives a ``TimelinePoint`` after every batch."""
         cfg = self.cfg
         rep = self.report
         t0 = time.perf_counter()
@@ -467,6 +480,11 @@ class Campaign:
                 self.dev.acknowledge_unknown()
                 self._check_truth()
                 done += n
+                if timeline is not None:
+                    timeline.append(TimelinePoint(
+                        done, self.transport.now() - start,
+                        self.retries + self.dev.session.counters.retries, rep.replays,
+                        rep.outcomes["UNKNOWN"], rep.reboots))
                 if progress is not None:
                     progress(n)
         except KeyboardInterrupt:  # the counts so far; the interrupted batch's requests are
@@ -548,5 +566,7 @@ class _Campaign(Campaign):
 
 def run_campaign(cfg: CampaignConfig, progress: Callable[[int], None] | None = None,
                  stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
-                 ) -> CampaignReport:
-    return _Campaign(cfg).run(progress, stop, fail_fast=fail_fast)
+                 timeline: list[TimelinePoint] | None = None) -> CampaignReport:
+    """Run the campaign in-process; ``timeline``, if given, receives a ``TimelinePoint`` after
+    every batch."""
+    return _Campaign(cfg).run(progress, stop, fail_fast=fail_fast, timeline=timeline)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from idemlink.campaign import Campaign, CampaignConfig, CampaignReport
+from idemlink.campaign import Campaign, CampaignConfig, CampaignReport, TimelinePoint
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.host.device import SerialTransport
@@ -182,7 +182,7 @@ def _workspace() -> Iterator[Path]:
 def run_device_campaign(cfg: CampaignConfig, template: str,
                         progress: Callable[[int], None] | None = None,
                         stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
-                        ) -> CampaignReport:
+                        timeline: list[TimelinePoint] | None = None) -> CampaignReport:
     link = LinkConfig(
         baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
         frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
@@ -205,7 +205,7 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
             campaign = _CommandCampaign(cfg, device, reader, transport, proxy.link.stats)
             campaign._pending = first
             try:
-                return campaign.run(progress, stop, fail_fast=fail_fast)
+                return campaign.run(progress, stop, fail_fast=fail_fast, timeline=timeline)
             finally:
                 campaign.finish()
         finally:

@@ -5,6 +5,7 @@ line and Ctrl-C report."""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from idemlink.campaign import CampaignConfig
+from idemlink.output import PROGRESS_SECONDS_ENV
 from idemlink.soak_device import run_device_campaign
 
 SIM = (f"{shlex.quote(sys.executable)} -m idemlink sim --port {{port}} --effects {{effects}} "
@@ -37,7 +39,8 @@ def test_a_device_command_that_forgets_its_configuration_loses_acknowledged_writ
 
 def _soak(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "idemlink", "soak", *args],
-                          capture_output=True, text=True, check=False, timeout=timeout)
+                          capture_output=True, text=True, check=False, timeout=timeout,
+                          env={**os.environ, PROGRESS_SECONDS_ENV: "0"})
 
 
 @pytest.mark.parametrize(("template", "says"), [
@@ -55,24 +58,29 @@ def test_a_device_command_that_cannot_serve_is_one_line_exit_1(template: str, sa
 def test_soak_prints_progress_off_a_terminal_and_a_verdict_line() -> None:
     r = _soak("--commands", "400", "--seed", "3")
     assert r.returncode == 0, r.stderr
-    assert "soak: 40/400 commands" in r.stderr and "soak: 400/400 commands" in r.stderr
+    assert "idemlink soak: 40/400 commands" in r.stderr
     assert r.stdout.splitlines()[-1].startswith("PASS: 400 commands, 0 duplicated effects")
 
 
-def test_ctrl_c_prints_the_counts_so_far_as_json() -> None:
+def test_ctrl_c_stops_after_the_batch_and_prints_the_counts_so_far_as_json() -> None:
     proc = subprocess.Popen([sys.executable, "-m", "idemlink", "soak", "--commands", "30000",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, PROGRESS_SECONDS_ENV: "0"})
     deadline = time.monotonic() + 60
     assert proc.stderr is not None
     while time.monotonic() < deadline:  # the first progress line: the campaign is running
-        if proc.stderr.readline().startswith("soak: "):
+        if proc.stderr.readline().startswith("idemlink soak: "):
             break
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
-    d = json.loads(out)
-    assert d["interrupted"] is True and d["passed"] is True and 0 < d["commands"] < 30_000
-    assert err.splitlines()[-1].startswith("PASS: ")
+    [d] = [json.loads(line) for line in out.splitlines()]
+    assert d["schema"] == "idemlink.error/1" and 0 < d["commands_run"] < 30_000
+    report = d["report"]
+    assert report["interrupted"] is True and report["passed"] is True
+    assert report["commands"] == d["commands_run"] and report["executions"] > 0
+    last = err.splitlines()[-2:]
+    assert last[0].startswith("PASS: ") and last[1].startswith("idemlink soak: interrupted after ")
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -4,30 +4,32 @@ The device under test is the in-process simulator on a simulated clock, or with
 ``--device-cmd "CMD … {port} … {effects}"`` any device program, spawned and restarted for
 reboots, judged from the effects file it appends (``idemlink.soak_device``, docs/SOAK.md).
 
-Output: the report (text, or ``--json``), then one line ``PASS: …`` or ``FAIL: …`` (on stderr
-with ``--json``). Progress: a bar on a terminal, else a line on stderr every tenth of the run.
-Ctrl-C stops the campaign after the batch in flight: the counts so far are printed the same way
-(``interrupted`` in JSON); a second Ctrl-C interrupts at once.
-Exit 0 when the oracle found nothing wrong (130 if interrupted), 6 when it did, 1 (one line on
-stderr) when the campaign could not start: bad settings, a device command that does not run, or
-no opening HELLO got through (``--loss 1.0``).
+Output: the report (text, ending with one line ``PASS: …`` or ``FAIL: …``; or with ``--json``
+one ``idemlink.soak/1`` object with a ``verdict`` key, the verdict line then on stderr). Progress
+goes to stderr (``idemlink.output.Progress``). The first Ctrl-C stops the campaign after the batch
+in flight: the counts so far are printed, then one line ``idemlink soak: interrupted after N of M
+commands; …`` (with ``--json``: one ``idemlink.error/1`` object carrying ``commands_run`` and the
+counts); a second Ctrl-C interrupts at once. Exit 0 when the oracle found nothing wrong (130 if
+interrupted), 6 when it did, 1 (one line on stderr) when the campaign could not start: bad
+settings, a device command that does not run, or no opening HELLO got through (``--loss 1.0``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from idemlink.campaign import CampaignConfig, CampaignReport
+from idemlink.cli import EXIT_INTERRUPTED
+from idemlink.output import Progress, add_json_option, error_json, print_json
 
-EXIT_INTERRUPTED = 130
+if TYPE_CHECKING:
+    from idemlink.campaign import CampaignConfig, CampaignReport, TimelinePoint
+
+EXIT_FOUND = 6
 
 
 def register(sub: Any) -> None:
@@ -37,7 +39,8 @@ def register(sub: Any) -> None:
         "acknowledged writes, zero misclassified outcomes and zero register-semantics "
         "violations; exit 6 otherwise.",
     )
-    p.add_argument("--commands", type=int, default=20_000)
+    p.add_argument("--commands", type=int, default=20_000,
+                   help="commands to run (default 20000)")
     p.add_argument("--loss", type=float, default=0.1, help="per-frame loss, each direction")
     p.add_argument("--dup", type=float, default=0.02, help="per-frame duplication, each direction")
     p.add_argument("--corrupt", type=float, default=0.02, help="per-frame bit flips, each direction")
@@ -47,7 +50,7 @@ def register(sub: Any) -> None:
     p.add_argument("--restart-every", type=int, default=250,
                    help="mean commands between host-process crashes (0: never)")
     p.add_argument("--batch", type=int, default=4, help="max commands pipelined together")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1, help="seed of every fault and command (default 1)")
     p.add_argument("--device-cmd", metavar="CMD",
                    help="run the device as this command: {port} is the pty it serves, {effects} "
                         "the file it appends its record to, {flash} a directory kept across its "
@@ -56,34 +59,12 @@ def register(sub: Any) -> None:
                    help="seconds a trigger stays RUNNING on the device (0.05 in-process; give "
                         "the device command's value with --device-cmd)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
-    p.add_argument("--json", action="store_true", help="print the JSON report")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    add_json_option(p, "idemlink.soak/1")
+    p.add_argument("--plot", metavar="FILE.png", default=None,
+                   help="draw retries, replays, UNKNOWN and reboots along the run (matplotlib)")
     p.set_defaults(handler=run)
-
-
-def _progress(total: int, use_bar: bool) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """A bar on a terminal; else a line on stderr every tenth of the run (and every 30 s)."""
-    if use_bar:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="cmd", desc="soak")
-
-        def update(n: int) -> None:
-            bar.update(n)
-
-        return update, bar.close
-    done = 0
-    step = max(1, total // 10)
-    last = time.monotonic()
-
-    def tick(n: int) -> None:
-        nonlocal done, last
-        before, done = done, done + n
-        now = time.monotonic()
-        if done // step != before // step or now - last > 30:
-            last = now
-            print(f"soak: {done}/{total} commands", file=sys.stderr, flush=True)
-
-    return tick, lambda: None
 
 
 def _first_interrupt_stops() -> tuple[Callable[[], bool], Callable[[], None]]:
@@ -100,39 +81,59 @@ def _first_interrupt_stops() -> tuple[Callable[[], bool], Callable[[], None]]:
         previous = signal.signal(signal.SIGINT, handler)
     except ValueError:  # not the main thread: no handler, Ctrl-C interrupts as usual
         return asked.is_set, lambda: None
+
     def restore() -> None:
         signal.signal(signal.SIGINT, previous)
 
     return asked.is_set, restore
 
 
-def run(args: argparse.Namespace) -> int:
-    from idemlink.campaign import CampaignConfig, run_campaign
+def _config(args: argparse.Namespace) -> CampaignConfig:
+    from idemlink.campaign import CampaignConfig
     from idemlink.cli import UserError
-    from idemlink.device_sim.link import LinkConfigError
-    from idemlink.host.device import IncompatibleDevice, NoDevice, PortError
-    from idemlink.soak_device import DeviceCommandError, run_device_campaign
 
     if args.commands < 1 or args.reboot_every < 0 or args.restart_every < 0:
         raise UserError("--commands must be >= 1, --reboot-every and --restart-every >= 0")
     duration = args.trigger_duration if args.trigger_duration is not None else 0.05
     if not duration >= 0:
         raise UserError(f"--trigger-duration {duration} must be >= 0 seconds")
-    cfg = CampaignConfig(
+    return CampaignConfig(
         commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
         restart_every=args.restart_every, seed=args.seed, max_batch=max(1, args.batch),
         trigger_duration=duration,
     )
-    tick, close = _progress(cfg.commands, sys.stderr.isatty() and not args.json)
-    report: CampaignReport
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.campaign import run_campaign
+    from idemlink.cli import UserError
+    from idemlink.device_sim.link import LinkConfigError
+    from idemlink.host.device import IncompatibleDevice, NoDevice, PortError
+    from idemlink.soak_device import DeviceCommandError, run_device_campaign
+
+    cfg = _config(args)
+    timeline: list[TimelinePoint] | None = None
+    if args.plot is not None:
+        from idemlink.soak_plot import PlotUnavailable, check_plot_path
+
+        try:
+            check_plot_path(args.plot)  # before the campaign: a bad path costs nothing
+        except PlotUnavailable as exc:
+            raise UserError(str(exc)) from None
+        timeline = []
+    bar = Progress("soak", "commands", enabled=not args.no_progress)
+
+    def tick(n: int) -> None:
+        bar.update(bar.done + n, cfg.commands)
+
     stop, restore = _first_interrupt_stops()
     try:
         if args.device_cmd:
             report = run_device_campaign(cfg, args.device_cmd, tick, stop,
-                                         fail_fast=args.fail_fast)
+                                         fail_fast=args.fail_fast, timeline=timeline)
         else:
-            report = run_campaign(cfg, tick, stop, fail_fast=args.fail_fast)
+            report = run_campaign(cfg, tick, stop, fail_fast=args.fail_fast, timeline=timeline)
     except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
         raise UserError(str(exc)) from None
     except (NoDevice, IncompatibleDevice) as exc:  # e.g. --loss 1.0: no handshake gets through
@@ -141,36 +142,69 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--device-cmd: {exc}") from None
     finally:
         restore()
-        close()
-    _print(report, cfg, args.json)
-    if not report.passed:
-        return 6
-    return EXIT_INTERRUPTED if report.interrupted else 0
+        bar.close()
+    if timeline is not None:
+        _plot(args.plot, timeline, cfg, report)
+    status = EXIT_FOUND if not report.passed else EXIT_INTERRUPTED if report.interrupted else 0
+    _print(args, report, cfg, status)
+    return status
 
 
-def _print(report: CampaignReport, cfg: CampaignConfig, as_json: bool) -> None:
+def _print(args: argparse.Namespace, report: CampaignReport, cfg: CampaignConfig,
+           status: int) -> None:
     d = report.as_dict()
     d["verdict"] = report.verdict()
-    if as_json:
-        print(json.dumps(d, indent=1, sort_keys=True))
+    interrupted = (f"interrupted after {report.commands} of {cfg.commands} commands; "
+                   + ("the oracle found nothing wrong so far" if report.passed
+                      else "the oracle found problems"))
+    if args.json:
+        if report.interrupted:
+            error_json(args, interrupted, status, commands_run=report.commands,
+                       commands=cfg.commands, report=d)
+        else:
+            print_json("idemlink.soak/1", d)
         print(d["verdict"], file=sys.stderr)
-        return
+    else:
+        for line in _text(d, cfg):
+            print(line)
+    if report.interrupted:
+        print(f"idemlink soak: {interrupted}", file=sys.stderr)
+
+
+def _text(d: dict[str, Any], cfg: CampaignConfig) -> list[str]:
     oc = d["outcomes"]
-    print(f"commands {d['commands']}{' (interrupted)' if d['interrupted'] else ''}  "
-          f"(seed {cfg.seed}, loss {cfg.loss}, dup {cfg.dup}, corrupt {cfg.corrupt}, "
-          f"reboots {d['reboots']}, host restarts {d['host_restarts']})")
-    print("outcomes  " + "  ".join(f"{k} {oc.get(k, 0)}" for k in
-                                   ("OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN")))
-    print(f"executions {d['executions']} (late {d['late_executions']}, read-backs "
-          f"{d['reconcile_reads']})  retries {d['retries']}  replays {d['replays']}  "
-          f"set-only re-issued {d['reissued_set_only']}")
-    print(f"unknown reconciled {d['unknown_reconciled']}  unresolved {d['unknown_unresolved']}  "
-          f"dead host's requests reconciled {d['dead_reconciled']}")
-    print(f"duplicated effects {d['duplicated_effects']}  lost acknowledged writes "
-          f"{d['lost_acknowledged_writes']}  misclassified {d['misclassified']}  "
-          f"register semantics {d['register_semantics']}")
-    print(f"{d['commands_per_second']} commands/s wall, {d['simulated_seconds']:.1f} s on the "
-          "device's clock")
-    for p in d["problems"]:
-        print("PROBLEM", p)
-    print(d["verdict"])
+    lines = [
+        f"commands {d['commands']}{' (interrupted)' if d['interrupted'] else ''}  "
+        f"(seed {cfg.seed}, loss {cfg.loss}, dup {cfg.dup}, corrupt {cfg.corrupt}, "
+        f"reboots {d['reboots']}, host restarts {d['host_restarts']})",
+        "outcomes  " + "  ".join(f"{k} {oc.get(k, 0)}" for k in
+                                 ("OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN")),
+        f"executions {d['executions']} (late {d['late_executions']}, read-backs "
+        f"{d['reconcile_reads']})  retries {d['retries']}  replays {d['replays']}  "
+        f"set-only re-issued {d['reissued_set_only']}",
+        f"unknown reconciled {d['unknown_reconciled']}  unresolved {d['unknown_unresolved']}  "
+        f"dead host's requests reconciled {d['dead_reconciled']}",
+        f"duplicated effects {d['duplicated_effects']}  lost acknowledged writes "
+        f"{d['lost_acknowledged_writes']}  misclassified {d['misclassified']}  "
+        f"register semantics {d['register_semantics']}",
+        f"{d['commands_per_second']} commands/s wall, {d['simulated_seconds']:.1f} s on the "
+        "device's clock",
+    ]
+    lines += [f"PROBLEM {p}" for p in d["problems"]]
+    lines.append(d["verdict"])
+    return lines
+
+
+def _plot(path: str, timeline: list[TimelinePoint], cfg: CampaignConfig,
+          report: CampaignReport) -> None:
+    from idemlink.cli import UserError
+    from idemlink.soak_plot import PlotUnavailable, plot_timeline
+
+    caption = (f"{report.commands} commands, seed {cfg.seed}, up to {cfg.max_batch} pipelined; "
+               f"reboot every ~{cfg.reboot_every} commands\nper frame each way: loss {cfg.loss}, "
+               f"dup {cfg.dup}, corrupt {cfg.corrupt}, reorder {cfg.reorder}")
+    try:
+        plot_timeline(timeline, path, caption)
+    except PlotUnavailable as exc:
+        raise UserError(str(exc)) from None
+    print(f"plot written to {path}", file=sys.stderr)
