@@ -86,3 +86,19 @@ def test_a_bad_flag_names_the_command_usage(capsys: pytest.CaptureFixture[str]) 
         main(["read", "--bogus"])
     assert exc.value.code == 2
     assert "usage: idemlink read" in capsys.readouterr().err
+
+
+def test_link_monitor_with_json_writes_only_json_objects(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from idemlink.commands.link_cmd import _monitor_tap
+    from idemlink.protocol.frame import FrameType, encode_frame
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    tap = _monitor_tap(DEFAULT_MAP, as_json=True)
+    tap("a->b", encode_frame(FrameType.REQUEST, 7, 0xABCD, bytes.fromhex("0300040001")), 1.5)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 1
+    doc = json.loads(out[0])
+    assert (doc["schema"], doc["dir"], doc["type"], doc["seq"]) == (
+        "idemlink.monitor/1", "a->b", "REQUEST", 7)

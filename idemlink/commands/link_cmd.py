@@ -64,10 +64,12 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-def _monitor_tap(regmap: RegisterMap) -> Callable[[str, bytes, float], None]:
+def _monitor_tap(regmap: RegisterMap, as_json: bool = False) -> Callable[[str, bytes, float], None]:
     """A spy on the line: one frame decoder per direction, one describer (so an answer is shown
-    with the registers its request named)."""
+    with the registers its request named). With ``--json`` each frame is an ``idemlink.monitor/1``
+    object with its direction (``dir``), so stdout carries JSON objects only."""
     from idemlink.host.frame_view import FrameDescriber
+    from idemlink.output import print_json
     from idemlink.protocol.frame import FrameDecoder
 
     decoders = {"a->b": FrameDecoder(), "b->a": FrameDecoder()}
@@ -75,7 +77,11 @@ def _monitor_tap(regmap: RegisterMap) -> Callable[[str, bytes, float], None]:
 
     def tap(direction: str, data: bytes, t: float) -> None:
         for item in decoders[direction].feed(data):
-            print(f"+{t:9.3f}s {direction} {describer.describe(item)['text']}", flush=True)
+            described = describer.describe(item)
+            if as_json:
+                print_json("idemlink.monitor/1", {"t": round(t, 3), "dir": direction, **described})
+            else:
+                print(f"+{t:9.3f}s {direction} {described['text']}", flush=True)
 
     return tap
 
@@ -101,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except LinkConfigError as exc:
         raise UserError(str(exc)) from None
-    tap = _monitor_tap(regmap_from(args)) if args.monitor else None
+    tap = _monitor_tap(regmap_from(args), bool(getattr(args, "json", False))) if args.monitor \
+        else None
     try:
         proxy = LinkProxy(args.a, args.b, config, tap=tap)
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
