@@ -24,7 +24,7 @@ import argparse
 import contextlib
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -242,29 +242,43 @@ def run_send(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from exc
     if not args.plain:
         return _send_framed(args, config)
+    return _plain_transfer(
+        args, SEND_SCHEMA, "sent",
+        lambda port, progress: send_files(port, args.files, config, progress),
+        on_signal="the receiver was told to cancel",
+        on_interrupt="the receiver was told to cancel (CAN CAN): what it kept of that file is "
+                     "discarded",
+        on_port_failure="what the receiver kept is unknown")
+
+
+def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
+                    transfer: Callable[[Any, Any], Any], *, on_signal: str, on_interrupt: str,
+                    on_port_failure: str) -> int:
+    """Run one YMODEM batch on ``--port`` (``send --plain`` or ``receive``) with the exits every
+    transfer shares: SIGTERM/SIGHUP -> 128 + signal, Ctrl-C -> one line and 130, the line dying
+    mid-transfer -> one line and 5; the report and its exit status otherwise. The ``on_*`` texts
+    say what became of the data in each case."""
     port = _open(args.port, args.baudrate)
     bar = _progress(args)
     try:
         with _signals_interrupt():
-            report = send_files(port, args.files, config, bar.update_item)
+            report = transfer(port, bar.update_item)
     except Terminated as exc:
-        print(f"idemlink send: {exc}; the receiver was told to cancel", file=sys.stderr)
-        error_json(args, f"{exc}; the receiver was told to cancel", exc.exit_code)
+        print(f"idemlink {args.command}: {exc}; {on_signal}", file=sys.stderr)
+        error_json(args, f"{exc}; {on_signal}", exc.exit_code)
         return exc.exit_code
     except KeyboardInterrupt as exc:
-        raise _interrupted(args, bar, exc, "the receiver was told to cancel (CAN CAN): what it "
-                           "kept of that file is discarded") from None
+        raise _interrupted(args, bar, exc, on_interrupt) from None
     except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
-        message = (f"the port failed mid-transfer ({_one_line(exc)}); what the receiver kept is "
-                   "unknown")
-        print(f"idemlink send: {message}", file=sys.stderr)
+        message = f"the port failed mid-transfer ({_one_line(exc)}); {on_port_failure}"
+        print(f"idemlink {args.command}: {message}", file=sys.stderr)
         error_json(args, message, EXIT_UNKNOWN, outcome="UNKNOWN")
         return EXIT_UNKNOWN
     finally:
         bar.close()
         _close_quietly(port)
     ok = report.ok and all(f.ok for f in report.files)
-    return _print_report(args, SEND_SCHEMA, report, "sent", EXIT_OK if ok else EXIT_LOCAL_ERROR)
+    return _print_report(args, schema, report, past, EXIT_OK if ok else EXIT_LOCAL_ERROR)
 
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
@@ -343,27 +357,10 @@ def run_receive(args: argparse.Namespace) -> int:
     if not timeout > 0 or (args.quota is not None and args.quota < 0):
         raise UserError("--idle-timeout must be > 0 and --quota >= 0")
     config = receiver_config(args)
-    port = _open(args.port, args.baudrate)
-    bar = _progress(args)
-    try:
-        with _signals_interrupt():
-            report = receive_files(port, sink, config, bar.update_item)
-    except Terminated as exc:
-        print(f"idemlink receive: {exc}; the file in progress was discarded", file=sys.stderr)
-        error_json(args, f"{exc}; the file in progress was discarded", exc.exit_code)
-        return exc.exit_code
-    except KeyboardInterrupt as exc:
-        raise _interrupted(args, bar, exc, "the file in progress was discarded, files "
-                           "finished before were committed") from None
-    except OSError as exc:  # serial.SerialException is one: the line died mid-transfer
-        message = (f"the port failed mid-transfer ({_one_line(exc)}); the file in progress was "
-                   "discarded, files reported before were committed")
-        print(f"idemlink receive: {message}", file=sys.stderr)
-        error_json(args, message, EXIT_UNKNOWN, outcome="UNKNOWN")
-        return EXIT_UNKNOWN
-    finally:
-        bar.close()
-        _close_quietly(port)
-    ok = report.ok and all(f.ok for f in report.files)
-    return _print_report(args, RECEIVE_SCHEMA, report, "received",
-                         EXIT_OK if ok else EXIT_LOCAL_ERROR)
+    return _plain_transfer(
+        args, RECEIVE_SCHEMA, "received",
+        lambda port, progress: receive_files(port, sink, config, progress),
+        on_signal="the file in progress was discarded",
+        on_interrupt="the file in progress was discarded, files finished before were committed",
+        on_port_failure="the file in progress was discarded, files reported before were "
+                        "committed")
