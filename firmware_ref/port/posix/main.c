@@ -32,6 +32,7 @@
 #include "idl_port.h"
 #include "idl_rtu.h"
 #include "posix_files.h"
+#include "../demo_conditions.h"
 
 #define PROG "idemlink-device"
 #define TICK_MS 20
@@ -430,19 +431,7 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
 {
-#if defined(IDL_REG_FAULTS) && defined(IDL_REG_TEMPERATURE) && defined(IDL_REG_THRESHOLD) \
-    && defined(IDL_FAULT_OVER_TEMPERATURE)
-    uint16_t t = 0;
-    uint16_t limit = 0;
-    if (address == IDL_REG_FAULTS && idl_regs_get(r, IDL_REG_TEMPERATURE, &t)
-        && idl_regs_get(r, IDL_REG_THRESHOLD, &limit) && t > limit) {
-        return (uint16_t)IDL_FAULT_OVER_TEMPERATURE;
-    }
-#else
-    (void)r;
-    (void)address;
-#endif
-    return 0;
+    return idl_demo_fault_conditions(r, address);
 }
 
 /* ---- FILE_INFO: <flash-dir>/files, like the Python simulator's files_dir ------------------- */

@@ -19,6 +19,7 @@
 
 #include "idl_crc32c.h"
 #include "idl_port.h"
+#include "../demo_conditions.h"
 
 #ifndef IDL_QEMU_DEVICE_ID
 #define IDL_QEMU_DEVICE_ID "qemu-mps2-an385"
@@ -127,19 +128,7 @@ uint32_t idl_port_entropy32(void)
 
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
 {
-#if defined(IDL_REG_FAULTS) && defined(IDL_REG_TEMPERATURE) && defined(IDL_REG_THRESHOLD) \
-    && defined(IDL_FAULT_OVER_TEMPERATURE)
-    uint16_t t = 0;
-    uint16_t limit = 0;
-    if (address == IDL_REG_FAULTS && idl_regs_get(r, IDL_REG_TEMPERATURE, &t)
-        && idl_regs_get(r, IDL_REG_THRESHOLD, &limit) && t > limit) {
-        return (uint16_t)IDL_FAULT_OVER_TEMPERATURE;
-    }
-#else
-    (void)r;
-    (void)address;
-#endif
-    return 0;
+    return idl_demo_fault_conditions(r, address);
 }
 
 int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
