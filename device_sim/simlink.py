@@ -7,9 +7,13 @@ direction into the ``SimulatedDevice``, its answers come back through b→a, and
 generators, so a run is reproducible from its seeds, and 20,000 commands take seconds.
 
 The device can also be rebooted from a test at any moment with ``reboot()``.
+``AsyncSimTransport(sim)`` is the same line for ``idemlink.host.aio.AsyncDevice``: each read
+gives the event loop one turn, then jumps simulated time like ``SimTransport.read``.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Link, LinkConfig
@@ -91,3 +95,25 @@ class SimTransport:
             answer = self.device.receive_data(arrived, now)
             if answer and not self.drop_answers:
                 self.link.b_to_a.send(answer, now + DEVICE_TURNAROUND)
+
+
+class AsyncSimTransport:
+    """``SimTransport`` behind the asyncio transport's methods (for ``AsyncDevice`` in tests):
+    each ``read`` yields to the event loop once, so other tasks (and cancellations) interleave,
+    then answers from simulated time without really waiting."""
+
+    def __init__(self, sim: SimTransport) -> None:
+        self.t = sim
+
+    async def write(self, data: bytes) -> None:
+        self.t.write(data)
+
+    async def read(self, timeout: float) -> bytes:
+        await asyncio.sleep(0)
+        return self.t.read(timeout)
+
+    def now(self) -> float:
+        return self.t.now()
+
+    async def close(self) -> None:
+        self.t.close()

@@ -9,39 +9,18 @@ import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
-from idemlink.device_sim.simlink import SimTransport
+from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.device import UnknownOutstanding
 from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.outcome import Outcome, Status
 
 
-class AsyncSim:
-    """SimTransport behind async methods (its read jumps simulated time, so it never really waits:
-    it cannot show two readers waiting at once — ``WaitingTransport`` below does)."""
-
-    def __init__(self, t: SimTransport) -> None:
-        self.t = t
-
-    async def write(self, data: bytes) -> None:
-        self.t.write(data)
-
-    async def read(self, timeout: float) -> bytes:
-        await asyncio.sleep(0)
-        return self.t.read(timeout)
-
-    def now(self) -> float:
-        return self.t.now()
-
-    async def close(self) -> None:
-        self.t.close()
-
-
 def test_async_device_over_a_lossy_line() -> None:
     sim = SimTransport(SimulatedDevice(seed=8), LinkConfig(frame_loss=0.2, frame_dup=0.1, seed=8))
 
     async def session() -> None:
-        dev = AsyncDevice(AsyncSim(sim), timeout=0.02, attempts=10)
+        dev = AsyncDevice(AsyncSimTransport(sim), timeout=0.02, attempts=10)
         await dev.connect()
         assert (await dev.write({"threshold": 444})).outcome is Outcome.OK
         res = await dev.run([dev.core.read_command("threshold"), dev.core.write_command({"mode": 0})])
@@ -55,13 +34,13 @@ def test_async_device_over_a_lossy_line() -> None:
 
 
 def test_concurrent_tasks_on_one_device_are_serialised() -> None:
-    """Two tasks sharing one AsyncDevice each get their own answers. ``AsyncSim.read`` never
+    """Two tasks sharing one AsyncDevice each get their own answers. ``AsyncSimTransport.read`` never
     really waits, so this passes even without the device's lock (the session routes answers by
     tag); ``test_concurrent_tasks_on_a_transport_that_really_waits`` is the one that needs it."""
     sim = SimTransport(SimulatedDevice(seed=3), LinkConfig(seed=3))
 
     async def session() -> list[Outcome]:
-        dev = AsyncDevice(AsyncSim(sim), timeout=0.02, attempts=3)
+        dev = AsyncDevice(AsyncSimTransport(sim), timeout=0.02, attempts=3)
         await dev.connect()
 
         async def writer(name: str, values: range) -> list[Outcome]:

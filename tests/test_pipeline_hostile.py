@@ -9,7 +9,7 @@ import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
-from idemlink.device_sim.simlink import SimTransport
+from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.device import Device, Result, UnknownOutstanding
 from idemlink.protocol.outcome import Outcome, Status
@@ -45,24 +45,6 @@ def test_reads_of_other_registers_still_overtake_a_write() -> None:
     assert results[3].seq < results[2].seq  # the second read left before the second write
 
 
-class _AsyncSim:
-    """SimTransport behind async methods; each read gives the event loop a turn."""
-
-    def __init__(self, t: SimTransport) -> None:
-        self.t = t
-
-    async def write(self, data: bytes) -> None:
-        self.t.write(data)
-
-    async def read(self, timeout: float) -> bytes:
-        await asyncio.sleep(0)
-        return self.t.read(timeout)
-
-    def now(self) -> float:
-        return self.t.now()
-
-    async def close(self) -> None:
-        self.t.close()
 
 
 def test_a_cancelled_async_stream_says_what_it_left_out() -> None:
@@ -72,7 +54,7 @@ def test_a_cancelled_async_stream_says_what_it_left_out() -> None:
     t = SimTransport(SimulatedDevice(seed=2), LinkConfig(baud=115200, latency=0.01))
 
     async def session() -> tuple[tuple[Result, ...], AsyncDevice]:
-        dev = AsyncDevice(_AsyncSim(t), max_inflight=8)
+        dev = AsyncDevice(AsyncSimTransport(t), max_inflight=8)
         await dev.connect()
         cmds = [dev.write_command({"threshold": v}) if v % 2 else dev.read_command("temperature")
                 for v in range(20)]
@@ -102,7 +84,7 @@ def test_an_async_stream_waiting_for_the_device_refuses_once_it_is_blocked() -> 
     t = SimTransport(SimulatedDevice(seed=1))
 
     async def session() -> None:
-        dev = AsyncDevice(_AsyncSim(t), timeout=0.05, attempts=2)
+        dev = AsyncDevice(AsyncSimTransport(t), timeout=0.05, attempts=2)
         await dev.connect()
         t.drop_answers = True
         a = asyncio.create_task(dev.write({"threshold": 5}))

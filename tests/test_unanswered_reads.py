@@ -16,7 +16,7 @@ import pytest
 
 from idemlink.cli import build_parser
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.simlink import SimTransport
+from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.device import Command, CommandKind, Device, LinkLost, UnknownOutstanding
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
@@ -173,22 +173,6 @@ def test_interrupted_read_does_not_block() -> None:
 # ------------------------------------------------------------------------------ asyncio
 
 
-class AsyncSim:
-    def __init__(self, t: SimTransport) -> None:
-        self.t = t
-
-    async def write(self, data: bytes) -> None:
-        self.t.write(data)
-
-    async def read(self, timeout: float) -> bytes:
-        await asyncio.sleep(0)
-        return self.t.read(timeout)
-
-    def now(self) -> float:
-        return self.t.now()
-
-    async def close(self) -> None:
-        self.t.close()
 
 
 class NeverAnswers:
@@ -223,7 +207,7 @@ def test_async_unanswered_read_is_unknown_and_the_next_write_proceeds() -> None:
     t = ReadsUnanswered(SimulatedDevice(seed=2))
 
     async def session() -> None:
-        dev = AsyncDevice(AsyncSim(t), attempts=3)
+        dev = AsyncDevice(AsyncSimTransport(t), attempts=3)
         await dev.connect()
         r = await dev.read("threshold")
         assert r.outcome is Outcome.UNKNOWN and r.status is Status.NO_ANSWER and r.values == ()
