@@ -551,11 +551,23 @@ class Device:
     # wait at most this long for input") over the sans-I/O HostSession. ``_drive`` runs one on
     # the blocking transport; ``idemlink.host.aio.AsyncDevice`` runs the very same generators on asyncio.
 
+    def _io_round(self) -> Steps[None]:
+        """One I/O round of every request loop: send what the session has, wait for input until
+        its next deadline (at most 50 ms when it has none), feed what came, let time pass."""
+        s = self.session
+        t = self.transport
+        deadline = s.next_deadline()
+        wait = 0.05 if deadline is None else max(0.0, deadline - t.now())
+        data = yield s.data_to_send(), wait
+        now = t.now()
+        if data:
+            s.receive_data(data, now)
+        s.tick(now)
+
     def _exchange(
         self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None
     ) -> Steps[None]:
         s = self.session
-        t = self.transport
         while True:
             for ev in s.events():
                 if isinstance(ev, Completion):
@@ -564,14 +576,7 @@ class Device:
                     sink.append(ev)
             if done():
                 return
-            now = t.now()
-            deadline = s.next_deadline()
-            wait = 0.05 if deadline is None else max(0.0, deadline - now)
-            data = yield s.data_to_send(), wait
-            now = t.now()
-            if data:
-                s.receive_data(data, now)
-            s.tick(now)
+            yield from self._io_round()
 
     def _drive(self, steps: Steps[T]) -> T:
         """Run an operation on the blocking transport to its end (``_rounds``)."""
@@ -749,14 +754,7 @@ class Device:
                 effectful_live += self._submit_ready(held, live, effectful_live, t.now())
             if exhausted and not held and not live and not order:
                 return
-            now = t.now()
-            deadline = s.next_deadline()
-            wait = 0.05 if deadline is None else max(0.0, deadline - now)
-            data = yield s.data_to_send(), wait
-            now = t.now()
-            if data:
-                s.receive_data(data, now)
-            s.tick(now)
+            yield from self._io_round()
 
     def _take(self, source: Iterator[Command], held: deque[_Flow], order: deque[int],
               lookahead: int | None, in_flight: int) -> bool:
