@@ -492,15 +492,26 @@ class Device:
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
-             attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> Device:
+             attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
+             trace: str | os.PathLike[str] | None = None) -> Device:
         """Open ``url`` (any pyserial URL) and run the HELLO handshake. ``regmap`` is the device's
         register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
         that advertises another map is refused (``IncompatibleDevice``) unless ``check_map`` is
-        False (for tools that only ask who is there, like ``idemlink info``)."""
+        False (for tools that only ask who is there, like ``idemlink info``). ``trace``: append
+        every frame both ways to that file as JSON lines (``idemlink.host.trace``); a trace file
+        that cannot be opened raises its ``OSError`` with the port closed again."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        dev = cls(SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines), regmap=rm,
-                  timeout=timeout, attempts=attempts, max_inflight=max_inflight,
-                  check_map=check_map)
+        transport: Transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
+        if trace is not None:
+            from idemlink.host.trace import TracingTransport
+
+            try:
+                transport = TracingTransport(transport, trace, rm)
+            except OSError:
+                transport.close()
+                raise
+        dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
+                  max_inflight=max_inflight, check_map=check_map)
         try:
             dev.connect()
         except BaseException:

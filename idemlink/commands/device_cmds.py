@@ -280,25 +280,10 @@ def open_device(args: argparse.Namespace) -> Device:
     regmap = regmap_from(args)
     trace = getattr(args, "trace", None)
     try:
-        if trace is None:
-            return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                               attempts=args.attempts, regmap=regmap)
-        from idemlink.host.device import SerialTransport
-        from idemlink.host.trace import TracingTransport
-
-        serial_port = SerialTransport(args.port, baudrate=args.baudrate)
-        try:
-            transport = TracingTransport(serial_port, trace, regmap)
-        except OSError as exc:
-            serial_port.close()
-            raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
-        dev = Device(transport, regmap=regmap, timeout=args.timeout, attempts=args.attempts)
-        try:
-            dev.connect()
-        except BaseException:
-            dev.close()
-            raise
-        return dev
+        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                           attempts=args.attempts, regmap=regmap, trace=trace)
+    except OSError as exc:  # the trace file (the port's own failures are PortError)
+        raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
         if answers_modbus_rtu(args.port, args.baudrate, regmap, args.timeout):
             raise UserError(f"{args.port}: this port answers Modbus RTU, not idemlink: add "
