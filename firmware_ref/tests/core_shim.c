@@ -227,3 +227,189 @@ uint16_t idl_shim_file_info(const char *dir, const uint8_t *pdu, uint16_t n, uin
 {
     return idl_file_info_execute(pdu, n, out, lookup, (void *)(uintptr_t)dir);
 }
+
+/* ---- the YMODEM receiver (idl_ymodem.h) for the differential test ------------------------- */
+
+#include "idl_ymodem.h"
+
+/* Storage and line of one receiver: answers go to `out` (per call), storage calls are logged as
+ * records ('B' known size:u32le len name | 'W' offset:u32le n:u16le data | 'K' size:u32le |
+ * 'A'); `refuse` makes begin (1), the first write (2) or commit (3) fail. */
+typedef struct {
+    idl_ym_rx_t rx;
+    idl_ym_config_t cfg;
+    idl_ym_io_t io;
+    uint8_t block[IDL_YM_BLOCK_LARGE];
+    uint8_t *out;
+    size_t out_cap;
+    size_t out_len;
+    uint8_t log[1u << 16];
+    size_t log_len;
+    int refuse;
+} idl_shim_ym_t;
+
+size_t idl_shim_ym_sizeof(void);
+void idl_shim_ym_init(idl_shim_ym_t *s, const uint32_t *ms, const uint32_t *limits, int refuse);
+size_t idl_shim_ym_start(idl_shim_ym_t *s, uint32_t now, uint8_t *out, size_t cap);
+size_t idl_shim_ym_feed(idl_shim_ym_t *s, const uint8_t *data, size_t n, uint32_t now,
+                        uint8_t *out, size_t cap);
+size_t idl_shim_ym_tick(idl_shim_ym_t *s, uint32_t now, uint8_t *out, size_t cap);
+size_t idl_shim_ym_abort(idl_shim_ym_t *s, uint8_t *out, size_t cap);
+void idl_shim_ym_status(const idl_shim_ym_t *s, uint32_t *st);
+size_t idl_shim_ym_log(idl_shim_ym_t *s, uint8_t *out, size_t cap);
+unsigned idl_shim_ym_transition(unsigned state, unsigned input);
+
+static void ym_record(idl_shim_ym_t *s, const uint8_t *rec, size_t n)
+{
+    if (s->log_len + n <= sizeof s->log) {
+        memcpy(s->log + s->log_len, rec, n);
+        s->log_len += n;
+    }
+}
+
+static void le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static bool ym_begin(void *ctx, const uint8_t *name, size_t len, uint32_t size, bool known)
+{
+    idl_shim_ym_t *s = (idl_shim_ym_t *)ctx;
+    uint8_t rec[7];
+    rec[0] = 'B';
+    rec[1] = known ? 1u : 0u;
+    le32(rec + 2, size);
+    rec[6] = (uint8_t)len;
+    ym_record(s, rec, sizeof rec);
+    ym_record(s, name, len);
+    return s->refuse != 1;
+}
+
+static bool ym_write(void *ctx, uint32_t offset, const uint8_t *data, size_t n)
+{
+    idl_shim_ym_t *s = (idl_shim_ym_t *)ctx;
+    uint8_t rec[7];
+    rec[0] = 'W';
+    le32(rec + 1, offset);
+    rec[5] = (uint8_t)n;
+    rec[6] = (uint8_t)(n >> 8);
+    ym_record(s, rec, sizeof rec);
+    ym_record(s, data, n);
+    return s->refuse != 2;
+}
+
+static bool ym_commit(void *ctx, uint32_t size)
+{
+    idl_shim_ym_t *s = (idl_shim_ym_t *)ctx;
+    uint8_t rec[5];
+    rec[0] = 'K';
+    le32(rec + 1, size);
+    ym_record(s, rec, sizeof rec);
+    return s->refuse != 3;
+}
+
+static void ym_abort(void *ctx)
+{
+    static const uint8_t rec[1] = { 'A' };
+    ym_record((idl_shim_ym_t *)ctx, rec, sizeof rec);
+}
+
+static void ym_send(void *ctx, const uint8_t *data, size_t n)
+{
+    idl_shim_ym_t *s = (idl_shim_ym_t *)ctx;
+    if (s->out != NULL && s->out_len + n <= s->out_cap) {
+        memcpy(s->out + s->out_len, data, n);
+        s->out_len += n;
+    }
+}
+
+size_t idl_shim_ym_sizeof(void) { return sizeof(idl_shim_ym_t); }
+
+/* ms: c_interval block interbyte purge_quiet eot_confirm silence; limits: max_file_size
+ * header_retries max_errors max_name */
+void idl_shim_ym_init(idl_shim_ym_t *s, const uint32_t *ms, const uint32_t *limits, int refuse)
+{
+    memset(s, 0, sizeof *s);
+    s->cfg.c_interval_ms = ms[0];
+    s->cfg.block_ms = ms[1];
+    s->cfg.interbyte_ms = ms[2];
+    s->cfg.purge_quiet_ms = ms[3];
+    s->cfg.eot_confirm_ms = ms[4];
+    s->cfg.silence_ms = ms[5];
+    s->cfg.max_file_size = limits[0];
+    s->cfg.header_retries = (uint8_t)limits[1];
+    s->cfg.max_errors = (uint8_t)limits[2];
+    s->cfg.max_name = (uint8_t)limits[3];
+    s->io.begin = ym_begin;
+    s->io.write = ym_write;
+    s->io.commit = ym_commit;
+    s->io.abort = ym_abort;
+    s->io.send = ym_send;
+    s->io.ctx = s;
+    s->refuse = refuse;
+    idl_ym_rx_init(&s->rx, &s->cfg, &s->io, s->block);
+}
+
+static void ym_out(idl_shim_ym_t *s, uint8_t *out, size_t cap)
+{
+    s->out = out;
+    s->out_cap = cap;
+    s->out_len = 0;
+}
+
+size_t idl_shim_ym_start(idl_shim_ym_t *s, uint32_t now, uint8_t *out, size_t cap)
+{
+    ym_out(s, out, cap);
+    idl_ym_rx_start(&s->rx, now);
+    return s->out_len;
+}
+
+size_t idl_shim_ym_feed(idl_shim_ym_t *s, const uint8_t *data, size_t n, uint32_t now,
+                        uint8_t *out, size_t cap)
+{
+    ym_out(s, out, cap);
+    idl_ym_rx_feed(&s->rx, data, n, now);
+    return s->out_len;
+}
+
+size_t idl_shim_ym_tick(idl_shim_ym_t *s, uint32_t now, uint8_t *out, size_t cap)
+{
+    ym_out(s, out, cap);
+    idl_ym_rx_tick(&s->rx, now);
+    return s->out_len;
+}
+
+size_t idl_shim_ym_abort(idl_shim_ym_t *s, uint8_t *out, size_t cap)
+{
+    ym_out(s, out, cap);
+    idl_ym_rx_abort(&s->rx);
+    return s->out_len;
+}
+
+/* state, end, refusal, commits, delivered, deadline armed, deadline */
+void idl_shim_ym_status(const idl_shim_ym_t *s, uint32_t *st)
+{
+    st[0] = s->rx.state;
+    st[1] = s->rx.end;
+    st[2] = s->rx.refusal;
+    st[3] = s->rx.commits;
+    st[4] = s->rx.delivered;
+    st[5] = (s->rx.flags & IDL_YM_F_DEADLINE) != 0u;
+    st[6] = s->rx.deadline;
+}
+
+size_t idl_shim_ym_log(idl_shim_ym_t *s, uint8_t *out, size_t cap)
+{
+    size_t n = s->log_len < cap ? s->log_len : cap;
+    memcpy(out, s->log, n);
+    s->log_len = 0;
+    return n;
+}
+
+unsigned idl_shim_ym_transition(unsigned state, unsigned input)
+{
+    return idl_ym_rx_transition(state, input);
+}
