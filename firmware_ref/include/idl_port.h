@@ -17,6 +17,9 @@
  * |                             | ADC noise, uninitialised RAM hashed...)     |               |
  * | idl_port_fault_conditions   | live conditions of a FAULT register's bits  | main loop     |
  * | idl_port_file_info          | size and CRC-32C of a stored file (0x45)    | main loop     |
+ * | idl_port_ymodem_block       | the YMODEM block buffer (1 KiB), or NULL    | main loop     |
+ * | idl_port_file_begin/write/  | FILE_RECEIVE (0x44) storage: open, write a  | main loop     |
+ * |   commit/abort              | block, make visible, drop (see below)       |               |
  *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
@@ -32,6 +35,7 @@
 #include "idl_modbus.h"
 #include "idl_regs.h"
 #include "idl_session.h"
+#include "idl_ymodem.h"
 
 /* ---- provided by the integrator ---------------------------------------------------------- */
 
@@ -50,6 +54,20 @@ uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
  *  without file storage returns 1. */
 int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
 
+/* FILE_RECEIVE (0x44): after answering `44 00` the device hands its line to the YMODEM receiver
+ * (idl_ymodem.h) for one batch, then returns to frames. The receiver writes as a bootloader would:
+ * begin (the name is checked; refuse an existing file unless `overwrite`, and a file that cannot
+ * be stored) -> write (each block's bytes, in order, never beyond the declared size) -> commit
+ * (make the file visible, atomically: FILE_INFO must never see a half file) or abort (drop it).
+ * A false return cancels the batch (CAN). The glue enforces IDL_FILE_QUOTA bytes per batch. */
+/** The receiver's IDL_YM_BLOCK_LARGE-byte block buffer (static RAM of the port), or NULL for a
+ *  device without file storage: 0x44 then answers exception 01. */
+uint8_t *idl_port_ymodem_block(void);
+bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite);
+bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n);
+bool idl_port_file_commit(uint32_t size);
+void idl_port_file_abort(void);
+
 /* ---- glue ----------------------------------------------------------------------------------- */
 
 #ifndef IDL_DEVICE_NAME
@@ -58,12 +76,20 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
 #ifndef IDL_TRIGGER_MS
 #define IDL_TRIGGER_MS 5000u
 #endif
+#ifndef IDL_FILE_QUOTA
+#define IDL_FILE_QUOTA (16u * 1024u * 1024u) /**< bytes one YMODEM batch may store */
+#endif
 
 typedef struct {
     idl_regs_t regs;
     idl_session_config_t cfg;
     char device_id[IDL_MAX_DEVICE_ID_LEN + 1u];
     idl_session_t session;
+    idl_ym_rx_t ym;       /**< the YMODEM receiver while the line is handed over */
+    idl_ym_io_t ym_io;
+    uint32_t ym_used;     /**< bytes committed in this batch (IDL_FILE_QUOTA) */
+    uint8_t ym_mode;      /**< 0 frames, 1 hand-over answered, 2 YMODEM */
+    uint8_t ym_overwrite;
 } idl_device_t;
 
 /** Boot: registers from the map and the saved configuration, a fresh epoch, an empty window. */
@@ -72,7 +98,11 @@ void idl_device_init(idl_device_t *d);
 /** Received bytes: answers go out through idl_port_write. */
 void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n);
 
-/** Call at least every few tens of ms when idle: finishes triggers, latches faults on time. */
+/** Call at least every few tens of ms when idle: finishes triggers, latches faults on time,
+ *  runs the YMODEM receiver's timers during a hand-over. */
 void idl_device_poll(idl_device_t *d);
+
+/** Shutting down: a YMODEM batch in progress is cancelled (CAN, the uncommitted file dropped). */
+void idl_device_stop(idl_device_t *d);
 
 #endif /* IDL_PORT_H */

@@ -446,6 +446,28 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
     return idl_posix_file_info(dir, name, len, size, crc);
 }
 
+/* ---- FILE_RECEIVE: YMODEM into <flash-dir>/files, like the Python simulator ---------------- */
+
+static uint8_t ymodem_block[IDL_YM_BLOCK_LARGE];
+
+uint8_t *idl_port_ymodem_block(void) { return flash_dir != NULL ? ymodem_block : NULL; }
+
+bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite)
+{
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s/files", flash_dir);
+    return idl_posix_file_begin(dir, name, len, overwrite, idl_port_entropy32) == 0;
+}
+
+bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n)
+{
+    return idl_posix_file_write(offset, data, n) == 0;
+}
+
+bool idl_port_file_commit(uint32_t size) { return idl_posix_file_commit(size) == 0; }
+
+void idl_port_file_abort(void) { idl_posix_file_abort(); }
+
 /* ---- the serving end ----------------------------------------------------------------------- */
 
 static void make_raw(int fd)
@@ -735,6 +757,7 @@ int main(int argc, char **argv)
         }
         idl_device_poll(&device);
     }
+    idl_device_stop(&device); /* a batch in progress: CAN, its temporary deleted */
     if (print_stats && rtu_mode) {
         fprintf(stderr, PROG ": stopped: answered=%lu broadcasts=%lu other_unit=%lu bad_crc=%lu "
                         "dropped=%lu\n",

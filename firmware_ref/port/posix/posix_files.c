@@ -49,3 +49,98 @@ int idl_posix_file_info(const char *dir, const uint8_t *name, uint8_t len, uint3
     *crc = reg ^ IDL_CRC_XOROUT;
     return 0;
 }
+
+/* ---- YMODEM storage: a hidden temporary, then link (or rename with overwrite) ---------------- */
+
+static int tmp_fd = -1;
+static char tmp_path[4096 + 64];
+static char target_path[4096 + 256];
+static char dir_path[4096];
+static int replace_target;
+
+static void sync_dir(void)
+{
+    int fd = open(dir_path, O_RDONLY);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+}
+
+int idl_posix_file_begin(const char *dir, const uint8_t *name, size_t len, int overwrite,
+                         uint32_t (*random32)(void))
+{
+    struct stat st;
+    int i;
+    idl_posix_file_abort();
+    if (dir == NULL || strlen(dir) >= sizeof dir_path) {
+        return -1;
+    }
+    snprintf(dir_path, sizeof dir_path, "%s", dir);
+    if (mkdir(dir_path, 0700) != 0 && errno != EEXIST) {
+        return -1;
+    }
+    snprintf(target_path, sizeof target_path, "%s/%.*s", dir, (int)len, (const char *)name);
+    if (!overwrite && lstat(target_path, &st) == 0) {
+        return -1; /* never replace an existing file unless asked */
+    }
+    for (i = 0; i < 100 && tmp_fd < 0; i++) {
+        snprintf(tmp_path, sizeof tmp_path, "%s/.ymodem-%08lx.part", dir,
+                 (unsigned long)random32());
+        tmp_fd = open(tmp_path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+        if (tmp_fd < 0 && errno != EEXIST) {
+            return -1;
+        }
+    }
+    replace_target = overwrite;
+    return tmp_fd >= 0 ? 0 : -1;
+}
+
+int idl_posix_file_write(uint32_t offset, const uint8_t *data, size_t n)
+{
+    size_t done = 0;
+    if (tmp_fd < 0) {
+        return -1;
+    }
+    while (done < n) {
+        ssize_t k = pwrite(tmp_fd, data + done, n - done, (off_t)offset + (off_t)done);
+        if (k <= 0) {
+            return -1;
+        }
+        done += (size_t)k;
+    }
+    return 0;
+}
+
+int idl_posix_file_commit(uint32_t size)
+{
+    int fd = tmp_fd;
+    if (fd < 0) {
+        return -1;
+    }
+    if (ftruncate(fd, (off_t)size) != 0 || fchmod(fd, 0644) != 0 || fsync(fd) != 0) {
+        idl_posix_file_abort();
+        return -1;
+    }
+    close(fd);
+    tmp_fd = -1;
+    if (replace_target ? rename(tmp_path, target_path) != 0
+                       : link(tmp_path, target_path) != 0) { /* link: never overwrite */
+        unlink(tmp_path);
+        return -1;
+    }
+    if (!replace_target) {
+        unlink(tmp_path);
+    }
+    sync_dir();
+    return 0;
+}
+
+void idl_posix_file_abort(void)
+{
+    if (tmp_fd >= 0) {
+        close(tmp_fd);
+        tmp_fd = -1;
+        unlink(tmp_path);
+    }
+}

@@ -1,0 +1,184 @@
+"""FILE_RECEIVE (0x44) on the posix C device (firmware_ref/port/posix): the framed hand-over, a
+YMODEM batch into ``<flash-dir>/files`` through the C receiver, back to frames.
+
+- ``Device.send_files`` (what ``idemlink send`` runs) into the C device: every file arrives byte
+  for byte, the read-back (FILE_INFO) matches size and CRC-32C, registers answer afterwards;
+  the same files again are "already on the device, identical" (nothing handed over); a changed
+  file is refused without overwrite and replaced with it; nothing temporary is left.
+- The request's forms answer like the simulator: ``44``, ``44 00``, ``44 01`` -> ``44 00`` and the
+  hand-over; any other -> exception 03.
+- lrzsz ``sb`` into the C receiver: the host hands the line over, closes, and sb sends a batch on
+  the same pty (as ``tests/test_ymodem_lrzsz.py`` drives sb against the Python receiver).
+- ``make -C firmware_ref size-device`` lists the receiver as its own module within the budget.
+
+Skips, naming the reason, when make, a C compiler, lrzsz or the ARM toolchain is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idemlink.host.device import Command, CommandKind, Device
+from idemlink.protocol.frame import crc32c
+from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
+from idemlink.protocol.outcome import ModbusException, Outcome
+
+ROOT = Path(__file__).resolve().parents[1]
+FW = ROOT / "firmware_ref"
+BINARY = FW / "build" / "posix" / "idemlink-device"
+
+
+def _make(target: str) -> str:
+    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+class CDevice:
+    """``idemlink-device --flash-dir`` on a new pty (its path is the first line of stdout)."""
+
+    def __init__(self, flash: Path) -> None:
+        self.flash = flash
+        self.proc = subprocess.Popen([str(BINARY), "--flash-dir", str(flash)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        self.path = self.proc.stdout.readline().strip()
+        assert self.path.startswith("/dev/"), self.path
+
+    @property
+    def files(self) -> Path:
+        return self.flash / "files"
+
+    def stop(self) -> str:
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=5)
+        assert self.proc.returncode == 0, err
+        return err
+
+
+@pytest.fixture
+def cdev(tmp_path: Path) -> Iterator[CDevice]:
+    _make("device")
+    dev = CDevice(tmp_path / "flash")
+    try:
+        yield dev
+    finally:
+        if dev.proc.poll() is None:
+            dev.proc.kill()
+            dev.proc.wait()
+
+
+def sha(p: Path) -> str:
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def make_files(d: Path) -> list[Path]:
+    d.mkdir()
+    files = {"image.bin": bytes(range(256)) * 41 + b"tail", "conf with spaces.txt":
+             b"threshold=420\n", "empty": b"", "big.bin": random.Random(5).randbytes(70000)}
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    return [d / name for name in files]
+
+
+def test_send_into_the_c_device_then_frames_again(cdev: CDevice, tmp_path: Path) -> None:
+    files = make_files(tmp_path / "src")
+    with Device.open(cdev.path) as dev:
+        res, report = dev.send_files([str(f) for f in files])
+        assert res.outcome is Outcome.OK
+        assert report is not None and report.ok, report
+        assert [(f.ok, f.verified, f.identical) for f in report.files] == [(True, True, False)] * 4
+        assert dev.write({"threshold": 420}).ok  # back in framed mode
+        for f in files:
+            back = dev.file_info(f.name)
+            data = f.read_bytes()
+            assert back.file == FileInfoResponse(FileInfoStatus.PRESENT, len(data), crc32c(data))
+        _, again = dev.send_files([str(f) for f in files])
+        assert again is not None and again.ok
+        assert [(f.identical, f.detail) for f in again.files] == [
+            (True, "already on the device, identical")] * 4
+    for f in files:
+        assert sha(cdev.files / f.name) == sha(f)
+    assert sorted(p.name for p in cdev.files.iterdir()) == sorted(f.name for f in files)
+    cdev.stop()
+
+
+def test_a_changed_file_is_replaced_only_when_asked(cdev: CDevice, tmp_path: Path) -> None:
+    f = tmp_path / "settings.bin"
+    f.write_bytes(b"first version\n")
+    stored = cdev.files / "settings.bin"
+    with Device.open(cdev.path) as dev:
+        _, first = dev.send_files([str(f)])
+        assert first is not None and first.ok
+        f.write_bytes(b"second version, longer\n")
+        with pytest.raises(ValueError, match="send with --overwrite"):
+            dev.send_files([str(f)])
+        assert stored.read_bytes() == b"first version\n"
+        _, replaced = dev.send_files([str(f)], overwrite=True)
+        assert replaced is not None and replaced.ok and replaced.files[0].verified
+    assert stored.read_bytes() == b"second version, longer\n"
+    assert [p.name for p in cdev.files.iterdir()] == ["settings.bin"]  # no leftovers
+    cdev.stop()
+
+
+def test_the_requests_forms_answer_like_the_simulator(cdev: CDevice) -> None:
+    """``44 02`` and ``44 00 00`` are exception 03 and hand nothing over; registers still answer."""
+    with Device.open(cdev.path) as dev:
+        for values in ((2,), (0, 0)):
+            res = dev.execute(Command(CommandKind.FILE_RECEIVE, 0, values=values))
+            assert res.outcome is Outcome.REJECTED, res
+            assert res.exception is ModbusException.ILLEGAL_DATA_VALUE, res
+        assert dev.read("threshold").ok
+    cdev.stop()
+
+
+@pytest.mark.skipif(not (shutil.which("sb")), reason="needs lrzsz (sb)")
+@pytest.mark.parametrize("k", [True, False], ids=["sb-k", "sb-128"])
+def test_sb_into_the_c_receiver(cdev: CDevice, tmp_path: Path, k: bool) -> None:
+    files = make_files(tmp_path / "src")
+    with Device.open(cdev.path) as dev:
+        res = dev.execute(Command(CommandKind.FILE_RECEIVE, 0))
+        assert res.outcome is Outcome.OK, res
+    args = ["sb", "--ymodem", "-t", "30"] + (["-k"] if k else []) + [p.name for p in files]
+    with open(cdev.path, "r+b", buffering=0) as tty, open(tmp_path / "sb.log", "wb") as log:
+        rc = subprocess.run(args, stdin=tty, stdout=tty, stderr=log, cwd=tmp_path / "src",
+                            timeout=60, check=False).returncode
+    assert rc == 0, (tmp_path / "sb.log").read_text(errors="replace")[-500:]
+    for f in files:
+        assert sha(cdev.files / f.name) == sha(f)
+    with Device.open(cdev.path) as dev:  # back in framed mode
+        data = files[0].read_bytes()
+        back = dev.file_info(files[0].name)
+        assert back.file == FileInfoResponse(FileInfoStatus.PRESENT, len(data), crc32c(data))
+    assert not [p for p in cdev.files.iterdir() if p.name.startswith(".ymodem-")]
+    cdev.stop()
+
+
+def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
+    """Cortex-M0+ and M4, -Os: the framed device <= 6144 B of code, with the YMODEM receiver
+    (its own module line) <= 8192 B; the receiver's 1 KiB block buffer reported apart."""
+    for tool in ("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    rows = [dict(kv.split("=", 1) for kv in ln.split())
+            for ln in _make("size-device").splitlines() if ln.startswith("cpu=")]
+    for cpu in ("cortex-m0plus", "cortex-m4"):
+        mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
+        total, with_ym = mine.pop("total"), mine.pop("total_ymodem")
+        ymodem = mine.pop("ymodem")
+        mine.pop("rtu")
+        assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
+        assert int(with_ym["text"]) == int(total["text"]) + int(ymodem["text"])
+        assert int(total["text"]) + int(total["data"]) <= 6144
+        assert int(with_ym["text"]) + int(with_ym["data"]) <= 8192
+        assert int(with_ym["ram_block"]) == 1024
