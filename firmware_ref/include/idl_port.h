@@ -76,6 +76,11 @@ void idl_port_file_abort(void);
 #ifndef IDL_TRIGGER_MS
 #define IDL_TRIGGER_MS 5000u
 #endif
+/* FILE_RECEIVE (0x44) and the YMODEM receiver: 0 leaves them out (0x44 then answers 01, and
+ * the idl_port_ymodem_block / idl_port_file_begin... functions are not needed). */
+#ifndef IDL_FILE_RECEIVE
+#define IDL_FILE_RECEIVE 1
+#endif
 #ifndef IDL_FILE_QUOTA
 #define IDL_FILE_QUOTA (16u * 1024u * 1024u) /**< bytes one YMODEM batch may store */
 #endif
@@ -85,11 +90,12 @@ typedef struct {
     idl_session_config_t cfg;
     char device_id[IDL_MAX_DEVICE_ID_LEN + 1u];
     idl_session_t session;
+#if IDL_FILE_RECEIVE
     idl_ym_rx_t ym;       /**< the YMODEM receiver while the line is handed over */
-    idl_ym_io_t ym_io;
     uint32_t ym_used;     /**< bytes committed in this batch (IDL_FILE_QUOTA) */
     uint8_t ym_mode;      /**< 0 frames, 1 hand-over answered, 2 YMODEM */
     uint8_t ym_overwrite;
+#endif
 } idl_device_t;
 
 /** Boot: registers from the map and the saved configuration, a fresh epoch, an empty window. */

@@ -106,17 +106,22 @@ typedef struct {
     void *ctx;
 } idl_ym_io_t;
 
-/** Limits and timeouts (ReceiverConfig), in ms. */
+/** Timeouts of idl_ym_config_t.ms (ReceiverConfig), in ms. */
+typedef enum {
+    IDL_YM_T_C_INTERVAL = 0, /**< 'C' while waiting for a header / the first block (3000) */
+    IDL_YM_T_BLOCK = 1,      /**< silence while expecting a block -> NAK (10000) */
+    IDL_YM_T_INTERBYTE = 2,  /**< silence inside a block -> bad packet (1000) */
+    IDL_YM_T_PURGE = 3,      /**< after a bad block, this much silence before NAK (250) */
+    IDL_YM_T_EOT_CONFIRM = 4, /**< no second EOT -> NAK again (5000) */
+    IDL_YM_T_SILENCE = 5     /**< once heard, the longest silence, then CAN (60000; 0: none) */
+} idl_ym_timer_t;
+
+/** Limits and timeouts (ReceiverConfig). */
 typedef struct {
-    uint32_t c_interval_ms;     /**< 'C' while waiting for a header / the first block */
-    uint32_t block_ms;          /**< silence while expecting a block -> NAK */
-    uint32_t interbyte_ms;      /**< silence inside a block -> bad packet */
-    uint32_t purge_quiet_ms;    /**< after a bad block, this much silence before NAK */
-    uint32_t eot_confirm_ms;    /**< no second EOT -> NAK again */
-    uint32_t silence_ms;        /**< once heard, longest silence (then CAN); 0: no limit */
+    uint32_t ms[6];             /**< indexed by idl_ym_timer_t */
     uint32_t max_file_size;     /**< declared sizes above this are refused */
-    uint8_t header_retries;     /**< 'C's for the first header before giving up */
-    uint8_t max_errors;         /**< consecutive errors before CAN */
+    uint8_t header_retries;     /**< 'C's for the first header before giving up (20) */
+    uint8_t max_errors;         /**< consecutive errors before CAN (10) */
     uint8_t max_name;           /**< longest name (bytes), at most 255 */
 } idl_ym_config_t;
 
@@ -167,9 +172,6 @@ typedef struct {
 /* the CAN/BS run at the end of the packet so far holds CAN CAN (the sender cancelling) */
 #define IDL_YM_TAIL_CAN 0x02u
 #define IDL_YM_TAIL_CANCEL 0x04u
-
-/** The defaults of ReceiverConfig (c_interval 3 s, 20 header 'C's, ...), max_file_size as given. */
-void idl_ym_default_config(idl_ym_config_t *cfg, uint32_t max_file_size);
 
 /** Set up a receiver (state WAIT_HEADER); nothing is sent yet. */
 void idl_ym_rx_init(idl_ym_rx_t *rx, const idl_ym_config_t *cfg, const idl_ym_io_t *io,

@@ -27,37 +27,42 @@ static int file_lookup(void *ctx, const uint8_t *name, uint8_t len, uint32_t *si
     return idl_port_file_info(name, len, size, crc);
 }
 
+#if IDL_FILE_RECEIVE
 /* ---- FILE_RECEIVE: the line handed to YMODEM for one batch (device_sim/file_receive.py) ---- */
 
 /* DEVICE_RECEIVER: 'C' every second, ten times, then give up; ReceiverConfig's other defaults */
-static const idl_ym_config_t YM_CONFIG = { 1000u, 10000u, 1000u, 250u, 5000u, 60000u,
+static const idl_ym_config_t YM_CONFIG = { { 1000u, 10000u, 1000u, 250u, 5000u, 60000u },
                                            IDL_FILE_QUOTA, 10u, 10u, (uint8_t)IDL_YM_MAX_NAME };
+
+/* the port's storage is one per firmware, and so is the device receiving into it */
+static idl_device_t *ym_device;
 
 static bool ym_begin(void *ctx, const uint8_t *name, size_t len, uint32_t size, bool known)
 {
-    const idl_device_t *d = (const idl_device_t *)ctx;
-    if (known && size > IDL_FILE_QUOTA - d->ym_used) {
+    (void)ctx;
+    if (known && size > IDL_FILE_QUOTA - ym_device->ym_used) {
         return false; /* the declared size exceeds what the batch may still store */
     }
-    return idl_port_file_begin(name, len, d->ym_overwrite != 0u);
+    return idl_port_file_begin(name, len, ym_device->ym_overwrite != 0u);
 }
 
 static bool ym_write(void *ctx, uint32_t offset, const uint8_t *data, size_t n)
 {
-    const idl_device_t *d = (const idl_device_t *)ctx;
-    if ((uint64_t)d->ym_used + offset + n > IDL_FILE_QUOTA) {
-        return false;
+    uint32_t room = IDL_FILE_QUOTA - ym_device->ym_used;
+    (void)ctx;
+    if (offset > room || n > room - offset) {
+        return false; /* past what the batch may store */
     }
     return idl_port_file_write(offset, data, n);
 }
 
 static bool ym_commit(void *ctx, uint32_t size)
 {
-    idl_device_t *d = (idl_device_t *)ctx;
+    (void)ctx;
     if (!idl_port_file_commit(size)) {
         return false;
     }
-    d->ym_used += size;
+    ym_device->ym_used += size;
     return true;
 }
 
@@ -73,16 +78,18 @@ static void ym_send(void *ctx, const uint8_t *data, size_t n)
     idl_port_write(data, n);
 }
 
+static const idl_ym_io_t YM_IO = { ym_begin, ym_write, ym_commit, ym_abort, ym_send, NULL };
+
 /* `44` or `44 00`: keep existing files; `44 01`: replace them; anything else: exception 03 */
 static uint16_t file_receive(idl_device_t *d, const uint8_t *pdu, uint16_t len, uint8_t *resp)
 {
     resp[0] = (uint8_t)(IDL_MB_FC_FILE_RECEIVE | IDL_MB_EXCEPTION_FLAG);
+    resp[1] = (uint8_t)IDL_MB_EXC_ILLEGAL_FUNCTION;
     if (idl_port_ymodem_block() == NULL) {
-        resp[1] = (uint8_t)IDL_MB_EXC_ILLEGAL_FUNCTION;
         return 2u;
     }
+    resp[1] = (uint8_t)IDL_MB_EXC_ILLEGAL_DATA_VALUE;
     if (len > 2u || (len == 2u && pdu[1] > 1u)) {
-        resp[1] = (uint8_t)IDL_MB_EXC_ILLEGAL_DATA_VALUE;
         return 2u;
     }
     d->ym_mode = 1u; /* the line changes hands once this answer is out */
@@ -91,18 +98,21 @@ static uint16_t file_receive(idl_device_t *d, const uint8_t *pdu, uint16_t len, 
     resp[1] = 0u;
     return 2u;
 }
+#endif
 
 /* FILE_INFO and FILE_RECEIVE are answered here (the register core never sees them, as in
- * device_sim/device.py). */
+ * device_sim/device.py); without IDL_FILE_RECEIVE the register core answers 0x44 with 01. */
 static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
 {
     idl_device_t *d = (idl_device_t *)ctx;
     if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_INFO) {
         return idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
     }
+#if IDL_FILE_RECEIVE
     if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_RECEIVE) {
         return file_receive(d, pdu, len, resp);
     }
+#endif
     return idl_modbus_execute(&d->regs, pdu, len, resp, now);
 }
 
@@ -130,61 +140,69 @@ void idl_device_init(idl_device_t *d)
         epoch = idl_port_entropy32();
     } while (epoch == 0u);
     idl_session_init(&d->session, &d->cfg, epoch);
-    d->ym_io.begin = ym_begin;
-    d->ym_io.write = ym_write;
-    d->ym_io.commit = ym_commit;
-    d->ym_io.abort = ym_abort;
-    d->ym_io.send = ym_send;
-    d->ym_io.ctx = d;
+#if IDL_FILE_RECEIVE
     d->ym_mode = 0u;
+#endif
 }
 
-/* the batch ended: back to frames */
-static void ym_check_end(idl_device_t *d)
+#if IDL_FILE_RECEIVE
+/* the receiver's timers; at the batch's end, back to frames */
+static void ym_run(idl_device_t *d, const uint8_t *data, size_t n, uint32_t now)
 {
+    idl_ym_rx_feed(&d->ym, data, n, now);
     if (idl_ym_rx_finished(&d->ym)) {
         d->ym_mode = 0u;
     }
 }
+#endif
 
 void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n)
 {
     size_t i;
     uint32_t now = idl_port_millis();
     idl_regs_tick(&d->regs, now);
+#if IDL_FILE_RECEIVE
     if (d->ym_mode == 2u) {
-        idl_ym_rx_feed(&d->ym, data, n, now);
-        ym_check_end(d);
+        ym_run(d, data, n, now);
         return;
     }
+#endif
     for (i = 0; i < n; i++) {
         size_t out = idl_session_feed(&d->session, data[i], now);
         if (out != 0u) {
             idl_port_write(d->session.tx, out);
         }
     }
+#if IDL_FILE_RECEIVE
     if (d->ym_mode == 1u) { /* as the simulator: the rest of this read went to the frames */
         d->ym_mode = 2u;
         d->ym_used = 0u;
-        idl_ym_rx_init(&d->ym, &YM_CONFIG, &d->ym_io, idl_port_ymodem_block());
+        ym_device = d;
+        idl_ym_rx_init(&d->ym, &YM_CONFIG, &YM_IO, idl_port_ymodem_block());
         idl_ym_rx_start(&d->ym, now);
     }
+#endif
 }
 
 void idl_device_poll(idl_device_t *d)
 {
     uint32_t now = idl_port_millis();
     idl_regs_tick(&d->regs, now);
+#if IDL_FILE_RECEIVE
     if (d->ym_mode == 2u) {
-        idl_ym_rx_tick(&d->ym, now);
-        ym_check_end(d);
+        ym_run(d, NULL, 0u, now); /* no bytes: the timers alone */
     }
+#endif
 }
 
 void idl_device_stop(idl_device_t *d)
 {
+#if IDL_FILE_RECEIVE
     if (d->ym_mode == 2u) {
         idl_ym_rx_abort(&d->ym);
     }
     d->ym_mode = 0u;
+#else
+    (void)d;
+#endif
 }

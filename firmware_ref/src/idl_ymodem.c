@@ -57,20 +57,6 @@ uint8_t idl_ym_rx_transition(unsigned state, unsigned input)
     return TABLE[state][input];
 }
 
-void idl_ym_default_config(idl_ym_config_t *cfg, uint32_t max_file_size)
-{
-    cfg->c_interval_ms = 3000u;
-    cfg->block_ms = 10000u;
-    cfg->interbyte_ms = 1000u;
-    cfg->purge_quiet_ms = 250u;
-    cfg->eot_confirm_ms = 5000u;
-    cfg->silence_ms = 60000u;
-    cfg->max_file_size = max_file_size;
-    cfg->header_retries = 20u;
-    cfg->max_errors = 10u;
-    cfg->max_name = (uint8_t)IDL_YM_MAX_NAME;
-}
-
 /* ---- output -------------------------------------------------------------------------------- */
 
 static void flush(idl_ym_rx_t *rx)
@@ -87,18 +73,6 @@ static void emit(idl_ym_rx_t *rx, uint8_t b)
         flush(rx);
     }
     rx->out[rx->out_len++] = b;
-}
-
-static void emit_ack_c(idl_ym_rx_t *rx)
-{
-    emit(rx, (uint8_t)IDL_YM_ACK);
-    emit(rx, (uint8_t)IDL_YM_C);
-}
-
-static void arm(idl_ym_rx_t *rx, uint32_t now, uint32_t delay)
-{
-    rx->deadline = now + delay;
-    rx->flags |= IDL_YM_F_DEADLINE;
 }
 
 static bool elapsed(uint32_t now, uint32_t since, uint32_t span) { return now - since >= span; }
@@ -132,39 +106,68 @@ static void refuse(idl_ym_rx_t *rx, idl_ym_end_t why)
     do_abort(rx, why, false);
 }
 
-static bool error(idl_ym_rx_t *rx)
-{
-    rx->errors++;
-    if (rx->errors >= rx->cfg->max_errors) {
-        do_abort(rx, IDL_YM_END_TOO_MANY_ERRORS, false);
-        return true;
-    }
-    return false;
-}
-
 /* ---- actions ------------------------------------------------------------------------------- */
 
-static void ask_header(idl_ym_rx_t *rx, uint32_t now)
+/* What an action answers, unless it is special (0): an end (D_END | why, D_PEER: no CAN), or an
+ * answer byte, 'C' after it, an error to count first, and the timer to arm (D_T(timer)). */
+#define D_ACK 1u
+#define D_NAK 2u
+#define D_C 3u
+#define D_WITH_C 0x04u
+#define D_ERR 0x08u
+#define D_T(t) (uint8_t)(((unsigned)(t) + 1u) << 4)
+#define D_T_NAK 0x60u /* eot_confirm in WAIT_EOT_CONFIRM, else block */
+#define D_END 0x80u
+#define D_PEER 0x40u
+
+static const uint8_t ACTION[] = {
+    0u,                                           /* accept_header */
+    D_END | IDL_YM_END_HEADER_REFUSED,            /* refuse_header */
+    0u,                                           /* end_batch */
+    0u,                                           /* ask_header */
+    D_END | IDL_YM_END_OUT_OF_SEQUENCE,           /* cancel_sequence */
+    D_END | D_PEER | IDL_YM_END_PEER_CANCELLED,   /* peer_cancelled */
+    0u,                                           /* accept_block */
+    D_ACK | D_WITH_C | D_T(IDL_YM_T_C_INTERVAL),  /* reack_header */
+    D_END | IDL_YM_END_OTHER_HEADER,              /* cancel_other_header */
+    D_ERR | D_NAK | D_T(IDL_YM_T_C_INTERVAL),     /* nak_first_block */
+    D_ERR | D_C | D_T(IDL_YM_T_C_INTERVAL),       /* ask_first_block */
+    0u,                                           /* first_eot */
+    0u,                                           /* purge */
+    D_ACK | D_T(IDL_YM_T_BLOCK),                  /* ack_duplicate */
+    D_ERR | D_NAK | D_T_NAK,                      /* nak */
+    0u,                                           /* commit */
+    D_ACK | D_WITH_C | D_T(IDL_YM_T_C_INTERVAL),  /* reack_eot */
+    D_ERR | D_NAK | D_T(IDL_YM_T_C_INTERVAL),     /* nak_stale_eot */
+    0u,                                           /* ask_next_header */
+    D_ACK                                         /* ack_only */
+};
+
+static const uint8_t ANSWER[4] = { 0u, (uint8_t)IDL_YM_ACK, (uint8_t)IDL_YM_NAK, (uint8_t)IDL_YM_C };
+
+static void answer(idl_ym_rx_t *rx, unsigned d, uint32_t now)
 {
-    if (rx->state == (uint8_t)IDL_YM_WAIT_HEADER) { /* nobody has spoken yet: longer patience */
-        rx->c_sent++;
-        if (rx->c_sent > rx->cfg->header_retries) {
-            do_abort(rx, IDL_YM_END_NO_SENDER, false);
+    unsigned t = d >> 4;
+    if ((d & D_ERR) != 0u) {
+        rx->errors++;
+        if (rx->errors >= rx->cfg->max_errors) {
+            do_abort(rx, IDL_YM_END_TOO_MANY_ERRORS, false);
             return;
         }
-    } else if (error(rx)) {
-        return;
     }
-    emit(rx, (uint8_t)IDL_YM_C);
-    arm(rx, now, rx->cfg->c_interval_ms);
-}
-
-/* answer `b` and wait `delay` unless the error limit is reached */
-static void answer_error(idl_ym_rx_t *rx, uint32_t now, uint8_t b, uint32_t delay)
-{
-    if (!error(rx)) {
-        emit(rx, b);
-        arm(rx, now, delay);
+    if ((d & 3u) != 0u) {
+        emit(rx, ANSWER[d & 3u]);
+    }
+    if ((d & D_WITH_C) != 0u) {
+        emit(rx, (uint8_t)IDL_YM_C);
+    }
+    if (t == 6u) {
+        t = 1u + (rx->state == (uint8_t)IDL_YM_WAIT_EOT_CONFIRM ? (unsigned)IDL_YM_T_EOT_CONFIRM
+                                                                : (unsigned)IDL_YM_T_BLOCK);
+    }
+    if (t != 0u) {
+        rx->deadline = now + rx->cfg->ms[t - 1u];
+        rx->flags |= IDL_YM_F_DEADLINE;
     }
 }
 
@@ -181,8 +184,7 @@ static void accept_header(idl_ym_rx_t *rx, uint32_t now)
         return;
     }
     rx->flags |= IDL_YM_F_FILE_OPEN;
-    emit_ack_c(rx);
-    arm(rx, now, rx->cfg->c_interval_ms);
+    answer(rx, D_ACK | D_WITH_C | D_T(IDL_YM_T_C_INTERVAL), now);
 }
 
 static void accept_block(idl_ym_rx_t *rx, uint32_t now)
@@ -202,20 +204,7 @@ static void accept_block(idl_ym_rx_t *rx, uint32_t now)
         rx->delivered += room;
     }
     rx->data_seen = 1;
-    emit(rx, (uint8_t)IDL_YM_ACK);
-    arm(rx, now, rx->cfg->block_ms);
-}
-
-static void first_eot(idl_ym_rx_t *rx, uint32_t now)
-{
-    if ((rx->flags & IDL_YM_F_SIZE_KNOWN) != 0u && rx->delivered < rx->size) {
-        /* the file is incomplete: an EOT here is noise or a short sender */
-        rx->state = (uint8_t)IDL_YM_RECV_DATA;
-        answer_error(rx, now, (uint8_t)IDL_YM_NAK, rx->cfg->block_ms);
-        return;
-    }
-    emit(rx, (uint8_t)IDL_YM_NAK);
-    arm(rx, now, rx->cfg->eot_confirm_ms);
+    answer(rx, D_ACK | D_T(IDL_YM_T_BLOCK), now);
 }
 
 static void commit(idl_ym_rx_t *rx, uint32_t now)
@@ -230,24 +219,30 @@ static void commit(idl_ym_rx_t *rx, uint32_t now)
         return;
     }
     rx->flags &= (uint8_t)~IDL_YM_F_FILE_OPEN;
-    emit_ack_c(rx);
-    arm(rx, now, rx->cfg->c_interval_ms);
+    answer(rx, D_ACK | D_WITH_C | D_T(IDL_YM_T_C_INTERVAL), now);
 }
 
 static void input(idl_ym_rx_t *rx, idl_ym_input_t in, uint32_t now)
 {
     uint8_t entry = idl_ym_rx_transition(rx->state, (unsigned)in);
-    const idl_ym_config_t *cfg = rx->cfg;
+    unsigned action = entry & 31u;
+    unsigned d;
     if (entry == ABSENT) {
         return;
     }
     rx->state = (uint8_t)(entry >> 5);
-    switch (entry & 31u) {
+    d = ACTION[action];
+    if ((d & D_END) != 0u) {
+        do_abort(rx, (idl_ym_end_t)(d & 15u), (d & D_PEER) != 0u);
+        return;
+    }
+    if (d != 0u) {
+        answer(rx, d, now);
+        return;
+    }
+    switch (action) {
     case A_ACCEPT_HEADER:
         accept_header(rx, now);
-        break;
-    case A_REFUSE_HEADER:
-        do_abort(rx, IDL_YM_END_HEADER_REFUSED, false);
         break;
     case A_END_BATCH:
         emit(rx, (uint8_t)IDL_YM_ACK);
@@ -256,58 +251,37 @@ static void input(idl_ym_rx_t *rx, idl_ym_input_t in, uint32_t now)
         break;
     case A_ASK_NEXT_HEADER: /* the sender moved on: an EOT is no longer a repeat */
         rx->flags |= IDL_YM_F_MOVED_ON;
-        ask_header(rx, now);
-        break;
+        /* fall through */
     case A_ASK_HEADER:
-        ask_header(rx, now);
-        break;
-    case A_CANCEL_SEQUENCE:
-        do_abort(rx, IDL_YM_END_OUT_OF_SEQUENCE, false);
-        break;
-    case A_CANCEL_OTHER_HEADER:
-        do_abort(rx, IDL_YM_END_OTHER_HEADER, false);
-        break;
-    case A_PEER_CANCELLED:
-        do_abort(rx, IDL_YM_END_PEER_CANCELLED, true);
+        if (rx->state == (uint8_t)IDL_YM_WAIT_HEADER) { /* nobody has spoken yet: more patience */
+            rx->c_sent++;
+            if (rx->c_sent > rx->cfg->header_retries) {
+                do_abort(rx, IDL_YM_END_NO_SENDER, false);
+                break;
+            }
+            answer(rx, D_C | D_T(IDL_YM_T_C_INTERVAL), now);
+        } else {
+            answer(rx, D_ERR | D_C | D_T(IDL_YM_T_C_INTERVAL), now);
+        }
         break;
     case A_ACCEPT_BLOCK:
         accept_block(rx, now);
         break;
-    case A_REACK_HEADER:
-    case A_REACK_EOT:
-        emit_ack_c(rx);
-        arm(rx, now, cfg->c_interval_ms);
-        break;
-    case A_NAK_FIRST_BLOCK:
-        answer_error(rx, now, (uint8_t)IDL_YM_NAK, cfg->c_interval_ms);
-        break;
-    case A_ASK_FIRST_BLOCK:
-        answer_error(rx, now, (uint8_t)IDL_YM_C, cfg->c_interval_ms);
-        break;
     case A_FIRST_EOT:
-        first_eot(rx, now);
+        if ((rx->flags & IDL_YM_F_SIZE_KNOWN) != 0u && rx->delivered < rx->size) {
+            /* the file is incomplete: an EOT here is noise or a short sender */
+            rx->state = (uint8_t)IDL_YM_RECV_DATA;
+            answer(rx, D_ERR | D_NAK | D_T(IDL_YM_T_BLOCK), now);
+        } else {
+            answer(rx, D_NAK | D_T(IDL_YM_T_EOT_CONFIRM), now);
+        }
         break;
     case A_PURGE: /* drop the line until it is quiet, then NAK */
         rx->flags = (uint8_t)((rx->flags | IDL_YM_F_PURGING) & ~IDL_YM_F_PENDING_CAN);
         rx->last_byte_at = now;
         break;
-    case A_ACK_DUPLICATE:
-        emit(rx, (uint8_t)IDL_YM_ACK);
-        arm(rx, now, cfg->block_ms);
-        break;
-    case A_NAK:
-        answer_error(rx, now, (uint8_t)IDL_YM_NAK,
-                     rx->state == (uint8_t)IDL_YM_WAIT_EOT_CONFIRM ? cfg->eot_confirm_ms
-                                                                  : cfg->block_ms);
-        break;
-    case A_COMMIT:
+    default: /* A_COMMIT */
         commit(rx, now);
-        break;
-    case A_NAK_STALE_EOT:
-        answer_error(rx, now, (uint8_t)IDL_YM_NAK, cfg->c_interval_ms);
-        break;
-    default: /* A_ACK_ONLY */
-        emit(rx, (uint8_t)IDL_YM_ACK);
         break;
     }
 }
@@ -534,28 +508,27 @@ void idl_ym_rx_init(idl_ym_rx_t *rx, const idl_ym_config_t *cfg, const idl_ym_io
 
 void idl_ym_rx_start(idl_ym_rx_t *rx, uint32_t now)
 {
-    emit(rx, (uint8_t)IDL_YM_C);
-    arm(rx, now, rx->cfg->c_interval_ms);
+    answer(rx, D_C | D_T(IDL_YM_T_C_INTERVAL), now);
     flush(rx);
 }
 
 static void tick(idl_ym_rx_t *rx, uint32_t now)
 {
     const idl_ym_config_t *cfg = rx->cfg;
-    if (cfg->silence_ms != 0u && (rx->flags & IDL_YM_F_HEARD) != 0u
-        && rx->state < (uint8_t)IDL_YM_DONE && elapsed(now, rx->last_byte_at, cfg->silence_ms)) {
+    if (cfg->ms[IDL_YM_T_SILENCE] != 0u && (rx->flags & IDL_YM_F_HEARD) != 0u
+        && rx->state < (uint8_t)IDL_YM_DONE && elapsed(now, rx->last_byte_at, cfg->ms[IDL_YM_T_SILENCE])) {
         do_abort(rx, IDL_YM_END_SILENT, false);
         return;
     }
     if ((rx->flags & IDL_YM_F_PURGING) != 0u) {
-        if (elapsed(now, rx->last_byte_at, cfg->purge_quiet_ms)) {
+        if (elapsed(now, rx->last_byte_at, cfg->ms[IDL_YM_T_PURGE])) {
             rx->flags &= (uint8_t)~IDL_YM_F_PURGING;
             input(rx, IDL_YM_IN_BAD_PACKET, now);
         }
         return;
     }
     if (rx->need != 0u) {
-        if (elapsed(now, rx->last_byte_at, cfg->interbyte_ms)) {
+        if (elapsed(now, rx->last_byte_at, cfg->ms[IDL_YM_T_INTERBYTE])) {
             rx->need = 0;
             input(rx, (rx->tail & IDL_YM_TAIL_CANCEL) != 0u ? IDL_YM_IN_CANCEL : IDL_YM_IN_BAD_PACKET,
                   now);

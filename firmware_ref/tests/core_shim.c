@@ -333,12 +333,7 @@ size_t idl_shim_ym_sizeof(void) { return sizeof(idl_shim_ym_t); }
 void idl_shim_ym_init(idl_shim_ym_t *s, const uint32_t *ms, const uint32_t *limits, int refuse)
 {
     memset(s, 0, sizeof *s);
-    s->cfg.c_interval_ms = ms[0];
-    s->cfg.block_ms = ms[1];
-    s->cfg.interbyte_ms = ms[2];
-    s->cfg.purge_quiet_ms = ms[3];
-    s->cfg.eot_confirm_ms = ms[4];
-    s->cfg.silence_ms = ms[5];
+    memcpy(s->cfg.ms, ms, sizeof s->cfg.ms);
     s->cfg.max_file_size = limits[0];
     s->cfg.header_retries = (uint8_t)limits[1];
     s->cfg.max_errors = (uint8_t)limits[2];

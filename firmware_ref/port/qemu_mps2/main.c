@@ -10,6 +10,8 @@
  * clock; counting periodic interrupts instead loses ticks when the host is busy).
  * The configuration is kept in `idemlink-config.bin` in QEMU's working directory through
  * semihosting (a stand-in for a flash sector: written whole, with a CRC, read back at boot).
+ * FILE_RECEIVE (YMODEM) stores files in a 256 KiB RAM area (8 files; lost at reset), where
+ * FILE_INFO finds them.
  * The boot epoch mixes the host's time (semihosting) with SysTick; the device id is fixed by
  * IDL_QEMU_DEVICE_ID. Everything else is the portable core through idl_port.h.
  */
@@ -131,13 +133,90 @@ uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
     return idl_demo_fault_conditions(r, address);
 }
 
+/* ---- files: FILE_RECEIVE stores into RAM (lost at reset), FILE_INFO reads it back ----------- */
+
+#define STORE_BYTES (256u * 1024u)
+#define STORE_FILES 8u
+
+typedef struct {
+    uint8_t name[IDL_YM_MAX_NAME];
+    uint8_t len; /* 0: free */
+    uint32_t start;
+    uint32_t size;
+} stored_file_t;
+
+static uint8_t store[STORE_BYTES];
+static uint32_t store_top; /* files are appended; a replaced file's old bytes stay unused */
+static stored_file_t stored[STORE_FILES];
+static uint8_t ymodem_block[IDL_YM_BLOCK_LARGE];
+static uint8_t open_name[IDL_YM_MAX_NAME];
+static uint8_t open_len; /* 0: no file open */
+
+static stored_file_t *find(const uint8_t *name, size_t len)
+{
+    unsigned i;
+    for (i = 0; i < STORE_FILES; i++) {
+        if (stored[i].len == len && len != 0u && memcmp(stored[i].name, name, len) == 0) {
+            return &stored[i];
+        }
+    }
+    return NULL;
+}
+
+uint8_t *idl_port_ymodem_block(void) { return ymodem_block; }
+
+bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite)
+{
+    if (len == 0u || len > sizeof open_name || (!overwrite && find(name, len) != NULL)) {
+        return false;
+    }
+    memcpy(open_name, name, len);
+    open_len = (uint8_t)len;
+    return true;
+}
+
+bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n)
+{
+    if (open_len == 0u || offset > STORE_BYTES - store_top || n > STORE_BYTES - store_top - offset) {
+        return false;
+    }
+    memcpy(store + store_top + offset, data, n);
+    return true;
+}
+
+bool idl_port_file_commit(uint32_t size)
+{
+    stored_file_t *slot = find(open_name, open_len);
+    unsigned i;
+    for (i = 0; slot == NULL && i < STORE_FILES; i++) { /* a new name: the first free entry */
+        if (stored[i].len == 0u) {
+            slot = &stored[i];
+        }
+    }
+    if (open_len == 0u || slot == NULL || size > STORE_BYTES - store_top) {
+        open_len = 0u;
+        return false;
+    }
+    memcpy(slot->name, open_name, open_len);
+    slot->len = open_len;
+    slot->start = store_top;
+    slot->size = size;
+    store_top += size;
+    open_len = 0u;
+    return true;
+}
+
+void idl_port_file_abort(void) { open_len = 0u; }
+
 int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
 {
-    (void)name;
-    (void)len;
-    (void)size;
-    (void)crc;
-    return 1; /* no file storage on this board */
+    const stored_file_t *f = find(name, len);
+    if (f == NULL) {
+        return 1;
+    }
+    *size = f->size;
+    *crc = idl_crc32c(store + f->start, f->size);
+    return 0;
 }
 
 static idl_device_t device;
