@@ -1,4 +1,7 @@
-/* libFuzzer target: arbitrary bytes into a whole device (framed session + Modbus + registers).
+/* libFuzzer target: arbitrary bytes into a whole device (framed session + Modbus + registers),
+ * and (first byte 0xFE) into the YMODEM receiver: bursts and time steps from the input, checking
+ * that the storage calls keep their contract (begin before write, writes in order and never past
+ * the declared size, commit or abort once per file) and every answer is one of the receiver's.
  * The first bytes of the input steer the frames, the rest is split into chunks; the target checks
  * that nothing crashes or reads out of bounds (ASan/UBSan), that every answer is one delimited
  * frame within IDL_WIRE_MAX, and that the decoder never holds more than IDL_MAX_ENCODED bytes.
@@ -10,6 +13,7 @@
 #include "idl_modbus.h"
 #include "idl_name.h"
 #include "idl_session.h"
+#include "idl_ymodem.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -29,6 +33,144 @@ static void check_answer(const idl_session_t *s, size_t n)
     }
 }
 
+/* ---- the YMODEM receiver ---------------------------------------------------------------- */
+
+static struct {
+    bool open;
+    bool known;
+    uint32_t size;
+    uint32_t next; /* the next offset written */
+} fz;
+
+static bool fz_begin(void *ctx, const uint8_t *name, size_t len, uint32_t size, bool known)
+{
+    (void)ctx;
+    if (fz.open || len == 0u || len > IDL_YM_MAX_NAME || memchr(name, 0, len) != NULL) {
+        abort();
+    }
+    fz.open = true;
+    fz.known = known;
+    fz.size = size;
+    fz.next = 0;
+    return name[0] != 'R'; /* some names refused by the storage */
+}
+
+static bool fz_write(void *ctx, uint32_t offset, const uint8_t *data, size_t n)
+{
+    (void)ctx;
+    if (!fz.open || offset != fz.next || n == 0u || n > IDL_YM_BLOCK_LARGE
+        || (fz.known && offset + n > fz.size)) {
+        abort();
+    }
+    fz.next = offset + (uint32_t)n;
+    return data[0] != 0xEEu || n != 7u;
+}
+
+static bool fz_commit(void *ctx, uint32_t size)
+{
+    (void)ctx;
+    if (!fz.open || size != fz.next || (fz.known && size != fz.size)) {
+        abort();
+    }
+    fz.open = false;
+    return true;
+}
+
+static void fz_abort(void *ctx)
+{
+    (void)ctx;
+    if (!fz.open) {
+        abort();
+    }
+    fz.open = false;
+}
+
+static void fz_send(void *ctx, const uint8_t *data, size_t n)
+{
+    size_t i;
+    (void)ctx;
+    if (n == 0u || n > IDL_YM_OUT_CAP) {
+        abort();
+    }
+    for (i = 0; i < n; i++) {
+        if (data[i] != IDL_YM_ACK && data[i] != IDL_YM_NAK && data[i] != IDL_YM_C
+            && data[i] != IDL_YM_CAN) {
+            abort();
+        }
+    }
+}
+
+static uint16_t crc16(const uint8_t *p, size_t n)
+{
+    unsigned c = 0;
+    size_t i;
+    unsigned k;
+    for (i = 0; i < n; i++) {
+        c ^= (unsigned)p[i] << 8;
+        for (k = 0; k < 8u; k++) {
+            c = ((c << 1) ^ ((c & 0x8000u) != 0u ? 0x1021u : 0u)) & 0xFFFFu;
+        }
+    }
+    return (uint16_t)c;
+}
+
+/* When the first byte of a burst says so, make its leading block valid (complement and CRC), so
+ * the fuzzer reaches headers, data and the EOT machine instead of NAKs */
+static void repair(uint8_t *b, size_t n)
+{
+    size_t len = b[0] == IDL_YM_SOH ? IDL_YM_BLOCK_SMALL : IDL_YM_BLOCK_LARGE;
+    uint16_t c;
+    if ((b[0] != IDL_YM_SOH && b[0] != IDL_YM_STX) || n < len + 5u) {
+        return;
+    }
+    b[2] = (uint8_t)~b[1];
+    c = crc16(b + 3, len);
+    b[3 + len] = (uint8_t)(c >> 8);
+    b[4 + len] = (uint8_t)c;
+}
+
+/* [time step (bit 7: repair the block), burst length / 8, bytes...]... into a receiver with small
+ * limits */
+static void fuzz_ymodem(const uint8_t *data, size_t size)
+{
+    static const idl_ym_config_t cfg = { { 1000u, 10000u, 1000u, 250u, 5000u, 60000u }, 5000u,
+                                         4u, 4u, 64u };
+    static const idl_ym_io_t io = { fz_begin, fz_write, fz_commit, fz_abort, fz_send, NULL };
+    static idl_ym_rx_t rx;
+    static uint8_t block[IDL_YM_BLOCK_LARGE];
+    static uint8_t burst[255u * 8u];
+    uint32_t now = 0;
+    size_t i = 0;
+    memset(&fz, 0, sizeof fz);
+    idl_ym_rx_init(&rx, &cfg, &io, block);
+    idl_ym_rx_start(&rx, now);
+    while (i + 2u <= size) {
+        size_t n = (size_t)data[i + 1u] * 8u;
+        bool fix = (data[i] & 0x80u) != 0u;
+        now += (uint32_t)(data[i] & 0x7Fu) * 125u;
+        i += 2u;
+        if (n > size - i) {
+            n = size - i;
+        }
+        if (n == 0u) {
+            idl_ym_rx_tick(&rx, now);
+        } else {
+            memcpy(burst, data + i, n);
+            if (fix) {
+                repair(burst, n);
+            }
+            idl_ym_rx_feed(&rx, burst, n, now);
+        }
+        i += n;
+    }
+    if (data[0] & 1u) {
+        idl_ym_rx_abort(&rx);
+    }
+    if (idl_ym_rx_finished(&rx) && fz.open) {
+        abort(); /* a finished batch leaves no file open */
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static idl_regs_t regs;
@@ -39,6 +181,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                               32u };
     size_t i;
     uint32_t now = 0;
+    if (size > 1u && data[0] == 0xFEu) {
+        fuzz_ymodem(data + 1, size - 1u);
+        return 0;
+    }
     if (size > 1u && data[0] == 0xFFu) { /* the name rules and FILE_INFO on raw bytes */
         uint8_t answer[IDL_MB_FILE_INFO_ANSWER_LEN];
         (void)idl_name_check(data + 1, size - 1u, 255u);

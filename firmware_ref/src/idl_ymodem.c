@@ -81,7 +81,6 @@ static bool elapsed(uint32_t now, uint32_t since, uint32_t span) { return now - 
 
 static void do_abort(idl_ym_rx_t *rx, idl_ym_end_t why, bool by_peer)
 {
-    unsigned i;
     rx->state = (uint8_t)IDL_YM_ABORTED;
     rx->end = (uint8_t)why;
     rx->flags &= (uint8_t) ~(IDL_YM_F_DEADLINE | IDL_YM_F_PURGING | IDL_YM_F_EOT_PENDING);
@@ -93,6 +92,7 @@ static void do_abort(idl_ym_rx_t *rx, idl_ym_end_t why, bool by_peer)
         }
     }
     if (!by_peer) {
+        unsigned i;
         for (i = 0; i < IDL_YM_CAN_COUNT; i++) {
             emit(rx, (uint8_t)IDL_YM_CAN);
         }
@@ -409,7 +409,6 @@ static void classify(idl_ym_rx_t *rx, uint32_t now)
 
 static void collect(idl_ym_rx_t *rx, uint8_t b, uint32_t now)
 {
-    unsigned i;
     if (b == (uint8_t)IDL_YM_CAN || b == BS) { /* a CAN CAN [CAN|BS]* tail: the sender cancels */
         uint8_t t = rx->tail;
         if (b == (uint8_t)IDL_YM_CAN && (t & IDL_YM_TAIL_CAN) != 0u) {
@@ -428,10 +427,11 @@ static void collect(idl_ym_rx_t *rx, uint8_t b, uint32_t now)
         }
         rx->pkt_len++;
     } else {
+        unsigned c = rx->crc16 ^ ((unsigned)b << 8);
+        unsigned i;
         if (rx->got < rx->blen) {
             rx->block[rx->got++] = b;
         }
-        unsigned c = rx->crc16 ^ ((unsigned)b << 8);
         for (i = 0; i < 8u; i++) { /* CRC-16/XMODEM over payload + CRC: 0 when intact */
             c = (c << 1) ^ ((c & 0x8000u) != 0u ? 0x1021u : 0u);
         }
