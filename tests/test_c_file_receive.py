@@ -9,6 +9,7 @@ YMODEM batch into ``<flash-dir>/files`` through the C receiver, back to frames.
   hand-over; any other -> exception 03.
 - lrzsz ``sb`` into the C receiver: the host hands the line over, closes, and sb sends a batch on
   the same pty (as ``tests/test_ymodem_lrzsz.py`` drives sb against the Python receiver).
+- The same hand-over and batch into the QEMU build (Cortex-M3 code, files kept in RAM).
 - ``make -C firmware_ref size-device`` lists the receiver as its own module within the budget.
 
 Skips, naming the reason, when make, a C compiler, lrzsz or the ARM toolchain is missing.
@@ -29,6 +30,7 @@ from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import ModbusException, Outcome
+from test_c_device import QemuDevice
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
@@ -162,6 +164,26 @@ def test_sb_into_the_c_receiver(cdev: CDevice, tmp_path: Path, k: bool) -> None:
         assert back.file == FileInfoResponse(FileInfoStatus.PRESENT, len(data), crc32c(data))
     assert not [p for p in cdev.files.iterdir() if p.name.startswith(".ymodem-")]
     cdev.stop()
+
+
+def test_send_into_the_qemu_device(tmp_path: Path) -> None:
+    """The receiver as Cortex-M3 code: files stored in the board's RAM, read back by FILE_INFO."""
+    for tool in ("arm-none-eabi-gcc", "qemu-system-arm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    _make("qemu-device")
+    files = make_files(tmp_path / "src")
+    qemu = QemuDevice(FW / "build" / "qemu" / "idemlink-device.elf", tmp_path)
+    try:
+        with Device.open(qemu.path, timeout=0.5) as dev:
+            _, report = dev.send_files([str(f) for f in files])
+            assert report is not None and report.ok, report
+            assert [(f.ok, f.verified) for f in report.files] == [(True, True)] * 4
+            _, again = dev.send_files([str(f) for f in files])
+            assert again is not None and all(f.identical for f in again.files)
+            assert dev.read("threshold").ok
+    finally:
+        qemu.stop()
 
 
 def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
