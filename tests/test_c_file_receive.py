@@ -25,12 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_c_device import QemuDevice
 
 from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import ModbusException, Outcome
-from test_c_device import QemuDevice
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
