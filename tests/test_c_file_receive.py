@@ -7,6 +7,7 @@ YMODEM batch into ``<flash-dir>/files`` through the C receiver, back to frames.
   file is refused without overwrite and replaced with it; nothing temporary is left.
 - The request's forms answer like the simulator: ``44``, ``44 00``, ``44 01`` -> ``44 00`` and the
   hand-over; any other -> exception 03.
+- A batch cut short (the sender's CAN CAN, or the device stopped) leaves no temporary behind.
 - lrzsz ``sb`` into the C receiver: the host hands the line over, closes, and sb sends a batch on
   the same pty (as ``tests/test_ymodem_lrzsz.py`` drives sb against the Python receiver).
 - The same hand-over and batch into the QEMU build (Cortex-M3 code, files kept in RAM).
@@ -21,6 +22,7 @@ import hashlib
 import random
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import ModbusException, Outcome
+from idemlink.protocol.ymodem import build_block, build_header
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
@@ -142,6 +145,32 @@ def test_the_requests_forms_answer_like_the_simulator(cdev: CDevice) -> None:
             assert res.exception is ModbusException.ILLEGAL_DATA_VALUE, res
         assert dev.read("threshold").ok
     cdev.stop()
+
+
+def test_a_batch_cut_short_leaves_nothing(cdev: CDevice) -> None:
+    """Mid-file, the sender cancels (CAN CAN): the temporary is deleted, frames resume. Mid-file
+    again, the device is stopped (SIGTERM): the temporary is deleted too."""
+    _, header = build_header("half.bin", 3000, 0, 0o644)
+    with Device.open(cdev.path) as dev:
+        port = dev.transport.port  # type: ignore[attr-defined]
+        port.timeout = 2
+        for ending in (b"\x18\x18", None):
+            assert dev.execute(Command(CommandKind.FILE_RECEIVE, 0)).outcome is Outcome.OK
+            assert port.read(1) == b"C"
+            port.write(build_block(0, header))
+            assert port.read(2) == b"\x06C"
+            port.write(build_block(1, bytes(1024)))
+            assert port.read(1) == b"\x06"
+            assert [p.name[:8] for p in cdev.files.iterdir()] == [".ymodem-"]
+            if ending is None:
+                cdev.stop()  # its CANs go out as it closes the pty (the differential test
+                break  # checks them): what matters here is the flash
+            port.write(ending)
+            time.sleep(0.3)
+            dev.session.resync()
+            assert dev.read("threshold").ok  # back in framed mode
+            assert list(cdev.files.iterdir()) == []
+    assert list(cdev.files.iterdir()) == []
 
 
 @pytest.mark.skipif(not (shutil.which("sb")), reason="needs lrzsz (sb)")
