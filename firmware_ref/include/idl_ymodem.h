@@ -15,7 +15,9 @@
  *   CRC-32C of the payload (the receiver keeps no copy: one block buffer only);
  * - sizes are 32-bit: a declared size above cfg.max_file_size (at most 0xFFFFFFFF) is refused at
  *   the header (HeaderRefusal.TOO_LARGE), so there is always a limit;
- * - the file's mtime and mode are not parsed (they change no answer).
+ * - the file's mtime and mode are not parsed (they change no answer);
+ * - a failing storage callback cancels at the frame that caused it (the Python driver handles the
+ *   receiver's events after the whole read): the same unless one read holds several frames.
  *
  * Storage (as a bootloader writes flash): begin(name) when a header is accepted (false: CAN, the
  * batch ends), write(offset, data) for each new block's bytes up to the declared size, commit(size)
@@ -132,7 +134,6 @@ typedef struct {
     uint32_t last_byte_at;
     uint32_t deadline;
     uint32_t delivered;      /**< bytes given to write() for this file */
-    uint32_t received;       /**< payload bytes accepted for this file (saturating) */
     uint32_t size;           /**< declared size (if size_known) */
     uint32_t header_crc;     /**< CRC-32C of the accepted block 0 */
     uint32_t last_crc;       /**< CRC-32C of the last valid block in a data state */
@@ -169,9 +170,10 @@ typedef struct {
 #define IDL_YM_F_HEARD 0x20u
 #define IDL_YM_F_SIZE_KNOWN 0x40u
 #define IDL_YM_F_FILE_OPEN 0x80u
-/* the CAN/BS run at the end of the packet so far holds CAN CAN (the sender cancelling) */
-#define IDL_YM_TAIL_CAN 0x02u
-#define IDL_YM_TAIL_CANCEL 0x04u
+/* tail: the last packet byte was CAN / the CAN and BS run ending the packet so far holds CAN CAN
+ * (the sender cancelling inside a block: lrzsz sends CAN x10 then BS x10) */
+#define IDL_YM_TAIL_CAN 0x01u
+#define IDL_YM_TAIL_CANCEL 0x02u
 
 /** Set up a receiver (state WAIT_HEADER); nothing is sent yet. */
 void idl_ym_rx_init(idl_ym_rx_t *rx, const idl_ym_config_t *cfg, const idl_ym_io_t *io,
