@@ -18,6 +18,11 @@
  * | idl_port_fault_conditions   | live conditions of a FAULT register's bits  | main loop     |
  * | idl_port_file_info          | size and CRC-32C of a stored file (0x45)    | main loop     |
  *
+ * Optional, compiled in only with IDL_PORT_EXECUTED=1 (otherwise neither called nor needed, and
+ * the core costs nothing more):
+ *
+ * | idl_port_executed           | one execution: epoch, seq, request, answer  | main loop     |
+ *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
  * (except through idl_port_write / idl_port_flash_save).
@@ -49,6 +54,21 @@ uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
  *  terminator): 0 present (*size, *crc = CRC-32C of its bytes), 1 absent, -1 failed. A device
  *  without file storage returns 1. */
 int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
+
+#ifndef IDL_PORT_EXECUTED
+#define IDL_PORT_EXECUTED 0
+#endif
+#if IDL_PORT_EXECUTED
+/** Optional (IDL_PORT_EXECUTED=1): called once for every request the device runs (the EXECUTED
+ *  disposition; never for a replayed answer or a refusal), right after it ran and before its
+ *  number is committed and its answer sent: the boot epoch, the sequence number, the request PDU
+ *  and the response PDU (the answer's payload without its status byte), and `now`, the
+ *  idl_port_millis() value the request ran at. For a record of executions (the posix port's
+ *  --effects file): write it before returning, and a stop that lets the main loop finish the
+ *  frame it is on never leaves an effect without its record. */
+void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
+                       const uint8_t *response, uint16_t response_len, uint32_t now);
+#endif
 
 /* ---- glue ----------------------------------------------------------------------------------- */
 

@@ -29,12 +29,22 @@ static int file_lookup(void *ctx, const uint8_t *name, uint8_t len, uint32_t *si
 
 /* FILE_INFO is answered here (the register core never sees it, as in device_sim/device.py);
  * FILE_RECEIVE (0x44) is not implemented yet: the register core answers it with exception 01. */
-static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now,
+                        uint32_t seq)
 {
+    idl_device_t *d = (idl_device_t *)ctx;
+    uint16_t n;
     if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_INFO) {
-        return idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
+        n = idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
+    } else {
+        n = idl_modbus_execute(&d->regs, pdu, len, resp, now);
     }
-    return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, resp, now);
+#if IDL_PORT_EXECUTED
+    idl_port_executed(d->session.epoch, seq, pdu, len, resp, n, now);
+#else
+    (void)seq;
+#endif
+    return n;
 }
 
 void idl_device_init(idl_device_t *d)
@@ -51,7 +61,7 @@ void idl_device_init(idl_device_t *d)
     n = idl_port_unique_id(d->device_id, IDL_MAX_DEVICE_ID_LEN);
     d->device_id[n < IDL_MAX_DEVICE_ID_LEN ? n : IDL_MAX_DEVICE_ID_LEN] = '\0';
     d->cfg.execute = execute;
-    d->cfg.ctx = &d->regs;
+    d->cfg.ctx = d;
     d->cfg.name = IDL_DEVICE_NAME;
     d->cfg.device_id = d->device_id;
     d->cfg.map_name = IDL_MAP_NAME;
