@@ -248,3 +248,18 @@ def test_qemu_device_tool_prints_the_port_first_and_stops_on_sigterm(qemu_elf: P
     assert [(r.request.hex(), r.response.hex()) for r in records[1:] if isinstance(r, Run)] == [
         ("06000401ae", "06000401ae")]
     assert (tmp_path / "flash" / "idemlink-config.bin").is_file()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--trigger-duration", "-1"], "must be a finite number of seconds >= 0"),
+    (["--effects", "/nonexistent/dir/effects.jsonl"], "--effects /nonexistent/dir/effects.jsonl"),
+    (["--effects", "with space.jsonl"], "cannot carry whitespace"),
+    (["--port", "/nonexistent/tty"], "cannot open port /nonexistent/tty"),
+])
+def test_qemu_device_tool_refuses_bad_arguments_in_one_line(
+        qemu_elf: Path, tmp_path: Path, args: list[str], says: str) -> None:
+    r = subprocess.run([sys.executable, str(QEMU_TOOL), "--elf", str(qemu_elf), "--flash-dir",
+                        str(tmp_path), *args], capture_output=True, text=True, timeout=30,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == ""
