@@ -11,6 +11,10 @@ crashes are as in-process. SIGTERM rather than a power cut: an execution whose e
 must also be in the effects file, which a kill between the two would tear. The oracle reads only
 the effects file: the device writes a ``boot`` line when it starts and one line per execution,
 flushed.
+The line is ``cfg``'s (``baud`` None: unpaced; ``latency``); the host's retry timeout is
+``retry_timeout`` real seconds, by default ``max(cfg.timeout, DEVICE_TIMEOUT)``, which a device
+written in Python answers within on a loaded machine; a fast device on an unpaced line can be
+driven with a few milliseconds (a retry that comes too early is answered by replay: harmless).
 The environment (inputs, fault conditions) is not moved: the device keeps its inputs at the map's
 defaults. ``DeviceCommandError`` (one line) when the template lacks a placeholder, the device
 does not start (no boot line within ``START_TIMEOUT``) or exits by itself.
@@ -41,6 +45,8 @@ STOP_GRACE = 5.0
 """Seconds a device has to exit after SIGTERM before it is killed."""
 CLOCK_TOLERANCE = 0.002
 """A real clock: a trigger this close to its finish may read RUNNING or DONE."""
+DEVICE_TIMEOUT = 0.1
+"""The least retry timeout (seconds) by default: the in-process 0.03 is simulated time."""
 
 
 class DeviceCommandError(RuntimeError):
@@ -182,13 +188,15 @@ def _workspace() -> Iterator[Path]:
 def run_device_campaign(cfg: CampaignConfig, template: str,
                         progress: Callable[[int], None] | None = None,
                         stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
-                        timeline: list[TimelinePoint] | None = None) -> CampaignReport:
+                        timeline: list[TimelinePoint] | None = None,
+                        retry_timeout: float | None = None) -> CampaignReport:
     link = LinkConfig(
         baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
         frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
         reorder_max_hold=0.01 if cfg.reorder else None, noise_rate=cfg.noise_rate, seed=cfg.seed)
     link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
-    cfg = replace(cfg, timeout=max(cfg.timeout, 0.1))
+    cfg = replace(cfg, timeout=max(cfg.timeout, DEVICE_TIMEOUT) if retry_timeout is None
+                  else retry_timeout)
     with _workspace() as work, LinkProxy(None, None, link, link_back) as proxy:
         proxy.start()
         flash = work / "flash"
@@ -214,4 +222,4 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
                 transport.close()
 
 
-__all__ = ["DeviceCommandError", "EffectsReader", "run_device_campaign"]
+__all__ = ["DEVICE_TIMEOUT", "DeviceCommandError", "EffectsReader", "run_device_campaign"]

@@ -17,8 +17,10 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp,
+                        uint32_t now, uint32_t seq)
 {
+    (void)seq;
     return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, resp, now);
 }
 

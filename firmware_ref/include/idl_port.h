@@ -21,6 +21,11 @@
  * | idl_port_file_begin/write/  | FILE_RECEIVE (0x44) storage: open, write a  | main loop     |
  * |   commit/abort              | block, make visible, drop (see below)       |               |
  *
+ * Optional, compiled in only with IDL_PORT_EXECUTED=1 (otherwise neither called nor needed, and
+ * the core costs nothing more):
+ *
+ * | idl_port_executed           | one execution: epoch, seq, request, answer  | main loop     |
+ *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
  * (except through idl_port_write / idl_port_flash_save).
@@ -67,6 +72,21 @@ bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite);
 bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n);
 bool idl_port_file_commit(uint32_t size);
 void idl_port_file_abort(void);
+
+#ifndef IDL_PORT_EXECUTED
+#define IDL_PORT_EXECUTED 0
+#endif
+#if IDL_PORT_EXECUTED
+/** Optional (IDL_PORT_EXECUTED=1): called once for every request the device runs (the EXECUTED
+ *  disposition; never for a replayed answer or a refusal), right after it ran and before its
+ *  number is committed and its answer sent: the boot epoch, the sequence number, the request PDU
+ *  and the response PDU (the answer's payload without its status byte), and `now`, the
+ *  idl_port_millis() value the request ran at. For a record of executions (the posix port's
+ *  --effects file): write it before returning, and a stop that lets the main loop finish the
+ *  frame it is on never leaves an effect without its record. */
+void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
+                       const uint8_t *response, uint16_t response_len, uint32_t now);
+#endif
 
 /* ---- glue ----------------------------------------------------------------------------------- */
 

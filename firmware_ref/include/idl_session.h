@@ -39,10 +39,11 @@
 #error "idemlink_proto.h is older than this core: regenerate it with `idemlink contract`"
 #endif
 
-/** Run one request PDU at `now` (ms); write the response PDU (at most 253 bytes) to `resp`
- *  and return its length. Called at most once per (epoch, sequence number). */
+/** Run one request PDU, numbered `seq` in the session's epoch, at `now` (ms); write the response
+ *  PDU (at most 253 bytes) to `resp` and return its length. Called at most once per (epoch,
+ *  sequence number), before the number is committed and the answer stored or sent. */
 typedef uint16_t (*idl_execute_fn)(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp,
-                                   uint32_t now);
+                                   uint32_t now, uint32_t seq);
 
 /** What a session advertises and runs (caller-owned, must outlive the session). */
 typedef struct {

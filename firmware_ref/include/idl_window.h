@@ -19,6 +19,8 @@
  * Usage: call idl_window_check() as early as you like (it is pure); call idl_window_commit()
  * only once the frame passed its integrity check (CRC, later the MAC) and act on the verdict
  * commit returns. A forged far-ahead number that fails the CRC then cannot wipe the window.
+ * Pure is not atomic: when commit runs in an interrupt, serialise check with it (a check torn by
+ * a commit can combine the old and new state and answer DUPLICATE for a number never committed).
  */
 #ifndef IDL_WINDOW_H
 #define IDL_WINDOW_H

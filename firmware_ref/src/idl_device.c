@@ -102,18 +102,26 @@ static uint16_t file_receive(idl_device_t *d, const uint8_t *pdu, uint16_t len, 
 
 /* FILE_INFO and FILE_RECEIVE are answered here (the register core never sees them, as in
  * device_sim/device.py); without IDL_FILE_RECEIVE the register core answers 0x44 with 01. */
-static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now,
+                        uint32_t seq)
 {
     idl_device_t *d = (idl_device_t *)ctx;
+    uint16_t n;
     if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_INFO) {
-        return idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
-    }
+        n = idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
 #if IDL_FILE_RECEIVE
-    if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_RECEIVE) {
-        return file_receive(d, pdu, len, resp);
-    }
+    } else if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_RECEIVE) {
+        n = file_receive(d, pdu, len, resp);
 #endif
-    return idl_modbus_execute(&d->regs, pdu, len, resp, now);
+    } else {
+        n = idl_modbus_execute(&d->regs, pdu, len, resp, now);
+    }
+#if IDL_PORT_EXECUTED
+    idl_port_executed(d->session.epoch, seq, pdu, len, resp, n, now);
+#else
+    (void)seq;
+#endif
+    return n;
 }
 
 void idl_device_init(idl_device_t *d)

@@ -120,7 +120,8 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     if (v == IDL_VERDICT_NEW || v == IDL_VERDICT_ACCEPT_OLD) {
         uint8_t slot = idl_replay_claim(&s->cache, f->seq);
         uint8_t *out = idl_replay_data(&s->cache, slot);
-        uint16_t n = s->cfg->execute(s->cfg->ctx, f->payload, f->length, out + 1, now);
+        uint16_t n = s->cfg->execute(s->cfg->ctx, f->payload, f->length, out + 1, now,
+                                    f->seq);
         if (n > RESPONSE_PDU_MAX) {
             n = RESPONSE_PDU_MAX;
         }

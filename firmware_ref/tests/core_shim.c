@@ -82,9 +82,11 @@ static bool persist(void *ctx, const idl_regs_t *r, const uint16_t *planned, uin
     return true;
 }
 
-static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now)
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now,
+                        uint32_t seq)
 {
     idl_shim_t *s = (idl_shim_t *)ctx;
+    (void)seq;
     return idl_modbus_execute(&s->regs, pdu, len, resp, now);
 }
 

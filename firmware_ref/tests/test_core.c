@@ -175,8 +175,12 @@ static void test_registers(void)
     CHECK(run(unknown, 0u) == 2u && resp[0] == 0x80 && resp[1] == 3u);
 }
 
-static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *out, uint32_t now)
+static uint32_t executed_seq; /* the number the last execution ran under */
+
+static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *out, uint32_t now,
+                        uint32_t seq)
 {
+    executed_seq = seq;
     return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, out, now);
 }
 
@@ -218,6 +222,7 @@ static void test_session(void)
     CHECK(idl_session_first_seq(&session) == 1u + IDL_WINDOW_SIZE);
     CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f) && f.flags == 0u);
     CHECK(f.length == 6u && f.payload[0] == IDL_STATUS_OK && regs.generation == 1u);
+    CHECK(executed_seq == 10u);
     CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f));
     CHECK(f.flags == IDL_FLAG_REPLAY && f.length == 6u && regs.generation == 1u);
     CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, other, sizeof other, &f));
@@ -225,6 +230,7 @@ static void test_session(void)
     CHECK(exchange(IDL_FT_REQUEST, epoch + 1u, 11u, write, sizeof write, &f));
     CHECK(f.length == 5u && f.payload[0] == IDL_STATUS_EPOCH_MISMATCH && f.payload[1] == 0x35u);
     CHECK(exchange(IDL_FT_REQUEST, epoch, 10u + IDL_WINDOW_SIZE, other, sizeof other, &f));
+    CHECK(executed_seq == 10u + IDL_WINDOW_SIZE);
     CHECK(exchange(IDL_FT_REQUEST, epoch, 10u, write, sizeof write, &f));
     CHECK(f.length == 1u && f.payload[0] == IDL_STATUS_TOO_OLD);
     CHECK(!exchange(IDL_FT_RESPONSE, epoch, 12u, write, sizeof write, &f));

@@ -2,7 +2,7 @@
  * idemlink-device: the C device core on a POSIX host, served like `idemlink sim`.
  *
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
- *                   [--trigger-duration SECONDS] [--baudrate N] [--stats]
+ *                   [--trigger-duration SECONDS] [--baudrate N] [--stats] [--effects FILE]
  *                   [--modbus-rtu [--unit N]]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
@@ -14,6 +14,12 @@
  * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
  * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
  * slave (unit --unit, default 1; t3.5 from --baudrate, 1.75 ms above 19200 Bd and on a pty).
+ * --effects FILE appends the device's record to FILE, as `idemlink sim --effects` does (the format
+ * `idemlink soak --device-cmd` judges): one JSON line {"boot": epoch, "time": t} before serving,
+ * then {"epoch", "seq", "request": hex, "response": hex, "time": t} per execution (through the
+ * core's optional idl_port_executed), each line one write(2) on an O_APPEND descriptor, before
+ * the answer goes out; `time` is seconds of the device's clock (idl_port_millis, which starts at
+ * 0 when the process starts).
  *
  * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
  */
@@ -34,6 +40,10 @@
 #include "posix_files.h"
 #include "../demo_conditions.h"
 
+#if !IDL_PORT_EXECUTED
+#error "build the posix port with -DIDL_PORT_EXECUTED=1: --effects records through idl_port_executed"
+#endif
+
 #define PROG "idemlink-device"
 #define TICK_MS 20
 
@@ -44,6 +54,9 @@ static const char *given_id;
 static int have_seed;
 static int print_stats;
 static unsigned long long seed_state;
+static int effects_fd = -1;
+static unsigned long long effects_ms; /* the last recorded time, widened past the 2^32 ms wrap */
+static struct timespec clock_origin;
 
 static void on_signal(int signum)
 {
@@ -86,12 +99,79 @@ uint32_t idl_port_entropy32(void) { return (uint32_t)random64(); }
 
 /* ---- clock ----------------------------------------------------------------------------------- */
 
+/* Milliseconds since the process started (main() sets the origin first). */
 uint32_t idl_port_millis(void)
 {
     struct timespec ts;
+    long long ms;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint32_t)((unsigned long long)ts.tv_sec * 1000ull
-                      + (unsigned long long)ts.tv_nsec / 1000000ull);
+    ms = (long long)(ts.tv_sec - clock_origin.tv_sec) * 1000ll
+         + (long long)(ts.tv_nsec / 1000000l) - (long long)(clock_origin.tv_nsec / 1000000l);
+    return (uint32_t)ms;
+}
+
+/* ---- the effects file (--effects) ------------------------------------------------------------ */
+
+static void effects_append(const char *line, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t k = write(effects_fd, line + done, n - done);
+        if (k < 0 && errno == EINTR) {
+            continue;
+        }
+        if (k <= 0) {
+            fail(1, "--effects: cannot append the record", strerror(errno));
+        }
+        done += (size_t)k;
+    }
+}
+
+/* Seconds with millisecond precision, without floating point: "12.345". */
+static int effects_time(char *buf, size_t cap, uint32_t now)
+{
+    effects_ms += (uint32_t)(now - (uint32_t)effects_ms);
+    return snprintf(buf, cap, "%llu.%03llu", effects_ms / 1000ull, effects_ms % 1000ull);
+}
+
+static size_t put_hex(char *out, const uint8_t *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t i;
+    for (i = 0; i < n; i++) {
+        out[2u * i] = digits[p[i] >> 4];
+        out[2u * i + 1u] = digits[p[i] & 15u];
+    }
+    return 2u * n;
+}
+
+static void effects_boot(uint32_t epoch, uint32_t now)
+{
+    char line[96];
+    char t[32];
+    int n;
+    (void)effects_time(t, sizeof t, now);
+    n = snprintf(line, sizeof line, "{\"boot\": %lu, \"time\": %s}\n", (unsigned long)epoch, t);
+    effects_append(line, (size_t)n);
+}
+
+void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
+                       const uint8_t *response, uint16_t response_len, uint32_t now)
+{
+    char line[160 + 2u * (IDL_MAX_PAYLOAD + IDL_MAX_PAYLOAD)];
+    char t[32];
+    size_t n;
+    if (effects_fd < 0) {
+        return;
+    }
+    (void)effects_time(t, sizeof t, now);
+    n = (size_t)snprintf(line, sizeof line, "{\"epoch\": %lu, \"seq\": %lu, \"request\": \"",
+                         (unsigned long)epoch, (unsigned long)seq);
+    n += put_hex(line + n, request, request_len);
+    n += (size_t)snprintf(line + n, sizeof line - n, "\", \"response\": \"");
+    n += put_hex(line + n, response, response_len);
+    n += (size_t)snprintf(line + n, sizeof line - n, "\", \"time\": %s}\n", t);
+    effects_append(line, n);
 }
 
 /* ---- bytes out --------------------------------------------------------------------------------- */
@@ -515,7 +595,7 @@ static long parse_long(const char *opt, const char *text)
 static void usage(void)
 {
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
-                    "[--trigger-duration SECONDS] [--baudrate N] [--stats] "
+                    "[--trigger-duration SECONDS] [--baudrate N] [--stats] [--effects FILE] "
                     "[--modbus-rtu [--unit N]]\n");
     exit(2);
 }
@@ -593,6 +673,7 @@ static void serve_rtu(long baudrate)
 int main(int argc, char **argv)
 {
     const char *port = NULL;
+    const char *effects = NULL;
     long baudrate = 115200;
     long unit = 1;
     int rtu_mode = 0;
@@ -601,6 +682,7 @@ int main(int argc, char **argv)
     const char *path;
     struct sigaction sa;
     int i;
+    clock_gettime(CLOCK_MONOTONIC, &clock_origin);
     memset(&sa, 0, sizeof sa); /* no SA_RESTART: a signal wakes the select and the loop ends */
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
@@ -628,6 +710,8 @@ int main(int argc, char **argv)
             port = val;
         } else if (strcmp(opt, "--flash-dir") == 0) {
             flash_dir = val;
+        } else if (strcmp(opt, "--effects") == 0) {
+            effects = val;
         } else if (strcmp(opt, "--device-id") == 0) {
             if (!valid_id(val, strlen(val))) {
                 fprintf(stderr, PROG ": device id '%s' must be 1-64 characters of "
@@ -653,13 +737,29 @@ int main(int argc, char **argv)
         } else if (strcmp(opt, "--trigger-duration") == 0 || strcmp(opt, "--trigger-seconds") == 0) {
             char *end;
             trigger_s = strtod(val, &end);
-            if (*end != '\0' || !(trigger_s >= 0.0 && trigger_s < 4.0e6)) {
-                fprintf(stderr, PROG ": trigger duration %s must be a number of seconds >= 0\n",
-                        val);
+            if (*end != '\0' || end == val) {
+                fprintf(stderr, PROG ": %s: %s is not a number\n", opt, val);
+                return 2;
+            }
+            /* like `idemlink sim`; the core counts milliseconds in 32 bits (49.7 days) */
+            if (!(trigger_s >= 0.0 && trigger_s <= 4.0e6)) {
+                fprintf(stderr, PROG ": trigger duration %s must be a finite number of seconds "
+                                ">= 0 (at most 4000000)\n", val);
                 return 1;
             }
         } else {
             usage();
+        }
+    }
+    if (effects != NULL) {
+        if (rtu_mode) {
+            fail(1, "--effects records the framed device's executions; it does not apply to "
+                    "--modbus-rtu", NULL);
+        }
+        effects_fd = open(effects, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (effects_fd < 0) {
+            fprintf(stderr, PROG ": --effects %s: %s\n", effects, strerror(errno));
+            return 1;
         }
     }
     if (flash_dir != NULL && mkdir(flash_dir, 0700) != 0 && errno != EEXIST) {
@@ -720,6 +820,9 @@ int main(int argc, char **argv)
     }
     idl_device_init(&device);
     device.regs.trigger_ms = (uint32_t)(trigger_s * 1000.0 + 0.5);
+    if (effects_fd >= 0) {
+        effects_boot(device.session.epoch, idl_port_millis());
+    }
     printf("%s\n", path);
     fflush(stdout);
 

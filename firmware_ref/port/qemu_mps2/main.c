@@ -14,8 +14,19 @@
  * FILE_INFO finds them.
  * The boot epoch mixes the host's time (semihosting) with SysTick; the device id is fixed by
  * IDL_QEMU_DEVICE_ID. Everything else is the portable core through idl_port.h.
+ *
+ * `tools/qemu-device` runs it as a device command: it passes words on the semihosting command
+ * line (`-semihosting-config ...,arg=WORD`), each optional:
+ *   effects=PATH   append the record of boots and executions to PATH (the effects file of
+ *                  `idemlink soak --device-cmd`, written like the posix port's --effects)
+ *   trigger_ms=N   how long a trigger stays RUNNING
+ *   entropy=HEX    32 bits from the host's random source, mixed into the boot epoch (a TRNG's
+ *                  stand-in: two boots within one host second then still draw different epochs)
+ * and UART1 is its stop line: any byte received there ends the program through semihosting
+ * after the frame in hand is finished (a stop never falls between an effect and its record).
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -35,7 +46,24 @@
 #define UART_BAUDDIV (*(volatile uint32_t *)(UART0_BASE + 0x10u))
 #define UART_STATE_TX_FULL 0x1u
 #define UART_STATE_RX_FULL 0x2u
+#define UART1_BASE 0x40005000u
+#define UART1_DATA (*(volatile uint32_t *)(UART1_BASE + 0x00u))
+#define UART1_STATE (*(volatile uint32_t *)(UART1_BASE + 0x04u))
+#define UART1_CTRL (*(volatile uint32_t *)(UART1_BASE + 0x08u))
 
+#define UART_INTSTATUS (*(volatile uint32_t *)(UART0_BASE + 0x0Cu))
+#define UART1_INTSTATUS (*(volatile uint32_t *)(UART1_BASE + 0x0Cu))
+#define UART_CTRL_RX_INTEN 0x8u
+#define UART_INT_RX 0x2u
+#define TIMER1_CTRL (*(volatile uint32_t *)0x40001000u)
+#define TIMER1_VALUE (*(volatile uint32_t *)0x40001004u)
+#define TIMER1_RELOAD (*(volatile uint32_t *)0x40001008u)
+#define TIMER1_INTCLEAR (*(volatile uint32_t *)0x4000100Cu)
+#define NVIC_ISER (*(volatile uint32_t *)0xE000E100u)
+#define NVIC_ICPR (*(volatile uint32_t *)0xE000E280u)
+/* mps2-an385 interrupt numbers: UART0 RX 0, UART1 RX 2, timer 1 9 */
+#define WAKE_IRQS ((1u << 0) | (1u << 2) | (1u << 9))
+#define TICK_MS 20u
 #define TIMER0_CTRL (*(volatile uint32_t *)0x40000000u)
 #define TIMER0_VALUE (*(volatile uint32_t *)0x40000004u)
 #define TIMER0_RELOAD (*(volatile uint32_t *)0x40000008u)
@@ -43,6 +71,97 @@
 
 static uint32_t timer_last;
 static uint64_t cycles;
+static FILE *effects;
+static uint32_t host_entropy;
+
+/* ---- the semihosting command line --------------------------------------------------------- */
+
+#define SYS_GET_CMDLINE 0x15
+
+static int semihost(int op, void *arg)
+{
+    register int r0 __asm__("r0") = op;
+    register void *r1 __asm__("r1") = arg;
+    __asm__ volatile("bkpt 0xAB" : "+r"(r0) : "r"(r1) : "memory");
+    return r0;
+}
+
+static char cmdline[512];
+static char *words[8];
+static size_t word_count;
+
+/* The value of word `key=...` on the command line, or NULL. */
+static const char *cmdline_value(const char *key)
+{
+    size_t k = strlen(key);
+    size_t i;
+    for (i = 0; i < word_count; i++) {
+        if (strncmp(words[i], key, k) == 0 && words[i][k] == '=') {
+            return words[i] + k + 1;
+        }
+    }
+    return NULL;
+}
+
+/* Read the command line and split it into words at spaces. */
+static void read_cmdline(void)
+{
+    struct {
+        char *buf;
+        int len;
+    } block = { cmdline, (int)sizeof cmdline - 1 };
+    char *p = cmdline;
+    if (semihost(SYS_GET_CMDLINE, &block) != 0) {
+        cmdline[0] = '\0';
+    }
+    cmdline[sizeof cmdline - 1u] = '\0';
+    while (*p != '\0' && word_count < sizeof words / sizeof words[0]) {
+        words[word_count++] = p;
+        p = strchr(p, ' ');
+        if (p == NULL) {
+            break;
+        }
+        *p++ = '\0';
+    }
+}
+
+/* ---- the effects record ------------------------------------------------------------------- */
+
+static size_t put_hex(char *out, const uint8_t *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    size_t i;
+    for (i = 0; i < n; i++) {
+        out[2u * i] = digits[p[i] >> 4];
+        out[2u * i + 1u] = digits[p[i] & 15u];
+    }
+    return 2u * n;
+}
+
+static void effects_line(const char *line, size_t n)
+{
+    if (fwrite(line, 1, n, effects) != n || fflush(effects) != 0) {
+        exit(1); /* an execution without its record would mislead whoever reads the file */
+    }
+}
+
+void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
+                       const uint8_t *response, uint16_t response_len, uint32_t now)
+{
+    static char line[160u + 4u * IDL_MAX_PAYLOAD];
+    size_t n;
+    if (effects == NULL) {
+        return;
+    }
+    n = (size_t)sprintf(line, "{\"epoch\": %lu, \"seq\": %lu, \"request\": \"",
+                        (unsigned long)epoch, (unsigned long)seq);
+    n += put_hex(line + n, request, request_len);
+    n += (size_t)sprintf(line + n, "\", \"response\": \"");
+    n += put_hex(line + n, response, response_len);
+    n += (size_t)sprintf(line + n, "\", \"time\": %lu.%03lu}\n", (unsigned long)(now / 1000u),
+                         (unsigned long)(now % 1000u));
+    effects_line(line, n);
+}
 
 /* Main loop only (it accumulates): the timer wraps every 171 s, the loop reads it far more often. */
 uint32_t idl_port_millis(void)
@@ -124,7 +243,7 @@ size_t idl_port_unique_id(char *buf, size_t cap)
 
 uint32_t idl_port_entropy32(void)
 {
-    uint32_t seed = (uint32_t)time(NULL) ^ (TIMER0_VALUE << 7);
+    uint32_t seed = (uint32_t)time(NULL) ^ (TIMER0_VALUE << 7) ^ host_entropy;
     return idl_crc32c((const uint8_t *)&seed, sizeof seed); /* mixed, non-zero almost always */
 }
 
@@ -225,23 +344,66 @@ int main(void)
 {
     uint32_t polled = 0;
     UART_BAUDDIV = CPU_HZ / 115200u;
-    UART_CTRL = 0x3u; /* TX and RX enabled, no interrupts: the loop polls */
+    /* Interrupts stay masked (PRIMASK): their only use is to wake the WFI of the idle loop. */
+    __asm__ volatile("cpsid i" ::: "memory");
+    UART_CTRL = 0x3u | UART_CTRL_RX_INTEN; /* TX and RX; RX raises its (masked) interrupt */
     TIMER0_RELOAD = 0xFFFFFFFFu;
     TIMER0_VALUE = 0xFFFFFFFFu;
     timer_last = 0xFFFFFFFFu;
     TIMER0_CTRL = 1u; /* enabled, no interrupt */
+    UART1_CTRL = 0x2u | UART_CTRL_RX_INTEN; /* RX only: the stop line */
+    TIMER1_RELOAD = CPU_HZ / 1000u * TICK_MS;
+    TIMER1_VALUE = CPU_HZ / 1000u * TICK_MS;
+    TIMER1_CTRL = 1u | 8u; /* enabled, interrupt: the idle loop's tick */
+    NVIC_ISER = WAKE_IRQS;
+    read_cmdline();
+    {
+        const char *v = cmdline_value("entropy");
+        host_entropy = v != NULL ? (uint32_t)strtoul(v, NULL, 16) : 0u;
+        v = cmdline_value("effects");
+        if (v != NULL && (effects = fopen(v, "a")) == NULL) {
+            return 1;
+        }
+    }
     idl_device_init(&device);
+    {
+        const char *v = cmdline_value("trigger_ms");
+        if (v != NULL) {
+            device.regs.trigger_ms = (uint32_t)strtoul(v, NULL, 10);
+        }
+    }
+    if (effects != NULL) {
+        char line[64];
+        uint32_t now = idl_port_millis();
+        int n = sprintf(line, "{\"boot\": %lu, \"time\": %lu.%03lu}\n",
+                        (unsigned long)device.session.epoch, (unsigned long)(now / 1000u),
+                        (unsigned long)(now % 1000u));
+        effects_line(line, (size_t)n);
+    }
     for (;;) {
         uint8_t chunk[64];
         size_t n = 0;
+        /* clear the wake-up sources first: whatever arrives after this wakes the next WFI */
+        UART_INTSTATUS = UART_INT_RX;
+        UART1_INTSTATUS = UART_INT_RX;
+        TIMER1_INTCLEAR = 1u;
+        NVIC_ICPR = WAKE_IRQS;
+        if (UART1_STATE & UART_STATE_RX_FULL) {
+            return 0; /* stop requested: between two chunks, so never inside a frame's work */
+        }
         while (n < sizeof chunk && (UART_STATE & UART_STATE_RX_FULL)) {
             chunk[n++] = (uint8_t)UART_DATA;
         }
         if (n != 0u) {
             idl_device_rx(&device, chunk, n);
-        } else if (idl_port_millis() != polled) {
+            continue;
+        }
+        if (idl_port_millis() != polled) {
             polled = idl_port_millis();
             idl_device_poll(&device);
         }
+        /* idle until a byte or the next tick: spinning on the UART's registers would keep QEMU's
+         * I/O thread from delivering the bytes (and on a board, burn power) */
+        __asm__ volatile("wfi" ::: "memory");
     }
 }

@@ -1,0 +1,61 @@
+#!/usr/bin/env python3
+"""Write the output of `make bench-device` into README.md as a table, never typed by hand.
+
+    bench_device_docs.py BENCH_OUTPUT README.md
+
+BENCH_OUTPUT holds the bench's lines (`case=read registers=9 crc_table=1 instr_per_request=...`);
+the table replaces what stands between `<!-- bench_device:begin -->` and
+`<!-- bench_device:end -->` (the markers stay). Missing markers: one line on stderr, exit 1, the
+file untouched. `table(text)` is what the tests compare the README with.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+BEGIN = "<!-- bench_device:begin -->"
+END = "<!-- bench_device:end -->"
+CASES = {"read": "executed (a new number)", "replay": "replayed (a retransmission)"}
+TABLES = {"1": "nibble table (64 B, default)", "2": "byte table (1 KiB)"}
+
+
+def parse(text: str) -> list[dict[str, str]]:
+    return [dict(kv.split("=", 1) for kv in line.split())
+            for line in text.splitlines() if line.startswith("case=")]
+
+
+def table(text: str) -> str:
+    rows = parse(text)
+    by = {(r["case"], r["crc_table"]): r["instr_per_request"] for r in rows}
+    modes = sorted({r["crc_table"] for r in rows})
+    out = ["| request (FC03 of all " + rows[0]["registers"] + " registers) | "
+           + " | ".join(f"CRC-32C {TABLES.get(m, m)}" for m in modes) + " |",
+           "|---|" + "---|" * len(modes)]
+    for case in dict.fromkeys(r["case"] for r in rows):
+        out.append(f"| {CASES.get(case, case)} | "
+                   + " | ".join(by.get((case, m), "") for m in modes) + " |")
+    return "\n".join(out) + "\n"
+
+
+def replace(doc: Path, body: str) -> None:
+    old = doc.read_text(encoding="utf-8")
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(old):
+        print(f"{doc}: no {BEGIN} ... {END} markers", file=sys.stderr)
+        sys.exit(1)
+    doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{body}{END}", old, count=1),
+                   encoding="utf-8")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: bench_device_docs.py BENCH_OUTPUT README.md", file=sys.stderr)
+        return 2
+    replace(Path(argv[1]), table(Path(argv[0]).read_text(encoding="utf-8")))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

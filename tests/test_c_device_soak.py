@@ -1,0 +1,265 @@
+"""The C device (firmware_ref/) as the device under test of ``idemlink soak --device-cmd``.
+
+- The posix build's ``--effects FILE`` writes the record the simulator's ``--effects`` writes (the
+  same keys in the same order, hex PDUs, a boot line before serving, one line per execution and
+  none for a replay), appended across restarts; ``--effects`` and ``--trigger-duration`` are
+  refused like the simulator's, and a trigger runs for the given duration as ``DeviceCore``'s.
+- The soak: 20,000 commands against the posix device (10 % frame loss, 2 % duplication and
+  corruption each way, reboots every ~500 commands, host-process crashes every ~250), and 2,000
+  against the firmware on QEMU's Cortex-M3 through ``firmware_ref/tools/qemu-device`` (a reboot
+  is QEMU stopped and started again, the configuration kept through semihosting); both must PASS
+  with 0 duplicated effects, 0 lost acknowledged writes, 0 misclassified.
+
+The line between host and device is a real-time pty proxy with the emulator's faults but no baud
+pacing or latency, and the host retries after 5 ms (``_fast``, ``RETRY_TIMEOUT``): a C device
+answers in well under a millisecond, so the run's time is spent waiting out lost frames, and a
+retry sent too early is answered by replay (harmless; counted as a retry). Builds with make;
+skips when make or a C compiler (or, for QEMU, arm-none-eabi-gcc or qemu-system-arm) is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import serial
+
+from idemlink.campaign import CampaignConfig, CampaignReport
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.host.device import Device
+from idemlink.oracle import Boot, Run, parse_effects_line
+from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.soak_device import run_device_campaign
+
+ROOT = Path(__file__).resolve().parents[1]
+FW = ROOT / "firmware_ref"
+QEMU_TOOL = FW / "tools" / "qemu-device"
+TRIGGER_S = 0.05
+RETRY_TIMEOUT = 0.005
+
+
+def _fast(commands: int, seed: int, reboot_every: int = 500) -> CampaignConfig:
+    """The soak's defaults (faults, reboots, host crashes) on an unpaced line."""
+    return CampaignConfig(commands=commands, seed=seed, reboot_every=reboot_every, baud=None,
+                          latency=0.0, max_batch=8, trigger_duration=TRIGGER_S)
+
+
+def _make(target: str, *tools: str) -> None:
+    for tool in ("make", *tools):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    if shutil.which("gcc") is None and shutil.which("cc") is None:
+        pytest.skip("no C compiler (gcc or cc)")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
+                          check=False, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture(scope="session")
+def device_bin() -> Path:
+    _make("device")
+    return FW / "build" / "posix" / "idemlink-device"
+
+
+@pytest.fixture(scope="session")
+def qemu_elf() -> Path:
+    _make("qemu-device", "arm-none-eabi-gcc", "qemu-system-arm")
+    return FW / "build" / "qemu" / "idemlink-device.elf"
+
+
+def _start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.terminate()
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    return err
+
+
+def _lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _simulator_keys(tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The keys, in order, of the simulator's boot line and execution line."""
+    effects = tmp_path / "sim-effects.jsonl"
+    sim = SimulatedDevice(seed=1, effects=effects)
+    sim.receive_data(encode_frame(FrameType.REQUEST, 1, sim.epoch, bytes.fromhex("0300040001")),
+                     0.5)
+    sim.close()
+    boot, run = _lines(effects)
+    return list(boot), list(run)
+
+
+def test_the_effects_file_is_the_simulators_record(device_bin: Path, tmp_path: Path) -> None:
+    effects = tmp_path / "effects.jsonl"
+    argv = [str(device_bin), "--flash-dir", str(tmp_path / "flash"), "--effects", str(effects),
+            "--stats"]
+    proc, port = _start(argv)
+    try:
+        with Device.open(port) as dev:
+            epoch = dev.session.epoch
+            assert dev.read("threshold").values == (350,)
+            assert dev.write({"threshold": 420}).ok
+            assert dev.write_if_generation(99, {"threshold": 1}).code is not None
+            assert dev.trigger().code == 0
+    finally:
+        err = _stop(proc)
+    executed = int(err.split("executed=")[1].split()[0])
+    boot_keys, run_keys = _simulator_keys(tmp_path)
+    lines = _lines(effects)
+    assert list(lines[0]) == boot_keys and lines[0]["boot"] == epoch
+    runs = lines[1:]
+    assert len(runs) == executed == 4 and all(list(r) == run_keys for r in runs)
+    records = [parse_effects_line(line) for line in effects.read_text().splitlines()]
+    assert isinstance(records[0], Boot)
+    assert all(isinstance(r, Run) and r.epoch == epoch for r in records[1:])
+    requests = [r.request.hex() for r in records[1:] if isinstance(r, Run)]
+    assert [requests[i] for i in (0, 1, 3)] == ["0300040001", "06000401a4", "4200080001"]
+    assert requests[2].startswith("41")  # the conditional write, refused by its guard
+    assert [r.response.hex() for r in records[1:] if isinstance(r, Run)][:2] == [
+        "0302015e", "06000401a4"]
+    times = [r.time for r in records]
+    assert times == sorted(times) and 0 <= times[0] < 5
+    proc, _ = _start(argv)  # a restart appends a new boot
+    _stop(proc)
+    again = _lines(effects)
+    assert again[:5] == lines and list(again[5]) == boot_keys and again[5]["boot"] != epoch
+
+
+def test_a_retransmission_answered_by_replay_is_not_an_execution(device_bin: Path,
+                                                                 tmp_path: Path) -> None:
+    effects = tmp_path / "effects.jsonl"
+    proc, port = _start([str(device_bin), "--effects", str(effects)])
+    try:
+        with Device.open(port) as dev:
+            epoch = dev.session.epoch
+        line = serial.Serial(port, timeout=0.5)
+        try:
+            frame = encode_frame(FrameType.REQUEST, 5000, epoch, struct.pack(">BHH", 6, 4, 400))
+            for _ in range(3):
+                line.write(frame)
+                assert line.read_until(b"\x00") == b"\x00"  # the leading delimiter
+                line.read_until(b"\x00")
+        finally:
+            line.close()
+    finally:
+        _stop(proc)
+    runs = [parse_effects_line(x) for x in effects.read_text().splitlines()][1:]
+    assert [(r.seq, r.request.hex()) for r in runs if isinstance(r, Run)] == [(5000, "0600040190")]
+
+
+@pytest.mark.parametrize(("args", "code", "says"), [
+    (["--effects", "/nonexistent/dir/effects.jsonl"], 1, "--effects /nonexistent/dir/effects.jsonl"),
+    (["--modbus-rtu", "--effects", "e.jsonl"], 1, "does not apply to --modbus-rtu"),
+    (["--trigger-duration", "-1"], 1, "must be a finite number of seconds >= 0"),
+    (["--trigger-duration", "inf"], 1, "must be a finite number of seconds >= 0"),
+    (["--trigger-duration", "nan"], 1, "must be a finite number of seconds >= 0"),
+    (["--trigger-duration", "soon"], 2, "is not a number"),
+])
+def test_bad_effects_or_trigger_duration_is_one_line_like_the_sim(
+        device_bin: Path, tmp_path: Path, args: list[str], code: int, says: str) -> None:
+    r = subprocess.run([str(device_bin), *args], capture_output=True, text=True, timeout=10,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == code and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == "" and not (tmp_path / "e.jsonl").exists()
+
+
+def test_a_trigger_runs_for_the_trigger_duration_like_device_core(device_bin: Path,
+                                                                   tmp_path: Path) -> None:
+    duration = 0.3
+    core = DeviceCore(DEFAULT_MAP, trigger_duration=duration)
+    proc, port = _start([str(device_bin), "--trigger-duration", str(duration)])
+    try:
+        with Device.open(port) as dev:
+            assert dev.trigger().code == 0
+            t0 = time.monotonic()
+            core.execute(struct.pack(">BHH", 0x42, 8, 1), 0.0)
+            running = dev.read("self_clean").values
+            assert time.monotonic() - t0 < duration / 2
+            expected_running = core.value("self_clean")
+            time.sleep(duration + 0.1)
+            core.tick(duration + 0.1)
+            assert (running, dev.read("self_clean").values) == (
+                (expected_running,), (core.value("self_clean"),)) == ((1,), (2,))
+    finally:
+        _stop(proc)
+
+
+def _assert_passed(rep: CampaignReport, commands: int) -> None:
+    assert rep.passed, rep.problems[:5]
+    assert rep.commands == commands and not rep.interrupted
+    assert (rep.duplicated_effects, rep.lost_acknowledged_writes, rep.misclassified,
+            rep.register_semantics) == (0, 0, 0, 0)
+    assert rep.executions > 0.9 * commands and rep.retries > 0 and rep.replays > 0
+
+
+def test_the_posix_device_passes_a_20000_command_soak(device_bin: Path) -> None:
+    template = (f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}} "
+                f"--trigger-duration {TRIGGER_S}")
+    cfg = _fast(20_000, seed=11)
+    t0 = time.monotonic()
+    rep = run_device_campaign(cfg, template, retry_timeout=RETRY_TIMEOUT)
+    _assert_passed(rep, 20_000)
+    assert rep.config["loss"] == 0.1 and rep.reboots >= 20 and rep.host_restarts >= 40
+    print(f"\nposix soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
+
+
+def test_the_qemu_device_passes_a_2000_command_soak(qemu_elf: Path) -> None:
+    template = (f"{sys.executable} {QEMU_TOOL} --elf {qemu_elf} --port {{port}} "
+                f"--flash-dir {{flash}} --effects {{effects}} --trigger-duration {TRIGGER_S}")
+    cfg = _fast(2_000, seed=12, reboot_every=200)
+    t0 = time.monotonic()
+    rep = run_device_campaign(cfg, template, retry_timeout=RETRY_TIMEOUT)
+    _assert_passed(rep, 2_000)
+    assert rep.reboots >= 5
+    print(f"\nqemu soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
+
+
+def test_qemu_device_tool_prints_the_port_first_and_stops_on_sigterm(qemu_elf: Path,
+                                                                      tmp_path: Path) -> None:
+    effects = tmp_path / "effects.jsonl"
+    proc, port = _start([sys.executable, str(QEMU_TOOL), "--elf", str(qemu_elf), "--flash-dir",
+                         str(tmp_path / "flash"), "--effects", str(effects),
+                         "--trigger-duration", "0.2"])
+    try:
+        assert port.startswith("/dev/pts/")
+        with Device.open(port, timeout=0.5) as dev:
+            assert dev.info is not None and dev.info.device_id == "qemu-mps2-an385"
+            assert dev.write({"threshold": 430}).ok
+            epoch = dev.session.epoch
+    finally:
+        _stop(proc)
+    records = [parse_effects_line(x) for x in effects.read_text().splitlines()]
+    assert records[0] == Boot(epoch, records[0].time)
+    assert [(r.request.hex(), r.response.hex()) for r in records[1:] if isinstance(r, Run)] == [
+        ("06000401ae", "06000401ae")]
+    assert (tmp_path / "flash" / "idemlink-config.bin").is_file()
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--trigger-duration", "-1"], "must be a finite number of seconds >= 0"),
+    (["--effects", "/nonexistent/dir/effects.jsonl"], "--effects /nonexistent/dir/effects.jsonl"),
+    (["--effects", "with space.jsonl"], "cannot carry whitespace"),
+    (["--port", "/nonexistent/tty"], "cannot open port /nonexistent/tty"),
+])
+def test_qemu_device_tool_refuses_bad_arguments_in_one_line(
+        qemu_elf: Path, tmp_path: Path, args: list[str], says: str) -> None:
+    r = subprocess.run([sys.executable, str(QEMU_TOOL), "--elf", str(qemu_elf), "--flash-dir",
+                        str(tmp_path), *args], capture_output=True, text=True, timeout=30,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    assert r.stdout == ""
