@@ -282,7 +282,8 @@ class SimulatedDevice:
             epoch = self._rng.getrandbits(32)
         self.epochs.append(epoch)
         self.boots.append((epoch, now))
-        self._record({"boot": epoch, "time": now})
+        self._record({"boot": epoch, "time": now,
+                      "trigger_duration": self.core.trigger_duration})
         return DeviceSession(
             self._execute, epoch, contract_hash=self._hash, name=self.name,
             ring_bits=self.ring_bits, replay_slots=self.replay_slots,

@@ -2,11 +2,11 @@
 
 Contract: an ``Oracle`` is built from a register map *file's text* (TOML or JSON, read here with
 ``tomllib``/``json``: the kinds, limits, defaults, persistence and fault bits it declares) and the
-device's trigger duration. It is fed, in order, the device's own record of what happened —
-``Boot(epoch, time)`` and ``Run(epoch, seq, request, response, time)`` records (the effects-file
-format of docs/SOAK.md) — the environment's changes (``set_input``, ``set_condition``,
-``force_trigger``), and the host's results as *claims* (a command and every (epoch, seq) it
-travelled under). From these alone it judges:
+device's trigger duration (which a boot record that declares its own replaces). It is fed, in
+order, the device's own record of what happened — ``Boot(epoch, time[, trigger_duration])`` and
+``Run(epoch, seq, request, response, time)`` records (the effects-file format of docs/SOAK.md) —
+the environment's changes (``set_input``, ``set_condition``, ``force_trigger``), and the host's
+results as *claims* (a command and every (epoch, seq) it travelled under). From these alone it judges:
 
 - register semantics: it replays every execution through its own model of the map (decoding and
   encoding PDUs with its own few lines of ``struct``) and the device's answer must be the one the
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import struct
 import tomllib
 from collections import OrderedDict
@@ -121,6 +122,8 @@ class MapTruth:
 class Boot:
     epoch: int
     time: float
+    trigger_duration: float | None = None
+    """seconds a trigger stays RUNNING in this boot, when the device declares it"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,12 +139,18 @@ Record = Boot | Run
 
 
 def parse_effects_line(line: str) -> Record:
-    """One line of an effects file (docs/SOAK.md): ``{"boot": epoch, "time": t}`` or
-    ``{"epoch", "seq", "request": hex, "response": hex, "time"}``."""
+    """One line of an effects file (docs/SOAK.md): ``{"boot": epoch, "time": t}`` (optionally
+    with ``"trigger_duration": seconds``) or ``{"epoch", "seq", "request": hex, "response": hex,
+    "time"}``."""
     try:
         d = json.loads(line)
         if "boot" in d:
-            return Boot(int(d["boot"]), float(d.get("time", 0.0)))
+            duration = d.get("trigger_duration")
+            if duration is not None:
+                duration = float(duration)
+                if not (math.isfinite(duration) and duration >= 0):
+                    raise ValueError(f"trigger_duration {duration} is not a duration")
+            return Boot(int(d["boot"]), float(d.get("time", 0.0)), duration)
         return Run(int(d["epoch"]), int(d["seq"]), bytes.fromhex(d["request"]),
                    bytes.fromhex(d["response"]), float(d["time"]))
     except (ValueError, KeyError, TypeError) as exc:
@@ -151,7 +160,10 @@ def parse_effects_line(line: str) -> Record:
 def effects_line(record: Record) -> str:
     """The effects-file line of a record (no newline)."""
     if isinstance(record, Boot):
-        return json.dumps({"boot": record.epoch, "time": record.time})
+        if record.trigger_duration is None:
+            return json.dumps({"boot": record.epoch, "time": record.time})
+        return json.dumps({"boot": record.epoch, "time": record.time,
+                           "trigger_duration": record.trigger_duration})
     return json.dumps({"epoch": record.epoch, "seq": record.seq,
                        "request": record.request.hex(), "response": record.response.hex(),
                        "time": record.time})
@@ -619,6 +631,8 @@ class Oracle:
                 self.epoch = r.epoch
                 self.model.finish_due(r.time, 0.0)
                 self.model.boot()
+                if r.trigger_duration is not None:  # the device's own word beats the soak's
+                    self.model.duration = r.trigger_duration
             else:
                 self._run(r)
 

@@ -145,13 +145,18 @@ static size_t put_hex(char *out, const uint8_t *p, size_t n)
     return 2u * n;
 }
 
-static void effects_boot(uint32_t epoch, uint32_t now)
+/* the boot line also declares how long a trigger runs, so the soak's oracle models this device's
+ * triggers from its own record (docs/SOAK.md) */
+static void effects_boot(uint32_t epoch, uint32_t now, uint32_t trigger_ms)
 {
-    char line[96];
+    char line[128];
     char t[32];
     int n;
     (void)effects_time(t, sizeof t, now);
-    n = snprintf(line, sizeof line, "{\"boot\": %lu, \"time\": %s}\n", (unsigned long)epoch, t);
+    n = snprintf(line, sizeof line,
+                 "{\"boot\": %lu, \"time\": %s, \"trigger_duration\": %lu.%03lu}\n",
+                 (unsigned long)epoch, t, (unsigned long)(trigger_ms / 1000u),
+                 (unsigned long)(trigger_ms % 1000u));
     effects_append(line, (size_t)n);
 }
 
@@ -821,7 +826,7 @@ int main(int argc, char **argv)
     idl_device_init(&device);
     device.regs.trigger_ms = (uint32_t)(trigger_s * 1000.0 + 0.5);
     if (effects_fd >= 0) {
-        effects_boot(device.session.epoch, idl_port_millis());
+        effects_boot(device.session.epoch, idl_port_millis(), device.regs.trigger_ms);
     }
     printf("%s\n", path);
     fflush(stdout);

@@ -373,11 +373,14 @@ int main(void)
         }
     }
     if (effects != NULL) {
-        char line[64];
+        char line[112];
         uint32_t now = idl_port_millis();
-        int n = sprintf(line, "{\"boot\": %lu, \"time\": %lu.%03lu}\n",
+        uint32_t tms = device.regs.trigger_ms;
+        int n = sprintf(line,
+                        "{\"boot\": %lu, \"time\": %lu.%03lu, \"trigger_duration\": %lu.%03lu}\n",
                         (unsigned long)device.session.epoch, (unsigned long)(now / 1000u),
-                        (unsigned long)(now % 1000u));
+                        (unsigned long)(now % 1000u), (unsigned long)(tms / 1000u),
+                        (unsigned long)(tms % 1000u));
         effects_line(line, (size_t)n);
     }
     for (;;) {
