@@ -5,12 +5,11 @@ Contract:
 - ``RtuServer`` is the whole behaviour and does no I/O, in the project's sans-I/O shape
   (docs/ARCHITECTURE.md): ``receive_data(data, now)`` takes the bytes a read returned,
   ``tick(now)`` says a read returned nothing (the line was silent), ``data_to_send()`` drains the
-  answers. Frames for another unit id and frames
-  with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
-  CRC, an implausible head or a frame cut by a pause, parsing restarts only at a real pause of
-  t3.5 (``RtuDecoder``: 3.5 characters up to 19200 Bd, 1.75 ms above; ``baudrate=None``, e.g.
-  a pty, uses the simulator's default 115200 Bd);
-  broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
+  answers. Frames for another unit id and frames with a bad CRC get silence; another slave's
+  answer (shared bus) is skipped whole; after a bad CRC, an implausible head or a frame cut by a
+  pause, parsing restarts only at a real pause of t3.5 (``RtuDecoder``: 3.5 characters up to
+  19200 Bd, 1.75 ms above; ``baudrate=None``, e.g. a pty, uses the simulator's default
+  115200 Bd); broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and the server until ``stop`` is set;
   an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
   counted in ``answers_dropped``, and serving goes on;
