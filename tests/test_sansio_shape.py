@@ -20,6 +20,7 @@ import pkgutil
 import types
 import typing
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -160,6 +161,12 @@ def test_pending_machines_still_differ() -> None:
     converted = [name for name in PENDING
                  if not shape_problems(found[name], frozenset(SHAPE) & _own_methods(found[name]))]
     assert converted == []
+
+
+def test_the_architecture_names_every_machine() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "ARCHITECTURE.md").read_text("utf-8")
+    section = text.split("## The sans-I/O shape", 1)[1].split("\n## ", 1)[0]
+    assert [m for m in MACHINES if "Servable" not in m and f"`{m}`" not in section] == []
 
 
 def test_a_machine_with_another_shape_is_caught() -> None:
