@@ -25,10 +25,12 @@ def idemlink_pairs(n: int) -> None:
     dev_dec = FrameDecoder()
     epoch = 0x1234ABCD
     for seq in range(n):
-        (req,) = dev_dec.feed(encode_frame(FrameType.REQUEST, seq, epoch, REQ_PDU))
-        assert isinstance(req, Frame)
-        (resp,) = host_dec.feed(encode_frame(FrameType.RESPONSE, req.seq, epoch, b"\x00" + RESP_PDU))
-        assert isinstance(resp, Frame)
+        dev_dec.receive_data(encode_frame(FrameType.REQUEST, seq, epoch, REQ_PDU))
+        req = dev_dec.next_event()
+        assert isinstance(req, Frame) and dev_dec.next_event() is None
+        host_dec.receive_data(encode_frame(FrameType.RESPONSE, req.seq, epoch, b"\x00" + RESP_PDU))
+        resp = host_dec.next_event()
+        assert isinstance(resp, Frame) and host_dec.next_event() is None
 
 
 def pymodbus_pairs(n: int) -> None:

@@ -73,9 +73,10 @@ def relay(conn: Connection, baud: int, latency: float) -> None:
             except OSError:  # the slave side is closed right now
                 data = b""
             if data:
-                fds[fd][0].send(data, now)
+                fds[fd][0].receive_data(data, now)
         for direction, out_fd in ((ab, b.master_fd), (ba, a.master_fd)):
-            out = direction.poll(now)
+            direction.tick(now)
+            out = direction.data_to_send()
             if out:
                 os.write(out_fd, out)
     a.close()

@@ -1,10 +1,11 @@
 """The simulated idemlink device: the register core behind the framed session, with reboots.
 
-``SimulatedDevice`` is still sans-I/O (bytes and simulated time in, bytes out); the shells in
+``SimulatedDevice`` is still sans-I/O, in the project's shape (docs/ARCHITECTURE.md); the shells in
 ``idemlink.device_sim.serve`` put it on a pseudo-terminal or any pyserial port, and
 ``idemlink.device_sim.simlink`` runs it in-process behind the link emulator.
 
-- ``receive_data(data, now) -> bytes``: what the device answers.
+- ``receive_data(data, now)`` takes received bytes, ``tick(now)`` lets time pass without any,
+  ``data_to_send()`` drains what the device answers.
 - Boot epochs: every boot draws a new one. A process start is a boot too: with a flash directory
   the persisted boot counter (``ConfigFlash.count_boot``) is mixed into the seed, and
   ``epoch_salt`` (``idemlink sim`` passes OS entropy when it has no flash directory) likewise.
@@ -232,9 +233,13 @@ class SimulatedDevice:
         self._generation_saved = self.core.generation
 
     # ------------------------------------------------------------------ bytes and time
-    def receive_data(self, data: bytes, now: float) -> bytes:
+    def receive_data(self, data: bytes, now: float) -> None:
         self.core.tick(now)
-        return self.session.receive_data(data, now)
+        self.session.receive_data(data, now)
+
+    def data_to_send(self) -> bytes:
+        """What the device answered so far (drains it)."""
+        return self.session.data_to_send()
 
     def tick(self, now: float) -> None:
         self.core.tick(now)

@@ -2,19 +2,21 @@
 
 Contract:
 
-- ``LinkDirection`` is one direction of a line. ``send(data, now)`` puts bytes on the line at
-  time ``now`` (seconds, any monotonic origin); ``poll(now)`` returns, in order, every byte whose
-  delivery time is ``<= now``; ``next_event_time()`` says when the next delivery (or noise burst, or
-  held frame release) is due, so a shell can sleep exactly until then and a simulation can jump its
-  clock there. Time only moves forward: an earlier ``now`` than one already seen is taken as the
-  latest one seen.
+- ``LinkDirection`` is one direction of a line, in the project's sans-I/O shape
+  (docs/ARCHITECTURE.md): ``receive_data(data, now)`` puts bytes on the line at time ``now``
+  (seconds, any monotonic origin); ``tick(now)`` delivers, in order, every byte whose delivery
+  time is ``<= now`` (and runs the gap, hold and noise timers due by then); ``data_to_send()``
+  drains the bytes delivered so far; ``next_event_time()`` says when the next delivery (or noise
+  burst, or held frame release) is due, so a shell can sleep exactly until then and a simulation
+  can jump its clock there. Time only moves forward: an earlier ``now`` than one already seen is
+  taken as the latest one seen.
 - Pacing: with ``baud`` set, every byte occupies the line for 10 bits (start, 8 data, stop), one
   after the other; a byte is delivered ``latency`` seconds after its stop bit ends. Each direction
   has its own line-busy-until time (full duplex). With all faults at zero the output is exactly
   the input, and the k-th byte arrives at ``max(send time, previous end) + 10/baud + latency``.
 - Faults, each drawn from its own ``random.Random`` stream derived from ``(seed, direction,
   kind)``, so the faults applied to the n-th byte or frame depend only on the seed and on the bytes
-  (not on how a shell interleaves ``send`` and ``poll``):
+  (not on how a shell interleaves ``receive_data`` and ``tick``):
 
   * byte faults (any protocol): loss, duplication (the copy follows the original), corruption
     (one bit flipped);
@@ -31,9 +33,9 @@ Contract:
 
   Every fault is counted in ``LinkStats``.
 - ``Link`` holds both directions (a→b and b→a) and a reboot schedule (fixed times and/or Poisson
-  times with a mean interval). The link only *schedules* reboots: ``poll_reboots(now)`` returns the
-  due ``RebootEvent`` objects (and hands each to the ``on_reboot`` callback); the simulated device
-  does the rebooting.
+  times with a mean interval). The link only *schedules* reboots: after ``tick(now)``,
+  ``next_event()`` returns the due ``RebootEvent`` objects one by one (each is also handed to the
+  ``on_reboot`` callback); the simulated device does the rebooting.
 
 Bad parameters raise ``LinkConfigError`` (a ``ValueError``) and build nothing.
 No I/O and no clock here: time is passed in.
@@ -228,6 +230,7 @@ class LinkDirection:
         self._held_deadline: float | None = None
         self._next_noise: float | None = None
         self._forced: deque[FrameFault] = deque()
+        self._delivered = bytearray()  # delivered by the last ticks, not yet drained
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -241,7 +244,8 @@ class LinkDirection:
     # -- the public surface -------------------------------------------------------------------
 
     def start(self, now: float) -> None:
-        """Set the origin of the noise schedule (otherwise the first ``send``/``poll`` time)."""
+        """Set the origin of the noise schedule (otherwise the first ``receive_data``/``tick``
+        time)."""
         self._tick(now)
 
     def reconfigure(self, config: LinkConfig) -> None:
@@ -267,7 +271,7 @@ class LinkDirection:
         forced faults are pending). Counted in the stats like drawn faults."""
         self._forced.extend([fault] * count)
 
-    def send(self, data: bytes | bytearray | memoryview, now: float) -> None:
+    def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Put ``data`` on the line at time ``now``."""
         now = self._tick(now)
         cfg = self.config
@@ -301,19 +305,26 @@ class LinkDirection:
                 else:
                     self._push(t, b)
 
-    def poll(self, now: float) -> bytes:
-        """Every byte delivered by time ``now``, in delivery order."""
+    def tick(self, now: float) -> None:
+        """Deliver every byte due by time ``now``, in delivery order (``data_to_send`` takes
+        them)."""
         now = self._tick(now)
         self._run_timers(now)
         heap = self._heap
-        out = bytearray()
+        out = self._delivered
+        before = len(out)
         while heap and heap[0][0] <= now:
             out.append(heapq.heappop(heap)[2])
-        self.stats.bytes_delivered += len(out)
-        return bytes(out)
+        self.stats.bytes_delivered += len(out) - before
+
+    def data_to_send(self) -> bytes:
+        """The bytes delivered by the ticks so far, in order (drains them)."""
+        out = bytes(self._delivered)
+        self._delivered.clear()
+        return out
 
     def next_event_time(self) -> float | None:
-        """When ``poll`` next has something to do, or ``None`` if nothing is scheduled."""
+        """When ``tick`` next has something to do, or ``None`` if nothing is scheduled."""
         times = [t for t in (self._next_noise, self._held_deadline, self._gap_deadline())
                  if t is not None]
         if self._heap:
@@ -470,6 +481,7 @@ class Link:
         self._fixed = sorted(self.config.reboot_at)
         self._reboot_rng = _stream(self.config.seed, "link", "reboot")
         self._next_random: float | None = None
+        self._due: deque[RebootEvent] = deque()
         self._now = -math.inf
 
     def _tick(self, now: float) -> float:
@@ -490,8 +502,10 @@ class Link:
         times = [t for t in (self._fixed[0] if self._fixed else None, self._next_random) if t is not None]
         return min(times) if times else None
 
-    def poll_reboots(self, now: float) -> list[RebootEvent]:
-        """The reboots due by ``now``, in time order (each also handed to ``on_reboot``)."""
+    def tick(self, now: float) -> None:
+        """Run the reboot schedule up to ``now``: the reboots due wait in ``next_event``, in time
+        order (each is also handed to ``on_reboot`` here). The directions are ticked on their
+        own."""
         now = self._tick(now)
         due: list[RebootEvent] = []
         while True:
@@ -505,10 +519,14 @@ class Link:
                 self._next_random = t + self._reboot_rng.expovariate(1 / self.config.reboot_every)
             due.append(RebootEvent(t, self.reboots))
             self.reboots += 1
+        self._due.extend(due)
         if self.on_reboot is not None:
             for event in due:
                 self.on_reboot(event)
-        return due
+
+    def next_event(self) -> RebootEvent | None:
+        """The next reboot found due by ``tick``, or None when there is nothing more."""
+        return self._due.popleft() if self._due else None
 
     def next_event_time(self) -> float | None:
         """The earliest of both directions' next events and the next reboot."""

@@ -249,7 +249,8 @@ class LinkProxy:
         while not self._stop.is_set():
             now = self.now()
             for _, direction, dst in routes:
-                out = direction.poll(now)
+                direction.tick(now)
+                out = direction.data_to_send()
                 if out:
                     direction.stats.bytes_overflow += dst.send(out)
                     if self.tap is not None:
@@ -269,7 +270,7 @@ class LinkProxy:
                 data = ends[fd].read_ready()
                 if data:
                     direction, _ = by_fd[fd]
-                    direction.send(data, now)
+                    direction.receive_data(data, now)
             for e in self._ends:
                 if e.write_fd() in writable:
                     e.flush()

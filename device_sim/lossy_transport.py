@@ -32,7 +32,7 @@ class LossyTransport:
         link.start(clock())
 
     def write(self, data: bytes) -> None:
-        self.link.b_to_a.send(data, self.clock())
+        self.link.b_to_a.receive_data(data, self.clock())
         self._flush_back()
 
     def read(self, timeout: float) -> bytes:
@@ -40,7 +40,8 @@ class LossyTransport:
         while True:
             now = self.clock()
             self._flush_back()
-            arrived = self.link.a_to_b.poll(now)
+            self.link.a_to_b.tick(now)
+            arrived = self.link.a_to_b.data_to_send()
             if arrived:
                 return arrived
             nxt = self.link.next_event_time()
@@ -49,9 +50,10 @@ class LossyTransport:
                 return b""
             got = self.inner.read(max(0.0, min(wait, 0.005)))
             if got:
-                self.link.a_to_b.send(got, self.clock())
+                self.link.a_to_b.receive_data(got, self.clock())
 
     def _flush_back(self) -> None:
-        out = self.link.b_to_a.poll(self.clock())
+        self.link.b_to_a.tick(self.clock())
+        out = self.link.b_to_a.data_to_send()
         if out:
             self.inner.write(out)

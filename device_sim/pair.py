@@ -73,14 +73,15 @@ class SimEndpoint:
     def pump(self) -> None:
         """Move what has arrived by now into this endpoint's input buffer."""
         now = self._pair.clock.now
-        self._pair.poll_reboots()
-        self._rx += self._in.poll(now)
+        self._pair.due_reboots()
+        self._in.tick(now)
+        self._rx += self._in.data_to_send()
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Put ``data`` on the line now; returns its length."""
         data = bytes(data)
-        self._pair.poll_reboots()
-        self._out.send(data, self._pair.clock.now)
+        self._pair.due_reboots()
+        self._out.receive_data(data, self._pair.clock.now)
         self.bytes_written += len(data)
         return len(data)
 
@@ -138,16 +139,17 @@ class SimPair:
         self.a = SimEndpoint(self, "a", self.link.a_to_b, self.link.b_to_a)
         self.b = SimEndpoint(self, "b", self.link.b_to_a, self.link.a_to_b)
 
-    def poll_reboots(self) -> list[RebootEvent]:
+    def due_reboots(self) -> list[RebootEvent]:
         """Reboots due by now (also handed to ``link.on_reboot``)."""
-        return self.link.poll_reboots(self.clock.now)
+        self.link.tick(self.clock.now)
+        return list(iter(self.link.next_event, None))
 
     def next_event_time(self) -> float | None:
         """The earliest pending delivery or reboot, or None when the line is idle."""
         return self.link.next_event_time()
 
     def _collect(self) -> list[RebootEvent]:
-        events = self.poll_reboots()
+        events = self.due_reboots()
         self.a.pump()
         self.b.pump()
         return events

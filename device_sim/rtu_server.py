@@ -2,14 +2,15 @@
 
 Contract:
 
-- ``RtuServer.receive(data, now)`` is the whole behaviour and does no I/O: feed bytes (``b""``
-  means the line was silent), get the bytes to send back. Frames for another unit id and frames
-  with a bad CRC get silence; another slave's answer (shared bus) is skipped whole; after a bad
-  CRC, an implausible head or a frame cut by a pause, parsing restarts only at a real pause of
-  t3.5 (``RtuDecoder``: 3.5 characters up to 19200 Bd, 1.75 ms above; ``baudrate=None``, e.g.
-  a pty, uses the simulator's default 115200 Bd);
-  broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
-- ``RtuServer.serve(stop)`` moves bytes between a transport and ``receive`` until ``stop`` is set;
+- ``RtuServer`` is the whole behaviour and does no I/O, in the project's sans-I/O shape
+  (docs/ARCHITECTURE.md): ``receive_data(data, now)`` takes the bytes a read returned,
+  ``tick(now)`` says a read returned nothing (the line was silent), ``data_to_send()`` drains the
+  answers. Frames for another unit id and frames with a bad CRC get silence; another slave's
+  answer (shared bus) is skipped whole; after a bad CRC, an implausible head or a frame cut by a
+  pause, parsing restarts only at a real pause of t3.5 (``RtuDecoder``: 3.5 characters up to
+  19200 Bd, 1.75 ms above; ``baudrate=None``, e.g. a pty, uses the simulator's default
+  115200 Bd); broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
+- ``RtuServer.serve(stop)`` moves bytes between a transport and the server until ``stop`` is set;
   an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
   counted in ``answers_dropped``, and serving goes on;
   the simulated clock is ``time.monotonic`` here only. When a ``ConfigFlash`` is given, the
@@ -59,22 +60,38 @@ class RtuServer:
         self.answered = 0
         self.ignored = 0
         self.answers_dropped = 0  #: answers the peer did not read in time (dropped, not fatal)
+        self._outgoing = bytearray()
         if flash is not None:
             snap = flash.load()
             if snap is not None:
                 core.restore(snap, core.now)
                 core.reset_volatile(core.now)  # a start is a boot: volatile holdings revert
 
-    def receive(self, data: bytes, now: float) -> bytes:
-        """Feed received bytes (b"" = nothing arrived) with the time the read returned; return
-        the bytes to send. A real pause of t3.5 (seen at the next read, or 0.1 s without bytes)
-        ends an incomplete frame: it is dropped."""
-        if data:
-            self.decoder.feed(data, now)
-        else:
-            self.decoder.idle(now)
-        out = bytearray()
-        while (frame := self.decoder.next_frame()) is not None:
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Take the bytes a read returned at ``now``; the answers wait in ``data_to_send``. A real
+        pause of t3.5 (seen at the next read, or 0.1 s without bytes) ends an incomplete frame:
+        it is dropped."""
+        if not data:
+            return
+        self.decoder.receive_data(data, now)
+        self._answer(now)
+
+    def tick(self, now: float) -> None:
+        """A read returned nothing by ``now``: the silence may end a frame; the core's timers
+        run."""
+        self.decoder.tick(now)
+        self._answer(now)
+        self.core.tick(now)
+
+    def data_to_send(self) -> bytes:
+        """The answers produced so far, in order (drains them)."""
+        out = bytes(self._outgoing)
+        self._outgoing.clear()
+        return out
+
+    def _answer(self, now: float) -> None:
+        out = self._outgoing
+        while (frame := self.decoder.next_event()) is not None:
             if frame.unit not in (self.unit, BROADCAST_UNIT):
                 self.ignored += 1
                 continue
@@ -84,9 +101,6 @@ class RtuServer:
                 continue
             self.answered += 1
             out += encode_rtu(self.unit, response)
-        if not data:
-            self.core.tick(now)
-        return bytes(out)
 
     def _persist(self, snap: ConfigSnapshot) -> None:
         assert self.flash is not None
@@ -104,7 +118,12 @@ class RtuServer:
         log.info("Modbus RTU unit %d serving", self.unit)
         while not stop.is_set():
             data = transport.read(poll)
-            reply = self.receive(data, clock())
+            now = clock()
+            if data:
+                self.receive_data(data, now)
+            else:
+                self.tick(now)
+            reply = self.data_to_send()
             if reply:
                 try:
                     transport.write(reply)

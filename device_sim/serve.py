@@ -1,14 +1,14 @@
 """Serve a ``SimulatedDevice`` in real time on a pseudo-terminal, a serial port or a pyserial URL.
 
 Contract: the thin I/O shell around the sans-I/O ``SimulatedDevice``. ``serve(device, transport,
-stop)`` moves bytes between the transport and ``device.receive_data(data, now)`` with ``now``
-taken from a monotonic clock, until ``stop`` is set. The transport's ``read(timeout)`` blocks
-(``select``/pyserial timeout) for at most ``tick_interval`` seconds (20 ms), after which the
-device is ticked so RUNNING triggers finish and fault conditions latch on time: it never
-busy-spins and never sleeps blindly. An answer the peer does not read in time (the transport's
-write raises ``TimeoutError``) is dropped and counted (``ServeStats.answers_dropped``); the loop
-keeps serving. ``install_stop_signals(stop)`` makes SIGINT and SIGTERM set
-the event (the loop then returns within one tick interval).
+stop)`` moves bytes between the transport and the device (``device.receive_data(data, now)``,
+then ``device.data_to_send()``) with ``now`` taken from a monotonic clock, until ``stop`` is
+set. The transport's ``read(timeout)`` blocks (``select``/pyserial timeout) for at most
+``tick_interval`` seconds (20 ms), after which the device is ticked so RUNNING triggers finish
+and fault conditions latch on time: it never busy-spins and never sleeps blindly. An answer the
+peer does not read in time (the transport's write raises ``TimeoutError``) is dropped and
+counted (``ServeStats.answers_dropped``); the loop keeps serving. ``install_stop_signals(stop)``
+makes SIGINT and SIGTERM set the event (the loop then returns within one tick interval).
 
 A port or pyserial URL is served through ``idemlink.host.device.SerialTransport`` (the same wrapper the
 host uses: DTR/RTS low before opening, waits in ``select``); ``idemlink.device_sim.pty.open_pty()`` gives
@@ -62,7 +62,8 @@ class Servable(Protocol):
     def epoch(self) -> int: ...
     @property
     def files_dir(self) -> Path: ...
-    def receive_data(self, data: bytes, now: float) -> bytes: ...
+    def receive_data(self, data: bytes, now: float) -> None: ...
+    def data_to_send(self) -> bytes: ...
     def tick(self, now: float) -> None: ...
     def take_file_receive(self) -> FileReceiveRequest | None: ...
 
@@ -83,7 +84,8 @@ def serve(
         now = clock()
         if data:
             stats.bytes_in += len(data)
-            answer = device.receive_data(data, now)
+            device.receive_data(data, now)
+            answer = device.data_to_send()
             if answer:
                 deliver(transport, answer, stats)
             request = device.take_file_receive()
@@ -133,9 +135,13 @@ class LockedDevice:
     def files_dir(self) -> Path:
         return self.device.files_dir
 
-    def receive_data(self, data: bytes, now: float) -> bytes:
+    def receive_data(self, data: bytes, now: float) -> None:
         with self.lock:
-            return self.device.receive_data(data, now)
+            self.device.receive_data(data, now)
+
+    def data_to_send(self) -> bytes:
+        with self.lock:
+            return self.device.data_to_send()
 
     def tick(self, now: float) -> None:
         with self.lock:

@@ -47,7 +47,7 @@ class SimTransport:
         return self._now
 
     def write(self, data: bytes) -> None:
-        self.link.a_to_b.send(data, self._now)
+        self.link.a_to_b.receive_data(data, self._now)
 
     def read(self, timeout: float) -> bytes:
         """Advance simulated time until bytes reach the host or ``timeout`` elapses."""
@@ -62,7 +62,8 @@ class SimTransport:
                 return b""
             self._now = max(self._now, nxt)
             self._step()
-            got = self.link.b_to_a.poll(self._now)
+            self.link.b_to_a.tick(self._now)
+            got = self.link.b_to_a.data_to_send()
             if got:
                 return got
 
@@ -85,16 +86,19 @@ class SimTransport:
 
     def _step(self) -> None:
         now = self._now
-        for _ in self.link.poll_reboots(now):
+        self.link.tick(now)
+        while self.link.next_event() is not None:
             self.device.reboot(now)
         while self._reboots and self._reboots[0] <= now:
             self._reboots.pop(0)
             self.device.reboot(now)
-        arrived = self.link.a_to_b.poll(now)
+        self.link.a_to_b.tick(now)
+        arrived = self.link.a_to_b.data_to_send()
         if arrived:
-            answer = self.device.receive_data(arrived, now)
+            self.device.receive_data(arrived, now)
+            answer = self.device.data_to_send()
             if answer and not self.drop_answers:
-                self.link.b_to_a.send(answer, now + DEVICE_TURNAROUND)
+                self.link.b_to_a.receive_data(answer, now + DEVICE_TURNAROUND)
 
 
 class AsyncSimTransport:

@@ -54,7 +54,8 @@ class TracingTransport:
             self._file.close()
 
     def _log(self, direction: str, data: bytes) -> None:
-        for item in self._decoders[direction].feed(data):
+        self._decoders[direction].receive_data(data)
+        for item in iter(self._decoders[direction].next_event, None):
             record = {"schema": "idemlink.trace/1", "time": round(time.time(), 6),
                       "dir": direction, **self._describer.describe(item)}
             self._file.write(json.dumps(record, sort_keys=True) + "\n")

@@ -331,8 +331,8 @@ class _SessionWorld(_World):
 
     def deliver(self, direction: str, data: bytes) -> None:
         if direction == "host>dev":
-            answer = self.dev.receive_data(data, self.now)
-            self._frames("dev>host", answer)
+            self.dev.receive_data(data, self.now)
+            self._frames("dev>host", self.dev.data_to_send())
         else:
             self.host.receive_data(data, self.now)
 

@@ -1,6 +1,7 @@
 """The device side of the framed protocol: frames in, exactly-once execution, answers out.
 
-``DeviceSession`` is sans-I/O: ``receive_data(bytes, now) -> bytes`` returns what to send back.
+``DeviceSession`` is sans-I/O (the project's shape, docs/ARCHITECTURE.md): ``receive_data(bytes,
+now)`` takes received bytes, ``data_to_send()`` drains the answers they produced.
 It owns one boot epoch, one ``ReplayWindow`` and one ``ReplayCache``; a reboot is a new session.
 The command itself is run by an ``Executor`` (the register core), called at most once per
 (epoch, sequence number) — that is the whole promise, and this table is where it is kept:
@@ -94,6 +95,7 @@ class DeviceSession:
         self.window = ReplayWindow(ring_bits)
         self.cache = ReplayCache(replay_slots)
         self.decoder = FrameDecoder()
+        self._outgoing = bytearray()
         self.contract_hash = contract_hash
         self.name = name
         self.map_hash = map_hash
@@ -145,19 +147,27 @@ class DeviceSession:
             map_name=self.map_name,
         )
 
-    def receive_data(self, data: bytes, now: float) -> bytes:
-        """Feed received bytes; returns the bytes to send back (possibly empty)."""
-        out = []
-        for event in self.decoder.feed(data):
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Take received bytes (any chunking) at time ``now``; the answers wait in
+        ``data_to_send``."""
+        decoder = self.decoder
+        decoder.receive_data(data)
+        out = self._outgoing
+        while (event := decoder.next_event()) is not None:
             if isinstance(event, DecodeError):
                 self.counters["decode_errors"] += 1
                 continue
-            reply = self.handle_frame(event, now)
+            reply = self._handle_frame(event, now)
             if reply:
-                out.append(reply)
-        return b"".join(out)
+                out += reply
 
-    def handle_frame(self, frame: Frame, now: float) -> bytes:
+    def data_to_send(self) -> bytes:
+        """The answer bytes produced so far, in order (drains them; b"" when there are none)."""
+        out = bytes(self._outgoing)
+        self._outgoing.clear()
+        return out
+
+    def _handle_frame(self, frame: Frame, now: float) -> bytes:
         if frame.type is FrameType.REQUEST:
             disposition, wire = self._request(frame, now)
             self.counters[disposition.value] += 1

@@ -33,7 +33,7 @@ raises on bad input, buffers at most ``MAX_ENCODED`` bytes, and loses at most th
 from __future__ import annotations
 
 import struct
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 
@@ -220,22 +220,26 @@ def parse_raw(raw: bytes) -> Frame | DecodeError:
 
 
 class FrameDecoder:
-    """Streaming decoder: feed bytes in any chunking, get frames and typed errors.
+    """Streaming decoder: bytes in any chunking in, frames and typed errors out (sans-I/O shape:
+    ``receive_data(data)`` then ``next_event()`` until it returns None).
 
     Invariants (tested):
 
-    - ``feed`` never raises, whatever the input.
-    - At most ``MAX_ENCODED`` bytes are buffered between calls.
+    - ``receive_data`` never raises, whatever the input.
+    - At most ``MAX_ENCODED`` bytes are buffered between calls (plus the decoded events the
+      caller has not taken yet: drain ``next_event`` after each ``receive_data``).
     - Garbage between frames costs only itself (every frame starts with a delimiter); a damaged
       frame costs only itself. Nothing after the next 0x00 is ever affected by what came before.
-    - Every refusal is counted in ``counters`` (keyed by ``DecodeErrorKind`` name) and returned.
+    - Every refusal is counted in ``counters`` (keyed by ``DecodeErrorKind`` name) and returned
+      as an event.
     """
 
-    __slots__ = ("_buf", "_discarding", "counters")
+    __slots__ = ("_buf", "_discarding", "_events", "counters")
 
     def __init__(self) -> None:
         self._buf = bytearray()
         self._discarding = False
+        self._events: deque[Frame | DecodeError] = deque()
         self.counters: Counter[str] = Counter()
 
     @property
@@ -244,19 +248,26 @@ class FrameDecoder:
         return len(self._buf)
 
     def reset(self) -> None:
-        """Forget any partial frame (e.g. after a port reopen)."""
+        """Forget any partial frame and any event not taken yet (e.g. after a port reopen)."""
         self._buf.clear()
         self._discarding = False
+        self._events.clear()
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame | DecodeError]:
+    def next_event(self) -> Frame | DecodeError | None:
+        """The next decoded frame or refusal, in wire order; None when there is nothing more."""
+        events = self._events
+        return events.popleft() if events else None
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Take received bytes (any chunking); what they complete waits in ``next_event``."""
         if not isinstance(data, bytes):
             data = bytes(data)
         parts = data.split(b"\x00")
         last = len(parts) - 1
-        out: list[Frame | DecodeError] = []
+        out = self._events
         if last == 0:  # no delimiter in this chunk: it continues the current segment
             self._accumulate(data, out)
-            return out
+            return
         first = parts[0]
         if self._discarding:
             self._discarding = False
@@ -272,9 +283,8 @@ class FrameDecoder:
                 out.append(self._decode_segment(segment))
         if parts[last]:
             self._accumulate(parts[last], out)
-        return out
 
-    def _accumulate(self, chunk: bytes, out: list[Frame | DecodeError]) -> None:
+    def _accumulate(self, chunk: bytes, out: deque[Frame | DecodeError]) -> None:
         if self._discarding:
             return
         if len(self._buf) + len(chunk) > MAX_ENCODED:
@@ -304,6 +314,14 @@ class FrameDecoder:
         else:
             self.counters["FRAMES"] += 1
         return err
+
+
+def decode_frames(data: bytes | bytearray | memoryview) -> list[Frame | DecodeError]:
+    """Every event a fresh ``FrameDecoder`` finds in ``data`` taken whole (a capture, one answer
+    in a test); a streaming reader keeps its own decoder instead."""
+    decoder = FrameDecoder()
+    decoder.receive_data(data)
+    return list(iter(decoder.next_event, None))
 
 
 def contract_section() -> ContractSection:

@@ -262,7 +262,8 @@ class HostSession:
         return self._earliest
 
     def receive_data(self, data: bytes, now: float) -> None:
-        for ev in self._decoder.feed(data):
+        self._decoder.receive_data(data)
+        while (ev := self._decoder.next_event()) is not None:
             if isinstance(ev, DecodeError):
                 if frame_log.isEnabledFor(logging.DEBUG):
                     frame_log.debug("rx undecodable frame: %s", ev.kind.name)

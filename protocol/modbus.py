@@ -632,15 +632,16 @@ class RtuDecoder:
     """Streaming RTU decoder: frames end at a silence of t3.5 (Modbus over serial line V1.02
     2.5.1.1) or at their declared length; nothing is parsed from a position that is neither.
 
-    ``feed(data, now)`` with ``now`` the time the read returned; ``idle(now)`` when a read
-    returned nothing; ``gap()`` when the line has certainly been silent; ``next_frame()`` returns
-    the next CRC-valid frame (any unit; the caller filters) or None. The rules:
+    The project's sans-I/O shape (docs/ARCHITECTURE.md): ``receive_data(data, now)`` with ``now``
+    the time the read returned; ``tick(now)`` when a read returned nothing; the command ``gap()``
+    when the line has certainly been silent; ``next_event()`` returns the next CRC-valid frame
+    (any unit; the caller filters) or None. The rules:
 
     1. Real pauses only. A read's bytes are contiguous on the line, and the line was silent
        before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (``char_time`` =
-       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``idle(now)`` is a pause
-       only after ``resync_silence`` (0.1 s) without bytes. Feeds without ``now`` are contiguous
-       (only ``gap``/``idle`` mark pauses). The first byte ever starts a frame.
+       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``tick(now)`` is a pause
+       only after ``resync_silence`` (0.1 s) without bytes. Bytes received without ``now`` are
+       contiguous (only ``gap``/``tick`` mark pauses). The first byte ever starts a frame.
     2. The head (the first byte after a pause or after the previous frame) is read by declared
        length: as a request (``length_of``) and, unless it is addressed to ``unit``, as another
        slave's answer (``other_length_of``). A function code that tells no length is framed by
@@ -696,7 +697,9 @@ class RtuDecoder:
 
     # -------------------------------------------------------------------------------- input
 
-    def feed(self, data: bytes, now: float | None = None) -> None:
+    def receive_data(self, data: bytes, now: float | None = None) -> None:
+        """Take the bytes one read returned (``now``: when it returned; frames wait in
+        ``next_event``)."""
         if not data:
             return
         if self._silent or (
@@ -717,7 +720,7 @@ class RtuDecoder:
         self._silent = True
         self._pause_here()
 
-    def idle(self, now: float) -> None:
+    def tick(self, now: float) -> None:
         """Nothing arrived by ``now``. A read that returns late may still hold bytes that were
         on the line meanwhile, so an empty read is a pause only after ``resync_silence`` (the
         last resort; the next read's own timing says whether the line paused)."""
@@ -817,7 +820,8 @@ class RtuDecoder:
             return False
         return not (self._unsure or self._across(n)) or self._tiles_a_read(n)
 
-    def next_frame(self) -> RtuFrame | None:
+    def next_event(self) -> RtuFrame | None:
+        """The next CRC-valid frame (any unit), or None until more bytes or a pause arrive."""
         while self._buf:
             req, ans = self._views()
             ans_ok = self._valid(ans)

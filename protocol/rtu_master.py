@@ -153,12 +153,12 @@ class RtuMaster:
     def receive_data(self, data: bytes, now: float) -> None:
         if not data:
             return
-        self._decoder.feed(data, now)
+        self._decoder.receive_data(data, now)
         req = self._current
         if req is not None:  # an answer still arriving keeps the wait open a little longer
             req.deadline = max(req.deadline, min(now + self.frame_gap + self.char_time,
                                                  req.stretch_until))
-        while (frame := self._decoder.next_frame()) is not None:
+        while (frame := self._decoder.next_event()) is not None:
             req = self._current
             if (req is None or req.unit == BROADCAST_UNIT or frame.unit != req.unit
                     or not answer_fits(req.pdu, frame.pdu)):

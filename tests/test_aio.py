@@ -75,7 +75,8 @@ class WaitingTransport:
 
     async def write(self, data: bytes) -> None:
         before = len(self.device.executions)
-        reply = self.device.receive_data(data, self.now())
+        self.device.receive_data(data, self.now())
+        reply = self.device.data_to_send()
         if any(e.request[:1] != bytes([FunctionCode.READ_HOLDING_REGISTERS])
                for e in self.device.executions[before:]):
             self.request_out.set()

@@ -318,7 +318,8 @@ class ChangedByOtherHost(SimTransport):
         self._left = n
 
     def write(self, data: bytes) -> None:
-        for frame in self._decoder.feed(data):
+        self._decoder.receive_data(data)
+        for frame in iter(self._decoder.next_event, None):
             if isinstance(frame, Frame) and frame.type is FrameType.REQUEST:
                 self._left -= 1
                 if self._left == 0:

@@ -54,7 +54,7 @@ def test_a_flood_faster_than_the_baud_rate_stays_within_the_bound() -> None:
     link.start(0.0)
     chunk = bytes(range(256)) * 64
     for i in range(64):  # 1 MiB in 1.6 s of line time that carries ~1.5 KiB
-        link.a_to_b.send(chunk, i * 0.025)
+        link.a_to_b.receive_data(chunk, i * 0.025)
         assert link.a_to_b.in_flight <= MAX_QUEUED_BYTES
     stats = link.a_to_b.stats
     assert stats.bytes_overflow > 900_000

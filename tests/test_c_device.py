@@ -189,7 +189,8 @@ class PyDevice:
 
     def feed(self, data: bytes, now_ms: int) -> bytes:
         self.core.tick(now_ms / 1000)
-        return self.session.receive_data(data, now_ms / 1000)
+        self.session.receive_data(data, now_ms / 1000)
+        return self.session.data_to_send()
 
 
 def _of(regmap: RegisterMap, kind: RegisterKind) -> list[int]:
@@ -489,7 +490,9 @@ def test_c_rtu_answers_like_the_python_rtu_server(clib: ctypes.CDLL, seed: int) 
     for _ in range(300):
         now += STEP_MS * rng.randrange(2, 6)  # after the previous idle mark (+ 0.2 s)
         data = _rtu_read(rng, core.generation)
-        py = server.receive(data, now / 1000) + server.receive(b"", now / 1000 + 0.2)
+        server.receive_data(data, now / 1000)
+        server.tick(now / 1000 + 0.2)
+        py = server.data_to_send()
         mine = c.rtu(data, now, pause_after=False) + c.rtu(b"", now + 200, pause_after=True)
         assert mine == py, data.hex()
         answered += len(py) > 0
@@ -629,7 +632,8 @@ def _exchange(port: serial.Serial, wire: bytes) -> Frame:
     port.write(wire)
     decoder = FrameDecoder()
     for _ in range(50):
-        for event in decoder.feed(port.read(port.in_waiting or 1)):
+        decoder.receive_data(port.read(port.in_waiting or 1))
+        for event in iter(decoder.next_event, None):
             assert isinstance(event, Frame), event
             return event
     raise AssertionError("no answer")

@@ -120,7 +120,8 @@ class WritesUnanswered(SimTransport):
     are answered — so a read-back after an UNKNOWN write succeeds."""
 
     def write(self, data: bytes) -> None:
-        for frame in self._decoder.feed(data):
+        self._decoder.receive_data(data)
+        for frame in iter(self._decoder.next_event, None):
             if isinstance(frame, Frame):
                 self.drop_answers = frame.type is FrameType.REQUEST and frame.payload[:1] != bytes(
                     [FunctionCode.READ_HOLDING_REGISTERS])

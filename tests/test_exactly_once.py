@@ -24,6 +24,12 @@ READ = b"\x03\x00\x00\x00\x01"
 CLEAR = b"\x06\x00\x20\x00\x01"  # a W1C fault clear: FC06, but not set-only
 
 
+def dev_reply(dev: DeviceSession, data: bytes, now: float) -> bytes:
+    """What the device answers to ``data`` received at ``now``."""
+    dev.receive_data(data, now)
+    return dev.data_to_send()
+
+
 class Executor:
     def __init__(self) -> None:
         self.calls: list[bytes] = []
@@ -114,28 +120,28 @@ def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() 
     ex_z, ex_a, ex_b = Executor(), Executor(), Executor()
     boot_z = DeviceSession(ex_z, 0x2222, contract_hash=HASH)
     host.open(0.0)
-    host.receive_data(boot_z.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(dev_reply(boot_z, host.data_to_send(), 0.0), 0.0)
     host.events()
     assert host.epoch == 0x2222
 
     boot_a = DeviceSession(ex_a, 0xAAAA, contract_hash=HASH)  # reboot: Z -> A
     host.submit(READ, 0.0, set_only=True, tag="r1")
-    refused_in_a = boot_a.receive_data(host.data_to_send(), 0.0)
+    refused_in_a = dev_reply(boot_a, host.data_to_send(), 0.0)
     stale_copy = refused_in_a  # the line duplicates this answer and delays the copy
     host.receive_data(refused_in_a, 0.0)
-    host.receive_data(boot_a.receive_data(host.data_to_send(), 0.0), 0.0)  # HELLO to A
-    host.receive_data(boot_a.receive_data(host.data_to_send(), 0.0), 0.0)  # r1 re-issued in A
+    host.receive_data(dev_reply(boot_a, host.data_to_send(), 0.0), 0.0)  # HELLO to A
+    host.receive_data(dev_reply(boot_a, host.data_to_send(), 0.0), 0.0)  # r1 re-issued in A
     assert _completions(host)["r1"].outcome is Outcome.OK
 
     boot_b = DeviceSession(ex_b, 0xBBBB, contract_hash=HASH)  # reboot: A -> B
     host.submit(READ, 0.0, set_only=True, tag="r2")
-    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)
-    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)  # HELLO to B
-    host.receive_data(boot_b.receive_data(host.data_to_send(), 0.0), 0.0)  # r2 re-issued in B
+    host.receive_data(dev_reply(boot_b, host.data_to_send(), 0.0), 0.0)
+    host.receive_data(dev_reply(boot_b, host.data_to_send(), 0.0), 0.0)  # HELLO to B
+    host.receive_data(dev_reply(boot_b, host.data_to_send(), 0.0), 0.0)  # r2 re-issued in B
     assert _completions(host)["r2"].outcome is Outcome.OK and host.epoch == 0xBBBB
 
     host.submit(CLEAR, 0.0, set_only=False, tag="clear")
-    answer = boot_b.receive_data(host.data_to_send(), 0.0)
+    answer = dev_reply(boot_b, host.data_to_send(), 0.0)
     assert ex_b.calls.count(CLEAR) == 1  # it ran, once, in B
     host.receive_data(stale_copy + answer, 0.0)
     done = _completions(host)
@@ -147,9 +153,9 @@ class _AnswersLostForTriggers(SimTransport):
     """A line that loses every answer while a trigger start (FC 0x42, value 1) is being sent."""
 
     def write(self, data: bytes) -> None:
-        from idemlink.protocol.frame import Frame, FrameDecoder
+        from idemlink.protocol.frame import Frame, decode_frames
 
-        for f in FrameDecoder().feed(data):
+        for f in decode_frames(data):
             if isinstance(f, Frame) and f.payload[:1] == b"\x42":
                 self.drop_answers = f.payload[-2:] == b"\x00\x01"
         super().write(data)

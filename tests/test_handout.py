@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 
 from idemlink.protocol.device_session import HANDOUT_SPAN, DeviceSession
-from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Frame, FrameType, decode_frames, encode_frame
 from idemlink.protocol.outcome import Status
 from idemlink.protocol.payloads import DeviceInfo
 
@@ -19,20 +19,26 @@ HASH = b"12345678"
 W = bytes.fromhex("060004012c")
 
 
+def dev_reply(dev: DeviceSession, data: bytes, now: float) -> bytes:
+    """What the device answers to ``data`` received at ``now``."""
+    dev.receive_data(data, now)
+    return dev.data_to_send()
+
+
 def _run(pdu: bytes, now: float, seq: int) -> bytes:
     return pdu
 
 
 def _hello(dev: DeviceSession, nonce: int) -> int:
-    (reply,) = [f for f in FrameDecoder().feed(
-        dev.receive_data(encode_frame(FrameType.HELLO, nonce, 0, b"\x01" + HASH), 0.0))
+    (reply,) = [f for f in decode_frames(
+        dev_reply(dev, encode_frame(FrameType.HELLO, nonce, 0, b"\x01" + HASH), 0.0))
         if isinstance(f, Frame)]
     return DeviceInfo.decode(reply.payload).next_seq
 
 
 def _request(dev: DeviceSession, seq: int) -> Status:
-    (answer,) = [f for f in FrameDecoder().feed(
-        dev.receive_data(encode_frame(FrameType.REQUEST, seq, dev.epoch, W), 0.0))
+    (answer,) = [f for f in decode_frames(
+        dev_reply(dev, encode_frame(FrameType.REQUEST, seq, dev.epoch, W), 0.0))
         if isinstance(f, Frame)]
     return Status(answer.payload[0])
 

@@ -20,7 +20,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice
-from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, decode_frames, encode_frame
 from idemlink.protocol.modbus import classify_answer
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import TriggerStatus
@@ -76,7 +76,7 @@ class _GarbledHelloTransport(SimTransport):
                                      b"\x01\x02\x03")
 
     def _hello_seq(self, data: bytes) -> int:
-        frames = [f for f in FrameDecoder().feed(data) if isinstance(f, Frame)]
+        frames = [f for f in decode_frames(data) if isinstance(f, Frame)]
         return frames[0].seq
 
     def read(self, timeout: float) -> bytes:
@@ -102,7 +102,8 @@ def test_cli_with_a_malformed_hello_reply_says_one_line(
             ready, _, _ = select.select([pair.master_fd], [], [], 0.02)
             if not ready:
                 continue
-            for f in decoder.feed(os.read(pair.master_fd, 4096)):
+            decoder.receive_data(os.read(pair.master_fd, 4096))
+            for f in iter(decoder.next_event, None):
                 if isinstance(f, Frame) and f.type is FrameType.HELLO:
                     os.write(pair.master_fd,
                              encode_frame(FrameType.HELLO_REPLY, f.seq, 0x1234, b"\x01\x02"))

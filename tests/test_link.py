@@ -48,14 +48,26 @@ WRITES = st.lists(
 )
 
 
+def delivered(d: LinkDirection, now: float) -> bytes:
+    """Every byte ``d`` delivers by ``now``."""
+    d.tick(now)
+    return d.data_to_send()
+
+
+def reboots_due(link: Link, now: float) -> list[RebootEvent]:
+    """The reboots ``link`` finds due by ``now``."""
+    link.tick(now)
+    return list(iter(link.next_event, None))
+
+
 def drive(
     d: LinkDirection, writes: list[tuple[float, bytes]], end: float = math.inf
 ) -> tuple[list[float], list[tuple[float, int]]]:
     """Send ``writes`` (gap, data) and walk the delivery events in time order.
 
     Returns the send time of every byte and (delivery time, byte) for every delivered byte. The
-    delivery time is the earliest poll time that returned the byte: the walk polls at every
-    ``next_event_time`` and also checks that polling just before it returns nothing.
+    delivery time is the earliest tick that delivered the byte: the walk ticks at every
+    ``next_event_time`` and also checks that a tick just before it delivers nothing.
     """
     t = 0.0
     sent_at: list[float] = []
@@ -71,14 +83,14 @@ def drive(
                 return
             before = math.nextafter(nxt, -math.inf)
             if before >= last:
-                assert d.poll(before) == b"", "delivered before next_event_time said"
-            got.extend((nxt, b) for b in d.poll(nxt))
+                assert delivered(d, before) == b"", "delivered before next_event_time said"
+            got.extend((nxt, b) for b in delivered(d, nxt))
             last = max(last, nxt)
 
     for gap, data in writes:
         t += gap
         drain(t)
-        d.send(data, t)
+        d.receive_data(data, t)
         last = max(last, t)
         sent_at.extend([t] * len(data))
     drain(end)
@@ -127,20 +139,20 @@ def test_faultless_line_is_exact_paced_and_late_by_latency(
 
 def test_throughput_of_a_busy_line_is_the_baud_rate() -> None:
     d = LinkDirection(LinkConfig(baud=115200, latency=0.002))
-    d.send(bytes(11520), 0.0)
-    half = len(d.poll(0.002 + 0.5))
+    d.receive_data(bytes(11520), 0.0)
+    half = len(delivered(d, 0.002 + 0.5))
     assert abs(half - 5760) <= 1
-    assert half + len(d.poll(0.002 + 1.0 - 1e-5)) == 11519 and d.in_flight == 1
-    assert len(d.poll(0.002 + 1.0 + 1e-5)) == 1
+    assert half + len(delivered(d, 0.002 + 1.0 - 1e-5)) == 11519 and d.in_flight == 1
+    assert len(delivered(d, 0.002 + 1.0 + 1e-5)) == 1
 
 
 def test_full_duplex_directions_do_not_share_the_line() -> None:
     link = Link(LinkConfig(baud=9600))
-    link.a_to_b.send(bytes(96), 0.0)
-    link.b_to_a.send(bytes(96), 0.0)
+    link.a_to_b.receive_data(bytes(96), 0.0)
+    link.b_to_a.receive_data(bytes(96), 0.0)
     # 96 bytes at 9600 baud take 0.1 s in each direction, at the same time
-    assert len(link.a_to_b.poll(0.1 + 1e-9)) == 96
-    assert len(link.b_to_a.poll(0.1 + 1e-9)) == 96
+    assert len(delivered(link.a_to_b, 0.1 + 1e-9)) == 96
+    assert len(delivered(link.b_to_a, 0.1 + 1e-9)) == 96
 
 
 # -- reproducibility -----------------------------------------------------------------------------
@@ -162,12 +174,12 @@ def test_same_seed_same_faults_whatever_the_chunking(
     cfg = replace(FAULTY, seed=seed, noise_rate=0.0, baud=None)
     stream = b"".join(frames_of(payloads))
     one = LinkDirection(cfg)
-    one.send(stream, 0.0)
+    one.receive_data(stream, 0.0)
     two = LinkDirection(cfg)
     edges = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
     for lo, hi in itertools.pairwise(edges):
-        two.send(stream[lo:hi], 0.0)
-    assert one.poll(1.0) == two.poll(1.0)
+        two.receive_data(stream[lo:hi], 0.0)
+    assert delivered(one, 1.0) == delivered(two, 1.0)
     assert one.stats == two.stats
 
 
@@ -199,8 +211,8 @@ def within(observed: int, n: int, p: float, sigmas: float = 5.0) -> bool:
 def test_byte_loss_rate_is_near_the_configured_probability(p: float, seed: int) -> None:
     n = 20_000
     d = LinkDirection(LinkConfig(loss=p, seed=seed))
-    d.send(bytes(range(256)) * (n // 256) + bytes(n % 256), 0.0)
-    out = d.poll(0.0)
+    d.receive_data(bytes(range(256)) * (n // 256) + bytes(n % 256), 0.0)
+    out = delivered(d, 0.0)
     lost = n - len(out)
     assert within(lost, n, p)
     assert d.stats.bytes_lost == lost
@@ -212,8 +224,8 @@ def test_corruption_flips_exactly_one_bit(p: float, seed: int) -> None:
     n = 10_000
     data = random.Random(seed).randbytes(n)
     d = LinkDirection(LinkConfig(corrupt=p, seed=seed))
-    d.send(data, 0.0)
-    out = d.poll(0.0)
+    d.receive_data(data, 0.0)
+    out = delivered(d, 0.0)
     assert len(out) == n
     flips = [bin(x ^ y).count("1") for x, y in zip(data, out, strict=True)]
     assert set(flips) <= {0, 1}
@@ -227,8 +239,8 @@ def test_duplication_repeats_a_byte_right_after_itself(p: float, seed: int) -> N
     n = 10_000
     data = bytes((i % 255) + 1 for i in range(n))  # no two neighbours equal
     d = LinkDirection(LinkConfig(dup=p, seed=seed))
-    d.send(data, 0.0)
-    out = d.poll(0.0)
+    d.receive_data(data, 0.0)
+    out = delivered(d, 0.0)
     dups = len(out) - n
     assert bytes(k for k, _ in itertools.groupby(out)) == data
     assert within(dups, n, p)
@@ -238,7 +250,7 @@ def test_duplication_repeats_a_byte_right_after_itself(p: float, seed: int) -> N
 def test_noise_adds_random_bursts_at_the_configured_rate() -> None:
     d = LinkDirection(LinkConfig(noise_rate=100.0, noise_max_len=4, seed=3))
     d.start(0.0)
-    out = d.poll(10.0)
+    out = delivered(d, 10.0)
     bursts = d.stats.noise_bursts
     assert abs(bursts - 1000) < 5 * math.sqrt(1000)
     assert d.stats.noise_bytes == len(out)
@@ -256,8 +268,8 @@ PAYLOADS = st.lists(st.binary(max_size=30), min_size=1, max_size=60).map(unique_
 def test_frame_loss_drops_whole_frames_only(payloads: list[bytes], p: float, seed: int) -> None:
     d = LinkDirection(LinkConfig(frame_loss=p, seed=seed, baud=115200))
     for f in frames_of(payloads):
-        d.send(f, 0.0)
-    got = segments(d.poll(10.0))
+        d.receive_data(f, 0.0)
+    got = segments(delivered(d, 10.0))
     sent = [cobs.encode(x) for x in payloads]
     it = iter(sent)
     assert all(any(g == s for s in it) for g in got), "not an in-order subsequence of frames"
@@ -272,8 +284,8 @@ def test_reorder_only_swaps_whole_neighbouring_frames(
 ) -> None:
     d = LinkDirection(LinkConfig(reorder=p, seed=seed))
     for f in frames_of(payloads):
-        d.send(f, 0.0)
-    got = segments(d.poll(0.0))
+        d.receive_data(f, 0.0)
+    got = segments(delivered(d, 0.0))
     sent = [cobs.encode(x) for x in payloads]
     held = d.in_flight  # the last frame may still be held, waiting for a successor
     assert Counter(got) <= Counter(sent)
@@ -286,9 +298,9 @@ def test_reorder_only_swaps_whole_neighbouring_frames(
 
 def test_held_frame_is_released_after_max_hold() -> None:
     d = LinkDirection(LinkConfig(reorder=1.0, reorder_max_hold=0.05, seed=1))
-    d.send(b"\x00\x02A\x00", 0.0)
-    assert d.poll(0.049) == b"\x00" and d.next_event_time() == pytest.approx(0.05)
-    assert d.poll(0.05) == b"\x02A\x00"
+    d.receive_data(b"\x00\x02A\x00", 0.0)
+    assert delivered(d, 0.049) == b"\x00" and d.next_event_time() == pytest.approx(0.05)
+    assert delivered(d, 0.05) == b"\x02A\x00"
 
 
 @settings(max_examples=50, deadline=None)
@@ -298,8 +310,8 @@ def test_frame_dup_and_corrupt_keep_frame_boundaries(
 ) -> None:
     d = LinkDirection(LinkConfig(frame_dup=p, frame_corrupt=p, seed=seed))
     for f in frames_of(payloads):
-        d.send(f, 0.0)
-    got = [g for g in d.poll(0.0).split(b"\x00")]
+        d.receive_data(f, 0.0)
+    got = [g for g in delivered(d, 0.0).split(b"\x00")]
     sent = [cobs.encode(x) for x in payloads]
     # a corrupted frame may have gained a 0x00 (splitting it); otherwise frames stay whole
     corrupted = d.stats.frames_corrupted
@@ -312,10 +324,10 @@ def test_frame_dup_and_corrupt_keep_frame_boundaries(
 
 def test_frame_mode_waits_for_the_delimiter() -> None:
     d = LinkDirection(LinkConfig(frame_dup=1.0))
-    d.send(b"\x00\x03ab", 0.0)
-    assert d.poll(1.0) == b"\x00" and d.in_flight == 3
-    d.send(b"\x00", 2.0)
-    assert d.poll(2.0) == b"\x03ab\x00\x03ab\x00"
+    d.receive_data(b"\x00\x03ab", 0.0)
+    assert delivered(d, 1.0) == b"\x00" and d.in_flight == 3
+    d.receive_data(b"\x00", 2.0)
+    assert delivered(d, 2.0) == b"\x03ab\x00\x03ab\x00"
 
 
 # -- reboots, config -----------------------------------------------------------------------------
@@ -328,7 +340,7 @@ def test_fixed_and_random_reboots_are_scheduled_and_reproducible() -> None:
     link.start(0.0)
     events = []
     while (t := link.next_event_time()) is not None and t < 1000.0:
-        events += link.poll_reboots(t)
+        events += reboots_due(link, t)
     assert seen == events
     assert [e.index for e in events] == list(range(len(events)))
     times = [e.time for e in events]
@@ -336,7 +348,7 @@ def test_fixed_and_random_reboots_are_scheduled_and_reproducible() -> None:
     assert abs(len(times) - 2 - 1000) < 5 * math.sqrt(1000)
     again = Link(cfg)
     again.start(0.0)
-    assert again.poll_reboots(1000.0) == [e for e in events if e.time <= 1000.0]
+    assert reboots_due(again, 1000.0) == [e for e in events if e.time <= 1000.0]
 
 
 @pytest.mark.parametrize(
@@ -628,19 +640,19 @@ def test_forced_frame_faults_hit_exactly_the_next_frames() -> None:
     a, b, c, e = frames_of([b"A", b"B", b"C", b"E"])
     d.force_frame_fault(FrameFault.DROP)
     d.force_frame_fault(FrameFault.DUPLICATE)
-    d.send(a + b + c, 0.0)
-    assert segments(d.poll(0.0)) == [b"\x02B", b"\x02B", b"\x02C"]
+    d.receive_data(a + b + c, 0.0)
+    assert segments(delivered(d, 0.0)) == [b"\x02B", b"\x02B", b"\x02C"]
     d.force_frame_fault(FrameFault.REORDER)
-    d.send(a + b, 1.0)
-    assert segments(d.poll(1.0)) == [b"\x02B", b"\x02A"]
+    d.receive_data(a + b, 1.0)
+    assert segments(delivered(d, 1.0)) == [b"\x02B", b"\x02A"]
     d.force_frame_fault(FrameFault.CORRUPT)
-    d.send(e, 2.0)
-    (got,) = segments(d.poll(2.0)) or [b""]
+    d.receive_data(e, 2.0)
+    (got,) = segments(delivered(d, 2.0)) or [b""]
     assert got != b"\x02E" and bin(int.from_bytes(got, "big") ^ 0x0245).count("1") == 1
     assert (d.stats.frames_lost, d.stats.frames_duplicated) == (1, 1)
     assert (d.stats.frames_reordered, d.stats.frames_corrupted) == (1, 1)
-    d.send(a, 3.0)  # nothing forced any more, no frame faults configured: plain bytes
-    assert d.poll(3.0) == a and d.stats.frames_seen == 5  # only frames under a fault regime
+    d.receive_data(a, 3.0)  # nothing forced any more, no frame faults configured: plain bytes
+    assert delivered(d, 3.0) == a and d.stats.frames_seen == 5  # only frames under a fault regime
 
 
 def test_reconfigure_mid_run_keeps_pacing_and_hands_on_held_frames() -> None:
@@ -649,14 +661,14 @@ def test_reconfigure_mid_run_keeps_pacing_and_hands_on_held_frames() -> None:
     cfg = LinkConfig(baud=9600, reorder=1.0)
     d = LinkDirection(cfg)
     (a,) = frames_of([b"A"])
-    d.send(a, 0.0)  # held: waits for a successor
-    assert d.poll(1.0) == b"\x00"
+    d.receive_data(a, 0.0)  # held: waits for a successor
+    assert delivered(d, 1.0) == b"\x00"
     d.reconfigure(replace(cfg, reorder=0.0, loss=1.0))
-    assert d.poll(1.0) == b"\x02A\x00"  # handed on when frame faults went off
-    d.send(b"xyz", 1.0)
-    assert d.poll(2.0) == b"" and d.stats.bytes_lost == 3
+    assert delivered(d, 1.0) == b"\x02A\x00"  # handed on when frame faults went off
+    d.receive_data(b"xyz", 1.0)
+    assert delivered(d, 2.0) == b"" and d.stats.bytes_lost == 3
     d.reconfigure(cfg.__class__(baud=9600))
-    d.send(b"k", 2.0)
+    d.receive_data(b"k", 2.0)
     assert d.next_event_time() == pytest.approx(2.0 + 10 / 9600)
 
 
@@ -686,25 +698,25 @@ def test_pty_proxy_connects_an_existing_pty_and_a_url() -> None:
 
 def test_without_a_gap_an_unterminated_unit_waits() -> None:
     d = LinkDirection(LinkConfig(frame_loss=0.01, seed=1))
-    d.send(b"C", 0.0)
-    assert d.poll(10.0) == b"" and d.next_event_time() is None
+    d.receive_data(b"C", 0.0)
+    assert delivered(d, 10.0) == b"" and d.next_event_time() is None
 
 
 def test_frame_gap_hands_on_an_unterminated_unit_after_silence() -> None:
     d = LinkDirection(LinkConfig(baud=115200, frame_loss=1e-9, frame_gap=0.005, seed=1))
-    d.send(b"\x06C", 0.0)
+    d.receive_data(b"\x06C", 0.0)
     due = d.next_event_time()
     assert due is not None and 0.005 < due < 0.006  # last byte's arrival + the gap
-    assert d.poll(due - 1e-4) == b""
-    assert d.poll(due) == b"\x06C"
+    assert delivered(d, due - 1e-4) == b""
+    assert delivered(d, due) == b"\x06C"
 
 
 def test_frame_gap_cuts_undelimited_traffic_into_frames_that_can_be_lost() -> None:
     cfg = LinkConfig(baud=115200, frame_loss=0.5, frame_gap=0.002, seed=7)
     d = LinkDirection(cfg)
     for i in range(200):  # 200 bursts of 3 bytes, 10 ms apart: 200 frames by silence alone
-        d.send(bytes([0x41 + i % 20]) * 3, i * 0.01)
-    out = d.poll(10.0)
+        d.receive_data(bytes([0x41 + i % 20]) * 3, i * 0.01)
+    out = delivered(d, 10.0)
     assert d.stats.frames_seen == 200
     assert len(out) == 3 * (200 - d.stats.frames_lost)
     assert 60 < d.stats.frames_lost < 140

@@ -12,20 +12,19 @@ import pytest
 from idemlink.cli import main
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.protocol.device_core import EffectKind
-from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
+from idemlink.protocol.frame import Frame, FrameType, decode_frames
 from idemlink.pytest_plugin import PtySim, start_pty_sim
 
 
 class MuteOnWrites(SimulatedDevice):
     """Runs everything, but the answers to anything other than a read are lost."""
 
-    def receive_data(self, data: bytes, now: float) -> bytes:
-        out = super().receive_data(data, now)
-        frames = FrameDecoder().feed(data)  # the serve loop hands over whole frames
+    def receive_data(self, data: bytes, now: float) -> None:
+        super().receive_data(data, now)
+        frames = decode_frames(data)  # the serve loop hands over whole frames
         if any(isinstance(f, Frame) and f.type is FrameType.REQUEST
                and f.payload[:1] not in (b"\x03", b"\x04") for f in frames):
-            return b""  # retries too: their replayed answers are lost as well
-        return out
+            self.data_to_send()  # lost; retries too: their replayed answers are lost as well
 
 
 @pytest.fixture

@@ -201,7 +201,7 @@ def test_decode_rtu_checks_crc() -> None:
 
 def _drain(dec: RtuDecoder) -> list[RtuFrame]:
     out = []
-    while (f := dec.next_frame()) is not None:
+    while (f := dec.next_event()) is not None:
         out.append(f)
     return out
 
@@ -213,12 +213,12 @@ def test_decoder_whole_bytewise_and_split(reqs: list[Request], unit: int,
     frames = [RtuFrame(unit, encode_request(r)) for r in reqs]
     wire = b"".join(encode_rtu(f.unit, f.pdu) for f in frames)
     whole = RtuDecoder()
-    whole.feed(wire)
+    whole.receive_data(wire)
     assert _drain(whole) == frames
     bytewise = RtuDecoder()
     got: list[RtuFrame] = []
     for b in wire:
-        bytewise.feed(bytes([b]))
+        bytewise.receive_data(bytes([b]))
         got += _drain(bytewise)
     assert got == frames and bytewise.discarded == 0
     cuts = sorted(data.draw(st.lists(st.integers(0, len(wire)), max_size=4)))
@@ -226,7 +226,7 @@ def test_decoder_whole_bytewise_and_split(reqs: list[Request], unit: int,
     got = []
     prev = 0
     for c in [*cuts, len(wire)]:
-        split.feed(wire[prev:c])
+        split.receive_data(wire[prev:c])
         got += _drain(split)
         prev = c
     assert got == frames
@@ -238,12 +238,12 @@ def test_decoder_resyncs_after_garbage(garbage: bytes, req: Request, unit: int) 
     """Garbage, then silence, then a good frame: the good frame always comes out, intact."""
     good = RtuFrame(unit, encode_request(req))
     dec = RtuDecoder()
-    dec.feed(garbage)
+    dec.receive_data(garbage)
     junk = _drain(dec)
     dec.gap()
     junk += _drain(dec)
     assert dec.pending == 0
-    dec.feed(encode_rtu(good.unit, good.pdu))
+    dec.receive_data(encode_rtu(good.unit, good.pdu))
     assert _drain(dec) == [good]
     # Any frame the garbage produced must itself be CRC-valid bytes of the garbage.
     for f in junk:
@@ -257,11 +257,11 @@ def test_decoder_resyncs_at_the_next_pause_after_a_bad_crc() -> None:
     bad = bytearray(good)
     bad[4] ^= 0xFF
     dec = RtuDecoder()
-    dec.feed(bytes(bad) + good, 1.0)
+    dec.receive_data(bytes(bad) + good, 1.0)
     assert _drain(dec) == []
     assert dec.discarded == len(bad) + len(good)
-    dec.feed(bytes(bad), 2.0)
-    dec.feed(good, 2.01)
+    dec.receive_data(bytes(bad), 2.0)
+    dec.receive_data(good, 2.01)
     assert _drain(dec) == [RtuFrame(1, bytes.fromhex("0300000004"))]
 
 
@@ -270,11 +270,11 @@ def test_decoder_garbage_announcing_a_long_frame() -> None:
     once; in the same burst both are one damaged frame, dropped at silence."""
     good = encode_rtu(1, bytes.fromhex("0600040064"))
     dec = RtuDecoder()
-    dec.feed(bytes.fromhex("011000000001f6"), 1.0)
+    dec.receive_data(bytes.fromhex("011000000001f6"), 1.0)
     assert _drain(dec) == []  # still waiting for the promised 255 bytes
-    dec.feed(good, 1.01)
+    dec.receive_data(good, 1.01)
     assert _drain(dec) == [RtuFrame(1, bytes.fromhex("0600040064"))]
-    dec.feed(bytes.fromhex("011000000001f6") + good, 2.0)
+    dec.receive_data(bytes.fromhex("011000000001f6") + good, 2.0)
     assert _drain(dec) == []
     dec.gap()
     assert _drain(dec) == [] and dec.pending == 0
@@ -283,7 +283,7 @@ def test_decoder_garbage_announcing_a_long_frame() -> None:
 def test_unknown_function_is_framed_only_at_silence() -> None:
     frame = encode_rtu(1, bytes.fromhex("2b0e0100"))
     dec = RtuDecoder()
-    dec.feed(frame)
+    dec.receive_data(frame)
     assert _drain(dec) == []
     dec.gap()
     assert _drain(dec) == [RtuFrame(1, bytes.fromhex("2b0e0100"))]
@@ -309,12 +309,12 @@ def test_host_side_decoder_frames_answers_read_in_chunks() -> None:
         for i in range(0, len(frame), 3):
             chunk = frame[i:i + 3]
             t += len(chunk) * char
-            dec.feed(chunk, t + 0.0002)  # read latency below t3.5
+            dec.receive_data(chunk, t + 0.0002)  # read latency below t3.5
             got += _drain(dec)
     assert got == [RtuFrame(1, fc16[1:-2]), RtuFrame(1, fc03[1:-2])]
-    dec.feed(fc16[:4], t + 0.01)  # an answer that stops half way
+    dec.receive_data(fc16[:4], t + 0.01)  # an answer that stops half way
     assert _drain(dec) == []
-    dec.feed(fc16, t + 0.012 + 8 * char)  # 2 ms of silence, then a whole answer
+    dec.receive_data(fc16, t + 0.012 + 8 * char)  # 2 ms of silence, then a whole answer
     assert _drain(dec) == [RtuFrame(1, fc16[1:-2])] and dec.discarded == 4
 
 

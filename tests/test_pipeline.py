@@ -40,7 +40,8 @@ class Recording(SimTransport):
         self.rounds: list[list[bytes]] = []
 
     def write(self, data: bytes) -> None:
-        self.rounds.append([f.payload for f in self._decoder.feed(data)
+        self._decoder.receive_data(data)
+        self.rounds.append([f.payload for f in iter(self._decoder.next_event, None)
                             if isinstance(f, Frame) and f.type is FrameType.REQUEST])
         super().write(data)
 

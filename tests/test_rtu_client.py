@@ -42,6 +42,15 @@ from idemlink.protocol.rtu_master import RtuMaster, retry_allowed
 TH, MODE, FAULTS, TRIG, GEN, TEMP = 4, 5, 7, 8, 3, 0  # addresses in the default map
 
 
+def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
+    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
+    if data:
+        server.receive_data(data, now)
+    else:
+        server.tick(now)
+    return server.data_to_send()
+
+
 def pdu(req: Any) -> bytes:
     return encode_request(req)
 
@@ -193,7 +202,7 @@ class LossyWire:
     def write(self, data: bytes) -> None:
         self.t += 0.001
         self.requests.append(data)
-        answer = self.server.receive(data, self.t)
+        answer = rtu_reply(self.server, data, self.t)
         n = sum(r == data for r in self.requests)
         if answer and not self.lose(decode_rtu(data).pdu, n):
             self._inbox += answer
@@ -202,7 +211,7 @@ class LossyWire:
         data, self._inbox = self._inbox, b""
         if not data:
             self.t += timeout
-            self.server.receive(b"", self.t)
+            rtu_reply(self.server, b"", self.t)
         return data
 
     def now(self) -> float:

@@ -13,6 +13,15 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 TH, MODE = 4, 5  # addresses in the default map
 
 
+def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
+    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
+    if data:
+        server.receive_data(data, now)
+    else:
+        server.tick(now)
+    return server.data_to_send()
+
+
 class LateWire:
     """``RtuDevice``'s transport on a simulated clock: the slave runs each request when it
     arrives and its answer reaches the host ``delay`` seconds later (after the master's wait)."""
@@ -27,7 +36,7 @@ class LateWire:
 
     def write(self, data: bytes) -> None:
         self.requests.append(data)
-        answer = self.server.receive(data, self.t)
+        answer = rtu_reply(self.server, data, self.t)
         if answer:
             self._pending.append((self.t + self.delay, answer))
 

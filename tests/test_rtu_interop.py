@@ -30,6 +30,15 @@ needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll
 UNIT = 1
 
 
+def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
+    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
+    if data:
+        server.receive_data(data, now)
+    else:
+        server.tick(now)
+    return server.data_to_send()
+
+
 def _read_line(stream: Any, proc: subprocess.Popen[bytes], deadline: float) -> str:
     """One line from a child's pipe, waiting for readiness (not sleeping) until the deadline."""
     fd = stream.fileno()
@@ -328,13 +337,13 @@ def test_server_receive_broadcast_other_unit_and_split_frames(tmp_path: Path) ->
     flash = ConfigFlash(tmp_path)
     server = RtuServer(DeviceCore(), unit=5, flash=flash)
     write = encode_rtu(0, bytes.fromhex("0600050002"))  # broadcast: executes, no answer
-    assert server.receive(write, 1.0) == b""
+    assert rtu_reply(server, write, 1.0) == b""
     assert server.core.value("mode") == 2
-    assert server.receive(encode_rtu(6, bytes.fromhex("0600050000")), 1.1) == b""
+    assert rtu_reply(server, encode_rtu(6, bytes.fromhex("0600050000")), 1.1) == b""
     assert server.core.value("mode") == 2 and server.ignored == 1
     read = encode_rtu(5, bytes.fromhex("0300050001"))
-    assert server.receive(read[:3], 1.2) == b""
-    assert server.receive(read[3:], 1.2) == encode_rtu(5, bytes.fromhex("03020002"))
+    assert rtu_reply(server, read[:3], 1.2) == b""
+    assert rtu_reply(server, read[3:], 1.2) == encode_rtu(5, bytes.fromhex("03020002"))
     assert server.core.count(EffectKind.SET) == 1
     again = RtuServer(DeviceCore(), unit=5, flash=ConfigFlash(tmp_path))
     assert (again.core.value("mode"), again.core.generation) == (2, 1)
@@ -346,21 +355,21 @@ def test_server_receive_broadcast_other_unit_and_split_frames(tmp_path: Path) ->
 def test_server_keeps_a_frame_split_by_a_short_pause_and_drops_a_stale_head() -> None:
     server = RtuServer(DeviceCore(), unit=1)
     read = encode_rtu(1, bytes.fromhex("0300040001"))
-    assert server.receive(read[:4], 10.0) == b""
-    assert server.receive(b"", 10.05) == b""  # a scheduling hiccup inside the frame
-    assert server.receive(read[4:], 10.06) == encode_rtu(1, bytes.fromhex("0302015e"))
-    assert server.receive(read[:4], 11.0) == b""  # the rest never comes
-    assert server.receive(b"", 11.2) == b""
+    assert rtu_reply(server, read[:4], 10.0) == b""
+    assert rtu_reply(server, b"", 10.05) == b""  # a scheduling hiccup inside the frame
+    assert rtu_reply(server, read[4:], 10.06) == encode_rtu(1, bytes.fromhex("0302015e"))
+    assert rtu_reply(server, read[:4], 11.0) == b""  # the rest never comes
+    assert rtu_reply(server, b"", 11.2) == b""
     assert server.decoder.pending == 0  # given up after the silence
-    assert server.receive(read, 11.3) == encode_rtu(1, bytes.fromhex("0302015e"))
+    assert rtu_reply(server, read, 11.3) == encode_rtu(1, bytes.fromhex("0302015e"))
 
 
 def test_server_garbage_then_a_duplicated_write_acts_once() -> None:
     server = RtuServer(DeviceCore(), unit=1)
     write = encode_rtu(1, bytes.fromhex("060006002d"))
-    assert server.receive(b"\x55\xaa", 1.0) == b""
-    assert server.receive(write + write, 1.01) == write + write  # after a pause
-    assert server.receive(b"\x55\xaa" + write, 2.0) == b""  # one damaged burst: dropped
+    assert rtu_reply(server, b"\x55\xaa", 1.0) == b""
+    assert rtu_reply(server, write + write, 1.01) == write + write  # after a pause
+    assert rtu_reply(server, b"\x55\xaa" + write, 2.0) == b""  # one damaged burst: dropped
     assert server.core.count(EffectKind.SET, "fan_setpoint") == 1
     assert server.core.generation == 1
 

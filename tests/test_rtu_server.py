@@ -46,6 +46,15 @@ OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
 OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
 
 
+def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
+    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
+    if data:
+        server.receive_data(data, now)
+    else:
+        server.tick(now)
+    return server.data_to_send()
+
+
 def _fc16_answer_of_unit2(plausible: bool) -> tuple[bytes, bytes]:
     """(master's FC16 request to unit 2, unit 2's 8-byte answer). ``plausible``: the answer's
     CRC low byte equals 2 x count, so its head also reads as a well-formed FC16 request."""
@@ -65,9 +74,9 @@ def test_shared_bus_fc16_answer_of_another_unit_does_not_hold_our_request(plausi
                                                                            ) -> None:
     req2, resp2 = _fc16_answer_of_unit2(plausible)
     server = RtuServer(DeviceCore(), unit=1)
-    assert server.receive(req2, 100.001) == b""  # to unit 2: ignored
-    assert server.receive(resp2, 100.003) == b""  # unit 2's answer
-    assert server.receive(OUR_READ, 100.005) == OUR_ANSWER  # at once, no 0.1 s silence
+    assert rtu_reply(server, req2, 100.001) == b""  # to unit 2: ignored
+    assert rtu_reply(server, resp2, 100.003) == b""  # unit 2's answer
+    assert rtu_reply(server, OUR_READ, 100.005) == OUR_ANSWER  # at once, no 0.1 s silence
     assert server.decoder.pending == 0
     assert server.decoder.skipped == 1
 
@@ -76,10 +85,10 @@ def test_shared_bus_fc16_answer_of_another_unit_does_not_hold_our_request(plausi
 @given(st.binary(min_size=2, max_size=40).filter(lambda b: len(b) % 2 == 0))
 def test_shared_bus_fc03_answers_with_any_data_never_delay_us(data: bytes) -> None:
     server = RtuServer(DeviceCore(), unit=1)
-    server.receive(encode_rtu(2, bytes([3, 0, 0, 0, len(data) // 2])), 10.0)
-    assert server.receive(encode_rtu(2, bytes([3, len(data)]) + data), 10.003) == b""
+    rtu_reply(server, encode_rtu(2, bytes([3, 0, 0, 0, len(data) // 2])), 10.0)
+    assert rtu_reply(server, encode_rtu(2, bytes([3, len(data)]) + data), 10.003) == b""
     # the master's next request follows a pause of t3.5 (1.75 ms; the 8 bytes take 0.76 ms)
-    assert server.receive(OUR_READ, 10.006) == OUR_ANSWER
+    assert rtu_reply(server, OUR_READ, 10.006) == OUR_ANSWER
     assert server.core.log == []  # nothing ran on our registers
 
 
@@ -88,9 +97,9 @@ def test_shared_bus_answers_merged_into_one_read_are_skipped_whole() -> None:
     dec = RtuDecoder()
     exc_answer = encode_rtu(2, bytes.fromhex("8302"))
     _, fc16_answer = _fc16_answer_of_unit2(False)
-    dec.feed(exc_answer + fc16_answer + encode_rtu(2, bytes.fromhex("0304001000ff")) + OUR_READ,
+    dec.receive_data(exc_answer + fc16_answer + encode_rtu(2, bytes.fromhex("0304001000ff")) + OUR_READ,
              5.0)
-    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300040001"))
+    assert dec.next_event() == RtuFrame(1, bytes.fromhex("0300040001"))
     assert dec.skipped == 3 and dec.discarded == 0
 
 
@@ -102,11 +111,11 @@ def test_request_inside_a_damaged_frame_is_not_executed() -> None:
     outer = bytearray(encode_rtu(2, bytes.fromhex("1001000004 08") + inner))
     outer[-1] ^= 0x01  # one bit error in the outer CRC
     server = RtuServer(DeviceCore(), unit=1)
-    assert server.receive(bytes(outer), 1.0) == b""
-    assert server.receive(b"", 1.2) == b""
+    assert rtu_reply(server, bytes(outer), 1.0) == b""
+    assert rtu_reply(server, b"", 1.2) == b""
     assert server.core.value("mode") == 1 and server.core.log == []
     # After a pause the line is ours again: garbage followed by a request is answered.
-    assert server.receive(OUR_READ, 1.3) == OUR_ANSWER
+    assert rtu_reply(server, OUR_READ, 1.3) == OUR_ANSWER
 
 
 @settings(deadline=None, max_examples=200)
@@ -120,7 +129,7 @@ def test_no_frame_found_by_sliding_inside_a_damaged_burst_runs(inner_pdu: str, p
                                  + payload))
     outer[-1 - bit // 8] ^= 1 << (bit % 8)
     server = RtuServer(DeviceCore(), unit=1)
-    out = server.receive(bytes(outer), 1.0) + server.receive(b"", 1.2)
+    out = rtu_reply(server, bytes(outer), 1.0) + rtu_reply(server, b"", 1.2)
     assert out == b"" and server.core.log == []
 
 
@@ -129,15 +138,15 @@ def test_bad_frame_then_good_frame_same_burst_vs_after_a_pause() -> None:
     bad = bytearray(good)
     bad[4] ^= 0xFF
     dec = RtuDecoder()
-    dec.feed(bytes(bad) + good, 1.0)  # one burst: the spec drops it whole
-    assert dec.next_frame() is None
-    dec.feed(good, 1.0005)  # still the same burst (no pause): dropped too
-    assert dec.next_frame() is None
-    dec.feed(good, 1.01)  # after a pause
-    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300000004"))
-    dec.feed(bytes(bad), 2.0)
-    dec.feed(good, 2.01)  # a pause between them
-    assert dec.next_frame() == RtuFrame(1, bytes.fromhex("0300000004"))
+    dec.receive_data(bytes(bad) + good, 1.0)  # one burst: the spec drops it whole
+    assert dec.next_event() is None
+    dec.receive_data(good, 1.0005)  # still the same burst (no pause): dropped too
+    assert dec.next_event() is None
+    dec.receive_data(good, 1.01)  # after a pause
+    assert dec.next_event() == RtuFrame(1, bytes.fromhex("0300000004"))
+    dec.receive_data(bytes(bad), 2.0)
+    dec.receive_data(good, 2.01)  # a pause between them
+    assert dec.next_event() == RtuFrame(1, bytes.fromhex("0300000004"))
 
 
 # ---------------------------------------------------------------- 3. flash save failures
@@ -147,14 +156,14 @@ def test_rtu_server_answers_04_and_keeps_serving_when_the_flash_is_gone(tmp_path
     flash_dir = tmp_path / "flash"
     server = RtuServer(DeviceCore(), unit=1, flash=ConfigFlash(flash_dir))
     write = encode_rtu(1, bytes.fromhex("0600040190"))  # threshold := 400
-    assert server.receive(write, 1.0) == write
+    assert rtu_reply(server, write, 1.0) == write
     shutil.rmtree(flash_dir)
     write500 = encode_rtu(1, bytes.fromhex("06000401f4"))
-    assert server.receive(write500, 2.0) == encode_rtu(1, bytes.fromhex("8604"))
+    assert rtu_reply(server, write500, 2.0) == encode_rtu(1, bytes.fromhex("8604"))
     assert (server.core.value("threshold"), server.core.generation) == (400, 1)
-    assert server.receive(OUR_READ, 3.0) == encode_rtu(1, bytes.fromhex("03020190"))
+    assert rtu_reply(server, OUR_READ, 3.0) == encode_rtu(1, bytes.fromhex("03020190"))
     flash_dir.mkdir()  # the card is back: the same write now works and is saved
-    assert server.receive(write500, 4.0) == write500
+    assert rtu_reply(server, write500, 4.0) == write500
     assert ConfigFlash(flash_dir).load() == ConfigSnapshot(((4, 500), (5, 1), (6, 50)), 2)
 
 
@@ -306,12 +315,12 @@ def test_valid_frame_of_another_unit_read_slowly_is_skipped_whole(baud: int,
     t, at, out = 100.0, 0, b""
     for n in cuts:
         t += n * char
-        out += server.receive(_OUTER[at:at + n], t + 0.0003)  # 0.3 ms read latency
+        out += rtu_reply(server, _OUTER[at:at + n], t + 0.0003)  # 0.3 ms read latency
         at += n
-    out += server.receive(b"", t + 0.2)
+    out += rtu_reply(server, b"", t + 0.2)
     assert out == b"" and server.core.log == [] and server.core.value("mode") == 1
     assert server.ignored == 1  # unit 2's frame, whole
-    assert server.receive(OUR_READ, t + 0.3) == OUR_ANSWER
+    assert rtu_reply(server, OUR_READ, t + 0.3) == OUR_ANSWER
 
 
 def test_a_frame_with_real_pauses_between_its_bytes_is_no_frame() -> None:
@@ -322,9 +331,9 @@ def test_a_frame_with_real_pauses_between_its_bytes_is_no_frame() -> None:
     t, out = 100.0, b""
     for b in _OUTER:
         t += 0.0023
-        out += server.receive(bytes([b]), t)
+        out += rtu_reply(server, bytes([b]), t)
     assert out == b"" and server.core.log == [] and server.ignored == 0
-    assert server.receive(OUR_READ, t + 0.005) == OUR_ANSWER
+    assert rtu_reply(server, OUR_READ, t + 0.005) == OUR_ANSWER
 
 
 def _fc16(rng: object, unit: int) -> bytes:
@@ -344,8 +353,8 @@ def test_random_255_byte_fc16_read_one_byte_at_a_time_at_4800_baud_are_all_decod
         got = []
         for b in frame:
             t += 11 / 4800 + rng.uniform(0, 0.0005)  # a read per byte, 0..0.5 ms latency
-            dec.feed(bytes([b]), t)
-            while (f := dec.next_frame()) is not None:
+            dec.receive_data(bytes([b]), t)
+            while (f := dec.next_event()) is not None:
                 got.append(f)
         assert got == [RtuFrame(1, frame[1:-2])]
         t += 0.01
@@ -363,8 +372,8 @@ def test_trickled_frames_cost_linear_time() -> None:
     for frame in frames:
         for b in frame:
             t += 11 / 4800
-            dec.feed(bytes([b]), t)
-            while dec.next_frame() is not None:
+            dec.receive_data(bytes([b]), t)
+            while dec.next_event() is not None:
                 n += 1
     per_frame = (time.perf_counter() - start) / len(frames)
     assert n == len(frames)
@@ -379,8 +388,8 @@ def test_unknown_function_bytes_each_after_a_pause_cost_constant_time() -> None:
     start = time.perf_counter()
     for k in range(20):
         for j, b in enumerate(frame):
-            dec.feed(bytes([b]), 10.0 + k + j * 0.002)
-            assert dec.next_frame() is None
+            dec.receive_data(bytes([b]), 10.0 + k + j * 0.002)
+            assert dec.next_event() is None
     assert (time.perf_counter() - start) / 20 < 0.005  # ~0.5 ms per frame expected
 
 
@@ -480,10 +489,10 @@ def test_bus_timelines_run_only_our_intact_requests_once_and_at_once(
             first_byte = t - len(data) * 11 / baud
             poll = last + 0.02
             while poll < first_byte:
-                dec.idle(poll)
+                dec.tick(poll)
                 ran += [(encode_rtu(f.unit, f.pdu), k - 1) for f in _drain(dec) if f.unit < 2]
                 poll += 0.02
-        dec.feed(data, t)
+        dec.receive_data(data, t)
         ran += [(encode_rtu(f.unit, f.pdu), k) for f in _drain(dec) if f.unit < 2]
         last = t
     assert ran == ours
@@ -501,12 +510,12 @@ def _run(server: RtuServer, reads: list[tuple[float, bytes]], tail: float = 0.3)
         if last is not None:
             poll = last + 0.02
             while poll < t - len(data) * server.decoder.char_time:
-                out += server.receive(b"", poll)
+                out += rtu_reply(server, b"", poll)
                 poll += 0.02
-        out += server.receive(data, t)
+        out += rtu_reply(server, data, t)
         last = t
     assert last is not None
-    return out + server.receive(b"", last + tail)
+    return out + rtu_reply(server, b"", last + tail)
 
 
 def test_frame_of_unknown_length_read_in_two_parts_runs_nothing() -> None:
@@ -535,8 +544,8 @@ def test_glitch_pause_request_is_answered_at_once(pdu: str) -> None:
     (FC04 was lost, FC06/0x42 answered 0.1 s later or, with 50 ms retries, never)."""
     request = encode_rtu(1, bytes.fromhex(pdu))
     server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
-    assert server.receive(b"\x00", 0.995) == b""
-    answer = server.receive(request, 1.0)
+    assert rtu_reply(server, b"\x00", 0.995) == b""
+    answer = rtu_reply(server, request, 1.0)
     assert answer[:2] == request[:2] and len(answer) >= 7
 
 
@@ -547,7 +556,7 @@ def test_unknown_frame_and_our_request_in_one_burst_are_one_frame(other: str) ->
     The master's retry after a pause is answered at once."""
     server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
     assert _run(server, [(1.0, encode_rtu(2, bytes.fromhex(other)) + OUR_READ)]) == b""
-    assert server.receive(OUR_READ, 1.5) == OUR_ANSWER
+    assert rtu_reply(server, OUR_READ, 1.5) == OUR_ANSWER
 
 
 def test_answer_whose_crc_reads_as_a_byte_count_does_not_delay_us() -> None:
@@ -558,14 +567,14 @@ def test_answer_whose_crc_reads_as_a_byte_count_does_not_delay_us() -> None:
         if answer[6] == 20:
             break
     server = RtuServer(DeviceCore(), unit=1, baudrate=115200)
-    assert server.receive(answer, 1.0) == b""
-    assert server.receive(OUR_READ, 1.003) == OUR_ANSWER
+    assert rtu_reply(server, answer, 1.0) == b""
+    assert rtu_reply(server, OUR_READ, 1.003) == OUR_ANSWER
     assert server.decoder.skipped == 1
 
 
 def _drain(dec: RtuDecoder) -> list[RtuFrame]:
     out = []
-    while (f := dec.next_frame()) is not None:
+    while (f := dec.next_event()) is not None:
         out.append(f)
     return out
 
@@ -593,10 +602,10 @@ def test_rtu_server_at_9600_baud_does_not_see_a_3_ms_pause() -> None:
     frame_time = 8 * 11 / 9600
     slow = RtuServer(DeviceCore(), unit=1, baudrate=9600)
     t = 1.0 + 0.003 + frame_time
-    assert slow.receive(bytes(bad), 1.0) + slow.receive(OUR_READ, t) == b""
-    assert slow.receive(OUR_READ, t + 0.005 + frame_time) == OUR_ANSWER  # 5 ms: a pause
+    assert rtu_reply(slow, bytes(bad), 1.0) + rtu_reply(slow, OUR_READ, t) == b""
+    assert rtu_reply(slow, OUR_READ, t + 0.005 + frame_time) == OUR_ANSWER  # 5 ms: a pause
     fast = RtuServer(DeviceCore(), unit=1, baudrate=115200)
-    assert fast.receive(bytes(bad), 1.0) + fast.receive(OUR_READ, 1.003 + 8 * 11 / 115200
+    assert rtu_reply(fast, bytes(bad), 1.0) + rtu_reply(fast, OUR_READ, 1.003 + 8 * 11 / 115200
                                                          ) == OUR_ANSWER
     assert RtuServer(DeviceCore(), unit=1).decoder.frame_gap == 0.00175
 

@@ -21,7 +21,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import EffectKind
 from idemlink.protocol.device_session import DeviceSession
-from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Frame, FrameType, decode_frames, encode_frame
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.modbus import answer_fits
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
@@ -34,6 +34,12 @@ W500 = struct.pack(">BHH", 6, 4, 500)
 CLEAR = b"\x06\x00\x07\x00\x01"  # a W1C clear: not set-only
 
 
+def dev_reply(dev: DeviceSession | SimulatedDevice, data: bytes, now: float) -> bytes:
+    """What the device answers to ``data`` received at ``now``."""
+    dev.receive_data(data, now)
+    return dev.data_to_send()
+
+
 class Exec:
     def __init__(self) -> None:
         self.calls: list[tuple[int, bytes]] = []
@@ -44,7 +50,7 @@ class Exec:
 
 
 def frames(data: bytes) -> list[Frame]:
-    return [f for f in FrameDecoder().feed(data) if isinstance(f, Frame)]
+    return [f for f in decode_frames(data) if isinstance(f, Frame)]
 
 
 def completions(host: HostSession) -> dict[object, Completion]:
@@ -53,7 +59,7 @@ def completions(host: HostSession) -> dict[object, Completion]:
 
 def opened(host: HostSession, dev: DeviceSession, now: float = 0.0) -> None:
     host.open(now)
-    host.receive_data(dev.receive_data(host.data_to_send(), now), now)
+    host.receive_data(dev_reply(dev, host.data_to_send(), now), now)
     host.events()
 
 
@@ -70,7 +76,7 @@ def test_a_new_host_process_never_takes_a_dead_ones_delayed_answer() -> None:
     h2 = HostSession(contract_hash=HASH, hello_nonce=2)
     opened(h2, dev, 1.0)
     h2.submit(W500, 1.0, set_only=True, tag="p2")
-    back = dev.receive_data(delayed, 1.0) + dev.receive_data(h2.data_to_send(), 1.0)
+    back = dev_reply(dev, delayed, 1.0) + dev_reply(dev, h2.data_to_send(), 1.0)
     h2.receive_data(back, 1.0)
     done = completions(h2)["p2"]
     assert done.outcome is Outcome.OK and done.pdu == W500
@@ -96,11 +102,11 @@ def test_an_answer_that_does_not_fit_the_request_is_dropped() -> None:
     host.submit(W500, 0.0, set_only=True, tag="mine")
     (mine,) = frames(host.data_to_send())
     # Someone else's write ran under our number first; its answer reaches us.
-    foreign = dev.receive_data(encode_frame(FrameType.REQUEST, mine.seq, mine.epoch, W100), 0.0)
+    foreign = dev_reply(dev, encode_frame(FrameType.REQUEST, mine.seq, mine.epoch, W100), 0.0)
     host.receive_data(foreign, 0.0)
     assert completions(host) == {} and host.counters.mismatched_answers == 1
     host.tick(0.2)  # retry of ours: same number, other content
-    host.receive_data(dev.receive_data(host.data_to_send(), 0.2), 0.2)
+    host.receive_data(dev_reply(dev, host.data_to_send(), 0.2), 0.2)
     done = completions(host)["mine"]
     assert done.outcome is Outcome.NOT_EXECUTED and done.status is Status.IDEMPOTENCY_CONFLICT
     assert [pdu for _, pdu in ex.calls] == [W100]
@@ -156,7 +162,7 @@ def _pipeline_with_one_lost_answer(slots: int, n: int = 120) -> tuple[Completion
     done: dict[object, Completion] = {}
     while len(done) < n and now < 10:
         out = host.data_to_send()
-        back = dev.receive_data(out, now) if out else b""
+        back = dev_reply(dev, out, now) if out else b""
         keep = b""
         for f in frames(back):
             if lost is None:
@@ -197,14 +203,14 @@ def test_a_stale_epoch_mismatch_for_a_reused_number_is_ignored() -> None:
     opened(h1, boot_z)
     boot_a = DeviceSession(Exec(), 0xAAAA, contract_hash=HASH)
     h1.submit(READ, 0.0, set_only=True, tag="r")
-    stale = boot_a.receive_data(h1.data_to_send(), 0.0)
+    stale = dev_reply(boot_a, h1.data_to_send(), 0.0)
     boot_b = DeviceSession(ex_b, 0xBBBB, contract_hash=HASH)
     h2 = HostSession(contract_hash=HASH, hello_nonce=999)
     opened(h2, boot_b)
     h2.submit(CLEAR, 1.0, set_only=False, tag="clear")
     (sent,) = frames(h2.data_to_send())
     assert sent.seq == frames(stale)[0].seq  # the collision this test is about
-    answer = boot_b.receive_data(sent.encode(), 1.0)
+    answer = dev_reply(boot_b, sent.encode(), 1.0)
     h2.receive_data(stale + answer, 1.0)
     done = completions(h2)["clear"]
     assert done.outcome is Outcome.OK and h2.epoch == 0xBBBB and len(ex_b.calls) == 1
@@ -212,7 +218,7 @@ def test_a_stale_epoch_mismatch_for_a_reused_number_is_ignored() -> None:
 
 def test_epoch_mismatch_names_the_refused_request_epoch() -> None:
     dev = DeviceSession(Exec(), 0xAAAA, contract_hash=HASH)
-    (answer,) = frames(dev.receive_data(encode_frame(FrameType.REQUEST, 5, 0x1234, READ), 0.0))
+    (answer,) = frames(dev_reply(dev, encode_frame(FrameType.REQUEST, 5, 0x1234, READ), 0.0))
     assert answer.epoch == 0xAAAA
     assert answer.payload == encode_response_payload(Status.EPOCH_MISMATCH, (0x1234).to_bytes(4, "little"))
 
@@ -221,14 +227,14 @@ def test_trigger_codes_that_started_nothing_are_not_ok() -> None:
     sim = SimulatedDevice(seed=1)
     host = HostSession(contract_hash=contract_hash(), hello_nonce=5)
     host.open(0.0)
-    host.receive_data(sim.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(dev_reply(sim, host.data_to_send(), 0.0), 0.0)
     host.events()
     addr = sim.core.regmap.named("self_clean").address
     sim.core.force_trigger_state("self_clean", 0x7777)  # an impossible state
     got = {}
     for tag, value in (("abnormal", 1), ("illegal", 2)):
         host.submit(struct.pack(">BHH", 0x42, addr, value), 0.0, set_only=False, tag=tag)
-        host.receive_data(sim.receive_data(host.data_to_send(), 0.0), 0.0)
+        host.receive_data(dev_reply(sim, host.data_to_send(), 0.0), 0.0)
         got[tag] = completions(host)[tag]
     assert got["abnormal"].outcome is Outcome.UNKNOWN
     assert got["abnormal"].exception is ModbusException.SERVER_DEVICE_FAILURE
@@ -254,7 +260,7 @@ def test_run_ahead_is_measured_from_the_oldest_outstanding_request(slots: int) -
     while len(done) < n and now < 30:
         out = host.data_to_send()
         for f in frames(out):
-            back = dev.receive_data(f.encode(), now)
+            back = dev_reply(dev, f.encode(), now)
             now += 0.001
             for a in frames(back):
                 if lost is None:
@@ -287,10 +293,10 @@ def test_after_an_epoch_change_the_host_takes_numbers_from_the_new_boot_only() -
     h1.data_to_send()  # lost: the device reboots
     new = DeviceSession(ex, 0xE1, contract_hash=HASH)
     h1.tick(0.2)  # the retry meets the new boot
-    h1.receive_data(new.receive_data(h1.data_to_send(), 0.2), 0.2)
+    h1.receive_data(dev_reply(new, h1.data_to_send(), 0.2), 0.2)
     out = h1.data_to_send()
     assert [f.type for f in frames(out)] == [FrameType.HELLO]  # not a re-issue numbered by itself
-    h1.receive_data(new.receive_data(out, 0.2), 0.2)
+    h1.receive_data(dev_reply(new, out, 0.2), 0.2)
     delayed = h1.data_to_send()  # the re-issue, under the new boot's number; host 1 dies
     assert [f.type for f in frames(delayed)] == [FrameType.REQUEST]
 
@@ -298,7 +304,7 @@ def test_after_an_epoch_change_the_host_takes_numbers_from_the_new_boot_only() -
     opened(h2, new, 1.0)
     h2.submit(W500, 1.0, set_only=True, tag="p2")
     h2.submit(READ, 1.0, set_only=True, tag="p3")
-    back = new.receive_data(delayed, 1.0) + new.receive_data(h2.data_to_send(), 1.0)
+    back = dev_reply(new, delayed, 1.0) + dev_reply(new, h2.data_to_send(), 1.0)
     h2.receive_data(back, 1.0)
     done = completions(h2)
     assert done["p2"].outcome is Outcome.OK and done["p3"].outcome is Outcome.OK
@@ -316,7 +322,7 @@ def test_an_unanswered_handshake_after_an_epoch_change_settles_what_waits_and_go
     host.data_to_send()  # lost
     new = DeviceSession(ex, 0xE1, contract_hash=HASH)
     host.tick(0.2)
-    host.receive_data(new.receive_data(host.data_to_send(), 0.2), 0.2)  # EPOCH_MISMATCH
+    host.receive_data(dev_reply(new, host.data_to_send(), 0.2), 0.2)  # EPOCH_MISMATCH
     host.data_to_send()  # HELLO, lost
     host.tick(0.35)
     host.data_to_send()  # HELLO again, lost: the round of hello_attempts is over
@@ -326,7 +332,7 @@ def test_an_unanswered_handshake_after_an_epoch_change_settles_what_waits_and_go
     host.submit(READ, 0.5, set_only=True, tag="r")  # the session is still usable
     out = host.data_to_send()
     assert [f.type for f in frames(out)] == [FrameType.HELLO]  # the handshake goes on
-    host.receive_data(new.receive_data(out, 0.5), 0.5)
-    host.receive_data(new.receive_data(host.data_to_send(), 0.5), 0.5)
+    host.receive_data(dev_reply(new, out, 0.5), 0.5)
+    host.receive_data(dev_reply(new, host.data_to_send(), 0.5), 0.5)
     assert completions(host)["r"].outcome is Outcome.OK
     assert ex.calls and ex.calls[-1][1] == READ and W100 not in [pdu for _, pdu in ex.calls]

@@ -11,13 +11,19 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device, IncompatibleDevice, UnknownOutstanding
 from idemlink.protocol.device_session import DeviceSession
-from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Flags, Frame, FrameType, decode_frames, encode_frame
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.protocol.payloads import decode_response_payload
 
 EPOCH = 0xA5A5A5A5
 HASH = b"12345678"
+
+
+def dev_reply(dev: DeviceSession, data: bytes, now: float) -> bytes:
+    """What the device answers to ``data`` received at ``now``."""
+    dev.receive_data(data, now)
+    return dev.data_to_send()
 
 
 class CountingExecutor:
@@ -33,8 +39,8 @@ class CountingExecutor:
 
 def exchange(dev: DeviceSession, seq: int, payload: bytes, epoch: int = EPOCH,
              flags: int = 0) -> Frame:
-    out = dev.receive_data(encode_frame(FrameType.REQUEST, seq, epoch, payload, flags), 0.0)
-    (frame,) = FrameDecoder().feed(out)
+    out = dev_reply(dev, encode_frame(FrameType.REQUEST, seq, epoch, payload, flags), 0.0)
+    (frame,) = decode_frames(out)
     assert isinstance(frame, Frame)
     return frame
 
@@ -97,7 +103,7 @@ def test_corrupted_far_ahead_frame_does_not_move_the_window() -> None:
     exchange(dev, 10, b"\x03a")
     bad = bytearray(encode_frame(FrameType.REQUEST, 10 + 5000, EPOCH, b"\x03z"))
     bad[5] ^= 0x10
-    assert dev.receive_data(bytes(bad), 0.0) == b""
+    assert dev_reply(dev, bytes(bad), 0.0) == b""
     assert status_of(exchange(dev, 9, b"\x03b")) == Status.OK  # still inside the window
     assert dev.counters["decode_errors"] == 1
 
@@ -106,11 +112,11 @@ def test_late_answer_is_never_taken_for_another_request() -> None:
     host = HostSession(contract_hash=HASH, timeout=1.0, max_inflight=4)
     dev, _ = make()
     host.open(0.0)
-    host.receive_data(dev.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(dev_reply(dev, host.data_to_send(), 0.0), 0.0)
     host.events()
     host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=False, tag="a")
     sent = host.data_to_send()
-    answer = dev.receive_data(sent, 0.0)
+    answer = dev_reply(dev, sent, 0.0)
     host.receive_data(answer, 0.0)
     (done,) = host.events()
     host.submit(b"\x03\x00\x01\x00\x01", 0.0, set_only=False, tag="b")
@@ -234,7 +240,7 @@ def test_a_device_of_a_newer_protocol_version_is_refused_clearly() -> None:
             self.out = b""
 
         def write(self, data: bytes) -> None:
-            for frame in FrameDecoder().feed(data):
+            for frame in decode_frames(data):
                 assert isinstance(frame, Frame)
                 raw = bytes([2, 2, 0]) + frame.seq.to_bytes(4, "little") * 2 + b"\x00\x00"
                 raw += crc32c(raw).to_bytes(4, "little")
@@ -269,7 +275,7 @@ def test_device_session_never_raises_and_runs_each_number_once(
     dev, ex = make(ring_bits=64, replay_slots=4)
     wire = junk + b"".join(encode_frame(t, s, e, p, f) for t, s, e, p, f in frames)
     for i in range(0, len(wire), 7):
-        dev.receive_data(wire[i : i + 7], 0.0)
+        dev_reply(dev, wire[i : i + 7], 0.0)
     seqs = [s for _, s in ex.calls]
     assert len(seqs) == len(set(seqs))  # at most one execution per sequence number
     for _pdu, seq in ex.calls:  # and only for requests that really carried our epoch
@@ -290,7 +296,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
     host = HostSession(contract_hash=HASH, timeout=0.1, attempts=3, max_inflight=4)
     dev, _ = make()
     host.open(0.0)
-    host.receive_data(dev.receive_data(host.data_to_send(), 0.0), 0.0)
+    host.receive_data(dev_reply(dev, host.data_to_send(), 0.0), 0.0)
     host.events()
     for i in range(n):
         host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=i % 2 == 0, tag=i)
@@ -344,5 +350,5 @@ def test_a_malformed_read_answer_carries_no_values_and_never_raises() -> None:
 def test_hello_numbers_start_at_the_shells_nonce() -> None:
     host = HostSession(contract_hash=HASH, hello_nonce=0xDEADBEEF)
     host.open(0.0)
-    (hello,) = FrameDecoder().feed(host.data_to_send())
+    (hello,) = decode_frames(host.data_to_send())
     assert isinstance(hello, Frame) and hello.seq == 0xDEADBEF0

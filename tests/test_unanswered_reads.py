@@ -36,7 +36,8 @@ class ReadsUnanswered(SimTransport):
         self.requests: list[bytes] = []
 
     def write(self, data: bytes) -> None:
-        for frame in self._decoder.feed(data):
+        self._decoder.receive_data(data)
+        for frame in iter(self._decoder.next_event, None):
             if isinstance(frame, Frame) and frame.type is FrameType.REQUEST:
                 self.requests.append(frame.payload)
                 self.drop_answers = frame.payload[0] in READS
@@ -54,7 +55,8 @@ class FailsOnReadRequest(SimTransport):
         self._read_out = False
 
     def write(self, data: bytes) -> None:
-        for frame in self._decoder.feed(data):
+        self._decoder.receive_data(data)
+        for frame in iter(self._decoder.next_event, None):
             if isinstance(frame, Frame) and frame.type is FrameType.REQUEST:
                 self._read_out = frame.payload[0] in READS
         super().write(data)

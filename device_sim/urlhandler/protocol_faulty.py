@@ -141,7 +141,8 @@ class Serial(SerialBase):
                     if self._stopping:
                         return
                     now = self._now()
-                    out = direction.poll(now)
+                    direction.tick(now)
+                    out = direction.data_to_send()
                     if out:
                         break
                     nxt = direction.next_event_time()
@@ -176,7 +177,7 @@ class Serial(SerialBase):
                 return
             if data:
                 with self._cond:
-                    self.link.b_to_a.send(data, self._now())
+                    self.link.b_to_a.receive_data(data, self._now())
                     self._cond.notify_all()
 
     # -- pyserial surface ---------------------------------------------------------------------
@@ -190,10 +191,15 @@ class Serial(SerialBase):
         if not self.is_open:
             raise PortNotOpenError()
         with self._cond:
-            self._take(self.link.b_to_a.poll(self._now()), 0)
+            self._take(self._arrived(self._now()), 0)
             if not self._rx:
                 self._raise_failure()
             return len(self._rx)
+
+    def _arrived(self, now: float) -> bytes:
+        """The bytes the b→a direction delivered by ``now``."""
+        self.link.b_to_a.tick(now)
+        return self.link.b_to_a.data_to_send()
 
     def _take(self, data: bytes, size: int) -> None:
         """Move delivered bytes into the receive buffer, which holds at most
@@ -211,7 +217,7 @@ class Serial(SerialBase):
             self._cancel = False
             while True:
                 now = self._now()
-                self._take(self.link.b_to_a.poll(now), size)
+                self._take(self._arrived(now), size)
                 if len(self._rx) >= size or not self.is_open or self._cancel:
                     break
                 if self._failure is not None:
@@ -238,7 +244,7 @@ class Serial(SerialBase):
         data = bytes(b)
         with self._cond:
             self._raise_failure()
-            self.link.a_to_b.send(data, self._now())
+            self.link.a_to_b.receive_data(data, self._now())
             self._cond.notify_all()
         return len(data)
 

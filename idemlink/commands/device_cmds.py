@@ -820,7 +820,8 @@ def run_monitor(args: argparse.Namespace) -> int:
             if waiting:
                 data += port.read(waiting)
             t = time.monotonic() - start
-            for item in decoder.feed(data):
+            decoder.receive_data(data)
+            for item in iter(decoder.next_event, None):
                 d = describer.describe(item)
                 d["t"] = round(t, 6)
                 if args.json:

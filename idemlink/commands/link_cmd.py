@@ -76,7 +76,9 @@ def _monitor_tap(regmap: RegisterMap, as_json: bool = False) -> Callable[[str, b
     describer = FrameDescriber(regmap)
 
     def tap(direction: str, data: bytes, t: float) -> None:
-        for item in decoders[direction].feed(data):
+        decoder = decoders[direction]
+        decoder.receive_data(data)
+        for item in iter(decoder.next_event, None):
             described = describer.describe(item)
             if as_json:
                 print_json("idemlink.monitor/1", {"t": round(t, 3), "dir": direction, **described})
