@@ -1,10 +1,12 @@
 """The asyncio shell: the same driver, awaited instead of blocking.
 
-``AsyncDevice`` runs exactly the operations ``idemlink.host.device.Device`` defines — each is a
-generator of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport``
-(``await write``, ``await read(timeout)``). There is no second copy of the request loop's rules, the
-retry rules, the epoch rule or the result decoding: only ``_rounds`` differs (it awaits), and every
-operation of the blocking ``Device`` is here, one or two lines each (``PARITY`` lists them).
+``AsyncDevice`` runs exactly the operations the blocking ``idemlink.host.device.Device`` runs —
+``idemlink.host.operations.Operations``, each a transport-free generator of I/O requests over the
+sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``, ``await read(timeout)``).
+There is no second copy of the request loop's rules, the retry rules, the epoch rule or the result
+decoding: only the loop differs (it awaits), the command helpers are inherited from the same
+``CommandBuilder``, and every operation of the blocking ``Device`` is here, one or two lines each
+(``idemlink.host.operations.OPERATIONS`` lists them; a test checks both drivers against it).
 
 ``async with AsyncDevice.open(url, ...) as dev:`` opens any pyserial URL with
 ``AsyncSerialTransport`` (a tty or pty, ``socket://``, ``rfc2217://``, ``loop://``, ``faulty://``)
@@ -24,8 +26,8 @@ propagates — UNKNOWN/CANCELLED if sent, NOT_EXECUTED if not — and an UNKNOWN
 effect (a write, trigger, fault clear, conditional write, file hand-over) blocks the handle until
 ``reconcile()`` / ``acknowledge_unknown()``, while a cancelled read blocks nothing. The settled
 results ride on the exception (``exc.settled_results``), are logged as a warning, and
-``UnknownOutstanding`` names the CANCELLED status. The rule is ``Device._result``'s; a transport
-error raises ``LinkLost`` the same way.
+``UnknownOutstanding`` names the CANCELLED status. The rule is ``Operations.result``'s; a
+transport error raises ``LinkLost`` the same way.
 """
 
 from __future__ import annotations
@@ -37,24 +39,17 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from idemlink.host.device import (
-    TRANSPORT_ERRORS,
-    Command,
-    CommandKind,
-    Device,
-    LinkLost,
-    PortError,
-    Reconciliation,
-    Result,
-    Steps,
-)
+from idemlink.host import file_transfer
+from idemlink.host.command import Command, CommandBuilder, Reconciliation, Result
+from idemlink.host.errors import TRANSPORT_ERRORS, LinkLost, PortError
+from idemlink.host.operations import OPERATIONS, Operations, Steps
+from idemlink.host.transport import open_port
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
-from idemlink.protocol.registers import RegisterMap, RegisterSpec
+from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 if TYPE_CHECKING:
@@ -65,13 +60,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PARITY = (
-    "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
-    "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
-    "reconcile", "acknowledge_unknown", "spec", "read_command", "write_command", "info",
-    "unknown", "regmap",
-)
-"""The blocking ``Device``'s public operations that ``AsyncDevice`` has too (tests check both)."""
+PARITY = OPERATIONS
+"""The blocking ``Device``'s operations, which ``AsyncDevice`` has too
+(``idemlink.host.operations.OPERATIONS``; a test checks both drivers against it)."""
 
 _READ_CHUNK = 4096
 ROUND_BYTES = 512
@@ -124,12 +115,10 @@ class AsyncSerialTransport:
     @classmethod
     async def open(cls, url: str, *, baudrate: int = 115200,
                    keep_lines: bool = True) -> AsyncSerialTransport:
-        """Open ``url`` (a network URL's connection is made in a worker thread)."""
-        from idemlink.host.device import SerialTransport
-
-        blocking = await asyncio.to_thread(SerialTransport, url, baudrate=baudrate,
-                                           keep_lines=keep_lines)
-        return cls(blocking.port, asyncio.get_running_loop())
+        """Open ``url`` with ``idemlink.host.transport.open_port``, as the blocking driver does (a
+        network URL's connection is made in a worker thread)."""
+        port = await asyncio.to_thread(open_port, url, baudrate=baudrate, keep_lines=keep_lines)
+        return cls(port, asyncio.get_running_loop())
 
     # -------------------------------------------------------------- reading
     def _on_readable(self) -> None:
@@ -324,20 +313,20 @@ class _Opening:
             await self._device.close()
 
 
-class AsyncDevice:
+class AsyncDevice(CommandBuilder):
     """A session with one idemlink device for asyncio programs (see the module docstring)."""
 
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
                  check_map: bool = True) -> None:
-        self.transport = transport
         if not isinstance(regmap, RegisterMap):
             regmap = resolve_regmap(regmap)
-        # The synchronous Device holds the session, the tag table and every operation; its own
-        # transport is only asked for the time, which both kinds of transport provide.
-        self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
-                           attempts=attempts, max_inflight=max_inflight, check_map=check_map)
+        super().__init__(regmap)
+        self.transport = transport
+        #: the session, its bookkeeping and every operation (the transport is only its clock)
+        self.ops = Operations(transport, regmap=regmap, timeout=timeout, attempts=attempts,
+                              max_inflight=max_inflight, check_map=check_map)
         self._lock = asyncio.Lock()
         self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
 
@@ -371,7 +360,7 @@ class AsyncDevice:
         await self.close()
 
     async def connect(self) -> None:
-        await self._drive(self.core._connect_steps())
+        await self._drive(self.ops.connect_steps())
 
     async def close(self) -> None:
         await self.transport.close()
@@ -391,7 +380,7 @@ class AsyncDevice:
         """``Device._rounds``, awaited: move bytes between the transport and the operation;
         settle its requests if the transport fails (``LinkLost``) or the caller cancels."""
         t = self.transport
-        core = self.core
+        ops = self.ops
         try:
             out, wait = next(steps)
             while True:
@@ -400,7 +389,7 @@ class AsyncDevice:
                         await t.write(out)
                     data = await t.read(wait)
                 except TRANSPORT_ERRORS as exc:
-                    raise core._link_lost(exc) from exc
+                    raise ops.link_lost(exc) from exc
                 out, wait = steps.send(data)
                 if between is not None:
                     between()
@@ -410,7 +399,7 @@ class AsyncDevice:
         except LinkLost:
             raise
         except BaseException as exc:  # asyncio.CancelledError above all
-            core._interrupted(exc)
+            ops.interrupted(exc)
             _log_settled(exc)
             raise
         finally:
@@ -419,41 +408,28 @@ class AsyncDevice:
     # -------------------------------------------------------------- operations
     @property
     def info(self) -> DeviceInfo | None:
-        return self.core.info
+        return self.ops.info
 
     @property
     def unknown(self) -> Result | None:
         """The UNKNOWN result that blocks the handle (None: not blocked)."""
-        return self.core.unknown
-
-    @property
-    def regmap(self) -> RegisterMap:
-        return self.core.regmap
-
-    def spec(self, register: str | int) -> RegisterSpec:
-        return self.core.spec(register)
-
-    def read_command(self, register: str | int, count: int = 1) -> Command:
-        return self.core.read_command(register, count)
-
-    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
-        return self.core.write_command(values)
+        return self.ops.unknown
 
     async def run(self, commands: Iterable[Command]) -> list[Result]:
-        return await self._drive(self.core._run_steps(list(commands)))
+        return await self._drive(self.ops.run_steps(list(commands)))
 
     async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
         """``Device.stream`` for asyncio: results in submission order while later requests are
         on the line. Holds the device for its whole run (other tasks' operations wait; one of
         this device's operations awaited inside the loop raises ``LocalProtocolError``); leaving
         early settles what is out as CANCELLED (close it: ``contextlib.aclosing``)."""
-        self.core._refuse_if_blocked()
+        ops = self.ops
+        ops.refuse_if_blocked()
         ready: list[Result] = []
-        core = self.core
         async with self._lock:
-            core._refuse_if_blocked()  # another task's operation may have blocked it meanwhile
+            ops.refuse_if_blocked()  # another task's operation may have blocked it meanwhile
             self._streaming = asyncio.current_task()
-            steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
+            steps = ops.flow_steps(iter(commands), ready.append, ops.lookahead)
             queue: asyncio.Queue[Result | None] = asyncio.Queue()
 
             def hand_out() -> None:
@@ -484,29 +460,29 @@ class AsyncDevice:
         return (await self.run([command]))[0]
 
     async def read(self, register: str | int, count: int = 1) -> Result:
-        return await self.execute(self.core.read_command(register, count))
+        return await self.execute(self.read_command(register, count))
 
     async def write(self, values: Mapping[str | int, int | str]) -> Result:
-        return await self.execute(self.core.write_command(values))
+        return await self.execute(self.write_command(values))
 
     async def write_if_generation(self, generation: int,
                                   values: Mapping[str | int, int | str]) -> Result:
-        return await self.execute(self.core.write_if_generation_command(generation, values))
+        return await self.execute(self.write_if_generation_command(generation, values))
 
     async def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.clear_faults_command(mask, register))
+        return await self.execute(self.clear_faults_command(mask, register))
 
     async def trigger(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_command(register))
+        return await self.execute(self.trigger_command(register))
 
     async def trigger_reset(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_command(register, reset=True))
+        return await self.execute(self.trigger_command(register, reset=True))
 
     async def trigger_status(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_status_command(register))
+        return await self.execute(self.trigger_status_command(register))
 
     async def file_info(self, name: str) -> Result:
-        return await self.execute(self.core.file_info_command(name))
+        return await self.execute(self.file_info_command(name))
 
     async def send_files(
         self,
@@ -519,45 +495,44 @@ class AsyncDevice:
         """``Device.send_files``: files already on the device byte for byte are not sent again;
         the YMODEM batch runs in a worker thread on the transport's pyserial port (the loop stays
         free), then every file is read back (FILE_INFO)."""
-        from idemlink.host.device import _judge_files, _not_verified, _to_verify
         from idemlink.host.ymodem_io import send_files
         from idemlink.protocol.ymodem_files import TransferReport
 
-        core = self.core
-        paths_, digests, handover = await asyncio.to_thread(core._prepare_batch, paths, overwrite)
+        ops = self.ops
+        batch = await asyncio.to_thread(file_transfer.prepare_batch, paths, overwrite)
         borrowed = getattr(self.transport, "borrowed", None)
         if borrowed is None:
             raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
         async with self._lock:
             identical, asked = await self._drive_locked(
-                core._already_there_steps(paths_, digests, overwrite))
-            todo = [p for p in paths_ if Path(p).name not in {f.name for f in identical}]
+                file_transfer.already_there_steps(ops, batch, overwrite))
+            todo = file_transfer.still_to_send(batch, identical)
             if not todo:
                 return asked, TransferReport(files=identical, ok=True)
-            res = (await self._drive_locked(core._run_steps([handover])))[0]
+            res = (await self._drive_locked(ops.run_steps([batch.handover])))[0]
             if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
                 return res, None
             async with borrowed() as port:
                 report = await asyncio.to_thread(send_files, port, todo, config,
                                                  progress=progress)
-            core._batch_done(res, report)
-            check = _to_verify(report.files, digests)
+            file_transfer.batch_done(ops, res, report)
+            check = file_transfer.to_verify(report.files, batch.digests)
             if check:
-                cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in check]
                 try:
-                    back = await self._drive_locked(core._wave_steps(cmds))
+                    back = await self._drive_locked(
+                        ops.wave_steps(file_transfer.read_back_commands(check)))
                 except LinkLost as exc:
-                    _not_verified(check, exc)
+                    file_transfer.not_verified(check, exc)
                 else:
-                    _judge_files(check, back, digests)
+                    file_transfer.judge_files(check, back, batch.digests)
             report.files[:0] = identical
             return res, report
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
-        return await self._drive(self.core._reconcile_steps(result))
+        return await self._drive(self.ops.reconcile_steps(result))
 
     def acknowledge_unknown(self) -> None:
-        self.core.acknowledge_unknown()
+        self.ops.unknown = None
 
 
 async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:

@@ -225,11 +225,7 @@ class _Host(Device):
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.made: list[Result] = []
-
-    def _result(self, c: Command, comp: Any) -> Result:
-        r = super()._result(c, comp)
-        self.made.append(r)
-        return r
+        self.ops.on_result = self.made.append
 
 
 class Campaign:
