@@ -371,8 +371,7 @@ class AsyncDevice(CommandBuilder):
             steps.close()  # the stream holds the device: waiting for it would never end
             raise LocalProtocolError(
                 "this task is iterating a stream of this device: one operation at a time per "
-                "device (run the other operation from another task, or after the stream)",
-                Status.MALFORMED_REQUEST)
+                "device (run the other operation from another task, or after the stream)")
         async with self._lock:
             return await self._drive_locked(steps)
 

@@ -10,7 +10,6 @@ driver (``Device``, ``AsyncDevice``, ``RtuDevice``) builds its commands with it.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -20,9 +19,12 @@ from idemlink.protocol.modbus import (
     FileInfoResponse,
     FunctionCode,
     ReadRegisters,
+    ReadRegistersResponse,
     Request,
     TriggerRequest,
+    TriggerResponse,
     WriteIfGeneration,
+    WriteIfGenerationResponse,
     WriteMultipleRegisters,
     WriteSingleRegister,
     decode_response,
@@ -161,20 +163,25 @@ class Reconciliation:
 
 def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
     """The values (reads) and code (trigger status; generation after a conditional write,
-    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``.
-    Never raises: a malformed answer (only a faulty device sends one; the CRC rules out the line)
-    carries no values."""
-    if pdu[:1] and pdu[0] & 0x80:  # an exception answer carries neither
+    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``, decoded
+    by ``idemlink.protocol.modbus.decode_response``. Never raises: an exception answer, an
+    answer of another shape, or a malformed one (only a faulty device sends one; the CRC rules
+    out the line) carries neither."""
+    if not pdu:
+        return (), None
+    try:
+        resp = decode_response(pdu)
+    except RemoteProtocolError:
         return (), None
     k = cmd.kind
-    if k is CommandKind.READ:
-        if len(pdu) != 2 + 2 * cmd.count or pdu[1] != 2 * cmd.count:
-            return (), None
-        return struct.unpack_from(f">{cmd.count}H", pdu, 2), None
-    if k in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) and len(pdu) >= 5:
-        return (), struct.unpack_from(">H", pdu, 3)[0]
-    if k is CommandKind.WRITE_IF_GENERATION and len(pdu) >= 4:
-        return (), struct.unpack_from(">H", pdu, 2)[0]
+    if isinstance(resp, ReadRegistersResponse):
+        if k is CommandKind.READ and len(resp.values) == cmd.count:
+            return resp.values, None
+    elif isinstance(resp, TriggerResponse):
+        if k is CommandKind.TRIGGER or k is CommandKind.TRIGGER_RESET:
+            return (), resp.code
+    elif isinstance(resp, WriteIfGenerationResponse) and k is CommandKind.WRITE_IF_GENERATION:
+        return (), resp.generation
     return (), None
 
 

@@ -195,7 +195,7 @@ class Device(CommandBuilder):
             steps.close()
             raise LocalProtocolError(
                 "another operation of this device is in progress (a stream being iterated?): "
-                "one operation at a time per device", Status.MALFORMED_REQUEST)
+                "one operation at a time per device")
         self._operating = True
         try:
             out, wait = next(steps)

@@ -2,7 +2,11 @@
 handle blocked by an UNKNOWN.
 
 A protocol outcome is never an exception (it is a ``Result``); these are the cases where there is
-no outcome to give.
+no outcome to give. Each carries a wire status only when one applies: ``LinkLost`` (requests were
+out: they settled as LINK_LOST), ``NoDevice`` (nothing answered: NO_ANSWER), ``IncompatibleDevice``
+(another protocol or contract: UNSUPPORTED). A port that cannot be opened or fails
+(``PortError``: not a misuse of the API, so not a ``LocalProtocolError``) and a blocked handle
+(``UnknownOutstanding``: the blocking result carries its own status) carry none.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from idemlink.protocol.outcome import (
+    IdemlinkError,
     LocalProtocolError,
     Outcome,
     RemoteProtocolError,
@@ -20,11 +25,11 @@ if TYPE_CHECKING:
     from idemlink.host.command import Result
 
 
-class PortError(LocalProtocolError):
-    """The port could not be opened or failed."""
+class PortError(IdemlinkError):
+    """The port could not be opened or failed (no wire status: nothing was out)."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, Status.LINK_LOST)
+        super().__init__(message)
 
 
 class PortBusy(PortError):
@@ -38,7 +43,7 @@ class LinkLost(PortError):
     nothing was out (e.g. HELLO)."""
 
     def __init__(self, message: str, results: tuple[Result, ...] = ()) -> None:
-        super().__init__(message)
+        IdemlinkError.__init__(self, message, Status.LINK_LOST)
         self.results = results
 
     @property
@@ -67,10 +72,8 @@ class NoDevice(RemoteProtocolError):
 
 
 class UnknownOutstanding(LocalProtocolError):
-    """A previous command ended UNKNOWN; reconcile and ``acknowledge_unknown()`` first."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, Status.NO_ANSWER)
+    """A previous command ended UNKNOWN; reconcile and ``acknowledge_unknown()`` first (the
+    blocking ``Result`` carries the status; this refusal has none of its own)."""
 
 
 __all__ = ["TRANSPORT_ERRORS", "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy",

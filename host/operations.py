@@ -292,8 +292,7 @@ class Operations:
     def _require_open(self) -> None:
         if self.session.state is SessionState.CLOSED:
             # Without a session nothing would ever be sent, and the loop would wait forever.
-            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)",
-                                     Status.MALFORMED_REQUEST)
+            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)")
 
     # ------------------------------------------------------------------ the pipeline
     @property

@@ -59,6 +59,7 @@ from idemlink.protocol.modbus import (
 )
 from idemlink.protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
+    IdemlinkError,
     LocalProtocolError,
     ModbusException,
     RemoteProtocolError,
@@ -157,8 +158,10 @@ class RegisterAccessError(RemoteProtocolError):
         self.exception = exception
 
 
-class PersistError(LocalProtocolError):
-    """The shell could not save the configuration a write was about to commit."""
+class PersistError(IdemlinkError):
+    """The shell could not save the configuration a write was about to commit: a failure of the
+    device's storage, not a misuse of the API and not a wire status (the request is answered
+    with exception 04, SERVER_DEVICE_FAILURE)."""
 
 
 #: The shell's persist hook: save this configuration or raise ``PersistError``.
