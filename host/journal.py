@@ -75,6 +75,7 @@ from typing import Protocol, TypeVar
 
 from idemlink.host.keys import MalformedKeyError, format_key, parse_key
 from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.regular_file import FileRefused, Problem, kind_of, read_regular_file
 
 __all__ = [
     "DEVICE_ID_PATTERN",
@@ -352,38 +353,9 @@ def decode(data: bytes, where: str = "journal") -> Snapshot:
 # ------------------------------------------------------------------------------------- files
 
 
-def _kind(mode: int) -> str:
-    for test, name in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISFIFO, "a FIFO"),
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISSOCK, "a socket"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-    ):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def _open_existing(path: str) -> int | None:
-    """A descriptor on the journal, or None if there is none. Refuses anything not private and
-    regular, judged on the opened descriptor (no check-then-open race)."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        fd = os.open(path, flags)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise JournalUnsafeFileError(f"{path}: is a symbolic link; refused") from exc
-        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
-            raise JournalUnsafeFileError(f"{path}: is a special file; refused") from exc
-        raise JournalError(f"{path}: cannot open: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise JournalUnsafeFileError(f"{path}: is {_kind(st.st_mode)}; refused")
+def _check_private(path: str) -> Callable[[os.stat_result], None]:
+    """The journal's own rule on the opened file: private to this user, within the size limit."""
+    def check(st: os.stat_result) -> None:
         if st.st_mode & 0o077:
             raise JournalUnsafeFileError(
                 f"{path}: mode {stat.S_IMODE(st.st_mode):04o} lets others read or write it; "
@@ -393,37 +365,35 @@ def _open_existing(path: str) -> int | None:
             raise JournalUnsafeFileError(
                 f"{path}: owned by uid {st.st_uid}, not by this user ({os.geteuid()}); refused"
             )
-        if st.st_size > MAX_ENCODED_BYTES:
-            _check_size(st.st_size)
-    except BaseException:
-        os.close(fd)
+        _check_size(st.st_size)
+    return check
+
+
+def _read_existing(path: str) -> bytes | None:
+    """The journal's bytes, or None if there is none. Refuses anything not private and regular
+    (``read_regular_file``: no symlink, no FIFO, no device; judged on the opened descriptor)."""
+    try:
+        return read_regular_file(path, MAX_ENCODED_BYTES, check=_check_private(path))
+    except FileNotFoundError:
+        return None
+    except FileRefused as exc:
+        if exc.problem is Problem.SYMLINK:
+            raise JournalUnsafeFileError(f"{path}: is a symbolic link; refused") from exc
+        if exc.problem is Problem.SPECIAL:
+            raise JournalUnsafeFileError(f"{path}: is a special file; refused") from exc
+        if exc.problem is Problem.NOT_REGULAR:
+            raise JournalUnsafeFileError(f"{path}: is {exc.kind}; refused") from exc
+        _check_size(exc.size)  # TOO_LARGE, GREW: the journal's limit
         raise
-    return fd
-
-
-def _read_all(fd: int) -> bytes:
-    chunks = []
-    total = 0
-    while total <= MAX_ENCODED_BYTES:
-        chunk = os.read(fd, MAX_ENCODED_BYTES + 1 - total)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        total += len(chunk)
-    return b"".join(chunks)
+    except OSError as exc:
+        raise JournalError(f"{path}: cannot open: {exc.strerror}") from exc
 
 
 def load(path: str | os.PathLike[str]) -> Snapshot:
     """Read the journal at ``path``. A missing file is the empty snapshot."""
     p = os.fspath(path)
-    fd = _open_existing(p)
-    if fd is None:
-        return Snapshot()
-    try:
-        data = _read_all(fd)
-    finally:
-        os.close(fd)
-    return decode(data, where=p)
+    data = _read_existing(p)
+    return Snapshot() if data is None else decode(data, where=p)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -447,7 +417,7 @@ def save(path: str | os.PathLike[str], snapshot: Snapshot) -> None:
         pass
     else:
         if not stat.S_ISREG(st.st_mode):
-            raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+            raise JournalUnsafeFileError(f"{p}: is {kind_of(st.st_mode)}; refused")
     _replace(p, data)
 
 
@@ -792,14 +762,8 @@ def decode_keyed(data: bytes, where: str = "journal") -> KeyedSnapshot:
 def load_keyed(path: str | os.PathLike[str]) -> KeyedSnapshot:
     """Read the journal at ``path`` (either version). A missing file is the empty snapshot."""
     p = os.fspath(path)
-    fd = _open_existing(p)
-    if fd is None:
-        return KeyedSnapshot()
-    try:
-        data = _read_all(fd)
-    finally:
-        os.close(fd)
-    return decode_keyed(data, where=p)
+    data = _read_existing(p)
+    return KeyedSnapshot() if data is None else decode_keyed(data, where=p)
 
 
 def save_keyed(path: str | os.PathLike[str], snapshot: KeyedSnapshot) -> None:
@@ -812,7 +776,7 @@ def save_keyed(path: str | os.PathLike[str], snapshot: KeyedSnapshot) -> None:
         pass
     else:
         if not stat.S_ISREG(st.st_mode):
-            raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+            raise JournalUnsafeFileError(f"{p}: is {kind_of(st.st_mode)}; refused")
     _replace(p, data)
 
 
@@ -921,7 +885,7 @@ def lock_journal(journal: str | os.PathLike[str]) -> JournalLock:
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise JournalUnsafeFileError(f"{p}: is {_kind(st.st_mode)}; refused")
+            raise JournalUnsafeFileError(f"{p}: is {kind_of(st.st_mode)}; refused")
         if st.st_uid != os.geteuid():
             raise JournalUnsafeFileError(f"{p}: owned by uid {st.st_uid}; refused")
         try:
