@@ -27,6 +27,12 @@ Contract:
 
 Typed calls (``read``, ``write``, ``write_if_generation``, ``trigger``) give the same semantics
 without Modbus encoding; they raise ``RegisterAccessError`` carrying the exception code.
+
+Why one module of this size: it has one reason to change, the device's register semantics (the
+trigger machine, fault latching, the generation counter, validate-all-then-apply, persist-first),
+and ``DeviceCore`` is the one class that holds them; the C core mirrors it rule for rule
+(``tests/test_c_device.py``). Splitting the rules from the class would make a reader of either
+half read both.
 """
 
 from __future__ import annotations
