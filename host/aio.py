@@ -42,11 +42,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from idemlink.host import file_transfer
 from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport, AsyncTransport
-from idemlink.host.command import Command, CommandBuilder, Reconciliation, Result
+from idemlink.host.command import Command, Reconciliation, Result
 from idemlink.host.errors import TRANSPORT_ERRORS, LinkLost
-from idemlink.host.operations import OPERATIONS, Operations, Steps
+from idemlink.host.operations import OPERATIONS, DeviceHandle, Operations, Steps
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
@@ -83,7 +82,7 @@ class _Opening:
             await self._device.close()
 
 
-class AsyncDevice(CommandBuilder):
+class AsyncDevice(DeviceHandle):
     """A session with one idemlink device for asyncio programs (see the module docstring)."""
 
     def __init__(self, transport: AsyncTransport, *,
@@ -175,15 +174,6 @@ class AsyncDevice(CommandBuilder):
             steps.close()
 
     # -------------------------------------------------------------- operations
-    @property
-    def info(self) -> DeviceInfo | None:
-        return self.ops.info
-
-    @property
-    def unknown(self) -> Result | None:
-        """The UNKNOWN result that blocks the handle (None: not blocked)."""
-        return self.ops.unknown
-
     async def run(self, commands: Iterable[Command]) -> list[Result]:
         return await self._drive(self.ops.run_steps(list(commands)))
 
@@ -299,9 +289,6 @@ class AsyncDevice(CommandBuilder):
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         return await self._drive(self.ops.reconcile_steps(result))
-
-    def acknowledge_unknown(self) -> None:
-        self.ops.unknown = None
 
 
 async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:

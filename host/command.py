@@ -302,6 +302,19 @@ class CommandBuilder:
 
 
 
+def read_back_of(c: Command, generation_address: int) -> Reconciliation | list[Command]:
+    """What reconciling ``c`` takes: a verdict that needs no read (a read has no effect; a file
+    hand-over leaves no register state), or the reads that decide it — what ``c`` touched, and
+    the generation counter at ``generation_address`` — for ``judge_read_back``."""
+    if not c.may_have_effect:
+        return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
+    if c.kind is CommandKind.FILE_RECEIVE:
+        return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
+    span = max(c.count, len(c.values), 1)
+    return [Command(CommandKind.READ, c.address, span),
+            Command(CommandKind.READ, generation_address, 1)]
+
+
 def judge_read_back(
     c: Command, values: tuple[int, ...], generation: int,
     spec: Callable[[int], RegisterSpec],
@@ -341,4 +354,4 @@ def register_holds(kind: RegisterKind, written: int, now: int) -> bool:
 
 
 __all__ = ["Command", "CommandBuilder", "CommandKind", "Reconciliation", "Result", "answer_of",
-           "file_info_of", "judge_read_back", "register_holds"]
+           "file_info_of", "judge_read_back", "read_back_of", "register_holds"]

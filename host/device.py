@@ -63,6 +63,7 @@ from idemlink.host.errors import (
 from idemlink.host.operations import (
     OPERATIONS,
     RECONCILE_ROUNDS,
+    DeviceHandle,
     DriverStats,
     Operations,
     Steps,
@@ -72,7 +73,6 @@ from idemlink.host.operations import (
 from idemlink.host.transport import POLL_STEP, SerialTransport, Transport, open_port
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
@@ -83,7 +83,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Device(CommandBuilder):
+class Device(DeviceHandle):
     """A session with one idemlink device. See the module docstring."""
 
     def __init__(
@@ -114,16 +114,6 @@ class Device(CommandBuilder):
     @property
     def check_map(self) -> bool:
         return self.ops.check_map
-
-    @property
-    def unknown(self) -> Result | None:
-        """The UNKNOWN result that blocks the handle (None: not blocked)."""
-        return self.ops.unknown
-
-    @property
-    def info(self) -> DeviceInfo | None:
-        """What the device advertised at HELLO (None before ``connect``)."""
-        return self.ops.info
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -339,10 +329,6 @@ class Device(CommandBuilder):
         return res, report
 
     # ------------------------------------------------------------------ UNKNOWN handling
-    def acknowledge_unknown(self) -> None:
-        """Unblock the handle once the caller has reconciled."""
-        self.ops.unknown = None
-
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         """Read back the state an UNKNOWN command (default: the blocking one) touched and say
         whether the state it intended holds. Allowed while the handle is blocked. A read has no

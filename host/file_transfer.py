@@ -2,8 +2,9 @@
 
 Before a batch: the names are checked (``prepare_batch``: YMODEM's rules and the read-back's
 length limit, before the device is switched), the local size and CRC-32C of each file taken
-(``digest``), and the device asked what it already holds (``already_there_steps``, FILE_INFO): an
-identical file is not sent again, a different one without ``overwrite`` is refused. After it:
+(``idemlink.protocol.regular_file.file_digest``, as the device computes it), and the device
+asked what it already holds (``already_there_steps``, FILE_INFO): an identical file is not sent
+again, a different one without ``overwrite`` is refused. After it:
 ``batch_done`` forgets YMODEM's bytes (and a completed batch settles an UNKNOWN hand-over), then
 every file YMODEM reported ok or unconfirmed is read back (``to_verify``) and judged against the
 local digest (``judge_files``; ``not_verified`` when the read-back itself was lost).
@@ -21,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from idemlink.host.command import Command, CommandKind, Result
 from idemlink.host.operations import Operations, Steps
-from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import MAX_FILE_INFO_NAME, FileInfoStatus
 from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.regular_file import file_digest
 
 if TYPE_CHECKING:
     from idemlink.protocol.ymodem_files import FileResult, TransferReport
@@ -49,7 +50,7 @@ def prepare_batch(paths: Iterable[str], overwrite: bool) -> Batch:
         if len(Path(p).name.encode("utf-8", "surrogateescape")) > MAX_FILE_INFO_NAME:
             raise ValueError(f"file name {Path(p).name!r} is longer than the "
                              f"{MAX_FILE_INFO_NAME} bytes a read-back (FILE_INFO) can ask for")
-    digests = {Path(p).name: digest(Path(p)) for p in paths}
+    digests = {Path(p).name: file_digest(p) for p in paths}
     return Batch(paths, digests, Command(CommandKind.FILE_RECEIVE, 0,
                                          values=(1,) if overwrite else ()))
 
@@ -138,19 +139,9 @@ def judge_files(todo: list[FileResult], back: list[Result],
                         if was_unconfirmed else "")
 
 
-def digest(path: Path) -> tuple[int, int]:
-    """(size, CRC-32C) of a local file, as FILE_INFO reports a stored one."""
-    crc, size = 0, 0
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 16):
-            crc = crc32c(chunk, crc)
-            size += len(chunk)
-    return size, crc
-
-
 def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
 
 
-__all__ = ["Batch", "already_there_steps", "batch_done", "digest", "judge_files", "not_verified",
+__all__ = ["Batch", "already_there_steps", "batch_done", "judge_files", "not_verified",
            "prepare_batch", "read_back_commands", "still_to_send", "to_verify"]

@@ -93,8 +93,11 @@ def save(path: str | os.PathLike[str], snapshot: Snapshot) -> None:
     Encodes (and so checks the limits) before touching the disk. Refuses to replace anything but
     a regular file or nothing.
     """
-    p = os.fspath(path)
-    data = encode(snapshot)
+    _store(os.fspath(path), encode(snapshot))
+
+
+def _store(p: str, data: bytes) -> None:
+    """Replace the journal at ``p`` with ``data``, refusing anything there but a regular file."""
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -152,16 +155,7 @@ def load_keyed(path: str | os.PathLike[str]) -> KeyedSnapshot:
 
 def save_keyed(path: str | os.PathLike[str], snapshot: KeyedSnapshot) -> None:
     """Replace the journal at ``path`` with ``snapshot`` (version 2), atomically and durably."""
-    p = os.fspath(path)
-    data = encode_keyed(snapshot)
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISREG(st.st_mode):
-            raise JournalUnsafeFileError(f"{p}: is {kind_of(st.st_mode)}; refused")
-    _replace(p, data)
+    _store(os.fspath(path), encode_keyed(snapshot))
 
 
 # ------------------------------------------------------------------------------------- lock

@@ -165,6 +165,11 @@ def encode(snapshot: Snapshot) -> bytes:
         "pending": sorted(format_key(k) for k in snapshot.pending),
     }
     doc.update(snapshot.extra)
+    return _dump(doc)
+
+
+def _dump(doc: Mapping[str, object]) -> bytes:
+    """The one-line file form of a journal document, within the size limit."""
     try:
         text = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     except (TypeError, ValueError) as exc:
@@ -316,13 +321,7 @@ def encode_keyed(snapshot: KeyedSnapshot) -> bytes:
         doc["unscoped"] = {"done": sorted(format_key(k) for k in u.done),
                            "pending": sorted(format_key(k) for k in u.pending), **u.extra}
     doc.update(snapshot.extra)
-    try:
-        text = json.dumps(doc, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise JournalStateError(f"extra fields are not plain JSON: {exc}") from exc
-    data = text.encode("ascii") + b"\n"
-    check_size(len(data))
-    return data
+    return _dump(doc)
 
 
 def decode_keyed(data: bytes, where: str = "journal") -> KeyedSnapshot:

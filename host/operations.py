@@ -36,6 +36,7 @@ from idemlink.host.command import (
     answer_of,
     file_info_of,
     judge_read_back,
+    read_back_of,
 )
 from idemlink.host.errors import IncompatibleDevice, LinkLost, NoDevice, UnknownOutstanding
 from idemlink.protocol.contract import contract_hash
@@ -414,13 +415,9 @@ class Operations:
         if r is None:
             return None
         c = r.command
-        if not c.may_have_effect:
-            return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
-        if c.kind is CommandKind.FILE_RECEIVE:
-            return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
-        span = max(c.count, len(c.values), 1)
-        reads = [Command(CommandKind.READ, c.address, span),
-                 Command(CommandKind.READ, self.regmap.generation.address, 1)]
+        reads = read_back_of(c, self.regmap.generation.address)
+        if isinstance(reads, Reconciliation):
+            return reads
         for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
             back = yield from self.wave_steps(reads)
             if all(b.outcome is Outcome.OK and b.values for b in back):
@@ -428,5 +425,36 @@ class Operations:
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
 
 
-__all__ = ["OPERATIONS", "RECONCILE_ROUNDS", "Clock", "DriverStats", "Operations", "Steps",
-           "check_map", "conflict", "reissuable"]
+class DeviceHandle(CommandBuilder):
+    """What the blocking and the asyncio driver share besides the operations they drive: the
+    command helpers (``CommandBuilder``), the ``ops`` they run, and the handle's UNKNOWN."""
+
+    ops: Operations
+
+    @property
+    def unknown(self) -> Result | None:
+        """The UNKNOWN result that blocks the handle (None: not blocked)."""
+        return self.ops.unknown
+
+    @property
+    def info(self) -> DeviceInfo | None:
+        """What the device advertised at HELLO (None before ``connect``)."""
+        return self.ops.info
+
+    def acknowledge_unknown(self) -> None:
+        """Unblock the handle once the caller has reconciled."""
+        self.ops.unknown = None
+
+
+__all__ = [
+    "OPERATIONS",
+    "RECONCILE_ROUNDS",
+    "Clock",
+    "DeviceHandle",
+    "DriverStats",
+    "Operations",
+    "Steps",
+    "check_map",
+    "conflict",
+    "reissuable",
+]

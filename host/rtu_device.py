@@ -36,6 +36,7 @@ from idemlink.host.command import (
     Result,
     answer_of,
     judge_read_back,
+    read_back_of,
 )
 from idemlink.host.errors import (
     TRANSPORT_ERRORS,
@@ -247,13 +248,11 @@ class RtuDevice(CommandBuilder):
         if r is None:
             return None
         c = r.command
-        if not c.may_have_effect:
-            return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
-        span = max(c.count, len(c.values), 1)
-        gen = self.regmap.generation.address
-        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
-            back = [self._one(Command(CommandKind.READ, c.address, span)),
-                    self._one(Command(CommandKind.READ, gen, 1))]
+        reads = read_back_of(c, self.regmap.generation.address)
+        if isinstance(reads, Reconciliation):
+            return reads
+        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat, one at a time here
+            back = [self._one(read) for read in reads]
             if all(b.outcome is Outcome.OK and b.values for b in back):
                 return judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")

@@ -8,6 +8,10 @@ never read through a link; a file the user names — a map, a plan — may be on
 file that is larger than ``limit`` or grows past it while being read. ``check(stat)`` lets a
 caller add its own rule on the opened file (a journal must be private) before anything is read.
 
+``file_digest(path)`` is the (size, CRC-32C) of a file's bytes, as FILE_INFO reports a stored
+file: the device computes it for the answer and the host for what it sent, so both sides use this
+one function.
+
 A refusal is a ``FileRefused`` naming the problem (``Problem``) and, for a file that is not
 regular, what it is (``kind_of``); each caller turns it into its own error and message. An
 absent file raises ``FileNotFoundError`` and any other failure to open its ``OSError``, unchanged.
@@ -20,6 +24,8 @@ import os
 import stat
 from collections.abc import Callable
 from enum import Enum
+
+from idemlink.protocol.frame import crc32c
 
 
 class Problem(Enum):
@@ -100,4 +106,14 @@ def read_regular_file(path: str | os.PathLike[str], limit: int, *, follow_symlin
         os.close(fd)
 
 
-__all__ = ["FileRefused", "Problem", "kind_of", "read_regular_file"]
+def file_digest(path: str | os.PathLike[str]) -> tuple[int, int]:
+    """(size, CRC-32C) of the file at ``path``, read in 64 KiB chunks (FILE_INFO's digest)."""
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            crc = crc32c(chunk, crc)
+            size += len(chunk)
+    return size, crc
+
+
+__all__ = ["FileRefused", "Problem", "file_digest", "kind_of", "read_regular_file"]
