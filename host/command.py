@@ -19,7 +19,6 @@ from idemlink.protocol.modbus import (
     FileInfoResponse,
     FunctionCode,
     ReadRegisters,
-    ReadRegistersResponse,
     Request,
     TriggerRequest,
     TriggerResponse,
@@ -27,6 +26,7 @@ from idemlink.protocol.modbus import (
     WriteIfGenerationResponse,
     WriteMultipleRegisters,
     WriteSingleRegister,
+    decode_read_values,
     decode_response,
     encode_file_info_request,
     encode_request,
@@ -164,20 +164,21 @@ class Reconciliation:
 def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
     """The values (reads) and code (trigger status; generation after a conditional write,
     also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``, decoded
-    by ``idemlink.protocol.modbus.decode_response``. Never raises: an exception answer, an
-    answer of another shape, or a malformed one (only a faulty device sends one; the CRC rules
-    out the line) carries neither."""
-    if not pdu:
-        return (), None
+    by ``idemlink.protocol.modbus`` (``decode_read_values`` for a read, the hot path;
+    ``decode_response`` otherwise). Never raises: an exception answer, an answer of another
+    shape, or a malformed one (only a faulty device sends one; the CRC rules out the line)
+    carries neither."""
+    k = cmd.kind
     try:
+        if k is CommandKind.READ:
+            values = decode_read_values(pdu)
+            return (values, None) if len(values) == cmd.count else ((), None)
+        if not pdu:
+            return (), None
         resp = decode_response(pdu)
     except RemoteProtocolError:
         return (), None
-    k = cmd.kind
-    if isinstance(resp, ReadRegistersResponse):
-        if k is CommandKind.READ and len(resp.values) == cmd.count:
-            return resp.values, None
-    elif isinstance(resp, TriggerResponse):
+    if isinstance(resp, TriggerResponse):
         if k is CommandKind.TRIGGER or k is CommandKind.TRIGGER_RESET:
             return (), resp.code
     elif isinstance(resp, WriteIfGenerationResponse) and k is CommandKind.WRITE_IF_GENERATION:

@@ -246,8 +246,19 @@ Response = (ReadRegistersResponse | WriteSingleRegisterResponse | WriteMultipleR
 # ----------------------------------------------------------------------------------------- decode
 
 
+_U16S = tuple(struct.Struct(f">{n}H") for n in range(MAX_PDU // 2 + 1))
+"""Big-endian u16 arrays of every length a PDU can carry, compiled once (a read answer is decoded
+for every result on the host's hot path)."""
+
+_READ_FUNCTIONS = {int(f): f for f in (FunctionCode.READ_HOLDING_REGISTERS,
+                                        FunctionCode.READ_INPUT_REGISTERS)}
+
+
 def _u16s(data: bytes) -> tuple[int, ...]:
-    return struct.unpack(f">{len(data) // 2}H", data)
+    n = len(data) // 2
+    if n < len(_U16S):
+        return _U16S[n].unpack(data)
+    return struct.unpack(f">{n}H", data)
 
 
 def _check_len(pdu: bytes, need: int, fc: int, exact: bool = True) -> None:
@@ -307,6 +318,17 @@ def decode_request(pdu: bytes) -> Request:
     raise IllegalFunction(f"function 0x{fc:02X} not supported", fc)
 
 
+def decode_read_values(pdu: bytes) -> tuple[int, ...]:
+    """The register values of a read answer (FC03/FC04) PDU, without building a
+    ``ReadRegistersResponse`` (the host decodes one per result); ``BadResponse`` when its byte
+    count does not match its length or it is not a read answer."""
+    if len(pdu) < 2 or pdu[0] not in _READ_FUNCTIONS:
+        raise BadResponse(f"not a read response: {pdu[:1].hex() or 'empty'}")
+    if pdu[1] % 2 or len(pdu) != 2 + pdu[1]:
+        raise BadResponse("read response byte count does not match its length")
+    return _u16s(pdu[2:])
+
+
 def decode_response(pdu: bytes) -> Response:
     """Parse a response PDU (host side)."""
     if len(pdu) < 2:
@@ -317,10 +339,9 @@ def decode_response(pdu: bytes) -> Response:
             if len(pdu) != 2:
                 raise BadResponse("exception response must be 2 bytes")
             return ExceptionResponse(fc & 0x7F, ModbusException(pdu[1]))
-        if fc in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS):
-            if pdu[1] % 2 or len(pdu) != 2 + pdu[1]:
-                raise BadResponse("read response byte count does not match its length")
-            return ReadRegistersResponse(FunctionCode(fc), _u16s(pdu[2:]))
+        read_function = _READ_FUNCTIONS.get(fc)
+        if read_function is not None:
+            return ReadRegistersResponse(read_function, decode_read_values(pdu))
         if len(pdu) == 5 and fc == FunctionCode.WRITE_SINGLE_REGISTER:
             return WriteSingleRegisterResponse(*struct.unpack_from(">HH", pdu, 1))
         if len(pdu) == 5 and fc == FunctionCode.WRITE_MULTIPLE_REGISTERS:
