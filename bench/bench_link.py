@@ -32,7 +32,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.protocol.frame import FrameType, encode_frame
-from idemlink.protocol.modbus import encode_rtu
+from idemlink.protocol.modbus_rtu import encode_rtu
 from idemlink.pytest_plugin import start_pty_sim
 
 BAUD = 115200

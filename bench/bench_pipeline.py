@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from idemlink.protocol.frame import FrameType, encode_frame
-from idemlink.protocol.modbus import encode_rtu
+from idemlink.protocol.modbus_rtu import encode_rtu
 
 BAUD = 115200
 COUNT = 9

@@ -54,7 +54,6 @@ from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_i
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession
-from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import (
     FileInfoResponse,
     FileInfoStatus,
@@ -67,6 +66,7 @@ from idemlink.protocol.modbus import (
 from idemlink.protocol.outcome import ModbusException
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.regular_file import file_digest
 from idemlink.protocol.replay import DEFAULT_SLOTS
 from idemlink.protocol.window import RING_BITS
 
@@ -359,11 +359,7 @@ class SimulatedDevice:
         try:
             size = path.stat().st_size
             if size <= 0xFFFFFFFF:  # never hash what the answer cannot describe
-                size = 0
-                with path.open("rb") as f:
-                    while chunk := f.read(1 << 16):
-                        crc = crc32c(chunk, crc)
-                        size += len(chunk)
+                size, crc = file_digest(path)
         except FileNotFoundError:  # removed meanwhile
             return encode_response(absent)
         except OSError as exc:

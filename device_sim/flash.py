@@ -22,15 +22,14 @@ leaves the directory untouched.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import secrets
-import stat
 import tempfile
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot
+from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
@@ -52,52 +51,34 @@ def new_device_id() -> str:
 
 MAX_FILE_BYTES = 1 << 20
 """Largest flash file read (a configuration snapshot is a few KiB)."""
+DEVICE_ID_FILE_BYTES = 128  #: a device id file: the id (at most 64 characters) and a newline
 
 
 class UnsafeFlashFileError(OSError):
     """A flash file that is not a small regular file (symlink, FIFO, device, huge): refused."""
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_flash_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes | None:
     """The content of ``path`` (None when absent); refuses what is not a regular file of at most
-    ``limit`` bytes, judged on the opened descriptor (no check-then-open race)."""
+    ``limit`` bytes, or a symbolic link (``read_regular_file``)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_regular_file(path, limit)
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFlashFileError(f"{path}: is a symbolic link; refused") from None
-        if exc.errno in (errno.ENXIO, errno.EOPNOTSUPP):
-            raise UnsafeFlashFileError(f"{path}: is a special file; refused") from None
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFlashFileError(f"{path}: is {_kind(st.st_mode)}; refused")
-        if st.st_size > limit:
-            raise UnsafeFlashFileError(
-                f"{path}: {st.st_size} bytes, more than the {limit} a flash file may hold; "
-                "refused")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= limit and (chunk := os.read(fd, limit + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-        if total > limit:  # grew since fstat
-            raise UnsafeFlashFileError(f"{path}: grew past {limit} bytes while read; refused")
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    except FileRefused as exc:
+        raise UnsafeFlashFileError(_refusal(path, exc, limit)) from None
+
+
+def _refusal(path: Path, exc: FileRefused, limit: int) -> str:
+    if exc.problem is Problem.SYMLINK:
+        return f"{path}: is a symbolic link; refused"
+    if exc.problem is Problem.SPECIAL:
+        return f"{path}: is a special file; refused"
+    if exc.problem is Problem.NOT_REGULAR:
+        return f"{path}: is {exc.kind}; refused"
+    if exc.problem is Problem.TOO_LARGE:
+        return f"{path}: {exc.size} bytes, more than the {limit} a flash file may hold; refused"
+    return f"{path}: grew past {limit} bytes while read; refused"
 
 
 class ConfigFlash:
@@ -163,7 +144,7 @@ class ConfigFlash:
         A file that is not a regular file, or holds no valid id, is refused (DeviceIdError)."""
         path = self.dir / "device_id"
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            data = read_regular_file(path, DEVICE_ID_FILE_BYTES)
         except FileNotFoundError:
             ident = new_device_id()
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".device_id.", suffix=".tmp")
@@ -174,14 +155,14 @@ class ConfigFlash:
             os.replace(tmp, path)
             self._sync_dir()
             return ident
+        except FileRefused as exc:
+            if exc.problem in (Problem.SYMLINK, Problem.SPECIAL):
+                raise DeviceIdError(f"{path}: cannot read the device id ({exc.strerror})") from None
+            if exc.problem is Problem.NOT_REGULAR:
+                raise DeviceIdError(f"{path}: not a regular file") from None
+            data = b""  # too large for an id: refused below as not holding one
         except OSError as exc:
             raise DeviceIdError(f"{path}: cannot read the device id ({exc.strerror})") from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise DeviceIdError(f"{path}: not a regular file")
-            data = os.read(fd, 128)
-        finally:
-            os.close(fd)
         try:
             return check_device_id(data.decode("ascii").strip())
         except (UnicodeDecodeError, DeviceIdError):

@@ -39,6 +39,11 @@ Contract:
 
 Bad parameters raise ``LinkConfigError`` (a ``ValueError``) and build nothing.
 No I/O and no clock here: time is passed in.
+
+Why one module of this size: it is one machine, the faulty line; its configuration
+(``LinkConfig``), the named parameters that spell it in a URL or on the command line
+(``config_from_params``, rendered back by ``LinkConfig``) and the two directions change together
+whenever a fault is added.
 """
 
 from __future__ import annotations

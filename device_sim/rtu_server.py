@@ -30,7 +30,7 @@ from typing import Protocol
 
 from idemlink.device_sim.flash import ConfigFlash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from idemlink.protocol.modbus import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
+from idemlink.protocol.modbus_rtu import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 

@@ -1,15 +1,18 @@
 """The asyncio shell: the same driver, awaited instead of blocking.
 
-``AsyncDevice`` runs exactly the operations ``idemlink.host.device.Device`` defines — each is a
-generator of I/O requests over the sans-I/O ``HostSession`` — with an ``AsyncTransport``
-(``await write``, ``await read(timeout)``). There is no second copy of the request loop's rules, the
-retry rules, the epoch rule or the result decoding: only ``_rounds`` differs (it awaits), and every
-operation of the blocking ``Device`` is here, one or two lines each (``PARITY`` lists them).
+``AsyncDevice`` runs exactly the operations the blocking ``idemlink.host.device.Device`` runs —
+``idemlink.host.operations.Operations``, each a transport-free generator of I/O requests over the
+sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``, ``await read(timeout)``).
+There is no second copy of the request loop's rules, the retry rules, the epoch rule or the result
+decoding: only the loop differs (it awaits), the command helpers are inherited from the same
+``CommandBuilder``, and every operation of the blocking ``Device`` is here, one or two lines each
+(``idemlink.host.operations.OPERATIONS`` lists them; a test checks both drivers against it).
 
 ``async with AsyncDevice.open(url, ...) as dev:`` opens any pyserial URL with
 ``AsyncSerialTransport`` (a tty or pty, ``socket://``, ``rfc2217://``, ``loop://``, ``faulty://``)
 and runs the HELLO handshake; ``dev = await AsyncDevice.open(url)`` works too (then ``await
-dev.close()``).
+dev.close()``). The transport itself (the port on the event loop) is
+``idemlink.host.aio_transport``'s.
 
 One operation at a time per device: every operation holds the device's ``asyncio.Lock``, so tasks
 sharing one ``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits
@@ -24,37 +27,26 @@ propagates — UNKNOWN/CANCELLED if sent, NOT_EXECUTED if not — and an UNKNOWN
 effect (a write, trigger, fault clear, conditional write, file hand-over) blocks the handle until
 ``reconcile()`` / ``acknowledge_unknown()``, while a cancelled read blocks nothing. The settled
 results ride on the exception (``exc.settled_results``), are logged as a warning, and
-``UnknownOutstanding`` names the CANCELLED status. The rule is ``Device._result``'s; a transport
-error raises ``LinkLost`` the same way.
+``UnknownOutstanding`` names the CANCELLED status. The rule is ``Operations.result``'s; a
+transport error raises ``LinkLost`` the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import threading
-import time
 from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
-from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from idemlink.host.device import (
-    TRANSPORT_ERRORS,
-    Command,
-    CommandKind,
-    Device,
-    LinkLost,
-    PortError,
-    Reconciliation,
-    Result,
-    Steps,
-)
+from idemlink.host import file_transfer
+from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport, AsyncTransport
+from idemlink.host.command import Command, Reconciliation, Result
+from idemlink.host.errors import TRANSPORT_ERRORS, LinkLost
+from idemlink.host.operations import OPERATIONS, DeviceHandle, Operations, Steps
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.payloads import DeviceInfo
-from idemlink.protocol.registers import RegisterMap, RegisterSpec
+from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 if TYPE_CHECKING:
@@ -65,243 +57,9 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-PARITY = (
-    "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
-    "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
-    "reconcile", "acknowledge_unknown", "spec", "read_command", "write_command", "info",
-    "unknown", "regmap",
-)
-"""The blocking ``Device``'s public operations that ``AsyncDevice`` has too (tests check both)."""
-
-_READ_CHUNK = 4096
-ROUND_BYTES = 512
-"""Most bytes one ``AsyncSerialTransport.read`` returns (about a dozen answers): what one round of
-the request loop works through before the event loop gets a turn."""
-
-
-class AsyncTransport(Protocol):
-    async def write(self, data: bytes) -> None: ...
-    async def read(self, timeout: float) -> bytes: ...
-    def now(self) -> float: ...
-    async def close(self) -> None: ...
-
-
-class AsyncSerialTransport:
-    """A pyserial port driven by the event loop.
-
-    The port is opened by pyserial (same URLs, same DTR/RTS handling as the blocking
-    ``SerialTransport``), so every URL handler works and YMODEM can borrow the very same port.
-    A port with a file descriptor (ttys, ptys, ``socket://``) is read through the loop's
-    readiness callback (``loop.add_reader``) and written with non-blocking ``os.write`` (waiting
-    in ``loop.add_writer`` when the kernel's buffer is full): no thread, no polling, and the
-    callback only moves bytes into a buffer. A port without one (``rfc2217://``, ``loop://``,
-    ``faulty://``) is read by one helper thread that hands bytes to the loop
-    (``call_soon_threadsafe``), and written from a worker thread.
-    """
-
-    def __init__(self, port: Any, loop: asyncio.AbstractEventLoop) -> None:
-        self.port = port
-        self._loop = loop
-        self._buf = bytearray()
-        self._more_waiting = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: BaseException | None = None
-        self._closed = False
-        self._fd = _fileno(port)
-        self._thread: threading.Thread | None = None
-        self._running = threading.Event()  # the helper thread reads while set
-        self._idle = threading.Event()  # the helper thread is not inside a read
-        if self._fd is not None:
-            os.set_blocking(self._fd, False)
-            loop.add_reader(self._fd, self._on_readable)
-        else:
-            port.timeout = 0.02
-            self._running.set()
-            self._thread = threading.Thread(target=self._pump, name=f"aio-{port.name}",
-                                            daemon=True)
-            self._thread.start()
-
-    @classmethod
-    async def open(cls, url: str, *, baudrate: int = 115200,
-                   keep_lines: bool = True) -> AsyncSerialTransport:
-        """Open ``url`` (a network URL's connection is made in a worker thread)."""
-        from idemlink.host.device import SerialTransport
-
-        blocking = await asyncio.to_thread(SerialTransport, url, baudrate=baudrate,
-                                           keep_lines=keep_lines)
-        return cls(blocking.port, asyncio.get_running_loop())
-
-    # -------------------------------------------------------------- reading
-    def _on_readable(self) -> None:
-        assert self._fd is not None
-        try:
-            data = os.read(self._fd, _READ_CHUNK)
-        except BlockingIOError:
-            return
-        except OSError as exc:
-            self._fail(PortError(f"{self.port.name}: read failed: {exc}"))
-            return
-        if not data:
-            self._fail(PortError(f"{self.port.name}: closed by the other end"))
-            return
-        self._feed(data)
-
-    def _pump(self) -> None:
-        while not self._closed:
-            if not self._running.wait(0.1):
-                continue
-            self._idle.clear()
-            try:
-                if not self._running.is_set():
-                    continue
-                data = self.port.read(max(1, self.port.in_waiting))
-            except Exception as exc:  # pyserial raises several types on a dying port
-                if not self._closed:
-                    self._call(self._fail, PortError(f"{self.port.name}: read failed: {exc}"))
-                return
-            finally:
-                self._idle.set()
-            if data:
-                self._call(self._feed, bytes(data))
-
-    def _call(self, fn: Callable[..., None], *args: Any) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            self._loop.call_soon_threadsafe(fn, *args)
-
-    def _feed(self, data: bytes) -> None:
-        self._buf += data
-        self._wake()
-
-    def _fail(self, exc: BaseException) -> None:
-        self._error = exc
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-        self._wake()
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    async def read(self, timeout: float) -> bytes:
-        """What has arrived (at most ``ROUND_BYTES``), waiting at most ``timeout`` seconds for
-        the first byte. When more was waiting than one call returns, the next call first lets
-        the loop run other callbacks: a backlog (a loop busy with many devices) is worked off in
-        short slices instead of one long callback."""
-        if self._more_waiting:
-            self._more_waiting = False
-            await asyncio.sleep(0)
-        if not self._buf and self._error is None and timeout > 0:
-            waiter = self._loop.create_future()
-            self._waiter = waiter
-            timer = self._loop.call_later(timeout, _settle, waiter)
-            try:
-                await waiter
-            finally:
-                timer.cancel()
-                self._waiter = None
-        if self._buf:
-            data = bytes(self._buf[:ROUND_BYTES])
-            del self._buf[:ROUND_BYTES]
-            self._more_waiting = bool(self._buf)
-            return data
-        if self._error is not None:
-            raise self._error
-        return b""
-
-    # -------------------------------------------------------------- writing
-    async def write(self, data: bytes) -> None:
-        if self._error is not None:
-            raise self._error
-        if self._closed:
-            raise PortError(f"{self.port.name}: write on a closed port")
-        if self._fd is None:
-            try:
-                await asyncio.to_thread(self.port.write, data)
-            except OSError as exc:
-                raise PortError(f"{self.port.name}: write failed: {exc}") from exc
-            return
-        view = memoryview(data)
-        while view:
-            try:
-                n = os.write(self._fd, view)
-            except BlockingIOError:
-                n = 0
-            except OSError as exc:
-                raise PortError(f"{self.port.name}: write failed: {exc}") from exc
-            view = view[n:]
-            if view:
-                await self._writable()
-
-    async def _writable(self) -> None:
-        assert self._fd is not None
-        fut = self._loop.create_future()
-        self._loop.add_writer(self._fd, _settle, fut)
-        try:
-            await fut
-        finally:
-            self._loop.remove_writer(self._fd)
-
-    # -------------------------------------------------------------- the port for YMODEM
-    @contextlib.asynccontextmanager
-    async def borrowed(self) -> AsyncIterator[Any]:
-        """Lend the pyserial port to blocking code run in a worker thread (YMODEM): the loop
-        stops reading it meanwhile, and takes it back (non-blocking again) afterwards."""
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-            os.set_blocking(self._fd, True)
-        else:
-            self._running.clear()
-            await asyncio.to_thread(self._idle.wait, 1.0)
-        self._buf.clear()
-        try:
-            yield self.port
-        finally:
-            if self._fd is not None:
-                os.set_blocking(self._fd, False)
-                if self._error is None and not self._closed:
-                    self._loop.add_reader(self._fd, self._on_readable)
-            else:
-                self.port.timeout = 0.02
-                self._running.set()
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._fd is not None:
-            self._loop.remove_reader(self._fd)
-        self._running.set()  # let the helper thread see _closed
-        self._fail(PortError(f"{self.port.name}: closed"))
-        try:
-            await asyncio.to_thread(self.port.close)
-        except OSError as exc:
-            log.warning("closing %s: %s", self.port.name, exc)
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 2.0)
-
-
-def _settle(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _fileno(port: Any) -> int | None:
-    """The port's file descriptor, when the event loop can wait on it."""
-    try:
-        fd = port.fileno()
-    except (AttributeError, OSError, NotImplementedError, ValueError):
-        return None
-    if not isinstance(fd, int) or fd < 0:
-        return None
-    with contextlib.suppress(OSError):
-        os.fstat(fd)
-        return fd
-    return None
-
+PARITY = OPERATIONS
+"""The blocking ``Device``'s operations, which ``AsyncDevice`` has too
+(``idemlink.host.operations.OPERATIONS``; a test checks both drivers against it)."""
 
 class _Opening:
     """What ``AsyncDevice.open`` returns: await it, or use it in ``async with``."""
@@ -324,20 +82,20 @@ class _Opening:
             await self._device.close()
 
 
-class AsyncDevice:
+class AsyncDevice(DeviceHandle):
     """A session with one idemlink device for asyncio programs (see the module docstring)."""
 
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
                  check_map: bool = True) -> None:
-        self.transport = transport
         if not isinstance(regmap, RegisterMap):
             regmap = resolve_regmap(regmap)
-        # The synchronous Device holds the session, the tag table and every operation; its own
-        # transport is only asked for the time, which both kinds of transport provide.
-        self.core = Device(transport, regmap=regmap, timeout=timeout,  # type: ignore[arg-type]
-                           attempts=attempts, max_inflight=max_inflight, check_map=check_map)
+        super().__init__(regmap)
+        self.transport = transport
+        #: the session, its bookkeeping and every operation (the transport is only its clock)
+        self.ops = Operations(transport, regmap=regmap, timeout=timeout, attempts=attempts,
+                              max_inflight=max_inflight, check_map=check_map)
         self._lock = asyncio.Lock()
         self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
 
@@ -371,7 +129,7 @@ class AsyncDevice:
         await self.close()
 
     async def connect(self) -> None:
-        await self._drive(self.core._connect_steps())
+        await self._drive(self.ops.connect_steps())
 
     async def close(self) -> None:
         await self.transport.close()
@@ -382,8 +140,7 @@ class AsyncDevice:
             steps.close()  # the stream holds the device: waiting for it would never end
             raise LocalProtocolError(
                 "this task is iterating a stream of this device: one operation at a time per "
-                "device (run the other operation from another task, or after the stream)",
-                Status.MALFORMED_REQUEST)
+                "device (run the other operation from another task, or after the stream)")
         async with self._lock:
             return await self._drive_locked(steps)
 
@@ -391,7 +148,7 @@ class AsyncDevice:
         """``Device._rounds``, awaited: move bytes between the transport and the operation;
         settle its requests if the transport fails (``LinkLost``) or the caller cancels."""
         t = self.transport
-        core = self.core
+        ops = self.ops
         try:
             out, wait = next(steps)
             while True:
@@ -400,7 +157,7 @@ class AsyncDevice:
                         await t.write(out)
                     data = await t.read(wait)
                 except TRANSPORT_ERRORS as exc:
-                    raise core._link_lost(exc) from exc
+                    raise ops.link_lost(exc) from exc
                 out, wait = steps.send(data)
                 if between is not None:
                     between()
@@ -410,50 +167,28 @@ class AsyncDevice:
         except LinkLost:
             raise
         except BaseException as exc:  # asyncio.CancelledError above all
-            core._interrupted(exc)
+            ops.interrupted(exc)
             _log_settled(exc)
             raise
         finally:
             steps.close()
 
     # -------------------------------------------------------------- operations
-    @property
-    def info(self) -> DeviceInfo | None:
-        return self.core.info
-
-    @property
-    def unknown(self) -> Result | None:
-        """The UNKNOWN result that blocks the handle (None: not blocked)."""
-        return self.core.unknown
-
-    @property
-    def regmap(self) -> RegisterMap:
-        return self.core.regmap
-
-    def spec(self, register: str | int) -> RegisterSpec:
-        return self.core.spec(register)
-
-    def read_command(self, register: str | int, count: int = 1) -> Command:
-        return self.core.read_command(register, count)
-
-    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
-        return self.core.write_command(values)
-
     async def run(self, commands: Iterable[Command]) -> list[Result]:
-        return await self._drive(self.core._run_steps(list(commands)))
+        return await self._drive(self.ops.run_steps(list(commands)))
 
     async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
         """``Device.stream`` for asyncio: results in submission order while later requests are
         on the line. Holds the device for its whole run (other tasks' operations wait; one of
         this device's operations awaited inside the loop raises ``LocalProtocolError``); leaving
         early settles what is out as CANCELLED (close it: ``contextlib.aclosing``)."""
-        self.core._refuse_if_blocked()
+        ops = self.ops
+        ops.refuse_if_blocked()
         ready: list[Result] = []
-        core = self.core
         async with self._lock:
-            core._refuse_if_blocked()  # another task's operation may have blocked it meanwhile
+            ops.refuse_if_blocked()  # another task's operation may have blocked it meanwhile
             self._streaming = asyncio.current_task()
-            steps = core._flow_steps(iter(commands), ready.append, core._lookahead())
+            steps = ops.flow_steps(iter(commands), ready.append, ops.lookahead)
             queue: asyncio.Queue[Result | None] = asyncio.Queue()
 
             def hand_out() -> None:
@@ -484,29 +219,29 @@ class AsyncDevice:
         return (await self.run([command]))[0]
 
     async def read(self, register: str | int, count: int = 1) -> Result:
-        return await self.execute(self.core.read_command(register, count))
+        return await self.execute(self.read_command(register, count))
 
     async def write(self, values: Mapping[str | int, int | str]) -> Result:
-        return await self.execute(self.core.write_command(values))
+        return await self.execute(self.write_command(values))
 
     async def write_if_generation(self, generation: int,
                                   values: Mapping[str | int, int | str]) -> Result:
-        return await self.execute(self.core.write_if_generation_command(generation, values))
+        return await self.execute(self.write_if_generation_command(generation, values))
 
     async def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.clear_faults_command(mask, register))
+        return await self.execute(self.clear_faults_command(mask, register))
 
     async def trigger(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_command(register))
+        return await self.execute(self.trigger_command(register))
 
     async def trigger_reset(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_command(register, reset=True))
+        return await self.execute(self.trigger_command(register, reset=True))
 
     async def trigger_status(self, register: str | int | None = None) -> Result:
-        return await self.execute(self.core.trigger_status_command(register))
+        return await self.execute(self.trigger_status_command(register))
 
     async def file_info(self, name: str) -> Result:
-        return await self.execute(self.core.file_info_command(name))
+        return await self.execute(self.file_info_command(name))
 
     async def send_files(
         self,
@@ -519,45 +254,41 @@ class AsyncDevice:
         """``Device.send_files``: files already on the device byte for byte are not sent again;
         the YMODEM batch runs in a worker thread on the transport's pyserial port (the loop stays
         free), then every file is read back (FILE_INFO)."""
-        from idemlink.host.device import _judge_files, _not_verified, _to_verify
         from idemlink.host.ymodem_io import send_files
         from idemlink.protocol.ymodem_files import TransferReport
 
-        core = self.core
-        paths_, digests, handover = await asyncio.to_thread(core._prepare_batch, paths, overwrite)
+        ops = self.ops
+        batch = await asyncio.to_thread(file_transfer.prepare_batch, paths, overwrite)
         borrowed = getattr(self.transport, "borrowed", None)
         if borrowed is None:
             raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
         async with self._lock:
             identical, asked = await self._drive_locked(
-                core._already_there_steps(paths_, digests, overwrite))
-            todo = [p for p in paths_ if Path(p).name not in {f.name for f in identical}]
+                file_transfer.already_there_steps(ops, batch, overwrite))
+            todo = file_transfer.still_to_send(batch, identical)
             if not todo:
                 return asked, TransferReport(files=identical, ok=True)
-            res = (await self._drive_locked(core._run_steps([handover])))[0]
+            res = (await self._drive_locked(ops.run_steps([batch.handover])))[0]
             if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
                 return res, None
             async with borrowed() as port:
                 report = await asyncio.to_thread(send_files, port, todo, config,
                                                  progress=progress)
-            core._batch_done(res, report)
-            check = _to_verify(report.files, digests)
+            file_transfer.batch_done(ops, res, report)
+            check = file_transfer.to_verify(report.files, batch.digests)
             if check:
-                cmds = [Command(CommandKind.FILE_INFO, 0, name=f.name) for f in check]
                 try:
-                    back = await self._drive_locked(core._wave_steps(cmds))
+                    back = await self._drive_locked(
+                        ops.wave_steps(file_transfer.read_back_commands(check)))
                 except LinkLost as exc:
-                    _not_verified(check, exc)
+                    file_transfer.not_verified(check, exc)
                 else:
-                    _judge_files(check, back, digests)
+                    file_transfer.judge_files(check, back, batch.digests)
             report.files[:0] = identical
             return res, report
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
-        return await self._drive(self.core._reconcile_steps(result))
-
-    def acknowledge_unknown(self) -> None:
-        self.core.acknowledge_unknown()
+        return await self._drive(self.ops.reconcile_steps(result))
 
 
 async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:
@@ -585,4 +316,4 @@ def _log_settled(exc: BaseException) -> None:
                     ", ".join(r.command.kind.value for r in unknown))
 
 
-__all__ = ["PARITY", "AsyncDevice", "AsyncSerialTransport", "AsyncTransport"]
+__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncSerialTransport", "AsyncTransport"]

@@ -39,8 +39,6 @@ Contract.
 from __future__ import annotations
 
 import json
-import os
-import stat
 import uuid
 from dataclasses import dataclass
 from enum import Enum
@@ -48,6 +46,7 @@ from pathlib import Path
 
 from idemlink.host.keys import KeySource, step_key
 from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
+from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 __all__ = [
     "PLAN_FORMAT",
@@ -137,18 +136,14 @@ def load_plan(path: str | Path, regmap: RegisterMap) -> Plan:
     """Read and validate the plan file at ``path``; ``PlanError`` for anything wrong."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise PlanError(f"cannot read plan {path}: not a regular file")
-            if st.st_size > MAX_PLAN_BYTES:
-                raise PlanError(f"plan {path}: {st.st_size} bytes; a plan is at most "
-                                f"{MAX_PLAN_BYTES}")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                raw = f.read(MAX_PLAN_BYTES + 1).decode("utf-8")
-        finally:
-            os.close(fd)
+        raw = read_regular_file(p, MAX_PLAN_BYTES, follow_symlinks=True).decode("utf-8")
+    except FileRefused as exc:
+        if exc.problem in (Problem.TOO_LARGE, Problem.GREW):
+            raise PlanError(f"plan {path}: {exc.size} bytes; a plan is at most "
+                            f"{MAX_PLAN_BYTES}") from None
+        if exc.problem is Problem.NOT_REGULAR:
+            raise PlanError(f"cannot read plan {path}: not a regular file") from None
+        raise PlanError(f"cannot read plan {path}: {exc.__cause__}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"cannot read plan {path}: {exc}") from None
     try:

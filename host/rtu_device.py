@@ -28,26 +28,28 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
-from idemlink.host.device import (
-    RECONCILE_ROUNDS,
-    TRANSPORT_ERRORS,
+from idemlink.host.command import (
     Command,
+    CommandBuilder,
     CommandKind,
-    Device,
-    LinkLost,
-    NoDevice,
     Reconciliation,
     Result,
-    SerialTransport,
-    Transport,
-    UnknownOutstanding,
-    _judge_read_back,
     answer_of,
+    judge_read_back,
+    read_back_of,
 )
+from idemlink.host.errors import (
+    TRANSPORT_ERRORS,
+    LinkLost,
+    NoDevice,
+    UnknownOutstanding,
+)
+from idemlink.host.operations import RECONCILE_ROUNDS
+from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
+from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.rtu_master import RtuMaster
 
@@ -55,18 +57,16 @@ IDLE_WAIT = 0.05  #: longest read while nothing is out
 DRAIN_ROUNDS = 64  #: reads of stale input before a request (bounded: a babbling line ends it)
 
 
-class RtuDevice:
+class RtuDevice(CommandBuilder):
     """A session with one Modbus RTU slave. See the module docstring."""
 
     def __init__(self, transport: Transport, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
                  baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+        super().__init__(regmap)
         self.transport = transport
-        self.regmap = regmap
         self.master = RtuMaster(regmap, unit=unit, baudrate=baudrate, timeout=timeout,
                                 attempts=attempts)
         self.unknown: Result | None = None
-        #: a ``Device`` without a port, for its map helpers only (lookup, write validation)
-        self._maps = Device(_NoPort(), regmap=regmap)
 
     @classmethod
     def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200,
@@ -211,19 +211,6 @@ class RtuDevice:
     def execute(self, command: Command) -> Result:
         return self.run([command])[0]
 
-    def spec(self, register: str | int) -> RegisterSpec:
-        """A register by name or address; ``LocalProtocolError`` if unknown."""
-        return self._maps.spec(register)
-
-    def read_command(self, register: str | int, count: int = 1) -> Command:
-        spec = self.spec(register)
-        return Command(CommandKind.READ, spec.address, count,
-                       input_registers=spec.kind is RegisterKind.INPUT)
-
-    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
-        """An absolute write (FC06/FC16); see ``Device.write_command``."""
-        return self._maps.write_command(values)
-
     def read(self, register: str | int, count: int = 1) -> Result:
         return self.execute(self.read_command(register, count))
 
@@ -238,23 +225,17 @@ class RtuDevice:
 
     def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
         """FC06 of ``mask`` to a fault word (write 1 to clear): sent once."""
-        spec = self._the(RegisterKind.FAULT, register)
-        return self.execute(Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,)))
+        return self.execute(self.clear_faults_command(mask, register))
 
     def trigger(self, register: str | int | None = None) -> Result:
         """FC06 of 1 to a trigger register: sent once; its answer is an echo (no code)."""
-        return self.execute(Command(CommandKind.TRIGGER,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register))
 
     def trigger_reset(self, register: str | int | None = None) -> Result:
-        return self.execute(Command(CommandKind.TRIGGER_RESET,
-                                    self._the(RegisterKind.TRIGGER, register).address))
+        return self.execute(self.trigger_command(register, reset=True))
 
     def trigger_status(self, register: str | int | None = None) -> Result:
-        return self.read(self._the(RegisterKind.TRIGGER, register).name)
-
-    def _the(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
-        return self._maps._the(kind, register)
+        return self.execute(self.trigger_status_command(register))
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:
@@ -267,36 +248,18 @@ class RtuDevice:
         if r is None:
             return None
         c = r.command
-        if not c.may_have_effect:
-            return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
-        span = max(c.count, len(c.values), 1)
-        gen = self.regmap.generation.address
-        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
-            back = [self._one(Command(CommandKind.READ, c.address, span)),
-                    self._one(Command(CommandKind.READ, gen, 1))]
+        reads = read_back_of(c, self.regmap.generation.address)
+        if isinstance(reads, Reconciliation):
+            return reads
+        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat, one at a time here
+            back = [self._one(read) for read in reads]
             if all(b.outcome is Outcome.OK and b.values for b in back):
-                return _judge_read_back(c, back[0].values, back[1].values[0], self.spec)
+                return judge_read_back(c, back[0].values, back[1].values[0], self.spec)
         return Reconciliation(c, {}, None, "read-back failed; still unknown")
 
 
 def _not_sent(cmds: list[Command]) -> tuple[Result, ...]:
     return tuple(Result(c, Outcome.NOT_EXECUTED, None) for c in cmds)
-
-
-class _NoPort:
-    """The transport of the map-only ``Device`` behind ``RtuDevice``'s helpers: never used."""
-
-    def write(self, data: bytes) -> None:
-        raise LocalProtocolError("the map helper sends nothing", Status.UNSUPPORTED)
-
-    def read(self, timeout: float) -> bytes:
-        raise LocalProtocolError("the map helper reads nothing", Status.UNSUPPORTED)
-
-    def now(self) -> float:
-        return 0.0
-
-    def close(self) -> None:
-        pass
 
 
 def _is_serial_line(transport: SerialTransport) -> bool:

@@ -31,6 +31,11 @@ results as *claims* (a command and every (epoch, seq) it travelled under). From 
 
 The model can be given a timing tolerance for devices on a real clock: a trigger within
 ``tolerance`` of its finish may be either RUNNING or DONE, and the first answer decides.
+
+Why one module of this size: the oracle is the campaign's independent second reading of the
+protocol: it decodes PDUs and models the device by itself, on purpose importing neither the host's
+decoders nor the device core (docs/ARCHITECTURE.md). Its parts (the map, the record, the PDU
+reading, the model, the judge) change together whenever the semantics they check do.
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ Contract:
 
 Typed calls (``read``, ``write``, ``write_if_generation``, ``trigger``) give the same semantics
 without Modbus encoding; they raise ``RegisterAccessError`` carrying the exception code.
+
+Why one module of this size: it has one reason to change, the device's register semantics (the
+trigger machine, fault latching, the generation counter, validate-all-then-apply, persist-first),
+and ``DeviceCore`` is the one class that holds them; the C core mirrors it rule for rule
+(``tests/test_c_device.py``). Splitting the rules from the class would make a reader of either
+half read both.
 """
 
 from __future__ import annotations
@@ -59,6 +65,7 @@ from idemlink.protocol.modbus import (
 )
 from idemlink.protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
+    IdemlinkError,
     LocalProtocolError,
     ModbusException,
     RemoteProtocolError,
@@ -157,8 +164,10 @@ class RegisterAccessError(RemoteProtocolError):
         self.exception = exception
 
 
-class PersistError(LocalProtocolError):
-    """The shell could not save the configuration a write was about to commit."""
+class PersistError(IdemlinkError):
+    """The shell could not save the configuration a write was about to commit: a failure of the
+    device's storage, not a misuse of the API and not a wire status (the request is answered
+    with exception 04, SERVER_DEVICE_FAILURE)."""
 
 
 #: The shell's persist hook: save this configuration or raise ``PersistError``.

@@ -1,4 +1,5 @@
-"""Modbus PDU codec and RTU framing (sans-I/O).
+"""Modbus PDU codec and the answer rules (sans-I/O). RTU framing (unit id, CRC-16, the t3.5
+streaming decoder) changes for its own reasons and lives in ``idemlink.protocol.modbus_rtu``.
 
 Contract:
 
@@ -34,23 +35,13 @@ Contract:
 - ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
-- RTU: ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
-  streaming decoder with one rule set (Modbus over serial line V1.02 2.5.1.1: a silence of t3.5
-  ends a frame): a pause is real only when the time between two reads, less the second read's
-  transmission time, reaches t3.5 (``rtu_frame_gap(baudrate)``; time is passed in); a frame is
-  read at the head by its declared length and taken (or skipped, another slave's answer) when
-  its CRC is right; a head that fails restarts parsing only at a real pause. See its docstring.
 """
 
 from __future__ import annotations
 
-import bisect
 import struct
-from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
-
-import crcmod.predefined
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 from idemlink.protocol.outcome import (
@@ -70,9 +61,6 @@ MAX_WRITE_COUNT = 123
 MAX_CONDITIONAL_WRITE_COUNT = 122  # 1 + 2 + 2 + 2 + 1 + 2*122 = 252 <= 253 (max PDU)
 MAX_PDU = 253
 MAX_FILE_INFO_NAME = MAX_PDU - 2  #: name bytes in a 0x45 request (fc + length byte + name)
-MAX_RTU_FRAME = 256
-MIN_RTU_FRAME = 4  # unit + function + CRC
-BROADCAST_UNIT = 0
 
 
 class FunctionCode(IntEnum):
@@ -155,10 +143,6 @@ class AddressOverflow(ModbusPduError):
 
 class BadResponse(RemoteProtocolError):
     """A response PDU that cannot be parsed."""
-
-
-class RtuFrameError(RemoteProtocolError):
-    """An RTU frame that is too short or fails its CRC."""
 
 
 # --------------------------------------------------------------------------------------- requests
@@ -262,8 +246,19 @@ Response = (ReadRegistersResponse | WriteSingleRegisterResponse | WriteMultipleR
 # ----------------------------------------------------------------------------------------- decode
 
 
+_U16S = tuple(struct.Struct(f">{n}H") for n in range(MAX_PDU // 2 + 1))
+"""Big-endian u16 arrays of every length a PDU can carry, compiled once (a read answer is decoded
+for every result on the host's hot path)."""
+
+_READ_FUNCTIONS = {int(f): f for f in (FunctionCode.READ_HOLDING_REGISTERS,
+                                        FunctionCode.READ_INPUT_REGISTERS)}
+
+
 def _u16s(data: bytes) -> tuple[int, ...]:
-    return struct.unpack(f">{len(data) // 2}H", data)
+    n = len(data) // 2
+    if n < len(_U16S):
+        return _U16S[n].unpack(data)
+    return struct.unpack(f">{n}H", data)
 
 
 def _check_len(pdu: bytes, need: int, fc: int, exact: bool = True) -> None:
@@ -323,6 +318,17 @@ def decode_request(pdu: bytes) -> Request:
     raise IllegalFunction(f"function 0x{fc:02X} not supported", fc)
 
 
+def decode_read_values(pdu: bytes) -> tuple[int, ...]:
+    """The register values of a read answer (FC03/FC04) PDU, without building a
+    ``ReadRegistersResponse`` (the host decodes one per result); ``BadResponse`` when its byte
+    count does not match its length or it is not a read answer."""
+    if len(pdu) < 2 or pdu[0] not in _READ_FUNCTIONS:
+        raise BadResponse(f"not a read response: {pdu[:1].hex() or 'empty'}")
+    if pdu[1] % 2 or len(pdu) != 2 + pdu[1]:
+        raise BadResponse("read response byte count does not match its length")
+    return _u16s(pdu[2:])
+
+
 def decode_response(pdu: bytes) -> Response:
     """Parse a response PDU (host side)."""
     if len(pdu) < 2:
@@ -333,10 +339,9 @@ def decode_response(pdu: bytes) -> Response:
             if len(pdu) != 2:
                 raise BadResponse("exception response must be 2 bytes")
             return ExceptionResponse(fc & 0x7F, ModbusException(pdu[1]))
-        if fc in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS):
-            if pdu[1] % 2 or len(pdu) != 2 + pdu[1]:
-                raise BadResponse("read response byte count does not match its length")
-            return ReadRegistersResponse(FunctionCode(fc), _u16s(pdu[2:]))
+        read_function = _READ_FUNCTIONS.get(fc)
+        if read_function is not None:
+            return ReadRegistersResponse(read_function, decode_read_values(pdu))
         if len(pdu) == 5 and fc == FunctionCode.WRITE_SINGLE_REGISTER:
             return WriteSingleRegisterResponse(*struct.unpack_from(">HH", pdu, 1))
         if len(pdu) == 5 and fc == FunctionCode.WRITE_MULTIPLE_REGISTERS:
@@ -489,356 +494,6 @@ def classify_answer(request_pdu: bytes, pdu: bytes,
             # a code this contract does not define: whether the action started is not known
             return Outcome.UNKNOWN, Status.OK, None
     return Outcome.OK, Status.OK, None
-
-
-# -------------------------------------------------------------------------------------------- RTU
-
-_crc16: Callable[[bytes], int] = crcmod.predefined.mkCrcFun("modbus")
-
-
-def crc16(data: bytes) -> int:
-    """CRC-16/MODBUS (poly 0x8005 reflected, init 0xFFFF)."""
-    return _crc16(data)
-
-
-@dataclass(frozen=True, slots=True)
-class RtuFrame:
-    unit: int
-    pdu: bytes
-
-
-def encode_rtu(unit: int, pdu: bytes) -> bytes:
-    """``unit + pdu + CRC`` (CRC low byte first)."""
-    if not 0 <= unit <= 247:
-        raise ValueError(f"unit id {unit} outside 0..247")
-    body = bytes([unit]) + pdu
-    return body + crc16(body).to_bytes(2, "little")
-
-
-def decode_rtu(frame: bytes) -> RtuFrame:
-    """Check one whole RTU frame's CRC and split it."""
-    if len(frame) < MIN_RTU_FRAME:
-        raise RtuFrameError(f"RTU frame of {len(frame)} bytes")
-    if crc16(frame[:-2]) != int.from_bytes(frame[-2:], "little"):
-        raise RtuFrameError("RTU CRC mismatch")
-    return RtuFrame(frame[0], bytes(frame[1:-2]))
-
-
-NEED_MORE = -1  #: the length is not known yet: more bytes needed
-UNKNOWN_LENGTH = -2  #: the function code does not tell the length
-
-#: Requests with a fixed frame length (unit + fc + 4 + CRC), including standard codes that the
-#: device does not support, so that it can answer them with exception 01 at once.
-_FIXED_REQUEST = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, FunctionCode.TRIGGER}
-#: Requests whose length is ``index of byte count + 1 + byte count + CRC``.
-_COUNTED_REQUEST = {0x0F: 6, 0x10: 6, 0x17: 10, FunctionCode.WRITE_IF_GENERATION: 8}
-
-
-def request_frame_length(buf: bytes | bytearray) -> int:
-    """Expected length of the RTU request frame at the start of ``buf``."""
-    if len(buf) < 2:
-        return NEED_MORE
-    fc = buf[1]
-    if fc in _FIXED_REQUEST:
-        return 8
-    if fc in _COUNTED_REQUEST:
-        at = _COUNTED_REQUEST[fc]
-        return buf[at] + at + 3 if len(buf) > at else NEED_MORE
-    return UNKNOWN_LENGTH
-
-
-def response_frame_length(buf: bytes | bytearray) -> int:
-    """Expected length of the RTU response frame at the start of ``buf`` (host side)."""
-    if len(buf) < 2:
-        return NEED_MORE
-    fc = buf[1]
-    if fc & EXCEPTION_FLAG:
-        return 5
-    if fc in (0x01, 0x02, 0x03, 0x04, 0x17):
-        return buf[2] + 5 if len(buf) > 2 else NEED_MORE
-    if fc in (0x05, 0x06, 0x0F, 0x10, FunctionCode.TRIGGER):
-        return 8
-    if fc == FunctionCode.WRITE_IF_GENERATION:
-        return 7
-    return UNKNOWN_LENGTH
-
-
-def _request_head_plausible(buf: bytes | bytearray) -> bool:
-    """Could the head of ``buf`` still become a well-formed request? Counted requests carry
-    their byte count twice (quantity and byte count), which another slave's answer almost never
-    matches; fixed-length requests and heads too short to tell stay plausible."""
-    if len(buf) < 2:
-        return True
-    fc = buf[1]
-    if fc in (0x10, FunctionCode.WRITE_IF_GENERATION, 0x0F, 0x17):
-        at = _COUNTED_REQUEST[fc]
-        if len(buf) <= at:
-            return True
-        quantity = int.from_bytes(buf[at - 2:at], "big")
-        need = (quantity + 7) // 8 if fc == 0x0F else 2 * quantity
-        return bool(buf[at] == need and quantity)
-    return fc in _FIXED_REQUEST
-
-
-FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd
-DEFAULT_BAUDRATE = 115200  #: the simulator's default line speed (also used for a pty)
-CHAR_BITS = 11  #: start + 8 data + parity (or a second stop bit) + stop
-_HEAD_BYTES = 16  #: every length function and head check looks at fewer bytes than this
-
-
-def _answer_head_plausible(buf: bytes | bytearray) -> bool:
-    """Could the head of ``buf`` be a well-formed answer? Register reads carry an even byte count
-    of 2..250, bit reads 1..250; the other answers have a fixed length."""
-    if len(buf) < 3:
-        return True
-    fc = buf[1]
-    if fc in (0x03, 0x04, 0x17):
-        return 2 <= buf[2] <= 250 and buf[2] % 2 == 0
-    if fc in (0x01, 0x02):
-        return 1 <= buf[2] <= 250
-    return True
-
-
-def _any_head(buf: bytes | bytearray) -> bool:
-    return True
-
-
-def _plausibility(length_of: Callable[[bytes | bytearray], int] | None,
-                  ) -> Callable[[bytes | bytearray], bool]:
-    """The head check that goes with a length function (none for a caller's own)."""
-    if length_of is request_frame_length:
-        return _request_head_plausible
-    if length_of is response_frame_length:
-        return _answer_head_plausible
-    return _any_head
-
-
-def rtu_frame_gap(baudrate: int | None) -> float:
-    """Modbus over serial line V1.02 2.5.1.1: t3.5 is 3.5 character times (11 bits each) up to
-    19200 Bd and a fixed 1.75 ms above; ``None`` (a pty, an unknown line) gives 1.75 ms."""
-    if baudrate is None or baudrate > 19200:
-        return FRAME_GAP_FAST
-    if baudrate <= 0:
-        raise ValueError(f"baud rate {baudrate} must be positive")
-    return 3.5 * CHAR_BITS / baudrate
-
-
-_WAIT = -3  #: a view whose length is not reached yet (and no pause cut it)
-_WAIT_PAUSE = -4  #: a view of unknown length waiting for the next pause
-_DEAD = 0  #: a view that cannot be a frame (implausible, unknown size, or cut by a pause)
-
-
-class RtuDecoder:
-    """Streaming RTU decoder: frames end at a silence of t3.5 (Modbus over serial line V1.02
-    2.5.1.1) or at their declared length; nothing is parsed from a position that is neither.
-
-    The project's sans-I/O shape (docs/ARCHITECTURE.md): ``receive_data(data, now)`` with ``now``
-    the time the read returned; ``tick(now)`` when a read returned nothing; the command ``gap()``
-    when the line has certainly been silent; ``next_event()`` returns the next CRC-valid frame
-    (any unit; the caller filters) or None. The rules:
-
-    1. Real pauses only. A read's bytes are contiguous on the line, and the line was silent
-       before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (``char_time`` =
-       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``tick(now)`` is a pause
-       only after ``resync_silence`` (0.1 s) without bytes. Bytes received without ``now`` are
-       contiguous (only ``gap``/``tick`` mark pauses). The first byte ever starts a frame.
-    2. The head (the first byte after a pause or after the previous frame) is read by declared
-       length: as a request (``length_of``) and, unless it is addressed to ``unit``, as another
-       slave's answer (``other_length_of``). A function code that tells no length is framed by
-       the next pause. A view is dead when it is implausible, longer than 256 bytes, or still
-       incomplete when a pause is recorded after the head.
-    3. A complete CRC-valid request view is returned; a complete CRC-valid answer view is
-       skipped whole (``skipped``), once no request view is still waiting for a declared length.
-       Parsing goes on right after the frame.
-    4. Otherwise, while a view waits for its length, the decoder waits. When no view is left,
-       the head failed: parsing restarts at the first pause after the head's start; if none is
-       recorded, every byte is dropped until the next pause (``discarded`` counts them).
-       A burst shorter than 4 bytes thus ends at the pause that follows it.
-    5. A pause is only known at a read's boundary, but it may lie anywhere in that read (a
-       late read returns bytes from before and after it together). So a frame that starts at a
-       head restarted after a failure, or that runs across a recorded pause (a host late in
-       the middle of a frame), counts only if it and the CRC-valid frames right after it end
-       where a read ended: no pause can hide inside them; a valid view that stays before the
-       pause wins over one that runs across it. The next head is sure again.
-
-    Consequence (limit): a frame that follows an unknown-length or damaged frame without a
-    t3.5 pause is lost with it (the spec gives no boundary between them). Cost per read is
-    O(read size) plus at most one CRC per view length of a head.
-    """
-
-    def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
-                 baudrate: int = DEFAULT_BAUDRATE,
-                 other_length_of: Callable[[bytes | bytearray], int] | None = None,
-                 unit: int | None = None, resync_silence: float = 0.1) -> None:
-        if baudrate <= 0:
-            raise ValueError(f"baud rate {baudrate} must be positive")
-        self._length_of = length_of
-        if other_length_of is None and length_of is request_frame_length:
-            other_length_of = response_frame_length
-        self._other_length_of = other_length_of
-        self._head_ok = _plausibility(length_of)
-        self._other_head_ok = _plausibility(other_length_of)
-        self.unit = unit
-        self.baudrate = baudrate
-        self.char_time = CHAR_BITS / baudrate
-        self.frame_gap = rtu_frame_gap(baudrate)
-        self.resync_silence = resync_silence
-        self._buf = bytearray()
-        self._consumed = 0  #: stream offset of ``_buf[0]``
-        self._pauses: list[int] = []  #: stream offsets (> _consumed) after a real pause
-        self._read_ends: list[int] = []  #: stream offsets (> _consumed) where a read ended
-        self._silent = True  #: the line is silent after the last byte (start: idle line)
-        self._hunting = False  #: dropping bytes until the next pause
-        self._unsure = False  #: the head starts at a pause after a failure (rule 5)
-        self._last_rx: float | None = None
-        self._crc_cache: dict[tuple[int, int], bool] = {}  #: (offset, length) -> CRC ok
-        self.discarded = 0
-        self.skipped = 0
-
-    # -------------------------------------------------------------------------------- input
-
-    def receive_data(self, data: bytes, now: float | None = None) -> None:
-        """Take the bytes one read returned (``now``: when it returned; frames wait in
-        ``next_event``)."""
-        if not data:
-            return
-        if self._silent or (
-                now is not None and self._last_rx is not None
-                and (now - self._last_rx) - len(data) * self.char_time >= self.frame_gap):
-            self._pause_here()
-        self._silent = False
-        if now is not None:
-            self._last_rx = now
-        if self._hunting:
-            self.discarded += len(data)
-            return
-        self._buf += data
-        self._read_ends.append(self._consumed + len(self._buf))
-
-    def gap(self) -> None:
-        """The line has been silent (at least t3.5) since the last byte fed."""
-        self._silent = True
-        self._pause_here()
-
-    def tick(self, now: float) -> None:
-        """Nothing arrived by ``now``. A read that returns late may still hold bytes that were
-        on the line meanwhile, so an empty read is a pause only after ``resync_silence`` (the
-        last resort; the next read's own timing says whether the line paused)."""
-        if self._last_rx is None or now - self._last_rx >= self.resync_silence:
-            self.gap()
-
-    @property
-    def pending(self) -> int:
-        return len(self._buf)
-
-    # ------------------------------------------------------------------------------ framing
-
-    def _pause_here(self) -> None:
-        """A real pause after the bytes received so far."""
-        if self._hunting:
-            self._hunting = False
-            self._unsure = True
-        end = self._consumed + len(self._buf)
-        if self._buf and (not self._pauses or self._pauses[-1] != end):
-            self._pauses.append(end)
-
-    def _drop(self, n: int, *, junk: bool) -> None:
-        del self._buf[:n]
-        self._consumed += n
-        self._crc_cache.clear()
-        if junk:
-            self.discarded += n
-        while self._pauses and self._pauses[0] <= self._consumed:
-            self._pauses.pop(0)
-        while self._read_ends and self._read_ends[0] <= self._consumed:
-            self._read_ends.pop(0)
-
-    def _fail(self) -> None:
-        """The head is no frame: restart at the first pause after its start, or hunt for one."""
-        self._unsure = True
-        if self._pauses:
-            self._drop(self._pauses[0] - self._consumed, junk=True)
-        else:
-            self._drop(len(self._buf), junk=True)
-            self._hunting = not self._silent
-
-    def _view(self, n: int, size: int, cut: bool) -> int:
-        """Classify a declared length ``n`` against the ``size`` bytes buffered: complete (its
-        CRC and rule 5 decide), waiting, or dead (incomplete and cut by a pause)."""
-        if n == NEED_MORE or n > size:
-            return _DEAD if cut or n > MAX_RTU_FRAME else _WAIT
-        return n if n >= MIN_RTU_FRAME else _DEAD
-
-    def _views(self, at: int = 0) -> tuple[int, int]:
-        """(request view, answer view) of the frame at buffer offset ``at`` (the head: 0): a
-        length, ``_WAIT``, ``_WAIT_PAUSE`` or ``_DEAD``. Pauses only bound the head."""
-        cut = bool(self._pauses) and at == 0
-        limit = self._pauses[0] - self._consumed if cut else len(self._buf)
-        size = len(self._buf) - at
-        head = bytes(self._buf[at:at + _HEAD_BYTES])
-        n = self._length_of(head)
-        if n == UNKNOWN_LENGTH:  # framed by the next pause
-            if at:
-                req = _DEAD
-            elif cut:
-                req = limit if MIN_RTU_FRAME <= limit <= MAX_RTU_FRAME else _DEAD
-            else:
-                req = _DEAD if limit > MAX_RTU_FRAME else _WAIT_PAUSE
-        else:
-            req = self._view(n, size, cut) if self._head_ok(head) else _DEAD
-        ans = _DEAD
-        if self._other_length_of is not None and head[0] != self.unit:
-            m = self._other_length_of(head)
-            if m != UNKNOWN_LENGTH and self._other_head_ok(head):
-                ans = self._view(m, size, cut)
-        return req, ans
-
-    def _crc_ok(self, at: int, n: int) -> bool:
-        if (at, n) not in self._crc_cache:
-            self._crc_cache[at, n] = crc16(bytes(self._buf[at:at + n - 2])) == int.from_bytes(
-                self._buf[at + n - 2:at + n], "little")
-        return self._crc_cache[at, n]
-
-    def _tiles_a_read(self, at: int) -> bool:
-        """Rule 5: from buffer offset ``at``, CRC-valid frames back to back reach a read's end."""
-        while True:
-            i = bisect.bisect_left(self._read_ends, self._consumed + at)
-            if i < len(self._read_ends) and self._read_ends[i] == self._consumed + at:
-                return True
-            n = next((v for v in self._views(at) if v > 0 and self._crc_ok(at, v)), 0)
-            if not n:
-                return False
-            at += n
-
-    def _across(self, n: int) -> bool:
-        """Do the head's first ``n`` bytes run across a recorded pause?"""
-        return bool(self._pauses) and self._pauses[0] - self._consumed < n
-
-    def _valid(self, n: int) -> bool:
-        """The head's complete view of ``n`` bytes is a frame: CRC right, and rule 5."""
-        if n <= 0 or not self._crc_ok(0, n):
-            return False
-        return not (self._unsure or self._across(n)) or self._tiles_a_read(n)
-
-    def next_event(self) -> RtuFrame | None:
-        """The next CRC-valid frame (any unit), or None until more bytes or a pause arrive."""
-        while self._buf:
-            req, ans = self._views()
-            ans_ok = self._valid(ans)
-            if self._valid(req) and not (ans_ok and self._across(req) and not self._across(ans)):
-                frame = bytes(self._buf[:req])
-                self._drop(req, junk=False)
-                self._unsure = False
-                return RtuFrame(frame[0], frame[1:-2])
-            if ans_ok and req != _WAIT:
-                self.skipped += 1
-                self._drop(ans, junk=False)
-                self._unsure = False
-                continue
-            if req in (_WAIT, _WAIT_PAUSE) or ans == _WAIT:
-                return None
-            self._fail()
-        return None
 
 
 def contract_section() -> ContractSection:

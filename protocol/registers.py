@@ -18,6 +18,11 @@ Contract (every register behaviour that a retry could make harmful is refused by
 
 The map is part of the single-source contract: ``contract_section()`` renders C defines, the
 Markdown table and a JSON form (``to_json()``) from the one declaration below.
+
+Why one module of this size: everything here is the register schema (kinds, specs and their
+value/text conversions, the map and its hash, its contract rendering), and a schema change touches
+all of it at once (a new field is validated, converted, hashed and rendered); the map file format
+that feeds it is ``idemlink.protocol.regmap_file``'s.
 """
 
 from __future__ import annotations

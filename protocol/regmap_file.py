@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import tomllib
 from decimal import Decimal, InvalidOperation
 from importlib import resources
@@ -37,6 +36,7 @@ from idemlink.protocol.registers import (
     check_scale,
     parse_kind,
 )
+from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 MAX_FILE_BYTES = 1 << 20
 MAX_REGISTERS = 4096
@@ -272,23 +272,20 @@ def map_document(regmap: RegisterMap) -> dict[str, Any]:
 
 
 def load_regmap(path: str | os.PathLike[str]) -> RegisterMap:
-    """Read and parse a map file (regular file, at most 1 MiB; ``.json`` is JSON, else TOML)."""
+    """Read and parse a map file (regular file, at most 1 MiB, a symbolic link followed:
+    ``read_regular_file``; ``.json`` is JSON, else TOML)."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        data = read_regular_file(p, MAX_FILE_BYTES, follow_symlinks=True)
+    except FileRefused as exc:
+        if exc.problem is Problem.NOT_REGULAR:
+            raise RegmapFileError(f"{p}: not a regular file") from None
+        if exc.problem in (Problem.TOO_LARGE, Problem.GREW):
+            raise RegmapFileError(f"{p}: {exc.size} bytes; a map file is at most "
+                                  f"{MAX_FILE_BYTES}") from None
+        raise RegmapFileError(f"{p}: cannot open the map file: {exc.strerror}") from None
     except OSError as exc:
         raise RegmapFileError(f"{p}: cannot open the map file: {exc.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RegmapFileError(f"{p}: not a regular file")
-        if st.st_size > MAX_FILE_BYTES:
-            raise RegmapFileError(f"{p}: {st.st_size} bytes; a map file is at most "
-                                  f"{MAX_FILE_BYTES}")
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
     return parse_regmap(data, source=str(p), fmt="json" if p.suffix.lower() == ".json" else "toml")
 
 

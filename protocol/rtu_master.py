@@ -39,15 +39,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemlink.protocol.host_session import Completion
-from idemlink.protocol.modbus import (
+from idemlink.protocol.modbus import FunctionCode, answer_fits, classify_answer
+from idemlink.protocol.modbus_rtu import (
     BROADCAST_UNIT,
     CHAR_BITS,
     DEFAULT_BAUDRATE,
     MAX_RTU_FRAME,
-    FunctionCode,
     RtuDecoder,
-    answer_fits,
-    classify_answer,
     encode_rtu,
     response_frame_length,
     rtu_frame_gap,

@@ -23,7 +23,7 @@ def test_async_device_over_a_lossy_line() -> None:
         dev = AsyncDevice(AsyncSimTransport(sim), timeout=0.02, attempts=10)
         await dev.connect()
         assert (await dev.write({"threshold": 444})).outcome is Outcome.OK
-        res = await dev.run([dev.core.read_command("threshold"), dev.core.write_command({"mode": 0})])
+        res = await dev.run([dev.read_command("threshold"), dev.write_command({"mode": 0})])
         assert [r.outcome for r in res] == [Outcome.OK, Outcome.OK]
         assert res[0].values == (444,)
         await dev.close()
@@ -142,8 +142,8 @@ def test_cancelled_operation_is_settled_and_blocks_the_handle() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        core = dev.core
-        assert core.session.outstanding == 0 and not core._results  # nothing left to re-send
+        core = dev.ops
+        assert core.session.outstanding == 0 and not core.completions  # nothing left to re-send
         assert core.unknown is not None and core.unknown.status is Status.CANCELLED
         assert core.unknown.outcome is Outcome.UNKNOWN
         with pytest.raises(UnknownOutstanding):

@@ -16,12 +16,16 @@ from test_aio import WaitingTransport
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import PARITY, AsyncDevice
+from idemlink.host.command import CommandBuilder
 from idemlink.host.device import Device, UnknownOutstanding
+from idemlink.host.operations import OPERATIONS
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.pytest_plugin import PtySim, start_pty_sim
 
-SYNC_ONLY = {"open", "session", "stats", "transport", "check_map"}
+SYNC_ONLY = {"open", "session", "stats", "transport", "check_map", "ops"}
 """Public attributes of ``Device`` that are not operations (or are the blocking constructor)."""
+ASYNC_ONLY = {"open", "transport", "ops"}
+"""Public attributes of ``AsyncDevice`` that are not operations."""
 
 
 def table(dev: Any, files: list[str]) -> list[tuple[str, tuple[Any, ...]]]:
@@ -99,13 +103,32 @@ def test_every_operation_gives_the_same_outcome_through_both_apis(tmp_path: Path
         b.close()
 
 
-def test_parity_lists_every_operation_of_the_blocking_device() -> None:
-    public = {n for n in dir(Device) if not n.startswith("_")}
-    public |= {n for n in vars(Device(transport=None)) if not n.startswith("_")}  # type: ignore[arg-type]
-    commands = {n for n in public if n.endswith("_command")}
-    assert public - commands - SYNC_ONLY <= set(PARITY)
-    for name in PARITY:
-        assert hasattr(AsyncDevice, name) or name in vars(AsyncDevice), name
+def _operations_of(cls: type, instance: object, driver_only: set[str]) -> set[str]:
+    """The public operations of a driver class: its public names, minus what every driver
+    inherits from ``CommandBuilder`` (the same code for both) and its own constructor/plumbing."""
+    public = {n for n in dir(cls) if not n.startswith("_")}
+    public |= {n for n in vars(instance) if not n.startswith("_")}
+    builder = {n for n in dir(CommandBuilder) if not n.startswith("_")} | {"regmap"}
+    return public - builder - driver_only
+
+
+def test_both_drivers_offer_exactly_the_listed_operations() -> None:
+    """One list (``OPERATIONS``): an operation added to one driver and not the other fails here."""
+    blocking = _operations_of(Device, Device(transport=None), SYNC_ONLY)  # type: ignore[arg-type]
+    awaited = _operations_of(AsyncDevice, AsyncDevice(transport=None),  # type: ignore[arg-type]
+                             ASYNC_ONLY)
+    assert blocking == set(OPERATIONS)
+    assert awaited == set(OPERATIONS)
+    assert PARITY == OPERATIONS
+    assert issubclass(Device, CommandBuilder) and issubclass(AsyncDevice, CommandBuilder)
+
+
+def test_the_parity_check_catches_an_operation_on_one_side_only() -> None:
+    class Extended(Device):
+        def nudge(self) -> None: ...
+
+    assert _operations_of(Extended, Extended(transport=None),  # type: ignore[arg-type]
+                          SYNC_ONLY) == set(OPERATIONS) | {"nudge"}
 
 
 def test_awaited_open_and_many_devices_at_once(tmp_path: Path) -> None:
@@ -143,7 +166,7 @@ def test_a_timed_out_read_does_not_block_the_handle() -> None:
         t.answer = False
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(dev.read("threshold"), 0.05)
-        assert dev.unknown is None and dev.core.session.outstanding == 0
+        assert dev.unknown is None and dev.ops.session.outstanding == 0
         t.answer = True
         assert (await dev.read("threshold")).ok
 
@@ -209,7 +232,7 @@ def test_leaving_an_async_stream_early_settles_and_releases_the_device() -> None
                 assert r.ok
                 await t.request_out.wait()  # the write is out, its answer lost
                 break
-        assert dev.core.session.outstanding == 0
+        assert dev.ops.session.outstanding == 0
         assert dev.unknown is not None and dev.unknown.outcome is Outcome.UNKNOWN
         assert dev.unknown.status is Status.CANCELLED
         assert not dev._lock.locked()

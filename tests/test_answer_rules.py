@@ -17,13 +17,8 @@ from idemlink.protocol.device_core import (
     RegisterAccessError,
     SnapshotError,
 )
-from idemlink.protocol.modbus import (
-    TRIGGER_CODE_EXCEPTION,
-    BadResponse,
-    IllegalFunction,
-    RtuFrameError,
-    classify_answer,
-)
+from idemlink.protocol.modbus import TRIGGER_CODE_EXCEPTION, BadResponse, IllegalFunction, classify_answer
+from idemlink.protocol.modbus_rtu import RtuFrameError
 from idemlink.protocol.outcome import (
     MODBUS_EXCEPTION_TABLE,
     Action,

@@ -54,7 +54,8 @@ from idemlink.protocol.frame import (
     crc32c,
     encode_frame,
 )
-from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus, encode_rtu
+from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
+from idemlink.protocol.modbus_rtu import encode_rtu
 from idemlink.protocol.outcome import ModbusException, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, RegisterMap

@@ -166,9 +166,9 @@ def test_mutant_input_registers_decoded_little_endian_is_misclassified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
 
-    import idemlink.host.device as host_device
+    import idemlink.host.operations as operations
 
-    real = host_device.answer_of
+    real = operations.answer_of
 
     def little_endian(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
         values, code = real(cmd, pdu)
@@ -176,7 +176,7 @@ def test_mutant_input_registers_decoded_little_endian_is_misclassified(
             return struct.unpack_from(f"<{cmd.count}H", pdu, 2), code
         return values, code
 
-    monkeypatch.setattr(host_device, "answer_of", little_endian)
+    monkeypatch.setattr(operations, "answer_of", little_endian)
     rep = run_campaign(SMALL, fail_fast=True)
     assert rep.misclassified > 0
     assert any(p.startswith("read ") and "device answered" in p for p in rep.problems)
@@ -279,10 +279,10 @@ def test_the_default_soak_passes_and_exercises_every_outcome_class() -> None:
 def test_mutant_reconcile_comparing_only_the_first_register_is_misclassified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import idemlink.host.device as host_device
+    import idemlink.host.operations as operations
     from idemlink.host.device import Reconciliation
 
-    real = host_device._judge_read_back
+    real = operations.judge_read_back
 
     def first_only(c: Command, values: tuple[int, ...], generation: int,
                    spec: object) -> Reconciliation:
@@ -291,7 +291,7 @@ def test_mutant_reconcile_comparing_only_the_first_register_is_misclassified(
             return Reconciliation(c, rec.observed, values[0] == c.values[0], rec.summary)
         return rec
 
-    monkeypatch.setattr(host_device, "_judge_read_back", first_only)
+    monkeypatch.setattr(operations, "judge_read_back", first_only)
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert rep.misclassified > 0
     assert any(p.startswith("reconcile said the intended state holds") for p in rep.problems)
@@ -328,18 +328,19 @@ def test_mutant_new_host_process_handed_the_dead_ones_numbers_duplicates_effects
 def test_mutant_reconcile_resending_an_idle_trigger_duplicates_effects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from idemlink.host.device import Device, Reconciliation, Result
+    from idemlink.host.device import Reconciliation, Result
+    from idemlink.host.operations import Operations
 
-    real = Device._reconcile_steps
+    real = Operations.reconcile_steps
 
-    def resend(self: Device, result: Result | None) -> Any:
+    def resend(self: Operations, result: Result | None) -> Any:
         rec: Reconciliation | None = yield from real(self, result)
         if (rec is not None and result is not None and result.command.kind is CommandKind.TRIGGER
                 and rec.observed.get("self_clean") == 0):
-            yield from self._wave_steps([result.command])  # "it did not run: run it again"
+            yield from self.wave_steps([result.command])  # "it did not run: run it again"
         return rec
 
-    monkeypatch.setattr(Device, "_reconcile_steps", resend)
+    monkeypatch.setattr(Operations, "reconcile_steps", resend)
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert rep.duplicated_effects > 0
     assert any(p.startswith("reconcile() sent a trigger") for p in rep.problems)
@@ -348,14 +349,15 @@ def test_mutant_reconcile_resending_an_idle_trigger_duplicates_effects(
 def test_mutant_triggers_reissued_in_a_new_epoch_duplicate_effects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from idemlink.host.device import Device
+    import idemlink.host.operations as operations
+    from idemlink.protocol.registers import RegisterMap
 
-    real = Device._reissuable
+    real = operations.reissuable
 
-    def triggers_too(self: Device, c: Command) -> bool:
-        return c.kind in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) or real(self, c)
+    def triggers_too(c: Command, regmap: RegisterMap) -> bool:
+        return c.kind in (CommandKind.TRIGGER, CommandKind.TRIGGER_RESET) or real(c, regmap)
 
-    monkeypatch.setattr(Device, "_reissuable", triggers_too)
+    monkeypatch.setattr(operations, "reissuable", triggers_too)
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert rep.duplicated_effects > 0
     assert any("not idempotent by the map" in p for p in rep.problems)

@@ -270,7 +270,7 @@ def test_port_error_mid_command_is_link_lost_unknown_and_blocks() -> None:
     assert got == [(cmds[0], Outcome.UNKNOWN, Status.LINK_LOST),  # it went out: may have run
                    (cmds[1], Outcome.NOT_EXECUTED, None), (cmds[2], Outcome.NOT_EXECUTED, None)]
     assert info.value.unknown and isinstance(info.value, PortError)
-    assert dev.session.outstanding == 0 and not dev._results  # nothing left to run later
+    assert dev.session.outstanding == 0 and not dev.ops.completions  # nothing left to run later
     assert dev.unknown is info.value.results[0]
     with pytest.raises(UnknownOutstanding):
         dev.read("threshold")
@@ -283,7 +283,7 @@ def test_keyboard_interrupt_mid_command_settles_and_blocks() -> None:
     t.arm()
     with pytest.raises(KeyboardInterrupt):
         dev.write({"threshold": 300})
-    assert dev.session.outstanding == 0 and not dev._results
+    assert dev.session.outstanding == 0 and not dev.ops.completions
     assert dev.unknown is not None and dev.unknown.status is Status.CANCELLED
     with pytest.raises(UnknownOutstanding):
         dev.write({"mode": 1})
@@ -293,7 +293,7 @@ def test_keyboard_interrupt_mid_command_settles_and_blocks() -> None:
         "threshold").default)
     dev.acknowledge_unknown()
     assert dev.write({"mode": 1}).ok  # the handle works again, no stray completion around
-    assert not dev._results
+    assert not dev.ops.completions
 
 
 def test_cli_port_failure_mid_command_exits_5_without_traceback(

@@ -97,7 +97,7 @@ def test_device_answers_present_absent_and_hides_temporaries(tmp_path: Path) -> 
 
 
 def test_file_info_over_the_pty_sim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import idemlink.host.device as hd
+    import idemlink.host.command as hd
     sim = start_pty_sim(SimulatedDevice(seed=2, flash_dir=tmp_path / "flash"))
     try:
         (sim.device.files_dir / "check.txt").write_bytes(b"123456789")

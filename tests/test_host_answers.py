@@ -119,3 +119,43 @@ def test_cli_with_a_malformed_hello_reply_says_one_line(
     err = capsys.readouterr().err
     assert rc == EXIT_LOCAL_ERROR
     assert err.count("\n") == 1 and "malformed HELLO_REPLY" in err and "Traceback" not in err
+
+
+def test_answer_values_and_codes_come_from_the_protocol_decoder() -> None:
+    """``answer_of`` unpacks nothing by hand: an answer ``decode_response`` would refuse (a
+    trailing byte, a short conditional-write answer, another function's shape) carries neither
+    values nor a code, and the well-formed ones carry exactly what the decoder read."""
+    from idemlink.host.command import Command, CommandKind, answer_of
+
+    trig = Command(CommandKind.TRIGGER, 0x0800)
+    wig = Command(CommandKind.WRITE_IF_GENERATION, 0x0100, 1, (5,), generation=7)
+    read2 = Command(CommandKind.READ, 0x0100, 2)
+    assert answer_of(trig, bytes.fromhex("42080000" "01")) == ((), 0x0001)
+    assert answer_of(trig, bytes.fromhex("42080000" "01" "ff")) == ((), None)  # trailing byte
+    assert answer_of(wig, bytes.fromhex("41" "00" "0008")) == ((), 8)
+    assert answer_of(wig, bytes.fromhex("41" "00" "0008" "00")) == ((), None)
+    assert answer_of(read2, bytes.fromhex("0604" "0001" "0002")) == ((), None)  # not a read answer
+    assert answer_of(read2, bytes.fromhex("0304" "0001" "0002")) == ((1, 2), None)
+    assert answer_of(read2, bytes.fromhex("83" "02")) == ((), None)
+    assert answer_of(read2, b"") == ((), None)
+
+
+def test_errors_carry_a_status_only_when_one_applies() -> None:
+    """A failing port is not a misuse of the API with a LINK_LOST status; LinkLost (requests were
+    out) is LINK_LOST; a blocked handle or a device that is not connected has no wire status;
+    a flash that cannot save is not a LocalProtocolError."""
+    from idemlink.host.errors import LinkLost, PortBusy, PortError, UnknownOutstanding
+    from idemlink.protocol.device_core import PersistError
+    from idemlink.protocol.outcome import LocalProtocolError, Status
+
+    for exc in (PortError("cannot open x"), PortBusy("port busy: x")):
+        assert exc.status is None and exc.action is None
+        assert not isinstance(exc, LocalProtocolError)
+    assert LinkLost("the port failed").status is Status.LINK_LOST
+    assert UnknownOutstanding("blocked").status is None
+    persist = PersistError("disk full")
+    assert persist.status is None and not isinstance(persist, LocalProtocolError)
+    dev = Device(SimTransport())
+    with pytest.raises(LocalProtocolError, match="not connected") as not_connected:
+        dev.read("threshold")
+    assert not_connected.value.status is None

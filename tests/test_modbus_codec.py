@@ -22,9 +22,6 @@ from idemlink.protocol.modbus import (
     ReadRegistersResponse,
     Request,
     Response,
-    RtuDecoder,
-    RtuFrame,
-    RtuFrameError,
     ShortPdu,
     TrailingBytes,
     TriggerRequest,
@@ -35,12 +32,17 @@ from idemlink.protocol.modbus import (
     WriteMultipleRegistersResponse,
     WriteSingleRegister,
     WriteSingleRegisterResponse,
-    crc16,
     decode_request,
     decode_response,
-    decode_rtu,
     encode_request,
     encode_response,
+)
+from idemlink.protocol.modbus_rtu import (
+    RtuDecoder,
+    RtuFrame,
+    RtuFrameError,
+    crc16,
+    decode_rtu,
     encode_rtu,
     response_frame_length,
 )
@@ -351,3 +353,19 @@ def test_frame_view_describes_file_info() -> None:
     assert "file info 'fw.bin'" in d._request(1, 1, b"\x45\x06fw.bin")
     answer = bytes.fromhex("00 45 00 00000009 e3069283")  # status OK + the PDU
     assert "9 bytes crc32c=e3069283" in d._response(1, 1, answer)
+
+
+def test_read_values_decode_as_decode_response_does() -> None:
+    """``decode_read_values`` (the host's per-result path) reads exactly what ``decode_response``
+    reads, and refuses exactly what it refuses."""
+    from idemlink.protocol.modbus import decode_read_values
+
+    good = [bytes([3, 4, 0, 1, 0, 2]), bytes([4, 0]), bytes([4, 2, 0xFF, 0xFE])]
+    for pdu in good:
+        resp = decode_response(pdu)
+        assert isinstance(resp, ReadRegistersResponse)
+        assert decode_read_values(pdu) == resp.values
+    for bad in (b"", b"\x03", bytes([3, 3, 0, 1, 0]), bytes([3, 4, 0, 1]), bytes([6, 0, 1, 0, 2]),
+                bytes([0x83, 2])):
+        with pytest.raises(BadResponse):
+            decode_read_values(bad)

@@ -116,7 +116,7 @@ def test_the_stream_reads_its_source_lazily() -> None:
             break
     assert all(r.ok for r in got)
     assert taken <= 100 + 2 * dev.session.max_inflight
-    assert dev.session.outstanding == 0 and not dev._commands  # leaving settled what was out
+    assert dev.session.outstanding == 0 and not dev.ops.awaiting  # leaving settled what was out
     assert dev.unknown is None  # only reads were out: nothing to reconcile
     assert dev.read("threshold").ok
 

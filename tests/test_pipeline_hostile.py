@@ -75,7 +75,7 @@ def test_a_cancelled_async_stream_says_what_it_left_out() -> None:
     unknown = [r for r in settled if r.outcome is Outcome.UNKNOWN]
     assert unknown and all(r.status is Status.CANCELLED for r in unknown)
     assert dev.unknown is not None and dev.unknown in settled
-    assert dev.core.session.outstanding == 0
+    assert dev.ops.session.outstanding == 0
 
 
 def test_an_async_stream_waiting_for_the_device_refuses_once_it_is_blocked() -> None:

@@ -30,11 +30,10 @@ from idemlink.protocol.modbus import (
     WriteIfGeneration,
     WriteMultipleRegisters,
     WriteSingleRegister,
-    decode_rtu,
     encode_request,
-    encode_rtu,
     exception_pdu,
 )
+from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.rtu_master import RtuMaster, retry_allowed

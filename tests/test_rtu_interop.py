@@ -23,7 +23,7 @@ import serial
 
 from idemlink.device_sim.rtu_server import ConfigFlash, RtuServer
 from idemlink.protocol.device_core import DeviceCore, EffectKind
-from idemlink.protocol.modbus import encode_rtu
+from idemlink.protocol.modbus_rtu import encode_rtu
 
 needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll not installed")
 

@@ -38,8 +38,9 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.flash import ConfigFlash
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
-from idemlink.protocol.modbus import RtuDecoder, RtuFrame, encode_request, encode_rtu, rtu_frame_gap
 from idemlink.protocol.modbus import WriteSingleRegister as Fc06
+from idemlink.protocol.modbus import encode_request
+from idemlink.protocol.modbus_rtu import RtuDecoder, RtuFrame, encode_rtu, rtu_frame_gap
 from idemlink.protocol.registers import FaultBit, RegisterSchemaError, make_map, register
 
 OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
@@ -583,7 +584,7 @@ def _drain(dec: RtuDecoder) -> list[RtuFrame]:
 
 
 def test_frame_gap_is_three_and_a_half_characters_up_to_19200_baud() -> None:
-    from idemlink.protocol.modbus import rtu_frame_gap
+    from idemlink.protocol.modbus_rtu import rtu_frame_gap
     # 3.5 x 11 bits: 9600 Bd -> 38.5/9600 s = 4.0104 ms; 1200 Bd -> 32.08 ms; above 19200: 1.75 ms
     assert rtu_frame_gap(9600) == pytest.approx(0.0040104, abs=1e-7)
     assert rtu_frame_gap(1200) == pytest.approx(0.0320833, abs=1e-7)

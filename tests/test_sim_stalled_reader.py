@@ -23,7 +23,7 @@ from idemlink.device_sim.pty import FdTransport, WriteStalled, open_pty
 from idemlink.device_sim.serve import ServeStats, serve
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import FrameType, encode_frame
-from idemlink.protocol.modbus import encode_rtu
+from idemlink.protocol.modbus_rtu import encode_rtu
 
 CLI = [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())"]
 HELLO = encode_frame(FrameType.HELLO, 1, 0, b"\x01" + contract_hash())

@@ -213,7 +213,7 @@ def test_async_unanswered_read_is_unknown_and_the_next_write_proceeds() -> None:
         await dev.connect()
         r = await dev.read("threshold")
         assert r.outcome is Outcome.UNKNOWN and r.status is Status.NO_ANSWER and r.values == ()
-        assert dev.core.unknown is None
+        assert dev.unknown is None
         rec = await dev.reconcile(r)
         assert rec is not None and rec.observed == {}
         assert (await dev.write({"threshold": 345})).ok
@@ -233,7 +233,7 @@ def test_async_cancelled_read_does_not_block() -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert dev.core.unknown is None and dev.core.session.outstanding == 0
+        assert dev.unknown is None and dev.ops.session.outstanding == 0
         t.silent = False
         assert (await dev.write({"mode": 1})).ok
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_OK, UserError, add_hidden_alias, add_regmap_option, regmap_from
+from idemlink.host.errors import PortError
 from idemlink.output import add_json_option, print_json, wants_json
-from idemlink.protocol.outcome import LocalProtocolError
 
 if TYPE_CHECKING:
     from idemlink.device_sim.serve import ServeTransport
@@ -124,7 +124,7 @@ def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTranspor
             serve(transport, stop)
         except OSError as exc:  # includes host.device.PortError's pyserial/OS causes
             raise UserError(f"the port failed while serving: {exc}") from None
-        except LocalProtocolError as exc:  # PortError: the serial wrapper's typed failure
+        except PortError as exc:  # the serial wrapper's typed failure
             raise UserError(f"the port failed while serving: {exc}") from None
         finally:
             restore()

@@ -1,0 +1,358 @@
+"""The command model: what a caller asks of a device and what it gets back, free of any I/O.
+
+``Command`` is one request before it is sent (its Modbus function, its PDU, whether it may have an
+effect, whether it is harmless to re-issue after a reboot); ``Result`` is its one outcome with the
+decoded answer (``answer_of``, ``file_info_of``); ``Reconciliation`` is what a read-back says of an
+UNKNOWN command (``judge_read_back``). ``CommandBuilder`` turns register names and values as
+people type them into commands, checked against the register map before anything is sent; every
+driver (``Device``, ``AsyncDevice``, ``RtuDevice``) builds its commands with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from idemlink.protocol.modbus import (
+    FileInfoRequest,
+    FileInfoResponse,
+    FunctionCode,
+    ReadRegisters,
+    Request,
+    TriggerRequest,
+    TriggerResponse,
+    WriteIfGeneration,
+    WriteIfGenerationResponse,
+    WriteMultipleRegisters,
+    WriteSingleRegister,
+    decode_read_values,
+    decode_response,
+    encode_file_info_request,
+    encode_request,
+    may_have_effect,
+)
+from idemlink.protocol.outcome import (
+    LocalProtocolError,
+    ModbusException,
+    Outcome,
+    RemoteProtocolError,
+    Status,
+)
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, TriggerState
+
+
+class CommandKind(Enum):
+    READ = "read"
+    WRITE = "write"
+    WRITE_IF_GENERATION = "write_if_generation"
+    CLEAR_FAULTS = "clear_faults"
+    TRIGGER = "trigger"
+    TRIGGER_RESET = "trigger_reset"
+    FILE_RECEIVE = "file_receive"  #: hand the device's port to a YMODEM receiver for one batch
+    FILE_INFO = "file_info"  #: size and CRC-32C of a stored file (read-only)
+
+
+_FUNCTION_OF_KIND = {
+    CommandKind.WRITE_IF_GENERATION: FunctionCode.WRITE_IF_GENERATION,
+    CommandKind.TRIGGER: FunctionCode.TRIGGER,
+    CommandKind.TRIGGER_RESET: FunctionCode.TRIGGER,
+    CommandKind.FILE_RECEIVE: FunctionCode.FILE_RECEIVE,
+    CommandKind.FILE_INFO: FunctionCode.FILE_INFO,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One request, before it is sent. Build with the ``Device`` helpers or ``Command.…``."""
+
+    kind: CommandKind
+    address: int
+    count: int = 1
+    values: tuple[int, ...] = ()
+    generation: int = 0
+    input_registers: bool = False
+    name: str = ""  #: FILE_INFO: the stored file's name
+
+    @property
+    def function(self) -> FunctionCode:
+        """The Modbus function this command travels as."""
+        k = self.kind
+        if k is CommandKind.READ:
+            return (FunctionCode.READ_INPUT_REGISTERS if self.input_registers
+                    else FunctionCode.READ_HOLDING_REGISTERS)
+        if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
+            return (FunctionCode.WRITE_SINGLE_REGISTER if len(self.values) == 1
+                    else FunctionCode.WRITE_MULTIPLE_REGISTERS)
+        return _FUNCTION_OF_KIND[k]
+
+    @property
+    def may_have_effect(self) -> bool:
+        """Whether running it can change the device's state: an UNKNOWN outcome then blocks the
+        handle until reconciled. False for reads (register reads, FILE_INFO) only."""
+        return may_have_effect(self.function)
+
+    def request(self) -> Request:
+        k = self.kind
+        if k is CommandKind.READ:
+            return ReadRegisters(self.function, self.address, self.count)
+        if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
+            if len(self.values) == 1:
+                return WriteSingleRegister(self.address, self.values[0])
+            return WriteMultipleRegisters(self.address, self.values)
+        if k is CommandKind.WRITE_IF_GENERATION:
+            return WriteIfGeneration(self.generation, self.address, self.values)
+        if self.values:  # an explicit trigger value (a value other than 0/1 is refused: 0xFF01)
+            return TriggerRequest(self.address, self.values[0])
+        return TriggerRequest(self.address, 1 if k is CommandKind.TRIGGER else 0)
+
+    def pdu(self) -> bytes:
+        if self.kind is CommandKind.FILE_RECEIVE:  # values=(1,): existing files may be replaced
+            return bytes([FunctionCode.FILE_RECEIVE, *self.values])
+        if self.kind is CommandKind.FILE_INFO:
+            return encode_file_info_request(FileInfoRequest(self.name))
+        return encode_request(self.request())
+
+    @property
+    def set_only(self) -> bool:
+        """Harmless to run again (a read or an absolute write): re-issued after a reboot.
+        Triggers, fault clears and conditional writes are not: in flight across a reboot they end
+        UNKNOWN."""
+        return self.kind is CommandKind.WRITE or not self.may_have_effect
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """The one outcome of a command, with its decoded answer."""
+
+    command: Command
+    outcome: Outcome
+    status: Status | None
+    exception: ModbusException | None = None
+    values: tuple[int, ...] = ()
+    code: int | None = None  #: trigger status code, or the generation after a conditional write
+    replay: bool = False
+    attempts: int = 0
+    reissued: int = 0
+    seq: int = 0
+    epoch: int = 0
+    sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) it travelled under
+    file: FileInfoResponse | None = None  #: FILE_INFO: the decoded answer (OK outcome only)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is Outcome.OK
+
+    def describe(self) -> str:
+        if self.exception is not None:
+            return f"{self.outcome.name} (Modbus exception {self.exception.name})"
+        if self.status is not None and self.status is not Status.OK:
+            return f"{self.outcome.name} ({self.status.name})"
+        return self.outcome.name + (" (replayed answer)" if self.replay else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciliation:
+    """What ``reconcile()`` read back for the command that ended UNKNOWN."""
+
+    command: Command
+    observed: dict[str, int]
+    intended_state_holds: bool | None  #: None: cannot be decided from the state alone
+    summary: str
+
+
+def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
+    """The values (reads) and code (trigger status; generation after a conditional write,
+    also when its guard failed) that a Result carries for the answer ``pdu`` to ``cmd``, decoded
+    by ``idemlink.protocol.modbus`` (``decode_read_values`` for a read, the hot path;
+    ``decode_response`` otherwise). Never raises: an exception answer, an answer of another
+    shape, or a malformed one (only a faulty device sends one; the CRC rules out the line)
+    carries neither."""
+    k = cmd.kind
+    try:
+        if k is CommandKind.READ:
+            values = decode_read_values(pdu)
+            return (values, None) if len(values) == cmd.count else ((), None)
+        if not pdu:
+            return (), None
+        resp = decode_response(pdu)
+    except RemoteProtocolError:
+        return (), None
+    if isinstance(resp, TriggerResponse):
+        if k is CommandKind.TRIGGER or k is CommandKind.TRIGGER_RESET:
+            return (), resp.code
+    elif isinstance(resp, WriteIfGenerationResponse) and k is CommandKind.WRITE_IF_GENERATION:
+        return (), resp.generation
+    return (), None
+
+
+def file_info_of(cmd: Command, pdu: bytes) -> FileInfoResponse | None:
+    """The decoded FILE_INFO answer ``pdu`` to ``cmd`` (None for another command, an exception
+    or a malformed answer; never raises)."""
+    if cmd.kind is not CommandKind.FILE_INFO:
+        return None
+    try:
+        resp = decode_response(pdu)
+    except RemoteProtocolError:
+        return None
+    return resp if isinstance(resp, FileInfoResponse) else None
+
+
+class CommandBuilder:
+    """Commands from register names (or addresses) and values as people type them, checked
+    against ``regmap`` before anything is sent (``LocalProtocolError`` naming the register)."""
+
+    def __init__(self, regmap: RegisterMap) -> None:
+        self.regmap = regmap
+
+    def spec(self, register: str | int) -> RegisterSpec:
+        """A register by name or address; ``LocalProtocolError`` if unknown."""
+        spec = self.regmap.at(register) if isinstance(register, int) else None
+        if spec is None and isinstance(register, str):
+            try:
+                spec = self.regmap.named(register)
+            except (KeyError, ValueError, LookupError):
+                spec = None
+        if spec is None:
+            raise LocalProtocolError(f"no register {register!r} in the map", Status.MALFORMED_REQUEST)
+        return spec
+
+    def read_command(self, register: str | int, count: int = 1) -> Command:
+        spec = self.spec(register)
+        return Command(CommandKind.READ, spec.address, count,
+                       input_registers=spec.kind is RegisterKind.INPUT)
+
+    def write_command(self, values: Mapping[str | int, int | str]) -> Command:
+        """An absolute (set-only, re-issued after a reboot) write. Fault words and triggers are
+        refused: a W1C clear or a trigger start is not harmless to repeat in a new boot epoch;
+        use ``clear_faults()`` / ``trigger()``."""
+        for key in values:
+            spec = self.spec(key)
+            if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
+                use = "clear_faults()" if spec.kind is RegisterKind.FAULT else "trigger()"
+                raise LocalProtocolError(
+                    f"{spec.name} is a {spec.kind.name} register, not a set-only value: use {use}",
+                    Status.MALFORMED_REQUEST)
+        return Command(CommandKind.WRITE, *self._contiguous(values))
+
+    def _contiguous(self, values: Mapping[str | int, int | str]) -> tuple[int, int, tuple[int, ...]]:
+        """``(first address, count, raw values)`` of a write. A value is a raw integer (0..65535)
+        or text as people type it (``"42.5"`` in the register's unit, a label, ``"raw:425"``:
+        ``RegisterSpec.raw_from_text``); anything else is a ``LocalProtocolError`` naming the
+        register, raised before anything is sent."""
+        if not values:
+            raise LocalProtocolError("nothing to write", Status.MALFORMED_REQUEST)
+        pairs: list[tuple[RegisterSpec, int]] = []
+        for key, value in values.items():
+            spec = self.spec(key)
+            if isinstance(value, str):
+                try:
+                    value = spec.raw_from_text(value)
+                except ValueError as exc:
+                    raise LocalProtocolError(str(exc), Status.MALFORMED_REQUEST) from None
+            elif isinstance(value, bool) or not isinstance(value, int):
+                raise LocalProtocolError(
+                    f"{spec.name}={value!r}: give a raw integer or text such as \"42.5\" or a "
+                    "label", Status.MALFORMED_REQUEST)
+            if not 0 <= value <= 0xFFFF:
+                raise LocalProtocolError(f"{spec.name}={value}: a register holds 0..65535",
+                                         Status.MALFORMED_REQUEST)
+            pairs.append((spec, value))
+        pairs.sort(key=lambda sv: sv[0].address)
+        first = pairs[0][0].address
+        if [s.address for s, _ in pairs] != list(range(first, first + len(pairs))):
+            raise LocalProtocolError(
+                "a multi-register write must cover contiguous addresses (it is applied "
+                "atomically): " + ", ".join(f"{s.name}@0x{s.address:04X}" for s, _ in pairs)
+                + "; write them in separate calls or through run()", Status.MALFORMED_REQUEST)
+        return first, len(pairs), tuple(v for _, v in pairs)
+
+    def write_if_generation_command(self, generation: int,
+                                    values: Mapping[str | int, int | str]) -> Command:
+        addr, count, vals = self._contiguous(values)
+        return Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation)
+
+    def clear_faults_command(self, mask: int, register: str | int | None = None) -> Command:
+        spec = self.register_of_kind(RegisterKind.FAULT, register)
+        return Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,))
+
+    def trigger_command(self, register: str | int | None = None, *, reset: bool = False) -> Command:
+        kind = CommandKind.TRIGGER_RESET if reset else CommandKind.TRIGGER
+        return Command(kind, self.register_of_kind(RegisterKind.TRIGGER, register).address)
+
+    def trigger_status_command(self, register: str | int | None = None) -> Command:
+        return self.read_command(self.register_of_kind(RegisterKind.TRIGGER, register).name)
+
+    def file_info_command(self, name: str) -> Command:
+        """FILE_INFO for ``name``; ``ValueError`` for a name the device would refuse."""
+        cmd = Command(CommandKind.FILE_INFO, 0, name=name)
+        cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
+        return cmd
+
+    def register_of_kind(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
+        """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
+        the choices when the map has several or none)."""
+        if register is not None:
+            return self.spec(register)
+        specs = self.regmap.of_kind(kind)
+        if len(specs) != 1:
+            names = ", ".join(s.name for s in specs) or "none"
+            raise ValueError(f"the map {self.regmap.name} has {len(specs)} {kind.name.lower()} "
+                             f"registers ({names}): name one")
+        return specs[0]
+
+
+
+def read_back_of(c: Command, generation_address: int) -> Reconciliation | list[Command]:
+    """What reconciling ``c`` takes: a verdict that needs no read (a read has no effect; a file
+    hand-over leaves no register state), or the reads that decide it — what ``c`` touched, and
+    the generation counter at ``generation_address`` — for ``judge_read_back``."""
+    if not c.may_have_effect:
+        return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
+    if c.kind is CommandKind.FILE_RECEIVE:
+        return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
+    span = max(c.count, len(c.values), 1)
+    return [Command(CommandKind.READ, c.address, span),
+            Command(CommandKind.READ, generation_address, 1)]
+
+
+def judge_read_back(
+    c: Command, values: tuple[int, ...], generation: int,
+    spec: Callable[[int], RegisterSpec],
+) -> Reconciliation:
+    """Does the state a command intended hold, given what was read back?"""
+    observed = {spec(c.address + i).name: v for i, v in enumerate(values)}
+    observed["generation"] = generation
+    if c.kind is CommandKind.TRIGGER or c.kind is CommandKind.TRIGGER_RESET:
+        written = c.values or ((1,) if c.kind is CommandKind.TRIGGER else (0,))
+    else:
+        written = c.values
+    holds = all(register_holds(spec(c.address + i).kind, w, v)
+                for i, (w, v) in enumerate(zip(written, values, strict=False)))
+    kinds = {spec(c.address + i).kind for i in range(len(written))}
+    if kinds == {RegisterKind.TRIGGER}:
+        summary = f"trigger state {values[0]:#06x}"
+    elif kinds == {RegisterKind.FAULT}:
+        summary = "the bits are clear" if holds else "some bits are still latched"
+    else:
+        summary = ("the registers hold the intended values" if holds
+                   else "the registers do not hold the intended values")
+    return Reconciliation(c, observed, holds, summary)
+
+
+def register_holds(kind: RegisterKind, written: int, now: int) -> bool:
+    """Does a register read back as ``now`` hold what writing ``written`` intended? By kind:
+    a holding holds the value; a fault has the written bits clear; a trigger written 1 is
+    RUNNING or DONE (not IDLE, not an abnormal state), written 0 is IDLE; a trigger value other
+    than 0/1 was refused and intends nothing that can hold."""
+    if kind is RegisterKind.FAULT:
+        return now & written == 0
+    if kind is RegisterKind.TRIGGER:
+        if written == 1:
+            return now in (TriggerState.RUNNING, TriggerState.DONE)
+        return written == 0 and now == TriggerState.IDLE
+    return now == written
+
+
+__all__ = ["Command", "CommandBuilder", "CommandKind", "Reconciliation", "Result", "answer_of",
+           "file_info_of", "judge_read_back", "read_back_of", "register_holds"]

@@ -1,0 +1,460 @@
+"""Every driver operation, written once as a transport-free step generator.
+
+An operation (``Steps``) is a generator of I/O requests: it yields ``(bytes to write, seconds to
+wait for input)``, is sent the bytes that arrived, and returns its result. It never touches a
+port: ``Operations`` holds the sans-I/O ``HostSession`` and the bookkeeping of one device (which
+command each tag stands for, the UNKNOWN that blocks the handle, the counters) and asks a clock for
+the time. A driver only moves bytes: the blocking ``idemlink.host.device.Device`` runs the steps
+with ``read``/``write`` calls, ``idemlink.host.aio.AsyncDevice`` awaits them, and neither holds a
+rule of its own.
+
+The rules here: the HELLO handshake and what refuses a device (``connect_steps``, ``check_map``);
+the continuous pipeline and which commands may overtake which (``flow_steps``, ``conflict``); a
+wave of commuting commands (``wave_steps``); reconciling an UNKNOWN (``reconcile_steps``); and what
+an interrupted or link-lost operation leaves (``interrupted``, ``link_lost``): every request it
+holds settled, an UNKNOWN that may have had an effect blocking the handle (``result``, the one
+place that rule is applied).
+
+``OPERATIONS`` lists the operations both drivers offer (besides the ``CommandBuilder`` helpers
+they inherit); a test checks each driver against it.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections import deque
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from idemlink.host.command import (
+    Command,
+    CommandBuilder,
+    CommandKind,
+    Reconciliation,
+    Result,
+    answer_of,
+    file_info_of,
+    judge_read_back,
+    read_back_of,
+)
+from idemlink.host.errors import IncompatibleDevice, LinkLost, NoDevice, UnknownOutstanding
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.frame import PROTOCOL_VERSION
+from idemlink.protocol.host_session import (
+    Completion,
+    HelloFailed,
+    HostSession,
+    SessionOpened,
+    SessionState,
+)
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.payloads import DeviceInfo, printable
+from idemlink.protocol.registers import RegisterKind, RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+T = TypeVar("T")
+Steps = Generator[tuple[bytes, float], bytes, T]
+"""An operation as a generator: yields (bytes to write, seconds to wait for input), is sent the
+bytes that arrived, returns its result."""
+
+OPERATIONS = (
+    "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
+    "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
+    "reconcile", "acknowledge_unknown", "info", "unknown",
+)
+"""The operations of a device handle, the same in the blocking and the asyncio driver (each also
+inherits every ``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...)."""
+
+RECONCILE_ROUNDS = 3
+"""Read-back attempts of ``reconcile()`` (each with the session's own retries)."""
+
+
+class Clock(Protocol):
+    """Where the time comes from: a transport (its clock travels with it), blocking or not."""
+
+    def now(self) -> float: ...
+
+
+@dataclass(slots=True)
+class DriverStats:
+    commands: int = 0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
+    """Refuse a device whose advertised register map is not ``regmap`` (naming both hashes). A
+    device too old to advertise one is taken at its word only for the built-in default map."""
+    theirs = info.map_hash
+    if theirs is None:
+        if regmap.hash != DEFAULT_MAP.hash:
+            raise IncompatibleDevice(
+                f"device {info.name!r} does not advertise its register map (an older firmware); "
+                f"cannot confirm it serves {regmap.name} {regmap.hash.hex()}")
+        return
+    if theirs != regmap.hash:
+        raise IncompatibleDevice(
+            f"device {printable(info.device_id or info.name)} serves register map "
+            f"{printable(info.map_name or '?')} {theirs.hex()}, ours is {regmap.name} "
+            f"{regmap.hash.hex()}: open it with its map file (regmap=FILE; --regmap FILE on the "
+            "command line)")
+
+
+# ---------------------------------------------------------------------- which commands commute
+
+
+def _span(c: Command) -> range:
+    return range(c.address, c.address + max(c.count, len(c.values), 1))
+
+
+def conflict(a: Command, b: Command, generation: int | None = None) -> bool:
+    """Would running ``a`` and ``b`` in either order give different results? ``generation`` is
+    the address of the map's generation counter, which every effective write moves."""
+    return _flows_conflict(_flow(0, a, generation), _flow(0, b, generation))
+
+
+@dataclass(frozen=True, slots=True)
+class _Flow:
+    """A command of the continuous pipeline, with what the dependency rule needs precomputed."""
+
+    tag: int
+    command: Command
+    effect: bool
+    span: range
+    sees_generation: bool  #: a conditional write, or a read of the generation counter
+
+
+def _flow(tag: int, c: Command, generation: int | None) -> _Flow:
+    span = _span(c)
+    sees = (c.kind is CommandKind.WRITE_IF_GENERATION
+            or (generation is not None and generation in span))
+    return _Flow(tag, c, c.may_have_effect, span, sees)
+
+
+def _flows_conflict(a: _Flow, b: _Flow) -> bool:
+    """``conflict`` on precomputed facts (the pipeline checks it often): overlapping registers
+    when one may have an effect; a command that sees the generation counter (a conditional
+    write's guard, a read of the counter) next to any command that may have an effect."""
+    if not (a.effect or b.effect):
+        return False
+    if (a.sees_generation and b.effect) or (b.sees_generation and a.effect):
+        return True
+    return a.span.start < b.span.stop and b.span.start < a.span.stop
+
+
+def reissuable(c: Command, regmap: RegisterMap) -> bool:
+    """Harmless to run again after a reboot: a read, or a write that touches only HOLDING
+    registers (checked against the map, whoever built the Command)."""
+    if not c.may_have_effect:
+        return True
+    if c.kind is not CommandKind.WRITE:
+        return False
+    specs = [regmap.at(a) for a in range(c.address, c.address + len(c.values))]
+    return all(s is not None and s.kind is RegisterKind.HOLDING for s in specs)
+
+
+# ---------------------------------------------------------------------- the operations
+
+
+class Operations:
+    """One device's session and bookkeeping, and every operation on it as ``Steps``."""
+
+    def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
+                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> None:
+        self.clock = clock
+        self.regmap = regmap
+        self.builder = CommandBuilder(regmap)
+        self.check_map = check_map
+        self.session = HostSession(
+            contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
+            max_inflight=max_inflight, hello_attempts=max(attempts, 1),
+            hello_nonce=secrets.randbits(32),
+        )
+        self.unknown: Result | None = None
+        self.stats = DriverStats()
+        self.completions: dict[int, Completion] = {}  #: tag -> completion, not yet a Result
+        self.awaiting: dict[int, Command] = {}  #: tag -> command, taken and not yet settled
+        #: called with every Result made, also those of an operation that then fails (a test
+        #: harness that must know under which (epoch, seq) every request travelled)
+        self.on_result: Callable[[Result], None] | None = None
+        self._tag = 0
+
+    @property
+    def info(self) -> DeviceInfo | None:
+        """What the device advertised at HELLO (None before ``connect``)."""
+        return self.session.info
+
+    # ------------------------------------------------------------------ the I/O round
+    def io_round(self) -> Steps[None]:
+        """One I/O round of every request loop: send what the session has, wait for input until
+        its next deadline (at most 50 ms when it has none), feed what came, let time pass."""
+        s = self.session
+        clock = self.clock
+        deadline = s.next_deadline()
+        wait = 0.05 if deadline is None else max(0.0, deadline - clock.now())
+        data = yield s.data_to_send(), wait
+        now = clock.now()
+        if data:
+            s.receive_data(data, now)
+        s.tick(now)
+
+    def _exchange(
+        self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None
+    ) -> Steps[None]:
+        s = self.session
+        while True:
+            for ev in s.events():
+                if isinstance(ev, Completion):
+                    self.completions[ev.tag] = ev
+                elif sink is not None:
+                    sink.append(ev)
+            if done():
+                return
+            yield from self.io_round()
+
+    # ------------------------------------------------------------------ connecting
+    def connect_steps(self) -> Steps[None]:
+        """HELLO handshake; refuses an incompatible device (``IncompatibleDevice``, ``NoDevice``)."""
+        s = self.session
+        s.open(self.clock.now())
+        opened: list[SessionOpened | HelloFailed] = []
+        yield from self._exchange(lambda: bool(opened), opened)
+        ev = opened[0]
+        if isinstance(ev, HelloFailed):
+            if ev.incompatible:
+                raise IncompatibleDevice(ev.reason)
+            raise NoDevice(f"no idemlink device answered: {ev.reason}")
+        if ev.info.version != PROTOCOL_VERSION:
+            raise IncompatibleDevice(
+                f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
+        if ev.info.contract_hash != contract_hash():
+            raise IncompatibleDevice(
+                f"device protocol contract {ev.info.contract_hash.hex()} differs from ours "
+                f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
+        if self.check_map:
+            check_map(ev.info, self.regmap)
+
+    # ------------------------------------------------------------------ settling
+    def interrupted(self, exc: BaseException) -> None:
+        """The caller stopped the operation (KeyboardInterrupt, asyncio cancellation): settle its
+        requests as CANCELLED (a cancelled read blocks nothing, a cancelled write does). The
+        interrupt propagates unchanged; the settled requests ride along on it so a caller that
+        reports it (the CLI) can say whether something may have run."""
+        exc.settled_results = tuple(  # type: ignore[attr-defined]
+            self._settle_abandoned(Status.CANCELLED))
+
+    def link_lost(self, exc: BaseException) -> LinkLost:
+        """The transport failed under the operation: its requests settled, as a ``LinkLost``."""
+        results = self._settle_abandoned(Status.LINK_LOST)
+        sent = sum(r.outcome is Outcome.UNKNOWN for r in results)
+        what = (f"{sent} request(s) may have run (UNKNOWN)" if sent
+                else "nothing was out")
+        return LinkLost(f"the port failed: {exc}; {what}", tuple(results))
+
+    def _settle_abandoned(self, status: Status) -> list[Result]:
+        """Give up every request the session holds (``HostSession.abandon``) and turn those of
+        the interrupted operation into Results; an UNKNOWN one blocks the handle if it may have
+        had an effect (``result``)."""
+        self.session.abandon(status)
+        for ev in self.session.events():
+            if isinstance(ev, Completion):
+                self.completions[ev.tag] = ev
+        never_sent = Completion(None, Outcome.NOT_EXECUTED, None)  # taken, not yet submitted
+        results = [self.result(c, self.completions.pop(tag, never_sent))
+                   for tag, c in sorted(self.awaiting.items())]
+        self.completions.clear()
+        self.awaiting.clear()
+        return results
+
+    def result(self, c: Command, comp: Completion) -> Result:
+        """The caller's Result of a completion; an UNKNOWN of a command that may have had an
+        effect blocks the handle (a read changed nothing: there is nothing to reconcile)."""
+        values, code = answer_of(c, comp.pdu)
+        file = file_info_of(c, comp.pdu) if comp.outcome is Outcome.OK else None
+        r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
+                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file)
+        self.stats.commands += 1
+        self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
+        if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:
+            self.unknown = r
+        if self.on_result is not None:
+            self.on_result(r)
+        return r
+
+    def refuse_if_blocked(self) -> None:
+        """``UnknownOutstanding`` while an UNKNOWN that may have had an effect is unacknowledged."""
+        if self.unknown is not None:
+            status = self.unknown.status
+            raise UnknownOutstanding(
+                f"a previous {self.unknown.command.kind.value} ended UNKNOWN"
+                f"{f' ({status.name})' if status is not None else ''}; "
+                "reconcile() and acknowledge_unknown() first")
+
+    def _require_open(self) -> None:
+        if self.session.state is SessionState.CLOSED:
+            # Without a session nothing would ever be sent, and the loop would wait forever.
+            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)")
+
+    # ------------------------------------------------------------------ the pipeline
+    @property
+    def lookahead(self) -> int:
+        """How far a ``stream`` reads its commands ahead: twice the pipeline depth."""
+        return 2 * max(self.session.max_inflight, 1)
+
+    def run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
+        """``commands`` pipelined, one Result each in order (``UnknownOutstanding`` if blocked)."""
+        self.refuse_if_blocked()
+        results: list[Result] = []
+        yield from self.flow_steps(iter(commands), results.append, None)
+        return results
+
+    def flow_steps(self, source: Iterator[Command], emit: Callable[[Result], None],
+                   lookahead: int | None) -> Steps[None]:
+        """The continuous pipeline as an operation: pull commands from ``source`` (all at once
+        when ``lookahead`` is None), submit each as soon as the session has room and no earlier
+        unfinished command conflicts with it, ``emit`` results in submission order."""
+        self._require_open()
+        s = self.session
+        clock = self.clock
+        held: deque[_Flow] = deque()  # taken from source, not yet submitted
+        live: dict[int, _Flow] = {}  # submitted, not yet completed
+        done: dict[int, Result] = {}
+        order: deque[int] = deque()  # tags in submission order, not yet emitted
+        effectful_live = 0
+        exhausted = False
+        while True:
+            for ev in s.events():
+                if isinstance(ev, Completion) and ev.tag in live:
+                    f = live.pop(ev.tag)
+                    effectful_live -= f.effect
+                    done[f.tag] = self.result(self.awaiting.pop(f.tag), ev)
+            while order and order[0] in done:
+                emit(done.pop(order.popleft()))
+            if self.unknown is not None:  # blocked: what was not sent stays unsent
+                exhausted = True  # and nothing more is taken from the source
+                if held:
+                    for f in held:
+                        done[f.tag] = self.result(self.awaiting.pop(f.tag),
+                                                  Completion(f.tag, Outcome.NOT_EXECUTED, None))
+                    held.clear()
+                    continue
+            if not exhausted and (lookahead is None or len(held) + len(live) < lookahead):
+                exhausted = self._take(source, held, order, lookahead, len(live))
+            if held:
+                effectful_live += self._submit_ready(held, live, effectful_live, clock.now())
+            if exhausted and not held and not live and not order:
+                return
+            yield from self.io_round()
+
+    def _take(self, source: Iterator[Command], held: deque[_Flow], order: deque[int],
+              lookahead: int | None, in_flight: int) -> bool:
+        """Move commands from ``source`` to ``held`` (up to the lookahead); True once exhausted."""
+        while lookahead is None or len(held) + in_flight < lookahead:
+            try:
+                c = next(source)
+            except StopIteration:
+                return True
+            self._tag += 1
+            self.awaiting[self._tag] = c
+            order.append(self._tag)
+            held.append(_flow(self._tag, c, self.regmap.generation.address))
+        return False
+
+    def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,
+                      now: float) -> int:
+        """Submit every held command (in order, scanning at most the lookahead) that conflicts
+        with no unfinished earlier one, while the session has room; returns how many of the
+        submitted may have an effect."""
+        s = self.session
+        room = s.max_inflight - s.outstanding
+        if room <= 0:
+            return 0
+        added = 0
+        # Only a command that may have an effect conflicts with anything: without one (a stream
+        # of reads) nothing is checked.
+        check = bool(effectful_live) or any(f.effect for f in held)
+        blockers: list[_Flow] = list(live.values()) if check else []
+        scan = self.lookahead
+        kept: list[_Flow] = []
+        while held and room > 0 and scan > 0:
+            f = held.popleft()
+            scan -= 1
+            if check and any(_flows_conflict(f, b) for b in blockers):
+                kept.append(f)
+                blockers.append(f)
+                continue
+            s.submit(f.command.pdu(), now, set_only=reissuable(f.command, self.regmap), tag=f.tag)
+            live[f.tag] = f
+            added += f.effect
+            room -= 1
+            if check:
+                blockers.append(f)
+        held.extendleft(reversed(kept))
+        return added
+
+    def wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
+        """Submit ``cmds`` together (they commute: reconcile's read-back, FILE_INFO) and wait for
+        all of them. Allowed while the handle is blocked."""
+        self._require_open()
+        now = self.clock.now()
+        tags = []
+        for c in cmds:
+            self._tag += 1
+            tags.append(self._tag)
+            self.awaiting[self._tag] = c
+            self.session.submit(c.pdu(), now, set_only=reissuable(c, self.regmap), tag=self._tag)
+        yield from self._exchange(lambda: all(t in self.completions for t in tags))
+        return [self.result(self.awaiting.pop(t), self.completions.pop(t)) for t in tags]
+
+    # ------------------------------------------------------------------ UNKNOWN handling
+    def reconcile_steps(self, result: Result | None) -> Steps[Reconciliation | None]:
+        """Read back the state an UNKNOWN command (default: the blocking one) touched and say
+        whether the state it intended holds. A read has no effect to reconcile: it is answered
+        without sending anything."""
+        r = result if result is not None else self.unknown
+        if r is None:
+            return None
+        c = r.command
+        reads = read_back_of(c, self.regmap.generation.address)
+        if isinstance(reads, Reconciliation):
+            return reads
+        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
+            back = yield from self.wave_steps(reads)
+            if all(b.outcome is Outcome.OK and b.values for b in back):
+                return judge_read_back(c, back[0].values, back[1].values[0], self.builder.spec)
+        return Reconciliation(c, {}, None, "read-back failed; still unknown")
+
+
+class DeviceHandle(CommandBuilder):
+    """What the blocking and the asyncio driver share besides the operations they drive: the
+    command helpers (``CommandBuilder``), the ``ops`` they run, and the handle's UNKNOWN."""
+
+    ops: Operations
+
+    @property
+    def unknown(self) -> Result | None:
+        """The UNKNOWN result that blocks the handle (None: not blocked)."""
+        return self.ops.unknown
+
+    @property
+    def info(self) -> DeviceInfo | None:
+        """What the device advertised at HELLO (None before ``connect``)."""
+        return self.ops.info
+
+    def acknowledge_unknown(self) -> None:
+        """Unblock the handle once the caller has reconciled."""
+        self.ops.unknown = None
+
+
+__all__ = [
+    "OPERATIONS",
+    "RECONCILE_ROUNDS",
+    "Clock",
+    "DeviceHandle",
+    "DriverStats",
+    "Operations",
+    "Steps",
+    "check_map",
+    "conflict",
+    "reissuable",
+]

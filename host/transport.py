@@ -1,0 +1,133 @@
+"""The byte pipe under the driver, and the one place a pyserial port is opened.
+
+``Transport`` is what every driver needs from a line (``write``, ``read(timeout)``, ``now``,
+``close``: the clock travels with the line, so a simulated line can bring simulated time).
+``open_port(url, ...)`` opens any pyserial URL the way every idemlink tool opens one: DTR/RTS set
+low *before* opening (many boards wire reset to DTR), a local serial device locked exclusively
+(``PortBusy`` when another program holds it), pyserial's and the OS's failures turned into one
+``PortError`` naming the URL. ``SerialTransport`` is a ``Transport`` over such a port.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol
+
+from idemlink.host.errors import TRANSPORT_ERRORS, PortBusy, PortError
+
+if TYPE_CHECKING:
+    from serial import Serial
+
+log = logging.getLogger(__name__)
+
+POLL_STEP = 0.005
+"""Read timeout of a port without a file descriptor: how late a deadline may be noticed."""
+
+
+class Transport(Protocol):
+    """What the driver needs from a byte pipe: the clock travels with it."""
+
+    def write(self, data: bytes) -> None: ...
+    def read(self, timeout: float) -> bytes: ...
+    def now(self) -> float: ...
+    def close(self) -> None: ...
+
+
+def open_port(url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+              exclusive: bool = True, timeout: float | None = 0) -> Serial:
+    """An open pyserial port on ``url`` (any pyserial URL). ``keep_lines``: DTR and RTS are set low
+    before opening, so opening does not pulse a reset line (False leaves pyserial's defaults).
+    ``exclusive``: a local serial device is locked (an advisory ``flock``, released when the
+    process dies) — a second program driving it would take our answers — and a port already
+    locked raises ``PortBusy``. Any other failure raises ``PortError`` ("cannot open URL: why")."""
+    import serial
+
+    try:
+        port = serial.serial_for_url(url, baudrate=baudrate, timeout=timeout, do_not_open=True)
+        if keep_lines:
+            port.dtr = False
+            port.rts = False
+        if exclusive and hasattr(port, "exclusive"):
+            port.exclusive = True
+        port.open()
+    except (serial.SerialException, ValueError, OSError) as exc:
+        if "exclusively lock" in str(exc):
+            raise PortBusy(f"port busy: {url} is already open in another program "
+                           "(close it, or use `idemlink monitor` to watch the line)") from exc
+        hint = ""
+        if url.startswith("rfc2217://") and "option 'control'" in str(exc):
+            hint = (" (the server does not answer RFC 2217 line control, as ser2net on a pty "
+                    "does not: add ?ign_set_control to the URL)")
+        raise PortError(f"cannot open {url}: {exc}{hint}") from exc
+    return port
+
+
+class SerialTransport:
+    """A pyserial port (any URL) opened by ``open_port`` (DTR/RTS low unless ``keep_lines=False``,
+    exclusive: "port busy" is ``PortBusy``). Reads wait in ``select()`` on the port's descriptor,
+    or, without one, in short steps of ``POLL_STEP``."""
+
+    def __init__(self, url: str, *, baudrate: int = 115200, keep_lines: bool = True) -> None:
+        import time
+
+        self._clock = time.monotonic
+        port = open_port(url, baudrate=baudrate, keep_lines=keep_lines)
+        self.port = port
+        self._fd: int | None = None
+        try:
+            fd = port.fileno()
+            if isinstance(fd, int) and fd >= 0:
+                self._fd = fd
+        except (AttributeError, OSError, NotImplementedError, ValueError):
+            self._fd = None
+        if self._fd is not None:
+            port.timeout = 0  # reads below never block: select() does the waiting
+        else:
+            port.timeout = POLL_STEP
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.port.write(data)
+        except OSError as exc:  # serial.SerialException is an OSError
+            raise PortError(f"{self.port.name}: write failed: {exc}") from exc
+
+    def read(self, timeout: float) -> bytes:
+        try:
+            return self._read(timeout)
+        except (OSError, ValueError) as exc:  # ValueError: select() on a closed descriptor
+            raise PortError(f"{self.port.name}: read failed: {exc}") from exc
+
+    def _read(self, timeout: float) -> bytes:
+        port = self.port
+        if self._fd is not None:
+            # Waiting in select() rather than through port.timeout: pyserial reconfigures the
+            # line (tcsetattr) on every timeout change, which costs more than the exchange.
+            import select
+
+            ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+            if not ready:
+                return b""
+            return bytes(port.read(max(1, port.in_waiting)))
+        # No descriptor (rfc2217://, loop://, faulty://): the port keeps one short timeout set at
+        # open, because changing it reconfigures the port — over RFC 2217 a network round trip
+        # per change. Wait in steps of it until the deadline.
+        deadline = self._clock() + max(0.0, timeout)
+        while True:
+            first = port.read(1)
+            if first:
+                waiting = port.in_waiting
+                return first + port.read(waiting) if waiting else first
+            if self._clock() >= deadline:
+                return b""
+
+    def now(self) -> float:
+        return self._clock()
+
+    def close(self) -> None:
+        try:
+            self.port.close()
+        except OSError as exc:  # a port that already failed may fail to close too
+            log.warning("closing %s: %s", self.port.name, exc)
+
+
+__all__ = ["POLL_STEP", "TRANSPORT_ERRORS", "SerialTransport", "Transport", "open_port"]
