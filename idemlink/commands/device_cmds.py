@@ -57,6 +57,7 @@ from idemlink.cli import (
     regmap_from,
 )
 from idemlink.commands.many import PortAction, add_port_options, ports_of, run_on_ports
+from idemlink.commands.selection import is_range, read_runs, resolve, select_registers
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.frame_view import FrameDescriber, trigger_code_name
 from idemlink.host.rtu_device import RtuDevice
@@ -112,10 +113,14 @@ def device_options() -> argparse.ArgumentParser:
 def register(sub: Any) -> None:
     common = device_options()
 
-    p = sub.add_parser("read", parents=[common], help="read registers by name or address")
+    p = sub.add_parser("read", parents=[common], help="read registers by name, address or range")
     add_rtu_options(p)
     p.add_argument("registers", nargs="*", metavar="NAME",
-                   help="register names or addresses (default: every register)")
+                   help="register names, addresses, or inclusive address ranges FIRST:LAST "
+                        "(0:9, 0x100:0x10F; addresses without a register skipped); "
+                        "default: every register")
+    p.add_argument("--all", action="store_true",
+                   help="every register of the map, contiguous runs read together")
     add_json_option(p, "idemlink.read/1")
     p.set_defaults(handler=link_guarded(run_read))
 
@@ -204,26 +209,6 @@ def parse_int(text: str, what: str) -> int:
         return int(text.strip(), 0)
     except ValueError:
         raise UserError(f"{what}: {text!r} is not an integer") from None
-
-
-def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
-    """A register by name or address; ``UserError`` naming the known ones otherwise."""
-    spec: RegisterSpec | None
-    if isinstance(ref, int) or ref.strip().lstrip("-").isdigit() or ref.startswith("0x"):
-        try:
-            spec = regmap.at(ref if isinstance(ref, int) else int(ref, 0))
-        except ValueError:
-            spec = None
-    else:
-        try:
-            spec = regmap.named(ref)
-        except KeyError:
-            spec = None
-    if spec is None:
-        names = ", ".join(r.name for r in regmap)
-        raise UserError(f"no register {ref!r} in the map {regmap.name} (registers: {names}); "
-                        "for another device, give its map with --regmap FILE")
-    return spec
 
 
 def _only(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -> RegisterSpec:
@@ -396,11 +381,14 @@ def result_json(r: Result) -> dict[str, Any]:
     }
 
 
-def reading_entry(spec: RegisterSpec, r: Result) -> dict[str, Any]:
+def reading_entry(spec: RegisterSpec, r: Result, raw: int | None = None) -> dict[str, Any]:
     """A register read as every schema lists it (``register_entry``) with the read's
-    ``outcome``; ``raw`` and ``value`` are null when the read got no value."""
-    if r.ok and r.values:
-        return {**register_entry(spec, r.values[0]), "outcome": r.outcome.name}
+    ``outcome``; ``raw`` and ``value`` are null when the read got no value. ``raw`` is the
+    register's word when ``r`` read several (default: its first value)."""
+    if raw is None and r.ok and r.values:
+        raw = r.values[0]
+    if raw is not None:
+        return {**register_entry(spec, raw), "outcome": r.outcome.name}
     return {"name": spec.name, "address": spec.address, "raw": None, "value": None,
             "unit": spec.unit, "outcome": r.outcome.name}
 
@@ -482,25 +470,31 @@ def parse_value(spec: RegisterSpec, text: str) -> int:
 
 
 def run_read(args: argparse.Namespace) -> int:
+    """``read NAME...`` reads each register by its own request; ``--all`` and ranges read each
+    run of contiguous registers by one request."""
     regmap = regmap_from(args)
-    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
+    specs = select_registers(regmap, args.registers, args.all)
+    in_runs = args.all or any(is_range(r) for r in args.registers)
+    groups = read_runs(specs) if in_runs else [[s] for s in specs]
     with open_any_device(args) as dev:
-        results = dev.run([dev.read_command(s.address) for s in specs])
+        results = dev.run([dev.read_command(g[0].address, len(g)) for g in groups])
         registers: list[dict[str, Any]] = []
         values: dict[str, int] = {}
         per: dict[str, Any] = {}
         lines: list[str] = []
         width = max(len(s.name) for s in specs)
-        for s, r in zip(specs, results, strict=True):
-            per[s.name] = {"address": s.address, **result_json(r)}
-            registers.append(reading_entry(s, r))
-            if r.ok:
-                values[s.name] = r.values[0]
-                per[s.name]["value"] = r.values[0]
-                per[s.name]["shown"] = s.show(r.values[0])
-                lines.append(f"{s.name:<{width}} = {shown(s, r.values[0])}")
-            else:
-                lines.append(f"{s.name:<{width}} : {r.describe()}")
+        for group, r in zip(groups, results, strict=True):
+            for i, s in enumerate(group):
+                per[s.name] = {"address": s.address, **result_json(r)}
+                raw = r.values[i] if r.ok and len(r.values) > i else None
+                registers.append(reading_entry(s, r, raw))
+                if raw is not None:
+                    values[s.name] = raw
+                    per[s.name]["value"] = raw
+                    per[s.name]["shown"] = s.show(raw)
+                    lines.append(f"{s.name:<{width}} = {shown(s, raw)}")
+                else:
+                    lines.append(f"{s.name:<{width}} : {r.describe()}")
         doc: dict[str, Any] = {"registers": registers, "values": values, "results": per}
         return finish(args, dev, results, doc, lines)
 

@@ -2,8 +2,9 @@
 
 Contract:
 
-- Each poll reads the chosen registers (default: every register of the map) in one pipelined
-  batch, one request per contiguous run. The first poll prints every value; later polls print
+- Each poll reads the chosen registers (names, addresses, ``FIRST:LAST`` ranges or ``--all``,
+  ``idemlink.commands.selection``; default: every register of the map) in one pipelined batch,
+  one request per contiguous run. The first poll prints every value; later polls print
   only registers whose raw value changed (``--every`` prints all of them each time).
 - Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``), ``--csv`` (header
   ``time,poll,register,address,raw,value,unit,outcome``) and ``--json`` (one object per line,
@@ -43,7 +44,10 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "watch", help="poll registers at an interval and print changes")
     p.add_argument("registers", nargs="*", metavar="NAME",
-                   help="register names or addresses (default: every register)")
+                   help="register names, addresses, or inclusive address ranges FIRST:LAST "
+                        "(0:9, 0x100:0x10F; addresses without a register skipped); "
+                        "default: every register")
+    p.add_argument("--all", action="store_true", help="every register of the map (the default)")
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
     p.add_argument("--timeout", type=float, default=0.2,
@@ -120,26 +124,9 @@ class Printer:
             print(f"{clock} {spec.name} = {shown(spec, raw)}", flush=True)
 
 
-def batches(regmap: RegisterMap, specs: list[RegisterSpec]) -> list[list[RegisterSpec]]:
-    """One read per run of contiguous addresses of the same table (input or holding)."""
-    from idemlink.protocol.registers import RegisterKind
-
-    out: list[list[RegisterSpec]] = []
-    for start, count in regmap.runs(s.address for s in specs):
-        run: list[RegisterSpec] = []
-        for a in range(start, start + count):
-            spec = regmap.at(a)
-            assert spec is not None
-            if run and (spec.kind is RegisterKind.INPUT) != (run[-1].kind is RegisterKind.INPUT):
-                out.append(run)
-                run = []
-            run.append(spec)
-        out.append(run)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve, rtu_unit
+    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, rtu_unit
+    from idemlink.commands.selection import read_runs, select_registers
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     check_seconds("--interval", args.interval, 86400.0)
@@ -151,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     unit = rtu_unit(args)
     regmap = regmap_from(args)
-    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
-    groups = batches(regmap, specs)
+    groups = read_runs(select_registers(regmap, args.registers, args.all))
     printer = Printer(args)
     summary = Summary()
     try:
