@@ -184,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports every command module: Ctrl-C may land here
     except KeyboardInterrupt:
-        return 130
+        print("idemlink: interrupted while starting; nothing was sent", file=sys.stderr)
+        return EXIT_INTERRUPTED
     args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
         command = _subparser(parser, args.command)
