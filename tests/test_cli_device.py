@@ -295,7 +295,7 @@ def test_monitor_decodes_frames() -> None:
     assert "FC06 write threshold=400 (40.0 °C)" in lines[0]["text"]
     assert lines[0]["function"] == 6
     assert lines[0]["registers"] == [{"name": "threshold", "address": 4, "raw": 400,
-                                      "value": "40.0 °C", "unit": "°C"}]
+                                      "value": 40.0, "label": None, "unit": "°C"}]
     assert lines[1]["flags"] == ["REPLAY"] and "wrote threshold=400" in lines[1]["text"]
     assert lines[1]["status"] == "OK"
     assert lines[2]["error"] == "BAD_CRC"

@@ -387,10 +387,7 @@ def reading_entry(spec: RegisterSpec, r: Result, raw: int | None = None) -> dict
     register's word when ``r`` read several (default: its first value)."""
     if raw is None and r.ok and r.values:
         raw = r.values[0]
-    if raw is not None:
-        return {**register_entry(spec, raw), "outcome": r.outcome.name}
-    return {"name": spec.name, "address": spec.address, "raw": None, "value": None,
-            "unit": spec.unit, "outcome": r.outcome.name}
+    return {**register_entry(spec, raw), "outcome": r.outcome.name}
 
 
 def not_sent(reason: str) -> dict[str, Any]:

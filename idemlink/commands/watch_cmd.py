@@ -24,13 +24,13 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.output import print_json, register_entry
 
 if TYPE_CHECKING:
     from idemlink.host.device import Command, Device
@@ -103,16 +103,9 @@ class Printer:
         from idemlink.commands.device_cmds import shown
 
         clock = time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}"
-        value: int | float | str | None = None
-        if raw is not None:
-            label = spec.label_of(raw)
-            value = label if label is not None else (
-                float(spec.scaled(raw)) if spec.scale else raw)
         if self.json:
-            print(json.dumps({
-                "schema": "idemlink.watch/1", "time": round(stamp, 3), "poll": poll,
-                "name": spec.name, "address": spec.address, "raw": raw, "value": value,
-                "unit": spec.unit, "outcome": outcome}), flush=True)
+            print_json("idemlink.watch/1", {"time": round(stamp, 3), "poll": poll,
+                                            **register_entry(spec, raw), "outcome": outcome})
         elif self.csv:
             exact = "" if raw is None else (spec.label_of(raw) or str(spec.scaled(raw)))
             self._row((f"{stamp:.3f}", poll, spec.name, spec.address, "" if raw is None else raw,
