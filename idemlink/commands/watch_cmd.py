@@ -11,7 +11,10 @@ Contract:
   schema ``idemlink.watch/1``).
 - Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
   ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
-  port that fails is reported once, then reopened at the next interval until it is back.
+  port that fails, or a device that stops answering HELLO, is one stderr line per streak
+  (``idemlink watch: poll 7: /dev/ttyUSB0 failed (Input/output error), no values; trying again
+  at every poll``: the root cause once, no "may have run" — only reads were out), then reopened
+  at each interval, and ``idemlink watch: PORT is back`` once it is.
 - ``--modbus-rtu [--unit N]`` polls a standard Modbus RTU slave instead (``RtuDevice``: reads
   one after the other, retried like any read).
 - It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -141,6 +145,39 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def root_cause(exc: BaseException) -> str:
+    """What went wrong at the bottom of ``exc``'s chain, said once: the operating system's words
+    for the innermost errno (``Input/output error``, ``No such file or directory``), else the
+    exception's own text (the layers above each repeat their cause in their message)."""
+    errno: int | None = None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            errno = seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return os.strerror(errno) if errno is not None else str(exc)
+
+
+class Trouble:
+    """Says a port or device problem once per streak of failed polls (not at every interval),
+    and that it is back when it is."""
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.failing = False
+
+    def failed(self, what: str) -> None:
+        if not self.failing:
+            print(f"idemlink watch: {what}; trying again at every poll", file=sys.stderr,
+                  flush=True)
+        self.failing = True
+
+    def back(self) -> None:
+        if self.failing:
+            print(f"idemlink watch: {self.port} is back", file=sys.stderr, flush=True)
+        self.failing = False
+
+
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
           printer: Printer, summary: Summary, unit: int | None) -> int:
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
@@ -150,6 +187,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
     dev: Device | RtuDevice | None = None
     next_start = time.monotonic()
     ever_open = False
+    trouble = Trouble(args.port)
     try:
         while args.count is None or summary.polls < args.count:
             time.sleep(max(0.0, next_start - time.monotonic()))
@@ -166,9 +204,13 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                                           regmap=regmap)
                 except IncompatibleDevice as exc:
                     raise UserError(f"{args.port}: {exc}") from None
-                except (PortError, NoDevice) as exc:
-                    print(f"idemlink watch: {exc}; retrying in {args.interval:g} s",
-                          file=sys.stderr, flush=True)
+                except NoDevice:
+                    trouble.failed(f"no device answered on {args.port}")
+                    summary.polls += 1
+                    summary.failed_polls += 1
+                    continue
+                except PortError as exc:
+                    trouble.failed(f"cannot open {args.port}: {root_cause(exc)}")
                     summary.polls += 1
                     summary.failed_polls += 1
                     continue
@@ -182,9 +224,11 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                     # ahead): a new session (HELLO) hands out numbers that are new again.
                     current.close()
                     dev = None
+                trouble.back()
             except PortError as exc:
-                print(f"idemlink watch: {exc}; reopening at the next poll", file=sys.stderr,
-                      flush=True)
+                # A read changes nothing: this poll simply got no values.
+                trouble.failed(f"poll {summary.polls}: {args.port} failed "
+                               f"({root_cause(exc)}), no values")
                 summary.failed_polls += 1
                 current.close()
                 dev = None
