@@ -122,3 +122,21 @@ def test_link_monitor_with_json_writes_only_json_objects(capsys: pytest.CaptureF
     doc = json.loads(out[0])
     assert (doc["schema"], doc["dir"], doc["type"], doc["seq"]) == (
         "idemlink.monitor/1", "a->b", "REQUEST", 7)
+
+
+@pytest.mark.parametrize(("argv", "prog"), [
+    (["write"], "idemlink write"),
+    (["read", "--timeout", "x"], "idemlink read"),
+    (["soak", "--commands", "x", "--json"], "idemlink soak"),
+    ([], "idemlink"),
+])
+def test_a_usage_error_is_one_line(argv: list[str], prog: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f"(usage: {prog} --help)\n"), err
