@@ -428,3 +428,25 @@ def test_inproc_read_range_mistakes_are_one_line(refs: list[str],
     with pytest.raises(UserError):
         run_inproc(["read", *refs], SimTransport(device), capsys)
     assert reads_of(device) == []
+
+
+@pytest.mark.parametrize("mode", [[], ["--modbus-rtu"]])
+def test_a_second_sim_on_the_same_flash_dir_is_refused(tmp_path: Path, mode: list[str]) -> None:
+    """Two simulators on one flash directory would overwrite each other's configuration and
+    count each other's boots: the second is refused, one line, nothing in the directory changed."""
+    first = Sim(tmp_path, *mode)
+    try:
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        try:
+            r = subprocess.run([*CLI, "sim", "--flash-dir", str(tmp_path), *mode],
+                               capture_output=True, text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the second simulator started serving")
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.count("\n") == 1 and "in use by another simulator" in r.stderr, r.stderr
+        assert f"(pid {first.proc.pid})" in r.stderr
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    finally:
+        assert first.stop()[0] == 0
+    again = Sim(tmp_path, *mode)  # the lock died with its holder
+    assert again.stop()[0] == 0
