@@ -287,6 +287,9 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
     unit = rtu_unit(args)
     if unit is None:
         return open_device(args)
+    injected: Callable[[], RtuDevice] | None = getattr(args, "open_device", None)
+    if injected is not None:
+        return injected()
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")

@@ -197,6 +197,8 @@ def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace
         raise UserError("--trace records one port: give one --port")
     if getattr(args, "resolve", None) is not None:
         raise UserError("--resolve settles one journal entry: give one --port, or none")
+    if getattr(args, "device_id", None) is not None:
+        raise UserError("--device-id names one Modbus RTU slave: give one --port")
     runs = [DeviceRun(p) for p in ports]
     journals = SharedJournals()
     threads = Threads()
