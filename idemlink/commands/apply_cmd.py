@@ -41,20 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_OK, EXIT_REJECTED, UserError, regmap_from
-from idemlink.commands.device_cmds import (
+from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
-    AnyDevice,
     add_rtu_options,
-    decode_fault_word,
     device_options,
-    link_guarded,
     not_sent,
-    open_any_device,
-    reconcile_json,
     result_json,
     rtu_unit,
     worst,
 )
+from idemlink.commands.device_io import AnyDevice, link_guarded, open_any_device, reconcile_json
+from idemlink.commands.faults_cmd import decode_fault_word
 from idemlink.commands.many import SharedJournals
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name

@@ -104,7 +104,7 @@ class Printer:
 
     def reading(self, stamp: float, poll: int, spec: RegisterSpec, raw: int | None,
                 outcome: str) -> None:
-        from idemlink.commands.device_cmds import shown
+        from idemlink.commands.common import shown
 
         clock = time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}"
         if self.json:
@@ -122,7 +122,7 @@ class Printer:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, rtu_unit
+    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit
     from idemlink.commands.selection import read_runs, select_registers
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
