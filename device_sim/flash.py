@@ -212,18 +212,15 @@ class ConfigFlash:
             os.close(fd)
 
 
-LOCK_FILE = "lock"
-
-
 class FlashBusyError(OSError):
     """Another process serves from this flash directory (it holds the directory's lock)."""
 
 
 class FlashLock:
-    """An exclusive ``fcntl.flock`` on ``DIR/lock``, held while open: one simulator per flash
-    directory (two would overwrite each other's configuration and count each other's boots). The
-    lock file (0600, holding the pid) is never deleted; the lock dies with its process, so it is
-    never stale."""
+    """An exclusive ``fcntl.flock`` on the flash directory itself, held while open: one simulator
+    per flash directory (two would overwrite each other's configuration and count each other's
+    boots). Nothing is written for it (the directory's contents stay as they were); the lock dies
+    with its process, so it is never stale."""
 
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
@@ -241,34 +238,20 @@ class FlashLock:
 
 
 def lock_flash_dir(directory: str | os.PathLike[str]) -> FlashLock:
-    """Take ``directory``'s lock at once (creating the directory if needed) or raise
-    ``FlashBusyError`` naming the holder's pid; ``UnsafeFlashFileError`` if the lock path is a
-    symbolic link or not a regular file. Refused, nothing in the directory is read or changed."""
+    """Take ``directory``'s lock at once (creating the directory if needed, as ``ConfigFlash``
+    does) or raise ``FlashBusyError``; an ``OSError`` if it is not a directory. Refused, nothing
+    in the directory is read or changed."""
     import fcntl
 
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    path = d / LOCK_FILE
-    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, flags, 0o600)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UnsafeFlashFileError(f"{path}: is a symbolic link; refused") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnsafeFlashFileError(f"{path}: is not a regular file; refused")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-            raise FlashBusyError(
-                f"{d} is in use by another simulator"
-                + (f" (pid {holder})" if holder.isdigit() else "")
-                + ": one simulator per flash directory; nothing changed") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FlashBusyError(f"{d} is in use by another simulator: one simulator per flash "
+                             "directory; nothing changed") from None
     except BaseException:
         os.close(fd)
         raise

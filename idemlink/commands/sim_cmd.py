@@ -6,7 +6,7 @@ by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RT
 FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
 "mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0.
 A port that cannot be opened or a bad flash directory is a one-line error (exit 1). A flash
-directory serves one simulator at a time (an exclusive ``flock`` on ``DIR/lock``, held while it
+directory serves one simulator at a time (an exclusive ``flock`` on the directory, held while it
 serves): a second one on the same directory is refused with one line, exit 1, nothing changed.
 ``--effects FILE`` appends the framed device's boots and executions to FILE (docs/SOAK.md).
 """
