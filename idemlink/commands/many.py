@@ -18,7 +18,8 @@ Contract:
   finished (a bar on a terminal, a periodic line on stderr otherwise).
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
-- Ctrl-C interrupts every device within one ``--timeout``: each settles what it had out
+- Ctrl-C (caught as a flag by the main thread, then raised in each device thread) interrupts
+  every device within one ``--timeout``: each settles what it had out
   (CANCELLED, as with one port; a write that was out says it may have run), the blocks are printed
   (INTERRUPTED for a device that had not finished), then one stderr line says what happened —
   ``idemlink read: interrupted: 1 of 3 devices finished; nothing that may have had an effect was
@@ -37,11 +38,12 @@ import contextlib
 import copy
 import ctypes
 import io
+import signal
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -202,31 +204,50 @@ def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace
     runs = [DeviceRun(p) for p in ports]
     journals = SharedJournals()
     threads = Threads()
-    interrupted = False
     progress = Progress(args.command, "devices", stream=sys.stderr)
-    with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool:
+    with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool, \
+            _ctrl_c_as_flag() as ctrl_c:
         futures: list[Future[None]] = []
-        try:  # from the first submission: a device may be at work before the last is submitted
+        try:
             for i, run in enumerate(runs):
+                if ctrl_c.is_set():
+                    break
                 futures.append(pool.submit(_one, args, handler, run, i, threads, journals,
                                            out, err))
-            while not all(f.done() for f in futures):
-                wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
-                progress.update(sum(f.done() for f in futures), len(futures))
-        except KeyboardInterrupt:
-            interrupted = True
-            threads.interrupt()
-            wait(futures)
-            for run in runs[len(futures):]:  # never submitted: nothing was sent to it
-                run.exit = EXIT_INTERRUPTED
+            while not ctrl_c.is_set() and not all(f.done() for f in futures):
+                ctrl_c.wait(0.1)
+                progress.update(sum(f.done() for f in futures), len(runs))
+            if ctrl_c.is_set():
+                threads.interrupt()
+                wait(futures)
+                for run in runs[len(futures):]:  # never submitted: nothing was sent to it
+                    run.exit = EXIT_INTERRUPTED
         finally:
             progress.close()
+    interrupted = ctrl_c.is_set()
     journals.close()
     _report(args, runs)
     if interrupted:
         _report_interrupt(args, runs)
         return EXIT_INTERRUPTED
     return max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
+
+
+@contextlib.contextmanager
+def _ctrl_c_as_flag() -> Iterator[threading.Event]:
+    """While the devices run, Ctrl-C (SIGINT) sets an event instead of raising KeyboardInterrupt
+    in the main thread: raised inside ``concurrent.futures``' own locking, it could leave a
+    future's lock held and hang the run. Off the main thread (no signal handler can be set
+    there) the event is never set."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class Threads:
