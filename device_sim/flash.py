@@ -191,3 +191,49 @@ class ConfigFlash:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class FlashBusyError(OSError):
+    """Another process serves from this flash directory (it holds the directory's lock)."""
+
+
+class FlashLock:
+    """An exclusive ``fcntl.flock`` on the flash directory itself, held while open: one simulator
+    per flash directory (two would overwrite each other's configuration and count each other's
+    boots). Nothing is written for it (the directory's contents stay as they were); the lock dies
+    with its process, so it is never stale."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> FlashLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def lock_flash_dir(directory: str | os.PathLike[str]) -> FlashLock:
+    """Take ``directory``'s lock at once (creating the directory if needed, as ``ConfigFlash``
+    does) or raise ``FlashBusyError``; an ``OSError`` if it is not a directory. Refused, nothing
+    in the directory is read or changed."""
+    import fcntl
+
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FlashBusyError(f"{d} is in use by another simulator: one simulator per flash "
+                             "directory; nothing changed") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    return FlashLock(fd)

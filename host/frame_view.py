@@ -4,7 +4,7 @@
 a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (or ``{"type":
 "ERROR", "error", "text"}``), plus what it decoded: ``function`` (a request's or answer's
 function code), ``status`` (an answer's), ``registers`` (``[{"name", "address", "raw", "value",
-"unit"}]`` for writes and read answers, ``value`` as the register map shows it), ``code`` (a
+"label", "unit"}]`` for writes and read answers, ``register_json``), ``code`` (a
 trigger answer's), ``device`` (a HELLO reply's id, map and limits). It remembers requests by
 (epoch, seq), so an answer can name the registers its request touched. It never raises: what it
 cannot parse it shows as hex.
@@ -14,8 +14,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from idemlink.protocol.registers import RegisterMap, TriggerStatus
+from idemlink.protocol.registers import RegisterMap, RegisterSpec, TriggerStatus
 from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+
+def register_json(spec: RegisterSpec | None, address: int, raw: int) -> dict[str, Any]:
+    """A register's reading as every JSON output lists it: ``raw`` the 16-bit word, ``value`` always
+    a number (the scaled value with the map's scale, else the raw word), ``label`` the map's name
+    for that value (``"auto"``) or null, ``unit`` the map's (``""`` without one). A register the
+    map does not declare has ``name`` null and ``value`` the raw word."""
+    if spec is None:
+        return {"name": None, "address": address, "raw": raw, "value": raw, "label": None,
+                "unit": ""}
+    value: int | float = float(spec.scaled(raw)) if spec.scale else raw
+    return {"name": spec.name, "address": address, "raw": raw, "value": value,
+            "label": spec.label_of(raw), "unit": spec.unit}
 
 
 def trigger_code_name(code: int) -> str:
@@ -39,13 +52,8 @@ class FrameDescriber:
         return spec.name if spec is not None else f"@{address}"
 
     def _regs(self, address: int, values: tuple[int, ...] | list[int]) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for i, raw in enumerate(values):
-            spec = self.regmap.at(address + i)
-            out.append({"name": spec.name if spec else None, "address": address + i, "raw": raw,
-                        "value": spec.show(raw) if spec else str(raw),
-                        "unit": spec.unit if spec else ""})
-        return out
+        return [register_json(self.regmap.at(address + i), address + i, raw)
+                for i, raw in enumerate(values)]
 
     def _shown(self, address: int, raw: int) -> str:
         spec = self.regmap.at(address)

@@ -52,8 +52,10 @@ def open_port(url: str, *, baudrate: int = 115200, keep_lines: bool = True,
         port.open()
     except (serial.SerialException, ValueError, OSError) as exc:
         if "exclusively lock" in str(exc):
+            from idemlink.host.port_hint import busy_hint
+
             raise PortBusy(f"port busy: {url} is already open in another program "
-                           "(close it, or use `idemlink monitor` to watch the line)") from exc
+                           f"({busy_hint(url)})") from exc
         hint = ""
         if url.startswith("rfc2217://") and "option 'control'" in str(exc):
             hint = (" (the server does not answer RFC 2217 line control, as ser2net on a pty "

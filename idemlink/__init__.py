@@ -11,9 +11,15 @@ One top-level import name. The layers live in sub-packages, each in its own sour
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
 
-try:
-    __version__ = _metadata.version("idemlink")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
-    __version__ = "0+unknown"
+def __getattr__(name: str) -> str:
+    """``__version__``, looked up when first asked for: importing the package stays instant (the
+    console script's Ctrl-C guard, ``idemlink.console``, starts after it)."""
+    if name != "__version__":
+        raise AttributeError(f"module 'idemlink' has no attribute {name!r}")
+    from importlib import metadata
+
+    try:
+        return metadata.version("idemlink")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from an uninstalled tree
+        return "0+unknown"

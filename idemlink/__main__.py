@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import sys
 
-try:
-    from idemlink.cli import main
-except KeyboardInterrupt:  # Ctrl-C while the command modules load: nothing was sent yet
-    sys.exit(130)
+from idemlink.console import main
 
 sys.exit(main())

@@ -110,19 +110,21 @@ def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    """An argparse parser whose usage errors are also an ``idemlink.error/1`` object on stdout
-    when the command line asks for ``--json``."""
+    """An argparse parser whose usage error is one line on stderr, ``idemlink write: error:
+    MESSAGE (usage: idemlink write --help)``, exit 2 — and also an ``idemlink.error/1`` object
+    on stdout when the command line asks for ``--json``."""
 
     json_errors = False
 
     def error(self, message: str) -> Any:
+        message = " ".join(message.split())  # argparse's own messages may span lines
         if Parser.json_errors:
             from idemlink.output import ERROR_SCHEMA, print_json
 
             command = self.prog.split()[1] if len(self.prog.split()) > 1 else None
             print_json(ERROR_SCHEMA, {"command": command, "message": message,
                                       "exit": EXIT_USAGE})
-        super().error(message)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -184,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports every command module: Ctrl-C may land here
     except KeyboardInterrupt:
-        return 130
+        print("idemlink: interrupted while starting; nothing was sent", file=sys.stderr)
+        return EXIT_INTERRUPTED
     args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
         command = _subparser(parser, args.command)

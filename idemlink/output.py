@@ -6,8 +6,9 @@ Contract:
   ``schema`` key naming its kind and version (``"idemlink.read/1"``), keys sorted. ``emit`` prints
   either that object or the command's text lines. The same thing has the same key in every
   schema: ``outcome`` (OK, NOT_EXECUTED, REJECTED, UNKNOWN), ``status``, ``device``, ``port``,
-  ``registers`` as a list of ``{"name", "address", "raw", "value", "unit"}``
-  (``register_entry``).
+  ``registers`` as a list of ``{"name", "address", "raw", "value", "label", "unit"}``
+  (``register_entry``: ``value`` always a number, ``label`` the map's name for it or null).
+  Every object goes through ``json_line``: no command prints JSON on stdout any other way.
 - An error with ``--json`` (``error_json``) is still one line on stderr, and also one object on
   stdout: ``{"schema": "idemlink.error/1", "command", "message", "exit"}`` plus what the command
   knew when it stopped (``outcome``, ``results``, counts so far...).
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
+from idemlink.host.frame_view import register_json
 from idemlink.protocol.registers import RegisterSpec
 
 ERROR_SCHEMA = "idemlink.error/1"
@@ -73,15 +75,15 @@ def error_json(args: argparse.Namespace, message: str, exit_status: int,
                                   "exit": exit_status, **known})
 
 
-def register_entry(spec: RegisterSpec, raw: int) -> dict[str, Any]:
-    """A register's reading as every schema lists it: ``value`` as the map reads it (scaled
-    number, or its label, as ``watch`` prints it), ``raw`` the 16-bit word, ``unit`` the map's
-    (``""`` without one)."""
-    label = spec.label_of(raw)
-    value: int | float | str = label if label is not None else (
-        float(spec.scaled(raw)) if spec.scale else raw)
-    return {"name": spec.name, "address": spec.address, "raw": raw, "value": value,
-            "unit": spec.unit}
+def register_entry(spec: RegisterSpec, raw: int | None) -> dict[str, Any]:
+    """A register's reading as every schema lists it (``register_json``): ``value`` always a number
+    (scaled with the map's scale, else the raw word), ``label`` the map's name for it or null,
+    ``raw`` the 16-bit word, ``unit`` the map's (``""`` without one). ``raw`` None (a read that
+    got no value): ``raw``, ``value`` and ``label`` null."""
+    if raw is None:
+        return {"name": spec.name, "address": spec.address, "raw": None, "value": None,
+                "label": None, "unit": spec.unit}
+    return register_json(spec, spec.address, raw)
 
 
 def progress_seconds() -> float:

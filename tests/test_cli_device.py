@@ -295,7 +295,7 @@ def test_monitor_decodes_frames() -> None:
     assert "FC06 write threshold=400 (40.0 °C)" in lines[0]["text"]
     assert lines[0]["function"] == 6
     assert lines[0]["registers"] == [{"name": "threshold", "address": 4, "raw": 400,
-                                      "value": "40.0 °C", "unit": "°C"}]
+                                      "value": 40.0, "label": None, "unit": "°C"}]
     assert lines[1]["flags"] == ["REPLAY"] and "wrote threshold=400" in lines[1]["text"]
     assert lines[1]["status"] == "OK"
     assert lines[2]["error"] == "BAD_CRC"
@@ -394,3 +394,58 @@ def test_inproc_apply_reconciles_a_step_left_in_flight(
     ran = [e.request[0] for e in device.executions[before:] if e.request[0] != 0x03]
     assert ran == [FunctionCode.WRITE_SINGLE_REGISTER]  # the clear; the trigger did not run again
     assert DeviceJournal.open(journal).done(device.device_id) == {s.key for s in steps}
+
+
+def reads_of(device: SimulatedDevice) -> list[bytes]:
+    return [e.request for e in device.executions
+            if e.request[0] in (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS)]
+
+
+def test_inproc_read_a_range_and_all_in_contiguous_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=1)
+    t = SimTransport(device)
+    before = len(reads_of(device))
+    rc, out = run_inproc(["read", "4:6"], t, capsys)
+    assert rc == 0
+    assert [line.split()[0] for line in out.splitlines()] == ["threshold", "mode", "fan_setpoint"]
+    assert len(reads_of(device)) - before == 1  # one run, one request
+    before = len(reads_of(device))
+    rc, out = run_inproc(["read", "--all", "--json"], t, capsys)
+    doc = json.loads(out)
+    assert rc == 0 and [r["address"] for r in doc["registers"]] == [s.address for s in DEFAULT_MAP]
+    assert doc["values"]["threshold"] == DEFAULT_MAP.named("threshold").default
+    # input registers (FC04) and the others (FC03): two runs, two requests
+    assert len(reads_of(device)) - before == 2
+    rc, out = run_inproc(["read", "0x0:0x2", "threshold", "1"], t, capsys)
+    assert [line.split()[0] for line in out.splitlines()] == [
+        "temperature", "humidity", "fan_speed", "threshold"]
+
+
+@pytest.mark.parametrize("refs", [["0x100:0x10F"], ["6:4"], ["a:b"], ["--all", "mode"]])
+def test_inproc_read_range_mistakes_are_one_line(refs: list[str],
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    device = SimulatedDevice(seed=1)
+    with pytest.raises(UserError):
+        run_inproc(["read", *refs], SimTransport(device), capsys)
+    assert reads_of(device) == []
+
+
+@pytest.mark.parametrize("mode", [[], ["--modbus-rtu"]])
+def test_a_second_sim_on_the_same_flash_dir_is_refused(tmp_path: Path, mode: list[str]) -> None:
+    """Two simulators on one flash directory would overwrite each other's configuration and
+    count each other's boots: the second is refused, one line, nothing in the directory changed."""
+    first = Sim(tmp_path, *mode)
+    try:
+        before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+        try:
+            r = subprocess.run([*CLI, "sim", "--flash-dir", str(tmp_path), *mode],
+                               capture_output=True, text=True, timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the second simulator started serving")
+        assert r.returncode == 1 and r.stdout == ""
+        assert r.stderr.count("\n") == 1 and "in use by another simulator" in r.stderr, r.stderr
+        assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    finally:
+        assert first.stop()[0] == 0
+    again = Sim(tmp_path, *mode)  # the lock died with its holder
+    assert again.stop()[0] == 0

@@ -67,9 +67,33 @@ def check(stdout: str) -> list[dict[str, Any]]:
         assert required <= keys, f"{schema}: missing {required - keys}"
         if not is_open:
             assert keys <= required | optional, f"{schema}: undocumented {keys - required - optional}"
+        assert line == json.dumps(doc, sort_keys=True, ensure_ascii=False), f"keys unsorted: {line}"
+        for reading in readings(doc):
+            check_reading(reading)
         SEEN.add(schema)
         docs.append(doc)
     return docs
+
+
+def readings(doc: Any) -> Iterator[dict[str, Any]]:
+    """Every register reading in an object (a dict with ``raw``: ``registers`` entries, a watch
+    line), at any depth."""
+    if isinstance(doc, dict):
+        if "raw" in doc:
+            yield doc
+        for value in doc.values():
+            yield from readings(value)
+    elif isinstance(doc, list):
+        for value in doc:
+            yield from readings(value)
+
+
+def check_reading(reading: dict[str, Any]) -> None:
+    """One shape in every command: ``value`` a number (null without a value), ``label`` apart."""
+    assert {"name", "address", "raw", "value", "label", "unit"} <= set(reading), reading
+    value = reading["value"]
+    assert value is None or (isinstance(value, int | float) and not isinstance(value, bool)), reading
+    assert reading["label"] is None or isinstance(reading["label"], str), reading
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, list[dict[str, Any]]]:
@@ -99,8 +123,9 @@ def test_device_commands(sim: PtySim, capsys: pytest.CaptureFixture[str], tmp_pa
     rc, [doc] = run(capsys, "read", *p, "threshold", "mode")
     assert rc == 0 and doc["schema"] == "idemlink.read/1"
     assert doc["registers"][0] == {"name": "threshold", "address": 4, "raw": 350, "value": 35.0,
-                                   "unit": "°C", "outcome": "OK"}
-    assert doc["registers"][1]["value"] == "auto" and doc["values"]["threshold"] == 350
+                                   "label": None, "unit": "°C", "outcome": "OK"}
+    assert doc["registers"][1]["value"] == 1 and doc["registers"][1]["label"] == "auto"
+    assert doc["values"]["threshold"] == 350
     rc, [doc] = run(capsys, "write", *p, "threshold=42.0", "mode=2")
     assert rc == 0 and [r["raw"] for r in doc["registers"]] == [420, 2]
     assert doc["writes"][0]["registers"][0]["value"] == 42.0

@@ -64,7 +64,7 @@ def test_trace_file_holds_every_frame_both_ways_decoded(tmp_path: object) -> Non
     assert all(r["schema"] == "idemlink.trace/1" for r in rows)
     write_req = rows[2]
     assert write_req["registers"] == [{"name": "threshold", "address": 4, "raw": 425,
-                                       "value": "42.5 °C", "unit": "°C"}]
+                                       "value": 42.5, "label": None, "unit": "°C"}]
     read_answer = rows[7]
     assert read_answer["status"] == "OK" and read_answer["registers"][0]["raw"] == 425
     assert rows[1]["device"]["id"] == sim.device.device_id

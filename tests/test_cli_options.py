@@ -60,12 +60,32 @@ def test_timeout_means_the_wait_for_each_answer(name: str) -> None:
     (["link", "--baud", "9600"], "baudrate", 9600),
     (["link"], "baudrate", None),
     (["send", "--port", "loop://", "f"], "baudrate", 115200),
+    (["soak", "--loss", "0.3"], "loss", 0.3),
+    (["soak", "--frame-loss", "0.3"], "loss", 0.3),
+    (["demo", "--dup", "0.3"], "dup", 0.3),
+    (["demo", "--frame-dup", "0.3"], "dup", 0.3),
+    (["link", "--corrupt", "0.3"], "corrupt", 0.3),
+    (["link", "--byte-corrupt", "0.3"], "corrupt", 0.3),
 ])
 def test_hidden_aliases_still_work(argv: list[str], dest: str, value: object) -> None:
     args = build_parser().parse_args(argv)
     assert getattr(args, dest) == value
     assert "--timeout" not in COMMANDS["send"].format_help()
     assert "--timeout" not in COMMANDS["receive"].format_help()
+
+
+@pytest.mark.parametrize("name", ["soak", "demo", "link"])
+def test_fault_probabilities_name_their_unit(name: str) -> None:
+    """``--loss`` was per frame in soak and per byte in link: each option now says which."""
+    for action in COMMANDS[name]._actions:
+        words = [o for o in action.option_strings if o.startswith("--")]
+        if not any(w.endswith(("loss", "dup", "corrupt")) for w in words):
+            continue
+        if action.help == argparse.SUPPRESS:  # the older spelling, hidden
+            assert words[0] in ("--loss", "--dup", "--corrupt"), words
+            continue
+        unit = "frame" if words[0].startswith("--frame-") else "byte"
+        assert words[0].startswith(f"--{unit}-") and f"per {unit}" in (action.help or ""), words
 
 
 def test_monitor_help_lists_only_what_it_uses() -> None:
@@ -102,3 +122,21 @@ def test_link_monitor_with_json_writes_only_json_objects(capsys: pytest.CaptureF
     doc = json.loads(out[0])
     assert (doc["schema"], doc["dir"], doc["type"], doc["seq"]) == (
         "idemlink.monitor/1", "a->b", "REQUEST", 7)
+
+
+@pytest.mark.parametrize(("argv", "prog"), [
+    (["write"], "idemlink write"),
+    (["read", "--timeout", "x"], "idemlink read"),
+    (["soak", "--commands", "x", "--json"], "idemlink soak"),
+    ([], "idemlink"),
+])
+def test_a_usage_error_is_one_line(argv: list[str], prog: str,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"{prog}: error: ") and err.endswith(f"(usage: {prog} --help)\n"), err

@@ -148,3 +148,46 @@ def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]
     assert f"== {mute.path}: INTERRUPTED (exit 130)" in out
     assert f"{mute.path}: idemlink write: interrupted; 1 request(s) may have run" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_before_anything_was_sent_says_so_in_one_line(as_json: bool) -> None:
+    """SIGINT while every device is still being opened (no answer to HELLO yet): one stderr line
+    saying nothing that may have had an effect was out (it used to print nothing on stderr)."""
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from idemlink.device_sim.pty import open_pty
+
+    pairs = [open_pty(), open_pty()]  # nobody answers on these
+    try:
+        argv = [sys.executable, "-m", "idemlink", "write", *(
+            a for p in pairs for a in ("--port", p.slave_path)), "mode=1", "--timeout", "2",
+            *(["--json"] if as_json else [])]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        heard: set[int] = set()
+        deadline = time.monotonic() + 20
+        while len(heard) < len(pairs):  # each device's HELLO went out: both are opening
+            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+            ready, _, _ = select.select([p.master_fd for p in pairs], [], [], 0.1)
+            for fd in ready:
+                os.read(fd, 4096)
+                heard.add(fd)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        for p in pairs:
+            p.close()
+    assert proc.returncode == 130, (out, err)
+    assert err.splitlines() == ["idemlink write: interrupted: 0 of 2 devices finished; nothing "
+                                "that may have had an effect was out on the 2 other(s)"], err
+    if as_json:
+        devices, error = (json.loads(line) for line in out.splitlines())
+        assert devices["schema"] == "idemlink.devices/1" and devices["exit"] == 130
+        assert error == {"schema": "idemlink.error/1", "command": "write", "exit": 130,
+                         "message": err.splitlines()[0].removeprefix("idemlink write: "),
+                         "devices_run": 2, "devices_finished": 0, "devices_may_have_run": 0}

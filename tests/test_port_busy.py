@@ -42,3 +42,24 @@ def test_a_faulty_url_is_no_way_around_the_exclusive_open() -> None:
                 Device.open(sim.path)
     finally:
         sim.close()
+
+
+def test_the_hint_on_a_busy_pty_is_only_what_works_there() -> None:
+    """``idemlink monitor`` on a pty would be a second reader stealing bytes: not offered."""
+    sim = start_pty_sim()
+    try:
+        with Device.open(sim.path), pytest.raises(PortBusy) as refused:
+            Device.open(sim.path)
+    finally:
+        sim.close()
+    text = str(refused.value)
+    assert "idemlink monitor" not in text
+    assert f"idemlink link --monitor --b {sim.path}" in text
+
+
+def test_the_hint_on_a_serial_device_names_a_tap() -> None:
+    from idemlink.host.port_hint import busy_hint, is_pty
+
+    assert is_pty("faulty:///dev/pts/7?loss=0.1") and not is_pty("/dev/ttyUSB0")
+    assert "on a tap of the line" in busy_hint("/dev/ttyUSB0")
+    assert "link --monitor" in busy_hint("/dev/pts/7")

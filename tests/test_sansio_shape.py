@@ -40,7 +40,7 @@ from idemlink.protocol.frame import (
     decode_frames,
     encode_frame,
 )
-from idemlink.protocol.modbus import RtuDecoder, RtuFrame, encode_rtu
+from idemlink.protocol.modbus_rtu import RtuDecoder, RtuFrame, encode_rtu
 
 SHAPE = ("receive_data", "tick", "next_event", "data_to_send")
 OLD_NAMES = frozenset({"feed", "poll", "send", "next_frame", "idle", "receive", "poll_reboots",
@@ -51,7 +51,7 @@ ticks, but it is called, not fed)."""
 
 MACHINES: dict[str, frozenset[str]] = {
     "idemlink.protocol.frame.FrameDecoder": frozenset({"receive_data", "next_event"}),
-    "idemlink.protocol.modbus.RtuDecoder": frozenset({"receive_data", "tick", "next_event"}),
+    "idemlink.protocol.modbus_rtu.RtuDecoder": frozenset({"receive_data", "tick", "next_event"}),
     "idemlink.protocol.device_session.DeviceSession": frozenset({"receive_data", "data_to_send"}),
     "idemlink.device_sim.device.SimulatedDevice":
         frozenset({"receive_data", "tick", "data_to_send"}),

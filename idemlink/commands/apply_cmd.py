@@ -21,6 +21,12 @@ Contract (the plan format is ``idemlink.host.plan``; docs/CLI.md "apply"):
   Exit 1 only while nothing that may have had an effect was sent. A journal that cannot be written
   once a step was sent: the step's real line, one ``journal`` line on stderr, exit 5 (the device
   changed, our record did not); the step is left in flight and the next run reads it back.
+- ``--modbus-rtu [--unit N]`` applies the plan to a standard Modbus RTU slave (``RtuDevice``):
+  set-only steps converge the same way (reads and writes retried: same absolute values); a
+  trigger or fault clear is sent once, UNKNOWN without an answer and never retried (read back,
+  left in flight). Its receipts are keyed by ``--device-id ID`` (the slave advertises none: a plan
+  with one-shot steps is refused without it), and ``write_if_generation`` is refused (no
+  function 0x41); both before anything is sent.
 - A one-shot step found in flight (an earlier run was cut off) is read back: a trigger that is not
   IDLE, fault bits that are clear, conditional-write registers that hold the values - it ran
   (receipted); otherwise it stays UNKNOWN (exit 5, nothing runs) until ``--resolve KEY
@@ -35,17 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_OK, EXIT_REJECTED, UserError, regmap_from
-from idemlink.commands.device_cmds import (
+from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
-    decode_fault_word,
+    add_rtu_options,
     device_options,
-    link_guarded,
     not_sent,
-    open_device,
-    reconcile_json,
     result_json,
+    rtu_unit,
     worst,
 )
+from idemlink.commands.device_io import AnyDevice, link_guarded, open_any_device, reconcile_json
+from idemlink.commands.faults_cmd import decode_fault_word
 from idemlink.commands.many import SharedJournals
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name
@@ -70,6 +76,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("apply", parents=[device_options()],
                        help="bring a device to a plan: writes converge, one-shot steps journaled")
     p.add_argument("plan", metavar="PLAN.json", help="the plan file (format below, docs/CLI.md)")
+    add_rtu_options(p)
+    p.add_argument("--device-id", metavar="ID",
+                   help="with --modbus-rtu: the id this slave's one-shot receipts are kept under "
+                        "in the journal (a standard Modbus RTU slave advertises none: name it, "
+                        "e.g. by its serial number)")
     add_json_option(p, "idemlink.apply/1")
     p.add_argument("--journal", metavar="PATH",
                    help="receipt journal of the one-shot steps (default: PLAN.json.journal)")
@@ -98,6 +109,7 @@ def run_apply(args: argparse.Namespace) -> int:
         plan = load_plan(args.plan, regmap)
     except PlanError as exc:
         raise UserError(str(exc)) from None
+    check_rtu_plan(args, plan)
     if not args.no_check:
         refusals = map_refusals(plan)
         if refusals:
@@ -122,7 +134,7 @@ def run_apply(args: argparse.Namespace) -> int:
                 lock.release()
             raise journal_refused(journal_path, exc) from None
     try:
-        with open_device(args) as dev:
+        with open_any_device(args) as dev:
             run = ApplyRun(args, dev, regmap, plan, journal, journal_path)
             try:
                 return run.run()
@@ -138,6 +150,26 @@ def run_apply(args: argparse.Namespace) -> int:
     finally:
         if lock is not None:
             lock.release()
+
+
+def check_rtu_plan(args: argparse.Namespace, plan: Plan) -> None:
+    """With ``--modbus-rtu``: what a standard slave cannot do is refused before anything is sent
+    (a conditional write; one-shot steps without ``--device-id`` to key their receipts)."""
+    device_id: str | None = getattr(args, "device_id", None)
+    if rtu_unit(args) is None:
+        if device_id is not None:
+            raise UserError("--device-id names a Modbus RTU slave: it needs --modbus-rtu (an "
+                            "idemlink device advertises its own id)")
+        return
+    conditional = [s for s in plan.steps if s.kind is StepKind.WRITE_IF_GENERATION]
+    if conditional:
+        raise UserError(f"step {conditional[0].index + 1}: write_if_generation needs the idemlink "
+                        "conditional write (function 0x41), which a standard Modbus RTU slave "
+                        "does not have; nothing sent")
+    if plan.one_shot and device_id is None:
+        raise UserError("a Modbus RTU slave advertises no device id, and one-shot steps (trigger, "
+                        "clear) run at most once per device: name this slave with --device-id ID; "
+                        "nothing sent")
 
 
 def journal_refused(journal_path: str, exc: JournalError) -> UserError:
@@ -187,7 +219,7 @@ class Settled:
 class ApplyRun:
     """One run of a plan against one opened device."""
 
-    def __init__(self, args: argparse.Namespace, dev: Device, regmap: RegisterMap, plan: Plan,
+    def __init__(self, args: argparse.Namespace, dev: AnyDevice, regmap: RegisterMap, plan: Plan,
                  journal: DeviceJournal | None, journal_path: str) -> None:
         self.args = args
         self.dev = dev
@@ -204,8 +236,10 @@ class ApplyRun:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
-        info = self.dev.info
-        ident = info.device_id if info is not None else None
+        if isinstance(self.dev, Device):
+            ident = self.dev.info.device_id if self.dev.info is not None else None
+        else:  # a Modbus RTU slave: the id the user gave it (check_rtu_plan)
+            ident = getattr(self.args, "device_id", None)
         self.doc["device_id"] = ident
         if self.journal is not None:
             if not ident:
@@ -374,6 +408,10 @@ class ApplyRun:
         if step.kind is StepKind.TRIGGER:
             assert step.register is not None
             r = self.dev.trigger(step.register.name)
+            if r.ok and r.code is None:  # a Modbus RTU slave's echo: its state says the rest
+                state = self.dev.trigger_status(step.register.name)
+                return r, r.outcome, (f" (written 1; state now {_state_name(state.values[0])})"
+                                      if state.ok else "")
             if not r.ok or r.code is None:
                 return r, r.outcome, ""
             name = trigger_code_name(r.code)

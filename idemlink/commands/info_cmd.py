@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds
+    from idemlink.commands.common import MAX_TIMEOUT, check_seconds
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
     from idemlink.protocol.payloads import printable

@@ -18,7 +18,13 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from idemlink.cli import UserError, add_baudrate_option, add_regmap_option, regmap_from
+from idemlink.cli import (
+    UserError,
+    add_baudrate_option,
+    add_hidden_alias,
+    add_regmap_option,
+    regmap_from,
+)
 from idemlink.output import add_json_option, print_json
 from idemlink.protocol.registers import RegisterMap
 
@@ -30,6 +36,10 @@ pseudo-terminal. The paths of both sides are printed first, one per line (a, the
 can connect its programs; then the proxy serves until SIGINT or SIGTERM, exits 0 and leaves no pty
 behind. --stats prints the fault counters as JSON on stderr at exit; with --json the paths and
 the counters are JSON objects on stdout (docs/CLI.md).
+
+Fault probabilities name their unit: --byte-loss/--byte-dup/--byte-corrupt apply to each byte
+(as the faulty:// URL's loss/dup/corrupt), --frame-loss/--frame-dup/--frame-corrupt to each
+0x00-delimited frame (as soak's and demo's options and the URL's frame_loss...).
 """
 
 
@@ -44,12 +54,20 @@ def register(sub: Any) -> None:
     p.add_argument("--b", metavar="PATH|URL", help="side b (default: create a pty)")
     add_baudrate_option(p, default=None, text="line rate, 10 bits/byte (default: unpaced)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="one-way latency in ms")
-    p.add_argument("--loss", type=float, default=0.0, help="per-byte loss probability")
-    p.add_argument("--dup", type=float, default=0.0, help="per-byte duplication probability")
-    p.add_argument("--corrupt", type=float, default=0.0, help="per-byte bit-flip probability")
-    p.add_argument("--frame-loss", type=float, default=0.0, help="per-frame loss (0x00-delimited)")
-    p.add_argument("--frame-dup", type=float, default=0.0, help="per-frame duplication")
-    p.add_argument("--frame-corrupt", type=float, default=0.0, help="per-frame bit flip")
+    p.add_argument("--byte-loss", dest="loss", type=float, default=0.0, metavar="P",
+                   help="probability that a byte is lost, per byte (default 0)")
+    p.add_argument("--byte-dup", dest="dup", type=float, default=0.0, metavar="P",
+                   help="probability that a byte is duplicated, per byte (default 0)")
+    p.add_argument("--byte-corrupt", dest="corrupt", type=float, default=0.0, metavar="P",
+                   help="probability that a byte gets a bit flip, per byte (default 0)")
+    for old in ("loss", "dup", "corrupt"):  # the spelling before the unit was named
+        add_hidden_alias(p, f"--{old}", old, float)
+    p.add_argument("--frame-loss", type=float, default=0.0, metavar="P",
+                   help="probability that a frame (0x00-delimited) is lost, per frame (default 0)")
+    p.add_argument("--frame-dup", type=float, default=0.0, metavar="P",
+                   help="probability that a frame is duplicated, per frame (default 0)")
+    p.add_argument("--frame-corrupt", type=float, default=0.0, metavar="P",
+                   help="probability that a frame gets a bit flip, per frame (default 0)")
     p.add_argument("--reorder", type=float, default=0.0, help="per-frame swap with the next")
     p.add_argument("--frame-gap-ms", type=float, default=None,
                    help="silence that also ends a frame (for traffic without 0x00 delimiters)")

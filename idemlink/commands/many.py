@@ -18,9 +18,14 @@ Contract:
   finished (a bar on a terminal, a periodic line on stderr otherwise).
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
-- Ctrl-C interrupts every device within one ``--timeout``: each settles what it had out
+- Ctrl-C (caught as a flag by the main thread, then raised in each device thread) interrupts
+  every device within one ``--timeout``: each settles what it had out
   (CANCELLED, as with one port; a write that was out says it may have run), the blocks are printed
-  (INTERRUPTED for a device that had not finished), exit 130.
+  (INTERRUPTED for a device that had not finished), then one stderr line says what happened —
+  ``idemlink read: interrupted: 1 of 3 devices finished; nothing that may have had an effect was
+  out on the 2 others`` (or how many devices had requests out that may have run) — and with
+  ``--json`` one ``idemlink.error/1`` object carries the counts (``devices_run``,
+  ``devices_finished``, ``devices_may_have_run``); exit 130.
 - ``apply`` with several ports shares one receipt journal, locked once by this process; its
   writes are serialised (each device has its own scope in it). ``--trace`` and ``apply --resolve``
   take one port.
@@ -33,18 +38,19 @@ import contextlib
 import copy
 import ctypes
 import io
+import signal
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from idemlink.cli import EXIT_LOCAL_ERROR, UserError
 from idemlink.host.journal import DeviceJournal, JournalLock, StepEvent, lock_journal
-from idemlink.output import Progress, print_json
+from idemlink.output import ERROR_SCHEMA, Progress, print_json
 
 EXIT_INTERRUPTED = 130
 
@@ -178,6 +184,7 @@ class DeviceRun:
     exit: int = EXIT_LOCAL_ERROR
     out: str = ""
     err: str = ""
+    may_have_run: bool = False  #: interrupted with a request out that may have had an effect
 
     @property
     def outcome(self) -> str:
@@ -192,53 +199,108 @@ def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace
         raise UserError("--trace records one port: give one --port")
     if getattr(args, "resolve", None) is not None:
         raise UserError("--resolve settles one journal entry: give one --port, or none")
+    if getattr(args, "device_id", None) is not None:
+        raise UserError("--device-id names one Modbus RTU slave: give one --port")
     runs = [DeviceRun(p) for p in ports]
     journals = SharedJournals()
-    threads: dict[int, int] = {}  # run index -> thread ident, while it runs
-    interrupted = False
+    threads = Threads()
     progress = Progress(args.command, "devices", stream=sys.stderr)
-    with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool:
-        futures = [pool.submit(_one, args, handler, run, i, threads, journals, out, err)
-                   for i, run in enumerate(runs)]
+    with _captured_streams() as (out, err), ThreadPoolExecutor(len(ports)) as pool, \
+            _ctrl_c_as_flag() as ctrl_c:
+        futures: list[Future[None]] = []
         try:
-            while not all(f.done() for f in futures):
-                wait(futures, timeout=0.1, return_when=FIRST_EXCEPTION)
-                progress.update(sum(f.done() for f in futures), len(futures))
-        except KeyboardInterrupt:
-            interrupted = True
-            for ident in list(threads.values()):  # each settles its requests, as Ctrl-C would
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
-                                                           ctypes.py_object(KeyboardInterrupt))
-            wait(futures)
+            for i, run in enumerate(runs):
+                if ctrl_c.is_set():
+                    break
+                futures.append(pool.submit(_one, args, handler, run, i, threads, journals,
+                                           out, err))
+            while not ctrl_c.is_set() and not all(f.done() for f in futures):
+                ctrl_c.wait(0.1)
+                progress.update(sum(f.done() for f in futures), len(runs))
+            if ctrl_c.is_set():
+                threads.interrupt()
+                wait(futures)
+                for run in runs[len(futures):]:  # never submitted: nothing was sent to it
+                    run.exit = EXIT_INTERRUPTED
         finally:
             progress.close()
+    interrupted = ctrl_c.is_set()
     journals.close()
     _report(args, runs)
     if interrupted:
+        _report_interrupt(args, runs)
         return EXIT_INTERRUPTED
     return max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
 
 
+@contextlib.contextmanager
+def _ctrl_c_as_flag() -> Iterator[threading.Event]:
+    """While the devices run, Ctrl-C (SIGINT) sets an event instead of raising KeyboardInterrupt
+    in the main thread: raised inside ``concurrent.futures``' own locking, it could leave a
+    future's lock held and hang the run. Off the main thread (no signal handler can be set
+    there) the event is never set."""
+    event = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: event.set())
+    try:
+        yield event
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Threads:
+    """The device threads still running, and a Ctrl-C delivered to each of them: one that starts
+    after the interrupt does not run its command at all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[int, int] = {}  # run index -> thread ident
+        self.stopping = False
+
+    def enter(self, index: int) -> None:
+        """Register the calling thread; KeyboardInterrupt if Ctrl-C came before it started."""
+        with self._lock:
+            if self.stopping:
+                raise KeyboardInterrupt
+            self._running[index] = threading.get_ident()
+
+    def leave(self, index: int) -> None:
+        with self._lock:
+            self._running.pop(index, None)
+
+    def interrupt(self) -> None:
+        """Raise KeyboardInterrupt in every running device thread (each settles its requests, as
+        Ctrl-C would with one port)."""
+        with self._lock:
+            self.stopping = True
+            for ident in self._running.values():
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident),
+                                                           ctypes.py_object(KeyboardInterrupt))
+
+
 def _one(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int], run: DeviceRun,
-         index: int, threads: dict[int, int], journals: SharedJournals, out: _PerThread,
+         index: int, threads: Threads, journals: SharedJournals, out: _PerThread,
          err: _PerThread) -> None:
     ns = copy.copy(args)
     ns.port, ns.ports, ns.ports_file = run.port, [run.port], None
     ns.shared_journals = journals
     out.local.buf, err.local.buf = io.StringIO(), io.StringIO()
-    threads[index] = threading.get_ident()
     try:
+        threads.enter(index)
         run.exit = handler(ns)
     except UserError as exc:
         print(f"idemlink {args.command}: {exc}", file=sys.stderr)
         run.exit = EXIT_LOCAL_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         run.exit = EXIT_INTERRUPTED
+        run.may_have_run = bool(getattr(exc, "idemlink_reported", False))
     except Exception as exc:  # one device's failure must not hide the others' results
         print(f"idemlink {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         run.exit = EXIT_LOCAL_ERROR
     finally:
-        threads.pop(index, None)
+        threads.leave(index)
         run.out, run.err = out.local.buf.getvalue(), err.local.buf.getvalue()
         out.local.buf = err.local.buf = None
 
@@ -265,6 +327,26 @@ def _report(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
     parts = ", ".join(f"{n} {name}" for name, n in counts.items())
     print(f"{len(runs)} devices: {parts}; exit {worst}")
+
+
+def _report_interrupt(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
+    """The one stderr line (and ``idemlink.error/1`` object with ``--json``) of a Ctrl-C."""
+    finished = sum(r.exit != EXIT_INTERRUPTED for r in runs)
+    others = len(runs) - finished
+    risky = sum(r.may_have_run for r in runs)
+    head = f"interrupted: {finished} of {len(runs)} devices finished; "
+    if risky:
+        message = head + (f"{risky} device(s) had requests out that may have run (UNKNOWN, "
+                          "CANCELLED): read back what they touched before going on")
+    else:
+        message = head + (f"nothing that may have had an effect was out on the {others} "
+                          f"other(s)" if others else "nothing was left out")
+    print(f"idemlink {args.command}: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        print_json(ERROR_SCHEMA, {"command": args.command, "message": message,
+                                  "exit": EXIT_INTERRUPTED, "devices_run": len(runs),
+                                  "devices_finished": finished,
+                                  "devices_may_have_run": risky})
 
 
 def _document(text: str) -> Any:

@@ -14,11 +14,10 @@ unit, labels or bits); ``--json`` prints the map as a JSON map file ``{"schema":
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from idemlink.cli import EXIT_CHECK_FAILED, EXIT_OK, UserError
-from idemlink.output import add_json_option, emit
+from idemlink.output import add_json_option, emit, print_json
 
 CHECK_SCHEMA = "idemlink.regmap-check/1"
 
@@ -55,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
              [f"ok: {regmap.name} ({len(regmap)} registers, hash {regmap.hash.hex()})"])
         return EXIT_OK
     if args.json:
-        print(json.dumps(map_document(regmap), ensure_ascii=False))
+        doc = map_document(regmap)
+        print_json(doc.pop("schema"), doc)
         return EXIT_OK
     print(f"{regmap.name} (hash {regmap.hash.hex()})")
     header = ("address", "name", "kind", "min", "max", "default", "scale", "unit", "values")

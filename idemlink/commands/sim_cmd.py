@@ -5,7 +5,9 @@ by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RT
 (``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the
 FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
 "mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0.
-A port that cannot be opened or a bad flash directory is a one-line error (exit 1).
+A port that cannot be opened or a bad flash directory is a one-line error (exit 1). A flash
+directory serves one simulator at a time (an exclusive ``flock`` on the directory, held while it
+serves): a second one on the same directory is refused with one line, exit 1, nothing changed.
 ``--effects FILE`` appends the framed device's boots and executions to FILE (docs/SOAK.md).
 """
 
@@ -144,9 +146,29 @@ def run(args: argparse.Namespace) -> int:
             open(effects, "a", encoding="utf-8").close()
         except OSError as exc:
             raise UserError(f"--effects {effects}: {exc.strerror}") from None
-    if args.modbus_rtu:
-        return run_rtu(args)
-    return run_framed(args)
+    with _flash_lock(args):
+        if args.modbus_rtu:
+            return run_rtu(args)
+        return run_framed(args)
+
+
+@contextlib.contextmanager
+def _flash_lock(args: argparse.Namespace) -> Iterator[None]:
+    """Hold ``--flash-dir``'s exclusive lock while serving: a second simulator on the same
+    directory is refused with one line before it reads or changes anything there."""
+    if not args.flash_dir:
+        yield
+        return
+    from idemlink.device_sim.flash import FlashBusyError, lock_flash_dir
+
+    try:
+        lock = lock_flash_dir(args.flash_dir)
+    except FlashBusyError as exc:
+        raise UserError(f"flash directory {exc}") from None
+    except OSError as exc:
+        raise UserError(f"flash directory {args.flash_dir}: {exc.strerror or exc}") from None
+    with lock:
+        yield
 
 
 def run_rtu(args: argparse.Namespace) -> int:

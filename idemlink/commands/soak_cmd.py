@@ -11,7 +11,7 @@ in flight: the counts so far are printed, then one line ``idemlink soak: interru
 commands; …`` (with ``--json``: one ``idemlink.error/1`` object carrying ``commands_run`` and the
 counts); a second Ctrl-C interrupts at once. Exit 0 when the oracle found nothing wrong (130 if
 interrupted), 6 when it did, 1 (one line on stderr) when the campaign could not start: bad
-settings, a device command that does not run, or no opening HELLO got through (``--loss 1.0``).
+settings, a device command that does not run, or no opening HELLO got through (``--frame-loss 1.0``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_INTERRUPTED
+from idemlink.cli import EXIT_INTERRUPTED, add_hidden_alias
 from idemlink.output import Progress, add_json_option, error_json, print_json
 
 if TYPE_CHECKING:
@@ -41,9 +41,16 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--commands", type=int, default=20_000,
                    help="commands to run (default 20000)")
-    p.add_argument("--loss", type=float, default=0.1, help="per-frame loss, each direction")
-    p.add_argument("--dup", type=float, default=0.02, help="per-frame duplication, each direction")
-    p.add_argument("--corrupt", type=float, default=0.02, help="per-frame bit flips, each direction")
+    p.add_argument("--frame-loss", dest="loss", type=float, default=0.1, metavar="P",
+                   help="probability that a frame is lost, per frame, each direction (default 0.1)")
+    p.add_argument("--frame-dup", dest="dup", type=float, default=0.02, metavar="P",
+                   help="probability that a frame is duplicated, per frame, each direction "
+                        "(default 0.02)")
+    p.add_argument("--frame-corrupt", dest="corrupt", type=float, default=0.02, metavar="P",
+                   help="probability that a frame gets a bit flip, per frame, each direction "
+                        "(default 0.02)")
+    for old in ("loss", "dup", "corrupt"):  # the spelling before the unit was named
+        add_hidden_alias(p, f"--{old}", old, float)
     p.add_argument("--reorder", type=float, default=0.0, help="per-frame reordering")
     p.add_argument("--noise", type=float, default=0.0, help="noise bursts per simulated second")
     p.add_argument("--reboot-every", type=int, default=500, help="mean commands between reboots")
@@ -136,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
             report = run_campaign(cfg, tick, stop, fail_fast=args.fail_fast, timeline=timeline)
     except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
         raise UserError(str(exc)) from None
-    except (NoDevice, IncompatibleDevice) as exc:  # e.g. --loss 1.0: no handshake gets through
+    except (NoDevice, IncompatibleDevice) as exc:  # e.g. --frame-loss 1.0: no handshake gets through
         raise UserError(f"the opening HELLO failed, no command was run: {exc}") from None
     except (DeviceCommandError, PortError) as exc:
         raise UserError(f"--device-cmd: {exc}") from None

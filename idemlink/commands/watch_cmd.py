@@ -2,15 +2,19 @@
 
 Contract:
 
-- Each poll reads the chosen registers (default: every register of the map) in one pipelined
-  batch, one request per contiguous run. The first poll prints every value; later polls print
+- Each poll reads the chosen registers (names, addresses, ``FIRST:LAST`` ranges or ``--all``,
+  ``idemlink.commands.selection``; default: every register of the map) in one pipelined batch,
+  one request per contiguous run. The first poll prints every value; later polls print
   only registers whose raw value changed (``--every`` prints all of them each time).
 - Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``), ``--csv`` (header
   ``time,poll,register,address,raw,value,unit,outcome``) and ``--json`` (one object per line,
   schema ``idemlink.watch/1``).
 - Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
   ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
-  port that fails is reported once, then reopened at the next interval until it is back.
+  port that fails, or a device that stops answering HELLO, is one stderr line per streak
+  (``idemlink watch: poll 7: /dev/ttyUSB0 failed (Input/output error), no values; trying again
+  at every poll``: the root cause once, no "may have run" — only reads were out), then reopened
+  at each interval, and ``idemlink watch: PORT is back`` once it is.
 - ``--modbus-rtu [--unit N]`` polls a standard Modbus RTU slave instead (``RtuDevice``: reads
   one after the other, retried like any read).
 - It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
@@ -23,13 +27,14 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.output import print_json, register_entry
 
 if TYPE_CHECKING:
     from idemlink.host.device import Command, Device
@@ -43,7 +48,10 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "watch", help="poll registers at an interval and print changes")
     p.add_argument("registers", nargs="*", metavar="NAME",
-                   help="register names or addresses (default: every register)")
+                   help="register names, addresses, or inclusive address ranges FIRST:LAST "
+                        "(0:9, 0x100:0x10F; addresses without a register skipped); "
+                        "default: every register")
+    p.add_argument("--all", action="store_true", help="every register of the map (the default)")
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
     p.add_argument("--timeout", type=float, default=0.2,
@@ -96,19 +104,12 @@ class Printer:
 
     def reading(self, stamp: float, poll: int, spec: RegisterSpec, raw: int | None,
                 outcome: str) -> None:
-        from idemlink.commands.device_cmds import shown
+        from idemlink.commands.common import shown
 
         clock = time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}"
-        value: int | float | str | None = None
-        if raw is not None:
-            label = spec.label_of(raw)
-            value = label if label is not None else (
-                float(spec.scaled(raw)) if spec.scale else raw)
         if self.json:
-            print(json.dumps({
-                "schema": "idemlink.watch/1", "time": round(stamp, 3), "poll": poll,
-                "name": spec.name, "address": spec.address, "raw": raw, "value": value,
-                "unit": spec.unit, "outcome": outcome}), flush=True)
+            print_json("idemlink.watch/1", {"time": round(stamp, 3), "poll": poll,
+                                            **register_entry(spec, raw), "outcome": outcome})
         elif self.csv:
             exact = "" if raw is None else (spec.label_of(raw) or str(spec.scaled(raw)))
             self._row((f"{stamp:.3f}", poll, spec.name, spec.address, "" if raw is None else raw,
@@ -120,26 +121,9 @@ class Printer:
             print(f"{clock} {spec.name} = {shown(spec, raw)}", flush=True)
 
 
-def batches(regmap: RegisterMap, specs: list[RegisterSpec]) -> list[list[RegisterSpec]]:
-    """One read per run of contiguous addresses of the same table (input or holding)."""
-    from idemlink.protocol.registers import RegisterKind
-
-    out: list[list[RegisterSpec]] = []
-    for start, count in regmap.runs(s.address for s in specs):
-        run: list[RegisterSpec] = []
-        for a in range(start, start + count):
-            spec = regmap.at(a)
-            assert spec is not None
-            if run and (spec.kind is RegisterKind.INPUT) != (run[-1].kind is RegisterKind.INPUT):
-                out.append(run)
-                run = []
-            run.append(spec)
-        out.append(run)
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import MAX_TIMEOUT, check_seconds, resolve, rtu_unit
+    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit
+    from idemlink.commands.selection import read_runs, select_registers
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     check_seconds("--interval", args.interval, 86400.0)
@@ -151,8 +135,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     unit = rtu_unit(args)
     regmap = regmap_from(args)
-    specs = [resolve(regmap, r) for r in args.registers] or list(regmap)
-    groups = batches(regmap, specs)
+    groups = read_runs(select_registers(regmap, args.registers, args.all))
     printer = Printer(args)
     summary = Summary()
     try:
@@ -160,6 +143,39 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(summary.line(), file=sys.stderr)
         return EXIT_OK
+
+
+def root_cause(exc: BaseException) -> str:
+    """What went wrong at the bottom of ``exc``'s chain, said once: the operating system's words
+    for the innermost errno (``Input/output error``, ``No such file or directory``), else the
+    exception's own text (the layers above each repeat their cause in their message)."""
+    errno: int | None = None
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            errno = seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return os.strerror(errno) if errno is not None else str(exc)
+
+
+class Trouble:
+    """Says a port or device problem once per streak of failed polls (not at every interval),
+    and that it is back when it is."""
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.failing = False
+
+    def failed(self, what: str) -> None:
+        if not self.failing:
+            print(f"idemlink watch: {what}; trying again at every poll", file=sys.stderr,
+                  flush=True)
+        self.failing = True
+
+    def back(self) -> None:
+        if self.failing:
+            print(f"idemlink watch: {self.port} is back", file=sys.stderr, flush=True)
+        self.failing = False
 
 
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
@@ -171,6 +187,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
     dev: Device | RtuDevice | None = None
     next_start = time.monotonic()
     ever_open = False
+    trouble = Trouble(args.port)
     try:
         while args.count is None or summary.polls < args.count:
             time.sleep(max(0.0, next_start - time.monotonic()))
@@ -187,9 +204,13 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                                           regmap=regmap)
                 except IncompatibleDevice as exc:
                     raise UserError(f"{args.port}: {exc}") from None
-                except (PortError, NoDevice) as exc:
-                    print(f"idemlink watch: {exc}; retrying in {args.interval:g} s",
-                          file=sys.stderr, flush=True)
+                except NoDevice:
+                    trouble.failed(f"no device answered on {args.port}")
+                    summary.polls += 1
+                    summary.failed_polls += 1
+                    continue
+                except PortError as exc:
+                    trouble.failed(f"cannot open {args.port}: {root_cause(exc)}")
                     summary.polls += 1
                     summary.failed_polls += 1
                     continue
@@ -203,9 +224,11 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                     # ahead): a new session (HELLO) hands out numbers that are new again.
                     current.close()
                     dev = None
+                trouble.back()
             except PortError as exc:
-                print(f"idemlink watch: {exc}; reopening at the next poll", file=sys.stderr,
-                      flush=True)
+                # A read changes nothing: this poll simply got no values.
+                trouble.failed(f"poll {summary.polls}: {args.port} failed "
+                               f"({root_cause(exc)}), no values")
                 summary.failed_polls += 1
                 current.close()
                 dev = None

@@ -222,7 +222,7 @@ def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
 
 
 def run_send(args: argparse.Namespace) -> int:
-    from idemlink.commands.device_cmds import check_seconds
+    from idemlink.commands.common import check_seconds
     from idemlink.host.ymodem_io import check_batch_names, send_files
     from idemlink.protocol.ymodem import build_header
 

@@ -1,0 +1,210 @@
+"""What the device commands share: their options, the exit status of each outcome, and how a
+register's value is parsed and shown.
+
+Contract:
+
+- ``device_options()``: the options every device command takes (``--port`` once or several times,
+  ``--ports-file``, ``--baudrate``, ``--timeout``, ``--attempts``, ``--trace``, ``--regmap``), as
+  an argparse parent; ``add_rtu_options`` adds ``--modbus-rtu [--unit N]`` (``rtu_unit`` checks
+  them). Each command adds its own ``--json``, naming its schema.
+- ``EXIT_OF_OUTCOME``: OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5 (``idemlink.cli`` lists every
+  exit status); ``worst`` ranks several outcomes (UNKNOWN > REJECTED > NOT_EXECUTED > OK).
+- Values: ``parse_value`` reads a value as typed for a register (``RegisterSpec.raw_from_text``),
+  ``shown`` prints one as the map reads it (``42.0 °C (raw 420)``); ``check_seconds`` bounds
+  durations; every mistake is a ``UserError`` (one line, exit 1, nothing sent).
+- Output pieces every command's JSON uses: ``result_json`` (one request's outcome),
+  ``reading_entry`` (a register read), ``not_sent``, ``schema_of``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from idemlink.cli import (
+    EXIT_NOT_EXECUTED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNKNOWN,
+    UserError,
+    add_baudrate_option,
+    add_regmap_option,
+)
+from idemlink.commands.many import add_port_options
+from idemlink.commands.selection import resolve
+from idemlink.host.device import Result
+from idemlink.output import register_entry
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
+
+EXIT_OF_OUTCOME: dict[Outcome, int] = {
+    Outcome.OK: EXIT_OK,
+    Outcome.NOT_EXECUTED: EXIT_NOT_EXECUTED,
+    Outcome.REJECTED: EXIT_REJECTED,
+    Outcome.UNKNOWN: EXIT_UNKNOWN,
+}
+
+#: Worst first: the exit status of several commands is that of the worst outcome.
+SEVERITY: tuple[Outcome, ...] = (Outcome.UNKNOWN, Outcome.REJECTED, Outcome.NOT_EXECUTED,
+                                 Outcome.OK)
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    seen = set(outcomes)
+    for o in SEVERITY:
+        if o in seen:
+            return o
+    return Outcome.OK
+
+
+def device_options() -> argparse.ArgumentParser:
+    """The options every device command takes (``--port``, ``--timeout``...), as an argparse
+    parent (each command adds its own ``--json``, naming its schema)."""
+    common = argparse.ArgumentParser(add_help=False)
+    add_port_options(common)
+    add_baudrate_option(common)
+    common.add_argument("--timeout", type=float, default=0.2,
+                        help="seconds to wait for each answer before a retry (default 0.2)")
+    common.add_argument("--attempts", type=int, default=5,
+                        help="sends per command before it is UNKNOWN (default 5)")
+    common.add_argument("--trace", metavar="FILE", default=None,
+                        help="append every frame sent and received, decoded, as JSON lines")
+    add_regmap_option(common)
+    return common
+
+
+def add_rtu_options(p: argparse.ArgumentParser) -> None:
+    """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``)."""
+    p.add_argument("--modbus-rtu", action="store_true",
+                   help="the port has a standard Modbus RTU slave (not an idemlink device)")
+    p.add_argument("--unit", type=int, default=None,
+                   help="with --modbus-rtu: its unit id (1..247, default 1)")
+
+
+def rtu_unit(args: argparse.Namespace) -> int | None:
+    """The unit id to drive with ``--modbus-rtu`` (None without it); ``UserError`` for a unit
+    outside 1..247 or ``--unit`` without ``--modbus-rtu``."""
+    unit: int | None = getattr(args, "unit", None)
+    if not getattr(args, "modbus_rtu", False):
+        if unit is not None:
+            raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu")
+        return None
+    unit = 1 if unit is None else unit
+    if not 1 <= unit <= 247:
+        raise UserError(f"--unit {unit} outside 1..247 (broadcast, unit 0, gets no answer and "
+                        "cannot be read back)")
+    return unit
+
+
+def int_arg(text: str) -> int:
+    try:
+        return int(text, 0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+
+
+def parse_int(text: str, what: str) -> int:
+    """An integer in decimal, 0x hex or 0b binary; ``UserError`` otherwise."""
+    try:
+        return int(text.strip(), 0)
+    except ValueError:
+        raise UserError(f"{what}: {text!r} is not an integer") from None
+
+
+def only_register(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -> RegisterSpec:
+    if ref is not None:
+        spec = resolve(regmap, ref)
+        if spec.kind is not kind:
+            raise UserError(f"{spec.name} is a {spec.kind.name} register, not {kind.name}")
+        return spec
+    specs = regmap.of_kind(kind)
+    if len(specs) != 1:
+        option = "--register NAME" if kind is RegisterKind.FAULT else "its name"
+        raise UserError(f"the map has {len(specs)} {kind.name.lower()} registers: give "
+                        f"{option} ({', '.join(s.name for s in specs)})")
+    return specs[0]
+
+
+def fault_word_of_bits(regmap: RegisterMap, bits: Sequence[str]) -> str | None:
+    """The one fault word that declares every named bit (bit names are unique in a map), or
+    None when a name is unknown (``fault_mask`` then names the choices)."""
+    owners = {s.name for s in regmap.of_kind(RegisterKind.FAULT)
+              for b in s.bits if b.name in bits}
+    if len(owners) > 1:
+        raise UserError(f"those bits belong to different fault words ({', '.join(sorted(owners))})"
+                        ": clear one word at a time with --register NAME")
+    return owners.pop() if owners else None
+
+
+# ------------------------------------------------------------------------------- opening, output
+
+
+MAX_TIMEOUT = 60.0
+"""Upper bound of ``--timeout`` (seconds per answer): beyond it a lost answer looks like a hang."""
+MAX_SECONDS = 366 * 86400.0
+"""Upper bound of ``monitor --seconds`` (a year): larger values overflow the clock arithmetic."""
+
+
+def check_seconds(option: str, value: float, maximum: float) -> None:
+    """A duration option must be a finite number in (0, maximum]; ``UserError`` otherwise
+    (``float()`` accepts ``nan`` and ``inf``, which would hang or crash the loops)."""
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        raise UserError(f"{option} {value!r}: expected seconds, > 0 and <= {maximum:g}")
+
+
+def schema_of(args: argparse.Namespace) -> str:
+    """``idemlink.read/1``, ``idemlink.write/1``...: the schema of the command's document."""
+    return f"idemlink.{args.command}/1"
+
+
+def result_json(r: Result) -> dict[str, Any]:
+    return {
+        "outcome": r.outcome.name,
+        "status": r.status.name if r.status is not None else None,
+        "exception": r.exception.name if r.exception is not None else None,
+        "replay": r.replay,
+        "attempts": r.attempts,
+        "detail": r.describe(),
+    }
+
+
+def reading_entry(spec: RegisterSpec, r: Result, raw: int | None = None) -> dict[str, Any]:
+    """A register read as every schema lists it (``register_entry``) with the read's
+    ``outcome``; ``raw`` and ``value`` are null when the read got no value. ``raw`` is the
+    register's word when ``r`` read several (default: its first value)."""
+    if raw is None and r.ok and r.values:
+        raw = r.values[0]
+    return {**register_entry(spec, raw), "outcome": r.outcome.name}
+
+
+def not_sent(reason: str) -> dict[str, Any]:
+    return {"outcome": Outcome.REJECTED.name, "status": None, "exception": None,
+            "replay": False, "attempts": 0, "detail": f"REJECTED (not sent: {reason})"}
+
+
+def unit_suffix(spec: RegisterSpec) -> str:
+    return f" {spec.unit}" if spec.unit else ""
+
+
+def shown(spec: RegisterSpec, raw: int) -> str:
+    """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``: the map's reading, and the raw value
+    whenever the reading is not the raw number itself."""
+    text = spec.show(raw)
+    if spec.kind is RegisterKind.FAULT:
+        return text
+    bare = text[: -len(unit_suffix(spec))] if unit_suffix(spec) and text.endswith(unit_suffix(spec)) else text
+    if bare == str(raw):
+        return text
+    if spec.label_of(raw) is not None or spec.kind is RegisterKind.TRIGGER:
+        return f"{text} ({raw})"
+    return f"{text} (raw {raw})"
+
+
+def parse_value(spec: RegisterSpec, text: str) -> int:
+    """A value typed for ``spec`` (``RegisterSpec.raw_from_text``: a label, a number in the
+    register's unit, or ``raw:N``/``0x..``); ``UserError`` naming the register otherwise."""
+    try:
+        return spec.raw_from_text(text)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None

@@ -1,0 +1,206 @@
+"""Opening the device a command names and reporting what the command's requests did.
+
+Contract:
+
+- ``open_any_device(args)``: the idemlink device at ``--port`` (``Device.open``, DTR/RTS low,
+  exclusive), or with ``--modbus-rtu`` the standard slave (``RtuDevice``). Tests may inject the
+  device: ``args.open_device()`` is used when the namespace has it. No port, no device answering,
+  a busy port, a device serving another map: one ``UserError`` line, nothing sent. A framed command
+  that finds no idemlink device but a Modbus RTU slave at unit 1 says "this port answers Modbus
+  RTU, not idemlink: add --modbus-rtu".
+- ``link_guarded(handler)``: the handler on every ``--port`` (several: ``idemlink.commands.many``),
+  with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
+  request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
+  said once (exit 130).
+- ``finish``: prints the command's result (text, or ``idemlink.COMMAND/1`` with ``--json``) with
+  its worst outcome; after an UNKNOWN that may have had an effect it reads back what the request
+  touched (``Device.reconcile``) and reports it. An unanswered read changed nothing: not read back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from idemlink.cli import (
+    EXIT_INTERRUPTED,
+    EXIT_LOCAL_ERROR,
+    EXIT_UNKNOWN,
+    UserError,
+    mark_reported,
+    regmap_from,
+)
+from idemlink.commands.common import (
+    EXIT_OF_OUTCOME,
+    MAX_TIMEOUT,
+    check_seconds,
+    result_json,
+    rtu_unit,
+    schema_of,
+    worst,
+)
+from idemlink.commands.many import ports_of, run_on_ports
+from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
+from idemlink.host.rtu_device import RtuDevice
+from idemlink.output import emit, error_json
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.registers import RegisterMap
+
+
+def open_device(args: argparse.Namespace) -> Device:
+    """The device at ``args.port`` (or ``args.open_device()`` when a test injected one)."""
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    injected: Callable[[], Device] | None = getattr(args, "open_device", None)
+    if injected is not None:
+        return injected()
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    regmap = regmap_from(args)
+    trace = getattr(args, "trace", None)
+    try:
+        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                           attempts=args.attempts, regmap=regmap, trace=trace)
+    except OSError as exc:  # the trace file (the port's own failures are PortError)
+        raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
+    except NoDevice as exc:
+        if answers_modbus_rtu(args.port, args.baudrate, regmap, args.timeout):
+            raise UserError(f"{args.port}: this port answers Modbus RTU, not idemlink: add "
+                            "--modbus-rtu") from None
+        raise UserError(f"{args.port}: {exc}") from None
+    except (PortError, IncompatibleDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+AnyDevice = Device | RtuDevice
+"""An idemlink device or, with ``--modbus-rtu``, a standard Modbus RTU slave."""
+
+
+def open_any_device(args: argparse.Namespace) -> AnyDevice:
+    """``open_device``, or with ``--modbus-rtu`` the slave at ``args.port``, unit ``args.unit``."""
+    unit = rtu_unit(args)
+    if unit is None:
+        return open_device(args)
+    injected: Callable[[], RtuDevice] | None = getattr(args, "open_device", None)
+    if injected is not None:
+        return injected()
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if not args.port:
+        raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    if getattr(args, "trace", None) is not None:
+        raise UserError("--trace decodes idemlink frames: it does not apply with --modbus-rtu")
+    if getattr(args, "if_generation", None) is not None:
+        raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
+                        "which a standard Modbus RTU slave does not have; nothing was sent")
+    try:
+        return RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
+                              timeout=args.timeout, attempts=args.attempts,
+                              regmap=regmap_from(args))
+    except (PortError, NoDevice) as exc:
+        raise UserError(f"{args.port}: {exc}") from None
+
+
+def answers_modbus_rtu(port: str, baudrate: int, regmap: RegisterMap, timeout: float) -> bool:
+    """Whether a Modbus RTU slave answers at unit 1 on ``port`` (one read of the map's first
+    register; an exception answer counts): said when a framed command found no idemlink
+    device there."""
+    try:
+        with RtuDevice.open(port, baudrate=baudrate, regmap=regmap, timeout=timeout,
+                            attempts=1, probe=False) as dev:
+            r = dev.execute(dev.read_command(regmap.registers[0].address))
+    except (PortError, LinkLost):
+        return False
+    return r.outcome is not Outcome.UNKNOWN or r.exception is not None
+
+
+def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
+    (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent); the hint to
+    read back is given only if one that was out may have had an effect (not for a read). An
+    interrupt (Ctrl-C) still exits 130, after one line if a request that may have had an effect
+    was out."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        ports = ports_of(args)
+        if len(ports) > 1:
+            return run_on_ports(args, one_port, ports)
+        args.port = ports[0] if ports else None
+        return one_port(args)
+
+    def one_port(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except LinkLost as exc:
+            outcome = Outcome.UNKNOWN if exc.unknown else None
+            hint = ""
+            if any(r.outcome is Outcome.UNKNOWN and r.command.may_have_effect for r in exc.results):
+                hint = ("; once the port is back, `idemlink apply` again reads the step back"
+                        if args.command == "apply" else
+                        "; once the port is back, read back what it touched before going on")
+            print(f"idemlink {args.command}: {exc}{hint}",
+                  file=sys.stderr)
+            status = EXIT_UNKNOWN if exc.unknown else EXIT_LOCAL_ERROR
+            error_json(args, f"{exc}{hint}", status, outcome=outcome.name if outcome else None,
+                       error=str(exc), results=[result_json(r) for r in exc.results])
+            return status
+        except KeyboardInterrupt as exc:
+            results: tuple[Result, ...] = getattr(exc, "settled_results", ())
+            sent = [r for r in results if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
+            if sent:
+                message = (f"interrupted; {len(sent)} request(s) may have run (UNKNOWN, "
+                           "CANCELLED): read back what it touched before going on")
+                print(f"idemlink {args.command}: {message}", file=sys.stderr)
+                error_json(args, message, EXIT_INTERRUPTED, outcome=Outcome.UNKNOWN.name,
+                           error="interrupted", results=[result_json(r) for r in results])
+                mark_reported(exc)
+            raise
+
+    guarded.__name__ = handler.__name__
+    guarded.__doc__ = handler.__doc__
+    return guarded
+
+
+def reconcile_json(dev: AnyDevice, r: Result) -> tuple[dict[str, Any], str]:
+    """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
+    rec = dev.reconcile(r)
+    if rec is None:  # pragma: no cover - reconcile(r) answers for every command
+        return {"observed": {}, "intended_state_holds": None, "summary": "nothing to read"}, ""
+    doc = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
+           "summary": rec.summary}
+    line = " ".join([f"UNKNOWN: it may have run; read back: {rec.summary}",
+                     *(f"{k}={v}" for k, v in rec.observed.items())])
+    return doc, line
+
+
+def after_unknown(dev: AnyDevice, results: Sequence[Result], doc: dict[str, Any],
+                  lines: list[str]) -> None:
+    """Read back what every UNKNOWN command that may have had an effect touched and add it to the
+    output: ``reconcile`` is the first one's (the one blocking the handle), ``reconciles`` lists
+    each in command order. An unanswered read has nothing to read back."""
+    each: list[dict[str, Any]] = []
+    for r in results:
+        if r.outcome is not Outcome.UNKNOWN or not r.command.may_have_effect:
+            continue
+        rec, line = reconcile_json(dev, r)
+        each.append(rec)
+        lines.append(line)
+    if each:
+        doc["reconcile"] = each[0]
+        doc["reconciles"] = each
+
+
+def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
+           doc: dict[str, Any], lines: list[str]) -> int:
+    """Print the command's result (``idemlink.COMMAND/1`` with ``--json``): the worst outcome,
+    and on UNKNOWN what was read back; return its exit status."""
+    outcome = worst(r.outcome for r in results)
+    doc["outcome"] = outcome.name
+    if outcome is Outcome.UNKNOWN:
+        after_unknown(dev, results, doc, lines)
+    emit(args, schema_of(args), doc, lines)
+    return EXIT_OF_OUTCOME[outcome]

@@ -1,0 +1,98 @@
+"""Which registers a reading command (``read``, ``watch``) covers, and the reads that fetch them.
+
+Contract:
+
+- ``select_registers(regmap, refs, every)``: each ref is a register name, an address (``4``,
+  ``0x4``) or an inclusive range of addresses ``A:B`` (``0:9``, ``0x100:0x10F``). A range takes
+  the map's registers inside it and skips the addresses the map does not declare; a range with
+  ``B < A``, bounds that are not integers, or no register inside is a ``UserError`` (one line,
+  nothing sent). ``every`` (``--all``) is every register of the map and takes no refs; no refs
+  at all is every register too. A register named twice is read once (its first place kept).
+- ``is_range(ref)``: whether a ref is a range (``read`` then reads in runs, like ``--all``).
+- ``read_runs(specs)``: the reads that fetch ``specs``: one per run of contiguous addresses of
+  the same table (input registers apart from the others, as FC04 and FC03 are), in address
+  order, at most ``MAX_READ_COUNT`` registers each (a Modbus read's limit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from idemlink.cli import UserError
+from idemlink.protocol.modbus import MAX_READ_COUNT
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
+
+
+def is_range(ref: str) -> bool:
+    return ":" in ref
+
+
+def _bound(text: str, ref: str) -> int:
+    try:
+        value = int(text.strip(), 0)
+    except ValueError:
+        raise UserError(f"{ref!r}: a range is FIRST:LAST, two addresses (0:9, 0x100:0x10F)") from None
+    if value < 0:
+        raise UserError(f"{ref!r}: an address is >= 0")
+    return value
+
+
+def _range(regmap: RegisterMap, ref: str) -> list[RegisterSpec]:
+    first_text, _, last_text = ref.partition(":")
+    first, last = _bound(first_text, ref), _bound(last_text, ref)
+    if last < first:
+        raise UserError(f"{ref!r}: the range ends before it starts (FIRST:LAST, both included)")
+    specs = [s for s in regmap if first <= s.address <= last]
+    if not specs:
+        raise UserError(f"no register at addresses {first}..{last} in the map {regmap.name} "
+                        f"(addresses: {', '.join(str(s.address) for s in regmap)})")
+    return specs
+
+
+def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
+    """A register by name or address; ``UserError`` naming the known ones otherwise."""
+    spec: RegisterSpec | None
+    if isinstance(ref, int) or ref.strip().lstrip("-").isdigit() or ref.startswith("0x"):
+        try:
+            spec = regmap.at(ref if isinstance(ref, int) else int(ref, 0))
+        except ValueError:
+            spec = None
+    else:
+        try:
+            spec = regmap.named(ref)
+        except KeyError:
+            spec = None
+    if spec is None:
+        names = ", ".join(r.name for r in regmap)
+        raise UserError(f"no register {ref!r} in the map {regmap.name} (registers: {names}); "
+                        "for another device, give its map with --regmap FILE")
+    return spec
+
+
+def select_registers(regmap: RegisterMap, refs: Sequence[str], every: bool = False
+                     ) -> list[RegisterSpec]:
+    """The registers ``refs`` name (names, addresses, ``A:B`` ranges), or every register."""
+    if every and refs:
+        raise UserError("--all reads every register: give register names or --all, not both")
+    if every or not refs:
+        return list(regmap)
+    out: list[RegisterSpec] = []
+    for ref in refs:
+        for spec in _range(regmap, ref) if is_range(ref) else [resolve(regmap, ref)]:
+            if spec not in out:
+                out.append(spec)
+    return out
+
+
+def read_runs(specs: Sequence[RegisterSpec]) -> list[list[RegisterSpec]]:
+    """One read per run of contiguous addresses of one table, at most MAX_READ_COUNT long."""
+    out: list[list[RegisterSpec]] = []
+    for spec in sorted({s.address: s for s in specs}.values(), key=lambda s: s.address):
+        run = out[-1] if out else None
+        if (run is not None and run[-1].address + 1 == spec.address
+                and len(run) < MAX_READ_COUNT
+                and (run[-1].kind is RegisterKind.INPUT) == (spec.kind is RegisterKind.INPUT)):
+            run.append(spec)
+        else:
+            out.append([spec])
+    return out
