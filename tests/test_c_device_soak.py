@@ -274,3 +274,27 @@ def test_qemu_device_tool_refuses_bad_arguments_in_one_line(
                        check=False, cwd=tmp_path)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     assert r.stdout == ""
+
+
+def test_the_cli_soak_drives_the_c_device_with_a_short_retry_timeout(device_bin: Path) -> None:
+    """The documented template through `idemlink soak`, as a firmware engineer runs it: the
+    device declares its own trigger duration, `--retry-timeout` paces retries for a fast device."""
+    template = f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
+    r = subprocess.run([sys.executable, "-m", "idemlink", "soak", "--device-cmd", template,
+                        "--commands", "400", "--reboot-every", "100", "--retry-timeout", "0.01",
+                        "--no-progress", "--json"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.splitlines()[-1])
+    assert report["passed"] is True and report["commands"] == 400
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--retry-timeout", "0"], "must be between 0.001 and 60 seconds"),
+    (["--retry-timeout", "nan"], "must be between 0.001 and 60 seconds"),
+    (["--retry-timeout", "0.01"], "is for --device-cmd"),
+])
+def test_a_bad_retry_timeout_is_one_line_exit_1(args: list[str], says: str) -> None:
+    r = subprocess.run([sys.executable, "-m", "idemlink", "soak", "--commands", "10", *args],
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr

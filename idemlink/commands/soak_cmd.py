@@ -17,6 +17,7 @@ settings, a device command that does not run, or no opening HELLO got through (`
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
@@ -63,8 +64,12 @@ def register(sub: Any) -> None:
                         "the file it appends its record to, {flash} a directory kept across its "
                         "restarts (docs/SOAK.md)")
     p.add_argument("--trigger-duration", type=float, default=None,
-                   help="seconds a trigger stays RUNNING on the device (0.05 in-process; give "
-                        "the device command's value with --device-cmd)")
+                   help="seconds a trigger stays RUNNING on the device (0.05 in-process; with "
+                        "--device-cmd a device whose boot line declares its own is judged by it)")
+    p.add_argument("--retry-timeout", type=float, default=None, metavar="SECONDS",
+                   help="with --device-cmd: seconds without an answer before a retry (default "
+                        "0.1, for a device in Python on a loaded machine; a device in C answers "
+                        "within milliseconds, and an early retry is answered by replay)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
@@ -134,11 +139,18 @@ def run(args: argparse.Namespace) -> int:
     def tick(n: int) -> None:
         bar.update(bar.done + n, cfg.commands)
 
+    retry = args.retry_timeout
+    if retry is not None and not (math.isfinite(retry) and 0.001 <= retry <= 60):
+        raise UserError(f"--retry-timeout {retry} must be between 0.001 and 60 seconds")
+    if retry is not None and not args.device_cmd:
+        raise UserError("--retry-timeout is for --device-cmd (the in-process line runs on "
+                        "simulated time)")
     stop, restore = _first_interrupt_stops()
     try:
         if args.device_cmd:
             report = run_device_campaign(cfg, args.device_cmd, tick, stop,
-                                         fail_fast=args.fail_fast, timeline=timeline)
+                                         fail_fast=args.fail_fast, timeline=timeline,
+                                         retry_timeout=retry)
         else:
             report = run_campaign(cfg, tick, stop, fail_fast=args.fail_fast, timeline=timeline)
     except LinkConfigError as exc:  # a probability or rate out of range: the user's mistake
