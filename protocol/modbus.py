@@ -19,8 +19,8 @@ Contract:
   * ``0x45 FILE_INFO`` (framed only): ``len:u8 name:utf8*len`` -> ``status:u8 size:u32
     crc32c:u32`` of a committed file (status 0 present, 1 absent: size and CRC 0). Read-only, so
     a retry or a replay is harmless. The name follows YMODEM's receive rules
-    (``idemlink.protocol.ymodem.check_name``); a refused name or a bad length is exception 03. Its codec is
-    separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
+    (``idemlink.protocol.ymodem.check_name``); a refused name or a bad length is exception 03.
+    Its codec is separate (``encode_file_info_request`` / ``decode_file_info_request``): ``decode_request``
     answers 01 for it, as for 0x44, so the register core (and the RTU face) never sees it.
 
 - The answer rules a host applies, here once for every shell, the simulator and the C core's tests:
@@ -35,6 +35,10 @@ Contract:
 - ``decode_request`` never returns a half-valid request: it raises a typed ``ModbusPduError``
   carrying the exception code to answer (short PDU / wrong byte count / trailing bytes / count 0 or
   over 125 (read) / 123 (write) -> 03; address + count past 0x10000 -> 02; unknown function -> 01).
+
+Why one module of this size: a new function code changes its request codec, its answer codec and
+its answer rules together, and all three must agree; keeping them in one file keeps that change in
+one place (the RTU framing, which changes for other reasons, is apart).
 """
 
 from __future__ import annotations
