@@ -893,8 +893,10 @@ class SenderConfig:
     #: byte (1 s timeout) before each 'C' it sends for a header, so the NUL saves it that second;
     #: an rb whose first 'C' was lost (pyserial purges input when it opens a port) answers the
     #: NUL with 'C' after 1 s instead of its 10 s timeout. Our receiver ignores a NUL there (and
-    #: NAKs it before a commit, never 'C'). None: never.
-    nudge_after: float | None = 0.05
+    #: NAKs it before a commit, never 'C'). 5 ms: rb flushes its input right after writing the
+    #: ACK (microseconds), so the NUL only has to come after that; every ms more is a ms rb
+    #: sits idle, twice per file (after each ACK to EOT) and once at the start. None: never.
+    nudge_after: float | None = 0.005
     #: ... but after an ACK to EOT only when that ACK came this long after our EOT (rb answers an
     #: EOT after 1 s of silence): a prompt ACK is a receiver that sends its 'C' promptly too, or a
     #: late copy; a NUL close behind our EOT could share the receiver's read with it and make the

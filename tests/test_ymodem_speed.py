@@ -41,17 +41,30 @@ def _to_first_eot(tx: Sender) -> None:
     assert tx.data_to_send()[-1:] == bytes([EOT]) and tx.state is TxState.SENT_EOT1
 
 
-def test_defaults_answer_at_once_and_nudge_after_50_ms() -> None:
+def test_defaults_answer_at_once_and_nudge_after_5_ms() -> None:
     cfg = SenderConfig()
-    assert cfg.turnaround == 0.0 and cfg.flush_guard == 0.002 and cfg.nudge_after == 0.05
+    assert cfg.turnaround == 0.0 and cfg.flush_guard == 0.002 and cfg.nudge_after == 0.005
+
+
+def test_rb_sits_idle_only_5_ms_after_its_slow_ack_to_eot() -> None:
+    """rb flushes its input microseconds after writing the ACK, then waits (1 s) for any byte
+    before its 'C': each ms before the NUL is a ms of idle line, twice per file."""
+    tx = _sender()
+    _to_first_eot(tx)
+    tx.receive_data(bytes([ACK]), 1.2)
+    assert tx.next_deadline() == pytest.approx(1.205)
+    tx.tick(1.2049)
+    assert tx.data_to_send() == b""
+    tx.tick(1.205)
+    assert tx.data_to_send() == NUL
 
 
 def test_no_c_at_the_start_sends_one_nul_then_waits() -> None:
     tx = _sender()
-    assert tx.next_deadline() == pytest.approx(0.05)
-    tx.tick(0.049)
+    assert tx.next_deadline() == pytest.approx(0.005)
+    tx.tick(0.0049)
     assert tx.data_to_send() == b""
-    tx.tick(0.05)
+    tx.tick(0.005)
     assert tx.data_to_send() == NUL and tx.state is TxState.WAIT_START
     tx.tick(5.0)
     assert tx.data_to_send() == b"" and tx.nudges == 1  # once only
@@ -61,7 +74,7 @@ def test_no_c_at_the_start_sends_one_nul_then_waits() -> None:
 
 def test_a_c_before_the_nudge_cancels_it() -> None:
     tx = _sender()
-    tx.receive_data(bytes([CRC_REQUEST]), 0.01)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.001)
     tx.data_to_send()
     tx.tick(0.2)
     assert tx.data_to_send() == b"" and tx.nudges == 0
@@ -159,7 +172,7 @@ def test_a_prompt_ack_to_eot_is_not_nudged() -> None:
     once anyway) gets no nudge; only an ACK that came after rb's second of silence does."""
     tx = _sender()
     _to_first_eot(tx)
-    tx.receive_data(bytes([ACK]), 0.26)  # 50 ms after the EOT
+    tx.receive_data(bytes([ACK]), 0.26)  # 50 ms after the EOT: prompt
     assert tx.state is TxState.WAIT_NEXT_C
     tx.tick(1.0)
     assert tx.data_to_send() == b"" and tx.nudges == 0
