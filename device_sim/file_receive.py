@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import ReceiverConfig
 from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, TransferReport
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
 
 DEVICE_RECEIVER = ReceiverConfig(c_interval=1.0, header_retries=10)
 """The device gives up after ~10 s without a sender (the spec's 'C' cadence would wait 60 s)."""

@@ -18,17 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import (
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     FileCommitted,
     FileUnconfirmed,
     Progress,
-    ReceiverConfig,
-    Sender,
-    SenderConfig,
-    SendFile,
-    TxState,
 )
 from idemlink.protocol.ymodem_files import (
     FileResult,
@@ -37,6 +32,9 @@ from idemlink.protocol.ymodem_files import (
     ReceiverDriver,
     TransferReport,
 )
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import TxState
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import (
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     Event,
@@ -36,12 +36,10 @@ from idemlink.protocol.ymodem import (
     FileData,
     FileStarted,
     HeaderRefused,
-    Receiver,
-    ReceiverConfig,
-    RxState,
-    check_name,
-    sanitize_mode,
 )
+from idemlink.protocol.ymodem_names import check_name, sanitize_mode
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_tables import RxState
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,10 @@ from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.ymodem import CAN, Sender, SendFile, TxState
 from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver
+from idemlink.protocol.ymodem_sender import Sender, SendFile
+from idemlink.protocol.ymodem_tables import TxState
+from idemlink.protocol.ymodem_wire import CAN
 
 HASH = b"12345678"
 READ = b"\x03\x00\x00\x00\x01"

@@ -7,6 +7,7 @@ seeded fault campaign whose oracle is the source data (never the code under test
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from collections.abc import Callable
@@ -17,30 +18,44 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idemlink.protocol import ymodem as ym
-from idemlink.protocol.ymodem import (
-    ACK,
-    CAN,
-    CRC_REQUEST,
-    EOT,
-    NAK,
-    SOH,
-    STX,
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     FileCommitted,
     FileData,
     FileStarted,
-    HeaderRefusal,
     HeaderRefused,
-    NameRefusal,
-    Receiver,
-    ReceiverConfig,
+)
+from idemlink.protocol.ymodem_names import NameRefusal, check_name, sanitize_mode
+from idemlink.protocol.ymodem_receiver import ACTION_METHODS as RX_ACTION_METHODS
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_sender import ACTION_METHODS as TX_ACTION_METHODS
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import (
+    RX_TRANSITIONS,
+    TX_TRANSITIONS,
+    RxAction,
+    RxIn,
     RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
+    TxAction,
     TxState,
+)
+from idemlink.protocol.ymodem_wire import (
+    ACK,
+    CAN,
+    CRC_REQUEST,
+    EOT,
+    NAK,
+    NUDGE,
+    SOH,
+    STX,
+    Header,
+    HeaderRefusal,
+    build_block,
+    build_header,
+    crc16,
+    parse_header,
+    parse_size,
 )
 
 # An independent CRC reference (crcmod's table is what the module uses; this is the bitwise rule).
@@ -199,37 +214,37 @@ def make_pair(spec: dict[str, bytes], tx_cfg: SenderConfig | None = None,
 
 
 def test_crc_is_crc16_xmodem() -> None:
-    assert ym.crc16(b"123456789") == 0x31C3
+    assert crc16(b"123456789") == 0x31C3
     assert crcmod.predefined.mkCrcFun("xmodem")(b"123456789") == ref_crc(b"123456789")
 
 
 @given(st.integers(0, 1000), st.sampled_from([128, 1024]), st.binary(min_size=0, max_size=1024))
 def test_build_block_matches_the_bitwise_reference(number: int, size: int, data: bytes) -> None:
     payload = data[:size].ljust(size, b"\x1a")
-    assert ym.build_block(number, payload) == ref_block(number, payload)
+    assert build_block(number, payload) == ref_block(number, payload)
 
 
 def test_header_layout_is_name_nul_decimal_octal_octal() -> None:
-    length, payload = ym.build_header("fw.bin", 1000, 0o14567123456, 0o644)
+    length, payload = build_header("fw.bin", 1000, 0o14567123456, 0o644)
     assert length == 128
     assert payload == (b"fw.bin\x00" + b"1000 14567123456 100644 0\x00").ljust(128, b"\x00")
 
 
 def test_long_name_uses_a_1k_block0() -> None:
     name = "n" * 200
-    length, payload = ym.build_header(name, 5, 0, 0o600)
+    length, payload = build_header(name, 5, 0, 0o600)
     assert length == 1024 and payload.startswith(name.encode() + b"\x00" + b"5 0 100600 0\x00")
 
 
 @given(
     st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters="/\\:"),
-             min_size=1, max_size=100).filter(lambda s: ym.check_name(s.encode()) == s),
+             min_size=1, max_size=100).filter(lambda s: check_name(s.encode()) == s),
     st.integers(0, 2**40), st.integers(0, 2**33), st.integers(0, 0o7777),
 )
 def test_header_round_trip(name: str, size: int, mtime: int, mode: int) -> None:
-    _, payload = ym.build_header(name, size, mtime, mode)
-    h = ym.parse_header(payload)
-    assert h == ym.Header(name, size, mtime, mode | 0o100000)
+    _, payload = build_header(name, size, mtime, mode)
+    h = parse_header(payload)
+    assert h == Header(name, size, mtime, mode | 0o100000)
 
 
 SIZE_RULE = [
@@ -250,22 +265,22 @@ SIZE_RULE = [
 
 @pytest.mark.parametrize(("field_", "expected"), SIZE_RULE)
 def test_size_rule(field_: bytes, expected: int | None) -> None:
-    assert ym.parse_size(field_) == expected
+    assert parse_size(field_) == expected
     payload = (b"f\x00" + field_ + b" 0 100644").ljust(128, b"\x00")
-    parsed = ym.parse_header(payload)
+    parsed = parse_header(payload)
     if expected is None:
         assert parsed is HeaderRefusal.BAD_SIZE
     else:
-        assert isinstance(parsed, ym.Header) and parsed.size == expected
+        assert isinstance(parsed, Header) and parsed.size == expected
 
 
 def test_header_without_metadata_has_unknown_size() -> None:
-    assert ym.parse_header(b"f\x00".ljust(128, b"\x00")) == ym.Header("f", None, None, None)
+    assert parse_header(b"f\x00".ljust(128, b"\x00")) == Header("f", None, None, None)
 
 
 def test_bad_mtime_or_mode_is_ignored_not_fatal() -> None:
-    h = ym.parse_header(b"f\x0010 9z 88".ljust(128, b"\x00"))
-    assert h == ym.Header("f", 10, None, None)
+    h = parse_header(b"f\x0010 9z 88".ljust(128, b"\x00"))
+    assert h == Header("f", 10, None, None)
 
 
 HOSTILE_NAMES: list[tuple[bytes, NameRefusal | str]] = [
@@ -301,7 +316,7 @@ HOSTILE_NAMES: list[tuple[bytes, NameRefusal | str]] = [
 
 @pytest.mark.parametrize(("raw", "expected"), HOSTILE_NAMES)
 def test_check_name(raw: bytes, expected: NameRefusal | str) -> None:
-    assert ym.check_name(raw) == expected
+    assert check_name(raw) == expected
 
 
 @pytest.mark.parametrize("raw", [r for r, e in HOSTILE_NAMES if isinstance(e, NameRefusal) and r])
@@ -342,33 +357,35 @@ def test_declared_size_over_the_limit_is_refused() -> None:
 ])
 def test_mode_never_grants_setuid_setgid_sticky_or_world_write(mode: int | None,
                                                                 expected: int) -> None:
-    assert ym.sanitize_mode(mode) == expected
+    assert sanitize_mode(mode) == expected
 
 
 @given(st.integers(0, 0o177777))
 def test_sanitized_mode_property(mode: int) -> None:
-    assert ym.sanitize_mode(mode) & 0o7002 == 0
+    assert sanitize_mode(mode) & 0o7002 == 0
 
 
 # --- tables --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table,cls,prefix", [
-    (ym.RX_TRANSITIONS, Receiver, "_rx_"), (ym.TX_TRANSITIONS, Sender, "_tx_"),
+@pytest.mark.parametrize("table,actions", [
+    (RX_TRANSITIONS, RxAction), (TX_TRANSITIONS, TxAction),
 ])
-def test_every_table_action_exists_and_terminal_states_are_sinks(
-        table: dict[tuple[object, object], tuple[object, str]], cls: type, prefix: str) -> None:
+def test_every_action_has_its_method_and_terminal_states_are_sinks(
+        table: dict[tuple[object, object], tuple[object, enum.Enum]], actions: type[enum.Enum]) -> None:
+    methods = RX_ACTION_METHODS if actions is RxAction else TX_ACTION_METHODS
+    assert set(methods) == set(actions)  # every action runs a method, and only actions do
     for (state, _), (_, action) in table.items():
-        assert callable(getattr(cls, prefix + action, None)), action
+        assert isinstance(action, actions) and callable(methods[action]), action
         assert getattr(state, "name", "") != "ABORTED"
 
 
-def test_receiver_eot_rows_are_the_seed_machine() -> None:
-    t = ym.RX_TRANSITIONS
-    assert t[(RxState.RECV_DATA, ym.RxIn.EOT)] == (RxState.WAIT_EOT_CONFIRM, "first_eot")
-    assert t[(RxState.WAIT_EOT_CONFIRM, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "commit")
-    assert t[(RxState.WAIT_NEXT_HEADER, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "reack_eot")
-    assert [a for (_, _), (_, a) in t.items()].count("commit") == 1
+def test_receiver_eot_rows_are_the_idempotent_handshake() -> None:
+    t = RX_TRANSITIONS
+    assert t[(RxState.RECV_DATA, RxIn.EOT)] == (RxState.WAIT_EOT_CONFIRM, RxAction.FIRST_EOT)
+    assert t[(RxState.WAIT_EOT_CONFIRM, RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, RxAction.COMMIT)
+    assert t[(RxState.WAIT_NEXT_HEADER, RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, RxAction.REACK_EOT)
+    assert [a for (_, _), (_, a) in t.items()].count(RxAction.COMMIT) == 1
 
 
 # --- the receiver's EOT machine, byte by byte ------------------------------------------------------
@@ -545,7 +562,7 @@ file_names = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E,
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.dictionaries(file_names.filter(lambda s: ym.check_name(s.encode()) == s),
+    st.dictionaries(file_names.filter(lambda s: check_name(s.encode()) == s),
                     st.integers(0, 5000), min_size=0, max_size=3),
     st.sampled_from([128, 1024]),
     st.booleans(),
@@ -682,7 +699,7 @@ def test_docs_list_every_transition_of_both_tables() -> None:
     from pathlib import Path
 
     doc = (Path(__file__).parent.parent / "docs" / "YMODEM.md").read_text(encoding="utf-8")
-    for table in (ym.RX_TRANSITIONS, ym.TX_TRANSITIONS):
+    for table in (RX_TRANSITIONS, TX_TRANSITIONS):
         for (state, inp), (target, _) in table.items():
             row = f"| {state.value} | {inp.value} | {target.value} |"
             assert row in doc, f"docs/YMODEM.md lacks {row}"
@@ -722,7 +739,7 @@ def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
         tx.tick(now)
         out = tx.data_to_send()
         # frames, EOT, CAN or the nudge (a lone NUL): nothing else
-        assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([ym.NUDGE])
+        assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([NUDGE])
     committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
     assert len(committed) == len({e.name for e in committed})
 
@@ -938,7 +955,7 @@ def test_late_copies_of_control_bytes_long() -> None:
 def _rx_committed_one_block_file() -> Receiver:
     rx = Receiver()
     rx.start(0.0)
-    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    _, header = build_header("a.bin", 5, 0, 0o644)
     rx.receive_data(ref_block(0, header), 0.1)
     block1 = ref_block(1, b"hello".ljust(128, b"\x1a"))
     rx.receive_data(block1, 0.2)
@@ -953,7 +970,7 @@ def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
     rx = _rx_committed_one_block_file()
     rx.receive_data(bytes([EOT]), 0.5)  # our ACK was lost: the sender repeats the EOT
     assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-    bad = bytearray(ref_block(0, ym.build_header("b.bin", 0, 0, 0o644)[1]))
+    bad = bytearray(ref_block(0, build_header("b.bin", 0, 0, 0o644)[1]))
     bad[40] ^= 0x10  # the next header, damaged
     rx.receive_data(bytes(bad), 0.6)
     rx.tick(0.6 + rx.config.purge_quiet)
@@ -966,7 +983,7 @@ def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
 def test_a_bad_first_block_is_nakked_not_answered_with_c() -> None:
     rx = Receiver()
     rx.start(0.0)
-    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    _, header = build_header("a.bin", 5, 0, 0o644)
     rx.receive_data(ref_block(0, header), 0.1)
     rx.data_to_send()
     bad = bytearray(ref_block(1, b"hello".ljust(128, b"\x1a")))
@@ -989,3 +1006,13 @@ def test_after_the_commit_a_block_of_the_next_file_is_not_taken_for_a_repeat() -
     rx = _rx_committed_one_block_file()
     rx.receive_data(ref_block(1, b"hello".ljust(128, b"\x1a")), 0.5)
     assert rx.data_to_send() == bytes([ACK]) and rx.commits == 1
+
+
+def test_the_documented_api_stays_importable_from_idemlink_protocol_ymodem() -> None:
+    """docs/ARCHITECTURE.md names ``idemlink.protocol.ymodem.Sender`` / ``Receiver`` /
+    ``check_name``: the module re-exports the split modules' public names, the same objects."""
+    from idemlink.protocol import ymodem
+
+    assert ymodem.Sender is Sender and ymodem.Receiver is Receiver
+    assert ymodem.check_name is check_name and ymodem.RX_TRANSITIONS is RX_TRANSITIONS
+    assert all(hasattr(ymodem, name) for name in ymodem.__all__)

@@ -14,17 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from idemlink.protocol.ymodem import (
-    CAN,
-    FileStarted,
-    ReceiverConfig,
-    RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
-    TxState,
-)
+from idemlink.protocol.ymodem_events import FileStarted
 from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, SinkRefused
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import RxState, TxState
+from idemlink.protocol.ymodem_wire import CAN
 
 
 def run(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: float = 600.0) -> bytes:
@@ -167,7 +162,7 @@ def test_receiver_refuses_hostile_name_before_the_sink_sees_it(tmp_path: Path) -
     drv = ReceiverDriver(DirectorySink(target))
     drv.start(0.0)
     # A hand-made block 0 whose name climbs out of the directory.
-    from idemlink.protocol.ymodem import build_block
+    from idemlink.protocol.ymodem_wire import build_block
 
     out = drv.feed(build_block(0, b"../outside\x005 0 100644".ljust(128, b"\x00")), 0.1)
     assert out.count(CAN) >= 2
