@@ -1,10 +1,11 @@
 """What the YMODEM machines tell their shell, and the queues both machines share.
 
-Contract: events are frozen dataclasses, drained in order with ``next_event()`` (None: nothing more
-now) or ``events()``; bytes to write are drained with ``data_to_send()``; ``next_deadline()`` is
-when the shell must call ``tick(now)`` next (None: only on input). The receiver emits
-``FileStarted``, ``FileData``, ``FileCommitted``, ``HeaderRefused``, ``BatchEnded``, ``Aborted``;
-the sender ``Progress``, ``FileCommitted``, ``FileUnconfirmed``, ``BatchEnded``, ``Aborted``.
+Contract: events are frozen dataclasses, drained in order with ``next_event()`` (None: nothing
+more now; ``drain_events(machine)`` loops it); bytes to write are drained with ``data_to_send()``;
+``next_deadline()`` is when the shell must call ``tick(now)`` next (None: only on input). The
+receiver emits ``FileStarted``, ``FileData``, ``FileCommitted``, ``HeaderRefused``,
+``BatchEnded``, ``Aborted``; the sender ``Progress``, ``FileCommitted``, ``FileUnconfirmed``,
+``BatchEnded``, ``Aborted``.
 """
 
 from __future__ import annotations
@@ -108,12 +109,14 @@ class MachineQueues:
         """The oldest pending event, or None when there is nothing more now."""
         return self._events.popleft() if self._events else None
 
-    def events(self) -> list[Event]:
-        """Drain every pending event, oldest first."""
-        evs = list(self._events)
-        self._events.clear()
-        return evs
-
     def next_deadline(self) -> float | None:
         """When ``tick(now)`` must be called next (None: only when input arrives)."""
         return self._deadline
+
+
+def drain_events(machine: MachineQueues) -> list[Event]:
+    """Every pending event of ``machine``, oldest first (``next_event()`` until None)."""
+    evs: list[Event] = []
+    while (ev := machine.next_event()) is not None:
+        evs.append(ev)
+    return evs

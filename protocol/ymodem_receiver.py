@@ -3,7 +3,7 @@
 Contract:
 
 - Bytes in with ``receive_data(data, now)``, time in with ``tick(now)`` (seconds, any monotonic
-  origin), bytes out with ``data_to_send()``, events out with ``next_event()`` / ``events()``;
+  origin), bytes out with ``data_to_send()``, events out with ``next_event()``;
   ``next_deadline()`` says when ``tick`` must be called next; ``start(now)`` sends the first 'C'
   and ``abort(reason)`` lets the shell refuse the file at any time (name exists, quota, write
   error): unsent output is dropped and CAN CAN queued instead. Nothing here sleeps, reads a clock

@@ -3,7 +3,7 @@
 Contract:
 
 - ``start(now)``, then bytes in with ``receive_data(data, now)``, time in with ``tick(now)``,
-  bytes out with ``data_to_send()``, events out with ``next_event()`` / ``events()``;
+  bytes out with ``data_to_send()``, events out with ``next_event()``;
   ``next_deadline()`` says when ``tick`` must be called next; ``abort(reason)`` drops unsent
   output and queues CAN CAN. The shell supplies each file's bytes through ``SendFile.read``.
 - Every transition lives in ``TX_TRANSITIONS``, keyed by ``(state, input)`` and giving

@@ -48,7 +48,7 @@ from idemlink.protocol.ymodem import (
     build_block,
     build_header,
 )
-from idemlink.protocol.ymodem_files import ReceiverDriver, SinkRefused
+from idemlink.protocol.ymodem_files import ReceiverDriver, SinkRefused, exchange
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
@@ -180,10 +180,11 @@ class PyRx:
         self.driver.rx = rx
 
     def start(self, ms: int) -> bytes:
-        return self.driver.start(ms / 1000)
+        self.driver.start(ms / 1000)
+        return self.driver.data_to_send()
 
     def feed(self, data: bytes, ms: int) -> bytes:
-        return self.driver.feed(data, ms / 1000)
+        return exchange(self.driver, data, ms / 1000)
 
     def abort(self) -> bytes:
         """As the device's receive loop stops a batch: abort, then hand the CANs out."""

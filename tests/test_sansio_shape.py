@@ -40,7 +40,7 @@ from idemlink.protocol.frame import (
     decode_frames,
     encode_frame,
 )
-from idemlink.protocol.modbus import RtuDecoder, RtuFrame, encode_rtu
+from idemlink.protocol.modbus_rtu import RtuDecoder, RtuFrame, encode_rtu
 
 SHAPE = ("receive_data", "tick", "next_event", "data_to_send")
 OLD_NAMES = frozenset({"feed", "poll", "send", "next_frame", "idle", "receive", "poll_reboots",
@@ -51,7 +51,7 @@ ticks, but it is called, not fed)."""
 
 MACHINES: dict[str, frozenset[str]] = {
     "idemlink.protocol.frame.FrameDecoder": frozenset({"receive_data", "next_event"}),
-    "idemlink.protocol.modbus.RtuDecoder": frozenset({"receive_data", "tick", "next_event"}),
+    "idemlink.protocol.modbus_rtu.RtuDecoder": frozenset({"receive_data", "tick", "next_event"}),
     "idemlink.protocol.device_session.DeviceSession": frozenset({"receive_data", "data_to_send"}),
     "idemlink.device_sim.device.SimulatedDevice":
         frozenset({"receive_data", "tick", "data_to_send"}),
@@ -61,16 +61,17 @@ MACHINES: dict[str, frozenset[str]] = {
         frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.LinkDirection": frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.Link": frozenset({"tick", "next_event"}),
+    "idemlink.protocol.ymodem_events.MachineQueues": frozenset({"next_event", "data_to_send"}),
+    "idemlink.protocol.ymodem_receiver.Receiver": frozenset(SHAPE),
+    "idemlink.protocol.ymodem_sender.Sender": frozenset(SHAPE),
+    "idemlink.protocol.ymodem_files.ReceiverDriver":
+        frozenset({"receive_data", "tick", "data_to_send"}),
 }
 """Each machine and the parts of the shape it has (the rest it must not need)."""
 
 PENDING: dict[str, str] = {
     "idemlink.protocol.host_session.HostSession": "events() -> list, to become next_event()",
     "idemlink.protocol.rtu_master.RtuMaster": "events() -> list, to become next_event()",
-    "idemlink.protocol.ymodem._Machine": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem.Sender": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem.Receiver": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem_files.ReceiverDriver": "feed(data, now) -> bytes",
 }
 """Machines whose conversion lands with other work (the host driver split, YMODEM)."""
 

@@ -25,6 +25,7 @@ from idemlink.protocol.ymodem_events import (
     FileData,
     FileStarted,
     HeaderRefused,
+    drain_events,
 )
 from idemlink.protocol.ymodem_names import NameRefusal, check_name, sanitize_mode
 from idemlink.protocol.ymodem_receiver import ACTION_METHODS as RX_ACTION_METHODS
@@ -118,8 +119,8 @@ class Pair:
         self.busy[direction] = t
 
     def _pump(self) -> None:
-        self.rx_events += self.rx.events()
-        self.tx_events += self.tx.events()
+        self.rx_events += drain_events(self.rx)
+        self.tx_events += drain_events(self.tx)
         self._put("rx>tx", self.rx.data_to_send())
         self._put("tx>rx", self.tx.data_to_send())
 
@@ -328,7 +329,7 @@ def test_hostile_name_in_block0_cancels_with_nothing_delivered(raw: bytes) -> No
     rx.receive_data(ref_block(0, payload), 0.1)
     out = rx.data_to_send()
     assert out.count(CAN) >= 2 and ACK not in out
-    evs = rx.events()
+    evs = drain_events(rx)
     assert any(isinstance(e, HeaderRefused) and e.raw_name == raw for e in evs)
     assert not any(isinstance(e, FileStarted | FileData | FileCommitted) for e in evs)
     assert rx.state is RxState.ABORTED
@@ -340,7 +341,7 @@ def test_block0_without_nul_inside_the_block_is_refused() -> None:
     rx.receive_data(ref_block(0, b"A" * 128) + b"\x00" + b"5 0 100644\x00", 0.1)
     assert rx.state is RxState.ABORTED
     assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.NAME_NOT_TERMINATED
-               for e in rx.events())
+               for e in drain_events(rx))
 
 
 def test_declared_size_over_the_limit_is_refused() -> None:
@@ -348,7 +349,7 @@ def test_declared_size_over_the_limit_is_refused() -> None:
     rx.start(0.0)
     rx.receive_data(ref_block(0, b"f\x001001 0 100644".ljust(128, b"\x00")), 0.1)
     assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.TOO_LARGE
-               for e in rx.events())
+               for e in drain_events(rx))
 
 
 @pytest.mark.parametrize(("mode", "expected"), [
@@ -404,14 +405,14 @@ def test_first_eot_nak_second_ack_commit_late_eot_ack_again() -> None:
     rx = _rx_with_one_block()
     rx.receive_data(bytes([EOT]), 1.0)
     assert rx.data_to_send() == bytes([NAK]) and rx.state is RxState.WAIT_EOT_CONFIRM
-    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
     rx.receive_data(bytes([EOT]), 1.1)
     assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-    assert [e for e in rx.events() if isinstance(e, FileCommitted)] == [FileCommitted("f", 5)]
+    assert [e for e in drain_events(rx) if isinstance(e, FileCommitted)] == [FileCommitted("f", 5)]
     for k in range(3):  # late EOTs: ACK each, never a second commit, never an error
         rx.receive_data(bytes([EOT]), 2.0 + k)
         assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-        assert rx.events() == [] and rx.commits == 1
+        assert drain_events(rx) == [] and rx.commits == 1
         assert rx.state is RxState.WAIT_NEXT_HEADER  # type: ignore[comparison-overlap]
 
 
@@ -423,14 +424,14 @@ def test_eot_before_the_declared_size_is_nakked_never_committed() -> None:
     for k in range(3):
         rx.receive_data(bytes([EOT]), 1.0 + k)
     assert rx.commits == 0 and rx.state is RxState.RECV_DATA
-    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
 
 
 def test_duplicate_block_acked_not_delivered_twice_other_block_cancels() -> None:
     rx = _rx_with_one_block(b"abc")
-    rx.events()
+    drain_events(rx)
     rx.receive_data(ref_block(1, b"abc".ljust(128, b"\x1a")), 0.3)
-    assert rx.data_to_send() == bytes([ACK]) and rx.events() == []
+    assert rx.data_to_send() == bytes([ACK]) and drain_events(rx) == []
     rx.receive_data(ref_block(3, bytes(128)), 0.4)
     assert rx.data_to_send().count(CAN) >= 2 and rx.state is RxState.ABORTED
 
@@ -452,7 +453,7 @@ def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> 
     rx = _rx_with_one_block()
     rx.receive_data(bytes([CAN, CAN]), 1.0)
     assert rx.state is RxState.ABORTED
-    assert any(isinstance(e, Aborted) and e.by_peer for e in rx.events())
+    assert any(isinstance(e, Aborted) and e.by_peer for e in drain_events(rx))
     tx = Sender(files_of({"f": b"x" * 2000}), SenderConfig(turnaround=0))
     tx.start(0.0)
     tx.receive_data(bytes([CRC_REQUEST]), 0.1)
@@ -460,7 +461,7 @@ def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> 
     assert tx.state is TxState.SENT_HEADER  # one CAN is noise
     tx.receive_data(bytes([CAN, CAN]), 0.3)
     assert tx.state is TxState.ABORTED  # type: ignore[comparison-overlap]
-    assert any(isinstance(e, Aborted) and e.by_peer for e in tx.events())
+    assert any(isinstance(e, Aborted) and e.by_peer for e in drain_events(tx))
 
 
 # --- the sender against rb-like answers ---------------------------------------------------------
@@ -539,7 +540,7 @@ def test_sender_finishes_with_success_when_the_final_ack_never_comes() -> None:
         t += 0.5
         tx.tick(t)
     assert tx.state is TxState.DONE and t < 30
-    assert tx.events()[-1] == BatchEnded(final_ack=False)
+    assert drain_events(tx)[-1] == BatchEnded(final_ack=False)
 
 
 def test_turnaround_delay_holds_the_next_block() -> None:
@@ -718,7 +719,7 @@ def test_receiver_survives_any_bytes_and_commits_only_after_a_header(
         rx.receive_data(data, now)
         rx.tick(now)
         rx.data_to_send()
-        evs += rx.events()
+        evs += drain_events(rx)
     started = False
     for ev in evs:
         if isinstance(ev, FileStarted):
@@ -740,7 +741,7 @@ def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
         out = tx.data_to_send()
         # frames, EOT, CAN or the nudge (a lone NUL): nothing else
         assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([NUDGE])
-    committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
+    committed = [e for e in drain_events(tx) if isinstance(e, FileCommitted)]
     assert len(committed) == len({e.name for e in committed})
 
 
@@ -871,8 +872,8 @@ class LateCopyRun:
         self.rx.start(0.0)
         self.tx.start(0.0)
         while not self.finished() and self.now < until:
-            self.rx_events += self.rx.events()
-            self.tx.events()
+            self.rx_events += drain_events(self.rx)
+            drain_events(self.tx)
             self._put("rx>tx", self.rx.data_to_send())
             self._put("tx>rx", self.tx.data_to_send())
             ts = [t for t in (self.tx.next_deadline(), self.rx.next_deadline(),
@@ -885,7 +886,7 @@ class LateCopyRun:
             self._deliver("rx>tx", self.tx)
             self.rx.tick(self.now)
             self.tx.tick(self.now)
-        self.rx_events += self.rx.events()
+        self.rx_events += drain_events(self.rx)
         return self
 
     def violations(self) -> list[str]:

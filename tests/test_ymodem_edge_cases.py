@@ -33,6 +33,7 @@ from idemlink.protocol.ymodem_events import (
     FileStarted,
     FileUnconfirmed,
     HeaderRefused,
+    drain_events,
 )
 from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
 from idemlink.protocol.ymodem_names import NameRefusal, check_name
@@ -130,7 +131,7 @@ def test_sb_block0_of_a_122_character_name_is_refused_with_a_clear_reason_and_ca
     rx.receive_data(build_block(0, payload), 0.1)
     out = rx.data_to_send()
     assert out.count(CAN) >= 2 and ACK not in out
-    evs = rx.events()
+    evs = drain_events(rx)
     refused = [e for e in evs if isinstance(e, HeaderRefused)]
     assert refused and refused[0].reason is HeaderRefusal.SIZE_CUT
     assert "size unknown" in HeaderRefusal.SIZE_CUT.value
@@ -352,18 +353,18 @@ def _sender_after_eot_ack() -> Sender:
 
 def test_nak_after_the_eot_ack_resends_eot_and_nothing_is_reported_yet() -> None:
     tx = _sender_after_eot_ack()
-    assert not any(isinstance(e, FileCommitted) for e in tx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(tx))
     tx.receive_data(bytes([NAK]), 0.5)
     assert tx.data_to_send() == bytes([EOT]) and tx.state is TxState.SENT_EOT2
     tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.6)
-    assert [e for e in tx.events() if isinstance(e, FileCommitted)] == [FileCommitted("f", 3)]
+    assert [e for e in drain_events(tx) if isinstance(e, FileCommitted)] == [FileCommitted("f", 3)]
     assert tx.committed == ["f"] and tx.state.value == "SENT_END"
 
 
 def test_abort_before_the_next_c_reports_the_file_unconfirmed_not_ok() -> None:
     tx = _sender_after_eot_ack()
     tx.receive_data(bytes([CAN, CAN]), 0.5)
-    evs = tx.events()
+    evs = drain_events(tx)
     assert tx.committed == [] and tx.unconfirmed == ["f"]
     assert FileUnconfirmed("f", 3) in evs and not any(isinstance(e, FileCommitted) for e in evs)
 
@@ -414,7 +415,7 @@ def test_without_a_size_a_lost_stx_is_not_taken_for_eot(byte_by_byte: bool) -> N
     for n, blk in enumerate(blocks, 1):
         now += 0.1
         feed(blk[1:] if n == 4 else blk)  # block 4's STX is lost on the line
-    evs += rx.events()
+    evs += drain_events(rx)
     assert not any(isinstance(e, FileCommitted) for e in evs)
     now += 1.0
     rx.tick(now)  # quiet: the purge ends with a NAK
@@ -425,7 +426,7 @@ def test_without_a_size_a_lost_stx_is_not_taken_for_eot(byte_by_byte: bool) -> N
     for _ in range(2):  # EOT, NAK, EOT: committed with all four blocks
         now += 0.1
         rx.receive_data(bytes([EOT]), now)
-    evs += rx.events()
+    evs += drain_events(rx)
     body = b"".join(e.data for e in evs if isinstance(e, FileData))
     assert [e for e in evs if isinstance(e, FileCommitted)] == [FileCommitted("fw.bin", 4096)]
     assert body == data
@@ -443,7 +444,7 @@ def test_an_eot_followed_by_more_bytes_in_one_read_is_noise() -> None:
     assert rx.data_to_send() == b""
     rx.tick(0.4 + rx.config.purge_quiet)
     assert rx.data_to_send() == bytes([NAK])
-    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
 
 
 # --- CAN CAN from the sender around a damaged block ----------------------------------------------
@@ -660,13 +661,13 @@ def test_only_a_byte_identical_header_is_a_repeat_before_block_1() -> None:
                   build_header("empty.bin", 0, 1, 0o644)[1],  # same name, other metadata
                   bytes(BLOCK_SMALL)):  # the end of the batch
         rx = _rx_waiting_for_block_1(first)
-        rx.events()
+        drain_events(rx)
         rx.receive_data(build_block(0, other), 0.2)
         out = rx.data_to_send()
         assert out.count(CAN) >= 2 and ACK not in out
         assert rx.state is RxState.ABORTED
         assert "sender moved on" in (rx.abort_reason or "")
-        evs = rx.events()
+        evs = drain_events(rx)
         assert not any(isinstance(e, (FileCommitted, FileStarted, BatchEnded))
                        for e in evs)
 
@@ -682,10 +683,10 @@ def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming(
     tx.receive_data(bytes([ACK]), 0.4)  # maybe a late copy of the header's ACK
     tx.receive_data(bytes([CRC_REQUEST]), 3.4)  # maybe the receiver asking for block 1
     assert tx.data_to_send() == bytes([EOT]) and tx.state is TxState.SENT_EOT2
-    assert not any(isinstance(e, FileCommitted) for e in tx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(tx))
     tx.receive_data(bytes([ACK]), 3.5)  # a committed receiver ACKs the EOT again...
     tx.receive_data(bytes([CRC_REQUEST]), 3.6)  # ... and asks for the next file: proof
-    assert [e for e in tx.events() if isinstance(e, FileCommitted)] == [
+    assert [e for e in drain_events(tx) if isinstance(e, FileCommitted)] == [
         FileCommitted("empty.bin", 0)]
     assert tx.data_to_send()[:3] == bytes([SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
     # a non-empty file likewise: an ACK to its first EOT proves nothing yet
@@ -722,6 +723,6 @@ def test_an_ack_then_nak_peer_cannot_keep_the_sender_resending_eot_forever() -> 
         eots += tx.data_to_send().count(EOT)
     assert tx.state is TxState.ABORTED and now < 60
     assert eots == cfg.max_retries + 1  # the first EOT and max_retries resends
-    evs = tx.events()
+    evs = drain_events(tx)
     assert FileUnconfirmed("a.bin", 100) in evs and tx.unconfirmed == ["a.bin"]
     assert not tx.committed and any(isinstance(e, Aborted) and not e.by_peer for e in evs)
