@@ -13,7 +13,9 @@ in a separate process):
 for one 1 MiB random file and one 20 KB file. ``--before`` adds idemlink -> idemlink and
 idemlink -> ``rb`` with the sender's previous defaults (2 ms turnaround on every answer, no nudge,
 2 s end-of-batch wait), measured in the same run. Wall time runs from the sender's start until the
-receiver exited with the whole batch; every figure is the median of ``--repeat`` runs.
+receiver exited with the whole batch; every figure is the median of ``--repeat`` runs. An
+``idemlink receive`` receiver is started 0.5 s before the sender (its Python start-up is not the
+protocol's), rb just before it (it starts in milliseconds).
 ``--update-docs`` writes the table into docs/YMODEM.md between its bench_ymodem markers.
 
 Run: ``python3 bench/bench_ymodem.py [--size BYTES] [--repeat 3] [--before] [--update-docs]``
@@ -172,6 +174,7 @@ def run_ours(src: Path, dst: Path, to_rb: bool, before: bool = False) -> float:
 
     from idemlink.host.ymodem_io import send_files
 
+    config = cli_sender_config(before)  # the CLI's option parsing: before the clock starts
     line = Line()
     try:
         with open(line.b, "r+b", buffering=0) as tb:
@@ -181,10 +184,11 @@ def run_ours(src: Path, dst: Path, to_rb: bool, before: bool = False) -> float:
                                         stderr=subprocess.DEVNULL, cwd=dst)
             else:
                 peer = _idemlink_receive(line.b, dst)
+                time.sleep(0.5)  # started first and waiting, as for sb -> idemlink
             t0 = time.monotonic()
             rx_done: list[float] = []
             waiter = _exit_time(peer, rx_done)
-            report = send_files(port, [src], cli_sender_config(before))  # type: ignore[arg-type]
+            report = send_files(port, [src], config)  # type: ignore[arg-type]
             port.close()
             waiter.join(30)
         if not report.ok or not rx_done or sha(dst / src.name) != sha(src):

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import ReceiverConfig
-from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, TransferReport
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, TransferReport, exchange
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
 
 DEVICE_RECEIVER = ReceiverConfig(c_interval=1.0, header_retries=10)
 """The device gives up after ~10 s without a sender (the spec's 'C' cadence would wait 60 s)."""
@@ -54,13 +54,14 @@ def receive_batch(
         config = dataclasses.replace(config, max_file_size=quota)
     driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite, quota=quota), config)
     try:
-        out = driver.start(clock())
+        driver.start(clock())
+        out = driver.data_to_send()
         if out:
             _send(transport, out)
         while not driver.finished:
             if stop is not None and stop.is_set():
                 driver.rx.abort("device stopping", clock())
-                out = driver.feed(b"", clock())
+                out = exchange(driver, b"", clock())
                 if out:
                     _send(transport, out)
                 break
@@ -68,7 +69,7 @@ def receive_batch(
             due = driver.next_deadline()
             wait = 0.05 if due is None else min(0.05, max(0.0, due - now))
             data = transport.read(wait)
-            out = driver.feed(data, clock())
+            out = exchange(driver, data, clock())
             if out:
                 _send(transport, out)
     finally:

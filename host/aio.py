@@ -50,8 +50,8 @@ from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 if TYPE_CHECKING:
-    from idemlink.protocol.ymodem import SenderConfig
     from idemlink.protocol.ymodem_files import TransferReport
+    from idemlink.protocol.ymodem_sender import SenderConfig
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import (
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     FileCommitted,
     FileUnconfirmed,
     Progress,
-    ReceiverConfig,
-    Sender,
-    SenderConfig,
-    SendFile,
-    TxState,
 )
 from idemlink.protocol.ymodem_files import (
     FileResult,
@@ -36,7 +31,11 @@ from idemlink.protocol.ymodem_files import (
     ProgressCallback,
     ReceiverDriver,
     TransferReport,
+    exchange,
 )
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import TxState
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +89,14 @@ def receive_files(
     drv = ReceiverDriver(sink, config, progress)
     now = time.monotonic()
     try:
-        port.write(drv.start(now))
-        _pump(port, drv.feed, drv.next_deadline, lambda: drv.finished,
+        drv.start(now)
+        port.write(drv.data_to_send())
+        _pump(port, lambda data, at: exchange(drv, data, at), drv.next_deadline, lambda: drv.finished,
               None if overall_timeout is None else now + overall_timeout)
     except TimeoutError:
         drv.rx.abort("overall timeout")
         port.write(drv.rx.data_to_send())
-        drv.feed(b"", time.monotonic())  # hands the Aborted event to the sink and the report
+        exchange(drv, b"", time.monotonic())  # hands the Aborted event to the sink and the report
     except KeyboardInterrupt:
         drv.rx.abort("interrupted")
         port.write(drv.rx.data_to_send())  # CAN CAN: the sender stops

@@ -42,19 +42,11 @@ from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.outcome import Outcome
-from idemlink.protocol.ymodem import (
-    EOT,
-    Aborted,
-    FileCommitted,
-    FileData,
-    FileStarted,
-    Receiver,
-    RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
-    TxState,
-)
+from idemlink.protocol.ymodem_events import Aborted, FileCommitted, FileData, FileStarted, drain_events
+from idemlink.protocol.ymodem_receiver import Receiver
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import RxState, TxState
+from idemlink.protocol.ymodem_wire import EOT
 
 MAX_STEPS = 400
 """A schedule longer than this is reported (a livelock the bounded faults cannot explain)."""
@@ -242,8 +234,8 @@ class _YmodemWorld(_World):
         back = self.rx.data_to_send()
         if back:
             self.net.append(("rx>tx", back))
-        self.tx.events()
-        for ev in self.rx.events():
+        drain_events(self.tx)
+        for ev in drain_events(self.rx):
             if isinstance(ev, FileStarted):
                 self.current = (ev.name, b"")
             elif isinstance(ev, FileData) and self.current is not None:

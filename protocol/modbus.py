@@ -58,7 +58,7 @@ from idemlink.protocol.outcome import (
     status_info,
 )
 from idemlink.protocol.registers import TriggerStatus
-from idemlink.protocol.ymodem import NameRefusal, check_name
+from idemlink.protocol.ymodem_names import NameRefusal, check_name
 
 MAX_READ_COUNT = 125
 MAX_WRITE_COUNT = 123

@@ -11,8 +11,9 @@ Contract:
   sanitised mode, mtime, then link/rename); it never writes outside its directory, enforces a
   byte quota, never replaces an existing file unless ``overwrite``; any refusal or write error
   raises ``SinkRefused`` and the driver cancels the batch (CAN CAN) and deletes the temporary file.
-- ``ReceiverDriver`` couples a ``Receiver`` to any ``FileSink`` without touching a port
-  (``feed(data, now) -> bytes``), so the host's port loop and the simulated device's serve loop run
+- ``ReceiverDriver`` couples a ``Receiver`` to any ``FileSink`` without touching a port (the
+  sans-I/O shape: ``receive_data(data, now)``, ``tick(now)``, ``data_to_send()``; ``exchange``
+  is one round of a shell's loop), so the host's port loop and the simulated device's serve loop run
   the same receiver.
 - ``TransferReport`` / ``FileResult``: per-file results, bytes, seconds, throughput of one batch.
 """
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from idemlink.protocol.ymodem import (
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     Event,
@@ -36,12 +37,10 @@ from idemlink.protocol.ymodem import (
     FileData,
     FileStarted,
     HeaderRefused,
-    Receiver,
-    ReceiverConfig,
-    RxState,
-    check_name,
-    sanitize_mode,
 )
+from idemlink.protocol.ymodem_names import check_name, sanitize_mode
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_tables import RxState
 
 log = logging.getLogger(__name__)
 
@@ -214,17 +213,23 @@ class ReceiverDriver:
     def finished(self) -> bool:
         return self.rx.state in (RxState.DONE, RxState.ABORTED)
 
-    def start(self, now: float) -> bytes:
+    def start(self, now: float) -> None:
+        """The receiver's first 'C' (then ``data_to_send()``)."""
         self._t0 = now
         self.rx.start(now)
-        return self.rx.data_to_send()
 
-    def feed(self, data: bytes, now: float) -> bytes:
-        """Bytes from the line (may be empty) at ``now``; returns the bytes to write back."""
-        if data:
-            self.rx.receive_data(data, now)
+    def receive_data(self, data: bytes, now: float) -> None:
+        """Bytes from the line at ``now``; the files are handled before this returns."""
+        self.rx.receive_data(data, now)
+        self._handle_events(now)
+
+    def tick(self, now: float) -> None:
+        """Time passed (timeouts); the files are handled before this returns."""
         self.rx.tick(now)
         self._handle_events(now)
+
+    def data_to_send(self) -> bytes:
+        """Drain the bytes to write back (empty after a refusal's CAN CAN went out)."""
         return self.rx.data_to_send()
 
     def next_deadline(self) -> float | None:
@@ -278,3 +283,12 @@ class ReceiverDriver:
 
     def _close(self, now: float) -> None:
         self.report.seconds = now - (self._t0 if self._t0 is not None else now)
+
+
+def exchange(driver: ReceiverDriver, data: bytes, now: float) -> bytes:
+    """One round of a shell's loop: ``data`` read from the line (may be empty) and the time in,
+    the bytes to write back out."""
+    if data:
+        driver.receive_data(data, now)
+    driver.tick(now)
+    return driver.data_to_send()

@@ -60,7 +60,7 @@ from idemlink.protocol.outcome import ModbusException, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, builtin_map
-from idemlink.protocol.ymodem import NameRefusal, check_name
+from idemlink.protocol.ymodem_names import NameRefusal, check_name
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"

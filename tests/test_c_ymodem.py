@@ -39,6 +39,7 @@ from idemlink.protocol.ymodem import (
     NameRefusal,
     Receiver,
     ReceiverConfig,
+    RxAction,
     RxIn,
     RxState,
     Sender,
@@ -47,16 +48,17 @@ from idemlink.protocol.ymodem import (
     build_block,
     build_header,
 )
-from idemlink.protocol.ymodem_files import ReceiverDriver, SinkRefused
+from idemlink.protocol.ymodem_files import ReceiverDriver, SinkRefused, exchange
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
 STEP_MS = 125  #: times are multiples of 1/8 s: exact in binary floating point
 
-ACTIONS = ["accept_header", "refuse_header", "end_batch", "ask_header", "cancel_sequence",
-           "peer_cancelled", "accept_block", "reack_header", "cancel_other_header",
-           "nak_first_block", "ask_first_block", "first_eot", "purge", "ack_duplicate", "nak",
-           "commit", "reack_eot", "nak_stale_eot", "ask_next_header", "ack_only"]
+ACTIONS = [RxAction(name) for name in [
+    "accept_header", "refuse_header", "end_batch", "ask_header", "cancel_sequence",
+    "peer_cancelled", "accept_block", "reack_header", "cancel_other_header",
+    "nak_first_block", "ask_first_block", "first_eot", "purge", "ack_duplicate", "nak",
+    "commit", "reack_eot", "nak_stale_eot", "ask_next_header", "ack_only"]]
 STATES = list(RxState)
 INPUTS = list(RxIn)
 NAME_CODES = {NameRefusal.EMPTY: 1, NameRefusal.TOO_LONG: 2, NameRefusal.NOT_UTF8: 3,
@@ -178,10 +180,11 @@ class PyRx:
         self.driver.rx = rx
 
     def start(self, ms: int) -> bytes:
-        return self.driver.start(ms / 1000)
+        self.driver.start(ms / 1000)
+        return self.driver.data_to_send()
 
     def feed(self, data: bytes, ms: int) -> bytes:
-        return self.driver.feed(data, ms / 1000)
+        return exchange(self.driver, data, ms / 1000)
 
     def abort(self) -> bytes:
         """As the device's receive loop stops a batch: abort, then hand the CANs out."""

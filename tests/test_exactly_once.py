@@ -16,8 +16,11 @@ from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.ymodem import CAN, Sender, SendFile, TxState
-from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver
+from idemlink.protocol.ymodem_events import drain_events
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, exchange
+from idemlink.protocol.ymodem_sender import Sender, SendFile
+from idemlink.protocol.ymodem_tables import TxState
+from idemlink.protocol.ymodem_wire import CAN
 
 HASH = b"12345678"
 READ = b"\x03\x00\x00\x00\x01"
@@ -46,14 +49,15 @@ def _run_ymodem(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: floa
     """Sender and driver in virtual time with no loss; returns every byte the driver sent."""
     now = 0.0
     tx.start(now)
-    to_tx = drv.start(now)
+    drv.start(now)
+    to_tx = drv.data_to_send()
     sent = bytearray(to_tx)
     while now < until:
         if to_tx:
             tx.receive_data(to_tx, now)
         tx.tick(now)
-        tx.events()
-        to_tx = drv.feed(tx.data_to_send(), now)
+        drain_events(tx)
+        to_tx = exchange(drv, tx.data_to_send(), now)
         sent += to_tx
         if drv.finished and tx.state in (TxState.DONE, TxState.ABORTED):
             break
@@ -82,8 +86,8 @@ def test_temporary_file_creation_error_cancels_instead_of_crashing(
 ) -> None:
     """An OSError while ``DirectorySink.open`` creates its temporary file (no space or no inode
     left, too many open files, a read-only directory) is a ``SinkRefused``, not an OSError out of
-    ``ReceiverDriver.feed`` (in the simulator that would kill the serving thread, and the sender
-    would never be told to stop). The contract: any refusal or write error cancels the batch with
+    ``ReceiverDriver.receive_data`` (in the simulator that would kill the serving thread, and the
+    sender would never be told to stop). The contract: any refusal or write error cancels the batch with
     CAN CAN."""
     real_open = os.open
 

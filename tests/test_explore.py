@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from idemlink.explore import explore_sessions, explore_ymodem
-from idemlink.protocol import ymodem
 from idemlink.protocol.window import ReplayWindow, Verdict
+from idemlink.protocol.ymodem_tables import RX_TRANSITIONS, RxAction, RxIn, RxState
 
 #: What YMODEM cannot tell apart (docs/YMODEM.md, "residual limit"): a late copy of an ACK 'C'
 #: that is byte for byte the commit's proof. It may make a false ok, never anything else.
@@ -29,8 +29,8 @@ def test_sessions_every_schedule_of_two_faults_or_a_reboot_keeps_the_promise() -
 
 def test_the_explorer_finds_a_receiver_that_commits_a_repeated_eot(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(ymodem.RX_TRANSITIONS, (ymodem.RxState.WAIT_NEXT_HEADER, ymodem.RxIn.EOT),
-                        (ymodem.RxState.WAIT_NEXT_HEADER, "commit"))
+    monkeypatch.setitem(RX_TRANSITIONS, (RxState.WAIT_NEXT_HEADER, RxIn.EOT),
+                        (RxState.WAIT_NEXT_HEADER, RxAction.COMMIT))
     r = explore_ymodem(1)
     assert "COMMITTED-TWICE" in r.kinds()
     _, schedule = next(v for v in r.violations if v[0].startswith("COMMITTED-TWICE"))

@@ -61,16 +61,17 @@ MACHINES: dict[str, frozenset[str]] = {
         frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.LinkDirection": frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.Link": frozenset({"tick", "next_event"}),
+    "idemlink.protocol.ymodem_events.MachineQueues": frozenset({"next_event", "data_to_send"}),
+    "idemlink.protocol.ymodem_receiver.Receiver": frozenset(SHAPE),
+    "idemlink.protocol.ymodem_sender.Sender": frozenset(SHAPE),
+    "idemlink.protocol.ymodem_files.ReceiverDriver":
+        frozenset({"receive_data", "tick", "data_to_send"}),
 }
 """Each machine and the parts of the shape it has (the rest it must not need)."""
 
 PENDING: dict[str, str] = {
     "idemlink.protocol.host_session.HostSession": "events() -> list, to become next_event()",
     "idemlink.protocol.rtu_master.RtuMaster": "events() -> list, to become next_event()",
-    "idemlink.protocol.ymodem._Machine": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem.Sender": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem.Receiver": "events() -> list alongside next_event()",
-    "idemlink.protocol.ymodem_files.ReceiverDriver": "feed(data, now) -> bytes",
 }
 """Machines whose conversion lands with other work (the host driver split, YMODEM)."""
 

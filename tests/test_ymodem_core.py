@@ -7,6 +7,7 @@ seeded fault campaign whose oracle is the source data (never the code under test
 
 from __future__ import annotations
 
+import enum
 import math
 import random
 from collections.abc import Callable
@@ -17,30 +18,45 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from idemlink.protocol import ymodem as ym
-from idemlink.protocol.ymodem import (
-    ACK,
-    CAN,
-    CRC_REQUEST,
-    EOT,
-    NAK,
-    SOH,
-    STX,
+from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
     FileCommitted,
     FileData,
     FileStarted,
-    HeaderRefusal,
     HeaderRefused,
-    NameRefusal,
-    Receiver,
-    ReceiverConfig,
+    drain_events,
+)
+from idemlink.protocol.ymodem_names import NameRefusal, check_name, sanitize_mode
+from idemlink.protocol.ymodem_receiver import ACTION_METHODS as RX_ACTION_METHODS
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_sender import ACTION_METHODS as TX_ACTION_METHODS
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import (
+    RX_TRANSITIONS,
+    TX_TRANSITIONS,
+    RxAction,
+    RxIn,
     RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
+    TxAction,
     TxState,
+)
+from idemlink.protocol.ymodem_wire import (
+    ACK,
+    CAN,
+    CRC_REQUEST,
+    EOT,
+    NAK,
+    NUDGE,
+    SOH,
+    STX,
+    Header,
+    HeaderRefusal,
+    build_block,
+    build_header,
+    crc16,
+    parse_header,
+    parse_size,
 )
 
 # An independent CRC reference (crcmod's table is what the module uses; this is the bitwise rule).
@@ -103,8 +119,8 @@ class Pair:
         self.busy[direction] = t
 
     def _pump(self) -> None:
-        self.rx_events += self.rx.events()
-        self.tx_events += self.tx.events()
+        self.rx_events += drain_events(self.rx)
+        self.tx_events += drain_events(self.tx)
         self._put("rx>tx", self.rx.data_to_send())
         self._put("tx>rx", self.tx.data_to_send())
 
@@ -199,37 +215,37 @@ def make_pair(spec: dict[str, bytes], tx_cfg: SenderConfig | None = None,
 
 
 def test_crc_is_crc16_xmodem() -> None:
-    assert ym.crc16(b"123456789") == 0x31C3
+    assert crc16(b"123456789") == 0x31C3
     assert crcmod.predefined.mkCrcFun("xmodem")(b"123456789") == ref_crc(b"123456789")
 
 
 @given(st.integers(0, 1000), st.sampled_from([128, 1024]), st.binary(min_size=0, max_size=1024))
 def test_build_block_matches_the_bitwise_reference(number: int, size: int, data: bytes) -> None:
     payload = data[:size].ljust(size, b"\x1a")
-    assert ym.build_block(number, payload) == ref_block(number, payload)
+    assert build_block(number, payload) == ref_block(number, payload)
 
 
 def test_header_layout_is_name_nul_decimal_octal_octal() -> None:
-    length, payload = ym.build_header("fw.bin", 1000, 0o14567123456, 0o644)
+    length, payload = build_header("fw.bin", 1000, 0o14567123456, 0o644)
     assert length == 128
     assert payload == (b"fw.bin\x00" + b"1000 14567123456 100644 0\x00").ljust(128, b"\x00")
 
 
 def test_long_name_uses_a_1k_block0() -> None:
     name = "n" * 200
-    length, payload = ym.build_header(name, 5, 0, 0o600)
+    length, payload = build_header(name, 5, 0, 0o600)
     assert length == 1024 and payload.startswith(name.encode() + b"\x00" + b"5 0 100600 0\x00")
 
 
 @given(
     st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E, blacklist_characters="/\\:"),
-             min_size=1, max_size=100).filter(lambda s: ym.check_name(s.encode()) == s),
+             min_size=1, max_size=100).filter(lambda s: check_name(s.encode()) == s),
     st.integers(0, 2**40), st.integers(0, 2**33), st.integers(0, 0o7777),
 )
 def test_header_round_trip(name: str, size: int, mtime: int, mode: int) -> None:
-    _, payload = ym.build_header(name, size, mtime, mode)
-    h = ym.parse_header(payload)
-    assert h == ym.Header(name, size, mtime, mode | 0o100000)
+    _, payload = build_header(name, size, mtime, mode)
+    h = parse_header(payload)
+    assert h == Header(name, size, mtime, mode | 0o100000)
 
 
 SIZE_RULE = [
@@ -250,22 +266,22 @@ SIZE_RULE = [
 
 @pytest.mark.parametrize(("field_", "expected"), SIZE_RULE)
 def test_size_rule(field_: bytes, expected: int | None) -> None:
-    assert ym.parse_size(field_) == expected
+    assert parse_size(field_) == expected
     payload = (b"f\x00" + field_ + b" 0 100644").ljust(128, b"\x00")
-    parsed = ym.parse_header(payload)
+    parsed = parse_header(payload)
     if expected is None:
         assert parsed is HeaderRefusal.BAD_SIZE
     else:
-        assert isinstance(parsed, ym.Header) and parsed.size == expected
+        assert isinstance(parsed, Header) and parsed.size == expected
 
 
 def test_header_without_metadata_has_unknown_size() -> None:
-    assert ym.parse_header(b"f\x00".ljust(128, b"\x00")) == ym.Header("f", None, None, None)
+    assert parse_header(b"f\x00".ljust(128, b"\x00")) == Header("f", None, None, None)
 
 
 def test_bad_mtime_or_mode_is_ignored_not_fatal() -> None:
-    h = ym.parse_header(b"f\x0010 9z 88".ljust(128, b"\x00"))
-    assert h == ym.Header("f", 10, None, None)
+    h = parse_header(b"f\x0010 9z 88".ljust(128, b"\x00"))
+    assert h == Header("f", 10, None, None)
 
 
 HOSTILE_NAMES: list[tuple[bytes, NameRefusal | str]] = [
@@ -301,7 +317,7 @@ HOSTILE_NAMES: list[tuple[bytes, NameRefusal | str]] = [
 
 @pytest.mark.parametrize(("raw", "expected"), HOSTILE_NAMES)
 def test_check_name(raw: bytes, expected: NameRefusal | str) -> None:
-    assert ym.check_name(raw) == expected
+    assert check_name(raw) == expected
 
 
 @pytest.mark.parametrize("raw", [r for r, e in HOSTILE_NAMES if isinstance(e, NameRefusal) and r])
@@ -313,7 +329,7 @@ def test_hostile_name_in_block0_cancels_with_nothing_delivered(raw: bytes) -> No
     rx.receive_data(ref_block(0, payload), 0.1)
     out = rx.data_to_send()
     assert out.count(CAN) >= 2 and ACK not in out
-    evs = rx.events()
+    evs = drain_events(rx)
     assert any(isinstance(e, HeaderRefused) and e.raw_name == raw for e in evs)
     assert not any(isinstance(e, FileStarted | FileData | FileCommitted) for e in evs)
     assert rx.state is RxState.ABORTED
@@ -325,7 +341,7 @@ def test_block0_without_nul_inside_the_block_is_refused() -> None:
     rx.receive_data(ref_block(0, b"A" * 128) + b"\x00" + b"5 0 100644\x00", 0.1)
     assert rx.state is RxState.ABORTED
     assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.NAME_NOT_TERMINATED
-               for e in rx.events())
+               for e in drain_events(rx))
 
 
 def test_declared_size_over_the_limit_is_refused() -> None:
@@ -333,7 +349,7 @@ def test_declared_size_over_the_limit_is_refused() -> None:
     rx.start(0.0)
     rx.receive_data(ref_block(0, b"f\x001001 0 100644".ljust(128, b"\x00")), 0.1)
     assert any(isinstance(e, HeaderRefused) and e.reason is HeaderRefusal.TOO_LARGE
-               for e in rx.events())
+               for e in drain_events(rx))
 
 
 @pytest.mark.parametrize(("mode", "expected"), [
@@ -342,33 +358,35 @@ def test_declared_size_over_the_limit_is_refused() -> None:
 ])
 def test_mode_never_grants_setuid_setgid_sticky_or_world_write(mode: int | None,
                                                                 expected: int) -> None:
-    assert ym.sanitize_mode(mode) == expected
+    assert sanitize_mode(mode) == expected
 
 
 @given(st.integers(0, 0o177777))
 def test_sanitized_mode_property(mode: int) -> None:
-    assert ym.sanitize_mode(mode) & 0o7002 == 0
+    assert sanitize_mode(mode) & 0o7002 == 0
 
 
 # --- tables --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("table,cls,prefix", [
-    (ym.RX_TRANSITIONS, Receiver, "_rx_"), (ym.TX_TRANSITIONS, Sender, "_tx_"),
+@pytest.mark.parametrize("table,actions", [
+    (RX_TRANSITIONS, RxAction), (TX_TRANSITIONS, TxAction),
 ])
-def test_every_table_action_exists_and_terminal_states_are_sinks(
-        table: dict[tuple[object, object], tuple[object, str]], cls: type, prefix: str) -> None:
+def test_every_action_has_its_method_and_terminal_states_are_sinks(
+        table: dict[tuple[object, object], tuple[object, enum.Enum]], actions: type[enum.Enum]) -> None:
+    methods = RX_ACTION_METHODS if actions is RxAction else TX_ACTION_METHODS
+    assert set(methods) == set(actions)  # every action runs a method, and only actions do
     for (state, _), (_, action) in table.items():
-        assert callable(getattr(cls, prefix + action, None)), action
+        assert isinstance(action, actions) and callable(methods[action]), action
         assert getattr(state, "name", "") != "ABORTED"
 
 
-def test_receiver_eot_rows_are_the_seed_machine() -> None:
-    t = ym.RX_TRANSITIONS
-    assert t[(RxState.RECV_DATA, ym.RxIn.EOT)] == (RxState.WAIT_EOT_CONFIRM, "first_eot")
-    assert t[(RxState.WAIT_EOT_CONFIRM, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "commit")
-    assert t[(RxState.WAIT_NEXT_HEADER, ym.RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, "reack_eot")
-    assert [a for (_, _), (_, a) in t.items()].count("commit") == 1
+def test_receiver_eot_rows_are_the_idempotent_handshake() -> None:
+    t = RX_TRANSITIONS
+    assert t[(RxState.RECV_DATA, RxIn.EOT)] == (RxState.WAIT_EOT_CONFIRM, RxAction.FIRST_EOT)
+    assert t[(RxState.WAIT_EOT_CONFIRM, RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, RxAction.COMMIT)
+    assert t[(RxState.WAIT_NEXT_HEADER, RxIn.EOT)] == (RxState.WAIT_NEXT_HEADER, RxAction.REACK_EOT)
+    assert [a for (_, _), (_, a) in t.items()].count(RxAction.COMMIT) == 1
 
 
 # --- the receiver's EOT machine, byte by byte ------------------------------------------------------
@@ -387,14 +405,14 @@ def test_first_eot_nak_second_ack_commit_late_eot_ack_again() -> None:
     rx = _rx_with_one_block()
     rx.receive_data(bytes([EOT]), 1.0)
     assert rx.data_to_send() == bytes([NAK]) and rx.state is RxState.WAIT_EOT_CONFIRM
-    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
     rx.receive_data(bytes([EOT]), 1.1)
     assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-    assert [e for e in rx.events() if isinstance(e, FileCommitted)] == [FileCommitted("f", 5)]
+    assert [e for e in drain_events(rx) if isinstance(e, FileCommitted)] == [FileCommitted("f", 5)]
     for k in range(3):  # late EOTs: ACK each, never a second commit, never an error
         rx.receive_data(bytes([EOT]), 2.0 + k)
         assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-        assert rx.events() == [] and rx.commits == 1
+        assert drain_events(rx) == [] and rx.commits == 1
         assert rx.state is RxState.WAIT_NEXT_HEADER  # type: ignore[comparison-overlap]
 
 
@@ -406,14 +424,14 @@ def test_eot_before_the_declared_size_is_nakked_never_committed() -> None:
     for k in range(3):
         rx.receive_data(bytes([EOT]), 1.0 + k)
     assert rx.commits == 0 and rx.state is RxState.RECV_DATA
-    assert not any(isinstance(e, FileCommitted) for e in rx.events())
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
 
 
 def test_duplicate_block_acked_not_delivered_twice_other_block_cancels() -> None:
     rx = _rx_with_one_block(b"abc")
-    rx.events()
+    drain_events(rx)
     rx.receive_data(ref_block(1, b"abc".ljust(128, b"\x1a")), 0.3)
-    assert rx.data_to_send() == bytes([ACK]) and rx.events() == []
+    assert rx.data_to_send() == bytes([ACK]) and drain_events(rx) == []
     rx.receive_data(ref_block(3, bytes(128)), 0.4)
     assert rx.data_to_send().count(CAN) >= 2 and rx.state is RxState.ABORTED
 
@@ -435,7 +453,7 @@ def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> 
     rx = _rx_with_one_block()
     rx.receive_data(bytes([CAN, CAN]), 1.0)
     assert rx.state is RxState.ABORTED
-    assert any(isinstance(e, Aborted) and e.by_peer for e in rx.events())
+    assert any(isinstance(e, Aborted) and e.by_peer for e in drain_events(rx))
     tx = Sender(files_of({"f": b"x" * 2000}), SenderConfig(turnaround=0))
     tx.start(0.0)
     tx.receive_data(bytes([CRC_REQUEST]), 0.1)
@@ -443,7 +461,7 @@ def test_sender_can_can_aborts_receiver_and_receiver_can_can_aborts_sender() -> 
     assert tx.state is TxState.SENT_HEADER  # one CAN is noise
     tx.receive_data(bytes([CAN, CAN]), 0.3)
     assert tx.state is TxState.ABORTED  # type: ignore[comparison-overlap]
-    assert any(isinstance(e, Aborted) and e.by_peer for e in tx.events())
+    assert any(isinstance(e, Aborted) and e.by_peer for e in drain_events(tx))
 
 
 # --- the sender against rb-like answers ---------------------------------------------------------
@@ -522,7 +540,7 @@ def test_sender_finishes_with_success_when_the_final_ack_never_comes() -> None:
         t += 0.5
         tx.tick(t)
     assert tx.state is TxState.DONE and t < 30
-    assert tx.events()[-1] == BatchEnded(final_ack=False)
+    assert drain_events(tx)[-1] == BatchEnded(final_ack=False)
 
 
 def test_turnaround_delay_holds_the_next_block() -> None:
@@ -545,7 +563,7 @@ file_names = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E,
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.dictionaries(file_names.filter(lambda s: ym.check_name(s.encode()) == s),
+    st.dictionaries(file_names.filter(lambda s: check_name(s.encode()) == s),
                     st.integers(0, 5000), min_size=0, max_size=3),
     st.sampled_from([128, 1024]),
     st.booleans(),
@@ -682,7 +700,7 @@ def test_docs_list_every_transition_of_both_tables() -> None:
     from pathlib import Path
 
     doc = (Path(__file__).parent.parent / "docs" / "YMODEM.md").read_text(encoding="utf-8")
-    for table in (ym.RX_TRANSITIONS, ym.TX_TRANSITIONS):
+    for table in (RX_TRANSITIONS, TX_TRANSITIONS):
         for (state, inp), (target, _) in table.items():
             row = f"| {state.value} | {inp.value} | {target.value} |"
             assert row in doc, f"docs/YMODEM.md lacks {row}"
@@ -701,7 +719,7 @@ def test_receiver_survives_any_bytes_and_commits_only_after_a_header(
         rx.receive_data(data, now)
         rx.tick(now)
         rx.data_to_send()
-        evs += rx.events()
+        evs += drain_events(rx)
     started = False
     for ev in evs:
         if isinstance(ev, FileStarted):
@@ -722,8 +740,8 @@ def test_sender_survives_any_bytes(chunks: list[tuple[bytes, float]]) -> None:
         tx.tick(now)
         out = tx.data_to_send()
         # frames, EOT, CAN or the nudge (a lone NUL): nothing else
-        assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([ym.NUDGE])
-    committed = [e for e in tx.events() if isinstance(e, FileCommitted)]
+        assert out == b"" or out[0] in (SOH, STX, EOT, CAN) or out == bytes([NUDGE])
+    committed = [e for e in drain_events(tx) if isinstance(e, FileCommitted)]
     assert len(committed) == len({e.name for e in committed})
 
 
@@ -854,8 +872,8 @@ class LateCopyRun:
         self.rx.start(0.0)
         self.tx.start(0.0)
         while not self.finished() and self.now < until:
-            self.rx_events += self.rx.events()
-            self.tx.events()
+            self.rx_events += drain_events(self.rx)
+            drain_events(self.tx)
             self._put("rx>tx", self.rx.data_to_send())
             self._put("tx>rx", self.tx.data_to_send())
             ts = [t for t in (self.tx.next_deadline(), self.rx.next_deadline(),
@@ -868,7 +886,7 @@ class LateCopyRun:
             self._deliver("rx>tx", self.tx)
             self.rx.tick(self.now)
             self.tx.tick(self.now)
-        self.rx_events += self.rx.events()
+        self.rx_events += drain_events(self.rx)
         return self
 
     def violations(self) -> list[str]:
@@ -938,7 +956,7 @@ def test_late_copies_of_control_bytes_long() -> None:
 def _rx_committed_one_block_file() -> Receiver:
     rx = Receiver()
     rx.start(0.0)
-    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    _, header = build_header("a.bin", 5, 0, 0o644)
     rx.receive_data(ref_block(0, header), 0.1)
     block1 = ref_block(1, b"hello".ljust(128, b"\x1a"))
     rx.receive_data(block1, 0.2)
@@ -953,7 +971,7 @@ def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
     rx = _rx_committed_one_block_file()
     rx.receive_data(bytes([EOT]), 0.5)  # our ACK was lost: the sender repeats the EOT
     assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
-    bad = bytearray(ref_block(0, ym.build_header("b.bin", 0, 0, 0o644)[1]))
+    bad = bytearray(ref_block(0, build_header("b.bin", 0, 0, 0o644)[1]))
     bad[40] ^= 0x10  # the next header, damaged
     rx.receive_data(bytes(bad), 0.6)
     rx.tick(0.6 + rx.config.purge_quiet)
@@ -966,7 +984,7 @@ def test_after_the_commit_an_eot_is_acked_again_until_a_block_arrives() -> None:
 def test_a_bad_first_block_is_nakked_not_answered_with_c() -> None:
     rx = Receiver()
     rx.start(0.0)
-    _, header = ym.build_header("a.bin", 5, 0, 0o644)
+    _, header = build_header("a.bin", 5, 0, 0o644)
     rx.receive_data(ref_block(0, header), 0.1)
     rx.data_to_send()
     bad = bytearray(ref_block(1, b"hello".ljust(128, b"\x1a")))
@@ -989,3 +1007,13 @@ def test_after_the_commit_a_block_of_the_next_file_is_not_taken_for_a_repeat() -
     rx = _rx_committed_one_block_file()
     rx.receive_data(ref_block(1, b"hello".ljust(128, b"\x1a")), 0.5)
     assert rx.data_to_send() == bytes([ACK]) and rx.commits == 1
+
+
+def test_the_documented_api_stays_importable_from_idemlink_protocol_ymodem() -> None:
+    """docs/ARCHITECTURE.md names ``idemlink.protocol.ymodem.Sender`` / ``Receiver`` /
+    ``check_name``: the module re-exports the split modules' public names, the same objects."""
+    from idemlink.protocol import ymodem
+
+    assert ymodem.Sender is Sender and ymodem.Receiver is Receiver
+    assert ymodem.check_name is check_name and ymodem.RX_TRANSITIONS is RX_TRANSITIONS
+    assert all(hasattr(ymodem, name) for name in ymodem.__all__)

@@ -25,9 +25,36 @@ import serial
 from test_ymodem_core import Pair, files_of
 
 from idemlink.host.ymodem_io import receive_files
-from idemlink.protocol import ymodem as ym
-from idemlink.protocol.ymodem import HeaderRefusal, NameRefusal, ReceiverConfig
+from idemlink.protocol.ymodem_events import (
+    Aborted,
+    BatchEnded,
+    FileCommitted,
+    FileData,
+    FileStarted,
+    FileUnconfirmed,
+    HeaderRefused,
+    drain_events,
+)
 from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
+from idemlink.protocol.ymodem_names import NameRefusal, check_name
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import RxState, TxState
+from idemlink.protocol.ymodem_wire import (
+    ACK,
+    BLOCK_SMALL,
+    CAN,
+    CRC_REQUEST,
+    EOT,
+    NAK,
+    SOH,
+    STX,
+    Header,
+    HeaderRefusal,
+    build_block,
+    build_header,
+    parse_header,
+)
 
 # --- 1. block 0 cut by a long name ----------------------------------------------------------------
 
@@ -85,11 +112,11 @@ def test_sb_long_name_block0_cut_size_is_refused_cut_fields_ignored(
         name_len: int, tail: bytes, expected: object) -> None:
     payload = sb_block0(name_len, SB_META, tail)
     assert len(payload) == 128
-    parsed = ym.parse_header(payload)
+    parsed = parse_header(payload)
     if isinstance(expected, HeaderRefusal):
         assert parsed is expected
     else:
-        assert isinstance(parsed, ym.Header)
+        assert isinstance(parsed, Header)
         assert (parsed.size, parsed.mtime, parsed.mode) == expected
 
 
@@ -98,18 +125,18 @@ def test_sb_block0_of_a_122_character_name_is_refused_with_a_clear_reason_and_ca
     name = b"n" * 118 + b".bin"
     payload = name + b"\x00" + b"123" + b"45"
     assert len(payload) == 128
-    rx = ym.Receiver()
+    rx = Receiver()
     rx.start(0.0)
     rx.data_to_send()
-    rx.receive_data(ym.build_block(0, payload), 0.1)
+    rx.receive_data(build_block(0, payload), 0.1)
     out = rx.data_to_send()
-    assert out.count(ym.CAN) >= 2 and ym.ACK not in out
-    evs = rx.events()
-    refused = [e for e in evs if isinstance(e, ym.HeaderRefused)]
+    assert out.count(CAN) >= 2 and ACK not in out
+    evs = drain_events(rx)
+    refused = [e for e in evs if isinstance(e, HeaderRefused)]
     assert refused and refused[0].reason is HeaderRefusal.SIZE_CUT
     assert "size unknown" in HeaderRefusal.SIZE_CUT.value
-    assert not any(isinstance(e, ym.FileStarted) for e in evs)
-    assert rx.state is ym.RxState.ABORTED and "size unknown" in (rx.abort_reason or "")
+    assert not any(isinstance(e, FileStarted) for e in evs)
+    assert rx.state is RxState.ABORTED and "size unknown" in (rx.abort_reason or "")
 
 
 def sz_block0(name_len: int, size: int, mtime: int = 0o15316470153) -> bytes:
@@ -148,37 +175,37 @@ def test_sz_block0_model_matches_sbs_real_bytes() -> None:
 @pytest.mark.parametrize(("name_len", "expected"), SB_LONG_NAMES)
 def test_sb_names_of_119_to_127_characters_never_lose_the_size(
         name_len: int, expected: int | HeaderRefusal) -> None:
-    parsed = ym.parse_header(sz_block0(name_len, 5000))
+    parsed = parse_header(sz_block0(name_len, 5000))
     if isinstance(expected, HeaderRefusal):
         assert parsed is expected
     else:
-        assert isinstance(parsed, ym.Header) and parsed.size == expected
+        assert isinstance(parsed, Header) and parsed.size == expected
 
 
 def test_a_name_only_header_must_leave_room_and_nothing_else_in_the_metadata() -> None:
     # room for "0" and its end, all NUL: a legal name-only header (bootloaders send these)
-    assert ym.parse_header(b"x" * 123 + b"\x00" * 5) == ym.Header("x" * 123, None, None, None)
+    assert parse_header(b"x" * 123 + b"\x00" * 5) == Header("x" * 123, None, None, None)
     # no room: the NUL at 125 (126-127 then belong to sz's count), 126 or 127
     for n in (125, 126, 127):
-        assert ym.parse_header(b"x" * n + b"\x00" * (128 - n)) is HeaderRefusal.SIZE_CUT, n
+        assert parse_header(b"x" * n + b"\x00" * (128 - n)) is HeaderRefusal.SIZE_CUT, n
     # an empty first field with other bytes after it is not "no metadata"
-    assert ym.parse_header(b"f\x00\x00123 0".ljust(128, b"\x00")) is HeaderRefusal.SIZE_CUT
+    assert parse_header(b"f\x00\x00123 0".ljust(128, b"\x00")) is HeaderRefusal.SIZE_CUT
     # sz's block count behind a short name-only header is not metadata
-    assert ym.parse_header(b"f\x00".ljust(126, b"\x00") + b"\x00(") == ym.Header(
+    assert parse_header(b"f\x00".ljust(126, b"\x00") + b"\x00(") == Header(
         "f", None, None, None)
     # a 1K block 0 with a long name and its full metadata is read as before
     body = b"n" * 200 + b"\x001234567 15316470153 100644\x00"
-    assert ym.parse_header(body.ljust(1024, b"\x00")) == ym.Header(
+    assert parse_header(body.ljust(1024, b"\x00")) == Header(
         "n" * 200, 1234567, 0o15316470153, 0o100644)
 
 
 def test_a_terminated_header_is_unchanged() -> None:
-    assert ym.parse_header(b"f\x0012 0 100644\x00".ljust(128, b"\x00")) == ym.Header(
+    assert parse_header(b"f\x0012 0 100644\x00".ljust(128, b"\x00")) == Header(
         "f", 12, 0, 0o100644)
     # a metadata string ending exactly at the block's end with a space is complete
     p = b"f\x00" + b"42 " + b"7" * 123
     assert len(p) == 128
-    assert ym.parse_header(p) == ym.Header("f", 42, None, None)
+    assert parse_header(p) == Header("f", 42, None, None)
 
 
 # --- 6. names Windows cannot hold ----------------------------------------------------------------
@@ -208,12 +235,12 @@ WINDOWS_OK = [b"CONSOLE", b"COM10", b"COM0x", b"LPT", b"nul_file", b"connect.txt
 
 @pytest.mark.parametrize(("raw", "expected"), WINDOWS_NAMES)
 def test_windows_hostile_names_are_refused(raw: bytes, expected: NameRefusal) -> None:
-    assert ym.check_name(raw) is expected
+    assert check_name(raw) is expected
 
 
 @pytest.mark.parametrize("raw", WINDOWS_OK)
 def test_names_that_only_resemble_device_names_are_kept(raw: bytes) -> None:
-    assert ym.check_name(raw) == raw.decode()
+    assert check_name(raw) == raw.decode()
 
 
 @pytest.mark.skipif(not (shutil.which("socat") and shutil.which("sb")), reason="needs socat and sb")
@@ -293,13 +320,13 @@ class DelayedCopyPair(Pair):
 def test_a_late_duplicate_ack_never_makes_the_sender_report_a_discarded_file(
         turnaround: float, copy_delay: float, byte_by_byte: bool) -> None:
     data = random.Random(1).randbytes(5000)
-    p = DelayedCopyPair(ym.Sender(files_of({"fw.bin": data}), ym.SenderConfig(turnaround=turnaround)),
-                        ym.Receiver(), byte_by_byte=byte_by_byte)
+    p = DelayedCopyPair(Sender(files_of({"fw.bin": data}), SenderConfig(turnaround=turnaround)),
+                        Receiver(), byte_by_byte=byte_by_byte)
     p.copy_delay = copy_delay
     acks = [0]
 
     def dup_when(direction: str, b: int) -> bool:
-        if direction == "rx>tx" and b == ym.ACK:
+        if direction == "rx>tx" and b == ACK:
             acks[0] += 1
             return acks[0] == 3  # the ACK of data block 2 comes twice
         return False
@@ -309,37 +336,37 @@ def test_a_late_duplicate_ack_never_makes_the_sender_report_a_discarded_file(
     got = p.received()
     assert set(p.tx.committed) <= set(got)  # never "delivered" when the receiver discarded it
     assert got == {"fw.bin": data}  # and the NAK in WAIT_NEXT_C resends EOT: the batch completes
-    assert p.tx.state is ym.TxState.DONE and p.rx.state is ym.RxState.DONE
+    assert p.tx.state is TxState.DONE and p.rx.state is RxState.DONE
 
 
-def _sender_after_eot_ack() -> ym.Sender:
-    tx = ym.Sender(files_of({"f": b"abc"}), ym.SenderConfig(turnaround=0))
+def _sender_after_eot_ack() -> Sender:
+    tx = Sender(files_of({"f": b"abc"}), SenderConfig(turnaround=0))
     tx.start(0.0)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.1)
-    tx.receive_data(bytes([ym.ACK, ym.CRC_REQUEST]), 0.2)
-    tx.receive_data(bytes([ym.ACK]), 0.3)
-    assert tx.data_to_send()[-1] == ym.EOT
-    tx.receive_data(bytes([ym.ACK]), 0.4)
-    assert tx.state is ym.TxState.WAIT_NEXT_C
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.2)
+    tx.receive_data(bytes([ACK]), 0.3)
+    assert tx.data_to_send()[-1] == EOT
+    tx.receive_data(bytes([ACK]), 0.4)
+    assert tx.state is TxState.WAIT_NEXT_C
     return tx
 
 
 def test_nak_after_the_eot_ack_resends_eot_and_nothing_is_reported_yet() -> None:
     tx = _sender_after_eot_ack()
-    assert not any(isinstance(e, ym.FileCommitted) for e in tx.events())
-    tx.receive_data(bytes([ym.NAK]), 0.5)
-    assert tx.data_to_send() == bytes([ym.EOT]) and tx.state is ym.TxState.SENT_EOT2
-    tx.receive_data(bytes([ym.ACK, ym.CRC_REQUEST]), 0.6)
-    assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [ym.FileCommitted("f", 3)]
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(tx))
+    tx.receive_data(bytes([NAK]), 0.5)
+    assert tx.data_to_send() == bytes([EOT]) and tx.state is TxState.SENT_EOT2
+    tx.receive_data(bytes([ACK, CRC_REQUEST]), 0.6)
+    assert [e for e in drain_events(tx) if isinstance(e, FileCommitted)] == [FileCommitted("f", 3)]
     assert tx.committed == ["f"] and tx.state.value == "SENT_END"
 
 
 def test_abort_before_the_next_c_reports_the_file_unconfirmed_not_ok() -> None:
     tx = _sender_after_eot_ack()
-    tx.receive_data(bytes([ym.CAN, ym.CAN]), 0.5)
-    evs = tx.events()
+    tx.receive_data(bytes([CAN, CAN]), 0.5)
+    evs = drain_events(tx)
     assert tx.committed == [] and tx.unconfirmed == ["f"]
-    assert ym.FileUnconfirmed("f", 3) in evs and not any(isinstance(e, ym.FileCommitted) for e in evs)
+    assert FileUnconfirmed("f", 3) in evs and not any(isinstance(e, FileCommitted) for e in evs)
 
 
 def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
@@ -351,7 +378,7 @@ def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
 
     # plays the receiver: C, ACK C, ACK (block 1), ACK (to EOT) + CAN CAN
     script = ScriptedPort([b"C", b"\x06C", b"\x06", b"\x06\x18\x18"])
-    rep = ymodem_io.send_files(script, [src], ym.SenderConfig(turnaround=0), overall_timeout=10)
+    rep = ymodem_io.send_files(script, [src], SenderConfig(turnaround=0), overall_timeout=10)
     assert not rep.ok
     assert [(f.name, f.ok) for f in rep.files] == [("f.bin", False)]
     assert "not confirmed" in rep.files[0].detail
@@ -363,19 +390,19 @@ def test_shell_reports_an_unconfirmed_file_as_not_ok(tmp_path: Path) -> None:
 def _no_size_blocks() -> tuple[bytes, list[bytes]]:
     data = bytearray(random.Random(0).randbytes(4 * 1024))
     for i, v in enumerate(data):  # keep framing bytes out of the payload except the one we plant
-        if v in (ym.SOH, ym.STX, ym.EOT, ym.CAN):
+        if v in (SOH, STX, EOT, CAN):
             data[i] = 0x55
-    data[3 * 1024 + 10] = ym.EOT  # a payload byte 0x04 early in block 4
-    return bytes(data), [ym.build_block(n, bytes(data[(n - 1) * 1024 : n * 1024])) for n in range(1, 5)]
+    data[3 * 1024 + 10] = EOT  # a payload byte 0x04 early in block 4
+    return bytes(data), [build_block(n, bytes(data[(n - 1) * 1024 : n * 1024])) for n in range(1, 5)]
 
 
 @pytest.mark.parametrize("byte_by_byte", [False, True], ids=["burst", "byte-by-byte"])
 def test_without_a_size_a_lost_stx_is_not_taken_for_eot(byte_by_byte: bool) -> None:
     data, blocks = _no_size_blocks()
-    rx = ym.Receiver()
+    rx = Receiver()
     rx.start(0.0)
     now = 0.0
-    rx.receive_data(ym.build_block(0, b"fw.bin\x00".ljust(128, b"\x00")), now)  # name only
+    rx.receive_data(build_block(0, b"fw.bin\x00".ljust(128, b"\x00")), now)  # name only
     evs: list[object] = []
 
     def feed(chunk: bytes) -> None:
@@ -388,75 +415,75 @@ def test_without_a_size_a_lost_stx_is_not_taken_for_eot(byte_by_byte: bool) -> N
     for n, blk in enumerate(blocks, 1):
         now += 0.1
         feed(blk[1:] if n == 4 else blk)  # block 4's STX is lost on the line
-    evs += rx.events()
-    assert not any(isinstance(e, ym.FileCommitted) for e in evs)
+    evs += drain_events(rx)
+    assert not any(isinstance(e, FileCommitted) for e in evs)
     now += 1.0
     rx.tick(now)  # quiet: the purge ends with a NAK
-    assert rx.data_to_send().endswith(bytes([ym.NAK]))
+    assert rx.data_to_send().endswith(bytes([NAK]))
     now += 0.1
     feed(blocks[3])  # the sender resends block 4
-    assert rx.data_to_send().endswith(bytes([ym.ACK]))
+    assert rx.data_to_send().endswith(bytes([ACK]))
     for _ in range(2):  # EOT, NAK, EOT: committed with all four blocks
         now += 0.1
-        rx.receive_data(bytes([ym.EOT]), now)
-    evs += rx.events()
-    body = b"".join(e.data for e in evs if isinstance(e, ym.FileData))
-    assert [e for e in evs if isinstance(e, ym.FileCommitted)] == [ym.FileCommitted("fw.bin", 4096)]
+        rx.receive_data(bytes([EOT]), now)
+    evs += drain_events(rx)
+    body = b"".join(e.data for e in evs if isinstance(e, FileData))
+    assert [e for e in evs if isinstance(e, FileCommitted)] == [FileCommitted("fw.bin", 4096)]
     assert body == data
 
 
 def test_an_eot_followed_by_more_bytes_in_one_read_is_noise() -> None:
-    rx = ym.Receiver()
+    rx = Receiver()
     rx.start(0.0)
-    rx.receive_data(ym.build_block(0, b"f\x00".ljust(128, b"\x00")), 0.1)
-    rx.receive_data(ym.build_block(1, bytes(128)), 0.2)
+    rx.receive_data(build_block(0, b"f\x00".ljust(128, b"\x00")), 0.1)
+    rx.receive_data(build_block(1, bytes(128)), 0.2)
     rx.data_to_send()
-    rx.receive_data(bytes([ym.EOT, 0x42]), 0.3)
-    assert rx.data_to_send() == b"" and rx.state is ym.RxState.RECV_DATA
-    rx.receive_data(bytes([ym.EOT]), 0.4)  # during the purge: dropped
+    rx.receive_data(bytes([EOT, 0x42]), 0.3)
+    assert rx.data_to_send() == b"" and rx.state is RxState.RECV_DATA
+    rx.receive_data(bytes([EOT]), 0.4)  # during the purge: dropped
     assert rx.data_to_send() == b""
     rx.tick(0.4 + rx.config.purge_quiet)
-    assert rx.data_to_send() == bytes([ym.NAK])
-    assert not any(isinstance(e, ym.FileCommitted) for e in rx.events())
+    assert rx.data_to_send() == bytes([NAK])
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(rx))
 
 
 # --- CAN CAN from the sender around a damaged block ----------------------------------------------
 
 
-def _rx_in_data() -> ym.Receiver:
-    rx = ym.Receiver()
+def _rx_in_data() -> Receiver:
+    rx = Receiver()
     rx.start(0.0)
-    _, hdr = ym.build_header("f", 5000, 0, 0o644)
-    rx.receive_data(ym.build_block(0, hdr), 0.1)
-    rx.receive_data(ym.build_block(1, bytes(1024)), 0.2)
+    _, hdr = build_header("f", 5000, 0, 0o644)
+    rx.receive_data(build_block(0, hdr), 0.1)
+    rx.receive_data(build_block(1, bytes(1024)), 0.2)
     rx.data_to_send()
     return rx
 
 
 def test_can_can_while_purging_a_bad_block_is_a_cancel_by_the_sender() -> None:
     rx = _rx_in_data()
-    bad = bytearray(ym.build_block(2, bytes(1024)))
+    bad = bytearray(build_block(2, bytes(1024)))
     bad[100] ^= 0xFF
     rx.receive_data(bytes(bad), 0.3)
-    rx.receive_data(bytes([ym.CAN]) * 10 + bytes([8]) * 10, 0.31)  # lrzsz's cancel
-    assert rx.state is ym.RxState.ABORTED and rx.abort_reason == "cancelled by sender"
+    rx.receive_data(bytes([CAN]) * 10 + bytes([8]) * 10, 0.31)  # lrzsz's cancel
+    assert rx.state is RxState.ABORTED and rx.abort_reason == "cancelled by sender"
 
 
 def test_can_can_ending_a_cut_block_is_a_cancel_by_the_sender() -> None:
     rx = _rx_in_data()
-    rx.receive_data(ym.build_block(2, bytes(1024))[:400] + bytes([ym.CAN]) * 10 + bytes([8]) * 10,
+    rx.receive_data(build_block(2, bytes(1024))[:400] + bytes([CAN]) * 10 + bytes([8]) * 10,
                     0.3)
-    assert rx.state is ym.RxState.RECV_DATA  # inside a block: payload bytes may be CAN
+    assert rx.state is RxState.RECV_DATA  # inside a block: payload bytes may be CAN
     rx.tick(0.3 + rx.config.interbyte_timeout)
     assert rx.state.value == "ABORTED" and rx.abort_reason == "cancelled by sender"
-    assert ym.NAK not in rx.data_to_send()
+    assert NAK not in rx.data_to_send()
 
 
 def test_can_can_filling_up_a_damaged_block_is_a_cancel_by_the_sender() -> None:
     rx = _rx_in_data()
-    rx.receive_data(ym.build_block(2, bytes(1024))[:1010] + bytes([ym.CAN]) * 10 + bytes([8]) * 10,
+    rx.receive_data(build_block(2, bytes(1024))[:1010] + bytes([CAN]) * 10 + bytes([8]) * 10,
                     0.3)
-    assert rx.state is ym.RxState.ABORTED and rx.abort_reason == "cancelled by sender"
+    assert rx.state is RxState.ABORTED and rx.abort_reason == "cancelled by sender"
 
 
 # --- 4. Ctrl-C or a dead port leaves no temporary file --------------------------------------------
@@ -468,8 +495,8 @@ class _DyingPort:
     timeout: float | None = 0.0
 
     def __init__(self, exc: BaseException) -> None:
-        _, hdr = ym.build_header("big.bin", 4096, 0, 0o644)
-        self.chunks = [ym.build_block(0, hdr), ym.build_block(1, bytes(1024))]
+        _, hdr = build_header("big.bin", 4096, 0, 0o644)
+        self.chunks = [build_block(0, hdr), build_block(1, bytes(1024))]
         self.exc = exc
         self.written = bytearray()
 
@@ -498,7 +525,7 @@ def test_receive_interrupted_mid_file_leaves_no_temporary_and_no_open_fd(
     assert list(tmp_path.iterdir()) == []
     assert sink._fd is None  # the descriptor is closed too
     if isinstance(exc, KeyboardInterrupt):
-        assert port.written.count(ym.CAN) >= 2  # and the sender was told
+        assert port.written.count(CAN) >= 2  # and the sender was told
 
 
 def test_device_receive_loop_with_a_dying_transport_leaves_no_temporary(tmp_path: Path) -> None:
@@ -508,8 +535,8 @@ def test_device_receive_loop_with_a_dying_transport_leaves_no_temporary(tmp_path
 
     class Transport:
         def __init__(self) -> None:
-            _, hdr = ym.build_header("big.bin", 4096, 0, 0o644)
-            self.chunks = [ym.build_block(0, hdr), ym.build_block(1, bytes(1024))]
+            _, hdr = build_header("big.bin", 4096, 0, 0o644)
+            self.chunks = [build_block(0, hdr), build_block(1, bytes(1024))]
 
         def read(self, timeout: float) -> bytes:
             if self.chunks:
@@ -570,12 +597,12 @@ def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
     """Results follow the batch by index: each file gets exactly one line, in order."""
     from idemlink.host import ymodem_io
 
-    files = [ym.SendFile.from_bytes("a.bin", b"1"), ym.SendFile.from_bytes("b.bin", b"2")]
+    files = [SendFile.from_bytes("a.bin", b"1"), SendFile.from_bytes("b.bin", b"2")]
 
     # receiver: takes a.bin completely (the idempotent EOT handshake: EOT, NAK, EOT, ACK 'C' proves
     # its commit), then cancels at b.bin's header
     port = ScriptedPort([b"C", b"\x06C", b"\x06", b"\x15", b"\x06C", b"\x18\x18"])
-    rep = ymodem_io._send(port, files, ym.SenderConfig(turnaround=0), None, 10)
+    rep = ymodem_io._send(port, files, SenderConfig(turnaround=0), None, 10)
     assert [(f.name, f.ok) for f in rep.files] == [("a.bin", True), ("b.bin", False)]
 
 
@@ -591,18 +618,18 @@ def test_an_empty_file_is_not_confirmed_by_the_receivers_c_for_block_1(
     timeout 'C' (still asking for block 1) for the commit: A reported empty.bin committed while
     the receiver aborted; B reported a.bin committed, the receiver having taken a.bin's header for
     a repeat of empty.bin's."""
-    p = DelayedCopyPair(ym.Sender(files_of(spec), ym.SenderConfig()), ym.Receiver())
+    p = DelayedCopyPair(Sender(files_of(spec), SenderConfig()), Receiver())
     p.copy_delay = 0.005
     n = {"ack": 0, "eot": 0}
 
     def dup_when(direction: str, b: int) -> bool:
-        if direction == "rx>tx" and b == ym.ACK:
+        if direction == "rx>tx" and b == ACK:
             n["ack"] += 1
             return n["ack"] == 1  # the header's ACK
         return False
 
     def drop_when(direction: str, b: int) -> bool:
-        if direction == "tx>rx" and b == ym.EOT:
+        if direction == "tx>rx" and b == EOT:
             n["eot"] += 1
             return n["eot"] == 1
         return False
@@ -612,90 +639,90 @@ def test_an_empty_file_is_not_confirmed_by_the_receivers_c_for_block_1(
     got = p.received()
     assert set(p.tx.committed) <= set(got)  # no file reported delivered that was not
     assert got == spec and p.tx.committed == list(spec)  # and the batch still completes
-    assert p.tx.state is ym.TxState.DONE and p.rx.state is ym.RxState.DONE
+    assert p.tx.state is TxState.DONE and p.rx.state is RxState.DONE
 
 
-def _rx_waiting_for_block_1(header: bytes) -> ym.Receiver:
-    rx = ym.Receiver()
+def _rx_waiting_for_block_1(header: bytes) -> Receiver:
+    rx = Receiver()
     rx.start(0.0)
-    rx.receive_data(ym.build_block(0, header), 0.1)
-    assert rx.data_to_send() == bytes([ym.CRC_REQUEST, ym.ACK, ym.CRC_REQUEST])
-    assert rx.state is ym.RxState.WAIT_FIRST_BLOCK
+    rx.receive_data(build_block(0, header), 0.1)
+    assert rx.data_to_send() == bytes([CRC_REQUEST, ACK, CRC_REQUEST])
+    assert rx.state is RxState.WAIT_FIRST_BLOCK
     return rx
 
 
 def test_only_a_byte_identical_header_is_a_repeat_before_block_1() -> None:
-    _, first = ym.build_header("empty.bin", 0, 0, 0o644)
+    _, first = build_header("empty.bin", 0, 0, 0o644)
     rx = _rx_waiting_for_block_1(first)
-    rx.receive_data(ym.build_block(0, first), 0.2)  # our ACK was lost: the same header again
-    assert rx.data_to_send() == bytes([ym.ACK, ym.CRC_REQUEST])
-    assert rx.state is ym.RxState.WAIT_FIRST_BLOCK
-    for other in (ym.build_header("a.bin", 3000, 0, 0o644)[1],  # the next file's header
-                  ym.build_header("empty.bin", 0, 1, 0o644)[1],  # same name, other metadata
-                  bytes(ym.BLOCK_SMALL)):  # the end of the batch
+    rx.receive_data(build_block(0, first), 0.2)  # our ACK was lost: the same header again
+    assert rx.data_to_send() == bytes([ACK, CRC_REQUEST])
+    assert rx.state is RxState.WAIT_FIRST_BLOCK
+    for other in (build_header("a.bin", 3000, 0, 0o644)[1],  # the next file's header
+                  build_header("empty.bin", 0, 1, 0o644)[1],  # same name, other metadata
+                  bytes(BLOCK_SMALL)):  # the end of the batch
         rx = _rx_waiting_for_block_1(first)
-        rx.events()
-        rx.receive_data(ym.build_block(0, other), 0.2)
+        drain_events(rx)
+        rx.receive_data(build_block(0, other), 0.2)
         out = rx.data_to_send()
-        assert out.count(ym.CAN) >= 2 and ym.ACK not in out
-        assert rx.state is ym.RxState.ABORTED
+        assert out.count(CAN) >= 2 and ACK not in out
+        assert rx.state is RxState.ABORTED
         assert "sender moved on" in (rx.abort_reason or "")
-        evs = rx.events()
-        assert not any(isinstance(e, (ym.FileCommitted, ym.FileStarted, ym.BatchEnded))
+        evs = drain_events(rx)
+        assert not any(isinstance(e, (FileCommitted, FileStarted, BatchEnded))
                        for e in evs)
 
 
 def test_a_c_after_an_empty_files_eot_ack_sends_the_eot_again_before_confirming() -> None:
-    tx = ym.Sender(files_of({"empty.bin": b"", "b": b"x"}), ym.SenderConfig(turnaround=0))
+    tx = Sender(files_of({"empty.bin": b"", "b": b"x"}), SenderConfig(turnaround=0))
     tx.start(0.0)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.1)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.1)
     tx.data_to_send()
-    tx.receive_data(bytes([ym.ACK]), 0.2)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 0.3)
-    assert tx.data_to_send() == bytes([ym.EOT])
-    tx.receive_data(bytes([ym.ACK]), 0.4)  # maybe a late copy of the header's ACK
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.4)  # maybe the receiver asking for block 1
-    assert tx.data_to_send() == bytes([ym.EOT]) and tx.state is ym.TxState.SENT_EOT2
-    assert not any(isinstance(e, ym.FileCommitted) for e in tx.events())
-    tx.receive_data(bytes([ym.ACK]), 3.5)  # a committed receiver ACKs the EOT again...
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.6)  # ... and asks for the next file: proof
-    assert [e for e in tx.events() if isinstance(e, ym.FileCommitted)] == [
-        ym.FileCommitted("empty.bin", 0)]
-    assert tx.data_to_send()[:3] == bytes([ym.SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
+    tx.receive_data(bytes([ACK]), 0.2)
+    tx.receive_data(bytes([CRC_REQUEST]), 0.3)
+    assert tx.data_to_send() == bytes([EOT])
+    tx.receive_data(bytes([ACK]), 0.4)  # maybe a late copy of the header's ACK
+    tx.receive_data(bytes([CRC_REQUEST]), 3.4)  # maybe the receiver asking for block 1
+    assert tx.data_to_send() == bytes([EOT]) and tx.state is TxState.SENT_EOT2
+    assert not any(isinstance(e, FileCommitted) for e in drain_events(tx))
+    tx.receive_data(bytes([ACK]), 3.5)  # a committed receiver ACKs the EOT again...
+    tx.receive_data(bytes([CRC_REQUEST]), 3.6)  # ... and asks for the next file: proof
+    assert [e for e in drain_events(tx) if isinstance(e, FileCommitted)] == [
+        FileCommitted("empty.bin", 0)]
+    assert tx.data_to_send()[:3] == bytes([SOH, 0, 0xFF]) and tx.committed == ["empty.bin"]
     # a non-empty file likewise: an ACK to its first EOT proves nothing yet
-    tx.receive_data(bytes([ym.ACK]), 3.7)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 3.8)
+    tx.receive_data(bytes([ACK]), 3.7)
+    tx.receive_data(bytes([CRC_REQUEST]), 3.8)
     tx.data_to_send()
-    tx.receive_data(bytes([ym.ACK]), 3.9)
-    assert tx.data_to_send() == bytes([ym.EOT])
-    tx.receive_data(bytes([ym.ACK]), 4.0)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 4.1)
-    assert tx.data_to_send() == bytes([ym.EOT]) and tx.committed == ["empty.bin"]
-    tx.receive_data(bytes([ym.ACK]), 4.2)
-    tx.receive_data(bytes([ym.CRC_REQUEST]), 4.3)
+    tx.receive_data(bytes([ACK]), 3.9)
+    assert tx.data_to_send() == bytes([EOT])
+    tx.receive_data(bytes([ACK]), 4.0)
+    tx.receive_data(bytes([CRC_REQUEST]), 4.1)
+    assert tx.data_to_send() == bytes([EOT]) and tx.committed == ["empty.bin"]
+    tx.receive_data(bytes([ACK]), 4.2)
+    tx.receive_data(bytes([CRC_REQUEST]), 4.3)
     assert tx.committed == ["empty.bin", "b"]
-    assert tx.data_to_send() == ym.build_block(0, bytes(ym.BLOCK_SMALL))  # the end of the batch
+    assert tx.data_to_send() == build_block(0, bytes(BLOCK_SMALL))  # the end of the batch
 
 
 def test_an_ack_then_nak_peer_cannot_keep_the_sender_resending_eot_forever() -> None:
     """Each ACK to the EOT used to reset the retry count, so a peer answering
     every EOT with ACK and then NAK (instead of 'C') was sent EOTs for ever."""
-    cfg = ym.SenderConfig(turnaround=0)
-    tx = ym.Sender(files_of({"a.bin": b"x" * 100}), cfg)
+    cfg = SenderConfig(turnaround=0)
+    tx = Sender(files_of({"a.bin": b"x" * 100}), cfg)
     now = 0.0
     tx.start(now)
     for answer in (b"C", b"\x06C", b"\x06"):  # header ACKed, 'C', block 1 ACKed -> EOT
         tx.receive_data(answer, now)
-    eots = tx.data_to_send().count(ym.EOT)
-    while now < 3600 and tx.state is not ym.TxState.ABORTED:
+    eots = tx.data_to_send().count(EOT)
+    while now < 3600 and tx.state is not TxState.ABORTED:
         now += 0.5
-        tx.receive_data(bytes([ym.ACK]), now)
+        tx.receive_data(bytes([ACK]), now)
         now += 1.0
-        tx.receive_data(bytes([ym.NAK]), now)
+        tx.receive_data(bytes([NAK]), now)
         tx.tick(now)
-        eots += tx.data_to_send().count(ym.EOT)
-    assert tx.state is ym.TxState.ABORTED and now < 60
+        eots += tx.data_to_send().count(EOT)
+    assert tx.state is TxState.ABORTED and now < 60
     assert eots == cfg.max_retries + 1  # the first EOT and max_retries resends
-    evs = tx.events()
-    assert ym.FileUnconfirmed("a.bin", 100) in evs and tx.unconfirmed == ["a.bin"]
-    assert not tx.committed and any(isinstance(e, ym.Aborted) and not e.by_peer for e in evs)
+    evs = drain_events(tx)
+    assert FileUnconfirmed("a.bin", 100) in evs and tx.unconfirmed == ["a.bin"]
+    assert not tx.committed and any(isinstance(e, Aborted) and not e.by_peer for e in evs)

@@ -14,33 +14,29 @@ from pathlib import Path
 
 import pytest
 
-from idemlink.protocol.ymodem import (
-    CAN,
-    FileStarted,
-    ReceiverConfig,
-    RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
-    TxState,
-)
-from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, SinkRefused
+from idemlink.protocol.ymodem_events import FileStarted, drain_events
+from idemlink.protocol.ymodem_files import DirectorySink, ReceiverDriver, SinkRefused, exchange
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import RxState, TxState
+from idemlink.protocol.ymodem_wire import CAN
 
 
 def run(tx: Sender, drv: ReceiverDriver, step: float = 0.01, until: float = 600.0) -> bytes:
     """Drive sender and driver in virtual time with no loss; returns every byte the driver sent."""
     now = 0.0
     tx.start(now)
-    to_tx = drv.start(now)
+    drv.start(now)
+    to_tx = drv.data_to_send()
     sent = bytearray(to_tx)
     to_rx = b""
     while now < until:
         if to_tx:
             tx.receive_data(to_tx, now)
         tx.tick(now)
-        tx.events()
+        drain_events(tx)
         to_rx = tx.data_to_send()
-        to_tx = drv.feed(to_rx, now)
+        to_tx = exchange(drv, to_rx, now)
         sent += to_tx
         if drv.finished and tx.state in (TxState.DONE, TxState.ABORTED):
             break
@@ -140,15 +136,16 @@ def test_sender_cancel_midway_leaves_nothing(tmp_path: Path) -> None:
     tx = Sender(files({"x": bytes(20000)}), SenderConfig(turnaround=0))
     now = 0.0
     tx.start(now)
-    tx.receive_data(drv.start(now), now)
+    drv.start(now)
+    tx.receive_data(drv.data_to_send(), now)
     for _ in range(6):
         now += 0.01
         tx.tick(now)
-        back = drv.feed(tx.data_to_send(), now)
+        back = exchange(drv, tx.data_to_send(), now)
         tx.receive_data(back, now)
     assert drv.rx.state is RxState.RECV_DATA
     tx.abort("user pressed ^C", now)
-    drv.feed(tx.data_to_send(), now + 0.01)
+    exchange(drv, tx.data_to_send(), now + 0.01)
     assert drv.rx.state is RxState.ABORTED  # type: ignore[comparison-overlap]
     assert list(tmp_path.iterdir()) == []
 
@@ -167,9 +164,9 @@ def test_receiver_refuses_hostile_name_before_the_sink_sees_it(tmp_path: Path) -
     drv = ReceiverDriver(DirectorySink(target))
     drv.start(0.0)
     # A hand-made block 0 whose name climbs out of the directory.
-    from idemlink.protocol.ymodem import build_block
+    from idemlink.protocol.ymodem_wire import build_block
 
-    out = drv.feed(build_block(0, b"../outside\x005 0 100644".ljust(128, b"\x00")), 0.1)
+    out = exchange(drv, build_block(0, b"../outside\x005 0 100644".ljust(128, b"\x00")), 0.1)
     assert out.count(CAN) >= 2
     assert list(tmp_path.iterdir()) == [target] and list(target.iterdir()) == []
     assert drv.report.files[0].ok is False

@@ -21,8 +21,9 @@ import pytest
 import serial
 
 from idemlink.host.ymodem_io import receive_files, send_files
-from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
 from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import SenderConfig
 
 pytestmark = pytest.mark.skipif(
     not (shutil.which("socat") and shutil.which("sb") and shutil.which("rb")),

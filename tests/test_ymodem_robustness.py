@@ -25,15 +25,10 @@ import serial
 from idemlink.cli import EXIT_UNKNOWN, main
 from idemlink.commands import ymodem_cmd
 from idemlink.device_sim.pty import open_pty
-from idemlink.protocol.ymodem import (
-    BLOCK_LARGE,
-    Aborted,
-    Receiver,
-    ReceiverConfig,
-    RxState,
-    build_block,
-    build_header,
-)
+from idemlink.protocol.ymodem_events import Aborted
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_tables import RxState
+from idemlink.protocol.ymodem_wire import BLOCK_LARGE, build_block, build_header
 
 CLI = [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())"]
 

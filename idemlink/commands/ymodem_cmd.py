@@ -45,7 +45,8 @@ SEND_SCHEMA = "idemlink.send/1"
 RECEIVE_SCHEMA = "idemlink.receive/1"
 
 if TYPE_CHECKING:
-    from idemlink.protocol.ymodem import ReceiverConfig, SenderConfig
+    from idemlink.protocol.ymodem_receiver import ReceiverConfig
+    from idemlink.protocol.ymodem_sender import SenderConfig
 
 
 def register(sub: Any) -> None:
@@ -201,7 +202,8 @@ def _interrupted(args: argparse.Namespace, progress: Progress, exc: KeyboardInte
 
 def sender_config(args: argparse.Namespace) -> SenderConfig:
     """The sender's settings as ``send`` takes them from its options (the benchmark uses it)."""
-    from idemlink.protocol.ymodem import BLOCK_LARGE, BLOCK_SMALL, SenderConfig
+    from idemlink.protocol.ymodem_sender import SenderConfig
+    from idemlink.protocol.ymodem_wire import BLOCK_LARGE, BLOCK_SMALL
 
     return SenderConfig(
         block_size=BLOCK_SMALL if args.block_128 else BLOCK_LARGE,
@@ -212,7 +214,7 @@ def sender_config(args: argparse.Namespace) -> SenderConfig:
 
 def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
     """The receiver's settings as ``receive`` takes them from its options."""
-    from idemlink.protocol.ymodem import ReceiverConfig
+    from idemlink.protocol.ymodem_receiver import ReceiverConfig
 
     # 'C' every few seconds for as long as --idle-timeout says (the spec's cadence is 3 s).
     c_interval = min(3.0, args.idle_timeout)
@@ -224,7 +226,7 @@ def receiver_config(args: argparse.Namespace) -> ReceiverConfig:
 def run_send(args: argparse.Namespace) -> int:
     from idemlink.commands.common import check_seconds
     from idemlink.host.ymodem_io import check_batch_names, send_files
-    from idemlink.protocol.ymodem import build_header
+    from idemlink.protocol.ymodem_wire import build_header
 
     check_seconds("--start-timeout", args.start_timeout, 3600.0)  # before anything is sent
     for f in args.files:
