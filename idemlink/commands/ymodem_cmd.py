@@ -122,12 +122,14 @@ def _close_quietly(port: Any) -> None:
 
 
 def _open(url: str, baud: int) -> Any:
-    import serial
+    """The plain YMODEM line: pyserial's own DTR/RTS, shared like lrzsz's (not locked)."""
+    from idemlink.host.errors import PortError
+    from idemlink.host.transport import open_port
 
     try:
-        return serial.serial_for_url(url, baudrate=baud, timeout=0.002)
-    except (serial.SerialException, ValueError) as exc:
-        raise UserError(f"cannot open {url}: {exc}") from exc
+        return open_port(url, baudrate=baud, keep_lines=False, exclusive=False, timeout=0.002)
+    except PortError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def _shown_name(name: str) -> str:
