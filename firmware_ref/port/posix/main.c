@@ -39,6 +39,7 @@
 #include "idl_rtu.h"
 #include "posix_files.h"
 #include "../demo_conditions.h"
+#include "../effects_record.h"
 
 #if !IDL_PORT_EXECUTED
 #error "build the posix port with -DIDL_PORT_EXECUTED=1: --effects records through idl_port_executed"
@@ -127,56 +128,36 @@ static void effects_append(const char *line, size_t n)
     }
 }
 
-/* Seconds with millisecond precision, without floating point: "12.345". */
-static int effects_time(char *buf, size_t cap, uint32_t now)
+/* Milliseconds of the device's clock since the start, on 64 bits (the port's 32-bit clock wraps
+ * after 49 days; the record's times must not). */
+static unsigned long long effects_clock(uint32_t now)
 {
     effects_ms += (uint32_t)(now - (uint32_t)effects_ms);
-    return snprintf(buf, cap, "%llu.%03llu", effects_ms / 1000ull, effects_ms % 1000ull);
-}
-
-static size_t put_hex(char *out, const uint8_t *p, size_t n)
-{
-    static const char digits[] = "0123456789abcdef";
-    size_t i;
-    for (i = 0; i < n; i++) {
-        out[2u * i] = digits[p[i] >> 4];
-        out[2u * i + 1u] = digits[p[i] & 15u];
-    }
-    return 2u * n;
+    return effects_ms;
 }
 
 /* the boot line also declares how long a trigger runs, so the soak's oracle models this device's
  * triggers from its own record (docs/SOAK.md) */
 static void effects_boot(uint32_t epoch, uint32_t now, uint32_t trigger_ms)
 {
-    char line[128];
-    char t[32];
-    int n;
-    (void)effects_time(t, sizeof t, now);
-    n = snprintf(line, sizeof line,
-                 "{\"boot\": %lu, \"time\": %s, \"trigger_duration\": %lu.%03lu}\n",
-                 (unsigned long)epoch, t, (unsigned long)(trigger_ms / 1000u),
-                 (unsigned long)(trigger_ms % 1000u));
-    effects_append(line, (size_t)n);
+    char line[IDL_EFFECTS_LINE_MAX];
+    unsigned long long ms = effects_clock(now);
+    effects_append(line, idl_effects_boot_line(line, epoch, (unsigned long)(ms / 1000u),
+                                               (unsigned)(ms % 1000u), trigger_ms));
 }
 
 void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
                        const uint8_t *response, uint16_t response_len, uint32_t now)
 {
-    char line[160 + 2u * (IDL_MAX_PAYLOAD + IDL_MAX_PAYLOAD)];
-    char t[32];
-    size_t n;
+    char line[IDL_EFFECTS_LINE_MAX];
+    unsigned long long ms;
     if (effects_fd < 0) {
         return;
     }
-    (void)effects_time(t, sizeof t, now);
-    n = (size_t)snprintf(line, sizeof line, "{\"epoch\": %lu, \"seq\": %lu, \"request\": \"",
-                         (unsigned long)epoch, (unsigned long)seq);
-    n += put_hex(line + n, request, request_len);
-    n += (size_t)snprintf(line + n, sizeof line - n, "\", \"response\": \"");
-    n += put_hex(line + n, response, response_len);
-    n += (size_t)snprintf(line + n, sizeof line - n, "\", \"time\": %s}\n", t);
-    effects_append(line, n);
+    ms = effects_clock(now);
+    effects_append(line, idl_effects_run_line(line, epoch, seq, request, request_len, response,
+                                              response_len, (unsigned long)(ms / 1000u),
+                                              (unsigned)(ms % 1000u)));
 }
 
 /* ---- bytes out --------------------------------------------------------------------------------- */

@@ -33,6 +33,7 @@
 #include "idl_crc32c.h"
 #include "idl_port.h"
 #include "../demo_conditions.h"
+#include "../effects_record.h"
 
 #ifndef IDL_QEMU_DEVICE_ID
 #define IDL_QEMU_DEVICE_ID "qemu-mps2-an385"
@@ -127,17 +128,6 @@ static void read_cmdline(void)
 
 /* ---- the effects record ------------------------------------------------------------------- */
 
-static size_t put_hex(char *out, const uint8_t *p, size_t n)
-{
-    static const char digits[] = "0123456789abcdef";
-    size_t i;
-    for (i = 0; i < n; i++) {
-        out[2u * i] = digits[p[i] >> 4];
-        out[2u * i + 1u] = digits[p[i] & 15u];
-    }
-    return 2u * n;
-}
-
 static void effects_line(const char *line, size_t n)
 {
     if (fwrite(line, 1, n, effects) != n || fflush(effects) != 0) {
@@ -148,19 +138,13 @@ static void effects_line(const char *line, size_t n)
 void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
                        const uint8_t *response, uint16_t response_len, uint32_t now)
 {
-    static char line[160u + 4u * IDL_MAX_PAYLOAD];
-    size_t n;
+    static char line[IDL_EFFECTS_LINE_MAX];
     if (effects == NULL) {
         return;
     }
-    n = (size_t)sprintf(line, "{\"epoch\": %lu, \"seq\": %lu, \"request\": \"",
-                        (unsigned long)epoch, (unsigned long)seq);
-    n += put_hex(line + n, request, request_len);
-    n += (size_t)sprintf(line + n, "\", \"response\": \"");
-    n += put_hex(line + n, response, response_len);
-    n += (size_t)sprintf(line + n, "\", \"time\": %lu.%03lu}\n", (unsigned long)(now / 1000u),
-                         (unsigned long)(now % 1000u));
-    effects_line(line, n);
+    effects_line(line, idl_effects_run_line(line, epoch, seq, request, request_len, response,
+                                            response_len, (unsigned long)(now / 1000u),
+                                            (unsigned)(now % 1000u)));
 }
 
 /* Main loop only (it accumulates): the timer wraps every 171 s, the loop reads it far more often. */
@@ -373,15 +357,11 @@ int main(void)
         }
     }
     if (effects != NULL) {
-        char line[112];
+        static char line[IDL_EFFECTS_LINE_MAX];
         uint32_t now = idl_port_millis();
-        uint32_t tms = device.regs.trigger_ms;
-        int n = sprintf(line,
-                        "{\"boot\": %lu, \"time\": %lu.%03lu, \"trigger_duration\": %lu.%03lu}\n",
-                        (unsigned long)device.session.epoch, (unsigned long)(now / 1000u),
-                        (unsigned long)(now % 1000u), (unsigned long)(tms / 1000u),
-                        (unsigned long)(tms % 1000u));
-        effects_line(line, (size_t)n);
+        effects_line(line, idl_effects_boot_line(line, device.session.epoch,
+                                                 (unsigned long)(now / 1000u),
+                                                 (unsigned)(now % 1000u), device.regs.trigger_ms));
     }
     for (;;) {
         uint8_t chunk[64];
