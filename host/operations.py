@@ -201,9 +201,9 @@ class Operations:
     def _exchange(
         self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None
     ) -> Steps[None]:
-        s = self.session
+        next_event = self.session.next_event
         while True:
-            for ev in s.events():
+            while (ev := next_event()) is not None:
                 if isinstance(ev, Completion):
                     self.completions[ev.tag] = ev
                 elif sink is not None:
@@ -256,7 +256,7 @@ class Operations:
         the interrupted operation into Results; an UNKNOWN one blocks the handle if it may have
         had an effect (``result``)."""
         self.session.abandon(status)
-        for ev in self.session.events():
+        while (ev := self.session.next_event()) is not None:
             if isinstance(ev, Completion):
                 self.completions[ev.tag] = ev
         never_sent = Completion(None, Outcome.NOT_EXECUTED, None)  # taken, not yet submitted
@@ -322,8 +322,9 @@ class Operations:
         order: deque[int] = deque()  # tags in submission order, not yet emitted
         effectful_live = 0
         exhausted = False
+        next_event = s.next_event
         while True:
-            for ev in s.events():
+            while (ev := next_event()) is not None:
                 if isinstance(ev, Completion) and ev.tag in live:
                     f = live.pop(ev.tag)
                     effectful_live -= f.effect

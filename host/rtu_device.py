@@ -141,11 +141,11 @@ class RtuDevice(CommandBuilder):
     def _one(self, c: Command) -> Result:
         pdu = self._pdu(c)
         m, t = self.master, self.transport
-        got: list[Completion] = []
+        got: Completion | None = None
         self._discard_input()
         try:
             m.submit(pdu, t.now(), tag=c)
-            while not got:
+            while got is None:
                 try:
                     out = m.data_to_send()
                     if out:
@@ -155,7 +155,9 @@ class RtuDevice(CommandBuilder):
                     data = t.read(IDLE_WAIT if deadline is None else max(0.0, deadline - now))
                 except TRANSPORT_ERRORS as exc:
                     m.abandon(Status.LINK_LOST)
-                    r = self._result(c, m.events()[0])
+                    settled = m.next_event()
+                    assert settled is not None  # abandon settles the one request submitted
+                    r = self._result(c, settled)
                     raise LinkLost(f"the port failed: {exc}; "
                                    + ("1 request(s) may have run (UNKNOWN)"
                                       if r.outcome is Outcome.UNKNOWN else "nothing was out"),
@@ -163,15 +165,15 @@ class RtuDevice(CommandBuilder):
                 now = t.now()
                 m.receive_data(data, now)
                 m.tick(now)
-                got = m.events()
+                got = m.next_event()
         except (LinkLost, LocalProtocolError, ValueError):
             raise
         except BaseException as exc:
             m.abandon(Status.CANCELLED)
             exc.settled_results = tuple(  # type: ignore[attr-defined]
-                self._result(c, e) for e in m.events())
+                self._result(c, e) for e in iter(m.next_event, None))
             raise
-        return self._result(c, got[0])
+        return self._result(c, got)
 
     def _result(self, c: Command, comp: Completion) -> Result:
         values, code = answer_of(c, comp.pdu) if comp.pdu else ((), None)

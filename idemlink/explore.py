@@ -345,7 +345,7 @@ class _SessionWorld(_World):
         return [("reboot", _reboot)]
 
     def collect(self) -> None:
-        for ev in self.host.events():
+        while (ev := self.host.next_event()) is not None:
             if isinstance(ev, Completion):
                 if ev.tag in self.done:
                     self.errors.append(f"SETTLED-TWICE: {ev.tag}")

@@ -1,8 +1,10 @@
 """The host side of the framed protocol, sans-I/O: requests in, retries, exactly one outcome out.
 
 ``HostSession`` never touches a port or a clock: the shell calls ``receive_data(bytes, now)``,
-``tick(now)``, sends ``data_to_send()`` and sleeps until ``next_deadline()``. Every submitted request
-ends in exactly one ``Completion`` carrying one of the four outcomes.
+``tick(now)``, sends ``data_to_send()``, drains ``next_event()`` until ``None`` and sleeps until
+``next_deadline()`` (the shape of docs/ARCHITECTURE.md, "The sans-I/O shape"). Every submitted
+request ends in exactly one ``Completion`` carrying one of the four outcomes; events wait, in the
+order they happened, until taken.
 
 Rules (each tested):
 
@@ -191,7 +193,7 @@ class HostSession:
         self._inflight: dict[int, _Pending] = {}
         self._earliest: float | None = None  #: cached earliest in-flight deadline (None: stale)
         self._queue: deque[_Pending] = deque()
-        self._events: list[Event] = []
+        self._events: deque[Event] = deque()
         self.counters = HostCounters()
 
     # ------------------------------------------------------------------ shell-facing interface
@@ -238,10 +240,11 @@ class HostSession:
         self._out.clear()
         return out
 
-    def events(self) -> list[Event]:
-        ev = self._events
-        self._events = []
-        return ev
+    def next_event(self) -> Event | None:
+        """The oldest event not yet taken (``Completion``, ``SessionOpened``, ``HelloFailed``), or
+        None: nothing more until more bytes or time come in."""
+        events = self._events
+        return events.popleft() if events else None
 
     @property
     def outstanding(self) -> int:

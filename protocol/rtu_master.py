@@ -6,7 +6,8 @@ Contract:
   queues a request PDU; the session sends the next one once the previous one is settled and the
   line has been silent for t3.5 (``rtu_frame_gap(baudrate)``). Time is passed in; bytes go out
   through ``data_to_send()`` and come in through ``receive_data(data, now)``; ``tick(now)``
-  fires the deadlines; ``events()`` returns one ``Completion`` per request.
+  fires the deadlines; ``next_event()`` hands out one ``Completion`` per request, in order, then
+  None (nothing more now).
 - An answer is the next CRC-valid frame (``RtuDecoder`` over ``response_frame_length``) from the
   request's unit whose PDU fits the request (``answer_fits``: same function or its exception, a
   write's echo, a read's byte count); anything else is ignored and counted (``ignored``).
@@ -121,7 +122,7 @@ class RtuMaster:
         self._out = bytearray()
         self._current: _Request | None = None
         self._quiet_until = 0.0
-        self._events: list[Completion] = []
+        self._events: deque[Completion] = deque()
         self._decoder = self._new_decoder()
 
     def _new_decoder(self) -> RtuDecoder:
@@ -181,9 +182,10 @@ class RtuMaster:
         self._out.clear()
         return out
 
-    def events(self) -> list[Completion]:
-        ev, self._events = self._events, []
-        return ev
+    def next_event(self) -> Completion | None:
+        """The oldest ``Completion`` not yet taken, or None: nothing more now."""
+        events = self._events
+        return events.popleft() if events else None
 
     def next_deadline(self) -> float | None:
         if self._current is not None:

@@ -106,7 +106,7 @@ def test_temporary_file_creation_error_cancels_instead_of_crashing(
 
 
 def _completions(host: HostSession) -> dict[object, Completion]:
-    return {e.tag: e for e in host.events() if isinstance(e, Completion)}
+    return {e.tag: e for e in list(iter(host.next_event, None)) if isinstance(e, Completion)}
 
 
 def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() -> None:
@@ -125,7 +125,7 @@ def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() 
     boot_z = DeviceSession(ex_z, 0x2222, contract_hash=HASH)
     host.open(0.0)
     host.receive_data(dev_reply(boot_z, host.data_to_send(), 0.0), 0.0)
-    host.events()
+    list(iter(host.next_event, None))
     assert host.epoch == 0x2222
 
     boot_a = DeviceSession(ex_a, 0xAAAA, contract_hash=HASH)  # reboot: Z -> A

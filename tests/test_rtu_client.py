@@ -91,7 +91,7 @@ class Line:
     def run_silent(self, seconds: float) -> list[Any]:
         for _ in range(int(seconds / 0.01)):
             self.step(0.01)
-        return self.m.events()
+        return list(iter(self.m.next_event, None))
 
     def answer(self, pdu_: bytes, unit: int = 1) -> None:
         self.t += 0.001
@@ -125,7 +125,7 @@ def test_exceptions_map_to_outcomes_and_are_never_retried() -> None:
         line.m.submit(pdu(WriteSingleRegister(TH, 1)), line.t, tag=exc)
         line.collect()
         line.answer(exception_pdu(FunctionCode.WRITE_SINGLE_REGISTER, exc))
-        (done,) = line.m.events()
+        (done,) = list(iter(line.m.next_event, None))
         assert (done.outcome, done.exception, done.attempts) == (outcome, exc, 1)
         assert line.run_silent(0.5) == [] and len(line.frames) == 1
 
@@ -139,9 +139,9 @@ def test_only_a_fitting_answer_from_the_unit_settles_a_request() -> None:
     line.answer(bytes([3, 2, 0, 1]))  # wrong unit and count
     line.answer(bytes([3, 2, 0, 1]), unit=5)  # right unit, wrong count
     line.answer(bytes([6, 0, TH, 0, 1]), unit=5)  # another function
-    assert line.m.events() == [] and line.m.ignored == 4
+    assert list(iter(line.m.next_event, None)) == [] and line.m.ignored == 4
     line.answer(bytes([3, 4, 0, 1, 0, 2]), unit=5)
-    (done,) = line.m.events()
+    (done,) = list(iter(line.m.next_event, None))
     assert done.outcome is Outcome.OK and done.pdu == bytes([3, 4, 0, 1, 0, 2])
 
 
@@ -154,7 +154,7 @@ def test_one_request_at_a_time_with_t35_between() -> None:
     line.collect()
     assert len(line.frames) == 1  # the second waits for the first
     line.answer(pdu(WriteSingleRegister(TH, 1))[0:1] + bytes([0, TH, 0, 1]))
-    assert [e.tag for e in line.m.events()] == [1] and len(line.frames) == 1
+    assert [e.tag for e in list(iter(line.m.next_event, None))] == [1] and len(line.frames) == 1
     answered = line.t
     assert line.m.next_deadline() == pytest.approx(answered + gap)
     line.step(gap / 2)
@@ -179,7 +179,7 @@ def test_abandon_is_unknown_for_the_request_out_not_executed_for_the_rest() -> N
     line.m.submit(pdu(WriteSingleRegister(TRIG, 1)), 0.0, tag="out")
     line.m.submit(pdu(WriteSingleRegister(TH, 1)), 0.0, tag="queued")
     line.m.abandon(Status.LINK_LOST)
-    assert [(e.tag, e.outcome, e.status) for e in line.m.events()] == [
+    assert [(e.tag, e.outcome, e.status) for e in list(iter(line.m.next_event, None))] == [
         ("out", Outcome.UNKNOWN, Status.LINK_LOST), ("queued", Outcome.NOT_EXECUTED, None)]
 
 

@@ -40,7 +40,11 @@ from idemlink.protocol.frame import (
     decode_frames,
     encode_frame,
 )
+from idemlink.protocol.host_session import HostSession, SessionOpened
 from idemlink.protocol.modbus_rtu import RtuDecoder, RtuFrame, encode_rtu
+from idemlink.protocol.outcome import Outcome, Status
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.rtu_master import RtuMaster
 
 SHAPE = ("receive_data", "tick", "next_event", "data_to_send")
 OLD_NAMES = frozenset({"feed", "poll", "send", "next_frame", "idle", "receive", "poll_reboots",
@@ -66,14 +70,13 @@ MACHINES: dict[str, frozenset[str]] = {
     "idemlink.protocol.ymodem_sender.Sender": frozenset(SHAPE),
     "idemlink.protocol.ymodem_files.ReceiverDriver":
         frozenset({"receive_data", "tick", "data_to_send"}),
+    "idemlink.protocol.host_session.HostSession": frozenset(SHAPE),
+    "idemlink.protocol.rtu_master.RtuMaster": frozenset(SHAPE),
 }
 """Each machine and the parts of the shape it has (the rest it must not need)."""
 
-PENDING: dict[str, str] = {
-    "idemlink.protocol.host_session.HostSession": "events() -> list, to become next_event()",
-    "idemlink.protocol.rtu_master.RtuMaster": "events() -> list, to become next_event()",
-}
-"""Machines whose conversion lands with other work (the host driver split, YMODEM)."""
+PENDING: dict[str, str] = {}
+"""Machines whose conversion lands with other work (name -> what still differs); none now."""
 
 SHELLS = frozenset({"idemlink.device_sim.link_proxy._End", "idemlink.device_sim.link_proxy._FdEnd",
                     "idemlink.device_sim.link_proxy._UrlEnd"})
@@ -262,3 +265,46 @@ def test_rtu_decoder_and_server_take_bytes_then_time(split: int) -> None:
     server.tick(1.2)  # the rest never came: a pause drops the half frame
     server.receive_data(read, 1.3)
     assert server.data_to_send()[:3] == bytes.fromhex("010302") and server.data_to_send() == b""
+
+
+READ_ONE = bytes.fromhex("0300000001")
+
+
+def test_host_session_events_wait_until_taken_one_at_a_time() -> None:
+    """The handshake, two answers and an abandoned request: each event once, in the order it
+    happened, then None until more bytes or time come in."""
+    host = HostSession(contract_hash=contract_hash(), timeout=1.0, max_inflight=4)
+    device = DeviceSession(lambda pdu, now, seq: b"\x03\x02\x00\x01", 5,
+                           contract_hash=contract_hash())
+    host.open(0.0)
+    device.receive_data(host.data_to_send(), 0.0)
+    assert host.next_event() is None
+    host.receive_data(device.data_to_send(), 0.0)
+    assert isinstance(host.next_event(), SessionOpened) and host.next_event() is None
+    for tag in ("a", "b", "c"):
+        host.submit(READ_ONE, 0.0, set_only=False, tag=tag)
+    requests = host.data_to_send()
+    device.receive_data(requests[:len(requests) * 2 // 3], 0.0)
+    host.receive_data(device.data_to_send(), 0.0)
+    host.abandon(Status.CANCELLED)
+    assert [(e.tag, e.outcome) for e in iter(host.next_event, None)] == [
+        ("a", Outcome.OK), ("b", Outcome.OK), ("c", Outcome.UNKNOWN)]
+    assert host.next_event() is None
+
+
+def test_rtu_master_completions_wait_until_taken_one_at_a_time() -> None:
+    master = RtuMaster(DEFAULT_MAP, timeout=0.05, attempts=1)
+    server = RtuServer(DeviceCore(), unit=1)
+    now = 0.0
+    for tag in (1, 2, 3):
+        master.submit(READ_ONE, now, tag=tag)
+    for _ in range(2):  # two answered requests, one after the other
+        server.receive_data(master.data_to_send(), now)
+        server.tick(now + 0.01)
+        master.receive_data(server.data_to_send(), now + 0.01)
+        now += 0.1
+        master.tick(now)
+    master.abandon(Status.LINK_LOST)
+    assert [(e.tag, e.outcome) for e in iter(master.next_event, None)] == [
+        (1, Outcome.OK), (2, Outcome.OK), (3, Outcome.UNKNOWN)]
+    assert master.next_event() is None

@@ -54,13 +54,13 @@ def frames(data: bytes) -> list[Frame]:
 
 
 def completions(host: HostSession) -> dict[object, Completion]:
-    return {e.tag: e for e in host.events() if isinstance(e, Completion)}
+    return {e.tag: e for e in list(iter(host.next_event, None)) if isinstance(e, Completion)}
 
 
 def opened(host: HostSession, dev: DeviceSession, now: float = 0.0) -> None:
     host.open(now)
     host.receive_data(dev_reply(dev, host.data_to_send(), now), now)
-    host.events()
+    list(iter(host.next_event, None))
 
 
 def test_a_new_host_process_never_takes_a_dead_ones_delayed_answer() -> None:
@@ -228,7 +228,7 @@ def test_trigger_codes_that_started_nothing_are_not_ok() -> None:
     host = HostSession(contract_hash=contract_hash(), hello_nonce=5)
     host.open(0.0)
     host.receive_data(dev_reply(sim, host.data_to_send(), 0.0), 0.0)
-    host.events()
+    list(iter(host.next_event, None))
     addr = sim.core.regmap.named("self_clean").address
     sim.core.force_trigger_state("self_clean", 0x7777)  # an impossible state
     got = {}

@@ -113,16 +113,16 @@ def test_late_answer_is_never_taken_for_another_request() -> None:
     dev, _ = make()
     host.open(0.0)
     host.receive_data(dev_reply(dev, host.data_to_send(), 0.0), 0.0)
-    host.events()
+    list(iter(host.next_event, None))
     host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=False, tag="a")
     sent = host.data_to_send()
     answer = dev_reply(dev, sent, 0.0)
     host.receive_data(answer, 0.0)
-    (done,) = host.events()
+    (done,) = list(iter(host.next_event, None))
     host.submit(b"\x03\x00\x01\x00\x01", 0.0, set_only=False, tag="b")
     host.data_to_send()
     host.receive_data(answer, 0.1)  # the first answer arrives again, late
-    assert host.events() == [] and host.counters.late_answers == 1
+    assert list(iter(host.next_event, None)) == [] and host.counters.late_answers == 1
     assert done.tag == "a" and done.outcome is Outcome.OK
 
 
@@ -297,7 +297,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
     dev, _ = make()
     host.open(0.0)
     host.receive_data(dev_reply(dev, host.data_to_send(), 0.0), 0.0)
-    host.events()
+    list(iter(host.next_event, None))
     for i in range(n):
         host.submit(b"\x03\x00\x00\x00\x01", 0.0, set_only=i % 2 == 0, tag=i)
     now = 0.0
@@ -310,11 +310,11 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
         now += 0.01
         host.receive_data(wire[i : i + 5], now)
         host.tick(now)
-        done += [e for e in host.events() if isinstance(e, Completion)]
+        done += [e for e in list(iter(host.next_event, None)) if isinstance(e, Completion)]
     for _ in range(50):  # silence: everything still out must time out, exactly once
         now += 0.1
         host.tick(now)
-        done += [e for e in host.events() if isinstance(e, Completion)]
+        done += [e for e in list(iter(host.next_event, None)) if isinstance(e, Completion)]
     assert sorted(c.tag for c in done) == list(range(n))
     assert host.outstanding == 0
 
