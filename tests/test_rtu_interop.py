@@ -1,6 +1,8 @@
-"""``idemlink sim --modbus-rtu`` driven by real Modbus peers over a socat pty pair: pymodbus,
+"""``idemlink sim --modbus-rtu`` and the C device's ``idemlink-device --modbus-rtu``
+(firmware_ref/, posix port) driven by real Modbus peers over a socat pty pair: pymodbus,
 minimalmodbus and mbpoll (reads, writes, the atomic FC16 rejection, W1C, exceptions), plus raw
 bytes for what clients cannot show (silence on another unit or a bad CRC, resync after garbage).
+The ``device`` fixture runs every peer test on both slaves (the C leg skips without make/gcc).
 The socat cases skip when socat is missing, the mbpoll case when mbpoll is missing; the
 server's sans-I/O ``receive`` is tested directly too."""
 
@@ -89,11 +91,32 @@ def stop_sim(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
     return rc
 
 
-@pytest.fixture(scope="module")
-def device(pty_pair: tuple[str, str]) -> Iterator[str]:
-    """The simulator on one end of the pair (trigger RUNNING 0.3 s); yields the client's end."""
+def start_c_device(port: str, flash: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The C device (``make -C firmware_ref device``) as an RTU slave on ``port``."""
+    for tool in ("make", "gcc"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    fw = Path(__file__).resolve().parents[1] / "firmware_ref"
+    made = subprocess.run(["make", "-s", "-C", str(fw), "device"], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    proc = subprocess.Popen([str(fw / "build" / "posix" / "idemlink-device"), "--port", port,
+                             "--modbus-rtu", "--unit", str(UNIT), "--trigger-duration", "0.3",
+                             "--flash-dir", str(flash)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, _read_line(proc.stdout, proc, time.monotonic() + 20)
+
+
+@pytest.fixture(scope="module", params=["sim", "c-device"])
+def device(request: pytest.FixtureRequest, pty_pair: tuple[str, str],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Python simulator or the C device on one end of the pair (trigger RUNNING 0.3 s);
+    yields the client's end."""
     a, b = pty_pair
-    proc, path = start_sim("--port", a, "--unit", str(UNIT), "--trigger-duration", "0.3")
+    if request.param == "sim":
+        proc, path = start_sim("--port", a, "--unit", str(UNIT), "--trigger-duration", "0.3")
+    else:
+        proc, path = start_c_device(a, tmp_path_factory.mktemp("c-flash"))
     assert path == a
     yield b
     assert stop_sim(proc) == 0
