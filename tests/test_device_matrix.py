@@ -58,7 +58,6 @@ from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
-from idemlink.protocol.modbus import encode_rtu
 from idemlink.protocol.outcome import STATUS_TABLE, ModbusException, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -66,6 +65,7 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
 VECTORS = Path(__file__).resolve().parent / "vectors" / "rtu_shared_bus.json"
+NO_FLAGS = Flags(0)
 QEMU_CMD = ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor", "none",
             "-serial", "pty", "-semihosting-config", "enable=on,target=native", "-kernel"]
 
@@ -168,8 +168,9 @@ class LineDevice:
         self.proc = None
         return rc
 
-    def open(self, url: str | None = None, **options: float) -> Device:
-        return Device.open(url or self.path, regmap=DEFAULT_MAP, **options)  # type: ignore[arg-type]
+    def open(self, url: str | None = None, *, timeout: float = 0.2, attempts: int = 5) -> Device:
+        return Device.open(url or self.path, regmap=DEFAULT_MAP, timeout=timeout,
+                           attempts=attempts)
 
 
 class SimLine(LineDevice):
@@ -306,7 +307,7 @@ def test_every_outcome_class_for_its_reason(line_device: LineDevice) -> None:
         info = DeviceInfo.decode(hello.payload)
         epoch, base = hello.epoch, info.next_seq
 
-        def ask(seq: int, pdu: bytes, flags: Flags = Flags(0), ep: int | None = None) -> Frame:
+        def ask(seq: int, pdu: bytes, flags: Flags = NO_FLAGS, ep: int | None = None) -> Frame:
             return _exchange(port, encode_frame(FrameType.REQUEST, seq, epoch if ep is None
                                                 else ep, pdu, flags))
 
