@@ -3,17 +3,19 @@
 The ``line_device`` fixture starts a device that owns a pty (its path is ``.path``) and is
 parameterised over the implementations idemlink ships:
 
-- ``sim``   — the Python simulator, ``python -m idemlink sim --flash-dir D``;
+- ``sim``   — the Python simulator (``SimulatedDevice`` with a flash directory) served on a pty
+  by ``idemlink.pytest_plugin.start_pty_sim``, as ``idemlink sim --flash-dir D`` serves it;
 - ``posix`` — the C device core on the posix port, ``firmware_ref/build/posix/idemlink-device``
   (``make -C firmware_ref device``);
 - ``qemu``  — the C device core on QEMU's mps2-an385 (Cortex-M3, UART0 on a pty, the
   configuration kept through semihosting in the work directory), ``make -C firmware_ref
   qemu-device``. Boots take a second or more, so only the tests marked ``@on_qemu`` run it (a
   representative subset: identity, reads/writes/triggers/faults through ``Device``, every
-  outcome class, a lossy link, a reboot).
+  outcome class, a lossy link, a reboot; the CLI leg is marked ``slow``).
 
-Every leg is a separate process on a separate pty; ``restart()`` kills it (SIGKILL: no chance to
-save anything late) and starts it again on the same flash directory: the configuration must come
+Every C leg is a separate process on its own pty; ``restart()`` kills it (SIGKILL: no chance to
+save anything late; the simulator's serving thread is stopped) and starts it again on the same
+flash directory: the configuration must come
 back and the boot epoch must be new. The C legs skip, naming the tool, only when make/gcc (or
 arm-none-eabi-gcc/qemu-system-arm) are missing.
 
@@ -42,7 +44,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +54,7 @@ import serial
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
 from idemlink.cli import main as cli_main
+from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
@@ -61,6 +63,7 @@ from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encod
 from idemlink.protocol.outcome import STATUS_TABLE, ModbusException, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.pytest_plugin import start_pty_sim
 
 ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
@@ -129,6 +132,7 @@ class LineDevice:
 
     kind = ""
     device_id: str | None = None  #: the id it advertises when fixed by the build (QEMU)
+    timeout = 0.2  #: seconds ``open()`` waits for each answer
 
     def __init__(self, flash: Path) -> None:
         self.flash = flash
@@ -168,17 +172,31 @@ class LineDevice:
         self.proc = None
         return rc
 
-    def open(self, url: str | None = None, *, timeout: float = 0.2, attempts: int = 5) -> Device:
-        return Device.open(url or self.path, regmap=DEFAULT_MAP, timeout=timeout,
+    def open(self, url: str | None = None, *, timeout: float | None = None,
+             attempts: int = 5) -> Device:
+        return Device.open(url or self.path, regmap=DEFAULT_MAP,
+                           timeout=self.timeout if timeout is None else timeout,
                            attempts=attempts)
 
 
 class SimLine(LineDevice):
+    """The Python simulator served on a pty by a thread of this process (``idemlink sim`` does
+    the same in its own process; starting Python again would cost a second per device)."""
+
     kind = "sim"
 
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "idemlink", "sim", "--flash-dir", str(self.flash),
-                "--trigger-duration", "60"]
+    def start(self) -> None:
+        self.served = start_pty_sim(SimulatedDevice(flash_dir=self.flash, trigger_duration=60))
+        self.path = self.served.path
+
+    def kill(self) -> None:
+        if self.path:
+            self.served.close()
+            self.path = ""
+
+    def stop(self) -> int:
+        self.kill()
+        return 0
 
 
 class PosixLine(LineDevice):
@@ -195,6 +213,9 @@ class PosixLine(LineDevice):
 class QemuLine(LineDevice):
     kind = "qemu"
     device_id = "qemu-mps2-an385"
+    #: QEMU looks again at a pty whose other end was closed once a second: the first HELLO after
+    #: a reopen may wait that long
+    timeout = 0.5
 
     def __init__(self, flash: Path, elf: Path) -> None:
         self.elf = elf
@@ -283,13 +304,19 @@ def test_trigger_and_fault_clears(line_device: LineDevice) -> None:
 
 
 def _exchange(port: serial.Serial, wire: bytes) -> Frame:
+    """Send one frame; return the answer with its sequence number (answers to earlier frames,
+    e.g. a boot probe's HELLOs answered late, are passed over)."""
+    sent = FrameDecoder().feed(wire)[0]
+    assert isinstance(sent, Frame)
+    want = FrameType.HELLO_REPLY if sent.type is FrameType.HELLO else FrameType.RESPONSE
     port.write(wire)
     decoder = FrameDecoder()
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         for event in decoder.feed(port.read(port.in_waiting or 1)):
             assert isinstance(event, Frame), event
-            return event
+            if event.type is want and event.seq == sent.seq:
+                return event
     raise AssertionError("no answer")
 
 
@@ -351,10 +378,10 @@ def test_every_outcome_class_for_its_reason(line_device: LineDevice) -> None:
 def test_every_command_acts_once_over_a_lossy_link(line_device: LineDevice) -> None:
     url = (f"faulty://{line_device.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
            "&baud=115200&latency_ms=1&seed=11")
-    n = 12 if line_device.kind == "qemu" else 20
+    n = 10
     with line_device.open(url, timeout=0.1, attempts=12) as dev:
         results = [dev.write({"threshold": 300 + i}) for i in range(n)]
-        results += dev.run([dev.read_command("threshold")] * 6)
+        results += dev.run([dev.read_command("threshold")] * 4)
         results.append(dev.trigger())
         results.append(dev.clear_faults(1))
         assert [r.outcome for r in results] == [Outcome.OK] * len(results)
@@ -392,33 +419,40 @@ def test_a_reboot_keeps_the_configuration_and_draws_a_new_epoch(line_device: Lin
 # ---- through the CLI -------------------------------------------------------------------------------
 
 
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, object]]:
-    rc = cli_main([argv[0], "--port", *argv[1:2], "--json", *argv[2:]])
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str,
+         timeout: float = 0.2) -> tuple[int, dict[str, object]]:
+    rc = cli_main([argv[0], "--port", argv[1], "--json", "--timeout", str(timeout), *argv[2:]])
     out = capsys.readouterr().out.strip().splitlines()
     return rc, json.loads(out[-1]) if out else {}
 
 
-@on_qemu
+@pytest.mark.parametrize("line_device", [
+    "sim", "posix", pytest.param("qemu", marks=pytest.mark.slow)], indirect=True)
 def test_cli_read_write_trigger_faults_clear(line_device: LineDevice,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     p = line_device.path
-    rc, out = _cli(capsys, "write", p, "threshold=raw:100", "mode=2")
+    wait = line_device.timeout  # each command opens the port anew
+
+    def cli(*argv: str) -> tuple[int, dict[str, object]]:
+        return _cli(capsys, *argv, timeout=wait)
+
+    rc, out = cli("write", p, "threshold=raw:100", "mode=2")
     assert rc == 0 and out["outcome"] == "OK"
-    rc, out = _cli(capsys, "read", p, "threshold", "mode", "generation")
+    rc, out = cli("read", p, "threshold", "mode", "generation")
     assert rc == 0 and out["values"] == {"threshold": 100, "mode": 2, "generation": 1}
-    rc, out = _cli(capsys, "write", p, "fan_setpoint=raw:101")
+    rc, out = cli("write", p, "fan_setpoint=raw:101")
     assert rc != 0 and out["outcome"] == "REJECTED"
-    rc, out = _cli(capsys, "trigger", p)
-    assert rc == 0 and out["code"] == 0 and out["code_name"] == "ACCEPTED"
-    rc, out = _cli(capsys, "faults", p)
+    rc, out = cli("trigger", p)
+    assert rc == 0 and out["code"] == 0 and out["code_name"] == "ACCEPTED", out
+    rc, out = cli("faults", p)
     assert rc == 0 and out["faults"] == {"faults": {
         "bits": {"fan_stall": False, "over_temperature": True, "sensor_fault": False},
         "latched": ["over_temperature"], "value": 1}}
-    rc, out = _cli(capsys, "write", p, "threshold=raw:300")
+    rc, out = cli("write", p, "threshold=raw:300")
     assert rc == 0
-    rc, out = _cli(capsys, "clear", p, "over_temperature")
+    rc, out = cli("clear", p, "over_temperature")
     assert rc == 0 and out["outcome"] == "OK"
-    rc, out = _cli(capsys, "read", p, "faults", "generation")
+    rc, out = cli("read", p, "faults", "generation")
     assert rc == 0 and out["values"] == {"faults": 0, "generation": 2}
 
 
