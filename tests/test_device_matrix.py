@@ -646,11 +646,12 @@ def test_two_c_slaves_on_one_bus_answer_only_their_own_requests(
             inst.serial.close()
     one, two = (_stats(d) for d in devices)
     assert (one["answered"], two["answered"]) == (2 * rounds + 1, 2 * rounds)
-    # FC06 answers are echoes, read as requests to the other unit; FC03 answers are skipped
-    assert (one["other_unit"], two["other_unit"]) == (3 * rounds, 3 * rounds + 1)
-    assert one["other_answer"] == rounds
-    assert two["other_answer"] in (rounds, rounds + 1)  # unit 1's last answer may be in flight
-    assert one["bad_crc"] == two["bad_crc"] == one["dropped"] == two["dropped"] == 0
+    for mine in (one, two):
+        # FC06 answers are echoes, read as requests to the other unit; FC03 answers are skipped.
+        # The last request and answer may still be on their way to the other slave at the stop.
+        assert mine["other_unit"] in (3 * rounds, 3 * rounds + 1), mine
+        assert mine["other_answer"] in (rounds, rounds + 1), mine
+        assert mine["bad_crc"] == mine["dropped"] == 0, mine
 
 
 def test_shared_bus_vectors_through_rtu_server() -> None:
