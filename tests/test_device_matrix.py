@@ -44,6 +44,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -414,6 +415,52 @@ def test_a_reboot_keeps_the_configuration_and_draws_a_new_epoch(line_device: Lin
     with line_device.open() as dev:
         assert dev.read("threshold", 3).values == (440, 0, 9)
         assert dev.read("generation").values == (2,)
+
+
+@pytest.fixture
+def socat_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """Two linked ptys that outlive the devices started on one end (a fixed port path)."""
+    _need("socat")
+    proc, a, b = _pty_pair(tmp_path, "line")
+    yield a, b
+    proc.terminate()
+    proc.wait(5)
+
+
+def _on_port(kind: str, port: str, flash: Path) -> subprocess.Popen[str]:
+    if kind == "posix":
+        cmd = [str(posix_binary()), "--port", port, "--flash-dir", str(flash)]
+    else:
+        cmd = [sys.executable, "-m", "idemlink", "sim", "--port", port, "--flash-dir", str(flash)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert _first_line(proc, time.monotonic() + 20) == port
+    return proc
+
+
+@pytest.mark.parametrize("kind", FAST)
+def test_one_host_session_rides_over_a_power_cut(kind: str, socat_pair: tuple[str, str],
+                                                 tmp_path: Path) -> None:
+    """The device is killed and booted again on the same port and flash while the host keeps
+    its ``Device`` open: the next command meets EPOCH_MISMATCH (not executed), the host says
+    HELLO again and the command runs once; the configuration written before the cut is there."""
+    device_end, host_end = socat_pair
+    proc = _on_port(kind, device_end, tmp_path / "flash")
+    try:
+        with Device.open(host_end, regmap=DEFAULT_MAP, timeout=0.3, attempts=8) as dev:
+            assert dev.write({"threshold": 450}).ok
+            epoch = dev.session.epoch
+            proc.kill()
+            proc.communicate(timeout=10)
+            proc = _on_port(kind, device_end, tmp_path / "flash")
+            after = dev.write({"mode": 2})
+            assert after.ok, after
+            assert dev.session.epoch != epoch
+            assert dev.read("threshold", 2).values == (450, 2)
+            assert dev.read("generation").values == (2,)  # each write ran once
+            assert dev.trigger().code == 0
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
 
 
 # ---- through the CLI -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ server's sans-I/O ``receive`` is tested directly too."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -274,6 +275,23 @@ def test_mbpoll(device: str) -> None:
     mbpoll(device, "-t", "4", "-r", "4", "350", "1", "50")
 
 
+# --------------------------------------------------------------------- idemlink's own CLI
+
+
+def test_idemlink_cli_over_modbus_rtu(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    def cli(*argv: str) -> dict[str, Any]:
+        assert main([argv[0], "--port", device, "--modbus-rtu", "--unit", str(UNIT), "--json",
+                     *argv[1:]]) == 0
+        out: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return out
+
+    assert cli("write", "mode=2")["outcome"] == "OK"
+    assert cli("read", "mode")["values"] == {"mode": 2}
+    assert cli("write", "mode=1")["outcome"] == "OK"
+
+
 # ---------------------------------------------------------------------------------- raw bytes
 
 
@@ -300,12 +318,13 @@ def test_silence_on_other_unit_and_bad_crc(raw: serial.Serial) -> None:
 
 
 def _garbage_then_pause(port: serial.Serial, garbage: bytes) -> None:
-    """Send ``garbage``, then leave the line idle for 10 ms (t3.5 is 1.75 ms at 115200 Bd).
-    The pause is the stimulus under test (a frame boundary), not a wait for a result."""
+    """Send ``garbage``, then leave the line idle for 50 ms (t3.5 is 1.75 ms at 115200 Bd; the
+    margin is for socat and a loaded machine, which may hold the garbage back until the next
+    bytes). The pause is the stimulus under test (a frame boundary), not a wait for a result."""
     port.reset_input_buffer()
     port.write(garbage)
     port.flush()
-    time.sleep(0.01)
+    time.sleep(0.05)
 
 
 def test_resync_after_garbage(raw: serial.Serial) -> None:
