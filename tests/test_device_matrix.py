@@ -24,10 +24,11 @@ triggers and W1C fault clears through ``idemlink.host.device.Device`` and throug
 (``idemlink read/write/trigger/faults/clear --json``); each session outcome class for its own
 reason (EXECUTED, REPLAYED, IDEMPOTENCY_CONFLICT, ANSWER_EVICTED, TOO_OLD, EPOCH_MISMATCH) with
 the host outcome it maps to (OK, NOT_EXECUTED, UNKNOWN; REJECTED from a Modbus exception);
-sessions through a lossy ``faulty://`` link (loss, duplication, corruption) with every command
-acting exactly once; reboots. The C device's RTU face on a shared bus (another slave's answers
-skipped by their length) is checked against the shared vectors ``tests/vectors/
-rtu_shared_bus.json`` and on a two-slave bus of real processes.
+sessions through a lossy ``faulty://`` link (loss, duplication, corruption), one command at a
+time and eight in flight, with every command acting exactly once; reboots, and one host session
+across a power cut on a fixed port (socat; sim and posix). The C device's RTU face on a shared
+bus (another slave's answers skipped by their length) is checked against the shared vectors
+``tests/vectors/rtu_shared_bus.json`` and on a two-slave bus of real processes.
 
 File transfers (YMODEM, 0x44 FILE_RECEIVE) have their own place below
 (``test_file_transfer_ymodem``), skipped until the C receiver exists.
@@ -391,6 +392,23 @@ def test_every_command_acts_once_over_a_lossy_link(line_device: LineDevice) -> N
         assert dev.session.counters.retries > 0
         assert dev.read("generation").values == (n,)  # one execution per write
         assert dev.trigger().code == 0x0101  # the trigger ran once: RUNNING, not restarted
+
+
+@on_qemu
+def test_pipelined_commands_over_a_lossy_link(line_device: LineDevice) -> None:
+    """Eight commands in flight at once through loss, duplication and corruption: each write
+    acts once, and the conditional write that follows finds the generation they made."""
+    url = (f"faulty://{line_device.path}?frame_loss=0.15&frame_dup=0.1&frame_corrupt=0.05"
+           "&baud=115200&latency_ms=1&seed=29")
+    with line_device.open(url, timeout=0.15, attempts=12) as dev:
+        commands = [dev.write_command({"threshold": 200 + i}) for i in range(16)]
+        commands += [dev.write_command({"fan_setpoint": i}) for i in range(8)]
+        results = dev.run(commands)
+        assert [r.outcome for r in results] == [Outcome.OK] * len(results)
+        assert dev.read("threshold", 3).values == (215, 1, 7)
+        assert dev.read("generation").values == (24,)
+        assert dev.write_if_generation(24, {"mode": 0}).ok
+        assert dev.read("generation").values == (25,)
 
 
 # ---- reboots ---------------------------------------------------------------------------------------
