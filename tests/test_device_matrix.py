@@ -11,7 +11,8 @@ parameterised over the implementations idemlink ships:
   configuration kept through semihosting in the work directory), ``make -C firmware_ref
   qemu-device``. Boots take a second or more, so only the tests marked ``@on_qemu`` run it (a
   representative subset: identity, reads/writes/triggers/faults through ``Device``, every
-  outcome class, a lossy link, a reboot; the CLI leg is marked ``slow``).
+  outcome class, pipelined commands through a lossy link, a reboot; the CLI leg is marked
+  ``slow``).
 
 Every C leg is a separate process on its own pty; ``restart()`` kills it (SIGKILL: no chance to
 save anything late; the simulator's serving thread is stopped) and starts it again on the same
@@ -376,7 +377,7 @@ def test_every_outcome_class_for_its_reason(line_device: LineDevice) -> None:
 # ---- a lossy line ----------------------------------------------------------------------------------
 
 
-@on_qemu
+@not_on_qemu  # QEMU: the pipelined case below (and tests/test_c_device.py, one at a time)
 def test_every_command_acts_once_over_a_lossy_link(line_device: LineDevice) -> None:
     url = (f"faulty://{line_device.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
            "&baud=115200&latency_ms=1&seed=11")
