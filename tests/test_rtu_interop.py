@@ -272,7 +272,10 @@ def test_mbpoll(device: str) -> None:
     assert _values(r.stdout) == {4: 360, 5: 2, 6: 80}  # atomic: mode untouched
     r = mbpoll(device, "-t", "4", "-r", "20", "-c", "4")
     assert r.returncode == 1 and "Illegal data address" in r.stdout + r.stderr
-    mbpoll(device, "-t", "4", "-r", "4", "350", "1", "50")
+    r = subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                        "-0", "-1", "-o", "1", "-t", "4", "-r", "4", device, "350", "1", "50"],
+                       capture_output=True, text=True, timeout=20)  # values after the port
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 # --------------------------------------------------------------------- idemlink's own CLI
@@ -288,7 +291,7 @@ def test_idemlink_cli_over_modbus_rtu(device: str, capsys: pytest.CaptureFixture
         return out
 
     assert cli("write", "mode=2")["outcome"] == "OK"
-    assert cli("read", "mode")["values"] == {"mode": 2}
+    assert cli("read", "threshold", "mode")["values"] == {"threshold": 350, "mode": 2}
     assert cli("write", "mode=1")["outcome"] == "OK"
 
 
