@@ -20,7 +20,7 @@
  *   its function code declares (exception 5; FC01-04/17 byte count + 5; FC05/06/0F/10/0x42 8;
  *   0x41 7; read answers with an implausible byte count are no answers). A complete CRC-valid
  *   answer is skipped whole (counted) once the request reading is no longer waiting for its own
- *   length, and parsing goes on right after it, as protocol/modbus.py RtuDecoder does.
+ *   length, and parsing goes on right after it, as protocol/modbus_rtu.py RtuDecoder does.
  * Limits: the port must report every pause (timer or idle-line interrupt): the Python RtuDecoder, which sees
  * pauses only at read boundaries, has extra rules for pauses hidden inside a read that a port
  * with exact pauses does not need.

@@ -76,7 +76,7 @@ static int request_length(const uint8_t *b, uint16_t len)
     return (int)(b[at] + at + 3u);
 }
 
-/* Declared length of another slave's answer at the head (protocol/modbus.py
+/* Declared length of another slave's answer at the head (protocol/modbus_rtu.py
  * response_frame_length with _answer_head_plausible): NEED_MORE, UNKNOWN_LENGTH or IMPLAUSIBLE. */
 static int answer_length(const uint8_t *b, uint16_t len)
 {
