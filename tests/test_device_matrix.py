@@ -309,14 +309,17 @@ def test_trigger_and_fault_clears(line_device: LineDevice) -> None:
 def _exchange(port: serial.Serial, wire: bytes) -> Frame:
     """Send one frame; return the answer with its sequence number (answers to earlier frames,
     e.g. a boot probe's HELLOs answered late, are passed over)."""
-    sent = FrameDecoder().feed(wire)[0]
+    probe = FrameDecoder()
+    probe.receive_data(wire)
+    sent = probe.next_event()
     assert isinstance(sent, Frame)
     want = FrameType.HELLO_REPLY if sent.type is FrameType.HELLO else FrameType.RESPONSE
     port.write(wire)
     decoder = FrameDecoder()
     deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
-        for event in decoder.feed(port.read(port.in_waiting or 1)):
+        decoder.receive_data(port.read(port.in_waiting or 1))
+        for event in iter(decoder.next_event, None):
             assert isinstance(event, Frame), event
             if event.type is want and event.seq == sent.seq:
                 return event
@@ -728,8 +731,9 @@ def test_shared_bus_vectors_through_rtu_server() -> None:
         answers = []
         for read in case["reads"]:  # type: ignore[attr-defined]
             now += 1.0
-            answers.append((server.receive(bytes.fromhex(str(read)), now)
-                            + server.receive(b"", now + 0.2)).hex())
+            server.receive_data(bytes.fromhex(str(read)), now)
+            server.tick(now + 0.2)
+            answers.append(server.data_to_send().hex())
         assert answers == case["answers"], case["name"]
         assert server.decoder.skipped == case["skipped"], case["name"]
 
