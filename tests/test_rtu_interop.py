@@ -1,11 +1,14 @@
-"""``idemlink sim --modbus-rtu`` driven by real Modbus peers over a socat pty pair: pymodbus,
+"""``idemlink sim --modbus-rtu`` and the C device's ``idemlink-device --modbus-rtu``
+(firmware_ref/, posix port) driven by real Modbus peers over a socat pty pair: pymodbus,
 minimalmodbus and mbpoll (reads, writes, the atomic FC16 rejection, W1C, exceptions), plus raw
 bytes for what clients cannot show (silence on another unit or a bad CRC, resync after garbage).
+The ``device`` fixture runs every peer test on both slaves (the C leg skips without make/gcc).
 The socat cases skip when socat is missing, the mbpoll case when mbpoll is missing; the
 server's sans-I/O ``receive`` is tested directly too."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -89,11 +92,32 @@ def stop_sim(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
     return rc
 
 
-@pytest.fixture(scope="module")
-def device(pty_pair: tuple[str, str]) -> Iterator[str]:
-    """The simulator on one end of the pair (trigger RUNNING 0.3 s); yields the client's end."""
+def start_c_device(port: str, flash: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The C device (``make -C firmware_ref device``) as an RTU slave on ``port``."""
+    for tool in ("make", "gcc"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    fw = Path(__file__).resolve().parents[1] / "firmware_ref"
+    made = subprocess.run(["make", "-s", "-C", str(fw), "device"], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert made.returncode == 0, made.stdout + made.stderr
+    proc = subprocess.Popen([str(fw / "build" / "posix" / "idemlink-device"), "--port", port,
+                             "--modbus-rtu", "--unit", str(UNIT), "--trigger-duration", "0.3",
+                             "--flash-dir", str(flash)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, _read_line(proc.stdout, proc, time.monotonic() + 20)
+
+
+@pytest.fixture(scope="module", params=["sim", "c-device"])
+def device(request: pytest.FixtureRequest, pty_pair: tuple[str, str],
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Python simulator or the C device on one end of the pair (trigger RUNNING 0.3 s);
+    yields the client's end."""
     a, b = pty_pair
-    proc, path = start_sim("--port", a, "--unit", str(UNIT), "--trigger-duration", "0.3")
+    if request.param == "sim":
+        proc, path = start_sim("--port", a, "--unit", str(UNIT), "--trigger-duration", "0.3")
+    else:
+        proc, path = start_c_device(a, tmp_path_factory.mktemp("c-flash"))
     assert path == a
     yield b
     assert stop_sim(proc) == 0
@@ -248,7 +272,27 @@ def test_mbpoll(device: str) -> None:
     assert _values(r.stdout) == {4: 360, 5: 2, 6: 80}  # atomic: mode untouched
     r = mbpoll(device, "-t", "4", "-r", "20", "-c", "4")
     assert r.returncode == 1 and "Illegal data address" in r.stdout + r.stderr
-    mbpoll(device, "-t", "4", "-r", "4", "350", "1", "50")
+    r = subprocess.run(["mbpoll", "-m", "rtu", "-a", str(UNIT), "-b", "115200", "-P", "none",
+                        "-0", "-1", "-o", "1", "-t", "4", "-r", "4", device, "350", "1", "50"],
+                       capture_output=True, text=True, timeout=20)  # values after the port
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+# --------------------------------------------------------------------- idemlink's own CLI
+
+
+def test_idemlink_cli_over_modbus_rtu(device: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    def cli(*argv: str) -> dict[str, Any]:
+        assert main([argv[0], "--port", device, "--modbus-rtu", "--unit", str(UNIT), "--json",
+                     *argv[1:]]) == 0
+        out: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        return out
+
+    assert cli("write", "mode=2")["outcome"] == "OK"
+    assert cli("read", "threshold", "mode")["values"] == {"threshold": 350, "mode": 2}
+    assert cli("write", "mode=1")["outcome"] == "OK"
 
 
 # ---------------------------------------------------------------------------------- raw bytes
@@ -277,12 +321,13 @@ def test_silence_on_other_unit_and_bad_crc(raw: serial.Serial) -> None:
 
 
 def _garbage_then_pause(port: serial.Serial, garbage: bytes) -> None:
-    """Send ``garbage``, then leave the line idle for 10 ms (t3.5 is 1.75 ms at 115200 Bd).
-    The pause is the stimulus under test (a frame boundary), not a wait for a result."""
+    """Send ``garbage``, then leave the line idle for 50 ms (t3.5 is 1.75 ms at 115200 Bd; the
+    margin is for socat and a loaded machine, which may hold the garbage back until the next
+    bytes). The pause is the stimulus under test (a frame boundary), not a wait for a result."""
     port.reset_input_buffer()
     port.write(garbage)
     port.flush()
-    time.sleep(0.01)
+    time.sleep(0.05)
 
 
 def test_resync_after_garbage(raw: serial.Serial) -> None:

@@ -1,7 +1,9 @@
 /* libFuzzer target: arbitrary bytes into a whole device (framed session + Modbus + registers),
  * and (first byte 0xFE) into the YMODEM receiver: bursts and time steps from the input, checking
  * that the storage calls keep their contract (begin before write, writes in order and never past
- * the declared size, commit or abort once per file) and every answer is one of the receiver's.
+ * the declared size, commit or abort once per file) and every answer is one of the receiver's;
+ * (0xFD) into the plain Modbus RTU face: chunks of bytes, each followed by a pause, half of them
+ * closed with a valid CRC-16; (0xFF) into the name rules and FILE_INFO.
  * The first bytes of the input steer the frames, the rest is split into chunks; the target checks
  * that nothing crashes or reads out of bounds (ASan/UBSan), that every answer is one delimited
  * frame within IDL_WIRE_MAX, and that the decoder never holds more than IDL_MAX_ENCODED bytes.
@@ -12,6 +14,7 @@
 #include "idl_files.h"
 #include "idl_modbus.h"
 #include "idl_name.h"
+#include "idl_rtu.h"
 #include "idl_session.h"
 #include "idl_ymodem.h"
 
@@ -173,6 +176,50 @@ static void fuzz_ymodem(const uint8_t *data, size_t size)
     }
 }
 
+static int present(void *ctx, const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc)
+{
+    (void)ctx;
+    *size = len;
+    *crc = len != 0u ? name[0] : 0u;
+    return len & 1u; /* odd-length names exist */
+}
+
+/* [len, bytes...] chunks: each is fed to the RTU face (with a CRC when len is odd), then a pause. */
+static void fuzz_rtu(idl_regs_t *regs, const uint8_t *data, size_t size)
+{
+    static idl_rtu_t rtu;
+    static uint8_t frame[IDL_RTU_MAX_REQUEST + 2u];
+    size_t i = 0;
+    uint32_t now = 0;
+    idl_rtu_init(&rtu, regs, (uint8_t)(size > 0u ? data[0] % 4u : 1u));
+    while (i < size) {
+        size_t len = data[i] % (IDL_RTU_MAX_REQUEST + 1u);
+        bool with_crc = (data[i] & 1u) != 0u;
+        size_t k;
+        i++;
+        if (len > size - i) {
+            len = size - i;
+        }
+        memcpy(frame, data + i, len);
+        i += len;
+        if (with_crc && len >= 2u) {
+            uint16_t crc = idl_crc16_modbus(frame, len);
+            frame[len++] = (uint8_t)crc;
+            frame[len++] = (uint8_t)(crc >> 8);
+        }
+        now += 10u;
+        for (k = 0; k < len; k++) {
+            if (idl_rtu_feed(&rtu, frame[k], now) > IDL_RTU_MAX_FRAME
+                || rtu.len > sizeof rtu.buf) {
+                abort();
+            }
+        }
+        if (idl_rtu_pause(&rtu, now) > IDL_RTU_MAX_FRAME || rtu.len != 0u) {
+            abort();
+        }
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static idl_regs_t regs;
@@ -190,13 +237,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (size > 1u && data[0] == 0xFFu) { /* the name rules and FILE_INFO on raw bytes */
         uint8_t answer[IDL_MB_FILE_INFO_ANSWER_LEN];
         (void)idl_name_check(data + 1, size - 1u, 255u);
-        if (idl_file_info_execute(data + 1, (uint16_t)(size - 1u > 300u ? 300u : size - 1u), answer,
-                                  NULL, NULL) > sizeof answer) {
+        uint16_t len = (uint16_t)(size - 1u > 300u ? 300u : size - 1u);
+        if (idl_file_info_execute(data + 1, len, answer, NULL, NULL) > sizeof answer
+            || idl_file_info_execute(data + 1, len, answer, present, NULL) > sizeof answer) {
             abort();
         }
         return 0;
     }
     idl_regs_init(&regs, 100u, NULL, NULL, NULL, 0u);
+    if (size > 1u && data[0] == 0xFDu) {
+        fuzz_rtu(&regs, data + 1, size - 1u);
+        return 0;
+    }
     idl_session_init(&session, &cfg, 7u);
     if (size > 0u && (data[0] & 1u) != 0u) {
         /* each chunk [len, seq, bytes...] becomes one valid REQUEST frame */

@@ -16,9 +16,12 @@
  *   dropped (counted). A pause (the line silent for t3.5: 3.5 character times up to 19200 Bd,
  *   1.75 ms above; the integrator detects it with a timer or the UART's idle-line interrupt)
  *   ends a frame of unknown length and drops an incomplete one.
- * Limits: on a shared bus another slave's answer is not recognised as such: it is dropped up to
- * the next pause like a damaged request (the Python RtuDecoder skips it by its own length). The
- * port must report every pause (timer or idle-line interrupt): the Python RtuDecoder, which sees
+ * - Shared bus: a head for another unit is also read as another slave's answer, by the length
+ *   its function code declares (exception 5; FC01-04/17 byte count + 5; FC05/06/0F/10/0x42 8;
+ *   0x41 7; read answers with an implausible byte count are no answers). A complete CRC-valid
+ *   answer is skipped whole (counted) once the request reading is no longer waiting for its own
+ *   length, and parsing goes on right after it, as protocol/modbus_rtu.py RtuDecoder does.
+ * Limits: the port must report every pause (timer or idle-line interrupt): the Python RtuDecoder, which sees
  * pauses only at read boundaries, has extra rules for pauses hidden inside a read that a port
  * with exact pauses does not need.
  * Not ISR-safe: call from one context.
@@ -44,15 +47,18 @@ typedef enum {
     IDL_RTU_BROADCASTS = 1, /**< unit 0 requests, executed without an answer */
     IDL_RTU_OTHER_UNIT = 2, /**< valid frames for another unit, skipped */
     IDL_RTU_BAD_CRC = 3,    /**< complete frames with a wrong CRC */
-    IDL_RTU_DROPPED = 4     /**< bytes dropped (implausible, too long, cut by a pause, hunting) */
+    IDL_RTU_DROPPED = 4,    /**< bytes dropped (implausible, too long, cut by a pause, hunting) */
+    IDL_RTU_OTHER_ANSWER = 5 /**< other slaves' answers (shared bus), skipped by their length */
 } idl_rtu_counter_t;
+#define IDL_RTU_COUNTERS 6u
 
 typedef struct {
     idl_regs_t *regs;
-    uint32_t counters[5];
+    uint32_t counters[IDL_RTU_COUNTERS];
     uint16_t len;
     uint8_t unit;
     uint8_t hunting; /**< dropping bytes until the next pause */
+    uint8_t views;   /**< what is known of the head's two readings (internal) */
     uint8_t buf[IDL_RTU_MAX_REQUEST];
     uint8_t out[IDL_RTU_MAX_FRAME]; /**< the answer being sent */
 } idl_rtu_t;
@@ -62,7 +68,8 @@ uint16_t idl_crc16_modbus(const uint8_t *data, size_t n);
 
 void idl_rtu_init(idl_rtu_t *r, idl_regs_t *regs, uint8_t unit);
 
-/** One received byte at `now` (ms); returns the length of an answer now in r->out (0: none). */
+/** One received byte at `now` (ms); returns the length of an answer now in r->out (0: none).
+ *  Bytes that follow a request for us without a pause are framed at the next call. */
 size_t idl_rtu_feed(idl_rtu_t *r, uint8_t byte, uint32_t now);
 
 /** The line was silent for t3.5; returns the length of an answer now in r->out (0: none). */

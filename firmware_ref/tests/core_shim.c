@@ -208,7 +208,7 @@ size_t idl_shim_rtu_feed(idl_shim_t *s, const uint8_t *data, size_t n, int pause
 
 uint32_t idl_shim_rtu_counter(const idl_shim_t *s, unsigned which)
 {
-    return which < 5u ? s->rtu.counters[which] : 0u;
+    return which < IDL_RTU_COUNTERS ? s->rtu.counters[which] : 0u;
 }
 
 int idl_shim_check_name(const uint8_t *name, size_t n, size_t max);

@@ -259,6 +259,12 @@ static void test_rtu(void)
     static const uint8_t read_mode[] = { 0x01, 0x03, 0x00, 0x05, 0x00, 0x01, 0x94, 0x0B };
     static const uint8_t other_unit[] = { 0x02, 0x03, 0x00, 0x05, 0x00, 0x01, 0x94, 0x38 };
     static const uint8_t unknown[] = { 0x01, 0x2B, 0x0E, 0x01, 0x00, 0x70, 0x77 };
+    /* shared bus, one burst: unit 2's FC03 request, its answer, its exception answer, our read */
+    static const uint8_t bus[] = {
+        0x02, 0x03, 0x00, 0x00, 0x00, 0x02, 0xC4, 0x38, 0x02, 0x03, 0x04, 0x00,
+        0xFA, 0x01, 0xC2, 0x69, 0x03, 0x02, 0x83, 0x02, 0x30, 0xF1, 0x01, 0x03,
+        0x00, 0x05, 0x00, 0x01, 0x94, 0x0B
+    };
     uint16_t crc;
     CHECK(idl_crc16_modbus(digits, 9u) == 0x4B37u);
     crc = idl_crc16_modbus(unknown, 5u);
@@ -272,6 +278,8 @@ static void test_rtu(void)
     CHECK(idl_rtu_pause(&rtu, 0u) == 5u && rtu.out[1] == 0xABu && rtu.out[2] == 1u);
     CHECK(rtu_bytes(read_mode, 5u) == 0u && idl_rtu_pause(&rtu, 0u) == 0u); /* cut by a pause */
     CHECK(rtu_bytes(read_mode, sizeof read_mode) == 7u);     /* the next head is sure again */
+    CHECK(rtu_bytes(bus, sizeof bus) == 7u && rtu.out[0] == 1u && rtu.out[4] == 1u);
+    CHECK(rtu.counters[IDL_RTU_OTHER_ANSWER] == 2u && rtu.counters[IDL_RTU_BAD_CRC] == 0u);
 }
 
 static void test_names(void)

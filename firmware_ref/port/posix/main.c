@@ -849,12 +849,13 @@ int main(int argc, char **argv)
     idl_device_stop(&device); /* a batch in progress: CAN, its temporary deleted */
     if (print_stats && rtu_mode) {
         fprintf(stderr, PROG ": stopped: answered=%lu broadcasts=%lu other_unit=%lu bad_crc=%lu "
-                        "dropped=%lu\n",
+                        "dropped=%lu other_answer=%lu\n",
                 (unsigned long)rtu.counters[IDL_RTU_ANSWERED],
                 (unsigned long)rtu.counters[IDL_RTU_BROADCASTS],
                 (unsigned long)rtu.counters[IDL_RTU_OTHER_UNIT],
                 (unsigned long)rtu.counters[IDL_RTU_BAD_CRC],
-                (unsigned long)rtu.counters[IDL_RTU_DROPPED]);
+                (unsigned long)rtu.counters[IDL_RTU_DROPPED],
+                (unsigned long)rtu.counters[IDL_RTU_OTHER_ANSWER]);
     } else if (print_stats) {
         const uint32_t *c = device.session.counters;
         fprintf(stderr, PROG ": stopped: executed=%lu replayed=%lu conflict=%lu evicted=%lu "
