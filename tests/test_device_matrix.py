@@ -31,8 +31,7 @@ across a power cut on a fixed port (socat; sim and posix). The C device's RTU fa
 bus (another slave's answers skipped by their length) is checked against the shared vectors
 ``tests/vectors/rtu_shared_bus.json`` and on a two-slave bus of real processes.
 
-File transfers (YMODEM, 0x44 FILE_RECEIVE) have their own place below
-(``test_file_transfer_ymodem``), skipped until their legs are written.
+File transfers (YMODEM, 0x44 FILE_RECEIVE): ``test_file_transfer_ymodem`` on all three.
 """
 
 from __future__ import annotations
@@ -62,7 +61,8 @@ from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import DeviceCore
-from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, encode_frame
+from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, crc32c, encode_frame
+from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import STATUS_TABLE, ModbusException, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -539,12 +539,42 @@ def test_cli_through_a_lossy_url(line_device: LineDevice,
 # ---- file transfers: YMODEM (0x44 FILE_RECEIVE) -------------------------------------------------
 
 
-@pytest.mark.parametrize("line_device", FAST, indirect=True)
-def test_file_transfer_ymodem(line_device: LineDevice) -> None:
-    """The place for the YMODEM legs on every implementation (``Device.send_files``, FILE_INFO
-    read-back, the same files again, overwrite, refusals, a lossy line). The C receiver is
-    tested on its own in tests/test_c_ymodem.py and tests/test_c_file_receive.py."""
-    pytest.skip("YMODEM legs of the matrix: not written yet")
+@on_qemu
+def test_file_transfer_ymodem(line_device: LineDevice, tmp_path: Path) -> None:
+    """FILE_RECEIVE hands the line to YMODEM on every implementation: a batch arrives and reads
+    back by FILE_INFO (size and CRC-32C), the same files again are "already on the device,
+    identical" (nothing sent), a different file under a stored name is refused before sending
+    without ``overwrite`` (the stored file unchanged) and replaces it with; then frames again. The C
+    receiver byte for byte against Python: tests/test_c_ymodem.py."""
+    src = tmp_path / "src"
+    src.mkdir()
+    first = src / "app.bin"
+    first.write_bytes(bytes(range(256)) * 13 + b"tail")  # 3332 B: 1K blocks and a short one
+    second = src / "notes.txt"
+    second.write_bytes(b"retries are harmless\n" * 7)
+    names = [str(first), str(second)]
+    with line_device.open() as dev:
+        _, report = dev.send_files(names)
+        assert report is not None and report.ok, report
+        assert [(f.ok, f.verified) for f in report.files] == [(True, True)] * 2
+        for f in (first, second):
+            data = f.read_bytes()
+            assert dev.file_info(f.name).file == FileInfoResponse(
+                FileInfoStatus.PRESENT, len(data), crc32c(data))
+        _, again = dev.send_files(names)
+        assert again is not None and [f.identical for f in again.files] == [True, True]
+        first.write_bytes(b"version 2 " * 50)
+        with pytest.raises(ValueError, match="different app.bin .*--overwrite"):
+            dev.send_files([str(first)])  # asked by FILE_INFO first: nothing is sent
+        old = bytes(range(256)) * 13 + b"tail"
+        assert dev.file_info(first.name).file == FileInfoResponse(
+            FileInfoStatus.PRESENT, len(old), crc32c(old))
+        _, replaced = dev.send_files([str(first)], overwrite=True)
+        assert replaced is not None and replaced.ok, replaced
+        new = first.read_bytes()
+        assert dev.file_info(first.name).file == FileInfoResponse(
+            FileInfoStatus.PRESENT, len(new), crc32c(new))
+        assert dev.read("threshold").ok  # framed again after every batch
 
 
 # ---- the C RTU face on a shared bus ---------------------------------------------------------------
