@@ -564,7 +564,7 @@ def test_file_transfer_ymodem(line_device: LineDevice, tmp_path: Path) -> None:
         _, again = dev.send_files(names)
         assert again is not None and [f.identical for f in again.files] == [True, True]
         first.write_bytes(b"version 2 " * 50)
-        with pytest.raises(ValueError, match="different app.bin .*--overwrite"):
+        with pytest.raises(ValueError, match=r"different app\.bin .*--overwrite"):
             dev.send_files([str(first)])  # asked by FILE_INFO first: nothing is sent
         old = bytes(range(256)) * 13 + b"tail"
         assert dev.file_info(first.name).file == FileInfoResponse(
