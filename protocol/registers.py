@@ -229,6 +229,10 @@ class RegisterSpec:
 
     # ------------------------------------------------------------------ values as people read them
     def label_of(self, raw: int) -> str | None:
+        """The map's name for ``raw``: a declared label (``auto``), a trigger's state
+        (``RUNNING``), else None (a number, a fault word)."""
+        if self.kind is RegisterKind.TRIGGER:
+            return TriggerState(raw).name if raw in set(TriggerState) else None
         for v, s in self.labels:
             if v == raw:
                 return s

@@ -7,7 +7,8 @@ Contract:
   one request per contiguous run. The first poll prints every value; later polls print
   only registers whose raw value changed (``--every`` prints all of them each time).
 - Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``), ``--csv`` (header
-  ``time,poll,register,address,raw,value,unit,outcome``) and ``--json`` (one object per line,
+  ``time,poll,name,address,raw,value,label,unit,outcome``: the JSON reading's keys, ``value``
+  a number, ``label`` the map's name for it, empty when null) and ``--json`` (one object per line,
   schema ``idemlink.watch/1``).
 - Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
   ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
@@ -18,7 +19,9 @@ Contract:
 - ``--modbus-rtu [--unit N]`` polls a standard Modbus RTU slave instead (``RtuDevice``: reads
   one after the other, retried like any read).
 - It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
-  with a failed read, reconnections) and exit 0; exit 1 if no poll ever reached the device (a
+  with a read that got no answer, polls without the device — port failed or no HELLO answer —
+  and reconnections; a change is a raw value different from the previous reading of that
+  register, so a first reading or an ``--every`` repeat is none) and exit 0; exit 1 if no poll ever reached the device (a
   device serving another map is exit 1 at once).
 """
 
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from idemlink.host.rtu_device import RtuDevice
     from idemlink.protocol.registers import RegisterMap, RegisterSpec
 
-CSV_HEADER = ("time", "poll", "register", "address", "raw", "value", "unit", "outcome")
+CSV_HEADER = ("time", "poll", "name", "address", "raw", "value", "label", "unit", "outcome")
 
 
 def register(sub: Any) -> None:
@@ -79,13 +82,15 @@ def register(sub: Any) -> None:
 class Summary:
     polls: int = 0
     changes: int = 0
-    failed_polls: int = 0
+    failed_polls: int = 0  #: polls where the device was there but a read got no answer
+    port_failures: int = 0  #: polls without a device: the port failed or nothing answered HELLO
     reconnects: int = 0
 
     def line(self) -> str:
         return (f"idemlink watch: {self.polls} poll(s), {self.changes} change(s), "
                 f"{self.failed_polls} poll(s) with a read that got no answer, "
-                f"{self.reconnects} reconnection(s)")
+                f"{self.port_failures} poll(s) without the device (port failed or no answer "
+                f"to HELLO), {self.reconnects} reconnection(s)")
 
 
 class Printer:
@@ -110,10 +115,10 @@ class Printer:
         if self.json:
             print_json("idemlink.watch/1", {"time": round(stamp, 3), "poll": poll,
                                             **register_entry(spec, raw), "outcome": outcome})
-        elif self.csv:
-            exact = "" if raw is None else (spec.label_of(raw) or str(spec.scaled(raw)))
-            self._row((f"{stamp:.3f}", poll, spec.name, spec.address, "" if raw is None else raw,
-                       exact, spec.unit, outcome))
+        elif self.csv:  # the JSON reading's columns, in the same order; null is empty
+            entry = register_entry(spec, raw)
+            self._row((f"{stamp:.3f}", poll, *("" if entry[k] is None else entry[k]
+                                               for k in CSV_HEADER[2:-1]), outcome))
             sys.stdout.flush()
         elif raw is None:
             print(f"{clock} {spec.name} : {outcome}", flush=True)
@@ -207,12 +212,12 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                 except NoDevice:
                     trouble.failed(f"no device answered on {args.port}")
                     summary.polls += 1
-                    summary.failed_polls += 1
+                    summary.port_failures += 1
                     continue
                 except PortError as exc:
                     trouble.failed(f"cannot open {args.port}: {root_cause(exc)}")
                     summary.polls += 1
-                    summary.failed_polls += 1
+                    summary.port_failures += 1
                     continue
                 if ever_open:
                     summary.reconnects += 1
@@ -229,7 +234,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                 # A read changes nothing: this poll simply got no values.
                 trouble.failed(f"poll {summary.polls}: {args.port} failed "
                                f"({root_cause(exc)}), no values")
-                summary.failed_polls += 1
+                summary.port_failures += 1
                 current.close()
                 dev = None
     finally:
@@ -257,9 +262,9 @@ def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Pr
                 last.pop(spec.name, None)
                 continue
             raw = result.values[i]
-            if every or last.get(spec.name) != raw:
-                if spec.name in last:
-                    summary.changes += 1
+            changed = spec.name in last and last[spec.name] != raw  # a first reading is no change
+            summary.changes += changed
+            if every or changed or spec.name not in last:
                 printer.reading(stamp, summary.polls, spec, raw, "OK")
             last[spec.name] = raw
     if failed:
