@@ -1,7 +1,8 @@
 """Human-readable (and JSON) descriptions of idemlink frames, for ``monitor`` and ``link --monitor``.
 
 ``FrameDescriber.describe(item)`` takes what ``idemlink.protocol.frame.FrameDecoder`` yields (a ``Frame`` or
-a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (or ``{"type":
+a ``DecodeError``) and returns ``{"type", "epoch", "seq", "flags", "text"}`` (``epoch`` an integer,
+as in every JSON output; the text shows it in hex) (or ``{"type":
 "ERROR", "error", "text"}``), plus what it decoded: ``function`` (a request's or answer's
 function code), ``status`` (an answer's), ``registers`` (``[{"name", "address", "raw", "value",
 "label", "unit"}]`` for writes and read answers, ``register_json``), ``code`` (a
@@ -69,7 +70,7 @@ class FrameDescriber:
             return {"type": "ERROR", "error": item.kind.name, "text": f"! {item.kind.name}: "
                     f"{item.detail}"}
         f = item
-        head = {"type": f.type.name, "epoch": f"{f.epoch:08x}", "seq": f.seq,
+        head = {"type": f.type.name, "epoch": f.epoch, "seq": f.seq,
                 "flags": [fl.name for fl in type(f.flags) if fl and fl in f.flags and fl.name]}
         flags = ("[" + ",".join(head["flags"]) + "] ") if head["flags"] else ""
         prefix = f"{f.type.name:<11} epoch={f.epoch:08x} seq={f.seq} {flags}"

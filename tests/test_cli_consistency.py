@@ -87,3 +87,18 @@ def test_watch_counts_changes_and_port_failures_truthfully(
     assert rc == 1
     assert "0 poll(s) with a read that got no answer" in err
     assert "2 poll(s) without the device" in err
+
+
+def test_the_boot_epoch_is_one_json_integer_everywhere(
+        sim: PtySim, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    trace = tmp_path / "trace.jsonl"
+    rc, out, _ = cli(capsys, "info", "--port", sim.path, "--json")
+    assert rc == 0
+    assert cli(capsys, "read", "--port", sim.path, "mode", "--trace", str(trace))[0] == 0
+    epoch = json_docs(out)[0]["epoch"]
+    assert epoch == sim.device.epoch
+    frames = [json.loads(line) for line in trace.read_text("utf-8").splitlines()]
+    assert frames and all(isinstance(f["epoch"], int) for f in frames)
+    assert {f["epoch"] for f in frames if f["type"] != "HELLO"} == {epoch}  # HELLO carries 0
+    rc, out, _ = cli(capsys, "info", "--port", sim.path)
+    assert f"0x{epoch:08x}" in out  # text shows it in hex
