@@ -331,7 +331,9 @@ def judge_read_back(
                 for i, (w, v) in enumerate(zip(written, values, strict=False)))
     kinds = {spec(c.address + i).kind for i in range(len(written))}
     if kinds == {RegisterKind.TRIGGER}:
-        summary = f"trigger state {values[0]:#06x}"
+        state = values[0]
+        summary = "trigger state " + (TriggerState(state).name if state in set(TriggerState)
+                                      else f"{state:#06x}")
     elif kinds == {RegisterKind.FAULT}:
         summary = "the bits are clear" if holds else "some bits are still latched"
     else:

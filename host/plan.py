@@ -96,8 +96,9 @@ class PlanStep:
         return {spec.name: value for spec, value in self.writes}
 
     def text(self) -> str:
-        """The step as a line shows it: ``threshold=400 mode=2``, ``trigger self_clean``..."""
-        assigned = " ".join(f"{s.name}={v}" for s, v in self.writes)
+        """The step as a line shows it: ``threshold=400 (40.0 °C) mode=2 (manual)``, ``trigger
+        self_clean``... (values echoed as ``write`` echoes them, ``RegisterSpec.typed``)"""
+        assigned = " ".join(f"{s.name}={s.typed(v)}" for s, v in self.writes)
         if self.kind is StepKind.WRITE:
             return assigned
         if self.kind is StepKind.WRITE_IF_GENERATION:

@@ -249,17 +249,25 @@ class RegisterSpec:
         fan_stall``: the value as the map describes it (no raw)."""
         if self.kind is RegisterKind.TRIGGER:
             return TriggerState(raw).name if raw in set(TriggerState) else f"state {raw}"
-        if self.kind is RegisterKind.FAULT:
-            names = [b.name for b in self.bits if raw >> b.bit & 1]
-            return " ".join([f"0x{raw:04X}", *names])
+        if self.kind is RegisterKind.FAULT:  # undeclared set bits show as bitN
+            declared = {b.bit: b.name for b in self.bits}
+            names = [declared.get(i, f"bit{i}") for i in range(16) if raw >> i & 1]
+            return " ".join([f"0x{raw:04X}", *(names or ["(none latched)"])])
         label = self.label_of(raw)
         if label is not None:
             return label
         text = str(self.scaled(raw))
         return f"{text} {self.unit}" if self.unit else text
 
+    def typed(self, raw: int) -> str:
+        """``30 (15.0 °C)``, ``2 (eco)``, ``80``: the raw value, and how the map reads it when that
+        differs — how every command echoes a value it writes."""
+        text = self.show(raw)
+        return str(raw) if text == str(raw) else f"{raw} ({text})"
+
     def raw_from_text(self, text: str) -> int:
-        """The raw register value for ``text``, as people type it: a label (``auto``); a number
+        """The raw register value for ``text``, as people type it: a label (``auto``; any case,
+        ``Auto``, when only one label matches it so); a number
         in the register's unit (``42.5`` with scale 0.1 is raw 425; without a scale the number
         is the raw value); or an explicit raw value, ``raw:420`` or ``0x01A4``/``0b1...``.
         Raises ``ValueError`` naming the register when the text is none of these, falls between
@@ -268,6 +276,12 @@ class RegisterSpec:
         for v, s in self.labels:
             if s == text:
                 return v
+        folded = [(v, s) for v, s in self.labels if s.casefold() == text.casefold()]
+        if len(folded) == 1:  # ``Eco`` for ``eco``: labels are case-insensitive when unambiguous
+            return folded[0][0]
+        if folded:
+            raise ValueError(f"{self.name}: {text!r} is ambiguous: labels "
+                             + ", ".join(s for _, s in folded) + " differ only in case")
         lowered = text.lower()
         if lowered.startswith("raw:") or lowered.startswith(("0x", "0b")):
             digits = text[4:].strip() if lowered.startswith("raw:") else text

@@ -46,12 +46,13 @@ from idemlink.commands.common import (
     add_rtu_options,
     device_options,
     not_sent,
+    reading_entry,
     result_json,
     rtu_unit,
     worst,
 )
 from idemlink.commands.device_io import AnyDevice, link_guarded, open_any_device, reconcile_json
-from idemlink.commands.faults_cmd import decode_fault_word
+from idemlink.commands.faults_cmd import clear_notes
 from idemlink.commands.many import SharedJournals
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name
@@ -65,7 +66,7 @@ from idemlink.host.journal import (
     lock_journal,
 )
 from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
-from idemlink.output import add_json_option, emit, error_json, print_json
+from idemlink.output import add_json_option, emit, error_json, print_json, register_entry
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap, TriggerState, TriggerStatus
 
@@ -231,6 +232,7 @@ class ApplyRun:
         self.effects_sent = False
         self.generation: int | None = None
         self.entries: list[dict[str, Any]] = []
+        self.readings: list[dict[str, Any]] = []  #: what the step being sent read back
         self.outcomes: list[Outcome] = []
         self.doc: dict[str, Any] = {"plan": plan.name}
 
@@ -272,7 +274,7 @@ class ApplyRun:
                 break
         for step in self.plan.steps[len(self.entries):]:
             self.entries.append({"index": step.index + 1, "step": step.to_json(),
-                                 "state": "not run"})
+                                 "state": "not_run"})
             self.say(f"{self.head(step)}: not run")
         return self.finish()
 
@@ -311,6 +313,8 @@ class ApplyRun:
         if not differ:
             e = self.entry(step, "in_place")
             e["written"] = {}
+            e["registers"] = [reading_entry(s, back, raw)
+                              for (s, _), raw in zip(step.writes, back.values, strict=True)]
             return Settled(Outcome.OK, e, [f"{self.head(step)}: already in place"])
         at = {s.address: (s, v) for s, v in differ}
         commands = [self.dev.write_command({at[a][0].name: at[a][1]
@@ -328,8 +332,10 @@ class ApplyRun:
         state = "written" if outcome is Outcome.OK else outcome.name.lower()
         e = self.entry(step, state)
         e["written"] = written
+        e["registers"] = [{**register_entry(s, v), "outcome": Outcome.OK.name}
+                          for s, v in step.writes if s.name in written]
         e["results"] = [result_json(r) for r in results]
-        names = " ".join(f"{n}={v}" for n, v in written.items())
+        names = " ".join(f"{n}={self.regmap.named(n).typed(v)}" for n, v in written.items())
         subset = f" ({names})" if names and len(written) < len(step.writes) else ""
         lines = [f"{self.head(step)}: {state}{subset}: "
                  + "; ".join(r.describe() for r in results)]
@@ -359,7 +365,12 @@ class ApplyRun:
                                 "(nothing started)"])
             if now.values[0] != TriggerState.IDLE:
                 name = _state_name(now.values[0])
-                return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not_executed", now),
+                e = self.entry(step, "not_executed")
+                e["registers"] = [reading_entry(step.register, now)]
+                e["result"] = {**not_sent(f"the trigger is {name}"),
+                               "outcome": Outcome.NOT_EXECUTED.name,
+                               "detail": f"NOT_EXECUTED (not sent: the trigger is {name})"}
+                return Settled(Outcome.NOT_EXECUTED, e,
                                [f"{self.head(step)}: not started: the trigger is {name} "
                                 f"(`idemlink trigger {step.register.name} --reset` re-arms it)"])
         try:
@@ -370,13 +381,16 @@ class ApplyRun:
                                 "not sent") from None
             print(f"idemlink apply: journal {self.journal_path}: {exc}; step {step.index + 1} "
                   "not sent", file=sys.stderr)
-            return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not run"),
+            return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not_run"),
                            [f"{self.head(step)}: not run (journal error)"])
         self.effects_sent = True
+        self.readings = []
         r, outcome, note = self.execute(step)
         state = {Outcome.OK: "executed", Outcome.UNKNOWN: "unknown"}.get(
             outcome, outcome.name.lower())
         e = self.entry(step, state, r)
+        if self.readings:
+            e["registers"] = self.readings
         lines = [f"{self.head(step)}: {state}: {r.describe()}{note}"]
         if outcome is Outcome.UNKNOWN:
             rec, line = reconcile_json(self.dev, r)
@@ -410,6 +424,8 @@ class ApplyRun:
             r = self.dev.trigger(step.register.name)
             if r.ok and r.code is None:  # a Modbus RTU slave's echo: its state says the rest
                 state = self.dev.trigger_status(step.register.name)
+                if state.ok:
+                    self.readings = [reading_entry(step.register, state)]
                 return r, r.outcome, (f" (written 1; state now {_state_name(state.values[0])})"
                                       if state.ok else "")
             if not r.ok or r.code is None:
@@ -422,15 +438,17 @@ class ApplyRun:
             return r, Outcome.REJECTED, f" ({name})"
         if step.kind is StepKind.CLEAR:
             assert step.register is not None
+            first = self.dev.read(step.register.name)
             r = self.dev.clear_faults(step.mask, step.register.name)
             if not r.ok:
                 return r, r.outcome, ""
             back = self.dev.read(step.register.name)
             if not back.ok:
                 return r, r.outcome, ""
-            latched = decode_fault_word(step.register, back.values[0] & step.mask)["latched"]
-            return r, r.outcome, (f" ({', '.join(latched)} still latched: the condition "
-                                  "persists)" if latched else "")
+            self.readings = [reading_entry(step.register, back)]
+            notes = clear_notes(step.register, step.mask,
+                                first.values[0] if first.ok else None, back.values[0])
+            return r, r.outcome, (f" ({'; '.join(notes)})" if notes else "")
         assert self.generation is not None
         guard = self.generation
         r = self.dev.write_if_generation(guard, step.values)

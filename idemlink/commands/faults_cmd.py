@@ -34,8 +34,38 @@ def decode_fault_word(spec: RegisterSpec, value: int) -> dict[str, Any]:
 
 
 def fault_line(spec: RegisterSpec, value: int) -> str:
-    latched = decode_fault_word(spec, value)["latched"]
-    return f"{spec.name} = 0x{value:04X}  " + (", ".join(latched) if latched else "(none latched)")
+    """``faults = 0x0003 over_temperature fan_stall``: as ``read`` shows it (``RegisterSpec.show``)."""
+    return f"{spec.name} = {spec.show(value)}"
+
+
+def clear_notes(spec: RegisterSpec, mask: int, before: int | None, after: int) -> list[str]:
+    """What a clear of ``mask`` did, judged from the word read before (None: not read) and after.
+
+    A bit the user did not name that changed is said (``low_flow changed 1→0: this device does
+    not treat the word as write-1-to-clear`` — a plain holding register stores the mask written);
+    a named bit still set is "still latched: the condition persists" only on a device that
+    kept the unnamed bits, else it is the 1 just written, which says nothing about the condition."""
+    notes: list[str] = []
+    not_w1c = False
+    if before is not None:
+        for bit in range(16):
+            if mask >> bit & 1 or not (before ^ after) >> bit & 1:
+                continue
+            old = before >> bit & 1
+            name = decode_fault_word(spec, 1 << bit)["latched"][0]
+            if old:
+                not_w1c = True
+                notes.append(f"{name} changed 1→0: this device does not treat the word as "
+                             "write-1-to-clear")
+            else:
+                notes.append(f"{name} changed 0→1: latched meanwhile")
+    still = decode_fault_word(spec, after & mask)["latched"]
+    if still and not_w1c:
+        notes.append(f"{', '.join(still)} reads 1: the device stored the 1 written, which says "
+                     "nothing about the condition")
+    elif still:
+        notes.append(f"{', '.join(still)} still latched: the condition persists")
+    return notes
 
 
 def run_faults(args: argparse.Namespace) -> int:

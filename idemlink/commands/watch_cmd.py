@@ -21,8 +21,8 @@ Contract:
 - It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
   with a read that got no answer, polls without the device — port failed or no HELLO answer —
   and reconnections; a change is a raw value different from the previous reading of that
-  register, so a first reading or an ``--every`` repeat is none) and exit 0; exit 1 if no poll ever reached the device (a
-  device serving another map is exit 1 at once).
+  register, so a first reading or an ``--every`` repeat is none) and exit 0; exit 1 if no poll
+  ever reached the device (a device serving another map is exit 1 at once).
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]
 
 def _typed(a: Assignment) -> str:
     """``420`` or ``4200 (420.0 °C)``: the raw value, and how the map reads it if that differs."""
-    text = a.spec.show(a.value)
-    return str(a.value) if text == str(a.value) else f"{a.value} ({text})"
+    return a.spec.typed(a.value)
 
 
 def _fmt(run: Sequence[Assignment]) -> str:
