@@ -11,6 +11,12 @@ Contract:
   sanitised mode, mtime, then link/rename); it never writes outside its directory, enforces a
   byte quota, never replaces an existing file unless ``overwrite``; any refusal or write error
   raises ``SinkRefused`` and the driver cancels the batch (CAN CAN) and deletes the temporary file.
+  A re-sent file identical to the one already there is accepted: a regular file of that name and
+  of the declared size (or of any size when the header declares none) is not refused at the
+  header; at commit the received bytes are compared with it — identical: the temporary is
+  deleted, the existing file kept untouched and ``identical`` set (the batch goes on, ACKed as
+  usual); different: refused as any existing file (``exists (use --overwrite)``). The receiver
+  machine is unchanged: the sink decides.
 - ``ReceiverDriver`` couples a ``Receiver`` to any ``FileSink`` without touching a port (the
   sans-I/O shape: ``receive_data(data, now)``, ``tick(now)``, ``data_to_send()``; ``exchange``
   is one round of a shell's loop), so the host's port loop and the simulated device's serve loop run
@@ -24,6 +30,7 @@ import contextlib
 import logging
 import os
 import secrets
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +76,8 @@ class FileResult:
     detail: str = ""
     unconfirmed: bool = False  #: the whole file went out, the receiver never proved it kept it
     verified: bool | None = None  #: framed hand-over read-back: same bytes / not / no answer
-    identical: bool = False  #: already on the device with the same size and CRC-32C: not sent
+    identical: bool = False  #: already there with the same bytes: send: same size and CRC-32C,
+    #: not sent; receive: the received bytes equal the existing file, which is kept
 
 
 @dataclass(slots=True)
@@ -109,6 +117,8 @@ class DirectorySink:
         self._tmp: Path | None = None
         self._file: FileStarted | None = None
         self._written = 0
+        self._compare = False  #: a regular file of this name is there: compare at commit
+        self.identical = False  #: the last commit found the same bytes there and kept them
 
     def _target(self, name: str) -> Path:
         checked = check_name(name.encode("utf-8"))
@@ -122,8 +132,11 @@ class DirectorySink:
     def open(self, ev: FileStarted) -> None:
         self.discard()
         target = self._target(ev.name)
+        self._compare = False
         if not self.overwrite and os.path.lexists(target):
-            raise SinkRefused(f"{ev.name} exists (use --overwrite)")
+            if not _may_be_identical(target, ev.size):
+                raise SinkRefused(f"{ev.name} exists (use --overwrite)")
+            self._compare = True
         if self.quota is not None and ev.size is not None and self.used + ev.size > self.quota:
             raise SinkRefused(f"{ev.name}: {ev.size} bytes exceed the quota")
         # The name is recorded before the file is created, so an interrupt (Ctrl-C, SIGTERM)
@@ -160,6 +173,9 @@ class DirectorySink:
             raise SinkRefused("commit without an open file")
         ev, tmp, fd = self._file, self._tmp, self._fd
         target = self._target(name)
+        self.identical = False
+        if self._compare and not self.overwrite:
+            return self._keep_identical(target, name, size)
         try:
             os.ftruncate(fd, size)
             os.fchmod(fd, sanitize_mode(ev.mode, self.default_mode))
@@ -181,6 +197,22 @@ class DirectorySink:
         self.used += size
         return target
 
+    def _keep_identical(self, target: Path, name: str, size: int) -> Path:
+        """Commit of a file whose name exists: the same bytes keep the existing file (the
+        temporary is deleted, ``identical`` set); different bytes are refused."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, size)
+            same = _same_bytes(self._fd, target, size)
+        except OSError as exc:
+            self.discard()
+            raise SinkRefused(f"commit failed: {exc.strerror or exc}") from exc
+        self.discard()
+        if not same:
+            raise SinkRefused(f"{name} exists (use --overwrite)")
+        self.identical = True
+        return target
+
     def discard(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -190,6 +222,34 @@ class DirectorySink:
                 os.unlink(self._tmp)
             self._tmp = None
         self._file = None
+
+
+def _may_be_identical(target: Path, size: int | None) -> bool:
+    """A regular file (never followed through a link) of the declared size, or of any size when
+    the header declares none: only the bytes, at commit, can tell."""
+    try:
+        st = os.lstat(target)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (size is None or st.st_size == size)
+
+
+def _same_bytes(fd: int, target: Path, size: int) -> bool:
+    """The ``size`` bytes of the open temporary ``fd`` equal the file ``target`` (whole)."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    other = os.open(target, flags)
+    try:
+        if not stat.S_ISREG(os.fstat(other).st_mode) or os.fstat(other).st_size != size:
+            return False
+        offset = 0
+        while offset < size:
+            n = min(1 << 16, size - offset)
+            if os.pread(fd, n, offset) != os.pread(other, n, offset):
+                return False
+            offset += n
+        return True
+    finally:
+        os.close(other)
 
 
 class ReceiverDriver:
@@ -259,8 +319,10 @@ class ReceiverDriver:
                 self.progress(self._current.name, ev.offset + len(ev.data), self._current.size)
         elif isinstance(ev, FileCommitted):
             where = self.sink.commit(ev.name, ev.size)
+            identical = bool(getattr(self.sink, "identical", False))  # DirectorySink's finding
             self.report.files.append(
-                FileResult(ev.name, ev.size, True, now - self._started_at, str(where))
+                FileResult(ev.name, ev.size, True, now - self._started_at, str(where),
+                           identical=identical)
             )
             self.report.bytes += ev.size
             self._current = None

@@ -263,3 +263,55 @@ def test_an_unknown_trigger_reads_back_as_its_state_name() -> None:
 
     rec = judge_read_back(c, (0,), 3, spec)
     assert rec.summary == "trigger state IDLE"
+
+
+def receive_once(capsys: pytest.CaptureFixture[str], source: Any, out_dir: Any,
+                 *extra: str) -> tuple[int, str, bool]:
+    """``idemlink receive`` of ``source`` sent by the YMODEM sender over a link proxy: (exit,
+    stdout, the sender's batch complete)."""
+    import threading
+
+    import serial
+
+    from idemlink.device_sim.link import LinkConfig
+    from idemlink.device_sim.link_proxy import LinkProxy
+    from idemlink.host.ymodem_io import send_files
+
+    proxy = LinkProxy(None, None, LinkConfig())
+    sent: list[bool] = []
+    with proxy:
+        thread = threading.Thread(target=proxy.serve, daemon=True)
+        thread.start()
+        sender_port = serial.serial_for_url(proxy.b_path, timeout=0.002)
+        t = threading.Thread(target=lambda: sent.append(send_files(sender_port,
+                                                                    [str(source)]).ok),
+                             daemon=True)
+        t.start()
+        try:
+            rc, out, _ = cli(capsys, "receive", "--port", proxy.a_path, "--dir", str(out_dir),
+                             "--idle-timeout", "10", "--no-progress", *extra)
+        finally:
+            t.join(timeout=10)
+            sender_port.close()
+            proxy.stop()
+            thread.join(timeout=5)
+    return rc, out, bool(sent and sent[0])
+
+
+def test_receive_accepts_an_identical_resend(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Any) -> None:
+    source = tmp_path / "fw.bin"
+    source.write_bytes(bytes(range(256)) * 9)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    assert receive_once(capsys, source, inbox)[0] == 0
+    rc, out, sender_ok = receive_once(capsys, source, inbox)
+    assert rc == 0 and sender_ok
+    assert out.splitlines()[0] == "fw.bin: already there, identical (2304 bytes): the existing file kept"
+    rc, out, sender_ok = receive_once(capsys, source, inbox, "--json")
+    doc = json_docs(out)[0]
+    assert rc == 0 and sender_ok and doc["files"][0]["identical"] is True and doc["complete"]
+    source.write_bytes(bytes(2304))  # same size, other bytes: still needs --overwrite
+    rc, out, sender_ok = receive_once(capsys, source, inbox)
+    assert rc == 1 and not sender_ok and "exists (use --overwrite)" in out
+    assert (inbox / "fw.bin").read_bytes() == bytes(range(256)) * 9

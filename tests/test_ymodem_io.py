@@ -96,6 +96,44 @@ def test_existing_file_is_not_overwritten_and_the_batch_is_cancelled(tmp_path: P
     assert not drv.report.ok and "exists" in drv.report.reason
 
 
+def test_an_identical_resend_is_accepted_and_the_existing_file_kept(tmp_path: Path) -> None:
+    """``sb fw.bin`` twice: the second batch completes (ACKed, sender DONE), the file is reported
+    identical, the existing file untouched (same inode, its mtime), no temporary left."""
+    data = random.Random(9).randbytes(3000)
+    target = tmp_path / "fw.bin"
+    target.write_bytes(data)
+    os.utime(target, (1_000_000_000, 1_000_000_000))
+    inode = os.stat(target).st_ino
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"fw.bin": data, "next.bin": b"more"}))
+    sent = run(tx, drv)
+    assert CAN not in sent and tx.state is TxState.DONE and drv.report.ok
+    assert [(f.name, f.ok, f.identical) for f in drv.report.files] == [
+        ("fw.bin", True, True), ("next.bin", True, False)]
+    assert visible(tmp_path) == {"fw.bin": data, "next.bin": b"more"}
+    assert os.stat(target).st_ino == inode and os.stat(target).st_mtime == 1_000_000_000
+
+
+def test_a_same_size_different_file_is_refused_at_commit(tmp_path: Path) -> None:
+    (tmp_path / "keep.txt").write_bytes(b"original")
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"keep.txt": b"attacker"}))  # same size: only the bytes can tell
+    sent = run(tx, drv)
+    assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
+    assert visible(tmp_path) == {"keep.txt": b"original"}
+    assert "exists (use --overwrite)" in drv.report.reason
+
+
+def test_a_symlink_of_that_name_is_still_refused_at_the_header(tmp_path: Path) -> None:
+    (tmp_path / "real").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    drv = ReceiverDriver(DirectorySink(tmp_path))
+    tx = Sender(files({"link": b"x" * 10}))
+    run(tx, drv)
+    assert tx.state is TxState.ABORTED and "exists" in drv.report.reason
+    assert (tmp_path / "link").is_symlink()
+
+
 def test_overwrite_when_asked(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"old")
     drv = ReceiverDriver(DirectorySink(tmp_path, overwrite=True))

@@ -142,6 +142,10 @@ def _report_lines(report: Any, verb: str, *, framed: bool = False) -> list[str]:
     lines: list[str] = []
     for f in report.files:
         name = _shown_name(f.name)
+        if f.identical and verb == "received":
+            lines.append(f"{name}: already there, identical ({f.size} bytes): the existing "
+                         "file kept")
+            continue
         if f.identical:
             lines.append(f"{name}: already on the device, identical ({f.size} bytes, size and "
                          "CRC-32C read back): not sent")
