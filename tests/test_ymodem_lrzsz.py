@@ -152,6 +152,26 @@ def test_sb_to_our_receiver(tmp_path: Path, pty_pair: tuple[str, str],
     assert not [p for p in dst.iterdir() if p.name.startswith(".ymodem-")]
 
 
+def test_sb_the_same_file_twice_is_accepted_as_identical(tmp_path: Path,
+                                                          pty_pair: tuple[str, str]) -> None:
+    """``sb fw.bin`` a second time into the same directory: ACKed (sb exits 0), reported
+    identical, the first copy kept."""
+    a, b = pty_pair
+    src = make_files(tmp_path / "src", {"fw.bin": 3000})
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    for attempt in range(2):
+        thread, result = _receive_in_thread(b, dst)
+        with open(a, "r+b", buffering=0) as tty, open(tmp_path / "sb.log", "wb") as log:
+            rc = subprocess.run(["sb", "--ymodem", "-t", "30", "fw.bin"], stdin=tty, stdout=tty,
+                                stderr=log, cwd=tmp_path / "src", timeout=60).returncode
+        thread.join(30)
+        assert rc == 0, (tmp_path / "sb.log").read_text(errors="replace")[-500:]
+        assert result and result[0].ok
+        assert [f.identical for f in result[0].files] == [attempt == 1]
+    assert_same(src, dst)
+
+
 def test_cli_send_plain_to_cli_receive(tmp_path: Path, pty_pair: tuple[str, str]) -> None:
     a, b = pty_pair
     src = make_files(tmp_path / "src", {"cli one.bin": 5000, "cli-two": 0})
