@@ -100,7 +100,9 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
     proc = subprocess.Popen([*CLI, "--port", sim.path, "--interval", "0.1", "--count", "25",
                              "mode"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first poll read a value: the port is open
+        assert first.endswith("mode = auto (1)\n"), first
         sim.close()
         _, err = proc.communicate(timeout=60)
     finally:
