@@ -19,12 +19,18 @@ def test_watch_prints_first_values_then_only_changes() -> None:
     sim = start_pty_sim()
     stop = threading.Event()
 
-    def warm_up() -> None:  # the physical world: temperature rises 0.5 °C every 0.15 s
-        t = 250
-        while not stop.wait(0.15):
-            t += 5
+    def warm_up() -> None:
+        """The physical world: temperature rises 0.5 °C after each poll that read it. (Paced by
+        the polls, not the wall clock: a slow watch on a busy machine must not see it climb
+        past the threshold, where the over-temperature fault would change too.)"""
+        t, seen = 250, 0
+        while not stop.wait(0.01):
             with sim._shared.lock:
-                sim.device.core.set_input("temperature", t, time.monotonic())
+                reads = sum(e.request[:1] == b"\x04" for e in sim.device.executions[seen:])
+                seen = len(sim.device.executions)
+                if reads:
+                    t += 5 * reads
+                    sim.device.core.set_input("temperature", t, time.monotonic())
 
     th = threading.Thread(target=warm_up, daemon=True)
     th.start()
