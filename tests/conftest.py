@@ -1,8 +1,20 @@
-"""Suite-wide options: ``--run-slow`` enables the long campaigns marked ``slow``."""
+"""Suite-wide options: ``--run-slow`` enables the long campaigns marked ``slow``.
+
+Tests that press Ctrl-C on a CLI child (SIGINT) need the child to take it as a user's terminal
+would: a suite started as a background job of a script inherits SIGINT *ignored* (POSIX), and so
+would every child, so the suite restores the default handling before any test runs.
+"""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # children: SIG_DFL again
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

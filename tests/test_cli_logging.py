@@ -50,7 +50,10 @@ def test_trace_file_holds_every_frame_both_ways_decoded(tmp_path: object) -> Non
     sim = start_pty_sim()
     try:
         for argv in (["write", "threshold=42.5"], ["read", "threshold"]):
-            r = subprocess.run([*CLI, *argv, "--port", sim.path, "--trace", str(trace)],
+            # A generous --timeout: the rows are counted, and a retry (a legitimate extra row)
+            # must take a stall of seconds, not a busy machine's 0.2 s.
+            r = subprocess.run([*CLI, *argv, "--port", sim.path, "--trace", str(trace),
+                                "--timeout", "5"],
                                capture_output=True, text=True, check=False, timeout=30)
             assert r.returncode == 0, r.stderr
         bad = subprocess.run([*CLI, "read", "--port", sim.path, "--trace", "/nonexistent/x"],

@@ -518,6 +518,22 @@ def open_raw(path: str) -> int:
     return fd
 
 
+def paced_rate(got: list[tuple[float, int]], nominal: float) -> float:
+    """Bytes per second of a paced stream, from the least late read of its first and of its last
+    third. A stalled process only delays reads (the proxy then catches up on its schedule), so
+    the least late reads lie on the schedule; the first and last reads alone need not."""
+    cum: list[int] = []
+    total = 0
+    for _, count in got:
+        total += count
+        cum.append(total)
+    lateness = [t - c / nominal for (t, _), c in zip(got, cum, strict=True)]
+    third = max(1, len(got) // 3)
+    first = min(range(third), key=lateness.__getitem__)
+    last = min(range(len(got) - third, len(got)), key=lateness.__getitem__)
+    return (cum[last] - cum[first]) / (got[last][0] - got[first][0])
+
+
 def read_until(fd: int, n: int, deadline: float) -> list[tuple[float, int]]:
     """(arrival time, byte count) of each read, until ``n`` bytes or the deadline."""
     got: list[tuple[float, int]] = []
@@ -551,9 +567,9 @@ def test_pty_proxy_paces_at_the_baud_rate_and_honours_latency() -> None:
                 delays.append(got[0][0] - t0)
                 idle = select.select([fb], [], [], 0.005)  # wait for nothing: the line is idle
                 assert idle[0] == []
-            delays.sort()
-            assert delays[0] >= latency + byte_time
-            assert delays[len(delays) // 2] < latency + byte_time + 0.0015
+            # A busy machine only ever makes a byte later: the earliest delivery is the proxy's
+            # own delay, and it is the configured one (never early, at most 1.5 ms late).
+            assert latency + byte_time <= min(delays) < latency + byte_time + 0.0015, delays
             # throughput: one second of back-to-back bytes
             n = 11520
             writer = threading.Thread(target=os.write, args=(fa, bytes(n)))
@@ -565,7 +581,7 @@ def test_pty_proxy_paces_at_the_baud_rate_and_honours_latency() -> None:
             os.close(fb)
         a_path = proxy.a_path
     assert sum(c for _, c in got) == n
-    rate = (n - got[0][1]) / (got[-1][0] - got[0][0])
+    rate = paced_rate(got, baud / 10)
     assert abs(rate - baud / 10) / (baud / 10) < 0.03, f"{rate:.0f} B/s"
     assert not os.path.exists(a_path)  # the pty went away with the proxy
 

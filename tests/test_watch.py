@@ -19,12 +19,18 @@ def test_watch_prints_first_values_then_only_changes() -> None:
     sim = start_pty_sim()
     stop = threading.Event()
 
-    def warm_up() -> None:  # the physical world: temperature rises 0.5 °C every 0.15 s
-        t = 250
-        while not stop.wait(0.15):
-            t += 5
+    def warm_up() -> None:
+        """The physical world: temperature rises 0.5 °C after each poll that read it. (Paced by
+        the polls, not the wall clock: a slow watch on a busy machine must not see it climb
+        past the threshold, where the over-temperature fault would change too.)"""
+        t, seen = 250, 0
+        while not stop.wait(0.01):
             with sim._shared.lock:
-                sim.device.core.set_input("temperature", t, time.monotonic())
+                reads = sum(e.request[:1] == b"\x04" for e in sim.device.executions[seen:])
+                seen = len(sim.device.executions)
+                if reads:
+                    t += 5 * reads
+                    sim.device.core.set_input("temperature", t, time.monotonic())
 
     th = threading.Thread(target=warm_up, daemon=True)
     th.start()
@@ -100,7 +106,9 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
     proc = subprocess.Popen([*CLI, "--port", sim.path, "--interval", "0.1", "--count", "25",
                              "mode"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)
+        assert proc.stdout is not None
+        first = proc.stdout.readline()  # the first poll read a value: the port is open
+        assert first.endswith("mode = auto (1)\n"), first
         sim.close()
         _, err = proc.communicate(timeout=60)
     finally:
