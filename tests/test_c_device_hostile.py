@@ -4,6 +4,8 @@
   with one line before it reads or changes anything (the boot counter is not counted twice), and
   the lock is the one ``idemlink sim`` takes (``flock`` on the directory), so a C device and the
   Python simulator exclude each other too.
+- A ``--flash-dir`` whose parents do not exist yet is created with them, as ``idemlink sim``
+  does.
 - ``config.json`` is read as strictly as ``ConfigSnapshot.from_json``: an address given twice or
   a generation that is not a plain integer is refused at start (one line, exit 1, the file kept),
   never served with one HOLDING silently at its default.
@@ -111,6 +113,14 @@ def test_the_simulators_lock_keeps_the_c_device_out(device_bin: Path, tmp_path: 
     assert list(flash.iterdir()) == []
 
 
+def test_a_nested_flash_dir_is_created_with_its_parents(device_bin: Path,
+                                                        tmp_path: Path) -> None:
+    flash = tmp_path / "not" / "yet" / "flash"
+    dev = Serving(device_bin, flash)
+    dev.stop()
+    assert sorted(p.name for p in flash.iterdir()) == ["boots", "device_id", "map"]
+
+
 @pytest.mark.parametrize("text", [
     '{"generation": 3, "holdings": [[4, 600], [4, 700], [5, 1]]}',
     '{"generation": 1.5, "holdings": [[4, 600], [5, 1], [6, 50]]}',
@@ -137,7 +147,8 @@ def test_a_killed_devices_temporaries_are_removed_at_the_next_start(device_bin: 
              flash / ".device_id.abcdef", flash / ".config.k3j2h1.tmp",
              flash / "files" / ".ymodem-0a1b2c3d.part"]
     kept = [flash / "files" / "report.txt", flash / "files" / ".hidden", flash / "notes",
-            flash / "files" / ".ymodem-x.bin"]
+            flash / "files" / ".ymodem-x.bin", flash / ".config.backup", flash / ".map.old.bak",
+            flash / ".boots.tmp", flash / ".config.json.orig", flash / ".ymodem-1.part"]
     for p in stale + kept:
         p.write_bytes(b"half")
     dev = Serving(device_bin, flash)

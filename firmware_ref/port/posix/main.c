@@ -284,6 +284,28 @@ static long read_flash_file(const char *name, char *buf, size_t cap)
     return (long)total;
 }
 
+/* mkdir -p, as `idemlink sim` creates its flash directory with its parents: 0 or -1 (errno). */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    size_t i;
+    if (strlen(dir) >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s", dir);
+    for (i = 1; path[i] != '\0'; i++) {
+        if (path[i] == '/' && path[i - 1] != '/') {
+            path[i] = '\0';
+            if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+                return -1;
+            }
+            path[i] = '/';
+        }
+    }
+    return mkdir(path, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
 /* One device per flash directory, as `idemlink sim` (device_sim/flash.py lock_flash_dir): an
  * exclusive flock on the directory itself, held until exit (the descriptor is never closed), taken
  * before anything there is read or written. Two devices would overwrite each other's
@@ -316,13 +338,36 @@ static int ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-/* Delete in `dir` the temporaries a process killed mid-write left behind (what replace_file
- * names `.<name>.XXXXXX`, what `idemlink sim` names `.<stem>.<random>.tmp`, and in `files` a
- * batch's `.ymodem-<random>.part`): they are never read, so each crash would leak one for good.
- * Only under the directory's lock, so no writer is alive to own them. */
+/* A temporary of ours: `.<name>.XXXXXX` (replace_file's mkstemp) or `.<stem>.<random>.tmp`
+ * (`idemlink sim`'s), for the four files kept in the flash directory; nothing else matches. */
+static int is_flash_temporary(const char *entry)
+{
+    static const char *const names[] = { "config.json", "boots", "map", "device_id" };
+    static const char *const stems[] = { "config", "boots", "map", "device_id" };
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t n = strlen(names[i]);
+        size_t k = strlen(stems[i]);
+        if (entry[0] != '.') {
+            return 0;
+        }
+        if (strncmp(entry + 1, names[i], n) == 0 && entry[1 + n] == '.'
+            && strlen(entry + 2 + n) == 6u) {
+            return 1;
+        }
+        if (strncmp(entry + 1, stems[i], k) == 0 && entry[1 + k] == '.'
+            && strlen(entry + 2 + k) > 4u && ends_with(entry, ".tmp")) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Delete in `dir` the temporaries a process killed mid-write left behind (is_flash_temporary;
+ * in `files`, a batch's `.ymodem-<random>.part`): they are never read, so each crash would leak
+ * one for good. Only under the directory's lock, so no writer is alive to own them. */
 static void remove_stale_temporaries(const char *dir, int receiving)
 {
-    static const char *const ours[] = { ".config.", ".boots.", ".map.", ".device_id." };
     char path[4096 + 256];
     struct dirent *e;
     DIR *d = opendir(dir);
@@ -330,11 +375,8 @@ static void remove_stale_temporaries(const char *dir, int receiving)
         return;
     }
     while ((e = readdir(d)) != NULL) {
-        size_t i;
-        int stale = receiving && starts_with(e->d_name, ".ymodem-") && ends_with(e->d_name, ".part");
-        for (i = 0; !receiving && i < sizeof ours / sizeof ours[0]; i++) {
-            stale |= starts_with(e->d_name, ours[i]);
-        }
+        int stale = receiving ? starts_with(e->d_name, ".ymodem-") && ends_with(e->d_name, ".part")
+                              : is_flash_temporary(e->d_name);
         if (stale) {
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
             (void)unlink(path);
@@ -815,7 +857,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    if (flash_dir != NULL && mkdir(flash_dir, 0700) != 0 && errno != EEXIST) {
+    if (flash_dir != NULL && make_dirs(flash_dir) != 0) {
         fail(1, "flash directory", strerror(errno));
     }
     if (flash_dir != NULL) {
