@@ -6,6 +6,8 @@
   Python simulator exclude each other too.
 - A ``--flash-dir`` whose parents do not exist yet is created with them, as ``idemlink sim``
   does.
+- The flash files' size limits are the simulator's (``device_sim/flash.py``): a 128-byte
+  ``device_id`` file and a whitespace-padded ``config.json`` of 100 KiB are read, not refused.
 - ``config.json`` is read as strictly as ``ConfigSnapshot.from_json``: an address given twice or
   a generation that is not a plain integer is refused at start (one line, exit 1, the file kept),
   never served with one HOLDING silently at its default.
@@ -31,7 +33,12 @@ from pathlib import Path
 import pytest
 from test_c_ymodem import DEVICE, Pair, _build_lib
 
-from idemlink.device_sim.flash import FlashBusyError, lock_flash_dir
+from idemlink.device_sim.flash import (
+    DEVICE_ID_FILE_BYTES,
+    ConfigFlash,
+    FlashBusyError,
+    lock_flash_dir,
+)
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
 from idemlink.protocol.frame import FrameType, encode_frame
@@ -119,6 +126,22 @@ def test_a_nested_flash_dir_is_created_with_its_parents(device_bin: Path,
     dev = Serving(device_bin, flash)
     dev.stop()
     assert sorted(p.name for p in flash.iterdir()) == ["boots", "device_id", "map"]
+
+
+def test_flash_files_as_large_as_the_simulator_reads_are_read(device_bin: Path,
+                                                              tmp_path: Path) -> None:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    ident = "a" * 64
+    (flash / "device_id").write_text(ident.ljust(DEVICE_ID_FILE_BYTES - 1) + "\n")
+    assert (flash / "device_id").stat().st_size == DEVICE_ID_FILE_BYTES
+    config = '{"generation": 7, "holdings": [[4, 600], [5, 1], [6, 50]]' + " " * 100_000 + "}"
+    (flash / "config.json").write_text(config)
+    assert ConfigFlash(flash).load() == ConfigSnapshot(((4, 600), (5, 1), (6, 50)), 7)
+    assert ConfigFlash(flash).device_id() == ident
+    dev = Serving(device_bin, flash)
+    dev.stop()
+    assert (flash / "config.json").read_text() == config  # read, not rewritten
 
 
 @pytest.mark.parametrize("text", [

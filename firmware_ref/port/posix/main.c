@@ -52,6 +52,9 @@
 
 #define PROG "idemlink-device"
 #define TICK_MS 20
+/* the largest flash files read, as device_sim/flash.py: MAX_FILE_BYTES, DEVICE_ID_FILE_BYTES */
+#define CONFIG_FILE_BYTES (1u << 20)
+#define DEVICE_ID_FILE_BYTES 128u
 
 static volatile sig_atomic_t stop_requested;
 static int io_fd = -1;
@@ -272,8 +275,8 @@ static long read_flash_file(const char *name, char *buf, size_t cap)
         exit(1);
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size >= cap) {
-        fprintf(stderr, PROG ": flash directory: %s: not a regular file of less than %lu bytes; "
-                        "refused\n", path, (unsigned long)cap);
+        fprintf(stderr, PROG ": flash directory: %s: not a regular file of at most %lu bytes; "
+                        "refused\n", path, (unsigned long)(cap - 1u));
         exit(1);
     }
     while (total + 1u < cap && (n = read(fd, buf + total, cap - 1u - total)) > 0) {
@@ -438,7 +441,7 @@ static unsigned long count_boot(void)
 
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
-    char text[128];
+    char text[DEVICE_ID_FILE_BYTES + 1];
     size_t n;
     if (given_id != NULL) {
         n = strlen(given_id);
@@ -536,7 +539,7 @@ static const char *expect(const char *p, char c)
 
 bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 {
-    char text[1u << 16];
+    static char text[CONFIG_FILE_BYTES + 1]; /* read at start only: not on the stack */
     const char *p;
     long gen = -1;
     long a;
@@ -901,7 +904,7 @@ int main(int argc, char **argv)
         uint16_t generation;
         char ident[IDL_MAX_DEVICE_ID_LEN];
         char files[4096 + 8];
-        char text[128];
+        char text[DEVICE_ID_FILE_BYTES + 1];
         long n;
         /* every check before anything is written: a refused flash exits with nothing changed */
         (void)idl_port_flash_load(check, &generation);
