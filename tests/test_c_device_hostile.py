@@ -3,7 +3,7 @@
 - One device per ``--flash-dir``: a second ``idemlink-device`` on the same directory is refused
   with one line before it reads or changes anything (the boot counter is not counted twice), and
   the lock is the one ``idemlink sim`` takes (``flock`` on the directory), so a C device and the
-  Python simulator exclude each other too.
+  Python simulator exclude each other too; ``tools/qemu-device`` takes the same lock.
 - A ``--flash-dir`` whose parents do not exist yet is created with them, as ``idemlink sim``
   does.
 - The flash files' size limits are the simulator's (``device_sim/flash.py``): a 128-byte
@@ -117,6 +117,22 @@ def test_the_simulators_lock_keeps_the_c_device_out(device_bin: Path, tmp_path: 
         refused = _run(device_bin, flash)
     assert refused.returncode == 1 and len(refused.stderr.splitlines()) == 1
     assert "in use" in refused.stderr and refused.stdout == ""
+    assert list(flash.iterdir()) == []
+
+
+def test_qemu_device_takes_the_same_lock(tmp_path: Path) -> None:
+    for tool in ("arm-none-eabi-gcc", "qemu-system-arm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), "qemu-device"], capture_output=True,
+                          text=True, check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    flash = tmp_path / "flash"
+    with lock_flash_dir(flash):
+        refused = subprocess.run([str(FW / "tools" / "qemu-device"), "--flash-dir", str(flash)],
+                                 capture_output=True, text=True, timeout=10, check=False)
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert len(refused.stderr.splitlines()) == 1 and "in use" in refused.stderr
     assert list(flash.iterdir()) == []
 
 
