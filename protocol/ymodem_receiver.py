@@ -137,7 +137,7 @@ class Receiver(MachineQueues):
             self._do_abort(f"sender silent for {self.config.silence_timeout:g} s", by_peer=False)
             return
         if self._purging:
-            if now >= self._last_byte_at + self.config.purge_quiet:  # same sum as next_deadline
+            if now >= self._purge_end():
                 self._purging = False
                 self._input(RxIn.BAD_PACKET, now)
             return
@@ -160,10 +160,15 @@ class Receiver(MachineQueues):
 
     def _protocol_deadline(self) -> float | None:
         if self._purging:
-            return self._last_byte_at + self.config.purge_quiet
+            return self._purge_end()
         if self._need:
             return self._last_byte_at + self.config.interbyte_timeout
         return self._deadline
+
+    def _purge_end(self) -> float:
+        """The line quiet for ``purge_quiet``, or the purge's own deadline (``_start_purge``)."""
+        quiet = self._last_byte_at + self.config.purge_quiet
+        return quiet if self._deadline is None else min(quiet, self._deadline)
 
     def _silence_deadline(self) -> float | None:
         """When the sender's silence ends the batch (None: no limit, or not started/over)."""
@@ -220,8 +225,7 @@ class Receiver(MachineQueues):
             if _CANCEL_TAIL.search(pkt):  # the sender cancelled inside the block
                 self._input(RxIn.CANCEL, now)
                 return
-            self._purging = True  # NAK once the line is quiet
-            self._pending_can = False
+            self._start_purge(now)  # NAK once the line is quiet
             return
         number, payload = decoded
         if self.state in (RxState.WAIT_HEADER, RxState.WAIT_NEXT_HEADER, RxState.DONE):
@@ -362,9 +366,17 @@ class Receiver(MachineQueues):
     def _purge(self, now: float) -> None:
         """Bytes where only an EOT may stand: drop the line until it is quiet, then NAK so the
         sender resends what it sent."""
+        self._start_purge(now)
+
+    def _start_purge(self, now: float) -> None:
+        """Drop the line until it is quiet for ``purge_quiet``, or for at most ``block_timeout``:
+        a line that never goes quiet (noise, or a host already back to sending frames faster
+        than ``purge_quiet``) still counts an error per ``block_timeout`` and so ends the batch,
+        instead of holding the receiver forever."""
         self._purging = True
         self._pending_can = False
         self._last_byte_at = now
+        self._arm(now, self.config.block_timeout)
 
     def _ack_duplicate(self, now: float) -> None:
         self._out.append(ACK)

@@ -171,6 +171,15 @@ static void answer(idl_ym_rx_t *rx, unsigned d, uint32_t now)
     }
 }
 
+/* drop the line until it is quiet for T_PURGE, or for at most T_BLOCK (a line that never goes
+ * quiet still counts an error per T_BLOCK and so ends the batch) */
+static void purge(idl_ym_rx_t *rx, uint32_t now)
+{
+    rx->flags = (uint8_t)((rx->flags | IDL_YM_F_PURGING) & ~IDL_YM_F_PENDING_CAN);
+    rx->last_byte_at = now;
+    rx->deadline = now + rx->cfg->ms[IDL_YM_T_BLOCK];
+}
+
 static void accept_header(idl_ym_rx_t *rx, uint32_t now)
 {
     rx->last_block = 0;
@@ -277,8 +286,7 @@ static void input(idl_ym_rx_t *rx, idl_ym_input_t in, uint32_t now)
         }
         break;
     case A_PURGE: /* drop the line until it is quiet, then NAK */
-        rx->flags = (uint8_t)((rx->flags | IDL_YM_F_PURGING) & ~IDL_YM_F_PENDING_CAN);
-        rx->last_byte_at = now;
+        purge(rx, now);
         break;
     default: /* A_COMMIT */
         commit(rx, now);
@@ -367,7 +375,7 @@ static void classify(idl_ym_rx_t *rx, uint32_t now)
             input(rx, IDL_YM_IN_CANCEL, now);
             return;
         }
-        rx->flags = (uint8_t)((rx->flags | IDL_YM_F_PURGING) & ~IDL_YM_F_PENDING_CAN);
+        purge(rx, now);
         return;
     }
     crc = idl_crc32c(rx->block, rx->blen);
@@ -521,7 +529,8 @@ static void tick(idl_ym_rx_t *rx, uint32_t now)
         return;
     }
     if ((rx->flags & IDL_YM_F_PURGING) != 0u) {
-        if (elapsed(now, rx->last_byte_at, cfg->ms[IDL_YM_T_PURGE])) {
+        if (elapsed(now, rx->last_byte_at, cfg->ms[IDL_YM_T_PURGE])
+            || (int32_t)(now - rx->deadline) >= 0) {
             rx->flags &= (uint8_t)~IDL_YM_F_PURGING;
             input(rx, IDL_YM_IN_BAD_PACKET, now);
         }

@@ -10,7 +10,9 @@
  * configuration (config.json, the same format as the Python simulator, replaced atomically), the
  * device id (device_id, created once), the map it belongs to (map: another map is refused) and a
  * boot counter (boots: mixed into --seed so every start draws new epochs); a symlink, FIFO or
- * oversized file there is refused, never followed. A bad argument, port or flash directory is one line on
+ * oversized file there is refused, never followed. One device per flash directory: an exclusive
+ * flock on it (the lock `idemlink sim` takes), so a second device or simulator is refused; the
+ * temporaries a killed device left there are deleted at start. A bad argument, port or flash directory is one line on
  * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
  * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
  * slave (unit --unit, default 1; t3.5 from --baudrate, 1.75 ms above 19200 Bd and on a pty).
@@ -23,12 +25,15 @@
  *
  * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
  */
+#define _DEFAULT_SOURCE /* flock(2): the lock `idemlink sim` takes, so the two exclude each other */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/file.h>
 #include <sys/select.h>
 #include <sys/stat.h>
 #include <termios.h>
@@ -47,6 +52,9 @@
 
 #define PROG "idemlink-device"
 #define TICK_MS 20
+/* the largest flash files read, as device_sim/flash.py: MAX_FILE_BYTES, DEVICE_ID_FILE_BYTES */
+#define CONFIG_FILE_BYTES (1u << 20)
+#define DEVICE_ID_FILE_BYTES 128u
 
 static volatile sig_atomic_t stop_requested;
 static int io_fd = -1;
@@ -267,8 +275,8 @@ static long read_flash_file(const char *name, char *buf, size_t cap)
         exit(1);
     }
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (unsigned long long)st.st_size >= cap) {
-        fprintf(stderr, PROG ": flash directory: %s: not a regular file of less than %lu bytes; "
-                        "refused\n", path, (unsigned long)cap);
+        fprintf(stderr, PROG ": flash directory: %s: not a regular file of at most %lu bytes; "
+                        "refused\n", path, (unsigned long)(cap - 1u));
         exit(1);
     }
     while (total + 1u < cap && (n = read(fd, buf + total, cap - 1u - total)) > 0) {
@@ -277,6 +285,107 @@ static long read_flash_file(const char *name, char *buf, size_t cap)
     close(fd);
     buf[total] = '\0';
     return (long)total;
+}
+
+/* mkdir -p, as `idemlink sim` creates its flash directory with its parents: 0 or -1 (errno). */
+static int make_dirs(const char *dir)
+{
+    char path[4096];
+    size_t i;
+    if (strlen(dir) >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s", dir);
+    for (i = 1; path[i] != '\0'; i++) {
+        if (path[i] == '/' && path[i - 1] != '/') {
+            path[i] = '\0';
+            if (mkdir(path, 0700) != 0 && errno != EEXIST) {
+                return -1;
+            }
+            path[i] = '/';
+        }
+    }
+    return mkdir(path, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* One device per flash directory, as `idemlink sim` (device_sim/flash.py lock_flash_dir): an
+ * exclusive flock on the directory itself, held until exit (the descriptor is never closed), taken
+ * before anything there is read or written. Two devices would overwrite each other's
+ * configuration and count each other's boots. */
+static void lock_flash_dir(void)
+{
+    int fd = open(flash_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) {
+        fail(1, "flash directory", strerror(errno));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno == EWOULDBLOCK) {
+            fprintf(stderr, PROG ": flash directory %s is in use by another device: one device "
+                            "per flash directory; nothing changed\n", flash_dir);
+            exit(1);
+        }
+        fail(1, "flash directory: cannot lock it", strerror(errno));
+    }
+}
+
+static int starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s);
+    size_t k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A temporary of ours: `.<name>.XXXXXX` (replace_file's mkstemp) or `.<stem>.<random>.tmp`
+ * (`idemlink sim`'s), for the four files kept in the flash directory; nothing else matches. */
+static int is_flash_temporary(const char *entry)
+{
+    static const char *const names[] = { "config.json", "boots", "map", "device_id" };
+    static const char *const stems[] = { "config", "boots", "map", "device_id" };
+    size_t i;
+    for (i = 0; i < sizeof names / sizeof names[0]; i++) {
+        size_t n = strlen(names[i]);
+        size_t k = strlen(stems[i]);
+        if (entry[0] != '.') {
+            return 0;
+        }
+        if (strncmp(entry + 1, names[i], n) == 0 && entry[1 + n] == '.'
+            && strlen(entry + 2 + n) == 6u) {
+            return 1;
+        }
+        if (strncmp(entry + 1, stems[i], k) == 0 && entry[1 + k] == '.'
+            && strlen(entry + 2 + k) > 4u && ends_with(entry, ".tmp")) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Delete in `dir` the temporaries a process killed mid-write left behind (is_flash_temporary;
+ * in `files`, a batch's `.ymodem-<random>.part`): they are never read, so each crash would leak
+ * one for good. Only under the directory's lock, so no writer is alive to own them. */
+static void remove_stale_temporaries(const char *dir, int receiving)
+{
+    char path[4096 + 256];
+    struct dirent *e;
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return;
+    }
+    while ((e = readdir(d)) != NULL) {
+        int stale = receiving ? starts_with(e->d_name, ".ymodem-") && ends_with(e->d_name, ".part")
+                              : is_flash_temporary(e->d_name);
+        if (stale) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            (void)unlink(path);
+        }
+    }
+    closedir(d);
 }
 
 /* Tie the flash directory to this map (file `map`: name and hash, like the Python simulator):
@@ -332,7 +441,7 @@ static unsigned long count_boot(void)
 
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
-    char text[128];
+    char text[DEVICE_ID_FILE_BYTES + 1];
     size_t n;
     if (given_id != NULL) {
         n = strlen(given_id);
@@ -430,7 +539,7 @@ static const char *expect(const char *p, char c)
 
 bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 {
-    char text[1u << 16];
+    static char text[CONFIG_FILE_BYTES + 1]; /* read at start only: not on the stack */
     const char *p;
     long gen = -1;
     long a;
@@ -445,7 +554,8 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
         return false;
     }
     p = strstr(text, "\"generation\"");
-    if (p == NULL || (p = expect(p + 12, ':')) == NULL || number(p, &gen) == NULL || gen > 0xFFFF) {
+    if (p == NULL || (p = expect(p + 12, ':')) == NULL || (p = number(p, &gen)) == NULL
+        || gen > 0xFFFF || (*skip_ws(p) != ',' && *skip_ws(p) != '}')) {
         fail(1, "flash directory: config.json: generation is not an integer 0..65535", NULL);
     }
     p = strstr(text, "\"holdings\"");
@@ -456,6 +566,7 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
         holdings += IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING;
     }
     if (*skip_ws(p) != ']') {
+        bool given[IDL_REG_COUNT] = { false }; /* each address once, as ConfigSnapshot */
         for (;;) {
             int32_t at;
             if ((p = expect(p, '[')) == NULL || (p = number(p, &a)) == NULL
@@ -465,14 +576,15 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
                         "of integers", NULL);
             }
             at = idl_regs_index((uint16_t)a);
-            if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_HOLDING) {
+            if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_HOLDING || given[at]) {
                 fail(1, "flash directory: config.json: snapshot holds other registers than this "
-                        "map's HOLDINGs", NULL);
+                        "map's HOLDINGs, or one twice", NULL);
             }
             if (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v) {
                 fail(1, "flash directory: config.json: a value is outside its range", NULL);
             }
             values[at] = (uint16_t)v;
+            given[at] = true;
             seen++;
             p = skip_ws(p);
             if (*p == ',') {
@@ -748,8 +860,11 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    if (flash_dir != NULL && mkdir(flash_dir, 0700) != 0 && errno != EEXIST) {
+    if (flash_dir != NULL && make_dirs(flash_dir) != 0) {
         fail(1, "flash directory", strerror(errno));
+    }
+    if (flash_dir != NULL) {
+        lock_flash_dir();
     }
     if (port != NULL) {
         io_fd = open(port, O_RDWR | O_NOCTTY | O_NONBLOCK);
@@ -788,7 +903,8 @@ int main(int argc, char **argv)
         uint16_t check[IDL_REG_COUNT];
         uint16_t generation;
         char ident[IDL_MAX_DEVICE_ID_LEN];
-        char text[128];
+        char files[4096 + 8];
+        char text[DEVICE_ID_FILE_BYTES + 1];
         long n;
         /* every check before anything is written: a refused flash exits with nothing changed */
         (void)idl_port_flash_load(check, &generation);
@@ -801,6 +917,9 @@ int main(int argc, char **argv)
                     "(1-64 characters of [A-Za-z0-9_.:-])", NULL);
         }
         claim_map();
+        remove_stale_temporaries(flash_dir, 0);
+        snprintf(files, sizeof files, "%s/files", flash_dir);
+        remove_stale_temporaries(files, 1);
         (void)idl_port_unique_id(ident, sizeof ident); /* created once */
         seed_state ^= 0xA0761D6478BD642Full * count_boot(); /* new epochs on every start */
     }
