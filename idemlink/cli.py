@@ -186,7 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports every command module: Ctrl-C may land here
     except KeyboardInterrupt:
-        print("idemlink: interrupted while starting; nothing was sent", file=sys.stderr)
+        from idemlink.console import STARTUP_INTERRUPTED, STARTUP_INTERRUPTED_JSON
+
+        print(STARTUP_INTERRUPTED, file=sys.stderr)
+        if Parser.json_errors:
+            print(STARTUP_INTERRUPTED_JSON, flush=True)
         return EXIT_INTERRUPTED
     args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
