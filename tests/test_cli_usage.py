@@ -44,3 +44,20 @@ def test_an_assignment_without_its_parts_is_a_usage_error(
     assert stop.value.code == EXIT_USAGE
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and "expected NAME=VALUE" in err[0] and "usage:" in err[0]
+
+
+def test_a_port_that_does_not_exist_is_named_once(capsys: pytest.CaptureFixture[str]) -> None:
+    port = "/dev/nonexistent-idemlink"
+    assert main(["read", "--port", port, "mode"]) == 1
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == f"idemlink read: cannot open {port}: No such file or directory"
+
+
+def test_on_several_ports_each_line_names_its_port_once(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    ports = ["/dev/nonexistent-idemlink-a", "/dev/nonexistent-idemlink-b"]
+    assert main(["read", "--port", ports[0], "--port", ports[1], "mode"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    for port in ports:
+        [line] = [x for x in lines if x.startswith(f"{port}: ")]
+        assert line.count(port) == 1, line

@@ -43,6 +43,8 @@ from idemlink.commands.common import (
 )
 from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
+from idemlink.host.errors import PortBusy
+from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.output import emit, error_json
 from idemlink.protocol.outcome import Outcome
@@ -67,12 +69,17 @@ def open_device(args: argparse.Namespace) -> Device:
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
-        if answers_modbus_rtu(args.port, args.baudrate, regmap, args.timeout):
-            raise UserError(f"{args.port}: this port answers Modbus RTU, not idemlink: add "
-                            "--modbus-rtu") from None
-        raise UserError(f"{args.port}: {exc}") from None
+        raise no_device(args.port, args.baudrate, regmap, args.timeout, exc) from None
+    except PortBusy:  # the hint's watching command carries the user's --regmap
+        raise UserError(busy_message(args.port, getattr(args, "regmap", None))) from None
     except (PortError, IncompatibleDevice) as exc:
-        raise UserError(f"{args.port}: {exc}") from None
+        raise UserError(port_said_once(args.port, exc)) from None
+
+
+def port_said_once(port: str, exc: BaseException) -> str:
+    """``PORT: message``, or the message alone when it names the port already."""
+    text = str(exc)
+    return text if port in text else f"{port}: {text}"
 
 
 AnyDevice = Device | RtuDevice
@@ -102,7 +109,16 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:
-        raise UserError(f"{args.port}: {exc}") from None
+        raise UserError(port_said_once(args.port, exc)) from None
+
+
+def no_device(port: str, baudrate: int, regmap: RegisterMap, timeout: float, exc: NoDevice,
+              *, hint: str = "add --modbus-rtu") -> UserError:
+    """The one line for a port where no idemlink device answered: naming the port, and saying
+    so when a Modbus RTU slave answers there instead (``hint``: what to do about it)."""
+    if answers_modbus_rtu(port, baudrate, regmap, timeout):
+        return UserError(f"{port}: this port answers Modbus RTU, not idemlink: {hint}")
+    return UserError(port_said_once(port, exc))
 
 
 def answers_modbus_rtu(port: str, baudrate: int, regmap: RegisterMap, timeout: float) -> bool:

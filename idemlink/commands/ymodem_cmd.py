@@ -300,7 +300,7 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
-    from idemlink.host.device import Device, PortError
+    from idemlink.host.device import Device, NoDevice, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
     bar = _progress(args)
@@ -313,9 +313,18 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
                                          overwrite=args.overwrite)
     except ValueError as exc:  # a batch refused before the hand-over
         raise UserError(str(exc)) from exc
+    except NoDevice as exc:
+        from idemlink.commands.device_io import no_device
+        from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+        raise no_device(args.port, args.baudrate, DEFAULT_MAP, 0.2, exc,
+                        hint="a file goes to it only by plain YMODEM, if it has a YMODEM "
+                             "receiver: send --plain") from None
     except (IdemlinkError, OSError) as exc:  # OSError: pyserial's SerialException mid-transfer
         if not handed_over or not isinstance(exc, (OSError, PortError)):
-            raise UserError(str(exc)) from exc
+            from idemlink.commands.device_io import port_said_once
+
+            raise UserError(port_said_once(args.port, exc)) from exc
         message = (f"the line failed mid-transfer: {_one_line(exc)}; the device may hold part "
                    "of the batch: read it back (send again: identical files are skipped)")
         print(f"idemlink send: {message}", file=sys.stderr)
