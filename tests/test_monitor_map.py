@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from idemlink.campaign import map_text
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
 from idemlink.host.frame_view import FrameDescriber
 from idemlink.protocol.frame import FrameDecoder
-from idemlink.campaign import map_text
 from idemlink.protocol.regmap_file import DEFAULT_MAP, parse_regmap
 
 
