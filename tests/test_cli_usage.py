@@ -5,6 +5,7 @@ without ``=``, is a usage error: exit 2, one line, nothing sent."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,27 @@ def test_on_several_ports_each_line_names_its_port_once(
     for port in ports:
         [line] = [x for x in lines if x.startswith(f"{port}: ")]
         assert line.count(port) == 1, line
+
+
+def test_ctrl_c_while_sim_opens_its_port_is_its_normal_end(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.commands import sim_cmd
+
+    def interrupted(args: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sim_cmd, "run_framed", interrupted)
+    assert main(["sim"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize(("saved", "hint"), [("pump-controller", "--regmap pump-controller"),
+                                             ("chiller", "--regmap FILE, FILE being map chiller")])
+def test_a_flash_dir_of_another_map_names_the_regmap_to_use(tmp_path: Path, saved: str,
+                                                           hint: str) -> None:
+    from idemlink.device_sim.flash import ConfigFlash, UnsafeFlashFileError
+
+    (tmp_path / "map").write_text(f"{saved} 0123456789abcdef\n")
+    with pytest.raises(UnsafeFlashFileError) as refused:
+        ConfigFlash(tmp_path).claim_map("thermal-controller", "fedcba9876543210")
+    assert hint in str(refused.value) and "another flash directory" in str(refused.value)
