@@ -12,6 +12,8 @@ Contract:
   with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
   request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
   said once (exit 130).
+- ``-v`` (INFO on the logger ``idemlink.cli``): the device connected to, and one line per request
+  (``log_result``: what was sent, to which register, its outcome and attempts).
 - ``finish``: prints the command's result (text, or ``idemlink.COMMAND/1`` with ``--json``) with
   its worst outcome; after an UNKNOWN that may have had an effect it reads back what the request
   touched (``Device.reconcile``) and reports it. An unanswered read changed nothing: not read back.
@@ -20,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,6 +54,9 @@ from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap
 
 
+log = logging.getLogger("idemlink.cli")
+
+
 def open_device(args: argparse.Namespace) -> Device:
     """The device at ``args.port`` (or ``args.open_device()`` when a test injected one)."""
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
@@ -64,8 +70,8 @@ def open_device(args: argparse.Namespace) -> Device:
     regmap = regmap_from(args)
     trace = getattr(args, "trace", None)
     try:
-        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                           attempts=args.attempts, regmap=regmap, trace=trace)
+        dev = Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                          attempts=args.attempts, regmap=regmap, trace=trace)
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
@@ -74,6 +80,11 @@ def open_device(args: argparse.Namespace) -> Device:
         raise UserError(busy_message(args.port, getattr(args, "regmap", None))) from None
     except (PortError, IncompatibleDevice) as exc:
         raise UserError(port_said_once(args.port, exc)) from None
+    info = dev.info
+    log.info("%s: connected to device %s (%s), map %s", args.port,
+             info.device_id if info is not None else "?", info.name if info is not None else "?",
+             regmap.name)
+    return dev
 
 
 def port_said_once(port: str, exc: BaseException) -> str:
@@ -181,6 +192,18 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
     return guarded
 
 
+def log_result(regmap: RegisterMap, r: Result) -> None:
+    """One INFO line per request (``-v``): what was sent, to which registers, and how it ended,
+    e.g. ``WRITE threshold(4) [400]: OK after 1 attempt(s)``."""
+    c = r.command
+    spec = regmap.at(c.address)
+    where = f"{spec.name}({c.address})" if spec is not None else f"@{c.address}"
+    values = f" {list(c.values)}" if c.values else ""
+    got = f" -> {list(r.values)}" if r.values else ""
+    log.info("%s %s%s: %s after %d attempt(s)%s", c.kind.name, where, values, r.describe(),
+             r.attempts, got)
+
+
 def reconcile_json(dev: AnyDevice, r: Result) -> tuple[dict[str, Any], str]:
     """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
     rec = dev.reconcile(r)
@@ -214,6 +237,8 @@ def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
            doc: dict[str, Any], lines: list[str]) -> int:
     """Print the command's result (``idemlink.COMMAND/1`` with ``--json``): the worst outcome,
     and on UNKNOWN what was read back; return its exit status."""
+    for r in results:
+        log_result(dev.regmap, r)
     outcome = worst(r.outcome for r in results)
     doc["outcome"] = outcome.name
     if outcome is Outcome.UNKNOWN:
