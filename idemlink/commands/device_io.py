@@ -53,7 +53,6 @@ from idemlink.output import emit, error_json
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap
 
-
 log = logging.getLogger("idemlink.cli")
 
 
