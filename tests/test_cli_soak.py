@@ -50,7 +50,7 @@ def test_restart_every_default_is_the_one_the_help_states() -> None:
     args = build_parser().parse_args(["soak"])
     assert args.restart_every == CampaignConfig().restart_every == 250
     soak = build_parser()._subparsers._group_actions[0].choices["soak"]  # type: ignore[union-attr]
-    assert "default 250" in soak.format_help()
+    assert "(default 250; 0: never)" in " ".join(soak.format_help().split())
 
 
 @pytest.mark.parametrize("seed", [1, 2])
