@@ -108,8 +108,9 @@ class ConfigFlash:
 
     def claim_map(self, name: str, map_hash: str) -> None:
         """Tie this flash to one register map (file ``map``: name and hash). A directory saved
-        with another map is refused (``UnsafeFlashFileError``, nothing changed): its
-        configuration would be read with the wrong layout, limits or scale. A directory from
+        with another map is refused (``UnsafeFlashFileError``, nothing changed; the message names
+        the ``--regmap`` it was saved with): its configuration would be read with the wrong
+        layout, limits or scale. A directory from
         before this file existed is claimed by the first map that opens it."""
         path = self.dir / "map"
         data = read_flash_file(path, limit=256)
@@ -121,9 +122,14 @@ class ConfigFlash:
         except (UnicodeDecodeError, ValueError):
             raise UnsafeFlashFileError(f"{path}: not a map record; refused") from None
         if old_hash != map_hash:
+            from idemlink.protocol.regmap_file import BUILTIN_MAPS
+
+            with_map = (f"--regmap {old_name}" if old_name in BUILTIN_MAPS
+                        else f"--regmap FILE, FILE being map {old_name}'s file")
             raise UnsafeFlashFileError(
                 f"{self.dir} holds the configuration of register map {old_name} {old_hash}, "
-                f"not {name} {map_hash}: use another flash directory")
+                f"not {name} {map_hash}: serve it with the map it was saved with ({with_map}) "
+                "or use another flash directory")
 
     def count_boot(self) -> int:
         """Increment the persisted boot counter and return it (1 on a fresh directory). A

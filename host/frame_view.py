@@ -8,7 +8,9 @@ function code), ``status`` (an answer's), ``registers`` (``[{"name", "address", 
 "label", "unit"}]`` for writes and read answers, ``register_json``), ``code`` (a
 trigger answer's), ``device`` (a HELLO reply's id, map and limits). It remembers requests by
 (epoch, seq), so an answer can name the registers its request touched. It never raises: what it
-cannot parse it shows as hex.
+cannot parse it shows as hex. A HELLO reply advertising another map than the one it decodes with
+is said once, in that reply's text; from then on registers are shown by address only (``@3=…``,
+``name`` null), never under the names of the wrong map.
 """
 
 from __future__ import annotations
@@ -47,17 +49,30 @@ class FrameDescriber:
     def __init__(self, regmap: RegisterMap = DEFAULT_MAP) -> None:
         self.regmap = regmap
         self._requests: dict[tuple[int, int], Any] = {}
+        self.raw_addresses = False  #: a device advertised another map: no names from ours
+
+    def _at(self, address: int) -> RegisterSpec | None:
+        return None if self.raw_addresses else self.regmap.at(address)
+
+    def _map_mismatch(self, map_name: str | None, map_hash: bytes | None) -> str:
+        """The note, said once, when a device advertises another map than ``self.regmap``."""
+        if map_hash is None or map_hash == self.regmap.hash or self.raw_addresses:
+            return ""
+        self.raw_addresses = True
+        return (f" [not the map decoded with, {self.regmap.name} {self.regmap.hash.hex()}: "
+                f"registers shown by address from here on; give --regmap FILE with "
+                f"{map_name or 'its'} map to see names]")
 
     def _reg(self, address: int) -> str:
-        spec = self.regmap.at(address)
+        spec = self._at(address)
         return spec.name if spec is not None else f"@{address}"
 
     def _regs(self, address: int, values: tuple[int, ...] | list[int]) -> list[dict[str, Any]]:
-        return [register_json(self.regmap.at(address + i), address + i, raw)
+        return [register_json(self._at(address + i), address + i, raw)
                 for i, raw in enumerate(values)]
 
     def _shown(self, address: int, raw: int) -> str:
-        spec = self.regmap.at(address)
+        spec = self._at(address)
         if spec is None:
             return f"@{address}={raw}"
         text = spec.show(raw)
@@ -86,6 +101,7 @@ class FrameDescriber:
                 if info.map_hash is not None:
                     body += (f" device={info.device_id} map={info.map_name} "
                              f"{info.map_hash.hex()}")
+                    body += self._map_mismatch(info.map_name, info.map_hash)
                 head["device"] = {"id": info.device_id, "name": info.name,
                                   "map": info.map_name,
                                   "map_hash": info.map_hash.hex() if info.map_hash else None,

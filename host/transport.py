@@ -52,16 +52,27 @@ def open_port(url: str, *, baudrate: int = 115200, keep_lines: bool = True,
         port.open()
     except (serial.SerialException, ValueError, OSError) as exc:
         if "exclusively lock" in str(exc):
-            from idemlink.host.port_hint import busy_hint
+            from idemlink.host.port_hint import busy_message
 
-            raise PortBusy(f"port busy: {url} is already open in another program "
-                           f"({busy_hint(url)})") from exc
+            raise PortBusy(busy_message(url)) from exc
         hint = ""
         if url.startswith("rfc2217://") and "option 'control'" in str(exc):
             hint = (" (the server does not answer RFC 2217 line control, as ser2net on a pty "
                     "does not: add ?ign_set_control to the URL)")
-        raise PortError(f"cannot open {url}: {exc}{hint}") from exc
+        raise PortError(f"cannot open {url}: {_reason(exc)}{hint}") from exc
     return port
+
+
+def _reason(exc: BaseException) -> str:
+    """Why a port did not open, without the path pyserial repeats in its message ("could not
+    open port /dev/x: [Errno 2] No such file or directory: '/dev/x'" -> "No such file or
+    directory")."""
+    errno = getattr(exc, "errno", None)
+    if isinstance(errno, int) and errno > 0:
+        import os
+
+        return os.strerror(errno)
+    return str(exc)
 
 
 class SerialTransport:

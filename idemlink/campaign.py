@@ -130,11 +130,16 @@ class CampaignReport:
         return d
 
     def verdict(self) -> str:
-        """One line: PASS or FAIL with the four counts."""
-        return (f"{'PASS' if self.passed else 'FAIL'}: {self.commands} commands, "
-                f"{self.duplicated_effects} duplicated effects, {self.lost_acknowledged_writes} "
-                f"lost acknowledged writes, {self.misclassified} misclassified, "
-                f"{self.register_semantics} register-semantics violations")
+        """One line: PASS or FAIL with the four counts. An interrupted run that found nothing
+        wrong gets no verdict (``interrupted: no verdict``, with the counts so far): it is not a
+        PASS; one that already found a problem is a FAIL."""
+        counts = (f"{self.commands} commands, {self.duplicated_effects} duplicated effects, "
+                  f"{self.lost_acknowledged_writes} lost acknowledged writes, "
+                  f"{self.misclassified} misclassified, {self.register_semantics} "
+                  "register-semantics violations")
+        if self.passed and self.interrupted:
+            return f"interrupted: no verdict ({counts} so far)"
+        return f"{'PASS' if self.passed else 'FAIL'}: {counts}"
 
 
 def map_text(name: str) -> str:
@@ -195,8 +200,11 @@ class CrashingTransport:
     def crash_after(self, writes: int) -> None:
         self._left = writes
 
-    def disarm(self) -> None:
-        self._left = None
+    def disarm(self) -> int | None:
+        """No crash from now on; returns the writes the armed crash still had to wait (None:
+        none was armed, or it landed)."""
+        left, self._left = self._left, None
+        return left
 
     def write(self, data: bytes) -> None:
         if self._left is not None:
@@ -253,6 +261,7 @@ class Campaign:
         self.unmapped = next(a for a in range(0x10000) if a not in regs.registers)
         self.environment = environment
         self.transport = CrashingTransport(transport)
+        self._crash_due: int | None = None  #: writes until the drawn host crash lands
         self.dev = self._new_host()
         self.known_generation = 0
         self.retries = 0
@@ -426,8 +435,14 @@ class Campaign:
     # -------------------------------------------------------------- main loop
     def _batch(self, batch: list[Command]) -> list[Result]:
         cfg = self.cfg
-        if cfg.restart_every and self.rng.random() < len(batch) / cfg.restart_every:
-            self.transport.crash_after(self.rng.randint(1, 2 * len(batch)))
+        # A crash drawn for a batch that made fewer writes than the draw is carried over to the
+        # next batches until it lands: the crashes then average one per ``restart_every``
+        # commands (the operations between batches, read-backs, are never crashed).
+        if (cfg.restart_every and self._crash_due is None
+                and self.rng.random() < len(batch) / cfg.restart_every):
+            self._crash_due = self.rng.randint(1, 2 * len(batch))
+        if self._crash_due is not None:
+            self.transport.crash_after(self._crash_due)
         self.dev.made.clear()
         try:
             return self.dev.run(batch)
@@ -438,7 +453,7 @@ class Campaign:
             self.dev.acknowledge_unknown()
             return []
         finally:
-            self.transport.disarm()
+            self._crash_due = self.transport.disarm()
 
     def run(self, progress: Callable[[int], None] | None = None,
             stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,

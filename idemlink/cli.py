@@ -127,6 +127,31 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 
 
+VERSION_SCHEMA = "idemlink.version/1"
+
+
+class VersionAction(argparse.Action):
+    """``idemlink --version``: ``idemlink X.Y.Z``, or with ``--json`` anywhere on the command line
+    ``{"schema": "idemlink.version/1", "version": "X.Y.Z"}``; exit 0. A top-level option: a
+    command's options do not include it."""
+
+    def __init__(self, option_strings: Sequence[str], version: str, dest: str = argparse.SUPPRESS,
+                 default: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
+                         help=help)
+        self.version = version
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if Parser.json_errors:
+            from idemlink.output import print_json
+
+            print_json(VERSION_SCHEMA, {"version": self.version})
+        else:
+            print(f"idemlink {self.version}", flush=True)
+        parser.exit(EXIT_OK)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from idemlink import __version__
 
@@ -134,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="idemlink",
         description="idemlink: a serial protocol stack where retries are harmless.",
     )
-    parser.add_argument("--version", action="version", version=f"idemlink {__version__}")
+    parser.add_argument("--version", action=VersionAction, version=__version__,
+                        help="print idemlink's version and exit (with --json: one "
+                             "idemlink.version/1 object); before the command name only")
     _add_logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -186,12 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()  # imports every command module: Ctrl-C may land here
     except KeyboardInterrupt:
-        print("idemlink: interrupted while starting; nothing was sent", file=sys.stderr)
+        from idemlink.console import STARTUP_INTERRUPTED, STARTUP_INTERRUPTED_JSON
+
+        print(STARTUP_INTERRUPTED, file=sys.stderr)
+        if Parser.json_errors:
+            print(STARTUP_INTERRUPTED_JSON, flush=True)
         return EXIT_INTERRUPTED
     args, extras = parser.parse_known_args(words)
     if extras:  # name the command's own usage, not the top-level one
         command = _subparser(parser, args.command)
-        command.error(f"unrecognized arguments: {' '.join(extras)}")
+        hint = "; --version goes before the command: idemlink --version" if (
+            "--version" in extras) else ""
+        command.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
     configure_logging(args)
     handler: Handler = args.handler
     try:

@@ -1,13 +1,14 @@
-"""The soak campaign's timeline as a picture: retries, replays, UNKNOWN outcomes and reboots along
-the run (``idemlink soak --plot FILE.png``).
+"""The soak campaign's timeline as a picture: retries, replays, UNKNOWN outcomes and reboots along the
+run (``idemlink soak --plot FILE.png``).
 
 Contract: ``check_plot_path(path)`` raises ``PlotUnavailable`` (a one-line reason) when the plot
-could not be written — matplotlib missing (it is in the ``bench`` extra), a format matplotlib does
-not know from the file's extension, or no such directory — so the CLI refuses before running the
-campaign. ``plot_timeline(points, path, caption)`` writes four stacked panels of running counts
-against the commands run (reboots also as faint red lines across every panel), the caption (the
-campaign's conditions) under the title. matplotlib is
-imported only here, lazily, with its non-interactive Agg canvas (no display, no pyplot state).
+could not be written — matplotlib missing (``PLOT_NEEDS_MATPLOTLIB`` says what to install; it is in
+the ``bench`` extra), a format matplotlib does not know from the file's extension, or no such
+directory — so the CLI refuses before running the campaign. ``plot_timeline(points, path,
+caption)`` writes four stacked panels of running counts against the commands run (reboots also as
+faint red lines across every panel), the caption (the campaign's conditions) under the title.
+matplotlib is imported only here, lazily, with its non-interactive Agg canvas (no display, no
+pyplot state).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ PANELS = (("retries", "retries"), ("replays", "replayed answers"), ("unknown", "
           ("reboots", "device reboots"))
 
 
+PLOT_NEEDS_MATPLOTLIB = ("--plot needs matplotlib: pip install matplotlib (in a checkout: "
+                         "pip install -e '.[bench]')")
+"""What to install: right for an installed package and for a checkout alike."""
+
+
 class PlotUnavailable(Exception):
     """The plot cannot be written (one line: why)."""
 
@@ -33,7 +39,7 @@ def _figure_class() -> Any:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib (pip install 'idemlink[bench]')") from None
+        raise PlotUnavailable(PLOT_NEEDS_MATPLOTLIB) from None
     return Figure, FigureCanvasAgg
 
 

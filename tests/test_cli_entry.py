@@ -3,6 +3,7 @@ modules is one line on stderr and exit 130, never a traceback (``idemlink.consol
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -25,7 +26,7 @@ class CtrlC:
 
 (entry,) = entry_points(group="console_scripts", name="idemlink")
 sys.meta_path.insert(0, CtrlC())
-sys.argv[1:] = ["read", "--port", "loop://", "mode"]
+sys.argv[1:] = ["read", "--port", "loop://", "mode", *sys.argv[2:]]
 sys.exit(entry.load()())
 """
 
@@ -46,3 +47,38 @@ def test_python_m_idemlink_uses_the_same_guard() -> None:
         "idemlink.cli"], capture_output=True, text=True, check=False, timeout=60)
     assert r.returncode == 130, r.stderr
     assert r.stderr.splitlines() == ["idemlink: interrupted while starting; nothing was sent"]
+
+
+@pytest.mark.parametrize("module", ["idemlink.cli", "idemlink.commands.sim_cmd",
+                                    "idemlink.host.device"])
+def test_ctrl_c_while_importing_with_json_also_prints_the_error_object(module: str) -> None:
+    r = subprocess.run([sys.executable, "-c", SCRIPT, module, "--json"], capture_output=True,
+                       text=True, check=False, timeout=60)
+    assert r.returncode == 130, r.stderr
+    assert r.stderr.splitlines() == ["idemlink: interrupted while starting; nothing was sent"]
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "idemlink.error/1" and doc["exit"] == 130
+    assert doc["message"] == "interrupted while starting; nothing was sent"
+
+
+# The command finishes, then a Ctrl-C lands while the process is on its way out (Python would
+# die of it silently during shutdown, exit 130 although everything was done).
+LATE_CTRL_C = """
+import os, signal, sys, time
+from importlib.metadata import entry_points
+
+(entry,) = entry_points(group="console_scripts", name="idemlink")
+sys.argv[1:] = ["regmap"]
+status = entry.load()()
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.2)
+sys.exit(status)
+"""
+
+
+def test_ctrl_c_after_the_command_finished_keeps_its_exit_status() -> None:
+    r = subprocess.run([sys.executable, "-c", LATE_CTRL_C], capture_output=True, text=True,
+                       check=False, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    assert "thermal-controller" in r.stdout

@@ -276,6 +276,13 @@ def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["exit"] == rc and doc["summary"]["duplicated_effects"] == 0
 
 
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version", "--json"])
+    [doc] = check(capsys.readouterr().out)
+    assert doc["schema"] == "idemlink.version/1"
+
+
 def test_every_documented_schema_was_checked(request: pytest.FixtureRequest) -> None:
     """Runs last (file order): every schema of the table was printed by a test above (trace goes
     to a file, demo is slow; the error schema of an interrupt is tested in test_cli_progress)."""

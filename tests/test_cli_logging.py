@@ -71,3 +71,23 @@ def test_trace_file_holds_every_frame_both_ways_decoded(tmp_path: object) -> Non
     read_answer = rows[7]
     assert read_answer["status"] == "OK" and read_answer["registers"][0]["raw"] == 425
     assert rows[1]["device"]["id"] == sim.device.device_id
+
+
+@pytest.mark.parametrize("level", [["-v"], ["--log-level", "info"]])
+def test_v_logs_one_info_line_per_request_and_no_frames(level: list[str]) -> None:
+    sim = start_pty_sim()
+    try:
+        r = subprocess.run([*CLI, *level, "write", "--port", sim.path, "threshold=40"],
+                           capture_output=True, text=True, check=False, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert "idemlink.cli INFO WRITE threshold(4) [400]: OK after 1 attempt(s)" in r.stderr
+        assert "connected to device" in r.stderr
+        assert "idemlink.frames" not in r.stderr  # frames are -vv
+        r = subprocess.run([*CLI, *level, "read", "--port", sim.path, "threshold", "mode"],
+                           capture_output=True, text=True, check=False, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert [x.split(" INFO ", 1)[1] for x in r.stderr.splitlines() if " READ " in x] == [
+            "READ threshold(4): OK after 1 attempt(s) -> [400]",
+            "READ mode(5): OK after 1 attempt(s) -> [1]"]
+    finally:
+        sim.close()

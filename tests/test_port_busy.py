@@ -63,3 +63,28 @@ def test_the_hint_on_a_serial_device_names_a_tap() -> None:
     assert is_pty("faulty:///dev/pts/7?loss=0.1") and not is_pty("/dev/ttyUSB0")
     assert "on a tap of the line" in busy_hint("/dev/ttyUSB0")
     assert "link --monitor" in busy_hint("/dev/pts/7")
+
+
+def test_the_watching_command_carries_the_users_regmap() -> None:
+    from idemlink.host.port_hint import busy_hint
+
+    assert "`idemlink link --monitor --b /dev/pts/7 --regmap chiller.toml`" in busy_hint(
+        "/dev/pts/7", "chiller.toml")
+    assert "`idemlink monitor --regmap chiller.toml`" in busy_hint("/dev/ttyUSB0", "chiller.toml")
+    for url in ("/dev/pts/7", "/dev/ttyUSB0"):
+        assert "add --regmap FILE" in busy_hint(url)
+        assert "add --regmap" not in busy_hint(url, "chiller.toml")
+
+
+def test_a_busy_port_from_the_cli_suggests_the_map_given(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    sim = start_pty_sim()
+    try:
+        with Device.open(sim.path):
+            rc = main(["read", "--port", sim.path, "--regmap", "thermal-controller", "mode"])
+    finally:
+        sim.close()
+    err = capsys.readouterr().err
+    assert rc == 1 and len(err.splitlines()) == 1
+    assert f"`idemlink link --monitor --b {sim.path} --regmap thermal-controller`" in err
+    assert err.count(sim.path) == 2  # the busy port once, the command to run once

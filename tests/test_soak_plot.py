@@ -44,8 +44,8 @@ def test_soak_plot_without_matplotlib_is_one_line_before_the_run(
     assert main(["soak", "--commands", "300", "--plot", str(out)]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""  # the campaign did not run
-    assert captured.err == ("idemlink soak: --plot needs matplotlib "
-                            "(pip install 'idemlink[bench]')\n")
+    assert captured.err == ("idemlink soak: --plot needs matplotlib: pip install matplotlib (in "
+                            "a checkout: pip install -e '.[bench]')\n")
     assert not out.exists()
 
 

@@ -12,6 +12,8 @@ Contract:
   with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
   request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
   said once (exit 130).
+- ``-v`` (INFO on the logger ``idemlink.cli``): the device connected to, and one line per request
+  (``log_result``: what was sent, to which register, its outcome and attempts).
 - ``finish``: prints the command's result (text, or ``idemlink.COMMAND/1`` with ``--json``) with
   its worst outcome; after an UNKNOWN that may have had an effect it reads back what the request
   touched (``Device.reconcile``) and reports it. An unanswered read changed nothing: not read back.
@@ -20,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,10 +46,14 @@ from idemlink.commands.common import (
 )
 from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
+from idemlink.host.errors import PortBusy
+from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.output import emit, error_json
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap
+
+log = logging.getLogger("idemlink.cli")
 
 
 def open_device(args: argparse.Namespace) -> Device:
@@ -62,17 +69,27 @@ def open_device(args: argparse.Namespace) -> Device:
     regmap = regmap_from(args)
     trace = getattr(args, "trace", None)
     try:
-        return Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
-                           attempts=args.attempts, regmap=regmap, trace=trace)
+        dev = Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+                          attempts=args.attempts, regmap=regmap, trace=trace)
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
-        if answers_modbus_rtu(args.port, args.baudrate, regmap, args.timeout):
-            raise UserError(f"{args.port}: this port answers Modbus RTU, not idemlink: add "
-                            "--modbus-rtu") from None
-        raise UserError(f"{args.port}: {exc}") from None
+        raise no_device(args.port, args.baudrate, regmap, args.timeout, exc) from None
+    except PortBusy:  # the hint's watching command carries the user's --regmap
+        raise UserError(busy_message(args.port, getattr(args, "regmap", None))) from None
     except (PortError, IncompatibleDevice) as exc:
-        raise UserError(f"{args.port}: {exc}") from None
+        raise UserError(port_said_once(args.port, exc)) from None
+    info = dev.info
+    log.info("%s: connected to device %s (%s), map %s", args.port,
+             info.device_id if info is not None else "?", info.name if info is not None else "?",
+             regmap.name)
+    return dev
+
+
+def port_said_once(port: str, exc: BaseException) -> str:
+    """``PORT: message``, or the message alone when it names the port already."""
+    text = str(exc)
+    return text if port in text else f"{port}: {text}"
 
 
 AnyDevice = Device | RtuDevice
@@ -102,7 +119,16 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:
-        raise UserError(f"{args.port}: {exc}") from None
+        raise UserError(port_said_once(args.port, exc)) from None
+
+
+def no_device(port: str, baudrate: int, regmap: RegisterMap, timeout: float, exc: NoDevice,
+              *, hint: str = "add --modbus-rtu") -> UserError:
+    """The one line for a port where no idemlink device answered: naming the port, and saying
+    so when a Modbus RTU slave answers there instead (``hint``: what to do about it)."""
+    if answers_modbus_rtu(port, baudrate, regmap, timeout):
+        return UserError(f"{port}: this port answers Modbus RTU, not idemlink: {hint}")
+    return UserError(port_said_once(port, exc))
 
 
 def answers_modbus_rtu(port: str, baudrate: int, regmap: RegisterMap, timeout: float) -> bool:
@@ -165,6 +191,18 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
     return guarded
 
 
+def log_result(regmap: RegisterMap, r: Result) -> None:
+    """One INFO line per request (``-v``): what was sent, to which registers, and how it ended,
+    e.g. ``WRITE threshold(4) [400]: OK after 1 attempt(s)``."""
+    c = r.command
+    spec = regmap.at(c.address)
+    where = f"{spec.name}({c.address})" if spec is not None else f"@{c.address}"
+    values = f" {list(c.values)}" if c.values else ""
+    got = f" -> {list(r.values)}" if r.values else ""
+    log.info("%s %s%s: %s after %d attempt(s)%s", c.kind.name, where, values, r.describe(),
+             r.attempts, got)
+
+
 def reconcile_json(dev: AnyDevice, r: Result) -> tuple[dict[str, Any], str]:
     """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
     rec = dev.reconcile(r)
@@ -198,6 +236,8 @@ def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
            doc: dict[str, Any], lines: list[str]) -> int:
     """Print the command's result (``idemlink.COMMAND/1`` with ``--json``): the worst outcome,
     and on UNKNOWN what was read back; return its exit status."""
+    for r in results:
+        log_result(dev.regmap, r)
     outcome = worst(r.outcome for r in results)
     doc["outcome"] = outcome.name
     if outcome is Outcome.UNKNOWN:

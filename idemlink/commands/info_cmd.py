@@ -6,7 +6,8 @@ with ``--regmap`` (default: the built-in map), the protocol version and contract
 de-duplication window, replay slots, pipelining depth, payload limit and the next sequence number
 it would hand a new host. Works whatever map the device serves (the map is reported, not
 enforced). ``--json`` prints one object, schema ``idemlink.info/1``. Exit 0, or 1 when no idemlink
-device answered or the port cannot be opened.
+device answered or the port cannot be opened (a port answering Modbus RTU instead says so).
+``--modbus-rtu`` is refused in one line (exit 1): a standard slave has no HELLO identity.
 """
 
 from __future__ import annotations
@@ -18,6 +19,11 @@ from idemlink.cli import EXIT_OK, UserError, add_baudrate_option, add_regmap_opt
 from idemlink.output import add_json_option, print_json
 
 INFO_SCHEMA = "idemlink.info/1"
+RTU_INFO_REFUSED = ("info shows what an idemlink device says of itself in its HELLO reply (id, "
+                    "epoch, map, limits); a standard Modbus RTU slave says none of it: read its "
+                    "registers with `idemlink read --modbus-rtu --port P --all`")
+RTU_INFO_HINT = ("`idemlink info` cannot identify it; read it with `idemlink read --modbus-rtu "
+                 "--port P --all`")
 
 
 def register(sub: Any) -> None:
@@ -30,15 +36,21 @@ def register(sub: Any) -> None:
     p.add_argument("--attempts", type=int, default=5, help="HELLOs before giving up (default 5)")
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
+    p.add_argument("--modbus-rtu", action="store_true",
+                   help="refused: a standard Modbus RTU slave has no HELLO identity to show "
+                        "(read its registers with `idemlink read --modbus-rtu --all`)")
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from idemlink.commands.common import MAX_TIMEOUT, check_seconds
+    from idemlink.commands.device_io import no_device, port_said_once
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
     from idemlink.protocol.payloads import printable
 
+    if args.modbus_rtu:
+        raise UserError(f"--modbus-rtu: {RTU_INFO_REFUSED}; nothing was sent")
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
@@ -50,8 +62,11 @@ def run(args: argparse.Namespace) -> int:
                          attempts=args.attempts, regmap=regmap, check_map=False) as dev:
             info = dev.info
             epoch = dev.session.epoch
-    except (PortError, NoDevice, IncompatibleDevice) as exc:
-        raise UserError(f"{args.port}: {exc}") from None
+    except NoDevice as exc:
+        raise no_device(args.port, args.baudrate, regmap, args.timeout, exc,
+                        hint=RTU_INFO_HINT) from None
+    except (PortError, IncompatibleDevice) as exc:
+        raise UserError(port_said_once(args.port, exc)) from None
     assert info is not None
     matches = info.map_hash == regmap.hash
     ours = contract_hash()

@@ -305,10 +305,22 @@ def _one(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int],
         out.local.buf = err.local.buf = None
 
 
+def _port_said_once(line: str, command: str, port: str) -> str:
+    """A device's stderr line naming its port no more (the prefix names it): its own leading
+    ``PORT: `` dropped, a further mention said "the port"."""
+    head = f"idemlink {command}: "
+    if not line.startswith(head):
+        return line
+    rest = line[len(head):]
+    if rest.startswith(f"{port}: "):
+        rest = rest[len(port) + 2:]
+    return head + rest.replace(port, "the port", 1)
+
+
 def _report(args: argparse.Namespace, runs: list[DeviceRun]) -> None:
     for r in runs:
         for line in r.err.splitlines():
-            print(f"{r.port}: {line}", file=sys.stderr)
+            print(f"{r.port}: {_port_said_once(line, args.command, r.port)}", file=sys.stderr)
     worst = max((r.exit for r in runs), key=lambda e: RANK.get(e, RANK[EXIT_LOCAL_ERROR]))
     if any(r.exit == EXIT_INTERRUPTED for r in runs):
         worst = EXIT_INTERRUPTED

@@ -4,7 +4,8 @@ Contract: by default the device speaks the framed idemlink protocol (``Simulated
 by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
 (``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the
 FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
-"mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0.
+"mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0
+(a Ctrl-C while it is still opening its port or flash directory too: it had served nothing).
 A port that cannot be opened or a bad flash directory is a one-line error (exit 1). A flash
 directory serves one simulator at a time (an exclusive ``flock`` on the directory, held while it
 serves): a second one on the same directory is refused with one line, exit 1, nothing changed.
@@ -146,10 +147,13 @@ def run(args: argparse.Namespace) -> int:
             open(effects, "a", encoding="utf-8").close()
         except OSError as exc:
             raise UserError(f"--effects {effects}: {exc.strerror}") from None
-    with _flash_lock(args):
-        if args.modbus_rtu:
-            return run_rtu(args)
-        return run_framed(args)
+    try:
+        with _flash_lock(args):
+            if args.modbus_rtu:
+                return run_rtu(args)
+            return run_framed(args)
+    except KeyboardInterrupt:  # still opening its port: stopping is the simulator's normal end
+        return EXIT_OK
 
 
 @contextlib.contextmanager

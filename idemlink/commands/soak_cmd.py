@@ -54,9 +54,10 @@ def register(sub: Any) -> None:
         add_hidden_alias(p, f"--{old}", old, float)
     p.add_argument("--reorder", type=float, default=0.0, help="per-frame reordering")
     p.add_argument("--noise", type=float, default=0.0, help="noise bursts per simulated second")
-    p.add_argument("--reboot-every", type=int, default=500, help="mean commands between reboots")
+    p.add_argument("--reboot-every", type=int, default=500,
+                   help="mean commands between device reboots (default 500; 0: never)")
     p.add_argument("--restart-every", type=int, default=250,
-                   help="mean commands between host-process crashes (0: never)")
+                   help="mean commands between host-process crashes (default 250; 0: never)")
     p.add_argument("--batch", type=int, default=4, help="max commands pipelined together")
     p.add_argument("--seed", type=int, default=1, help="seed of every fault and command (default 1)")
     p.add_argument("--device-cmd", metavar="CMD",

@@ -36,7 +36,7 @@ from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap,
 def register(sub: Any) -> None:
     p = sub.add_parser("write", parents=[device_options()], help="set registers: NAME=VALUE...")
     add_rtu_options(p)
-    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE",
+    p.add_argument("assignments", nargs="+", metavar="NAME=VALUE", type=assignment_syntax,
                    help="a register and its value as the map reads it (42.0, auto, raw:420)")
     add_json_option(p, "idemlink.write/1")
     p.add_argument("--if-generation", type=int_arg, metavar="G",
@@ -44,6 +44,15 @@ def register(sub: Any) -> None:
     p.add_argument("--no-check", action="store_true",
                    help="send even what the register map shows to be invalid")
     p.set_defaults(handler=link_guarded(run_write))
+
+
+def assignment_syntax(text: str) -> str:
+    """An argument shaped ``NAME=VALUE`` (both sides non-empty): anything else is a usage error
+    (exit 2) before the map is even read; what the name and value mean is checked later."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip() or not value:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,8 @@ size and CRC-32C of what the device stored) and is ok only when verified.
 ``receive --dir D`` is a plain YMODEM receiver for any sender (``sb``). Both print one line per
 file and the throughput; exit 0 only when every file arrived and the batch ended (framed: when
 every file is verified on the device; 5 when a read-back got no answer and nothing failed).
+``send`` takes ``--regmap`` like every device command but needs no map: a file transfer touches
+no register, so the framed hand-over goes to a device serving any map (``check_map=False``).
 ``send --plain`` and ``receive``: a port that dies mid-transfer is one line on stderr and exit 5
 (what the peer kept is unknown; the receiver's file in progress is discarded, committed files
 stay); SIGTERM or SIGHUP unwind like Ctrl-C (CAN CAN, temporary deleted) and exit 128 + signal.
@@ -38,11 +40,15 @@ from idemlink.cli import (
     add_baudrate_option,
     add_hidden_alias,
     mark_reported,
+    regmap_from,
 )
 from idemlink.output import Progress, add_json_option, emit, error_json
 
 SEND_SCHEMA = "idemlink.send/1"
 RECEIVE_SCHEMA = "idemlink.receive/1"
+NO_HANDOVER = "NONE"
+"""``send``'s JSON ``handover`` when every file was already on the device, identical: the port was
+never handed over (otherwise the hand-over command's outcome, ``OK``, ``UNKNOWN``...)."""
 
 if TYPE_CHECKING:
     from idemlink.protocol.ymodem_receiver import ReceiverConfig
@@ -68,6 +74,9 @@ def register(sub: Any) -> None:
     add_hidden_alias(s, "--timeout", "start_timeout", float)  # the old spelling, for one release
     s.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    s.add_argument("--regmap", metavar="FILE", default=None,
+                   help="accepted like every device command's, checked, not needed: a file "
+                        "transfer uses no register, so a device serving any map takes files")
     add_json_option(s, SEND_SCHEMA)
     s.set_defaults(handler=run_send)
 
@@ -159,6 +168,8 @@ def _report_lines(report: Any, verb: str, *, framed: bool = False) -> list[str]:
             check = ", not verified"
         extra = _shown_name(extra)
         lines.append(f"{name}: {state}, {f.size} bytes{check}{extra}")
+    if report.files and all(f.identical for f in report.files):
+        return lines  # nothing was transferred: no batch to report
     status = "complete" if report.ok else f"aborted: {report.reason}"
     note = "" if report.final_ack else " (receiver's final ACK not seen)"
     lines.append(f"{verb} {report.bytes} bytes in {report.seconds:.2f} s, "
@@ -235,6 +246,8 @@ def run_send(args: argparse.Namespace) -> int:
     from idemlink.protocol.ymodem_wire import build_header
 
     check_seconds("--start-timeout", args.start_timeout, 3600.0)  # before anything is sent
+    if args.regmap is not None:
+        regmap_from(args)  # a map file that cannot be loaded is a mistake, even if unused
     for f in args.files:
         if not Path(f).is_file():
             raise UserError(f"not a regular file: {f}")
@@ -291,21 +304,31 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
-    from idemlink.host.device import Device, PortError
+    from idemlink.host.device import Device, NoDevice, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
     bar = _progress(args)
     handed_over = False
     try:
-        with Device.open(args.port, baudrate=args.baudrate) as dev:
+        # check_map=False: a file transfer touches no register, whatever map the device serves
+        with Device.open(args.port, baudrate=args.baudrate, check_map=False) as dev:
             handed_over = True  # from here on the device may have switched or stored something
             res, report = dev.send_files(args.files, progress=bar.update_item, config=config,
                                          overwrite=args.overwrite)
     except ValueError as exc:  # a batch refused before the hand-over
         raise UserError(str(exc)) from exc
+    except NoDevice as exc:
+        from idemlink.commands.device_io import no_device
+        from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+        raise no_device(args.port, args.baudrate, DEFAULT_MAP, 0.2, exc,
+                        hint="a file goes to it only by plain YMODEM, if it has a YMODEM "
+                             "receiver: send --plain") from None
     except (IdemlinkError, OSError) as exc:  # OSError: pyserial's SerialException mid-transfer
         if not handed_over or not isinstance(exc, (OSError, PortError)):
-            raise UserError(str(exc)) from exc
+            from idemlink.commands.device_io import port_said_once
+
+            raise UserError(port_said_once(args.port, exc)) from exc
         message = (f"the line failed mid-transfer: {_one_line(exc)}; the device may hold part "
                    "of the batch: read it back (send again: identical files are skipped)")
         print(f"idemlink send: {message}", file=sys.stderr)
@@ -324,8 +347,9 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
         error_json(args, message, status, outcome=res.outcome.name)
         return status
     status, note = _framed_verdict(args, res, report)
+    nothing_sent = bool(report.files) and all(f.identical for f in report.files)
     _print_report(args, SEND_SCHEMA, report, "sent", status, framed=True,
-                  handover=res.outcome.name, note=note)
+                  handover=NO_HANDOVER if nothing_sent else res.outcome.name, note=note)
     if note is not None:
         print(note, file=sys.stderr)
     return status

@@ -1,0 +1,63 @@
+"""``info`` and ``send`` on a port where a standard Modbus RTU slave answers: one line naming the
+port and saying it answers Modbus RTU (what to do instead), as the register commands do;
+``info --modbus-rtu`` is refused in one line (a standard slave has no HELLO identity)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idemlink.cli import main
+from idemlink.device_sim.pty import open_pty
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+
+@pytest.fixture
+def rtu_port() -> Iterator[str]:
+    pair = open_pty()
+    server = RtuServer(DeviceCore(DEFAULT_MAP), unit=1)
+    stop = threading.Event()
+    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    th.start()
+    yield pair.slave_path
+    stop.set()
+    th.join(5)
+    pair.close()
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_info_on_a_modbus_rtu_port_says_so(rtu_port: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _run(capsys, "info", "--port", rtu_port, "--attempts", "1", "--timeout", "0.1")
+    assert rc == 1 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"idemlink info: {rtu_port}: this port answers Modbus RTU, not idemlink")
+    assert "read --modbus-rtu" in line and line.count(rtu_port) == 1
+
+
+def test_send_on_a_modbus_rtu_port_says_so(rtu_port: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "fw.bin"
+    f.write_bytes(b"x" * 100)
+    rc, out, err = _run(capsys, "send", "--port", rtu_port, "--no-progress", str(f))
+    assert rc == 1 and out == ""
+    [line] = err.splitlines()
+    assert line.startswith(f"idemlink send: {rtu_port}: this port answers Modbus RTU, not idemlink")
+    assert "send --plain" in line
+
+
+def test_info_modbus_rtu_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _run(capsys, "info", "--port", "/dev/null", "--modbus-rtu")
+    assert rc == 1 and out == ""
+    [line] = err.splitlines()
+    assert "HELLO" in line and "read --modbus-rtu" in line and "nothing was sent" in line

@@ -1,0 +1,63 @@
+"""``idemlink soak``'s report: an interrupted run is not a PASS (counts so far, ``interrupted: no
+verdict``, exit 130; FAIL if the oracle already found something), and ``--restart-every`` has the
+default its help and docs/SOAK.md state."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from idemlink.campaign import CampaignConfig, CampaignReport
+from idemlink.cli import build_parser
+from idemlink.commands import soak_cmd
+
+
+def _report(**kw: object) -> CampaignReport:
+    return CampaignReport(config={}, commands=120, **kw)  # type: ignore[arg-type]
+
+
+def test_an_interrupted_run_that_found_nothing_has_no_verdict(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rep = _report(interrupted=True)
+    assert rep.verdict().startswith("interrupted: no verdict (120 commands, 0 duplicated")
+    args = argparse.Namespace(json=False, command="soak")
+    soak_cmd._print(args, rep, CampaignConfig(commands=1000), 130)
+    out, err = capsys.readouterr()
+    assert "PASS" not in out
+    assert out.splitlines()[-1].startswith("interrupted: no verdict")
+    assert err.splitlines() == ["idemlink soak: interrupted after 120 of 1000 commands; the "
+                                "oracle found nothing wrong so far"]
+
+
+def test_an_interrupted_run_as_json_carries_no_pass(capsys: pytest.CaptureFixture[str]) -> None:
+    args = argparse.Namespace(json=True, command="soak")
+    soak_cmd._print(args, _report(interrupted=True), CampaignConfig(commands=1000), 130)
+    out, err = capsys.readouterr()
+    doc = json.loads(out)
+    assert doc["schema"] == "idemlink.error/1" and doc["exit"] == 130
+    assert doc["report"]["verdict"].startswith("interrupted: no verdict")
+    assert "PASS" not in err
+
+
+def test_an_interrupted_run_that_found_a_problem_is_a_fail() -> None:
+    assert _report(interrupted=True, duplicated_effects=1).verdict().startswith("FAIL: ")
+    assert _report().verdict().startswith("PASS: ")
+
+
+def test_restart_every_default_is_the_one_the_help_states() -> None:
+    args = build_parser().parse_args(["soak"])
+    assert args.restart_every == CampaignConfig().restart_every == 250
+    soak = build_parser()._subparsers._group_actions[0].choices["soak"]  # type: ignore[union-attr]
+    assert "(default 250; 0: never)" in " ".join(soak.format_help().split())
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_host_crashes_average_one_per_restart_every_commands(seed: int) -> None:
+    from idemlink.campaign import run_campaign
+
+    cfg = CampaignConfig(commands=600, restart_every=20, reboot_every=0, seed=seed)
+    rep = run_campaign(cfg)
+    assert rep.passed, rep.problems[:5]
+    assert 20 <= rep.host_restarts <= 40, rep.host_restarts  # 30 expected
