@@ -303,6 +303,41 @@ class CommandBuilder:
 
 
 
+class BlockingCommands(CommandBuilder):
+    """The named commands of a blocking driver, each one ``execute`` of its builder's command:
+    the one place ``Device`` and ``RtuDevice`` spell them (a driver that cannot carry one
+    overrides it with a refusal)."""
+
+    def execute(self, command: Command) -> Result:
+        raise NotImplementedError
+
+    def read(self, register: str | int, count: int = 1) -> Result:
+        return self.execute(self.read_command(register, count))
+
+    def write(self, values: Mapping[str | int, int | str]) -> Result:
+        """Set absolute values (FC06 for one register, FC16 for several contiguous ones); values
+        as in ``write_command`` (raw integers, or text in the register's unit or a label)."""
+        return self.execute(self.write_command(values))
+
+    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
+        return self.execute(self.write_if_generation_command(generation, values))
+
+    def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
+        """Write 1s to clear the bits of ``mask`` in a fault word (the map's only one when
+        ``register`` is None); sent once."""
+        return self.execute(self.clear_faults_command(mask, register))
+
+    def trigger(self, register: str | int | None = None) -> Result:
+        """Start a trigger's action once (the map's only trigger when ``register`` is None)."""
+        return self.execute(self.trigger_command(register))
+
+    def trigger_reset(self, register: str | int | None = None) -> Result:
+        return self.execute(self.trigger_command(register, reset=True))
+
+    def trigger_status(self, register: str | int | None = None) -> Result:
+        return self.execute(self.trigger_status_command(register))
+
+
 def read_back_of(c: Command, generation_address: int) -> Reconciliation | list[Command]:
     """What reconciling ``c`` takes: a verdict that needs no read (a read has no effect; a file
     hand-over leaves no register state), or the reads that decide it — what ``c`` touched, and
@@ -356,5 +391,16 @@ def register_holds(kind: RegisterKind, written: int, now: int) -> bool:
     return now == written
 
 
-__all__ = ["Command", "CommandBuilder", "CommandKind", "Reconciliation", "Result", "answer_of",
-           "file_info_of", "judge_read_back", "read_back_of", "register_holds"]
+__all__ = [
+    "BlockingCommands",
+    "Command",
+    "CommandBuilder",
+    "CommandKind",
+    "Reconciliation",
+    "Result",
+    "answer_of",
+    "file_info_of",
+    "judge_read_back",
+    "read_back_of",
+    "register_holds",
+]

@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, TypeVar
 
 from idemlink.host import file_transfer
 from idemlink.host.command import (
+    BlockingCommands,
     Command,
     CommandBuilder,
     CommandKind,
@@ -83,7 +84,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class Device(DeviceHandle):
+class Device(DeviceHandle, BlockingCommands):
     """A session with one idemlink device. See the module docstring."""
 
     def __init__(
@@ -244,33 +245,6 @@ class Device(DeviceHandle):
 
     def execute(self, command: Command) -> Result:
         return self.run([command])[0]
-
-    def read(self, register: str | int, count: int = 1) -> Result:
-        return self.execute(self.read_command(register, count))
-
-    def write(self, values: Mapping[str | int, int | str]) -> Result:
-        """Set absolute values (FC06 for one register, FC16 for several contiguous ones); values
-        as in ``CommandBuilder.write_command`` (raw integers, or text in the register's unit or a
-        label)."""
-        return self.execute(self.write_command(values))
-
-    def write_if_generation(self, generation: int, values: Mapping[str | int, int | str]) -> Result:
-        return self.execute(self.write_if_generation_command(generation, values))
-
-    def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
-        """Write 1s to clear the bits of ``mask`` in a fault word (the map's only one when
-        ``register`` is None)."""
-        return self.execute(self.clear_faults_command(mask, register))
-
-    def trigger(self, register: str | int | None = None) -> Result:
-        """Start a trigger's action once (the map's only trigger when ``register`` is None)."""
-        return self.execute(self.trigger_command(register))
-
-    def trigger_reset(self, register: str | int | None = None) -> Result:
-        return self.execute(self.trigger_command(register, reset=True))
-
-    def trigger_status(self, register: str | int | None = None) -> Result:
-        return self.execute(self.trigger_status_command(register))
 
     def file_info(self, name: str) -> Result:
         """Size and CRC-32C of the committed file ``name`` on the device (``Result.file``;

@@ -29,8 +29,8 @@ import os
 from collections.abc import Iterable, Mapping
 
 from idemlink.host.command import (
+    BlockingCommands,
     Command,
-    CommandBuilder,
     CommandKind,
     Reconciliation,
     Result,
@@ -57,7 +57,7 @@ IDLE_WAIT = 0.05  #: longest read while nothing is out
 DRAIN_ROUNDS = 64  #: reads of stale input before a request (bounded: a babbling line ends it)
 
 
-class RtuDevice(CommandBuilder):
+class RtuDevice(BlockingCommands):
     """A session with one Modbus RTU slave. See the module docstring."""
 
     def __init__(self, transport: Transport, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
@@ -213,31 +213,11 @@ class RtuDevice(CommandBuilder):
     def execute(self, command: Command) -> Result:
         return self.run([command])[0]
 
-    def read(self, register: str | int, count: int = 1) -> Result:
-        return self.execute(self.read_command(register, count))
-
-    def write(self, values: Mapping[str | int, int | str]) -> Result:
-        return self.execute(self.write_command(values))
-
     def write_if_generation(self, generation: int,
                             values: Mapping[str | int, int | str]) -> Result:
         raise LocalProtocolError(
             "a conditional write needs the idemlink function 0x41, which a standard Modbus RTU "
             "slave does not have; nothing was sent", Status.UNSUPPORTED)
-
-    def clear_faults(self, mask: int, register: str | int | None = None) -> Result:
-        """FC06 of ``mask`` to a fault word (write 1 to clear): sent once."""
-        return self.execute(self.clear_faults_command(mask, register))
-
-    def trigger(self, register: str | int | None = None) -> Result:
-        """FC06 of 1 to a trigger register: sent once; its answer is an echo (no code)."""
-        return self.execute(self.trigger_command(register))
-
-    def trigger_reset(self, register: str | int | None = None) -> Result:
-        return self.execute(self.trigger_command(register, reset=True))
-
-    def trigger_status(self, register: str | int | None = None) -> Result:
-        return self.execute(self.trigger_status_command(register))
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:
