@@ -86,6 +86,20 @@ def add_hidden_alias(parser: argparse.ArgumentParser, alias: str, dest: str,
                         help=argparse.SUPPRESS)
 
 
+def add_frame_fault_options(parser: argparse.ArgumentParser, *, loss: float, dup: float,
+                           corrupt: float) -> None:
+    """``--frame-loss/--frame-dup/--frame-corrupt`` (per frame, each direction; into ``loss``,
+    ``dup``, ``corrupt``) with these defaults, and the spelling before the unit was named
+    (``--loss/--dup/--corrupt``) as hidden aliases: the fault options of ``demo`` and ``soak``."""
+    for name, default, what in (("loss", loss, "is lost"), ("dup", dup, "is duplicated"),
+                                ("corrupt", corrupt, "gets a bit flip")):
+        parser.add_argument(f"--frame-{name}", dest=name, type=float, default=default,
+                            metavar="P", help=f"probability that a frame {what}, per frame, "
+                                              f"each direction (default {default:g})")
+    for old in ("loss", "dup", "corrupt"):
+        add_hidden_alias(parser, f"--{old}", old, float)
+
+
 def regmap_from(args: argparse.Namespace) -> RegisterMap:
     """The map ``--regmap`` names; a map file that cannot be loaded is one UserError line."""
     from idemlink.protocol.regmap_file import RegmapFileError, resolve_regmap

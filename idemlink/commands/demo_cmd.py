@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from idemlink.cli import add_hidden_alias
+from idemlink.cli import add_frame_fault_options
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Link, LinkConfig
 from idemlink.device_sim.lossy_transport import LossyTransport
@@ -36,16 +36,7 @@ from idemlink.protocol.outcome import Outcome
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo", help="run a scripted session against the simulator behind a lossy line")
-    p.add_argument("--frame-loss", dest="loss", type=float, default=0.1, metavar="P",
-                   help="probability that a frame is lost, per frame, each direction (default 0.1)")
-    p.add_argument("--frame-dup", dest="dup", type=float, default=0.05, metavar="P",
-                   help="probability that a frame is duplicated, per frame, each direction "
-                        "(default 0.05)")
-    p.add_argument("--frame-corrupt", dest="corrupt", type=float, default=0.03, metavar="P",
-                   help="probability that a frame gets a bit flip, per frame, each direction "
-                        "(default 0.03)")
-    for old in ("loss", "dup", "corrupt"):  # the spelling before the unit was named
-        add_hidden_alias(p, f"--{old}", old, float)
+    add_frame_fault_options(p, loss=0.1, dup=0.05, corrupt=0.03)
     p.add_argument("--seed", type=int, default=3, help="seed of the line's faults (default 3)")
     p.add_argument("--burst", type=int, default=150, help="pipelined commands in the burst step")
     add_json_option(p, "idemlink.demo/1")

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_INTERRUPTED, add_hidden_alias
+from idemlink.cli import EXIT_INTERRUPTED, add_frame_fault_options
 from idemlink.output import Progress, add_json_option, error_json, print_json
 
 if TYPE_CHECKING:
@@ -42,16 +42,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--commands", type=int, default=20_000,
                    help="commands to run (default 20000)")
-    p.add_argument("--frame-loss", dest="loss", type=float, default=0.1, metavar="P",
-                   help="probability that a frame is lost, per frame, each direction (default 0.1)")
-    p.add_argument("--frame-dup", dest="dup", type=float, default=0.02, metavar="P",
-                   help="probability that a frame is duplicated, per frame, each direction "
-                        "(default 0.02)")
-    p.add_argument("--frame-corrupt", dest="corrupt", type=float, default=0.02, metavar="P",
-                   help="probability that a frame gets a bit flip, per frame, each direction "
-                        "(default 0.02)")
-    for old in ("loss", "dup", "corrupt"):  # the spelling before the unit was named
-        add_hidden_alias(p, f"--{old}", old, float)
+    add_frame_fault_options(p, loss=0.1, dup=0.02, corrupt=0.02)
     p.add_argument("--reorder", type=float, default=0.0, help="per-frame reordering")
     p.add_argument("--noise", type=float, default=0.0, help="noise bursts per simulated second")
     p.add_argument("--reboot-every", type=int, default=500,
