@@ -4,14 +4,17 @@
 #include <stdbool.h>
 
 /* Unicode category Cf as Python 14.0.0 sees it (tests/test_c_device.py compares this table
- * with the running Python's unicodedata; regenerate it if that test fails). */
-static const uint32_t FORMAT_CHARS[][2] = {
-    { 0x000ADu, 0x000ADu }, { 0x00600u, 0x00605u }, { 0x0061Cu, 0x0061Cu }, { 0x006DDu, 0x006DDu },
-    { 0x0070Fu, 0x0070Fu }, { 0x00890u, 0x00891u }, { 0x008E2u, 0x008E2u }, { 0x0180Eu, 0x0180Eu },
-    { 0x0200Bu, 0x0200Fu }, { 0x0202Au, 0x0202Eu }, { 0x02060u, 0x02064u }, { 0x02066u, 0x0206Fu },
-    { 0x0FEFFu, 0x0FEFFu }, { 0x0FFF9u, 0x0FFFBu }, { 0x110BDu, 0x110BDu }, { 0x110CDu, 0x110CDu },
-    { 0x13430u, 0x13438u }, { 0x1BCA0u, 0x1BCA3u }, { 0x1D173u, 0x1D17Au }, { 0xE0001u, 0xE0001u },
-    { 0xE0020u, 0xE007Fu }
+ * with the running Python's unicodedata; regenerate it if that test fails). One uint32_t per
+ * range, first code point << 8 | (last - first): half the size of (first, last) pairs; the
+ * first code point fits 21 bits and no range is longer than 256. */
+#define IDL_CF(first, extra) (((uint32_t)(first) << 8) | (uint32_t)(extra))
+static const uint32_t FORMAT_CHARS[] = {
+    IDL_CF(0x000ADu, 0u), IDL_CF(0x00600u, 5u), IDL_CF(0x0061Cu, 0u), IDL_CF(0x006DDu, 0u),
+    IDL_CF(0x0070Fu, 0u), IDL_CF(0x00890u, 1u), IDL_CF(0x008E2u, 0u), IDL_CF(0x0180Eu, 0u),
+    IDL_CF(0x0200Bu, 4u), IDL_CF(0x0202Au, 4u), IDL_CF(0x02060u, 4u), IDL_CF(0x02066u, 9u),
+    IDL_CF(0x0FEFFu, 0u), IDL_CF(0x0FFF9u, 2u), IDL_CF(0x110BDu, 0u), IDL_CF(0x110CDu, 0u),
+    IDL_CF(0x13430u, 8u), IDL_CF(0x1BCA0u, 3u), IDL_CF(0x1D173u, 7u), IDL_CF(0xE0001u, 0u),
+    IDL_CF(0xE0020u, 95u)
 };
 
 /* Decode one strict UTF-8 sequence at p[0..n); returns its length (0: invalid) and *cp. */
@@ -61,7 +64,8 @@ static bool is_format(uint32_t cp)
 {
     size_t i;
     for (i = 0; i < sizeof FORMAT_CHARS / sizeof FORMAT_CHARS[0]; i++) {
-        if (cp >= FORMAT_CHARS[i][0] && cp <= FORMAT_CHARS[i][1]) {
+        /* unsigned: below the first code point wraps to a large offset */
+        if (cp - (FORMAT_CHARS[i] >> 8) <= (FORMAT_CHARS[i] & 0xFFu)) {
             return true;
         }
     }
