@@ -37,6 +37,25 @@ int32_t idl_regs_index(uint16_t address)
     return -1;
 }
 
+/* Index of the first of `count` consecutive mapped registers from `address`, or -1 (also for
+ * count 0). The map is sorted and unique, so a gap-free run is consecutive in the table. */
+static int32_t run_index(uint16_t address, uint16_t count)
+{
+    int32_t first = idl_regs_index(address);
+    if (count == 0u || first < 0 || (uint32_t)first + count > IDL_REG_COUNT
+        || IDL_REGMAP[(uint32_t)first + count - 1u].address != (uint32_t)address + count - 1u) {
+        return -1;
+    }
+    return first;
+}
+
+/* Index of `address` if it is a register of `kind`, else -1. */
+static int32_t index_of_kind(uint16_t address, idl_reg_kind_t kind)
+{
+    int32_t i = idl_regs_index(address);
+    return i >= 0 && IDL_REGMAP[i].kind == (uint8_t)kind ? i : -1;
+}
+
 static uint16_t conditions(const idl_regs_t *r, uint32_t i)
 {
     return r->conditions != NULL ? r->conditions(r->ctx, r, IDL_REGMAP[i].address) : 0u;
@@ -137,8 +156,8 @@ bool idl_regs_get(const idl_regs_t *r, uint16_t address, uint16_t *value)
 
 bool idl_regs_set_input(idl_regs_t *r, uint16_t address, uint16_t value, uint32_t now)
 {
-    int32_t i = idl_regs_index(address);
-    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_INPUT) {
+    int32_t i = index_of_kind(address, IDL_REG_KIND_INPUT);
+    if (i < 0) {
         return false;
     }
     idl_regs_tick(r, now);
@@ -150,10 +169,8 @@ bool idl_regs_set_input(idl_regs_t *r, uint16_t address, uint16_t value, uint32_
 uint8_t idl_regs_read(const idl_regs_t *r, uint16_t address, uint16_t count, uint8_t *out)
 {
     uint32_t k;
-    int32_t first = idl_regs_index(address);
-    /* the map is sorted and unique, so a gap-free run is consecutive in the table */
-    if (count == 0u || first < 0 || (uint32_t)first + count > IDL_REG_COUNT
-        || IDL_REGMAP[(uint32_t)first + count - 1u].address != (uint32_t)address + count - 1u) {
+    int32_t first = run_index(address, count);
+    if (first < 0) {
         return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
     }
     for (k = 0; k < count; k++) {
@@ -174,12 +191,11 @@ static void trigger_step(idl_regs_t *r, uint32_t i, uint16_t value)
 }
 
 /* Pass 1 and 2 of a write: the first exception, or 0. */
-static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t address, uint16_t count,
-                        const uint8_t *be, bool guarded)
+static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, const uint8_t *be,
+                        bool guarded)
 {
     uint32_t k;
-    if (first < 0 || (uint32_t)first + count > IDL_REG_COUNT
-        || IDL_REGMAP[(uint32_t)first + count - 1u].address != (uint32_t)address + count - 1u) {
+    if (first < 0) {
         return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
     }
     for (k = 0; k < count; k++) {
@@ -213,9 +229,8 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
     uint32_t i;
     uint32_t k;
     bool changed = false;
-    int32_t first = idl_regs_index(address);
-    uint8_t exc = count == 0u ? (uint8_t)IDL_MB_EXC_ILLEGAL_DATA_ADDRESS
-                              : validate(r, first, address, count, be, guarded);
+    int32_t first = run_index(address, count);
+    uint8_t exc = validate(r, first, count, be, guarded);
     if (exc != 0u) {
         return exc;
     }
@@ -261,9 +276,9 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
 
 uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16_t *code)
 {
-    int32_t i = idl_regs_index(address);
+    int32_t i = index_of_kind(address, IDL_REG_KIND_TRIGGER);
     uint16_t state;
-    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_TRIGGER) {
+    if (i < 0) {
         return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
     }
     state = r->value[i];
@@ -283,8 +298,8 @@ uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16
 
 bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw)
 {
-    int32_t i = idl_regs_index(address);
-    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_TRIGGER) {
+    int32_t i = index_of_kind(address, IDL_REG_KIND_TRIGGER);
+    if (i < 0) {
         return false;
     }
     r->value[i] = raw;

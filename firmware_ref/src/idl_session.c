@@ -46,14 +46,15 @@ uint32_t idl_session_first_seq(const idl_session_t *s)
  * 20 fixed bytes + 129 + 8 + 65 + 256 = 478). */
 static size_t put_str(uint8_t *p, const char *str, size_t max)
 {
-    size_t n = str != NULL ? strlen(str) : 0u;
-    if (n > max) {
-        n = max;
+    /* one loop instead of strlen + memcpy: no libc strlen, and it stops at `max` */
+    size_t n = 0;
+    if (str != NULL) {
+        while (n < max && str[n] != '\0') {
+            p[n + 1u] = (uint8_t)str[n];
+            n++;
+        }
     }
     p[0] = (uint8_t)n;
-    if (n != 0u) {
-        memcpy(p + 1, str, n);
-    }
     return n + 1u;
 }
 
@@ -97,9 +98,16 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     return idl_frame_encode(s->tx, IDL_FT_HELLO_REPLY, 0u, s->epoch, seq, p, n);
 }
 
+/* One RESPONSE frame in tx: the only place that passes idl_frame_encode's seven arguments. */
+static size_t response(idl_session_t *s, uint8_t flags, uint32_t seq, const uint8_t *payload,
+                       size_t len)
+{
+    return idl_frame_encode(s->tx, IDL_FT_RESPONSE, flags, s->epoch, seq, payload, len);
+}
+
 static size_t status_answer(idl_session_t *s, uint32_t seq, uint8_t status)
 {
-    return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, seq, &status, 1u);
+    return response(s, 0u, seq, &status, 1u);
 }
 
 static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
@@ -113,7 +121,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
         payload[0] = (uint8_t)IDL_STATUS_EPOCH_MISMATCH;
         put_le(payload + 1, f->epoch, 4u);
         s->counters[IDL_DISP_EPOCH_MISMATCH]++;
-        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, f->seq, payload, 5u);
+        return response(s, 0u, f->seq, payload, 5u);
     }
     v = idl_window_check(&s->window, f->seq);
     digest = idl_crc32c(f->payload, f->length);
@@ -129,7 +137,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
         (void)idl_window_commit(&s->window, f->seq);
         idl_replay_commit(&s->cache, slot, f->seq, digest, (uint16_t)(n + 1u));
         s->counters[IDL_DISP_EXECUTED]++;
-        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, 0u, s->epoch, f->seq, out, n + 1u);
+        return response(s, 0u, f->seq, out, n + 1u);
     }
     if (v == IDL_VERDICT_TOO_OLD) {
         s->counters[IDL_DISP_TOO_OLD]++;
@@ -138,8 +146,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     switch (idl_replay_lookup(&s->cache, f->seq, digest, &answer, &length)) {
     case IDL_REPLAY_REPLAY:
         s->counters[IDL_DISP_REPLAYED]++;
-        return idl_frame_encode(s->tx, IDL_FT_RESPONSE, IDL_FLAG_REPLAY, s->epoch, f->seq, answer,
-                                length);
+        return response(s, IDL_FLAG_REPLAY, f->seq, answer, length);
     case IDL_REPLAY_CONFLICT:
         s->counters[IDL_DISP_CONFLICT]++;
         return status_answer(s, f->seq, IDL_STATUS_IDEMPOTENCY_CONFLICT);
