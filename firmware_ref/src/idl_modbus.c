@@ -93,7 +93,8 @@ uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uin
 {
     uint8_t fc;
     uint8_t exc;
-    uint16_t code;
+    uint16_t code = 0;
+    unsigned i;
     idl_regs_tick(r, now);
     if (len == 0u) {
         return exception(resp, 0u, IDL_MB_EXC_ILLEGAL_DATA_VALUE);
@@ -118,22 +119,18 @@ uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uin
     }
     if (fc == (uint8_t)IDL_MB_FC_TRIGGER) {
         exc = idl_regs_trigger(r, be16(pdu + 1), be16(pdu + 3), &code);
-        if (exc != 0u) {
-            return exception(resp, fc, exc);
-        }
-        resp[0] = fc;
-        put16(resp + 1, be16(pdu + 1));
-        put16(resp + 3, code);
-        return 5u;
+    } else {
+        exc = (uint8_t)idl_regs_write(r, be16(pdu + 1), 1u, pdu + 3, false, 0u);
     }
-    exc = (uint8_t)idl_regs_write(r, be16(pdu + 1), 1u, pdu + 3, false, 0u);
     if (exc != 0u) {
         return exception(resp, fc, exc);
     }
-    resp[0] = fc;
-    resp[1] = pdu[1];
-    resp[2] = pdu[2];
-    resp[3] = pdu[3];
-    resp[4] = pdu[4];
+    /* both answers echo function, address and value; 0x42 then puts its status code there */
+    for (i = 0; i < 5u; i++) {
+        resp[i] = pdu[i];
+    }
+    if (fc == (uint8_t)IDL_MB_FC_TRIGGER) {
+        put16(resp + 3, code);
+    }
     return 5u;
 }

@@ -550,6 +550,12 @@ static void tick(idl_ym_rx_t *rx, uint32_t now)
     }
 }
 
+void idl_ym_rx_tick(idl_ym_rx_t *rx, uint32_t now)
+{
+    tick(rx, now);
+    flush(rx);
+}
+
 void idl_ym_rx_feed(idl_ym_rx_t *rx, const uint8_t *data, size_t n, uint32_t now)
 {
     size_t i;
@@ -560,14 +566,7 @@ void idl_ym_rx_feed(idl_ym_rx_t *rx, const uint8_t *data, size_t n, uint32_t now
         rx->flags &= (uint8_t)~IDL_YM_F_EOT_PENDING;
         input(rx, IDL_YM_IN_EOT, now);
     }
-    tick(rx, now);
-    flush(rx);
-}
-
-void idl_ym_rx_tick(idl_ym_rx_t *rx, uint32_t now)
-{
-    tick(rx, now);
-    flush(rx);
+    idl_ym_rx_tick(rx, now);
 }
 
 void idl_ym_rx_abort(idl_ym_rx_t *rx)
