@@ -148,18 +148,14 @@ size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epo
     code = 1u;
     for (i = 0; i < raw_len; i++) {
         uint8_t b = wire[s + i];
-        if (b == 0u) {
+        if (b != 0u) {
+            wire[o++] = b;
+            code++;
+        }
+        if (b == 0u || code == 0xFFu) { /* a zero, or a full block of 254: close the block */
             wire[code_at] = code;
             code_at = o++;
             code = 1u;
-        } else {
-            wire[o++] = b;
-            code++;
-            if (code == 0xFFu) {
-                wire[code_at] = code;
-                code_at = o++;
-                code = 1u;
-            }
         }
     }
     wire[code_at] = code;
