@@ -82,6 +82,8 @@ def render_header(secs: list[ContractSection]) -> str:
         "#define IDEMLINK_PROTO_H",
         "",
         f"#define IDL_CONTRACT_HASH \"{contract_hash().hex()}\"",
+        "#define IDL_CONTRACT_HASH_BYTES { "
+        + ", ".join(f"0x{b:02X}u" for b in contract_hash()) + " }",
         "",
     ]
     for s in secs:

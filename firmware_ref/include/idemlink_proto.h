@@ -7,6 +7,7 @@
 #define IDEMLINK_PROTO_H
 
 #define IDL_CONTRACT_HASH "44d2f2230a344059"
+#define IDL_CONTRACT_HASH_BYTES { 0x44u, 0xD2u, 0xF2u, 0x23u, 0x0Au, 0x34u, 0x40u, 0x59u }
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */

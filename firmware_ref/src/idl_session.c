@@ -7,10 +7,7 @@
 
 #define RESPONSE_PDU_MAX (IDL_REPLAY_MAX_ANSWER - 1u)
 
-static uint8_t hex_nibble(char c)
-{
-    return (uint8_t)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
-}
+static const uint8_t CONTRACT_HASH[IDL_CONTRACT_HASH_LEN] = IDL_CONTRACT_HASH_BYTES;
 
 void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_t epoch)
 {
@@ -83,8 +80,7 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     n += 6u;
     p[n++] = inflight;
     for (i = 0; i < IDL_CONTRACT_HASH_LEN; i++) {
-        p[n++] = (uint8_t)((hex_nibble(IDL_CONTRACT_HASH[2u * i]) << 4)
-                           | hex_nibble(IDL_CONTRACT_HASH[2u * i + 1u]));
+        p[n++] = CONTRACT_HASH[i];
     }
     put_le(p + n, next, 4u);
     n += 4u;
