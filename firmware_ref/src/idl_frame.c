@@ -129,8 +129,16 @@ size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epo
     }
     s = IDL_WIRE_MAX - raw_len;
     raw = wire + s;
-    if (len != 0u) {
-        memmove(raw + IDL_HEADER_LEN, payload, len);
+    /* memmove by hand (no libc memmove): the payload may sit in `wire` before or after its
+     * place, so copy away from the overlap; a byte loop, not a call */
+    if ((uintptr_t)payload < (uintptr_t)(raw + IDL_HEADER_LEN)) {
+        for (i = len; i-- > 0u;) {
+            raw[IDL_HEADER_LEN + i] = payload[i];
+        }
+    } else {
+        for (i = 0; i < len; i++) {
+            raw[IDL_HEADER_LEN + i] = payload[i];
+        }
     }
     raw[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
     raw[IDL_OFF_TYPE] = type;
