@@ -77,12 +77,12 @@ static uint8_t upper(uint8_t c) { return (uint8_t)((c >= 'a' && c <= 'z') ? c - 
 /* CON PRN AUX NUL, or COM/LPT + 1-9 / superscript 1-3, as the whole of p[0..n) (any case). */
 static bool reserved(const uint8_t *p, size_t n)
 {
-    static const char *const three[] = { "CON", "PRN", "AUX", "NUL" };
+    static const char three[] = "CONPRNAUXNUL"; /* four names of three letters, no pointers */
     if (n == 3u) {
         size_t i;
-        for (i = 0; i < 4u; i++) {
-            if (upper(p[0]) == (uint8_t)three[i][0] && upper(p[1]) == (uint8_t)three[i][1]
-                && upper(p[2]) == (uint8_t)three[i][2]) {
+        for (i = 0; i < 12u; i += 3u) {
+            if (upper(p[0]) == (uint8_t)three[i] && upper(p[1]) == (uint8_t)three[i + 1u]
+                && upper(p[2]) == (uint8_t)three[i + 2u]) {
                 return true;
             }
         }
