@@ -50,13 +50,15 @@ from idemlink.protocol.host_session import (
 )
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.payloads import DeviceInfo, printable
-from idemlink.protocol.registers import RegisterKind, RegisterMap
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 T = TypeVar("T")
 Steps = Generator[tuple[bytes, float], bytes, T]
 """An operation as a generator: yields (bytes to write, seconds to wait for input), is sent the
 bytes that arrived, returns its result."""
+ReconcilePlan = Generator[list[Command], list[Result], Reconciliation]
+"""A read-back as a generator: yields the reads to make, is sent their results, returns the verdict."""
 
 OPERATIONS = (
     "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
@@ -415,15 +417,31 @@ class Operations:
         r = result if result is not None else self.unknown
         if r is None:
             return None
-        c = r.command
-        reads = read_back_of(c, self.regmap.generation.address)
-        if isinstance(reads, Reconciliation):
-            return reads
-        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat
-            back = yield from self.wave_steps(reads)
-            if all(b.outcome is Outcome.OK and b.values for b in back):
-                return judge_read_back(c, back[0].values, back[1].values[0], self.builder.spec)
-        return Reconciliation(c, {}, None, "read-back failed; still unknown")
+        plan = reconcile_plan(r.command, self.regmap.generation.address, self.builder.spec)
+        try:
+            reads = next(plan)
+            while True:
+                reads = plan.send((yield from self.wave_steps(reads)))
+        except StopIteration as done:
+            verdict: Reconciliation = done.value
+            return verdict
+
+
+def reconcile_plan(c: Command, generation_address: int,
+                   spec: Callable[[str | int], RegisterSpec]) -> ReconcilePlan:
+    """The read-back of an UNKNOWN command, for any driver: yields the reads to make (each time
+    the same; reads are harmless to repeat), is sent their results, and returns the verdict
+    (``judge_read_back``) once a round read everything, or "still unknown" after
+    ``RECONCILE_ROUNDS`` failed rounds. A command with nothing to read back (``read_back_of``)
+    returns at once."""
+    reads = read_back_of(c, generation_address)
+    if isinstance(reads, Reconciliation):
+        return reads
+    for _ in range(RECONCILE_ROUNDS):
+        back = yield reads
+        if all(b.outcome is Outcome.OK and b.values for b in back):
+            return judge_read_back(c, back[0].values, back[1].values[0], spec)
+    return Reconciliation(c, {}, None, "read-back failed; still unknown")
 
 
 class DeviceHandle(CommandBuilder):
@@ -457,5 +475,6 @@ __all__ = [
     "Steps",
     "check_map",
     "conflict",
+    "reconcile_plan",
     "reissuable",
 ]

@@ -35,8 +35,6 @@ from idemlink.host.command import (
     Reconciliation,
     Result,
     answer_of,
-    judge_read_back,
-    read_back_of,
 )
 from idemlink.host.errors import (
     TRANSPORT_ERRORS,
@@ -44,7 +42,7 @@ from idemlink.host.errors import (
     NoDevice,
     UnknownOutstanding,
 )
-from idemlink.host.operations import RECONCILE_ROUNDS
+from idemlink.host.operations import reconcile_plan
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
@@ -229,15 +227,14 @@ class RtuDevice(BlockingCommands):
         r = result if result is not None else self.unknown
         if r is None:
             return None
-        c = r.command
-        reads = read_back_of(c, self.regmap.generation.address)
-        if isinstance(reads, Reconciliation):
-            return reads
-        for _ in range(RECONCILE_ROUNDS):  # reads are harmless to repeat, one at a time here
-            back = [self._one(read) for read in reads]
-            if all(b.outcome is Outcome.OK and b.values for b in back):
-                return judge_read_back(c, back[0].values, back[1].values[0], self.spec)
-        return Reconciliation(c, {}, None, "read-back failed; still unknown")
+        plan = reconcile_plan(r.command, self.regmap.generation.address, self.spec)
+        try:
+            reads = next(plan)
+            while True:  # one read at a time here
+                reads = plan.send([self._one(read) for read in reads])
+        except StopIteration as done:
+            verdict: Reconciliation = done.value
+            return verdict
 
 
 def _not_sent(cmds: list[Command]) -> tuple[Result, ...]:
