@@ -39,6 +39,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from idemlink.device_sim.device import SimulatedDevice
@@ -47,6 +48,7 @@ from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
 from idemlink.oracle import Boot, Claim, MapTruth, Oracle, Record, Reg, Run, Tally
 from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.regmap_file import resolve_regmap
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +69,7 @@ class CampaignConfig:
     attempts: int = 6
     max_batch: int = 4  #: commands pipelined together (1..max_batch)
     trigger_duration: float = 0.05  #: seconds a trigger stays RUNNING on the device
-    regmap: str = "thermal-controller"  #: built-in map name
+    regmap: str = "thermal-controller"  #: a built-in map's name or a map file's path
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,8 +145,17 @@ class CampaignReport:
 
 
 def map_text(name: str) -> str:
-    """A built-in map file's text, read as a file (the oracle parses it itself)."""
-    return resources.files("idemlink.protocol").joinpath("maps", f"{name}.toml").read_text("utf-8")
+    """A built-in map file's text, or a map file's (a path), read as a file: the oracle parses
+    it itself."""
+    builtin = resources.files("idemlink.protocol").joinpath("maps", f"{name}.toml")
+    if builtin.is_file() and not Path(name).exists():
+        return builtin.read_text("utf-8")
+    return Path(name).read_text("utf-8")
+
+
+def map_format(name: str) -> str:
+    """``json`` for a ``.json`` map file, else ``toml`` (the built-in maps are TOML)."""
+    return "json" if name.lower().endswith(".json") else "toml"
 
 
 def _over_temperature(v: Mapping[str, int]) -> Mapping[str, int]:
@@ -249,13 +260,15 @@ class Campaign:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
         self.report = CampaignReport(config=asdict(cfg))
-        text = map_text(cfg.regmap)
+        text, fmt = map_text(cfg.regmap), map_format(cfg.regmap)
         self.oracle = Oracle(text, trigger_duration=cfg.trigger_duration, tolerance=tolerance,
-                             conditions=ENVIRONMENT_RULES.get(cfg.regmap))
-        regs = MapTruth.parse(text)
+                             conditions=ENVIRONMENT_RULES.get(cfg.regmap), fmt=fmt)
+        self.regmap = resolve_regmap(cfg.regmap)
+        regs = MapTruth.parse(text, fmt=fmt)
         self.holdings = sorted(regs.of_kind("holding"), key=lambda r: r.address)
-        self.fault = regs.of_kind("fault")[0]
-        self.trigger = regs.of_kind("trigger")[0]
+        #: a map without a fault word, a trigger or a holding: those commands become reads
+        self.faults = regs.of_kind("fault")
+        self.triggers = regs.of_kind("trigger")
         self.inputs = regs.of_kind("input")
         self.span = (min(regs.registers), max(regs.registers) - min(regs.registers) + 1)
         self.unmapped = next(a for a in range(0x10000) if a not in regs.registers)
@@ -307,8 +320,11 @@ class Campaign:
 
     def _command(self) -> Command:
         r = self.rng.random()
-        first = self.holdings[0].address
-        trig = self.trigger.address
+        if (r < 0.42 and not self.holdings) or (0.42 <= r < 0.51 and not self.faults) or (
+                0.51 <= r < 0.69 and not self.triggers):
+            r = 0.75  # this map has no register of that kind: a read instead
+        first = self.holdings[0].address if self.holdings else 0
+        trig = self.rng.choice(self.triggers).address if self.triggers else 0
         if r < 0.20:
             spec = self.rng.choice(self.holdings)
             return Command(CommandKind.WRITE, spec.address, 1, (self._value(spec),))
@@ -325,9 +341,9 @@ class Campaign:
             return Command(CommandKind.WRITE_IF_GENERATION, spec.address, 1,
                            (self._value(spec),), generation=gen)
         if r < 0.51:
-            bits = self.rng.choice([1, 2, 4, 7, self.fault.mask, self.fault.mask,
-                                    (self.fault.mask + 1) | 1])
-            return Command(CommandKind.CLEAR_FAULTS, self.fault.address, 1, (bits,))
+            fault = self.rng.choice(self.faults)
+            bits = self.rng.choice([1, 2, 4, 7, fault.mask, fault.mask, (fault.mask + 1) | 1])
+            return Command(CommandKind.CLEAR_FAULTS, fault.address, 1, (bits,))
         if r < 0.58:
             return Command(CommandKind.TRIGGER, trig)
         if r < 0.63:
@@ -357,15 +373,16 @@ class Campaign:
             active = rng.random() < 0.5
             self.set_condition(bit, active)
             self.oracle.set_condition(bit, active, now)
-        if rng.random() < 0.01:  # an abnormal trigger state, or back to a normal one
+        if rng.random() < 0.01 and self.triggers:  # an abnormal trigger state, or back
             raw = rng.choice([7, 0x00FF, 0, 0, 2])
-            self.force_trigger(self.trigger.name, raw)
-            self.oracle.force_trigger(self.trigger.name, raw, now)
+            name = rng.choice(self.triggers).name
+            self.force_trigger(name, raw)
+            self.oracle.force_trigger(name, raw, now)
 
     # -------------------------------------------------------------- host processes
     def _new_host(self) -> _Host:
         cfg = self.cfg
-        return _Host(self.transport, timeout=cfg.timeout, attempts=cfg.attempts,
+        return _Host(self.transport, regmap=self.regmap, timeout=cfg.timeout, attempts=cfg.attempts,
                       max_inflight=cfg.max_batch)
 
     def _connect(self) -> None:
@@ -528,10 +545,8 @@ class _Campaign(Campaign):
             seed=cfg.seed,
         )
         link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
-        from idemlink.protocol.regmap_file import builtin_map
-
         self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
-                                   regmap=builtin_map(cfg.regmap))
+                                   regmap=resolve_regmap(cfg.regmap))
         self.sim.core.max_log = 1000  # the oracle reads executions, not the core's effect log
         self.sim_transport = SimTransport(self.sim, link, link_back)
         self._exec_mark = 0

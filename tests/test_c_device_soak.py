@@ -298,3 +298,37 @@ def test_a_bad_retry_timeout_is_one_line_exit_1(args: list[str], says: str) -> N
     r = subprocess.run([sys.executable, "-m", "idemlink", "soak", "--commands", "10", *args],
                        capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="session")
+def pump_device_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The posix device built for the built-in pump controller (address gaps, two fault words,
+    two triggers, a volatile HOLDING), from the header `idemlink contract --regmap` renders."""
+    from idemlink.protocol.contract import render_map_header
+    from idemlink.protocol.regmap_file import builtin_map
+
+    _make("device")  # the tools are there
+    d = tmp_path_factory.mktemp("pump-soak")
+    header = d / "idemlink_regmap.h"
+    header.write_text(render_map_header(builtin_map("pump-controller")), encoding="utf-8")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), "device", f"BUILD={d / 'build'}",
+                           f"REGMAP_H={header}"], capture_output=True, text=True, check=False,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return d / "build" / "posix" / "idemlink-device"
+
+
+def test_a_device_built_for_another_map_is_soaked_with_that_map(pump_device_bin: Path,
+                                                                tmp_path: Path) -> None:
+    """`soak --regmap`: the campaign, the host and the oracle all take the device's own map
+    (without it the device is refused as serving another map, nothing run)."""
+    template = f"{pump_device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
+    argv = [sys.executable, "-m", "idemlink", "soak", "--device-cmd", template, "--commands",
+            "600", "--reboot-every", "150", "--retry-timeout", "0.01", "--no-progress", "--json"]
+    r = subprocess.run([*argv, "--regmap", "pump-controller"], capture_output=True, text=True,
+                       timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.splitlines()[-1])
+    assert report["passed"] is True and report["commands"] == 600
+    wrong = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert wrong.returncode == 1 and "pump-controller" in wrong.stderr, wrong.stderr

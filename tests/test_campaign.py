@@ -396,3 +396,37 @@ def test_mutant_w1c_clearing_bits_it_was_not_given_breaks_register_semantics(
     monkeypatch.setattr(DeviceCore, "_apply", greedy)
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert rep.register_semantics > 0
+
+
+HOLDINGS_ONLY = """
+name = "holdings-only"
+[[registers]]
+name = "speed"
+address = 10
+kind = "holding"
+min = 0
+max = 100
+default = 5
+[[registers]]
+name = "generation"
+address = 11
+kind = "generation"
+"""
+
+
+@pytest.mark.parametrize("regmap", ["pump-controller", "holdings-only.toml", "pump.json"])
+def test_the_campaign_runs_any_map(regmap: str, tmp_path: Any) -> None:
+    """A built-in map with address gaps, two fault words and two triggers; a map file with no
+    fault word and no trigger (those commands become reads); a JSON map file: each PASSes."""
+    from idemlink.protocol.regmap_file import builtin_map, map_document
+
+    if regmap == "holdings-only.toml":
+        (tmp_path / regmap).write_text(HOLDINGS_ONLY, encoding="utf-8")
+        regmap = str(tmp_path / regmap)
+    elif regmap == "pump.json":
+        (tmp_path / regmap).write_text(json.dumps(map_document(builtin_map("pump-controller"))),
+                                       encoding="utf-8")
+        regmap = str(tmp_path / regmap)
+    rep = run_campaign(CampaignConfig(commands=1500, regmap=regmap, seed=5), fail_fast=True)
+    assert rep.passed, rep.problems[:3]
+    assert rep.commands == 1500 and rep.executions > 1000

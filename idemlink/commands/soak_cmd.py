@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_INTERRUPTED, add_frame_fault_options
+from idemlink.cli import EXIT_INTERRUPTED, add_frame_fault_options, add_regmap_option, regmap_from
 from idemlink.output import Progress, add_json_option, error_json, print_json
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ def register(sub: Any) -> None:
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
+    add_regmap_option(p)
     add_json_option(p, "idemlink.soak/1")
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw retries, replays, UNKNOWN and reboots along the run (matplotlib)")
@@ -101,8 +102,10 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
     duration = args.trigger_duration if args.trigger_duration is not None else 0.05
     if not duration >= 0:
         raise UserError(f"--trigger-duration {duration} must be >= 0 seconds")
+    regmap = args.regmap if args.regmap is not None else "thermal-controller"
+    regmap_from(args)  # a map file that cannot be loaded: one line, before anything starts
     return CampaignConfig(
-        commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
+        regmap=regmap, commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
         restart_every=args.restart_every, seed=args.seed, max_batch=max(1, args.batch),
         trigger_duration=duration,
