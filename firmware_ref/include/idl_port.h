@@ -8,7 +8,7 @@
  * | function                    | what                                        | context       |
  * |-----------------------------|---------------------------------------------|---------------|
  * | idl_port_write              | send bytes (UART TX: may block or queue)    | main loop     |
- * | idl_port_millis             | free-running ms clock, wraps modulo 2^32    | ISR-safe read |
+ * | idl_port_millis             | free-running ms clock, wraps modulo 2^32    | main loop (*) |
  * | idl_port_flash_load         | the saved configuration, if any             | init only     |
  * | idl_port_flash_save         | save a configuration (persist first)        | main loop     |
  * | idl_port_unique_id          | the MCU's unique id as text (1..64 chars of | init only     |
@@ -29,6 +29,10 @@
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
  * (except through idl_port_write / idl_port_flash_save).
+ *
+ * (*) The core calls every port function from the main loop only. idl_port_millis is the one a
+ * port usually feeds from an interrupt (a SysTick counter): reading it must then be atomic (one
+ * aligned 32-bit load on a Cortex-M is).
  */
 #ifndef IDL_PORT_H
 #define IDL_PORT_H

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if info.map_hash is None:
         map_line = "not advertised (an older firmware)"
     else:
-        verdict = "matches --regmap" if matches else (
+        ours_is = "matches --regmap" if args.regmap is not None else "the built-in default map"
+        verdict = ours_is if matches else (
             f"differs from {regmap.name} {regmap.hash.hex()}: commands need its map file")
         map_line = f"{printable(info.map_name or '')} {info.map_hash.hex()} ({verdict})"
     proto = "same as ours" if info.contract_hash == ours else f"ours is {ours.hex()}"
