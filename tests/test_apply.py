@@ -352,3 +352,34 @@ def test_conditional_step_fails_when_another_host_changed_the_configuration(
         J.StepState.ABSENT  # released: it may run again
     rc, doc = apply([str(plan)], device, capsys)  # a fresh run reads the new generation
     assert rc == 0 and device.core.value("fan_setpoint") == 90
+
+
+def test_clear_step_cut_off_while_reading_the_word_first_leaves_nothing_in_flight(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C (or a port failing) during the read that precedes a fault clear: the clear was
+    never sent, so the journal holds nothing in flight and the next run simply clears."""
+    plan = write_plan(tmp_path / "plan.json", {"steps": [{"clear": {"faults": ["fan_stall"]}}]})
+    device = SimulatedDevice(seed=12)
+    device.core.set_condition("fan_stall", True, 0.0)
+    device.core.set_condition("fan_stall", False, 0.0)  # latched, condition gone
+    args = build_parser().parse_args(["apply", str(plan)])
+
+    def opener() -> Device:
+        dev = Device(SimTransport(device))
+        dev.connect()
+
+        def interrupted(*names: str, **kw: Any) -> Any:
+            raise KeyboardInterrupt
+
+        dev.read = interrupted  # type: ignore[method-assign]
+        return dev
+
+    args.open_device = opener
+    with pytest.raises(KeyboardInterrupt):
+        args.handler(args)
+    capsys.readouterr()
+    assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 0
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0 and [s["state"] for s in doc["steps"]] == ["executed"]
+    assert "reconciled" not in doc and "in_flight" not in doc
+    assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1

@@ -196,6 +196,7 @@ class ApplyRun:
         self.generation: int | None = None
         self.entries: list[dict[str, Any]] = []
         self.readings: list[dict[str, Any]] = []  #: what the step being sent read back
+        self.clear_before: Result | None = None  #: a clear step's word, read before it is in flight
         self.outcomes: list[Outcome] = []
         self.doc: dict[str, Any] = {"plan": plan.name}
 
@@ -336,6 +337,9 @@ class ApplyRun:
                 return Settled(Outcome.NOT_EXECUTED, e,
                                [f"{self.head(step)}: not started: the trigger is {name} "
                                 f"(`idemlink trigger {step.register.name} --reset` re-arms it)"])
+        if step.kind is StepKind.CLEAR:  # read before the step is in flight: nothing sent yet
+            assert step.register is not None
+            self.clear_before = self.dev.read(step.register.name)
         try:
             self.journal.begin(self.device_id, step.key)
         except JournalError as exc:
@@ -401,7 +405,7 @@ class ApplyRun:
             return r, Outcome.REJECTED, f" ({name})"
         if step.kind is StepKind.CLEAR:
             assert step.register is not None
-            first = self.dev.read(step.register.name)
+            first = self.clear_before
             r = self.dev.clear_faults(step.mask, step.register.name)
             if not r.ok:
                 return r, r.outcome, ""
@@ -410,7 +414,8 @@ class ApplyRun:
                 return r, r.outcome, ""
             self.readings = [reading_entry(step.register, back)]
             notes = clear_notes(step.register, step.mask,
-                                first.values[0] if first.ok else None, back.values[0])
+                                first.values[0] if first is not None and first.ok else None,
+                                back.values[0])
             return r, r.outcome, (f" ({'; '.join(notes)})" if notes else "")
         assert self.generation is not None
         guard = self.generation
