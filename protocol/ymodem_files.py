@@ -235,8 +235,11 @@ def _may_be_identical(target: Path, size: int | None) -> bool:
 
 
 def _same_bytes(fd: int, target: Path, size: int) -> bool:
-    """The ``size`` bytes of the open temporary ``fd`` equal the file ``target`` (whole)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+    """The ``size`` bytes of the open temporary ``fd`` equal the file ``target`` (whole).
+    ``target`` may have been swapped since the header: a link is not followed, and a FIFO or a
+    device is opened without blocking or side effect, then found not a regular file."""
+    flags = (os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NOCTTY", 0))
     other = os.open(target, flags)
     try:
         if not stat.S_ISREG(os.fstat(other).st_mode) or os.fstat(other).st_size != size:

@@ -10,6 +10,7 @@ import errno
 import os
 import random
 import stat
+import threading
 from pathlib import Path
 
 import pytest
@@ -122,6 +123,44 @@ def test_a_same_size_different_file_is_refused_at_commit(tmp_path: Path) -> None
     assert sent.count(CAN) >= 2 and tx.state is TxState.ABORTED
     assert visible(tmp_path) == {"keep.txt": b"original"}
     assert "exists (use --overwrite)" in drv.report.reason
+
+
+@pytest.mark.parametrize("swap", ["fifo", "symlink", "gone", "other"])
+def test_a_file_replaced_between_header_and_commit_is_never_identical(
+        tmp_path: Path, swap: str) -> None:
+    """The existing file is swapped after the header passed (a FIFO, a symlink to a copy of the
+    bytes, deleted, other bytes of the same size): the commit refuses at once, never hangs on a
+    FIFO, never follows a link, never reports the file identical."""
+    data = random.Random(4).randbytes(2000)
+    target = tmp_path / "fw.bin"
+    target.write_bytes(data)
+    (tmp_path / "copy").write_bytes(data)
+
+    class Swapping(DirectorySink):
+        def write(self, offset: int, data: bytes) -> None:
+            super().write(offset, data)
+            if offset == 0:
+                target.unlink()
+                if swap == "fifo":
+                    os.mkfifo(target)
+                elif swap == "symlink":
+                    target.symlink_to(tmp_path / "copy")
+                elif swap == "other":
+                    target.write_bytes(bytes(len(data)))
+
+    drv = ReceiverDriver(Swapping(tmp_path))
+    tx = Sender(files({"fw.bin": data}))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (run(tx, drv), done.set()), daemon=True)
+    worker.start()
+    if not done.wait(5):
+        fd = os.open(target, os.O_WRONLY | os.O_NONBLOCK)  # release the blocked reader
+        os.close(fd)
+        worker.join(5)
+        pytest.fail("the commit hung opening a FIFO")
+    assert tx.state is TxState.ABORTED and not drv.report.ok
+    assert not any(f.identical for f in drv.report.files)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ymodem-")]
 
 
 def test_a_symlink_of_that_name_is_still_refused_at_the_header(tmp_path: Path) -> None:
