@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from idemlink.device_sim.link import LinkConfig
 from idemlink.pytest_plugin import start_pty_sim
 
@@ -125,3 +127,15 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
     assert "no values; trying again at every poll" in trouble[0]
     words = trouble[0].split()
     assert all(words[i:i + 2] != words[i + 2:i + 4] for i in range(len(words) - 3)), trouble
+
+
+def test_a_port_that_cannot_be_configured_is_said_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """/dev/null opens but is no serial port: pyserial's reason carries no errno; the line says
+    `cannot open PATH` once, then pyserial's own words."""
+    from idemlink.cli import main
+
+    assert main(["watch", "--port", "/dev/null", "--count", "1", "mode"]) == 1
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith("idemlink watch: cannot open /dev/null: "), first
+    assert first.count("cannot open") == 1 and "Could not configure port" in first, first

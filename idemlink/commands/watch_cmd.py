@@ -215,7 +215,9 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                     summary.port_failures += 1
                     continue
                 except PortError as exc:
-                    trouble.failed(f"cannot open {args.port}: {root_cause(exc)}")
+                    why = root_cause(exc)  # no errno: the port's own line, already "cannot open"
+                    trouble.failed(why if why.startswith("cannot open ")
+                                   else f"cannot open {args.port}: {why}")
                     summary.polls += 1
                     summary.port_failures += 1
                     continue
