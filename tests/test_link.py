@@ -777,3 +777,16 @@ def test_link_monitor_decodes_the_frames_crossing_the_line() -> None:
     assert "a->b HELLO" in text and "b->a HELLO_REPLY" in text
     assert "a->b REQUEST" in text and "threshold" in text
     assert "b->a RESPONSE" in text
+
+
+def test_link_refuses_a_bad_regmap_even_without_monitor(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--regmap`` is read whether or not ``--monitor`` is given: a file that is no map is one
+    line and exit 1 before any pty is opened, not silently ignored."""
+    from idemlink.cli import main
+
+    bad = tmp_path / "map.json"
+    bad.write_text("{bad")
+    assert main(["link", "--regmap", str(bad)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "not valid JSON" in err

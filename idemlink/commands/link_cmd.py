@@ -127,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         )
     except LinkConfigError as exc:
         raise UserError(str(exc)) from None
-    tap = _monitor_tap(regmap_from(args), bool(getattr(args, "json", False))) if args.monitor \
-        else None
+    regmap = regmap_from(args)  # a bad --regmap is refused even without --monitor
+    tap = _monitor_tap(regmap, bool(getattr(args, "json", False))) if args.monitor else None
     try:
         proxy = LinkProxy(args.a, args.b, config, tap=tap)
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
