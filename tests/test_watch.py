@@ -139,3 +139,15 @@ def test_a_port_that_cannot_be_configured_is_said_once(capsys: pytest.CaptureFix
     first = err.splitlines()[0]
     assert first.startswith("idemlink watch: cannot open /dev/null: "), first
     assert first.count("cannot open") == 1 and "Could not configure port" in first, first
+
+
+def test_json_watch_that_never_reached_a_device_ends_with_an_error_object(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Exit 1 with ``--json``: the stream's last object is ``idemlink.error/1``, as for every
+    command's error."""
+    from idemlink.cli import main
+
+    assert main(["watch", "--port", "/dev/null", "--count", "1", "--json", "mode"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    doc = json.loads(out[-1])
+    assert doc["schema"] == "idemlink.error/1" and doc["exit"] == 1 and doc["command"] == "watch"

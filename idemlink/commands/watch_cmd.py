@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
-from idemlink.output import print_json, register_entry
+from idemlink.output import error_json, print_json, register_entry
 
 if TYPE_CHECKING:
     from idemlink.host.device import Command, Device
@@ -243,7 +243,11 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
         if dev is not None:
             dev.close()
     print(summary.line(), file=sys.stderr)
-    return EXIT_OK if ever_open else EXIT_LOCAL_ERROR
+    if ever_open:
+        return EXIT_OK
+    error_json(args, f"no poll reached a device on {args.port}", EXIT_LOCAL_ERROR,
+               polls=summary.polls)
+    return EXIT_LOCAL_ERROR
 
 
 def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
