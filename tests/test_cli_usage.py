@@ -86,3 +86,21 @@ def test_a_flash_dir_of_another_map_names_the_regmap_to_use(tmp_path: Path, save
     with pytest.raises(UnsafeFlashFileError) as refused:
         ConfigFlash(tmp_path).claim_map("thermal-controller", "fedcba9876543210")
     assert hint in str(refused.value) and "another flash directory" in str(refused.value)
+
+
+@pytest.mark.parametrize("argv", [
+    ["receive", "--idle-timeout", "inf"], ["receive", "--idle-timeout", "nan"],
+    ["receive", "--idle-timeout", "0"], ["send", "--turnaround-ms", "nan", "FILE"],
+    ["send", "--turnaround-ms", "inf", "FILE"], ["send", "--turnaround-ms", "-1", "FILE"],
+])
+def test_non_finite_or_negative_ymodem_durations_are_one_line(
+        argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused before the port is opened (it does not exist): one line, exit 1, no traceback."""
+    from idemlink.cli import main
+
+    (tmp_path / "f.bin").write_bytes(b"x")
+    args = [a.replace("FILE", str(tmp_path / "f.bin")) for a in argv]
+    extra = ["--dir", str(tmp_path)] if argv[0] == "receive" else ["--plain"]
+    assert main([*args, "--port", str(tmp_path / "no-port"), *extra]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "expected" in err and "cannot open" not in err, err

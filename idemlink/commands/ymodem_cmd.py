@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -49,6 +50,8 @@ RECEIVE_SCHEMA = "idemlink.receive/1"
 NO_HANDOVER = "NONE"
 """``send``'s JSON ``handover`` when every file was already on the device, identical: the port was
 never handed over (otherwise the hand-over command's outcome, ``OK``, ``UNKNOWN``...)."""
+MAX_TURNAROUND_MS = 1000.0
+"""Upper bound of ``send --turnaround-ms`` (a pause before each block; more is a typo)."""
 
 if TYPE_CHECKING:
     from idemlink.protocol.ymodem_receiver import ReceiverConfig
@@ -246,6 +249,9 @@ def run_send(args: argparse.Namespace) -> int:
     from idemlink.protocol.ymodem_wire import build_header
 
     check_seconds("--start-timeout", args.start_timeout, 3600.0)  # before anything is sent
+    if not (math.isfinite(args.turnaround_ms) and 0 <= args.turnaround_ms <= MAX_TURNAROUND_MS):
+        raise UserError(f"--turnaround-ms {args.turnaround_ms!r}: expected milliseconds, >= 0 and "
+                        f"<= {MAX_TURNAROUND_MS:g}")
     if args.regmap is not None:
         regmap_from(args)  # a map file that cannot be loaded is a mistake, even if unused
     for f in args.files:
@@ -385,9 +391,11 @@ def run_receive(args: argparse.Namespace) -> int:
         sink = DirectorySink(args.dir, overwrite=args.overwrite, quota=args.quota)
     except SinkRefused as exc:
         raise UserError(str(exc)) from exc
-    timeout = args.idle_timeout
-    if not timeout > 0 or (args.quota is not None and args.quota < 0):
-        raise UserError("--idle-timeout must be > 0 and --quota >= 0")
+    from idemlink.commands.common import check_seconds
+
+    check_seconds("--idle-timeout", args.idle_timeout, 3600.0)  # nan, inf: refused, not a crash
+    if args.quota is not None and args.quota < 0:
+        raise UserError("--quota must be >= 0")
     config = receiver_config(args)
     return _plain_transfer(
         args, RECEIVE_SCHEMA, "received",
