@@ -1080,6 +1080,23 @@ def test_hostile_or_foreign_flash_is_refused_untouched(device_bin: Path, tmp_pat
         assert sorted(p.name for p in flash.iterdir()) == before, name
 
 
+def test_a_flash_dir_of_another_map_is_refused_by_its_map_name(device_bin: Path,
+                                                                tmp_path: Path) -> None:
+    """A directory the pump controller's build saved (its `map` record and a configuration of its
+    registers) is refused naming the map it holds, before its configuration is read (the
+    configuration's check would only say "other registers"); nothing is written."""
+    flash = tmp_path / "pump-flash"
+    flash.mkdir()
+    (flash / "map").write_text("pump-controller e2da3a9fc375ac4d\n")
+    (flash / "config.json").write_text('{"generation": 3, "holdings": [[256, 7], [300, 2]]}')
+    before = {p.name: p.read_bytes() for p in flash.iterdir()}
+    proc = subprocess.run([str(device_bin), "--flash-dir", str(flash)], capture_output=True,
+                          text=True, timeout=5, check=False)
+    assert proc.returncode == 1 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert "register map pump-controller" in proc.stderr, proc.stderr
+    assert {p.name: p.read_bytes() for p in flash.iterdir()} == before
+
+
 def test_a_seeded_device_draws_new_epochs_on_every_start(device_bin: Path, tmp_path: Path) -> None:
     epochs = []
     for boot in (1, 2, 3):

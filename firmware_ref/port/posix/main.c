@@ -389,14 +389,19 @@ static void remove_stale_temporaries(const char *dir, int receiving)
 }
 
 /* Tie the flash directory to this map (file `map`: name and hash, like the Python simulator):
- * a directory saved with another map is refused, nothing changed. */
-static void claim_map(void)
+ * a directory saved with another map is refused, nothing changed. Checked first (`record` 0), so
+ * that a directory of another map is refused by name before its configuration is read; the record
+ * is written (`record` 1) once every check has passed. */
+static void claim_map(int record)
 {
     char text[257];
     char name[257];
     char hash[257];
     long n = read_flash_file("map", text, sizeof text);
     if (n < 0) {
+        if (!record) {
+            return;
+        }
         n = (long)snprintf(text, sizeof text, "%s %s\n", IDL_MAP_NAME, IDL_MAP_HASH);
         if (replace_file("map", text, (size_t)n) != 0) {
             fail(1, "flash directory: cannot write the map record", strerror(errno));
@@ -907,6 +912,7 @@ int main(int argc, char **argv)
         char text[DEVICE_ID_FILE_BYTES + 1];
         long n;
         /* every check before anything is written: a refused flash exits with nothing changed */
+        claim_map(0);
         (void)idl_port_flash_load(check, &generation);
         n = read_flash_file("device_id", text, sizeof text);
         while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) {
@@ -916,7 +922,7 @@ int main(int argc, char **argv)
             fail(1, "flash directory: device_id does not hold a device id "
                     "(1-64 characters of [A-Za-z0-9_.:-])", NULL);
         }
-        claim_map();
+        claim_map(1);
         remove_stale_temporaries(flash_dir, 0);
         snprintf(files, sizeof files, "%s/files", flash_dir);
         remove_stale_temporaries(files, 1);
