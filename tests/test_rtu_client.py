@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from rtu_reply import rtu_reply
 
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
@@ -40,14 +41,6 @@ from idemlink.protocol.rtu_master import RtuMaster, retry_allowed
 
 TH, MODE, FAULTS, TRIG, GEN, TEMP = 4, 5, 7, 8, 3, 0  # addresses in the default map
 
-
-def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
-    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
-    if data:
-        server.receive_data(data, now)
-    else:
-        server.tick(now)
-    return server.data_to_send()
 
 
 def pdu(req: Any) -> bytes:

@@ -3,6 +3,8 @@ exception 04 on a set-only write. Ground truth: the in-process slave's core."""
 
 from __future__ import annotations
 
+from rtu_reply import rtu_reply
+
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import LinkLost, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
@@ -12,14 +14,6 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 TH, MODE = 4, 5  # addresses in the default map
 
-
-def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
-    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
-    if data:
-        server.receive_data(data, now)
-    else:
-        server.tick(now)
-    return server.data_to_send()
 
 
 class LateWire:

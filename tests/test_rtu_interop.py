@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import serial
+from rtu_reply import rtu_reply
 
 from idemlink.device_sim.rtu_server import ConfigFlash, RtuServer
 from idemlink.protocol.device_core import DeviceCore, EffectKind
@@ -32,14 +33,6 @@ needs_mbpoll = pytest.mark.skipif(shutil.which("mbpoll") is None, reason="mbpoll
 
 UNIT = 1
 
-
-def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
-    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
-    if data:
-        server.receive_data(data, now)
-    else:
-        server.tick(now)
-    return server.data_to_send()
 
 
 def _read_line(stream: Any, proc: subprocess.Popen[bytes], deadline: float) -> str:

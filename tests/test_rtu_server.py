@@ -32,6 +32,7 @@ import pytest
 import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rtu_reply import rtu_reply
 
 from idemlink.cli import EXIT_LOCAL_ERROR
 from idemlink.device_sim.device import SimulatedDevice
@@ -46,14 +47,6 @@ from idemlink.protocol.registers import FaultBit, RegisterSchemaError, make_map,
 OUR_READ = encode_rtu(1, bytes.fromhex("0300040001"))  # read threshold
 OUR_ANSWER = encode_rtu(1, bytes.fromhex("0302015e"))  # 350
 
-
-def rtu_reply(server: RtuServer, data: bytes, now: float) -> bytes:
-    """What ``server`` answers by ``now`` to the bytes of one read (b"": the read was empty)."""
-    if data:
-        server.receive_data(data, now)
-    else:
-        server.tick(now)
-    return server.data_to_send()
 
 
 def _fc16_answer_of_unit2(plausible: bool) -> tuple[bytes, bytes]:
