@@ -536,6 +536,11 @@ class RunningDevice:
     def config(self) -> ConfigSnapshot:
         return ConfigSnapshot.from_json((self.flash / "config.json").read_text(encoding="utf-8"))
 
+    @property
+    def files(self) -> Path:
+        """Where FILE_RECEIVE stores (``<flash-dir>/files``)."""
+        return self.flash / "files"
+
 
 @pytest.fixture
 def cdev(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:

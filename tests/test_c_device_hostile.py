@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_c_device import RunningDevice
 from test_c_ymodem import DEVICE, Pair, _build_lib
 
 from idemlink.device_sim.flash import (
@@ -59,25 +60,9 @@ def device_bin() -> Path:
     return BINARY
 
 
-class Serving:
-    """``idemlink-device --flash-dir`` on a new pty (its path is the first line of stdout)."""
-
-    def __init__(self, binary: Path, flash: Path) -> None:
-        self.proc = subprocess.Popen([str(binary), "--flash-dir", str(flash)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.path = self.proc.stdout.readline().strip()
-        assert self.path.startswith("/dev/"), self.proc.communicate(timeout=5)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=5)
-        assert self.proc.returncode == 0, err
-
-
 @pytest.fixture
-def serving(device_bin: Path, tmp_path: Path) -> Iterator[Serving]:
-    dev = Serving(device_bin, tmp_path / "flash")
+def serving(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
+    dev = RunningDevice(device_bin, tmp_path / "flash")
     try:
         yield dev
     finally:
@@ -97,7 +82,7 @@ def _listing(d: Path) -> dict[str, bytes]:
 
 
 def test_a_second_device_on_the_same_flash_dir_is_refused(device_bin: Path,
-                                                          serving: Serving,
+                                                          serving: RunningDevice,
                                                           tmp_path: Path) -> None:
     flash = tmp_path / "flash"
     before = _listing(flash)
@@ -139,7 +124,7 @@ def test_qemu_device_takes_the_same_lock(tmp_path: Path) -> None:
 def test_a_nested_flash_dir_is_created_with_its_parents(device_bin: Path,
                                                         tmp_path: Path) -> None:
     flash = tmp_path / "not" / "yet" / "flash"
-    dev = Serving(device_bin, flash)
+    dev = RunningDevice(device_bin, flash)
     dev.stop()
     assert sorted(p.name for p in flash.iterdir()) == ["boots", "device_id", "map"]
 
@@ -155,7 +140,7 @@ def test_flash_files_as_large_as_the_simulator_reads_are_read(device_bin: Path,
     (flash / "config.json").write_text(config)
     assert ConfigFlash(flash).load() == ConfigSnapshot(((4, 600), (5, 1), (6, 50)), 7)
     assert ConfigFlash(flash).device_id() == ident
-    dev = Serving(device_bin, flash)
+    dev = RunningDevice(device_bin, flash)
     dev.stop()
     assert (flash / "config.json").read_text() == config  # read, not rewritten
 
@@ -190,7 +175,7 @@ def test_a_killed_devices_temporaries_are_removed_at_the_next_start(device_bin: 
             flash / ".boots.tmp", flash / ".config.json.orig", flash / ".ymodem-1.part"]
     for p in stale + kept:
         p.write_bytes(b"half")
-    dev = Serving(device_bin, flash)
+    dev = RunningDevice(device_bin, flash)
     try:
         assert [p for p in stale if p.exists()] == []
         assert all(p.read_bytes() == b"half" for p in kept)

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_c_device import QemuDevice
+from test_c_device import QemuDevice, RunningDevice
 
 from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.frame import crc32c
@@ -49,32 +49,10 @@ def _make(target: str) -> str:
     return proc.stdout
 
 
-class CDevice:
-    """``idemlink-device --flash-dir`` on a new pty (its path is the first line of stdout)."""
-
-    def __init__(self, flash: Path) -> None:
-        self.flash = flash
-        self.proc = subprocess.Popen([str(BINARY), "--flash-dir", str(flash)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.path = self.proc.stdout.readline().strip()
-        assert self.path.startswith("/dev/"), self.path
-
-    @property
-    def files(self) -> Path:
-        return self.flash / "files"
-
-    def stop(self) -> str:
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=5)
-        assert self.proc.returncode == 0, err
-        return err
-
-
 @pytest.fixture
-def cdev(tmp_path: Path) -> Iterator[CDevice]:
+def cdev(tmp_path: Path) -> Iterator[RunningDevice]:
     _make("device")
-    dev = CDevice(tmp_path / "flash")
+    dev = RunningDevice(BINARY, tmp_path / "flash")
     try:
         yield dev
     finally:
@@ -96,7 +74,7 @@ def make_files(d: Path) -> list[Path]:
     return [d / name for name in files]
 
 
-def test_send_into_the_c_device_then_frames_again(cdev: CDevice, tmp_path: Path) -> None:
+def test_send_into_the_c_device_then_frames_again(cdev: RunningDevice, tmp_path: Path) -> None:
     files = make_files(tmp_path / "src")
     with Device.open(cdev.path) as dev:
         res, report = dev.send_files([str(f) for f in files])
@@ -118,7 +96,7 @@ def test_send_into_the_c_device_then_frames_again(cdev: CDevice, tmp_path: Path)
     cdev.stop()
 
 
-def test_a_changed_file_is_replaced_only_when_asked(cdev: CDevice, tmp_path: Path) -> None:
+def test_a_changed_file_is_replaced_only_when_asked(cdev: RunningDevice, tmp_path: Path) -> None:
     f = tmp_path / "settings.bin"
     f.write_bytes(b"first version\n")
     stored = cdev.files / "settings.bin"
@@ -136,7 +114,7 @@ def test_a_changed_file_is_replaced_only_when_asked(cdev: CDevice, tmp_path: Pat
     cdev.stop()
 
 
-def test_the_requests_forms_answer_like_the_simulator(cdev: CDevice) -> None:
+def test_the_requests_forms_answer_like_the_simulator(cdev: RunningDevice) -> None:
     """``44 02`` and ``44 00 00`` are exception 03 and hand nothing over; registers still answer."""
     with Device.open(cdev.path) as dev:
         for values in ((2,), (0, 0)):
@@ -147,7 +125,7 @@ def test_the_requests_forms_answer_like_the_simulator(cdev: CDevice) -> None:
     cdev.stop()
 
 
-def test_a_batch_cut_short_leaves_nothing(cdev: CDevice) -> None:
+def test_a_batch_cut_short_leaves_nothing(cdev: RunningDevice) -> None:
     """Mid-file, the sender cancels (CAN CAN): the temporary is deleted, frames resume. Mid-file
     again, the device is stopped (SIGTERM): the temporary is deleted too."""
     _, header = build_header("half.bin", 3000, 0, 0o644)
@@ -175,7 +153,7 @@ def test_a_batch_cut_short_leaves_nothing(cdev: CDevice) -> None:
 
 @pytest.mark.skipif(not (shutil.which("sb")), reason="needs lrzsz (sb)")
 @pytest.mark.parametrize("k", [True, False], ids=["sb-k", "sb-128"])
-def test_sb_into_the_c_receiver(cdev: CDevice, tmp_path: Path, k: bool) -> None:
+def test_sb_into_the_c_receiver(cdev: RunningDevice, tmp_path: Path, k: bool) -> None:
     files = make_files(tmp_path / "src")
     with Device.open(cdev.path) as dev:
         res = dev.execute(Command(CommandKind.FILE_RECEIVE, 0))
