@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from idemlink.host import file_transfer
 from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport, AsyncTransport
-from idemlink.host.command import Command, Reconciliation, Result
+from idemlink.host.command import Command, Reconciliation, Result, SentRequest
 from idemlink.host.errors import TRANSPORT_ERRORS, LinkLost
 from idemlink.host.operations import OPERATIONS, DeviceHandle, Operations, Steps
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
@@ -289,6 +289,14 @@ class AsyncDevice(DeviceHandle):
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         return await self._drive(self.ops.reconcile_steps(result))
+
+    async def reconcile_sent(self, command: Command,
+                             sent_as: tuple[tuple[int, int], ...]) -> Reconciliation:
+        return await self._drive(self.ops.evidence_steps(command, sent_as))
+
+    async def execute_recorded(self, command: Command,
+                               record: Callable[[SentRequest], None]) -> Result:
+        return await self._drive(self.ops.recorded_steps(command, record))
 
 
 async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:

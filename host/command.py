@@ -27,6 +27,7 @@ from idemlink.protocol.modbus import (
     WriteMultipleRegisters,
     WriteSingleRegister,
     decode_read_values,
+    decode_request,
     decode_response,
     encode_file_info_request,
     encode_request,
@@ -138,6 +139,7 @@ class Result:
     epoch: int = 0
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) it travelled under
     file: FileInfoResponse | None = None  #: FILE_INFO: the decoded answer (OK outcome only)
+    answered: bool = False  #: the device answered it with a PDU (it ran, now or before: replay)
 
     @property
     def ok(self) -> bool:
@@ -152,13 +154,33 @@ class Result:
 
 
 @dataclass(frozen=True, slots=True)
+class SentRequest:
+    """What a journal keeps of a request before it leaves: its PDU and the (epoch, seq) it
+    travels under (None for a plain Modbus slave, which numbers nothing)."""
+
+    pdu: bytes
+    number: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Reconciliation:
     """What ``reconcile()`` read back for the command that ended UNKNOWN."""
 
     command: Command
     observed: dict[str, int]
-    intended_state_holds: bool | None  #: None: cannot be decided from the state alone
+    intended_state_holds: bool | None  #: what holds *now*; None: cannot be decided from the state
     summary: str
+    #: did the command run, by the device's own evidence (``idemlink.host.evidence``): True (it
+    #: ran, before or now on the re-send), False (the device proves it never ran), None (unknown;
+    #: a state that holds is never taken for "it ran")
+    executed: bool | None = None
+    evidence: str = ""  #: how ``executed`` was settled, or why it could not be
+    resent: Result | None = None  #: the re-send under the command's own number, if one was made
+
+    def describe(self) -> str:
+        """One line: what holds now, then whether it ran and why."""
+        ran = {True: "it ran", False: "it did not run", None: "whether it ran is unknown"}
+        return f"{self.summary}; {ran[self.executed]} ({self.evidence or 'no evidence'})"
 
 
 def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
@@ -289,6 +311,31 @@ class CommandBuilder:
         cmd.pdu()  # ValueError for a name YMODEM's receiver would refuse
         return cmd
 
+    def command_of_pdu(self, pdu: bytes) -> Command:
+        """The ``Command`` whose ``pdu()`` is ``pdu`` (a journaled request, re-sent byte for
+        byte): a write to a fault register is a clear, a trigger request of 0 a reset.
+        ``LocalProtocolError`` for bytes that are no register request of this map."""
+        try:
+            req = decode_request(pdu)
+        except RemoteProtocolError as exc:
+            raise LocalProtocolError(f"not a request this host sends: {exc}") from None
+        if isinstance(req, ReadRegisters):
+            return Command(CommandKind.READ, req.address, req.count,
+                           input_registers=req.function == FunctionCode.READ_INPUT_REGISTERS)
+        if isinstance(req, WriteIfGeneration):
+            return Command(CommandKind.WRITE_IF_GENERATION, req.address, len(req.values),
+                           req.values, generation=req.generation)
+        if isinstance(req, TriggerRequest):
+            kind = {1: CommandKind.TRIGGER, 0: CommandKind.TRIGGER_RESET}.get(req.value)
+            if kind is None:
+                return Command(CommandKind.TRIGGER, req.address, values=(req.value,))
+            return Command(kind, req.address)
+        values = (req.value,) if isinstance(req, WriteSingleRegister) else req.values
+        spec = self.regmap.at(req.address)
+        kind = (CommandKind.CLEAR_FAULTS if spec is not None and spec.kind is RegisterKind.FAULT
+                and len(values) == 1 else CommandKind.WRITE)
+        return Command(kind, req.address, len(values), values)
+
     def register_of_kind(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
         """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
         the choices when the map has several or none)."""
@@ -398,6 +445,7 @@ __all__ = [
     "CommandKind",
     "Reconciliation",
     "Result",
+    "SentRequest",
     "answer_of",
     "file_info_of",
     "judge_read_back",

@@ -48,6 +48,7 @@ from idemlink.host.command import (
     CommandKind,
     Reconciliation,
     Result,
+    SentRequest,
     answer_of,
     file_info_of,
     judge_read_back,
@@ -304,10 +305,28 @@ class Device(DeviceHandle, BlockingCommands):
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
-        """Read back the state an UNKNOWN command (default: the blocking one) touched and say
-        whether the state it intended holds. Allowed while the handle is blocked. A read has no
-        effect to reconcile: it is answered without sending anything."""
+        """Settle an UNKNOWN command (default: the blocking one) by the device's own evidence
+        and read back what it touched. While the device is in the boot epoch it was sent in, it
+        is re-sent under its own number: the device replays its answer or says it ran
+        (``executed`` True), proves another request holds the number (False), or runs it now,
+        once (True); otherwise ``executed`` stays None, whatever the state read back shows
+        (``idemlink.host.evidence``). Allowed while the handle is blocked (only
+        ``acknowledge_unknown`` unblocks it). A read has no effect to reconcile: it is answered
+        without sending anything."""
         return self._drive(self.ops.reconcile_steps(result))
+
+    def reconcile_sent(self, command: Command,
+                       sent_as: tuple[tuple[int, int], ...]) -> Reconciliation:
+        """``reconcile`` for a command another process sent under the numbers ``sent_as`` (a
+        journal's record, ``execute_recorded``)."""
+        return self._drive(self.ops.evidence_steps(command, sent_as))
+
+    def execute_recorded(self, command: Command,
+                         record: Callable[[SentRequest], None]) -> Result:
+        """Run ``command`` alone, calling ``record`` with its PDU and (epoch, seq) before it
+        leaves, so that a later process can ask the device whether it ran (``reconcile_sent``).
+        If ``record`` raises, nothing was sent."""
+        return self._drive(self.ops.recorded_steps(command, record))
 
 
 __all__ = [

@@ -45,6 +45,17 @@ Contract.
   ids of a version-1 file, which belong to no device: a version-1 file loads as a keyed journal
   whose ids are all unscoped, kept and written back, never taken for any device's. A device id is
   1-64 characters of ``[A-Za-z0-9_.:-]`` starting with a letter or digit (``DEVICE_ID_PATTERN``).
+- What a pending step sent (``SentRecord``): ``begin(device, key, sent)`` records, in the same
+  atomic change that makes the step pending, the request's PDU and the (epoch, seq) it travels
+  under, *before* it is sent — so a later process can ask the device whether it ran
+  (``idemlink.host.evidence``). Stored in the optional top-level field (additive: older readers
+  keep it as an unknown field)::
+
+      "in_flight":{"<device id>":{"<id>":{"request":"<hex PDU>","epoch":E,"seq":S}}}
+
+  (``epoch``/``seq`` absent for a plain Modbus slave). Only pending steps have a record: a step
+  that leaves PENDING drops it; a record found for a step not pending (left by an older reader) is
+  dropped on load. A malformed record is ``JournalCorruptError``.
   The limits (``MAX_IDS``, ``MAX_ENCODED_BYTES``) count the whole file, all devices together.
   ``decode``/``load``/``ReceiptJournal`` (the single-scope API) refuse a version-2 file
   (``JournalVersionError``).
@@ -100,6 +111,7 @@ from idemlink.host.journal_format import (
     JournalVersionError,
     KeyedSnapshot,
     KeyLike,
+    SentRecord,
     Snapshot,
     StepEvent,
     StepState,
@@ -137,6 +149,7 @@ __all__ = [
     "KeyedStep",
     "ReceiptJournal",
     "RunReport",
+    "SentRecord",
     "Snapshot",
     "StepEvent",
     "StepState",
@@ -266,8 +279,15 @@ class DeviceJournal(_JournalShell[KeyedSnapshot]):
     def state(self, device_id: str, key: KeyLike) -> StepState:
         return self._snapshot.scope(device_id).state(_as_key(key))
 
-    def begin(self, device_id: str, key: KeyLike) -> None:
-        self._apply(device_id, _as_key(key), StepEvent.BEGIN)
+    def begin(self, device_id: str, key: KeyLike, sent: SentRecord | None = None) -> None:
+        """The step is about to run: pending, with ``sent`` (its request's PDU and number,
+        recorded before it leaves) in the same atomic change."""
+        self._apply(device_id, _as_key(key), StepEvent.BEGIN, sent)
+
+    def sent_record(self, device_id: str, key: KeyLike) -> SentRecord | None:
+        """What was recorded of a pending step's request before it left (None: nothing, e.g. a
+        journal written by an older version)."""
+        return self._snapshot.sent_record(device_id, _as_key(key))
 
     def complete(self, device_id: str, key: KeyLike) -> None:
         self._apply(device_id, _as_key(key), StepEvent.EXECUTED)
@@ -276,10 +296,12 @@ class DeviceJournal(_JournalShell[KeyedSnapshot]):
         event = StepEvent.EXECUTED if executed else StepEvent.NOT_EXECUTED
         self._apply(device_id, _as_key(key), event)
 
-    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent) -> None:
+    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent,
+               sent: SentRecord | None = None) -> None:
         scope = self._snapshot.scope(device_id)
         nxt = _next_state(scope.state(key), event, f"device {device_id} step {format_key(key)}")
-        self._commit(self._snapshot.with_scope(device_id, scope.with_state(key, nxt)), save_keyed)
+        self._commit(self._snapshot.with_scope(device_id, scope.with_state(key, nxt),
+                                               None if sent is None else (key, sent)), save_keyed)
 
 
 # ------------------------------------------------------------------------------------- runner

@@ -263,7 +263,51 @@ def decode(data: bytes, where: str = "journal") -> Snapshot:
 #: the simulator's id file), 1-64 characters of ``[A-Za-z0-9_.:-]`` starting with a letter or digit.
 DEVICE_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
-_KEYED_FIELDS = ("format", "version", "devices", "unscoped")
+_KEYED_FIELDS = ("format", "version", "devices", "unscoped", "in_flight")
+
+MAX_REQUEST_BYTES = 253
+"""The longest request PDU a frame carries; a longer recorded request is corrupt."""
+
+
+@dataclass(frozen=True, slots=True)
+class SentRecord:
+    """What was recorded of a pending step's request *before* it left: its PDU and, for an
+    idemlink device, the (epoch, seq) it travels under (None: a plain Modbus slave). It lets a
+    later process ask the device whether the step ran (``idemlink.host.evidence``)."""
+
+    request: bytes
+    number: tuple[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.request) <= MAX_REQUEST_BYTES:
+            raise JournalStateError(f"a recorded request is 1..{MAX_REQUEST_BYTES} bytes")
+        if self.number is not None and not all(
+                isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= 0xFFFFFFFF
+                for n in self.number):
+            raise JournalStateError("a recorded epoch and seq are 0..2^32-1")
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {"request": self.request.hex()}
+        if self.number is not None:
+            doc["epoch"], doc["seq"] = self.number
+        return doc
+
+    @classmethod
+    def from_json(cls, body: object, where: str) -> SentRecord:
+        if not isinstance(body, dict) or not {"request"} <= set(body) <= {"request", "epoch",
+                                                                           "seq"}:
+            raise JournalCorruptError(f"{where}: expected {{\"request\": hex[, \"epoch\", "
+                                      "\"seq\"]}")
+        raw, epoch, seq = body["request"], body.get("epoch"), body.get("seq")
+        try:
+            if not isinstance(raw, str) or len(raw) > 2 * MAX_REQUEST_BYTES:
+                raise ValueError("request is not hex of a request")
+            request = bytes.fromhex(raw)
+            if (epoch is None) != (seq is None):
+                raise ValueError("epoch and seq go together")
+            return cls(request, None if epoch is None else (epoch, seq))  # type: ignore[arg-type]
+        except (ValueError, JournalStateError) as exc:
+            raise JournalCorruptError(f"{where}: {exc}") from None
 
 
 def check_device_id(device_id: object) -> str:
@@ -284,12 +328,18 @@ class KeyedSnapshot:
     devices: Mapping[str, Snapshot] = field(default_factory=dict)
     unscoped: Snapshot = Snapshot()
     extra: Mapping[str, object] = field(default_factory=dict)
+    #: per (device id, step key) in flight: what was recorded before its request left
+    sent: Mapping[tuple[str, uuid.UUID], SentRecord] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for device_id, scope in self.devices.items():
             check_device_id(device_id)
             if scope.extra:
                 raise JournalStateError(f"device {device_id}: a scope has no extra fields")
+        for device_id, key in self.sent:
+            if key not in self.scope(device_id).pending:
+                raise JournalStateError(f"device {device_id} step {format_key(key)}: a record "
+                                        "of a request kept for a step not in flight")
         for name in self.extra:
             if name in _KEYED_FIELDS:
                 raise JournalStateError(f"extra field {name!r} collides with a journal field")
@@ -301,11 +351,21 @@ class KeyedSnapshot:
     def scope(self, device_id: str) -> Snapshot:
         return self.devices.get(check_device_id(device_id), Snapshot())
 
-    def with_scope(self, device_id: str, scope: Snapshot) -> KeyedSnapshot:
+    def with_scope(self, device_id: str, scope: Snapshot,
+                   sent: tuple[uuid.UUID, SentRecord] | None = None) -> KeyedSnapshot:
+        """This snapshot with ``device_id``'s scope replaced (and ``sent`` recorded for one of
+        its pending steps); records of steps no longer in flight are dropped."""
         devices = dict(self.devices)
         devices[check_device_id(device_id)] = scope
+        records = {(d, k): r for (d, k), r in self.sent.items()
+                   if d != device_id or k in scope.pending}
+        if sent is not None:
+            records[(device_id, sent[0])] = sent[1]
         return KeyedSnapshot({d: s for d, s in devices.items() if s.done or s.pending},
-                             self.unscoped, self.extra)
+                             self.unscoped, self.extra, records)
+
+    def sent_record(self, device_id: str, key: uuid.UUID) -> SentRecord | None:
+        return self.sent.get((check_device_id(device_id), key))
 
 
 def encode_keyed(snapshot: KeyedSnapshot) -> bytes:
@@ -320,8 +380,36 @@ def encode_keyed(snapshot: KeyedSnapshot) -> bytes:
     if u.done or u.pending or u.extra:
         doc["unscoped"] = {"done": sorted(format_key(k) for k in u.done),
                            "pending": sorted(format_key(k) for k in u.pending), **u.extra}
+    if snapshot.sent:
+        in_flight: dict[str, dict[str, object]] = {}
+        for (d, k), record in sorted(snapshot.sent.items(), key=lambda dk: (dk[0][0], str(dk[0][1]))):
+            in_flight.setdefault(d, {})[format_key(k)] = record.to_json()
+        doc["in_flight"] = in_flight
     doc.update(snapshot.extra)
     return _dump(doc)
+
+
+def _in_flight(raw: object, devices: Mapping[str, Snapshot], where: str,
+               ) -> dict[tuple[str, uuid.UUID], SentRecord]:
+    """The ``in_flight`` records of a file. A record of a step that is no longer pending (left by
+    a reader older than the field, which keeps it unchanged) is dropped: it proves nothing."""
+    if not isinstance(raw, dict):
+        raise JournalCorruptError(f"{where}: field 'in_flight' is not an object")
+    out: dict[tuple[str, uuid.UUID], SentRecord] = {}
+    for device_id, steps in raw.items():
+        at = f"{where}: in_flight {device_id[:70]!r}"
+        if not DEVICE_ID_PATTERN.match(device_id) or not isinstance(steps, dict):
+            raise JournalCorruptError(f"{at}: not a device id with an object of steps")
+        for text, body in steps.items():
+            try:
+                key = parse_key(text)
+            except MalformedKeyError as exc:
+                raise JournalCorruptError(f"{at}: {exc}") from exc
+            record = SentRecord.from_json(body, f"{at} {text}")
+            scope = devices.get(device_id)
+            if scope is not None and key in scope.pending:
+                out[(device_id, key)] = record
+    return out
 
 
 def decode_keyed(data: bytes, where: str = "journal") -> KeyedSnapshot:
@@ -354,6 +442,7 @@ def decode_keyed(data: bytes, where: str = "journal") -> KeyedSnapshot:
         unscoped = Snapshot(frozenset(done), frozenset(pending),
                             {k: v for k, v in body.items() if k not in _KNOWN_FIELDS})
     extra = {k: v for k, v in doc.items() if k not in _KEYED_FIELDS}
-    snap = KeyedSnapshot(devices, unscoped, extra)
+    sent = _in_flight(doc["in_flight"], devices, where) if "in_flight" in doc else {}
+    snap = KeyedSnapshot(devices, unscoped, extra, sent)
     check_count(snap.count)
     return snap

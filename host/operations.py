@@ -33,12 +33,14 @@ from idemlink.host.command import (
     CommandKind,
     Reconciliation,
     Result,
+    SentRequest,
     answer_of,
     file_info_of,
     judge_read_back,
     read_back_of,
 )
 from idemlink.host.errors import IncompatibleDevice, LinkLost, NoDevice, UnknownOutstanding
+from idemlink.host.evidence import no_resend_reason, resend_number, with_evidence
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import PROTOCOL_VERSION
 from idemlink.protocol.host_session import (
@@ -63,7 +65,7 @@ ReconcilePlan = Generator[list[Command], list[Result], Reconciliation]
 OPERATIONS = (
     "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
     "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
-    "reconcile", "acknowledge_unknown", "info", "unknown",
+    "reconcile", "reconcile_sent", "execute_recorded", "acknowledge_unknown", "info", "unknown",
 )
 """The operations of a device handle, the same in the blocking and the asyncio driver (each also
 inherits every ``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...)."""
@@ -274,7 +276,8 @@ class Operations:
         values, code = answer_of(c, comp.pdu)
         file = file_info_of(c, comp.pdu) if comp.outcome is Outcome.OK else None
         r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
-                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file)
+                   comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file,
+                   comp.answered)
         self.stats.commands += 1
         self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
         if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:
@@ -411,20 +414,70 @@ class Operations:
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def reconcile_steps(self, result: Result | None) -> Steps[Reconciliation | None]:
-        """Read back the state an UNKNOWN command (default: the blocking one) touched and say
-        whether the state it intended holds. A read has no effect to reconcile: it is answered
-        without sending anything."""
+        """Settle an UNKNOWN command (default: the blocking one) by the device's evidence and
+        read back what it touched (``evidence_steps``). A read has no effect to reconcile: it is
+        answered without sending anything."""
         r = result if result is not None else self.unknown
         if r is None:
             return None
-        plan = reconcile_plan(r.command, self.regmap.generation.address, self.builder.spec)
+        return (yield from self.evidence_steps(r.command, r.sent_as))
+
+    def evidence_steps(self, c: Command, sent_as: tuple[tuple[int, int], ...],
+                       ) -> Steps[Reconciliation]:
+        """Did ``c``, sent under the numbers ``sent_as`` (this session's, or a dead process's
+        from its journal), run? Re-sent under its last number when that is in the device's
+        current epoch (``idemlink.host.evidence``: the device replays, says evicted, refuses it
+        as another request's number, or runs it now, once), then the state it touched read
+        back. Allowed while the handle is blocked; a file hand-over is never re-sent (it would
+        hand the port to YMODEM)."""
+        resent: Result | None = None
+        s = self.session
+        open_epoch = s.epoch if s.state is SessionState.OPEN else None
+        number = resend_number(sent_as, open_epoch)
+        if (c.may_have_effect and c.kind is not CommandKind.FILE_RECEIVE and number is not None
+                and not s.outstanding):
+            resent = yield from self.resend_steps(c, number)
+        plan = reconcile_plan(c, self.regmap.generation.address, self.builder.spec)
         try:
             reads = next(plan)
             while True:
                 reads = plan.send((yield from self.wave_steps(reads)))
         except StopIteration as done:
             verdict: Reconciliation = done.value
+        if not c.may_have_effect:
             return verdict
+        return with_evidence(verdict, resent, no_resend_reason(sent_as, open_epoch))
+
+    def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
+        """``c`` sent again under its original ``number`` (``HostSession.resend``)."""
+        self._require_open()
+        self._tag += 1
+        tag = self._tag
+        self.awaiting[tag] = c
+        self.session.resend(c.pdu(), number, self.clock.now(), tag=tag)
+        yield from self._exchange(lambda: tag in self.completions)
+        return self.result(self.awaiting.pop(tag), self.completions.pop(tag))
+
+    def recorded_steps(self, c: Command, record: Callable[[SentRequest], None]) -> Steps[Result]:
+        """Run ``c`` alone, calling ``record(SentRequest(pdu, (epoch, seq)))`` *before* it leaves
+        (a journal keeps the number, so a later process can ask the device whether it ran). If
+        ``record`` raises, nothing was sent. If the session has no certain number to give (a
+        handshake after a reboot is under way, or requests are outstanding), nothing is
+        recorded or sent: NOT_EXECUTED."""
+        self.refuse_if_blocked()
+        self._require_open()
+        s = self.session
+        self._tag += 1
+        tag = self._tag
+        number = s.next_number()
+        if number is None:
+            self.awaiting[tag] = c
+            return self.result(self.awaiting.pop(tag), Completion(tag, Outcome.NOT_EXECUTED, None))
+        record(SentRequest(c.pdu(), number))
+        self.awaiting[tag] = c
+        s.submit(c.pdu(), self.clock.now(), set_only=False, tag=tag, number=number)
+        yield from self._exchange(lambda: tag in self.completions)
+        return self.result(self.awaiting.pop(tag), self.completions.pop(tag))
 
 
 def reconcile_plan(c: Command, generation_address: int,

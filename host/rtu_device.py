@@ -26,7 +26,7 @@ manager) with the same ``Command`` and ``Result`` types, over the sans-I/O
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from idemlink.host.command import (
     BlockingCommands,
@@ -34,6 +34,7 @@ from idemlink.host.command import (
     CommandKind,
     Reconciliation,
     Result,
+    SentRequest,
     answer_of,
 )
 from idemlink.host.errors import (
@@ -42,6 +43,7 @@ from idemlink.host.errors import (
     NoDevice,
     UnknownOutstanding,
 )
+from idemlink.host.evidence import no_resend_reason, with_evidence
 from idemlink.host.operations import reconcile_plan
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.host_session import Completion
@@ -227,14 +229,30 @@ class RtuDevice(BlockingCommands):
         r = result if result is not None else self.unknown
         if r is None:
             return None
-        plan = reconcile_plan(r.command, self.regmap.generation.address, self.spec)
+        return self.reconcile_sent(r.command, r.sent_as)
+
+    def reconcile_sent(self, command: Command,
+                       sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
+        """Read back what ``command`` touched. A standard slave keeps no record of what it ran,
+        so whether it ran stays unknown (``executed`` None) whatever the state shows."""
+        plan = reconcile_plan(command, self.regmap.generation.address, self.spec)
         try:
             reads = next(plan)
             while True:  # one read at a time here
                 reads = plan.send([self._one(read) for read in reads])
         except StopIteration as done:
             verdict: Reconciliation = done.value
+        if not command.may_have_effect:
             return verdict
+        return with_evidence(verdict, None, no_resend_reason(sent_as, None))
+
+    def execute_recorded(self, command: Command,
+                         record: Callable[[SentRequest], None]) -> Result:
+        """``record`` the request (a plain slave numbers nothing: PDU only), then run it."""
+        if self.unknown is not None:
+            self.run([])  # raises UnknownOutstanding
+        record(SentRequest(self._pdu(command)))
+        return self.execute(command)
 
 
 def _not_sent(cmds: list[Command]) -> tuple[Result, ...]:

@@ -98,6 +98,7 @@ class CampaignReport:
     executions: int = 0
     late_executions: int = 0  #: executions that landed after their result was settled
     reconcile_reads: int = 0
+    reconcile_resends: int = 0  #: UNKNOWNs asked again under their own number (evidence)
     unknown_reconciled: int = 0
     unknown_unresolved: int = 0  #: UNKNOWN whose read-back was lost too (honest, not a failure)
     dead_reconciled: int = 0  #: requests of a crashed host process, reconciled by the next one
@@ -427,14 +428,26 @@ class Campaign:
         self._sync()
         self.dev.made.clear()
         rec = self.dev.reconcile(res)
-        handles = [self.oracle.claim(claim_of(r, readback=True)) for r in self.dev.made]
+        # The re-send of ``res`` under its own last number is ``res`` asked again, not a new
+        # request: its key is already claimed by ``res``, and what it proves is checked below.
+        resent = rec.resent if rec is not None else None
+        made = [r for r in self.dev.made if r is not resent]
+        handles = [self.oracle.claim(claim_of(r, readback=True)) for r in made]
         rep.reconcile_reads += len(handles)
         self._sync()
-        for r, h in zip(self.dev.made, handles, strict=True):
+        for r, h in zip(made, handles, strict=True):
             self.oracle.judge(h)
             if r.command.may_have_effect or r.command.kind is not CommandKind.READ:
                 self.oracle.problem("duplicated_effects", f"reconcile() sent a "
                                     f"{r.command.kind.value}: {intended_pdu(r.command).hex()}")
+        if resent is not None:
+            if resent.sent_as != res.sent_as[-1:] or resent.command != res.command:
+                self.oracle.problem("duplicated_effects", "reconcile() re-sent another request "
+                                    f"or under a new number: {resent.sent_as}")
+            rep.reconcile_resends += 1
+            assert rec is not None
+            self.oracle.check_evidence(resent.sent_as[-1], intended_pdu(res.command),
+                                       rec.executed)
         self.dev.made.clear()
         if rec is None:
             self.oracle.problem("misclassified", f"reconcile() refused an UNKNOWN result: {res}")

@@ -27,7 +27,9 @@ results as *claims* (a command and every (epoch, seq) it travelled under). From 
   code (big-endian, decoded here); NOT_EXECUTED/REJECTED must have no execution that took effect,
   also one that lands later. A ``reconcile()`` verdict must agree with the modelled state, judged
   per register kind: holding = the value, trigger 1 = RUNNING or DONE, trigger 0 = IDLE, fault =
-  the written bits clear. These are ``misclassified``.
+  the written bits clear; its evidence (``check_evidence``: "it ran" / "it never ran", from the
+  request re-sent under its own number) must agree with the device's record of that number.
+  These are ``misclassified``.
 
 The model can be given a timing tolerance for devices on a real clock: a trigger within
 ``tolerance`` of its finish may be either RUNNING or DONE, and the first answer decides.
@@ -612,6 +614,21 @@ class Oracle:
         if verdict is not None and wrong:
             self.problem("misclassified", f"reconcile read {wrong}, device held "
                          f"{ {n: held[n] for n in wrong} }")
+
+    def check_evidence(self, key: tuple[int, int], request: bytes, executed: bool | None) -> None:
+        """``reconcile()`` said, from the device's answer to ``request`` re-sent under ``key``,
+        that it ran (True) or never ran (False): the device's record must agree by now."""
+        if executed is None:
+            return
+        entry = self._claims.get(key)
+        ran = key in self._executed and (entry is None or any(
+            run_key == key for run_key, _, _ in entry.runs))
+        if executed and not ran:
+            self.problem("misclassified", f"reconcile() said {request.hex()} ran under "
+                         f"{key[0]:08x}:{key[1]}; the device never ran it")
+        elif not executed and ran:
+            self.problem("misclassified", f"reconcile() said {request.hex()} never ran under "
+                         f"{key[0]:08x}:{key[1]}; the device ran it")
 
     def _held_when_read(self, name: str, readbacks: list[tuple[range, dict[int, int]]],
                         fallback: Mapping[int, int]) -> int:

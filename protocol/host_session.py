@@ -37,6 +37,16 @@ Rules (each tested):
   (``TriggerStatus``) is UNKNOWN.
 - A HELLO_REPLY whose payload does not parse fails the handshake as *incompatible* (something
   answered, not in our layout), with a one-line reason.
+- A request may be *pinned* to the number ``next_number()`` promised (``submit(..., number=)``), so
+  a journal can record (epoch, seq, PDU) before the request leaves: if by the time it would go out
+  the session would give it another number (an epoch change, a handshake since), it is never sent
+  and settles NOT_EXECUTED (no status). A pinned request is never re-issued under a new number.
+- ``resend(pdu, number)`` sends again, under its original (epoch, seq) and with the RETRANSMIT
+  flag, a request whose answer never came (this session's or a dead process's, from its journal),
+  in the device's current epoch only: the device replays the stored answer or says
+  ANSWER_EVICTED (it ran), IDEMPOTENCY_CONFLICT (another request holds that number: this one
+  never ran under it), TOO_OLD (cannot tell), or runs it now (it never arrived) — evidence from
+  the device itself (``idemlink.host.evidence``).
 - ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
   the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
   NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
@@ -107,6 +117,7 @@ class Completion:
     seq: int = 0
     epoch: int = 0
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) this request travelled under
+    answered: bool = False  #: the device answered it with a PDU (ran now, or replayed)
 
 
 @dataclass(slots=True)
@@ -136,6 +147,7 @@ class _Pending:
     tag: Any
     pdu: bytes
     set_only: bool
+    number: tuple[int, int] | None = None  #: pinned (epoch, seq): sent under it or never
     seq: int = 0
     epoch: int = 0
     attempts: int = 0
@@ -211,10 +223,38 @@ class HostSession:
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
         self._send_hello(now)
 
-    def submit(self, pdu: bytes, now: float, *, set_only: bool, tag: Any = None) -> None:
-        """Queue a request; it is sent as soon as a pipelining slot is free."""
-        self._queue.append(_Pending(tag, pdu, set_only))
+    def submit(self, pdu: bytes, now: float, *, set_only: bool, tag: Any = None,
+               number: tuple[int, int] | None = None) -> None:
+        """Queue a request; it is sent as soon as a pipelining slot is free. With ``number`` (the
+        (epoch, seq) ``next_number()`` gave) it is sent under that number or not at all: given
+        another, it settles NOT_EXECUTED without being sent."""
+        self._queue.append(_Pending(tag, pdu, set_only and number is None, number))
         self._pump(now)
+
+    def next_number(self) -> tuple[int, int] | None:
+        """The (epoch, seq) the next submitted request will travel under, when that is certain:
+        the session is open and holds nothing (else None). Record it, then ``submit`` with
+        ``number=`` it."""
+        if self.state is not SessionState.OPEN or self.outstanding:
+            return None
+        return self.epoch, self._next_seq
+
+    def resend(self, pdu: bytes, number: tuple[int, int], now: float, *, tag: Any = None) -> None:
+        """Send ``pdu`` again under its original ``number`` (epoch, seq), with the RETRANSMIT
+        flag, and settle it like any request (retries, then UNKNOWN NO_ANSWER). Only in the
+        device's current epoch and while the session holds nothing else (``LocalProtocolError``
+        otherwise): another epoch's number would only be refused."""
+        epoch, seq = number
+        if self.state is not SessionState.OPEN or self.outstanding:
+            raise LocalProtocolError("resend() needs an open session holding nothing else")
+        if epoch != self.epoch or not 0 <= seq <= SEQ_MASK:
+            raise LocalProtocolError(
+                f"resend() of epoch {epoch:#010x} seq {seq}: the device is in epoch "
+                f"{self.epoch:#010x}; a number of another boot cannot be asked about")
+        p = _Pending(tag, pdu, False, number, seq=seq, epoch=epoch)
+        p.sent_as.append(number)
+        self._inflight[seq] = p
+        self._transmit(p, now, retransmit=True)
 
     def abandon(self, status: Status) -> None:
         """Settle every request the session holds, because the shell stops driving it (``status``:
@@ -347,6 +387,10 @@ class HostSession:
             if self._inflight and self._run_ahead() >= self._run_ahead_limit():
                 break
             p = self._queue.popleft()
+            if p.number is not None and p.number != (self.epoch, self._next_seq):
+                self.counters.outcomes[Outcome.NOT_EXECUTED.name] += 1
+                self._events.append(Completion(p.tag, Outcome.NOT_EXECUTED, None))
+                continue
             p.seq = self._next_seq
             self._next_seq = (self._next_seq + 1) & SEQ_MASK
             p.epoch = self.epoch
@@ -432,7 +476,7 @@ class HostSession:
             if replay:
                 self.counters.replays += 1
             outcome, st, exc = classify_answer(p.pdu, pdu)
-            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay)
+            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay, answered=True)
             return
         info = status_info(status)
         self._finish(p, info.outcome, known_status(status))

@@ -35,6 +35,7 @@ import idemlink.host.journal_file as journal_file
 from idemlink.cli import UserError, build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
+from idemlink.host.command import SentRequest
 from idemlink.host.device import Device
 from idemlink.host.plan import load_plan
 from idemlink.protocol.device_core import EffectKind
@@ -233,7 +234,8 @@ def test_receipt_write_failure_after_the_step_ran_is_exit_5_with_the_step_line(
     monkeypatch.setattr(journal_file, "_write_all", real)
     # The journal still holds the step in flight: the next run reads it back (RUNNING: it ran).
     rc, doc = apply([str(plan)], device, capsys)
-    assert rc == 0 and doc["reconciled"] == [{"key": doc["steps"][0]["key"], "executed": True}]
+    assert rc == 0 and [(r["key"], r["executed"]) for r in doc["reconciled"]] == [
+        (doc["steps"][0]["key"], True)]
     assert doc["steps"][0]["state"] == "skipped" and started(device) == 1
 
 
@@ -383,3 +385,210 @@ def test_clear_step_cut_off_while_reading_the_word_first_leaves_nothing_in_fligh
     assert rc == 0 and [s["state"] for s in doc["steps"]] == ["executed"]
     assert "reconciled" not in doc and "in_flight" not in doc
     assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1
+
+
+# ------------------------------------------------------------------ in flight: verdicts by evidence
+#
+# A run killed between recording a one-shot step and hearing its answer leaves it in flight with
+# the number it travels under. The next run may call it "ran" only on the device's evidence (its
+# answer to the same request re-sent under that number); what a read-back shows (a fault bit a
+# reboot cleared, values already set) is never taken for "it ran".
+
+CLEAR_STALL = {"steps": [{"clear": {"faults": ["fan_stall"]}}]}
+SET_80 = {"steps": [{"write_if_generation": {"fan_setpoint": 80}}]}
+
+
+def left_in_flight(plan: Path, device: SimulatedDevice, *, send: bool) -> bytes:
+    """What a run killed after recording the plan's only step leaves: the step pending in the
+    journal with its request and number; the request never sent (``send=False``, a kill before
+    it left) or run with its answer lost (``send=True``, a kill before the receipt)."""
+    dev = Device(SimTransport(device), attempts=3)
+    dev.connect()
+    assert dev.info is not None and dev.info.device_id is not None
+    step = load_plan(str(plan), DEFAULT_MAP).steps[0]
+    if step.kind.value == "clear":
+        cmd = dev.clear_faults_command(step.mask, "faults")
+    else:
+        generation = dev.read("generation").values[0]
+        cmd = dev.write_if_generation_command(generation, step.values)
+    journal = J.DeviceJournal.open(f"{plan}.journal")
+    device_id = dev.info.device_id
+
+    def record(sent: SentRequest) -> None:
+        journal.begin(device_id, step.key, J.SentRecord(sent.pdu, sent.number))
+
+    if send:
+        assert dev.execute_recorded(cmd, record).ok
+    else:
+        number = dev.ops.session.next_number()
+        assert number is not None
+        record(SentRequest(cmd.pdu(), number))
+    return cmd.pdu()
+
+
+def runs_of(device: SimulatedDevice, pdu: bytes) -> int:
+    """Ground truth: how many times the device executed exactly ``pdu``."""
+    return sum(e.request == pdu for e in device.executions)
+
+
+def latched_stall() -> SimulatedDevice:
+    device = SimulatedDevice(seed=21)
+    device.core.set_condition("fan_stall", True, 0.0)
+    device.core.set_condition("fan_stall", False, 0.0)  # latched, condition gone
+    return device
+
+
+def test_a_clear_in_flight_across_a_reboot_is_unknown_never_ran(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 20's reproduction: the reboot cleared the bit, the clear never ran. Before the fix
+    this said "read back: it ran (receipted)", exit 0, with 0 executions on the device."""
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    pdu = left_in_flight(plan, device, send=False)
+    device.reboot(1.0)
+    assert device.core.value("faults") == 0  # what a read-back sees: the bit is clear
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 5 and doc["outcome"] == "UNKNOWN" and doc["in_flight"]
+    assert "reconciled" not in doc
+    assert runs_of(device, pdu) == 0
+    args = build_parser().parse_args(["apply", str(plan)])
+    args.open_device = lambda: _connected(device)
+    assert args.handler(args) == 5
+    out = capsys.readouterr().out
+    assert "read back: the bits are clear; whether this step ran is unknown (the device " \
+           "restarted since" in out, out
+    assert "it ran" not in out.split("whether this step ran")[0]
+    assert "--resolve" in out
+    assert runs_of(device, pdu) == 0
+    assert J.DeviceJournal.open(f"{plan}.journal").pending(device.device_id)  # still in flight
+
+
+def _connected(device: SimulatedDevice) -> Device:
+    dev = Device(SimTransport(device), attempts=3)
+    dev.connect()
+    return dev
+
+
+def test_a_clear_in_flight_in_the_same_boot_is_settled_by_the_device(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Epoch unchanged: the journaled request is re-sent under its number. Never sent: it runs
+    now, once. Sent and run (answer lost): the device replays its answer; nothing runs again."""
+    for send, evidence in ((False, "it ran now, once"), (True, "it replayed its answer")):
+        plan = write_plan(tmp_path / f"plan-{send}.json", CLEAR_STALL)
+        device = latched_stall()
+        pdu = left_in_flight(plan, device, send=send)
+        rc, doc = apply([str(plan)], device, capsys)
+        assert rc == 0, doc
+        (rec,) = doc["reconciled"]
+        assert rec["executed"] is True and evidence in rec["evidence"], rec
+        assert doc["steps"][0]["state"] == "skipped"
+        assert runs_of(device, pdu) == 1  # exactly once, whichever way it went
+        assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1
+        rc, doc = apply([str(plan)], device, capsys)
+        assert rc == 0 and doc["steps"][0]["state"] == "skipped" and runs_of(device, pdu) == 1
+
+
+def test_a_conditional_write_in_flight_on_a_device_already_holding_its_values(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 20's second reproduction: the values were already there, so a read-back cannot
+    tell; the generation the write would have produced is what matters. Same boot: the device
+    settles it (it runs now, once, and its answer names the generation). After a reboot:
+    UNKNOWN."""
+    for reboot in (False, True):
+        plan = write_plan(tmp_path / f"plan-{reboot}.json", SET_80)
+        device = SimulatedDevice(seed=22)
+        _connected(device).write({"fan_setpoint": 80})
+        generation = device.core.value("generation")
+        pdu = left_in_flight(plan, device, send=False)
+        if reboot:
+            device.reboot(1.0)
+        rc, doc = apply([str(plan)], device, capsys)
+        if reboot:
+            assert rc == 5 and "reconciled" not in doc and runs_of(device, pdu) == 0
+            assert device.core.value("generation") == generation
+        else:
+            assert rc == 0 and doc["reconciled"][0]["executed"] is True
+            assert runs_of(device, pdu) == 1
+            # the generation it produced comes from the device's answer, not from appearance
+            assert f"generation now {device.core.value('generation')}" in \
+                doc["reconciled"][0]["evidence"]
+
+
+def test_the_journal_records_the_number_before_the_request_leaves(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The step's (epoch, seq) and request are on disk when the device runs it: a kill at any
+    moment after that leaves evidence a later run can ask about."""
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    seen: list[J.SentRecord | None] = []
+    real = device.receive_data
+
+    def spy(data: bytes, now: float | None = None) -> None:
+        journal = J.DeviceJournal.open(f"{plan}.journal")
+        for key in journal.pending(device.device_id):
+            seen.append(journal.sent_record(device.device_id, key))
+        real(data, now) if now is not None else real(data)
+
+    device.receive_data = spy  # type: ignore[method-assign]
+    rc, _ = apply([str(plan)], device, capsys)
+    assert rc == 0
+    (record,) = {r for r in seen if r is not None}
+    (run,) = [e for e in device.executions if e.request == record.request]
+    assert record.number == (run.epoch, run.seq)
+
+
+def _appearance_ask(self: Any, step: Any, sent: Any) -> tuple[bool | None, Any, str]:
+    """The verdict before issue 20, a mutant: the effect is present, so "it ran"."""
+    from idemlink.protocol.outcome import Outcome
+    rec = self.dev.reconcile_sent(self.read_back_command(step), ())
+    if rec.intended_state_holds:
+        return True, Outcome.OK, "read back: it ran (receipted)"
+    return None, None, ""
+
+
+def test_a_verdict_taken_from_appearance_is_caught(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutant: apply judging an in-flight step by what a read-back shows (the code before issue
+    20). The ground-truth check these tests use — every "ran" needs an execution on the device —
+    must catch it."""
+    from idemlink.commands.apply_cmd import ApplyRun
+    monkeypatch.setattr(ApplyRun, "ask", _appearance_ask)
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    pdu = left_in_flight(plan, device, send=False)
+    device.reboot(1.0)
+    rc, doc = apply([str(plan)], device, capsys)
+    with pytest.raises(AssertionError):
+        assert_every_ran_ran(doc, device, pdu)
+    assert rc == 0  # the mutant's false "it ran"
+
+
+def test_a_reconcile_that_takes_the_state_for_evidence_is_caught(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mutant: the evidence rule itself taking a state that holds for "it ran" when no re-send
+    can ask (``with_evidence``): caught by the same ground-truth check."""
+    import dataclasses as dc
+
+    import idemlink.host.operations as operations
+
+    def appearance(read_back: Any, resent: Any, why: str) -> Any:
+        return dc.replace(read_back, executed=read_back.intended_state_holds or None,
+                          evidence="read back")
+
+    monkeypatch.setattr(operations, "with_evidence", appearance)
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    pdu = left_in_flight(plan, device, send=False)
+    device.reboot(1.0)
+    _, doc = apply([str(plan)], device, capsys)
+    with pytest.raises(AssertionError):
+        assert_every_ran_ran(doc, device, pdu)
+
+
+def assert_every_ran_ran(doc: dict[str, Any], device: SimulatedDevice, pdu: bytes) -> None:
+    """Every step apply says ran (reconciled executed, executed, skipped) ran on the device."""
+    said = any(r["executed"] for r in doc.get("reconciled", [])) or any(
+        s["state"] in ("executed", "skipped") for s in doc["steps"])
+    assert not said or runs_of(device, pdu) >= 1, "apply said a step ran that never ran"

@@ -1,6 +1,7 @@
 """``idemlink apply --modbus-rtu``: a plan applied to a standard Modbus RTU slave. Set-only steps
 converge by read-back; a trigger or fault clear is sent once, UNKNOWN without an answer, never
-retried, and read back on the next run; what a plain slave cannot do is refused before sending."""
+retried; the next run reads it back and, a plain slave keeping no record of what it ran, leaves it
+UNKNOWN until settled by hand (``--resolve``); what a plain slave cannot do is refused before sending."""
 
 from __future__ import annotations
 
@@ -58,9 +59,19 @@ def test_a_trigger_without_answer_is_unknown_sent_once_then_read_back(
     journal = DeviceJournal.open(tmp_path / "plan.json.journal")
     assert journal.pending("pump-7")
     answers["trigger"] = True
+    # A plain slave keeps no record of what it ran: a RUNNING trigger may have been started by
+    # anyone, so the read-back is said as what holds now and the step stays UNKNOWN.
     rc, out, _ = apply(wire, capsys, str(plan), "--device-id", "pump-7")
-    assert rc == 0 and "was in flight; read back: it ran" in out, out
+    assert rc == 5, out
+    assert "read back: trigger state RUNNING; whether this step ran is unknown" in out, out
+    assert "was in flight; asked" not in out and "receipted" not in out
     assert wire.core.count(EffectKind.TRIGGER_STARTED) == 1  # not run again
+    (key,) = DeviceJournal.open(tmp_path / "plan.json.journal").pending("pump-7")
+    rc, out, _ = apply(wire, capsys, str(plan), "--resolve", str(key), "--executed")
+    assert rc == 0, out
+    rc, out, _ = apply(wire, capsys, str(plan), "--device-id", "pump-7")
+    assert rc == 0 and "skipped" in out, out
+    assert wire.core.count(EffectKind.TRIGGER_STARTED) == 1
 
 
 @pytest.mark.parametrize(("steps", "extra", "why"), [

@@ -29,7 +29,7 @@ from idemlink.device_sim.link import Link, LinkConfig
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
-from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal import DeviceJournal, SentRecord
 from idemlink.protocol.frame import Flags, FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -378,19 +378,21 @@ def test_inproc_apply_reconciles_a_step_left_in_flight(
     steps = load_plan(plan, DEFAULT_MAP).steps
     journal = tmp_path / "j"
     device = SimulatedDevice(seed=2)
-    # A crash left the trigger in flight for this device after it had started.
+    # A crash left the trigger in flight for this device after it had started: the journal
+    # holds its request and number, recorded before it left.
     j = DeviceJournal.open(journal)
-    j.begin(device.device_id, steps[0].key)
     dev = Device(SimTransport(device))
     dev.connect()
-    assert dev.trigger().ok
+    assert dev.execute_recorded(dev.trigger_command(), lambda sent: j.begin(
+        device.device_id, steps[0].key, SentRecord(sent.pdu, sent.number))).ok
     before = len(device.executions)
     t = SimTransport(device)
     rc, out = run_inproc(["apply", str(plan), "--journal", str(journal), "--json"], t, capsys)
     doc = json.loads(out)
     assert rc == 0
     assert [s["state"] for s in doc["steps"]] == ["skipped", "executed"]
-    assert doc["reconciled"] == [{"key": str(steps[0].key), "executed": True}]
+    assert [(r["key"], r["executed"]) for r in doc["reconciled"]] == [(str(steps[0].key), True)]
+    assert "replayed its answer" in doc["reconciled"][0]["evidence"]  # the device said so
     ran = [e.request[0] for e in device.executions[before:] if e.request[0] != 0x03]
     assert ran == [FunctionCode.WRITE_SINGLE_REGISTER]  # the clear; the trigger did not run again
     assert DeviceJournal.open(journal).done(device.device_id) == {s.key for s in steps}

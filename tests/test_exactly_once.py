@@ -156,12 +156,14 @@ def test_stale_epoch_mismatch_from_an_older_boot_does_not_roll_the_epoch_back() 
 class _AnswersLostForTriggers(SimTransport):
     """A line that loses every answer while a trigger start (FC 0x42, value 1) is being sent."""
 
+    lossy = True  #: False: the line is mended
+
     def write(self, data: bytes) -> None:
         from idemlink.protocol.frame import Frame, decode_frames
 
         for f in decode_frames(data):
             if isinstance(f, Frame) and f.payload[:1] == b"\x42":
-                self.drop_answers = f.payload[-2:] == b"\x00\x01"
+                self.drop_answers = self.lossy and f.payload[-2:] == b"\x00\x01"
         super().write(data)
 
 
@@ -182,8 +184,12 @@ def test_an_unknown_in_one_wave_holds_the_later_waves_of_the_same_batch() -> Non
     ran = [e.request for e in t.device.executions if e.request[:1] == b"\x42"]
     assert len(ran) == 1 and ran[0][-2:] == b"\x00\x01", "only the trigger reached the device"
     assert reset.outcome is Outcome.NOT_EXECUTED and not reset.sent_as
-    t.drop_answers = False
+    t.lossy = t.drop_answers = False
     rec = dev.reconcile()
+    # the trigger re-sent under its own number: the device replays its answer, runs nothing
+    assert rec is not None and rec.executed is True and rec.resent is not None
+    assert rec.resent.replay and rec.resent.sent_as == trig.sent_as
+    assert len([e for e in t.device.executions if e.request[:1] == b"\x42"]) == 1
     assert rec is not None and rec.intended_state_holds is True
 
 

@@ -27,15 +27,20 @@ Contract (the plan format is ``idemlink.host.plan``; docs/CLI.md "apply"):
   left in flight). Its receipts are keyed by ``--device-id ID`` (the slave advertises none: a plan
   with one-shot steps is refused without it), and ``write_if_generation`` is refused (no
   function 0x41); both before anything is sent.
-- A one-shot step found in flight (an earlier run was cut off) is read back: a trigger that is not
-  IDLE, fault bits that are clear, conditional-write registers that hold the values - it ran
-  (receipted); otherwise it stays UNKNOWN (exit 5, nothing runs) until ``--resolve KEY
-  --executed|--not-executed`` settles it by hand (``--device ID`` when several devices hold it).
+- A one-shot step's request and number are journaled before it is sent (``execute_recorded``). A
+  step found in flight (an earlier run was cut off) is settled by the device's evidence only
+  (``idemlink.host.evidence``): re-sent under its number in the same boot epoch, the device
+  replays (it ran), says evicted (it ran), refuses it as another request's number (it never ran)
+  or runs it now, once. Without evidence (another boot epoch, a plain Modbus slave, an older
+  journal) what a read-back shows is said as what holds now, and the step stays UNKNOWN (exit 5,
+  nothing runs) until ``--resolve KEY --executed|--not-executed`` settles it by hand
+  (``--device ID`` when several devices hold it).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,22 +57,30 @@ from idemlink.commands.common import (
     rtu_unit,
     worst,
 )
-from idemlink.commands.device_io import AnyDevice, link_guarded, open_any_device, reconcile_json
+from idemlink.commands.device_io import (
+    AnyDevice,
+    link_guarded,
+    open_any_device,
+    reconcile_doc,
+    reconcile_json,
+)
 from idemlink.commands.faults_cmd import clear_notes
 from idemlink.commands.many import SharedJournals
+from idemlink.host.command import Command, Reconciliation, SentRequest
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name
 from idemlink.host.journal import (
     DeviceJournal,
     JournalError,
     JournalLock,
+    SentRecord,
     StepState,
     check_device_id,
     lock_journal,
 )
 from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
 from idemlink.output import add_json_option, emit, error_json, print_json, register_entry
-from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.outcome import LocalProtocolError, Outcome
 from idemlink.protocol.registers import RegisterMap, TriggerState, TriggerStatus
 
 
@@ -340,8 +353,14 @@ class ApplyRun:
         if step.kind is StepKind.CLEAR:  # read before the step is in flight: nothing sent yet
             assert step.register is not None
             self.clear_before = self.dev.read(step.register.name)
+        command = self.command_of(step)
+        journal, device_id, key = self.journal, self.device_id, step.key
+
+        def record(sent: SentRequest) -> None:  # in flight, with its number, before it leaves
+            journal.begin(device_id, key, SentRecord(sent.pdu, sent.number))
+
         try:
-            self.journal.begin(self.device_id, step.key)
+            r = self.dev.execute_recorded(command, record)
         except JournalError as exc:
             if not self.effects_sent:
                 raise UserError(f"journal {self.journal_path}: {exc}; step {step.index + 1} "
@@ -350,9 +369,13 @@ class ApplyRun:
                   "not sent", file=sys.stderr)
             return Settled(Outcome.NOT_EXECUTED, self.entry(step, "not_run"),
                            [f"{self.head(step)}: not run (journal error)"])
+        if self.journal.state(self.device_id, step.key) is not StepState.PENDING:
+            # no number could be given (a handshake under way): nothing recorded, nothing sent
+            return Settled(r.outcome, self.entry(step, "not_run", r),
+                           [f"{self.head(step)}: not run: {r.describe()}"])
         self.effects_sent = True
         self.readings = []
-        r, outcome, note = self.execute(step)
+        outcome, note = self.judge(step, r)
         state = {Outcome.OK: "executed", Outcome.UNKNOWN: "unknown"}.get(
             outcome, outcome.name.lower())
         e = self.entry(step, state, r)
@@ -360,12 +383,20 @@ class ApplyRun:
             e["registers"] = self.readings
         lines = [f"{self.head(step)}: {state}: {r.describe()}{note}"]
         if outcome is Outcome.UNKNOWN:
-            rec, line = reconcile_json(self.dev, r)
-            e["reconcile"] = rec
+            rec = self.dev.reconcile(r)
+            doc, line = reconcile_doc(rec)
+            e["reconcile"] = doc
             lines.append(f"step {step.index + 1}: {line}")
-            lines.append(f"UNKNOWN: step {step.index + 1} stays in flight in journal "
-                         f"{self.journal_path}; `idemlink apply {self.args.plan}` again reads it "
-                         f"back, or settle it: --resolve {step.key} --executed|--not-executed")
+            if rec is not None and rec.executed is not None:  # the device's evidence settled it
+                outcome, settled_note = self.evidence_outcome(step, rec)
+                state = {Outcome.OK: "executed"}.get(outcome, outcome.name.lower())
+                e["state"] = state
+                lines.append(f"step {step.index + 1}: {state}{settled_note}")
+            else:
+                lines.append(f"UNKNOWN: step {step.index + 1} stays in flight in journal "
+                             f"{self.journal_path}; `idemlink apply {self.args.plan}` again asks "
+                             "the device, or settle it: "
+                             f"--resolve {step.key} --executed|--not-executed")
         try:
             if outcome is Outcome.OK:
                 self.journal.complete(self.device_id, step.key)
@@ -378,107 +409,144 @@ class ApplyRun:
             print(f"idemlink apply: journal {self.journal_path}: cannot record step "
                   f"{step.index + 1} ({state}) for device {self.device_id}: {exc}. The device "
                   "changed but the journal did not: the step stays in flight; once the journal "
-                  f"is writable `idemlink apply {self.args.plan}` reads it back",
+                  f"is writable `idemlink apply {self.args.plan}` asks the device about it",
                   file=sys.stderr, flush=True)
             return Settled(outcome, e, [])
         return Settled(outcome, e, lines)
 
-    def execute(self, step: PlanStep) -> tuple[Result, Outcome, str]:
-        """Send a one-shot step: its result, the step's outcome and a note for its line."""
+    def command_of(self, step: PlanStep) -> Command:
+        """The request a one-shot step sends (a conditional write guarded by the generation this
+        run knows)."""
         assert step.register is not None or step.writes
         if step.kind is StepKind.TRIGGER:
             assert step.register is not None
-            r = self.dev.trigger(step.register.name)
+            return self.dev.trigger_command(step.register.name)
+        if step.kind is StepKind.CLEAR:
+            assert step.register is not None
+            return self.dev.clear_faults_command(step.mask, step.register.name)
+        assert self.generation is not None
+        return self.dev.write_if_generation_command(self.generation, step.values)
+
+    def judge(self, step: PlanStep, r: Result) -> tuple[Outcome, str]:
+        """A one-shot step's outcome from its request's result, and a note for its line."""
+        if step.kind is StepKind.TRIGGER:
+            assert step.register is not None
             if r.ok and r.code is None:  # a Modbus RTU slave's echo: its state says the rest
                 state = self.dev.trigger_status(step.register.name)
                 if state.ok:
                     self.readings = [reading_entry(step.register, state)]
-                return r, r.outcome, (f" (written 1; state now {_state_name(state.values[0])})"
-                                      if state.ok else "")
+                return r.outcome, (f" (written 1; state now {_state_name(state.values[0])})"
+                                   if state.ok else "")
             if not r.ok or r.code is None:
-                return r, r.outcome, ""
+                return r.outcome, ""
             name = trigger_code_name(r.code)
             if r.code == TriggerStatus.ACCEPTED:
-                return r, Outcome.OK, f" ({name}: started)"
+                return Outcome.OK, f" ({name}: started)"
             if r.code in (TriggerStatus.RUNNING, TriggerStatus.DONE):
-                return r, Outcome.NOT_EXECUTED, f" ({name}: nothing started)"
-            return r, Outcome.REJECTED, f" ({name})"
+                return Outcome.NOT_EXECUTED, f" ({name}: nothing started)"
+            return Outcome.REJECTED, f" ({name})"
         if step.kind is StepKind.CLEAR:
             assert step.register is not None
             first = self.clear_before
-            r = self.dev.clear_faults(step.mask, step.register.name)
             if not r.ok:
-                return r, r.outcome, ""
+                return r.outcome, ""
             back = self.dev.read(step.register.name)
             if not back.ok:
-                return r, r.outcome, ""
+                return r.outcome, ""
             self.readings = [reading_entry(step.register, back)]
             notes = clear_notes(step.register, step.mask,
                                 first.values[0] if first is not None and first.ok else None,
                                 back.values[0])
-            return r, r.outcome, (f" ({'; '.join(notes)})" if notes else "")
-        assert self.generation is not None
-        guard = self.generation
-        r = self.dev.write_if_generation(guard, step.values)
+            return r.outcome, (f" ({'; '.join(notes)})" if notes else "")
+        guard = r.command.generation
         if r.ok and r.code is not None:
             self.generation = r.code
-            return r, r.outcome, f" (generation now {r.code})"
+            return r.outcome, f" (generation now {r.code})"
         if r.outcome is Outcome.NOT_EXECUTED and r.code is not None:
-            return r, r.outcome, (f" (generation is {r.code}, this run expected {guard}: the "
-                                  "configuration changed since this run read it)")
-        return r, r.outcome, ""
+            return r.outcome, (f" (generation is {r.code}, the step expected {guard}: the "
+                               "configuration changed since it was read)")
+        return r.outcome, ""
+
+    def evidence_outcome(self, step: PlanStep, rec: Reconciliation) -> tuple[Outcome, str]:
+        """The step's outcome once the device's evidence (``rec.executed`` not None) settled
+        whether its request ran: by the answer the re-send got when one came (replayed or run
+        now, judged like a first answer), OK when the device only says it ran (its answer
+        evicted), NOT_EXECUTED when it proves the request never ran."""
+        resent = rec.resent
+        if rec.executed is False:
+            return Outcome.NOT_EXECUTED, " (the device proves it never ran)"
+        if resent is not None and resent.answered:
+            outcome, note = self.judge(step, resent)
+            return outcome, note
+        return Outcome.OK, " (the device says it ran; its answer is gone)"
 
     # ------------------------------------------------------------------ steps left in flight
     def settle_in_flight(self) -> bool:
-        """Read back this device's one-shot steps left in flight by an earlier run; True when
-        none is left UNKNOWN (the run may go on)."""
+        """Ask the device about this device's one-shot steps left in flight by an earlier run;
+        True when none is left UNKNOWN (the run may go on). "It ran" rests only on the device's
+        evidence (``idemlink.host.evidence``): the journaled request re-sent under its number
+        while the boot epoch is unchanged. Otherwise what a read-back shows is said as what
+        holds now, and the step stays UNKNOWN until ``--resolve``."""
         assert self.journal is not None
         by_key = {s.key: s for s in self.plan.one_shot}
         unknown: list[str] = []
         for key in sorted(self.journal.pending(self.device_id), key=str):
             step = by_key.get(key)
-            verdict = self.read_back(step) if step is not None else None
+            where = (f"step {step.index + 1} ({step.text()})" if step is not None
+                     else f"step {key}, which is not in this plan (was the plan edited?)")
+            sent = self.journal.sent_record(self.device_id, key)
+            verdict, outcome, said = (None, None, "") if step is None else self.ask(step, sent)
             if verdict is None:
                 unknown.append(str(key))
-                where = (f"step {step.index + 1} ({step.text()})" if step is not None
-                         else f"step {key}, which is not in this plan (was the plan edited?)")
                 self.say(f"UNKNOWN: journal {self.journal_path} holds {where} in flight for "
-                         f"device {self.device_id}, and reading the device back cannot tell "
-                         "whether it ran: nothing runs until it is settled. Check the device, "
-                         f"then `idemlink apply {self.args.plan} --resolve {key} --executed` "
-                         "(it ran) or `--not-executed` (it did not)")
+                         f"device {self.device_id}{said}: nothing runs until it is settled. "
+                         f"Check the device, then `idemlink apply {self.args.plan} --resolve "
+                         f"{key} --executed` (it ran) or `--not-executed` (it did not)")
                 continue
+            assert step is not None
             try:
-                self.journal.resolve(self.device_id, key, executed=verdict)
+                self.journal.resolve(self.device_id, key, executed=outcome is Outcome.OK)
             except JournalError as exc:
                 raise UserError(f"journal {self.journal_path}: {exc}") from None
-            assert step is not None
-            self.say(f"step {step.index + 1}: was in flight; read back: "
-                     + ("it ran (receipted)" if verdict else "it did not run"))
+            self.say(f"step {step.index + 1}: was in flight; {said}")
             self.doc.setdefault("reconciled", []).append(
-                {"key": str(key), "executed": verdict})
+                {"key": str(key), "executed": verdict, "evidence": said,
+                 "outcome": outcome.name if outcome is not None else None})
         if unknown:
             self.doc["in_flight"] = unknown
             self.outcomes.append(Outcome.UNKNOWN)
             return False
         return True
 
-    def read_back(self, step: PlanStep) -> bool | None:
-        """Did a one-shot step left in flight run? True (its effect is there), None (cannot
-        tell). Never False: an absent effect may be a restart since, not a step that never ran."""
+    def ask(self, step: PlanStep, sent: SentRecord | None,
+            ) -> tuple[bool | None, Outcome | None, str]:
+        """Did the in-flight ``step`` run, by the device's evidence: (executed, the step's outcome
+        when settled, the sentence saying so)."""
+        if sent is not None:
+            try:
+                command = self.dev.command_of_pdu(sent.request)
+            except LocalProtocolError:
+                command = self.read_back_command(step)
+                sent = None
+        else:
+            command = self.read_back_command(step)
+        numbers = (sent.number,) if sent is not None and sent.number is not None else ()
+        rec = self.dev.reconcile_sent(command, numbers)
+        if sent is None and isinstance(self.dev, Device) and rec.executed is None:
+            rec = dataclasses.replace(rec, evidence="the journal holds no number for it "
+                                                    "(written by an older idemlink)")
+        now = f"read back: {rec.summary}"
+        if rec.executed is None:
+            return None, None, (f"; {now}; whether this step ran is unknown "
+                                f"({rec.evidence})")
+        outcome, note = self.evidence_outcome(step, rec)
+        return rec.executed, outcome, f"asked the device: {rec.evidence}{note}"
+
+    def read_back_command(self, step: PlanStep) -> Command:
+        """The command whose registers a read-back of ``step`` reads (no request recorded)."""
         if step.kind is StepKind.WRITE_IF_GENERATION:
-            first = step.writes[0][0]
-            back = self.dev.execute(self.dev.read_command(first.name, len(step.writes)))
-            if back.ok and list(back.values) == [v for _, v in step.writes]:
-                return True
-            return None
-        assert step.register is not None
-        back = self.dev.read(step.register.name)
-        if not back.ok:
-            return None
-        if step.kind is StepKind.TRIGGER:
-            return True if back.values[0] != TriggerState.IDLE else None
-        return True if back.values[0] & step.mask == 0 else None
+            return self.dev.write_if_generation_command(0, step.values)
+        return self.command_of(step)
 
 
 def _state_name(value: int) -> str:

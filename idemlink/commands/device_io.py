@@ -45,6 +45,7 @@ from idemlink.commands.common import (
     worst,
 )
 from idemlink.commands.many import ports_of, run_on_ports
+from idemlink.host.command import Reconciliation
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
 from idemlink.host.errors import PortBusy
 from idemlink.host.port_hint import busy_message
@@ -204,13 +205,25 @@ def log_result(regmap: RegisterMap, r: Result) -> None:
 
 
 def reconcile_json(dev: AnyDevice, r: Result) -> tuple[dict[str, Any], str]:
-    """Read back what the UNKNOWN command ``r`` touched: its JSON and its text line."""
-    rec = dev.reconcile(r)
+    """Settle the UNKNOWN command ``r`` by the device's evidence and read back what it touched
+    (``reconcile``): its JSON and its text line."""
+    return reconcile_doc(dev.reconcile(r))
+
+
+def reconcile_doc(rec: Reconciliation | None) -> tuple[dict[str, Any], str]:
+    """The JSON and the text line of a reconciliation: what holds now, and whether the command
+    ran by the device's evidence (``executed``: true, false or null; ``evidence`` says how)."""
     if rec is None:  # pragma: no cover - reconcile(r) answers for every command
-        return {"observed": {}, "intended_state_holds": None, "summary": "nothing to read"}, ""
-    doc = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
-           "summary": rec.summary}
-    line = " ".join([f"UNKNOWN: it may have run; read back: {rec.summary}",
+        return {"observed": {}, "intended_state_holds": None, "summary": "nothing to read",
+                "executed": None, "evidence": ""}, ""
+    doc: dict[str, Any] = {"observed": rec.observed, "intended_state_holds": rec.intended_state_holds,
+                           "summary": rec.summary, "executed": rec.executed,
+                           "evidence": rec.evidence}
+    if rec.resent is not None:
+        doc["resent"] = result_json(rec.resent)
+    head = {True: "UNKNOWN settled: it ran", False: "UNKNOWN settled: it did not run",
+            None: "UNKNOWN: it may have run"}[rec.executed]
+    line = " ".join([f"{head} ({rec.evidence}); read back: {rec.summary}",
                      *(f"{k}={v}" for k, v in rec.observed.items())])
     return doc, line
 

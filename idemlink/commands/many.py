@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from idemlink.cli import EXIT_LOCAL_ERROR, UserError
-from idemlink.host.journal import DeviceJournal, JournalLock, StepEvent, lock_journal
+from idemlink.host.journal import DeviceJournal, JournalLock, SentRecord, StepEvent, lock_journal
 from idemlink.output import ERROR_SCHEMA, Progress, print_json
 
 EXIT_INTERRUPTED = 130
@@ -143,9 +143,10 @@ class SharedJournal(DeviceJournal):
 
     _write_lock = threading.Lock()
 
-    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent) -> None:
+    def _apply(self, device_id: str, key: uuid.UUID, event: StepEvent,
+               sent: SentRecord | None = None) -> None:
         with self._write_lock:
-            super()._apply(device_id, key, event)
+            super()._apply(device_id, key, event, sent)
 
 
 class SharedJournals:
