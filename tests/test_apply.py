@@ -592,3 +592,20 @@ def assert_every_ran_ran(doc: dict[str, Any], device: SimulatedDevice, pdu: byte
     said = any(r["executed"] for r in doc.get("reconciled", [])) or any(
         s["state"] in ("executed", "skipped") for s in doc["steps"])
     assert not said or runs_of(device, pdu) >= 1, "apply said a step ran that never ran"
+
+
+def test_a_journaled_request_that_is_not_the_steps_is_never_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The journal is a file: a record whose request is not the step's own (tampered, or left by
+    another plan under the same key) is never re-sent — no evidence, the step stays UNKNOWN."""
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    dev = _connected(device)
+    step = load_plan(str(plan), DEFAULT_MAP).steps[0]
+    number = dev.ops.session.next_number()
+    assert number is not None
+    forged = dev.trigger_command().pdu()  # not a clear
+    J.DeviceJournal.open(f"{plan}.journal").begin(device.device_id, step.key,
+                                                   J.SentRecord(forged, number))
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 5 and runs_of(device, forged) == 0 and "reconciled" not in doc

@@ -522,19 +522,24 @@ class ApplyRun:
             ) -> tuple[bool | None, Outcome | None, str]:
         """Did the in-flight ``step`` run, by the device's evidence: (executed, the step's outcome
         when settled, the sentence saying so)."""
-        if sent is not None:
+        command = self.read_back_command(step)
+        numbers: tuple[tuple[int, int], ...] = ()
+        why: str | None = None
+        if sent is None:
+            if isinstance(self.dev, Device):
+                why = "the journal holds no number for it (written by an older idemlink)"
+        elif sent.number is not None:
             try:
-                command = self.dev.command_of_pdu(sent.request)
+                recorded: Command | None = self.dev.command_of_pdu(sent.request)
             except LocalProtocolError:
-                command = self.read_back_command(step)
-                sent = None
-        else:
-            command = self.read_back_command(step)
-        numbers = (sent.number,) if sent is not None and sent.number is not None else ()
+                recorded = None
+            if recorded is not None and _same_request(recorded, command):
+                command, numbers = recorded, (sent.number,)
+            else:  # never send what the journal holds unless it is this step's own request
+                why = "the journal's record of its request is not this step's request"
         rec = self.dev.reconcile_sent(command, numbers)
-        if sent is None and isinstance(self.dev, Device) and rec.executed is None:
-            rec = dataclasses.replace(rec, evidence="the journal holds no number for it "
-                                                    "(written by an older idemlink)")
+        if why is not None and rec.executed is None:
+            rec = dataclasses.replace(rec, evidence=why)
         now = f"read back: {rec.summary}"
         if rec.executed is None:
             return None, None, (f"; {now}; whether this step ran is unknown "
@@ -547,6 +552,12 @@ class ApplyRun:
         if step.kind is StepKind.WRITE_IF_GENERATION:
             return self.dev.write_if_generation_command(0, step.values)
         return self.command_of(step)
+
+
+def _same_request(recorded: Command, step: Command) -> bool:
+    """Is a journaled request the step's own (a conditional write's guard may differ)?"""
+    return (recorded.kind, recorded.address, recorded.count, recorded.values) == (
+        step.kind, step.address, step.count, step.values)
 
 
 def _state_name(value: int) -> str:
