@@ -8,6 +8,8 @@ sans-I/O rules of pinned numbers are driven without a device.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
@@ -127,3 +129,23 @@ def test_every_proof_has_a_rule_and_only_device_answers_say_ran() -> None:
     assert {p for p, rule in PROOFS.items() if rule.executed} == {
         Proof.REPLAYED, Proof.EVICTED, Proof.RAN_NOW}
     assert PROOFS[Proof.NONE].executed is None
+
+
+def test_mutant_reconcile_taking_the_state_for_evidence_fails_the_soak(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The soak's oracle checks every reconcile() verdict of "it ran" / "it never ran" against the
+    device's record of that number: a reconcile that judges by what holds now must fail it
+    (``idemlink soak --commands 5000 --reboot-every 5 --seed 2``)."""
+    import dataclasses
+
+    import idemlink.host.operations as operations
+    from idemlink.campaign import CampaignConfig, run_campaign
+
+    def appearance(read_back: Any, resent: Any, why: str) -> Any:
+        return dataclasses.replace(read_back, executed=read_back.intended_state_holds,
+                                   evidence="read back", resent=resent)
+
+    monkeypatch.setattr(operations, "with_evidence", appearance)
+    rep = run_campaign(CampaignConfig(commands=5000, reboot_every=5, seed=2), fail_fast=True)
+    assert rep.misclassified > 0
+    assert any("reconcile() said" in p for p in rep.problems), rep.problems[:3]

@@ -178,3 +178,35 @@ def test_every_name_the_architecture_cites_exists() -> None:
     names = set(re.findall(r"`(idemlink(?:\.\w+)+)(?:\(\))?`", ARCHITECTURE.read_text("utf-8")))
     assert len(names) > 20
     assert sorted(n for n in names if not _resolves(n)) == []
+
+
+def _defining_module(dotted: str) -> tuple[str, str] | None:
+    """(module the citation names, module that defines the cited class/function), or None for a
+    module or a value that has no defining module."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 1, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        if cut == len(parts):
+            return None
+        top = getattr(obj, parts[cut])
+        defined = getattr(top, "__module__", None)
+        if not isinstance(defined, str) or not (callable(top) or isinstance(top, type)):
+            return None
+        return ".".join(parts[:cut]), defined
+    return None
+
+
+def test_every_cited_rule_points_at_its_defining_module_not_a_re_export() -> None:
+    """A "where each rule lives" row names the module that defines the rule; a re-export
+    (``idemlink.host.device.Result`` for ``idemlink.host.command.Result``) sends the reader to the
+    wrong file."""
+    names = set(re.findall(r"`(idemlink(?:\.\w+)+)(?:\(\))?`", ARCHITECTURE.read_text("utf-8")))
+    wrong = {}
+    for n in names:
+        found = _defining_module(n)
+        if found is not None and found[0] != found[1]:
+            wrong[n] = found[1]
+    assert wrong == {}
