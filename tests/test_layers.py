@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import re
 import shutil
 from pathlib import Path
@@ -193,7 +194,7 @@ def _defining_module(dotted: str) -> tuple[str, str] | None:
             return None
         top = getattr(obj, parts[cut])
         defined = getattr(top, "__module__", None)
-        if not isinstance(defined, str) or not (callable(top) or isinstance(top, type)):
+        if not isinstance(defined, str) or not (inspect.isclass(top) or inspect.isfunction(top)):
             return None
         return ".".join(parts[:cut]), defined
     return None
