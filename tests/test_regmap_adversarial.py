@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from idemlink.cli import UserError, main
-from idemlink.commands.device_cmds import parse_assignments
+from idemlink.commands.write_cmd import parse_assignments
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.flash import ConfigFlash
 from idemlink.device_sim.rtu_server import RtuServer
