@@ -36,12 +36,10 @@ def test_check_names_the_drifted_file(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_changing_a_declared_constant_without_regenerating_is_caught(tmp_path: Path) -> None:
     # A copy of the repository with one constant edited in the Python declaration and the
     # generated files left alone: the check must fail and name the drifted files.
-    # Laid out as installed (idemlink/protocol, ...) and first on PYTHONPATH, so the copy, not
-    # the editable install, is what runs.
+    # idemlink/ holds the installed layout (idemlink/protocol -> ../protocol, ...): copied with
+    # its links followed and first on PYTHONPATH, the copy, not the editable install, runs.
     pkg = tmp_path / "site" / "idemlink"
-    shutil.copytree(ROOT / "idemlink", pkg)
-    for d in ("protocol", "host", "device_sim"):
-        shutil.copytree(ROOT / d, pkg / d)
+    shutil.copytree(ROOT / "idemlink", pkg, ignore=shutil.ignore_patterns("__pycache__"))
     for rel in [*contract.render_all(), "pyproject.toml"]:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)

@@ -96,7 +96,7 @@ def clean_env(venv: Path) -> dict[str, str]:
 
 
 def source_copy(dest: Path) -> Path:
-    shutil.copytree(REPO, dest, ignore=SOURCE_IGNORE)
+    shutil.copytree(REPO, dest, ignore=SOURCE_IGNORE, symlinks=True)  # idemlink/protocol stays a link
     return dest
 
 
