@@ -229,20 +229,39 @@ def reconcile_doc(rec: Reconciliation | None) -> tuple[dict[str, Any], str]:
 
 
 def after_unknown(dev: AnyDevice, results: Sequence[Result], doc: dict[str, Any],
-                  lines: list[str]) -> None:
-    """Read back what every UNKNOWN command that may have had an effect touched and add it to the
-    output: ``reconcile`` is the first one's (the one blocking the handle), ``reconciles`` lists
-    each in command order. An unanswered read has nothing to read back."""
+                  lines: list[str]) -> list[Outcome]:
+    """Ask the device about every UNKNOWN command that may have had an effect, read back what it
+    touched and add it to the output: ``reconcile`` is the first one's (the one blocking the
+    handle), ``reconciles`` lists each in command order. An unanswered read has nothing to read
+    back. Returns each result's outcome as the device's evidence settled it (``settled``)."""
     each: list[dict[str, Any]] = []
+    outcomes: list[Outcome] = []
     for r in results:
         if r.outcome is not Outcome.UNKNOWN or not r.command.may_have_effect:
+            outcomes.append(r.outcome)
             continue
-        rec, line = reconcile_json(dev, r)
-        each.append(rec)
+        rec = dev.reconcile(r)
+        entry, line = reconcile_doc(rec)
+        each.append(entry)
         lines.append(line)
+        outcomes.append(settled(rec))
     if each:
         doc["reconcile"] = each[0]
         doc["reconciles"] = each
+    return outcomes
+
+
+def settled(rec: Reconciliation | None) -> Outcome:
+    """An UNKNOWN command's outcome once the device was asked: the answer its re-send got when
+    the device answered it (replayed or run now: what the command did), NOT_EXECUTED when the
+    device proves it never ran; UNKNOWN otherwise — also when the device says it ran but its
+    answer is gone (whether it took effect is not known)."""
+    if rec is None or rec.executed is None:
+        return Outcome.UNKNOWN
+    if rec.executed is False:
+        return Outcome.NOT_EXECUTED
+    resent = rec.resent
+    return resent.outcome if resent is not None and resent.answered else Outcome.UNKNOWN
 
 
 def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
@@ -252,8 +271,12 @@ def finish(args: argparse.Namespace, dev: AnyDevice, results: Sequence[Result],
     for r in results:
         log_result(dev.regmap, r)
     outcome = worst(r.outcome for r in results)
-    doc["outcome"] = outcome.name
     if outcome is Outcome.UNKNOWN:
-        after_unknown(dev, results, doc, lines)
+        outcome = worst(after_unknown(dev, results, doc, lines))
+        if outcome is not Outcome.UNKNOWN:
+            doc["settled_by"] = "evidence"  # every UNKNOWN was settled by the device's answer
+            lines.append(f"{outcome.name}: settled by the device's answer to the same request "
+                         "re-sent under its own number")
+    doc["outcome"] = outcome.name
     emit(args, schema_of(args), doc, lines)
     return EXIT_OF_OUTCOME[outcome]
