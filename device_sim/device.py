@@ -38,6 +38,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -262,12 +263,16 @@ class SimulatedDevice:
 
     @property
     def files_dir(self) -> Path:
-        """Where received files go: ``<flash-dir>/files`` (a private temporary dir without one)."""
+        """Where received files go: ``<flash-dir>/files`` (a private temporary dir without one).
+        A symbolic link there is refused when the device starts (``ConfigFlash``); one put there
+        later is never followed: FILE_INFO finds nothing and a batch is cancelled at its header."""
         if self._files_dir is None:
-            base = self.flash_dir if self.flash_dir is not None else Path(
-                tempfile.mkdtemp(prefix="idemlink-sim-"))
-            self._files_dir = base / "files"
-            self._files_dir.mkdir(parents=True, exist_ok=True)
+            if self.flash is not None:  # checked (not followed) at start and at each use
+                self._files_dir = self.flash.dir / ConfigFlash.FILES
+            else:
+                self._files_dir = Path(tempfile.mkdtemp(prefix="idemlink-sim-")) / "files"
+            with contextlib.suppress(FileExistsError):  # not a directory: refused when used
+                self._files_dir.mkdir(exist_ok=True)
         return self._files_dir
 
     def take_file_receive(self) -> FileReceiveRequest | None:
@@ -353,7 +358,8 @@ class SimulatedDevice:
             return exception_pdu(FunctionCode.FILE_INFO, exc.exception)
         path = self.files_dir / name
         absent = FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
-        if _is_receive_temporary(name) or path.is_symlink() or not path.is_file():
+        if (_is_receive_temporary(name) or self.files_dir.is_symlink() or path.is_symlink()
+                or not path.is_file()):
             return encode_response(absent)
         crc = 0
         try:

@@ -52,7 +52,9 @@ def receive_batch(
     file is replaced only with ``overwrite`` (else the batch is cancelled, nothing written)."""
     if quota is not None:  # a declared size over the quota is refused at the header
         config = dataclasses.replace(config, max_file_size=quota)
-    driver = ReceiverDriver(DirectorySink(files_dir, overwrite=overwrite, quota=quota), config)
+    # the device's own directory: a symbolic link put there cancels the batch (never followed)
+    sink = DirectorySink(files_dir, overwrite=overwrite, quota=quota, follow_symlink=False)
+    driver = ReceiverDriver(sink, config)
     try:
         driver.start(clock())
         out = driver.data_to_send()

@@ -17,7 +17,10 @@ Hostile files are refused, never followed or read whole: a file is opened with `
 O_NONBLOCK`` (a symbolic link or a FIFO does not hang or redirect the read), judged on the
 descriptor (``fstat``: a regular file of at most ``MAX_FILE_BYTES``) before anything is read.
 A refusal is ``UnsafeFlashFileError`` (an ``OSError``: the simulators report it as one line) and
-leaves the directory untouched.
+leaves the directory untouched. The same holds for ``files``, where the framed device stores the
+files it receives: a symbolic link there would put them outside the flash directory, so
+``ConfigFlash`` refuses one (or anything else that is not a directory) when it opens the directory
+(``files_dir()``); the device never follows one put there later (``SimulatedDevice.files_dir``).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import stat
 import tempfile
 from pathlib import Path
 
@@ -83,15 +87,34 @@ def _refusal(path: Path, exc: FileRefused, limit: int) -> str:
 
 class ConfigFlash:
     """Simulated flash: the configuration snapshot as ``config.json`` in a directory, written
-    by atomic replacement (a reader sees the old or the new file, never half), mode 0600."""
+    by atomic replacement (a reader sees the old or the new file, never half), mode 0600. A
+    ``files`` entry that is not a directory of its own (a symbolic link...) is refused at once
+    (``UnsafeFlashFileError``, nothing changed)."""
 
     FILE = "config.json"
     BOOTS = "boots"
+    FILES = "files"
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / self.FILE
+        self.files_dir()
+
+    def files_dir(self) -> Path:
+        """``<dir>/files``, where received files go, if it is absent (not created here) or a
+        directory; a symbolic link (even to a directory: it would put received files outside the
+        flash directory) or any other kind of file is refused (``UnsafeFlashFileError``)."""
+        path = self.dir / self.FILES
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return path
+        if stat.S_ISLNK(mode):
+            raise UnsafeFlashFileError(f"{path}: is a symbolic link; refused")
+        if not stat.S_ISDIR(mode):
+            raise UnsafeFlashFileError(f"{path}: not a directory; refused")
+        return path
 
     def load(self) -> ConfigSnapshot | None:
         data = read_flash_file(self.path)

@@ -11,6 +11,9 @@ Contract:
   sanitised mode, mtime, then link/rename); it never writes outside its directory, enforces a
   byte quota, never replaces an existing file unless ``overwrite``; any refusal or write error
   raises ``SinkRefused`` and the driver cancels the batch (CAN CAN) and deletes the temporary file.
+  With ``follow_symlink=False`` (a device's own storage, ``<flash-dir>/files``) the directory
+  itself must not be a symbolic link: it is checked at each file's header, so a link put there
+  cancels the batch instead of sending the files elsewhere; nothing is checked at construction.
   A re-sent file identical to the one already there is accepted: a regular file of that name and
   of the declared size (or of any size when the header declares none) is not refused at the
   header; at commit the received bytes are compared with it — identical: the temporary is
@@ -105,10 +108,16 @@ class DirectorySink:
         overwrite: bool = False,
         quota: int | None = None,
         default_mode: int = 0o644,
+        follow_symlink: bool = True,
     ) -> None:
-        self.directory = Path(directory).resolve()
-        if not self.directory.is_dir():
-            raise SinkRefused(f"not a directory: {self.directory}")
+        self.follow_symlink = follow_symlink
+        if follow_symlink:
+            self.directory = Path(directory).resolve()
+            if not self.directory.is_dir():
+                raise SinkRefused(f"not a directory: {self.directory}")
+        else:  # the last component is kept as given: checked (never followed) at each header
+            given = Path(directory)
+            self.directory = given.parent.resolve() / given.name
         self.overwrite = overwrite
         self.quota = quota
         self.default_mode = default_mode
@@ -129,8 +138,21 @@ class DirectorySink:
             raise SinkRefused("name escapes the target directory")
         return target
 
+    def _check_directory(self) -> None:
+        """``follow_symlink=False``: the directory is a directory, not a symbolic link."""
+        try:
+            mode = os.lstat(self.directory).st_mode
+        except OSError as exc:
+            raise SinkRefused(f"{self.directory}: {exc.strerror or exc}") from exc
+        if stat.S_ISLNK(mode):
+            raise SinkRefused(f"{self.directory}: is a symbolic link; refused")
+        if not stat.S_ISDIR(mode):
+            raise SinkRefused(f"{self.directory}: not a directory; refused")
+
     def open(self, ev: FileStarted) -> None:
         self.discard()
+        if not self.follow_symlink:
+            self._check_directory()
         target = self._target(ev.name)
         self._compare = False
         if not self.overwrite and os.path.lexists(target):

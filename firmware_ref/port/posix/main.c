@@ -287,6 +287,28 @@ static long read_flash_file(const char *name, char *buf, size_t cap)
     return (long)total;
 }
 
+/* DIR/files, where received files go, absent or a directory of its own: a symbolic link there
+ * would put them outside the flash directory, so it is refused like any flash file (one line,
+ * exit 1), as device_sim/flash.py ConfigFlash.files_dir does. */
+static void check_files_dir(void)
+{
+    char path[4096 + 8];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/files", flash_dir);
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT) {
+            return;
+        }
+        fprintf(stderr, PROG ": flash directory: %s: %s; refused\n", path, strerror(errno));
+        exit(1);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        fprintf(stderr, PROG ": flash directory: %s: %s; refused\n", path,
+                S_ISLNK(st.st_mode) ? "is a symbolic link" : "not a directory");
+        exit(1);
+    }
+}
+
 /* mkdir -p, as `idemlink sim` creates its flash directory with its parents: 0 or -1 (errno). */
 static int make_dirs(const char *dir)
 {
@@ -912,6 +934,7 @@ int main(int argc, char **argv)
         char text[DEVICE_ID_FILE_BYTES + 1];
         long n;
         /* every check before anything is written: a refused flash exits with nothing changed */
+        check_files_dir(); /* first, as the simulator's ConfigFlash */
         claim_map(0);
         (void)idl_port_flash_load(check, &generation);
         n = read_flash_file("device_id", text, sizeof text);

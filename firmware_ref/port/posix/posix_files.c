@@ -1,5 +1,6 @@
 /* FILE_INFO on a POSIX directory: see posix_files.h. Mirrors device_sim/device.py _file_info: a
- * symlink or anything but a regular file is absent; a file that cannot be read is a failure. */
+ * symlink or anything but a regular file is absent; a file that cannot be read is a failure. A
+ * directory that is a symbolic link is never followed (no file there; a batch is refused). */
 #include "posix_files.h"
 
 #include <errno.h>
@@ -11,6 +12,14 @@
 
 #include "idl_crc32c.h"
 
+/* `dir` is a directory of its own: not a symbolic link (never followed: the files would be
+ * elsewhere), not another kind of file. */
+static int real_dir(const char *dir)
+{
+    struct stat st;
+    return lstat(dir, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int idl_posix_file_info(const char *dir, const uint8_t *name, uint8_t len, uint32_t *size,
                         uint32_t *crc)
 {
@@ -21,7 +30,7 @@ int idl_posix_file_info(const char *dir, const uint8_t *name, uint8_t len, uint3
     unsigned long long total = 0;
     ssize_t n;
     int fd;
-    if (dir == NULL) {
+    if (dir == NULL || !real_dir(dir)) {
         return 1;
     }
     snprintf(path, sizeof path, "%s/%.*s", dir, (int)len, (const char *)name);
@@ -77,7 +86,7 @@ int idl_posix_file_begin(const char *dir, const uint8_t *name, size_t len, int o
         return -1;
     }
     snprintf(dir_path, sizeof dir_path, "%s", dir);
-    if (mkdir(dir_path, 0700) != 0 && errno != EEXIST) {
+    if ((mkdir(dir_path, 0700) != 0 && errno != EEXIST) || !real_dir(dir_path)) {
         return -1;
     }
     snprintf(target_path, sizeof target_path, "%s/%.*s", dir, (int)len, (const char *)name);

@@ -7,13 +7,14 @@
 #include <stdint.h>
 
 /** `dir`/`name`: 0 a regular file (*size, *crc = CRC-32C of its bytes), 1 absent (missing, a
- *  symlink, not a regular file; also when `dir` is NULL), -1 unreadable or too large for a u32. */
+ *  symlink, not a regular file; also when `dir` is NULL or not a directory of its own, e.g. a
+ *  symlink), -1 unreadable or too large for a u32. */
 int idl_posix_file_info(const char *dir, const uint8_t *name, uint8_t len, uint32_t *size,
                         uint32_t *crc);
 
 /* One file at a time, as device_sim's DirectorySink: begin creates `dir` (if needed) and a hidden
  * `.ymodem-<random>.part` there (refused: 0 is success, -1 refused, when `name` exists and
- * !overwrite); write at an offset; commit truncates to `size`, fsyncs and makes it visible under
+ * !overwrite, or when `dir` is a symbolic link or not a directory); write at an offset; commit truncates to `size`, fsyncs and makes it visible under
  * its name (link, which fails on an existing name, or rename with overwrite); abort deletes the
  * temporary. */
 int idl_posix_file_begin(const char *dir, const uint8_t *name, size_t len, int overwrite,

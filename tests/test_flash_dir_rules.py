@@ -1,0 +1,164 @@
+"""The flash directory's rules, one for the Python simulator (``idemlink sim``) and the posix C
+device (``firmware_ref/port/posix``): each case runs against both.
+
+- ``files`` (where FILE_RECEIVE stores) as a symbolic link is refused at start like every other
+  flash file (one line, exit 1, nothing changed, the link's target untouched), and so is a
+  ``files`` that is not a directory; a link put there while the device serves is never followed:
+  FILE_INFO finds nothing through it and a batch is cancelled at its header.
+
+Skips the C half, naming the reason, when make or a C compiler is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.flash import ConfigFlash, UnsafeFlashFileError
+from idemlink.host.device import Device
+from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.ymodem_events import FileStarted
+from idemlink.protocol.ymodem_files import DirectorySink, SinkRefused
+
+ROOT = Path(__file__).resolve().parents[1]
+FW = ROOT / "firmware_ref"
+BINARY = FW / "build" / "posix" / "idemlink-device"
+IMPLEMENTATIONS = ["sim", "sim-rtu", "c", "c-rtu"]
+
+
+@pytest.fixture(scope="module")
+def c_device() -> Path:
+    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
+    proc = subprocess.run(["make", "-s", "-C", str(FW), "device"], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return BINARY
+
+
+def _command(kind: str, flash: Path, request: pytest.FixtureRequest) -> list[str]:
+    """The command line of one implementation serving ``flash``."""
+    rtu = ["--modbus-rtu"] if kind.endswith("-rtu") else []
+    if kind.startswith("c"):
+        binary: Path = request.getfixturevalue("c_device")
+        return [str(binary), "--flash-dir", str(flash), *rtu]
+    return [sys.executable, "-m", "idemlink", "sim", "--flash-dir", str(flash), *rtu]
+
+
+def refused(kind: str, flash: Path, request: pytest.FixtureRequest) -> str:
+    """Start ``kind`` on ``flash``: it must refuse with one line and exit 1; that line."""
+    proc = subprocess.run(_command(kind, flash, request), capture_output=True, text=True,
+                          timeout=30, check=False)
+    assert proc.returncode == 1 and proc.stdout == "", (proc.returncode, proc.stdout, proc.stderr)
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr.strip()
+
+
+class Serving:
+    """One implementation serving ``flash`` on a new pty (its path: the first line of stdout)."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.path = self.proc.stdout.readline().strip()
+        assert self.path.startswith("/dev/"), (self.path, self.proc.stderr)
+
+    def stop(self) -> str:
+        """SIGTERM; the exit must be clean. Returns what it said on stderr."""
+        self.proc.terminate()
+        _, err = self.proc.communicate(timeout=10)
+        assert self.proc.returncode == 0, err
+        return err
+
+
+@pytest.fixture
+def serving() -> Iterator[list[Serving]]:
+    started: list[Serving] = []
+    yield started
+    for s in started:
+        if s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()
+
+
+# ------------------------------------------------------------------ files: a symbolic link
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_a_symlinked_files_directory_is_refused_at_start(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    flash, elsewhere = tmp_path / "flash", tmp_path / "elsewhere"
+    flash.mkdir()
+    elsewhere.mkdir()
+    (flash / "files").symlink_to(elsewhere)
+    line = refused(kind, flash, request)
+    assert line.endswith(f"{flash}/files: is a symbolic link; refused"), line
+    assert sorted(p.name for p in flash.iterdir()) == ["files"], "nothing created"
+    assert (flash / "files").is_symlink() and list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", IMPLEMENTATIONS)
+def test_a_files_entry_that_is_no_directory_is_refused_at_start(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "files").write_bytes(b"not a directory")
+    line = refused(kind, flash, request)
+    assert line.endswith(f"{flash}/files: not a directory; refused"), line
+    assert sorted(p.name for p in flash.iterdir()) == ["files"]
+
+
+def test_config_flash_refuses_a_symlinked_files_directory(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "flash").mkdir()
+    (tmp_path / "flash" / "files").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeFlashFileError, match="is a symbolic link; refused"):
+        ConfigFlash(tmp_path / "flash")
+    with pytest.raises(UnsafeFlashFileError, match="is a symbolic link; refused"):
+        SimulatedDevice(flash_dir=tmp_path / "flash")
+
+
+@pytest.mark.parametrize("kind", ["sim", "c"])
+def test_a_link_put_in_place_of_files_while_serving_is_not_followed(
+        kind: str, tmp_path: Path, request: pytest.FixtureRequest,
+        serving: list[Serving]) -> None:
+    flash, elsewhere = tmp_path / "flash", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "there.bin").write_bytes(b"outside the flash directory")
+    payload = tmp_path / "firmware.bin"
+    payload.write_bytes(b"\x01\x02\x03" * 500)
+    dev = Serving(_command(kind, flash, request))
+    serving.append(dev)
+    shutil.rmtree(flash / "files", ignore_errors=True)
+    (flash / "files").symlink_to(elsewhere)
+    with Device.open(dev.path) as host:
+        info = host.file_info("there.bin")
+        assert info.ok and info.file == FileInfoResponse(FileInfoStatus.ABSENT, 0, 0)
+        res, report = host.send_files([str(payload)])
+        assert res.outcome is Outcome.OK  # the hand-over ran; the batch itself was refused
+        assert report is not None and not report.ok, report
+        assert host.write({"mode": 2}).ok  # back to frames
+    dev.stop()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["there.bin"], "nothing written there"
+
+
+def test_the_device_sink_never_follows_its_directory(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    link = tmp_path / "files"
+    link.symlink_to(tmp_path / "elsewhere")
+    header = FileStarted("a.bin", 3, None, None)
+    with pytest.raises(SinkRefused, match="is a symbolic link; refused"):
+        DirectorySink(link, follow_symlink=False).open(header)
+    sink = DirectorySink(link)  # a directory the user names (idemlink receive --dir) may be one
+    sink.open(header)
+    sink.discard()
+    assert os.listdir(tmp_path / "elsewhere") == []
