@@ -217,11 +217,15 @@ class SimulatedDevice:
         self.name = name
         self.file_quota = file_quota
         self._hash = contract_hash()
-        saved = self._load_flash()  # a refused flash changes nothing
+        # a refused flash changes nothing: every file is checked before the first is written
+        saved = self._load_flash()
+        if self.flash is not None:
+            self.flash.claim_map(regmap.name, regmap.hash.hex(), record=False)
+            self.flash.read_boots()
+        self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now, config=saved)
+        self.device_id = self._identity(device_id, seed)  # the last check, the first write
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex())
-        self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now, config=saved)
-        self.device_id = self._identity(device_id, seed)
         self.boot_count = self.flash.count_boot() if self.flash is not None else 0
         self._rng = _epoch_generator(seed, self.boot_count, epoch_salt)
         self.executions = ExecutionLog(keep_executions)

@@ -11,7 +11,12 @@ device from another.
 
 ``count_boot()`` increments and returns a boot counter kept in ``boots`` (same atomic
 replacement): the framed simulator mixes it into its seeded boot epochs so that every process
-start draws new epochs (docs/DESIGN.md, "Boot epochs of the simulator").
+start draws new epochs (docs/DESIGN.md, "Boot epochs of the simulator"). The file's one rule,
+the C device's too (``parse_boots``; ``tests/vectors/flash_files.json`` holds the cases both are
+tested against): ASCII decimal digits, then nothing but ASCII blanks (space, tab, CR, LF), of a
+value at most ``MAX_BOOTS`` = 2^64 - 2 (the C device keeps the counter in 64 bits and the next
+boot's count must fit too); no sign, no leading blank, no ``_``. ``read_boots()`` checks it
+without writing, so a device can refuse a bad counter before it changes anything.
 
 Hostile files are refused, never followed or read whole: a file is opened with ``O_NOFOLLOW |
 O_NONBLOCK`` (a symbolic link or a FIFO does not hang or redirect the read), judged on the
@@ -33,6 +38,7 @@ import tempfile
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot
+from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
@@ -60,6 +66,28 @@ DEVICE_ID_FILE_BYTES = 128  #: a device id file: the id (at most 64 characters) 
 
 class UnsafeFlashFileError(OSError):
     """A flash file that is not a small regular file (symlink, FIFO, device, huge): refused."""
+
+
+MAX_BOOTS = (1 << 64) - 2
+"""Largest boot counter a ``boots`` file may hold: the C device counts in 64 bits, and the next
+boot's count (``MAX_BOOTS + 1``) must fit."""
+BOOTS_FILE_BYTES = 64  #: a ``boots`` file: digits and a newline (64 bytes leave room for zeros)
+_BOOTS = re.compile(rb"[0-9]+[ \t\r\n]*\Z")
+
+
+class BootCounterError(LocalProtocolError):
+    """The content of a ``boots`` file breaks the counter's rule (``parse_boots``)."""
+
+
+def parse_boots(data: bytes) -> int:
+    """The boot counter in ``data`` (a ``boots`` file's bytes): ASCII digits, then only ASCII
+    blanks, at most ``MAX_BOOTS``; ``BootCounterError`` otherwise (the C device's rule too)."""
+    if not _BOOTS.match(data):
+        raise BootCounterError("not a boot counter")
+    digits = data.rstrip(b" \t\r\n").lstrip(b"0") or b"0"
+    if len(digits) > len(str(MAX_BOOTS)) or int(digits) > MAX_BOOTS:
+        raise BootCounterError(f"boot counter above {MAX_BOOTS}")
+    return int(digits)
 
 
 def read_flash_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes | None:
@@ -129,16 +157,18 @@ class ConfigFlash:
     def save(self, snap: ConfigSnapshot) -> None:
         self._replace(self.path, snap.to_json())
 
-    def claim_map(self, name: str, map_hash: str) -> None:
+    def claim_map(self, name: str, map_hash: str, *, record: bool = True) -> None:
         """Tie this flash to one register map (file ``map``: name and hash). A directory saved
         with another map is refused (``UnsafeFlashFileError``, nothing changed; the message names
         the ``--regmap`` it was saved with): its configuration would be read with the wrong
         layout, limits or scale. A directory from
-        before this file existed is claimed by the first map that opens it."""
+        before this file existed is claimed by the first map that opens it (``record=False``:
+        only checked, nothing written)."""
         path = self.dir / "map"
         data = read_flash_file(path, limit=256)
         if data is None:
-            self._replace(path, f"{name} {map_hash}\n")
+            if record:
+                self._replace(path, f"{name} {map_hash}\n")
             return
         try:
             old_name, old_hash = data.decode("utf-8").split()
@@ -154,19 +184,22 @@ class ConfigFlash:
                 f"not {name} {map_hash}: serve it with the map it was saved with ({with_map}) "
                 "or use another flash directory")
 
-    def count_boot(self) -> int:
-        """Increment the persisted boot counter and return it (1 on a fresh directory). A
-        counter that is not a decimal number is refused (``UnsafeFlashFileError``)."""
+    def read_boots(self) -> int:
+        """The persisted boot counter (0 on a fresh directory), nothing written. A ``boots``
+        file that breaks the rule (``parse_boots``) is refused (``UnsafeFlashFileError``)."""
         path = self.dir / self.BOOTS
-        data = read_flash_file(path, limit=64)
+        data = read_flash_file(path, limit=BOOTS_FILE_BYTES)
         try:
-            boots = int(data.decode("ascii")) if data is not None else 0
-        except (UnicodeDecodeError, ValueError):
-            raise UnsafeFlashFileError(f"{path}: not a boot counter; refused") from None
-        if boots < 0:
-            raise UnsafeFlashFileError(f"{path}: negative boot counter; refused")
-        self._replace(path, f"{boots + 1}\n")
-        return boots + 1
+            return parse_boots(data) if data is not None else 0
+        except BootCounterError as exc:
+            raise UnsafeFlashFileError(f"{path}: {exc}; refused") from None
+
+    def count_boot(self) -> int:
+        """Increment the persisted boot counter and return it (1 on a fresh directory); a bad
+        counter is refused as by ``read_boots``, nothing written."""
+        boots = self.read_boots() + 1
+        self._replace(self.dir / self.BOOTS, f"{boots}\n")
+        return boots
 
     def device_id(self) -> str:
         """This flash's device id: read from ``device_id``, created (atomically) the first time.

@@ -5,12 +5,17 @@ device (``firmware_ref/port/posix``): each case runs against both.
   flash file (one line, exit 1, nothing changed, the link's target untouched), and so is a
   ``files`` that is not a directory; a link put there while the device serves is never followed:
   FILE_INFO finds nothing through it and a batch is cancelled at its header.
+- ``tests/vectors/flash_files.json``: the flash files' content rules as shared cases. ``boots``:
+  each accepted counter is written back incremented (the C device's 64-bit counter and the
+  simulator's agree up to 2^64 - 2), each refused one gives the same reason in one line, exit 1,
+  with nothing in the directory changed (the counter is judged before anything is written).
 
 Skips the C half, naming the reason, when make or a C compiler is missing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.flash import ConfigFlash, UnsafeFlashFileError
+from idemlink.device_sim.flash import MAX_BOOTS, ConfigFlash, UnsafeFlashFileError, parse_boots
 from idemlink.host.device import Device
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import Outcome
@@ -32,6 +37,20 @@ ROOT = Path(__file__).resolve().parents[1]
 FW = ROOT / "firmware_ref"
 BINARY = FW / "build" / "posix" / "idemlink-device"
 IMPLEMENTATIONS = ["sim", "sim-rtu", "c", "c-rtu"]
+VECTORS = json.loads((ROOT / "tests" / "vectors" / "flash_files.json").read_text(encoding="utf-8"))
+
+
+def content(case: dict[str, object]) -> bytes:
+    """A vector case's file content (``text`` as UTF-8, or ``hex``)."""
+    if "text" in case:
+        return str(case["text"]).encode("utf-8")
+    return bytes.fromhex(str(case["hex"]))
+
+
+def snapshot(d: Path) -> dict[str, bytes | None]:
+    """Every entry of ``d`` and its bytes (None: not a regular file)."""
+    return {p.name: p.read_bytes() if p.is_file() and not p.is_symlink() else None
+            for p in d.iterdir()}
 
 
 @pytest.fixture(scope="module")
@@ -162,3 +181,52 @@ def test_the_device_sink_never_follows_its_directory(tmp_path: Path) -> None:
     sink.open(header)
     sink.discard()
     assert os.listdir(tmp_path / "elsewhere") == []
+
+
+# ------------------------------------------------------------------ boots: the shared vectors
+
+BOOTS = VECTORS["boots"]["cases"]
+
+
+def _ids(cases: list[dict[str, object]]) -> list[str]:
+    return [str(c["name"]) for c in cases]
+
+
+def test_the_vectors_bound_is_the_simulators() -> None:
+    assert VECTORS["boots"]["max"] == MAX_BOOTS == (1 << 64) - 2
+
+
+@pytest.mark.parametrize("case", BOOTS, ids=_ids(BOOTS))
+def test_boots_vectors_in_the_simulator(case: dict[str, object], tmp_path: Path) -> None:
+    data = content(case)
+    if "next" in case:
+        assert parse_boots(data) + 1 == case["next"]
+        (tmp_path / "boots").write_bytes(data)
+        dev = SimulatedDevice(seed=1, flash_dir=tmp_path)
+        assert dev.boot_count == case["next"]
+        assert (tmp_path / "boots").read_text(encoding="ascii") == f"{case['next']}\n"
+        return
+    (tmp_path / "boots").write_bytes(data)
+    before = snapshot(tmp_path)
+    with pytest.raises(UnsafeFlashFileError) as err:
+        SimulatedDevice(seed=1, flash_dir=tmp_path)
+    assert str(err.value) == f"{tmp_path}/boots: {case['error']}; refused"
+    assert snapshot(tmp_path) == before, "nothing written: no map record, device id or counter"
+
+
+@pytest.mark.parametrize("case", BOOTS, ids=_ids(BOOTS))
+def test_boots_vectors_in_the_c_device(case: dict[str, object], tmp_path: Path,
+                                       c_device: Path) -> None:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "boots").write_bytes(content(case))
+    if "next" in case:
+        Serving([str(c_device), "--flash-dir", str(flash)]).stop()
+        assert (flash / "boots").read_text(encoding="ascii") == f"{case['next']}\n"
+        return
+    before = snapshot(flash)
+    proc = subprocess.run([str(c_device), "--flash-dir", str(flash)], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert proc.stderr == f"idemlink-device: flash directory: boots: {case['error']}; refused\n"
+    assert snapshot(flash) == before, "nothing written: no map record, device id or counter"

@@ -441,29 +441,61 @@ static void claim_map(int record)
     }
 }
 
-/* The persisted boot counter (file `boots`), incremented: mixed into seeded epochs so that every
- * start draws new ones (a repeated epoch would let an old host replay into a new boot). */
-static unsigned long count_boot(void)
+/* The boot counter's rule, as device_sim/flash.py parse_boots (tests/vectors/flash_files.json):
+ * ASCII digits, then nothing but blanks (space, tab, CR, LF), of a value at most 2^64 - 2 (the
+ * counter is 64 bits and the next boot's count must fit). */
+#define MAX_BOOTS 0xFFFFFFFFFFFFFFFEull
+#define BOOTS_FILE_BYTES 64u
+
+static int is_blank(char c)
 {
-    char text[65];
-    char *end;
-    unsigned long boots = 0;
+    return c == ' ' || c == '\t' || c == '\r' || c == '\n';
+}
+
+/* The persisted boot counter (file `boots`; 0 when absent), nothing written; a counter that breaks
+ * the rule is refused (one line, exit 1). */
+static unsigned long long read_boots(void)
+{
+    char text[BOOTS_FILE_BYTES + 1];
+    unsigned long long boots = 0;
     long n = read_flash_file("boots", text, sizeof text);
-    if (n >= 0) {
-        errno = 0;
-        boots = strtoul(text, &end, 10);
-        while (*end == '\n' || *end == ' ') {
-            end++;
-        }
-        if (errno != 0 || end == text || *end != '\0' || text[0] == '-') {
-            fail(1, "flash directory: boots: not a boot counter; refused", NULL);
-        }
+    long i = 0;
+    long digits;
+    if (n < 0) {
+        return 0;
     }
-    n = (long)snprintf(text, sizeof text, "%lu\n", boots + 1u);
+    while (i < n && text[i] >= '0' && text[i] <= '9') {
+        i++;
+    }
+    digits = i;
+    while (i < n && is_blank(text[i])) {
+        i++;
+    }
+    if (digits == 0 || i != n) { /* a NUL byte stops both loops too */
+        fail(1, "flash directory: boots: not a boot counter; refused", NULL);
+    }
+    for (i = 0; i < digits; i++) {
+        unsigned d = (unsigned)(text[i] - '0');
+        if (boots > (MAX_BOOTS - d) / 10u) {
+            fail(1, "flash directory: boots: boot counter above 18446744073709551614; refused",
+                 NULL);
+        }
+        boots = boots * 10u + d;
+    }
+    return boots;
+}
+
+/* The persisted boot counter, incremented: mixed into seeded epochs so that every start draws
+ * new ones (a repeated epoch would let an old host replay into a new boot). */
+static unsigned long long count_boot(void)
+{
+    char text[BOOTS_FILE_BYTES + 1];
+    unsigned long long boots = read_boots() + 1u;
+    int n = snprintf(text, sizeof text, "%llu\n", boots);
     if (replace_file("boots", text, (size_t)n) != 0) {
         fail(1, "flash directory: cannot write the boot counter", strerror(errno));
     }
-    return boots + 1u;
+    return boots;
 }
 
 size_t idl_port_unique_id(char *buf, size_t cap)
@@ -937,6 +969,7 @@ int main(int argc, char **argv)
         check_files_dir(); /* first, as the simulator's ConfigFlash */
         claim_map(0);
         (void)idl_port_flash_load(check, &generation);
+        (void)read_boots();
         n = read_flash_file("device_id", text, sizeof text);
         while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) {
             n--;
