@@ -222,7 +222,9 @@ class SimulatedDevice:
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex(), record=False)
             self.flash.read_boots()
-        self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now, config=saved)
+        with self.flash.naming_config() if self.flash is not None else contextlib.nullcontext():
+            self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
+                                   config=saved)
         self.device_id = self._identity(device_id, seed)  # the last check, the first write
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex())

@@ -30,14 +30,16 @@ files it receives: a symbolic link there would put them outside the flash direct
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-from idemlink.protocol.device_core import ConfigSnapshot
+from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
@@ -145,14 +147,30 @@ class ConfigFlash:
         return path
 
     def load(self) -> ConfigSnapshot | None:
+        """The saved configuration (None when there is none). Bytes that are not text (invalid
+        UTF-8, a NUL) are ``UnsafeFlashFileError``, a snapshot that breaks the format
+        ``SnapshotError``; both name the file, with the C device's words
+        (``tests/vectors/flash_files.json``)."""
         data = read_flash_file(self.path)
         if data is None:
             return None
         try:
             text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise UnsafeFlashFileError(f"{self.path}: not UTF-8 text ({exc.reason})") from None
-        return ConfigSnapshot.from_json(text)
+        except UnicodeDecodeError:
+            text = "\0"
+        if "\0" in text:
+            raise UnsafeFlashFileError(f"{self.path}: not UTF-8 text") from None
+        with self.naming_config():
+            return ConfigSnapshot.from_json(text)
+
+    @contextlib.contextmanager
+    def naming_config(self) -> Iterator[None]:
+        """A ``SnapshotError`` raised inside (the saved configuration does not fit the map it is
+        loaded into...) names this flash's ``config.json``, as the C device's refusals do."""
+        try:
+            yield
+        except SnapshotError as exc:
+            raise SnapshotError(f"{self.path}: {exc}") from None
 
     def save(self, snap: ConfigSnapshot) -> None:
         self._replace(self.path, snap.to_json())

@@ -64,7 +64,8 @@ class RtuServer:
         if flash is not None:
             snap = flash.load()
             if snap is not None:
-                core.restore(snap, core.now)
+                with flash.naming_config():
+                    core.restore(snap, core.now)
                 core.reset_volatile(core.now)  # a start is a boot: volatile holdings revert
 
     def receive_data(self, data: bytes, now: float) -> None:

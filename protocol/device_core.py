@@ -42,6 +42,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
+from typing import TypeGuard
 
 from idemlink.protocol.modbus import (
     TRIGGER_CODE_EXCEPTION,
@@ -178,8 +179,9 @@ class SnapshotError(LocalProtocolError):
     """A configuration snapshot that does not fit this register map."""
 
 
-def _plain_int(x: object) -> bool:
-    return type(x) is int
+def _u16(x: object) -> TypeGuard[int]:
+    """A plain JSON integer (not a bool, not a float) of 0..65535."""
+    return type(x) is int and 0 <= x <= 0xFFFF
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,31 +198,34 @@ class ConfigSnapshot:
     @classmethod
     def from_json(cls, text: str) -> ConfigSnapshot:
         """Strict: ``{"holdings": [[address, value], ...], "generation": g}`` with plain JSON
-        integers only (no floats, booleans or strings) and each address once."""
+        integers 0..65535 only (no floats, booleans or strings) and each address once. The
+        refusals (``SnapshotError``) are the C device's too, word for word
+        (``tests/vectors/flash_files.json``): ``need an object with a holdings list``,
+        ``holdings must be [address, value] pairs of integers 0..65535``, ``generation is not an
+        integer 0..65535``, ``address A given twice``; text that is not JSON is ``not JSON: ...``."""
         try:
             raw = json.loads(text)
         except ValueError as exc:
-            raise SnapshotError(f"unreadable configuration snapshot: {exc}") from None
+            raise SnapshotError(f"not JSON: {exc}") from None
         if not isinstance(raw, dict) or not isinstance(raw.get("holdings"), list):
-            raise SnapshotError("configuration snapshot: need an object with a holdings list")
+            raise SnapshotError("need an object with a holdings list")
         pairs = raw["holdings"]
-        if not all(isinstance(p, list) and len(p) == 2 and all(_plain_int(x) for x in p)
+        if not all(isinstance(p, list) and len(p) == 2 and all(_u16(x) for x in p)
                    for p in pairs):
-            raise SnapshotError("configuration snapshot: holdings must be [address, value] "
-                                "pairs of integers")
+            raise SnapshotError("holdings must be [address, value] pairs of integers 0..65535")
         generation = raw.get("generation")
-        if not isinstance(generation, int) or not _plain_int(generation):
-            raise SnapshotError(f"configuration snapshot: generation {generation!r} is not an "
-                                "integer")
+        if not _u16(generation):
+            raise SnapshotError("generation is not an integer 0..65535")
         snap = cls(tuple((a, v) for a, v in pairs), generation)
         snap.check_unique()
         return snap
 
     def check_unique(self) -> None:
-        addresses = [a for a, _ in self.holdings]
-        if len(set(addresses)) != len(addresses):
-            dups = sorted({a for a in addresses if addresses.count(a) > 1})
-            raise SnapshotError(f"configuration snapshot: address(es) {dups} given twice")
+        seen: set[int] = set()
+        for a, _ in self.holdings:
+            if a in seen:
+                raise SnapshotError(f"address {a} given twice")
+            seen.add(a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -667,9 +672,9 @@ class DeviceCore:
         for a, v in holdings.items():
             spec = self._spec(a)
             if not spec.minimum <= v <= spec.maximum:
-                raise SnapshotError(f"snapshot: {spec.name}={v} outside its range")
+                raise SnapshotError(f"address {a}: {v} outside {spec.minimum}..{spec.maximum}")
         if not 0 <= snap.generation < GENERATION_MODULUS:
-            raise SnapshotError("snapshot: generation outside 0..0xFFFF")
+            raise SnapshotError("generation is not an integer 0..65535")
         self._holdings = holdings
         self._generation = snap.generation
 

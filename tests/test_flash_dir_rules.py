@@ -9,6 +9,9 @@ device (``firmware_ref/port/posix``): each case runs against both.
   each accepted counter is written back incremented (the C device's 64-bit counter and the
   simulator's agree up to 2^64 - 2), each refused one gives the same reason in one line, exit 1,
   with nothing in the directory changed (the counter is judged before anything is written).
+  ``config``: bad configuration files, each refused by both with the same words (bytes that are
+  not text: ``not UTF-8 text``, where the C device used to say ``generation is not an
+  integer``), one line, exit 1, nothing changed; good ones start with the same registers.
 
 Skips the C half, naming the reason, when make or a C compiler is missing.
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from idemlink.cli import EXIT_LOCAL_ERROR, main
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.flash import MAX_BOOTS, ConfigFlash, UnsafeFlashFileError, parse_boots
 from idemlink.host.device import Device
@@ -230,3 +234,61 @@ def test_boots_vectors_in_the_c_device(case: dict[str, object], tmp_path: Path,
     assert proc.returncode == 1 and proc.stdout == "", proc
     assert proc.stderr == f"idemlink-device: flash directory: boots: {case['error']}; refused\n"
     assert snapshot(flash) == before, "nothing written: no map record, device id or counter"
+
+
+# ------------------------------------------------------------------ config.json: the shared vectors
+
+CONFIG = VECTORS["config"]["cases"]
+NAMES = ("threshold", "mode", "fan_setpoint")  # the built-in map's HOLDINGs, at 4, 5, 6
+
+
+def test_the_config_vectors_are_for_the_built_in_map() -> None:
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    assert VECTORS["config"]["map"] == DEFAULT_MAP.name
+    assert [DEFAULT_MAP.named(n).address for n in NAMES] == [4, 5, 6]
+
+
+@pytest.mark.parametrize("mode", [[], ["--modbus-rtu"]], ids=["framed", "rtu"])
+@pytest.mark.parametrize("case", CONFIG, ids=_ids(CONFIG))
+def test_config_vectors_in_the_simulator(case: dict[str, object], mode: list[str], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_bytes(content(case))
+    if "error" not in case:
+        dev = SimulatedDevice(seed=1, flash_dir=tmp_path)
+        assert [list(p) for p in dev.core.snapshot().holdings] == case["holdings"]
+        assert dev.core.generation == case["generation"]
+        return
+    before = snapshot(tmp_path)
+    assert main(["sim", *mode, "--flash-dir", str(tmp_path)]) == EXIT_LOCAL_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.endswith(f"{tmp_path}/config.json: {case['error']}\n"), err
+    assert snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", CONFIG, ids=_ids(CONFIG))
+def test_config_vectors_in_the_c_device(case: dict[str, object], tmp_path: Path,
+                                        c_device: Path) -> None:
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    (flash / "config.json").write_bytes(content(case))
+    if "error" not in case:
+        dev = Serving([str(c_device), "--flash-dir", str(flash)])
+        try:
+            with Device.open(dev.path) as host:
+                values = host.read(NAMES[0], len(NAMES)).values
+                generation = host.read("generation").values
+        finally:
+            dev.stop()
+        holdings = case["holdings"]
+        assert isinstance(holdings, list)
+        assert [[a, v] for a, v in zip((4, 5, 6), values, strict=True)] == holdings
+        assert generation == (case["generation"],)
+        return
+    before = snapshot(flash)
+    proc = subprocess.run([str(c_device), "--flash-dir", str(flash)], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert proc.stderr == f"idemlink-device: flash directory: config.json: {case['error']}\n"
+    assert snapshot(flash) == before

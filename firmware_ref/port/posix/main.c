@@ -596,69 +596,158 @@ static const char *expect(const char *p, char c)
     return *p == c ? p + 1 : NULL;
 }
 
+/* Strict UTF-8 (no overlong form, surrogate or code point past U+10FFFF) without a NUL byte: what
+ * the simulator decodes as text (device_sim/flash.py ConfigFlash.load). */
+static int utf8_text(const unsigned char *s, size_t n)
+{
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = s[i];
+        unsigned cp;
+        unsigned least;
+        size_t k;
+        size_t j;
+        if (c == 0u) {
+            return 0;
+        }
+        if (c < 0x80u) {
+            i++;
+            continue;
+        }
+        if (c >= 0xC2u && c <= 0xDFu) {
+            k = 1;
+            cp = c & 0x1Fu;
+            least = 0x80u;
+        } else if (c >= 0xE0u && c <= 0xEFu) {
+            k = 2;
+            cp = c & 0x0Fu;
+            least = 0x800u;
+        } else if (c >= 0xF0u && c <= 0xF4u) {
+            k = 3;
+            cp = c & 0x07u;
+            least = 0x10000u;
+        } else {
+            return 0;
+        }
+        if (n - i <= k) {
+            return 0; /* cut short */
+        }
+        for (j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0u) != 0x80u) {
+                return 0;
+            }
+            cp = (cp << 6) | (s[i + j] & 0x3Fu);
+        }
+        if (cp < least || cp > 0x10FFFFu || (cp >= 0xD800u && cp <= 0xDFFFu)) {
+            return 0;
+        }
+        i += k + 1u;
+    }
+    return 1;
+}
+
+/* The [address, value] pair of the holdings list at *p (just after its '[' or a previous pair):
+ * 1 and *p past the pair and its separator, 0 at the list's end, -1 when what is there is no
+ * pair of integers 0..65535 (or no list goes on after it). */
+static int next_pair(const char **p, long *a, long *v)
+{
+    const char *q = skip_ws(*p);
+    if (*q == ']') {
+        return 0;
+    }
+    if ((q = expect(q, '[')) == NULL || (q = number(q, a)) == NULL || (q = expect(q, ',')) == NULL
+        || (q = number(q, v)) == NULL || (q = expect(q, ']')) == NULL || *a > 0xFFFF
+        || *v > 0xFFFF) {
+        return -1;
+    }
+    q = skip_ws(q);
+    if (*q == ',') {
+        q++;
+        if (*skip_ws(q) == ']') {
+            return -1; /* a trailing comma: not JSON */
+        }
+    } else if (*q != ']') {
+        return -1;
+    }
+    *p = q;
+    return 1;
+}
+
+#define CONFIG_REFUSED PROG ": flash directory: config.json: "
+
+/* config.json, judged as the simulator judges it (ConfigSnapshot.from_json, then the map's
+ * DeviceCore), in its order and with its words (tests/vectors/flash_files.json): text, a holdings
+ * list, its pairs, the generation, each address once, this map's HOLDINGs and only them, each
+ * value in its range. A refusal is one line and exit 1. */
 bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 {
     static char text[CONFIG_FILE_BYTES + 1]; /* read at start only: not on the stack */
+    static uint8_t given[0x10000u / 8u];     /* each address once, any address */
+    const char *list;
     const char *p;
     long gen = -1;
     long a;
     long v;
+    long n;
+    int more;
     uint32_t seen = 0;
     uint32_t i;
     uint32_t holdings = 0;
     if (flash_dir == NULL) {
         return false;
     }
-    if (read_flash_file("config.json", text, sizeof text) < 0) {
+    n = read_flash_file("config.json", text, sizeof text);
+    if (n < 0) {
         return false;
+    }
+    if (!utf8_text((const unsigned char *)text, (size_t)n)) {
+        fail(1, "flash directory: config.json: not UTF-8 text", NULL);
+    }
+    list = strstr(text, "\"holdings\"");
+    if (list == NULL || (list = expect(list + 10, ':')) == NULL
+        || (list = expect(list, '[')) == NULL) {
+        fail(1, "flash directory: config.json: need an object with a holdings list", NULL);
+    }
+    p = list;
+    while ((more = next_pair(&p, &a, &v)) == 1) {
+    }
+    if (more < 0) {
+        fail(1, "flash directory: config.json: holdings must be [address, value] pairs of "
+                "integers 0..65535", NULL);
     }
     p = strstr(text, "\"generation\"");
     if (p == NULL || (p = expect(p + 12, ':')) == NULL || (p = number(p, &gen)) == NULL
         || gen > 0xFFFF || (*skip_ws(p) != ',' && *skip_ws(p) != '}')) {
         fail(1, "flash directory: config.json: generation is not an integer 0..65535", NULL);
     }
-    p = strstr(text, "\"holdings\"");
-    if (p == NULL || (p = expect(p + 10, ':')) == NULL || (p = expect(p, '[')) == NULL) {
-        fail(1, "flash directory: config.json: need a holdings list", NULL);
+    memset(given, 0, sizeof given);
+    for (p = list; next_pair(&p, &a, &v) == 1;) {
+        uint8_t bit = (uint8_t)(1u << ((unsigned long)a & 7u));
+        if ((given[a >> 3] & bit) != 0u) {
+            fprintf(stderr, CONFIG_REFUSED "address %ld given twice\n", a);
+            exit(1);
+        }
+        given[a >> 3] = (uint8_t)(given[a >> 3] | bit);
     }
     for (i = 0; i < IDL_REG_COUNT; i++) {
         holdings += IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING;
     }
-    if (*skip_ws(p) != ']') {
-        bool given[IDL_REG_COUNT] = { false }; /* each address once, as ConfigSnapshot */
-        for (;;) {
-            int32_t at;
-            if ((p = expect(p, '[')) == NULL || (p = number(p, &a)) == NULL
-                || (p = expect(p, ',')) == NULL || (p = number(p, &v)) == NULL
-                || (p = expect(p, ']')) == NULL || a > 0xFFFF || v > 0xFFFF) {
-                fail(1, "flash directory: config.json: holdings must be [address, value] pairs "
-                        "of integers", NULL);
-            }
-            at = idl_regs_index((uint16_t)a);
-            if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_HOLDING || given[at]) {
-                fail(1, "flash directory: config.json: snapshot holds other registers than this "
-                        "map's HOLDINGs, or one twice", NULL);
-            }
-            if (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v) {
-                fail(1, "flash directory: config.json: a value is outside its range", NULL);
-            }
-            values[at] = (uint16_t)v;
-            given[at] = true;
-            seen++;
-            p = skip_ws(p);
-            if (*p == ',') {
-                p++;
-                continue;
-            }
-            if (*p == ']') {
-                break;
-            }
-            fail(1, "flash directory: config.json: unreadable holdings list", NULL);
-        }
+    for (p = list; next_pair(&p, &a, &v) == 1;) {
+        int32_t at = idl_regs_index((uint16_t)a);
+        seen += at >= 0 && IDL_REGMAP[at].kind == (uint8_t)IDL_REG_KIND_HOLDING ? 1u : 0x10000u;
     }
-    if (seen != holdings) {
+    if (seen != holdings) { /* one that is not a HOLDING counts past any map's HOLDINGs */
         fail(1, "flash directory: config.json: snapshot holds other registers than this map's "
                 "HOLDINGs", NULL);
+    }
+    for (p = list; next_pair(&p, &a, &v) == 1;) {
+        int32_t at = idl_regs_index((uint16_t)a);
+        if (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v) {
+            fprintf(stderr, CONFIG_REFUSED "address %ld: %ld outside %u..%u\n", a, v,
+                    (unsigned)IDL_REGMAP[at].min, (unsigned)IDL_REGMAP[at].max);
+            exit(1);
+        }
+        values[at] = (uint16_t)v;
     }
     *generation = (uint16_t)gen;
     return true;
