@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from idemlink.host.keys import MalformedKeyError, format_key, parse_key
+from idemlink.protocol.long_integers import load_json
 
 MAX_IDS = 1024
 MAX_ENCODED_BYTES = 64 * 1024
@@ -214,7 +215,7 @@ def _parse_doc(data: bytes, where: str) -> tuple[dict[str, object], int]:
         raise JournalCorruptError(f"{where}: not a receipt journal (not one newline-ended line)")
     try:
         text = data.decode("utf-8")
-        doc = json.loads(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+        doc = load_json(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise JournalCorruptError(f"{where}: not a receipt journal ({exc})") from exc
     if not isinstance(doc, dict):

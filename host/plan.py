@@ -25,7 +25,8 @@ Contract.
 
   The last three are one-shot: run at most once per device, recorded in the receipt journal keyed
   by (device id, step key).
-- Values are JSON integers (not booleans) in 0..65535: raw register values, as on the wire; or
+- Values are JSON integers (not booleans) in 0..65535 (one too long to convert is refused naming
+  its step and register, ``protocol.long_integers``): raw register values, as on the wire; or
   strings as typed on the command line (``"42.5"`` in the register's unit, a label such as
   ``"auto"``, ``"raw:420"``; ``RegisterSpec.raw_from_text``). Floats are refused (ambiguous). The
   map resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says
@@ -45,6 +46,7 @@ from enum import Enum
 from pathlib import Path
 
 from idemlink.host.keys import KeySource, step_key
+from idemlink.protocol.long_integers import LongIntegerError, load_json
 from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
@@ -148,7 +150,9 @@ def load_plan(path: str | Path, regmap: RegisterMap) -> Plan:
     except (OSError, UnicodeDecodeError) as exc:
         raise PlanError(f"cannot read plan {path}: {exc}") from None
     try:
-        doc = json.loads(raw)
+        doc = load_json(raw)
+    except LongIntegerError as exc:
+        raise PlanError(f"plan {path}: {exc}") from None
     except (json.JSONDecodeError, RecursionError) as exc:
         reason = "nested too deeply" if isinstance(exc, RecursionError) else exc
         raise PlanError(f"plan {path} is not JSON: {reason}") from None

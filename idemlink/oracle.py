@@ -46,10 +46,11 @@ import copy
 import json
 import math
 import struct
-import tomllib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+
+from idemlink.protocol.long_integers import load_json, load_toml  # parsing only: no decoder
 
 # ------------------------------------------------------------------------------- the map file
 
@@ -90,7 +91,7 @@ class MapTruth:
     @classmethod
     def parse(cls, text: str, *, fmt: str = "toml") -> MapTruth:
         try:
-            raw = json.loads(text) if fmt == "json" else tomllib.loads(text)
+            raw = load_json(text) if fmt == "json" else load_toml(text)
         except ValueError as exc:
             raise OracleError(f"unreadable map file: {exc}") from None
         regs: dict[int, Reg] = {}
@@ -150,7 +151,7 @@ def parse_effects_line(line: str) -> Record:
     with ``"trigger_duration": seconds``) or ``{"epoch", "seq", "request": hex, "response": hex,
     "time"}``."""
     try:
-        d = json.loads(line)
+        d = load_json(line)
         if "boot" in d:
             duration = d.get("trigger_duration")
             if duration is not None:

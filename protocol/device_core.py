@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import TypeGuard
 
+from idemlink.protocol.long_integers import json_int
 from idemlink.protocol.modbus import (
     TRIGGER_CODE_EXCEPTION,
     ExceptionResponse,
@@ -203,8 +204,8 @@ class ConfigSnapshot:
         (``tests/vectors/flash_files.json``): ``need an object with a holdings list``,
         ``holdings must be [address, value] pairs of integers 0..65535``, ``generation is not an
         integer 0..65535``, ``address A given twice``; text that is not JSON is ``not JSON: ...``."""
-        try:
-            raw = json.loads(text)
+        try:  # an integer too long to convert is no integer 0..65535: its field says so
+            raw = json.loads(text, parse_int=json_int)
         except ValueError as exc:
             raise SnapshotError(f"not JSON: {exc}") from None
         if not isinstance(raw, dict) or not isinstance(raw.get("holdings"), list):

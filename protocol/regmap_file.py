@@ -8,7 +8,9 @@ Contract (the format is documented in docs/REGMAP.md):
   ``labels``, ``persist``, ``bits``, ``description``). Unknown fields and non-idempotent behaviours
   (``kind = "toggle"``, ``clear_on_read = true``) are refused, as are overlapping addresses, bad
   ranges and names the generated C header could not define; so are JSON objects that give a key
-  twice (TOML refuses them itself). A leading byte-order mark is ignored.
+  twice (TOML refuses them itself), and an integer too long to convert (``long_integers``: the
+  line or field is named, not Python's ``sys.set_int_max_str_digits()``). A leading byte-order
+  mark is ignored.
 - Every refusal is one ``RegmapFileError`` whose message names the file, the register (by name,
   else by position) and the field: ``pump.toml: register 'speed' (#2): field 'max': 70000 outside
   0..65535``. Nothing is half-loaded.
@@ -19,7 +21,6 @@ Contract (the format is documented in docs/REGMAP.md):
 
 from __future__ import annotations
 
-import json
 import os
 import tomllib
 from decimal import Decimal, InvalidOperation
@@ -27,6 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from idemlink.protocol.long_integers import LongIntegerError, load_json, load_toml
 from idemlink.protocol.registers import (
     FORBIDDEN_KINDS,
     FaultBit,
@@ -218,11 +220,11 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors save
-        doc: object = (json.loads(text, object_pairs_hook=_unique_keys) if fmt == "json"
-                       else tomllib.loads(text))
+        doc: object = (load_json(text, object_pairs_hook=_unique_keys) if fmt == "json"
+                       else load_toml(text))
     except UnicodeDecodeError:
         raise RegmapFileError(f"{source}: not UTF-8 text") from None
-    except RegmapFileError as exc:
+    except (RegmapFileError, LongIntegerError) as exc:  # a key twice, an integer too long
         raise RegmapFileError(f"{source}: {exc}") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise RegmapFileError(f"{source}: not valid {fmt.upper()}: {exc}") from None
