@@ -9,7 +9,9 @@ Contract:
   answer (shared bus) is skipped whole; after a bad CRC, an implausible head or a frame cut by a
   pause, parsing restarts only at a real pause of t3.5 (``RtuDecoder``: 3.5 characters up to
   19200 Bd, 1.75 ms above; ``baudrate=None``, e.g. a pty, uses the simulator's default
-  115200 Bd); broadcast (unit 0) writes execute without an answer; FC06 answers echo the request.
+  115200 Bd); a frame whose function code tells no length (answered with exception 01) ends
+  t3.5 after its last byte, as the C device's does; broadcast (unit 0) writes execute without
+  an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and the server until ``stop`` is set;
   an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
   counted in ``answers_dropped``, and serving goes on;
@@ -35,6 +37,10 @@ from idemlink.protocol.modbus_rtu import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDe
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 
 log = logging.getLogger(__name__)
+
+CONFIRM_READ = 0.0002
+"""The read that confirms a pause t3.5 after the last bytes (seconds): it begins after t3.5, so
+finding nothing proves the silence (``RtuDecoder.tick``)."""
 
 
 class Transport(Protocol):
@@ -78,7 +84,8 @@ class RtuServer:
         self._answer(now)
 
     def tick(self, now: float) -> None:
-        """A read returned nothing by ``now``: the silence may end a frame; the core's timers
+        """A read that began at ``now`` returned nothing: the silence may end a frame (a frame
+        of unknown length at t3.5, as the C device does; ``RtuDecoder.tick``); the core's timers
         run."""
         self.decoder.tick(now)
         self._answer(now)
@@ -113,17 +120,25 @@ class RtuServer:
 
     def serve(self, transport: Transport, stop: threading.Event,
               clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:
-        """Serve until ``stop`` is set. Each read is stamped when it returns (the decoder takes
-        its transmission time off); an empty read after ``poll`` seconds is a pause once 0.1 s
-        passed without bytes."""
+        """Serve until ``stop`` is set. A read with bytes is stamped when it returns (the
+        decoder takes their transmission time off), an empty one when it began (the line was
+        silent since then, ``tick``). A frame that only a pause ends (``awaits_pause``) is
+        waited for until t3.5 after its last bytes, then one short read confirms the silence:
+        it is answered t3.5 after its end, as the C device answers it (its port checks every
+        2 ms), not at the next ``poll``."""
         log.info("Modbus RTU unit %d serving", self.unit)
+        last_rx = 0.0
         while not stop.is_set():
-            data = transport.read(poll)
-            now = clock()
+            began = clock()
+            timeout = poll
+            if self.decoder.awaits_pause:
+                timeout = min(poll, max(last_rx + self.decoder.frame_gap - began, CONFIRM_READ))
+            data = transport.read(timeout)
             if data:
-                self.receive_data(data, now)
+                last_rx = clock()
+                self.receive_data(data, last_rx)
             else:
-                self.tick(now)
+                self.tick(began)
             reply = self.data_to_send()
             if reply:
                 try:

@@ -181,7 +181,8 @@ class RtuDecoder:
 
     1. Real pauses only. A read's bytes are contiguous on the line, and the line was silent
        before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (``char_time`` =
-       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``tick(now)`` is a pause
+       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``tick(now)`` (an empty read
+       that began at ``now``) is a pause after t3.5 for a head that only a pause can end, else
        only after ``resync_silence`` (0.1 s) without bytes. Bytes received without ``now`` are
        contiguous (only ``gap``/``tick`` mark pauses). The first byte ever starts a frame.
     2. The head (the first byte after a pause or after the previous frame) is read by declared
@@ -263,11 +264,22 @@ class RtuDecoder:
         self._pause_here()
 
     def tick(self, now: float) -> None:
-        """Nothing arrived by ``now``. A read that returns late may still hold bytes that were
-        on the line meanwhile, so an empty read is a pause only after ``resync_silence`` (the
-        last resort; the next read's own timing says whether the line paused)."""
-        if self._last_rx is None or now - self._last_rx >= self.resync_silence:
+        """Nothing arrived by ``now``: a read that began at ``now`` returned nothing, so the line
+        was silent from the last bytes until at least ``now`` (a shell stamps an empty read when
+        it starts: bytes that come in while the read returns are not taken for silence). A head
+        whose function code tells no length is ended by that silence once it lasts t3.5, as on
+        the line: nothing else can end it and its sender waits for the answer. Any other head
+        waits ``resync_silence`` (a host late in the middle of a frame of known length is not
+        cut; the next read's own timing says whether the line paused)."""
+        silent = None if self._last_rx is None else now - self._last_rx
+        if silent is None or silent >= self.resync_silence or (
+                silent >= self.frame_gap and self.awaits_pause):
             self.gap()
+
+    @property
+    def awaits_pause(self) -> bool:
+        """The head's length is told by no function code: only a pause ends it."""
+        return bool(self._buf) and self._views()[0] == _WAIT_PAUSE
 
     @property
     def pending(self) -> int:
