@@ -169,7 +169,6 @@ def test_a_link_put_in_place_of_files_while_serving_is_not_followed(
         res, report = host.send_files([str(payload)])
         assert res.outcome is Outcome.OK  # the hand-over ran; the batch itself was refused
         assert report is not None and not report.ok, report
-        assert host.write({"mode": 2}).ok  # back to frames
     dev.stop()
     assert sorted(p.name for p in elsewhere.iterdir()) == ["there.bin"], "nothing written there"
 
