@@ -64,7 +64,7 @@ from idemlink.protocol.modbus import (
     encode_response,
     exception_pdu,
 )
-from idemlink.protocol.outcome import ModbusException
+from idemlink.protocol.outcome import IdemlinkError, ModbusException
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.regular_file import file_digest
@@ -87,7 +87,7 @@ DEFAULT_KEPT_EXECUTIONS = 10_000
 """Executions a ``SimulatedDevice`` keeps by default (about 2 MB)."""
 
 
-class ExecutionsEvicted(LookupError):
+class ExecutionsEvicted(IdemlinkError, LookupError):
     """The asked-for executions were already dropped from the bounded log."""
 
 

@@ -40,13 +40,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
-from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
 
-class DeviceIdError(ValueError):
+class DeviceIdError(IdemlinkError, ValueError):
     """A device id that is not 1-64 characters of ``[A-Za-z0-9_.:-]``."""
 
 
@@ -66,7 +66,7 @@ MAX_FILE_BYTES = 1 << 20
 DEVICE_ID_FILE_BYTES = 128  #: a device id file: the id (at most 64 characters) and a newline
 
 
-class UnsafeFlashFileError(OSError):
+class UnsafeFlashFileError(IdemlinkError, OSError):
     """A flash file that is not a small regular file (symlink, FIFO, device, huge): refused."""
 
 
@@ -273,7 +273,7 @@ class ConfigFlash:
             os.close(fd)
 
 
-class FlashBusyError(OSError):
+class FlashBusyError(IdemlinkError, OSError):
     """Another process serves from this flash directory (it holds the directory's lock)."""
 
 

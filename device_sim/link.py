@@ -56,11 +56,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from idemlink.protocol.outcome import LocalProtocolError
+
 BITS_PER_BYTE = 10  #: start bit, 8 data bits, stop bit (8N1)
 COBS_DELIMITER = 0x00  #: the frame delimiter of idemlink's COBS framing
 
 
-class LinkConfigError(ValueError):
+class LinkConfigError(LocalProtocolError, ValueError):
     """A link parameter is out of range or unknown. Nothing was built."""
 
 

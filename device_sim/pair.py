@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from idemlink.device_sim.link import Link, LinkDirection, RebootEvent
+from idemlink.protocol.outcome import LocalProtocolError
 
 
-class SimClockError(ValueError):
+class SimClockError(LocalProtocolError, ValueError):
     """The simulated clock was asked to run backwards."""
 
 

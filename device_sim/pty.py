@@ -18,6 +18,8 @@ import termios
 import tty
 from dataclasses import dataclass
 
+from idemlink.protocol.outcome import IdemlinkError
+
 
 @dataclass(slots=True)
 class PtyPair:
@@ -49,7 +51,7 @@ WRITE_STALL = 0.1
 """Longest wait for the reader to make room before the rest of an answer is dropped (seconds)."""
 
 
-class WriteStalled(TimeoutError):
+class WriteStalled(IdemlinkError, TimeoutError):
     """The reader did not take the bytes in time: ``unsent`` bytes of the answer were dropped."""
 
     def __init__(self, unsent: int) -> None:

@@ -17,6 +17,7 @@ from enum import Enum
 
 from idemlink.host.keys import MalformedKeyError, format_key, parse_key
 from idemlink.protocol.long_integers import load_json
+from idemlink.protocol.outcome import IdemlinkError
 
 MAX_IDS = 1024
 MAX_ENCODED_BYTES = 64 * 1024
@@ -33,7 +34,7 @@ KeyLike = uuid.UUID | str
 # --------------------------------------------------------------------------------------- errors
 
 
-class JournalError(Exception):
+class JournalError(IdemlinkError):
     """Base of every receipt-journal error. Whatever raised it changed nothing on disk."""
 
 

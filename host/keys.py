@@ -32,6 +32,8 @@ import re
 import uuid
 from enum import Enum
 
+from idemlink.protocol.outcome import LocalProtocolError
+
 __all__ = [
     "FIELD_LENGTH_BYTES",
     "KeyFieldError",
@@ -59,11 +61,11 @@ _CANONICAL_KEY = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0
 Field = bytes | str | int
 
 
-class KeyFieldError(TypeError):
+class KeyFieldError(LocalProtocolError, TypeError):
     """A field cannot be part of a key (wrong type, bool, unencodable str, too long)."""
 
 
-class MalformedKeyError(ValueError):
+class MalformedKeyError(LocalProtocolError, ValueError):
     """Text that is not a key in canonical form (lower-case hyphenated UUID, 36 characters)."""
 
 

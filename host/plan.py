@@ -47,6 +47,7 @@ from pathlib import Path
 
 from idemlink.host.keys import KeySource, step_key
 from idemlink.protocol.long_integers import LongIntegerError, load_json
+from idemlink.protocol.outcome import IdemlinkError
 from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
@@ -66,7 +67,7 @@ PLAN_FORMAT = "idemlink.plan"
 PLAN_VERSION = 1
 
 
-class PlanError(ValueError):
+class PlanError(IdemlinkError, ValueError):
     """A plan file that cannot be read or does not follow the format (one line, names the step)."""
 
 

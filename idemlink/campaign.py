@@ -47,7 +47,7 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
 from idemlink.oracle import Boot, Claim, MapTruth, Oracle, Record, Reg, Run, Tally
-from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.outcome import IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap
 
 
@@ -195,7 +195,7 @@ def claim_of(res: Result, *, dead: bool = False, readback: bool = False) -> Clai
                  res.code, readback)
 
 
-class HostCrash(Exception):
+class HostCrash(IdemlinkError):
     """The host process died (raised by ``CrashingTransport`` in the middle of an operation)."""
 
 

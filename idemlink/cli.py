@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from idemlink.commands import COMMAND_MODULES
+from idemlink.protocol.outcome import IdemlinkError
 
 if TYPE_CHECKING:
     from idemlink.protocol.registers import RegisterMap
@@ -42,7 +43,7 @@ EXIT_CHECK_FAILED = 6
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer killed by SIGPIPE
 
 
-class UserError(Exception):
+class UserError(IdemlinkError):
     """A mistake of the user's (bad port, unknown register...): printed as one line, exit 1."""
 
 

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from idemlink.protocol.long_integers import load_json, load_toml  # parsing only: no decoder
+from idemlink.protocol.outcome import IdemlinkError  # the errors' base only: no table
 
 # ------------------------------------------------------------------------------- the map file
 
@@ -65,7 +66,7 @@ GUARD_FAILED = 0x12
 MAX_READ, MAX_WRITE = 125, 123
 
 
-class OracleError(ValueError):
+class OracleError(IdemlinkError, ValueError):
     """A map file or an effects record the oracle cannot read."""
 
 
@@ -268,8 +269,9 @@ Conditions = Callable[[Mapping[str, int]], Mapping[str, int]]
 register name (e.g. over-temperature: temperature > threshold)."""
 
 
-class _Refused(Exception):
+class _Refused(IdemlinkError):
     def __init__(self, code: int) -> None:
+        super().__init__(f"refused with exception {code}")
         self.code = code
 
 

@@ -38,6 +38,7 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.host.device import SerialTransport
 from idemlink.oracle import Boot, OracleError, Record, parse_effects_line
+from idemlink.protocol.outcome import IdemlinkError
 
 START_TIMEOUT = 10.0
 """Seconds a spawned device has to write its boot line."""
@@ -49,7 +50,7 @@ DEVICE_TIMEOUT = 0.1
 """The least retry timeout (seconds) by default: the in-process 0.03 is simulated time."""
 
 
-class DeviceCommandError(RuntimeError):
+class DeviceCommandError(IdemlinkError):
     """The device command could not be run as a device under test (one line)."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from idemlink.campaign import TimelinePoint
+from idemlink.protocol.outcome import IdemlinkError
 
 #: (TimelinePoint field, panel label)
 PANELS = (("retries", "retries"), ("replays", "replayed answers"), ("unknown", "UNKNOWN outcomes"),
@@ -30,7 +31,7 @@ PLOT_NEEDS_MATPLOTLIB = ("--plot needs matplotlib: pip install matplotlib (in a 
 """What to install: right for an installed package and for a checkout alike."""
 
 
-class PlotUnavailable(Exception):
+class PlotUnavailable(IdemlinkError):
     """The plot cannot be written (one line: why)."""
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import construct as cs
 
 from idemlink.protocol.contract_section import CDefine, ContractSection, md_table
+from idemlink.protocol.outcome import RemoteProtocolError
 
 CONTRACT_HASH_LEN = 8
 
@@ -69,7 +70,7 @@ RESPONSE_PAYLOAD = cs.Struct(
 )
 
 
-class MalformedDeviceInfo(ValueError):
+class MalformedDeviceInfo(RemoteProtocolError, ValueError):
     """A HELLO_REPLY payload that does not parse (the message is one line naming the field)."""
 
 

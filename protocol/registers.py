@@ -38,6 +38,7 @@ from fractions import Fraction
 from typing import Any
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.outcome import IdemlinkError
 
 _C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _MAP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}\Z")
@@ -49,7 +50,7 @@ REGISTER_MAX = 0xFFFF
 ADDRESS_MAX = 0xFFFF
 
 
-class RegisterSchemaError(ValueError):
+class RegisterSchemaError(IdemlinkError, ValueError):
     """A register declaration breaks the schema (a programming error in the map, not a wire error)."""
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from idemlink.protocol.frame import crc32c
+from idemlink.protocol.outcome import IdemlinkError
 
 
 class Problem(Enum):
@@ -36,7 +37,7 @@ class Problem(Enum):
     GREW = "grew past the limit while read"
 
 
-class FileRefused(Exception):
+class FileRefused(IdemlinkError):
     """``path`` is not a small regular file. ``kind`` says what it is (NOT_REGULAR), ``size``
     its size (TOO_LARGE: from ``fstat``; GREW: the bytes read, more than the limit),
     ``strerror`` the kernel's reason (SYMLINK, SPECIAL)."""

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from idemlink.protocol.outcome import IdemlinkError
 from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
@@ -57,7 +58,7 @@ log = logging.getLogger(__name__)
 ProgressCallback = Callable[[str, int, int | None], None]
 """``progress(name, bytes_done, size_or_None)``."""
 
-class SinkRefused(Exception):
+class SinkRefused(IdemlinkError):
     """The sink will not take (or keep) this file; the transfer is cancelled."""
 
 
