@@ -261,7 +261,7 @@ class AsyncDevice(DeviceHandle):
         batch = await asyncio.to_thread(file_transfer.prepare_batch, paths, overwrite)
         borrowed = getattr(self.transport, "borrowed", None)
         if borrowed is None:
-            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+            raise LocalProtocolError("file transfer needs a serial transport")
         async with self._lock:
             identical, asked = await self._drive_locked(
                 file_transfer.already_there_steps(ops, batch, overwrite))

@@ -236,7 +236,7 @@ class CommandBuilder:
             except (KeyError, ValueError, LookupError):
                 spec = None
         if spec is None:
-            raise LocalProtocolError(f"no register {register!r} in the map", Status.MALFORMED_REQUEST)
+            raise LocalProtocolError(f"no register {register!r} in the map")
         return spec
 
     def read_command(self, register: str | int, count: int = 1) -> Command:
@@ -253,8 +253,7 @@ class CommandBuilder:
             if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
                 use = "clear_faults()" if spec.kind is RegisterKind.FAULT else "trigger()"
                 raise LocalProtocolError(
-                    f"{spec.name} is a {spec.kind.name} register, not a set-only value: use {use}",
-                    Status.MALFORMED_REQUEST)
+                    f"{spec.name} is a {spec.kind.name} register, not a set-only value: use {use}")
         return Command(CommandKind.WRITE, *self._contiguous(values))
 
     def _contiguous(self, values: Mapping[str | int, int | str]) -> tuple[int, int, tuple[int, ...]]:
@@ -263,7 +262,7 @@ class CommandBuilder:
         ``RegisterSpec.raw_from_text``); anything else is a ``LocalProtocolError`` naming the
         register, raised before anything is sent."""
         if not values:
-            raise LocalProtocolError("nothing to write", Status.MALFORMED_REQUEST)
+            raise LocalProtocolError("nothing to write")
         pairs: list[tuple[RegisterSpec, int]] = []
         for key, value in values.items():
             spec = self.spec(key)
@@ -271,14 +270,13 @@ class CommandBuilder:
                 try:
                     value = spec.raw_from_text(value)
                 except ValueError as exc:
-                    raise LocalProtocolError(str(exc), Status.MALFORMED_REQUEST) from None
+                    raise LocalProtocolError(str(exc)) from None
             elif isinstance(value, bool) or not isinstance(value, int):
                 raise LocalProtocolError(
                     f"{spec.name}={value!r}: give a raw integer or text such as \"42.5\" or a "
-                    "label", Status.MALFORMED_REQUEST)
+                    "label")
             if not 0 <= value <= 0xFFFF:
-                raise LocalProtocolError(f"{spec.name}={value}: a register holds 0..65535",
-                                         Status.MALFORMED_REQUEST)
+                raise LocalProtocolError(f"{spec.name}={value}: a register holds 0..65535")
             pairs.append((spec, value))
         pairs.sort(key=lambda sv: sv[0].address)
         first = pairs[0][0].address
@@ -286,7 +284,7 @@ class CommandBuilder:
             raise LocalProtocolError(
                 "a multi-register write must cover contiguous addresses (it is applied "
                 "atomically): " + ", ".join(f"{s.name}@0x{s.address:04X}" for s, _ in pairs)
-                + "; write them in separate calls or through run()", Status.MALFORMED_REQUEST)
+                + "; write them in separate calls or through run()")
         return first, len(pairs), tuple(v for _, v in pairs)
 
     def write_if_generation_command(self, generation: int,

@@ -74,7 +74,7 @@ from idemlink.host.operations import (
 )
 from idemlink.host.transport import POLL_STEP, SerialTransport, Transport, open_port
 from idemlink.protocol.host_session import HostSession
-from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.outcome import LocalProtocolError, Outcome
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
@@ -289,7 +289,7 @@ class Device(DeviceHandle, BlockingCommands):
             return res, None
         port = getattr(self.transport, "port", None)
         if port is None:
-            raise LocalProtocolError("file transfer needs a serial transport", Status.UNSUPPORTED)
+            raise LocalProtocolError("file transfer needs a serial transport")
         report = send_files(port, todo, config, progress=progress)
         file_transfer.batch_done(self.ops, res, report)
         check = file_transfer.to_verify(report.files, batch.digests)

@@ -195,7 +195,7 @@ class RtuDevice(BlockingCommands):
                           FunctionCode.FILE_INFO):
             raise LocalProtocolError(
                 f"a {k.value} needs the idemlink function 0x{c.function:02X}, which a standard "
-                "Modbus RTU slave does not have; nothing was sent", Status.UNSUPPORTED)
+                "Modbus RTU slave does not have; nothing was sent")
         return c.pdu()
 
     # ------------------------------------------------------------------ commands
@@ -217,7 +217,7 @@ class RtuDevice(BlockingCommands):
                             values: Mapping[str | int, int | str]) -> Result:
         raise LocalProtocolError(
             "a conditional write needs the idemlink function 0x41, which a standard Modbus RTU "
-            "slave does not have; nothing was sent", Status.UNSUPPORTED)
+            "slave does not have; nothing was sent")
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def acknowledge_unknown(self) -> None:

@@ -215,8 +215,7 @@ class HostSession:
         already carry (``abandon`` them first)."""
         if self.outstanding:
             raise LocalProtocolError(
-                f"open() with {self.outstanding} request(s) outstanding: abandon() them first",
-                Status.MALFORMED_REQUEST)
+                f"open() with {self.outstanding} request(s) outstanding: abandon() them first")
         self.state = SessionState.HELLO_SENT
         self._rehandshake = False
         self._hello_sent = 0

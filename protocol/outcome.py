@@ -12,8 +12,10 @@ Every status code, on the wire or local to the host, declares its outcome and an
 header and docs/PROTOCOL.md are generated from it.
 
 Errors follow the local-versus-remote split: ``LocalProtocolError`` is the caller's misuse of the
-API, ``RemoteProtocolError`` is a peer that sent something bad. Both carry the status code and the
-action, so a handler never has to guess.
+API, refused before anything is sent, and never carries a wire status (``status`` is None, so a
+handler can tell a local refusal from the device's); ``RemoteProtocolError`` is a peer that sent
+something bad, with the status it stands for when one applies. Every error idemlink raises derives
+from ``IdemlinkError`` (the tree is in docs/API.md, "Errors"; ``tests/test_errors.py`` keeps it).
 """
 
 from __future__ import annotations
@@ -183,8 +185,10 @@ def status_info(code: int) -> StatusInfo:
 
 class IdemlinkError(Exception):
     """Base of every idemlink error. ``status`` is the wire status the error stands for, only when
-    one applies (a request the device refused as malformed, a function it does not support);
-    ``action`` is what the caller should do: the status's, or given, or None."""
+    one applies (a request the device refused as malformed, a function it does not support; never
+    a host-side refusal); ``action`` is what the caller should do: the status's, or given, or None.
+    Where callers catch a built-in type, a subclass mixes it in (``PlanError(IdemlinkError,
+    ValueError)``, ``UnsafeFlashFileError(IdemlinkError, OSError)``)."""
 
     def __init__(self, message: str, status: Status | None = None,
                  action: Action | None = None) -> None:
@@ -196,7 +200,12 @@ class IdemlinkError(Exception):
 
 
 class LocalProtocolError(IdemlinkError):
-    """The caller misused the API (e.g. a command while an UNKNOWN is unacknowledged)."""
+    """The caller misused the API (e.g. a command while an UNKNOWN is unacknowledged), refused
+    before anything was sent. It has no wire status (``status`` is None): the device said
+    nothing; ``action`` may say what to do."""
+
+    def __init__(self, message: str, *, action: Action | None = None) -> None:
+        super().__init__(message, None, action)
 
 
 class RemoteProtocolError(IdemlinkError):

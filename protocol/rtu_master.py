@@ -139,12 +139,11 @@ class RtuMaster:
         """Queue a request PDU (no unit id, no CRC) for ``unit`` (default: the session's)."""
         u = self.unit if unit is None else unit
         if not 0 <= u <= 247:
-            raise LocalProtocolError(f"unit id {u} outside 0..247", Status.MALFORMED_REQUEST)
+            raise LocalProtocolError(f"unit id {u} outside 0..247")
         if not pdu:
-            raise LocalProtocolError("empty request PDU", Status.MALFORMED_REQUEST)
+            raise LocalProtocolError("empty request PDU")
         if u == BROADCAST_UNIT and pdu[0] in READS:
-            raise LocalProtocolError("a read cannot be broadcast (unit 0): no slave answers it",
-                                     Status.MALFORMED_REQUEST)
+            raise LocalProtocolError("a read cannot be broadcast (unit 0): no slave answers it")
         encode_rtu(u, pdu)  # ValueError for a PDU that cannot travel, before it is queued
         self._queue.append(_Request(tag, u, pdu, self.attempts_for(pdu, u)))
         self._pump(now)
