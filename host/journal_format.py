@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from idemlink.host.keys import MalformedKeyError, format_key, parse_key
-from idemlink.protocol.long_integers import load_json
+from idemlink.protocol.long_integers import load_json, unique_keys
 from idemlink.protocol.outcome import IdemlinkError
 
 MAX_IDS = 1024
@@ -181,15 +181,6 @@ def _dump(doc: Mapping[str, object]) -> bytes:
     return data
 
 
-def _unique_pairs(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for name, value in pairs:
-        if name in out:
-            raise ValueError(f"duplicate object key {name!r}")
-        out[name] = value
-    return out
-
-
 def _refuse_constant(name: str) -> object:
     raise ValueError(f"non-finite number {name}")
 
@@ -216,7 +207,7 @@ def _parse_doc(data: bytes, where: str) -> tuple[dict[str, object], int]:
         raise JournalCorruptError(f"{where}: not a receipt journal (not one newline-ended line)")
     try:
         text = data.decode("utf-8")
-        doc = load_json(text, object_pairs_hook=_unique_pairs, parse_constant=_refuse_constant)
+        doc = load_json(text, object_pairs_hook=unique_keys, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError) as exc:
         raise JournalCorruptError(f"{where}: not a receipt journal ({exc})") from exc
     if not isinstance(doc, dict):

@@ -15,6 +15,8 @@ allows.
 - ``load_toml(text)``: ``tomllib.loads`` that raises ``LongIntegerError`` naming the line and key
   (``line 3: address: integer too long ...``); ``tomllib`` has no hook, so the integer is found
   in the text after the conversion failed.
+- ``unique_keys``: the ``object_pairs_hook`` that refuses a key given twice in one JSON object
+  (``json`` would silently keep the last): ``DuplicateKeyError`` naming the field.
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ def max_digits() -> int:
 
 class LongIntegerError(IdemlinkError, ValueError):
     """A file holds an integer with more digits than ``max_digits()``; the message says where."""
+
+
+class DuplicateKeyError(IdemlinkError, ValueError):
+    """A JSON object of a file a person wrote gives one key twice; the message names it."""
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, or ``DuplicateKeyError`` for a key
+    given twice (``json`` alone would keep the last one without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKeyError(f"field {key!r} is given twice in one object")
+        out[key] = value
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,5 +150,5 @@ def _refuse_too_long(doc: object) -> None:
         raise LongIntegerError(f"{where or 'the document'}: {value}")
 
 
-__all__ = ["DEFAULT_MAX_DIGITS", "LongIntegerError", "TooLong", "json_int", "load_json",
-           "load_toml", "max_digits"]
+__all__ = ["DEFAULT_MAX_DIGITS", "DuplicateKeyError", "LongIntegerError", "TooLong", "json_int", "load_json",
+           "load_toml", "max_digits", "unique_keys"]

@@ -28,7 +28,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from idemlink.protocol.long_integers import LongIntegerError, load_json, load_toml
+from idemlink.protocol.long_integers import (
+    DuplicateKeyError,
+    LongIntegerError,
+    load_json,
+    load_toml,
+    unique_keys,
+)
 from idemlink.protocol.registers import (
     FORBIDDEN_KINDS,
     FaultBit,
@@ -199,16 +205,6 @@ def _register(source: str, index: int, raw: object) -> RegisterSpec:
         raise RegmapFileError(f"{where}: {_strip_name(str(exc), raw['name'])}") from None
 
 
-def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
-    """A JSON object, refusing a key given twice (``json`` would silently keep the last)."""
-    out: dict[str, object] = {}
-    for key, value in pairs:
-        if key in out:
-            raise RegmapFileError(f"field {key!r} is given twice in one object")
-        out[key] = value
-    return out
-
-
 def _strip_name(message: str, name: object) -> str:
     prefix = f"{name}: "
     return message[len(prefix):] if message.startswith(prefix) else message
@@ -220,11 +216,11 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
         if isinstance(text, bytes):
             text = text.decode("utf-8")
         text = text.removeprefix("\ufeff")  # a byte-order mark, as some editors save
-        doc: object = (load_json(text, object_pairs_hook=_unique_keys) if fmt == "json"
+        doc: object = (load_json(text, object_pairs_hook=unique_keys) if fmt == "json"
                        else load_toml(text))
     except UnicodeDecodeError:
         raise RegmapFileError(f"{source}: not UTF-8 text") from None
-    except (RegmapFileError, LongIntegerError) as exc:  # a key twice, an integer too long
+    except (DuplicateKeyError, LongIntegerError) as exc:  # a key twice, an integer too long
         raise RegmapFileError(f"{source}: {exc}") from None
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         raise RegmapFileError(f"{source}: not valid {fmt.upper()}: {exc}") from None
