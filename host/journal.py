@@ -18,10 +18,11 @@ Contract.
   to a good journal), FIFO, directory, socket or device at the path is refused
   (``JournalUnsafeFileError``) - checked without a race: ``open(O_NOFOLLOW | O_NONBLOCK)`` then
   ``fstat`` on the descriptor. A journal readable by group or others is refused too.
-- Every change rewrites the whole snapshot by atomic replacement: a temp file with a unique name
-  (``tempfile.mkstemp``: ``.<name>.XXXXXXXX.tmp`` in the same directory, created 0600 with
-  ``O_EXCL``; two processes never share one), written, fsynced, ``os.replace``d over the journal,
-  then the directory fsynced. A reader sees the old file or the new one, never half.
+- Every change rewrites the whole snapshot by atomic replacement
+  (``idemlink.protocol.regular_file.write_regular_file``): a temp file with a unique name
+  (``.<name>.XXXXXXXXXXXX.tmp`` in the same directory, created 0600 with ``O_EXCL``; two processes
+  never share one), written, fsynced, ``os.replace``d over the journal, then the directory
+  fsynced. A reader sees the old file or the new one, never half.
   A state change is durable when the call returns.
 - A missing file is the empty set. Anything else that does not decode - empty, truncated, not
   UTF-8, not JSON, wrong shape - is refused with ``JournalCorruptError``; never read as empty.
@@ -59,7 +60,8 @@ Contract.
   The limits (``MAX_IDS``, ``MAX_ENCODED_BYTES``) count the whole file, all devices together.
   ``decode``/``load``/``ReceiptJournal`` (the single-scope API) refuse a version-2 file
   (``JournalVersionError``).
-- One writer per journal: ``lock_journal(path)`` takes an exclusive ``fcntl.flock`` on the sibling
+- One writer per journal: ``lock_journal(path)`` takes an exclusive ``fcntl.flock`` (the one
+  lock, ``idemlink.protocol.regular_file.lock_file``) on the sibling
   ``<path>.lock`` (created 0600, never deleted, a symlink refused) or raises ``JournalBusyError`` at
   once; the lock dies with its process, so it is never stale. ``run_steps`` does not take it: its
   caller does.

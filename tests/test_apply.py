@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 import idemlink.host.journal as J
-import idemlink.host.journal_file as journal_file
+import idemlink.protocol.regular_file as regular_file
 from idemlink.cli import UserError, build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
@@ -206,7 +206,7 @@ def test_receipt_write_failure_after_the_step_ran_is_exit_5_with_the_step_line(
         monkeypatch: pytest.MonkeyPatch) -> None:
     plan = write_plan(tmp_path / "plan.json", {"steps": [{"trigger": "self_clean"}]})
     device = SimulatedDevice(seed=9)
-    real = journal_file._write_all
+    real = regular_file._write_all
     calls: list[int] = []
 
     def disk_full_after_begin(fd: int, data: bytes) -> None:
@@ -215,7 +215,7 @@ def test_receipt_write_failure_after_the_step_ran_is_exit_5_with_the_step_line(
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data)
 
-    monkeypatch.setattr(journal_file, "_write_all", disk_full_after_begin)
+    monkeypatch.setattr(regular_file, "_write_all", disk_full_after_begin)
     args = build_parser().parse_args(["apply", str(plan)])
 
     def opener() -> Device:
@@ -231,7 +231,7 @@ def test_receipt_write_failure_after_the_step_ran_is_exit_5_with_the_step_line(
     assert "step 1/1 trigger self_clean: executed: OK (ACCEPTED: started)" in out
     assert err.count("\n") == 1 and "cannot record step 1" in err and "No space left" in err
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # temp removed
-    monkeypatch.setattr(journal_file, "_write_all", real)
+    monkeypatch.setattr(regular_file, "_write_all", real)
     # The journal still holds the step in flight: the next run reads it back (RUNNING: it ran).
     rc, doc = apply([str(plan)], device, capsys)
     assert rc == 0 and [(r["key"], r["executed"]) for r in doc["reconciled"]] == [
