@@ -1,8 +1,10 @@
 """Simulated flash: where a simulated device keeps its configuration across reboots and runs.
 
 ``ConfigFlash(dir)`` stores the register core's ``ConfigSnapshot`` as ``config.json``, replaced
-atomically (temporary file, fsync, rename, fsync of the directory: a reader sees the old or the
-new file, never half, and a completed save survives a power loss), mode 0600. Both the framed
+atomically by the one safe writer (``idemlink.protocol.regular_file.write_regular_file``:
+temporary file created 0600, fsync, rename, fsync of the directory: a reader sees the old or the
+new file, never half, a completed save survives a power loss, and a failed one leaves no
+temporary). Both the framed
 simulator and the Modbus RTU simulator use it.
 
 The directory also keeps the device's id (``device_id``, one line of text), created on first use:
@@ -35,13 +37,20 @@ import os
 import re
 import secrets
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
 from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
-from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
+from idemlink.protocol.regular_file import (
+    FileLock,
+    FileRefused,
+    LockHeld,
+    Problem,
+    lock_file,
+    read_regular_file,
+    write_regular_file,
+)
 
 _DEVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 
@@ -227,13 +236,7 @@ class ConfigFlash:
             data = read_regular_file(path, DEVICE_ID_FILE_BYTES)
         except FileNotFoundError:
             ident = new_device_id()
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".device_id.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="ascii") as f:
-                f.write(ident + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            self._sync_dir()
+            self._replace(path, ident + "\n")
             return ident
         except FileRefused as exc:
             if exc.problem in (Problem.SYMLINK, Problem.SPECIAL):
@@ -250,70 +253,34 @@ class ConfigFlash:
                                 "[A-Za-z0-9_.:-])") from None
 
     def _replace(self, path: Path, text: str) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{path.stem}.", suffix=".tmp")
+        """``path`` replaced by ``text``, atomically and durably, mode 0600
+        (``write_regular_file``); anything there but a regular file is refused
+        (``UnsafeFlashFileError``), nothing changed."""
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        self._sync_dir()
-
-    def _sync_dir(self) -> None:
-        """Make the rename itself durable: without this an acknowledged save can revert to the
-        old file after a power loss (the directory entry was still only in the page cache)."""
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            write_regular_file(path, text.encode("utf-8"))
+        except FileRefused as exc:
+            raise UnsafeFlashFileError(_refusal(path, exc, MAX_FILE_BYTES)) from None
 
 
 class FlashBusyError(IdemlinkError, OSError):
     """Another process serves from this flash directory (it holds the directory's lock)."""
 
 
-class FlashLock:
-    """An exclusive ``fcntl.flock`` on the flash directory itself, held while open: one simulator
-    per flash directory (two would overwrite each other's configuration and count each other's
-    boots). Nothing is written for it (the directory's contents stay as they were); the lock dies
-    with its process, so it is never stale."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
-
-    def __enter__(self) -> FlashLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+FlashLock = FileLock
+"""A flash directory's lock (``lock_flash_dir``)."""
 
 
 def lock_flash_dir(directory: str | os.PathLike[str]) -> FlashLock:
     """Take ``directory``'s lock at once (creating the directory if needed, as ``ConfigFlash``
     does) or raise ``FlashBusyError``; an ``OSError`` if it is not a directory. Refused, nothing
-    in the directory is read or changed."""
-    import fcntl
-
+    in the directory is read or changed. The lock is an exclusive ``flock`` on the directory
+    itself (``lock_file``, ``directory=True``), as the C device takes it: one simulator or device
+    per flash directory (two would overwrite each other's configuration and count each other's
+    boots). Nothing is written for it; it dies with its process, so it is never stale."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+        return lock_file(d, directory=True, follow_symlinks=True)
+    except LockHeld:
         raise FlashBusyError(f"{d} is in use by another simulator: one simulator per flash "
                              "directory; nothing changed") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    return FlashLock(fd)
