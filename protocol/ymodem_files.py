@@ -8,7 +8,9 @@ Contract:
 
 - ``DirectorySink`` is the safe file sink: each file is written to a hidden temporary file in the
   target directory and becomes visible only on commit (truncate to the declared size, fsync,
-  sanitised mode, mtime, then link/rename); it never writes outside its directory, enforces a
+  sanitised mode, mtime, then link/rename and fsync the directory: the temporary and the commit
+  are ``idemlink.protocol.regular_file``'s ``create_temp`` and ``commit_temp``, the one safe
+  writer's pieces); it never writes outside its directory, enforces a
   byte quota, never replaces an existing file unless ``overwrite``; any refusal or write error
   raises ``SinkRefused`` and the driver cancels the batch (CAN CAN) and deletes the temporary file.
   With ``follow_symlink=False`` (a device's own storage, ``<flash-dir>/files``) the directory
@@ -32,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Protocol
 
 from idemlink.protocol.outcome import IdemlinkError
+from idemlink.protocol.regular_file import commit_temp, create_temp
 from idemlink.protocol.ymodem_events import (
     Aborted,
     BatchEnded,
@@ -162,22 +164,16 @@ class DirectorySink:
             self._compare = True
         if self.quota is not None and ev.size is not None and self.used + ev.size > self.quota:
             raise SinkRefused(f"{ev.name}: {ev.size} bytes exceed the quota")
-        # The name is recorded before the file is created, so an interrupt (Ctrl-C, SIGTERM)
-        # landing between the creation and the bookkeeping still finds and removes it.
-        flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-        for _ in range(100):
-            self._tmp = Path(self.directory) / f".ymodem-{secrets.token_hex(6)}.part"
-            try:
-                fd = os.open(self._tmp, flags, 0o600)
-                break
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                self._tmp = None
-                raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
-        else:
+        # The name is recorded before the file is created (``claim``), so an interrupt (Ctrl-C,
+        # SIGTERM) landing between the creation and the bookkeeping still finds and removes it.
+        def claim(name: str) -> None:
+            self._tmp = Path(name)
+
+        try:
+            fd, _ = create_temp(self.directory, prefix=".ymodem-", suffix=".part", claim=claim)
+        except OSError as exc:
             self._tmp = None
-            raise SinkRefused("cannot create a temporary file: every name taken")
+            raise SinkRefused(f"cannot create a temporary file: {exc.strerror or exc}") from exc
         self._fd, self._file, self._written = fd, ev, 0
 
     def write(self, offset: int, data: bytes) -> None:
@@ -207,11 +203,9 @@ class DirectorySink:
             self._fd = None
             if ev.mtime is not None:
                 os.utime(tmp, (ev.mtime, ev.mtime))
-            if self.overwrite:
-                os.replace(tmp, target)
-            else:
-                os.link(tmp, target)  # fails if the name appeared meanwhile: never overwrite
-                os.unlink(tmp)
+            # without overwrite, a link that fails if the name appeared meanwhile; then the
+            # directory is fsynced, as for every file idemlink writes
+            commit_temp(os.fspath(tmp), target, replace=self.overwrite)
         except (OSError, OverflowError) as exc:  # utime: a header mtime beyond time_t overflows
             self.discard()
             detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
