@@ -58,11 +58,17 @@ def test_a_directory_is_refused_as_such(tmp_path: Path) -> None:
     assert str(exc.value) == f"{tmp_path}: a directory; refused"
 
 
-def test_a_symlink_is_refused_unless_followed(tmp_path: Path) -> None:
+def _linked(tmp_path: Path, content: bytes) -> tuple[Path, Path]:
+    """A regular file holding ``content`` and a symbolic link to it: (file, link)."""
     real = tmp_path / "real"
-    real.write_bytes(b"ok")
+    real.write_bytes(content)
     link = tmp_path / "link"
     link.symlink_to(real)
+    return real, link
+
+
+def test_a_symlink_is_refused_unless_followed(tmp_path: Path) -> None:
+    _, link = _linked(tmp_path, b"ok")
     with pytest.raises(FileRefused) as exc:
         read_regular_file(link, 10)
     assert exc.value.problem is Problem.SYMLINK
@@ -131,10 +137,7 @@ def test_a_failed_write_leaves_the_file_as_it_was_and_no_temp(
 
 
 def test_a_symlink_at_the_path_is_refused_unless_the_caller_replaces_links(tmp_path: Path) -> None:
-    victim = tmp_path / "victim"
-    victim.write_bytes(b"keep")
-    link = tmp_path / "link"
-    link.symlink_to(victim)
+    victim, link = _linked(tmp_path, b"keep")
     with pytest.raises(FileRefused) as exc:
         write_regular_file(link, b"new")
     assert exc.value.problem is Problem.SYMLINK and link.is_symlink()
@@ -202,11 +205,9 @@ def test_a_held_lock_is_refused_at_once_naming_the_holder(tmp_path: Path) -> Non
 
 
 def test_a_symlinked_or_special_lock_file_is_refused(tmp_path: Path) -> None:
-    target = tmp_path / "target"
-    target.write_bytes(b"")
-    (tmp_path / "link").symlink_to(target)
+    _, link = _linked(tmp_path, b"")
     with pytest.raises(FileRefused) as exc:
-        lock_file(tmp_path / "link")
+        lock_file(link)
     assert exc.value.problem is Problem.SYMLINK
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(FileRefused, match="FIFO"):
