@@ -36,6 +36,7 @@ from idemlink.protocol.modbus import (
 )
 from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
+from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.rtu_master import RtuMaster, retry_allowed
 
@@ -273,6 +274,24 @@ def test_trigger_is_fc06_of_one_and_reset_of_zero() -> None:
     assert [decode_rtu(f).pdu for f in wire.requests] == [
         pdu(WriteSingleRegister(TRIG, 1)), pdu(WriteSingleRegister(TRIG, 0))]
     assert dev.trigger().code is None  # an echo carries no trigger code
+
+
+def trigger_writes(wire: LossyWire) -> list[bytes]:
+    """The FC06 frames of 1 to the trigger register the slave received: a plain slave starts its
+    action on each (a PLC's edge, pymodbus's write action), whatever state it is in."""
+    return [f for f in wire.requests if decode_rtu(f).pdu == pdu(WriteSingleRegister(TRIG, 1))]
+
+
+@pytest.mark.xfail(strict=True, reason="RtuDevice.trigger() writes 1 whatever the state (fixed next)")
+def test_a_second_trigger_while_running_starts_nothing_and_says_so() -> None:
+    """``trigger()`` reads the state first: called again while the action runs, it writes
+    nothing and answers like the framed device's TRIGGER function: code RUNNING, not a second
+    OK that started it again (``code None`` told the two apart by nothing)."""
+    dev, wire = lossy(lambda p, n: False)
+    first, second = dev.trigger(), dev.trigger()
+    assert (first.outcome, first.code) == (Outcome.OK, TriggerStatus.ACCEPTED)
+    assert (second.outcome, second.code) == (Outcome.OK, TriggerStatus.RUNNING)
+    assert len(trigger_writes(wire)) == 1
 
 
 # ------------------------------------------------------------------ over real ptys (CLI)
