@@ -9,7 +9,9 @@ Every command ends in exactly one of four outcomes:
 
 Every status code, on the wire or local to the host, declares its outcome and an ``Action``
 (safe to retry / do not retry / reconcile first). This table is part of the contract export: the C
-header and docs/PROTOCOL.md are generated from it.
+header and docs/PROTOCOL.md are generated from it. Only the wire codes (below
+``FIRST_LOCAL_STATUS``) are part of the contract hash: a host-local status never travels, so a
+host that adds one still talks to every device built before it.
 
 Errors follow the local-versus-remote split: ``LocalProtocolError`` is the caller's misuse of the
 API, refused before anything is sent, and never carries a wire status (``status`` is None, so a
@@ -66,6 +68,7 @@ class Status(IntEnum):
     LINK_LOST = 0xE1
     EPOCH_CHANGED_IN_FLIGHT = 0xE2
     CANCELLED = 0xE3
+    ANSWER_MISMATCH = 0xE4
 
 
 FIRST_LOCAL_STATUS = 0xE0
@@ -134,6 +137,12 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
         Outcome.UNKNOWN,
         Action.RECONCILE_FIRST,
         "(host) the caller stopped waiting while the request was out: it may still run",
+    ),
+    Status.ANSWER_MISMATCH: StatusInfo(
+        Outcome.UNKNOWN,
+        Action.RECONCILE_FIRST,
+        "(host) an answer came that does not fit the request (a plain Modbus slave echoing "
+        "another value): the request may have run",
     ),
 }
 
@@ -242,9 +251,11 @@ def contract_section() -> ContractSection:
             CEnum("idl_modbus_exc_t", "IDL_MB_EXC", ModbusException, "Modbus exceptions"),
         ],
         markdown=md,
+        # Only what travels is hashed: a host-local status is the host's own conclusion, and
+        # adding one must not make every device built before it incompatible.
         data={
             "status": {s.name: [s.value, i.outcome.name, i.action.name]
-                       for s, i in STATUS_TABLE.items()},
+                       for s, i in STATUS_TABLE.items() if s < FIRST_LOCAL_STATUS},
             "modbus_exceptions": {e.name: [e.value, i.outcome.name, i.action.name]
                                   for e, i in MODBUS_EXCEPTION_TABLE.items()},
         },

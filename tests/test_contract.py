@@ -78,3 +78,19 @@ def test_contract_hash_changes_with_the_declaration(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(frame, "MAX_PAYLOAD", 256)
     assert contract.contract_hash() != before
+
+
+def test_host_local_statuses_are_not_part_of_the_contract_hash(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host-local status (from FIRST_LOCAL_STATUS on) never travels: the host adding one (as
+    ANSWER_MISMATCH was) must not make every device built before it incompatible. A wire status
+    does change the hash."""
+    from idemlink.protocol import outcome
+
+    before = contract.contract_hash()
+    wire_only = {s: i for s, i in outcome.STATUS_TABLE.items()
+                 if s < outcome.FIRST_LOCAL_STATUS}
+    monkeypatch.setattr(outcome, "STATUS_TABLE", wire_only)
+    assert contract.contract_hash() == before
+    del wire_only[outcome.Status.BUSY]
+    assert contract.contract_hash() != before
