@@ -140,16 +140,26 @@ class Result:
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) it travelled under
     file: FileInfoResponse | None = None  #: FILE_INFO: the decoded answer (OK outcome only)
     answered: bool = False  #: the device answered it with a PDU (it ran, now or before: replay)
+    #: what the status alone does not say, e.g. ``wrote 0x0001, echo 0x0004`` (ANSWER_MISMATCH)
+    detail: str = ""
 
     @property
     def ok(self) -> bool:
         return self.outcome is Outcome.OK
 
     def describe(self) -> str:
+        """``UNKNOWN (NO_ANSWER)``, ``UNKNOWN (ANSWER_MISMATCH: wrote 0x0001, echo 0x0004)``,
+        ``REJECTED (Modbus exception ILLEGAL_DATA_VALUE)``, ``OK (replayed answer)``..."""
         if self.exception is not None:
-            return f"{self.outcome.name} (Modbus exception {self.exception.name})"
-        if self.status is not None and self.status is not Status.OK:
-            return f"{self.outcome.name} ({self.status.name})"
+            why = f"Modbus exception {self.exception.name}"
+        elif self.status is not None and self.status is not Status.OK:
+            why = self.status.name
+        else:
+            why = ""
+        if self.detail:
+            why = f"{why}: {self.detail}" if why else self.detail
+        if why:
+            return f"{self.outcome.name} ({why})"
         return self.outcome.name + (" (replayed answer)" if self.replay else "")
 
 

@@ -118,6 +118,7 @@ class Completion:
     epoch: int = 0
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) this request travelled under
     answered: bool = False  #: the device answered it with a PDU (ran now, or replayed)
+    detail: str = ""  #: what the status alone does not say (e.g. an answer that did not fit)
 
 
 @dataclass(slots=True)
