@@ -1,22 +1,26 @@
-"""The asyncio shell: the same driver, awaited instead of blocking.
+"""The asyncio shell: the same drivers, awaited instead of blocking.
 
-``AsyncDevice`` runs exactly the operations the blocking ``idemlink.host.device.Device`` runs —
-``idemlink.host.operations.Operations``, each a transport-free generator of I/O requests over the
-sans-I/O ``HostSession`` — with an ``AsyncTransport`` (``await write``, ``await read(timeout)``).
-There is no second copy of the request loop's rules, the retry rules, the epoch rule or the result
-decoding: only the loop differs (it awaits), the command helpers are inherited from the same
-``CommandBuilder``, and every operation of the blocking ``Device`` is here, one or two lines each
-(``idemlink.host.operations.OPERATIONS`` lists them; a test checks both drivers against it).
+``AsyncDevice`` (an idemlink device) and ``AsyncRtuDevice`` (a plain Modbus RTU slave) run exactly
+the operations their blocking twins ``idemlink.host.device.Device`` and
+``idemlink.host.rtu_device.RtuDevice`` run — ``idemlink.host.operations.Operations``, each a
+transport-free generator of I/O requests over a sans-I/O session — with an ``AsyncTransport``
+(``await write``, ``await read(timeout)``) and the awaited spelling of the one request loop
+(``idemlink.host.drive.drive_async``). There is no second copy of the loop's rules, the retry
+rules, the epoch rule, the file batch or the result decoding: the command helpers are inherited
+from the same ``CommandBuilder``, and every operation of ``OPERATIONS`` is here, one line each
+(a test checks every driver against the list, and compares ``AsyncDriver``'s operations with
+``BlockingDriver``'s line for line).
 
 ``async with AsyncDevice.open(url, ...) as dev:`` opens any pyserial URL with
 ``AsyncSerialTransport`` (a tty or pty, ``socket://``, ``rfc2217://``, ``loop://``, ``faulty://``)
-and runs the HELLO handshake; ``dev = await AsyncDevice.open(url)`` works too (then ``await
-dev.close()``). The transport itself (the port on the event loop) is
-``idemlink.host.aio_transport``'s.
+and runs the HELLO handshake (a port where a Modbus RTU slave answers instead is
+``AnswersModbusRtu``); ``dev = await AsyncDevice.open(url)`` works too (then ``await
+dev.close()``). ``AsyncRtuDevice.open(url, unit=1, ...)`` the same for a Modbus RTU slave. The
+transport itself (the port on the event loop) is ``idemlink.host.aio_transport``'s.
 
 One operation at a time per device: every operation holds the device's ``asyncio.Lock``, so tasks
-sharing one ``AsyncDevice`` queue up (their requests are never interleaved, and only one task awaits
-the transport's ``read``). Separate ``AsyncDevice`` instances share nothing, so one event loop drives
+sharing one device queue up (their requests are never interleaved, and only one task awaits
+the transport's ``read``). Separate devices share nothing, so one event loop drives
 many devices at once (``asyncio.gather``). ``stream(commands)`` is an async generator of results in
 submission order over the continuous pipeline; close it when leaving early
 (``async with contextlib.aclosing(dev.stream(cmds)) as results:``) so the lock is released at once.
@@ -36,43 +40,45 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Callable, Generator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from idemlink.host import file_transfer
 from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport, AsyncTransport
 from idemlink.host.command import Command, Reconciliation, Result, SentRequest
-from idemlink.host.errors import TRANSPORT_ERRORS, LinkLost
-from idemlink.host.operations import OPERATIONS, DeviceHandle, Operations, Steps
+from idemlink.host.drive import drive_async, nothing
+from idemlink.host.framed_operations import FramedOperations
+from idemlink.host.operations import OPERATIONS, DeviceHandle, Job, Operations, Steps
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 if TYPE_CHECKING:
-    from idemlink.protocol.ymodem_files import TransferReport
+    from idemlink.protocol.ymodem_files import ProgressCallback, TransferReport
     from idemlink.protocol.ymodem_sender import SenderConfig
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+D = TypeVar("D", bound="AsyncDriver")
 
 PARITY = OPERATIONS
-"""The blocking ``Device``'s operations, which ``AsyncDevice`` has too
-(``idemlink.host.operations.OPERATIONS``; a test checks both drivers against it)."""
+"""The blocking drivers' operations, which the asyncio drivers have too
+(``idemlink.host.operations.OPERATIONS``; a test checks every driver against it)."""
 
-class _Opening:
+
+class _Opening(Generic[D]):
     """What ``AsyncDevice.open`` returns: await it, or use it in ``async with``."""
 
-    def __init__(self, opener: Callable[[], Any]) -> None:
+    def __init__(self, opener: Callable[[], Awaitable[D]]) -> None:
         self._opener = opener
-        self._device: AsyncDevice | None = None
+        self._device: D | None = None
 
-    def __await__(self) -> Generator[Any, None, AsyncDevice]:
-        dev: AsyncDevice = yield from self._opener().__await__()
-        return dev
+    def __await__(self) -> Generator[Any, None, D]:
+        return self._opener().__await__()
 
-    async def __aenter__(self) -> AsyncDevice:
+    async def __aenter__(self) -> D:
         self._device = await self._opener()
         return self._device
 
@@ -82,106 +88,76 @@ class _Opening:
             await self._device.close()
 
 
-class AsyncDevice(DeviceHandle):
-    """A session with one idemlink device for asyncio programs (see the module docstring)."""
+class AsyncDriver(DeviceHandle):
+    """Every operation of ``OPERATIONS`` on an ``AsyncTransport``: the shell ``AsyncDevice`` and
+    ``AsyncRtuDevice`` share (each supplies its ``ops``); ``BlockingDriver`` awaited."""
 
-    def __init__(self, transport: AsyncTransport, *,
-                 regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
-                 timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
-                 check_map: bool = True) -> None:
-        if not isinstance(regmap, RegisterMap):
-            regmap = resolve_regmap(regmap)
-        super().__init__(regmap)
+    ops: Operations[Any]
+
+    def __init__(self, transport: AsyncTransport, ops: Operations[Any]) -> None:
+        super().__init__(ops.regmap)
         self.transport = transport
         #: the session, its bookkeeping and every operation (the transport is only its clock)
-        self.ops = Operations(transport, regmap=regmap, timeout=timeout, attempts=attempts,
-                              max_inflight=max_inflight, check_map=check_map)
+        self.ops = ops
         self._lock = asyncio.Lock()
         self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
 
-    # -------------------------------------------------------------- opening
-    @classmethod
-    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
-             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
-             attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> _Opening:
-        """Open ``url`` and run the HELLO handshake, as ``Device.open`` does:
-        ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
-        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+    async def connect(self) -> None:
+        """Make sure the device answers (HELLO; on a plain slave, a read of its first
+        register); refuses an incompatible device."""
+        await self._drive(self.ops.connect_steps())
 
-        async def opener() -> AsyncDevice:
-            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
-            dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
-                      max_inflight=max_inflight, check_map=check_map)
-            try:
-                await dev.connect()
-            except BaseException:
-                await dev.close()
-                raise
-            return dev
+    async def close(self) -> None:
+        await self.transport.close()
 
-        return _Opening(opener)
-
-    async def __aenter__(self) -> AsyncDevice:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
 
-    async def connect(self) -> None:
-        await self._drive(self.ops.connect_steps())
-
-    async def close(self) -> None:
-        await self.transport.close()
-
     # -------------------------------------------------------------- the request loop
     async def _drive(self, steps: Steps[T]) -> T:
+        """``idemlink.host.drive.drive_async`` under the device's lock: one operation at a time."""
         if self._streaming is not None and self._streaming is asyncio.current_task():
             steps.close()  # the stream holds the device: waiting for it would never end
             raise LocalProtocolError(
                 "this task is iterating a stream of this device: one operation at a time per "
                 "device (run the other operation from another task, or after the stream)")
         async with self._lock:
-            return await self._drive_locked(steps)
+            return await self._loop(steps, nothing)
 
-    async def _drive_locked(self, steps: Steps[T], between: Callable[[], None] | None = None) -> T:
-        """``Device._rounds``, awaited: move bytes between the transport and the operation;
-        settle its requests if the transport fails (``LinkLost``) or the caller cancels."""
-        t = self.transport
-        ops = self.ops
+    async def _loop(self, steps: Steps[T], between: Callable[[], None]) -> T:
+        """The loop itself; what a cancelled operation left is logged as a warning."""
         try:
-            out, wait = next(steps)
-            while True:
-                try:
-                    if out:
-                        await t.write(out)
-                    data = await t.read(wait)
-                except TRANSPORT_ERRORS as exc:
-                    raise ops.link_lost(exc) from exc
-                out, wait = steps.send(data)
-                if between is not None:
-                    between()
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        except LinkLost:
-            raise
+            return await drive_async(self.ops, self.transport, self._run_job, steps, between)
         except BaseException as exc:  # asyncio.CancelledError above all
-            ops.interrupted(exc)
             _log_settled(exc)
             raise
-        finally:
-            steps.close()
+
+    async def _run_job(self, job: Job[Any]) -> None:
+        """An operation's blocking work in a worker thread, the event loop free meanwhile; on
+        the transport's pyserial port if it asks (the loop stops reading it meanwhile)."""
+        if not job.on_port:
+            job.value = await asyncio.to_thread(job.work, None)
+            return
+        borrowed = getattr(self.transport, "borrowed", None)
+        if borrowed is None:
+            raise LocalProtocolError("this transport cannot lend its port")
+        async with borrowed() as port:
+            job.value = await asyncio.to_thread(job.work, port)
 
     # -------------------------------------------------------------- operations
     async def run(self, commands: Iterable[Command]) -> list[Result]:
         return await self._drive(self.ops.run_steps(list(commands)))
 
     async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
-        """``Device.stream`` for asyncio: results in submission order while later requests are
-        on the line. Holds the device for its whole run (other tasks' operations wait; one of
-        this device's operations awaited inside the loop raises ``LocalProtocolError``); leaving
-        early settles what is out as CANCELLED (close it: ``contextlib.aclosing``)."""
+        """``BlockingDriver.stream`` for asyncio: results in submission order while later
+        requests are on the line. Holds the device for its whole run (other tasks' operations
+        wait; one of this device's operations awaited inside the loop raises
+        ``LocalProtocolError``); leaving early settles what is out as CANCELLED (close it:
+        ``contextlib.aclosing``)."""
         ops = self.ops
         ops.refuse_if_blocked()
         ready: list[Result] = []
@@ -200,7 +176,7 @@ class AsyncDevice(DeviceHandle):
                 hand_out()
                 queue.put_nowait(None)
 
-            task = asyncio.ensure_future(self._drive_locked(steps, hand_out))
+            task = asyncio.ensure_future(self._loop(steps, hand_out))
             task.add_done_callback(finished)
             try:
                 while (r := await queue.get()) is not None:
@@ -247,56 +223,69 @@ class AsyncDevice(DeviceHandle):
         self,
         paths: Iterable[str],
         *,
-        progress: Callable[[str, int, int | None], None] | None = None,
+        progress: ProgressCallback | None = None,
         config: SenderConfig | None = None,
         overwrite: bool = False,
     ) -> tuple[Result, TransferReport | None]:
-        """``Device.send_files``: files already on the device byte for byte are not sent again;
-        the YMODEM batch runs in a worker thread on the transport's pyserial port (the loop stays
-        free), then every file is read back (FILE_INFO)."""
-        from idemlink.host.ymodem_io import send_files
-        from idemlink.protocol.ymodem_files import TransferReport
-
-        ops = self.ops
-        batch = await asyncio.to_thread(file_transfer.prepare_batch, paths, overwrite)
-        borrowed = getattr(self.transport, "borrowed", None)
-        if borrowed is None:
-            raise LocalProtocolError("file transfer needs a serial transport")
-        async with self._lock:
-            identical, asked = await self._drive_locked(
-                file_transfer.already_there_steps(ops, batch, overwrite))
-            todo = file_transfer.still_to_send(batch, identical)
-            if not todo:
-                return asked, TransferReport(files=identical, ok=True)
-            res = (await self._drive_locked(ops.run_steps([batch.handover])))[0]
-            if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
-                return res, None
-            async with borrowed() as port:
-                report = await asyncio.to_thread(send_files, port, todo, config,
-                                                 progress=progress)
-            file_transfer.batch_done(ops, res, report)
-            check = file_transfer.to_verify(report.files, batch.digests)
-            if check:
-                try:
-                    back = await self._drive_locked(
-                        ops.wave_steps(file_transfer.read_back_commands(check)))
-                except LinkLost as exc:
-                    file_transfer.not_verified(check, exc)
-                else:
-                    file_transfer.judge_files(check, back, batch.digests)
-            report.files[:0] = identical
-            return res, report
+        """``BlockingDriver.send_files``: the YMODEM batch runs in a worker thread on the
+        transport's pyserial port (the loop stays free)."""
+        return await self._drive(file_transfer.send_files_steps(
+            self.ops, paths, lends_port=getattr(self.transport, "borrowed", None) is not None,
+            progress=progress, config=config, overwrite=overwrite))
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         return await self._drive(self.ops.reconcile_steps(result))
 
     async def reconcile_sent(self, command: Command,
-                             sent_as: tuple[tuple[int, int], ...]) -> Reconciliation:
+                             sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
         return await self._drive(self.ops.evidence_steps(command, sent_as))
 
     async def execute_recorded(self, command: Command,
                                record: Callable[[SentRequest], None]) -> Result:
         return await self._drive(self.ops.recorded_steps(command, record))
+
+
+class AsyncDevice(AsyncDriver):
+    """A session with one idemlink device for asyncio programs (see the module docstring)."""
+
+    ops: FramedOperations
+
+    def __init__(self, transport: AsyncTransport, *,
+                 regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
+                 timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
+                 check_map: bool = True) -> None:
+        if not isinstance(regmap, RegisterMap):
+            regmap = resolve_regmap(regmap)
+        super().__init__(transport, FramedOperations(
+            transport, regmap=regmap, timeout=timeout, attempts=attempts,
+            max_inflight=max_inflight, check_map=check_map))
+
+    @classmethod
+    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, max_inflight: int = 8,
+             check_map: bool = True) -> _Opening[AsyncDevice]:
+        """Open ``url`` and run the HELLO handshake, as ``Device.open`` does:
+        ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+
+        async def opener() -> AsyncDevice:
+            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
+            dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
+                      max_inflight=max_inflight, check_map=check_map)
+            return await _opened(dev)
+
+        return _Opening(opener)
+
+
+async def _opened(dev: D) -> D:
+    """``dev`` once its ``open_steps`` went through; closed again if they did not."""
+    try:
+        await dev._drive(dev.ops.open_steps())
+    except BaseException:
+        await dev.close()
+        raise
+    return dev
 
 
 async def _stop(task: asyncio.Task[Any]) -> tuple[Result, ...] | None:
@@ -324,4 +313,5 @@ def _log_settled(exc: BaseException) -> None:
                     ", ".join(r.command.kind.value for r in unknown))
 
 
-__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncSerialTransport", "AsyncTransport"]
+__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncDriver",
+           "AsyncSerialTransport", "AsyncTransport"]

@@ -2,7 +2,8 @@
 
 ``Device.open(url)`` opens any pyserial URL (``/dev/ttyUSB0``, the simulator's pty, ``loop://``,
 ``socket://``, ``rfc2217://``, ``faulty://…``) without toggling DTR/RTS by default, runs the HELLO
-handshake and refuses a device whose protocol version or contract hash differs from ours.
+handshake and refuses a device whose protocol version or contract hash differs from ours; a port
+where no idemlink device but a Modbus RTU slave answers is refused as ``AnswersModbusRtu``.
 
 Every command returns a ``Result`` with exactly one ``Outcome`` — a protocol outcome is never an
 exception. An UNKNOWN result of a command that may have had an effect (``Command.may_have_effect``:
@@ -23,14 +24,16 @@ read, its UNKNOWN does not block the handle). ``send_files`` uses it to verify e
 file of a framed YMODEM batch once the port is back in framed mode: a file is ok only when the
 device holds exactly its bytes (``FileResult.verified``).
 
-This module is the blocking driver only: it runs the operations of
-``idemlink.host.operations.Operations`` (transport-free step generators over the sans-I/O
-``HostSession``) on a blocking ``Transport``, moving bytes and nothing else (``Device._rounds``);
-``idemlink.host.aio.AsyncDevice`` runs the same operations awaited. The rest lives by reason to
-change: the line and opening a port in ``idemlink.host.transport``, the errors in
-``idemlink.host.errors``, commands and results in ``idemlink.host.command``, the file batch's rules
-in ``idemlink.host.file_transfer``. Their public names are re-exported here
-(``from idemlink.host.device import Device, Command, Result, LinkLost, ...`` keeps working).
+This module is the blocking drivers' shell: ``BlockingDriver`` runs the operations of
+``idemlink.host.operations`` (transport-free step generators over a sans-I/O session) on a
+blocking ``Transport`` with the request loop ``idemlink.host.drive.rounds``, moving bytes and
+nothing else, and offers every operation of ``idemlink.host.operations.OPERATIONS``, one line each.
+``Device`` is it over the framed protocol (``FramedOperations``); ``idemlink.host.rtu_device.
+RtuDevice`` over a plain Modbus RTU slave; ``idemlink.host.aio`` has both awaited. The rest lives
+by reason to change: the line and opening a port in ``idemlink.host.transport``, the errors in
+``idemlink.host.errors``, commands and results in ``idemlink.host.command``, the file batch in
+``idemlink.host.file_transfer``. Their public names are re-exported here (``from
+idemlink.host.device import Device, Command, Result, LinkLost, ...`` keeps working).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from idemlink.host import file_transfer
 from idemlink.host.command import (
@@ -53,8 +56,10 @@ from idemlink.host.command import (
     file_info_of,
     judge_read_back,
 )
+from idemlink.host.drive import rounds
 from idemlink.host.errors import (
     TRANSPORT_ERRORS,
+    AnswersModbusRtu,
     IncompatibleDevice,
     LinkLost,
     NoDevice,
@@ -62,100 +67,52 @@ from idemlink.host.errors import (
     PortError,
     UnknownOutstanding,
 )
+from idemlink.host.framed_operations import FramedOperations, check_map
 from idemlink.host.operations import (
     OPERATIONS,
     RECONCILE_ROUNDS,
     DeviceHandle,
     DriverStats,
+    Job,
     Operations,
     Steps,
-    check_map,
     conflict,
 )
 from idemlink.host.transport import POLL_STEP, SerialTransport, Transport, open_port
 from idemlink.protocol.host_session import HostSession
-from idemlink.protocol.outcome import LocalProtocolError, Outcome
+from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 if TYPE_CHECKING:
-    from idemlink.protocol.ymodem_files import TransferReport
+    from idemlink.protocol.ymodem_files import ProgressCallback, TransferReport
     from idemlink.protocol.ymodem_sender import SenderConfig
 
 T = TypeVar("T")
 
 
-class Device(DeviceHandle, BlockingCommands):
-    """A session with one idemlink device. See the module docstring."""
+class BlockingDriver(DeviceHandle, BlockingCommands):
+    """Every operation of ``OPERATIONS`` on a blocking ``Transport``: the shell ``Device`` and
+    ``RtuDevice`` share (each supplies its ``ops``). One operation at a time."""
 
-    def __init__(
-        self,
-        transport: Transport,
-        *,
-        regmap: RegisterMap = DEFAULT_MAP,
-        timeout: float = 0.2,
-        attempts: int = 5,
-        max_inflight: int = 8,
-        check_map: bool = True,
-    ) -> None:
-        super().__init__(regmap)
+    ops: Operations[Any]
+
+    def __init__(self, transport: Transport, ops: Operations[Any]) -> None:
+        super().__init__(ops.regmap)
         self.transport = transport
         #: the session, its bookkeeping and every operation (the transport is only its clock)
-        self.ops = Operations(transport, regmap=regmap, timeout=timeout, attempts=attempts,
-                              max_inflight=max_inflight, check_map=check_map)
+        self.ops = ops
         self._operating = False  #: a blocking operation (or a stream) is being driven
 
-    @property
-    def session(self) -> HostSession:
-        return self.ops.session
-
-    @property
-    def stats(self) -> DriverStats:
-        return self.ops.stats
-
-    @property
-    def check_map(self) -> bool:
-        return self.ops.check_map
-
-    # ------------------------------------------------------------------ opening
-    @classmethod
-    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
-             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
-             attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
-             trace: str | os.PathLike[str] | None = None) -> Device:
-        """Open ``url`` (any pyserial URL) and run the HELLO handshake. ``regmap`` is the device's
-        register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
-        that advertises another map is refused (``IncompatibleDevice``) unless ``check_map`` is
-        False (for tools that only ask who is there, like ``idemlink info``). ``trace``: append
-        every frame both ways to that file as JSON lines (``idemlink.host.trace``); a trace file
-        that cannot be opened raises its ``OSError`` with the port closed again."""
-        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        transport: Transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
-        if trace is not None:
-            from idemlink.host.trace import TracingTransport
-
-            try:
-                transport = TracingTransport(transport, trace, rm)
-            except OSError:
-                transport.close()
-                raise
-        dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
-                  max_inflight=max_inflight, check_map=check_map)
-        try:
-            dev.connect()
-        except BaseException:
-            dev.close()
-            raise
-        return dev
-
     def connect(self) -> None:
-        """HELLO handshake; refuses an incompatible device."""
+        """Make sure the device answers (HELLO; on a plain slave, a read of its first
+        register); refuses an incompatible device."""
         self._drive(self.ops.connect_steps())
 
     def close(self) -> None:
         self.transport.close()
 
-    def __enter__(self) -> Device:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,25 +121,17 @@ class Device(DeviceHandle, BlockingCommands):
     # ------------------------------------------------------------------ the blocking loop
     def _drive(self, steps: Steps[T]) -> T:
         """Run an operation on the blocking transport to its end (``_rounds``)."""
-        rounds = self._rounds(steps)
+        loop = self._rounds(steps)
         try:
             while True:
-                next(rounds)
+                next(loop)
         except StopIteration as stop:
             result: T = stop.value
             return result
 
     def _rounds(self, steps: Steps[T]) -> Generator[None, None, T]:
-        """The blocking request loop, one I/O round per ``next()`` (``stream`` hands results out
-        between rounds); returns the operation's result.
-
-        If the transport fails, every request of the operation is settled and ``LinkLost``
-        carries the results (``Operations.link_lost``); if the caller interrupts
-        (KeyboardInterrupt, any other exception, leaving a ``stream`` early), the requests are
-        settled the same way (CANCELLED, ``Operations.interrupted``) before it propagates. Either
-        way nothing stays in the session to run behind the caller's back, and the handle is
-        blocked if a command that may have had an effect was out."""
-        t = self.transport
+        """``idemlink.host.drive.rounds``, one operation at a time per device (``stream`` hands
+        results out between rounds)."""
         if self._operating:
             steps.close()
             raise LocalProtocolError(
@@ -190,27 +139,13 @@ class Device(DeviceHandle, BlockingCommands):
                 "one operation at a time per device")
         self._operating = True
         try:
-            out, wait = next(steps)
-            while True:
-                try:
-                    if out:
-                        t.write(out)
-                    data = t.read(wait)
-                except TRANSPORT_ERRORS as exc:
-                    raise self.ops.link_lost(exc) from exc
-                out, wait = steps.send(data)
-                yield
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        except LinkLost:
-            raise
-        except BaseException as exc:
-            self.ops.interrupted(exc)
-            raise
+            return (yield from rounds(self.ops, self.transport, self._run_job, steps))
         finally:
             self._operating = False
-            steps.close()
+
+    def _run_job(self, job: Job[Any]) -> None:
+        """An operation's blocking work, here and now (on this transport's port if it asks)."""
+        job.value = job.work(getattr(self.transport, "port", None) if job.on_port else None)
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
@@ -223,18 +158,19 @@ class Device(DeviceHandle, BlockingCommands):
         later commands are already on the line.
 
         Requests keep leaving while answers arrive, up to the negotiated depth (the device's
-        advertised window and ``max_inflight``). A command waits only for the earlier commands it
-        does not commute with (``idemlink.host.operations.conflict``: overlapping registers when
-        one may have an effect, a conditional write or a read of the generation counter after any
-        effective write); everything else overtakes it. Once a command that may have had an
-        effect ends UNKNOWN the handle is blocked: commands not yet
-        sent are not sent (NOT_EXECUTED, no status) and nothing more is taken from ``commands``:
-        the stream ends after the results of the commands it had taken (``run`` takes them all,
-        so every command gets its result). An unanswered read blocks nothing. ``commands`` is
-        read lazily (at most about twice the pipeline depth ahead), so it may be endless.
-        Leaving the loop early (``break``, an exception) settles what is still out as CANCELLED,
-        like an interrupted ``run``. The device runs one operation at a time: calling another of
-        its operations inside the loop raises ``LocalProtocolError``."""
+        advertised window and ``max_inflight``; one at a time on a plain Modbus slave). A
+        command waits only for the earlier commands it does not commute with
+        (``idemlink.host.operations.conflict``: overlapping registers when one may have an
+        effect, a conditional write or a read of the generation counter after any effective
+        write); everything else overtakes it. Once a command that may have had an effect ends
+        UNKNOWN the handle is blocked: commands not yet sent are not sent (NOT_EXECUTED, no
+        status) and nothing more is taken from ``commands``: the stream ends after the results
+        of the commands it had taken (``run`` takes them all, so every command gets its
+        result). An unanswered read blocks nothing. ``commands`` is read lazily (at most about
+        twice the pipeline depth ahead), so it may be endless. Leaving the loop early
+        (``break``, an exception) settles what is still out as CANCELLED, like an interrupted
+        ``run``. The device runs one operation at a time: calling another of its operations
+        inside the loop raises ``LocalProtocolError``."""
         self.ops.refuse_if_blocked()
         ready: deque[Result] = deque()
         steps = self.ops.flow_steps(iter(commands), ready.append, self.ops.lookahead)
@@ -257,51 +193,28 @@ class Device(DeviceHandle, BlockingCommands):
         self,
         paths: Iterable[str],
         *,
-        progress: Callable[[str, int, int | None], None] | None = None,
+        progress: ProgressCallback | None = None,
         config: SenderConfig | None = None,
         overwrite: bool = False,
     ) -> tuple[Result, TransferReport | None]:
         """Hand the device's port to YMODEM (FILE_RECEIVE), send ``paths`` as one batch, return
-        to framed mode and read every file back (FILE_INFO). The report is None when the device
-        did not switch.
+        to framed mode and read every file back (FILE_INFO): ``idemlink.host.file_transfer.
+        send_files_steps``. The report is None when the device did not switch.
 
         YMODEM's bytes cannot always prove a commit (docs/YMODEM.md), so each file the batch
         reported ok or "not confirmed" is checked against the device's size and CRC-32C of what
         it stored: the same bytes → ok and ``verified``; absent or different → failed
         (``verified=False``); no answer → the YMODEM verdict stays, ``verified=None`` ("not
         verified"). A file the batch reported failed is not read back (a device that already had
-        it refused it). Local digests are taken before the batch.
+        it refused it). Local digests are taken before the batch; files already on the device
+        byte for byte are not sent again.
 
         If the hand-over answer is lost (UNKNOWN), the batch is attempted anyway: a device that
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
-        from idemlink.host.ymodem_io import send_files
-        from idemlink.protocol.ymodem_files import TransferReport
-
-        batch = file_transfer.prepare_batch(paths, overwrite)
-        identical, asked = self._drive(file_transfer.already_there_steps(self.ops, batch,
-                                                                         overwrite))
-        todo = file_transfer.still_to_send(batch, identical)
-        if not todo:  # every file is on the device byte for byte: nothing to hand over
-            return asked, TransferReport(files=identical, ok=True)
-        res = self.execute(batch.handover)
-        if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
-            return res, None
-        port = getattr(self.transport, "port", None)
-        if port is None:
-            raise LocalProtocolError("file transfer needs a serial transport")
-        report = send_files(port, todo, config, progress=progress)
-        file_transfer.batch_done(self.ops, res, report)
-        check = file_transfer.to_verify(report.files, batch.digests)
-        if check:  # read back (allowed while the handle is blocked, like reconcile)
-            try:
-                back = self._drive(self.ops.wave_steps(file_transfer.read_back_commands(check)))
-            except LinkLost as exc:
-                file_transfer.not_verified(check, exc)
-            else:
-                file_transfer.judge_files(check, back, batch.digests)
-        report.files[:0] = identical
-        return res, report
+        return self._drive(file_transfer.send_files_steps(
+            self.ops, paths, lends_port=getattr(self.transport, "port", None) is not None,
+            progress=progress, config=config, overwrite=overwrite))
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
@@ -309,30 +222,93 @@ class Device(DeviceHandle, BlockingCommands):
         and read back what it touched. While the device is in the boot epoch it was sent in, it
         is re-sent under its own number: the device replays its answer or says it ran
         (``executed`` True), proves another request holds the number (False), or runs it now,
-        once (True); otherwise ``executed`` stays None, whatever the state read back shows
-        (``idemlink.host.evidence``). Allowed while the handle is blocked (only
-        ``acknowledge_unknown`` unblocks it). A read has no effect to reconcile: it is answered
-        without sending anything."""
+        once (True); otherwise — another boot, a plain Modbus slave — ``executed`` stays None,
+        whatever the state read back shows (``idemlink.host.evidence``). Allowed while the
+        handle is blocked (only ``acknowledge_unknown`` unblocks it). A read has no effect to
+        reconcile: it is answered without sending anything."""
         return self._drive(self.ops.reconcile_steps(result))
 
     def reconcile_sent(self, command: Command,
-                       sent_as: tuple[tuple[int, int], ...]) -> Reconciliation:
+                       sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
         """``reconcile`` for a command another process sent under the numbers ``sent_as`` (a
-        journal's record, ``execute_recorded``)."""
+        journal's record, ``execute_recorded``; none on a plain Modbus slave)."""
         return self._drive(self.ops.evidence_steps(command, sent_as))
 
     def execute_recorded(self, command: Command,
                          record: Callable[[SentRequest], None]) -> Result:
-        """Run ``command`` alone, calling ``record`` with its PDU and (epoch, seq) before it
-        leaves, so that a later process can ask the device whether it ran (``reconcile_sent``).
-        If ``record`` raises, nothing was sent."""
+        """Run ``command`` alone, calling ``record`` with its PDU and (epoch, seq) — None on a
+        plain Modbus slave — before it leaves, so that a later process can ask the device
+        whether it ran (``reconcile_sent``). If ``record`` raises, nothing was sent."""
         return self._drive(self.ops.recorded_steps(command, record))
 
 
+class Device(BlockingDriver):
+    """A session with one idemlink device. See the module docstring."""
+
+    ops: FramedOperations
+
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        regmap: RegisterMap = DEFAULT_MAP,
+        timeout: float = 0.2,
+        attempts: int = 5,
+        max_inflight: int = 8,
+        check_map: bool = True,
+    ) -> None:
+        super().__init__(transport, FramedOperations(
+            transport, regmap=regmap, timeout=timeout, attempts=attempts,
+            max_inflight=max_inflight, check_map=check_map))
+
+    @property
+    def session(self) -> HostSession:
+        return self.ops.session
+
+    @property
+    def stats(self) -> DriverStats:
+        return self.ops.stats
+
+    @property
+    def check_map(self) -> bool:
+        return self.ops.check_map
+
+    @classmethod
+    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
+             trace: str | os.PathLike[str] | None = None) -> Device:
+        """Open ``url`` (any pyserial URL) and run the HELLO handshake. ``regmap`` is the device's
+        register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
+        that advertises another map is refused (``IncompatibleDevice``) unless ``check_map`` is
+        False (for tools that only ask who is there, like ``idemlink info``); a port where a
+        Modbus RTU slave answers instead is ``AnswersModbusRtu``. ``trace``: append every frame
+        both ways to that file as JSON lines (``idemlink.host.trace``); a trace file that cannot
+        be opened raises its ``OSError`` with the port closed again."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        transport: Transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
+        if trace is not None:
+            from idemlink.host.trace import TracingTransport
+
+            try:
+                transport = TracingTransport(transport, trace, rm)
+            except OSError:
+                transport.close()
+                raise
+        dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
+                  max_inflight=max_inflight, check_map=check_map)
+        try:
+            dev._drive(dev.ops.open_steps())
+        except BaseException:
+            dev.close()
+            raise
+        return dev
+
+
 __all__ = [
-    "OPERATIONS", "POLL_STEP", "RECONCILE_ROUNDS", "TRANSPORT_ERRORS", "Command", "CommandBuilder",
-    "CommandKind", "Device", "DriverStats", "IncompatibleDevice", "LinkLost", "NoDevice",
-    "PortBusy", "PortError", "Reconciliation", "Result", "SerialTransport", "Steps", "Transport",
-    "UnknownOutstanding", "answer_of", "check_map", "conflict", "file_info_of", "judge_read_back",
-    "open_port",
+    "OPERATIONS", "POLL_STEP", "RECONCILE_ROUNDS", "TRANSPORT_ERRORS", "AnswersModbusRtu",
+    "BlockingDriver", "Command", "CommandBuilder", "CommandKind", "Device", "DriverStats",
+    "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy", "PortError", "Reconciliation",
+    "Result", "SerialTransport", "Steps", "Transport", "UnknownOutstanding", "answer_of",
+    "check_map", "conflict", "file_info_of", "judge_read_back", "open_port",
 ]

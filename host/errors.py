@@ -3,7 +3,8 @@ handle blocked by an UNKNOWN.
 
 A protocol outcome is never an exception (it is a ``Result``); these are the cases where there is
 no outcome to give. Each carries a wire status only when one applies: ``LinkLost`` (requests were
-out: they settled as LINK_LOST), ``NoDevice`` (nothing answered: NO_ANSWER), ``IncompatibleDevice``
+out: they settled as LINK_LOST), ``NoDevice`` (nothing answered: NO_ANSWER; ``AnswersModbusRtu``
+when a plain Modbus RTU slave answers instead), ``IncompatibleDevice``
 (another protocol or contract: UNSUPPORTED). A port that cannot be opened or fails
 (``PortError``: not a misuse of the API, so not a ``LocalProtocolError``) and a blocked handle
 (``UnknownOutstanding``: the blocking result carries its own status) carry none.
@@ -71,10 +72,17 @@ class NoDevice(RemoteProtocolError):
         super().__init__(message, Status.NO_ANSWER)
 
 
+class AnswersModbusRtu(NoDevice):
+    """No idemlink device answered, but a Modbus RTU slave did (one read at unit 1 after the
+    HELLOs went unanswered): open the port with ``RtuDevice`` / ``AsyncRtuDevice`` instead."""
+
+    SAYS = "this port answers Modbus RTU, not idemlink"
+
+
 class UnknownOutstanding(LocalProtocolError):
     """A previous command ended UNKNOWN; reconcile and ``acknowledge_unknown()`` first (the
     blocking ``Result`` carries the status; this refusal has none of its own)."""
 
 
-__all__ = ["TRANSPORT_ERRORS", "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy",
+__all__ = ["TRANSPORT_ERRORS", "AnswersModbusRtu", "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy",
            "PortError", "UnknownOutstanding"]

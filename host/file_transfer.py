@@ -1,16 +1,24 @@
 """A file batch through the device: the rules around the YMODEM hand-over, free of any port.
 
-Before a batch: the names are checked (``prepare_batch``: YMODEM's rules and the read-back's
-length limit, before the device is switched), the local size and CRC-32C of each file taken
-(``idemlink.protocol.regular_file.file_digest``, as the device computes it), and the device
-asked what it already holds (``already_there_steps``, FILE_INFO): an identical file is not sent
-again, a different one without ``overwrite`` is refused. After it:
-``batch_done`` forgets YMODEM's bytes (and a completed batch settles an UNKNOWN hand-over), then
-every file YMODEM reported ok or unconfirmed is read back (``to_verify``) and judged against the
-local digest (``judge_files``; ``not_verified`` when the read-back itself was lost).
+``send_files_steps`` is the whole sequence as one operation (``idemlink.host.operations.Steps``),
+the one place it is written; every driver's ``send_files`` runs it with its request loop:
 
-The drivers (``Device.send_files``, ``AsyncDevice.send_files``) run these steps around the
-YMODEM batch itself (``idemlink.host.ymodem_io.send_files``), each in its own way of doing I/O.
+1. Refused before anything is sent: a handle blocked by an UNKNOWN (``UnknownOutstanding``), a
+   session that cannot carry the hand-over (a plain Modbus RTU slave), a driver that cannot lend
+   its port to YMODEM (``LocalProtocolError``, UNSUPPORTED), a bad name (``prepare_batch``:
+   YMODEM's rules and the read-back's length limit, ``ValueError``).
+2. The local size and CRC-32C of each file (``idemlink.protocol.regular_file.file_digest``, as
+   the device computes it; a ``Job``: off the event loop in the asyncio drivers), and the device
+   asked what it already holds (``already_there_steps``, FILE_INFO): an identical file is not
+   sent again, a different one without ``overwrite`` is refused.
+3. The hand-over (FILE_RECEIVE); unless it is OK or UNKNOWN the batch stops there. An UNKNOWN
+   hand-over is attempted anyway: a device that did switch answers the sender's header.
+4. The YMODEM batch on the driver's own port (``idemlink.host.ymodem_io.send_files``, a ``Job``
+   with the port lent to it); then ``batch_done`` forgets YMODEM's bytes (and a completed batch
+   settles an UNKNOWN hand-over).
+5. Every file YMODEM reported ok or unconfirmed is read back (``to_verify``, one wave, allowed
+   while the handle is blocked) and judged against the local digest (``judge_files``;
+   ``not_verified`` when the read-back itself was lost to a failing port).
 """
 
 from __future__ import annotations
@@ -18,16 +26,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from idemlink.host.command import Command, CommandKind, Result
-from idemlink.host.operations import Operations, Steps
+from idemlink.host.errors import LinkLost
+from idemlink.host.operations import Operations, Steps, job_steps
+from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.modbus import MAX_FILE_INFO_NAME, FileInfoStatus
-from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.outcome import LocalProtocolError, Outcome
 from idemlink.protocol.regular_file import file_digest
 
 if TYPE_CHECKING:
-    from idemlink.protocol.ymodem_files import FileResult, TransferReport
+    from idemlink.protocol.ymodem_files import FileResult, ProgressCallback, TransferReport
+    from idemlink.protocol.ymodem_sender import SenderConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,43 @@ def prepare_batch(paths: Iterable[str], overwrite: bool) -> Batch:
                                          values=(1,) if overwrite else ()))
 
 
-def already_there_steps(ops: Operations, batch: Batch, overwrite: bool
+def send_files_steps(ops: Operations[Any], paths: Iterable[str], *, lends_port: bool,
+                     progress: ProgressCallback | None = None, config: SenderConfig | None = None,
+                     overwrite: bool = False) -> Steps[tuple[Result, TransferReport | None]]:
+    """The whole file batch as one operation (the module docstring's five steps): the hand-over's
+    Result and the batch's report (None when the device did not switch). ``lends_port``: the
+    driver can lend its pyserial port to YMODEM."""
+    from idemlink.host.ymodem_io import send_files
+    from idemlink.protocol.ymodem_files import TransferReport
+
+    ops.refuse_if_blocked()
+    ops.refuse_unsupported(Command(CommandKind.FILE_RECEIVE, 0))  # a plain slave has no hand-over
+    if not lends_port:
+        raise LocalProtocolError("file transfer needs a serial transport")
+    batch = yield from job_steps(lambda _: prepare_batch(paths, overwrite))
+    identical, asked = yield from already_there_steps(ops, batch, overwrite)
+    todo = still_to_send(batch, identical)
+    if not todo:  # every file is on the device byte for byte: nothing to hand over
+        return asked, TransferReport(files=identical, ok=True)
+    (res,) = yield from ops.run_steps([batch.handover])
+    if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+        return res, None
+    report = yield from job_steps(lambda port: send_files(port, todo, config, progress=progress),
+                                  on_port=True)
+    batch_done(ops, res, report)
+    check = to_verify(report.files, batch.digests)
+    if check:  # read back (allowed while the handle is blocked, like reconcile)
+        try:
+            back = yield from ops.wave_steps(read_back_commands(check))
+        except LinkLost as exc:
+            not_verified(check, exc)
+        else:
+            judge_files(check, back, batch.digests)
+    report.files[:0] = identical
+    return res, report
+
+
+def already_there_steps(ops: Operations[Any], batch: Batch, overwrite: bool
                         ) -> Steps[tuple[list[FileResult], Result]]:
     """Ask the device (FILE_INFO, read-only) what it holds under each name before sending:
     the same size and CRC-32C -> that file is not sent again (``identical``); different bytes
@@ -90,10 +137,11 @@ def still_to_send(batch: Batch, identical: list[FileResult]) -> list[str]:
     return [p for p in batch.paths if Path(p).name not in there]
 
 
-def batch_done(ops: Operations, handover: Result, report: TransferReport) -> None:
+def batch_done(ops: Operations[Any], handover: Result, report: TransferReport) -> None:
     """Back in framed mode after a batch: forget YMODEM's bytes; a completed batch proves an
     UNKNOWN hand-over did happen."""
-    ops.session.resync()
+    if isinstance(ops.session, HostSession):  # the only session a hand-over reaches
+        ops.session.resync()
     if handover.outcome is Outcome.UNKNOWN and report.ok and ops.unknown is handover:
         ops.unknown = None  # the receiver answered: the hand-over did happen
 
@@ -143,5 +191,6 @@ def _join(a: str, b: str) -> str:
     return f"{a}; {b}" if a else b
 
 
-__all__ = ["Batch", "already_there_steps", "batch_done", "judge_files", "not_verified",
-           "prepare_batch", "read_back_commands", "still_to_send", "to_verify"]
+__all__ = ["Batch", "already_there_steps", "batch_done", "judge_files",
+           "not_verified", "prepare_batch", "read_back_commands", "send_files_steps",
+           "still_to_send", "to_verify"]

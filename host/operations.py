@@ -1,31 +1,39 @@
-"""Every driver operation, written once as a transport-free step generator.
+"""Every driver operation, written once as a transport-free step generator, for both protocols.
 
 An operation (``Steps``) is a generator of I/O requests: it yields ``(bytes to write, seconds to
-wait for input)``, is sent the bytes that arrived, and returns its result. It never touches a
-port: ``Operations`` holds the sans-I/O ``HostSession`` and the bookkeeping of one device (which
-command each tag stands for, the UNKNOWN that blocks the handle, the counters) and asks a clock for
-the time. A driver only moves bytes: the blocking ``idemlink.host.device.Device`` runs the steps
-with ``read``/``write`` calls, ``idemlink.host.aio.AsyncDevice`` awaits them, and neither holds a
-rule of its own.
+wait for input)``, is sent the bytes that arrived, and returns its result; an operation that needs
+blocking work done (reading a batch's files, YMODEM on the port itself) yields a ``Job`` instead
+(``job_steps``), which the driver runs — on the port it lends when ``Job.on_port``, off the event
+loop in the asyncio drivers — and is sent ``b""``. It never touches a port: ``Operations`` holds a
+sans-I/O session (the framed protocol's ``HostSession``, or ``RtuMaster`` for a plain Modbus RTU
+slave: both take request PDUs and settle each in one ``Completion``) and the bookkeeping of one
+device (which command each tag stands for, the UNKNOWN that blocks the handle, the counters) and
+asks a clock for the time. A driver only moves bytes: the four drivers (``Device``,
+``AsyncDevice``, ``RtuDevice``, ``AsyncRtuDevice``) run these steps with the one request loop of
+``idemlink.host.drive`` and hold no rule of their own.
 
-The rules here: the HELLO handshake and what refuses a device (``connect_steps``, ``check_map``);
-the continuous pipeline and which commands may overtake which (``flow_steps``, ``conflict``); a
-wave of commuting commands (``wave_steps``); reconciling an UNKNOWN (``reconcile_steps``); and what
-an interrupted or link-lost operation leaves (``interrupted``, ``link_lost``): every request it
-holds settled, an UNKNOWN that may have had an effect blocking the handle (``result``, the one
-place that rule is applied).
+The rules here, once for both protocols: the continuous pipeline and which commands may overtake
+which (``flow_steps``, ``conflict``; a plain slave takes one request at a time); a wave of
+commuting commands (``wave_steps``); reconciling an UNKNOWN by the device's evidence
+(``reconcile_steps``, ``evidence_steps``) and a command recorded before it leaves
+(``recorded_steps``); and what an interrupted or link-lost operation leaves (``interrupted``,
+``link_lost``): every request it holds settled, an UNKNOWN that may have had an effect blocking
+the handle (``result``, the one place that rule is applied). What differs by protocol is a
+subclass's: the HELLO handshake, the map check and the re-send under a request's own number
+(``idemlink.host.framed_operations.FramedOperations``); the probe of a slave and what a plain slave
+cannot carry (``idemlink.host.rtu_operations.RtuOperations``). What may be retried, and how a
+trigger is carried, is the session's (``HostSession``, ``RtuMaster``).
 
-``OPERATIONS`` lists the operations both drivers offer (besides the ``CommandBuilder`` helpers
+``OPERATIONS`` lists the operations every driver offers (besides the ``CommandBuilder`` helpers
 they inherit); a test checks each driver against it.
 """
 
 from __future__ import annotations
 
-import secrets
 from collections import deque
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from idemlink.host.command import (
     Command,
@@ -39,26 +47,41 @@ from idemlink.host.command import (
     judge_read_back,
     read_back_of,
 )
-from idemlink.host.errors import IncompatibleDevice, LinkLost, NoDevice, UnknownOutstanding
+from idemlink.host.errors import LinkLost, UnknownOutstanding
 from idemlink.host.evidence import no_resend_reason, resend_number, with_evidence
-from idemlink.protocol.contract import contract_hash
-from idemlink.protocol.frame import PROTOCOL_VERSION
-from idemlink.protocol.host_session import (
-    Completion,
-    HelloFailed,
-    HostSession,
-    SessionOpened,
-    SessionState,
-)
+from idemlink.protocol.host_session import Completion, HelloFailed, SessionOpened
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
-from idemlink.protocol.payloads import DeviceInfo, printable
+from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
-from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 T = TypeVar("T")
-Steps = Generator[tuple[bytes, float], bytes, T]
-"""An operation as a generator: yields (bytes to write, seconds to wait for input), is sent the
-bytes that arrived, returns its result."""
+
+
+@dataclass(eq=False, slots=True)
+class Job(Generic[T]):
+    """Blocking work an operation hands its driver: ``work(port)`` — the driver's pyserial port
+    when ``on_port`` (lent for the time of the job; YMODEM), else None. The driver stores what it
+    returns in ``value`` and sends the operation ``b""``, or raises what it raised inside the
+    operation. The asyncio drivers run it in a worker thread."""
+
+    work: Callable[[Any], T]
+    on_port: bool = False
+    value: T | None = None
+
+
+Round = tuple[bytes, float]
+"""One I/O round: the bytes to write, then how long to wait for input."""
+Steps = Generator[Round | Job[Any], bytes, T]
+"""An operation as a generator: yields an I/O round (bytes to write, seconds to wait for input)
+and is sent the bytes that arrived, or yields a ``Job``; returns its result."""
+
+
+def job_steps(work: Callable[[Any], T], *, on_port: bool = False) -> Steps[T]:
+    """``work`` done by the driver (``Job``) as a step of an operation; returns its value."""
+    job = Job(work, on_port)
+    yield job
+    return cast(T, job.value)
+
 ReconcilePlan = Generator[list[Command], list[Result], Reconciliation]
 """A read-back as a generator: yields the reads to make, is sent their results, returns the verdict."""
 
@@ -67,8 +90,10 @@ OPERATIONS = (
     "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
     "reconcile", "reconcile_sent", "execute_recorded", "acknowledge_unknown", "info", "unknown",
 )
-"""The operations of a device handle, the same in the blocking and the asyncio driver (each also
-inherits every ``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...)."""
+"""The operations of a device handle, the same in all four drivers (each also inherits every
+``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...). On a plain Modbus RTU
+slave the idemlink-only ones (``write_if_generation``, ``file_info``, ``send_files``) are refused
+before anything is sent (``LocalProtocolError``, UNSUPPORTED)."""
 
 RECONCILE_ROUNDS = 3
 """Read-back attempts of ``reconcile()`` (each with the session's own retries)."""
@@ -80,28 +105,34 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
 
+Event = Completion | SessionOpened | HelloFailed
+
+
+class Session(Protocol):
+    """What the operations need of a sans-I/O session (``HostSession``, ``RtuMaster``): the shape
+    of docs/ARCHITECTURE.md, requests in through ``submit``, one ``Completion`` each out."""
+
+    @property
+    def max_inflight(self) -> int: ...
+    @property
+    def outstanding(self) -> int: ...
+    def submit(self, pdu: bytes, now: float, *, set_only: bool, tag: Any = None,
+               number: tuple[int, int] | None = None) -> None: ...
+    def receive_data(self, data: bytes, now: float) -> None: ...
+    def tick(self, now: float) -> None: ...
+    def data_to_send(self) -> bytes: ...
+    def next_event(self) -> Event | None: ...
+    def next_deadline(self) -> float | None: ...
+    def abandon(self, status: Status) -> None: ...
+
+
+S = TypeVar("S", bound=Session)
+
+
 @dataclass(slots=True)
 class DriverStats:
     commands: int = 0
     outcomes: dict[str, int] = field(default_factory=dict)
-
-
-def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
-    """Refuse a device whose advertised register map is not ``regmap`` (naming both hashes). A
-    device too old to advertise one is taken at its word only for the built-in default map."""
-    theirs = info.map_hash
-    if theirs is None:
-        if regmap.hash != DEFAULT_MAP.hash:
-            raise IncompatibleDevice(
-                f"device {info.name!r} does not advertise its register map (an older firmware); "
-                f"cannot confirm it serves {regmap.name} {regmap.hash.hex()}")
-        return
-    if theirs != regmap.hash:
-        raise IncompatibleDevice(
-            f"device {printable(info.device_id or info.name)} serves register map "
-            f"{printable(info.map_name or '?')} {theirs.hex()}, ours is {regmap.name} "
-            f"{regmap.hash.hex()}: open it with its map file (regmap=FILE; --regmap FILE on the "
-            "command line)")
 
 
 # ---------------------------------------------------------------------- which commands commute
@@ -160,20 +191,21 @@ def reissuable(c: Command, regmap: RegisterMap) -> bool:
 # ---------------------------------------------------------------------- the operations
 
 
-class Operations:
-    """One device's session and bookkeeping, and every operation on it as ``Steps``."""
+class Operations(Generic[S]):
+    """One device's session and bookkeeping, and every operation on it as ``Steps``. What
+    differs by protocol is a subclass's (``FramedOperations``, ``RtuOperations``): the hooks
+    ``connect_steps``, ``open_steps``, ``info``, ``open_epoch``, ``numbered``, ``resend_steps``,
+    ``require_open`` and ``refuse_unsupported``."""
 
-    def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
-                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> None:
+    numbered = False
+    """Whether the session gives each request a number known before it leaves (the framed
+    protocol's (epoch, seq)), which a journal records and a re-send asks about."""
+
+    def __init__(self, clock: Clock, session: S, regmap: RegisterMap) -> None:
         self.clock = clock
         self.regmap = regmap
         self.builder = CommandBuilder(regmap)
-        self.check_map = check_map
-        self.session = HostSession(
-            contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight, hello_attempts=max(attempts, 1),
-            hello_nonce=secrets.randbits(32),
-        )
+        self.session = session
         self.unknown: Result | None = None
         self.stats = DriverStats()
         self.completions: dict[int, Completion] = {}  #: tag -> completion, not yet a Result
@@ -183,10 +215,41 @@ class Operations:
         self.on_result: Callable[[Result], None] | None = None
         self._tag = 0
 
+    # ------------------------------------------------------------------ by protocol
     @property
     def info(self) -> DeviceInfo | None:
-        """What the device advertised at HELLO (None before ``connect``)."""
-        return self.session.info
+        """What the device advertised at HELLO (None before ``connect``; a plain slave: None)."""
+        return None
+
+    def connect_steps(self) -> Steps[None]:
+        """Make sure a device answers, the way the protocol can (``NoDevice`` otherwise)."""
+        raise NotImplementedError
+        yield  # pragma: no cover - a generator
+
+    def open_steps(self) -> Steps[None]:
+        """``connect_steps`` when a driver opens a port (a subclass may say more on failure)."""
+        return (yield from self.connect_steps())
+
+    def open_epoch(self) -> int | None:
+        """The boot epoch requests can be re-sent in now (None: no re-send can ask anything)."""
+        return None
+
+    def next_number(self) -> tuple[int, int] | None:
+        """The number the next request will travel under, when ``numbered`` and certain."""
+        return None
+
+    def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
+        """``c`` sent again under its original ``number`` (only a numbered protocol can)."""
+        raise LocalProtocolError("this session numbers nothing: nothing can be re-sent under a "
+                                 "number")
+        yield  # pragma: no cover - a generator
+
+    def require_open(self) -> None:
+        """``LocalProtocolError`` when nothing could be sent (the framed session is closed)."""
+
+    def refuse_unsupported(self, c: Command) -> None:
+        """``LocalProtocolError`` for a command the session cannot carry, before anything of the
+        operation is sent."""
 
     # ------------------------------------------------------------------ the I/O round
     def io_round(self) -> Steps[None]:
@@ -216,28 +279,6 @@ class Operations:
                 return
             yield from self.io_round()
 
-    # ------------------------------------------------------------------ connecting
-    def connect_steps(self) -> Steps[None]:
-        """HELLO handshake; refuses an incompatible device (``IncompatibleDevice``, ``NoDevice``)."""
-        s = self.session
-        s.open(self.clock.now())
-        opened: list[SessionOpened | HelloFailed] = []
-        yield from self._exchange(lambda: bool(opened), opened)
-        ev = opened[0]
-        if isinstance(ev, HelloFailed):
-            if ev.incompatible:
-                raise IncompatibleDevice(ev.reason)
-            raise NoDevice(f"no idemlink device answered: {ev.reason}")
-        if ev.info.version != PROTOCOL_VERSION:
-            raise IncompatibleDevice(
-                f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
-        if ev.info.contract_hash != contract_hash():
-            raise IncompatibleDevice(
-                f"device protocol contract {ev.info.contract_hash.hex()} differs from ours "
-                f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
-        if self.check_map:
-            check_map(ev.info, self.regmap)
-
     # ------------------------------------------------------------------ settling
     def interrupted(self, exc: BaseException) -> None:
         """The caller stopped the operation (KeyboardInterrupt, asyncio cancellation): settle its
@@ -248,12 +289,15 @@ class Operations:
             self._settle_abandoned(Status.CANCELLED))
 
     def link_lost(self, exc: BaseException) -> LinkLost:
-        """The transport failed under the operation: its requests settled, as a ``LinkLost``."""
+        """The transport failed under the operation (``exc``, its cause): its requests settled,
+        as a ``LinkLost`` the driver raises inside the operation."""
         results = self._settle_abandoned(Status.LINK_LOST)
         sent = sum(r.outcome is Outcome.UNKNOWN for r in results)
         what = (f"{sent} request(s) may have run (UNKNOWN)" if sent
                 else "nothing was out")
-        return LinkLost(f"the port failed: {exc}; {what}", tuple(results))
+        lost = LinkLost(f"the port failed: {exc}; {what}", tuple(results))
+        lost.__cause__ = exc
+        return lost
 
     def _settle_abandoned(self, status: Status) -> list[Result]:
         """Give up every request the session holds (``HostSession.abandon``) and turn those of
@@ -277,7 +321,7 @@ class Operations:
         file = file_info_of(c, comp.pdu) if comp.outcome is Outcome.OK else None
         r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
                    comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file,
-                   comp.answered)
+                   comp.answered, comp.detail)
         self.stats.commands += 1
         self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
         if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:
@@ -295,11 +339,6 @@ class Operations:
                 f"{f' ({status.name})' if status is not None else ''}; "
                 "reconcile() and acknowledge_unknown() first")
 
-    def _require_open(self) -> None:
-        if self.session.state is SessionState.CLOSED:
-            # Without a session nothing would ever be sent, and the loop would wait forever.
-            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)")
-
     # ------------------------------------------------------------------ the pipeline
     @property
     def lookahead(self) -> int:
@@ -307,8 +346,11 @@ class Operations:
         return 2 * max(self.session.max_inflight, 1)
 
     def run_steps(self, commands: list[Command]) -> Steps[list[Result]]:
-        """``commands`` pipelined, one Result each in order (``UnknownOutstanding`` if blocked)."""
+        """``commands`` pipelined, one Result each in order (``UnknownOutstanding`` if blocked;
+        a command the session cannot carry is refused before any is sent)."""
         self.refuse_if_blocked()
+        for c in commands:
+            self.refuse_unsupported(c)
         results: list[Result] = []
         yield from self.flow_steps(iter(commands), results.append, None)
         return results
@@ -318,7 +360,7 @@ class Operations:
         """The continuous pipeline as an operation: pull commands from ``source`` (all at once
         when ``lookahead`` is None), submit each as soon as the session has room and no earlier
         unfinished command conflicts with it, ``emit`` results in submission order."""
-        self._require_open()
+        self.require_open()
         s = self.session
         clock = self.clock
         held: deque[_Flow] = deque()  # taken from source, not yet submitted
@@ -360,6 +402,7 @@ class Operations:
                 c = next(source)
             except StopIteration:
                 return True
+            self.refuse_unsupported(c)
             self._tag += 1
             self.awaiting[self._tag] = c
             order.append(self._tag)
@@ -401,7 +444,9 @@ class Operations:
     def wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
         """Submit ``cmds`` together (they commute: reconcile's read-back, FILE_INFO) and wait for
         all of them. Allowed while the handle is blocked."""
-        self._require_open()
+        self.require_open()
+        for c in cmds:
+            self.refuse_unsupported(c)
         now = self.clock.now()
         tags = []
         for c in cmds:
@@ -429,10 +474,10 @@ class Operations:
         current epoch (``idemlink.host.evidence``: the device replays, says evicted, refuses it
         as another request's number, or runs it now, once), then the state it touched read
         back. Allowed while the handle is blocked; a file hand-over is never re-sent (it would
-        hand the port to YMODEM)."""
+        hand the port to YMODEM). A plain slave keeps no record: only the read-back."""
         resent: Result | None = None
         s = self.session
-        open_epoch = s.epoch if s.state is SessionState.OPEN else None
+        open_epoch = self.open_epoch()
         number = resend_number(sent_as, open_epoch)
         if (c.may_have_effect and c.kind is not CommandKind.FILE_RECEIVE and number is not None
                 and not s.outstanding):
@@ -448,31 +493,22 @@ class Operations:
             return verdict
         return with_evidence(verdict, resent, no_resend_reason(sent_as, open_epoch))
 
-    def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
-        """``c`` sent again under its original ``number`` (``HostSession.resend``)."""
-        self._require_open()
-        self._tag += 1
-        tag = self._tag
-        self.awaiting[tag] = c
-        self.session.resend(c.pdu(), number, self.clock.now(), tag=tag)
-        yield from self._exchange(lambda: tag in self.completions)
-        return self.result(self.awaiting.pop(tag), self.completions.pop(tag))
-
     def recorded_steps(self, c: Command, record: Callable[[SentRequest], None]) -> Steps[Result]:
-        """Run ``c`` alone, calling ``record(SentRequest(pdu, (epoch, seq)))`` *before* it leaves
-        (a journal keeps the number, so a later process can ask the device whether it ran). If
-        ``record`` raises, nothing was sent. If the session has no certain number to give (a
-        handshake after a reboot is under way, or requests are outstanding), nothing is
+        """Run ``c`` alone, calling ``record(SentRequest(pdu, number))`` *before* it leaves (a
+        journal keeps it, so a later process can ask the device whether it ran; ``number`` is
+        the (epoch, seq) it travels under, None on a session that numbers nothing). If
+        ``record`` raises, nothing was sent. If a numbered session has no certain number to give
+        (a handshake after a reboot is under way, or requests are outstanding), nothing is
         recorded or sent: NOT_EXECUTED."""
         self.refuse_if_blocked()
-        self._require_open()
+        self.require_open()
+        self.refuse_unsupported(c)
         s = self.session
         self._tag += 1
         tag = self._tag
-        number = s.next_number()
-        if number is None:
-            self.awaiting[tag] = c
-            return self.result(self.awaiting.pop(tag), Completion(tag, Outcome.NOT_EXECUTED, None))
+        number = self.next_number()
+        if number is None and self.numbered:
+            return self.result(c, Completion(tag, Outcome.NOT_EXECUTED, None))
         record(SentRequest(c.pdu(), number))
         self.awaiting[tag] = c
         s.submit(c.pdu(), self.clock.now(), set_only=False, tag=tag, number=number)
@@ -498,10 +534,10 @@ def reconcile_plan(c: Command, generation_address: int,
 
 
 class DeviceHandle(CommandBuilder):
-    """What the blocking and the asyncio driver share besides the operations they drive: the
-    command helpers (``CommandBuilder``), the ``ops`` they run, and the handle's UNKNOWN."""
+    """What the four drivers share besides the operations they drive: the command helpers
+    (``CommandBuilder``), the ``ops`` they run, and the handle's UNKNOWN."""
 
-    ops: Operations
+    ops: Operations[Any]
 
     @property
     def unknown(self) -> Result | None:
@@ -524,10 +560,13 @@ __all__ = [
     "Clock",
     "DeviceHandle",
     "DriverStats",
+    "Job",
     "Operations",
+    "Round",
+    "Session",
     "Steps",
-    "check_map",
     "conflict",
+    "job_steps",
     "reconcile_plan",
     "reissuable",
 ]

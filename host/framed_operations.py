@@ -1,0 +1,118 @@
+"""The framed protocol's part of the operations: the HELLO handshake, the map check, numbers.
+
+``FramedOperations`` is ``idemlink.host.operations.Operations`` over the framed protocol's
+sans-I/O ``HostSession``: what only an idemlink device has lives here, everything else (the
+pipeline, the blocking rule, the read-back) is the base class's, shared with a plain Modbus RTU
+slave's ``RtuOperations``.
+
+Contract:
+
+- ``connect_steps``: the HELLO handshake; a device speaking another protocol version or
+  contract, or serving another register map (``check_map``, unless turned off), is refused with
+  ``IncompatibleDevice``; no answer is ``NoDevice``.
+- Numbers: a request's (epoch, seq) is known before it leaves (``next_number``), and a request
+  whose answer never came can be re-sent under it while the device is in that epoch
+  (``resend_steps``): the device's own evidence of whether it ran (``idemlink.host.evidence``).
+"""
+
+from __future__ import annotations
+
+import secrets
+
+from idemlink.host.command import Command, Result
+from idemlink.host.errors import IncompatibleDevice, NoDevice
+from idemlink.host.operations import Clock, Operations, Steps
+from idemlink.protocol.contract import contract_hash
+from idemlink.protocol.frame import PROTOCOL_VERSION
+from idemlink.protocol.host_session import HelloFailed, HostSession, SessionOpened, SessionState
+from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.payloads import DeviceInfo, printable
+from idemlink.protocol.registers import RegisterMap
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+
+def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
+    """Refuse a device whose advertised register map is not ``regmap`` (naming both hashes). A
+    device too old to advertise one is taken at its word only for the built-in default map."""
+    theirs = info.map_hash
+    if theirs is None:
+        if regmap.hash != DEFAULT_MAP.hash:
+            raise IncompatibleDevice(
+                f"device {info.name!r} does not advertise its register map (an older firmware); "
+                f"cannot confirm it serves {regmap.name} {regmap.hash.hex()}")
+        return
+    if theirs != regmap.hash:
+        raise IncompatibleDevice(
+            f"device {printable(info.device_id or info.name)} serves register map "
+            f"{printable(info.map_name or '?')} {theirs.hex()}, ours is {regmap.name} "
+            f"{regmap.hash.hex()}: open it with its map file (regmap=FILE; --regmap FILE on the "
+            "command line)")
+
+
+class FramedOperations(Operations[HostSession]):
+    """The operations on an idemlink device (``HostSession``). See the module docstring."""
+
+    numbered = True
+
+    def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
+                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> None:
+        session = HostSession(
+            contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
+            max_inflight=max_inflight, hello_attempts=max(attempts, 1),
+            hello_nonce=secrets.randbits(32),
+        )
+        super().__init__(clock, session, regmap)
+        self.check_map = check_map
+
+    @property
+    def info(self) -> DeviceInfo | None:
+        """What the device advertised at HELLO (None before ``connect``)."""
+        return self.session.info
+
+    # ------------------------------------------------------------------ connecting
+    def connect_steps(self) -> Steps[None]:
+        """HELLO handshake; refuses an incompatible device (``IncompatibleDevice``, ``NoDevice``)."""
+        s = self.session
+        s.open(self.clock.now())
+        opened: list[SessionOpened | HelloFailed] = []
+        yield from self._exchange(lambda: bool(opened), opened)
+        ev = opened[0]
+        if isinstance(ev, HelloFailed):
+            if ev.incompatible:
+                raise IncompatibleDevice(ev.reason)
+            raise NoDevice(f"no idemlink device answered: {ev.reason}")
+        if ev.info.version != PROTOCOL_VERSION:
+            raise IncompatibleDevice(
+                f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
+        if ev.info.contract_hash != contract_hash():
+            raise IncompatibleDevice(
+                f"device protocol contract {ev.info.contract_hash.hex()} differs from ours "
+                f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
+        if self.check_map:
+            check_map(ev.info, self.regmap)
+
+    def require_open(self) -> None:
+        if self.session.state is SessionState.CLOSED:
+            # Without a session nothing would ever be sent, and the loop would wait forever.
+            raise LocalProtocolError("not connected: call connect() first (HELLO handshake)")
+
+    # ------------------------------------------------------------------ numbers
+    def open_epoch(self) -> int | None:
+        s = self.session
+        return s.epoch if s.state is SessionState.OPEN else None
+
+    def next_number(self) -> tuple[int, int] | None:
+        return self.session.next_number()
+
+    def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
+        """``c`` sent again under its original ``number`` (``HostSession.resend``)."""
+        self.require_open()
+        self._tag += 1
+        tag = self._tag
+        self.awaiting[tag] = c
+        self.session.resend(c.pdu(), number, self.clock.now(), tag=tag)
+        yield from self._exchange(lambda: tag in self.completions)
+        return self.result(self.awaiting.pop(tag), self.completions.pop(tag))
+
+
+__all__ = ["FramedOperations", "check_map"]
