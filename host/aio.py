@@ -50,6 +50,8 @@ from idemlink.host.command import Command, Reconciliation, Result, SentRequest
 from idemlink.host.drive import drive_async, nothing
 from idemlink.host.framed_operations import FramedOperations
 from idemlink.host.operations import OPERATIONS, DeviceHandle, Job, Operations, Steps
+from idemlink.host.rtu_device import line_rate
+from idemlink.host.rtu_operations import RtuOperations
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
@@ -278,6 +280,39 @@ class AsyncDevice(AsyncDriver):
         return _Opening(opener)
 
 
+class AsyncRtuDevice(AsyncDriver):
+    """A session with one Modbus RTU slave for asyncio programs: ``RtuDevice`` awaited (see
+    ``idemlink.host.rtu_device`` for what differs from an idemlink device)."""
+
+    ops: RtuOperations
+
+    def __init__(self, transport: AsyncTransport, *,
+                 regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, unit: int = 1,
+                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+        if not isinstance(regmap, RegisterMap):
+            regmap = resolve_regmap(regmap)
+        super().__init__(transport, RtuOperations(transport, regmap=regmap, unit=unit,
+                                                  baudrate=baudrate, timeout=timeout,
+                                                  attempts=attempts))
+
+    @classmethod
+    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
+             attempts: int = 5, keep_lines: bool = True,
+             probe: bool = True) -> _Opening[AsyncRtuDevice]:
+        """Open ``url`` and (``probe``) check that a slave answers at ``unit``, as
+        ``RtuDevice.open`` does: ``async with AsyncRtuDevice.open(url) as dev:`` or awaited."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+
+        async def opener() -> AsyncRtuDevice:
+            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
+            dev = cls(t, regmap=rm, unit=unit, baudrate=line_rate(t.port, baudrate),
+                      timeout=timeout, attempts=attempts)
+            return await _opened(dev) if probe else dev
+
+        return _Opening(opener)
+
+
 async def _opened(dev: D) -> D:
     """``dev`` once its ``open_steps`` went through; closed again if they did not."""
     try:
@@ -313,5 +348,5 @@ def _log_settled(exc: BaseException) -> None:
                     ", ".join(r.command.kind.value for r in unknown))
 
 
-__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncDriver",
+__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncDriver", "AsyncRtuDevice",
            "AsyncSerialTransport", "AsyncTransport"]

@@ -5,7 +5,7 @@ the one place it is written; every driver's ``send_files`` runs it with its requ
 
 1. Refused before anything is sent: a handle blocked by an UNKNOWN (``UnknownOutstanding``), a
    session that cannot carry the hand-over (a plain Modbus RTU slave), a driver that cannot lend
-   its port to YMODEM (``LocalProtocolError``, UNSUPPORTED), a bad name (``prepare_batch``:
+   its port to YMODEM (``LocalProtocolError``), a bad name (``prepare_batch``:
    YMODEM's rules and the read-back's length limit, ``ValueError``).
 2. The local size and CRC-32C of each file (``idemlink.protocol.regular_file.file_digest``, as
    the device computes it; a ``Job``: off the event loop in the asyncio drivers), and the device

@@ -93,7 +93,7 @@ OPERATIONS = (
 """The operations of a device handle, the same in all four drivers (each also inherits every
 ``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...). On a plain Modbus RTU
 slave the idemlink-only ones (``write_if_generation``, ``file_info``, ``send_files``) are refused
-before anything is sent (``LocalProtocolError``, UNSUPPORTED)."""
+before anything is sent (``LocalProtocolError``)."""
 
 RECONCILE_ROUNDS = 3
 """Read-back attempts of ``reconcile()`` (each with the session's own retries)."""

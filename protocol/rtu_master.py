@@ -1,44 +1,79 @@
 """A Modbus RTU master session (sans-I/O): the four outcomes over a standard RTU slave.
 
+``RtuMaster`` is the RTU analogue of ``idemlink.protocol.host_session.HostSession``: the host's
+operations (``idemlink.host.operations``) submit the same request PDUs to either and get the same
+``Completion``s back, so every driver rule above the session is written once for both protocols.
+
 Contract:
 
-- One request on the line at a time (RTU has no pipelining and no transaction id): ``submit``
-  queues a request PDU; the session sends the next one once the previous one is settled and the
-  line has been silent for t3.5 (``rtu_frame_gap(baudrate)``). Time is passed in; bytes go out
-  through ``data_to_send()`` and come in through ``receive_data(data, now)``; ``tick(now)``
-  fires the deadlines; ``next_event()`` hands out one ``Completion`` per request, in order, then
-  None (nothing more now).
+- One request on the line at a time (RTU has no pipelining and no transaction id: ``max_inflight``
+  is 1): ``submit`` queues a request PDU; the session sends the next one once the previous one is
+  settled and the line has been silent for t3.5 (``rtu_frame_gap(baudrate)``). Time is passed in;
+  bytes go out through ``data_to_send()`` and come in through ``receive_data(data, now)``;
+  ``tick(now)`` fires the deadlines and sends; ``next_event()`` hands out one ``Completion`` per
+  request, in order, then None (nothing more now).
+- Input that arrives while no request is out answers nothing: a request leaves on a ``tick``
+  only after a round of input with nothing in it (at most ``DRAIN_ROUNDS`` rounds: a babbling
+  line does not hold it forever). A shell's loop (read, ``receive_data``, ``tick``) reads with
+  ``next_deadline()``, which is then due, so what was buffered before the request (a late answer
+  to an earlier one, which would fit the next request of the same shape) is read and dropped
+  before the request is sent.
 - An answer is the next CRC-valid frame (``RtuDecoder`` over ``response_frame_length``) from the
   request's unit whose PDU fits the request (``answer_fits``: same function or its exception, a
-  write's echo, a read's byte count); anything else is ignored and counted (``ignored``).
+  write's echo, a read's byte count); anything else is ignored and counted (``ignored``). A frame
+  of the request's function from its unit that does not fit (a slave echoing the value its own
+  logic stored instead of the one written) is remembered: without a fitting answer the request
+  ends UNKNOWN with ``Status.ANSWER_MISMATCH`` and ``Completion.detail`` saying what came
+  (``wrote 0x0001, echo 0x0004``), not NO_ANSWER.
 - How many times a request may be sent is decided here, from the register map, never by the
-  caller (``attempts_for``): a read (FC03/FC04), or an FC06/FC16 write whose every register is a
-  HOLDING register (an absolute value: running it twice leaves the same state), is sent up to
-  ``attempts`` times; anything else — a write to a FAULT word (write-1-to-clear), to a TRIGGER
-  register, to an address the map does not know, a conditional write, any other function — is
-  sent exactly once. Modbus RTU has no de-duplication: a retried set-only write may execute twice
-  on the slave, which is harmless by construction, and is why only those are retried.
+  caller (``attempts_for``; ``submit``'s ``set_only`` is ignored): a read (FC03/FC04), or an
+  FC06/FC16 write whose every register is a HOLDING register (an absolute value: running it twice
+  leaves the same state), is sent up to ``attempts`` times; anything else — a write to a FAULT
+  word (write-1-to-clear), to a TRIGGER register, to an address the map does not know — is sent
+  exactly once. Modbus RTU has no de-duplication: a retried set-only write may execute twice on
+  the slave, which is harmless by construction, and is why only those are retried.
+- The idemlink TRIGGER function (0x42) is carried the way a plain slave can: a start (value 1)
+  first reads the trigger register (FC03, a read: retried), and the device's own state machine
+  (``idemlink.protocol.device_core.TRIGGER_TABLE``) decides on the state read: IDLE -> an FC06
+  write of 1, sent once; RUNNING or DONE -> nothing is written and the request completes OK with
+  the TRIGGER answer the device would give (code RUNNING / DONE); a state outside the table ->
+  nothing written, NOT_EXECUTED. A reset (value 0) is an FC06 write of 0, sent once. A written
+  trigger that is echoed completes with code ACCEPTED, so ``Completion.pdu`` is a TRIGGER answer
+  (function 0x42, address, code) whatever the slave put on the line. The read and the write are
+  two requests: another master may start it between them (docs/MODBUS_RTU.md). A start whose
+  state read gets no answer, or an exception, wrote nothing: NOT_EXECUTED (REJECTED for
+  exceptions 01-03), ``detail`` saying why.
+- What a plain slave cannot do is refused before anything is queued (``check``,
+  ``LocalProtocolError``): the idemlink functions WRITE_IF_GENERATION (0x41),
+  FILE_RECEIVE (0x44), FILE_INFO (0x45) and any other function; a trigger value other than 0/1;
+  a pinned request number (a plain slave numbers nothing: ``numbered`` is False).
 - Outcomes: OK (a fitting answer), REJECTED (exception 01-03: nothing changed), UNKNOWN
   (exception 04 or an exception code this stack does not know; or no fitting answer after the
-  allowed attempts: status NO_ANSWER). NOT_EXECUTED only when certain: ``abandon`` settles a
-  request never sent as NOT_EXECUTED and one that was sent as UNKNOWN with the given status.
+  allowed attempts: NO_ANSWER, or ANSWER_MISMATCH). NOT_EXECUTED only when certain: ``abandon``
+  settles a request never sent (or a trigger start whose write was never sent) as NOT_EXECUTED
+  and one that was sent as UNKNOWN with the given status.
 - The wait for an answer is ``timeout`` plus the transmission time of the request and of the
   expected answer at the line's baud rate (11 bits a character), stretched while an answer is
   still arriving (at most one frame's time).
 - Broadcast (unit 0): slaves execute without answering, so nothing is awaited: the request is
   sent once (whatever its kind), completes UNKNOWN / NO_ANSWER (it may have run; nothing can say
-  so) after ``turnaround`` seconds, and a read at unit 0 is refused (``LocalProtocolError``).
+  so) after ``turnaround`` seconds; a read at unit 0, and so a trigger start, is refused
+  (``LocalProtocolError``).
+- Every frame both ways is logged at DEBUG on ``idemlink.frames`` (``idemlink -vv``), bytes and
+  what became of an incoming one.
 - Limit: with no transaction id, an answer later than the whole wait that arrives while the next
-  request is out and fits it would be taken for its answer. Input buffered before a request is
-  sent is discarded; choose a timeout above the slave's worst answer time.
+  request is out and fits it would be taken for its answer; choose a timeout above the slave's
+  worst answer time.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from idemlink.protocol.device_core import TRIGGER_TABLE, TriggerAction, TriggerEvent
 from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import FunctionCode, answer_fits, classify_answer
 from idemlink.protocol.modbus_rtu import (
@@ -51,11 +86,22 @@ from idemlink.protocol.modbus_rtu import (
     response_frame_length,
     rtu_frame_gap,
 )
-from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome, Status
-from idemlink.protocol.registers import RegisterKind, RegisterMap
+from idemlink.protocol.outcome import (
+    LocalProtocolError,
+    ModbusException,
+    Outcome,
+    Status,
+)
+from idemlink.protocol.registers import RegisterKind, RegisterMap, TriggerState, TriggerStatus
 
 READS = (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS)
 SET_ONLY_WRITES = (FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS)
+CARRIED = (*READS, *SET_ONLY_WRITES, FunctionCode.TRIGGER)
+"""The functions a plain slave can be asked for (TRIGGER as a read and an FC06 write)."""
+DRAIN_ROUNDS = 64
+"""Rounds of input read and dropped before a request at most (a babbling line ends it)."""
+
+frame_log = logging.getLogger("idemlink.frames")
 
 
 def written_addresses(pdu: bytes) -> range | None:
@@ -86,19 +132,50 @@ def expected_answer_length(pdu: bytes) -> int:
     return 8
 
 
+def misfit(request: bytes, answer: bytes) -> str:
+    """What an answer of the request's function says that does not fit it, in a user's words:
+    ``wrote 0x0001, echo 0x0004``."""
+    fc = request[0]
+    if fc == FunctionCode.WRITE_SINGLE_REGISTER and len(request) == 5 and len(answer) == 5:
+        value, echo = int.from_bytes(request[3:5], "big"), int.from_bytes(answer[3:5], "big")
+        if request[1:3] == answer[1:3]:
+            return f"wrote 0x{value:04X}, echo 0x{echo:04X}"
+        return (f"wrote 0x{value:04X} to {int.from_bytes(request[1:3], 'big')}, echo "
+                f"0x{echo:04X} at {int.from_bytes(answer[1:3], 'big')}")
+    if fc == FunctionCode.WRITE_MULTIPLE_REGISTERS and len(request) >= 5 and len(answer) >= 5:
+        return (f"wrote {int.from_bytes(request[3:5], 'big')} register(s) at "
+                f"{int.from_bytes(request[1:3], 'big')}, answer says "
+                f"{int.from_bytes(answer[3:5], 'big')} at {int.from_bytes(answer[1:3], 'big')}")
+    if fc in READS and len(request) == 5:
+        return (f"asked {int.from_bytes(request[3:5], 'big')} register(s), answer carries "
+                f"{max(len(answer) - 2, 0)} byte(s)")
+    return f"answer {answer.hex(' ')} does not fit request {request.hex(' ')}"
+
+
+def _trigger_answer(request: bytes, code: TriggerStatus) -> bytes:
+    """The TRIGGER answer (0x42, address, code) the device's function gives ``request``."""
+    return bytes([FunctionCode.TRIGGER]) + request[1:3] + int(code).to_bytes(2, "big")
+
+
 @dataclass(slots=True)
 class _Request:
     tag: Any
     unit: int
-    pdu: bytes
+    pdu: bytes  #: as submitted (a TRIGGER travels as ``wire``: a state read, an FC06 write)
+    wire: bytes  #: the PDU put on the line
     allowed: int  #: sends allowed (1 for anything not harmless to repeat)
+    state_read: bool = False  #: ``wire`` is a trigger start's read of the trigger's state
     attempts: int = 0
     deadline: float = 0.0
     stretch_until: float = 0.0  #: the latest an answer still arriving may push the deadline
+    misfit: str = ""  #: the last answer of this function from the unit that did not fit
 
 
 class RtuMaster:
     """One Modbus RTU master on one line. See the module docstring."""
+
+    max_inflight = 1  #: one request on the line at a time
+    numbered = False  #: a plain slave numbers nothing: there is no number to pin or re-send
 
     def __init__(self, regmap: RegisterMap, *, unit: int = 1, baudrate: int | None = None,
                  timeout: float = 0.2, attempts: int = 5, turnaround: float = 0.1) -> None:
@@ -122,6 +199,8 @@ class RtuMaster:
         self._out = bytearray()
         self._current: _Request | None = None
         self._quiet_until = 0.0
+        self._stale = False  #: input arrived while no request was out, since the last tick
+        self._drained = 0  #: rounds of such input dropped before the next request
         self._events: deque[Completion] = deque()
         self._decoder = self._new_decoder()
 
@@ -135,22 +214,61 @@ class RtuMaster:
             return 1
         return self.attempts if retry_allowed(pdu, self.regmap) else 1
 
-    def submit(self, pdu: bytes, now: float, *, tag: Any = None, unit: int | None = None) -> None:
-        """Queue a request PDU (no unit id, no CRC) for ``unit`` (default: the session's)."""
+    def check(self, pdu: bytes, unit: int | None = None) -> None:
+        """Refuse, before anything is queued, a request this session cannot carry to a plain
+        slave (``LocalProtocolError``; ``ValueError`` for a PDU that cannot travel)."""
         u = self.unit if unit is None else unit
         if not 0 <= u <= 247:
             raise LocalProtocolError(f"unit id {u} outside 0..247")
         if not pdu:
             raise LocalProtocolError("empty request PDU")
-        if u == BROADCAST_UNIT and pdu[0] in READS:
-            raise LocalProtocolError("a read cannot be broadcast (unit 0): no slave answers it")
+        fc = pdu[0]
+        if fc not in CARRIED:
+            name = FunctionCode(fc).name if fc in set(FunctionCode) else "a function"
+            raise LocalProtocolError(
+                f"{name} (0x{fc:02X}) is an idemlink function, which a standard Modbus RTU slave "
+                "does not have; nothing was sent")
+        start = fc == FunctionCode.TRIGGER and pdu[3:5] == b"\x00\x01"
+        if fc == FunctionCode.TRIGGER and (len(pdu) != 5 or pdu[3:5] not in (b"\x00\x00",
+                                                                             b"\x00\x01")):
+            raise LocalProtocolError("a trigger on a Modbus RTU slave writes 1 (start) or 0 "
+                                     "(reset); nothing was sent")
+        if u == BROADCAST_UNIT and (fc in READS or start):
+            raise LocalProtocolError(
+                "a read cannot be broadcast (unit 0): no slave answers it" if fc in READS else
+                "a trigger start reads the trigger's state first, which a broadcast (unit 0) "
+                "cannot")
         encode_rtu(u, pdu)  # ValueError for a PDU that cannot travel, before it is queued
-        self._queue.append(_Request(tag, u, pdu, self.attempts_for(pdu, u)))
-        self._pump(now)
+
+    def submit(self, pdu: bytes, now: float, *, tag: Any = None, unit: int | None = None,
+               set_only: bool | None = None, number: tuple[int, int] | None = None) -> None:
+        """Queue a request PDU (no unit id, no CRC) for ``unit`` (default: the session's); it
+        leaves on a later ``tick``. ``set_only`` is not taken from the caller (the map decides
+        what is retried); a ``number`` cannot be pinned (``LocalProtocolError``)."""
+        u = self.unit if unit is None else unit
+        self.check(pdu, u)
+        if number is not None:
+            raise LocalProtocolError("a plain Modbus slave numbers nothing: no request number "
+                                     "can be pinned")
+        if pdu[0] == FunctionCode.TRIGGER:
+            address = pdu[1:3]
+            if pdu[3:5] == b"\x00\x01":
+                read = bytes([FunctionCode.READ_HOLDING_REGISTERS]) + address + b"\x00\x01"
+                req = _Request(tag, u, pdu, read, self.attempts, state_read=True)
+            else:
+                reset = bytes([FunctionCode.WRITE_SINGLE_REGISTER]) + address + b"\x00\x00"
+                req = _Request(tag, u, pdu, reset, 1)
+        else:
+            req = _Request(tag, u, pdu, pdu, self.attempts_for(pdu, u))
+        self._queue.append(req)
 
     def receive_data(self, data: bytes, now: float) -> None:
         if not data:
             return
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx RTU bytes %s", data.hex(" "))
+        if self._current is None:
+            self._stale = True
         self._decoder.receive_data(data, now)
         req = self._current
         if req is not None:  # an answer still arriving keeps the wait open a little longer
@@ -158,22 +276,34 @@ class RtuMaster:
                                                  req.stretch_until))
         while (frame := self._decoder.next_event()) is not None:
             req = self._current
-            if (req is None or req.unit == BROADCAST_UNIT or frame.unit != req.unit
-                    or not answer_fits(req.pdu, frame.pdu)):
-                self.ignored += 1
-                continue
-            outcome, status, exc = classify_answer(req.pdu, frame.pdu)
-            self._complete(req, outcome, status, exc, frame.pdu, now)
-        self._pump(now)
+            if req is None or req.unit == BROADCAST_UNIT or frame.unit != req.unit:
+                self._ignore(frame.unit, frame.pdu, "no request out to that unit")
+            elif not answer_fits(req.wire, frame.pdu):
+                if frame.pdu[:1] == req.wire[:1]:
+                    req.misfit = misfit(req.wire, frame.pdu)
+                self._ignore(frame.unit, frame.pdu, req.misfit or "another function")
+            else:
+                if frame_log.isEnabledFor(logging.DEBUG):
+                    frame_log.debug("rx RTU unit=%d fc=0x%02x: the answer", frame.unit,
+                                    frame.pdu[0])
+                self._answered(req, frame.pdu, now)
 
     def tick(self, now: float) -> None:
         req = self._current
         if req is not None and now >= req.deadline:
             if req.unit == BROADCAST_UNIT or req.attempts >= req.allowed:
-                self._complete(req, Outcome.UNKNOWN, Status.NO_ANSWER, None, b"", now)
+                self._unanswered(req, now)
             else:
                 self._send(req, now)
-        self._pump(now)
+        if self._current is None and self._queue and now >= self._quiet_until:
+            if self._stale and self._drained < DRAIN_ROUNDS:
+                self._drained += 1  # what came answers nothing: read again before sending
+            else:
+                self._drained = 0
+                req = self._queue.popleft()
+                self._current = req
+                self._send(req, now)
+        self._stale = False
 
     # ----------------------------------------------------------------------------- output
     def data_to_send(self) -> bytes:
@@ -194,47 +324,112 @@ class RtuMaster:
         return None
 
     @property
+    def outstanding(self) -> int:
+        """Requests out or queued."""
+        return len(self._queue) + (self._current is not None)
+
+    @property
     def busy(self) -> bool:
         """A request is out or queued."""
-        return self._current is not None or bool(self._queue)
+        return self.outstanding > 0
 
     def abandon(self, status: Status) -> None:
-        """Settle every request: the one out is UNKNOWN with ``status`` (it may have run), the
-        queued ones NOT_EXECUTED (never sent)."""
+        """Settle every request: the one out is UNKNOWN with ``status`` (it may have run; a
+        trigger start's state read changed nothing: NOT_EXECUTED), the queued ones NOT_EXECUTED
+        (never sent)."""
         if self._current is not None:
             req = self._current
             self._current = None
-            self._events.append(Completion(req.tag, Outcome.UNKNOWN, status,
-                                           attempts=req.attempts))
+            if req.state_read:
+                self._events.append(Completion(req.tag, Outcome.NOT_EXECUTED, None,
+                                               detail="stopped while reading the trigger's "
+                                                      "state; nothing written"))
+            else:
+                self._events.append(Completion(req.tag, Outcome.UNKNOWN, status,
+                                               attempts=req.attempts))
         while self._queue:
             req = self._queue.popleft()
             self._events.append(Completion(req.tag, Outcome.NOT_EXECUTED, None))
         self._out.clear()
 
     # ---------------------------------------------------------------------------- internal
-    def _pump(self, now: float) -> None:
-        if self._current is None and self._queue and now >= self._quiet_until:
-            req = self._queue.popleft()
-            self._current = req
-            self._send(req, now)
-
     def _send(self, req: _Request, now: float) -> None:
-        frame = encode_rtu(req.unit, req.pdu)
+        frame = encode_rtu(req.unit, req.wire)
         self._decoder = self._new_decoder()  # what arrived before this request answers nothing
         self._out += frame
         self.sent += 1
         req.attempts += 1
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("tx RTU unit=%d fc=0x%02x attempt=%d: %s", req.unit, req.wire[0],
+                            req.attempts, frame.hex(" "))
         on_line = len(frame) * self.char_time
         if req.unit == BROADCAST_UNIT:
             req.deadline = now + on_line + self.turnaround
             return
-        answer = expected_answer_length(req.pdu) * self.char_time
+        answer = expected_answer_length(req.wire) * self.char_time
         req.deadline = now + on_line + self.timeout + answer
         req.stretch_until = req.deadline + MAX_RTU_FRAME * self.char_time + self.frame_gap
 
+    def _ignore(self, unit: int, pdu: bytes, why: str) -> None:
+        self.ignored += 1
+        if frame_log.isEnabledFor(logging.DEBUG):
+            frame_log.debug("rx RTU unit=%d fc=0x%02x ignored: %s", unit,
+                            pdu[0] if pdu else 0, why)
+
+    def _answered(self, req: _Request, pdu: bytes, now: float) -> None:
+        outcome, status, exc = classify_answer(req.wire, pdu)
+        if req.state_read:
+            self._state_read(req, pdu, exc, now)
+        elif req.pdu[0] == FunctionCode.TRIGGER and exc is None:
+            self._complete(req, outcome, status, None, _trigger_answer(req.pdu,
+                                                                        TriggerStatus.ACCEPTED),
+                           now)
+        else:
+            self._complete(req, outcome, status, exc, pdu, now)
+
+    def _state_read(self, req: _Request, pdu: bytes, exc: ModbusException | None,
+                    now: float) -> None:
+        """A trigger start's state read answered: the device's state machine says whether to
+        write 1 (the action starts), or what the TRIGGER function would have answered."""
+        if exc is not None:  # nothing written: REJECTED when the request itself is wrong
+            outcome = (Outcome.REJECTED if exc is not ModbusException.SERVER_DEVICE_FAILURE
+                       else Outcome.NOT_EXECUTED)
+            self._complete(req, outcome, None, exc, b"", now, attempts=0,
+                           detail=f"the trigger's state read answered {exc.name}; "
+                                  "nothing written")
+            return
+        state = int.from_bytes(pdu[2:4], "big")
+        row = (TRIGGER_TABLE.get((TriggerState(state), TriggerEvent.WRITE_1))
+               if state in set(TriggerState) else None)
+        if row is None:
+            self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
+                           detail=f"trigger state 0x{state:04X} is none of IDLE, RUNNING, "
+                                  "DONE; nothing written")
+        elif row[1] is TriggerAction.START:  # IDLE: now the write, sent once, after t3.5
+            req.wire = bytes([FunctionCode.WRITE_SINGLE_REGISTER]) + req.pdu[1:5]
+            req.allowed, req.attempts, req.misfit, req.state_read = 1, 0, "", False
+            self._current = None
+            self._quiet_until = now + self.frame_gap
+            self._queue.appendleft(req)
+        else:  # RUNNING or DONE: nothing started, as the device's TRIGGER function answers
+            self._complete(req, Outcome.OK, Status.OK, None, _trigger_answer(req.pdu, row[2]),
+                           now, attempts=0)
+
+    def _unanswered(self, req: _Request, now: float) -> None:
+        if req.state_read:
+            why = (f"the trigger's state read got no fitting answer ({req.misfit})" if req.misfit
+                   else f"the trigger's state read got no answer ({req.attempts} attempt(s))")
+            self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
+                           detail=f"{why}; nothing written")
+            return
+        status = Status.ANSWER_MISMATCH if req.misfit else Status.NO_ANSWER
+        self._complete(req, Outcome.UNKNOWN, status, None, b"", now, detail=req.misfit)
+
     def _complete(self, req: _Request, outcome: Outcome, status: Status | None,
-                  exc: ModbusException | None, pdu: bytes, now: float) -> None:
+                  exc: ModbusException | None, pdu: bytes, now: float, *,
+                  attempts: int | None = None, detail: str = "") -> None:
         self._current = None
         self._quiet_until = now + self.frame_gap
         self._events.append(Completion(req.tag, outcome, status, exc, pdu,
-                                       attempts=req.attempts))
+                                       attempts=req.attempts if attempts is None else attempts,
+                                       detail=detail))

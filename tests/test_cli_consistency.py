@@ -182,17 +182,18 @@ def test_clear_of_an_undeclared_bit_is_refused_locally(
                                 "1 sensor_fault, 2 fan_stall)"]
 
 
-def test_rtu_trigger_reads_first_and_sends_nothing_when_running(
+def test_rtu_trigger_reads_first_sends_nothing_when_running_and_says_it_as_a_framed_device(
         plain: PlainSlave, capsys: pytest.CaptureFixture[str]) -> None:
     rtu = ("self_clean", "--port", plain.path, "--modbus-rtu")
     rc, out, _ = cli(capsys, "trigger", *rtu)
-    assert rc == 0 and out == "self_clean: already RUNNING, not sent\n" and plain.writes == []
+    assert rc == 0 and plain.writes == []
+    assert out == "self_clean: RUNNING (0x0101): already running: nothing started\n"
     rc, out, _ = cli(capsys, "trigger", *rtu, "--json")
     doc = json_docs(out)[0]
-    assert doc["state"] == "RUNNING" and doc["registers"][0]["label"] == "RUNNING"
+    assert (doc["outcome"], doc["code"], doc["code_name"]) == ("OK", 0x0101, "RUNNING")
     plain.words[8] = 0
     rc, out, _ = cli(capsys, "trigger", *rtu)
-    assert rc == 0 and plain.writes == [(8, 1)] and "state now RUNNING" in out
+    assert rc == 0 and plain.writes == [(8, 1)] and out == "self_clean: ACCEPTED (0x0000): started\n"
 
 
 def test_fault_words_show_one_way(plain: PlainSlave, capsys: pytest.CaptureFixture[str]) -> None:

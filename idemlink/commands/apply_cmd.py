@@ -430,13 +430,6 @@ class ApplyRun:
     def judge(self, step: PlanStep, r: Result) -> tuple[Outcome, str]:
         """A one-shot step's outcome from its request's result, and a note for its line."""
         if step.kind is StepKind.TRIGGER:
-            assert step.register is not None
-            if r.ok and r.code is None:  # a Modbus RTU slave's echo: its state says the rest
-                state = self.dev.trigger_status(step.register.name)
-                if state.ok:
-                    self.readings = [reading_entry(step.register, state)]
-                return r.outcome, (f" (written 1; state now {_state_name(state.values[0])})"
-                                   if state.ok else "")
             if not r.ok or r.code is None:
                 return r.outcome, ""
             name = trigger_code_name(r.code)

@@ -4,9 +4,8 @@ read its state.
 Contract: the answer code says what happened: ACCEPTED (started now), RUNNING or DONE (nothing
 started) all exit 0 — the device acted at most once; a code the contract does not define is
 UNKNOWN (exit 5). ``--reset`` writes 0 (IDLE); ``--status`` reads the state. On a Modbus RTU
-slave the state is read first and 1 is written only in IDLE (RUNNING/DONE: ``already RUNNING,
-not sent``, exit 0 like a framed RUNNING/DONE answer; the read-then-write is two requests, not
-atomic: docs/MODBUS_RTU.md); the answer is an echo: the state is read back and printed.
+slave the same codes come from ``RtuDevice.trigger`` (the master reads the state first and writes
+1 only in IDLE; the read-then-write is two requests, not atomic: docs/MODBUS_RTU.md).
 """
 
 from __future__ import annotations
@@ -23,11 +22,9 @@ from idemlink.commands.common import (
     result_json,
 )
 from idemlink.commands.device_io import finish, link_guarded, open_any_device
-from idemlink.host.device import Result
 from idemlink.host.frame_view import trigger_code_name
-from idemlink.host.rtu_device import RtuDevice
 from idemlink.output import add_json_option
-from idemlink.protocol.registers import RegisterKind, RegisterSpec, TriggerState, TriggerStatus
+from idemlink.protocol.registers import RegisterKind, TriggerState, TriggerStatus
 
 
 def register(sub: Any) -> None:
@@ -58,27 +55,6 @@ def _state_name(value: int) -> str:
         return f"0x{value:04X}"
 
 
-def _rtu_busy(dev: RtuDevice, spec: RegisterSpec, doc: dict[str, Any]) -> Result | None:
-    """A Modbus RTU slave has no TRIGGER function that decides on the device: read the state
-    first and send nothing unless it is IDLE. The state read when nothing is to be sent (its
-    outcome is the command's, OK: nothing started, as a framed RUNNING/DONE answer), else None.
-    A failed read is returned too: nothing was sent."""
-    state = dev.trigger_status(spec.name)
-    if not state.ok:
-        doc.update(result_json(state))
-        doc["detail"] = f"state read {state.describe()}; not sent"
-        return state
-    if state.values[0] == TriggerState.IDLE:
-        return None
-    name = _state_name(state.values[0])
-    doc.update(result_json(state))
-    doc.update({"action": "start", "state": name, "value": state.values[0],
-                "registers": [reading_entry(spec, state)],
-                "detail": f"already {name}, not sent"
-                + (" (`--reset` to re-arm)" if state.values[0] == TriggerState.DONE else "")})
-    return state
-
-
 def run_trigger(args: argparse.Namespace) -> int:
     spec = only_register(regmap_from(args), RegisterKind.TRIGGER, args.name, "use")
     with open_any_device(args) as dev:
@@ -94,10 +70,6 @@ def run_trigger(args: argparse.Namespace) -> int:
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
         else:
-            if not args.reset and isinstance(dev, RtuDevice):
-                busy = _rtu_busy(dev, spec, doc)
-                if busy is not None:
-                    return finish(args, dev, [busy], doc, [f"{spec.name}: {doc['detail']}"])
             r = dev.trigger_reset(spec.name) if args.reset else dev.trigger(spec.name)
             doc.update(result_json(r))
             doc["action"] = "reset" if args.reset else "start"
@@ -107,13 +79,6 @@ def run_trigger(args: argparse.Namespace) -> int:
                 meaning = "reset to IDLE" if args.reset and r.code == 0 else (
                     TRIGGER_MEANING.get(r.code, "unknown code"))
                 lines = [f"{spec.name}: {doc['code_name']} (0x{r.code:04X}): {meaning}"]
-            elif r.ok:  # a Modbus RTU slave's answer is an echo: its state says what happened
-                lines = [f"{spec.name}: {r.describe()}"]
-                state = dev.trigger_status(spec.name)
-                if state.ok:
-                    doc["state"] = _state_name(state.values[0])
-                    doc["registers"] = [reading_entry(spec, state)]
-                    lines[0] += f" (written {0 if args.reset else 1}; state now {doc['state']})"
             else:
                 lines = [f"{spec.name}: {r.describe()}"]
         return finish(args, dev, [r], doc, lines)
