@@ -10,6 +10,10 @@ Contract:
 - ``connect_steps``: the HELLO handshake; a device speaking another protocol version or
   contract, or serving another register map (``check_map``, unless turned off), is refused with
   ``IncompatibleDevice``; no answer is ``NoDevice``.
+- ``open_steps`` (what ``Device.open`` / ``AsyncDevice.open`` run): the handshake and, when no
+  idemlink device answered, one read at unit 1 as a Modbus RTU master on the same port
+  (``answers_modbus_rtu_steps``): a slave answering makes it ``AnswersModbusRtu`` ("this port
+  answers Modbus RTU, not idemlink") instead of only "no HELLO_REPLY".
 - Numbers: a request's (epoch, seq) is known before it leaves (``next_number``), and a request
   whose answer never came can be re-sent under it while the device is in that epoch
   (``resend_steps``): the device's own evidence of whether it ran (``idemlink.host.evidence``).
@@ -20,8 +24,9 @@ from __future__ import annotations
 import secrets
 
 from idemlink.host.command import Command, Result
-from idemlink.host.errors import IncompatibleDevice, NoDevice
+from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
+from idemlink.host.rtu_operations import answers_modbus_rtu_steps
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import PROTOCOL_VERSION
 from idemlink.protocol.host_session import HelloFailed, HostSession, SessionOpened, SessionState
@@ -90,6 +95,18 @@ class FramedOperations(Operations[HostSession]):
                 f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
         if self.check_map:
             check_map(ev.info, self.regmap)
+
+    def open_steps(self) -> Steps[None]:
+        """The handshake; without an idemlink device, a Modbus RTU slave answering one read at
+        unit 1 makes the refusal ``AnswersModbusRtu``."""
+        try:
+            yield from self.connect_steps()
+        except NoDevice as exc:
+            if (yield from answers_modbus_rtu_steps(self.clock, self.regmap,
+                                                    self.session.timeout)):
+                raise AnswersModbusRtu(f"{AnswersModbusRtu.SAYS}: open it with RtuDevice or "
+                                       f"AsyncRtuDevice ({exc})") from exc
+            raise
 
     def require_open(self) -> None:
         if self.session.state is SessionState.CLOSED:

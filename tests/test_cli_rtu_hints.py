@@ -1,6 +1,8 @@
 """``info`` and ``send`` on a port where a standard Modbus RTU slave answers: one line naming the
 port and saying it answers Modbus RTU (what to do instead), as the register commands do;
-``info --modbus-rtu`` is refused in one line (a standard slave has no HELLO identity)."""
+``info --modbus-rtu`` is refused in one line (a standard slave has no HELLO identity). The API
+says the same: ``Device.open`` and ``AsyncDevice.open`` raise ``AnswersModbusRtu`` (a
+``NoDevice``), not only "no HELLO_REPLY"."""
 
 from __future__ import annotations
 
@@ -54,6 +56,25 @@ def test_send_on_a_modbus_rtu_port_says_so(rtu_port: str, tmp_path: Path,
     [line] = err.splitlines()
     assert line.startswith(f"idemlink send: {rtu_port}: this port answers Modbus RTU, not idemlink")
     assert "send --plain" in line
+
+
+def test_both_apis_opening_a_modbus_rtu_port_say_so(rtu_port: str) -> None:
+    import asyncio
+
+    from idemlink.host.aio import AsyncDevice
+    from idemlink.host.device import AnswersModbusRtu, Device, NoDevice
+
+    with pytest.raises(AnswersModbusRtu, match=r"^this port answers Modbus RTU, not idemlink: "
+                                                r"open it with RtuDevice or AsyncRtuDevice"):
+        Device.open(rtu_port, attempts=1, timeout=0.1)
+
+    async def opening() -> None:
+        async with AsyncDevice.open(rtu_port, attempts=1, timeout=0.1):
+            raise AssertionError("no idemlink device is there")  # pragma: no cover
+
+    with pytest.raises(AnswersModbusRtu, match="no HELLO_REPLY after 1 attempts") as caught:
+        asyncio.run(opening())
+    assert isinstance(caught.value, NoDevice)
 
 
 def test_info_modbus_rtu_is_refused_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

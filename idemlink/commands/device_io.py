@@ -6,8 +6,8 @@ Contract:
   exclusive), or with ``--modbus-rtu`` the standard slave (``RtuDevice``). Tests may inject the
   device: ``args.open_device()`` is used when the namespace has it. No port, no device answering,
   a busy port, a device serving another map: one ``UserError`` line, nothing sent. A framed command
-  that finds no idemlink device but a Modbus RTU slave at unit 1 says "this port answers Modbus
-  RTU, not idemlink: add --modbus-rtu".
+  that finds no idemlink device but a Modbus RTU slave at unit 1 (``AnswersModbusRtu`` from
+  ``Device.open``) says "this port answers Modbus RTU, not idemlink: add --modbus-rtu".
 - ``link_guarded(handler)``: the handler on every ``--port`` (several: ``idemlink.commands.many``),
   with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
   request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
@@ -47,7 +47,7 @@ from idemlink.commands.common import (
 from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.command import Reconciliation
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
-from idemlink.host.errors import PortBusy
+from idemlink.host.errors import AnswersModbusRtu, PortBusy
 from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.output import emit, error_json
@@ -75,7 +75,7 @@ def open_device(args: argparse.Namespace) -> Device:
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
-        raise no_device(args.port, args.baudrate, regmap, args.timeout, exc) from None
+        raise no_device(args.port, exc) from None
     except PortBusy:  # the hint's watching command carries the user's --regmap
         raise UserError(busy_message(args.port, getattr(args, "regmap", None))) from None
     except (PortError, IncompatibleDevice) as exc:
@@ -123,26 +123,13 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
         raise UserError(port_said_once(args.port, exc)) from None
 
 
-def no_device(port: str, baudrate: int, regmap: RegisterMap, timeout: float, exc: NoDevice,
-              *, hint: str = "add --modbus-rtu") -> UserError:
+def no_device(port: str, exc: NoDevice, *, hint: str = "add --modbus-rtu") -> UserError:
     """The one line for a port where no idemlink device answered: naming the port, and saying
-    so when a Modbus RTU slave answers there instead (``hint``: what to do about it)."""
-    if answers_modbus_rtu(port, baudrate, regmap, timeout):
-        return UserError(f"{port}: this port answers Modbus RTU, not idemlink: {hint}")
+    so when a Modbus RTU slave answers there instead (``Device.open`` asked it:
+    ``AnswersModbusRtu``; ``hint``: what to do about it)."""
+    if isinstance(exc, AnswersModbusRtu):
+        return UserError(f"{port}: {AnswersModbusRtu.SAYS}: {hint}")
     return UserError(port_said_once(port, exc))
-
-
-def answers_modbus_rtu(port: str, baudrate: int, regmap: RegisterMap, timeout: float) -> bool:
-    """Whether a Modbus RTU slave answers at unit 1 on ``port`` (one read of the map's first
-    register; an exception answer counts): said when a framed command found no idemlink
-    device there."""
-    try:
-        with RtuDevice.open(port, baudrate=baudrate, regmap=regmap, timeout=timeout,
-                            attempts=1, probe=False) as dev:
-            r = dev.execute(dev.read_command(regmap.registers[0].address))
-    except (PortError, LinkLost):
-        return False
-    return r.outcome is not Outcome.UNKNOWN or r.exception is not None
 
 
 def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -63,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
             info = dev.info
             epoch = dev.session.epoch
     except NoDevice as exc:
-        raise no_device(args.port, args.baudrate, regmap, args.timeout, exc,
-                        hint=RTU_INFO_HINT) from None
+        raise no_device(args.port, exc, hint=RTU_INFO_HINT) from None
     except (PortError, IncompatibleDevice) as exc:
         raise UserError(port_said_once(args.port, exc)) from None
     assert info is not None

@@ -325,9 +325,8 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
         raise UserError(str(exc)) from exc
     except NoDevice as exc:
         from idemlink.commands.device_io import no_device
-        from idemlink.protocol.regmap_file import DEFAULT_MAP
 
-        raise no_device(args.port, args.baudrate, DEFAULT_MAP, 0.2, exc,
+        raise no_device(args.port, exc,
                         hint="a file goes to it only by plain YMODEM, if it has a YMODEM "
                              "receiver: send --plain") from None
     except (IdemlinkError, OSError) as exc:  # OSError: pyserial's SerialException mid-transfer
