@@ -150,6 +150,11 @@ class AsyncDriver(DeviceHandle):
         async with borrowed() as port:
             job.value = await asyncio.to_thread(job.work, port)
 
+    def _lends_port(self) -> bool:
+        """Whether a job can have this transport's pyserial port (YMODEM), borrowed from the
+        event loop."""
+        return getattr(self.transport, "borrowed", None) is not None
+
     # -------------------------------------------------------------- operations
     async def run(self, commands: Iterable[Command]) -> list[Result]:
         return await self._drive(self.ops.run_steps(list(commands)))
@@ -232,8 +237,8 @@ class AsyncDriver(DeviceHandle):
         """``BlockingDriver.send_files``: the YMODEM batch runs in a worker thread on the
         transport's pyserial port (the loop stays free)."""
         return await self._drive(file_transfer.send_files_steps(
-            self.ops, paths, lends_port=getattr(self.transport, "borrowed", None) is not None,
-            progress=progress, config=config, overwrite=overwrite))
+            self.ops, paths, lends_port=self._lends_port(), progress=progress, config=config,
+            overwrite=overwrite))
 
     async def reconcile(self, result: Result | None = None) -> Reconciliation | None:
         return await self._drive(self.ops.reconcile_steps(result))

@@ -147,6 +147,10 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         """An operation's blocking work, here and now (on this transport's port if it asks)."""
         job.value = job.work(getattr(self.transport, "port", None) if job.on_port else None)
 
+    def _lends_port(self) -> bool:
+        """Whether a job can have this transport's pyserial port (YMODEM)."""
+        return getattr(self.transport, "port", None) is not None
+
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
         """Send commands pipelined and return one Result each, in order (``stream`` collected).
@@ -213,8 +217,8 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         did switch answers the sender's header, and a completed batch settles the UNKNOWN.
         """
         return self._drive(file_transfer.send_files_steps(
-            self.ops, paths, lends_port=getattr(self.transport, "port", None) is not None,
-            progress=progress, config=config, overwrite=overwrite))
+            self.ops, paths, lends_port=self._lends_port(), progress=progress, config=config,
+            overwrite=overwrite))
 
     # ------------------------------------------------------------------ UNKNOWN handling
     def reconcile(self, result: Result | None = None) -> Reconciliation | None:
