@@ -1,0 +1,353 @@
+"""One table of operations through the four drivers: ``Device``, ``AsyncDevice`` (an idemlink
+device), ``RtuDevice``, ``AsyncRtuDevice`` (a plain Modbus RTU slave). Every rule above the
+session is written once (``idemlink.host.operations``) and driven by one loop
+(``idemlink.host.drive``), so it is tested once, here, through all four:
+
+- a trigger reads its state first and never restarts a RUNNING one (code RUNNING, the device's
+  action started once);
+- an UNKNOWN after a possible effect blocks the handle until reconciled and acknowledged; the
+  reconcile says whether it ran by the device's evidence (a framed device re-sent under its
+  number: True; a plain slave keeps no record: None);
+- what may be retried: a set-only write on both; a trigger reset or a fault clear only where
+  the device de-duplicates (framed), never on a plain slave;
+- a port failing while a write is out is ``LinkLost`` carrying the UNKNOWN, which blocks;
+- what a plain slave cannot carry is refused before anything is sent.
+
+Each row gives the expected summary for the framed protocol and for RTU (``SAME``: the same);
+the blocking and the asyncio driver of one protocol must give exactly the same. Ground truth:
+the devices' cores (triggers started).
+
+The lines are in-process and on simulated clocks: ``FramedWire`` feeds a ``SimulatedDevice``,
+``RtuWire`` an ``RtuServer``; ``lose(fc)`` decides per answer whether it is lost (by its
+function), ``fail`` makes the next read after a write fail as a dying port does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from rtu_reply import rtu_reply
+
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.host.aio import AsyncDevice, AsyncRtuDevice
+from idemlink.host.command import CommandBuilder, Reconciliation, Result, SentRequest
+from idemlink.host.device import Device, LinkLost, UnknownOutstanding
+from idemlink.host.operations import OPERATIONS
+from idemlink.host.rtu_device import RtuDevice
+from idemlink.protocol.device_core import DeviceCore, EffectKind
+from idemlink.protocol.frame import Frame, FrameType, decode_frames
+from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.modbus_rtu import decode_rtu
+from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.payloads import decode_response_payload
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+EFFECTFUL = {FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS,
+             FunctionCode.TRIGGER}
+NEVER: Callable[[int], bool] = lambda fc: False  # noqa: E731
+
+
+class Wire:
+    """A line on a simulated clock: ``answer(request bytes)`` is the device's side."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.inbox = b""
+        self.lose = NEVER
+        self.lost = 0
+        self.fail = False  #: the next read after a write fails (the port dies with it out)
+        self._armed = False
+
+    def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
+        """The device's answers to ``data``: (function of each, its bytes)."""
+        raise NotImplementedError
+
+    def idle(self) -> None:
+        """Time passed without bytes."""
+
+    def write(self, data: bytes) -> None:
+        self.t += 0.001
+        self._armed = self.fail
+        for fc, raw in self.answer(data):
+            if fc is not None and self.lose(fc):
+                self.lost += 1
+            else:
+                self.inbox += raw
+
+    def read(self, timeout: float) -> bytes:
+        if self._armed:
+            self._armed = self.fail = False
+            raise OSError(5, "Input/output error")
+        data, self.inbox = self.inbox, b""
+        if not data:
+            self.t += timeout
+            self.idle()
+        return data
+
+    def now(self) -> float:
+        return self.t
+
+    def close(self) -> None:
+        pass
+
+
+class FramedWire(Wire):
+    def __init__(self) -> None:
+        super().__init__()
+        self.device = SimulatedDevice(seed=1, trigger_duration=1000.0)
+        self.core = self.device.core
+
+    def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
+        self.device.receive_data(data, self.t)
+        out: list[tuple[int | None, bytes]] = []
+        for ev in decode_frames(self.device.data_to_send()):
+            assert isinstance(ev, Frame)
+            fc = None
+            if ev.type is FrameType.RESPONSE:
+                decoded = decode_response_payload(ev.payload)
+                if decoded is not None and decoded[1]:
+                    fc = decoded[1][0] & 0x7F
+            out.append((fc, ev.encode()))
+        return out
+
+    def idle(self) -> None:
+        self.device.tick(self.t)
+
+
+class RtuWire(Wire):
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=1000.0)
+        self.server = RtuServer(self.core, unit=1)
+
+    def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
+        answer = rtu_reply(self.server, data, self.t)
+        return [(decode_rtu(answer).pdu[0] & 0x7F, answer)] if answer else []
+
+    def idle(self) -> None:
+        rtu_reply(self.server, b"", self.t)
+
+
+class AsyncWire:
+    """A ``Wire`` behind the asyncio transport's methods (each read gives the loop a turn)."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+
+    async def write(self, data: bytes) -> None:
+        self.wire.write(data)
+
+    async def read(self, timeout: float) -> bytes:
+        await asyncio.sleep(0)
+        return self.wire.read(timeout)
+
+    def now(self) -> float:
+        return self.wire.now()
+
+    async def close(self) -> None:
+        pass
+
+
+def open_driver(kind: str) -> tuple[Any, Wire]:
+    framed = kind in ("Device", "AsyncDevice")
+    wire: Wire = FramedWire() if framed else RtuWire()
+    line: Any = AsyncWire(wire) if kind.startswith("Async") else wire
+    cls = {"Device": Device, "AsyncDevice": AsyncDevice, "RtuDevice": RtuDevice,
+           "AsyncRtuDevice": AsyncRtuDevice}[kind]
+    return cls(line, timeout=0.05, attempts=3), wire
+
+
+def losing(fcs: set[int], times: int | None = None) -> Callable[[int], bool]:
+    """Lose the answers of these functions (the next ``times`` of them; None: all)."""
+    left = [times]
+
+    def lose(fc: int) -> bool:
+        if fc not in fcs or left[0] == 0:
+            return False
+        if left[0] is not None:
+            left[0] -= 1
+        return True
+
+    return lose
+
+
+SAME = object()
+RECORDED: list[SentRequest] = []
+
+
+def ok(code: int | None = None, values: tuple[int, ...] = ()) -> tuple[Any, ...]:
+    return ("OK", "OK", code, values)
+
+
+def unknown(status: str = "NO_ANSWER") -> tuple[Any, ...]:
+    return ("UNKNOWN", status, None, ())
+
+
+def refused(match: str) -> tuple[str, str]:
+    return ("refused", match)
+
+
+BLOCKED = ("blocked",)
+ACCEPTED, RUNNING = 0x0000, 0x0101
+
+
+def table(dev: CommandBuilder, files: list[str]) -> list[tuple[str, Any, tuple[Any, ...],
+                                                               Callable[[int], bool] | None,
+                                                               Any, Any]]:
+    """(what, operation, arguments, answers lost from now on (None: as before), framed, RTU)."""
+    return [
+        ("read", "read", ("threshold",), NEVER, ok(values=(350,)), SAME),
+        ("set-only write", "write", ({"threshold": 333},), None, ok(), SAME),
+        ("read it back", "read", ("threshold",), None, ok(values=(333,)), SAME),
+        ("trigger starts it", "trigger", (), None, ok(ACCEPTED), SAME),
+        ("a second trigger starts nothing", "trigger", (), None, ok(RUNNING), SAME),
+        ("its state", "trigger_status", (), None, ok(values=(1,)), SAME),
+        ("reset", "trigger_reset", (), None, ok(ACCEPTED), SAME),
+        ("reset state", "trigger_status", (), None, ok(values=(0,)), SAME),
+        ("fault clear", "clear_faults", (1,), None, ok(), SAME),
+        ("conditional write", "write_if_generation", (1, {"mode": 1}), None, ok(1),
+         refused("0x41")),
+        ("file info", "file_info", ("absent.bin",), None, ok(), refused("0x45")),
+        ("file batch", "send_files", (files,), None, refused("serial transport"),
+         refused("0x44")),
+        ("run", "run", ([dev.read_command("threshold"), dev.write_command({"mode": 0}),
+                         dev.read_command("mode")],), None,
+         [ok(values=(333,)), ok(), ok(values=(0,))], SAME),
+        ("stream", "stream", ([dev.read_command("threshold")] * 3,), None,
+         [ok(values=(333,))] * 3, SAME),
+        ("recorded before it leaves", "execute_recorded",
+         (dev.write_command({"fan_setpoint": 70}), RECORDED.append), None, ok(), SAME),
+        # an UNKNOWN after a possible effect blocks the handle, on every driver
+        ("trigger, every answer lost", "trigger", (), losing(EFFECTFUL), unknown(), SAME),
+        ("blocked", "read", ("threshold",), NEVER, BLOCKED, SAME),
+        ("reconciled by evidence", "reconcile", (), None, ("reconciled", True, True),
+         ("reconciled", True, None)),
+        ("acknowledged", "acknowledge_unknown", (), None, None, SAME),
+        ("free again", "read", ("threshold",), None, ok(values=(333,)), SAME),
+        # what may be retried: a set-only write everywhere, a one-shot only where de-duplicated
+        ("write, first answer lost", "write", ({"threshold": 334},), losing(EFFECTFUL, 1), ok(),
+         SAME),
+        ("reset, first answer lost", "trigger_reset", (), losing(EFFECTFUL, 1), ok(ACCEPTED),
+         unknown()),
+        ("reconcile what is blocking", "reconcile", (), NEVER, None, ("reconciled", True, None)),
+        ("acknowledged", "acknowledge_unknown", (), None, None, SAME),
+        ("clear, first answer lost", "clear_faults", (1,), losing(EFFECTFUL, 1), ok(),
+         unknown()),
+        ("acknowledged", "acknowledge_unknown", (), NEVER, None, SAME),
+        # a port dying with a write out
+        ("the port fails, a write out", "write", ({"mode": 2},), "fail",
+         ("link lost", [unknown("LINK_LOST")]), SAME),
+        ("blocked", "read", ("mode",), None, BLOCKED, SAME),
+        ("reconciled", "reconcile", (), None, ("reconciled", True, True),
+         ("reconciled", True, None)),
+        ("acknowledged", "acknowledge_unknown", (), None, None, SAME),
+        ("unsupported before anything is sent", "run",
+         ([dev.read_command("mode"), dev.file_info_command("a.bin")],), None,
+         [ok(values=(2,)), ok()], refused("0x45")),
+    ]
+
+
+def summary(value: Any) -> Any:
+    if isinstance(value, list):
+        return [summary(v) for v in value]
+    if isinstance(value, Result):
+        return (value.outcome.name, value.status.name if value.status is not None else None,
+                value.code, value.values)
+    if isinstance(value, Reconciliation):
+        return ("reconciled", value.intended_state_holds, value.executed)
+    return value
+
+
+async def outcome_of(dev: Any, name: str, args: tuple[Any, ...]) -> Any:
+    try:
+        out = getattr(dev, name)(*args)
+        if name == "stream":
+            out = [r async for r in out] if hasattr(out, "__aiter__") else list(out)
+        elif inspect.isawaitable(out):
+            out = await out
+    except UnknownOutstanding:
+        return BLOCKED
+    except LinkLost as exc:
+        return ("link lost", summary(list(exc.results)))
+    except LocalProtocolError as exc:
+        return ("refused", str(exc))
+    if name == "file_info" and isinstance(out, Result) and out.ok:
+        assert out.file is not None  # absent: read back all the same
+    return summary(out)
+
+
+def matches(got: Any, want: Any) -> bool:
+    if isinstance(want, tuple) and want[:1] == ("refused",):
+        return isinstance(got, tuple) and got[:1] == ("refused",) and want[1] in got[1]
+    if isinstance(want, list) and isinstance(got, list):
+        return len(want) == len(got) and all(matches(g, w) for g, w in zip(got, want, strict=True))
+    return bool(got == want)
+
+
+def drive(kind: str, files: list[str]) -> tuple[list[Any], Wire]:
+    """The whole table through one driver: each row's summary."""
+    dev, wire = open_driver(kind)
+
+    async def script() -> list[Any]:
+        connected = dev.connect()
+        if inspect.isawaitable(connected):
+            await connected
+        got = []
+        for _what, name, args, lose, _framed, _rtu in table(dev, files):
+            if lose == "fail":
+                wire.fail = True
+            elif lose is not None:
+                wire.lose = lose
+            got.append(await outcome_of(dev, name, args))
+        return got
+
+    return asyncio.run(script()), wire
+
+
+@pytest.mark.parametrize("protocol", ["framed", "rtu"])
+def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
+        protocol: str, tmp_path: Any) -> None:
+    f = tmp_path / "config.bin"
+    f.write_bytes(b"x" * 64)
+    files = [str(f)]
+    kinds = ("Device", "AsyncDevice") if protocol == "framed" else ("RtuDevice", "AsyncRtuDevice")
+    RECORDED.clear()
+    runs = {kind: drive(kind, files) for kind in kinds}
+    rows = table(CommandBuilder(DEFAULT_MAP), files)
+    blocking, awaited = (runs[k][0] for k in kinds)
+    assert blocking == awaited  # the same loop, the same operations: the same outcomes
+    for (what, name, _args, _lose, framed, rtu), got in zip(rows, blocking, strict=True):
+        want = framed if protocol == "framed" or rtu is SAME else rtu
+        assert matches(got, want), f"{what} ({name}): {got} != {want}"
+    for _, wire in runs.values():
+        # started twice in all: the first trigger and the one whose answers were lost; the
+        # second trigger while RUNNING started nothing
+        assert wire.core.count(EffectKind.TRIGGER_STARTED) == 2
+    numbers = [r.number for r in RECORDED]
+    assert len(numbers) == 2
+    assert all((n is None) == (protocol == "rtu") for n in numbers)  # a plain slave numbers nothing
+
+
+SYNC_ONLY = {"open", "session", "stats", "transport", "check_map", "ops"}
+ASYNC_ONLY = {"open", "transport", "ops"}
+RTU_ONLY = {"open", "transport", "ops", "master"}
+
+
+def _operations_of(cls: type, instance: object, driver_only: set[str]) -> set[str]:
+    public = {n for n in dir(cls) if not n.startswith("_")}
+    public |= {n for n in vars(instance) if not n.startswith("_")}
+    builder = {n for n in dir(CommandBuilder) if not n.startswith("_")} | {"regmap"}
+    return public - builder - driver_only
+
+
+@pytest.mark.parametrize(("cls", "driver_only"), [
+    (Device, SYNC_ONLY), (AsyncDevice, ASYNC_ONLY), (RtuDevice, RTU_ONLY),
+    (AsyncRtuDevice, ASYNC_ONLY)])
+def test_every_driver_offers_exactly_the_listed_operations(cls: type,
+                                                           driver_only: set[str]) -> None:
+    assert _operations_of(cls, cls(transport=None), driver_only) == set(OPERATIONS)
