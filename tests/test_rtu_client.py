@@ -423,6 +423,63 @@ def test_framed_command_meeting_rtu_says_add_modbus_rtu(
                            "add --modbus-rtu")
 
 
+@pytest.fixture
+def long_trigger() -> Iterator[tuple[str, DeviceCore]]:
+    """``sim_core`` with a trigger that runs for a minute: RUNNING for the whole test."""
+    pair = open_pty()
+    core = DeviceCore(DEFAULT_MAP, trigger_duration=60.0)
+    server = RtuServer(core, unit=1)
+    stop = threading.Event()
+    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    th.start()
+    yield pair.slave_path, core
+    stop.set()
+    th.join(5)
+    pair.close()
+
+
+def test_async_rtu_device_over_a_real_pty(long_trigger: tuple[str, DeviceCore]) -> None:
+    """``AsyncRtuDevice.open`` (the event loop's port, the probe), the same operations awaited:
+    the second trigger while RUNNING writes nothing and says RUNNING."""
+    from idemlink.host.aio import AsyncRtuDevice
+
+    port, core = long_trigger
+
+    async def session() -> list[Any]:
+        async with AsyncRtuDevice.open(port, timeout=0.5) as dev:
+            assert (await dev.write({"threshold": 410})).ok
+            first, second = await dev.trigger(), await dev.trigger()
+            reads = [r.values async for r in dev.stream([dev.read_command("threshold")] * 3)]
+            return [first.code, second.code, reads]
+
+    assert asyncio.run(session()) == [TriggerStatus.ACCEPTED, TriggerStatus.RUNNING,
+                                      [(410,)] * 3]
+    assert core.count(EffectKind.TRIGGER_STARTED) == 1
+
+    async def nobody() -> None:
+        await AsyncRtuDevice.open(port, unit=9, timeout=0.05, attempts=1)
+
+    with pytest.raises(NoDevice, match="no Modbus RTU slave answered at unit 9"):
+        asyncio.run(nobody())
+
+
+def test_vv_logs_rtu_frames_both_ways(long_trigger: tuple[str, DeviceCore]) -> None:
+    """``-vv`` shows the RTU bytes both ways on ``idemlink.frames``, and what became of an
+    incoming frame."""
+    import subprocess
+    import sys
+
+    port, _ = long_trigger
+    r = subprocess.run([sys.executable, "-m", "idemlink", "read", "threshold", "--port", port,
+                        "--modbus-rtu", "-vv"], capture_output=True, text=True, check=False,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    read = encode_rtu(1, pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, TH, 1)))
+    assert f"idemlink.frames DEBUG tx RTU unit=1 fc=0x03 attempt=1: {read.hex(' ')}" in r.stderr
+    assert "idemlink.frames DEBUG rx RTU bytes 01" in r.stderr  # a pty may cut the answer
+    assert "rx RTU unit=1 fc=0x03: the answer" in r.stderr
+
+
 def test_watch_polls_a_modbus_rtu_slave(sim_core: tuple[str, DeviceCore],
                                         capsys: pytest.CaptureFixture[str]) -> None:
     port, _ = sim_core
