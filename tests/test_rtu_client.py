@@ -528,7 +528,9 @@ def test_answers_lost_on_a_real_line(sim_core: tuple[str, DeviceCore]) -> None:
 class PymodbusSlave:
     """A pymodbus RTU server (unit 1, the default map's nine registers) on ``path``, in a thread;
     ``writes`` logs every write it executed, ``fail`` maps an address to the exception code its
-    writes answer, ``lost`` is how many answers the server's tracer dropped."""
+    writes answer, ``stores`` maps an address to the value the slave's own logic stores when it
+    is written (what a PLC's action does), ``lost`` is how many answers the server's tracer
+    dropped."""
 
     def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
         from pymodbus.server import ModbusSerialServer
@@ -536,6 +538,7 @@ class PymodbusSlave:
 
         self.writes: list[tuple[int, list[int]]] = []
         self.fail: dict[int, Any] = {}
+        self.stores: dict[int, int] = {}
         self.values = [s.default for s in DEFAULT_MAP]
         self.drop = drop
         self.lost = 0
@@ -547,6 +550,8 @@ class PymodbusSlave:
                     return self.fail[address]
                 self.writes.append((address, list(set_values)))
                 self.values[address:address + len(set_values)] = list(set_values)
+                if address in self.stores:  # the action stores its own value: it is echoed
+                    set_values[0] = self.stores[address]
             return None
 
         def trace(sending: bool, frame: bytes) -> bytes:
@@ -620,6 +625,27 @@ def test_pymodbus_server_read_write_clear_trigger_and_exceptions(
         doc = json.loads(out)
         assert rc == 5 and doc["writes"][0]["exception"] == "SERVER_DEVICE_FAILURE"
         assert doc["reconcile"]["intended_state_holds"] is False  # read back: still 400
+    finally:
+        slave.close()
+
+
+def test_pymodbus_action_storing_its_own_value_is_answer_mismatch_not_no_answer(
+        proxy_pair: LinkProxy, capsys: pytest.CaptureFixture[str]) -> None:
+    """pymodbus answers FC06 with the value stored once an action changed it: the answer came
+    and does not fit; the trigger is UNKNOWN saying so (it was written once), and the next one
+    reads a state outside IDLE/RUNNING/DONE and writes nothing."""
+    slave = PymodbusSlave(proxy_pair.a_path)
+    slave.stores[TRIG] = 4
+    try:
+        _open_when_ready(proxy_pair.b_path).close()
+        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", "0.1")
+        rc, out, _ = cli(capsys, "trigger", *rtu)
+        assert rc == 5 and "UNKNOWN (ANSWER_MISMATCH: wrote 0x0001, echo 0x0004)" in out
+        assert "trigger state 0x0004" in out  # the read-back
+        rc, out, _ = cli(capsys, "trigger", *rtu)
+        assert rc == 3 and ("NOT_EXECUTED (trigger state 0x0004 is none of IDLE, RUNNING, DONE; "
+                            "nothing written)") in out
+        assert slave.writes == [(TRIG, [1])]  # written once
     finally:
         slave.close()
 
