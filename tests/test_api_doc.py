@@ -1,14 +1,20 @@
 """docs/API.md is executed: every block marked ``<!-- python -->`` runs against simulated devices
-on ptys (``PORT``, ``PORT2``), so the examples stay true."""
+on ptys (``PORT``, ``PORT2``; ``RTU_PORT``: a plain Modbus RTU slave), so the examples stay
+true."""
 
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.pty import open_pty
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.protocol.device_core import DeviceCore
 from idemlink.pytest_plugin import start_pty_sim
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "API.md"
@@ -20,11 +26,26 @@ def test_the_doc_has_examples() -> None:
     assert len(EXAMPLES) >= 5
 
 
+@pytest.fixture
+def rtu_port() -> Iterator[str]:
+    """A plain Modbus RTU slave (the simulator's RTU face, unit 1) on a pty."""
+    pair = open_pty()
+    server = RtuServer(DeviceCore(trigger_duration=60.0), unit=1)
+    stop = threading.Event()
+    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    th.start()
+    yield pair.slave_path
+    stop.set()
+    th.join(5)
+    pair.close()
+
+
 @pytest.mark.parametrize("body", EXAMPLES, ids=[f"block{i}" for i in range(len(EXAMPLES))])
-def test_example_runs(body: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_example_runs(body: str, capsys: pytest.CaptureFixture[str], rtu_port: str) -> None:
     sims = [start_pty_sim(SimulatedDevice(seed=i)) for i in range(2)]
     try:
-        exec(compile(body, str(DOC), "exec"), {"PORT": sims[0].path, "PORT2": sims[1].path})
+        exec(compile(body, str(DOC), "exec"), {"PORT": sims[0].path, "PORT2": sims[1].path,
+                                               "RTU_PORT": rtu_port})
     finally:
         for s in sims:
             s.close()
