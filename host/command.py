@@ -5,7 +5,8 @@ effect, whether it is harmless to re-issue after a reboot); ``Result`` is its on
 decoded answer (``answer_of``, ``file_info_of``); ``Reconciliation`` is what a read-back says of an
 UNKNOWN command (``judge_read_back``). ``CommandBuilder`` turns register names and values as
 people type them into commands, checked against the register map before anything is sent; every
-driver (``Device``, ``AsyncDevice``, ``RtuDevice``) builds its commands with it.
+driver (``Device``, ``AsyncDevice``, ``RtuDevice``, ``AsyncRtuDevice``) builds its commands with
+it.
 """
 
 from __future__ import annotations

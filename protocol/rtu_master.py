@@ -98,6 +98,9 @@ READS = (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS)
 SET_ONLY_WRITES = (FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS)
 CARRIED = (*READS, *SET_ONLY_WRITES, FunctionCode.TRIGGER)
 """The functions a plain slave can be asked for (TRIGGER as a read and an FC06 write)."""
+IDEMLINK_ONLY = (FunctionCode.WRITE_IF_GENERATION, FunctionCode.FILE_RECEIVE,
+                 FunctionCode.FILE_INFO)
+"""The idemlink functions a plain slave does not have."""
 DRAIN_ROUNDS = 64
 """Rounds of input read and dropped before a request at most (a babbling line ends it)."""
 
@@ -224,10 +227,13 @@ class RtuMaster:
             raise LocalProtocolError("empty request PDU")
         fc = pdu[0]
         if fc not in CARRIED:
-            name = FunctionCode(fc).name if fc in set(FunctionCode) else "a function"
+            if fc in IDEMLINK_ONLY:
+                raise LocalProtocolError(
+                    f"{FunctionCode(fc).name} (0x{fc:02X}) is an idemlink function, which a "
+                    "standard Modbus RTU slave does not have; nothing was sent")
             raise LocalProtocolError(
-                f"{name} (0x{fc:02X}) is an idemlink function, which a standard Modbus RTU slave "
-                "does not have; nothing was sent")
+                f"function 0x{fc:02X} is not one this master carries (FC03/FC04 reads, FC06/FC16 "
+                "writes, the trigger); nothing was sent")
         start = fc == FunctionCode.TRIGGER and pdu[3:5] == b"\x00\x01"
         if fc == FunctionCode.TRIGGER and (len(pdu) != 5 or pdu[3:5] not in (b"\x00\x00",
                                                                              b"\x00\x01")):
