@@ -5,15 +5,13 @@ true."""
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rtu_reply import rtu_on_pty
 
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.pty import open_pty
-from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.pytest_plugin import start_pty_sim
 
@@ -29,15 +27,8 @@ def test_the_doc_has_examples() -> None:
 @pytest.fixture
 def rtu_port() -> Iterator[str]:
     """A plain Modbus RTU slave (the simulator's RTU face, unit 1) on a pty."""
-    pair = open_pty()
-    server = RtuServer(DeviceCore(trigger_duration=60.0), unit=1)
-    stop = threading.Event()
-    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
-    th.start()
-    yield pair.slave_path
-    stop.set()
-    th.join(5)
-    pair.close()
+    with rtu_on_pty(DeviceCore(trigger_duration=60.0)) as path:
+        yield path
 
 
 @pytest.mark.parametrize("body", EXAMPLES, ids=[f"block{i}" for i in range(len(EXAMPLES))])

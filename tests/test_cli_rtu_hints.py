@@ -6,30 +6,21 @@ says the same: ``Device.open`` and ``AsyncDevice.open`` raise ``AnswersModbusRtu
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from rtu_reply import rtu_on_pty
 
 from idemlink.cli import main
-from idemlink.device_sim.pty import open_pty
-from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 
 @pytest.fixture
 def rtu_port() -> Iterator[str]:
-    pair = open_pty()
-    server = RtuServer(DeviceCore(DEFAULT_MAP), unit=1)
-    stop = threading.Event()
-    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
-    th.start()
-    yield pair.slave_path
-    stop.set()
-    th.join(5)
-    pair.close()
+    with rtu_on_pty(DeviceCore(DEFAULT_MAP)) as path:
+        yield path
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -18,8 +18,9 @@ the blocking and the asyncio driver of one protocol must give exactly the same. 
 the devices' cores (triggers started).
 
 The lines are in-process and on simulated clocks: ``FramedWire`` feeds a ``SimulatedDevice``,
-``RtuWire`` an ``RtuServer``; ``lose(fc)`` decides per answer whether it is lost (by its
-function), ``fail`` makes the next read after a write fail as a dying port does.
+``RtuWire`` an ``RtuServer`` (``AsyncSimTransport`` puts either behind the asyncio transport's
+methods); ``lose(fc)`` decides per answer whether it is lost (by its function), ``fail`` makes
+the next read after a write fail as a dying port does.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from rtu_reply import rtu_reply
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.device_sim.simlink import AsyncSimTransport
 from idemlink.host.aio import AsyncDevice, AsyncRtuDevice
 from idemlink.host.command import CommandBuilder, Reconciliation, Result, SentRequest
 from idemlink.host.device import Device, LinkLost, UnknownOutstanding
@@ -133,30 +135,10 @@ class RtuWire(Wire):
         rtu_reply(self.server, b"", self.t)
 
 
-class AsyncWire:
-    """A ``Wire`` behind the asyncio transport's methods (each read gives the loop a turn)."""
-
-    def __init__(self, wire: Wire) -> None:
-        self.wire = wire
-
-    async def write(self, data: bytes) -> None:
-        self.wire.write(data)
-
-    async def read(self, timeout: float) -> bytes:
-        await asyncio.sleep(0)
-        return self.wire.read(timeout)
-
-    def now(self) -> float:
-        return self.wire.now()
-
-    async def close(self) -> None:
-        pass
-
-
 def open_driver(kind: str) -> tuple[Any, Wire]:
     framed = kind in ("Device", "AsyncDevice")
     wire: Wire = FramedWire() if framed else RtuWire()
-    line: Any = AsyncWire(wire) if kind.startswith("Async") else wire
+    line: Any = AsyncSimTransport(wire) if kind.startswith("Async") else wire  # duck-typed
     cls = {"Device": Device, "AsyncDevice": AsyncDevice, "RtuDevice": RtuDevice,
            "AsyncRtuDevice": AsyncRtuDevice}[kind]
     return cls(line, timeout=0.05, attempts=3), wire

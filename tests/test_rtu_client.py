@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from rtu_reply import rtu_reply
+from rtu_reply import rtu_on_pty, rtu_reply
 
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
-from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Command, CommandKind, LinkLost, NoDevice, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
@@ -374,16 +373,9 @@ def test_a_second_trigger_while_running_starts_nothing_and_says_so() -> None:
 @pytest.fixture
 def sim_core() -> Iterator[tuple[str, DeviceCore]]:
     """The RTU simulator in process on a pty: (client path, its core)."""
-    pair = open_pty()
     core = DeviceCore(DEFAULT_MAP, trigger_duration=0.3)
-    server = RtuServer(core, unit=1)
-    stop = threading.Event()
-    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
-    th.start()
-    yield pair.slave_path, core
-    stop.set()
-    th.join(5)
-    pair.close()
+    with rtu_on_pty(core) as path:
+        yield path, core
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -434,16 +426,9 @@ def test_framed_command_meeting_rtu_says_add_modbus_rtu(
 @pytest.fixture
 def long_trigger() -> Iterator[tuple[str, DeviceCore]]:
     """``sim_core`` with a trigger that runs for a minute: RUNNING for the whole test."""
-    pair = open_pty()
     core = DeviceCore(DEFAULT_MAP, trigger_duration=60.0)
-    server = RtuServer(core, unit=1)
-    stop = threading.Event()
-    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
-    th.start()
-    yield pair.slave_path, core
-    stop.set()
-    th.join(5)
-    pair.close()
+    with rtu_on_pty(core) as path:
+        yield path, core
 
 
 def test_async_rtu_device_over_a_real_pty(long_trigger: tuple[str, DeviceCore]) -> None:
