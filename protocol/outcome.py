@@ -9,9 +9,10 @@ Every command ends in exactly one of four outcomes:
 
 Every status code, on the wire or local to the host, declares its outcome and an ``Action``
 (safe to retry / do not retry / reconcile first). This table is part of the contract export: the C
-header and docs/PROTOCOL.md are generated from it. Only the wire codes (below
-``FIRST_LOCAL_STATUS``) are part of the contract hash: a host-local status never travels, so a
-host that adds one still talks to every device built before it.
+header and docs/PROTOCOL.md are generated from it. The contract hash covers the wire codes
+(below ``FIRST_LOCAL_STATUS``) and the first four local ones (``HASHED_LOCAL_STATUSES``): a
+host-local status added later never travels, so a host that adds one still talks to every device
+built before it.
 
 Errors follow the local-versus-remote split: ``LocalProtocolError`` is the caller's misuse of the
 API, refused before anything is sent, and never carries a wire status (``status`` is None, so a
@@ -72,6 +73,12 @@ class Status(IntEnum):
 
 
 FIRST_LOCAL_STATUS = 0xE0
+
+HASHED_LOCAL_STATUSES = frozenset({Status.NO_ANSWER, Status.LINK_LOST,
+                                   Status.EPOCH_CHANGED_IN_FLIGHT, Status.CANCELLED})
+"""The local statuses the contract hash has covered since the first devices were built: kept in
+it so those devices keep their hash; a local status added later is not hashed (it never
+travels)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,11 +258,14 @@ def contract_section() -> ContractSection:
             CEnum("idl_modbus_exc_t", "IDL_MB_EXC", ModbusException, "Modbus exceptions"),
         ],
         markdown=md,
-        # Only what travels is hashed: a host-local status is the host's own conclusion, and
-        # adding one must not make every device built before it incompatible.
+        # A host-local status is the host's own conclusion and never travels: adding one must
+        # not make every device built before it incompatible. The hash keeps exactly what it
+        # covered when devices were first built (the wire codes and the first four local ones,
+        # HASHED_LOCAL_STATUSES); local statuses added since are not hashed.
         data={
             "status": {s.name: [s.value, i.outcome.name, i.action.name]
-                       for s, i in STATUS_TABLE.items() if s < FIRST_LOCAL_STATUS},
+                       for s, i in STATUS_TABLE.items()
+                       if s < FIRST_LOCAL_STATUS or s in HASHED_LOCAL_STATUSES},
             "modbus_exceptions": {e.name: [e.value, i.outcome.name, i.action.name]
                                   for e, i in MODBUS_EXCEPTION_TABLE.items()},
         },

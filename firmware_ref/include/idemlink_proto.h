@@ -6,8 +6,8 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "fc92c506b4e0106a"
-#define IDL_CONTRACT_HASH_BYTES { 0xFCu, 0x92u, 0xC5u, 0x06u, 0xB4u, 0xE0u, 0x10u, 0x6Au }
+#define IDL_CONTRACT_HASH "44d2f2230a344059"
+#define IDL_CONTRACT_HASH_BYTES { 0x44u, 0xD2u, 0xF2u, 0x23u, 0x0Au, 0x34u, 0x40u, 0x59u }
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
