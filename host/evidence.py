@@ -76,10 +76,14 @@ def resend_number(sent_as: tuple[tuple[int, int], ...], epoch: int | None) -> tu
     return last if last[0] == epoch else None
 
 
-def no_resend_reason(sent_as: tuple[tuple[int, int], ...], epoch: int | None) -> str:
-    """Why ``resend_number`` found nothing to ask, in a user's words."""
-    if epoch is None:
+def no_resend_reason(sent_as: tuple[tuple[int, int], ...], epoch: int | None,
+                     *, numbered: bool = True) -> str:
+    """Why ``resend_number`` found nothing to ask, in a user's words (``numbered``: the protocol
+    numbers its requests; a plain Modbus slave does not)."""
+    if not numbered:
         return "a plain Modbus device keeps no record of what it ran"
+    if epoch is None:
+        return "the session to the device is not open: nothing could ask it"
     if not sent_as:
         return "no number was recorded for it"
     return (f"the device restarted since (boot epoch {sent_as[-1][0]:08x}, now {epoch:08x}): "

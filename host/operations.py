@@ -491,7 +491,8 @@ class Operations(Generic[S]):
             verdict: Reconciliation = done.value
         if not c.may_have_effect:
             return verdict
-        return with_evidence(verdict, resent, no_resend_reason(sent_as, open_epoch))
+        return with_evidence(verdict, resent,
+                             no_resend_reason(sent_as, open_epoch, numbered=self.numbered))
 
     def recorded_steps(self, c: Command, record: Callable[[SentRequest], None]) -> Steps[Result]:
         """Run ``c`` alone, calling ``record(SentRequest(pdu, number))`` *before* it leaves (a
