@@ -11,9 +11,10 @@ on a pty line (tests/kill_bench.py). Each run may be hit by one fault, drawn fro
 step's request has left it (the line holds it: journaled, not yet on the device) or when the
 device has run it and its answer is on the way back; the board power-cut (SIGKILL, started again
 on the same flash directory: a new boot epoch) at the same moments or after a random delay, the
-held bytes then delivered late or lost. Between runs a board may be power-cycled or swapped for
-another (another flash directory: another device id). Then every board the trial touched is
-applied again until the run exits 0, an operator settling each step left UNKNOWN (exit 5) with
+held bytes then delivered late or lost (``IDEMLINK_KILLS_HOT_SWAPS=1``: sometimes another board
+comes up instead, a hot swap). Between runs a board may be power-cycled or swapped for another
+(another flash directory: another device id). Then every board the trial touched is applied
+again until the run exits 0, an operator settling each step left UNKNOWN (exit 5) with
 ``--resolve KEY --executed|--not-executed`` from the device's record and re-arming a trigger a
 previous trial left DONE (exit 3).
 
@@ -61,6 +62,8 @@ from idemlink.cli import build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal_format import StepState
 from idemlink.host.plan import StepKind, load_plan
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -70,6 +73,10 @@ SIM_TRIALS = int(os.environ.get("IDEMLINK_KILLS_SIM_TRIALS", "300"))
 C_TRIALS = int(os.environ.get("IDEMLINK_KILLS_C_TRIALS", "100"))
 SETTLE_RUNS = 15  #: runs without faults a board gets to exit 0 before the trial fails
 TIMEOUT = 0.1  #: apply --timeout: seconds per answer before a retry (a late answer is replayed)
+HOT_SWAPS = os.environ.get("IDEMLINK_KILLS_HOT_SWAPS") == "1"
+"""Whether a power cut during a run may bring another board up on the line (a hot swap). Off
+by default while its finding is open (test_a_board_swapped_during_apply_gets_no_receipt_of_another):
+turn it on for good once that test passes."""
 
 TRIGGER_ADDR = DEFAULT_MAP.named("self_clean").address
 FAULTS_ADDR = DEFAULT_MAP.named("faults").address
@@ -155,12 +162,15 @@ class Fault:
     off: float = 0.0  #: seconds a power-cut board stays off
     deliver: bool = False  #: the held bytes go through late (else they are lost)
     early: bool = False  #: a delay from the process start (else from its first frame)
+    swap: bool = False  #: the power cut is a hot swap: another board comes up on the line
 
     def __str__(self) -> str:
         parts = [self.kind]
         if self.step is not None:
             parts.append(f"{self.where} of {self.step.name}")
             parts.append("delivered late" if self.deliver else "lost")
+        if self.swap:
+            parts.append("hot swap")
         if self.kind in ("apply-delay", "device-delay", "both"):
             parts.append(f"{self.delay * 1000:.0f} ms after "
                          + ("its start" if self.early else
@@ -181,14 +191,15 @@ def draw_fault(rng: random.Random, steps: list[OneShot]) -> Fault:
     delay = rng.uniform(0.0, 0.06)
     off = rng.uniform(0.0, 0.05)
     deliver = rng.random() < 0.5
+    swap = rng.random() < 0.25 and HOT_SWAPS and kind != "apply-gate"
     if kind == "none":
         return NO_FAULT
     if kind in ("apply-delay", "device-delay"):
         early = kind == "apply-delay" and rng.random() < 0.2  # before anything is sent
         return Fault(kind, delay=rng.uniform(0.0, 0.01) if early else delay, off=off,
-                     early=early)
+                     early=early, swap=swap and kind == "device-delay")
     return Fault(kind, where, step, delay=delay if kind == "both" else 0.0, off=off,
-                 deliver=deliver)
+                 deliver=deliver, swap=swap)
 
 
 # ------------------------------------------------------------------ the campaign
@@ -202,6 +213,8 @@ class Trial:
     steps: list[OneShot]
     start: dict[str, int]  #: each board's record length when the trial began
     touched: list[Board] = field(default_factory=list)
+    settled: list[Board] = field(default_factory=list)  #: boards apply exited 0 on at the end
+    stuck: set[tuple[str, str]] = field(default_factory=set)  #: (board, key) no one can settle
     log: list[str] = field(default_factory=list)
     claimed_false: set[tuple[str, str]] = field(default_factory=set)  #: (board, key)
 
@@ -343,10 +356,16 @@ class Campaign:
         return (None if proc.killed else rc), doc
 
     def power_cut_in_run(self, t: Trial, fault: Fault) -> None:
-        """The board loses power while apply runs, and comes back."""
+        """The board loses power while apply runs; it (or, hot-swapped, another) comes back."""
         board = self.bench.current
         assert board is not None
-        self.stats["device restarts"] += 1
+        if fault.swap:
+            board = t.rng.choice([b for b in self.bench.boards if b is not board])
+            self.stats["device swaps"] += 1
+            if board not in t.touched:
+                t.touched.append(board)
+        else:
+            self.stats["device restarts"] += 1
         self.cut_power(t)
         time.sleep(fault.off)  # the fault: how long the line stays dead
         self.bench.power_on(board)
@@ -395,12 +414,14 @@ class Campaign:
                           f"pending {pending}")
 
     # the operator
-    def react(self, t: Trial, rc: int | None, doc: dict[str, Any] | None) -> None:
+    def react(self, t: Trial, rc: int | None, doc: dict[str, Any] | None) -> bool:
         """What an operator who checks the device does after a run: settle steps left in
         flight from the device's record; re-arm a trigger an earlier plan left DONE. After a
-        killed run: nothing (the next run reads the journal)."""
+        killed run: nothing (the next run reads the journal). False when nothing an operator
+        may do lets the plan go on (a trigger that ran here, found DONE without a receipt:
+        re-arming it would run it twice)."""
         if rc is None or doc is None:
-            return
+            return True
         board = self.bench.board_of(doc.get("device_id"))
         if rc == 5 and doc.get("in_flight"):
             assert board is not None
@@ -425,11 +446,15 @@ class Campaign:
             if trigger is not None and trigger.kind is StepKind.TRIGGER:
                 assert board is not None
                 if self.executions(t, board, trigger):
-                    self.find(t, "anomaly", f"{trigger.name} ran on {board.name} in this trial "
-                              "but apply found it not IDLE and holds no receipt",
-                              " / ".join(_lines(doc)))
-                    return
+                    if (board.name, trigger.key) not in t.stuck:
+                        t.stuck.add((board.name, trigger.key))
+                        self.find(t, "anomaly", f"{trigger.name} ran on {board.name} in this "
+                                  "trial, yet apply finds it DONE with no receipt for this "
+                                  "device: it cannot go on without running it twice",
+                                  " / ".join(_lines(doc)))
+                    return False
                 self.rearm(t)
+        return True
 
     def rearm(self, t: Trial) -> None:
         board = self.bench.current
@@ -451,12 +476,16 @@ class Campaign:
             self.stats["device swaps"] += 1
             self.cut_power(t)
             self.bench.power_on(board)
-        for _ in range(SETTLE_RUNS):
+        runs = 0
+        while runs < SETTLE_RUNS:
+            runs += 1
             rc, doc = self.apply(t, NO_FAULT)
             if rc == 0:
+                t.settled.append(board)
                 return
-            self.react(t, rc, doc)
-        self.find(t, "did not settle", f"{board.name}: no exit 0 in {SETTLE_RUNS} runs")
+            if not self.react(t, rc, doc):
+                break
+        self.find(t, "did not settle", f"{board.name}: no exit 0 in {runs} runs")
 
     def judge_end(self, t: Trial) -> None:
         for board in t.touched:
@@ -467,7 +496,7 @@ class Campaign:
                               f"{board.name} (device {board.device_id})")
                 elif n == 0 and (board.name, step.key) in t.claimed_false:
                     self.stats["never ran (after a false ran)"] += 1  # its consequence
-                elif n == 0:
+                elif n == 0 and board in t.settled:
                     self.find(t, "never ran", f"{step.name} never executed on {board.name} "
                               "although apply exited 0 there")
 
@@ -558,9 +587,12 @@ def _campaign(tmp_path: Path, kind: str, trials: int) -> Campaign:
 
 
 def _verdict(campaigns: list[Campaign]) -> str:
-    findings = [message for c in campaigns for _, message in c.findings]
+    """The failure message: the first two findings of each kind, then the summaries."""
+    findings = [f for c in campaigns for f in c.findings]
+    shown = [m for kind in sorted({k for k, _ in findings})
+             for m in [m for k, m in findings if k == kind][:2]]
     return (f"{len(findings)} findings (seed {SEED}; rerun with IDEMLINK_KILLS_SEED={SEED}):\n"
-            + "\n".join(findings[:10]) + "\n" + "\n".join(c.summary() for c in campaigns))
+            + "\n".join(shown) + "\n" + "\n".join(c.summary() for c in campaigns))
 
 
 @pytest.mark.slow
@@ -661,7 +693,7 @@ CLEAR_PLAN: list[dict[str, Any]] = [
 
 def test_a_fault_clear_lost_in_a_power_cut_is_not_reported_ran(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The campaign's first finding (issue 20; seed 20, simulator trial 6 and C device trial 1,
+    """The campaign's first finding (issue 20; seed 20, simulator trial 0 and C device trial 1,
     before 1cbde6d): the board loses power while the clear of the latched fault is on the line;
     apply ends UNKNOWN (exit 5, the step in flight). A latched fault does not survive a reboot and
     its condition is gone, so the next run read the bit clear and reported the step ran (exit 0,
@@ -694,3 +726,52 @@ def test_a_conditional_write_lost_with_its_apply_is_not_reported_ran(
     assert _ran(device, step) or not _claimed_ran(doc, step.key), (rc, doc)
     assert rc != 0 or _ran(device, step), (rc, doc)
 
+
+class HotSwap(SimTransport):
+    """Board ``a`` is on the line until the request that matches ``after`` has been answered;
+    from the next request on, board ``b`` answers instead: the board was swapped while apply
+    ran (the campaign's ``device-gate ... hot swap``)."""
+
+    def __init__(self, a: SimulatedDevice, b: SimulatedDevice,
+                 after: Callable[[bytes], bool]) -> None:
+        super().__init__(a)
+        self._other = b
+        self._after = after
+        self._seen = False
+        self._decoder = FrameDecoder()
+
+    def write(self, data: bytes) -> None:
+        self._decoder.receive_data(data)
+        for frame in iter(self._decoder.next_event, None):
+            if not isinstance(frame, Frame) or frame.type is not FrameType.REQUEST:
+                continue
+            if self._after(frame.payload):
+                self._seen = True
+            elif self._seen:
+                self.device = self._other
+        super().write(data)
+
+
+@pytest.mark.xfail(strict=True, reason="a board swapped while apply runs: steps run on it are "
+                                       "receipted under the first board's id")
+def test_a_board_swapped_during_apply_gets_no_receipt_of_another(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Found by the campaign with hot swaps (``IDEMLINK_KILLS_HOT_SWAPS=1``, seed 20: simulator
+    trial 0, C device trial 32; 16 and 9 steps reported run on a board that did not run them, 12
+    and 2 double executions, in 300 and 100 trials, on 2a26bda): board A runs the clear,
+    then board B takes its place on the line. The next request meets B's boot epoch, the session
+    shakes hands again - with another device - and apply goes on: B starts the trigger, which the
+    journal receipts under A's id. A never ran it (yet it is ``skipped`` there from now on) and B
+    holds no receipt, so the next run on B starts it a second time."""
+    a, b = SimulatedDevice(seed=20), SimulatedDevice(seed=21)
+    assert a.device_id != b.device_id
+    plan, _ = _plan(tmp_path, [*CLEAR_PLAN, {"trigger": "self_clean"}])
+    clear, trigger = one_shots(plan)
+    _apply_in_process(plan, HotSwap(a, b, clear.sent), capsys)
+    journal = DeviceJournal.open(f"{plan}.journal")
+    for device in (a, b):
+        for step in (clear, trigger):
+            if journal.state(device.device_id, step.key) is StepState.DONE:
+                assert _ran(device, step), f"{step.name} receipted for {device.device_id}"
+    _apply_in_process(plan, SimTransport(b), capsys)  # B on its own
+    assert _ran(b, trigger) <= 1 and _ran(b, clear) <= 1
