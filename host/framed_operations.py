@@ -24,7 +24,7 @@ from __future__ import annotations
 import secrets
 
 from idemlink.host.command import Command, Result
-from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, NoDevice
+from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
 from idemlink.host.rtu_operations import answers_modbus_rtu_steps
 from idemlink.protocol.contract import contract_hash
@@ -110,6 +110,8 @@ class FramedOperations(Operations[HostSession]):
 
     def require_open(self) -> None:
         if self.session.state is SessionState.CLOSED:
+            if self.session.gone is not None:  # a board swapped on the line: not ours any more
+                raise LinkLost(self.session.gone)
             # Without a session nothing would ever be sent, and the loop would wait forever.
             raise LocalProtocolError("not connected: call connect() first (HELLO handshake)")
 

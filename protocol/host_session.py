@@ -47,6 +47,11 @@ Rules (each tested):
   ANSWER_EVICTED (it ran), IDEMPOTENCY_CONFLICT (another request holds that number: this one
   never ran under it), TOO_OLD (cannot tell), or runs it now (it never arrived) — evidence from
   the device itself (``idemlink.host.evidence``).
+- A re-handshake (after an epoch change) answered by another device (another id or map: a board
+  swapped on the line) closes the session (``gone`` says why, ``HelloFailed`` with
+  ``incompatible``): what waited for a number settles (a re-issue UNKNOWN, never sent
+  NOT_EXECUTED) and nothing more is sent until ``open()``: requests meant for one board never run
+  on another, and a journal never receipts one board's step under the other's id.
 - ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
   the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
   NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
@@ -85,6 +90,7 @@ from idemlink.protocol.payloads import (
     MalformedDeviceInfo,
     decode_response_payload,
     encode_hello,
+    printable,
 )
 
 
@@ -208,6 +214,9 @@ class HostSession:
         self._queue: deque[_Pending] = deque()
         self._events: deque[Event] = deque()
         self.counters = HostCounters()
+        #: why the session closed itself: another device answered a re-handshake (None: it did
+        #: not); requests submitted meanwhile settle NOT_EXECUTED, never sent
+        self.gone: str | None = None
 
     # ------------------------------------------------------------------ shell-facing interface
     def open(self, now: float) -> None:
@@ -219,6 +228,7 @@ class HostSession:
                 f"open() with {self.outstanding} request(s) outstanding: abandon() them first")
         self.state = SessionState.HELLO_SENT
         self._rehandshake = False
+        self.gone = None
         self._hello_sent = 0
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
         self._send_hello(now)
@@ -229,6 +239,8 @@ class HostSession:
         (epoch, seq) ``next_number()`` gave) it is sent under that number or not at all: given
         another, it settles NOT_EXECUTED without being sent."""
         self._queue.append(_Pending(tag, pdu, set_only and number is None, number))
+        if self.gone is not None:  # the device changed: never sent, to this one or another
+            self._settle_queue()
         self._pump(now)
 
     def next_number(self) -> tuple[int, int] | None:
@@ -372,6 +384,18 @@ class HostSession:
             frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",
                             frame.epoch, info.device_id, info.map_name, info.next_seq,
                             info.window)
+        old = self.info
+        if self._rehandshake and old is not None and (
+                (info.device_id, info.map_hash) != (old.device_id, old.map_hash)):
+            # Another board took this one's place on the line: nothing of ours goes to it.
+            self.gone = (f"another device answers on this line: "
+                         f"{printable(info.device_id or info.name)} instead of "
+                         f"{printable(old.device_id or old.name)}; nothing more was sent")
+            self.state = SessionState.CLOSED
+            self._rehandshake = False
+            self._settle_queue()
+            self._events.append(HelloFailed(self.gone, incompatible=True))
+            return
         self.info = info
         self.epoch = frame.epoch
         self._next_seq = info.next_seq
