@@ -156,7 +156,8 @@ def run_apply(args: argparse.Namespace) -> int:
                     message = f"{exc}; the steps after the last line did not run"
                     print(f"idemlink apply: {message}", file=sys.stderr)
                     error_json(args, message, EXIT_NOT_EXECUTED,
-                               outcome=Outcome.NOT_EXECUTED.name, steps=run.entries)
+                               outcome=Outcome.NOT_EXECUTED.name, steps=run.entries,
+                               device_id=run.doc.get("device_id"))
                     return EXIT_NOT_EXECUTED
                 raise
     finally:
