@@ -7,11 +7,12 @@ Contract:
   ``tick(now)`` says a read returned nothing (the line was silent), ``data_to_send()`` drains the
   answers. Frames for another unit id and frames with a bad CRC get silence; another slave's
   answer (shared bus) is skipped whole; after a bad CRC, an implausible head or a frame cut by a
-  pause, parsing restarts only at a real pause of t3.5 (``RtuDecoder``: 3.5 characters up to
-  19200 Bd, 1.75 ms above; ``baudrate=None``, e.g. a pty, uses the simulator's default
-  115200 Bd); a frame whose function code tells no length (answered with exception 01) ends
-  t3.5 after its last byte, as the C device's does; broadcast (unit 0) writes execute without
-  an answer; FC06 answers echo the request.
+  pause, parsing restarts only at a real pause of t3.5 (``RtuDecoder`` with
+  ``rtu_timing(baudrate, char_format)``: 3.5 characters of the line's format, 8E1 by default, up
+  to 19200 Bd, 1.75 ms above; ``baudrate=None``, e.g. a pty, times characters at the
+  simulator's default 115200 Bd); a frame whose function code tells no length (answered with
+  exception 01) ends t3.5 after its last byte, as the C device's does; broadcast (unit 0) writes
+  execute without an answer; FC06 answers echo the request.
 - ``RtuServer.serve(stop)`` moves bytes between a transport and the server until ``stop`` is set;
   an answer the peer does not read in time (the write raises ``TimeoutError``) is dropped and
   counted in ``answers_dropped``, and serving goes on;
@@ -31,8 +32,15 @@ from collections.abc import Callable
 from typing import Protocol
 
 from idemlink.device_sim.flash import ConfigFlash
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
-from idemlink.protocol.modbus_rtu import BROADCAST_UNIT, DEFAULT_BAUDRATE, RtuDecoder, encode_rtu
+from idemlink.protocol.modbus_rtu import (
+    BROADCAST_UNIT,
+    DEFAULT_BAUDRATE,
+    RtuDecoder,
+    encode_rtu,
+    rtu_timing,
+)
 
 __all__ = ["ConfigFlash", "RtuServer", "Transport"]
 
@@ -53,7 +61,8 @@ class RtuServer:
     """A Modbus RTU slave serving ``core`` as unit ``unit``."""
 
     def __init__(self, core: DeviceCore, unit: int = 1, flash: ConfigFlash | None = None,
-                 baudrate: int | None = None) -> None:
+                 baudrate: int | None = None,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
         if not 1 <= unit <= 247:
             raise ValueError(f"unit id {unit} outside 1..247")
         self.core = core
@@ -62,7 +71,8 @@ class RtuServer:
         # pauses are measured in character times of the line; a pty (``None``) has no baud
         # rate: the simulator's default
         self.decoder = RtuDecoder(
-            baudrate=DEFAULT_BAUDRATE if baudrate is None else baudrate, unit=unit)
+            baudrate=DEFAULT_BAUDRATE if baudrate is None else baudrate, unit=unit,
+            timing=rtu_timing(baudrate, char_format))
         self.answered = 0
         self.ignored = 0
         self.answers_dropped = 0  #: answers the peer did not read in time (dropped, not fatal)

@@ -5,12 +5,22 @@ Contract:
 - ``unit + PDU + CRC-16/MODBUS`` (little-endian CRC, crcmod's 'modbus'). ``RtuDecoder`` is a
   streaming decoder with one rule set (Modbus over serial line V1.02 2.5.1.1: a silence of t3.5
   ends a frame): a pause is real only when the time between two reads, less the second read's
-  transmission time, reaches t3.5 (``rtu_frame_gap(baudrate)``; time is passed in); a frame is
+  transmission time, reaches t3.5 (``RtuTiming.t35``; time is passed in); a frame is
   read at the head by its declared length and taken (or skipped, another slave's answer) when
   its CRC is right; a head that fails restarts parsing only at a real pause. See its docstring.
 - ``encode_rtu(unit, pdu)`` / ``decode_rtu(frame)`` (``RtuFrameError`` for a bad CRC or a frame
   too short); ``request_frame_length`` / ``response_frame_length`` tell a frame's length from its
   head when the function code does.
+
+- ``rtu_timing(baudrate, char_format)`` is the line's timing, computed in this one place from the
+  real character length (``CharFormat.char_bits``: start + data + parity + stop bits; default
+  8E1, 11 bits): the character time, t1.5 and t3.5 — 1.5 and 3.5 character times up to 19200 Bd,
+  a fixed 750 µs and 1.75 ms above it and on a line without a rate (a pty, a socket: ``None``).
+  The master (``idemlink.protocol.rtu_master.RtuMaster``), the server
+  (``idemlink.device_sim.rtu_server.RtuServer``) and the decoder take their timing from it. t1.5
+  is computed but cuts no frame: a host operating system hands bytes over in reads whose timing
+  cannot resolve a gap inside a frame, so frames are told apart by declared length, CRC and t3.5
+  pauses (``RtuDecoder``).
 
 The PDUs inside are ``idemlink.protocol.modbus``'s.
 """
@@ -23,6 +33,7 @@ from dataclasses import dataclass
 
 import crcmod.predefined
 
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.modbus import EXCEPTION_FLAG, FunctionCode
 from idemlink.protocol.outcome import RemoteProtocolError
 
@@ -123,8 +134,9 @@ def _request_head_plausible(buf: bytes | bytearray) -> bool:
 
 
 FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd
+CHAR_GAP_FAST = 0.00075  #: t1.5 above 19200 Bd
+FAST_LINE = 19200  #: above this rate the spec fixes t1.5 and t3.5 instead of counting characters
 DEFAULT_BAUDRATE = 115200  #: the simulator's default line speed (also used for a pty)
-CHAR_BITS = 11  #: start + 8 data + parity (or a second stop bit) + stop
 _HEAD_BYTES = 16  #: every length function and head check looks at fewer bytes than this
 
 
@@ -155,14 +167,33 @@ def _plausibility(length_of: Callable[[bytes | bytearray], int] | None,
     return _any_head
 
 
-def rtu_frame_gap(baudrate: int | None) -> float:
-    """Modbus over serial line V1.02 2.5.1.1: t3.5 is 3.5 character times (11 bits each) up to
-    19200 Bd and a fixed 1.75 ms above; ``None`` (a pty, an unknown line) gives 1.75 ms."""
-    if baudrate is None or baudrate > 19200:
-        return FRAME_GAP_FAST
-    if baudrate <= 0:
+@dataclass(frozen=True, slots=True)
+class RtuTiming:
+    """A Modbus RTU line's timing (``rtu_timing``): seconds per character, t1.5 (the longest
+    silence inside a frame) and t3.5 (the silence that ends one)."""
+
+    char_time: float
+    t15: float
+    t35: float
+
+
+def rtu_timing(baudrate: int | None,
+               char_format: CharFormat = MODBUS_CHAR_FORMAT) -> RtuTiming:
+    """Modbus over serial line V1.02 2.5.1.1: t1.5 and t3.5 are 1.5 and 3.5 character times up
+    to 19200 Bd and a fixed 750 µs and 1.75 ms above. A character is ``char_format.char_bits``
+    long (8E1 and 8N2: 11 bits; 8N1: 10). ``None`` (a pty, a socket: no line rate) times
+    characters at ``DEFAULT_BAUDRATE`` with the fast line's t1.5 and t3.5."""
+    if baudrate is not None and baudrate <= 0:
         raise ValueError(f"baud rate {baudrate} must be positive")
-    return 3.5 * CHAR_BITS / baudrate
+    char_time = char_format.char_bits / (DEFAULT_BAUDRATE if baudrate is None else baudrate)
+    if baudrate is None or baudrate > FAST_LINE:
+        return RtuTiming(char_time, CHAR_GAP_FAST, FRAME_GAP_FAST)
+    return RtuTiming(char_time, 1.5 * char_time, 3.5 * char_time)
+
+
+def rtu_frame_gap(baudrate: int | None, char_format: CharFormat = MODBUS_CHAR_FORMAT) -> float:
+    """t3.5 of ``rtu_timing(baudrate, char_format)``."""
+    return rtu_timing(baudrate, char_format).t35
 
 
 _WAIT = -3  #: a view whose length is not reached yet (and no pause cut it)
@@ -180,9 +211,9 @@ class RtuDecoder:
     (any unit; the caller filters) or None. The rules:
 
     1. Real pauses only. A read's bytes are contiguous on the line, and the line was silent
-       before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (``char_time`` =
-       11 bits / ``baudrate``, t3.5 = ``rtu_frame_gap(baudrate)``). ``tick(now)`` (an empty read
-       that began at ``now``) is a pause after t3.5 for a head that only a pause can end, else
+       before them only if ``(now - last_rx) - len(data) * char_time >= t3.5`` (both from
+       ``timing``, by default ``rtu_timing(baudrate)``: 8E1 characters). ``tick(now)`` (an empty
+       read that began at ``now``) is a pause after t3.5 for a head that only a pause can end, else
        only after ``resync_silence`` (0.1 s) without bytes. Bytes received without ``now`` are
        contiguous (only ``gap``/``tick`` mark pauses). The first byte ever starts a frame.
     2. The head (the first byte after a pause or after the previous frame) is read by declared
@@ -212,9 +243,12 @@ class RtuDecoder:
     def __init__(self, length_of: Callable[[bytes | bytearray], int] = request_frame_length,
                  baudrate: int = DEFAULT_BAUDRATE,
                  other_length_of: Callable[[bytes | bytearray], int] | None = None,
-                 unit: int | None = None, resync_silence: float = 0.1) -> None:
+                 unit: int | None = None, resync_silence: float = 0.1,
+                 timing: RtuTiming | None = None) -> None:
         if baudrate <= 0:
             raise ValueError(f"baud rate {baudrate} must be positive")
+        if timing is None:
+            timing = rtu_timing(baudrate)
         self._length_of = length_of
         if other_length_of is None and length_of is request_frame_length:
             other_length_of = response_frame_length
@@ -223,8 +257,9 @@ class RtuDecoder:
         self._other_head_ok = _plausibility(other_length_of)
         self.unit = unit
         self.baudrate = baudrate
-        self.char_time = CHAR_BITS / baudrate
-        self.frame_gap = rtu_frame_gap(baudrate)
+        self.timing = timing
+        self.char_time = timing.char_time
+        self.frame_gap = timing.t35
         self.resync_silence = resync_silence
         self._buf = bytearray()
         self._consumed = 0  #: stream offset of ``_buf[0]``

@@ -8,7 +8,8 @@ Contract:
 
 - One request on the line at a time (RTU has no pipelining and no transaction id: ``max_inflight``
   is 1): ``submit`` queues a request PDU; the session sends the next one once the previous one is
-  settled and the line has been silent for t3.5 (``rtu_frame_gap(baudrate)``). Time is passed in;
+  settled and the line has been silent for t3.5 (``rtu_timing(baudrate, char_format)``: the
+  line's character format, 8E1 by default, sets the character length). Time is passed in;
   bytes go out through ``data_to_send()`` and come in through ``receive_data(data, now)``;
   ``tick(now)`` fires the deadlines and sends; ``next_event()`` hands out one ``Completion`` per
   request, in order, then None (nothing more now).
@@ -53,8 +54,8 @@ Contract:
   settles a request never sent (or a trigger start whose write was never sent) as NOT_EXECUTED
   and one that was sent as UNKNOWN with the given status.
 - The wait for an answer is ``timeout`` plus the transmission time of the request and of the
-  expected answer at the line's baud rate (11 bits a character), stretched while an answer is
-  still arriving (at most one frame's time).
+  expected answer at the line's baud rate (``char_format.char_bits`` a character), stretched
+  while an answer is still arriving (at most one frame's time).
 - Broadcast (unit 0): slaves execute without answering, so nothing is awaited: the request is
   sent once (whatever its kind), completes UNKNOWN / NO_ANSWER (it may have run; nothing can say
   so) after ``turnaround`` seconds; a read at unit 0, and so a trigger start, is refused
@@ -73,18 +74,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import TRIGGER_TABLE, TriggerAction, TriggerEvent
 from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import FunctionCode, answer_fits, classify_answer
 from idemlink.protocol.modbus_rtu import (
     BROADCAST_UNIT,
-    CHAR_BITS,
     DEFAULT_BAUDRATE,
     MAX_RTU_FRAME,
     RtuDecoder,
     encode_rtu,
     response_frame_length,
-    rtu_frame_gap,
+    rtu_timing,
 )
 from idemlink.protocol.outcome import (
     LocalProtocolError,
@@ -181,7 +182,8 @@ class RtuMaster:
     numbered = False  #: a plain slave numbers nothing: there is no number to pin or re-send
 
     def __init__(self, regmap: RegisterMap, *, unit: int = 1, baudrate: int | None = None,
-                 timeout: float = 0.2, attempts: int = 5, turnaround: float = 0.1) -> None:
+                 timeout: float = 0.2, attempts: int = 5, turnaround: float = 0.1,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
         if not 0 <= unit <= 247:
             raise ValueError(f"unit id {unit} outside 0..247")
         if attempts < 1:
@@ -191,8 +193,10 @@ class RtuMaster:
         self.regmap = regmap
         self.unit = unit
         self.baudrate = DEFAULT_BAUDRATE if baudrate is None else baudrate
-        self.frame_gap = rtu_frame_gap(baudrate)
-        self.char_time = CHAR_BITS / self.baudrate
+        self.char_format = char_format
+        self.timing = rtu_timing(baudrate, char_format)
+        self.frame_gap = self.timing.t35
+        self.char_time = self.timing.char_time
         self.timeout = timeout
         self.attempts = attempts
         self.turnaround = turnaround
@@ -208,7 +212,8 @@ class RtuMaster:
         self._decoder = self._new_decoder()
 
     def _new_decoder(self) -> RtuDecoder:
-        return RtuDecoder(response_frame_length, baudrate=self.baudrate, other_length_of=None)
+        return RtuDecoder(response_frame_length, baudrate=self.baudrate, other_length_of=None,
+                          timing=self.timing)
 
     # ------------------------------------------------------------------------------ input
     def attempts_for(self, pdu: bytes, unit: int | None = None) -> int:

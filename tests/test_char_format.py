@@ -1,0 +1,115 @@
+"""The serial line's character format (data bits, parity, stop bits): parsed and refused in one
+place, the Modbus RTU timing computed from its real length for the master and the server alike,
+and passed to the port that is opened (what a pseudo-terminal can show of it, honestly)."""
+
+from __future__ import annotations
+
+import pytest
+from rtu_reply import rtu_reply
+
+from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.protocol.char_format import (
+    IDEMLINK_CHAR_FORMAT,
+    MODBUS_CHAR_FORMAT,
+    CharFormat,
+    CharFormatError,
+    parse_parity,
+    parse_stopbits,
+)
+from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.modbus_rtu import encode_rtu, rtu_frame_gap, rtu_timing
+from idemlink.protocol.outcome import IdemlinkError
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.rtu_master import RtuMaster
+
+N81 = CharFormat(8, "N", 1)
+READ_PDU = bytes.fromhex("0300040001")  # FC03, one register at 4 (threshold)
+
+
+@pytest.mark.parametrize(("fmt", "bits"), [
+    ("8N1", 10), ("8E1", 11), ("8O1", 11), ("8N2", 11), ("7E1", 10), ("7N1", 9), ("8E2", 12),
+    ("5N1.5", 7.5),
+])
+def test_a_character_is_start_data_parity_and_stop_bits(fmt: str, bits: float) -> None:
+    parsed = CharFormat.parse(fmt)
+    assert parsed.char_bits == bits and str(parsed) == fmt
+
+
+def test_the_documented_defaults() -> None:
+    assert str(IDEMLINK_CHAR_FORMAT) == "8N1" and str(MODBUS_CHAR_FORMAT) == "8E1"
+    assert CharFormat() == IDEMLINK_CHAR_FORMAT
+
+
+@pytest.mark.parametrize(("kwargs", "says"), [
+    ({"bytesize": 9}, "data bits are one of 5, 6, 7, 8"),
+    ({"parity": "X"}, r"parity .X.: one of N \(none\), E \(even\)"),
+    ({"stopbits": 3}, "stop bits are one of 1, 1.5, 2"),
+    ({"stopbits": "nan"}, "stop bits are one of 1, 1.5, 2"),
+    ({"bytesize": True}, "data bits"),
+])
+def test_a_bad_field_is_one_typed_line(kwargs: dict[str, object], says: str) -> None:
+    with pytest.raises(CharFormatError, match=says) as exc:
+        CharFormat(**kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(exc.value)
+    assert isinstance(exc.value, ValueError) and isinstance(exc.value, IdemlinkError)
+
+
+def test_fields_as_typed_on_a_command_line_or_in_a_profile() -> None:
+    assert [parse_parity(p) for p in ("e", "Even", " O ", "none", "S")] == ["E", "E", "O", "N", "S"]
+    assert [parse_stopbits(s) for s in ("1", "1.5", 2, 2.0)] == [1, 1.5, 2, 2]
+    assert CharFormat(8, "even", "2") == CharFormat.parse("8e2")
+    with pytest.raises(CharFormatError, match=r"e\.g\. 8N1"):
+        CharFormat.parse("8-E-1")
+
+
+# ----------------------------------------------------------------- the Modbus RTU timing
+
+
+def test_t35_and_t15_count_the_real_character_length() -> None:
+    """Modbus over serial line 2.5.1.1: 3.5 and 1.5 characters up to 19200 Bd. An 8E1 (or 8N2)
+    character is 11 bits, an 8N1 one 10: at 9600 Bd t3.5 is 4.010 ms against 3.646 ms."""
+    e81, n81 = rtu_timing(9600, MODBUS_CHAR_FORMAT), rtu_timing(9600, N81)
+    assert e81.t35 == pytest.approx(3.5 * 11 / 9600) and e81.t15 == pytest.approx(1.5 * 11 / 9600)
+    assert n81.t35 == pytest.approx(3.5 * 10 / 9600) and n81.char_time == pytest.approx(10 / 9600)
+    assert rtu_timing(9600, CharFormat.parse("8N2")) == e81
+    assert rtu_frame_gap(9600) == e81.t35  # the Modbus default: 8E1
+    for fast in (38400, 115200, None):
+        t = rtu_timing(fast, N81)
+        assert (t.t15, t.t35) == (0.00075, 0.00175)
+    with pytest.raises(ValueError, match="positive"):
+        rtu_timing(0)
+
+
+def test_the_rtu_server_cuts_frames_at_the_t35_of_its_character_format() -> None:
+    """A good frame 3.8 ms after a damaged one, at 9600 Bd: with 8N1 characters (t3.5 = 3.65 ms)
+    that silence is a pause and the good frame is answered; with 8E1 (t3.5 = 4.01 ms) it is not,
+    and the good frame goes with the damaged one."""
+    read = encode_rtu(1, READ_PDU)
+    bad = bytearray(read)
+    bad[3] ^= 0xFF
+    answers = {}
+    for fmt in (N81, MODBUS_CHAR_FORMAT):
+        server = RtuServer(DeviceCore(), unit=1, baudrate=9600, char_format=fmt)
+        assert server.decoder.frame_gap == rtu_timing(9600, fmt).t35
+        frame_time = len(read) * fmt.char_bits / 9600
+        assert rtu_reply(server, bytes(bad), 1.0) == b""
+        answers[str(fmt)] = rtu_reply(server, read, 1.0 + 0.0038 + frame_time)
+    assert answers["8N1"] != b"" and answers["8E1"] == b""
+
+
+def test_the_rtu_master_waits_by_the_same_timing() -> None:
+    """The master's wait for an answer counts the request's and the answer's characters at the
+    line's real length, and its silence before the next request is the same t3.5."""
+    waits = {}
+    for fmt in (N81, MODBUS_CHAR_FORMAT):
+        master = RtuMaster(DEFAULT_MAP, baudrate=9600, timeout=0.1, char_format=fmt)
+        assert master.timing == rtu_timing(9600, fmt) == master._decoder.timing
+        master.submit(READ_PDU, 0.0)
+        master.tick(0.0)  # the request leaves on a tick (nothing stale on the line)
+        assert master.data_to_send()
+        deadline = master.next_deadline()
+        assert deadline is not None
+        waits[str(fmt)] = deadline - 0.1
+    # 8 request bytes + 7 answer bytes, 10 or 11 bits each
+    assert waits["8N1"] == pytest.approx(15 * 10 / 9600)
+    assert waits["8E1"] == pytest.approx(15 * 11 / 9600)
