@@ -52,6 +52,7 @@ from idemlink.host.framed_operations import FramedOperations
 from idemlink.host.operations import OPERATIONS, DeviceHandle, Job, Operations, Steps
 from idemlink.host.rtu_device import line_rate
 from idemlink.host.rtu_operations import RtuOperations
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
@@ -268,16 +269,20 @@ class AsyncDevice(AsyncDriver):
             max_inflight=max_inflight, check_map=check_map))
 
     @classmethod
-    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+    def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
+             stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8,
              check_map: bool = True) -> _Opening[AsyncDevice]:
-        """Open ``url`` and run the HELLO handshake, as ``Device.open`` does:
+        """Open ``url`` and run the HELLO handshake, as ``Device.open`` does (the same line
+        keywords, 8N1 by default):
         ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
 
         async def opener() -> AsyncDevice:
-            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
+            t = await AsyncSerialTransport.open(url, baudrate=baudrate, bytesize=bytesize,
+                                                parity=parity, stopbits=stopbits,
+                                                keep_lines=keep_lines)
             dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
                       max_inflight=max_inflight, check_map=check_map)
             return await _opened(dev)
@@ -293,26 +298,32 @@ class AsyncRtuDevice(AsyncDriver):
 
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, unit: int = 1,
-                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
         if not isinstance(regmap, RegisterMap):
             regmap = resolve_regmap(regmap)
         super().__init__(transport, RtuOperations(transport, regmap=regmap, unit=unit,
                                                   baudrate=baudrate, timeout=timeout,
-                                                  attempts=attempts))
+                                                  attempts=attempts, char_format=char_format))
 
     @classmethod
-    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200,
+    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200, bytesize: int = 8,
+             parity: str = "E", stopbits: float = 1,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, keep_lines: bool = True,
              probe: bool = True) -> _Opening[AsyncRtuDevice]:
         """Open ``url`` and (``probe``) check that a slave answers at ``unit``, as
-        ``RtuDevice.open`` does: ``async with AsyncRtuDevice.open(url) as dev:`` or awaited."""
+        ``RtuDevice.open`` does (8E1 unless told otherwise): ``async with
+        AsyncRtuDevice.open(url) as dev:`` or awaited."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        fmt = CharFormat(bytesize, parity, stopbits)
 
         async def opener() -> AsyncRtuDevice:
-            t = await AsyncSerialTransport.open(url, baudrate=baudrate, keep_lines=keep_lines)
+            t = await AsyncSerialTransport.open(url, baudrate=baudrate, bytesize=fmt.bytesize,
+                                                parity=fmt.parity, stopbits=fmt.stopbits,
+                                                keep_lines=keep_lines)
             dev = cls(t, regmap=rm, unit=unit, baudrate=line_rate(t.port, baudrate),
-                      timeout=timeout, attempts=attempts)
+                      timeout=timeout, attempts=attempts, char_format=fmt)
             return await _opened(dev) if probe else dev
 
         return _Opening(opener)

@@ -73,11 +73,13 @@ class AsyncSerialTransport:
             self._thread.start()
 
     @classmethod
-    async def open(cls, url: str, *, baudrate: int = 115200,
+    async def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8,
+                   parity: str = "N", stopbits: float = 1,
                    keep_lines: bool = True) -> AsyncSerialTransport:
         """Open ``url`` with ``idemlink.host.transport.open_port``, as the blocking driver does (a
         network URL's connection is made in a worker thread)."""
-        port = await asyncio.to_thread(open_port, url, baudrate=baudrate, keep_lines=keep_lines)
+        port = await asyncio.to_thread(open_port, url, baudrate=baudrate, bytesize=bytesize,
+                                       parity=parity, stopbits=stopbits, keep_lines=keep_lines)
         return cls(port, asyncio.get_running_loop())
 
     # -------------------------------------------------------------- reading

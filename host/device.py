@@ -278,11 +278,13 @@ class Device(BlockingDriver):
         return self.ops.check_map
 
     @classmethod
-    def open(cls, url: str, *, baudrate: int = 115200, keep_lines: bool = True,
+    def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
+             stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
              trace: str | os.PathLike[str] | None = None) -> Device:
-        """Open ``url`` (any pyserial URL) and run the HELLO handshake. ``regmap`` is the device's
+        """Open ``url`` (any pyserial URL; ``bytesize``/``parity``/``stopbits``: the line's
+        character format, 8N1 by default) and run the HELLO handshake. ``regmap`` is the device's
         register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
         that advertises another map is refused (``IncompatibleDevice``) unless ``check_map`` is
         False (for tools that only ask who is there, like ``idemlink info``); a port where a
@@ -290,7 +292,9 @@ class Device(BlockingDriver):
         both ways to that file as JSON lines (``idemlink.host.trace``); a trace file that cannot
         be opened raises its ``OSError`` with the port closed again."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        transport: Transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
+        transport: Transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize,
+                                               parity=parity, stopbits=stopbits,
+                                               keep_lines=keep_lines)
         if trace is not None:
             from idemlink.host.trace import TracingTransport
 

@@ -36,7 +36,8 @@ import os
 
 from idemlink.host.device import BlockingDriver
 from idemlink.host.rtu_operations import RtuOperations
-from idemlink.host.transport import SerialTransport, Transport
+from idemlink.host.transport import SerialTransport, Transport, is_pty
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 from idemlink.protocol.rtu_master import RtuMaster
@@ -48,10 +49,11 @@ class RtuDevice(BlockingDriver):
     ops: RtuOperations
 
     def __init__(self, transport: Transport, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
-                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
         super().__init__(transport, RtuOperations(transport, regmap=regmap, unit=unit,
                                                   baudrate=baudrate, timeout=timeout,
-                                                  attempts=attempts))
+                                                  attempts=attempts, char_format=char_format))
 
     @property
     def master(self) -> RtuMaster:
@@ -59,14 +61,20 @@ class RtuDevice(BlockingDriver):
         return self.ops.session
 
     @classmethod
-    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200,
+    def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200, bytesize: int = 8,
+             parity: str = "E", stopbits: float = 1,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, keep_lines: bool = True, probe: bool = True) -> RtuDevice:
-        """Open ``url`` and (``probe``) check that a slave answers at ``unit``."""
+        """Open ``url`` and (``probe``) check that a slave answers at ``unit``. The line's
+        character format defaults to the Modbus specification's 8E1; it also sets the length of
+        a character in the RTU timing (t3.5, the wait for an answer)."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        transport = SerialTransport(url, baudrate=baudrate, keep_lines=keep_lines)
+        fmt = CharFormat(bytesize, parity, stopbits)
+        transport = SerialTransport(url, baudrate=baudrate, bytesize=fmt.bytesize,
+                                    parity=fmt.parity, stopbits=fmt.stopbits,
+                                    keep_lines=keep_lines)
         dev = cls(transport, regmap=rm, unit=unit, baudrate=line_rate(transport.port, baudrate),
-                  timeout=timeout, attempts=attempts)
+                  timeout=timeout, attempts=attempts, char_format=fmt)
         try:
             if probe:
                 dev._drive(dev.ops.open_steps())
@@ -80,13 +88,7 @@ def line_rate(port: object, baudrate: int) -> int | None:
     """The baud rate that paces ``port``'s line (t3.5, transmission times), or None for a pty,
     socket or loop URL, which has no line rate (t3.5 is then the fast-line 1.75 ms)."""
     name = str(getattr(port, "portstr", "") or "")
-    if "://" in name:
-        return None
-    try:
-        serial_line = not os.path.realpath(name).startswith(("/dev/pts/", "/dev/ptmx"))
-    except (OSError, ValueError):
-        serial_line = True
-    return baudrate if serial_line else None
+    return None if "://" in name or is_pty(name) else baudrate
 
 
 __all__ = ["RtuDevice", "line_rate"]

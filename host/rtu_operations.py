@@ -27,6 +27,7 @@ from __future__ import annotations
 from idemlink.host.command import Command, CommandKind
 from idemlink.host.errors import NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.outcome import Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -37,9 +38,10 @@ class RtuOperations(Operations[RtuMaster]):
     """The operations on one Modbus RTU slave (``RtuMaster``). See the module docstring."""
 
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
-                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5) -> None:
+                 baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
         super().__init__(clock, RtuMaster(regmap, unit=unit, baudrate=baudrate, timeout=timeout,
-                                          attempts=attempts), regmap)
+                                          attempts=attempts, char_format=char_format), regmap)
 
     def connect_steps(self) -> Steps[None]:
         """Read the map's first register; ``NoDevice`` if nothing answers at the unit."""

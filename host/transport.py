@@ -5,15 +5,24 @@
 ``open_port(url, ...)`` opens any pyserial URL the way every idemlink tool opens one: DTR/RTS set
 low *before* opening (many boards wire reset to DTR), a local serial device locked exclusively
 (``PortBusy`` when another program holds it), pyserial's and the OS's failures turned into one
-``PortError`` naming the URL. ``SerialTransport`` is a ``Transport`` over such a port.
+``PortError`` naming the URL. The line's baud rate and character format (``bytesize``,
+``parity``, ``stopbits``; default 8N1, ``idemlink.protocol.char_format``) are set here; a format
+a serial line cannot take is ``CharFormatError`` (a ``ValueError``) before the port is touched.
+A pseudo-terminal has no data bits or parity to set (Linux keeps 8 bits, no parity, and a
+recent kernel refuses, EINVAL, a request whose only change is one it cannot keep): a pty is
+opened with 8 data bits and no parity whatever was asked (the stop bits as asked), so a format
+is accepted there but not enforced. ``SerialTransport`` is a ``Transport`` over such a port.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import stat
 from typing import TYPE_CHECKING, Protocol
 
 from idemlink.host.errors import TRANSPORT_ERRORS, PortBusy, PortError
+from idemlink.protocol.char_format import CharFormat
 
 if TYPE_CHECKING:
     from serial import Serial
@@ -33,24 +42,32 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def open_port(url: str, *, baudrate: int = 115200, keep_lines: bool = True,
-              exclusive: bool = True, timeout: float | None = 0) -> Serial:
-    """An open pyserial port on ``url`` (any pyserial URL). ``keep_lines``: DTR and RTS are set low
+def open_port(url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
+              stopbits: float = 1, keep_lines: bool = True, exclusive: bool = True,
+              timeout: float | None = 0) -> Serial:
+    """An open pyserial port on ``url`` (any pyserial URL) at ``baudrate`` with the character
+    format ``bytesize``/``parity``/``stopbits`` (``CharFormatError`` for one a line cannot
+    take). ``keep_lines``: DTR and RTS are set low
     before opening, so opening does not pulse a reset line (False leaves pyserial's defaults).
     ``exclusive``: a local serial device is locked (an advisory ``flock``, released when the
     process dies) — a second program driving it would take our answers — and a port already
     locked raises ``PortBusy``. Any other failure raises ``PortError`` ("cannot open URL: why")."""
     import serial
 
+    fmt = opened_format(url, CharFormat(bytesize, parity, stopbits))
+    failures: tuple[type[Exception], ...] = (serial.SerialException, ValueError, OSError,
+                                             *_TERMIOS_ERRORS)
     try:
-        port = serial.serial_for_url(url, baudrate=baudrate, timeout=timeout, do_not_open=True)
+        port = serial.serial_for_url(url, baudrate=baudrate, bytesize=fmt.bytesize,
+                                     parity=fmt.parity, stopbits=fmt.stopbits, timeout=timeout,
+                                     do_not_open=True)
         if keep_lines:
             port.dtr = False
             port.rts = False
         if exclusive and hasattr(port, "exclusive"):
             port.exclusive = True
         port.open()
-    except (serial.SerialException, ValueError, OSError) as exc:
+    except failures as exc:
         if "exclusively lock" in str(exc):
             from idemlink.host.port_hint import busy_message
 
@@ -61,6 +78,43 @@ def open_port(url: str, *, baudrate: int = 115200, keep_lines: bool = True,
                     "does not: add ?ign_set_control to the URL)")
         raise PortError(f"cannot open {url}: {_reason(exc)}{hint}") from exc
     return port
+
+
+try:
+    import termios
+
+    _TERMIOS_ERRORS: tuple[type[Exception], ...] = (termios.error,)
+    """pyserial lets the line's ``tcsetattr`` failure through as ``termios.error`` (no OSError)."""
+except ImportError:  # pragma: no cover - not a POSIX system
+    _TERMIOS_ERRORS = ()
+
+PTY_SLAVE_MAJORS = range(136, 144)
+"""Linux's Unix98 pty slaves (/dev/pts/N): character devices of these major numbers."""
+
+
+def opened_format(url: str, fmt: CharFormat) -> CharFormat:
+    """The character format ``url`` is opened with: ``fmt``, but 8 data bits and no parity on a
+    pseudo-terminal (it has neither; a recent Linux refuses a request whose only change is one
+    of them, EINVAL), the stop bits as asked."""
+    if (fmt.bytesize, fmt.parity) == (8, "N") or not is_pty(url):
+        return fmt
+    log.debug("%s is a pseudo-terminal: %s accepted, opened as 8N (a pty has neither data bits "
+              "nor parity)", url, fmt)
+    return CharFormat(8, "N", fmt.stopbits)
+
+
+def is_pty(url: str) -> bool:
+    """Whether ``url`` names a pseudo-terminal (a symbolic link to one too, as socat makes)."""
+    if "://" in url:
+        return False
+    try:
+        real = os.path.realpath(url)
+        st = os.stat(real)
+    except (OSError, ValueError):
+        return False
+    if not stat.S_ISCHR(st.st_mode):
+        return False
+    return real.startswith("/dev/pts/") or os.major(st.st_rdev) in PTY_SLAVE_MAJORS
 
 
 def _reason(exc: BaseException) -> str:
@@ -80,11 +134,13 @@ class SerialTransport:
     exclusive: "port busy" is ``PortBusy``). Reads wait in ``select()`` on the port's descriptor,
     or, without one, in short steps of ``POLL_STEP``."""
 
-    def __init__(self, url: str, *, baudrate: int = 115200, keep_lines: bool = True) -> None:
+    def __init__(self, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
+                 stopbits: float = 1, keep_lines: bool = True) -> None:
         import time
 
         self._clock = time.monotonic
-        port = open_port(url, baudrate=baudrate, keep_lines=keep_lines)
+        port = open_port(url, baudrate=baudrate, bytesize=bytesize, parity=parity,
+                         stopbits=stopbits, keep_lines=keep_lines)
         self.port = port
         self._fd: int | None = None
         try:
@@ -143,4 +199,5 @@ class SerialTransport:
             log.warning("closing %s: %s", self.port.name, exc)
 
 
-__all__ = ["POLL_STEP", "TRANSPORT_ERRORS", "SerialTransport", "Transport", "open_port"]
+__all__ = ["POLL_STEP", "TRANSPORT_ERRORS", "SerialTransport", "Transport", "is_pty", "open_port",
+           "opened_format"]

@@ -4,6 +4,11 @@ and passed to the port that is opened (what a pseudo-terminal can show of it, ho
 
 from __future__ import annotations
 
+import os
+import termios
+import tty
+from collections.abc import Iterator
+
 import pytest
 from rtu_reply import rtu_reply
 
@@ -113,3 +118,63 @@ def test_the_rtu_master_waits_by_the_same_timing() -> None:
     # 8 request bytes + 7 answer bytes, 10 or 11 bits each
     assert waits["8N1"] == pytest.approx(15 * 10 / 9600)
     assert waits["8E1"] == pytest.approx(15 * 11 / 9600)
+
+
+# ------------------------------------------------------------------- what reaches the port
+
+
+@pytest.fixture
+def pty_path() -> Iterator[str]:
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    try:
+        yield os.ttyname(slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def test_open_port_sets_the_format_asked_for() -> None:
+    """A port that has a character format takes the one asked for (pyserial's port object;
+    loop:// stands for any port that is not a pty)."""
+    from idemlink.host.transport import open_port
+
+    for fmt in ("8N1", "8E1", "7O2", "8N1.5"):
+        f = CharFormat.parse(fmt)
+        port = open_port("loop://", baudrate=9600, bytesize=f.bytesize, parity=f.parity,
+                         stopbits=f.stopbits)
+        try:
+            assert (port.bytesize, port.parity, port.stopbits) == (f.bytesize, f.parity, f.stopbits)
+        finally:
+            port.close()
+
+
+def test_a_pty_accepts_any_format_and_enforces_none(pty_path: str) -> None:
+    """A pseudo-terminal has no parity and no data bits: Linux keeps 8 bits and parity off
+    whatever is asked, and a recent kernel refuses (EINVAL) a tcsetattr whose only change is one
+    it cannot keep — pyserial let that through as termios.error, so the second 8E1 open of a pty
+    was a traceback. The port opens as 8N with the stop bits asked (the kernel keeps CSTOPB):
+    that is all a pty can show of a format, and all this test claims."""
+    from idemlink.host.transport import is_pty, open_port
+
+    assert is_pty(pty_path) and not is_pty("loop://") and not is_pty("/dev/null")
+    cflags = {}
+    for fmt in ("8E1", "8E1", "7O2", "8N1", "8E2"):
+        f = CharFormat.parse(fmt)
+        port = open_port(pty_path, baudrate=9600, bytesize=f.bytesize, parity=f.parity,
+                         stopbits=f.stopbits, exclusive=False)
+        try:
+            assert (port.bytesize, port.parity, port.stopbits) == (8, "N", f.stopbits)
+            cflags[fmt] = termios.tcgetattr(port.fileno())[2]
+        finally:
+            port.close()
+    for fmt, cflag in cflags.items():
+        assert cflag & termios.CSIZE == termios.CS8 and not cflag & termios.PARENB, fmt
+        assert bool(cflag & termios.CSTOPB) == fmt.endswith("2"), fmt
+
+
+def test_a_bad_format_is_refused_before_the_port_is_touched() -> None:
+    from idemlink.host.transport import open_port
+
+    with pytest.raises(CharFormatError, match="parity 'Q'"):
+        open_port("/dev/nonexistent-port", parity="Q")
