@@ -3,11 +3,15 @@ outcomes when answers are lost, a summary at the end."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +75,10 @@ def test_watch_reports_polls_that_got_no_answer_and_goes_on() -> None:
     assert any(line.endswith("mode : UNKNOWN (NO_ANSWER)") for line in lines), lines
     assert any(line.endswith("mode = auto (1)") for line in lines), lines
     assert "Traceback" not in r.stderr
-    assert "with a read that got no answer" in r.stderr
+    counts = r.stderr.splitlines()[-1].split("readings: ")[1].split(";")[0]
+    unknown = int(counts.split(", ")[-1].split()[0])
+    assert counts.endswith(" UNKNOWN") and unknown >= 1, r.stderr
+    assert unknown == sum(" mode : UNKNOWN (" in line for line in lines)  # each one printed
 
 
 def test_watch_opens_a_new_session_when_its_numbers_fall_behind_the_window() -> None:
@@ -123,7 +130,8 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
     reconnects = int(lines[-1].split(", ")[-1].split()[0])
     trouble = [line for line in lines if "trying again" in line]
     assert 1 <= len(trouble) <= 1 + reconnects, lines
-    assert "may have run" not in err and "UNKNOWN" not in err
+    assert "may have run" not in err
+    assert not any("UNKNOWN" in line for line in lines[:-1])  # the summary counts the four words
     assert "no values; trying again at every poll" in trouble[0]
     words = trouble[0].split()
     assert all(words[i:i + 2] != words[i + 2:i + 4] for i in range(len(words) - 3)), trouble
@@ -151,3 +159,100 @@ def test_json_watch_that_never_reached_a_device_ends_with_an_error_object(
     out = capsys.readouterr().out.splitlines()
     doc = json.loads(out[-1])
     assert doc["schema"] == "idemlink.error/1" and doc["exit"] == 1 and doc["command"] == "watch"
+
+
+# --------------------------------------------- outcomes in the four words every command uses
+
+EXTRA = """
+[[registers]]
+address = 200
+name = "spare"
+kind = "holding"
+description = "a register this map has and the slave does not"
+"""
+
+
+@pytest.fixture
+def rtu_slave(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A Modbus RTU slave serving the built-in map on a pty, and a map file with one register
+    more (at 200): reading it is refused by the slave (exception 02, REJECTED)."""
+    from importlib import resources
+
+    from idemlink.device_sim.pty import open_pty
+    from idemlink.device_sim.rtu_server import RtuServer
+    from idemlink.protocol.device_core import DeviceCore
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    text = resources.files("idemlink.protocol").joinpath("maps", "thermal-controller.toml")
+    regmap = tmp_path / "plus.toml"
+    regmap.write_text(text.read_text("utf-8") + EXTRA, encoding="utf-8")
+    pair = open_pty()
+    server = RtuServer(DeviceCore(DEFAULT_MAP), unit=1)
+    stop = threading.Event()
+    th = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    th.start()
+    try:
+        yield pair.slave_path, regmap
+    finally:
+        stop.set()
+        th.join(5)
+        pair.close()
+
+
+def _watch(capsys: pytest.CaptureFixture[str], port: str, regmap: Path,
+           *fmt: str) -> tuple[int, str, str]:
+    from idemlink.cli import main
+
+    rc = main(["watch", "--port", port, "--modbus-rtu", "--regmap", str(regmap), "--count", "2",
+               "--interval", "0.05", "--every", "mode", "spare", *fmt])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_a_rejected_read_is_rejected_not_unanswered(rtu_slave: tuple[str, Path],
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The slave refuses one read (exception 02): that reading is REJECTED — it got an answer —
+    and the summary counts it so, in the four words, not as a read without an answer."""
+    rc, out, err = _watch(capsys, *rtu_slave)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert sum(line.endswith("spare : REJECTED (Modbus exception ILLEGAL_DATA_ADDRESS)")
+               for line in lines) == 2, lines
+    assert sum(line.endswith("mode = auto (1)") for line in lines) == 2, lines
+    summary = err.splitlines()[-1]
+    assert "readings: 2 OK, 0 NOT_EXECUTED, 2 REJECTED, 0 UNKNOWN;" in summary, summary
+    assert "no answer;" not in summary and "got no answer" not in summary
+
+
+def test_json_and_csv_outcome_is_one_of_the_four_words(rtu_slave: tuple[str, Path],
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``outcome`` is the word ``read --json`` uses; why is in ``detail`` (JSON and CSV)."""
+    rc, out, err = _watch(capsys, *rtu_slave, "--json")
+    assert rc == 0, err
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {(r["name"], r["outcome"], r["detail"]) for r in rows} == {
+        ("mode", "OK", "OK"),
+        ("spare", "REJECTED", "REJECTED (Modbus exception ILLEGAL_DATA_ADDRESS)")}
+    assert all(r["raw"] is None and r["value"] is None for r in rows if r["name"] == "spare")
+
+    rc, out, err = _watch(capsys, *rtu_slave, "--csv")
+    assert rc == 0, err
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert list(table[0]) == ["time", "poll", "name", "address", "raw", "value", "label", "unit",
+                              "outcome", "detail"]
+    assert {(r["name"], r["outcome"]) for r in table} == {("mode", "OK"), ("spare", "REJECTED")}
+    assert {r["raw"] for r in table if r["name"] == "spare"} == {""}
+
+
+def test_read_and_watch_say_the_same_word(rtu_slave: tuple[str, Path],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    port, regmap = rtu_slave
+    assert main(["read", "--port", port, "--modbus-rtu", "--regmap", str(regmap), "spare",
+                 "--json"]) == 4
+    read = json.loads(capsys.readouterr().out)
+    _, out, _ = _watch(capsys, port, regmap, "--json")
+    watched = [json.loads(line) for line in out.splitlines()]
+    assert read["registers"][0]["outcome"] == read["outcome"] == "REJECTED"
+    assert {r["outcome"] for r in watched if r["name"] == "spare"} == {read["outcome"]}

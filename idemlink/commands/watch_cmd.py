@@ -6,10 +6,14 @@ Contract:
   ``idemlink.commands.selection``; default: every register of the map) in one pipelined batch,
   one request per contiguous run. The first poll prints every value; later polls print
   only registers whose raw value changed (``--every`` prints all of them each time).
-- Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``), ``--csv`` (header
-  ``time,poll,name,address,raw,value,label,unit,outcome``: the JSON reading's keys, ``value``
-  a number, ``label`` the map's name for it, empty when null) and ``--json`` (one object per line,
-  schema ``idemlink.watch/1``).
+- Every reading carries its read's outcome in the four words every command uses (OK,
+  NOT_EXECUTED, REJECTED, UNKNOWN: ``Outcome``), and why when it is not OK (``detail``:
+  ``UNKNOWN (NO_ANSWER)``, ``REJECTED (Modbus exception ILLEGAL_DATA_ADDRESS)``).
+- Formats: text (``12:00:01.250 threshold = 42.0 °C (raw 420)``; a read without a value,
+  ``threshold : REJECTED (Modbus exception ILLEGAL_DATA_ADDRESS)``), ``--csv`` (header
+  ``time,poll,name,address,raw,value,label,unit,outcome,detail``: the JSON reading's keys,
+  ``value`` a number, ``label`` the map's name for it, empty when null) and ``--json`` (one
+  object per line, schema ``idemlink.watch/1``).
 - Line trouble is reported per poll, honestly: a run that got no answer prints its registers as
   ``UNKNOWN (NO_ANSWER)`` for that poll (a read changes nothing, so the next poll goes on); a
   port that fails, or a device that stops answering HELLO, is one stderr line per streak
@@ -18,11 +22,12 @@ Contract:
   at each interval, and ``idemlink watch: PORT is back`` once it is.
 - ``--modbus-rtu [--unit N]`` polls a standard Modbus RTU slave instead (``RtuDevice``: reads
   one after the other, retried like any read).
-- It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, polls
-  with a read that got no answer, polls without the device — port failed or no HELLO answer —
-  and reconnections; a change is a raw value different from the previous reading of that
-  register, so a first reading or an ``--every`` repeat is none) and exit 0; exit 1 if no poll
-  ever reached the device (a device serving another map is exit 1 at once).
+- It stops after ``--count`` polls, or on Ctrl-C, with a summary on stderr (polls, changes, the
+  register readings counted by outcome in those four words, polls without the device — port
+  failed or no HELLO answer — and reconnections; a change is a raw value different from the
+  previous reading of that register, so a first reading or an ``--every`` repeat is none) and
+  exit 0; exit 1 if no poll ever reached the device (a device serving another map is exit 1 at
+  once).
 """
 
 from __future__ import annotations
@@ -33,18 +38,21 @@ import io
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.commands.common import SEVERITY
 from idemlink.output import error_json, print_json, register_entry
+from idemlink.protocol.outcome import Outcome
 
 if TYPE_CHECKING:
-    from idemlink.host.device import Command, Device
+    from idemlink.host.device import Command, Device, Result
     from idemlink.host.rtu_device import RtuDevice
     from idemlink.protocol.registers import RegisterMap, RegisterSpec
 
-CSV_HEADER = ("time", "poll", "name", "address", "raw", "value", "label", "unit", "outcome")
+CSV_HEADER = ("time", "poll", "name", "address", "raw", "value", "label", "unit", "outcome",
+              "detail")
 
 
 def register(sub: Any) -> None:
@@ -78,17 +86,23 @@ def register(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
+def _no_outcomes() -> dict[Outcome, int]:
+    return dict.fromkeys(reversed(SEVERITY), 0)
+
+
 @dataclass(slots=True)
 class Summary:
     polls: int = 0
     changes: int = 0
-    failed_polls: int = 0  #: polls where the device was there but a read got no answer
+    #: register readings by their read's outcome (OK, NOT_EXECUTED, REJECTED, UNKNOWN)
+    readings: dict[Outcome, int] = field(default_factory=_no_outcomes)
     port_failures: int = 0  #: polls without a device: the port failed or nothing answered HELLO
     reconnects: int = 0
 
     def line(self) -> str:
+        counts = ", ".join(f"{n} {o.name}" for o, n in self.readings.items())
         return (f"idemlink watch: {self.polls} poll(s), {self.changes} change(s), "
-                f"{self.failed_polls} poll(s) with a read that got no answer, "
+                f"readings: {counts}; "
                 f"{self.port_failures} poll(s) without the device (port failed or no answer "
                 f"to HELLO), {self.reconnects} reconnection(s)")
 
@@ -108,20 +122,22 @@ class Printer:
         sys.stdout.write(buf.getvalue())
 
     def reading(self, stamp: float, poll: int, spec: RegisterSpec, raw: int | None,
-                outcome: str) -> None:
+                result: Result) -> None:
+        """One register's reading at one poll: ``raw`` (None: the read got no value) and the
+        read's ``result`` (its outcome, one of the four words, and ``detail``, why)."""
         from idemlink.commands.common import shown
 
         clock = time.strftime("%H:%M:%S", time.localtime(stamp)) + f".{int(stamp * 1000) % 1000:03d}"
+        entry = {**register_entry(spec, raw), "outcome": result.outcome.name,
+                 "detail": result.describe()}
         if self.json:
-            print_json("idemlink.watch/1", {"time": round(stamp, 3), "poll": poll,
-                                            **register_entry(spec, raw), "outcome": outcome})
+            print_json("idemlink.watch/1", {"time": round(stamp, 3), "poll": poll, **entry})
         elif self.csv:  # the JSON reading's columns, in the same order; null is empty
-            entry = register_entry(spec, raw)
             self._row((f"{stamp:.3f}", poll, *("" if entry[k] is None else entry[k]
-                                               for k in CSV_HEADER[2:-1]), outcome))
+                                               for k in CSV_HEADER[2:])))
             sys.stdout.flush()
         elif raw is None:
-            print(f"{clock} {spec.name} : {outcome}", flush=True)
+            print(f"{clock} {spec.name} : {entry['detail']}", flush=True)
         else:
             print(f"{clock} {spec.name} = {shown(spec, raw)}", flush=True)
 
@@ -259,20 +275,17 @@ def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Pr
     commands: list[Command] = [dev.read_command(g[0].address, len(g)) for g in groups]
     stamp = time.time()
     results = dev.run(commands)
-    failed = False
     for group, result in zip(groups, results, strict=True):
+        summary.readings[result.outcome] += len(group)
         for i, spec in enumerate(group):
             if not result.ok:
-                failed = True
-                printer.reading(stamp, summary.polls, spec, None, result.describe())
+                printer.reading(stamp, summary.polls, spec, None, result)
                 last.pop(spec.name, None)
                 continue
             raw = result.values[i]
             changed = spec.name in last and last[spec.name] != raw  # a first reading is no change
             summary.changes += changed
             if every or changed or spec.name not in last:
-                printer.reading(stamp, summary.polls, spec, raw, "OK")
+                printer.reading(stamp, summary.polls, spec, raw, result)
             last[spec.name] = raw
-    if failed:
-        summary.failed_polls += 1
     return any(r.status is Status.TOO_OLD for r in results)
