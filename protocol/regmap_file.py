@@ -10,7 +10,8 @@ Contract (the format is documented in docs/REGMAP.md):
   ranges and names the generated C header could not define; so are JSON objects that give a key
   twice (TOML refuses them itself), and an integer too long to convert (``long_integers``: the
   line or field is named, not Python's ``sys.set_int_max_str_digits()``). A leading byte-order
-  mark is ignored.
+  mark is ignored. A ``link`` table is a connection profile
+  (``idemlink.protocol.link_profile.map_link``): not read here, not hashed.
 - Every refusal is one ``RegmapFileError`` whose message names the file, the register (by name,
   else by position) and the field: ``pump.toml: register 'speed' (#2): field 'max': 70000 outside
   0..65535``. Nothing is half-loaded.
@@ -53,7 +54,8 @@ MAX_REGISTERS = 4096
 BUILTIN_MAPS: tuple[str, ...] = ("thermal-controller", "pump-controller")
 DEFAULT_MAP_NAME = "thermal-controller"
 
-_TOP_FIELDS = {"name", "description", "registers", "schema", "hash"}
+_TOP_FIELDS = {"name", "description", "registers", "schema", "hash",
+               "link"}  # link: a connection profile (link_profile.map_link), not the map's
 SCHEMA = "idemlink.regmap/1"
 _FIELDS = {"address", "name", "kind", "unit", "scale", "min", "max", "default", "labels",
            "persist", "bits", "description"}

@@ -5,7 +5,7 @@ it, the built-in thermal controller. The text form is a table (address, name, ki
 unit, labels or bits); ``--json`` prints the map as a JSON map file ``{"schema":
 "idemlink.regmap/1", "name", "hash", "description", "registers": [...]}`` that loads back as is
 (``idemlink regmap pump-controller --json > pump.json`` exports a built-in map to edit).
-``--check`` only validates: it prints
+``--check`` only validates (the map, and its ``[link]`` table if it has one): it prints
 ``ok: NAME (N registers, hash H)`` and exits 0, or prints the one-line reason and exits 6
 (``--check --json``: one ``idemlink.regmap-check/1`` object, ``{"ok", "name", "hash",
 "registers", "reason"}``).
@@ -36,12 +36,14 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from idemlink.protocol.link_profile import ProfileError, map_link
     from idemlink.protocol.regmap_file import RegmapFileError, map_document, resolve_regmap
 
     ref = args.file if args.file is not None else args.regmap_opt
     try:
         regmap = resolve_regmap(ref)
-    except RegmapFileError as exc:
+        map_link(ref)  # a [link] table a command would refuse makes the file invalid too
+    except (RegmapFileError, ProfileError) as exc:
         if args.check:
             emit(args, CHECK_SCHEMA, {"ok": False, "name": None, "hash": None,
                                       "registers": None, "reason": str(exc)},
