@@ -21,6 +21,8 @@ Contract:
   ``bytes_overflow`` (``link.stats()``), as a UART FIFO overflows.
 - Reboot events are not acted on here (there is no device to reboot); ``link`` is exposed for
   its counters (``link.stats()``).
+- ``port_options(spec)``, when given, returns further pyserial keywords for an existing end
+  (``bytesize``, ``parity``, ``stopbits``: its character format; ``idemlink link`` decides them).
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import select
 import threading
 import time
 import tty
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
+from typing import Any
 
 import serial
 
@@ -92,7 +95,8 @@ class _End:
 class _FdEnd(_End):
     """A non-blocking tty fd: a pty master the proxy created, or a device/pty path."""
 
-    def __init__(self, label: str, path: str | None, baud: int) -> None:
+    def __init__(self, label: str, path: str | None, baud: int,
+                 options: Mapping[str, Any] | None = None) -> None:
         super().__init__(label)
         self._port: serial.Serial | None = None
         self._slave: int | None = None
@@ -103,7 +107,7 @@ class _FdEnd(_End):
             self._slave = slave  # held open: the pty survives clients coming and going
             self.path = os.ttyname(slave)
         else:
-            self._port = serial.Serial(path, baudrate=baud, timeout=0)
+            self._port = serial.Serial(path, baudrate=baud, timeout=0, **(options or {}))
             self._fd = self._port.fileno()
             self.path = path
         os.set_blocking(self._fd, False)
@@ -144,10 +148,11 @@ class _FdEnd(_End):
 class _UrlEnd(_End):
     """A pyserial URL without a usable fd: a reader thread feeds a pipe that ``select`` watches."""
 
-    def __init__(self, label: str, url: str, baud: int) -> None:
+    def __init__(self, label: str, url: str, baud: int,
+                 options: Mapping[str, Any] | None = None) -> None:
         super().__init__(label)
         self.path = url
-        self._port = serial.serial_for_url(url, baudrate=baud, timeout=0.02)
+        self._port = serial.serial_for_url(url, baudrate=baud, timeout=0.02, **(options or {}))
         self._r, self._w = os.pipe()
         os.set_blocking(self._r, False)
         self._running = True
@@ -185,10 +190,12 @@ class _UrlEnd(_End):
         os.close(self._w)
 
 
-def _open_end(label: str, spec: str | None, baud: int) -> _End:
+def _open_end(label: str, spec: str | None, baud: int,
+              port_options: Callable[[str], Mapping[str, Any]] | None) -> _End:
+    options = port_options(spec) if port_options is not None and spec is not None else None
     if spec is not None and "://" in spec:
-        return _UrlEnd(label, spec, baud)
-    return _FdEnd(label, spec, baud)
+        return _UrlEnd(label, spec, baud, options)
+    return _FdEnd(label, spec, baud, options)
 
 
 class LinkProxy:
@@ -203,6 +210,7 @@ class LinkProxy:
         *,
         quantum: float = DEFAULT_QUANTUM,
         tap: Callable[[str, bytes, float], None] | None = None,
+        port_options: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> None:
         self.link = Link(config, config_ba)
         self.tap = tap  #: sees every delivery: (direction name, bytes, link time)
@@ -210,9 +218,9 @@ class LinkProxy:
         port_baud = config.baud if config.baud is not None else 115200
         self._ends: list[_End] = []
         try:
-            self.a = _open_end("a", a, port_baud)
+            self.a = _open_end("a", a, port_baud, port_options)
             self._ends.append(self.a)
-            self.b = _open_end("b", b, port_baud)
+            self.b = _open_end("b", b, port_baud, port_options)
             self._ends.append(self.b)
         except BaseException:
             self.close()

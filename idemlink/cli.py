@@ -58,18 +58,15 @@ def add_regmap_option(parser: argparse.ArgumentParser) -> None:
              "map's name; default: the built-in thermal-controller")
 
 
-MAX_BAUDRATE = 20_000_000
-
-
 def baud_rate(text: str) -> int:
-    """A baud rate: an integer in 1..20,000,000 (0 would hang up a real line, B0)."""
+    """A baud rate: an integer in 1..20,000,000 (0 would hang up a real line, B0): the rule of
+    ``idemlink.protocol.link_profile.parse_baudrate``, as an argparse type."""
+    from idemlink.protocol.link_profile import ProfileError, parse_baudrate
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 1 <= value <= MAX_BAUDRATE:
-        raise argparse.ArgumentTypeError(f"{value} outside 1..{MAX_BAUDRATE}")
-    return value
+        return parse_baudrate(text)
+    except ProfileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_baudrate_option(parser: argparse.ArgumentParser, default: int | None = 115200,
@@ -77,6 +74,39 @@ def add_baudrate_option(parser: argparse.ArgumentParser, default: int | None = 1
     """``--baudrate N``, the spelling of every command (``--baud`` kept as a hidden alias)."""
     parser.add_argument("--baudrate", type=baud_rate, default=default, metavar="N", help=text)
     add_hidden_alias(parser, "--baud", "baudrate", baud_rate)
+
+
+def _format_field(name: str) -> Callable[[str], Any]:
+    """An argparse type for one character-format field (``idemlink.protocol.char_format``)."""
+    from idemlink.protocol import char_format
+
+    parse: Callable[[object], Any] = getattr(char_format, f"parse_{name}")
+
+    def kind(text: str) -> Any:
+        try:
+            return parse(text)
+        except char_format.CharFormatError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    kind.__name__ = name
+    return kind
+
+
+def add_char_format_options(parser: argparse.ArgumentParser, *, modbus: bool = False,
+                            default: bool = False) -> None:
+    """``--bytesize``, ``--parity``, ``--stopbits``: the line's character format. ``default``:
+    8N1 filled in here (a command without connection settings); otherwise left None for
+    ``idemlink.commands.connection`` (8N1, or 8E1 with ``--modbus-rtu`` when ``modbus``)."""
+    parity = "N; E with --modbus-rtu, the Modbus default" if modbus else "N"
+    parser.add_argument("--bytesize", type=_format_field("bytesize"),
+                        default=8 if default else None, metavar="{5,6,7,8}",
+                        help="data bits per character (default 8)")
+    parser.add_argument("--parity", type=_format_field("parity"),
+                        default="N" if default else None, metavar="{N,E,O,M,S}",
+                        help=f"parity: none, even, odd, mark, space (default {parity})")
+    parser.add_argument("--stopbits", type=_format_field("stopbits"),
+                        default=1 if default else None, metavar="{1,1.5,2}",
+                        help="stop bits (default 1)")
 
 
 def add_hidden_alias(parser: argparse.ArgumentParser, alias: str, dest: str,
@@ -127,17 +157,49 @@ def _add_logging_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
 class Parser(argparse.ArgumentParser):
     """An argparse parser whose usage error is one line on stderr, ``idemlink write: error:
     MESSAGE (usage: idemlink write --help)``, exit 2 — and also an ``idemlink.error/1`` object
-    on stdout when the command line asks for ``--json``."""
+    on stdout when the command line asks for ``--json``.
+
+    A command that takes connection settings (``idemlink.commands.connection``) gets the ones
+    its command line left out from the environment, a profile, its map's ``[link]`` and the
+    defaults while it is parsed, so every parsed namespace is complete: a bad environment
+    variable is a usage error (exit 2), a bad profile or ``[link]`` one line and exit 1."""
 
     json_errors = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        ns, extras = super().parse_known_args(args, namespace)
+        if getattr(ns, "connection_keys", None) and not getattr(ns, "connection_filled", False):
+            from idemlink.commands.connection import SettingsError, fill_settings
+
+            ns.connection_filled = True
+            try:
+                fill_settings(ns, os.environ)
+            except SettingsError as exc:
+                if exc.usage:
+                    self.error(str(exc))
+                self._refuse(str(exc))
+        return ns, extras
+
+    def _refuse(self, message: str) -> None:
+        """A local error found while parsing (a bad profile): one line, exit 1."""
+        if Parser.json_errors:
+            from idemlink.output import ERROR_SCHEMA, print_json
+
+            print_json(ERROR_SCHEMA, {"command": self._command(), "message": message,
+                                      "exit": EXIT_LOCAL_ERROR})
+        self.exit(EXIT_LOCAL_ERROR, f"{self.prog}: {message}\n")
+
+    def _command(self) -> str | None:
+        return self.prog.split()[1] if len(self.prog.split()) > 1 else None
 
     def error(self, message: str) -> Any:
         message = " ".join(message.split())  # argparse's own messages may span lines
         if Parser.json_errors:
             from idemlink.output import ERROR_SCHEMA, print_json
 
-            command = self.prog.split()[1] if len(self.prog.split()) > 1 else None
-            print_json(ERROR_SCHEMA, {"command": command, "message": message,
+            print_json(ERROR_SCHEMA, {"command": self._command(), "message": message,
                                       "exit": EXIT_USAGE})
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
 

@@ -8,6 +8,7 @@ import os
 import termios
 import tty
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from rtu_reply import rtu_reply
@@ -178,3 +179,151 @@ def test_a_bad_format_is_refused_before_the_port_is_touched() -> None:
 
     with pytest.raises(CharFormatError, match="parity 'Q'"):
         open_port("/dev/nonexistent-port", parity="Q")
+
+
+# ------------------------------------------- a peer told the format: an RFC 2217 server
+
+
+class Rfc2217Slave:
+    """An RFC 2217 server — pyserial's own ``PortManager``, a real implementation of the
+    protocol's server side — in front of a Modbus RTU slave (``RtuServer``) on a UART set to
+    ``uart`` (8E1). The client's ``rfc2217://`` port tells the server the format it was opened
+    with; the server sets its port to it (``formats`` records each) — which is all a real server
+    can see. What a real UART then does with a sender of another format (parity and framing
+    errors: the frame is lost) is modelled: bytes arriving while the negotiated format is not the
+    UART's are dropped."""
+
+    def __init__(self, uart: str = "8E1") -> None:
+        import socket
+        import threading
+
+        import serial
+
+        self.uart = CharFormat.parse(uart)
+        self.formats: list[str] = []
+        self.dropped = 0
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"rfc2217://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.port = serial.serial_for_url("loop://")  # holds the settings the client asks for
+        self.server = RtuServer(DeviceCore(DEFAULT_MAP), unit=1)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _negotiated(self) -> CharFormat:
+        return CharFormat(self.port.bytesize, self.port.parity, self.port.stopbits)
+
+    def _serve(self) -> None:
+        import time
+
+        from serial.rfc2217 import PortManager
+
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(0.05)
+                manager = PortManager(self.port, _Writer(conn))
+                seen: CharFormat | None = None
+                while not self.stop.is_set():
+                    try:
+                        data = conn.recv(4096)
+                    except TimeoutError:
+                        continue
+                    except OSError:
+                        break
+                    if not data:
+                        break
+                    line = b"".join(manager.filter(data))
+                    fmt = self._negotiated()
+                    if fmt != seen:
+                        seen = fmt
+                        self.formats.append(str(fmt))
+                    if not line:
+                        continue
+                    if fmt != self.uart:
+                        self.dropped += len(line)
+                        continue
+                    self.server.receive_data(line, time.monotonic())
+                    answer = self.server.data_to_send()
+                    if answer:
+                        try:
+                            conn.sendall(b"".join(manager.escape(answer)))
+                        except OSError:
+                            break
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.listener.close()
+
+
+class _Writer:
+    def __init__(self, conn: object) -> None:
+        self.conn = conn
+
+    def write(self, data: bytes) -> None:
+        self.conn.sendall(data)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def rfc2217_slave() -> Iterator[Rfc2217Slave]:
+    slave = Rfc2217Slave("8E1")
+    try:
+        yield slave
+    finally:
+        slave.close()
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    from idemlink.cli import main
+
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+QUICK = ("--timeout", "0.2", "--attempts", "2")
+
+
+def test_modbus_rtu_speaks_8e1_unless_told_otherwise(rfc2217_slave: Rfc2217Slave,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``--modbus-rtu`` opens the line 8E1 (the Modbus default): the server is told so and the
+    8E1 slave answers; ``--parity N`` is an 8N1 line the slave cannot read: no slave answered."""
+    rc, out, err = _cli(capsys, "read", "--port", rfc2217_slave.url, "--modbus-rtu", "mode", *QUICK)
+    assert rc == 0 and out.strip() == "mode = auto (1)", err
+    assert rfc2217_slave.formats[-1] == "8E1" and rfc2217_slave.dropped == 0
+    rc, out, err = _cli(capsys, "read", "--port", rfc2217_slave.url, "--modbus-rtu",
+                        "--parity", "N", "mode", *QUICK)
+    assert rc == 1 and "no Modbus RTU slave answered at unit 1" in err, err
+    assert rfc2217_slave.formats[-1] == "8N1" and rfc2217_slave.dropped > 0
+
+
+def test_a_framed_command_speaks_8n1_and_asks_modbus_on_its_own_line(
+        rfc2217_slave: Rfc2217Slave, capsys: pytest.CaptureFixture[str]) -> None:
+    """A framed command opens 8N1: no idemlink device answers, and the 8E1 slave cannot read
+    the question whether a Modbus slave is there (``Device.open`` asks it on the same port), so
+    it is "no device" — on a real line as here. Given ``--parity E``, the line is the slave's:
+    still no idemlink device, and the hint to add --modbus-rtu."""
+    rc, _, err = _cli(capsys, "read", "--port", rfc2217_slave.url, "mode", *QUICK)
+    assert rc == 1 and "answers Modbus RTU" not in err, err
+    assert rfc2217_slave.formats == ["8N1"] and rfc2217_slave.dropped > 0
+    rc, _, err = _cli(capsys, "read", "--port", rfc2217_slave.url, "--parity", "E", "mode", *QUICK)
+    assert rc == 1 and "this port answers Modbus RTU, not idemlink: add --modbus-rtu" in err, err
+    assert rfc2217_slave.formats[-1] == "8E1"
+
+
+def test_the_format_from_a_profile_and_the_environment_reaches_the_line(
+        rfc2217_slave: Rfc2217Slave, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    profile = tmp_path / "line.toml"
+    profile.write_text(f'port = "{rfc2217_slave.url}"\nmodbus_rtu = true\nparity = "O"\n')
+    rc, _, err = _cli(capsys, "read", "--profile", str(profile), "mode", *QUICK)
+    assert rc == 1 and rfc2217_slave.formats[-1] == "8O1", err
+    monkeypatch.setenv("IDEMLINK_PARITY", "even")
+    rc, out, err = _cli(capsys, "read", "--profile", str(profile), "mode", *QUICK)
+    assert rc == 0 and out.strip() == "mode = auto (1)", err
+    assert rfc2217_slave.formats[-1] == "8E1"

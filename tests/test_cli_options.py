@@ -45,6 +45,14 @@ def test_baudrate_is_spelt_one_way(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_that_opens_a_port_takes_the_character_format(name: str) -> None:
+    """--bytesize/--parity/--stopbits wherever a port is opened (link: its --a/--b sides)."""
+    options = {o for a in COMMANDS[name]._actions for o in a.option_strings}
+    if ({"--port", "--a"} & options) and name != "ports":
+        assert {"--bytesize", "--parity", "--stopbits"} <= options, name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_timeout_means_the_wait_for_each_answer(name: str) -> None:
     for action in COMMANDS[name]._actions:
         if "--timeout" in action.option_strings and action.help is not argparse.SUPPRESS:

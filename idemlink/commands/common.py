@@ -4,9 +4,12 @@ register's value is parsed and shown.
 Contract:
 
 - ``device_options()``: the options every device command takes (``--port`` once or several times,
-  ``--ports-file``, ``--baudrate``, ``--timeout``, ``--attempts``, ``--trace``, ``--regmap``), as
-  an argparse parent; ``add_rtu_options`` adds ``--modbus-rtu [--unit N]`` (``rtu_unit`` checks
-  them). Each command adds its own ``--json``, naming its schema.
+  ``--ports-file``, ``--baudrate``, ``--bytesize``, ``--parity``, ``--stopbits``, ``--timeout``,
+  ``--attempts``, ``--trace``, ``--regmap``, ``--profile``), as an argparse parent;
+  ``add_rtu_options`` adds ``--modbus-rtu [--unit N]`` (``rtu_unit`` checks them). Settings left
+  off the command line come from the environment, a profile, the map's ``[link]`` or the
+  defaults (``idemlink.commands.connection``). ``line_settings(args)`` is what opens the port:
+  baud rate and character format. Each command adds its own ``--json``, naming its schema.
 - ``EXIT_OF_OUTCOME``: OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5 (``idemlink.cli`` lists every
   exit status); ``worst`` ranks several outcomes (UNKNOWN > REJECTED > NOT_EXECUTED > OK).
 - Values: ``parse_value`` reads a value as typed for a register (``RegisterSpec.raw_from_text``),
@@ -30,12 +33,15 @@ from idemlink.cli import (
     EXIT_UNKNOWN,
     UserError,
     add_baudrate_option,
+    add_char_format_options,
     add_regmap_option,
 )
+from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
 from idemlink.commands.many import add_port_options
 from idemlink.commands.selection import resolve
 from idemlink.host.device import Result
 from idemlink.output import register_entry
+from idemlink.protocol.link_profile import MAX_TIMEOUT as LINK_MAX_TIMEOUT
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
 
@@ -63,23 +69,37 @@ def device_options() -> argparse.ArgumentParser:
     parent (each command adds its own ``--json``, naming its schema)."""
     common = argparse.ArgumentParser(add_help=False)
     add_port_options(common)
-    add_baudrate_option(common)
-    common.add_argument("--timeout", type=float, default=0.2,
-                        help="seconds to wait for each answer before a retry (default 0.2)")
-    common.add_argument("--attempts", type=int, default=5,
-                        help="sends per command before it is UNKNOWN (default 5)")
+    add_baudrate_option(common, default=None)
+    add_char_format_options(common, modbus=True)
+    add_answer_options(common)
     common.add_argument("--trace", metavar="FILE", default=None,
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
+    add_connection_options(common, DEVICE_KEYS)
     return common
+
+
+def add_answer_options(p: argparse.ArgumentParser, attempts: str = "sends per command before "
+                       "it is UNKNOWN (default 5)") -> None:
+    """``--timeout S`` and ``--attempts N``, left None for ``idemlink.commands.connection``."""
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds to wait for each answer before a retry (default 0.2)")
+    p.add_argument("--attempts", type=int, default=None, help=attempts)
 
 
 def add_rtu_options(p: argparse.ArgumentParser) -> None:
     """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``)."""
-    p.add_argument("--modbus-rtu", action="store_true",
+    p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="the port has a standard Modbus RTU slave (not an idemlink device)")
     p.add_argument("--unit", type=int, default=None,
                    help="with --modbus-rtu: its unit id (1..247, default 1)")
+
+
+def line_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The keywords that open the command's port: ``baudrate``, ``bytesize``, ``parity``,
+    ``stopbits`` (``Device.open``, ``RtuDevice.open``, ``open_port`` take them all)."""
+    return {"baudrate": args.baudrate, "bytesize": args.bytesize, "parity": args.parity,
+            "stopbits": args.stopbits}
 
 
 def rtu_unit(args: argparse.Namespace) -> int | None:
@@ -140,7 +160,7 @@ def fault_word_of_bits(regmap: RegisterMap, bits: Sequence[str]) -> str | None:
 # ------------------------------------------------------------------------------- opening, output
 
 
-MAX_TIMEOUT = 60.0
+MAX_TIMEOUT = LINK_MAX_TIMEOUT
 """Upper bound of ``--timeout`` (seconds per answer): beyond it a lost answer looks like a hang."""
 MAX_SECONDS = 366 * 86400.0
 """Upper bound of ``monitor --seconds`` (a year): larger values overflow the clock arithmetic."""

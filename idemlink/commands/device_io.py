@@ -3,11 +3,13 @@
 Contract:
 
 - ``open_any_device(args)``: the idemlink device at ``--port`` (``Device.open``, DTR/RTS low,
-  exclusive), or with ``--modbus-rtu`` the standard slave (``RtuDevice``). Tests may inject the
+  exclusive), or with ``--modbus-rtu`` the standard slave (``RtuDevice``), the port opened with
+  the command's baud rate and character format (``line_settings``). Tests may inject the
   device: ``args.open_device()`` is used when the namespace has it. No port, no device answering,
   a busy port, a device serving another map: one ``UserError`` line, nothing sent. A framed command
   that finds no idemlink device but a Modbus RTU slave at unit 1 (``AnswersModbusRtu`` from
-  ``Device.open``) says "this port answers Modbus RTU, not idemlink: add --modbus-rtu".
+  ``Device.open``, asked on the command's own line and format) says "this port answers Modbus
+  RTU, not idemlink: add --modbus-rtu".
 - ``link_guarded(handler)``: the handler on every ``--port`` (several: ``idemlink.commands.many``),
   with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
   request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
@@ -39,11 +41,13 @@ from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
     MAX_TIMEOUT,
     check_seconds,
+    line_settings,
     result_json,
     rtu_unit,
     schema_of,
     worst,
 )
+from idemlink.commands.connection import describe_sources
 from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.command import Reconciliation
 from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
@@ -69,8 +73,9 @@ def open_device(args: argparse.Namespace) -> Device:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     regmap = regmap_from(args)
     trace = getattr(args, "trace", None)
+    log_sources(args)
     try:
-        dev = Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+        dev = Device.open(args.port, **line_settings(args), timeout=args.timeout,
                           attempts=args.attempts, regmap=regmap, trace=trace)
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
@@ -85,6 +90,13 @@ def open_device(args: argparse.Namespace) -> Device:
              info.device_id if info is not None else "?", info.name if info is not None else "?",
              regmap.name)
     return dev
+
+
+def log_sources(args: argparse.Namespace) -> None:
+    """``-v``: the connection settings the command line did not give, and where they came from."""
+    said = describe_sources(args)
+    if said:
+        log.info("settings: %s", said)
 
 
 def port_said_once(port: str, exc: BaseException) -> str:
@@ -115,8 +127,9 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
     if getattr(args, "if_generation", None) is not None:
         raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
                         "which a standard Modbus RTU slave does not have; nothing was sent")
+    log_sources(args)
     try:
-        return RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
+        return RtuDevice.open(args.port, unit=unit, **line_settings(args),
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:

@@ -15,13 +15,25 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from idemlink.cli import EXIT_OK, UserError, add_baudrate_option, add_regmap_option, regmap_from
+from idemlink.cli import (
+    EXIT_OK,
+    UserError,
+    add_baudrate_option,
+    add_char_format_options,
+    add_regmap_option,
+    regmap_from,
+)
+from idemlink.commands.common import add_answer_options
+from idemlink.commands.connection import add_connection_options
 from idemlink.output import add_json_option, print_json
 
 INFO_SCHEMA = "idemlink.info/1"
 RTU_INFO_REFUSED = ("info shows what an idemlink device says of itself in its HELLO reply (id, "
                     "epoch, map, limits); a standard Modbus RTU slave says none of it: read its "
                     "registers with `idemlink read --modbus-rtu --port P --all`")
+INFO_KEYS = ("port", "baudrate", "bytesize", "parity", "stopbits", "timeout", "attempts",
+             "modbus_rtu", "regmap")
+"""Every connection setting but the unit: info has no --unit (it refuses --modbus-rtu)."""
 RTU_INFO_HINT = ("`idemlink info` cannot identify it; read it with `idemlink read --modbus-rtu "
                  "--port P --all`")
 
@@ -30,21 +42,21 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "info", help="identify the device on a port: id, epoch, register map, limits")
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
-    add_baudrate_option(p)
-    p.add_argument("--timeout", type=float, default=0.2,
-                   help="seconds to wait for each answer before a retry (default 0.2)")
-    p.add_argument("--attempts", type=int, default=5, help="HELLOs before giving up (default 5)")
+    add_baudrate_option(p, default=None)
+    add_char_format_options(p)
+    add_answer_options(p, "HELLOs before giving up (default 5)")
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
-    p.add_argument("--modbus-rtu", action="store_true",
+    p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="refused: a standard Modbus RTU slave has no HELLO identity to show "
                         "(read its registers with `idemlink read --modbus-rtu --all`)")
+    add_connection_options(p, INFO_KEYS)
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.common import MAX_TIMEOUT, check_seconds
-    from idemlink.commands.device_io import no_device, port_said_once
+    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, line_settings
+    from idemlink.commands.device_io import log_sources, no_device, port_said_once
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
     from idemlink.protocol.payloads import printable
@@ -57,8 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     regmap = regmap_from(args)
+    log_sources(args)
     try:
-        with Device.open(args.port, baudrate=args.baudrate, timeout=args.timeout,
+        with Device.open(args.port, **line_settings(args), timeout=args.timeout,
                          attempts=args.attempts, regmap=regmap, check_map=False) as dev:
             info = dev.info
             epoch = dev.session.epoch

@@ -5,7 +5,9 @@ pseudo-terminal. The paths of both sides are printed first, one per line (a, the
 can connect its programs; then the proxy serves until SIGINT or SIGTERM, exits 0 and leaves no pty
 behind. ``--stats`` prints the fault counters as JSON on stderr at exit. ``--json``: the first
 line is ``{"schema": "idemlink.link/1", "a", "b"}`` instead of the two paths, and the counters
-are one ``idemlink.link-stats/1`` object on stdout at exit.
+are one ``idemlink.link-stats/1`` object on stdout at exit. An existing side is opened with
+``--bytesize``/``--parity``/``--stopbits`` (default 8N1; a pty takes none but the stop bits:
+``idemlink.host.transport.opened_format``); the emulated pacing counts 10 bits per byte.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from idemlink.cli import (
     UserError,
     add_baudrate_option,
+    add_char_format_options,
     add_hidden_alias,
     add_regmap_option,
     regmap_from,
@@ -53,6 +56,7 @@ def register(sub: Any) -> None:
     p.add_argument("--a", metavar="PATH|URL", help="side a (default: create a pty)")
     p.add_argument("--b", metavar="PATH|URL", help="side b (default: create a pty)")
     add_baudrate_option(p, default=None, text="line rate, 10 bits/byte (default: unpaced)")
+    add_char_format_options(p, default=True)
     p.add_argument("--latency-ms", type=float, default=0.0, help="one-way latency in ms")
     p.add_argument("--byte-loss", dest="loss", type=float, default=0.0, metavar="P",
                    help="probability that a byte is lost, per byte (default 0)")
@@ -106,6 +110,15 @@ def _monitor_tap(regmap: RegisterMap, as_json: bool = False) -> Callable[[str, b
     return tap
 
 
+def _port_options(spec: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The character format an existing side is opened with (a pty's: 8N, the stop bits)."""
+    from idemlink.host.transport import opened_format
+    from idemlink.protocol.char_format import CharFormat
+
+    fmt = opened_format(spec, CharFormat(args.bytesize, args.parity, args.stopbits))
+    return {"bytesize": fmt.bytesize, "parity": fmt.parity, "stopbits": fmt.stopbits}
+
+
 def run(args: argparse.Namespace) -> int:
     from idemlink.device_sim.link import LinkConfig, LinkConfigError
     from idemlink.device_sim.link_proxy import LinkProxy
@@ -130,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     regmap = regmap_from(args)  # a bad --regmap is refused even without --monitor
     tap = _monitor_tap(regmap, bool(getattr(args, "json", False))) if args.monitor else None
     try:
-        proxy = LinkProxy(args.a, args.b, config, tap=tap)
+        proxy = LinkProxy(args.a, args.b, config, tap=tap,
+                          port_options=lambda spec: _port_options(spec, args))
     except (OSError, ValueError) as exc:  # serial.SerialException is an OSError
         raise UserError(f"cannot open a side: {exc}") from None
     with proxy:

@@ -4,7 +4,9 @@ a port.
 Contract: one line per frame or refused frame (``idemlink.protocol.frame.FrameDecoder``,
 ``FrameDescriber``), ``--json`` one ``idemlink.monitor/1`` object each; one port only; it stops
 after N frames, S seconds (finite, > 0, at most a year) or Ctrl-C (exit 0). ``--timeout``,
-``--attempts`` and ``--trace`` do not apply and are not taken.
+``--attempts`` and ``--trace`` do not apply and are not taken. The port's baud rate and
+character format (default 8N1), and the port itself, may come from a profile or the environment
+(``idemlink.commands.connection``).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from idemlink.cli import (
     EXIT_OK,
     UserError,
     add_baudrate_option,
+    add_char_format_options,
     add_regmap_option,
     regmap_from,
 )
-from idemlink.commands.common import MAX_SECONDS, check_seconds
+from idemlink.commands.common import MAX_SECONDS, check_seconds, line_settings
+from idemlink.commands.connection import LINE_KEYS, add_connection_options
 from idemlink.commands.many import PortAction, ports_of
 from idemlink.host.frame_view import FrameDescriber
 from idemlink.output import add_json_option, print_json
@@ -32,8 +36,10 @@ def register(sub: Any) -> None:
     p = sub.add_parser("monitor", help="decode frames passing on a port")
     p.add_argument("--port", action=PortAction, default=None,
                    help="the device path or pyserial URL to listen on")
-    add_baudrate_option(p)
+    add_baudrate_option(p, default=None)
+    add_char_format_options(p)
     add_regmap_option(p)
+    add_connection_options(p, ("port", *LINE_KEYS, "regmap"))
     add_json_option(p, "idemlink.monitor/1")
     p.add_argument("--count", type=int, metavar="N", help="stop after N frames")
     p.add_argument("--seconds", type=float, metavar="S", help="stop after S seconds")
@@ -56,7 +62,7 @@ def run_monitor(args: argparse.Namespace) -> int:
     if args.seconds is not None:
         check_seconds("--seconds", args.seconds, MAX_SECONDS)
     try:
-        port = open_port(args.port, baudrate=args.baudrate, exclusive=False, timeout=0.05)
+        port = open_port(args.port, **line_settings(args), exclusive=False, timeout=0.05)
     except PortError as exc:
         raise UserError(str(exc)) from None
     print(f"idemlink monitor: listening on {args.port}", file=sys.stderr, flush=True)

@@ -10,6 +10,11 @@ A port that cannot be opened or a bad flash directory is a one-line error (exit 
 directory serves one simulator at a time (an exclusive ``flock`` on the directory, held while it
 serves): a second one on the same directory is refused with one line, exit 1, nothing changed.
 ``--effects FILE`` appends the framed device's boots and executions to FILE (docs/SOAK.md).
+``--port`` is served with ``--baudrate`` and the character format (``--bytesize``, ``--parity``,
+``--stopbits``: 8N1, 8E1 with ``--modbus-rtu``); with ``--modbus-rtu`` the format and the baud rate
+also set t3.5 (``rtu_timing``). Those, the unit, ``--modbus-rtu`` and the map may come from the
+environment, a profile or the map's ``[link]`` (``idemlink.commands.connection``) — the port never
+does: the simulator serves a new pty unless ``--port`` says otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_OK, UserError, add_hidden_alias, add_regmap_option, regmap_from
+from idemlink.cli import (
+    EXIT_OK,
+    UserError,
+    add_baudrate_option,
+    add_char_format_options,
+    add_regmap_option,
+    regmap_from,
+)
+from idemlink.commands.connection import LINE_KEYS, add_connection_options
 from idemlink.host.errors import PortError
 from idemlink.output import add_json_option, print_json, wants_json
 
@@ -36,17 +49,19 @@ def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "sim", help="run the simulated device (prints its port path first)"
     )
-    p.add_argument("--modbus-rtu", action="store_true", help="serve as a plain Modbus RTU slave")
+    p.add_argument("--modbus-rtu", action="store_true", default=None,
+                   help="serve as a plain Modbus RTU slave")
     p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
-    p.add_argument("--unit", type=int, default=1, help="Modbus unit id (default 1)")
+    p.add_argument("--unit", type=int, default=None, help="Modbus unit id (default 1)")
     p.add_argument("--flash-dir", help="directory keeping the configuration (and the device id) "
                    "across runs")
     p.add_argument("--device-id", default=None,
                    help="the id HELLO advertises (default: kept in --flash-dir, else drawn anew)")
     add_regmap_option(p)
-    p.add_argument("--baudrate", type=int, default=115200,
-                   help="baud rate for --port (with --modbus-rtu it also sets t3.5)")
-    add_hidden_alias(p, "--baud", "baudrate", int)
+    add_baudrate_option(p, default=None,
+                        text="baud rate for --port (with --modbus-rtu it also sets t3.5; "
+                             "default 115200)")
+    add_char_format_options(p, modbus=True)
     add_json_option(p, "idemlink.sim/1")
     p.add_argument("--trigger-duration", "--trigger-seconds", dest="trigger_duration",
                    type=float, default=5.0, help="seconds a trigger stays RUNNING (default 5)")
@@ -56,6 +71,7 @@ def register(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the framed simulator's boot epochs, mixed with the flash "
                         "directory's boot counter or fresh entropy (default: random)")
+    add_connection_options(p, (*LINE_KEYS, "unit", "modbus_rtu", "regmap"))
     p.set_defaults(handler=run)
 
 
@@ -67,7 +83,8 @@ def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str
 
     if args.port:
         try:
-            port = SerialTransport(args.port, baudrate=args.baudrate)
+            port = SerialTransport(args.port, baudrate=args.baudrate, bytesize=args.bytesize,
+                                   parity=args.parity, stopbits=args.stopbits)
             port.port.write_timeout = WRITE_STALL
         except PortError as exc:
             raise UserError(str(exc)) from None
@@ -179,19 +196,19 @@ def run_rtu(args: argparse.Namespace) -> int:
     """The same register map as a plain Modbus RTU slave."""
     if not 1 <= args.unit <= 247:
         raise UserError(f"unit id {args.unit} outside 1..247")
-    if args.baudrate <= 0:
-        raise UserError(f"baud rate {args.baudrate} must be positive")
     from idemlink.device_sim.flash import ConfigFlash
     from idemlink.device_sim.rtu_server import RtuServer
+    from idemlink.protocol.char_format import CharFormat
     from idemlink.protocol.device_core import DeviceCore, SnapshotError
 
     regmap = regmap_from(args)
     core = DeviceCore(regmap, trigger_duration=args.trigger_duration)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
-        # t3.5 follows the line's baud rate; a pty has none (1.75 ms)
+        # t3.5 follows the line's baud rate and character format; a pty has no rate (1.75 ms)
         server = RtuServer(core, unit=args.unit, flash=flash,
-                           baudrate=args.baudrate if args.port else None)
+                           baudrate=args.baudrate if args.port else None,
+                           char_format=CharFormat(args.bytesize, args.parity, args.stopbits))
         if flash is not None:  # after the saved configuration was read and checked
             flash.claim_map(regmap.name, regmap.hash.hex())
     except (OSError, SnapshotError) as exc:

@@ -28,6 +28,8 @@ Contract:
   previous reading of that register, so a first reading or an ``--every`` repeat is none) and
   exit 0; exit 1 if no poll ever reached the device (a device serving another map is exit 1 at
   once).
+- The port, its line and the Modbus settings may come from the environment, a profile or the
+  map's ``[link]`` (``idemlink.commands.connection``), as for every device command.
 """
 
 from __future__ import annotations
@@ -41,8 +43,17 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_OK, UserError, add_regmap_option, regmap_from
-from idemlink.commands.common import SEVERITY
+from idemlink.cli import (
+    EXIT_LOCAL_ERROR,
+    EXIT_OK,
+    UserError,
+    add_baudrate_option,
+    add_char_format_options,
+    add_regmap_option,
+    regmap_from,
+)
+from idemlink.commands.common import SEVERITY, add_answer_options, add_rtu_options, line_settings
+from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
 from idemlink.output import error_json, print_json, register_entry
 from idemlink.protocol.outcome import Outcome
 
@@ -64,25 +75,21 @@ def register(sub: Any) -> None:
                         "default: every register")
     p.add_argument("--all", action="store_true", help="every register of the map (the default)")
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
-    p.add_argument("--baudrate", type=int, default=115200, help="baud rate (default 115200)")
-    p.add_argument("--timeout", type=float, default=0.2,
-                   help="seconds to wait for each answer before a retry (default 0.2)")
-    p.add_argument("--attempts", type=int, default=5,
-                   help="sends per read before it is UNKNOWN (default 5)")
+    add_baudrate_option(p, default=None)
+    add_char_format_options(p, modbus=True)
+    add_answer_options(p, "sends per read before it is UNKNOWN (default 5)")
     p.add_argument("--interval", type=float, default=1.0,
                    help="seconds between the starts of two polls (default 1)")
     p.add_argument("--count", type=int, default=None, help="stop after this many polls")
     p.add_argument("--every", action="store_true",
                    help="print every register at every poll, not only changes")
-    p.add_argument("--modbus-rtu", action="store_true",
-                   help="the port has a standard Modbus RTU slave (not an idemlink device)")
-    p.add_argument("--unit", type=int, default=None,
-                   help="with --modbus-rtu: its unit id (1..247, default 1)")
+    add_rtu_options(p)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--csv", action="store_true", help="CSV lines (with a header)")
     fmt.add_argument("--json", action="store_true",
                      help="one JSON object per reading, schema idemlink.watch/1 (docs/CLI.md)")
     add_regmap_option(p)
+    add_connection_options(p, DEVICE_KEYS)
     p.set_defaults(handler=run)
 
 
@@ -144,6 +151,7 @@ class Printer:
 
 def run(args: argparse.Namespace) -> int:
     from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit
+    from idemlink.commands.device_io import log_sources
     from idemlink.commands.selection import read_runs, select_registers
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
@@ -156,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     unit = rtu_unit(args)
     regmap = regmap_from(args)
+    log_sources(args)
     groups = read_runs(select_registers(regmap, args.registers, args.all))
     printer = Printer(args)
     summary = Summary()
@@ -216,11 +225,11 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
             if dev is None:
                 try:
                     if unit is not None:
-                        dev = RtuDevice.open(args.port, unit=unit, baudrate=args.baudrate,
+                        dev = RtuDevice.open(args.port, unit=unit, **line_settings(args),
                                              timeout=args.timeout, attempts=args.attempts,
                                              regmap=regmap)
                     else:
-                        dev = Device.open(args.port, baudrate=args.baudrate,
+                        dev = Device.open(args.port, **line_settings(args),
                                           timeout=args.timeout, attempts=args.attempts,
                                           regmap=regmap)
                 except IncompatibleDevice as exc:

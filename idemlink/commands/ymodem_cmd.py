@@ -17,7 +17,9 @@ stay); SIGTERM or SIGHUP unwind like Ctrl-C (CAN CAN, temporary deleted) and exi
 mid-batch; ``send --start-timeout`` the wait for the receiver to start (both were ``--timeout``,
 still accepted, hidden, for one release). ``--json`` prints one ``idemlink.send/1`` /
 ``idemlink.receive/1`` object; progress goes to stderr (``idemlink.output.Progress``); Ctrl-C is
-one line saying where the batch stopped, exit 130.
+one line saying where the batch stopped, exit 130. The port, its baud rate and character format
+(default 8N1) may come from a profile or the environment (``idemlink.commands.connection``);
+``send``'s ``--timeout`` is not the answer wait there, so a profile's ``timeout`` does not apply.
 """
 
 from __future__ import annotations
@@ -39,10 +41,12 @@ from idemlink.cli import (
     EXIT_UNKNOWN,
     UserError,
     add_baudrate_option,
+    add_char_format_options,
     add_hidden_alias,
     mark_reported,
     regmap_from,
 )
+from idemlink.commands.connection import LINE_KEYS, add_connection_options
 from idemlink.output import Progress, add_json_option, emit, error_json
 
 SEND_SCHEMA = "idemlink.send/1"
@@ -61,8 +65,10 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     s: argparse.ArgumentParser = sub.add_parser("send", help="send files by YMODEM")
     s.add_argument("files", nargs="+", metavar="FILE", help="the files to send, in this order")
-    s.add_argument("--port", required=True, help="serial port or pyserial URL")
-    add_baudrate_option(s)
+    s.add_argument("--port", help="serial port or pyserial URL (required: here, in the "
+                                   "environment or in a --profile)")
+    add_baudrate_option(s, default=None)
+    add_char_format_options(s)
     s.add_argument("--plain", action="store_true",
                    help="plain YMODEM to any receiver (no framed hand-over)")
     s.add_argument("--block-128", action="store_true", help="128-byte blocks only")
@@ -81,11 +87,14 @@ def register(sub: Any) -> None:
                    help="accepted like every device command's, checked, not needed: a file "
                         "transfer uses no register, so a device serving any map takes files")
     add_json_option(s, SEND_SCHEMA)
+    add_connection_options(s, ("port", *LINE_KEYS, "regmap"), required=("port",))
     s.set_defaults(handler=run_send)
 
     r: argparse.ArgumentParser = sub.add_parser("receive", help="receive files by YMODEM")
-    r.add_argument("--port", required=True, help="serial port or pyserial URL")
-    add_baudrate_option(r)
+    r.add_argument("--port", help="serial port or pyserial URL (required: here, in the "
+                                   "environment or in a --profile)")
+    add_baudrate_option(r, default=None)
+    add_char_format_options(r)
     r.add_argument("--dir", required=True, help="target directory")
     r.add_argument("--overwrite", action="store_true", help="replace existing files")
     r.add_argument("--quota", type=int, default=None, help="byte limit for the batch")
@@ -96,6 +105,7 @@ def register(sub: Any) -> None:
     r.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
     add_json_option(r, RECEIVE_SCHEMA)
+    add_connection_options(r, ("port", *LINE_KEYS), required=("port",))
     r.set_defaults(handler=run_receive)
 
 
@@ -133,13 +143,14 @@ def _close_quietly(port: Any) -> None:
         port.close()
 
 
-def _open(url: str, baud: int) -> Any:
-    """The plain YMODEM line: pyserial's own DTR/RTS, shared like lrzsz's (not locked)."""
+def _open(url: str, line: dict[str, Any]) -> Any:
+    """The plain YMODEM line (``line``: baud rate and character format, ``line_settings``):
+    pyserial's own DTR/RTS, shared like lrzsz's (not locked)."""
     from idemlink.host.errors import PortError
     from idemlink.host.transport import open_port
 
     try:
-        return open_port(url, baudrate=baud, keep_lines=False, exclusive=False, timeout=0.002)
+        return open_port(url, **line, keep_lines=False, exclusive=False, timeout=0.002)
     except PortError as exc:
         raise UserError(str(exc)) from exc
 
@@ -285,7 +296,9 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
     transfer shares: SIGTERM/SIGHUP -> 128 + signal, Ctrl-C -> one line and 130, the line dying
     mid-transfer -> one line and 5; the report and its exit status otherwise. The ``on_*`` texts
     say what became of the data in each case."""
-    port = _open(args.port, args.baudrate)
+    from idemlink.commands.common import line_settings
+
+    port = _open(args.port, line_settings(args))
     bar = _progress(args)
     try:
         with _signals_interrupt():
@@ -310,6 +323,7 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
+    from idemlink.commands.common import line_settings
     from idemlink.host.device import Device, NoDevice, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
@@ -317,7 +331,7 @@ def _send_framed(args: argparse.Namespace, config: Any) -> int:
     handed_over = False
     try:
         # check_map=False: a file transfer touches no register, whatever map the device serves
-        with Device.open(args.port, baudrate=args.baudrate, check_map=False) as dev:
+        with Device.open(args.port, **line_settings(args), check_map=False) as dev:
             handed_over = True  # from here on the device may have switched or stored something
             res, report = dev.send_files(args.files, progress=bar.update_item, config=config,
                                          overwrite=args.overwrite)
