@@ -15,7 +15,9 @@ Contract:
   itself), or None for no map, a built-in map's name, a file without one, or one that cannot be
   read or parsed (the map loader, ``idemlink.protocol.regmap_file``, then says why). A
   map's link is not part of its register contract: it changes neither the map nor its hash.
-- Files are read through ``read_regular_file`` (a regular file of at most ``MAX_FILE_BYTES``).
+- Files are read through ``read_regular_file`` (a regular file of at most ``MAX_FILE_BYTES``)
+  and parsed by ``idemlink.protocol.long_integers`` (an integer too long to convert is named
+  where it is, as in a map).
 
 Which source wins (command line, environment, profile, map, default) is the command line's
 business (``idemlink.commands.connection``); this module only reads and checks.
@@ -23,10 +25,8 @@ business (``idemlink.commands.connection``); this module only reads and checks.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,7 @@ from idemlink.protocol.char_format import (
     parse_parity,
     parse_stopbits,
 )
+from idemlink.protocol.long_integers import LongIntegerError, load_json, load_toml
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regmap_file import BUILTIN_MAPS
 from idemlink.protocol.regular_file import FileRefused, read_regular_file
@@ -189,9 +190,11 @@ def _document(path: Path, what: str) -> dict[str, object]:
     fmt = "json" if path.suffix.lower() == ".json" else "toml"
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
-        doc: object = json.loads(text) if fmt == "json" else tomllib.loads(text)
+        doc: object = load_json(text) if fmt == "json" else load_toml(text)
     except UnicodeDecodeError:
         raise ProfileError(f"{path}: not UTF-8 text") from None
+    except LongIntegerError as exc:  # named where it is, not Python's conversion-limit advice
+        raise ProfileError(f"{path}: {exc}") from None
     except (ValueError, RecursionError) as exc:  # TOMLDecodeError and JSONDecodeError included
         raise ProfileError(f"{path}: not valid {fmt.upper()}: {exc}") from None
     if not isinstance(doc, dict):

@@ -87,3 +87,21 @@ def test_regmap_check_refuses_a_map_whose_link_a_command_would_refuse(
     assert main(["regmap", "--check", str(bad)]) == 6
     assert capsys.readouterr().out.strip() == (
         f"invalid: {bad} [link]: stopbits: 3: stop bits are one of 1, 1.5, 2")
+
+
+def test_an_integer_too_long_is_named_not_pythons_advice(tmp_path: Path) -> None:
+    """As in a map (protocol/long_integers.py): the key and line, not
+    sys.set_int_max_str_digits()."""
+    p = tmp_path / "p.toml"
+    p.write_text('port = "/dev/ttyUSB0"\nbaudrate = ' + "9" * 5000 + "\n")
+    with pytest.raises(ProfileError) as exc:
+        load_profile(p)
+    assert str(exc.value).startswith(f"{p}: line 2: baudrate: integer too long (5000 digits")
+    assert "set_int_max_str_digits" not in str(exc.value)
+    j = tmp_path / "p.json"
+    j.write_text('{"unit": ' + "1" * 5000 + "}")
+    with pytest.raises(ProfileError, match=r"unit: integer too long \(5000 digits"):
+        load_profile(j)
+    linked = map_with_link(tmp_path / "dev.toml", "unit = " + "2" * 5000 + "\n")
+    with pytest.raises(Exception, match="integer too long"):
+        load_regmap(linked)  # the map loader names it first; map_link would too
