@@ -12,7 +12,8 @@ step's request has left it (the line holds it: journaled, not yet on the device)
 device has run it and its answer is on the way back; the board power-cut (SIGKILL, started again
 on the same flash directory: a new boot epoch) at the same moments or after a random delay, the
 held bytes then delivered late or lost (sometimes another board
-comes up instead, a hot swap; ``IDEMLINK_KILLS_HOT_SWAPS=0`` turns that off). Between runs a board may be power-cycled or swapped for another
+comes up instead, a hot swap; ``IDEMLINK_KILLS_HOT_SWAPS=0`` turns that off). Between runs a
+board may be power-cycled or swapped for another
 (another flash directory: another device id). Then every board the trial touched is applied
 again until the run exits 0, an operator settling each step left UNKNOWN (exit 5) with
 ``--resolve KEY --executed|--not-executed`` from the device's record and re-arming a trigger a
