@@ -11,6 +11,9 @@ import signal
 
 import pytest
 
+#: the session-scoped fixtures over the C builds (device_bin, qemu_elf, lib_path, pump_build)
+pytest_plugins = ["support.fixtures"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_aio import WaitingTransport
+from support.aio import WaitingTransport
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import PARITY, AsyncDevice

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rtu_reply import rtu_on_pty
+from support.rtu import rtu_on_pty
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.protocol.device_core import DeviceCore

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_rtu_client import TRIG, LossyWire, writes_to
+from support.rtu import TRIG, LossyWire, writes_to
 
 from idemlink.cli import UserError, build_parser, main
 from idemlink.host.journal import DeviceJournal

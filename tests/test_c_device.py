@@ -21,8 +21,6 @@ from __future__ import annotations
 import ctypes
 import os
 import random
-import re
-import shutil
 import signal
 import struct
 import subprocess
@@ -33,13 +31,17 @@ from pathlib import Path
 
 import pytest
 import serial
+from support import firmware
+from support.firmware import QemuDevice, RunningDevice
+from support.ptys import socat_pair
+from support.timing import scaled
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol import cobs
-from idemlink.protocol.contract import contract_hash, render_map_header
+from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession, Executor
 from idemlink.protocol.frame import (
@@ -62,30 +64,9 @@ from idemlink.protocol.registers import RegisterKind, RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, builtin_map
 from idemlink.protocol.ymodem_names import NameRefusal, check_name
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
 SLOTS = 8  #: IDL_REPLAY_SLOTS the library is built with
 TRIGGER_MS = 2000
 STEP_MS = 125  #: time steps are multiples of 1/8 s, exact in binary floating point
-
-
-def _missing_tools() -> str | None:
-    for tool in ("make",):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
-        return "no C compiler (gcc or cc)"
-    return None
-
-
-def _make(target: str, *args: str) -> None:
-    why = _missing_tools()
-    if why is not None:
-        pytest.skip(f"cannot build firmware_ref: {why}")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
 
 
 # ---- the C core through ctypes -----------------------------------------------------------------
@@ -126,9 +107,8 @@ def _load(path: Path) -> ctypes.CDLL:
 
 
 @pytest.fixture(scope="session")
-def clib() -> ctypes.CDLL:
-    _make("lib")
-    return _load(FW / "build" / "libidl_core.so")
+def clib(lib_path: Path) -> ctypes.CDLL:
+    return _load(lib_path)
 
 
 CANARY = b"\xa5\x5a\xc3\x3c" * 4
@@ -506,51 +486,13 @@ def test_c_rtu_answers_like_the_python_rtu_server(clib: ctypes.CDLL, seed: int) 
 # ---- the posix device, driven by the host's own driver ----------------------------------------
 
 
-@pytest.fixture(scope="session")
-def device_bin() -> Path:
-    _make("device")
-    return FW / "build" / "posix" / "idemlink-device"
-
-
-class RunningDevice:
-    """``idemlink-device`` on a new pty (its path is the first line of stdout)."""
-
-    def __init__(self, binary: Path, flash: Path, *args: str) -> None:
-        self.flash = flash
-        self.proc = subprocess.Popen(
-            [str(binary), "--flash-dir", str(flash), "--stats", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        self.path = self.proc.stdout.readline().strip()
-        port = args[args.index("--port") + 1] if "--port" in args else None
-        assert self.path == port if port else self.path.startswith("/dev/"), self.path
-
-    def stop(self) -> dict[str, int]:
-        """SIGTERM; the exit must be clean. Returns the device's counters."""
-        self.proc.terminate()
-        _, err = self.proc.communicate(timeout=5)
-        assert self.proc.returncode == 0, err
-        line = err.strip().splitlines()[-1]
-        return {k: int(v) for k, v in (w.split("=") for w in line.split() if "=" in w)}
-
-    def config(self) -> ConfigSnapshot:
-        return ConfigSnapshot.from_json((self.flash / "config.json").read_text(encoding="utf-8"))
-
-    @property
-    def files(self) -> Path:
-        """Where FILE_RECEIVE stores (``<flash-dir>/files``)."""
-        return self.flash / "files"
-
-
 @pytest.fixture
 def cdev(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
     dev = RunningDevice(device_bin, tmp_path / "flash", "--trigger-duration", "60")
     try:
         yield dev
     finally:
-        if dev.proc.poll() is None:
-            dev.proc.kill()
-            dev.proc.wait()
+        dev.kill()
 
 
 def test_hello_advertises_the_built_in_map_and_a_stable_id(cdev: RunningDevice) -> None:
@@ -716,26 +658,13 @@ def test_sigint_stops_cleanly(device_bin: Path, tmp_path: Path) -> None:
 # ---- the firmware targets of the core -----------------------------------------------------------
 
 
-def _need(*tools: str) -> None:
-    for tool in tools:
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-
-
-def _make_out(target: str, *args: str) -> str:
-    _need("make")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
-                          text=True, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
-
-
 def test_make_size_device_meets_the_budget() -> None:
     """Cortex-M0+ and M4, -Os: the whole core without YMODEM in <= 6 KiB of code, one device's
     RAM (K = 8 replay slots) <= 4 KiB."""
-    _need("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm")
+    out = firmware.make_once("size-device",
+                             tools=("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"))
     rows = [dict(kv.split("=", 1) for kv in ln.split())
-            for ln in _make_out("size-device").splitlines() if ln.startswith("cpu=")]
+            for ln in out.splitlines() if ln.startswith("cpu=")]
     for cpu in ("cortex-m0plus", "cortex-m4"):
         mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
         assert set(mine) == {"crc32c", "frame", "replay", "window", "session", "regs", "modbus",
@@ -751,12 +680,12 @@ def test_make_size_device_meets_the_budget() -> None:
 
 
 def test_make_qemu_core() -> None:
-    _need("arm-none-eabi-gcc", "qemu-system-arm")
-    assert _make_out("qemu-core").count(" 0 failures") == 2
+    out = firmware.make("qemu-core", tools=("arm-none-eabi-gcc", "qemu-system-arm"))
+    assert out.count(" 0 failures") == 2
 
 
 def test_make_fuzz_core() -> None:
-    _need("clang")
+    firmware.need("clang")
     probe = subprocess.run(
         ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", "/dev/null"],
         input="#include <stdint.h>\n#include <stddef.h>\n"
@@ -766,7 +695,7 @@ def test_make_fuzz_core() -> None:
     )
     if probe.returncode != 0:
         pytest.skip("clang without libFuzzer (libclang-rt-dev)")
-    _make_out("fuzz-core", "FUZZ_TIME=5")
+    firmware.make("fuzz-core", "FUZZ_TIME=5")
 
 
 # ---- the posix device as a Modbus RTU slave ------------------------------------------------------
@@ -775,27 +704,13 @@ def test_make_fuzz_core() -> None:
 @pytest.fixture
 def rtu_line(device_bin: Path, tmp_path: Path) -> Iterator[tuple[str, RunningDevice]]:
     """A socat pty pair; the C device (``--modbus-rtu``, unit 1) on one end; yields the other."""
-    _need("socat")
-    a, b = str(tmp_path / "devA"), str(tmp_path / "devB")
-    socat = subprocess.Popen(["socat", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
-                             stderr=subprocess.DEVNULL)
-    try:
-        for _ in range(250):  # socat creates both links before it moves bytes
-            if (Path(a).exists() and Path(b).exists()) or socat.poll() is not None:
-                break
-            time.sleep(0.02)
-        assert socat.poll() is None, "socat exited"
+    with socat_pair(tmp_path, "dev") as (a, b):
         dev = RunningDevice(device_bin, tmp_path / "flash", "--port", a, "--modbus-rtu",
                             "--unit", "1", "--trigger-duration", "0.3")
         try:
             yield b, dev
         finally:
-            if dev.proc.poll() is None:
-                dev.proc.kill()
-                dev.proc.wait()
-    finally:
-        socat.terminate()
-        socat.wait(5)
+            dev.kill()
 
 
 def _ask(port: serial.Serial, frame: bytes, expect: int) -> bytes:
@@ -851,18 +766,6 @@ def test_rtu_mode_serves_minimalmodbus_and_raw_frames(rtu_line: tuple[str, Runni
 PUMP = builtin_map("pump-controller")
 
 
-@pytest.fixture(scope="session")
-def pump_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The core built for the pump controller (gaps in the addresses, two fault words, two
-    triggers, a volatile HOLDING) from the header ``idemlink contract --regmap`` renders."""
-    d = tmp_path_factory.mktemp("pump")
-    header = d / "idemlink_regmap.h"
-    header.write_text(render_map_header(PUMP), encoding="utf-8")
-    for target in ("lib", "device"):
-        _make(target, f"BUILD={d / 'build'}", f"REGMAP_H={header}")
-    return d / "build"
-
-
 def test_pump_map_core_answers_like_python(pump_build: Path) -> None:
     lib = _load(pump_build / "libidl_core.so")
     rng = random.Random(3)
@@ -907,40 +810,13 @@ def test_pump_device_advertises_its_map_and_reverts_a_volatile_holding_at_boot(
 # ---- the device on an emulated MCU (QEMU mps2-an385) ---------------------------------------------
 
 
-class QemuDevice:
-    """``build/qemu/idemlink-device.elf`` on QEMU's mps2-an385; UART0 is a host pty. The
-    configuration file lives in ``workdir`` (semihosting)."""
-
-    def __init__(self, elf: Path, workdir: Path) -> None:
-        self.proc = subprocess.Popen(
-            ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor", "none",
-             "-serial", "pty", "-semihosting-config", "enable=on,target=native", "-kernel",
-             str(elf)], cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        match = re.search(r"(/dev/pts/\d+)", line)
-        assert match, line
-        self.path = match.group(1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.communicate(timeout=10)
-
-
-@pytest.fixture(scope="session")
-def qemu_elf() -> Path:
-    _need("arm-none-eabi-gcc", "qemu-system-arm")
-    _make("qemu-device")
-    return FW / "build" / "qemu" / "idemlink-device.elf"
-
-
 def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> None:
     """The same host driver, the same answers, from the core running on QEMU's Cortex-M3 with its
     UART on a pty: identity, writes, refusals, a replayed retransmission, a lossy link, and the
     configuration kept across a power cycle."""
     first = QemuDevice(qemu_elf, tmp_path)
     try:
-        with Device.open(first.path, timeout=0.5) as dev:
+        with Device.open(first.path, timeout=scaled(0.5)) as dev:
             assert dev.info is not None and dev.info.device_id == "qemu-mps2-an385"
             assert dev.info.map_hash == DEFAULT_MAP.hash
             assert dev.write({"threshold": 420, "mode": 2}).ok
@@ -948,7 +824,7 @@ def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> No
             assert dev.write_if_generation(7, {"threshold": 1}).outcome is Outcome.NOT_EXECUTED
             assert [dev.trigger().code, dev.trigger().code] == [0, 0x0101]
             epoch = dev.session.epoch
-        port = serial.serial_for_url(first.path, timeout=0.5)
+        port = serial.serial_for_url(first.path, timeout=scaled(0.5))
         try:
             write = struct.pack(">BHH", 6, 6, 77)
             once = _exchange(port, encode_frame(FrameType.REQUEST, 50_000, epoch, write))
@@ -959,7 +835,7 @@ def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> No
             port.close()
         url = (f"faulty://{first.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
                "&baud=115200&latency_ms=1&seed=5")
-        with Device.open(url, timeout=0.1, attempts=12) as dev:
+        with Device.open(url, timeout=scaled(0.1), attempts=12) as dev:
             results = [dev.write({"threshold": 500 + i}) for i in range(10)]
             assert [r.outcome for r in results] == [Outcome.OK] * 10
             assert dev.read("generation").values == (12,)  # 2 writes before, 10 here: once each
@@ -967,7 +843,7 @@ def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> No
         first.stop()
     second = QemuDevice(qemu_elf, tmp_path)  # power cycle: the configuration came back
     try:
-        with Device.open(second.path, timeout=0.5) as dev:
+        with Device.open(second.path, timeout=scaled(0.5)) as dev:
             assert dev.read("threshold", 3).values == (509, 2, 77)
             assert dev.read("generation").values == (12,)
             assert dev.read("self_clean").values == (0,)

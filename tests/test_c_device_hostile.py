@@ -25,14 +25,13 @@ Skips, naming the reason, when make or a C compiler is missing.
 from __future__ import annotations
 
 import ctypes
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_c_device import RunningDevice
-from test_c_ymodem import DEVICE, Pair, _build_lib
+from support.c_ymodem import DEVICE, Pair, load_library
+from support.firmware import QEMU_TOOL, RunningDevice
 
 from idemlink.device_sim.flash import (
     DEVICE_ID_FILE_BYTES,
@@ -45,20 +44,6 @@ from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
 from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.ymodem import RxState, build_block, build_header
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
-BINARY = FW / "build" / "posix" / "idemlink-device"
-
-
-@pytest.fixture(scope="module")
-def device_bin() -> Path:
-    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
-        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), "device"], capture_output=True, text=True,
-                          check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return BINARY
-
 
 @pytest.fixture
 def serving(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
@@ -66,9 +51,7 @@ def serving(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
     try:
         yield dev
     finally:
-        if dev.proc.poll() is None:
-            dev.proc.kill()
-            dev.proc.wait()
+        dev.kill()
 
 
 def _run(binary: Path, flash: Path) -> subprocess.CompletedProcess[str]:
@@ -105,16 +88,10 @@ def test_the_simulators_lock_keeps_the_c_device_out(device_bin: Path, tmp_path: 
     assert list(flash.iterdir()) == []
 
 
-def test_qemu_device_takes_the_same_lock(tmp_path: Path) -> None:
-    for tool in ("arm-none-eabi-gcc", "qemu-system-arm"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), "qemu-device"], capture_output=True,
-                          text=True, check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_qemu_device_takes_the_same_lock(qemu_elf: Path, tmp_path: Path) -> None:
     flash = tmp_path / "flash"
     with lock_flash_dir(flash):
-        refused = subprocess.run([str(FW / "tools" / "qemu-device"), "--flash-dir", str(flash)],
+        refused = subprocess.run([str(QEMU_TOOL), "--flash-dir", str(flash)],
                                  capture_output=True, text=True, timeout=10, check=False)
     assert refused.returncode == 1 and refused.stdout == ""
     assert len(refused.stderr.splitlines()) == 1 and "in use" in refused.stderr
@@ -196,8 +173,8 @@ def test_a_refused_flash_dir_keeps_its_temporaries(device_bin: Path, tmp_path: P
 
 
 @pytest.fixture(scope="module")
-def ymlib() -> ctypes.CDLL:
-    return _build_lib()
+def ymlib(lib_path: Path) -> ctypes.CDLL:
+    return load_library(lib_path)
 
 
 @pytest.mark.parametrize("after_data", [False, True], ids=["before-the-header", "mid-file"])

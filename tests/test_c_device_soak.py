@@ -20,7 +20,6 @@ skips when make or a C compiler (or, for QEMU, arm-none-eabi-gcc or qemu-system-
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import sys
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import serial
+from support.firmware import QEMU_TOOL
+from support.timing import read_line
 
 from idemlink.campaign import CampaignConfig, CampaignReport
 from idemlink.device_sim.device import SimulatedDevice
@@ -39,9 +40,6 @@ from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.soak_device import run_device_campaign
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
-QEMU_TOOL = FW / "tools" / "qemu-device"
 TRIGGER_S = 0.05
 RETRY_TIMEOUT = 0.005
 
@@ -52,34 +50,9 @@ def _fast(commands: int, seed: int, reboot_every: int = 500) -> CampaignConfig:
                           latency=0.0, max_batch=8, trigger_duration=TRIGGER_S)
 
 
-def _make(target: str, *tools: str) -> None:
-    for tool in ("make", *tools):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    if shutil.which("gcc") is None and shutil.which("cc") is None:
-        pytest.skip("no C compiler (gcc or cc)")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
-                          check=False, timeout=300)
-    if proc.returncode != 0:
-        pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
-
-
-@pytest.fixture(scope="session")
-def device_bin() -> Path:
-    _make("device")
-    return FW / "build" / "posix" / "idemlink-device"
-
-
-@pytest.fixture(scope="session")
-def qemu_elf() -> Path:
-    _make("qemu-device", "arm-none-eabi-gcc", "qemu-system-arm")
-    return FW / "build" / "qemu" / "idemlink-device.elf"
-
-
 def _start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    return proc, read_line(proc.stdout, proc)
 
 
 def _stop(proc: subprocess.Popen[str]) -> str:
@@ -300,28 +273,11 @@ def test_a_bad_retry_timeout_is_one_line_exit_1(args: list[str], says: str) -> N
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
 
 
-@pytest.fixture(scope="session")
-def pump_device_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The posix device built for the built-in pump controller (address gaps, two fault words,
-    two triggers, a volatile HOLDING), from the header `idemlink contract --regmap` renders."""
-    from idemlink.protocol.contract import render_map_header
-    from idemlink.protocol.regmap_file import builtin_map
-
-    _make("device")  # the tools are there
-    d = tmp_path_factory.mktemp("pump-soak")
-    header = d / "idemlink_regmap.h"
-    header.write_text(render_map_header(builtin_map("pump-controller")), encoding="utf-8")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), "device", f"BUILD={d / 'build'}",
-                           f"REGMAP_H={header}"], capture_output=True, text=True, check=False,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return d / "build" / "posix" / "idemlink-device"
-
-
-def test_a_device_built_for_another_map_is_soaked_with_that_map(pump_device_bin: Path,
+def test_a_device_built_for_another_map_is_soaked_with_that_map(pump_build: Path,
                                                                 tmp_path: Path) -> None:
     """`soak --regmap`: the campaign, the host and the oracle all take the device's own map
     (without it the device is refused as serving another map, nothing run)."""
+    pump_device_bin = pump_build / "posix" / "idemlink-device"
     template = f"{pump_device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
     argv = [sys.executable, "-m", "idemlink", "soak", "--device-cmd", template, "--commands",
             "600", "--reboot-every", "150", "--retry-timeout", "0.01", "--no-progress", "--json"]

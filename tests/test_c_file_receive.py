@@ -22,12 +22,13 @@ import hashlib
 import random
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_c_device import QemuDevice, RunningDevice
+from support import firmware
+from support.firmware import QemuDevice, RunningDevice
+from support.timing import scaled, wait_until
 
 from idemlink.host.device import Command, CommandKind, Device
 from idemlink.protocol.frame import crc32c
@@ -35,30 +36,14 @@ from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import ModbusException, Outcome
 from idemlink.protocol.ymodem import build_block, build_header
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
-BINARY = FW / "build" / "posix" / "idemlink-device"
-
-
-def _make(target: str) -> str:
-    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
-        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True, text=True,
-                          check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
-
 
 @pytest.fixture
-def cdev(tmp_path: Path) -> Iterator[RunningDevice]:
-    _make("device")
-    dev = RunningDevice(BINARY, tmp_path / "flash")
+def cdev(device_bin: Path, tmp_path: Path) -> Iterator[RunningDevice]:
+    dev = RunningDevice(device_bin, tmp_path / "flash")
     try:
         yield dev
     finally:
-        if dev.proc.poll() is None:
-            dev.proc.kill()
-            dev.proc.wait()
+        dev.kill()
 
 
 def sha(p: Path) -> str:
@@ -144,7 +129,7 @@ def test_a_batch_cut_short_leaves_nothing(cdev: RunningDevice) -> None:
                 cdev.stop()  # its CANs go out as it closes the pty (the differential test
                 break  # checks them): what matters here is the flash
             port.write(ending)
-            time.sleep(0.3)
+            wait_until(lambda: not any(cdev.files.iterdir()), what="the temporary deleted")
             dev.session.resync()
             assert dev.read("threshold").ok  # back in framed mode
             assert list(cdev.files.iterdir()) == []
@@ -173,16 +158,12 @@ def test_sb_into_the_c_receiver(cdev: RunningDevice, tmp_path: Path, k: bool) ->
     cdev.stop()
 
 
-def test_send_into_the_qemu_device(tmp_path: Path) -> None:
+def test_send_into_the_qemu_device(qemu_elf: Path, tmp_path: Path) -> None:
     """The receiver as Cortex-M3 code: files stored in the board's RAM, read back by FILE_INFO."""
-    for tool in ("arm-none-eabi-gcc", "qemu-system-arm"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    _make("qemu-device")
     files = make_files(tmp_path / "src")
-    qemu = QemuDevice(FW / "build" / "qemu" / "idemlink-device.elf", tmp_path)
+    qemu = QemuDevice(qemu_elf, tmp_path)
     try:
-        with Device.open(qemu.path, timeout=0.5) as dev:
+        with Device.open(qemu.path, timeout=scaled(0.5)) as dev:
             _, report = dev.send_files([str(f) for f in files])
             assert report is not None and report.ok, report
             assert [(f.ok, f.verified) for f in report.files] == [(True, True)] * 4
@@ -196,11 +177,10 @@ def test_send_into_the_qemu_device(tmp_path: Path) -> None:
 def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
     """Cortex-M0+ and M4, -Os: the framed device <= 6144 B of code, with the YMODEM receiver
     (its own module line) <= 8192 B; the receiver's 1 KiB block buffer reported apart."""
-    for tool in ("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
+    out = firmware.make_once("size-device",
+                             tools=("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"))
     rows = [dict(kv.split("=", 1) for kv in ln.split())
-            for ln in _make("size-device").splitlines() if ln.startswith("cpu=")]
+            for ln in out.splitlines() if ln.startswith("cpu=")]
     for cpu in ("cortex-m0plus", "cortex-m4"):
         mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
         total, with_ym = mine.pop("total"), mine.pop("total_ymodem")

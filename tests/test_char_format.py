@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rtu_reply import rtu_reply
+from support.rtu import rtu_reply
 
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.char_format import (

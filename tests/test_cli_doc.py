@@ -1,11 +1,11 @@
-"""The marked examples of docs/CLI.md run as written (tests/doc_runner.py): commands, outputs,
+"""The marked examples of docs/CLI.md run as written (tests/support/doc_runner.py): commands, outputs,
 exit statuses."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from doc_runner import Session
+from support.doc_runner import Session
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "CLI.md"
 

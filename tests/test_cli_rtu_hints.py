@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rtu_reply import rtu_on_pty
+from support.rtu import rtu_on_pty
 
 from idemlink.cli import main
 from idemlink.protocol.device_core import DeviceCore

@@ -36,12 +36,11 @@ File transfers (YMODEM, 0x44 FILE_RECEIVE): ``test_file_transfer_ymodem`` on all
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
-import os
 import re
 import select
-import shutil
 import signal
 import struct
 import subprocess
@@ -53,6 +52,8 @@ from pathlib import Path
 
 import pytest
 import serial
+from support import firmware, ptys
+from support.timing import read_line
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
 from idemlink.cli import main as cli_main
@@ -68,8 +69,6 @@ from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.pytest_plugin import start_pty_sim
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
 VECTORS = Path(__file__).resolve().parent / "vectors" / "rtu_shared_bus.json"
 NO_FLAGS = Flags(0)
 QEMU_CMD = ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor", "none",
@@ -79,55 +78,15 @@ QEMU_CMD = ["qemu-system-arm", "-machine", "mps2-an385", "-nographic", "-monitor
 # ---- building the C legs --------------------------------------------------------------------------
 
 
-def _need(*tools: str) -> None:
-    for tool in tools:
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-
-
-_built: dict[str, Path] = {}
-_build_lock = threading.Lock()
-
-
-def _build(target: str, artefact: Path, *tools: str) -> Path:
-    """``make -C firmware_ref TARGET`` once per session; skip when a tool is missing."""
-    _need("make", *tools)
-    with _build_lock:
-        if target not in _built:
-            proc = subprocess.run(["make", "-s", "-C", str(FW), target], capture_output=True,
-                                  text=True, check=False, timeout=300)
-            if proc.returncode != 0:
-                pytest.fail(f"make {target} failed:\n{proc.stdout}\n{proc.stderr}")
-            _built[target] = artefact
-    return _built[target]
-
-
 def posix_binary() -> Path:
-    return _build("device", FW / "build" / "posix" / "idemlink-device", "gcc")
+    return firmware.device_binary()
 
 
 def qemu_elf() -> Path:
-    return _build("qemu-device", FW / "build" / "qemu" / "idemlink-device.elf",
-                  "arm-none-eabi-gcc", "qemu-system-arm")
+    return firmware.qemu_device_elf()
 
 
 # ---- the three implementations --------------------------------------------------------------------
-
-
-def _first_line(proc: subprocess.Popen[str], deadline: float) -> str:
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    buf = b""
-    while not buf.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(left, 0))
-        if not ready or proc.poll() is not None:
-            raise AssertionError(f"no port from the device (got {buf!r}, rc={proc.poll()})")
-        chunk = os.read(fd, 1)
-        if not chunk:
-            raise AssertionError(f"the device closed stdout (got {buf!r})")
-        buf += chunk
-    return buf.decode().strip()
 
 
 class LineDevice:
@@ -150,7 +109,7 @@ class LineDevice:
     def start(self) -> None:
         self.proc = subprocess.Popen(self.command(), cwd=self.flash, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-        line = _first_line(self.proc, time.monotonic() + 20)
+        line = read_line(self.proc.stdout, self.proc)
         match = re.search(r"(/dev/\S+?)(?:\s|$)", line)
         self.path = match.group(1) if match else line
         assert self.path.startswith("/dev/"), line
@@ -441,11 +400,8 @@ def test_a_reboot_keeps_the_configuration_and_draws_a_new_epoch(line_device: Lin
 @pytest.fixture
 def socat_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """Two linked ptys that outlive the devices started on one end (a fixed port path)."""
-    _need("socat")
-    proc, a, b = _pty_pair(tmp_path, "line")
-    yield a, b
-    proc.terminate()
-    proc.wait(5)
+    with ptys.socat_pair(tmp_path, "line") as pair:
+        yield pair
 
 
 def _on_port(kind: str, port: str, flash: Path) -> subprocess.Popen[str]:
@@ -454,7 +410,7 @@ def _on_port(kind: str, port: str, flash: Path) -> subprocess.Popen[str]:
     else:
         cmd = [sys.executable, "-m", "idemlink", "sim", "--port", port, "--flash-dir", str(flash)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert _first_line(proc, time.monotonic() + 20) == port
+    assert read_line(proc.stdout, proc) == port
     return proc
 
 
@@ -581,7 +537,7 @@ def test_file_transfer_ymodem(line_device: LineDevice, tmp_path: Path) -> None:
 
 
 def _shim() -> ctypes.CDLL:
-    lib_path = _build("lib", FW / "build" / "libidl_core.so", "gcc")
+    lib_path = firmware.core_library()
     lib = ctypes.CDLL(str(lib_path))
     p = ctypes.c_void_p
     lib.idl_shim_sizeof.restype = ctypes.c_size_t
@@ -658,38 +614,23 @@ class Bus:
             p.close()
 
 
-def _pty_pair(tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], str, str]:
-    a, b = str(tmp / f"{name}A"), str(tmp / f"{name}B")
-    proc = subprocess.Popen(["socat", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
-                            stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 10
-    while not (os.path.exists(a) and os.path.exists(b)):
-        assert time.monotonic() < deadline, "socat made no ptys"
-        time.sleep(0.01)
-    return proc, a, b
-
-
 @pytest.fixture
 def rtu_bus(tmp_path: Path) -> Iterator[Callable[[bool], tuple[str, list[subprocess.Popen[str]]]]]:
     """Two C RTU slaves (units 1 and 2) and a master end on one bus: ``factory(coalesce)``
     returns the master's port and the two devices (stop them to read their counters)."""
-    _need("socat")
     binary = posix_binary()
-    procs: list[subprocess.Popen[bytes]] = []
+    pairs = contextlib.ExitStack()
     devices: list[subprocess.Popen[str]] = []
     buses: list[Bus] = []
 
     def factory(coalesce: bool) -> tuple[str, list[subprocess.Popen[str]]]:
-        ends = []
-        for name in ("master", "s1", "s2"):
-            proc, a, b = _pty_pair(tmp_path, name)
-            procs.append(proc)
-            ends.append((a, b))
+        ends = [pairs.enter_context(ptys.socat_pair(tmp_path, name))
+                for name in ("master", "s1", "s2")]
         for unit, (a, _) in ((1, ends[1]), (2, ends[2])):
             dev = subprocess.Popen([str(binary), "--port", a, "--modbus-rtu", "--unit", str(unit),
                                     "--stats", "--flash-dir", str(tmp_path / f"flash{unit}")],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            assert _first_line(dev, time.monotonic() + 10) == a
+            assert read_line(dev.stdout, dev) == a
             devices.append(dev)
         buses.append(Bus(ends[0][1], [ends[1][1], ends[2][1]], coalesce))
         return ends[0][0], devices
@@ -701,9 +642,7 @@ def rtu_bus(tmp_path: Path) -> Iterator[Callable[[bool], tuple[str, list[subproc
         if dev.poll() is None:
             dev.kill()
             dev.communicate(timeout=5)
-    for proc in procs:
-        proc.terminate()
-        proc.wait(5)
+    pairs.close()
 
 
 def _stats(dev: subprocess.Popen[str]) -> dict[str, int]:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from rtu_reply import rtu_reply
+from support.rtu import rtu_reply
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer

@@ -14,12 +14,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from rtu_reply import rtu_on_pty, rtu_reply
+from support.rtu import (
+    FAULTS,
+    GEN,
+    MODE,
+    TH,
+    TRIG,
+    LossyWire,
+    rtu_on_pty,
+    start_sim,
+    stop_sim,
+    writes_to,
+)
 
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
-from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Command, CommandKind, LinkLost, NoDevice, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.device_core import DeviceCore, EffectKind
@@ -38,9 +48,6 @@ from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outco
 from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.rtu_master import RtuMaster, retry_allowed
-
-TH, MODE, FAULTS, TRIG, GEN, TEMP = 4, 5, 7, 8, 3, 0  # addresses in the default map
-
 
 
 def pdu(req: Any) -> bytes:
@@ -243,47 +250,9 @@ def test_abandon_is_unknown_for_the_request_out_not_executed_for_the_rest() -> N
 # -------------------------------------------------- RtuDevice over an in-process, lossy slave
 
 
-class LossyWire:
-    """``RtuDevice``'s transport, in process, on a simulated clock: requests reach an
-    ``RtuServer`` whole; ``lose(request_pdu, n)`` says whether the n-th answer is lost."""
-
-    def __init__(self, lose: Callable[[bytes, int], bool], trigger_duration: float = 5.0) -> None:
-        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=trigger_duration)
-        self.server = RtuServer(self.core, unit=1)
-        self.lose = lose
-        self.t = 0.0
-        self.requests: list[bytes] = []
-        self._inbox = b""
-
-    def write(self, data: bytes) -> None:
-        self.t += 0.001
-        self.requests.append(data)
-        answer = rtu_reply(self.server, data, self.t)
-        n = sum(r == data for r in self.requests)
-        if answer and not self.lose(decode_rtu(data).pdu, n):
-            self._inbox += answer
-
-    def read(self, timeout: float) -> bytes:
-        data, self._inbox = self._inbox, b""
-        if not data:
-            self.t += timeout
-            rtu_reply(self.server, b"", self.t)
-        return data
-
-    def now(self) -> float:
-        return self.t
-
-    def close(self) -> None:
-        pass
-
-
 def lossy(lose: Callable[[bytes, int], bool]) -> tuple[RtuDevice, LossyWire]:
     wire = LossyWire(lose)
     return RtuDevice(wire, timeout=0.1, attempts=5), wire
-
-
-def writes_to(address: int) -> Callable[[bytes, int], bool]:
-    return lambda p, n: p[0] == FunctionCode.WRITE_SINGLE_REGISTER and p[1:3] == address.to_bytes(2, "big")
 
 
 def test_trigger_without_answer_is_unknown_sent_once_and_ran_once() -> None:
@@ -679,8 +648,6 @@ def test_pymodbus_server_losing_answers(proxy_pair: LinkProxy,
 
 def test_sim_subprocess_serves_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     """``idemlink sim --modbus-rtu`` as its own process, as a user runs it."""
-    from test_rtu_interop import start_sim, stop_sim
-
     proc, path = start_sim("--trigger-duration", "0.2")
     try:
         rtu = ("--port", path, "--modbus-rtu")

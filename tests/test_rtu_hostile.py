@@ -3,7 +3,7 @@ exception 04 on a set-only write. Ground truth: the in-process slave's core."""
 
 from __future__ import annotations
 
-from rtu_reply import rtu_reply
+from support.rtu import rtu_reply
 
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import LinkLost, UnknownOutstanding

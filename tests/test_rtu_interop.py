@@ -9,13 +9,10 @@ server's sans-I/O ``receive`` is tested directly too."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,9 @@ from typing import Any
 
 import pytest
 import serial
-from rtu_reply import rtu_reply
+from support import firmware
+from support.rtu import rtu_reply, start_sim, stop_sim
+from support.timing import read_line, scaled
 
 from idemlink.device_sim.rtu_server import ConfigFlash, RtuServer
 from idemlink.protocol.device_core import DeviceCore, EffectKind
@@ -35,23 +34,6 @@ UNIT = 1
 
 
 
-def _read_line(stream: Any, proc: subprocess.Popen[bytes], deadline: float) -> str:
-    """One line from a child's pipe, waiting for readiness (not sleeping) until the deadline."""
-    fd = stream.fileno()
-    buf = b""
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0 or proc.poll() is not None:
-            raise AssertionError(f"no line from child (got {buf!r}, rc={proc.poll()})")
-        ready, _, _ = select.select([fd], [], [], left)
-        if ready:
-            chunk = os.read(fd, 1)
-            if not chunk:
-                raise AssertionError(f"child closed its pipe (got {buf!r})")
-            buf += chunk
-    return buf.decode().strip()
-
-
 @pytest.fixture(scope="module")
 def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     if shutil.which("socat") is None:
@@ -61,44 +43,20 @@ def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, st
     proc = subprocess.Popen(
         ["socat", "-d", "-d", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
         stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while "starting data transfer loop" not in _read_line(proc.stderr, proc, deadline):
+    while "starting data transfer loop" not in read_line(proc.stderr, proc):
         pass
     yield a, b
     proc.terminate()
     proc.wait(5)
 
 
-def start_sim(*args: str) -> tuple[subprocess.Popen[bytes], str]:
-    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--modbus-rtu", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    path = _read_line(proc.stdout, proc, time.monotonic() + 20)
-    return proc, path
-
-
-def stop_sim(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
-    proc.send_signal(sig)
-    rc = proc.wait(10)
-    assert proc.stdout is not None and proc.stderr is not None
-    proc.stdout.close()
-    proc.stderr.close()
-    return rc
-
-
 def start_c_device(port: str, flash: Path) -> tuple[subprocess.Popen[bytes], str]:
     """The C device (``make -C firmware_ref device``) as an RTU slave on ``port``."""
-    for tool in ("make", "gcc"):
-        if shutil.which(tool) is None:
-            pytest.skip(f"{tool} is not installed")
-    fw = Path(__file__).resolve().parents[1] / "firmware_ref"
-    made = subprocess.run(["make", "-s", "-C", str(fw), "device"], capture_output=True, text=True,
-                          check=False, timeout=300)
-    assert made.returncode == 0, made.stdout + made.stderr
-    proc = subprocess.Popen([str(fw / "build" / "posix" / "idemlink-device"), "--port", port,
+    proc = subprocess.Popen([str(firmware.device_binary()), "--port", port,
                              "--modbus-rtu", "--unit", str(UNIT), "--trigger-duration", "0.3",
                              "--flash-dir", str(flash)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    return proc, _read_line(proc.stdout, proc, time.monotonic() + 20)
+    return proc, read_line(proc.stdout, proc)
 
 
 @pytest.fixture(scope="module", params=["sim", "c-device"])
@@ -201,7 +159,7 @@ def test_pymodbus_w1c_and_trigger(pym: Any) -> None:
                                     device_id=UNIT).registers == [1]
     r = c.write_register(8, 2, device_id=UNIT)
     assert r.isError() and r.exception_code == 3
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + scaled(10)
     while c.read_holding_registers(8, count=1,
                                    device_id=UNIT).registers != [2]:
         assert time.monotonic() < deadline, "trigger never reached DONE"

@@ -32,7 +32,7 @@ import pytest
 import serial
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rtu_reply import rtu_reply
+from support.rtu import rtu_reply
 
 from idemlink.cli import EXIT_LOCAL_ERROR
 from idemlink.device_sim.device import SimulatedDevice

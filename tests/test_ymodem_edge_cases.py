@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import serial
-from test_ymodem_core import Pair, files_of
+from support.ymodem import Pair, files_of
 
 from idemlink.host.ymodem_io import receive_files
 from idemlink.protocol.ymodem_events import (

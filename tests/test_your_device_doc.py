@@ -1,4 +1,4 @@
-"""docs/YOUR_DEVICE.md is executed block by block (tests/doc_runner.py), so every command and
+"""docs/YOUR_DEVICE.md is executed block by block (tests/support/doc_runner.py), so every command and
 program in it stays true; the simulator's own flash is the ground truth of what it did."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from doc_runner import Session
+from support.doc_runner import Session
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "YOUR_DEVICE.md"
 
