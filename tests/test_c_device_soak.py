@@ -8,13 +8,18 @@
   corruption each way, reboots every ~500 commands, host-process crashes every ~250), and 2,000
   against the firmware on QEMU's Cortex-M3 through ``firmware_ref/tools/qemu-device`` (a reboot
   is QEMU stopped and started again, the configuration kept through semihosting); both must PASS
-  with 0 duplicated effects, 0 lost acknowledged writes, 0 misclassified.
+  with 0 duplicated effects, 0 lost acknowledged writes, 0 misclassified. Those two campaigns
+  are ``slow`` (``--run-slow``); the default run soaks each device with a few hundred commands
+  and reboots and host crashes more often, so every kind of event still happens.
 
 The line between host and device is a real-time pty proxy with the emulator's faults but no baud
-pacing or latency, and the host retries after 5 ms (``_fast``, ``RETRY_TIMEOUT``): a C device
-answers in well under a millisecond, so the run's time is spent waiting out lost frames, and a
-retry sent too early is answered by replay (harmless; counted as a retry). Builds with make;
-skips when make or a C compiler (or, for QEMU, arm-none-eabi-gcc or qemu-system-arm) is missing.
+pacing or latency, and the host retries quickly (``_fast``, ``POSIX_RETRY``, ``QEMU_RETRY``): a
+C device answers in well under a millisecond, so the run's time is spent waiting out lost frames,
+and a retry sent too early is answered by replay (harmless; counted as a retry). The retry
+timeouts are real time, so they scale with the machine (``support.timing.scaled``): a host that
+gives up on HELLO while a loaded machine has not yet scheduled the device (or QEMU) fails the
+run for nothing. Builds with make (once per session, ``support.firmware``); skips when make or a
+C compiler (or, for QEMU, arm-none-eabi-gcc or qemu-system-arm) is missing.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 import pytest
 import serial
 from support.firmware import QEMU_TOOL
-from support.timing import read_line
+from support.timing import read_line, scaled
 
 from idemlink.campaign import CampaignConfig, CampaignReport
 from idemlink.device_sim.device import SimulatedDevice
@@ -41,13 +46,19 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.soak_device import run_device_campaign
 
 TRIGGER_S = 0.05
-RETRY_TIMEOUT = 0.005
+POSIX_RETRY = 0.01
+"""Seconds (before ``scaled``) the host waits for the posix device: it answers in well under a
+millisecond, so this is scheduling margin; 21 HELLO rounds of 6 attempts span 1.3 s idle."""
+QEMU_RETRY = 0.05
+"""The same for the firmware on QEMU: an emulator's UART and a restarted QEMU need more."""
 
 
-def _fast(commands: int, seed: int, reboot_every: int = 500) -> CampaignConfig:
+def _fast(commands: int, seed: int, reboot_every: int = 500,
+          restart_every: int = 250) -> CampaignConfig:
     """The soak's defaults (faults, reboots, host crashes) on an unpaced line."""
-    return CampaignConfig(commands=commands, seed=seed, reboot_every=reboot_every, baud=None,
-                          latency=0.0, max_batch=8, trigger_duration=TRIGGER_S)
+    return CampaignConfig(commands=commands, seed=seed, reboot_every=reboot_every,
+                          restart_every=restart_every, baud=None, latency=0.0, max_batch=8,
+                          trigger_duration=TRIGGER_S)
 
 
 def _start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -57,7 +68,7 @@ def _start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
 
 def _stop(proc: subprocess.Popen[str]) -> str:
     proc.terminate()
-    _, err = proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=scaled(10))
     assert proc.returncode == 0, err
     return err
 
@@ -153,7 +164,7 @@ def test_bad_effects_or_trigger_duration_is_one_line_like_the_sim(
 
 def test_a_trigger_runs_for_the_trigger_duration_like_device_core(device_bin: Path,
                                                                    tmp_path: Path) -> None:
-    duration = 0.3
+    duration = round(scaled(0.3), 3)  # the read below must land in its first half
     core = DeviceCore(DEFAULT_MAP, trigger_duration=duration)
     proc, port = _start([str(device_bin), "--trigger-duration", str(duration)])
     try:
@@ -164,7 +175,7 @@ def test_a_trigger_runs_for_the_trigger_duration_like_device_core(device_bin: Pa
             running = dev.read("self_clean").values
             assert time.monotonic() - t0 < duration / 2
             expected_running = core.value("self_clean")
-            time.sleep(duration + 0.1)
+            time.sleep(duration + 0.1)  # the stimulus: the trigger's duration passes
             core.tick(duration + 0.1)
             assert (running, dev.read("self_clean").values) == (
                 (expected_running,), (core.value("self_clean"),)) == ((1,), (2,))
@@ -180,12 +191,23 @@ def _assert_passed(rep: CampaignReport, commands: int) -> None:
     assert rep.executions > 0.9 * commands and rep.retries > 0 and rep.replays > 0
 
 
+def test_the_posix_device_passes_a_500_command_soak(device_bin: Path) -> None:
+    """The 20,000-command soak below in small: reboots and host crashes every ~100 commands."""
+    template = (f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}} "
+                f"--trigger-duration {TRIGGER_S}")
+    cfg = _fast(500, seed=11, reboot_every=100, restart_every=100)
+    rep = run_device_campaign(cfg, template, retry_timeout=scaled(POSIX_RETRY))
+    _assert_passed(rep, 500)
+    assert rep.config["loss"] == 0.1 and rep.reboots >= 2 and rep.host_restarts >= 2
+
+
+@pytest.mark.slow
 def test_the_posix_device_passes_a_20000_command_soak(device_bin: Path) -> None:
     template = (f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}} "
                 f"--trigger-duration {TRIGGER_S}")
     cfg = _fast(20_000, seed=11)
     t0 = time.monotonic()
-    rep = run_device_campaign(cfg, template, retry_timeout=RETRY_TIMEOUT)
+    rep = run_device_campaign(cfg, template, retry_timeout=scaled(POSIX_RETRY))
     _assert_passed(rep, 20_000)
     assert rep.config["loss"] == 0.1 and rep.reboots >= 20 and rep.host_restarts >= 40
     print(f"\nposix soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
@@ -198,16 +220,28 @@ def test_the_documented_template_passes_with_the_devices_own_trigger_duration(
     by the device's record, not by what the soak was told)."""
     template = f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
     cfg = _fast(1_500, seed=13, reboot_every=300)
-    rep = run_device_campaign(cfg, template, retry_timeout=RETRY_TIMEOUT)
+    rep = run_device_campaign(cfg, template, retry_timeout=scaled(POSIX_RETRY))
     _assert_passed(rep, 1_500)
 
 
+def _qemu_template(qemu_elf: Path) -> str:
+    return (f"{sys.executable} {QEMU_TOOL} --elf {qemu_elf} --port {{port}} "
+            f"--flash-dir {{flash}} --effects {{effects}} --trigger-duration {TRIGGER_S}")
+
+
+def test_the_qemu_device_passes_a_300_command_soak(qemu_elf: Path) -> None:
+    """The 2,000-command soak below in small: QEMU restarted every ~100 commands."""
+    cfg = _fast(300, seed=12, reboot_every=100, restart_every=100)
+    rep = run_device_campaign(cfg, _qemu_template(qemu_elf), retry_timeout=scaled(QEMU_RETRY))
+    _assert_passed(rep, 300)
+    assert rep.reboots >= 1
+
+
+@pytest.mark.slow
 def test_the_qemu_device_passes_a_2000_command_soak(qemu_elf: Path) -> None:
-    template = (f"{sys.executable} {QEMU_TOOL} --elf {qemu_elf} --port {{port}} "
-                f"--flash-dir {{flash}} --effects {{effects}} --trigger-duration {TRIGGER_S}")
     cfg = _fast(2_000, seed=12, reboot_every=200)
     t0 = time.monotonic()
-    rep = run_device_campaign(cfg, template, retry_timeout=RETRY_TIMEOUT)
+    rep = run_device_campaign(cfg, _qemu_template(qemu_elf), retry_timeout=scaled(QEMU_RETRY))
     _assert_passed(rep, 2_000)
     assert rep.reboots >= 5
     print(f"\nqemu soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
@@ -221,7 +255,7 @@ def test_qemu_device_tool_prints_the_port_first_and_stops_on_sigterm(qemu_elf: P
                          "--trigger-duration", "0.2"])
     try:
         assert port.startswith("/dev/pts/")
-        with Device.open(port, timeout=0.5) as dev:
+        with Device.open(port, timeout=scaled(0.5)) as dev:
             assert dev.info is not None and dev.info.device_id == "qemu-mps2-an385"
             assert dev.write({"threshold": 430}).ok
             epoch = dev.session.epoch
@@ -254,7 +288,8 @@ def test_the_cli_soak_drives_the_c_device_with_a_short_retry_timeout(device_bin:
     device declares its own trigger duration, `--retry-timeout` paces retries for a fast device."""
     template = f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
     r = subprocess.run([sys.executable, "-m", "idemlink", "soak", "--device-cmd", template,
-                        "--commands", "400", "--reboot-every", "100", "--retry-timeout", "0.01",
+                        "--commands", "400", "--reboot-every", "100",
+                        "--retry-timeout", f"{scaled(POSIX_RETRY):.3f}",
                         "--no-progress", "--json"],
                        capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
@@ -280,7 +315,8 @@ def test_a_device_built_for_another_map_is_soaked_with_that_map(pump_build: Path
     pump_device_bin = pump_build / "posix" / "idemlink-device"
     template = f"{pump_device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}}"
     argv = [sys.executable, "-m", "idemlink", "soak", "--device-cmd", template, "--commands",
-            "600", "--reboot-every", "150", "--retry-timeout", "0.01", "--no-progress", "--json"]
+            "600", "--reboot-every", "150", "--retry-timeout", f"{scaled(POSIX_RETRY):.3f}",
+            "--no-progress", "--json"]
     r = subprocess.run([*argv, "--regmap", "pump-controller"], capture_output=True, text=True,
                        timeout=300, check=False)
     assert r.returncode == 0, r.stderr
