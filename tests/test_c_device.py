@@ -684,7 +684,7 @@ def test_make_qemu_core() -> None:
     assert out.count(" 0 failures") == 2
 
 
-def test_make_fuzz_core() -> None:
+def _need_libfuzzer() -> None:
     firmware.need("clang")
     probe = subprocess.run(
         ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", "/dev/null"],
@@ -695,7 +695,18 @@ def test_make_fuzz_core() -> None:
     )
     if probe.returncode != 0:
         pytest.skip("clang without libFuzzer (libclang-rt-dev)")
-    firmware.make("fuzz-core", "FUZZ_TIME=5")
+
+
+def test_make_fuzz_core_builds_and_runs() -> None:
+    """The fuzz target builds and survives a one-second run (the campaign: below, slow)."""
+    _need_libfuzzer()
+    firmware.make("fuzz-core", "FUZZ_TIME=1")
+
+
+@pytest.mark.slow
+def test_make_fuzz_core() -> None:
+    _need_libfuzzer()
+    firmware.make("fuzz-core", "FUZZ_TIME=30")
 
 
 # ---- the posix device as a Modbus RTU slave ------------------------------------------------------
