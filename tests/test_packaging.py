@@ -8,21 +8,24 @@ the checkout gets no ``build/`` directory), exactly as ``pip install .`` builds 
 - installed (``--no-deps``) into a venv *without* system site packages, it adds exactly those two
   entries to site-packages, and from a neutral directory ``importlib.util.find_spec`` finds no
   ``protocol``, ``host`` or ``device_sim`` (nothing else could provide them there);
-- installed into a venv *with* system site packages (for pytest and the dependencies; the wheel
-  goes in with ``--ignore-installed`` so the venv's copy is the one found, not a development
-  install of the system), a throwaway user project with its own ``protocol/`` and ``host/``
-  packages runs its own pytest: its tests import their own modules, use the ``idemlink_sim``
-  fixture, and check that every ``idemlink`` module came from the venv.
+- installed into a venv that also sees the site packages of the Python running this suite (for
+  pytest and the dependencies: a ``.pth`` file lists them after the venv's own, whether this
+  suite runs in a venv or with the system Python; the wheel goes in with ``--ignore-installed``
+  so the venv's copy is the one found, not a development install of the outer environment), a
+  throwaway user project with its own ``protocol/`` and ``host/`` packages runs its own pytest:
+  its tests import their own modules, use the ``idemlink_sim`` fixture, and check that every
+  ``idemlink`` module came from the venv.
 
 ``test_pip_install_into_a_clean_venv`` does it all once more the way a user does, ``pip install
 SRC pytest`` into a venv without system site packages (the dependencies come from the configured
-index; a few seconds with a local one, so it stays in the default suite).
+index): ``slow``, as it installs everything from scratch.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -111,6 +114,23 @@ def pip_into(venv: Path, *args: str) -> None:
          *args], cwd=venv)
 
 
+def outer_site_packages() -> list[str]:
+    """The site-packages directories of the Python running this suite (a venv's, and the base
+    installation's when that venv includes them; the user's when enabled), in its order."""
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def see_outer_packages(venv: Path) -> None:
+    """Let ``venv`` import what this suite's Python has (pytest, pyserial...) after its own
+    packages: plain directory lines in a ``.pth`` file (no code: the outer environment's own
+    ``.pth`` hooks, such as an editable install's finder, are not run)."""
+    lines = "".join(f"{d}\n" for d in outer_site_packages())
+    (site_packages(venv) / "zz_outer_environment.pth").write_text(lines, encoding="utf-8")
+
+
 def user_project(root: Path) -> Path:
     for rel, text in USER_FILES.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -168,12 +188,13 @@ def test_installed_wheel_adds_no_foreign_top_level_names(wheel: Path, tmp_path: 
 def test_user_project_with_own_protocol_and_host_runs_with_the_plugin(
         wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)],
-        cwd=tmp_path)
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
+    see_outer_packages(venv)
     pip_into(venv, "--no-deps", "--no-index", "--ignore-installed", str(wheel))
     run_user_suite(venv, user_project(tmp_path / "project"))
 
 
+@pytest.mark.slow
 def test_pip_install_into_a_clean_venv(tmp_path: Path) -> None:
     """``pip install SRC pytest`` into a venv without system site packages (dependencies from the
     configured index), then the same checks: no foreign top-level names, the user project passes."""
