@@ -420,6 +420,20 @@ def _need(*tools: str) -> None:
             pytest.skip(f"{t} missing")
 
 
+#: one variant per compiler and window implementation (the Makefile's names and flags)
+CHECK_VARIANTS = "gcc-O2-small:gcc:-O2@-DIDL_WINDOW_SMALL=1 clang-Os-fast:clang:-Os@-DIDL_WINDOW_SMALL=0"
+
+
+def test_make_check_one_variant_per_compiler_and_window(tmp_path: Path) -> None:
+    """``make check`` with two of its six variants: gcc with the small window, clang with the
+    fast one (every variant: ``test_make_check``, slow)."""
+    _need("python3", "gcc", "clang")
+    out = _make("check", tmp_path, f"VARIANTS={CHECK_VARIANTS}")
+    assert "== gcc-O2-small" in out and "== clang-Os-fast" in out and "== gcc-O2:" not in out
+    assert out.count(" 0 failures") >= 1 and "failures" in out
+
+
+@pytest.mark.slow
 def test_make_check(tmp_path: Path) -> None:
     _need("python3")
     out = _make("check", tmp_path)
@@ -440,7 +454,7 @@ def test_make_qemu(tmp_path: Path) -> None:
     assert out.count(" 0 failures") == 3
 
 
-def test_make_fuzz(tmp_path: Path) -> None:
+def _need_libfuzzer(tmp_path: Path) -> None:
     _need("clang")
     probe = subprocess.run(
         ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", str(tmp_path / "probe")],
@@ -451,7 +465,18 @@ def test_make_fuzz(tmp_path: Path) -> None:
     )
     if probe.returncode != 0:
         pytest.skip("clang without libFuzzer (libclang-rt-dev)")
-    _make("fuzz", tmp_path, "FUZZ_TIME=8")
+
+
+def test_make_fuzz_builds_and_runs(tmp_path: Path) -> None:
+    """The fuzz target builds and survives a one-second run (the campaign: below, slow)."""
+    _need_libfuzzer(tmp_path)
+    _make("fuzz", tmp_path, "FUZZ_TIME=1")
+
+
+@pytest.mark.slow
+def test_make_fuzz(tmp_path: Path) -> None:
+    _need_libfuzzer(tmp_path)
+    _make("fuzz", tmp_path, "FUZZ_TIME=30")
 
 
 def test_cppcheck_clean(tmp_path: Path) -> None:
@@ -481,6 +506,7 @@ def _gcc_major() -> str:
     return out.stdout.strip().split(".")[0]
 
 
+@pytest.mark.slow
 def test_make_bench_meets_the_targets(tmp_path: Path) -> None:
     """The instruction counts README.md quotes (gcc 12 -O2, x86-64). The fused path (commit alone,
     what a device runs per CRC-checked frame) within WireGuard's fused counter_validate on all
