@@ -1,5 +1,11 @@
 """Suite-wide options: ``--run-slow`` enables the long campaigns marked ``slow``.
 
+The default run (``python3 -m pytest -q``) is the suite a maintainer runs after every edit: every
+rule, with short versions of the long campaigns. ``python3 -m pytest -q --run-slow -m slow`` runs
+only the long campaigns (what ``.ci/run`` adds after the default run, so nothing runs twice);
+``--run-slow`` alone runs everything. ``-m slow`` without ``--run-slow`` would skip every test it
+selects and pass having run nothing, so it is refused as a usage error.
+
 Tests that press Ctrl-C on a CLI child (SIGINT) need the child to take it as a user's terminal
 would: a suite started as a background job of a script inherits SIGINT *ignored* (POSIX), and so
 would every child, so the suite restores the default handling before any test runs.
@@ -25,10 +31,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run long campaigns (marked slow), e.g. the million-command soak")
 
 
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--run-slow"):
         return
+    slow = [item for item in items if "slow" in item.keywords]
+    if slow and len(slow) == len(items) and config.getoption("markexpr"):
+        raise pytest.UsageError(
+            f"-m {config.getoption('markexpr')!r} selects only long campaigns (marked slow), which "
+            "are skipped without --run-slow: add --run-slow to run them")
     skip = pytest.mark.skip(reason="long campaign: run with --run-slow")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    for item in slow:
+        item.add_marker(skip)
