@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from support.aio import WaitingTransport
+from support.timing import scaled
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import PARITY, AsyncDevice
@@ -277,7 +278,10 @@ def test_a_backlog_is_read_in_slices_that_let_the_loop_run() -> None:
         t = AsyncSerialTransport(port, asyncio.get_running_loop())
         try:
             os.write(master, bytes(3 * ROUND_BYTES))
-            await asyncio.sleep(0.05)
+            deadline = asyncio.get_running_loop().time() + scaled(10)
+            while len(t._buf) < 3 * ROUND_BYTES:  # the loop moved the backlog into the transport
+                assert asyncio.get_running_loop().time() < deadline, len(t._buf)
+                await asyncio.sleep(0.001)
             ran: list[int] = []
             asyncio.get_running_loop().call_soon(ran.append, 1)
             first = await t.read(1.0)

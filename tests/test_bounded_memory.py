@@ -16,6 +16,7 @@ import tty
 
 import pytest
 import serial
+from support.timing import wait_until
 
 from idemlink.device_sim.device import ExecutionsEvicted, SimulatedDevice
 from idemlink.device_sim.link import MAX_QUEUED_BYTES, Link, LinkConfig
@@ -79,9 +80,9 @@ def test_link_proxy_output_queue_is_bounded_when_the_reader_stops() -> None:
             for fd in (a, b):
                 tty.setraw(fd, termios.TCSANOW)
             _drain_nothing_flood(a, 4 * MAX_QUEUED_BYTES)  # b never reads
-            time.sleep(0.3)
+            wait_until(lambda: proxy.link.stats()["a_to_b"]["bytes_overflow"] > 0,
+                       what="the proxy to drop what b's queue cannot hold")
             assert proxy.b.pending <= MAX_QUEUED_BYTES
-            assert proxy.link.stats()["a_to_b"]["bytes_overflow"] > 0
         finally:
             os.close(a)
             os.close(b)
@@ -94,11 +95,9 @@ def test_faulty_receive_buffer_is_bounded() -> None:
             port.write(b"\xaa" * 4096)
             time.sleep(0.001)
             assert port.in_waiting >= 0  # looks, never reads
-        deadline = time.monotonic() + 5
-        while port.link.a_to_b.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.1)
+        wait_until(lambda: not port.link.a_to_b.in_flight, what="everything written delivered")
+        wait_until(lambda: port.link.stats()["b_to_a"]["bytes_overflow"] > 0,
+                   what="the receive buffer to drop what it cannot hold")
         assert port.in_waiting <= MAX_QUEUED_BYTES
-        assert port.link.stats()["b_to_a"]["bytes_overflow"] > 0
     finally:
         port.close()

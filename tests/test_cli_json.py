@@ -220,16 +220,23 @@ def test_monitor(capsys: pytest.CaptureFixture[str]) -> None:
     pair = open_pty()
     frame = encode_frame(FrameType.REQUEST, 8, 0xABCD, encode_request(WriteSingleRegister(4, 400)))
 
+    done = threading.Event()
+
     def feed() -> None:
-        time.sleep(0.5)  # after monitor opened (and flushed) the port
-        os.write(pair.master_fd, frame)
+        """The frame again every 50 ms until monitor has one: a copy written before monitor
+        opened (and flushed) the port is lost, one after it is read (no guess how long that
+        takes)."""
+        while not done.is_set():
+            os.write(pair.master_fd, frame)
+            done.wait(0.05)
 
     t = threading.Thread(target=feed, daemon=True)
     t.start()
     try:
         rc, [doc] = run(capsys, "monitor", "--port", pair.slave_path, "--count", "1",
-                        "--seconds", "10")
+                        "--seconds", "30")
     finally:
+        done.set()
         t.join()
         pair.close()
     assert rc == 0 and doc["type"] == "REQUEST"

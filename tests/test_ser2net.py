@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import os
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from support.timing import wait_until
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import AsyncDevice
@@ -26,12 +27,31 @@ pytestmark = pytest.mark.skipif(shutil.which("ser2net") is None,
                                 reason="ser2net is not installed (apt-get install ser2net)")
 
 
+def holds(server: subprocess.Popen[str], path: str) -> bool:
+    """Whether ``server`` has ``path`` open (ser2net opens its serial device while a client is
+    connected, and takes no other client until it has closed it)."""
+    fds = Path(f"/proc/{server.pid}/fd")
+    opened = []
+    for fd in fds.iterdir():
+        try:
+            opened.append(os.readlink(fd))
+        except OSError:  # closed meanwhile
+            continue
+    return path in opened
+
+
 @dataclass
 class Remote:
     sim: PtySim
     raw: str  #: socket:// URL
     rfc2217: str  #: rfc2217:// URL
     files: Path  #: where the simulator stores received files
+    server: subprocess.Popen[str]  #: ser2net
+
+    def wait_released(self) -> None:
+        """Until ser2net has closed the simulator's pty after the last client left: the next
+        client is served, not told "Port already in use"."""
+        wait_until(lambda: not holds(self.server, self.sim.path), what="ser2net to free the pty")
 
 
 def free_port() -> int:
@@ -41,17 +61,22 @@ def free_port() -> int:
         return port
 
 
-def wait_listening(port: int, proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+def wait_listening(port: int, proc: subprocess.Popen[str], device: str) -> None:
+    """Until ser2net accepts a connection on ``port``, and has opened ``device`` for it and
+    closed it again when the probe left."""
+
+    def probe() -> socket.socket | None:
         if proc.poll() is not None:
             raise AssertionError(f"ser2net exited: {proc.communicate()[0]}")
         try:
-            socket.create_connection(("127.0.0.1", port), 0.2).close()
-            return
+            return socket.create_connection(("127.0.0.1", port), 0.2)
         except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"ser2net does not listen on {port}")
+            return None
+
+    conn = wait_until(probe, what=f"ser2net to listen on {port}", poll=0.05)
+    with conn:
+        wait_until(lambda: holds(proc, device), what="ser2net to open the pty for the probe")
+    wait_until(lambda: not holds(proc, device), what="ser2net to close the pty after the probe")
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +95,10 @@ def remote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Remote]:
     proc = subprocess.Popen(["ser2net", "-n", "-c", str(cfg), "-d"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
-        wait_listening(raw, proc)
-        wait_listening(rfc, proc)
-        time.sleep(0.1)  # both probes' connections closed on ser2net's side
+        wait_listening(raw, proc, sim.path)
+        wait_listening(rfc, proc, sim.path)
         yield Remote(sim, f"socket://127.0.0.1:{raw}",
-                     f"rfc2217://127.0.0.1:{rfc}?ign_set_control", flash / "files")
+                     f"rfc2217://127.0.0.1:{rfc}?ign_set_control", flash / "files", proc)
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -103,7 +127,7 @@ def test_blocking_device_over_ser2net_with_a_ymodem_batch(remote: Remote, which:
     stored = remote.files / payload.name
     assert hashlib.sha256(stored.read_bytes()).digest() == hashlib.sha256(
         payload.read_bytes()).digest()
-    time.sleep(0.1)  # ser2net frees the port for the next client
+    remote.wait_released()  # before the next client
 
 
 @pytest.mark.parametrize("which", ["socket", "rfc2217"])
@@ -123,11 +147,11 @@ def test_async_device_over_ser2net(remote: Remote, which: str, tmp_path: Path) -
 
     asyncio.run(session())
     assert (remote.files / payload.name).read_text() == "threshold=420\n"
-    time.sleep(0.1)
+    remote.wait_released()
 
 
 def test_rfc2217_server_that_ignores_line_control_gets_a_hint(remote: Remote) -> None:
     url = remote.rfc2217.split("?")[0] + "?timeout=0.5"  # the network timeout: fail fast
     with pytest.raises(PortError, match=r"ign_set_control"):
         Device.open(url)
-    time.sleep(0.1)
+    remote.wait_released()
