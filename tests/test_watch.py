@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -108,16 +109,22 @@ def test_watch_opens_a_new_session_when_its_numbers_fall_behind_the_window() -> 
     assert "1 reconnection(s)" in err or "2 reconnection(s)" in err, err
 
 
-def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
+def test_a_port_that_fails_is_said_once_without_may_have_run(tmp_path: Path) -> None:
     """The port dies mid-watch: one line with the root cause (only reads were out: nothing may
     have run), not one per interval nor the cause repeated by every layer."""
     sim = start_pty_sim()
-    proc = subprocess.Popen([*CLI, "--port", sim.path, "--interval", "0.1", "--count", "25",
+    # watch reopens its port at every poll. Through /dev/pts/N itself it could reach another
+    # process's pty given the same number meanwhile (another device, another map: exit 1); this
+    # name for our pty goes away with it.
+    port = tmp_path / "ttyWATCHED"
+    port.symlink_to(sim.path)
+    proc = subprocess.Popen([*CLI, "--port", str(port), "--interval", "0.1", "--count", "25",
                              "mode"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # the first poll read a value: the port is open
         assert first.endswith("mode = auto (1)\n"), first
+        port.unlink()
         sim.close()
         _, err = proc.communicate(timeout=60)
     finally:
@@ -125,8 +132,7 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
             proc.kill()
     assert proc.returncode == 0, err
     lines = err.splitlines()
-    # One line per streak of failed polls. (The path may come back, and fail again: another
-    # process on this machine may get the same pty number; each reconnection starts a streak.)
+    # One line per streak of failed polls; each reconnection would start a streak.
     reconnects = int(lines[-1].split(", ")[-1].split()[0])
     trouble = [line for line in lines if "trying again" in line]
     assert 1 <= len(trouble) <= 1 + reconnects, lines
@@ -135,6 +141,26 @@ def test_a_port_that_fails_is_said_once_without_may_have_run() -> None:
     assert "no values; trying again at every poll" in trouble[0]
     words = trouble[0].split()
     assert all(words[i:i + 2] != words[i + 2:i + 4] for i in range(len(words) - 3)), trouble
+
+
+def test_a_port_failing_without_an_errno_is_said_by_its_root_cause_not_may_have_run() -> None:
+    """pyserial reports a pty whose other end went away as "device reports readiness to read but
+    returned no data", without an errno (now and then, instead of EIO): the watch line says
+    that, not the lost link's "1 request(s) may have run" (only reads were out)."""
+    from serial import SerialException
+
+    from idemlink.commands.watch_cmd import poll_failure
+    from idemlink.host.device import LinkLost, PortError
+
+    root = SerialException("device reports readiness to read but returned no data")
+    port = PortError(f"/dev/pts/0: read failed: {root}")
+    port.__cause__ = root
+    lost = LinkLost(f"the port failed: {port}; 1 request(s) may have run (UNKNOWN)")
+    lost.__cause__ = port
+    assert poll_failure(lost) == "device reports readiness to read but returned no data"
+    io_error = OSError(5, "Input/output error")
+    port.__cause__ = io_error
+    assert poll_failure(lost) == os.strerror(5)
 
 
 def test_a_port_that_cannot_be_configured_is_said_once(capsys: pytest.CaptureFixture[str]) -> None:

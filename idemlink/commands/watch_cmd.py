@@ -175,17 +175,36 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and its causes, outermost first."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _innermost_errno(exc: BaseException) -> int | None:
+    errnos = [e.errno for e in _chain(exc) if isinstance(e, OSError) and e.errno]
+    return errnos[-1] if errnos else None
+
+
 def root_cause(exc: BaseException) -> str:
     """What went wrong at the bottom of ``exc``'s chain, said once: the operating system's words
     for the innermost errno (``Input/output error``, ``No such file or directory``), else the
     exception's own text (the layers above each repeat their cause in their message)."""
-    errno: int | None = None
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno:
-            errno = seen.errno
-        seen = seen.__cause__ or seen.__context__
+    errno = _innermost_errno(exc)
     return os.strerror(errno) if errno is not None else str(exc)
+
+
+def poll_failure(exc: BaseException) -> str:
+    """Why the port failed under a poll, said once: the innermost errno's words, else the
+    innermost exception's own text (pyserial's "device reports readiness to read but returned
+    no data" carries no errno). Never the outer text: a lost link's (``LinkLost``) adds how many
+    requests "may have run", and a poll has only reads out, which change nothing."""
+    errno = _innermost_errno(exc)
+    return os.strerror(errno) if errno is not None else str(_chain(exc)[-1])
 
 
 class Trouble:
@@ -260,7 +279,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
             except PortError as exc:
                 # A read changes nothing: this poll simply got no values.
                 trouble.failed(f"poll {summary.polls}: {args.port} failed "
-                               f"({root_cause(exc)}), no values")
+                               f"({poll_failure(exc)}), no values")
                 summary.port_failures += 1
                 current.close()
                 dev = None
