@@ -9,13 +9,25 @@ selects and pass having run nothing, so it is refused as a usage error.
 Tests that press Ctrl-C on a CLI child (SIGINT) need the child to take it as a user's terminal
 would: a suite started as a background job of a script inherits SIGINT *ignored* (POSIX), and so
 would every child, so the suite restores the default handling before any test runs.
+
+The suite starts a few hundred Python children (``python -m idemlink ...``). Where
+``PYTHONDONTWRITEBYTECODE`` is set, each of them would compile every module it imports again
+(about a third of a CLI child's CPU time); the children get a byte-code cache of their own
+instead, in a temporary directory (``PYTHONPYCACHEPREFIX``), so nothing is written next to the
+sources and the directory goes away with the session.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import tempfile
 
 import pytest
+
+_PYCACHE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
+_saved_env: dict[str, str | None] = {}
 
 #: the session-scoped fixtures over the C builds (device_bin, qemu_elf, lib_path, pump_build)
 pytest_plugins = ["support.fixtures"]
@@ -24,6 +36,21 @@ pytest_plugins = ["support.fixtures"]
 def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)  # children: SIG_DFL again
+    if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+        _saved_env.update({k: os.environ.get(k) for k in _PYCACHE_ENV})
+        os.environ.pop("PYTHONDONTWRITEBYTECODE")
+        os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="idemlink-tests-pycache-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _saved_env:
+        shutil.rmtree(os.environ["PYTHONPYCACHEPREFIX"], ignore_errors=True)
+        for key, value in _saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _saved_env.clear()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
