@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.timing import scaled, wait_until
 
 from idemlink.cli import main
 from idemlink.device_sim.device import SimulatedDevice
@@ -107,22 +108,24 @@ def test_the_devices_run_concurrently(capsys: pytest.CaptureFixture[str]) -> Non
 
     from idemlink.device_sim.link import LinkConfig
 
-    sims = [start_pty_sim(SimulatedDevice(seed=i), LinkConfig(latency=0.2)) for i in range(3)]
+    latency = scaled(0.2)  # long next to what a busy machine adds to a run
+    timeout = f"{5 * latency:.3f}"
+    sims = [start_pty_sim(SimulatedDevice(seed=i), LinkConfig(latency=latency)) for i in range(3)]
     try:
         t0 = time.monotonic()
-        assert main(["read", *ports(sims[:1]), "mode", "--timeout", "1"]) == 0
+        assert main(["read", *ports(sims[:1]), "mode", "--timeout", timeout]) == 0
         one = time.monotonic() - t0
         t0 = time.monotonic()
-        assert main(["read", *ports(sims), "mode", "--timeout", "1"]) == 0
+        assert main(["read", *ports(sims), "mode", "--timeout", timeout]) == 0
         three = time.monotonic() - t0
     finally:
         for s in sims:
             s.close()
-    # Each device takes at least 4 x 200 ms (HELLO, its reply, the read, its answer): one after
-    # the other, three could never finish in under 2.4 s. (Against that bound, not against
+    # Each device takes at least 4 latencies (HELLO, its reply, the read, its answer): one after
+    # the other, three could never finish in under 12. (Against that bound, not against
     # ``one``: a busy machine slows every run, and ``one`` is a single sample of it.)
-    serial_floor = 3 * 4 * 0.2
-    assert one >= 0.8 and three < serial_floor, (one, three)
+    serial_floor = 3 * 4 * latency
+    assert one >= 4 * latency and three < serial_floor, (one, three, latency)
 
 
 def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]) -> None:
@@ -133,7 +136,6 @@ def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]
     import signal
     import subprocess
     import sys
-    import time
 
     from idemlink.output import PROGRESS_SECONDS_ENV
 
@@ -150,10 +152,11 @@ def test_ctrl_c_stops_every_device_and_says_what_may_have_run(rack: list[PtySim]
             line = proc.stderr.readline()
             assert line, (progress, proc.communicate())
             progress += line
-        deadline = time.monotonic() + 20
-        while not any(e.request[:1] == b"\x06" for e in mute.device.executions):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
-            time.sleep(0.02)
+        def write_arrived() -> bool:
+            assert proc.poll() is None, proc.communicate()
+            return any(e.request[:1] == b"\x06" for e in mute.device.executions)
+
+        wait_until(write_arrived, timeout=20, what="the write to reach the mute device")
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
         err = progress + err

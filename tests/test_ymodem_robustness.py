@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import serial
+from support.timing import wait_until
 
 from idemlink.cli import EXIT_UNKNOWN, main
 from idemlink.commands import ymodem_cmd
@@ -123,9 +124,8 @@ def test_receive_cleans_its_temporary_on_sigterm_and_sighup(signum: int, tmp_pat
         while os.read(pair.master_fd, 1) != b"C":  # the receiver is up
             assert time.monotonic() < deadline
         os.write(pair.master_fd, _header_and_first_block())
-        while not any(p.name.endswith(".part") for p in target.iterdir()):
-            assert time.monotonic() < deadline, "no temporary appeared"
-            time.sleep(0.01)
+        wait_until(lambda: any(p.name.endswith(".part") for p in target.iterdir()),
+                   what="the temporary to appear")
         proc.send_signal(signum)
         rc = proc.wait(10)
     finally:
@@ -151,10 +151,8 @@ def test_framed_send_to_a_device_that_dies_mid_transfer_is_one_line_exit_5(tmp_p
         send = subprocess.Popen([*CLI, "send", "--port", f"faulty://{port}?baud=115200",
                                  "--no-progress", str(big)],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 20
-        while not any((tmp_path / "flash" / "files").glob(".ymodem-*.part")):
-            assert time.monotonic() < deadline, "the transfer never started"
-            time.sleep(0.05)
+        wait_until(lambda: any((tmp_path / "flash" / "files").glob(".ymodem-*.part")),
+                   timeout=20, what="the transfer to start")
         sim.kill()
         _, err = send.communicate(timeout=60)
     finally:
