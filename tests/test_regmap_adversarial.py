@@ -76,10 +76,10 @@ def test_a_file_nested_too_deeply_is_one_refusal(fmt: str, text: str) -> None:
 @pytest.mark.parametrize("scale", ['"1e5000"', '"1e999999999"', '"1e-5000"', "1e-300", "1e300",
                                    '"1.0000000000000001"'])
 def test_a_scale_beyond_exact_arithmetic_is_refused_at_once(scale: str) -> None:
-    start = time.monotonic()
+    start = time.process_time()  # this process's CPU: the cost, not the neighbours' load
     with pytest.raises(RegmapFileError, match=r"register 'x' \(#2\): field 'scale': .*1e-12"):
         parse_regmap(with_register(f'name = "x"\nkind = "holding"\nscale = {scale}\n'))
-    assert time.monotonic() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_a_scale_is_checked_when_a_register_is_declared_in_python() -> None:
@@ -167,10 +167,10 @@ def test_the_hash_is_the_same_in_another_process(tmp_path: Path) -> None:
     ("fan_setpoint=50.0000000000000000000000000001", "not an integer"),
 ])
 def test_a_typed_value_is_converted_exactly_or_refused(text: str, message: str) -> None:
-    start = time.monotonic()
+    start = time.process_time()  # this process's CPU: the cost, not the neighbours' load
     with pytest.raises(UserError, match=message):
         parse_assignments(DEFAULT_MAP, [text])
-    assert time.monotonic() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_exact_values_still_convert() -> None:
