@@ -38,8 +38,6 @@ from idemlink.protocol.ymodem_events import FileStarted
 from idemlink.protocol.ymodem_files import DirectorySink, SinkRefused
 
 ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
-BINARY = FW / "build" / "posix" / "idemlink-device"
 IMPLEMENTATIONS = ["sim", "sim-rtu", "c", "c-rtu"]
 VECTORS = json.loads((ROOT / "tests" / "vectors" / "flash_files.json").read_text(encoding="utf-8"))
 
@@ -58,13 +56,8 @@ def snapshot(d: Path) -> dict[str, bytes | None]:
 
 
 @pytest.fixture(scope="module")
-def c_device() -> Path:
-    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
-        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), "device"], capture_output=True, text=True,
-                          check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return BINARY
+def c_device(device_bin: Path) -> Path:
+    return device_bin  # make -C firmware_ref device, once per session (support.fixtures)
 
 
 def _command(kind: str, flash: Path, request: pytest.FixtureRequest) -> list[str]:

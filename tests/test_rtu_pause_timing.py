@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import statistics
 import subprocess
 import sys
@@ -32,14 +31,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rtu_reply import rtu_reply
+from support.rtu import rtu_reply
 
 from idemlink.device_sim.rtu_server import CONFIRM_READ, RtuServer
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.modbus_rtu import FRAME_GAP_FAST, encode_rtu
 
-ROOT = Path(__file__).resolve().parents[1]
-FW = ROOT / "firmware_ref"
 UNIT = 1
 REQUEST = encode_rtu(UNIT, bytes.fromhex("0800001234"))  # FC08 sub-function 0000: no length
 ANSWER = encode_rtu(UNIT, bytes([0x88, 0x01]))  # exception 01, ILLEGAL FUNCTION
@@ -113,13 +110,8 @@ def test_the_serve_loop_answers_t35_after_the_frame(at: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def c_device() -> Path:
-    if shutil.which("make") is None or not (shutil.which("gcc") or shutil.which("cc")):
-        pytest.skip("cannot build firmware_ref: make or a C compiler is missing")
-    proc = subprocess.run(["make", "-s", "-C", str(FW), "device"], capture_output=True, text=True,
-                          check=False, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return FW / "build" / "posix" / "idemlink-device"
+def c_device(device_bin: Path) -> Path:
+    return device_bin  # make -C firmware_ref device, once per session (support.fixtures)
 
 
 @pytest.fixture(params=["sim", "c"])
