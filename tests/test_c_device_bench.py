@@ -35,6 +35,7 @@ def _readme_table() -> str:
     return text.split(tool.BEGIN + "\n", 1)[1].split(tool.END, 1)[0]
 
 
+@pytest.mark.slow  # a callgrind benchmark of four builds
 def test_the_readme_quotes_the_bench_output(tmp_path: Path) -> None:
     for tool in ("make", "gcc", "valgrind"):
         if shutil.which(tool) is None:

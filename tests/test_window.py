@@ -467,12 +467,6 @@ def _need_libfuzzer(tmp_path: Path) -> None:
         pytest.skip("clang without libFuzzer (libclang-rt-dev)")
 
 
-def test_make_fuzz_builds_and_runs(tmp_path: Path) -> None:
-    """The fuzz target builds and survives a one-second run (the campaign: below, slow)."""
-    _need_libfuzzer(tmp_path)
-    _make("fuzz", tmp_path, "FUZZ_TIME=1")
-
-
 @pytest.mark.slow
 def test_make_fuzz(tmp_path: Path) -> None:
     _need_libfuzzer(tmp_path)
