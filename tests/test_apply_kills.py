@@ -6,7 +6,7 @@ of a plan with set-only writes and the three one-shot steps (a trigger, a clear 
 over-temperature fault the plan itself latches - writing the threshold below the temperature
 latches it, writing it back above removes the condition and leaves the bit latched, on both
 devices - and a conditional write), applied by real ``idemlink apply --json`` processes to boards
-on a pty line (tests/kill_bench.py). Each run may be hit by one fault, drawn from the trial's
+on a pty line (tests/support/kill_bench.py). Each run may be hit by one fault, drawn from the trial's
 ``random.Random``: the apply process SIGKILLed after a random delay, or exactly when a one-shot
 step's request has left it (the line holds it: journaled, not yet on the device) or when the
 device has run it and its answer is on the way back; the board power-cut (SIGKILL, started again
@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kill_bench import Bench, Board, Proc, build_c_device
+from support.kill_bench import Bench, Board, Proc, build_c_device
 
 from idemlink.cli import build_parser
 from idemlink.device_sim.device import SimulatedDevice

@@ -17,4 +17,5 @@ settings, so this works in every import mode; nothing here is collected (no ``te
 - ``support.ymodem``: the in-process YMODEM pair on a virtual clock (``Pair``, ``files_of``).
 - ``support.c_ymodem``: the C YMODEM receiver and the Python one side by side (``Pair``).
 - ``support.doc_runner``: running a Markdown document's marked examples.
+- ``support.kill_bench``: the bench of ``test_apply_kills.py`` (apply processes killed on a pty line).
 """

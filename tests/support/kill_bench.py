@@ -49,7 +49,7 @@ from idemlink.protocol.frame import Frame, FrameType, decode_frames
 from idemlink.protocol.registers import RegisterKind
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FW = ROOT / "firmware_ref"
 C_DEVICE = FW / "build" / "posix" / "idemlink-device"
 START_TIMEOUT = 20.0  #: seconds a board has to print its port
