@@ -26,6 +26,7 @@ from support.rtu import (
     stop_sim,
     writes_to,
 )
+from support.timing import scaled
 
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
@@ -556,10 +557,10 @@ def _open_when_ready(path: str) -> RtuDevice:
     """pymodbus opens its port asynchronously: retry the first probe a few times."""
     for _ in range(20):
         try:
-            return RtuDevice.open(path, timeout=0.1, attempts=2)
+            return RtuDevice.open(path, timeout=scaled(0.1), attempts=2)
         except NoDevice:  # until the server listens
             continue
-    return RtuDevice.open(path, timeout=0.1, attempts=2)
+    return RtuDevice.open(path, timeout=scaled(0.1), attempts=2)
 
 
 def test_pymodbus_server_read_write_clear_trigger_and_exceptions(
@@ -600,7 +601,7 @@ def test_pymodbus_action_storing_its_own_value_is_answer_mismatch_not_no_answer(
     slave.stores[TRIG] = 4
     try:
         _open_when_ready(proxy_pair.b_path).close()
-        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", "0.1")
+        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", f"{scaled(0.1):.3f}")
         rc, out, _ = cli(capsys, "trigger", *rtu)
         assert rc == 5 and "UNKNOWN (ANSWER_MISMATCH: wrote 0x0001, echo 0x0004)" in out
         assert "trigger state 0x0004" in out  # the read-back
@@ -631,7 +632,7 @@ def test_pymodbus_server_losing_answers(proxy_pair: LinkProxy,
     slave = PymodbusSlave(proxy_pair.a_path, drop)
     try:
         _open_when_ready(proxy_pair.b_path).close()
-        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", "0.1")
+        rtu = ("--port", proxy_pair.b_path, "--modbus-rtu", "--timeout", f"{scaled(0.1):.3f}")
         rc, out, _ = cli(capsys, "trigger", *rtu, "--json")
         doc = json.loads(out)
         assert rc == 5 and doc["attempts"] == 1 and doc["outcome"] == "UNKNOWN"
