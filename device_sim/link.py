@@ -28,10 +28,20 @@ Contract:
     delimiter has been sent; an unterminated unit waits for its delimiter — or, with
     ``frame_gap`` set, until the line has been silent that long (an idle line ends a frame, so
     frame faults also work on traffic without delimiters: YMODEM, Modbus RTU);
+  * late copies (frame mode): a frame may also leave a clean copy behind (``late``, its own random
+    stream), delivered again after about ``late_frames`` further frames (uniformly 50..150 %), as a
+    frame stuck in a buffer comes out long after; at most ``MAX_LATE_COPIES`` wait at a time;
   * noise: bursts of 1..``noise_max_len`` random bytes at Poisson times (``noise_rate`` bursts per
-    second), inserted into the delivered stream. With noise on, the line is never idle.
+    second), inserted into the delivered stream. With noise on, the line is never idle;
+  * outages (scripted, ``outage(start, end)``): every byte put on the line in that time is lost,
+    as a pulled cable loses it.
 
   Every fault is counted in ``LinkStats``.
+- The delivery record: ``record_deliveries(sink)`` hands ``sink(time, unit)`` every unit ``tick``
+  delivers — the bytes between two ``delimiter`` bytes, exactly as the receiving end gets them
+  (faults and noise included, the delimiters left out) — so a judge can read what really reached
+  each end without trusting either end. ``DeliveryLog`` is a bounded, thread-safe sink for both
+  directions (``Link.record_deliveries``), drained with ``take()``.
 - ``Link`` holds both directions (a→b and b→a) and a reboot schedule (fixed times and/or Poisson
   times with a mean interval). The link only *schedules* reboots: after ``tick(now)``,
   ``next_event()`` returns the due ``RebootEvent`` objects one by one (each is also handed to the
@@ -51,6 +61,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -90,6 +101,8 @@ class LinkConfig:
     reorder: float = 0.0  #: per-frame probability of being delivered after the next frame
     reorder_max_hold: float | None = None  #: release a held frame after this long anyway
     frame_gap: float | None = None  #: frame mode: silence that also ends a unit (None: only 0x00)
+    late: float = 0.0  #: per-frame probability that a clean copy arrives again much later
+    late_frames: int = 300  #: a late copy arrives after this many further frames (50..150 %)
     noise_rate: float = 0.0  #: noise bursts per second (Poisson)
     noise_max_len: int = 4  #: a burst is 1..noise_max_len random bytes
     delimiter: int = COBS_DELIMITER  #: the byte that ends a frame in frame mode
@@ -107,6 +120,10 @@ class LinkConfig:
         for name in ("loss", "dup", "corrupt", "frame_loss", "frame_dup", "frame_corrupt"):
             _check_probability(name, getattr(self, name))
         _check_probability("reorder", self.reorder)
+        _check_probability("late", self.late)
+        if isinstance(self.late_frames, bool) or not (
+                isinstance(self.late_frames, int) and 1 <= self.late_frames <= 1_000_000):
+            raise LinkConfigError(f"late_frames must be in 1..1000000, got {self.late_frames!r}")
         if self.frame_gap is not None and not self.frame_gap > 0.0:
             raise LinkConfigError(f"frame_gap must be > 0 seconds, got {self.frame_gap!r}")
         if self.reorder_max_hold is not None and not self.reorder_max_hold > 0.0:
@@ -130,7 +147,8 @@ class LinkConfig:
     @property
     def frame_mode(self) -> bool:
         """True when any whole-frame fault is enabled (the stream is then cut on delimiters)."""
-        return self.frame_loss > 0 or self.frame_dup > 0 or self.frame_corrupt > 0 or self.reorder > 0
+        return (self.frame_loss > 0 or self.frame_dup > 0 or self.frame_corrupt > 0
+                or self.reorder > 0 or self.late > 0)
 
     def to_params(self) -> dict[str, str]:
         """The non-default parameters, named as ``config_from_params`` (and URLs, CLI) take them."""
@@ -146,6 +164,13 @@ class LinkConfig:
 MAX_QUEUED_BYTES = 1 << 16
 """Most bytes one direction (or a buffer behind it) holds undelivered; more are dropped and
 counted as ``bytes_overflow``, like a UART whose FIFO is full."""
+
+
+MAX_LATE_COPIES = 64
+"""Most late copies one direction holds at a time; a frame drawn for one beyond that leaves none."""
+MAX_RECORDED_UNIT = 4096
+"""The longest unit the delivery record hands on (an idemlink frame is at most ~540 bytes on the
+wire); a longer run of bytes without a delimiter is not recorded, up to the next delimiter."""
 
 
 def bounded_append(buf: bytearray, data: bytes, limit: int = MAX_QUEUED_BYTES) -> int:
@@ -170,9 +195,11 @@ class LinkStats:
     frames_duplicated: int = 0
     frames_corrupted: int = 0
     frames_reordered: int = 0
+    frames_late: int = 0  #: clean copies kept for a late delivery
     noise_bursts: int = 0
     noise_bytes: int = 0
     bytes_overflow: int = 0  #: dropped because ``MAX_QUEUED_BYTES`` were already queued
+    outage_bytes: int = 0  #: put on the line during an outage (``LinkDirection.outage``): lost
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -188,7 +215,9 @@ class LinkStats:
             + self.frames_duplicated
             + self.frames_corrupted
             + self.frames_reordered
+            + self.frames_late
             + self.noise_bursts
+            + self.outage_bytes
         )
 
 
@@ -199,6 +228,7 @@ class FrameFault(Enum):
     DUPLICATE = "duplicate"
     CORRUPT = "corrupt"
     REORDER = "reorder"  #: hold it and deliver it after the next frame
+    LATE = "late"  #: deliver it, and a clean copy again after about ``late_frames`` frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +254,7 @@ class LinkDirection:
         self._byte_rng = _stream(config.seed, name, "byte")
         self._frame_rng = _stream(config.seed, name, "frame")
         self._noise_rng = _stream(config.seed, name, "noise")
+        self._late_rng = _stream(config.seed, name, "late")
         self._byte_time = config.byte_time
         self._frame_mode = config.frame_mode
         self._now = -math.inf  # latest time seen
@@ -238,6 +269,11 @@ class LinkDirection:
         self._next_noise: float | None = None
         self._forced: deque[FrameFault] = deque()
         self._delivered = bytearray()  # delivered by the last ticks, not yet drained
+        self._late: list[tuple[int, bytes]] = []  # (frames_seen that releases it, its bytes)
+        self._outages: tuple[tuple[float, float], ...] = ()  # [start, end): the line is dead
+        self._sink: Callable[[float, bytes], None] | None = None  # the delivery record
+        self._rx_unit = bytearray()  # the delivered unit being recorded
+        self._rx_skip = False  # that unit grew past MAX_RECORDED_UNIT: not recorded
 
     # -- time ---------------------------------------------------------------------------------
 
@@ -272,11 +308,35 @@ class LinkDirection:
             unit, self._unit = self._unit, []
             self._push_unit(unit)
             self._release_held()
+            late, self._late = self._late, []
+            for _, data in late:
+                self._push_unit([(self._now, b) for b in data])
 
     def force_frame_fault(self, fault: FrameFault, count: int = 1) -> None:
         """Apply ``fault`` to the next ``count`` frames instead of drawing (frame mode is on while
         forced faults are pending). Counted in the stats like drawn faults."""
         self._forced.extend([fault] * count)
+
+    def outage(self, start: float, end: float) -> None:
+        """A scripted outage, the cable pulled from ``start`` to ``end``: every byte put on the
+        line at a time in ``[start, end)`` is lost (``outage_bytes``; it still takes its line
+        time). Bytes already on the line are delivered. Safe to call from another thread than
+        the one driving the direction (a real-time proxy)."""
+        if not (math.isfinite(start) and math.isfinite(end) and end > start):
+            raise LinkConfigError(f"an outage needs finite start < end, got {start!r}, {end!r}")
+        self._outages = (*(o for o in self._outages if o[1] > self._now), (start, end))
+
+    def _dead(self, now: float) -> bool:
+        return any(start <= now < end for start, end in self._outages)
+
+    def record_deliveries(self, sink: Callable[[float, bytes], None] | None) -> None:
+        """From now on hand ``sink(time, unit)`` every unit ``tick`` delivers: the bytes between
+        two ``delimiter`` bytes as the receiving end gets them (delimiters left out, empty units
+        skipped, ``time`` the one the shell passed to ``tick``: when the bytes were handed on);
+        None stops recording."""
+        self._sink = sink
+        self._rx_unit.clear()
+        self._rx_skip = False
 
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Put ``data`` on the line at time ``now``."""
@@ -285,6 +345,13 @@ class LinkDirection:
         rng = self._byte_rng
         bt = self._byte_time
         stats = self.stats
+        if self._outages and self._dead(now):
+            n = len(data)
+            stats.bytes_sent += n
+            stats.outage_bytes += n
+            if bt:
+                self._busy_until = max(self._busy_until, now) + n * bt
+            return
         for b in bytes(data):
             stats.bytes_sent += 1
             if self.in_flight >= self.max_queued:  # the line's buffer is full: dropped
@@ -307,7 +374,8 @@ class LinkDirection:
                 stats.bytes_duplicated += 1
                 copies = 2
             for _ in range(copies):
-                if self._frame_mode or self._forced or self._unit or self._held is not None:
+                if (self._frame_mode or self._forced or self._unit or self._held is not None
+                        or self._late):
                     self._frame_byte(t, b)
                 else:
                     self._push(t, b)
@@ -315,6 +383,7 @@ class LinkDirection:
     def tick(self, now: float) -> None:
         """Deliver every byte due by time ``now``, in delivery order (``data_to_send`` takes
         them)."""
+        asked = now  # the delivery record's time: when the shell hands the bytes on
         now = self._tick(now)
         self._run_timers(now)
         heap = self._heap
@@ -323,6 +392,8 @@ class LinkDirection:
         while heap and heap[0][0] <= now:
             out.append(heapq.heappop(heap)[2])
         self.stats.bytes_delivered += len(out) - before
+        if self._sink is not None and len(out) > before:
+            self._record(bytes(out[before:]), min(asked, now))
 
     def data_to_send(self) -> bytes:
         """The bytes delivered by the ticks so far, in order (drains them)."""
@@ -357,9 +428,35 @@ class LinkDirection:
         self._unit.clear()
         self._held = None
         self._held_deadline = None
+        self._late.clear()
         return n
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _record(self, data: bytes, now: float) -> None:
+        """Cut what was just delivered into units for the delivery record."""
+        sink = self._sink
+        assert sink is not None
+        unit = self._rx_unit
+        delimiter = bytes((self.config.delimiter,))
+        if delimiter not in data:  # the middle of a unit (a paced line delivers byte by byte)
+            if not self._rx_skip:
+                unit += data
+                if len(unit) > MAX_RECORDED_UNIT:
+                    unit.clear()
+                    self._rx_skip = True
+            return
+        for i, piece in enumerate(data.split(delimiter)):
+            if i:  # a delimiter ended the unit before this piece
+                if unit and not self._rx_skip:
+                    sink(now, bytes(unit))
+                unit.clear()
+                self._rx_skip = False
+            if not self._rx_skip:
+                unit += piece
+                if len(unit) > MAX_RECORDED_UNIT:
+                    unit.clear()
+                    self._rx_skip = True
 
     def _push(self, t: float, b: int) -> None:
         if t < self._last_push:
@@ -397,6 +494,7 @@ class LinkDirection:
             corrupt = forced is FrameFault.CORRUPT
             dup = forced is FrameFault.DUPLICATE
             hold = forced is FrameFault.REORDER and self._held is None
+            late = forced is FrameFault.LATE
         else:
             drop = bool(cfg.frame_loss and rng.random() < cfg.frame_loss)
             corrupt = not drop and bool(cfg.frame_corrupt and rng.random() < cfg.frame_corrupt)
@@ -404,6 +502,33 @@ class LinkDirection:
             hold = (
                 not drop and self._held is None and bool(cfg.reorder) and rng.random() < cfg.reorder
             )
+            late = bool(cfg.late and self._late_rng.random() < cfg.late)
+        if late and len(self._late) < MAX_LATE_COPIES:
+            after = self._late_rng.randint(max(1, cfg.late_frames // 2),
+                                           max(1, cfg.late_frames * 3 // 2))
+            copy = bytes(b for _, b in unit)
+            if delimited:  # its own unit, whatever the line delivered before it
+                copy = bytes((cfg.delimiter,)) + copy
+            self._late.append((stats.frames_seen + after, copy))
+            stats.frames_late += 1
+        self._deliver_unit(unit, delimited, drop=drop, corrupt=corrupt, dup=dup, hold=hold)
+        if self._late:
+            self._release_late(unit[-1][0])
+
+    def _release_late(self, t: float) -> None:
+        """Deliver the late copies whose number of frames has passed, right after ``t``."""
+        seen = self.stats.frames_seen
+        due = [data for at, data in self._late if at <= seen]
+        if due:
+            self._late = [(at, data) for at, data in self._late if at > seen]
+            for data in due:
+                self._push_unit([(t, b) for b in data])
+
+    def _deliver_unit(self, unit: list[tuple[float, int]], delimited: bool, *, drop: bool,
+                      corrupt: bool, dup: bool, hold: bool) -> None:
+        cfg = self.config
+        rng = self._frame_rng
+        stats = self.stats
         if drop:
             stats.frames_lost += 1
             return
@@ -463,6 +588,54 @@ class LinkDirection:
             self.stats.noise_bursts += 1
             self.stats.noise_bytes += n
             self._next_noise = t + rng.expovariate(cfg.noise_rate)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One unit a direction delivered (``LinkDirection.record_deliveries``)."""
+
+    time: float  #: the link's clock when it was delivered
+    direction: str  #: ``"a->b"`` or ``"b->a"``
+    unit: bytes  #: the bytes between two delimiters, as the receiving end got them
+
+
+DELIVERY_LOG_LIMIT = 1 << 16
+"""Deliveries a ``DeliveryLog`` holds before it drops the oldest (counted in ``dropped``)."""
+
+
+class DeliveryLog:
+    """A bounded record of what a ``Link`` delivered both ways, for a judge that trusts neither
+    end: ``Link.record_deliveries(log)`` fills it as the directions tick, ``take()`` drains it
+    (thread-safe: a real-time proxy fills it from its own thread). Memory is bounded by
+    ``limit`` deliveries; beyond that the oldest are dropped and counted in ``dropped`` (a reader
+    draining after every exchange never gets there)."""
+
+    def __init__(self, limit: int = DELIVERY_LOG_LIMIT) -> None:
+        if limit < 1:
+            raise ValueError("a delivery log holds at least one delivery")
+        self._items: deque[Delivery] = deque()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self.dropped = 0
+
+    def sink(self, direction: str) -> Callable[[float, bytes], None]:
+        """The ``record_deliveries`` sink of one direction."""
+
+        def add(time: float, unit: bytes) -> None:
+            with self._lock:
+                if len(self._items) >= self._limit:
+                    self._items.popleft()
+                    self.dropped += 1
+                self._items.append(Delivery(time, direction, unit))
+
+        return add
+
+    def take(self) -> list[Delivery]:
+        """Every delivery recorded since the last call, in order (drains them)."""
+        with self._lock:
+            out = list(self._items)
+            self._items.clear()
+        return out
 
 
 class Link:
@@ -548,6 +721,11 @@ class Link:
         ]
         return min(times) if times else None
 
+    def record_deliveries(self, log: DeliveryLog | None) -> None:
+        """Record what both directions deliver into ``log`` (None: stop recording)."""
+        for d in (self.a_to_b, self.b_to_a):
+            d.record_deliveries(None if log is None else log.sink(d.name))
+
     def stats(self) -> dict[str, dict[str, int]]:
         """Both directions' counters and the reboot count, for reports."""
         return {
@@ -614,6 +792,8 @@ _PARAMS: dict[str, _Param] = {
     "reorder": _Param("reorder", float, help="per-frame probability of swapping with the next"),
     "reorder_hold_ms": _Param("reorder_max_hold", _parse_hold, _render_hold, "max hold, ms"),
     "frame_gap_ms": _Param("frame_gap", _parse_hold, _render_hold, "silence ending a frame, ms"),
+    "late": _Param("late", float, help="per-frame probability of a copy delivered much later"),
+    "late_frames": _Param("late_frames", int, help="frames after which a late copy arrives"),
     "noise_rate": _Param("noise_rate", float, help="noise bursts per second"),
     "noise_len": _Param("noise_max_len", int, help="max bytes per noise burst"),
     "delimiter": _Param("delimiter", lambda s: int(s, 0), lambda v: f"0x{v:02x}", "frame end"),

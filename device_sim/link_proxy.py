@@ -246,6 +246,12 @@ class LinkProxy:
         """The link's clock: seconds since the proxy was built (monotonic)."""
         return time.monotonic() - self._t0
 
+    @property
+    def origin(self) -> float:
+        """The ``time.monotonic()`` of the link's clock's 0: a link time plus this is on the
+        clock of a program on the same machine (the delivery record, to a host's)."""
+        return self._t0
+
     def serve(self) -> None:
         """Run until ``stop()``."""
         routes: list[tuple[_End, LinkDirection, _End]] = [

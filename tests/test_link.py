@@ -26,7 +26,11 @@ from support.timing import load_factor, scaled
 
 from idemlink.device_sim import urlhandler
 from idemlink.device_sim.link import (
+    MAX_LATE_COPIES,
+    MAX_RECORDED_UNIT,
     PARAM_NAMES,
+    Delivery,
+    DeliveryLog,
     FrameFault,
     Link,
     LinkConfig,
@@ -383,6 +387,7 @@ def test_params_by_name() -> None:
         baud=BAUDS, latency=st.sampled_from([0.0, 0.002, 0.0125]),
         loss=st.sampled_from([0.0, 0.1, 0.25]), frame_dup=st.sampled_from([0.0, 0.5]),
         reorder_max_hold=st.sampled_from([None, 0.02]), reboot_at=st.sampled_from([(), (1.5, 3.0)]),
+        late=st.sampled_from([0.0, 0.01]), late_frames=st.sampled_from([300, 7]),
         reboot_every=st.sampled_from([None, 2.5]), delimiter=st.integers(0, 255),
         seed=st.integers(0, 2**40),
     )
@@ -797,3 +802,99 @@ def test_link_refuses_a_bad_regmap_even_without_monitor(
     assert main(["link", "--regmap", str(bad)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and "not valid JSON" in err
+
+
+# -- the delivery record, late copies, outages ----------------------------------------------------
+
+
+def test_the_delivery_record_is_what_the_receiving_end_got_unit_by_unit() -> None:
+    """Lost frames are not in it, a duplicate is there twice, a corrupted frame as corrupted,
+    however the bytes were chunked and whenever the shell ticked."""
+    payloads = [bytes([i]) * 5 for i in range(1, 40)]
+    stream = b"".join(frames_of(payloads))
+    cfg = LinkConfig(baud=9600, frame_loss=0.2, frame_dup=0.2, frame_corrupt=0.2, seed=5)
+    records: list[list[bytes]] = []
+
+    def run(chunk: int) -> LinkDirection:
+        d = LinkDirection(cfg)
+        got: list[bytes] = []
+        d.record_deliveries(lambda t, unit: got.append(unit))
+        out = b""
+        for i in range(0, len(stream), chunk):
+            d.receive_data(stream[i:i + chunk], i * 0.001)
+            out += delivered(d, i * 0.001)
+        out += delivered(d, 100.0)
+        assert got == segments(out)  # exactly the receiving end's units
+        records.append(got)
+        return d
+
+    d = [run(chunk) for chunk in (1, 7, len(stream))][-1]
+    assert records[0] == records[1] == records[2]
+    assert d.stats.frames_lost and d.stats.frames_duplicated and d.stats.frames_corrupted
+
+
+def test_the_delivery_record_skips_a_unit_longer_than_any_frame() -> None:
+    d = LinkDirection(LinkConfig())
+    got: list[bytes] = []
+    d.record_deliveries(lambda t, unit: got.append(unit))
+    d.receive_data(b"\x00" + b"x" * (MAX_RECORDED_UNIT + 1) + b"\x00ok\x00", 0.0)
+    d.tick(1.0)
+    assert got == [b"ok"]
+
+
+def test_a_delivery_log_records_both_ways_bounded_and_drains() -> None:
+    link = Link(LinkConfig(latency=0.001))
+    log = DeliveryLog(limit=3)
+    link.record_deliveries(log)
+    link.a_to_b.receive_data(b"\x00req\x00", 0.0)
+    link.b_to_a.receive_data(b"\x00ans\x00", 0.0005)
+    link.a_to_b.tick(0.0015)
+    link.b_to_a.tick(0.0015)
+    assert log.take() == [Delivery(0.0015, "a->b", b"req"), Delivery(0.0015, "b->a", b"ans")]
+    assert log.take() == []
+    link.a_to_b.receive_data(b"\x00a\x00b\x00c\x00d\x00", 1.0)
+    link.a_to_b.tick(2.0)
+    assert [d.unit for d in log.take()] == [b"b", b"c", b"d"] and log.dropped == 1
+    link.record_deliveries(None)
+    link.a_to_b.receive_data(b"\x00e\x00", 3.0)
+    link.a_to_b.tick(4.0)
+    assert log.take() == []
+
+
+def test_a_late_copy_arrives_again_after_about_late_frames_more_frames() -> None:
+    d = LinkDirection(LinkConfig(late_frames=10))
+    a, *rest = frames_of([b"A"] + [bytes([0x41 + i]) for i in range(1, 30)])
+    d.force_frame_fault(FrameFault.LATE)
+    d.receive_data(a, 0.0)
+    assert segments(delivered(d, 0.0)) == [b"\x02A"]  # the frame itself goes through
+    out: list[bytes] = []
+    for i, f in enumerate(rest):
+        d.receive_data(f, 1.0 + i)
+        out += segments(delivered(d, 1.0 + i))
+    assert out.count(b"\x02A") == 1 and d.stats.frames_late == 1
+    assert 5 <= out.index(b"\x02A") <= 16  # after 5..15 further frames
+
+
+def test_late_copies_draw_their_own_stream_and_are_bounded() -> None:
+    """Turning late copies on changes no other fault: the same frames are lost as without."""
+    stream = b"".join(frames_of([i.to_bytes(2, "big") for i in range(1, 2000)]))
+    lost = []
+    for late in (0.0, 0.5):
+        d = LinkDirection(LinkConfig(frame_loss=0.3, late=late, late_frames=100_000, seed=3))
+        d.receive_data(stream, 0.0)
+        lost.append(d.stats.frames_lost)
+        if late:
+            assert d.stats.frames_late == MAX_LATE_COPIES  # then no more are kept
+    assert lost[0] == lost[1]
+
+
+def test_an_outage_loses_what_is_sent_into_it_and_only_that() -> None:
+    d = LinkDirection(LinkConfig(baud=9600, latency=0.01))
+    d.receive_data(b"\x00before\x00", 0.0)
+    d.outage(0.005, 0.5)  # the bytes already on the line still arrive
+    d.receive_data(b"\x00during\x00", 0.1)
+    d.receive_data(b"\x00after\x00", 0.5)
+    assert segments(delivered(d, 10.0)) == [b"before", b"after"]
+    assert d.stats.outage_bytes == 8 and d.stats.faults == 8
+    with pytest.raises(LinkConfigError):
+        d.outage(1.0, 1.0)
