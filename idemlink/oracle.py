@@ -5,8 +5,11 @@ Contract: an ``Oracle`` is built from a register map *file's text* (TOML or JSON
 device's trigger duration (which a boot record that declares its own replaces). It is fed, in
 order, the device's own record of what happened — ``Boot(epoch, time[, trigger_duration])`` and
 ``Run(epoch, seq, request, response, time)`` records (the effects-file format of docs/SOAK.md) —
-the environment's changes (``set_input``, ``set_condition``, ``force_trigger``), and the host's
-results as *claims* (a command and every (epoch, seq) it travelled under). From these alone it judges:
+with ``delivery_record``, the line's own record of every unit it delivered each way —
+``Delivered(to, time, unit)``, the link emulator's ``DeliveryLog``, decoded here by
+``idemlink.oracle_wire`` — the environment's changes (``set_input``, ``set_condition``,
+``force_trigger``), and the host's results as *claims* (a command, every (epoch, seq) it travelled
+under, what the host reported and when it settled). From these alone it judges:
 
 - register semantics: it replays every execution through its own model of the map (decoding and
   encoding PDUs with its own few lines of ``struct``) and the device's answer must be the one the
@@ -19,25 +22,45 @@ results as *claims* (a command and every (epoch, seq) it travelled under). From 
 - accounting: every execution is claimed by exactly one result whose request is the one executed,
   wherever it lands (during its batch, during ``reconcile()``, or after its result was settled);
   a command runs at most once, except that a write touching only HOLDING registers (by the map's
-  declarations, not by any host flag) may run once per boot epoch. Anything else is
+  declarations, not by any host flag) may run once per boot epoch; with the line's record, the
+  device ran only requests the line delivered to it under that (epoch, seq). Anything else is
   ``duplicated_effects``. ``reconcile()``'s read-backs are results like any other.
 - outcomes: a reported outcome other than UNKNOWN must be what the executed answer means
   (exception 04: UNKNOWN, other exceptions: REJECTED, failed guard: NOT_EXECUTED, trigger codes
   0xFF00/0xFF01: UNKNOWN/REJECTED, else OK); an OK must carry the executed answer's values or
   code (big-endian, decoded here); NOT_EXECUTED/REJECTED must have no execution that took effect,
-  also one that lands later. A ``reconcile()`` verdict must agree with the modelled state, judged
-  per register kind: holding = the value, trigger 1 = RUNNING or DONE, trigger 0 = IDLE, fault =
-  the written bits clear; its evidence (``check_evidence``: "it ran" / "it never ran", from the
-  request re-sent under its own number) must agree with the device's record of that number.
-  These are ``misclassified``.
+  also one that lands later. With the line's record an outcome also needs evidence
+  (``ANSWER_NEEDED``): an OK — and a NOT_EXECUTED or REJECTED whose request went out — must match
+  an answer the line delivered to the host under the result's (epoch, seq) *before* the result
+  was settled, meaning that outcome (``oracle_wire.answer_outcome``: status byte, then the PDU),
+  an OK with the values, code and replay flag it reports; an answer that arrived later, under
+  another number or from another boot proves nothing. A ``reconcile()`` verdict must agree with
+  the modelled state, judged per register kind: holding = the value, trigger 1 = RUNNING or DONE,
+  trigger 0 = IDLE, fault = the written bits clear; its evidence (``check_evidence``: "it ran" /
+  "it never ran", from the request re-sent under its own number) must agree with the device's
+  record of that number. These are ``misclassified``.
+
+Alongside, it counts what the line showed (``Tally``): every answer delivered to the host by
+status, those that came after their result (late copies; ANSWER_EVICTED and TOO_OLD answers to
+requests delivered late), commands with an effect that ran with every answer lost, and commands
+with an effect none of whose requests reached the device — so a campaign can show it reached
+those situations.
+
+Memory is bounded whatever the length of the run: claims (and their executions) for the last
+``MAX_CLAIMS`` numbers, delivered requests for the last ``MAX_GIVEN``, a claim's delivered answers
+only until it is judged, ``MAX_PROBLEMS`` problem texts.
 
 The model can be given a timing tolerance for devices on a real clock: a trigger within
 ``tolerance`` of its finish may be either RUNNING or DONE, and the first answer decides.
 
 Why one module of this size: the oracle is the campaign's independent second reading of the
 protocol: it decodes PDUs and models the device by itself, on purpose importing neither the host's
-decoders nor the device core (docs/ARCHITECTURE.md). Its parts (the map, the record, the PDU
-reading, the model, the judge) change together whenever the semantics they check do.
+decoders nor the device core (docs/ARCHITECTURE.md); besides the standard library it imports only
+its own reading of the wire (``idemlink.oracle_wire``, which changes with the frame format), the
+file parsers that name a too-long integer (``idemlink.protocol.long_integers``) and the errors'
+base class (``IdemlinkError``) — no decoder, no table. Its parts
+(the map, the record, the PDU reading, the model, the judge) change together whenever the
+semantics they check do.
 """
 
 from __future__ import annotations
@@ -46,10 +69,20 @@ import copy
 import json
 import math
 import struct
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+from idemlink.oracle_wire import (
+    EPOCH_MISMATCH,
+    REPLAY,
+    REQUEST,
+    RESPONSE,
+    answer_outcome,
+    pdu_outcome,
+    read_frame,
+    status_name,
+)
 from idemlink.protocol.long_integers import load_json, load_toml  # parsing only: no decoder
 from idemlink.protocol.outcome import IdemlinkError  # the errors' base only: no table
 
@@ -144,10 +177,23 @@ class Run:
     time: float
 
 
-Record = Boot | Run
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A unit the line delivered (the link emulator's delivery record, never either end's word):
+    to ``"device"`` or to ``"host"``, at ``time`` on the host's clock, the bytes between two
+    frame delimiters. The oracle decodes it itself (``idemlink.oracle_wire``)."""
+
+    to: str
+    time: float
+    unit: bytes
 
 
-def parse_effects_line(line: str) -> Record:
+Effect = Boot | Run
+"""A line of the device's effects file."""
+Record = Effect | Delivered
+
+
+def parse_effects_line(line: str) -> Effect:
     """One line of an effects file (docs/SOAK.md): ``{"boot": epoch, "time": t}`` (optionally
     with ``"trigger_duration": seconds``) or ``{"epoch", "seq", "request": hex, "response": hex,
     "time"}``."""
@@ -166,7 +212,7 @@ def parse_effects_line(line: str) -> Record:
         raise OracleError(f"effects line {line[:80]!r}: {exc}") from None
 
 
-def effects_line(record: Record) -> str:
+def effects_line(record: Effect) -> str:
     """The effects-file line of a record (no newline)."""
     if isinstance(record, Boot):
         if record.trigger_duration is None:
@@ -185,18 +231,8 @@ def _exception(fc: int, code: int) -> bytes:
     return bytes([(fc | 0x80) & 0xFF, code])
 
 
-def truth_outcome(request: bytes, response: bytes) -> str:
-    """The outcome (by name) an executed answer means, read from its bytes alone."""
-    if response[:1] and response[0] & 0x80:
-        exc = response[1] if len(response) > 1 else EXC_FAILURE
-        return "UNKNOWN" if exc == EXC_FAILURE else "REJECTED"
-    fc = request[0] if request else -1
-    if fc == FC_WRITE_IF_GENERATION and len(response) > 1 and response[1] == GUARD_FAILED:
-        return "NOT_EXECUTED"
-    if fc == FC_TRIGGER and len(response) == 5:
-        code = int.from_bytes(response[3:5], "big")
-        return {CODE_ABNORMAL: "UNKNOWN", CODE_ILLEGAL: "REJECTED"}.get(code, "OK")
-    return "OK"
+truth_outcome = pdu_outcome
+"""The outcome (by name) an executed answer means, read from its bytes alone."""
 
 
 def answer_values(request: bytes, response: bytes) -> tuple[tuple[int, ...], int | None]:
@@ -496,6 +532,15 @@ class Tally:
     late_executions: int = 0  #: landed after their result was settled
     reissued_set_only: int = 0
     boots: int = 0
+    answers: Counter[str] = field(default_factory=Counter)
+    """every answer the line delivered to the host, by status (``REPLAYED``: status OK, replayed)"""
+    late_answers: Counter[str] = field(default_factory=Counter)
+    """those delivered after their result was settled (late copies, answers to late requests)"""
+    ran_unanswered: int = 0
+    """commands that may have an effect, ran, and had no answer delivered before their result"""
+    never_delivered: int = 0
+    """commands that may have an effect, sent, none of whose requests reached the device before
+    their result"""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -516,6 +561,8 @@ class Claim:
     values: tuple[int, ...] = ()
     code: int | None = None
     readback: bool = False  #: a ``reconcile()`` read-back: its state is what the verdict saw
+    replay: bool = False  #: the result says its answer was a replay
+    at: float | None = None  #: when the result was settled (the host's clock; None: unknown)
 
 
 @dataclass(slots=True)
@@ -525,27 +572,64 @@ class Claimed:
     claim: Claim
     runs: list[tuple[tuple[int, int], str, bytes]] = field(default_factory=list)
     """(epoch, seq), truth, response of every execution of its request"""
+    answers: list[Answer] = field(default_factory=list)
+    """the answers the line delivered to the host under its keys, until it is judged"""
+    first_request: float | None = None
+    """when the line first delivered one of its requests to the device"""
     judged: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """An answer the line delivered to the host (decoded by ``idemlink.oracle_wire``)."""
+
+    key: tuple[int, int]  #: the (epoch, seq) of the request it answers
+    time: float
+    status: int
+    pdu: bytes
+    replay: bool
+
+
+#: What a reported outcome needs from the line's delivery record: an answer delivered to the
+#: host under the result's (epoch, seq) before the result was settled, meaning that outcome (an
+#: OK also carrying the reported values, code and replay flag) — ``always``, ``if sent`` (when
+#: the request went out at all; never sent, nothing can answer), or ``never`` (UNKNOWN claims
+#: nothing). The device's record adds its own rules (``Oracle.judge``).
+ANSWER_NEEDED: dict[str, str] = {
+    "OK": "always",
+    "NOT_EXECUTED": "if sent",
+    "REJECTED": "if sent",
+    "UNKNOWN": "never",
+}
 
 
 MAX_CLAIMS = 200_000
 """Claims kept for executions still to come (a frame delayed by more is taken as unclaimed)."""
+MAX_GIVEN = 16_384
+"""Requests delivered to the device kept until their execution is fed (the record of one
+exchange, with room to spare)."""
 MAX_PROBLEMS = 200
+EFFECTFUL = frozenset({FC_WRITE_ONE, FC_WRITE_MANY, FC_WRITE_IF_GENERATION, FC_TRIGGER})
+"""Function codes that may change the device's state."""
 
 
 class Oracle:
     """See the module docstring."""
 
     def __init__(self, map_text: str, *, trigger_duration: float, fmt: str = "toml",
-                 conditions: Conditions | None = None, tolerance: float = 0.0) -> None:
+                 conditions: Conditions | None = None, tolerance: float = 0.0,
+                 delivery_record: bool = False) -> None:
         self.regs = MapTruth.parse(map_text, fmt=fmt)
         self.model = Model.fresh(self.regs, trigger_duration, conditions)
         self.tolerance = tolerance
+        #: the line's delivery record is fed (``Delivered``): outcomes need its evidence
+        self.delivery_record = delivery_record
         self.tally = Tally()
         self.epoch: int | None = None
         self.acked: set[int] = set()
         self._claims: OrderedDict[tuple[int, int], Claimed] = OrderedDict()
         self._executed: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self._given: OrderedDict[tuple[int, int], set[bytes]] = OrderedDict()
         self._readbacks: list[tuple[range, dict[int, int]]] = []
 
     # -- problems ---------------------------------------------------------------------------
@@ -650,8 +734,12 @@ class Oracle:
 
     # -- the device's record ----------------------------------------------------------------
     def feed(self, records: Iterable[Record]) -> None:
+        """The device's record and the line's, in order (a request's delivery before its
+        execution; everything of an exchange before its results are judged)."""
         for r in records:
-            if isinstance(r, Boot):
+            if isinstance(r, Delivered):
+                self._delivered(r)
+            elif isinstance(r, Boot):
                 self.tally.boots += 1
                 self.epoch = r.epoch
                 self.model.finish_due(r.time, 0.0)
@@ -661,6 +749,36 @@ class Oracle:
             else:
                 self._run(r)
 
+    def _delivered(self, d: Delivered) -> None:
+        """A unit the line delivered: a request reaching the device or an answer reaching the
+        host is kept with the claim of its (epoch, seq) (an EPOCH_MISMATCH answer names the
+        epoch of the request it refuses); anything a receiver drops is nothing."""
+        f = read_frame(d.unit)
+        if f is None:
+            return
+        if d.to == "device" and f.type == REQUEST:
+            key = (f.epoch, f.seq)
+            given = self._given.setdefault(key, set())
+            given.add(f.payload)
+            self._given.move_to_end(key)
+            while len(self._given) > MAX_GIVEN:
+                self._given.popitem(last=False)
+            entry = self._claims.get(key)
+            if entry is not None and entry.first_request is None:
+                entry.first_request = d.time
+        elif d.to == "host" and f.type == RESPONSE and f.payload:
+            status, pdu = f.payload[0], f.payload[1:]
+            key = (f.epoch, f.seq)
+            if status == EPOCH_MISMATCH and len(pdu) >= 4:
+                key = (int.from_bytes(pdu[:4], "little"), f.seq)
+            name = status_name(status, bool(f.flags & REPLAY))
+            self.tally.answers[name] += 1
+            entry = self._claims.get(key)
+            if entry is None or entry.judged:
+                self.tally.late_answers[name] += 1
+            else:
+                entry.answers.append(Answer(key, d.time, status, pdu, bool(f.flags & REPLAY)))
+
     def _run(self, x: Run) -> None:
         self.tally.executions += 1
         if self.epoch is not None and x.epoch != self.epoch:
@@ -669,6 +787,9 @@ class Oracle:
         self.epoch = x.epoch
         self._check_answer(x)
         key = (x.epoch, x.seq)
+        if self.delivery_record and x.request not in self._given.get(key, ()):
+            self.problem("duplicated_effects", f"{x.epoch:08x}:{x.seq} ran {x.request.hex()}, "
+                         "which the line never delivered to the device")
         n = self._executed.get(key, 0) + 1
         self._executed[key] = n
         self._executed.move_to_end(key)
@@ -775,12 +896,16 @@ class Oracle:
 
     # -- results ----------------------------------------------------------------------------
     def judge(self, entry: Claimed) -> None:
-        """After the executions of its batch were fed: the result's outcome against them."""
+        """After the executions and deliveries of its batch were fed: the result's outcome
+        against the device's record and (``delivery_record``) the line's."""
         c = entry.claim
         entry.judged = True
+        answers, entry.answers = entry.answers, []  # judged once: memory stays flat
         if c.outcome is None:
             return
         self._check_no_effect(entry)
+        if self.delivery_record:
+            self._check_answers(entry, answers)
         final = [(t, resp) for k, t, resp in entry.runs if k == c.final]
         if final and c.outcome != "UNKNOWN":
             truth, resp = final[-1]
@@ -806,6 +931,37 @@ class Oracle:
                 r = self.regs.registers.get(d.address + i)
                 if r is not None and r.kind == "holding":
                     self.acked.add(r.address)
+
+    def _check_answers(self, entry: Claimed, answers: list[Answer]) -> None:
+        """``ANSWER_NEEDED``: the outcome against the answers the line delivered to the host
+        before the result; and the situations the campaign means to reach, counted."""
+        c = entry.claim
+        assert c.outcome is not None
+        heard = [a for a in answers if c.at is None or a.time <= c.at]
+        if c.request[:1] and c.request[0] in EFFECTFUL and c.sent_as:
+            if entry.first_request is None or (c.at is not None and entry.first_request > c.at):
+                self.tally.never_delivered += 1
+            elif entry.runs and not heard:
+                self.tally.ran_unanswered += 1
+        need = ANSWER_NEEDED[c.outcome]
+        if need == "never" or (need == "if sent" and not c.sent_as):
+            return
+        final = [a for a in heard if a.key == c.final]
+        if any(self._backs(c, a) for a in final):
+            return
+        said = ", ".join(f"{status_name(a.status, a.replay)} {a.pdu.hex()}" for a in final)
+        self.problem("misclassified", f"{c.outcome} without an answer on the line that says so: "
+                     f"{c.request.hex()} as {c.final[0]:08x}:{c.final[1]}, the host was "
+                     f"answered {said or 'nothing'}")
+
+    @staticmethod
+    def _backs(c: Claim, a: Answer) -> bool:
+        """Does answer ``a`` say what claim ``c`` reports (an OK: with its values, code and
+        replay flag)?"""
+        if answer_outcome(c.request, a.status, a.pdu) != c.outcome:
+            return False
+        return c.outcome != "OK" or (answer_values(c.request, a.pdu) == (c.values, c.code)
+                                     and a.replay == c.replay)
 
     def check_state(self, truth: Mapping[str, int]) -> None:
         """Compare the model with the device's own registers (an in-process device shows them):

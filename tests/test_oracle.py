@@ -16,7 +16,9 @@ from idemlink.oracle import (
     TRIGGER_RULES,
     Boot,
     Claim,
+    Delivered,
     Oracle,
+    Record,
     Run,
     effects_line,
     parse_effects_line,
@@ -176,3 +178,186 @@ def test_each_read_back_value_is_judged_when_its_own_read_ran() -> None:
                  Run(1, 3, gen, b"\x03\x02\x00\x01", 0.3)])
     oracle.check_reconcile(write, False, {"threshold": 350, "generation": 1})
     assert oracle.tally.passed, oracle.tally.problems
+
+
+# ---- the oracle's own reading of the wire, and the evidence it demands ---------------------------
+
+ORACLE_MODULES = ("oracle.py", "oracle_wire.py")
+
+
+ALLOWED_IMPORTS: dict[str, set[str] | None] = {
+    "idemlink.oracle_wire": None,  # its own reading of the wire
+    "idemlink.protocol.long_integers": {"load_json", "load_toml"},  # file parsing, no decoder
+    "idemlink.protocol.outcome": {"IdemlinkError"},  # the errors' base class, no table
+}
+"""What of idemlink the oracle may import (None: anything): nothing that decodes or classifies."""
+
+
+def test_the_oracle_imports_nothing_of_the_code_under_test() -> None:
+    """The oracle and its wire reading import the standard library, each other, and only the
+    names above of idemlink's protocol: no decoder, table or classifier of the code it checks."""
+    import ast
+    import sys
+
+    root = Path(__file__).resolve().parent.parent / "idemlink"
+    for name in ORACLE_MODULES:
+        for node in ast.walk(ast.parse((root / name).read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                pairs = [(node.module or "", a.name) for a in node.names]
+            else:
+                continue
+            for mod, what in pairs:
+                if mod.split(".")[0] in sys.stdlib_module_names and mod.split(".")[0] != "idemlink":
+                    continue
+                assert mod in ALLOWED_IMPORTS, (name, mod)
+                allowed = ALLOWED_IMPORTS[mod]
+                assert allowed is None or what in allowed, (name, mod, what)
+
+
+def test_the_oracles_status_table_is_the_protocols() -> None:
+    from idemlink.oracle_wire import WIRE_STATUS
+    from idemlink.protocol.outcome import FIRST_LOCAL_STATUS, STATUS_TABLE
+
+    wire = {int(s): (s.name, i.outcome.name) for s, i in STATUS_TABLE.items()
+            if s < FIRST_LOCAL_STATUS}
+    assert wire == WIRE_STATUS
+
+
+def test_the_oracles_answer_reading_agrees_with_the_hosts_classifier() -> None:
+    """Every answer the register core gives to 4000 random requests means the same outcome to
+    the oracle's reading as to ``classify_answer``."""
+    from idemlink.oracle_wire import pdu_outcome
+    from idemlink.protocol.modbus import classify_answer
+
+    rng = random.Random(11)
+    core = DeviceCore(builtin_map("thermal-controller"), trigger_duration=0.5)
+    for i in range(4000):
+        if rng.random() < 0.02:
+            core.force_trigger_state("self_clean", rng.choice([0, 1, 2, 7]))
+        pdu = _random_pdu(rng)
+        answer = core.execute(pdu, i * 0.1)
+        assert pdu_outcome(pdu, answer) == classify_answer(pdu, answer)[0].name, (pdu, answer)
+    for code in (0x0000, 0x0101, 0x0102, 0xFF00, 0xFF01, 0x0103, 0x1234):  # undefined codes too
+        pdu, answer = struct.pack(">BHH", 0x42, 8, 1), struct.pack(">BHH", 0x42, 8, code)
+        assert pdu_outcome(pdu, answer) == classify_answer(pdu, answer)[0].name
+
+
+def test_the_oracles_frame_reader_accepts_what_the_protocols_decoder_accepts() -> None:
+    """Random frames, some with a flipped bit, a cut or an unknown flag: the oracle's decoder
+    and ``parse_raw`` agree on every one."""
+    from idemlink.oracle_wire import crc32c, read_frame
+    from idemlink.protocol import cobs
+    from idemlink.protocol.frame import Frame, build_raw, parse_raw
+
+    assert crc32c(b"123456789") == 0xE3069283
+    rng = random.Random(5)
+    accepted = 0
+    for _ in range(3000):
+        raw = bytearray(build_raw(rng.choice([1, 2, 3, 4, 9]), rng.getrandbits(32),
+                                  rng.getrandbits(32), rng.randbytes(rng.randrange(40)),
+                                  rng.choice([0, 0, 1, 2, 3, 4])))
+        fault = rng.randrange(4)
+        if fault == 1:
+            raw[rng.randrange(len(raw))] ^= 1 << rng.randrange(8)
+        elif fault == 2:
+            raw = raw[:rng.randrange(len(raw))]
+        theirs = parse_raw(bytes(raw))
+        ours = read_frame(cobs.encode(bytes(raw)))
+        if isinstance(theirs, Frame):
+            accepted += 1
+            assert ours is not None and (ours.type, ours.flags, ours.epoch, ours.seq,
+                                         ours.payload) == (theirs.type, theirs.flags,
+                                                           theirs.epoch, theirs.seq,
+                                                           theirs.payload)
+        else:
+            assert ours is None, theirs
+    assert accepted > 800
+
+
+def _to_device(epoch: int, seq: int, pdu: bytes, t: float) -> Delivered:
+    from idemlink.protocol.frame import FrameType, encode_frame
+
+    return Delivered("device", t, encode_frame(FrameType.REQUEST, seq, epoch, pdu).strip(b"\0"))
+
+
+def _to_host(epoch: int, seq: int, payload: bytes, t: float, replay: bool = False) -> Delivered:
+    from idemlink.protocol.frame import Flags, FrameType, encode_frame
+
+    flags = Flags.REPLAY if replay else Flags.NONE
+    return Delivered("host", t, encode_frame(FrameType.RESPONSE, seq, epoch, payload,
+                                             flags).strip(b"\0"))
+
+
+WRITE = struct.pack(">BHH", 6, 4, 420)  # threshold = 420: the answer echoes it
+
+
+def _evidence_oracle() -> Oracle:
+    oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0, delivery_record=True)
+    oracle.feed([Boot(1, 0.0)])
+    return oracle
+
+
+def _judge(oracle: Oracle, claim: Claim, records: list[Record]) -> list[str]:
+    entry = oracle.claim(claim)
+    oracle.feed(records)
+    oracle.judge(entry)
+    return oracle.tally.problems
+
+
+def test_an_ok_needs_an_answer_the_line_delivered_before_the_result() -> None:
+    ran = [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)]
+    ok = Claim(WRITE, ((1, 5),), "OK", (1, 5), at=0.3)
+    # the answer reached the host: evidence
+    assert _judge(_evidence_oracle(), ok, [*ran, _to_host(1, 5, b"\0" + WRITE, 0.2)]) == []
+    # it ran, but every answer was lost: the old oracle took it (one execution, no values)
+    problems = _judge(_evidence_oracle(), ok, ran)
+    assert problems == ["OK without an answer on the line that says so: 06000401a4 as "
+                        "00000001:5, the host was answered nothing"]
+    # the only answer came after the result was settled
+    assert _judge(_evidence_oracle(), ok, [*ran, _to_host(1, 5, b"\0" + WRITE, 0.4)])
+    # the device said ANSWER_EVICTED (it ran, its answer is gone): that is no OK
+    assert _judge(_evidence_oracle(), ok, [*ran, _to_host(1, 5, b"\x21", 0.2)])
+    # an answer of another boot under the same number proves nothing for this one
+    assert _judge(_evidence_oracle(), ok, [*ran, _to_host(7, 5, b"\0" + WRITE, 0.2)])
+    # the host said "replayed", the line delivered a first answer
+    replayed = Claim(WRITE, ((1, 5),), "OK", (1, 5), replay=True, at=0.3)
+    assert _judge(_evidence_oracle(), replayed, [*ran, _to_host(1, 5, b"\0" + WRITE, 0.2)])
+    assert _judge(_evidence_oracle(), replayed, [*ran, _to_host(1, 5, b"\0" + WRITE, 0.2,
+                                                                replay=True)]) == []
+
+
+def test_a_not_executed_whose_request_went_out_needs_an_answer_that_says_so() -> None:
+    guarded = struct.pack(">BHHHBH", 0x41, 9, 4, 1, 2, 420)  # generation 9: the guard fails
+    failed = struct.pack(">BBH", 0x41, 0x12, 0)
+    claim = Claim(guarded, ((1, 6),), "NOT_EXECUTED", (1, 6), at=0.3)
+    ran = [_to_device(1, 6, guarded, 0.1), Run(1, 6, guarded, failed, 0.1)]
+    assert _judge(_evidence_oracle(), claim, [*ran, _to_host(1, 6, b"\0" + failed, 0.2)]) == []
+    # every request lost, nothing ran: still no evidence (a late copy may yet run it)
+    oracle = _evidence_oracle()
+    assert _judge(oracle, Claim(WRITE, ((1, 7),), "NOT_EXECUTED", (1, 7), at=0.3), [])
+    assert oracle.tally.never_delivered == 1
+    # never sent: nothing could answer, nothing is needed
+    assert _judge(_evidence_oracle(), Claim(WRITE, (), "NOT_EXECUTED"), []) == []
+
+
+def test_an_unknown_needs_nothing_and_the_situations_are_counted() -> None:
+    oracle = _evidence_oracle()
+    claim = Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=0.3)
+    ran = [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)]
+    assert _judge(oracle, claim, ran) == []
+    assert (oracle.tally.ran_unanswered, oracle.tally.never_delivered) == (1, 0)
+    # a late copy of the request, answered ANSWER_EVICTED after the result: counted as late
+    oracle.feed([_to_device(1, 5, WRITE, 5.0), _to_host(1, 5, b"\x21", 5.1)])
+    assert oracle.tally.late_answers == {"ANSWER_EVICTED": 1}
+    assert oracle.tally.answers == {"ANSWER_EVICTED": 1} and oracle.tally.passed
+
+
+def test_an_execution_the_line_never_delivered_is_a_duplicated_effect() -> None:
+    oracle = _evidence_oracle()
+    oracle.claim(Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5)))
+    oracle.feed([_to_device(1, 5, struct.pack(">BHH", 6, 4, 421), 0.1),
+                 Run(1, 5, WRITE, WRITE, 0.1)])
+    assert oracle.tally.duplicated_effects == 1
+    assert "which the line never delivered" in oracle.tally.problems[0]
