@@ -17,15 +17,25 @@ What the campaign does, besides sending commands:
 - the host process crashes (``restart_every``): the frames it had just written stay on the line
   and arrive after a new process's HELLO (as from a serial adapter's buffer), and the new process
   reconciles what the dead one may have run (as its journal would);
+- the line goes dead (``outage_every``): one direction or both lose everything for
+  ``outage_length`` seconds (by default 1.5 times the host's whole retry span), so every attempt
+  of the batch sent into it is lost — requests that never reach the device, or requests that run
+  and whose every answer is lost;
+- frames come back late (``late``): a clean copy of a frame arrives again after about
+  ``late_frames`` further frames, by then mostly after its answer left the device's replay cache
+  (ANSWER_EVICTED), behind the window (TOO_OLD) or in another boot (EPOCH_MISMATCH); a request
+  that never ran runs then; a late answer reaches a host waiting for something else;
 - every UNKNOWN is reconciled.
 
-The oracle is fed the device's own record (boots and executions, in order) and the host's results
-as claims; the campaign turns each ``Result`` into a ``Claim`` with the request PDU encoded *here*
-from the command's fields, never by the host's encoder. In-process, the device's registers are
-also compared with the oracle's model after every batch.
+The oracle is fed the device's own record (boots and executions, in order), the line's record of
+every unit it delivered each way (the link emulator's ``DeliveryLog``, decoded by the oracle
+itself) and the host's results as claims; the campaign turns each ``Result`` into a ``Claim`` with
+the request PDU encoded *here* from the command's fields, never by the host's encoder, and the
+moment the result was settled. In-process, the device's registers are also compared with the
+oracle's model after every batch.
 
 Why one module of this size: it is the campaign's one reason to change, the soak scenario (the
-command mix, host crashes, reboots, reconciliation, the report); the pieces it drives live
+command mix, host crashes, reboots, outages, reconciliation, the report); the pieces it drives live
 elsewhere (the device and link in ``idemlink.device_sim``, the host in ``idemlink.host``, the
 judge in ``idemlink.oracle``).
 """
@@ -43,10 +53,10 @@ from pathlib import Path
 from typing import Any
 
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
-from idemlink.oracle import Boot, Claim, MapTruth, Oracle, Record, Reg, Run, Tally
+from idemlink.oracle import Boot, Claim, Delivered, MapTruth, Oracle, Record, Reg, Run, Tally
 from idemlink.protocol.outcome import IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap
 
@@ -70,6 +80,28 @@ class CampaignConfig:
     max_batch: int = 4  #: commands pipelined together (1..max_batch)
     trigger_duration: float = 0.05  #: seconds a trigger stays RUNNING on the device
     regmap: str = "thermal-controller"  #: a built-in map's name or a map file's path
+    outage_every: int = 250  #: mean commands between outages of the line (0: never)
+    outage_length: float | None = None  #: seconds; None: 1.5 × attempts × timeout
+    late: float = 0.01  #: per-frame probability (each way) that a copy arrives again much later
+    late_frames: int = 300  #: ... after about this many further frames (50..150 %)
+
+    def link_config(self, *, back: bool = False) -> LinkConfig:
+        """The line each way (``back``: device to host, with its own seed)."""
+        return LinkConfig(
+            baud=self.baud, latency=self.latency, loss=self.byte_loss, frame_loss=self.loss,
+            frame_dup=self.dup, frame_corrupt=self.corrupt, reorder=self.reorder,
+            reorder_max_hold=0.01 if self.reorder else None, noise_rate=self.noise_rate,
+            late=self.late, late_frames=self.late_frames,
+            seed=self.seed + 7919 if back else self.seed,
+        )
+
+    @property
+    def outage_seconds(self) -> float:
+        """How long an outage lasts: ``outage_length``, by default 1.5 times the host's whole
+        retry span, so that every attempt of a command sent into its first third is lost."""
+        if self.outage_length is not None:
+            return self.outage_length
+        return 1.5 * self.attempts * self.timeout
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +127,7 @@ class CampaignReport:
     reissued_set_only: int = 0
     reboots: int = 0
     host_restarts: int = 0
+    outages: int = 0
     executions: int = 0
     late_executions: int = 0  #: executions that landed after their result was settled
     reconcile_reads: int = 0
@@ -102,6 +135,10 @@ class CampaignReport:
     unknown_reconciled: int = 0
     unknown_unresolved: int = 0  #: UNKNOWN whose read-back was lost too (honest, not a failure)
     dead_reconciled: int = 0  #: requests of a crashed host process, reconciled by the next one
+    ran_unanswered: int = 0  #: commands with an effect that ran and whose every answer was lost
+    never_delivered: int = 0  #: commands with an effect none of whose requests reached the device
+    answers: Counter[str] = field(default_factory=Counter)  #: delivered to the host, by status
+    late_answers: Counter[str] = field(default_factory=Counter)  #: ... after their result
     duplicated_effects: int = 0
     lost_acknowledged_writes: int = 0
     misclassified: int = 0
@@ -120,13 +157,17 @@ class CampaignReport:
     def take(self, tally: Tally) -> None:
         for name in ("duplicated_effects", "lost_acknowledged_writes", "misclassified",
                      "register_semantics", "executions", "late_executions",
-                     "reissued_set_only"):
+                     "reissued_set_only", "ran_unanswered", "never_delivered"):
             setattr(self, name, getattr(tally, name))
+        self.answers = Counter(tally.answers)
+        self.late_answers = Counter(tally.late_answers)
         self.problems = list(tally.problems)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["outcomes"] = dict(self.outcomes)
+        d["answers"] = dict(self.answers)
+        d["late_answers"] = dict(self.late_answers)
         d["problems"] = self.problems[:20]
         d["passed"] = self.passed
         d["commands_per_second"] = round(self.commands / self.wall_seconds, 1) if self.wall_seconds else 0
@@ -189,10 +230,13 @@ def intended_pdu(cmd: Command) -> bytes:
     return struct.pack(">BHH", 0x42, cmd.address, value)
 
 
-def claim_of(res: Result, *, dead: bool = False, readback: bool = False) -> Claim:
+def claim_of(res: Result, *, dead: bool = False, readback: bool = False,
+             at: float | None = None) -> Claim:
+    """The oracle's claim of a result: the request PDU encoded here, what the host reports, and
+    when it settled (``at``, the host's clock)."""
     return Claim(intended_pdu(res.command), tuple(res.sent_as),
                  None if dead else res.outcome.name, (res.epoch, res.seq), tuple(res.values),
-                 res.code, readback)
+                 res.code, readback, res.replay, at)
 
 
 class HostCrash(IdemlinkError):
@@ -243,14 +287,29 @@ class CrashingTransport:
 
 
 class _Host(Device):
-    """A host process whose every Result is also kept (``made``): when it dies mid-batch, the
-    results of its completed waves are lost with it, but the oracle must still know which
-    (epoch, seq) each request travelled under."""
+    """A host process whose every Result is also kept (``made``), with the moment it was
+    settled (``settled``, by ``id``): when it dies mid-batch, the results of its completed waves
+    are lost with it, but the oracle must still know which (epoch, seq) each request travelled
+    under; and an answer that reached the host after a result was settled cannot have been its
+    evidence."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.made: list[Result] = []
-        self.ops.on_result = self.made.append
+        self.settled: dict[int, float] = {}
+        self.ops.on_result = self._made
+
+    def _made(self, r: Result) -> None:
+        self.made.append(r)
+        self.settled[id(r)] = self.transport.now()
+
+    def forget_made(self) -> None:
+        self.made.clear()
+        self.settled.clear()
+
+    def claim(self, r: Result, **kw: Any) -> Claim:
+        """``claim_of`` the result, with the moment it was settled."""
+        return claim_of(r, at=self.settled.get(id(r)), **kw)
 
 
 class Campaign:
@@ -260,10 +319,13 @@ class Campaign:
                  environment: bool = True) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        #: outages draw from their own stream: a seed's commands, crashes and reboots stay the same
+        self.outage_rng = random.Random(f"idemlink-outage/{cfg.seed}")
         self.report = CampaignReport(config=asdict(cfg))
         text, fmt = map_text(cfg.regmap), map_format(cfg.regmap)
         self.oracle = Oracle(text, trigger_duration=cfg.trigger_duration, tolerance=tolerance,
-                             conditions=ENVIRONMENT_RULES.get(cfg.regmap), fmt=fmt)
+                             conditions=ENVIRONMENT_RULES.get(cfg.regmap), fmt=fmt,
+                             delivery_record=True)
         self.regmap = resolve_regmap(cfg.regmap)
         regs = MapTruth.parse(text, fmt=fmt)
         self.holdings = sorted(regs.of_kind("holding"), key=lambda r: r.address)
@@ -285,7 +347,17 @@ class Campaign:
         """The device's record since the last call (boots and executions, in order)."""
         raise NotImplementedError
 
+    def deliveries(self) -> list[Delivered]:
+        """The line's record since the last call: every unit it delivered each way, on the
+        host's clock (called after ``records``: it covers every request they ran)."""
+        raise NotImplementedError
+
     def schedule_reboot(self) -> None:
+        raise NotImplementedError
+
+    def schedule_outage(self, directions: tuple[str, ...], delay: float, length: float) -> None:
+        """The line dies in ``directions`` (``"a->b"``: host to device, ``"b->a"``) from
+        ``delay`` seconds from now, for ``length`` seconds."""
         raise NotImplementedError
 
     def truth(self) -> Mapping[str, int] | None:
@@ -401,6 +473,7 @@ class Campaign:
         what the dead one may have run."""
         self.retries += self.dev.session.counters.retries
         dead = list(self.dev.made)
+        self.dev.forget_made()
         handles = [self.oracle.claim(claim_of(r, dead=True)) for r in dead]
         self.report.host_restarts += 1
         self.dev = self._new_host()
@@ -413,7 +486,8 @@ class Campaign:
 
     # -------------------------------------------------------------- feeding the oracle
     def _sync(self) -> None:
-        self.oracle.feed(self.records())
+        records = self.records()
+        self.oracle.feed([*self.deliveries(), *records])
 
     def _check_truth(self) -> None:
         truth = self.truth()
@@ -426,13 +500,13 @@ class Campaign:
         oracle's model."""
         rep = self.report
         self._sync()
-        self.dev.made.clear()
+        self.dev.forget_made()
         rec = self.dev.reconcile(res)
         # The re-send of ``res`` under its own last number is ``res`` asked again, not a new
         # request: its key is already claimed by ``res``, and what it proves is checked below.
         resent = rec.resent if rec is not None else None
         made = [r for r in self.dev.made if r is not resent]
-        handles = [self.oracle.claim(claim_of(r, readback=True)) for r in made]
+        handles = [self.oracle.claim(self.dev.claim(r, readback=True)) for r in made]
         rep.reconcile_reads += len(handles)
         self._sync()
         for r, h in zip(made, handles, strict=True):
@@ -448,7 +522,7 @@ class Campaign:
             assert rec is not None
             self.oracle.check_evidence(resent.sent_as[-1], intended_pdu(res.command),
                                        rec.executed)
-        self.dev.made.clear()
+        self.dev.forget_made()
         if rec is None:
             self.oracle.problem("misclassified", f"reconcile() refused an UNKNOWN result: {res}")
         else:
@@ -473,7 +547,9 @@ class Campaign:
             self._crash_due = self.rng.randint(1, 2 * len(batch))
         if self._crash_due is not None:
             self.transport.crash_after(self._crash_due)
-        self.dev.made.clear()
+        if cfg.outage_every and self.outage_rng.random() < len(batch) / cfg.outage_every:
+            self._outage()
+        self.dev.forget_made()
         try:
             return self.dev.run(batch)
         except HostCrash as crash:
@@ -484,6 +560,14 @@ class Campaign:
             return []
         finally:
             self._crash_due = self.transport.disarm()
+
+    def _outage(self) -> None:
+        """The line dies for ``outage_seconds`` as the batch goes out: the requests (they never
+        run), the answers (they ran: every answer lost) or both."""
+        rng = self.outage_rng
+        directions = rng.choice([("a->b",), ("b->a",), ("a->b", "b->a")])
+        self.schedule_outage(directions, rng.uniform(0.0, 0.002), self.cfg.outage_seconds)
+        self.report.outages += 1
 
     def run(self, progress: Callable[[int], None] | None = None,
             stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
@@ -512,7 +596,7 @@ class Campaign:
                 self._sync()
                 self._environment()
                 results = self._batch(batch)
-                handles = [self.oracle.claim(claim_of(r)) for r in results]
+                handles = [self.oracle.claim(self.dev.claim(r)) for r in results]
                 self._sync()
                 for res, h in zip(results, handles, strict=True):
                     self.oracle.judge(h)
@@ -547,21 +631,27 @@ class Campaign:
         return rep
 
 
+#: The delivery record's direction names -> who received the unit.
+RECEIVER = {"a->b": "device", "b->a": "host"}
+
+
+def delivered(deliveries: list[Delivery], offset: float = 0.0) -> list[Delivered]:
+    """The link's deliveries as the oracle's records; ``offset`` takes the link's clock to the
+    host's."""
+    return [Delivered(RECEIVER[d.direction], d.time + offset, d.unit) for d in deliveries]
+
+
 class _Campaign(Campaign):
     """The campaign against an in-process ``SimulatedDevice`` on a simulated clock."""
 
     def __init__(self, cfg: CampaignConfig) -> None:
-        link = LinkConfig(
-            baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
-            frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
-            reorder_max_hold=0.01 if cfg.reorder else None, noise_rate=cfg.noise_rate,
-            seed=cfg.seed,
-        )
-        link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
         self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
                                    regmap=resolve_regmap(cfg.regmap))
         self.sim.core.max_log = 1000  # the oracle reads executions, not the core's effect log
-        self.sim_transport = SimTransport(self.sim, link, link_back)
+        self.sim_transport = SimTransport(self.sim, cfg.link_config(),
+                                          cfg.link_config(back=True))
+        self.line = DeliveryLog()
+        self.sim_transport.link.record_deliveries(self.line)
         self._exec_mark = 0
         self._boot_mark = 0
         super().__init__(cfg, self.sim_transport)
@@ -584,9 +674,19 @@ class _Campaign(Campaign):
         out += [Boot(*bt) for bt in boots[b:]]
         return out
 
+    def deliveries(self) -> list[Delivered]:
+        return delivered(self.line.take())
+
     def schedule_reboot(self) -> None:
         t = self.sim_transport
         t.schedule_reboot(t.now() + self.rng.uniform(0, 0.01))
+
+    def schedule_outage(self, directions: tuple[str, ...], delay: float, length: float) -> None:
+        link = self.sim_transport.link
+        start = self.sim_transport.now() + delay
+        for d in (link.a_to_b, link.b_to_a):
+            if d.name in directions:
+                d.outage(start, start + length)
 
     def truth(self) -> Mapping[str, int]:
         now = self.sim_transport.now()

@@ -8,9 +8,10 @@ restarts) — and runs the campaign of ``idemlink.campaign`` over the proxy in r
 reboot is the process stopped (SIGTERM; SIGKILL after ``STOP_GRACE`` seconds) and started again
 on the same port and flash directory, at a random moment, requests in flight; host-process
 crashes are as in-process. SIGTERM rather than a power cut: an execution whose effect is durable
-must also be in the effects file, which a kill between the two would tear. The oracle reads only
-the effects file: the device writes a ``boot`` line when it starts and one line per execution,
-flushed.
+must also be in the effects file, which a kill between the two would tear. The oracle reads the
+effects file — the device writes a ``boot`` line when it starts and one line per execution,
+flushed — and the proxy's own record of every frame it delivered each way (its ``DeliveryLog``,
+on the host's clock); outages and late copies are the proxy's, as in-process.
 The line is ``cfg``'s (``baud`` None: unpaced; ``latency``); the host's retry timeout is
 ``retry_timeout`` real seconds, by default ``max(cfg.timeout, DEVICE_TIMEOUT)``, which a device
 written in Python answers within on a loaded machine; a fast device on an unpaced line can be
@@ -30,14 +31,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
-from idemlink.campaign import Campaign, CampaignConfig, CampaignReport, TimelinePoint
-from idemlink.device_sim.link import LinkConfig
+from idemlink.campaign import Campaign, CampaignConfig, CampaignReport, TimelinePoint, delivered
+from idemlink.device_sim.link import DeliveryLog
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.host.device import SerialTransport
-from idemlink.oracle import Boot, OracleError, Record, parse_effects_line
+from idemlink.oracle import Boot, Delivered, OracleError, Record, parse_effects_line
 from idemlink.protocol.outcome import IdemlinkError
 
 START_TIMEOUT = 10.0
@@ -137,11 +138,11 @@ class DeviceProcess:
 
 class _CommandCampaign(Campaign):
     def __init__(self, cfg: CampaignConfig, device: DeviceProcess, reader: EffectsReader,
-                 transport: SerialTransport, link_stats: Callable[[], dict[str, dict[str, int]]],
-                 ) -> None:
+                 transport: SerialTransport, proxy: LinkProxy, line: DeliveryLog) -> None:
         self.device = device
         self.reader = reader
-        self._stats = link_stats
+        self.proxy = proxy
+        self.line = line
         self._timer: threading.Timer | None = None
         self._pending: list[Record] = []
         super().__init__(cfg, transport, tolerance=CLOCK_TOLERANCE, environment=False)
@@ -152,6 +153,10 @@ class _CommandCampaign(Campaign):
         out, self._pending = self._pending + self.reader.read(), []
         return out
 
+    def deliveries(self) -> list[Delivered]:
+        # the proxy's clock counts from its origin on time.monotonic, the host's transport's
+        return delivered(self.line.take(), self.proxy.origin)
+
     def schedule_reboot(self) -> None:
         if self._timer is not None and self._timer.is_alive():
             return
@@ -159,8 +164,14 @@ class _CommandCampaign(Campaign):
         self._timer.daemon = True
         self._timer.start()
 
+    def schedule_outage(self, directions: tuple[str, ...], delay: float, length: float) -> None:
+        start = self.proxy.now() + delay
+        for d in (self.proxy.link.a_to_b, self.proxy.link.b_to_a):
+            if d.name in directions:
+                d.outage(start, start + length)
+
     def link_stats(self) -> dict[str, dict[str, int]]:
-        return self._stats()
+        return self.proxy.link.stats()
 
     def finish(self) -> None:
         if self._timer is not None:
@@ -191,14 +202,12 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
                         stop: Callable[[], bool] | None = None, *, fail_fast: bool = False,
                         timeline: list[TimelinePoint] | None = None,
                         retry_timeout: float | None = None) -> CampaignReport:
-    link = LinkConfig(
-        baud=cfg.baud, latency=cfg.latency, loss=cfg.byte_loss, frame_loss=cfg.loss,
-        frame_dup=cfg.dup, frame_corrupt=cfg.corrupt, reorder=cfg.reorder,
-        reorder_max_hold=0.01 if cfg.reorder else None, noise_rate=cfg.noise_rate, seed=cfg.seed)
-    link_back = LinkConfig(**{**asdict(link), "seed": cfg.seed + 7919})
+    link = cfg.link_config()
     cfg = replace(cfg, timeout=max(cfg.timeout, DEVICE_TIMEOUT) if retry_timeout is None
                   else retry_timeout)
-    with _workspace() as work, LinkProxy(None, None, link, link_back) as proxy:
+    with _workspace() as work, LinkProxy(None, None, link, cfg.link_config(back=True)) as proxy:
+        line = DeliveryLog()
+        proxy.link.record_deliveries(line)
         proxy.start()
         flash = work / "flash"
         flash.mkdir()
@@ -211,7 +220,7 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
         try:
             first = _wait_for_boot(reader, device)
             transport = SerialTransport(proxy.a_path, baudrate=link.baud or 115200)
-            campaign = _CommandCampaign(cfg, device, reader, transport, proxy.link.stats)
+            campaign = _CommandCampaign(cfg, device, reader, transport, proxy, line)
             campaign._pending = first
             try:
                 return campaign.run(progress, stop, fail_fast=fail_fast, timeline=timeline)

@@ -1,6 +1,7 @@
 """``idemlink soak``'s report: an interrupted run is not a PASS (counts so far, ``interrupted: no
-verdict``, exit 130; FAIL if the oracle already found something), and ``--restart-every`` has the
-default its help and docs/SOAK.md state."""
+verdict``, exit 130; FAIL if the oracle already found something), and ``--restart-every``,
+``--outage-every``, ``--late`` and ``--late-frames`` have the defaults their help and
+docs/SOAK.md state."""
 
 from __future__ import annotations
 
@@ -51,6 +52,28 @@ def test_restart_every_default_is_the_one_the_help_states() -> None:
     assert args.restart_every == CampaignConfig().restart_every == 250
     soak = build_parser()._subparsers._group_actions[0].choices["soak"]  # type: ignore[union-attr]
     assert "(default 250; 0: never)" in " ".join(soak.format_help().split())
+
+
+def test_outage_and_late_copy_defaults_are_the_ones_the_help_states() -> None:
+    args = build_parser().parse_args(["soak"])
+    cfg = soak_cmd._config(args)
+    default = CampaignConfig()
+    assert (cfg.outage_every, cfg.outage_length, cfg.late, cfg.late_frames) == (
+        default.outage_every, default.outage_length, default.late, default.late_frames)
+    assert default.outage_seconds == 1.5 * default.attempts * default.timeout
+    soak = build_parser()._subparsers._group_actions[0].choices["soak"]  # type: ignore[union-attr]
+    text = " ".join(soak.format_help().split())
+    assert f"(default {default.outage_every}; 0: never)" in text
+    assert f"(default {default.late})" in text and f"(default {default.late_frames})" in text
+
+
+@pytest.mark.parametrize("args", [["--outage-every", "-1"], ["--outage-seconds", "0"],
+                                  ["--outage-seconds", "nan"]])
+def test_bad_outage_options_are_refused(args: list[str]) -> None:
+    from idemlink.cli import UserError
+
+    with pytest.raises(UserError, match="outage"):
+        soak_cmd._config(build_parser().parse_args(["soak", *args]))
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -49,6 +49,17 @@ def register(sub: Any) -> None:
                    help="mean commands between device reboots (default 500; 0: never)")
     p.add_argument("--restart-every", type=int, default=250,
                    help="mean commands between host-process crashes (default 250; 0: never)")
+    p.add_argument("--outage-every", type=int, default=250, metavar="N",
+                   help="mean commands between outages of the line, one way or both, long enough "
+                        "that every attempt of the batch sent into them is lost (default 250; "
+                        "0: never)")
+    p.add_argument("--outage-seconds", type=float, default=None, metavar="S",
+                   help="how long an outage lasts (default 1.5 x attempts x retry timeout)")
+    p.add_argument("--late", type=float, default=0.01, metavar="P",
+                   help="per-frame probability, each way, that a copy of the frame arrives again "
+                        "much later: after its answer left the replay cache (default 0.01)")
+    p.add_argument("--late-frames", type=int, default=300, metavar="N",
+                   help="a late copy arrives after about this many further frames (default 300)")
     p.add_argument("--batch", type=int, default=4, help="max commands pipelined together")
     p.add_argument("--seed", type=int, default=1, help="seed of every fault and command (default 1)")
     p.add_argument("--device-cmd", metavar="CMD",
@@ -99,6 +110,11 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
 
     if args.commands < 1 or args.reboot_every < 0 or args.restart_every < 0:
         raise UserError("--commands must be >= 1, --reboot-every and --restart-every >= 0")
+    if args.outage_every < 0:
+        raise UserError("--outage-every must be >= 0")
+    outage = args.outage_seconds
+    if outage is not None and not (math.isfinite(outage) and 0 < outage <= 3600):
+        raise UserError(f"--outage-seconds {outage} must be between 0 and 3600 seconds")
     duration = args.trigger_duration if args.trigger_duration is not None else 0.05
     if not duration >= 0:
         raise UserError(f"--trigger-duration {duration} must be >= 0 seconds")
@@ -108,7 +124,8 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
         regmap=regmap, commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
         restart_every=args.restart_every, seed=args.seed, max_batch=max(1, args.batch),
-        trigger_duration=duration,
+        trigger_duration=duration, outage_every=args.outage_every, outage_length=outage,
+        late=args.late, late_frames=args.late_frames,
     )
 
 
@@ -198,6 +215,9 @@ def _text(d: dict[str, Any], cfg: CampaignConfig) -> list[str]:
         f"set-only re-issued {d['reissued_set_only']}",
         f"unknown reconciled {d['unknown_reconciled']}  unresolved {d['unknown_unresolved']}  "
         f"dead host's requests reconciled {d['dead_reconciled']}",
+        f"outages {d['outages']} (with an effect: ran, every answer lost {d['ran_unanswered']}; "
+        f"never delivered {d['never_delivered']})  late answers "
+        + (", ".join(f"{k} {v}" for k, v in sorted(d["late_answers"].items())) or "0"),
         f"duplicated effects {d['duplicated_effects']}  lost acknowledged writes "
         f"{d['lost_acknowledged_writes']}  misclassified {d['misclassified']}  "
         f"register semantics {d['register_semantics']}",
