@@ -258,6 +258,23 @@ def test_a_long_campaign() -> None:
     assert rep.passed, rep.problems[:5]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize(("seed", "extra"), [
+    (1, {}),
+    (2, {"reboot_every": 5, "reorder": 0.05, "noise_rate": 2.0, "late_frames": 20}),
+    (3, {"loss": 0.3, "attempts": 3, "restart_every": 30}),
+])
+def test_dense_outages_and_late_copies_find_nothing_wrong(seed: int, extra: dict[str, Any]) -> None:
+    """An outage every 20 commands and a late copy of one frame in ten: the line's evidence
+    agrees with every outcome the real host reports, however the answers were lost or late."""
+    cfg = CampaignConfig(**{"commands": 10_000, "outage_every": 20, "late": 0.1,
+                            "late_frames": 50, "seed": seed, **extra})
+    rep = run_campaign(cfg)
+    assert rep.passed, rep.problems[:5]
+    assert rep.ran_unanswered > 100 and rep.never_delivered > 50
+    assert rep.late_answers["TOO_OLD"] + rep.late_answers["EPOCH_MISMATCH"] > 50
+
+
 # ----------------------------------------------------------- the oracle under harsh but legal links
 
 
