@@ -57,7 +57,7 @@ from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
 from idemlink.oracle import Boot, Claim, Delivered, MapTruth, Oracle, Record, Reg, Run, Tally
-from idemlink.protocol.outcome import IdemlinkError, Outcome
+from idemlink.protocol.outcome import FIRST_LOCAL_STATUS, IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap
 
 
@@ -234,9 +234,10 @@ def claim_of(res: Result, *, dead: bool = False, readback: bool = False,
              at: float | None = None) -> Claim:
     """The oracle's claim of a result: the request PDU encoded here, what the host reports, and
     when it settled (``at``, the host's clock)."""
+    status = None if res.status is None or res.status >= FIRST_LOCAL_STATUS else int(res.status)
     return Claim(intended_pdu(res.command), tuple(res.sent_as),
                  None if dead else res.outcome.name, (res.epoch, res.seq), tuple(res.values),
-                 res.code, readback, res.replay, at)
+                 res.code, readback, res.replay, at, status)
 
 
 class HostCrash(IdemlinkError):
@@ -501,6 +502,7 @@ class Campaign:
         rep = self.report
         self._sync()
         self.dev.forget_made()
+        asked = self.transport.now()
         rec = self.dev.reconcile(res)
         # The re-send of ``res`` under its own last number is ``res`` asked again, not a new
         # request: its key is already claimed by ``res``, and what it proves is checked below.
@@ -522,6 +524,7 @@ class Campaign:
             assert rec is not None
             self.oracle.check_evidence(resent.sent_as[-1], intended_pdu(res.command),
                                        rec.executed)
+            self.oracle.judge_resend(self.dev.claim(resent), since=asked)
         self.dev.forget_made()
         if rec is None:
             self.oracle.problem("misclassified", f"reconcile() refused an UNKNOWN result: {res}")

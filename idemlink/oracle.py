@@ -79,6 +79,7 @@ from idemlink.oracle_wire import (
     REQUEST,
     RESPONSE,
     answer_outcome,
+    carried_status,
     pdu_outcome,
     read_frame,
     status_name,
@@ -563,6 +564,9 @@ class Claim:
     readback: bool = False  #: a ``reconcile()`` read-back: its state is what the verdict saw
     replay: bool = False  #: the result says its answer was a replay
     at: float | None = None  #: when the result was settled (the host's clock; None: unknown)
+    status: int | None = None
+    """the device status the result cites (a wire code: OK, GUARD_FAILED, ANSWER_EVICTED...);
+    None: none, or one the host concluded itself (NO_ANSWER...)"""
 
 
 @dataclass(slots=True)
@@ -594,7 +598,8 @@ class Answer:
 #: host under the result's (epoch, seq) before the result was settled, meaning that outcome (an
 #: OK also carrying the reported values, code and replay flag) — ``always``, ``if sent`` (when
 #: the request went out at all; never sent, nothing can answer), or ``never`` (UNKNOWN claims
-#: nothing). The device's record adds its own rules (``Oracle.judge``).
+#: nothing). Whatever the outcome, a device status the result cites (``Claim.status``) must have
+#: been carried by such an answer. The device's record adds its own rules (``Oracle.judge``).
 ANSWER_NEEDED: dict[str, str] = {
     "OK": "always",
     "NOT_EXECUTED": "if sent",
@@ -608,6 +613,8 @@ MAX_CLAIMS = 200_000
 MAX_GIVEN = 16_384
 """Requests delivered to the device kept until their execution is fed (the record of one
 exchange, with room to spare)."""
+MAX_LATE_HEARD = 16
+"""Answers kept per number after its claim was judged (for a re-send of it to cite)."""
 MAX_PROBLEMS = 200
 EFFECTFUL = frozenset({FC_WRITE_ONE, FC_WRITE_MANY, FC_WRITE_IF_GENERATION, FC_TRIGGER})
 """Function codes that may change the device's state."""
@@ -630,6 +637,7 @@ class Oracle:
         self._claims: OrderedDict[tuple[int, int], Claimed] = OrderedDict()
         self._executed: OrderedDict[tuple[int, int], int] = OrderedDict()
         self._given: OrderedDict[tuple[int, int], set[bytes]] = OrderedDict()
+        self._late_heard: OrderedDict[tuple[int, int], list[Answer]] = OrderedDict()
         self._readbacks: list[tuple[range, dict[int, int]]] = []
 
     # -- problems ---------------------------------------------------------------------------
@@ -773,11 +781,18 @@ class Oracle:
                 key = (int.from_bytes(pdu[:4], "little"), f.seq)
             name = status_name(status, bool(f.flags & REPLAY))
             self.tally.answers[name] += 1
+            answer = Answer(key, d.time, status, pdu, bool(f.flags & REPLAY))
             entry = self._claims.get(key)
-            if entry is None or entry.judged:
-                self.tally.late_answers[name] += 1
-            else:
-                entry.answers.append(Answer(key, d.time, status, pdu, bool(f.flags & REPLAY)))
+            if entry is not None and not entry.judged:
+                entry.answers.append(answer)
+                return
+            self.tally.late_answers[name] += 1
+            late = self._late_heard.setdefault(key, [])  # what a re-send may cite
+            if len(late) < MAX_LATE_HEARD:
+                late.append(answer)
+            self._late_heard.move_to_end(key)
+            while len(self._late_heard) > MAX_GIVEN:
+                self._late_heard.popitem(last=False)
 
     def _run(self, x: Run) -> None:
         self.tally.executions += 1
@@ -936,28 +951,49 @@ class Oracle:
         """``ANSWER_NEEDED``: the outcome against the answers the line delivered to the host
         before the result; and the situations the campaign means to reach, counted."""
         c = entry.claim
-        assert c.outcome is not None
         heard = [a for a in answers if c.at is None or a.time <= c.at]
         if c.request[:1] and c.request[0] in EFFECTFUL and c.sent_as:
             if entry.first_request is None or (c.at is not None and entry.first_request > c.at):
                 self.tally.never_delivered += 1
             elif entry.runs and not heard:
                 self.tally.ran_unanswered += 1
+        self._check_heard(c, heard)
+
+    def judge_resend(self, c: Claim, since: float | None = None) -> None:
+        """``reconcile()`` asked the device whether a request ran by sending it again under its
+        own last number (``c.final``, already claimed and judged with the request): the result
+        of that re-send needs the same evidence as any (``ANSWER_NEEDED``, and the status it
+        cites), from the answers delivered under that number between ``since`` and the result —
+        not from a late copy's answer that came before it was asked."""
+        late = self._late_heard.pop(c.final, [])
+        self._check_heard(c, [a for a in late if (since is None or a.time >= since)
+                              and (c.at is None or a.time <= c.at)])
+
+    def _check_heard(self, c: Claim, heard: list[Answer]) -> None:
+        """Claim ``c`` against the answers ``heard`` (delivered to the host before its result):
+        its outcome needs one that means it (``ANSWER_NEEDED``), and a device status it cites
+        (ANSWER_EVICTED, IDEMPOTENCY_CONFLICT, TOO_OLD...) one that carries it."""
+        assert c.outcome is not None
         need = ANSWER_NEEDED[c.outcome]
-        if need == "never" or (need == "if sent" and not c.sent_as):
+        if c.status is None and (need == "never" or (need == "if sent" and not c.sent_as)):
             return
         final = [a for a in heard if a.key == c.final]
         if any(self._backs(c, a) for a in final):
             return
         said = ", ".join(f"{status_name(a.status, a.replay)} {a.pdu.hex()}" for a in final)
-        self.problem("misclassified", f"{c.outcome} without an answer on the line that says so: "
-                     f"{c.request.hex()} as {c.final[0]:08x}:{c.final[1]}, the host was "
+        cites = f" ({status_name(c.status)})" if c.status else ""  # an OK cites no news
+        self.problem("misclassified", f"{c.outcome}{cites} without an answer on the line that "
+                     f"says so: {c.request.hex()} as {c.final[0]:08x}:{c.final[1]}, the host was "
                      f"answered {said or 'nothing'}")
 
     @staticmethod
     def _backs(c: Claim, a: Answer) -> bool:
-        """Does answer ``a`` say what claim ``c`` reports (an OK: with its values, code and
-        replay flag)?"""
+        """Does answer ``a`` say what claim ``c`` reports: the status it cites, the outcome it
+        reports (UNKNOWN claims none), an OK with its values, code and replay flag?"""
+        if c.status is not None and carried_status(c.request, a.status, a.pdu) != c.status:
+            return False
+        if c.outcome == "UNKNOWN":
+            return True
         if answer_outcome(c.request, a.status, a.pdu) != c.outcome:
             return False
         return c.outcome != "OK" or (answer_values(c.request, a.pdu) == (c.values, c.code)

@@ -139,6 +139,15 @@ def answer_outcome(request: bytes, status: int, pdu: bytes) -> str:
     return WIRE_STATUS.get(status, ("", "UNKNOWN"))[1]
 
 
+def carried_status(request: bytes, status: int, pdu: bytes) -> int:
+    """The status an answer carries: its status byte, or for a conditional write answered OK
+    the status inside its PDU (GUARD_FAILED)."""
+    if status == STATUS_OK and request[:1] == bytes((FC_WRITE_IF_GENERATION,)) and len(pdu) > 1 \
+            and not pdu[0] & 0x80:
+        return pdu[1]
+    return status
+
+
 def status_name(status: int, replay: bool = False) -> str:
     """``OK``/``REPLAYED``, or the status's name (``0x..`` for one not in ``WIRE_STATUS``)."""
     if status == STATUS_OK and replay:

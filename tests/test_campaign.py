@@ -611,11 +611,12 @@ def test_an_answer_gone_while_its_host_waits_is_reported_unknown(answer: str) ->
 def test_mutant_answer_evicted_taken_as_ok_is_misclassified(
     monkeypatch: pytest.MonkeyPatch, answer: str,
 ) -> None:
-    """(c) ANSWER_EVICTED (or TOO_OLD) read as "it ran": OK. No campaign reaches it: a host's
-    pipeline never runs more numbers ahead than the device keeps answers, so the device replays,
-    never evicts, an answer its host still waits for; only another process on the device (or a
-    host re-sending an old number) evicts one. So this scenario is scripted; the device's record
-    alone cannot tell (the write ran once and carries no values), the line's record can."""
+    """(c) ANSWER_EVICTED (or TOO_OLD) read as "it ran": OK, where the device's record alone
+    cannot tell (the write ran once and carries no values) and the line's record can. The
+    campaign reaches TOO_OLD through reconcile()'s re-send (next test), not ANSWER_EVICTED: a
+    host's pipeline never runs more numbers ahead than the device keeps answers, and the re-send
+    follows its batch, so only another process on the device evicts an answer a host still waits
+    for. Scripted here, both ways."""
     from idemlink.protocol.outcome import StatusInfo
 
     real = host_session.status_info
@@ -632,6 +633,30 @@ def test_mutant_answer_evicted_taken_as_ok_is_misclassified(
     assert without.tally.passed  # the oracle before the line's record
     assert with_line.tally.misclassified == 1
     assert with_line.tally.problems[0].endswith(f"the host was answered {answer} ")
+
+
+def test_mutant_too_old_taken_as_ok_by_a_resend_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(c) reconcile() re-sends a request under its own number to ask the device whether it ran;
+    a host that reads the answer TOO_OLD or ANSWER_EVICTED as OK reports a re-send the line never
+    answered so. The campaign reaches it when a new host process reconciles a dead one's
+    requests (their numbers fall behind the window once the first read-back ran)."""
+    from idemlink.protocol.outcome import StatusInfo
+
+    real = host_session.status_info
+
+    def ran(code: int) -> StatusInfo:
+        info = real(code)
+        if code in (Status.ANSWER_EVICTED, Status.TOO_OLD):
+            return StatusInfo(Outcome.OK, info.action, info.meaning)
+        return info
+
+    monkeypatch.setattr(host_session, "status_info", ran)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert any(p.startswith(("OK (TOO_OLD) without an answer on the line",
+                             "OK (ANSWER_EVICTED) without an answer on the line"))
+               for p in rep.problems)
 
 
 def test_mutant_read_answered_from_a_cache_on_timeout_is_misclassified(

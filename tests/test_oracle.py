@@ -361,3 +361,36 @@ def test_an_execution_the_line_never_delivered_is_a_duplicated_effect() -> None:
                  Run(1, 5, WRITE, WRITE, 0.1)])
     assert oracle.tally.duplicated_effects == 1
     assert "which the line never delivered" in oracle.tally.problems[0]
+
+
+def test_a_device_status_a_result_cites_needs_an_answer_that_carries_it() -> None:
+    """An UNKNOWN claims no outcome, but one that says the device answered ANSWER_EVICTED must
+    have been answered so; a GUARD_FAILED is carried inside the conditional write's answer."""
+    ran = [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)]
+    evicted = Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=0.3, status=0x21)
+    assert _judge(_evidence_oracle(), evicted, [*ran, _to_host(1, 5, b"\x21", 0.2)]) == []
+    problems = _judge(_evidence_oracle(), evicted, ran)
+    assert problems[0].startswith("UNKNOWN (ANSWER_EVICTED) without an answer on the line")
+    guarded = struct.pack(">BHHHBH", 0x41, 9, 4, 1, 2, 420)
+    failed = struct.pack(">BBH", 0x41, 0x12, 0)
+    claim = Claim(guarded, ((1, 6),), "NOT_EXECUTED", (1, 6), at=0.3, status=0x12)
+    assert _judge(_evidence_oracle(), claim, [_to_device(1, 6, guarded, 0.1),
+                                              Run(1, 6, guarded, failed, 0.1),
+                                              _to_host(1, 6, b"\0" + failed, 0.2)]) == []
+
+
+def test_a_resend_is_judged_on_the_answers_to_it_not_on_earlier_late_ones() -> None:
+    """reconcile() re-sends a request under its own number: its result needs an answer that came
+    after it asked; a late copy's replayed answer that came before proves nothing for it."""
+    oracle = _evidence_oracle()
+    first = Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=0.3)
+    _judge(oracle, first, [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)])
+    oracle.feed([_to_host(1, 5, b"\0" + WRITE, 0.5, replay=True),  # a late copy's answer
+                 _to_device(1, 5, WRITE, 1.0), _to_host(1, 5, b"\x21", 1.1)])  # the re-send's
+    ok = Claim(WRITE, ((1, 5),), "OK", (1, 5), replay=True, at=1.2, status=0)
+    oracle.judge_resend(ok, since=0.9)  # took the late copy's replay for the re-send's answer
+    assert oracle.tally.misclassified == 1
+    oracle.feed([_to_device(1, 5, WRITE, 2.0), _to_host(1, 5, b"\x21", 2.1)])
+    oracle.judge_resend(Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=2.2, status=0x21),
+                        since=1.9)
+    assert oracle.tally.misclassified == 1, oracle.tally.problems
