@@ -980,7 +980,8 @@ class Oracle:
         final = [a for a in heard if a.key == c.final]
         if any(self._backs(c, a) for a in final):
             return
-        said = ", ".join(f"{status_name(a.status, a.replay)} {a.pdu.hex()}" for a in final)
+        said = ", ".join(" ".join(filter(None, (status_name(a.status, a.replay), a.pdu.hex())))
+                         for a in final)
         cites = f" ({status_name(c.status)})" if c.status else ""  # an OK cites no news
         self.problem("misclassified", f"{c.outcome}{cites} without an answer on the line that "
                      f"says so: {c.request.hex()} as {c.final[0]:08x}:{c.final[1]}, the host was "

@@ -632,7 +632,7 @@ def test_mutant_answer_evicted_taken_as_ok_is_misclassified(
     assert res.outcome is Outcome.OK
     assert without.tally.passed  # the oracle before the line's record
     assert with_line.tally.misclassified == 1
-    assert with_line.tally.problems[0].endswith(f"the host was answered {answer} ")
+    assert with_line.tally.problems[0].endswith(f"the host was answered {answer}")
 
 
 def test_mutant_too_old_taken_as_ok_by_a_resend_is_misclassified(
