@@ -502,7 +502,6 @@ class Campaign:
         rep = self.report
         self._sync()
         self.dev.forget_made()
-        asked = self.transport.now()
         rec = self.dev.reconcile(res)
         # The re-send of ``res`` under its own last number is ``res`` asked again, not a new
         # request: its key is already claimed by ``res``, and what it proves is checked below.
@@ -524,7 +523,7 @@ class Campaign:
             assert rec is not None
             self.oracle.check_evidence(resent.sent_as[-1], intended_pdu(res.command),
                                        rec.executed)
-            self.oracle.judge_resend(self.dev.claim(resent), since=asked)
+            self.oracle.judge_resend(self.dev.claim(resent))
         self.dev.forget_made()
         if rec is None:
             self.oracle.problem("misclassified", f"reconcile() refused an UNKNOWN result: {res}")

@@ -787,12 +787,16 @@ class Oracle:
                 entry.answers.append(answer)
                 return
             self.tally.late_answers[name] += 1
-            late = self._late_heard.setdefault(key, [])  # what a re-send may cite
-            if len(late) < MAX_LATE_HEARD:
-                late.append(answer)
-            self._late_heard.move_to_end(key)
-            while len(self._late_heard) > MAX_GIVEN:
-                self._late_heard.popitem(last=False)
+            self._heard_late(answer)
+
+    def _heard_late(self, answer: Answer) -> None:
+        """Keep an answer that came after its result, for a re-send of that number to cite."""
+        late = self._late_heard.setdefault(answer.key, [])
+        if len(late) < MAX_LATE_HEARD:
+            late.append(answer)
+        self._late_heard.move_to_end(answer.key)
+        while len(self._late_heard) > MAX_GIVEN:
+            self._late_heard.popitem(last=False)
 
     def _run(self, x: Run) -> None:
         self.tally.executions += 1
@@ -916,6 +920,9 @@ class Oracle:
         c = entry.claim
         entry.judged = True
         answers, entry.answers = entry.answers, []  # judged once: memory stays flat
+        for a in answers:  # came after the result (a dead process has none): what a re-send
+            if c.at is None or a.time > c.at:  # of that number may cite
+                self._heard_late(a)
         if c.outcome is None:
             return
         self._check_no_effect(entry)
@@ -959,15 +966,16 @@ class Oracle:
                 self.tally.ran_unanswered += 1
         self._check_heard(c, heard)
 
-    def judge_resend(self, c: Claim, since: float | None = None) -> None:
+    def judge_resend(self, c: Claim) -> None:
         """``reconcile()`` asked the device whether a request ran by sending it again under its
         own last number (``c.final``, already claimed and judged with the request): the result
         of that re-send needs the same evidence as any (``ANSWER_NEEDED``, and the status it
-        cites), from the answers delivered under that number between ``since`` and the result —
-        not from a late copy's answer that came before it was asked."""
+        cites), from the answers delivered under that number after the request's own result and
+        before this one. An answer that came before the re-send went out counts: it may have
+        waited, unread, in the host's input (a dead process's held frame answered just after
+        the new one's HELLO), and it is the device's word about that number all the same."""
         late = self._late_heard.pop(c.final, [])
-        self._check_heard(c, [a for a in late if (since is None or a.time >= since)
-                              and (c.at is None or a.time <= c.at)])
+        self._check_heard(c, [a for a in late if c.at is None or a.time <= c.at])
 
     def _check_heard(self, c: Claim, heard: list[Answer]) -> None:
         """Claim ``c`` against the answers ``heard`` (delivered to the host before its result):

@@ -379,18 +379,21 @@ def test_a_device_status_a_result_cites_needs_an_answer_that_carries_it() -> Non
                                               _to_host(1, 6, b"\0" + failed, 0.2)]) == []
 
 
-def test_a_resend_is_judged_on_the_answers_to_it_not_on_earlier_late_ones() -> None:
-    """reconcile() re-sends a request under its own number: its result needs an answer that came
-    after it asked; a late copy's replayed answer that came before proves nothing for it."""
+def test_a_resend_is_judged_on_the_answers_under_its_number_after_the_first_result() -> None:
+    """reconcile() re-sends a request under its own number: its result needs an answer under
+    that number that came after the request's own result (one still waiting unread in the
+    host's input counts) and before the re-send's result."""
     oracle = _evidence_oracle()
     first = Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=0.3)
     _judge(oracle, first, [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)])
-    oracle.feed([_to_host(1, 5, b"\0" + WRITE, 0.5, replay=True),  # a late copy's answer
-                 _to_device(1, 5, WRITE, 1.0), _to_host(1, 5, b"\x21", 1.1)])  # the re-send's
-    ok = Claim(WRITE, ((1, 5),), "OK", (1, 5), replay=True, at=1.2, status=0)
-    oracle.judge_resend(ok, since=0.9)  # took the late copy's replay for the re-send's answer
+    oracle.feed([_to_device(1, 5, WRITE, 1.0), _to_host(1, 5, b"\x21", 1.1)])
+    oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), at=1.2, status=0))  # evicted: no OK
     assert oracle.tally.misclassified == 1
-    oracle.feed([_to_device(1, 5, WRITE, 2.0), _to_host(1, 5, b"\x21", 2.1)])
-    oracle.judge_resend(Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=2.2, status=0x21),
-                        since=1.9)
-    assert oracle.tally.misclassified == 1, oracle.tally.problems
+    oracle.feed([_to_host(1, 5, b"\0" + WRITE, 1.5, replay=True),  # a late copy's replay
+                 _to_device(1, 5, WRITE, 2.0), _to_host(1, 5, b"\x21", 2.1)])
+    oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), replay=True, at=2.2, status=0))
+    assert oracle.tally.misclassified == 1, oracle.tally.problems  # the replay it read first
+    oracle.feed([_to_device(1, 5, WRITE, 3.0), _to_host(1, 5, b"\x21", 3.1)])
+    oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), at=3.2, status=0x21))
+    assert oracle.tally.misclassified == 2  # no answer both means OK and says ANSWER_EVICTED
+    assert oracle.tally.problems[1].startswith("OK (ANSWER_EVICTED) without an answer")
