@@ -920,8 +920,8 @@ class Oracle:
         c = entry.claim
         entry.judged = True
         answers, entry.answers = entry.answers, []  # judged once: memory stays flat
-        for a in answers:  # came after the result (a dead process has none): what a re-send
-            if c.at is None or a.time > c.at:  # of that number may cite
+        if c.outcome in (None, "UNKNOWN"):  # may be re-sent: what the re-send may cite
+            for a in answers:
                 self._heard_late(a)
         if c.outcome is None:
             return
@@ -970,10 +970,12 @@ class Oracle:
         """``reconcile()`` asked the device whether a request ran by sending it again under its
         own last number (``c.final``, already claimed and judged with the request): the result
         of that re-send needs the same evidence as any (``ANSWER_NEEDED``, and the status it
-        cites), from the answers delivered under that number after the request's own result and
-        before this one. An answer that came before the re-send went out counts: it may have
-        waited, unread, in the host's input (a dead process's held frame answered just after
-        the new one's HELLO), and it is the device's word about that number all the same."""
+        cites), from the answers delivered under that number before this result. An answer that
+        came before the re-send went out counts, even one that came before the request's own
+        (UNKNOWN) result: it may have waited unread in the host's input (every answer of an
+        outage's end arriving just after the host gave up; a dead process's held frame answered
+        just after the new one's HELLO), and it is the device's word about that number all the
+        same."""
         late = self._late_heard.pop(c.final, [])
         self._check_heard(c, [a for a in late if c.at is None or a.time <= c.at])
 

@@ -379,13 +379,17 @@ def test_a_device_status_a_result_cites_needs_an_answer_that_carries_it() -> Non
                                               _to_host(1, 6, b"\0" + failed, 0.2)]) == []
 
 
-def test_a_resend_is_judged_on_the_answers_under_its_number_after_the_first_result() -> None:
+def test_a_resend_is_judged_on_every_answer_under_its_number_before_its_result() -> None:
     """reconcile() re-sends a request under its own number: its result needs an answer under
-    that number that came after the request's own result (one still waiting unread in the
-    host's input counts) and before the re-send's result."""
+    that number delivered before it — one still waiting unread in the host's input counts, even
+    one delivered before the request's own UNKNOWN result (the host gave up just before
+    reading it)."""
     oracle = _evidence_oracle()
     first = Claim(WRITE, ((1, 5),), "UNKNOWN", (1, 5), at=0.3)
-    _judge(oracle, first, [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1)])
+    _judge(oracle, first, [_to_device(1, 5, WRITE, 0.1), Run(1, 5, WRITE, WRITE, 0.1),
+                           _to_host(1, 5, b"\0" + WRITE, 0.29)])  # unread when it gave up
+    oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), at=0.5, status=0))
+    assert oracle.tally.passed, oracle.tally.problems
     oracle.feed([_to_device(1, 5, WRITE, 1.0), _to_host(1, 5, b"\x21", 1.1)])
     oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), at=1.2, status=0))  # evicted: no OK
     assert oracle.tally.misclassified == 1
