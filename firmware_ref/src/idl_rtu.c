@@ -234,3 +234,22 @@ size_t idl_rtu_pause(idl_rtu_t *r, uint32_t now)
     drop(r, false); /* bytes behind an answer in the same burst: cut by this pause */
     return out;
 }
+
+/* ---- line timing: done once at start-up, so a 32-bit division is fine on an M0+ ------------- */
+
+static uint32_t ceil_div(uint32_t num, uint32_t den) { return num / den + (num % den != 0u ? 1u : 0u); }
+
+uint32_t idl_rtu_char_us(uint32_t baudrate, uint32_t char_bits)
+{
+    return ceil_div(char_bits * 1000000u, baudrate);
+}
+
+uint32_t idl_rtu_t15_us(uint32_t baudrate, uint32_t char_bits)
+{
+    return baudrate > IDL_RTU_FAST_LINE ? IDL_RTU_T15_FAST_US : ceil_div(15u * char_bits * 100000u, baudrate);
+}
+
+uint32_t idl_rtu_t35_us(uint32_t baudrate, uint32_t char_bits)
+{
+    return baudrate > IDL_RTU_FAST_LINE ? IDL_RTU_T35_FAST_US : ceil_div(35u * char_bits * 100000u, baudrate);
+}

@@ -2,7 +2,8 @@
  * idemlink-device: the C device core on a POSIX host, served like `idemlink sim`.
  *
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
- *                   [--trigger-duration SECONDS] [--baudrate N] [--stats] [--effects FILE]
+ *                   [--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8]
+ *                   [--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE]
  *                   [--modbus-rtu [--unit N]]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
@@ -15,7 +16,10 @@
  * temporaries a killed device left there are deleted at start. A bad argument, port or flash directory is one line on
  * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
  * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
- * slave (unit --unit, default 1; t3.5 from --baudrate, 1.75 ms above 19200 Bd and on a pty).
+ * slave (unit --unit, default 1; t3.5 from --baudrate and the character format, 1.75 ms above
+ * 19200 Bd and on a pty). --bytesize/--parity/--stopbits set a real port's character format and
+ * the length of a character in the RTU timing: 8N1 by default, 8E1 with --modbus-rtu (as
+ * `idemlink sim`); on a pty they only time the RTU pause.
  * --effects FILE appends the device's record to FILE, as `idemlink sim --effects` does (the format
  * `idemlink soak --device-cmd` judges): one JSON line {"boot": epoch, "time": t} before serving,
  * then {"epoch", "seq", "request": hex, "response": hex, "time": t} per execution (through the
@@ -812,6 +816,23 @@ static void make_raw(int fd)
     (void)tcsetattr(fd, TCSANOW, &t);
 }
 
+/* The character format (bytesize 7/8, parity 'N'/'E'/'O', stopbits 1/2) on a real port. */
+static void set_char_format(int fd, long bytesize, char parity, long stopbits)
+{
+    struct termios t;
+    if (tcgetattr(fd, &t) != 0) {
+        return;
+    }
+    t.c_cflag &= (tcflag_t) ~(CSIZE | PARENB | PARODD | CSTOPB);
+    t.c_cflag |= bytesize == 7 ? CS7 : CS8;
+    if (parity != 'N') {
+        t.c_cflag |= PARENB;
+        t.c_cflag |= parity == 'O' ? PARODD : 0;
+    }
+    t.c_cflag |= stopbits == 2 ? CSTOPB : 0;
+    (void)tcsetattr(fd, TCSANOW, &t);
+}
+
 static speed_t baud(long rate)
 {
     switch (rate) {
@@ -841,7 +862,8 @@ static long parse_long(const char *opt, const char *text)
 static void usage(void)
 {
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
-                    "[--trigger-duration SECONDS] [--baudrate N] [--stats] [--effects FILE] "
+                    "[--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8] "
+                    "[--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE] "
                     "[--modbus-rtu [--unit N]]\n");
     exit(2);
 }
@@ -858,10 +880,10 @@ static unsigned long long micros(void)
 
 /* Modbus RTU: a pause of t3.5 ends a frame. It is seen between two reads (their distance less
  * the second read's transmission time) or when the line stays silent after the last byte. */
-static void serve_rtu(long baudrate)
+static void serve_rtu(long baudrate, unsigned char_bits)
 {
-    const unsigned long long char_us = 11000000ull / (unsigned long long)baudrate;
-    const unsigned long long t35_us = baudrate > 19200 ? 1750ull : (35ull * char_us + 9ull) / 10ull;
+    const unsigned long long char_us = idl_rtu_char_us((uint32_t)baudrate, char_bits);
+    const unsigned long long t35_us = idl_rtu_t35_us((uint32_t)baudrate, char_bits);
     unsigned long long last_rx = 0;
     int have_rx = 0;
     while (!stop_requested) {
@@ -921,6 +943,9 @@ int main(int argc, char **argv)
     const char *port = NULL;
     const char *effects = NULL;
     long baudrate = 115200;
+    long bytesize = 8;
+    long stopbits = 1;
+    char parity = 0; /* not given: 'N', or 'E' with --modbus-rtu */
     long unit = 1;
     int rtu_mode = 0;
     double trigger_s = IDL_TRIGGER_MS / 1000.0;
@@ -970,10 +995,28 @@ int main(int argc, char **argv)
             have_seed = 1;
         } else if (strcmp(opt, "--baudrate") == 0) {
             baudrate = parse_long(opt, val);
-            if (baudrate <= 0) {
-                fprintf(stderr, PROG ": baud rate %ld must be positive\n", baudrate);
+            if (baudrate <= 0 || baudrate > 20000000) {
+                fprintf(stderr, PROG ": baud rate %ld must be 1..20000000\n", baudrate);
                 return 1;
             }
+        } else if (strcmp(opt, "--bytesize") == 0) {
+            bytesize = parse_long(opt, val);
+            if (bytesize != 7 && bytesize != 8) {
+                fprintf(stderr, PROG ": byte size %ld must be 7 or 8\n", bytesize);
+                return 1;
+            }
+        } else if (strcmp(opt, "--stopbits") == 0) {
+            stopbits = parse_long(opt, val);
+            if (stopbits != 1 && stopbits != 2) {
+                fprintf(stderr, PROG ": stop bits %ld must be 1 or 2\n", stopbits);
+                return 1;
+            }
+        } else if (strcmp(opt, "--parity") == 0) {
+            if (val[0] == '\0' || val[1] != '\0' || strchr("NEOneo", val[0]) == NULL) {
+                fprintf(stderr, PROG ": parity '%s' must be N, E or O\n", val);
+                return 1;
+            }
+            parity = val[0] == 'n' ? 'N' : val[0] == 'e' ? 'E' : val[0] == 'o' ? 'O' : val[0];
         } else if (strcmp(opt, "--unit") == 0) {
             unit = parse_long(opt, val);
             if (unit < 1 || unit > 247) {
@@ -996,6 +1039,9 @@ int main(int argc, char **argv)
         } else {
             usage();
         }
+    }
+    if (parity == 0) {
+        parity = rtu_mode ? 'E' : 'N'; /* Modbus RTU's default framing is 8E1 */
     }
     if (effects != NULL) {
         if (rtu_mode) {
@@ -1023,6 +1069,7 @@ int main(int argc, char **argv)
         if (isatty(io_fd)) {
             struct termios t;
             make_raw(io_fd);
+            set_char_format(io_fd, bytesize, parity, stopbits);
             if (baud(baudrate) != B0 && tcgetattr(io_fd, &t) == 0) {
                 (void)cfsetispeed(&t, baud(baudrate));
                 (void)cfsetospeed(&t, baud(baudrate));
@@ -1084,7 +1131,8 @@ int main(int argc, char **argv)
 
     if (rtu_mode) {
         idl_rtu_init(&rtu, &device.regs, (uint8_t)unit);
-        serve_rtu(baudrate);
+        serve_rtu(baudrate, IDL_RTU_CHAR_BITS((unsigned)bytesize, parity != 'N' ? 1u : 0u,
+                                              (unsigned)stopbits));
     }
     while (!stop_requested) {
         fd_set r;
