@@ -55,3 +55,17 @@ def test_a_port_failing_behind_the_faulty_link_reaches_the_caller_not_a_thread(
     finally:
         port.close()
     assert uncaught == []
+
+
+def test_the_character_format_reaches_the_port_behind_the_faulty_link() -> None:
+    """``faulty://`` is a wrapper, not a line of its own: the format a caller opens it with (8E1
+    for a Modbus slave) is the inner port's, at open and when changed later."""
+    port = serial.serial_for_url("faulty://loop://?seed=1", baudrate=9600, bytesize=7,
+                                 parity="E", stopbits=2, timeout=0.2)
+    try:
+        inner = port._inner  # type: ignore[attr-defined]
+        assert (inner.baudrate, inner.bytesize, inner.parity, inner.stopbits) == (9600, 7, "E", 2)
+        port.parity, port.bytesize, port.stopbits = "O", 8, 1
+        assert (inner.bytesize, inner.parity, inner.stopbits) == (8, "O", 1)
+    finally:
+        port.close()

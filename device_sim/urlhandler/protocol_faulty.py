@@ -94,7 +94,8 @@ class Serial(SerialBase):
         except LinkConfigError as exc:
             raise SerialException(f"faulty://: {exc}") from None
         inner = serial.serial_for_url(
-            inner_url, do_not_open=True, baudrate=self.baudrate, timeout=_INNER_READ_TIMEOUT
+            inner_url, do_not_open=True, baudrate=self.baudrate, bytesize=self.bytesize,
+            parity=self.parity, stopbits=self.stopbits, timeout=_INNER_READ_TIMEOUT
         )
         # The inner port is held exclusively when ours is (a faulty:// wrapper must not be a way
         # around "one program per port").
@@ -183,8 +184,11 @@ class Serial(SerialBase):
     # -- pyserial surface ---------------------------------------------------------------------
 
     def _reconfigure_port(self) -> None:
-        if self._inner is not None:
+        if self._inner is not None:  # the line's settings are the inner port's
             self._inner.baudrate = self.baudrate
+            self._inner.bytesize = self.bytesize
+            self._inner.parity = self.parity
+            self._inner.stopbits = self.stopbits
 
     @property
     def in_waiting(self) -> int:
