@@ -47,11 +47,19 @@ def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
                 f"cannot confirm it serves {regmap.name} {regmap.hash.hex()}")
         return
     if theirs != regmap.hash:
+        if info.map_name == regmap.name:  # one map, two versions: the firmware or the file moved on
+            advice = ("the device was built from another version of this map: rebuild and "
+                      "flash its firmware from this file (C device: `idemlink contract --regmap "
+                      "FILE --out DIR`, then `make -C firmware_ref device REGMAP_H=DIR/"
+                      "idemlink_regmap.h`), or open it with the file it was built from "
+                      "(regmap=FILE; --regmap FILE on the command line)")
+        else:
+            advice = ("open it with its map file (regmap=FILE; --regmap FILE on the command "
+                      "line)")
         raise IncompatibleDevice(
             f"device {printable(info.device_id or info.name)} serves register map "
             f"{printable(info.map_name or '?')} {theirs.hex()}, ours is {regmap.name} "
-            f"{regmap.hash.hex()}: open it with its map file (regmap=FILE; --regmap FILE on the "
-            "command line)")
+            f"{regmap.hash.hex()}: {advice}")
 
 
 class FramedOperations(Operations[HostSession]):

@@ -226,6 +226,22 @@ def test_a_host_with_another_map_is_refused_naming_both_hashes() -> None:
     assert ok.read("speed_setpoint").values == (1450,)
 
 
+def test_a_device_built_from_another_version_of_the_map_is_told_to_rebuild() -> None:
+    """Same map name, another hash: the firmware was built before the map file changed (or the
+    other way round). The refusal says to rebuild and flash, not only to find another file."""
+    from dataclasses import replace
+
+    older = replace(PUMP, registers=PUMP.registers[:-1])
+    sim = SimTransport(SimulatedDevice(seed=2, regmap=older))
+    with pytest.raises(IncompatibleDevice, match="another version of this map: rebuild") as exc:
+        Device(sim, regmap=PUMP).connect()
+    assert older.hash.hex() in str(exc.value) and "REGMAP_H=" in str(exc.value)
+    with pytest.raises(IncompatibleDevice) as other:
+        Device(sim).connect()  # another map altogether: no rebuild advice
+    assert "rebuild" not in str(other.value)
+    assert not sim.device.executions
+
+
 def test_device_id_is_kept_in_the_flash_dir(tmp_path: Path) -> None:
     first = SimulatedDevice(flash_dir=tmp_path).device_id
     assert SimulatedDevice(flash_dir=tmp_path).device_id == first

@@ -1,0 +1,60 @@
+"""firmware_ref's build tracks its inputs: ``IDL_OPTS`` reaches the device, and changing it (or
+the map header) rebuilds — a stale binary never keeps serving the old options or map.
+
+Slow (two builds of the posix device in a fresh build directory, a few seconds each).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import firmware
+
+from idemlink.host.device import Device
+
+
+def _replay_slots(build: Path, tmp: Path) -> int:
+    dev = firmware.RunningDevice(build / "posix" / "idemlink-device", tmp / "flash")
+    try:
+        with Device.open(dev.path) as host:
+            info = host.ops.info
+            assert info is not None
+            return info.replay_slots
+    finally:
+        dev.stop()
+
+
+@pytest.mark.slow
+def test_the_options_reach_the_device_and_a_change_rebuilds(tmp_path: Path) -> None:
+    build = tmp_path / "build"
+    firmware.make("device", f"BUILD={build}", "IDL_OPTS=-DIDL_REPLAY_SLOTS=4u")
+    assert _replay_slots(build, tmp_path) == 4
+    assert "IDL_REPLAY_SLOTS=4u" in (build / "inputs.txt").read_text()
+    stamp = (build / "posix" / "idemlink-device").stat().st_mtime_ns
+    firmware.make("device", f"BUILD={build}", "IDL_OPTS=-DIDL_REPLAY_SLOTS=4u")  # unchanged
+    assert (build / "posix" / "idemlink-device").stat().st_mtime_ns == stamp
+    firmware.make("device", f"BUILD={build}")  # the options changed: rebuilt with K = 8
+    assert _replay_slots(build, tmp_path) == 8
+
+
+@pytest.mark.slow
+def test_a_new_map_header_rebuilds(tmp_path: Path) -> None:
+    """The header's content is an input too (REGMAP_H): touched, the device is rebuilt."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "map"
+    subprocess.run([sys.executable, "-m", "idemlink", "contract", "--regmap",
+                    str(firmware.ROOT / "protocol" / "maps" / "pump-controller.toml"),
+                    "--out", str(out)], check=True, capture_output=True)
+    header = out / "idemlink_regmap.h"
+    build = tmp_path / "build"
+    firmware.make("device", f"BUILD={build}", f"REGMAP_H={header}")
+    binary = build / "posix" / "idemlink-device"
+    stamp = binary.stat().st_mtime_ns
+    later = stamp + 10**9
+    os.utime(header, ns=(later, later))
+    firmware.make("device", f"BUILD={build}", f"REGMAP_H={header}")
+    assert binary.stat().st_mtime_ns > stamp
