@@ -253,6 +253,9 @@ class CrashingTransport:
         self.inner = inner
         self._left: int | None = None
         self.held = b""
+        #: when the host's last read returned (its clock): every unit the line delivered to the
+        #: host until then was handed to it; one delivered later is still unread
+        self.read_until: float | None = None
 
     def crash_after(self, writes: int) -> None:
         self._left = writes
@@ -273,7 +276,9 @@ class CrashingTransport:
         self.inner.write(data)
 
     def read(self, timeout: float) -> bytes:
-        return self.inner.read(timeout)
+        data = self.inner.read(timeout)
+        self.read_until = self.inner.now()
+        return data
 
     def now(self) -> float:
         return self.inner.now()
@@ -502,14 +507,19 @@ class Campaign:
         rep = self.report
         self._sync()
         self.dev.forget_made()
+        unread_after = self.transport.read_until  # an answer delivered later may still be read
         rec = self.dev.reconcile(res)
         # The re-send of ``res`` under its own last number is ``res`` asked again, not a new
         # request: its key is already claimed by ``res``, and what it proves is checked below.
         resent = rec.resent if rec is not None else None
+        at = self.transport.now()
         made = [r for r in self.dev.made if r is not resent]
         handles = [self.oracle.claim(self.dev.claim(r, readback=True)) for r in made]
         rep.reconcile_reads += len(handles)
         self._sync()
+        if rec is not None:  # "ran" / "never ran" only on the device's word, whatever was re-sent
+            self.oracle.check_verdict_evidence(res.sent_as, intended_pdu(res.command),
+                                               rec.executed, unread_after, at)
         for r, h in zip(made, handles, strict=True):
             self.oracle.judge(h)
             if r.command.may_have_effect or r.command.kind is not CommandKind.READ:

@@ -38,7 +38,8 @@ under, what the host reported and when it settled). From these alone it judges:
   the modelled state, judged per register kind: holding = the value, trigger 1 = RUNNING or DONE,
   trigger 0 = IDLE, fault = the written bits clear; its evidence (``check_evidence``: "it ran" /
   "it never ran", from the request re-sent under its own number) must agree with the device's
-  record of that number. These are ``misclassified``.
+  record of that number, and (``check_verdict_evidence``) rest on an answer the line delivered
+  under one of its numbers during the reconciliation that says so — never on a read-back. These are ``misclassified``.
 
 Alongside, it counts what the line showed (``Tally``): every answer delivered to the host by
 status, those that came after their result (late copies; ANSWER_EVICTED and TOO_OLD answers to
@@ -74,10 +75,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from idemlink.oracle_wire import (
+    ANSWER_EVICTED,
     EPOCH_MISMATCH,
+    IDEMPOTENCY_CONFLICT,
     REPLAY,
     REQUEST,
     RESPONSE,
+    STATUS_OK,
     answer_outcome,
     carried_status,
     pdu_outcome,
@@ -724,6 +728,32 @@ class Oracle:
         elif not executed and ran:
             self.problem("misclassified", f"reconcile() said {request.hex()} never ran under "
                          f"{key[0]:08x}:{key[1]}; the device ran it")
+
+    def check_verdict_evidence(self, keys: Iterable[tuple[int, int]], request: bytes,
+                               executed: bool | None, unread_after: float | None,
+                               at: float | None) -> None:
+        """``reconcile()`` said ``executed`` (True: it ran, False: it never ran) for ``request``,
+        sent under ``keys``: with the line's record, that verdict needs the device's word on the
+        line — an answer delivered to the host under one of those numbers that it could read
+        during the reconciliation (after ``unread_after``, when its last read before the
+        reconciliation returned: an answer it had already read and dropped cannot answer the
+        re-send; and before ``at``, the reconciliation's end) that proves it: status OK (a
+        replayed or a first answer) or
+        ANSWER_EVICTED for "ran", IDEMPOTENCY_CONFLICT for "never ran". No such answer (a re-send
+        answered TOO_OLD, EPOCH_MISMATCH or nothing; no re-send at all, after a reboot): the
+        verdict must stay None, whatever the read-back shows."""
+        if executed is None or not self.delivery_record:
+            return
+        proving = (STATUS_OK, ANSWER_EVICTED) if executed else (IDEMPOTENCY_CONFLICT,)
+        heard = [a for k in set(keys) for a in self._late_heard.get(k, ())
+                 if (unread_after is None or a.time > unread_after)
+                 and (at is None or a.time <= at)]
+        if any(a.status in proving for a in heard):
+            return
+        said = ", ".join(sorted({status_name(a.status, a.replay) for a in heard})) or "nothing"
+        self.problem("misclassified", f"reconcile() said {request.hex()} "
+                     f"{'ran' if executed else 'never ran'} without the device's word on the "
+                     f"line: the host was answered {said} under its numbers")
 
     def _held_when_read(self, name: str, readbacks: list[tuple[range, dict[int, int]]],
                         fallback: Mapping[int, int]) -> int:

@@ -31,17 +31,18 @@ _HEADER = struct.Struct("<BBBIIH")  # version, type, flags, epoch, seq, payload 
 _CRC_LEN = 4
 
 STATUS_OK, EPOCH_MISMATCH = 0x00, 0x10
+IDEMPOTENCY_CONFLICT, ANSWER_EVICTED = 0x11, 0x21
 
 #: The status byte of a RESPONSE: its name and the outcome it means. Status OK is refined by the
 #: answer PDU (``pdu_outcome``); a status not listed here means UNKNOWN (a newer device's code).
 WIRE_STATUS: dict[int, tuple[str, str]] = {
     STATUS_OK: ("OK", "OK"),
     EPOCH_MISMATCH: ("EPOCH_MISMATCH", "NOT_EXECUTED"),
-    0x11: ("IDEMPOTENCY_CONFLICT", "NOT_EXECUTED"),
+    IDEMPOTENCY_CONFLICT: ("IDEMPOTENCY_CONFLICT", "NOT_EXECUTED"),
     0x12: ("GUARD_FAILED", "NOT_EXECUTED"),
     0x13: ("BUSY", "NOT_EXECUTED"),
     0x20: ("TOO_OLD", "UNKNOWN"),
-    0x21: ("ANSWER_EVICTED", "UNKNOWN"),
+    ANSWER_EVICTED: ("ANSWER_EVICTED", "UNKNOWN"),
     0x30: ("UNSUPPORTED", "REJECTED"),
     0x31: ("MALFORMED_REQUEST", "REJECTED"),
     0x32: ("PAYLOAD_TOO_LARGE", "REJECTED"),

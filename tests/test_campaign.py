@@ -701,3 +701,57 @@ def test_mutant_replayed_answer_reported_as_a_first_answer_is_misclassified(
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert any(p.startswith("OK without an answer on the line") and "REPLAYED" in p
                for p in rep.problems)
+
+
+# ---- reconcile()'s verdict needs the device's word: mutants that passed the soak's oracle ------
+# Each passed the default soak before the oracle asked the line for the answer behind a
+# reconcile() verdict (it compared "it ran" with the device's record only when a re-send was made,
+# so a verdict taken from appearance, or from an answer that proves nothing, passed when true).
+
+
+def test_mutant_reconcile_ran_from_appearance_without_a_resend_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a reboot no re-send can ask the device; a host that takes a read-back whose state
+    holds for "it ran" reports a verdict with no evidence at all."""
+    import dataclasses
+
+    import idemlink.host.operations as operations
+    from idemlink.host.command import Reconciliation
+
+    real = operations.with_evidence
+
+    def looks(read_back: Reconciliation, resent: Result | None, why: str) -> Reconciliation:
+        rec = real(read_back, resent, why)
+        if resent is None and read_back.intended_state_holds:
+            return dataclasses.replace(rec, executed=True, evidence="the state holds")
+        return rec
+
+    monkeypatch.setattr(operations, "with_evidence", looks)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert any(p.startswith("reconcile() said") and "without the device's word" in p
+               for p in rep.problems), rep.problems[:3]
+
+
+@pytest.mark.parametrize("statuses", [("TOO_OLD",),
+                                      ("EPOCH_MISMATCH", "EPOCH_CHANGED_IN_FLIGHT", "NO_ANSWER")])
+def test_mutant_resend_without_proof_taken_as_ran_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch, statuses: tuple[str, ...],
+) -> None:
+    """A re-send answered TOO_OLD (the number is behind the window: it may or may not have run),
+    or not answered at all, read as "it ran". The campaign's TOO_OLD re-sends are a dead
+    process's requests whose first answer the new process read and dropped before its re-send:
+    that answer is on the line, but it cannot be what the verdict rests on."""
+    import idemlink.host.evidence as evidence
+
+    real = evidence.proof_of
+
+    def proves(resent: Result) -> evidence.Proof:
+        if resent.status is not None and resent.status.name in statuses:
+            return evidence.Proof.EVICTED
+        return real(resent)
+
+    monkeypatch.setattr(evidence, "proof_of", proves)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert any(p.startswith("reconcile() said") and "ran without the device's word" in p
+               for p in rep.problems), rep.problems[:3]
