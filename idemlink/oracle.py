@@ -39,7 +39,8 @@ under, what the host reported and when it settled). From these alone it judges:
   trigger 0 = IDLE, fault = the written bits clear; its evidence (``check_evidence``: "it ran" /
   "it never ran", from the request re-sent under its own number) must agree with the device's
   record of that number, and (``check_verdict_evidence``) rest on an answer the line delivered
-  under one of its numbers during the reconciliation that says so — never on a read-back. These are ``misclassified``.
+  under one of its numbers during the reconciliation that says so — never on a read-back. These
+  are ``misclassified``.
 
 Alongside, it counts what the line showed (``Tally``): every answer delivered to the host by
 status, those that came after their result (late copies; ANSWER_EVICTED and TOO_OLD answers to

@@ -609,3 +609,97 @@ def test_a_journaled_request_that_is_not_the_steps_is_never_sent(
                                                    J.SentRecord(forged, number))
     rc, doc = apply([str(plan)], device, capsys)
     assert rc == 5 and runs_of(device, forged) == 0 and "reconciled" not in doc
+
+
+def evicted_in_flight(plan: Path, device: SimulatedDevice, *, stale_guard: bool = False) -> bytes:
+    """The plan's first step run by a process killed before its receipt, and its answer since
+    evicted from the device's replay cache by that process's later reads (same boot): a re-send
+    under its number is answered ANSWER_EVICTED. ``stale_guard``: a conditional write sent with
+    a guard the generation had already left (it ran: GUARD_FAILED, nothing written)."""
+    dev = _connected(device)
+    step = load_plan(str(plan), DEFAULT_MAP).steps[0]
+    if step.kind.value == "clear":
+        cmd = dev.clear_faults_command(step.mask, "faults")
+    else:
+        generation = dev.read("generation").values[0]
+        cmd = dev.write_if_generation_command((generation + stale_guard) & 0xFFFF, step.values)
+    journal = J.DeviceJournal.open(f"{plan}.journal")
+
+    def record(sent: SentRequest) -> None:
+        journal.begin(device.device_id, step.key, J.SentRecord(sent.pdu, sent.number))
+
+    assert dev.execute_recorded(cmd, record).answered
+    for _ in range(3):
+        dev.read("generation")
+    return cmd.pdu()
+
+
+def test_a_step_settled_by_answer_evicted_lets_the_run_go_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: the re-send's ANSWER_EVICTED settled the step, left the handle blocked, and the
+    next step's read raised UnknownOutstanding (a traceback) after the journal was changed."""
+    plan = write_plan(tmp_path / "plan.json", {"steps": [
+        {"clear": {"faults": ["fan_stall"]}}, {"write": {"fan_setpoint": 80}}]})
+    device = SimulatedDevice(seed=21, replay_slots=2)
+    device.core.set_condition("fan_stall", True, 0.0)
+    device.core.set_condition("fan_stall", False, 0.0)
+    pdu = evicted_in_flight(plan, device)
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 0, doc
+    (rec,) = doc["reconciled"]
+    assert rec["executed"] is True and "ANSWER_EVICTED" in rec["evidence"], rec
+    assert [s["state"] for s in doc["steps"]] == ["skipped", "written"]
+    assert runs_of(device, pdu) == 1 and device.core.value("fan_setpoint") == 80
+
+
+def test_a_conditional_write_whose_answer_was_evicted_is_not_reported_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """ANSWER_EVICTED says the request ran, not that its guard held: this one failed its guard
+    and wrote nothing. Before: "executed … (the device says it ran)" — exit 0, receipted, and
+    every later run "skipped (ran before)" with the plan's value never written."""
+    plan = write_plan(tmp_path / "plan.json", SET_80)
+    device = SimulatedDevice(seed=22, replay_slots=2)
+    generation = device.core.value("generation")
+    pdu = evicted_in_flight(plan, device, stale_guard=True)
+    rc, doc = apply([str(plan)], device, capsys)
+    assert rc == 5 and doc["outcome"] == "UNKNOWN" and doc["in_flight"], doc
+    assert "reconciled" not in doc
+    assert runs_of(device, pdu) == 1  # ran once (guard failed), never again
+    assert device.core.value("fan_setpoint") != 80
+    assert device.core.value("generation") == generation
+    assert J.DeviceJournal.open(f"{plan}.journal").pending(device.device_id)
+    args = build_parser().parse_args(["apply", str(plan)])
+    args.open_device = lambda: _connected(device)
+    assert args.handler(args) == 5
+    out = capsys.readouterr().out
+    assert "skipped" not in out and "--resolve" in out and runs_of(device, pdu) == 1
+
+
+def test_a_step_whose_answers_were_lost_and_the_device_settles_lets_the_run_go_on(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A clear's every answer lost in this run: UNKNOWN, re-sent under its number, the device
+    replays its answer (it ran) and the run goes on to the next step. Before: the handle stayed
+    blocked and the next step raised UnknownOutstanding (a traceback), the clear receipted."""
+    from idemlink.device_sim.link import FrameFault
+
+    plan = write_plan(tmp_path / "plan.json", {"steps": [
+        {"clear": {"faults": ["fan_stall"]}}, {"write": {"fan_setpoint": 80}}]})
+    device = latched_stall()
+    args = build_parser().parse_args(["apply", str(plan), "--json"])
+
+    def opener() -> Device:
+        t = SimTransport(device)
+        dev = Device(t, attempts=3)
+        dev.connect()
+        t.link.b_to_a.force_frame_fault(FrameFault.DUPLICATE)  # the fault word's read: answered
+        t.link.b_to_a.force_frame_fault(FrameFault.DROP, 3)  # every answer of the clear: lost
+        return dev
+
+    args.open_device = opener
+    rc = args.handler(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0, doc
+    assert [s["state"] for s in doc["steps"]] == ["executed", "written"], doc
+    assert "replayed" in doc["steps"][0]["reconcile"]["evidence"]
+    assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1
+    assert device.core.value("fan_setpoint") == 80

@@ -389,10 +389,15 @@ class ApplyRun:
             e["reconcile"] = doc
             lines.append(f"step {step.index + 1}: {line}")
             if rec is not None and rec.executed is not None:  # the device's evidence settled it
+                self.dev.acknowledge_unknown()  # reconciled: the handle may send again
                 outcome, settled_note = self.evidence_outcome(step, rec)
                 state = {Outcome.OK: "executed"}.get(outcome, outcome.name.lower())
                 e["state"] = state
                 lines.append(f"step {step.index + 1}: {state}{settled_note}")
+                if outcome is Outcome.UNKNOWN:
+                    lines.append(f"UNKNOWN: step {step.index + 1} stays in flight in journal "
+                                 f"{self.journal_path}; settle it: --resolve {step.key} "
+                                 "--executed|--not-executed")
             else:
                 lines.append(f"UNKNOWN: step {step.index + 1} stays in flight in journal "
                              f"{self.journal_path}; `idemlink apply {self.args.plan}` again asks "
@@ -464,15 +469,23 @@ class ApplyRun:
     def evidence_outcome(self, step: PlanStep, rec: Reconciliation) -> tuple[Outcome, str]:
         """The step's outcome once the device's evidence (``rec.executed`` not None) settled
         whether its request ran: by the answer the re-send got when one came (replayed or run
-        now, judged like a first answer), OK when the device only says it ran (its answer
-        evicted), NOT_EXECUTED when it proves the request never ran."""
+        now, judged like a first answer), NOT_EXECUTED when it proves the request never ran.
+        When the device only says it ran (its answer evicted): OK for a clear (writing the bits
+        is its effect), UNKNOWN for a trigger or a conditional write — it ran, but whether the
+        trigger started or the guard held was in the answer that is gone (the step stays in
+        flight: it must not run again, and only ``--resolve`` settles it)."""
         resent = rec.resent
         if rec.executed is False:
             return Outcome.NOT_EXECUTED, " (the device proves it never ran)"
         if resent is not None and resent.answered:
             outcome, note = self.judge(step, resent)
             return outcome, note
-        return Outcome.OK, " (the device says it ran; its answer is gone)"
+        if step.kind is StepKind.CLEAR:
+            return Outcome.OK, " (the device says it ran; its answer is gone)"
+        what = ("whether the trigger started" if step.kind is StepKind.TRIGGER
+                else "whether its generation guard held")
+        return Outcome.UNKNOWN, (f" (the device says it ran, but its answer is gone: {what} "
+                                 "is unknown)")
 
     # ------------------------------------------------------------------ steps left in flight
     def settle_in_flight(self) -> bool:
@@ -490,8 +503,9 @@ class ApplyRun:
                      else f"step {key}, which is not in this plan (was the plan edited?)")
             sent = self.journal.sent_record(self.device_id, key)
             verdict, outcome, said = (None, None, "") if step is None else self.ask(step, sent)
-            if verdict is None:
+            if verdict is None or outcome is Outcome.UNKNOWN:
                 unknown.append(str(key))
+                said = said if not said or said.startswith(";") else f"; {said}"
                 self.say(f"UNKNOWN: journal {self.journal_path} holds {where} in flight for "
                          f"device {self.device_id}{said}: nothing runs until it is settled. "
                          f"Check the device, then `idemlink apply {self.args.plan} --resolve "
@@ -532,6 +546,8 @@ class ApplyRun:
             else:  # never send what the journal holds unless it is this step's own request
                 why = "the journal's record of its request is not this step's request"
         rec = self.dev.reconcile_sent(command, numbers)
+        if rec.executed is not None:  # reconciled by the device's word: the handle may send again
+            self.dev.acknowledge_unknown()
         if why is not None and rec.executed is None:
             rec = dataclasses.replace(rec, evidence=why)
         now = f"read back: {rec.summary}"
