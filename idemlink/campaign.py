@@ -30,8 +30,8 @@ What the campaign does, besides sending commands:
 The oracle is fed the device's own record (boots and executions, in order), the line's record of
 every unit it delivered each way (the link emulator's ``DeliveryLog``, decoded by the oracle
 itself) and the host's results as claims; the campaign turns each ``Result`` into a ``Claim`` with
-the request PDU encoded *here* from the command's fields, never by the host's encoder, and the
-moment the result was settled. In-process, the device's registers are also compared with the
+the request PDU encoded *here* from the fields of the command the campaign asked for (never the
+command the result names, never by the host's encoder), and the moment the result was settled. In-process, the device's registers are also compared with the
 oracle's model after every batch.
 
 Why one module of this size: it is the campaign's one reason to change, the soak scenario (the
@@ -231,11 +231,12 @@ def intended_pdu(cmd: Command) -> bytes:
 
 
 def claim_of(res: Result, *, dead: bool = False, readback: bool = False,
-             at: float | None = None) -> Claim:
-    """The oracle's claim of a result: the request PDU encoded here, what the host reports, and
-    when it settled (``at``, the host's clock)."""
+             at: float | None = None, command: Command | None = None) -> Claim:
+    """The oracle's claim of a result: the request PDU encoded here — of ``command``, the one
+    the campaign asked for, when given (not the command the result says it ran) — what the host
+    reports, and when it settled (``at``, the host's clock)."""
     status = None if res.status is None or res.status >= FIRST_LOCAL_STATUS else int(res.status)
-    return Claim(intended_pdu(res.command), tuple(res.sent_as),
+    return Claim(intended_pdu(res.command if command is None else command), tuple(res.sent_as),
                  None if dead else res.outcome.name, (res.epoch, res.seq), tuple(res.values),
                  res.code, readback, res.replay, at, status)
 
@@ -573,6 +574,23 @@ class Campaign:
         finally:
             self._crash_due = self.transport.disarm()
 
+    def _asked(self, batch: list[Command], results: list[Result]) -> list[Command]:
+        """The commands the campaign asked for, one per result (a batch's results come in its
+        order; a crashed batch has none): a result for another command than the one asked — a
+        value changed on the way, by the host's own word or not — is misclassified, and its
+        claim is the asked command's, so what the device ran is judged against what was asked."""
+        if not results:
+            return []
+        if len(results) != len(batch):
+            self.oracle.problem("misclassified", f"{len(batch)} commands asked, {len(results)} "
+                                "results")
+            return [r.command for r in results]
+        for c, r in zip(batch, results, strict=True):
+            if r.command != c:
+                self.oracle.problem("misclassified", f"the result of {intended_pdu(c).hex()} "
+                                    f"reports another command: {intended_pdu(r.command).hex()}")
+        return batch
+
     def _outage(self) -> None:
         """The line dies for ``outage_seconds`` as the batch goes out: the requests (they never
         run), the answers (they ran: every answer lost) or both."""
@@ -608,7 +626,9 @@ class Campaign:
                 self._sync()
                 self._environment()
                 results = self._batch(batch)
-                handles = [self.oracle.claim(self.dev.claim(r)) for r in results]
+                asked = self._asked(batch, results)
+                handles = [self.oracle.claim(self.dev.claim(r, command=c))
+                           for r, c in zip(results, asked, strict=True)]
                 self._sync()
                 for res, h in zip(results, handles, strict=True):
                     self.oracle.judge(h)

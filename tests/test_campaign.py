@@ -755,3 +755,26 @@ def test_mutant_resend_without_proof_taken_as_ran_is_misclassified(
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert any(p.startswith("reconcile() said") and "ran without the device's word" in p
                for p in rep.problems), rep.problems[:3]
+
+
+def test_mutant_host_that_sends_another_value_and_says_so_is_misclassified(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The host writes another value than asked (an off-by-one), and its Result faithfully names
+    the command it really sent. Before, claims were built from ``Result.command``: the device ran
+    what the claim said, and the soak passed. Now a claim is the command the campaign asked for."""
+    import dataclasses
+
+    from idemlink.host.device import Device
+
+    real = Device.run
+
+    def off_by_one(self: Device, cmds: list[Command], *a: Any, **kw: Any) -> list[Result]:
+        cmds = [dataclasses.replace(c, values=(c.values[0] - 1,))
+                if c.kind is CommandKind.WRITE and len(c.values) == 1 and c.values[0] > 0 else c
+                for c in cmds]
+        return real(self, cmds, *a, **kw)
+
+    monkeypatch.setattr(Device, "run", off_by_one)
+    rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
+    assert any("reports another command" in p for p in rep.problems), rep.problems[:3]
