@@ -31,8 +31,8 @@ The oracle is fed the device's own record (boots and executions, in order), the 
 every unit it delivered each way (the link emulator's ``DeliveryLog``, decoded by the oracle
 itself) and the host's results as claims; the campaign turns each ``Result`` into a ``Claim`` with
 the request PDU encoded *here* from the fields of the command the campaign asked for (never the
-command the result names, never by the host's encoder), and the moment the result was settled. In-process, the device's registers are also compared with the
-oracle's model after every batch.
+command the result names, never by the host's encoder), and the moment the result was settled.
+In-process, the device's registers are also compared with the oracle's model after every batch.
 
 Why one module of this size: it is the campaign's one reason to change, the soak scenario (the
 command mix, host crashes, reboots, outages, reconciliation, the report); the pieces it drives live
