@@ -703,3 +703,32 @@ def test_a_step_whose_answers_were_lost_and_the_device_settles_lets_the_run_go_o
     assert "replayed" in doc["steps"][0]["reconcile"]["evidence"]
     assert device.core.count(EffectKind.FAULT_CLEARED, "faults") == 1
     assert device.core.value("fan_setpoint") == 80
+
+
+def test_a_journaled_request_is_re_sent_byte_for_byte_or_not_at_all(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A journal whose in-flight clear was sent as FC16 with one register (another host's
+    encoding of the same write): re-encoded, the re-send went out as FC06 under that number, the
+    device refused it as another request's (IDEMPOTENCY_CONFLICT), apply took that for "it never
+    ran", released the step and ran the clear a second time."""
+    from idemlink.host.command import Command, CommandKind
+
+    plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
+    device = latched_stall()
+    real_pdu = Command.pdu
+
+    def fc16(self: Command) -> bytes:
+        if self.kind is CommandKind.CLEAR_FAULTS:
+            return bytes([0x10, 0, self.address, 0, 1, 2]) + self.values[0].to_bytes(2, "big")
+        return real_pdu(self)
+
+    monkeypatch.setattr(Command, "pdu", fc16)
+    pdu = evicted_in_flight(plan, device)
+    monkeypatch.setattr(Command, "pdu", real_pdu)
+    assert pdu[0] == 0x10 and runs_of(device, pdu) == 1
+    rc, doc = apply([str(plan)], device, capsys)
+    clears = [e for e in device.executions if e.request[:1] in (b"\x06", b"\x10")
+              and e.request[1:3] == pdu[1:3]]
+    assert len(clears) == 1  # the step ran once, never again
+    assert rc == 5 and doc["in_flight"], doc

@@ -541,8 +541,15 @@ class ApplyRun:
                 recorded: Command | None = self.dev.command_of_pdu(sent.request)
             except LocalProtocolError:
                 recorded = None
-            if recorded is not None and _same_request(recorded, command):
+            if (recorded is not None and _same_request(recorded, command)
+                    and recorded.pdu() == sent.request):
                 command, numbers = recorded, (sent.number,)
+            elif recorded is not None and _same_request(recorded, command):
+                # the same write in other bytes (e.g. FC16 of one register): re-sent as this
+                # host encodes it, the device would refuse it as another request's number
+                # (IDEMPOTENCY_CONFLICT) — "never ran" — though the journaled bytes may have run
+                why = ("the journal's record of its request is encoded otherwise than this host "
+                       "sends it: it cannot be re-sent byte for byte")
             else:  # never send what the journal holds unless it is this step's own request
                 why = "the journal's record of its request is not this step's request"
         rec = self.dev.reconcile_sent(command, numbers)
