@@ -451,3 +451,22 @@ def test_a_second_sim_on_the_same_flash_dir_is_refused(tmp_path: Path, mode: lis
         assert first.stop()[0] == 0
     again = Sim(tmp_path, *mode)  # the lock died with its holder
     assert again.stop()[0] == 0
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe binary", b"[]"])
+def test_a_bad_journal_is_one_line_naming_its_path_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
+    from idemlink.commands.common import UserError
+
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"name": "r", "steps": [{"clear": {"faults": ["fan_stall"]}}]}))
+    journal = tmp_path / "j"
+    journal.write_bytes(content)
+    journal.chmod(0o600)
+    device = SimulatedDevice(seed=2)
+    with pytest.raises(UserError) as exc:
+        run_inproc(["apply", str(plan), "--journal", str(journal)], SimTransport(device), capsys)
+    message = str(exc.value)
+    assert message.startswith(f"journal {journal}: ") and message.count(str(journal)) == 1, message
+    assert "\n" not in message
+    assert [e for e in device.executions if e.request[0] != 0x03] == []

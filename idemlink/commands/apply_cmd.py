@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, UserError, regmap_from
-from idemlink.commands.apply_resolve import APPLY_SCHEMA, journal_refused, resolve_step
+from idemlink.commands.apply_resolve import APPLY_SCHEMA, journal_problem, journal_refused, resolve_step
 from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
     add_rtu_options,
@@ -230,7 +230,7 @@ class ApplyRun:
             try:
                 self.device_id = check_device_id(ident)
             except JournalError as exc:
-                raise UserError(f"journal {self.journal_path}: {exc}; nothing sent") from None
+                raise UserError(f"{journal_problem(self.journal_path, exc)}; nothing sent") from None
             self.doc["journal"] = self.journal_path
             if not self.settle_in_flight():
                 return self.finish()
@@ -364,7 +364,7 @@ class ApplyRun:
             r = self.dev.execute_recorded(command, record)
         except JournalError as exc:
             if not self.effects_sent:
-                raise UserError(f"journal {self.journal_path}: {exc}; step {step.index + 1} "
+                raise UserError(f"{journal_problem(self.journal_path, exc)}; step {step.index + 1} "
                                 "not sent") from None
             print(f"idemlink apply: journal {self.journal_path}: {exc}; step {step.index + 1} "
                   "not sent", file=sys.stderr)
@@ -515,7 +515,7 @@ class ApplyRun:
             try:
                 self.journal.resolve(self.device_id, key, executed=outcome is Outcome.OK)
             except JournalError as exc:
-                raise UserError(f"journal {self.journal_path}: {exc}") from None
+                raise UserError(f"{journal_problem(self.journal_path, exc)}") from None
             self.say(f"step {step.index + 1}: was in flight; {said}")
             self.doc.setdefault("reconciled", []).append(
                 {"key": str(key), "executed": verdict, "evidence": said,

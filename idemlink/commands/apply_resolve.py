@@ -19,11 +19,23 @@ from idemlink.protocol.outcome import Outcome
 APPLY_SCHEMA = "idemlink.apply/1"  #: the schema of apply's JSON, resolving included
 
 
+def journal_problem(journal_path: str, exc: JournalError) -> str:
+    """``journal PATH: what is wrong``, naming the path once (most journal errors start with it)."""
+    text = str(exc)
+    if text.startswith("journal "):
+        return text
+    for prefix in (f"{journal_path}: ", f"{journal_path} "):
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+            break
+    return f"journal {journal_path}: {text}"
+
+
 def journal_refused(journal_path: str, exc: JournalError) -> UserError:
     """The one line for a journal that cannot be used (nothing was sent)."""
     if isinstance(exc, JournalBusyError):  # its message names the journal already
         return UserError(f"{exc}; nothing sent")
-    return UserError(f"journal {journal_path}: {exc}")
+    return UserError(journal_problem(journal_path, exc))
 
 
 def resolve_step(args: argparse.Namespace, journal_path: str) -> int:
