@@ -52,6 +52,12 @@ from idemlink.host.framed_operations import FramedOperations
 from idemlink.host.operations import OPERATIONS, DeviceHandle, Job, Operations, Steps
 from idemlink.host.rtu_device import line_rate
 from idemlink.host.rtu_operations import RtuOperations
+from idemlink.host.tcp_device import (
+    DEFAULT_TCP_ATTEMPTS,
+    DEFAULT_TCP_TIMEOUT,
+    TcpOperations,
+    socket_url,
+)
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
@@ -329,6 +335,39 @@ class AsyncRtuDevice(AsyncDriver):
         return _Opening(opener)
 
 
+class AsyncTcpDevice(AsyncDriver):
+    """A session with one Modbus TCP device (or a unit behind a gateway) for asyncio programs:
+    ``idemlink.host.tcp_device.TcpDevice`` awaited."""
+
+    ops: TcpOperations
+
+    def __init__(self, transport: AsyncTransport, *,
+                 regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, unit: int = 1,
+                 timeout: float = DEFAULT_TCP_TIMEOUT,
+                 attempts: int = DEFAULT_TCP_ATTEMPTS) -> None:
+        if not isinstance(regmap, RegisterMap):
+            regmap = resolve_regmap(regmap)
+        super().__init__(transport, TcpOperations(transport, regmap=regmap, unit=unit,
+                                                  timeout=timeout, attempts=attempts))
+
+    @classmethod
+    def open(cls, address: str, *, unit: int = 1,
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
+             timeout: float = DEFAULT_TCP_TIMEOUT, attempts: int = DEFAULT_TCP_ATTEMPTS,
+             probe: bool = True) -> _Opening[AsyncTcpDevice]:
+        """Connect to ``address`` (``HOST[:PORT]``, port 502 by default) and (``probe``) check
+        that something answers at ``unit``, as ``TcpDevice.open`` does."""
+        rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        url = socket_url(address)
+
+        async def opener() -> AsyncTcpDevice:
+            t = await AsyncSerialTransport.open(url)
+            dev = cls(t, regmap=rm, unit=unit, timeout=timeout, attempts=attempts)
+            return await _opened(dev) if probe else dev
+
+        return _Opening(opener)
+
+
 async def _opened(dev: D) -> D:
     """``dev`` once its ``open_steps`` went through; closed again if they did not."""
     try:
@@ -364,5 +403,13 @@ def _log_settled(exc: BaseException) -> None:
                     ", ".join(r.command.kind.value for r in unknown))
 
 
-__all__ = ["PARITY", "ROUND_BYTES", "AsyncDevice", "AsyncDriver", "AsyncRtuDevice",
-           "AsyncSerialTransport", "AsyncTransport"]
+__all__ = [
+    "PARITY",
+    "ROUND_BYTES",
+    "AsyncDevice",
+    "AsyncDriver",
+    "AsyncRtuDevice",
+    "AsyncSerialTransport",
+    "AsyncTcpDevice",
+    "AsyncTransport",
+]

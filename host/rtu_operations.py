@@ -37,6 +37,8 @@ from idemlink.protocol.rtu_master import RtuMaster
 class RtuOperations(Operations[RtuMaster]):
     """The operations on one Modbus RTU slave (``RtuMaster``). See the module docstring."""
 
+    slave = "Modbus RTU slave"  #: what ``connect_steps`` says did not answer (Modbus TCP: its own)
+
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, unit: int = 1,
                  baudrate: int | None = None, timeout: float = 0.2, attempts: int = 5,
                  char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
@@ -48,7 +50,7 @@ class RtuOperations(Operations[RtuMaster]):
         first = self.regmap.registers[0]
         (r,) = yield from self.wave_steps([Command(CommandKind.READ, first.address)])
         if r.status is Status.NO_ANSWER:
-            raise NoDevice(f"no Modbus RTU slave answered at unit {self.session.unit} "
+            raise NoDevice(f"no {self.slave} answered at unit {self.session.unit} "
                            f"({r.attempts} read(s) of {first.name} got no answer)")
 
     def refuse_unsupported(self, c: Command) -> None:
