@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from support.modbus_tcp import DROP, FORWARD, Gateway, PymodbusTcp
@@ -336,7 +337,7 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return rc, out.out, out.err
 
 
-def test_cli_commands_take_modbus_tcp(server: PymodbusTcp, tmp_path: object,
+def test_cli_commands_take_modbus_tcp(server: PymodbusTcp, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     tcp = ("--modbus-tcp", server.address, "--timeout", str(scaled(0.5)))
     rc, out, _ = cli(capsys, "read", "threshold", *tcp, "--json")
@@ -346,11 +347,20 @@ def test_cli_commands_take_modbus_tcp(server: PymodbusTcp, tmp_path: object,
     assert rc == 0 and out == "self_clean: ACCEPTED (0x0000): started\n"
     rc, out, _ = cli(capsys, "clear", *tcp)
     assert rc == 0 and "OK" in out
-    rc, out, _ = cli(capsys, "watch", "threshold", *tcp, "--count", "1", "--interval", "0")
-    assert rc == 0 and "41" in out
+    rc, out, _ = cli(capsys, "watch", "threshold", *tcp, "--count", "1", "--interval", "0.01")
+    assert rc == 0 and "41.0" in out
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"name": "tcp", "steps": [{"write": {"fan_setpoint": 80}},
+                                                         {"trigger": "self_clean"}]}))
+    rc, out, _ = cli(capsys, "apply", str(plan), *tcp, "--device-id", "boiler-1")
+    assert rc == 3 and "fan_setpoint=80 (80 %): written: OK" in out  # the trigger: RUNNING
+    assert "not started: the trigger is RUNNING" in out
+    rc, _, err = cli(capsys, "info", "--modbus-tcp", server.address)
+    assert rc == 1 and "nothing was sent" in err
     rc, _, err = cli(capsys, "read", *tcp, "--modbus-rtu")
     assert rc != 0 and "--modbus-tcp" in err
     rc, _, err = cli(capsys, "read", "--modbus-tcp", "::1")
     assert rc == 1 and "brackets" in err and len(err.splitlines()) == 1
     assert (TH, [410]) in server.writes and (TRIG, [1]) in server.writes
-    assert (FAULTS, [7]) in server.writes
+    assert (FAULTS, [7]) in server.writes and (6, [80]) in server.writes
+    assert server.writes.count((TRIG, [1])) == 1  # apply's trigger found it RUNNING: not again

@@ -6,7 +6,8 @@ Contract:
 - ``device_options()``: the options every device command takes (``--port`` once or several times,
   ``--ports-file``, ``--baudrate``, ``--bytesize``, ``--parity``, ``--stopbits``, ``--timeout``,
   ``--attempts``, ``--trace``, ``--regmap``, ``--profile``), as an argparse parent;
-  ``add_rtu_options`` adds ``--modbus-rtu [--unit N]`` (``rtu_unit`` checks them). Settings left
+  ``add_rtu_options`` adds ``--modbus-rtu [--unit N]`` and ``--modbus-tcp HOST[:PORT]``
+  (``rtu_unit`` and ``tcp_address`` check them: one or the other). Settings left
   off the command line come from the environment, a profile, the map's ``[link]`` or the
   defaults (``idemlink.commands.connection``). ``line_settings(args)`` is what opens the port:
   baud rate and character format. Each command adds its own ``--json``, naming its schema.
@@ -88,11 +89,34 @@ def add_answer_options(p: argparse.ArgumentParser, attempts: str = "sends per co
 
 
 def add_rtu_options(p: argparse.ArgumentParser) -> None:
-    """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``)."""
+    """``--modbus-rtu [--unit N]``: drive a standard Modbus RTU slave (``RtuDevice``);
+    ``--modbus-tcp HOST[:PORT] [--unit N]``: a Modbus TCP device or gateway (``TcpDevice``)."""
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="the port has a standard Modbus RTU slave (not an idemlink device)")
+    p.add_argument("--modbus-tcp", metavar="HOST[:PORT]", default=None,
+                   help="a Modbus TCP device or gateway at HOST (port 502 unless given; "
+                        "[v6addr]:port for IPv6) instead of a port; answers wait 1 s unless "
+                        "--timeout says otherwise")
     p.add_argument("--unit", type=int, default=None,
-                   help="with --modbus-rtu: its unit id (1..247, default 1)")
+                   help="with --modbus-rtu or --modbus-tcp: its unit id (1..247, default 1)")
+
+
+def tcp_address(args: argparse.Namespace) -> str | None:
+    """The ``--modbus-tcp`` address (None without it); ``UserError`` for it with
+    ``--modbus-rtu`` or for an address that is not ``HOST[:PORT]``."""
+    from idemlink.protocol.modbus_tcp import TcpAddressError, parse_tcp_address
+
+    address: str | None = getattr(args, "modbus_tcp", None)
+    if address is None:
+        return None
+    if getattr(args, "modbus_rtu", False):
+        raise UserError("--modbus-rtu and --modbus-tcp exclude each other (a serial line or a "
+                        "TCP connection)")
+    try:
+        parse_tcp_address(address)
+    except TcpAddressError as exc:
+        raise UserError(f"--modbus-tcp: {exc}") from None
+    return address
 
 
 def line_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,9 +130,10 @@ def rtu_unit(args: argparse.Namespace) -> int | None:
     """The unit id to drive with ``--modbus-rtu`` (None without it); ``UserError`` for a unit
     outside 1..247 or ``--unit`` without ``--modbus-rtu``."""
     unit: int | None = getattr(args, "unit", None)
-    if not getattr(args, "modbus_rtu", False):
+    if not (getattr(args, "modbus_rtu", False) or tcp_address(args) is not None):
         if unit is not None:
-            raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu")
+            raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu (or "
+                            "--modbus-tcp)")
         return None
     unit = 1 if unit is None else unit
     if not 1 <= unit <= 247:

@@ -45,6 +45,7 @@ from idemlink.commands.common import (
     result_json,
     rtu_unit,
     schema_of,
+    tcp_address,
     worst,
 )
 from idemlink.commands.connection import describe_sources
@@ -54,6 +55,7 @@ from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice,
 from idemlink.host.errors import AnswersModbusRtu, PortBusy
 from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
+from idemlink.host.tcp_device import DEFAULT_TCP_TIMEOUT, TcpDevice
 from idemlink.output import emit, error_json
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterMap
@@ -105,12 +107,14 @@ def port_said_once(port: str, exc: BaseException) -> str:
     return text if port in text else f"{port}: {text}"
 
 
-AnyDevice = Device | RtuDevice
-"""An idemlink device or, with ``--modbus-rtu``, a standard Modbus RTU slave."""
+AnyDevice = Device | RtuDevice | TcpDevice
+"""An idemlink device or, with ``--modbus-rtu``, a standard Modbus RTU slave, or with
+``--modbus-tcp`` a Modbus TCP device."""
 
 
 def open_any_device(args: argparse.Namespace) -> AnyDevice:
-    """``open_device``, or with ``--modbus-rtu`` the slave at ``args.port``, unit ``args.unit``."""
+    """``open_device``, or with ``--modbus-rtu`` the slave at ``args.port``, unit ``args.unit``,
+    or with ``--modbus-tcp`` the device at that address (``open_tcp_device``)."""
     unit = rtu_unit(args)
     if unit is None:
         return open_device(args)
@@ -120,20 +124,46 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
-    if not args.port:
+    address = tcp_address(args)
+    if address is None and not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
+    how = "--modbus-rtu" if address is None else "--modbus-tcp"
     if getattr(args, "trace", None) is not None:
-        raise UserError("--trace decodes idemlink frames: it does not apply with --modbus-rtu")
+        raise UserError(f"--trace decodes idemlink frames: it does not apply with {how}")
     if getattr(args, "if_generation", None) is not None:
         raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
-                        "which a standard Modbus RTU slave does not have; nothing was sent")
+                        f"which a standard Modbus {'RTU slave' if address is None else 'TCP device'} "
+                        "does not have; nothing was sent")
     log_sources(args)
+    if address is not None:
+        return open_tcp_device(args, address, unit)
     try:
         return RtuDevice.open(args.port, unit=unit, **line_settings(args),
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:
         raise UserError(port_said_once(args.port, exc)) from None
+
+
+def tcp_timeout(args: argparse.Namespace) -> float:
+    """``--timeout``, or Modbus TCP's own default (``DEFAULT_TCP_TIMEOUT``, 1 s: a gateway polls
+    a serial line behind it) when no source gave one."""
+    if getattr(args, "settings_from", {}).get("timeout", "default") == "default":
+        return DEFAULT_TCP_TIMEOUT
+    timeout: float = args.timeout
+    return timeout
+
+
+def open_tcp_device(args: argparse.Namespace, address: str, unit: int,
+                    regmap: RegisterMap | None = None) -> TcpDevice:
+    """The Modbus TCP device at ``address``, unit ``unit`` (``UserError`` naming the address when
+    it cannot be reached or nothing answers)."""
+    try:
+        return TcpDevice.open(address, unit=unit, timeout=tcp_timeout(args),
+                              attempts=args.attempts,
+                              regmap=regmap if regmap is not None else regmap_from(args))
+    except (PortError, NoDevice) as exc:
+        raise UserError(port_said_once(address, exc)) from None
 
 
 def no_device(port: str, exc: NoDevice, *, hint: str = "add --modbus-rtu") -> UserError:

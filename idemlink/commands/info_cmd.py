@@ -50,6 +50,9 @@ def register(sub: Any) -> None:
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="refused: a standard Modbus RTU slave has no HELLO identity to show "
                         "(read its registers with `idemlink read --modbus-rtu --all`)")
+    p.add_argument("--modbus-tcp", metavar="HOST[:PORT]", default=None,
+                   help="refused, as --modbus-rtu: a Modbus TCP device has no HELLO identity "
+                        "(read its registers with `idemlink read --modbus-tcp HOST --all`)")
     add_connection_options(p, INFO_KEYS)
     p.set_defaults(handler=run)
 
@@ -63,6 +66,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.modbus_rtu:
         raise UserError(f"--modbus-rtu: {RTU_INFO_REFUSED}; nothing was sent")
+    if args.modbus_tcp is not None:
+        raise UserError("--modbus-tcp: info shows what an idemlink device says of itself in its "
+                        "HELLO reply; a Modbus TCP device says none of it: read its registers "
+                        f"with `idemlink read --modbus-tcp {args.modbus_tcp} --all`; nothing was "
+                        "sent")
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")

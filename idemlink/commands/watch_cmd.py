@@ -60,6 +60,7 @@ from idemlink.protocol.outcome import Outcome
 if TYPE_CHECKING:
     from idemlink.host.device import Command, Device, Result
     from idemlink.host.rtu_device import RtuDevice
+    from idemlink.host.tcp_device import TcpDevice
     from idemlink.protocol.registers import RegisterMap, RegisterSpec
 
 CSV_HEADER = ("time", "poll", "name", "address", "raw", "value", "label", "unit", "outcome",
@@ -150,7 +151,7 @@ class Printer:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit
+    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit, tcp_address
     from idemlink.commands.device_io import log_sources
     from idemlink.commands.selection import read_runs, select_registers
 
@@ -160,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--count must be >= 1")
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
+    if tcp_address(args) is not None:
+        args.port = args.modbus_tcp  # what the watch names in its lines
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     unit = rtu_unit(args)
@@ -229,11 +232,13 @@ class Trouble:
 
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
           printer: Printer, summary: Summary, unit: int | None) -> int:
+    from idemlink.commands.device_io import tcp_timeout
     from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
     from idemlink.host.rtu_device import RtuDevice
+    from idemlink.host.tcp_device import TcpDevice
 
     last: dict[str, int] = {}
-    dev: Device | RtuDevice | None = None
+    dev: Device | RtuDevice | TcpDevice | None = None
     next_start = time.monotonic()
     ever_open = False
     trouble = Trouble(args.port)
@@ -243,7 +248,10 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
             next_start += args.interval
             if dev is None:
                 try:
-                    if unit is not None:
+                    if unit is not None and args.modbus_tcp is not None:
+                        dev = TcpDevice.open(args.modbus_tcp, unit=unit, timeout=tcp_timeout(args),
+                                             attempts=args.attempts, regmap=regmap)
+                    elif unit is not None:
                         dev = RtuDevice.open(args.port, unit=unit, **line_settings(args),
                                              timeout=args.timeout, attempts=args.attempts,
                                              regmap=regmap)
@@ -294,8 +302,8 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
     return EXIT_LOCAL_ERROR
 
 
-def _poll(dev: Device | RtuDevice, groups: list[list[RegisterSpec]], printer: Printer, summary: Summary,
-          last: dict[str, int], every: bool) -> bool:
+def _poll(dev: Device | RtuDevice | TcpDevice, groups: list[list[RegisterSpec]],
+          printer: Printer, summary: Summary, last: dict[str, int], every: bool) -> bool:
     """One poll; True when the session must be opened anew (answers refused as TOO_OLD)."""
     from idemlink.protocol.outcome import Status
 
