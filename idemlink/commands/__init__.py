@@ -25,4 +25,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.info_cmd",
     "idemlink.commands.watch_cmd",
     "idemlink.commands.link_cmd",
+    "idemlink.commands.scan_cmd",
 )
