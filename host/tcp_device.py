@@ -30,7 +30,7 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 DEFAULT_TCP_TIMEOUT = 1.0
 """Seconds to wait for an answer: a TCP peer (a gateway polling a serial line behind it) is
 slower than a serial slave; 1 s as pymodbus and mbpoll."""
-DEFAULT_TCP_ATTEMPTS = 3
+DEFAULT_TCP_ATTEMPTS = 5  #: as RtuDevice and the CLI
 
 
 class TcpOperations(RtuOperations):

@@ -50,7 +50,7 @@ from enum import IntEnum
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT
 from idemlink.protocol.modbus import EXCEPTION_FLAG, answer_fits
 from idemlink.protocol.modbus_rtu import BROADCAST_UNIT
-from idemlink.protocol.outcome import IdemlinkError, Outcome, Status
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.rtu_master import RtuMaster, _Request, misfit
 
@@ -64,7 +64,7 @@ MAX_PENDING = 64
 frame_log = logging.getLogger("idemlink.frames")
 
 
-class TcpAddressError(IdemlinkError, ValueError):
+class TcpAddressError(LocalProtocolError, ValueError):
     """A ``--modbus-tcp`` address that is not ``HOST[:PORT]``."""
 
 
@@ -171,7 +171,7 @@ class TcpMaster(RtuMaster):
     """One Modbus TCP master on one connection. See the module docstring."""
 
     def __init__(self, regmap: RegisterMap, *, unit: int = 1, timeout: float = 1.0,
-                 attempts: int = 3, turnaround: float = 0.1) -> None:
+                 attempts: int = 5, turnaround: float = 0.1) -> None:
         super().__init__(regmap, unit=unit, baudrate=None, timeout=timeout, attempts=attempts,
                          turnaround=turnaround, char_format=MODBUS_CHAR_FORMAT)
         self.frame_gap = 0.0  # no line to leave silent between requests

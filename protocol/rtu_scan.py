@@ -7,8 +7,8 @@ Contract:
   one cheap read (``probe``: FC03 of one register, address 0 unless given — a map's first
   register); bytes go out through ``data_to_send()``, come in through ``receive_data(data,
   now)``; ``tick(now)`` fires deadlines and sends; ``next_deadline()``; ``done`` once every unit
-  was probed; ``reports`` lists every unit that answered (``UnitReport``), in unit order. Time is
-  passed in.
+  was probed; ``next_event()`` hands out each unit that answered (``UnitReport``) once its probe
+  is settled, and ``reports`` keeps them all, in unit order. Time is passed in.
 - Each request is followed by a fixed listening window, ``unit_wait`` = ``turnaround`` + the
   request's and the longest expected answer's transmission time + t3.5; everything heard in it
   is judged at its end (an early answer does not end it: a second slave's answer would come in
@@ -34,6 +34,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -202,6 +203,7 @@ class BusScan:
         self.identify = identify
         self.id_read = id_read
         self.reports: list[UnitReport] = []
+        self._events: deque[UnitReport] = deque()
         self.probes = 0  #: probe requests sent
         self._next = 0  #: index of the next unit to start
         self._unit = 0
@@ -224,6 +226,10 @@ class BusScan:
         out = bytes(self._out)
         self._out.clear()
         return out
+
+    def next_event(self) -> UnitReport | None:
+        """The next unit settled since the last call, or None."""
+        return self._events.popleft() if self._events else None
 
     def next_deadline(self) -> float | None:
         if self._stage:
@@ -290,11 +296,11 @@ class BusScan:
                 self._present(heard.answers[0], f"first probe: {first}; the second answered "
                                                 f"cleanly (noise once?)", now)
             elif heard.silent:
-                self.reports.append(UnitReport(self._unit, "noise",
-                                               detail=f"first probe: {first}; then silence"))
+                self._settled(UnitReport(self._unit, "noise",
+                                         detail=f"first probe: {first}; then silence"))
             else:
                 answer = describe_answer(heard.answers[0]) if heard.answers else ""
-                self.reports.append(UnitReport(
+                self._settled(UnitReport(
                     self._unit, "conflict", answer,
                     detail=f"two slaves answer this unit id? first probe: {first}; "
                            f"second: {heard.describe()}"))
@@ -337,9 +343,13 @@ class BusScan:
 
     def _finish(self) -> None:
         assert self._report is not None
-        self.reports.append(self._report)
+        self._settled(self._report)
         self._report = None
         self._stage = ""
+
+    def _settled(self, report: UnitReport) -> None:
+        self.reports.append(report)
+        self._events.append(report)
 
 
 def _join(a: str, b: str) -> str:

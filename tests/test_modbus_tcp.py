@@ -364,3 +364,19 @@ def test_cli_commands_take_modbus_tcp(server: PymodbusTcp, tmp_path: Path,
     assert (TH, [410]) in server.writes and (TRIG, [1]) in server.writes
     assert (FAULTS, [7]) in server.writes and (6, [80]) in server.writes
     assert server.writes.count((TRIG, [1])) == 1  # apply's trigger found it RUNNING: not again
+
+
+def test_cli_gateway_outcomes_and_exit_statuses(server: PymodbusTcp, gateway: Gateway,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    tcp = ("--modbus-tcp", gateway.address, "--timeout", str(scaled(0.5)))
+    gateway.script = [FORWARD, ("refuse", 0x0A)]  # the open's probe read, then the write
+    rc, out, _ = cli(capsys, "write", "mode=2", *tcp)
+    assert rc == 3 and out == ("mode=2 (manual): NOT_EXECUTED (gateway exception 0x0A "
+                               "GATEWAY_PATH_UNAVAILABLE: nothing reached the device)\n")
+    gateway.script = [FORWARD, FORWARD, ("lose", 0x0B)]  # probe, the state read, the write
+    rc, out, _ = cli(capsys, "trigger", *tcp)
+    assert rc == 5 and out.startswith(
+        "self_clean: UNKNOWN (NO_ANSWER: gateway exception 0x0B GATEWAY_TARGET_FAILED: the "
+        "device did not answer the gateway)\n")
+    assert "read back: trigger state RUNNING" in out
+    assert server.writes == [(TRIG, [1])]

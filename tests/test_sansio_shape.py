@@ -72,6 +72,9 @@ MACHINES: dict[str, frozenset[str]] = {
         frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.protocol.host_session.HostSession": frozenset(SHAPE),
     "idemlink.protocol.rtu_master.RtuMaster": frozenset(SHAPE),
+    "idemlink.protocol.modbus_tcp.TcpMaster": frozenset(SHAPE),
+    "idemlink.protocol.modbus_tcp.MbapDecoder": frozenset({"receive_data", "next_event"}),
+    "idemlink.protocol.rtu_scan.BusScan": frozenset(SHAPE),
 }
 """Each machine and the parts of the shape it has (the rest it must not need)."""
 
