@@ -1,5 +1,6 @@
 """One table of operations through the four drivers: ``Device``, ``AsyncDevice`` (an idemlink
-device), ``RtuDevice``, ``AsyncRtuDevice`` (a plain Modbus RTU slave). Every rule above the
+device), ``RtuDevice``, ``AsyncRtuDevice`` (a plain Modbus RTU slave) — and ``TcpDevice``,
+``AsyncTcpDevice``, the same slave over Modbus TCP, whose rows are RTU's. Every rule above the
 session is written once (``idemlink.host.operations``) and driven by one loop
 (``idemlink.host.drive``), so it is tested once, here, through all four:
 
@@ -36,15 +37,17 @@ from support.rtu import rtu_reply
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import AsyncSimTransport
-from idemlink.host.aio import AsyncDevice, AsyncRtuDevice
+from idemlink.host.aio import AsyncDevice, AsyncRtuDevice, AsyncTcpDevice
 from idemlink.host.command import CommandBuilder, Reconciliation, Result, SentRequest
 from idemlink.host.device import Device, LinkLost, UnknownOutstanding
 from idemlink.host.operations import OPERATIONS
 from idemlink.host.rtu_device import RtuDevice
+from idemlink.host.tcp_device import TcpDevice
 from idemlink.protocol.device_core import DeviceCore, EffectKind
 from idemlink.protocol.frame import Frame, FrameType, decode_frames
 from idemlink.protocol.modbus import FunctionCode
-from idemlink.protocol.modbus_rtu import decode_rtu
+from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
+from idemlink.protocol.modbus_tcp import MbapDecoder, encode_mbap
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.payloads import decode_response_payload
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -121,6 +124,30 @@ class FramedWire(Wire):
         self.device.tick(self.t)
 
 
+class TcpWire(Wire):
+    """Modbus TCP in front of the same RTU server: a gateway in process (MBAP in, the RTU frame
+    to the server, its answer back under the request's transaction id)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=1000.0)
+        self.server = RtuServer(self.core, unit=1)
+        self.mbap = MbapDecoder()
+
+    def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
+        self.mbap.receive_data(data)
+        out: list[tuple[int | None, bytes]] = []
+        while (f := self.mbap.next_event()) is not None:
+            answer = rtu_reply(self.server, encode_rtu(f.unit, f.pdu), self.t)
+            if answer:
+                pdu = decode_rtu(answer).pdu
+                out.append((pdu[0] & 0x7F, encode_mbap(f.tid, f.unit, pdu)))
+        return out
+
+    def idle(self) -> None:
+        rtu_reply(self.server, b"", self.t)
+
+
 class RtuWire(Wire):
     def __init__(self) -> None:
         super().__init__()
@@ -137,10 +164,11 @@ class RtuWire(Wire):
 
 def open_driver(kind: str) -> tuple[Any, Wire]:
     framed = kind in ("Device", "AsyncDevice")
-    wire: Wire = FramedWire() if framed else RtuWire()
+    wire: Wire = (FramedWire() if framed else TcpWire() if "Tcp" in kind else RtuWire())
     line: Any = AsyncSimTransport(wire) if kind.startswith("Async") else wire  # duck-typed
     cls = {"Device": Device, "AsyncDevice": AsyncDevice, "RtuDevice": RtuDevice,
-           "AsyncRtuDevice": AsyncRtuDevice}[kind]
+           "AsyncRtuDevice": AsyncRtuDevice, "TcpDevice": TcpDevice,
+           "AsyncTcpDevice": AsyncTcpDevice}[kind]
     return cls(line, timeout=0.05, attempts=3), wire
 
 
@@ -291,13 +319,14 @@ def drive(kind: str, files: list[str]) -> tuple[list[Any], Wire]:
     return asyncio.run(script()), wire
 
 
-@pytest.mark.parametrize("protocol", ["framed", "rtu"])
+@pytest.mark.parametrize("protocol", ["framed", "rtu", "tcp"])
 def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
         protocol: str, tmp_path: Any) -> None:
     f = tmp_path / "config.bin"
     f.write_bytes(b"x" * 64)
     files = [str(f)]
-    kinds = ("Device", "AsyncDevice") if protocol == "framed" else ("RtuDevice", "AsyncRtuDevice")
+    kinds = {"framed": ("Device", "AsyncDevice"), "rtu": ("RtuDevice", "AsyncRtuDevice"),
+             "tcp": ("TcpDevice", "AsyncTcpDevice")}[protocol]
     RECORDED.clear()
     runs = {kind: drive(kind, files) for kind in kinds}
     rows = table(CommandBuilder(DEFAULT_MAP), files)
@@ -312,7 +341,7 @@ def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
         assert wire.core.count(EffectKind.TRIGGER_STARTED) == 2
     numbers = [r.number for r in RECORDED]
     assert len(numbers) == 2
-    assert all((n is None) == (protocol == "rtu") for n in numbers)  # a plain slave numbers nothing
+    assert all((n is None) == (protocol != "framed") for n in numbers)  # a plain slave: none
 
 
 SYNC_ONLY = {"open", "session", "stats", "transport", "check_map", "ops"}
@@ -329,7 +358,7 @@ def _operations_of(cls: type, instance: object, driver_only: set[str]) -> set[st
 
 @pytest.mark.parametrize(("cls", "driver_only"), [
     (Device, SYNC_ONLY), (AsyncDevice, ASYNC_ONLY), (RtuDevice, RTU_ONLY),
-    (AsyncRtuDevice, ASYNC_ONLY)])
+    (AsyncRtuDevice, ASYNC_ONLY), (TcpDevice, RTU_ONLY), (AsyncTcpDevice, ASYNC_ONLY)])
 def test_every_driver_offers_exactly_the_listed_operations(cls: type,
                                                            driver_only: set[str]) -> None:
     assert _operations_of(cls, cls(transport=None), driver_only) == set(OPERATIONS)
