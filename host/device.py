@@ -246,6 +246,21 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         return self._drive(self.ops.recorded_steps(command, record))
 
 
+BD = TypeVar("BD", bound=BlockingDriver)
+
+
+def opened(dev: BD, probe: bool = True) -> BD:
+    """``dev`` once its ``open_steps`` went through (``probe``: else as it is), its transport
+    closed again if they did not (``idemlink.host.aio._opened`` awaited)."""
+    try:
+        if probe:
+            dev._drive(dev.ops.open_steps())
+    except BaseException:
+        dev.close()
+        raise
+    return dev
+
+
 class Device(BlockingDriver):
     """A session with one idemlink device. See the module docstring."""
 
@@ -305,12 +320,7 @@ class Device(BlockingDriver):
                 raise
         dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
                   max_inflight=max_inflight, check_map=check_map)
-        try:
-            dev._drive(dev.ops.open_steps())
-        except BaseException:
-            dev.close()
-            raise
-        return dev
+        return opened(dev)
 
 
 __all__ = [

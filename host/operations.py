@@ -191,6 +191,29 @@ def reissuable(c: Command, regmap: RegisterMap) -> bool:
 # ---------------------------------------------------------------------- the operations
 
 
+class Machine(Protocol):
+    """What an I/O round needs of a sans-I/O machine (a session, ``idemlink.protocol.rtu_scan.
+    BusScan``)."""
+
+    def next_deadline(self) -> float | None: ...
+    def data_to_send(self) -> bytes: ...
+    def receive_data(self, data: bytes, now: float) -> None: ...
+    def tick(self, now: float) -> None: ...
+
+
+def io_round(machine: Machine, clock: Clock) -> Steps[None]:
+    """One I/O round of every request loop: send what the machine has, wait for input until its
+    next deadline (at most 50 ms when it has none), feed what came, let time pass."""
+    deadline = machine.next_deadline()
+    wait = 0.05 if deadline is None else max(0.0, deadline - clock.now())
+    data = yield machine.data_to_send(), wait
+    now = clock.now()
+    if data:
+        machine.receive_data(data, now)
+    machine.tick(now)
+
+
+
 class Operations(Generic[S]):
     """One device's session and bookkeeping, and every operation on it as ``Steps``. What
     differs by protocol is a subclass's (``FramedOperations``, ``RtuOperations``): the hooks
@@ -253,17 +276,8 @@ class Operations(Generic[S]):
 
     # ------------------------------------------------------------------ the I/O round
     def io_round(self) -> Steps[None]:
-        """One I/O round of every request loop: send what the session has, wait for input until
-        its next deadline (at most 50 ms when it has none), feed what came, let time pass."""
-        s = self.session
-        clock = self.clock
-        deadline = s.next_deadline()
-        wait = 0.05 if deadline is None else max(0.0, deadline - clock.now())
-        data = yield s.data_to_send(), wait
-        now = clock.now()
-        if data:
-            s.receive_data(data, now)
-        s.tick(now)
+        """One I/O round of every request loop (``io_round``) on this device's session."""
+        return io_round(self.session, self.clock)
 
     def _exchange(
         self, done: Callable[[], bool], sink: list[SessionOpened | HelloFailed] | None = None

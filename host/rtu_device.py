@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 
-from idemlink.host.device import BlockingDriver
+from idemlink.host.device import BlockingDriver, opened
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport, Transport, is_pty
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
@@ -75,13 +75,7 @@ class RtuDevice(BlockingDriver):
                                     keep_lines=keep_lines)
         dev = cls(transport, regmap=rm, unit=unit, baudrate=line_rate(transport.port, baudrate),
                   timeout=timeout, attempts=attempts, char_format=fmt)
-        try:
-            if probe:
-                dev._drive(dev.ops.open_steps())
-        except BaseException:
-            dev.close()
-            raise
-        return dev
+        return opened(dev, probe)
 
 
 def line_rate(port: object, baudrate: int) -> int | None:

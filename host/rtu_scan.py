@@ -17,7 +17,7 @@ from typing import Any
 
 from idemlink.host.command import CommandBuilder
 from idemlink.host.drive import rounds
-from idemlink.host.operations import Clock, Job, Steps
+from idemlink.host.operations import Clock, Job, Steps, io_round
 from idemlink.host.rtu_device import line_rate
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport
@@ -55,13 +55,7 @@ def scan_steps(scan: BusScan, clock: Clock) -> Steps[list[UnitReport]]:
     """``scan`` as an operation: its bytes out, the line's in, until every unit is probed."""
     scan.tick(clock.now())
     while not scan.done:
-        deadline = scan.next_deadline()
-        wait = 0.05 if deadline is None else max(0.0, deadline - clock.now())
-        data = yield scan.data_to_send(), wait
-        now = clock.now()
-        if data:
-            scan.receive_data(data, now)
-        scan.tick(now)
+        yield from io_round(scan, clock)
     return scan.reports
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from idemlink.host.device import BlockingDriver
+from idemlink.host.device import BlockingDriver, opened
 from idemlink.host.operations import Clock, Operations
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport, Transport
@@ -84,13 +84,7 @@ class TcpDevice(BlockingDriver):
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         transport = SerialTransport(socket_url(address))
         dev = cls(transport, regmap=rm, unit=unit, timeout=timeout, attempts=attempts)
-        try:
-            if probe:
-                dev._drive(dev.ops.open_steps())
-        except BaseException:
-            dev.close()
-            raise
-        return dev
+        return opened(dev, probe)
 
 
 __all__ = ["DEFAULT_TCP_ATTEMPTS", "DEFAULT_TCP_TIMEOUT", "TcpDevice", "TcpOperations",

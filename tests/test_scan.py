@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from support.ptys import socat_pair
 from support.rtu_bus import bus_on_pty
-from support.timing import read_line, scaled
+from support.timing import scaled
 
 from idemlink.cli import main
 from idemlink.commands.scan_cmd import parse_units
@@ -182,19 +182,9 @@ def test_247_units_within_the_stated_bound(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.fixture
-def pty_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    if shutil.which("socat") is None:
-        pytest.skip("socat not installed")
-    d = tmp_path_factory.mktemp("pty")
-    a, b = str(d / "devA"), str(d / "devB")
-    proc = subprocess.Popen(
-        ["socat", "-d", "-d", f"pty,raw,echo=0,link={a}", f"pty,raw,echo=0,link={b}"],
-        stderr=subprocess.PIPE)
-    while "starting data transfer loop" not in read_line(proc.stderr, proc):
-        pass
-    yield a, b
-    proc.terminate()
-    proc.wait(5)
+def pty_pair(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    with socat_pair(tmp_path) as pair:
+        yield pair
 
 
 def test_identity_from_a_pymodbus_slave(pty_pair: tuple[str, str],
