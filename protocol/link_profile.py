@@ -3,7 +3,8 @@
 Contract:
 
 - ``PROFILE_KEYS``: ``port``, ``baudrate``, ``bytesize``, ``parity``, ``stopbits``, ``unit``,
-  ``timeout``, ``attempts``, ``modbus_rtu``, ``regmap``. ``check_setting(key, value, source)`` is
+  ``timeout``, ``attempts``, ``modbus_rtu``, ``regmap``, ``modbus_tcp`` (``HOST[:PORT]``,
+  ``idemlink.protocol.modbus_tcp.parse_tcp_address``'s rule). ``check_setting(key, value, source)`` is
   the one rule per key (a value as TOML/JSON types it, or as text from an environment variable:
   ``"19200"``, ``"e"``, ``"yes"``) and returns it typed; anything else is one ``ProfileError``
   line naming where it came from and the key: ``bench.toml: parity: 'X': one of N (none), ...``.
@@ -38,6 +39,7 @@ from idemlink.protocol.char_format import (
     parse_stopbits,
 )
 from idemlink.protocol.long_integers import LongIntegerError, load_json, load_toml
+from idemlink.protocol.modbus_tcp import TcpAddressError, parse_tcp_address
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regmap_file import BUILTIN_MAPS
 from idemlink.protocol.regular_file import FileRefused, read_regular_file
@@ -49,7 +51,7 @@ MAX_TIMEOUT = 60.0
 """Upper bound of the wait for each answer (seconds): beyond it a lost answer looks like a hang."""
 
 PROFILE_KEYS: tuple[str, ...] = ("port", "baudrate", "bytesize", "parity", "stopbits", "unit",
-                                 "timeout", "attempts", "modbus_rtu", "regmap")
+                                 "timeout", "attempts", "modbus_rtu", "regmap", "modbus_tcp")
 MAP_LINK_KEYS: tuple[str, ...] = tuple(k for k in PROFILE_KEYS if k != "regmap")
 
 
@@ -144,6 +146,16 @@ def _format_field(parse: Callable[[object], object]) -> Callable[..., object]:
     return check
 
 
+def _tcp_address(value: object, *, text: bool) -> str:
+    if not isinstance(value, str):
+        raise ProfileError(f"{value!r}: need HOST[:PORT]")
+    try:
+        parse_tcp_address(value)
+    except TcpAddressError as exc:
+        raise ProfileError(str(exc)) from None
+    return value.strip()
+
+
 _CHECKS: dict[str, Callable[..., object]] = {
     "port": _path,
     "baudrate": parse_baudrate,
@@ -155,6 +167,7 @@ _CHECKS: dict[str, Callable[..., object]] = {
     "attempts": _attempts,
     "modbus_rtu": _flag,
     "regmap": _path,
+    "modbus_tcp": _tcp_address,
 }
 
 

@@ -65,7 +65,7 @@ def test_each_source_wins_over_the_ones_below_it(tmp_path: Path,
         "regmap": str(profile), "timeout": "command line", "modbus_rtu": "default",
         "port": "default", "baudrate": str(profile), "bytesize": "default",
         "parity": "IDEMLINK_PARITY", "stopbits": f"{regmap} [link]",
-        "attempts": f"{regmap} [link]"}
+        "attempts": f"{regmap} [link]", "modbus_tcp": "default"}
 
 
 def test_the_profile_can_come_from_the_environment(tmp_path: Path,
@@ -230,6 +230,6 @@ def test_every_key_has_its_variable_and_one_rule() -> None:
     assert [ENV[k] for k in PROFILE_KEYS] == [
         "IDEMLINK_PORT", "IDEMLINK_BAUDRATE", "IDEMLINK_BYTESIZE", "IDEMLINK_PARITY",
         "IDEMLINK_STOPBITS", "IDEMLINK_UNIT", "IDEMLINK_TIMEOUT", "IDEMLINK_ATTEMPTS",
-        "IDEMLINK_MODBUS_RTU", "IDEMLINK_REGMAP"]
+        "IDEMLINK_MODBUS_RTU", "IDEMLINK_REGMAP", "IDEMLINK_MODBUS_TCP"]
     doc = (Path(__file__).resolve().parent.parent / "docs" / "CLI.md").read_text("utf-8")
     assert all(f"`{name}`" in doc for name in ENV.values())

@@ -380,3 +380,28 @@ def test_cli_gateway_outcomes_and_exit_statuses(server: PymodbusTcp, gateway: Ga
         "device did not answer the gateway)\n")
     assert "read back: trigger state RUNNING" in out
     assert server.writes == [(TRIG, [1])]
+
+
+def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``IDEMLINK_MODBUS_TCP`` / a profile's ``modbus_tcp``; the command line's choice of
+    --modbus-rtu or --modbus-tcp wins over a profile's other one."""
+    monkeypatch.setenv("IDEMLINK_MODBUS_TCP", server.address)
+    monkeypatch.setenv("IDEMLINK_UNIT", "1")
+    rc, out, _ = cli(capsys, "read", "mode", "--json")
+    assert rc == 0 and json.loads(out)["values"] == {"mode": 1}
+    monkeypatch.delenv("IDEMLINK_MODBUS_TCP")
+    profile = tmp_path / "line.toml"
+    profile.write_text('modbus_rtu = true\nport = "/nonexistent/tty"\n')
+    rc, out, _ = cli(capsys, "read", "mode", "--profile", str(profile), "--modbus-tcp",
+                     server.address)
+    assert rc == 0 and "auto (1)" in out
+    profile.write_text(f'modbus_tcp = "{server.address}"\n')
+    rc, out, _ = cli(capsys, "read", "mode", "--profile", str(profile))
+    assert rc == 0 and "auto (1)" in out
+    monkeypatch.setenv("IDEMLINK_MODBUS_TCP", "::1")
+    with pytest.raises(SystemExit) as exc:  # a bad variable is a usage error, as a bad option
+        main(["read", "mode"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "IDEMLINK_MODBUS_TCP='::1'" in err and "brackets" in err

@@ -19,8 +19,12 @@ Contract:
   5. the defaults (``DEFAULTS``): 115200 Bd, 8N1 — 8E1 with ``--modbus-rtu``, the Modbus
      default —, 0.2 s per answer, 5 attempts, unit 1.
 
-  A ``unit`` from 2-4 applies only when ``modbus_rtu`` is on, from whichever source; a unit on
-  the command line without it stays the error it was (``idemlink.commands.common.rtu_unit``).
+  A ``unit`` from 2-4 applies only when ``modbus_rtu`` or ``modbus_tcp`` is on, from whichever
+  source; a unit on the command line without either stays the error it was
+  (``idemlink.commands.common.rtu_unit``). ``modbus_rtu`` and ``modbus_tcp`` are one choice (a
+  serial line or a TCP connection): both are taken from the first source that gives either, so
+  ``--modbus-tcp`` on the command line overrides ``modbus_rtu = true`` in a profile (and the
+  other way round).
   ``args.settings_from`` maps each key to where its value came from (``command line``,
   ``IDEMLINK_PORT``, a profile's path, ``pump.toml [link]``, ``default``).
 - A bad environment variable is a ``SettingsError`` with ``usage`` (exit 2, as a bad option
@@ -50,7 +54,7 @@ PROFILE_ENV = "IDEMLINK_PROFILE"
 
 DEFAULTS: dict[str, object] = {"port": None, "baudrate": 115200, "bytesize": 8, "stopbits": 1,
                                "timeout": 0.2, "attempts": 5, "modbus_rtu": False, "unit": 1,
-                               "regmap": None}
+                               "regmap": None, "modbus_tcp": None}
 """What a setting is when no source gives it (parity: ``default_parity``)."""
 
 DEVICE_KEYS: tuple[str, ...] = PROFILE_KEYS
@@ -142,13 +146,15 @@ def fill_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
     if link is not None:
         layers.append((link.source, link.values))
     modbus = "modbus_rtu" in keys
+    _choose_modbus(args, keys, sources, layers)
     order = sorted(missing, key=lambda k: k != "modbus_rtu")  # parity and unit depend on it
     for key in order:
         if key in sources:
             continue
         hit = found(key)
-        if key == "unit" and not (modbus and args.modbus_rtu):
-            continue  # a unit is a Modbus RTU setting: it stays as the command line left it
+        if key == "unit" and not ((modbus and args.modbus_rtu)
+                                  or getattr(args, "modbus_tcp", None) is not None):
+            continue  # a unit is a Modbus setting: it stays as the command line left it
         if hit is None:
             value: object = (default_parity(modbus and bool(args.modbus_rtu))
                              if key == "parity" else DEFAULTS[key])
@@ -162,6 +168,31 @@ def fill_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
             raise SettingsError(f"the following arguments are required: --{key} (or "
                                 f"{ENV[key]}, or {key} in a --profile)", usage=True)
     args.settings_from = sources
+
+
+MODBUS_CHOICE = ("modbus_rtu", "modbus_tcp")
+
+
+def _choose_modbus(args: argparse.Namespace, keys: Sequence[str], sources: dict[str, str],
+                   layers: Sequence[tuple[str, Mapping[str, object]]]) -> None:
+    """``modbus_rtu`` and ``modbus_tcp`` from the first source that gives either (the command
+    line, then ``layers`` in order); the other one is then off, from the same source."""
+    pair = [k for k in MODBUS_CHOICE if k in keys]
+    if len(pair) < 2:
+        return
+    given = [k for k in pair if k in sources]
+    values: Mapping[str, object]
+    if given:
+        source, values = "command line", {k: getattr(args, k) for k in given}
+    else:
+        hit = next(((s, v) for s, v in layers if any(k in v for k in pair)), None)
+        if hit is None:
+            return
+        source, values = hit
+    for key in pair:
+        if key not in sources:
+            setattr(args, key, values.get(key, DEFAULTS[key]))
+            sources[key] = source
 
 
 def describe_sources(args: argparse.Namespace) -> str:
