@@ -129,7 +129,8 @@ class RtuServer:
             raise PersistError(str(exc)) from None
 
     def serve(self, transport: Transport, stop: threading.Event,
-              clock: Callable[[], float] = time.monotonic, poll: float = 0.02) -> None:
+              clock: Callable[[], float] = time.monotonic, poll: float = 0.02,
+              between: Callable[[float], None] | None = None) -> None:
         """Serve until ``stop`` is set. A read with bytes is stamped when it returns (the
         decoder takes their transmission time off), an empty one when it began (the line was
         silent since then, ``tick``). A frame that only a pause ends (``awaits_pause``) is
@@ -149,6 +150,8 @@ class RtuServer:
                 self.receive_data(data, last_rx)
             else:
                 self.tick(began)
+            if between is not None:  # the control FIFO: the world changed
+                between(clock())
             reply = self.data_to_send()
             if reply:
                 try:

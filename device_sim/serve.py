@@ -75,8 +75,10 @@ def serve(
     *,
     clock: Callable[[], float] = time.monotonic,
     tick_interval: float = TICK_INTERVAL,
+    between: Callable[[float], None] | None = None,
 ) -> ServeStats:
-    """Serve ``device`` on ``transport`` until ``stop`` is set; return the counters."""
+    """Serve ``device`` on ``transport`` until ``stop`` is set; return the counters.
+    ``between(now)``, if given, runs after every read (the control FIFO's poll)."""
     stats = ServeStats()
     log.info("serving %s (epoch %08x)", device.name, device.epoch)
     while not stop.is_set():
@@ -99,6 +101,8 @@ def serve(
         else:
             device.tick(now)
             stats.ticks += 1
+        if between is not None:
+            between(now)
     log.info("stopped: %d bytes in, %d bytes out, %d answers dropped", stats.bytes_in,
              stats.bytes_out, stats.answers_dropped)
     return stats

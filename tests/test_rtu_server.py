@@ -610,7 +610,7 @@ def test_sim_cli_passes_the_baud_rate_to_the_rtu_server(monkeypatch: pytest.Monk
     seen: list[float] = []
 
     def fake_serve(args: object, serve: object) -> int:
-        seen.append(serve.__self__.decoder.frame_gap)  # type: ignore[attr-defined]
+        seen.append(serve.func.__self__.decoder.frame_gap)  # type: ignore[attr-defined]
         return 0
 
     monkeypatch.setattr(sim_cmd, "_serve_until_signal", fake_serve)

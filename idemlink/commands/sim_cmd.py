@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +45,7 @@ from idemlink.output import add_json_option, print_json, wants_json
 if TYPE_CHECKING:
     from idemlink.device_sim.serve import ServeTransport
     from idemlink.host.device import SerialTransport
+    from idemlink.protocol.device_core import DeviceCore
 
 
 def register(sub: Any) -> None:
@@ -68,6 +71,9 @@ def register(sub: Any) -> None:
     p.add_argument("--effects", metavar="FILE",
                    help="append every boot and execution to FILE as JSON lines (docs/SOAK.md), "
                         "the record `idemlink soak --device-cmd` judges")
+    p.add_argument("--control", metavar="FIFO",
+                   help="read the world's changes from this named pipe (created if absent): "
+                        "'input ADDRESS VALUE', 'condition ADDRESS BITS' (docs/CLI.md)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the framed simulator's boot epochs, mixed with the flash "
                         "directory's boot counter or fresh entropy (default: random)")
@@ -126,6 +132,32 @@ class _DroppingPort:
             if isinstance(exc.__cause__, serial.SerialTimeoutException):
                 raise WriteStalled(len(data)) from None
             raise
+
+
+@contextlib.contextmanager
+def _control(args: argparse.Namespace, core: DeviceCore) -> Iterator[Callable[[float], None] | None]:
+    """``--control FIFO``: a ``between(now)`` hook for the serve loop that applies the pipe's
+    lines to ``core`` and says each refused one on stderr (the device goes on serving)."""
+    if not getattr(args, "control", None):
+        yield None
+        return
+    from idemlink.device_sim.control import Control, ControlError
+
+    try:
+        control = Control(args.control, core)
+    except ControlError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"--control {args.control}: {exc.strerror or exc}") from None
+
+    def between(now: float) -> None:
+        for problem in control.poll(now):
+            print(f"idemlink sim: {problem}", file=sys.stderr, flush=True)
+
+    try:
+        yield between
+    finally:
+        control.close()
 
 
 def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTransport,
@@ -213,7 +245,8 @@ def run_rtu(args: argparse.Namespace) -> int:
             flash.claim_map(regmap.name, regmap.hash.hex())
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
-    return _serve_until_signal(args, server.serve)
+    with _control(args, core) as between:
+        return _serve_until_signal(args, functools.partial(server.serve, between=between))
 
 
 def run_framed(args: argparse.Namespace) -> int:
@@ -236,4 +269,6 @@ def run_framed(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
-    return _serve_until_signal(args, lambda transport, stop: serve(device, transport, stop))
+    with _control(args, device.core) as between:
+        return _serve_until_signal(
+            args, lambda transport, stop: serve(device, transport, stop, between=between))

@@ -4,7 +4,7 @@
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
  *                   [--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8]
  *                   [--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE]
- *                   [--modbus-rtu [--unit N]]
+ *                   [--control FIFO] [--modbus-rtu [--unit N]]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
@@ -27,6 +27,10 @@
  * the answer goes out; `time` is seconds of the device's clock (idl_port_millis, which starts at
  * 0 when the process starts).
  *
+ * --control FIFO reads the world's changes from a named pipe (created if absent), the lines
+ * `idemlink sim --control` takes: `input ADDRESS VALUE`, `condition ADDRESS BITS`
+ * (posix_control.h), so the fault logic of any map can be driven from outside.
+ *
  * This file is the port: it implements idl_port.h with POSIX calls (the core itself uses none).
  */
 #define _DEFAULT_SOURCE /* flock(2): the lock `idemlink sim` takes, so the two exclude each other */
@@ -42,6 +46,8 @@
 #include <sys/stat.h>
 #include <termios.h>
 #include <time.h>
+
+#include "posix_control.h"
 #include <unistd.h>
 
 #include "idl_port.h"
@@ -761,7 +767,27 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
 
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
 {
-    return idl_demo_fault_conditions(r, address);
+    return (uint16_t)(idl_demo_fault_conditions(r, address) | idl_posix_control_conditions(address));
+}
+
+static int control_fd = -1;
+
+/* The select set: the port, and the control FIFO when there is one; the highest fd + 1. */
+static int watch(fd_set *r)
+{
+    FD_ZERO(r);
+    FD_SET(io_fd, r);
+    if (control_fd >= 0) {
+        FD_SET(control_fd, r);
+    }
+    return (control_fd > io_fd ? control_fd : io_fd) + 1;
+}
+
+static void poll_control(const fd_set *r, idl_regs_t *regs)
+{
+    if (control_fd >= 0 && FD_ISSET(control_fd, r)) {
+        (void)idl_posix_control_poll(control_fd, regs, idl_port_millis());
+    }
 }
 
 /* ---- FILE_INFO: <flash-dir>/files, like the Python simulator's files_dir ------------------- */
@@ -864,7 +890,7 @@ static void usage(void)
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
                     "[--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8] "
                     "[--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE] "
-                    "[--modbus-rtu [--unit N]]\n");
+                    "[--control FIFO] [--modbus-rtu [--unit N]]\n");
     exit(2);
 }
 
@@ -896,17 +922,18 @@ static void serve_rtu(long baudrate, unsigned char_bits)
         size_t i;
         size_t out;
         int ready;
-        FD_ZERO(&r);
-        FD_SET(io_fd, &r);
-        ready = select(io_fd + 1, &r, NULL, NULL, &tv);
+        ready = select(watch(&r), &r, NULL, NULL, &tv);
         if (ready < 0) {
             if (errno == EINTR) {
                 continue;
             }
             fail(1, "the port failed while serving", strerror(errno));
         }
+        if (ready > 0) {
+            poll_control(&r, &device.regs);
+        }
         now = micros();
-        n = ready > 0 ? read(io_fd, buf, sizeof buf) : 0;
+        n = ready > 0 && FD_ISSET(io_fd, &r) ? read(io_fd, buf, sizeof buf) : 0;
         if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO) {
             fail(1, "the port failed while serving", strerror(errno));
         }
@@ -942,6 +969,7 @@ int main(int argc, char **argv)
 {
     const char *port = NULL;
     const char *effects = NULL;
+    const char *control = NULL;
     long baudrate = 115200;
     long bytesize = 8;
     long stopbits = 1;
@@ -983,6 +1011,8 @@ int main(int argc, char **argv)
             flash_dir = val;
         } else if (strcmp(opt, "--effects") == 0) {
             effects = val;
+        } else if (strcmp(opt, "--control") == 0) {
+            control = val;
         } else if (strcmp(opt, "--device-id") == 0) {
             if (!valid_id(val, strlen(val))) {
                 fprintf(stderr, PROG ": device id '%s' must be 1-64 characters of "
@@ -1051,6 +1081,14 @@ int main(int argc, char **argv)
         effects_fd = open(effects, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
         if (effects_fd < 0) {
             fprintf(stderr, PROG ": --effects %s: %s\n", effects, strerror(errno));
+            return 1;
+        }
+    }
+    if (control != NULL) {
+        control_fd = idl_posix_control_open(control);
+        if (control_fd < 0) {
+            fprintf(stderr, PROG ": --control %s: %s\n", control,
+                    errno == EEXIST ? "exists and is not a FIFO; refused" : strerror(errno));
             return 1;
         }
     }
@@ -1138,9 +1176,7 @@ int main(int argc, char **argv)
         fd_set r;
         struct timeval tv = { 0, TICK_MS * 1000 };
         int ready;
-        FD_ZERO(&r);
-        FD_SET(io_fd, &r);
-        ready = select(io_fd + 1, &r, NULL, NULL, &tv);
+        ready = select(watch(&r), &r, NULL, NULL, &tv);
         if (ready < 0) {
             if (errno == EINTR) {
                 continue;
@@ -1148,6 +1184,9 @@ int main(int argc, char **argv)
             fail(1, "the port failed while serving", strerror(errno));
         }
         if (ready > 0) {
+            poll_control(&r, &device.regs);
+        }
+        if (ready > 0 && FD_ISSET(io_fd, &r)) {
             uint8_t buf[4096];
             ssize_t n = read(io_fd, buf, sizeof buf);
             if (n > 0) {
