@@ -579,18 +579,19 @@ def test_two_files_with_the_same_basename_are_refused_before_sending(tmp_path: P
     assert port.written == b""
 
 
-def test_cli_send_refuses_the_same_basename_twice(tmp_path: Path) -> None:
+def test_cli_send_refuses_the_same_basename_twice(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """In-process (the console script itself is tests/test_cli_entry.py's): the first
+    ``idemlink`` on PATH may belong to another Python than the one running the suite."""
+    from idemlink.cli import main
+
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
         (tmp_path / sub / "x.bin").write_bytes(b"z")
-    exe = shutil.which("idemlink")
-    if exe is None:
-        pytest.skip("idemlink entry point not installed")
-    res = subprocess.run([exe, "send", "--plain", "--port", str(tmp_path / "no-such-port"),
-                          str(tmp_path / "a" / "x.bin"), str(tmp_path / "b" / "x.bin")],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode != 0
-    assert "same file name twice" in res.stderr
+    rc = main(["send", "--plain", "--port", str(tmp_path / "no-such-port"),
+               str(tmp_path / "a" / "x.bin"), str(tmp_path / "b" / "x.bin")])
+    assert rc != 0
+    assert "same file name twice" in capsys.readouterr().err
 
 
 def test_a_failed_file_is_reported_by_position_in_the_batch() -> None:
