@@ -212,7 +212,8 @@ class VersionAction(argparse.Action):
     ``{"schema": "idemlink.version/1", "version": "X.Y.Z"}``; exit 0. A top-level option: a
     command's options do not include it."""
 
-    def __init__(self, option_strings: Sequence[str], version: str, dest: str = argparse.SUPPRESS,
+    def __init__(self, option_strings: Sequence[str], version: str = "",
+                 dest: str = argparse.SUPPRESS,
                  default: str = argparse.SUPPRESS, help: str | None = None) -> None:
         super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0,
                          help=help)
@@ -220,29 +221,61 @@ class VersionAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
+        # "": looked up when asked for (the package metadata scan would cost every start)
+        version = self.version or str(importlib.import_module("idemlink").__version__)
         if Parser.json_errors:
             from idemlink.output import print_json
 
-            print_json(VERSION_SCHEMA, {"version": self.version})
+            print_json(VERSION_SCHEMA, {"version": version})
         else:
-            print(f"idemlink {self.version}", flush=True)
+            print(f"idemlink {version}", flush=True)
         parser.exit(EXIT_OK)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from idemlink import __version__
+def command_named(words: Sequence[str]) -> str | None:
+    """The command a command line names, when it can be told without parsing: the first word
+    that is not a top-level option (nor ``--log-level``'s value). None when there is none, when
+    it is no known command, or when ``-h``/``--help`` comes first (the overview lists them all)."""
+    from idemlink.commands import COMMAND_NAMES
 
+    words = list(words)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word in ("-h", "--help") or word == "--":
+            return None
+        if word == "--log-level":
+            i += 2
+            continue
+        if word.startswith("-"):
+            i += 1
+            continue
+        return word if word in COMMAND_NAMES else None
+    return None
+
+
+def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of every command; given a command line (``words``) that names a command, a
+    parser of that command only, so only its module is imported (a CLI child starts faster).
+    Both parse that command line the same way."""
     parser = Parser(
         prog="idemlink",
         description="idemlink: a serial protocol stack where retries are harmless.",
     )
-    parser.add_argument("--version", action=VersionAction, version=__version__,
+    parser.add_argument("--version", action=VersionAction,
                         help="print idemlink's version and exit (with --json: one "
                              "idemlink.version/1 object); before the command name only")
     _add_logging_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMAND_MODULES:
+    named = command_named(words) if words is not None else None
+    if named is not None:
+        from idemlink.commands import COMMAND_NAMES
+
+        modules: Sequence[str] = [COMMAND_NAMES[named]]
+    else:
+        modules = COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(sub)
     for command in sub.choices.values():
         _add_logging_options(command, top=False)
@@ -288,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     Parser.json_errors = "--json" in words
     try:
-        parser = build_parser()  # imports every command module: Ctrl-C may land here
+        parser = build_parser(words)  # imports the command's module(s): Ctrl-C may land here
     except KeyboardInterrupt:
         from idemlink.console import STARTUP_INTERRUPTED, STARTUP_INTERRUPTED_JSON
 

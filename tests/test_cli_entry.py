@@ -31,7 +31,7 @@ sys.exit(entry.load()())
 """
 
 
-@pytest.mark.parametrize("module", ["idemlink.cli", "idemlink.commands.sim_cmd",
+@pytest.mark.parametrize("module", ["idemlink.cli", "idemlink.commands.read_cmd",
                                     "idemlink.host.device"])
 def test_ctrl_c_while_importing_is_one_line_and_exit_130(module: str) -> None:
     r = subprocess.run([sys.executable, "-c", SCRIPT, module], capture_output=True, text=True,
@@ -49,7 +49,7 @@ def test_python_m_idemlink_uses_the_same_guard() -> None:
     assert r.stderr.splitlines() == ["idemlink: interrupted while starting; nothing was sent"]
 
 
-@pytest.mark.parametrize("module", ["idemlink.cli", "idemlink.commands.sim_cmd",
+@pytest.mark.parametrize("module", ["idemlink.cli", "idemlink.commands.read_cmd",
                                     "idemlink.host.device"])
 def test_ctrl_c_while_importing_with_json_also_prints_the_error_object(module: str) -> None:
     r = subprocess.run([sys.executable, "-c", SCRIPT, module, "--json"], capture_output=True,
@@ -82,3 +82,25 @@ def test_ctrl_c_after_the_command_finished_keeps_its_exit_status() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     assert "thermal-controller" in r.stdout
+
+
+def test_command_names_are_what_each_module_registers() -> None:
+    """``COMMAND_NAMES`` (which module ``main`` imports for a command named on the command line)
+    says what the modules register; a parser built for one command parses it as the full one."""
+    import argparse
+    import importlib
+
+    from idemlink.cli import build_parser, command_named
+    from idemlink.commands import COMMAND_MODULES, COMMAND_NAMES
+
+    registered: dict[str, str] = {}
+    for module in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).register(sub)
+        registered.update(dict.fromkeys(sub.choices, module))
+    assert registered == COMMAND_NAMES
+    argv = ["-v", "--log-level", "debug", "read", "--port", "loop://", "mode"]
+    assert command_named(argv) == "read"
+    assert vars(build_parser(argv).parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
+    for words in (["--help", "read"], ["--log-level", "read"], ["nosuch"], ["--version"], []):
+        assert command_named(words) is None

@@ -2,7 +2,10 @@
 ``send`` and ``receive``), each exposing ``register(subparsers)``.
 
 ``idemlink.cli`` imports every module listed in ``COMMAND_MODULES`` in order; adding a command is
-adding a module here and one line to that list. What the device commands share lives in
+adding a module here, one line to that list and its name(s) to ``COMMAND_NAMES`` (with a command
+name on the command line, ``idemlink.cli.main`` imports only that command's module: a child
+process pays for the imports of one command, not of seventeen; ``tests/test_cli_entry.py``
+keeps the table true to what each module registers). What the device commands share lives in
 ``common`` (options, exit status per outcome, values), ``device_io`` (opening a device, reporting
 outcomes), ``selection`` (which registers) and ``many`` (several ports at once).
 """
@@ -27,3 +30,25 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.link_cmd",
     "idemlink.commands.scan_cmd",
 )
+
+#: the command names each module of ``COMMAND_MODULES`` registers
+COMMAND_NAMES: dict[str, str] = {
+    "contract": "idemlink.commands.contract_cmd",
+    "soak": "idemlink.commands.soak_cmd",
+    "demo": "idemlink.commands.demo_cmd",
+    "send": "idemlink.commands.ymodem_cmd",
+    "receive": "idemlink.commands.ymodem_cmd",
+    "sim": "idemlink.commands.sim_cmd",
+    "regmap": "idemlink.commands.regmap_cmd",
+    "read": "idemlink.commands.read_cmd",
+    "write": "idemlink.commands.write_cmd",
+    "faults": "idemlink.commands.faults_cmd",
+    "clear": "idemlink.commands.clear_cmd",
+    "trigger": "idemlink.commands.trigger_cmd",
+    "monitor": "idemlink.commands.monitor_cmd",
+    "ports": "idemlink.commands.ports_cmd",
+    "apply": "idemlink.commands.apply_cmd",
+    "info": "idemlink.commands.info_cmd",
+    "watch": "idemlink.commands.watch_cmd",
+    "link": "idemlink.commands.link_cmd",
+}
