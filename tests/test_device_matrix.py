@@ -9,10 +9,10 @@ parameterised over the implementations idemlink ships:
   (``make -C firmware_ref device``);
 - ``qemu``  — the C device core on QEMU's mps2-an385 (Cortex-M3, UART0 on a pty, the
   configuration kept through semihosting in the work directory), ``make -C firmware_ref
-  qemu-device``. Boots take a second or more, so only the tests marked ``@on_qemu`` run it (a
-  representative subset: identity, reads/writes/triggers/faults through ``Device``, every
-  outcome class, pipelined commands through a lossy link, a reboot; the CLI leg is marked
-  ``slow``).
+  qemu-device``. Boots take a second or more, so only the tests marked ``@on_qemu`` run it in
+  the default suite (identity, reads/writes and refusals through ``Device``, every outcome
+  class, a reboot); its legs of triggers and fault clears, pipelined commands through a lossy
+  link, the YMODEM transfer and the CLI (``@on_qemu_slow``) run with ``--run-slow``.
 
 Every C leg is a separate process on its own pty; ``restart()`` kills it (SIGKILL: no chance to
 save anything late; the simulator's serving thread is stopped) and starts it again on the same
@@ -205,6 +205,11 @@ def make_line_device(kind: str, flash: Path) -> LineDevice:
 ALL = ["sim", "posix", "qemu"]
 FAST = ["sim", "posix"]
 on_qemu = pytest.mark.parametrize("line_device", ALL, indirect=True)
+#: the QEMU leg in the slow set only: its boot costs seconds and the behaviour is the C core's,
+#: which the posix leg runs in the default suite (with the QEMU leg of identity, every outcome
+#: class and a reboot, and tests/test_c_file_receive.py's transfer into the QEMU device)
+on_qemu_slow = pytest.mark.parametrize(
+    "line_device", ["sim", "posix", pytest.param("qemu", marks=pytest.mark.slow)], indirect=True)
 not_on_qemu = pytest.mark.parametrize("line_device", FAST, indirect=True)
 
 
@@ -245,7 +250,7 @@ def test_identity_reads_writes_refusals(line_device: LineDevice) -> None:
         assert dev.read("threshold", 2).values == (430, 2)
 
 
-@on_qemu
+@on_qemu_slow
 def test_trigger_and_fault_clears(line_device: LineDevice) -> None:
     with line_device.open() as dev:
         assert [dev.trigger().code, dev.trigger().code] == [0, 0x0101]  # started, then RUNNING
@@ -356,7 +361,7 @@ def test_every_command_acts_once_over_a_lossy_link(line_device: LineDevice) -> N
         assert dev.trigger().code == 0x0101  # the trigger ran once: RUNNING, not restarted
 
 
-@on_qemu
+@on_qemu_slow
 def test_pipelined_commands_over_a_lossy_link(line_device: LineDevice) -> None:
     """Eight commands in flight at once through loss, duplication and corruption: each write
     acts once, and the conditional write that follows finds the generation they made."""
@@ -450,8 +455,7 @@ def _cli(capsys: pytest.CaptureFixture[str], *argv: str,
     return rc, json.loads(out[-1]) if out else {}
 
 
-@pytest.mark.parametrize("line_device", [
-    "sim", "posix", pytest.param("qemu", marks=pytest.mark.slow)], indirect=True)
+@on_qemu_slow
 def test_cli_read_write_trigger_faults_clear(line_device: LineDevice,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     p = line_device.path
@@ -495,7 +499,7 @@ def test_cli_through_a_lossy_url(line_device: LineDevice,
 # ---- file transfers: YMODEM (0x44 FILE_RECEIVE) -------------------------------------------------
 
 
-@on_qemu
+@on_qemu_slow
 def test_file_transfer_ymodem(line_device: LineDevice, tmp_path: Path) -> None:
     """FILE_RECEIVE hands the line to YMODEM on every implementation: a batch arrives and reads
     back by FILE_INFO (size and CRC-32C), the same files again are "already on the device,
