@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 import serial
+from support.ptys import holds_open
+from support.timing import scaled, wait_until
 
 from idemlink.host.ymodem_io import receive_files, send_files
 from idemlink.protocol.ymodem_files import DirectorySink, TransferReport
@@ -185,16 +187,23 @@ def test_cli_send_plain_to_cli_receive(tmp_path: Path, pty_pair: tuple[str, str]
     dst = tmp_path / "dst"
     dst.mkdir()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # The sender first, waiting for 'C' with its port open; then the receiver, whose first 'C'
+    # the sender cannot miss (a receiver started first may say 'C' before the sender's port is
+    # open, and its next 'C' comes 3 s later). Where /proc cannot tell, that retry still works.
+    send = subprocess.Popen(
+        [sys.executable, "-m", "idemlink", "send", "--plain", "--port", a, *map(str, src)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if os.path.isdir("/proc/self/fd"):
+        wait_until(lambda: holds_open(send.pid, a) or send.poll() is not None, 20,
+                   what="the sender's port")
     recv = subprocess.Popen(
         [sys.executable, "-m", "idemlink", "receive", "--port", b, "--dir", str(dst),
          "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    send = subprocess.run(
-        [sys.executable, "-m", "idemlink", "send", "--plain", "--port", a, *map(str, src)],
-        capture_output=True, text=True, timeout=60, env=env)
-    out, err = recv.communicate(timeout=30)
-    assert send.returncode == 0, send.stdout + send.stderr
+    send_out, send_err = send.communicate(timeout=scaled(60))
+    out, err = recv.communicate(timeout=scaled(30))
+    assert send.returncode == 0, send_out + send_err
     assert recv.returncode == 0, out + err
-    assert "cli one.bin: ok, 5000 bytes" in send.stdout and "batch complete" in send.stdout
+    assert "cli one.bin: ok, 5000 bytes" in send_out and "batch complete" in send_out
     assert "cli one.bin: ok, 5000 bytes" in out and "kB/s" in out
     assert_same(src, dst)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -37,3 +38,22 @@ def socat_pair(directory: Path, name: str = "tty") -> Iterator[tuple[str, str]]:
             proc.wait()
         assert proc.stderr is not None
         proc.stderr.close()
+
+
+def holds_open(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has the terminal ``path`` (a link is followed) open, read from
+    ``/proc/PID/fd``: the readiness of a child that opens a port and then waits on it. False
+    where ``/proc`` does not say (not Linux): the caller's waits then fall back to the
+    protocol's own retries."""
+    target = os.path.realpath(path)
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+        except OSError:
+            continue
+    return False
