@@ -257,7 +257,10 @@ def command_named(words: Sequence[str]) -> str | None:
 def build_parser(words: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser of every command; given a command line (``words``) that names a command, a
     parser of that command only, so only its module is imported (a CLI child starts faster).
-    Both parse that command line the same way."""
+    Both parse that command line the same way. Every command opens idemlink's own pyserial URLs
+    (``faulty://``): importing ``idemlink.device_sim`` registers them."""
+    import idemlink.device_sim  # noqa: F401  (registers faulty:// with pyserial)
+
     parser = Parser(
         prog="idemlink",
         description="idemlink: a serial protocol stack where retries are harmless.",

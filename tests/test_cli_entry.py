@@ -104,3 +104,12 @@ def test_command_names_are_what_each_module_registers() -> None:
     assert vars(build_parser(argv).parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
     for words in (["--help", "read"], ["--log-level", "read"], ["nosuch"], ["--version"], []):
         assert command_named(words) is None
+
+
+def test_a_command_alone_still_opens_faulty_urls() -> None:
+    """``faulty://`` is registered by ``idemlink.device_sim``, which a command importing only its
+    own module (``read``) would not load: the CLI registers it for every command."""
+    r = subprocess.run([sys.executable, "-m", "idemlink", "read", "--port",
+                        "faulty://loop://?loss=0", "mode", "--timeout", "0.01", "--attempts", "1"],
+                       capture_output=True, text=True, check=False, timeout=60)
+    assert "no idemlink device answered" in r.stderr, r.stderr
