@@ -84,16 +84,21 @@ def assert_same(src: list[Path], dst: Path) -> None:
     assert got == {p.name: sha(p) for p in src}
 
 
-#: the 1K batch's empty file, its block numbers wrapping (1 MiB) and the name whose case is kept;
-#: every file costs rb's second of silence, so the whole batch is slow
-BATCH_1K_SHORT = {name: BATCH_1K[name] for name in ("empty", "one MiB.bin", "UPPER.BIN")}
+#: the 1K batch's empty file, and block numbers wrapping (300 KiB) under a name whose case is kept;
+#: the 128 batch's wrap and the name too long for a 128-byte block 0. Every file costs rb two
+#: seconds of silence (it answers each EOT after a second), so the whole batches (1 MiB, odd
+#: sizes, spaces) are slow
+BATCH_1K_SHORT = {"empty": 0, "WRAPS At 256.BIN": 1024 * 300 + 3}
+BATCH_128_SHORT = {"wrap.bin": BATCH_128["wrap.bin"], LONG_NAME: 300}
 
 
 @pytest.mark.parametrize(("spec", "block"),
                          [(BATCH_1K_SHORT, 1024),
                           pytest.param(BATCH_1K, 1024, marks=pytest.mark.slow),
-                          ({**BATCH_128, LONG_NAME: 300}, 128)],
-                         ids=["1k-blocks", "1k-blocks-whole-batch", "128-blocks-long-name"])
+                          (BATCH_128_SHORT, 128),
+                          pytest.param({**BATCH_128, LONG_NAME: 300}, 128, marks=pytest.mark.slow)],
+                         ids=["1k-blocks", "1k-blocks-whole-batch", "128-blocks-long-name",
+                              "128-blocks-whole-batch"])
 def test_our_sender_to_rb(tmp_path: Path, pty_pair: tuple[str, str], caplog: pytest.LogCaptureFixture,
                           spec: dict[str, int], block: int) -> None:
     caplog.set_level(logging.DEBUG, logger="idemlink.host.ymodem_io")
