@@ -51,4 +51,5 @@ COMMAND_NAMES: dict[str, str] = {
     "info": "idemlink.commands.info_cmd",
     "watch": "idemlink.commands.watch_cmd",
     "link": "idemlink.commands.link_cmd",
+    "scan": "idemlink.commands.scan_cmd",
 }
