@@ -11,21 +11,30 @@ it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.modbus import (
+    MAX_READ_BITS,
+    MAX_READ_COUNT,
     FileInfoRequest,
     FileInfoResponse,
     FunctionCode,
+    MaskWriteRegister,
+    ReadBits,
+    ReadBitsResponse,
     ReadRegisters,
     Request,
+    StandardFunction,
     TriggerRequest,
     TriggerResponse,
     WriteIfGeneration,
     WriteIfGenerationResponse,
+    WriteMultipleCoils,
     WriteMultipleRegisters,
+    WriteSingleCoil,
     WriteSingleRegister,
     decode_read_values,
     decode_request,
@@ -41,12 +50,20 @@ from idemlink.protocol.outcome import (
     RemoteProtocolError,
     Status,
 )
-from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, TriggerState
+from idemlink.protocol.registers import (
+    BIT_KINDS,
+    RegisterKind,
+    RegisterMap,
+    RegisterSpec,
+    Space,
+    TriggerState,
+)
 
 
 class CommandKind(Enum):
     READ = "read"
     WRITE = "write"
+    MASK_WRITE = "mask_write"  #: FC22: set some bits of one register, the others untouched
     WRITE_IF_GENERATION = "write_if_generation"
     CLEAR_FAULTS = "clear_faults"
     TRIGGER = "trigger"
@@ -66,7 +83,11 @@ _FUNCTION_OF_KIND = {
 
 @dataclass(frozen=True, slots=True)
 class Command:
-    """One request, before it is sent. Build with the ``Device`` helpers or ``Command.…``."""
+    """One request, before it is sent. Build with the ``Device`` helpers or ``Command.…``.
+
+    ``bits``: a READ or WRITE of coils (FC01, FC05/FC15; with ``input_registers``, a READ of
+    discrete inputs, FC02) instead of registers. A MASK_WRITE (FC22) sets the bits of one
+    register that ``and_mask`` clears to those of ``values[0]`` (the OR mask)."""
 
     kind: CommandKind
     address: int
@@ -75,18 +96,35 @@ class Command:
     generation: int = 0
     input_registers: bool = False
     name: str = ""  #: FILE_INFO: the stored file's name
+    bits: bool = False
+    and_mask: int = 0xFFFF  #: MASK_WRITE: the bits kept (0s are set from the OR mask)
 
     @property
-    def function(self) -> FunctionCode:
+    def function(self) -> FunctionCode | StandardFunction:
         """The Modbus function this command travels as."""
         k = self.kind
         if k is CommandKind.READ:
+            if self.bits:
+                return (StandardFunction.READ_DISCRETE_INPUTS if self.input_registers
+                        else StandardFunction.READ_COILS)
             return (FunctionCode.READ_INPUT_REGISTERS if self.input_registers
                     else FunctionCode.READ_HOLDING_REGISTERS)
+        if k is CommandKind.WRITE and self.bits:
+            return (StandardFunction.WRITE_SINGLE_COIL if len(self.values) == 1
+                    else StandardFunction.WRITE_MULTIPLE_COILS)
         if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
             return (FunctionCode.WRITE_SINGLE_REGISTER if len(self.values) == 1
                     else FunctionCode.WRITE_MULTIPLE_REGISTERS)
+        if k is CommandKind.MASK_WRITE:
+            return StandardFunction.MASK_WRITE_REGISTER
         return _FUNCTION_OF_KIND[k]
+
+    @property
+    def space(self) -> Space:
+        """The address space its address is in (registers, coils, discrete inputs)."""
+        if not self.bits:
+            return Space.REGISTERS
+        return Space.DISCRETE_INPUTS if self.input_registers else Space.COILS
 
     @property
     def may_have_effect(self) -> bool:
@@ -96,8 +134,16 @@ class Command:
 
     def request(self) -> Request:
         k = self.kind
+        if k is CommandKind.READ and self.bits:
+            return ReadBits(StandardFunction(self.function), self.address, self.count)
         if k is CommandKind.READ:
-            return ReadRegisters(self.function, self.address, self.count)
+            return ReadRegisters(FunctionCode(self.function), self.address, self.count)
+        if k is CommandKind.WRITE and self.bits:
+            if len(self.values) == 1:
+                return WriteSingleCoil(self.address, self.values[0])
+            return WriteMultipleCoils(self.address, self.values)
+        if k is CommandKind.MASK_WRITE:
+            return MaskWriteRegister(self.address, self.and_mask, self.values[0])
         if k is CommandKind.WRITE or k is CommandKind.CLEAR_FAULTS:
             if len(self.values) == 1:
                 return WriteSingleRegister(self.address, self.values[0])
@@ -119,8 +165,9 @@ class Command:
     def set_only(self) -> bool:
         """Harmless to run again (a read or an absolute write): re-issued after a reboot.
         Triggers, fault clears and conditional writes are not: in flight across a reboot they end
-        UNKNOWN."""
-        return self.kind is CommandKind.WRITE or not self.may_have_effect
+        UNKNOWN. A mask write sets its bits to absolute values: set-only too."""
+        return (self.kind is CommandKind.WRITE or self.kind is CommandKind.MASK_WRITE
+                or not self.may_have_effect)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,6 +250,11 @@ def answer_of(cmd: Command, pdu: bytes) -> tuple[tuple[int, ...], int | None]:
     carries neither."""
     k = cmd.kind
     try:
+        if k is CommandKind.READ and cmd.bits:
+            resp = decode_response(pdu) if pdu else None
+            if isinstance(resp, ReadBitsResponse) and len(resp.values) >= cmd.count:
+                return resp.values[: cmd.count], None
+            return (), None
         if k is CommandKind.READ:
             values = decode_read_values(pdu)
             return (values, None) if len(values) == cmd.count else ((), None)
@@ -231,6 +283,87 @@ def file_info_of(cmd: Command, pdu: bytes) -> FileInfoResponse | None:
     return resp if isinstance(resp, FileInfoResponse) else None
 
 
+Value = int | float | str
+"""A typed value as ``CommandBuilder.decode`` gives it (``RegisterSpec.value``): a number in the
+register's unit, or a string register's text."""
+
+
+def raw_in(spec: RegisterSpec, command: Command, values: tuple[int, ...]) -> int | None:
+    """The raw value of ``spec`` in what ``command`` (a read) got back, or None when the read
+    did not cover all of it (another table, or only some of its registers)."""
+    if spec.space is not command.space:
+        return None
+    at = spec.address - command.address
+    if at < 0 or at + spec.words > len(values):
+        return None
+    return spec.raw_from_words(values[at:at + spec.words])
+
+
+def _table(spec: RegisterSpec) -> tuple[Space, bool]:
+    """What reads ``spec``: its space, and whether by the input function (FC04, FC02)."""
+    return spec.space, spec.kind in (RegisterKind.INPUT, RegisterKind.DISCRETE_INPUT)
+
+
+def read_runs(specs: Sequence[RegisterSpec], limit: int = MAX_READ_COUNT,
+              bit_limit: int = MAX_READ_BITS) -> list[list[RegisterSpec]]:
+    """``specs`` grouped into reads: each group one run of contiguous (or shared: a bit field
+    and its register) addresses of one table (input registers apart from the others, as FC04
+    and FC03 are; coils; discrete inputs), in address order, at most ``limit`` registers
+    (``bit_limit`` bits) a read. ``CommandBuilder.read_covering`` makes a group's read."""
+    order = {Space.REGISTERS: 0, Space.COILS: 1, Space.DISCRETE_INPUTS: 2}
+    out: list[list[RegisterSpec]] = []
+    start = end = 0
+    for spec in sorted(dict.fromkeys(specs), key=lambda s: (order[s.space], s.address,
+                                                            -s.words)):
+        most = bit_limit if spec.space is not Space.REGISTERS else limit
+        run = out[-1] if out else None
+        if (run is not None and _table(run[-1]) == _table(spec) and spec.address <= end
+                and max(end, spec.address + spec.words) - start <= most):
+            run.append(spec)
+            end = max(end, spec.address + spec.words)
+        else:
+            out.append([spec])
+            start, end = spec.address, spec.address + spec.words
+    return out
+
+
+def atomic_writes(pairs: Sequence[tuple[RegisterSpec, int]],
+                  ) -> list[list[tuple[RegisterSpec, int]]]:
+    """(register, raw value) pairs grouped into the writes that carry them, each atomic on the
+    device: registers at contiguous addresses (all the words of each) in one FC06/FC16, coils
+    at contiguous addresses in one FC05/FC15, the bit fields of one register in one mask write
+    (FC22). In address order; ``CommandBuilder.write_command`` makes each group's command."""
+    groups: list[list[tuple[RegisterSpec, int]]] = []
+    fields: dict[str, list[tuple[RegisterSpec, int]]] = {}
+    for spec, raw in sorted(pairs, key=lambda p: (p[0].space is not Space.REGISTERS,
+                                                  p[0].address)):
+        if spec.field is not None:
+            if spec.parent not in fields:
+                fields[spec.parent] = []
+                groups.append(fields[spec.parent])
+            fields[spec.parent].append((spec, raw))
+            continue
+        last = groups[-1] if groups else None
+        if (last is not None and last[-1][0].field is None
+                and last[-1][0].space is spec.space
+                and last[-1][0].address + last[-1][0].words == spec.address):
+            last.append((spec, raw))
+        else:
+            groups.append([(spec, raw)])
+    return groups
+
+
+def _word_error(spec: RegisterSpec, value: int) -> str:
+    if spec.dtype is DataType.U16 and spec.field is None and spec.kind not in BIT_KINDS:
+        return f"{spec.name}={value}: a register holds 0..65535"
+    if spec.kind in BIT_KINDS:
+        return f"{spec.name}={value}: a bit is 0 or 1"
+    if spec.field is not None:
+        return f"{spec.name}={value}: the field holds 0..{spec.raw_max}"
+    return (f"{spec.name}={value}: a raw {spec.dtype.value} is 0..{spec.raw_max} (give a value "
+            "in the unit as text, e.g. \"-5.0\")")
+
+
 class CommandBuilder:
     """Commands from register names (or addresses) and values as people type them, checked
     against ``regmap`` before anything is sent (``LocalProtocolError`` naming the register)."""
@@ -239,7 +372,8 @@ class CommandBuilder:
         self.regmap = regmap
 
     def spec(self, register: str | int) -> RegisterSpec:
-        """A register by name or address; ``LocalProtocolError`` if unknown."""
+        """A register (coil, discrete input, bit field) by name, or a register by address;
+        ``LocalProtocolError`` if unknown."""
         spec = self.regmap.at(register) if isinstance(register, int) else None
         if spec is None and isinstance(register, str):
             try:
@@ -250,25 +384,95 @@ class CommandBuilder:
             raise LocalProtocolError(f"no register {register!r} in the map")
         return spec
 
-    def read_command(self, register: str | int, count: int = 1) -> Command:
+    def read_covering(self, specs: Sequence[RegisterSpec]) -> Command:
+        """One read of everything ``specs`` take (one table: a group of ``read_runs``), from the
+        first address to the last; ``raw_in`` takes each one's value out of its result."""
+        first = min(s.address for s in specs)
+        end = max(s.address + s.words for s in specs)
+        space, inputs = _table(specs[0])
+        return Command(CommandKind.READ, first, end - first, input_registers=inputs,
+                       bits=space is not Space.REGISTERS)
+
+    def read_command(self, register: str | int, count: int | None = None) -> Command:
+        """A read from ``register`` of ``count`` registers (default: all of its own: 2 for a
+        u32; a bit field reads its register; a coil or discrete input reads bits)."""
         spec = self.spec(register)
-        return Command(CommandKind.READ, spec.address, count,
-                       input_registers=spec.kind is RegisterKind.INPUT)
+        return Command(CommandKind.READ, spec.address, spec.words if count is None else count,
+                       input_registers=spec.kind in (RegisterKind.INPUT,
+                                                     RegisterKind.DISCRETE_INPUT),
+                       bits=spec.kind in BIT_KINDS)
 
     def write_command(self, values: Mapping[str | int, int | str]) -> Command:
-        """An absolute (set-only, re-issued after a reboot) write. Fault words and triggers are
-        refused: a W1C clear or a trigger start is not harmless to repeat in a new boot epoch;
-        use ``clear_faults()`` / ``trigger()``."""
-        for key in values:
-            spec = self.spec(key)
+        """An absolute (set-only, re-issued after a reboot) write: registers at contiguous
+        addresses in one atomic FC06/FC16 (a value of several registers, a u32 say, as all of
+        its words), coils at contiguous addresses in one FC05/FC15, or bit fields of one register
+        in one mask write (FC22, when the map says the device takes it: ``mask_write``).
+        Fault words and triggers are refused: a W1C clear or a trigger start is not harmless to
+        repeat in a new boot epoch; use ``clear_faults()`` / ``trigger()``."""
+        specs = [self.spec(key) for key in values]
+        for spec in specs:
             if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
                 use = "clear_faults()" if spec.kind is RegisterKind.FAULT else "trigger()"
                 raise LocalProtocolError(
                     f"{spec.name} is a {spec.kind.name} register, not a set-only value: use {use}")
+            if spec.dtype is DataType.STRING:
+                raise LocalProtocolError(f"{spec.name} is a read-only string register")
+        fields = [s for s in specs if s.field is not None]
+        if fields:
+            return self._mask_command(specs, values)
+        if any(s.kind in BIT_KINDS for s in specs):
+            if not all(s.kind is RegisterKind.COIL for s in specs):
+                raise LocalProtocolError(
+                    "coils are written apart from registers (another Modbus table): "
+                    + ", ".join(s.name for s in specs))
+            first, count, raws = self._contiguous(values)
+            return Command(CommandKind.WRITE, first, count, raws, bits=True)
         return Command(CommandKind.WRITE, *self._contiguous(values))
 
+    def _mask_command(self, specs: list[RegisterSpec],
+                      values: Mapping[str | int, int | str]) -> Command:
+        """One mask write (FC22) setting bit fields of one register, the other bits untouched."""
+        parents = {s.parent or s.name for s in specs}
+        if len(parents) != 1 or any(s.field is None for s in specs):
+            raise LocalProtocolError(
+                "bit fields are written by a mask write of their one register, alone: "
+                + ", ".join(s.name for s in specs) + "; write them in separate calls")
+        register = self.spec(parents.pop())
+        if not register.writable or register.kind is not RegisterKind.HOLDING:
+            raise LocalProtocolError(f"{specs[0].name} is a field of the read-only "
+                                     f"{register.kind.name} register {register.name}")
+        if not self.regmap.mask_write:
+            raise LocalProtocolError(
+                f"{specs[0].name} is a bit field of {register.name}: writing it alone needs a "
+                "mask write (FC22), which this map does not say the device takes (mask_write = "
+                f"true): write all of {register.name} instead; nothing was sent")
+        and_mask, or_mask = 0xFFFF, 0
+        for spec, value in zip(specs, values.values(), strict=True):
+            raw = self._raw(spec, value)
+            assert spec.field is not None
+            and_mask &= ~spec.field.mask & 0xFFFF
+            or_mask |= raw << spec.field.bit
+        return Command(CommandKind.MASK_WRITE, register.address, 1, (or_mask,), and_mask=and_mask)
+
+    def _raw(self, spec: RegisterSpec, value: int | str) -> int:
+        """The raw value of one value as given: a raw integer, or text as people type it
+        (``RegisterSpec.raw_from_text``)."""
+        if isinstance(value, str):
+            try:
+                return spec.raw_from_text(value)
+            except ValueError as exc:
+                raise LocalProtocolError(str(exc)) from None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise LocalProtocolError(
+                f"{spec.name}={value!r}: give a raw integer or text such as \"42.5\" or a "
+                "label")
+        if not 0 <= value <= spec.raw_max:
+            raise LocalProtocolError(_word_error(spec, value))
+        return value
+
     def _contiguous(self, values: Mapping[str | int, int | str]) -> tuple[int, int, tuple[int, ...]]:
-        """``(first address, count, raw values)`` of a write. A value is a raw integer (0..65535)
+        """``(first address, count, words)`` of a write. A value is a raw integer (0..65535 for a
+        u16; a value of several registers: the integer its words make, most significant first)
         or text as people type it (``"42.5"`` in the register's unit, a label, ``"raw:425"``:
         ``RegisterSpec.raw_from_text``); anything else is a ``LocalProtocolError`` naming the
         register, raised before anything is sent."""
@@ -277,31 +481,53 @@ class CommandBuilder:
         pairs: list[tuple[RegisterSpec, int]] = []
         for key, value in values.items():
             spec = self.spec(key)
-            if isinstance(value, str):
-                try:
-                    value = spec.raw_from_text(value)
-                except ValueError as exc:
-                    raise LocalProtocolError(str(exc)) from None
-            elif isinstance(value, bool) or not isinstance(value, int):
-                raise LocalProtocolError(
-                    f"{spec.name}={value!r}: give a raw integer or text such as \"42.5\" or a "
-                    "label")
-            if not 0 <= value <= 0xFFFF:
-                raise LocalProtocolError(f"{spec.name}={value}: a register holds 0..65535")
-            pairs.append((spec, value))
+            pairs.append((spec, self._raw(spec, value)))
         pairs.sort(key=lambda sv: sv[0].address)
         first = pairs[0][0].address
-        if [s.address for s, _ in pairs] != list(range(first, first + len(pairs))):
-            raise LocalProtocolError(
-                "a multi-register write must cover contiguous addresses (it is applied "
-                "atomically): " + ", ".join(f"{s.name}@0x{s.address:04X}" for s, _ in pairs)
-                + "; write them in separate calls or through run()")
-        return first, len(pairs), tuple(v for _, v in pairs)
+        words: list[int] = []
+        for spec, raw in pairs:
+            if spec.address != first + len(words):
+                raise LocalProtocolError(
+                    "a multi-register write must cover contiguous addresses (it is applied "
+                    "atomically): " + ", ".join(f"{s.name}@0x{s.address:04X}" for s, _ in pairs)
+                    + "; write them in separate calls or through run()")
+            words += spec.words_of(raw)
+        return first, len(words), tuple(words)
 
     def write_if_generation_command(self, generation: int,
                                     values: Mapping[str | int, int | str]) -> Command:
+        """The conditional write (function 0x41) of registers at contiguous addresses. Refused
+        before anything is sent when the map has no generation register (nothing to compare
+        with) or names a coil or a bit field (0x41 carries whole registers)."""
+        if self.regmap.generation is None:
+            raise LocalProtocolError(
+                f"the map {self.regmap.name} has no generation register: a conditional write has "
+                "no generation to compare with; nothing was sent")
+        for key in values:
+            spec = self.spec(key)
+            if spec.field is not None or spec.kind in BIT_KINDS:
+                raise LocalProtocolError(f"{spec.name}: a conditional write carries whole "
+                                         "registers, not a coil or a bit field")
         addr, count, vals = self._contiguous(values)
         return Command(CommandKind.WRITE_IF_GENERATION, addr, count, vals, generation=generation)
+
+    def decode(self, result: Result) -> dict[str, Value]:
+        """The typed values a read got back, by name: every register (coil, discrete input) the
+        read covered whole, in its unit (``RegisterSpec.value``: ``-5.0`` for an i16 at scale 0.1,
+        a float for an f32, a string register's text), and the bit fields of those registers.
+        ``Result.values`` keeps the raw words; an unanswered read decodes to nothing."""
+        c = result.command
+        if c.kind is not CommandKind.READ or not result.values:
+            return {}
+        out: dict[str, Value] = {}
+        for spec in self.regmap:
+            raw = raw_in(spec, c, result.values)
+            if raw is None:
+                continue
+            out[spec.name] = spec.value(raw)
+            for name, v in spec.field_values(raw).items():
+                out[name] = v
+        return out
 
     def clear_faults_command(self, mask: int, register: str | int | None = None) -> Command:
         spec = self.register_of_kind(RegisterKind.FAULT, register)
@@ -339,6 +565,15 @@ class CommandBuilder:
             if kind is None:
                 return Command(CommandKind.TRIGGER, req.address, values=(req.value,))
             return Command(kind, req.address)
+        if isinstance(req, ReadBits):
+            return Command(CommandKind.READ, req.address, req.count, bits=True, input_registers=(
+                req.function is StandardFunction.READ_DISCRETE_INPUTS))
+        if isinstance(req, WriteSingleCoil | WriteMultipleCoils):
+            coils = (req.value,) if isinstance(req, WriteSingleCoil) else req.values
+            return Command(CommandKind.WRITE, req.address, len(coils), coils, bits=True)
+        if isinstance(req, MaskWriteRegister):
+            return Command(CommandKind.MASK_WRITE, req.address, 1, (req.or_mask,),
+                           and_mask=req.and_mask)
         values = (req.value,) if isinstance(req, WriteSingleRegister) else req.values
         spec = self.regmap.at(req.address)
         kind = (CommandKind.CLEAR_FAULTS if spec is not None and spec.kind is RegisterKind.FAULT
@@ -367,7 +602,9 @@ class BlockingCommands(CommandBuilder):
     def execute(self, command: Command) -> Result:
         raise NotImplementedError
 
-    def read(self, register: str | int, count: int = 1) -> Result:
+    def read(self, register: str | int, count: int | None = None) -> Result:
+        """Read ``register`` (``count`` registers; default: all of its own). ``Result.values``
+        are the raw words; ``decode(result)`` gives them typed, by name."""
         return self.execute(self.read_command(register, count))
 
     def write(self, values: Mapping[str | int, int | str]) -> Result:
@@ -394,32 +631,49 @@ class BlockingCommands(CommandBuilder):
         return self.execute(self.trigger_status_command(register))
 
 
-def read_back_of(c: Command, generation_address: int) -> Reconciliation | list[Command]:
+def read_back_of(c: Command, generation_address: int | None) -> Reconciliation | list[Command]:
     """What reconciling ``c`` takes: a verdict that needs no read (a read has no effect; a file
-    hand-over leaves no register state), or the reads that decide it — what ``c`` touched, and
-    the generation counter at ``generation_address`` — for ``judge_read_back``."""
+    hand-over leaves no register state), or the reads that decide it — exactly what ``c``
+    touched, and the generation counter at ``generation_address`` when the map has one — for
+    ``judge_read_back``."""
     if not c.may_have_effect:
         return Reconciliation(c, {}, True, f"a {c.kind.value} has no effect to reconcile")
     if c.kind is CommandKind.FILE_RECEIVE:
         return Reconciliation(c, {}, None, "a file hand-over leaves no register state")
-    span = max(c.count, len(c.values), 1)
-    return [Command(CommandKind.READ, c.address, span),
-            Command(CommandKind.READ, generation_address, 1)]
+    span = 1 if c.kind is CommandKind.MASK_WRITE else max(c.count, len(c.values), 1)
+    reads = [Command(CommandKind.READ, c.address, span, bits=c.bits)]
+    if generation_address is not None:
+        reads.append(Command(CommandKind.READ, generation_address, 1))
+    return reads
 
 
 def judge_read_back(
-    c: Command, values: tuple[int, ...], generation: int,
+    c: Command, values: tuple[int, ...], generation: int | None,
     spec: Callable[[int], RegisterSpec],
 ) -> Reconciliation:
-    """Does the state a command intended hold, given what was read back?"""
-    observed = {spec(c.address + i).name: v for i, v in enumerate(values)}
-    observed["generation"] = generation
+    """Does the state a command intended hold, given what was read back (and the generation,
+    None when the map has none)? ``spec`` finds what the map declares at an address of the
+    command's table."""
+    observed: dict[str, int] = {}
+    for i in range(len(values)):
+        s = spec(c.address + i)
+        at = s.address - c.address
+        if s.name not in observed and at >= 0 and at + s.words <= len(values):
+            observed[s.name] = s.raw_from_words(values[at:at + s.words])
+    if generation is not None:
+        observed["generation"] = generation
     if c.kind is CommandKind.TRIGGER or c.kind is CommandKind.TRIGGER_RESET:
         written = c.values or ((1,) if c.kind is CommandKind.TRIGGER else (0,))
+    elif c.kind is CommandKind.MASK_WRITE:
+        keep = c.and_mask
+        written = c.values
     else:
         written = c.values
-    holds = all(register_holds(spec(c.address + i).kind, w, v)
-                for i, (w, v) in enumerate(zip(written, values, strict=False)))
+    if c.kind is CommandKind.MASK_WRITE:
+        holds = bool(values) and values[0] & ~keep & 0xFFFF == written[0] & ~keep & 0xFFFF
+    else:
+        holds = all(register_holds(spec(c.address + i).kind, w, v)
+                    for i, (w, v) in enumerate(zip(written, values, strict=False)))
     kinds = {spec(c.address + i).kind for i in range(len(written))}
     if kinds == {RegisterKind.TRIGGER}:
         state = values[0]
@@ -427,6 +681,9 @@ def judge_read_back(
                                       else f"{state:#06x}")
     elif kinds == {RegisterKind.FAULT}:
         summary = "the bits are clear" if holds else "some bits are still latched"
+    elif c.kind is CommandKind.MASK_WRITE:
+        summary = ("the bits hold the intended values" if holds
+                   else "the bits do not hold the intended values")
     else:
         summary = ("the registers hold the intended values" if holds
                    else "the registers do not hold the intended values")
@@ -435,7 +692,8 @@ def judge_read_back(
 
 def register_holds(kind: RegisterKind, written: int, now: int) -> bool:
     """Does a register read back as ``now`` hold what writing ``written`` intended? By kind:
-    a holding holds the value; a fault has the written bits clear; a trigger written 1 is
+    a holding (each word of it) or a coil holds the value; a fault has the written bits clear;
+    a trigger written 1 is
     RUNNING or DONE (not IDLE, not an abnormal state), written 0 is IDLE; a trigger value other
     than 0/1 was refused and intends nothing that can hold."""
     if kind is RegisterKind.FAULT:
@@ -455,9 +713,13 @@ __all__ = [
     "Reconciliation",
     "Result",
     "SentRequest",
+    "Value",
     "answer_of",
+    "atomic_writes",
     "file_info_of",
     "judge_read_back",
+    "raw_in",
     "read_back_of",
+    "read_runs",
     "register_holds",
 ]

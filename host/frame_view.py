@@ -22,16 +22,21 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 
 def register_json(spec: RegisterSpec | None, address: int, raw: int) -> dict[str, Any]:
-    """A register's reading as every JSON output lists it: ``raw`` the 16-bit word, ``value`` always
-    a number (the scaled value with the map's scale, else the raw word), ``label`` the map's name
-    for that value (``"auto"``) or null, ``unit`` the map's (``""`` without one). A register the
-    map does not declare has ``name`` null and ``value`` the raw word."""
+    """A register's reading as every JSON output lists it: ``raw`` the 16-bit word (for a value
+    of several registers the integer its words make, most significant first: ``RegisterSpec``'s
+    raw value), ``value`` a number (``RegisterSpec.value``: the scaled value with the map's
+    scale or offset, the signed or float number of its type, else the raw word) or, for a string
+    register, its text; ``label`` the map's name for that value (``"auto"``) or null, ``unit``
+    the map's (``""`` without one); ``fields`` (``{NAME: value}``) for a register with bit
+    fields. A register the map does not declare has ``name`` null and ``value`` the raw word."""
     if spec is None:
         return {"name": None, "address": address, "raw": raw, "value": raw, "label": None,
                 "unit": ""}
-    value: int | float = float(spec.scaled(raw)) if spec.scale else raw
-    return {"name": spec.name, "address": address, "raw": raw, "value": value,
-            "label": spec.label_of(raw), "unit": spec.unit}
+    out = {"name": spec.name, "address": address, "raw": raw, "value": spec.value(raw),
+           "label": spec.label_of(raw), "unit": spec.unit}
+    if spec.fields:
+        out["fields"] = spec.field_values(raw)
+    return out
 
 
 def trigger_code_name(code: int) -> str:
@@ -52,7 +57,10 @@ class FrameDescriber:
         self.raw_addresses = False  #: a device advertised another map: no names from ours
 
     def _at(self, address: int) -> RegisterSpec | None:
-        return None if self.raw_addresses else self.regmap.at(address)
+        """The register at ``address``, to name a word by (a word of a value of several
+        registers is shown by address: one word alone is no value of it)."""
+        spec = None if self.raw_addresses else self.regmap.at(address)
+        return spec if spec is None or spec.words == 1 else None
 
     def _map_mismatch(self, map_name: str | None, map_hash: bytes | None) -> str:
         """The note, said once, when a device advertises another map than ``self.regmap``."""

@@ -178,14 +178,17 @@ def _flows_conflict(a: _Flow, b: _Flow) -> bool:
 
 
 def reissuable(c: Command, regmap: RegisterMap) -> bool:
-    """Harmless to run again after a reboot: a read, or a write that touches only HOLDING
-    registers (checked against the map, whoever built the Command)."""
+    """Harmless to run again after a reboot: a read, or a write (a mask write) that touches
+    only HOLDING registers or coils (checked against the map, whoever built the Command)."""
     if not c.may_have_effect:
         return True
-    if c.kind is not CommandKind.WRITE:
+    if c.kind is not CommandKind.WRITE and c.kind is not CommandKind.MASK_WRITE:
         return False
-    specs = [regmap.at(a) for a in range(c.address, c.address + len(c.values))]
-    return all(s is not None and s.kind is RegisterKind.HOLDING for s in specs)
+    span = range(c.address, c.address + (1 if c.kind is CommandKind.MASK_WRITE
+                                         else len(c.values)))
+    specs = [regmap.spec_at(a, c.space) for a in span]
+    return all(s is not None and s.kind in (RegisterKind.HOLDING, RegisterKind.COIL)
+               for s in specs)
 
 
 # ---------------------------------------------------------------------- the operations
@@ -420,7 +423,7 @@ class Operations(Generic[S]):
             self._tag += 1
             self.awaiting[self._tag] = c
             order.append(self._tag)
-            held.append(_flow(self._tag, c, self.regmap.generation.address))
+            held.append(_flow(self._tag, c, self.regmap.generation_address))
         return False
 
     def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,
@@ -496,7 +499,7 @@ class Operations(Generic[S]):
         if (c.may_have_effect and c.kind is not CommandKind.FILE_RECEIVE and number is not None
                 and not s.outstanding):
             resent = yield from self.resend_steps(c, number)
-        plan = reconcile_plan(c, self.regmap.generation.address, self.builder.spec)
+        plan = reconcile_plan(c, self.regmap)
         try:
             reads = next(plan)
             while True:
@@ -531,20 +534,28 @@ class Operations(Generic[S]):
         return self.result(self.awaiting.pop(tag), self.completions.pop(tag))
 
 
-def reconcile_plan(c: Command, generation_address: int,
-                   spec: Callable[[str | int], RegisterSpec]) -> ReconcilePlan:
+def reconcile_plan(c: Command, regmap: RegisterMap) -> ReconcilePlan:
     """The read-back of an UNKNOWN command, for any driver: yields the reads to make (each time
-    the same; reads are harmless to repeat), is sent their results, and returns the verdict
+    the same; reads are harmless to repeat): exactly what the command touched, and the
+    generation counter when ``regmap`` has one; is sent their results, and returns the verdict
     (``judge_read_back``) once a round read everything, or "still unknown" after
     ``RECONCILE_ROUNDS`` failed rounds. A command with nothing to read back (``read_back_of``)
     returns at once."""
-    reads = read_back_of(c, generation_address)
+    reads = read_back_of(c, regmap.generation_address)
     if isinstance(reads, Reconciliation):
         return reads
+
+    def spec(address: int) -> RegisterSpec:
+        found = regmap.spec_at(address, c.space)
+        if found is None:
+            raise LocalProtocolError(f"no {c.space.value} at {address} in the map {regmap.name}")
+        return found
+
     for _ in range(RECONCILE_ROUNDS):
         back = yield reads
         if all(b.outcome is Outcome.OK and b.values for b in back):
-            return judge_read_back(c, back[0].values, back[1].values[0], spec)
+            generation = back[1].values[0] if len(back) > 1 else None
+            return judge_read_back(c, back[0].values, generation, spec)
     return Reconciliation(c, {}, None, "read-back failed; still unknown")
 
 

@@ -5,7 +5,7 @@ Contract.
 - A plan is one JSON object (``load_plan``/``parse_plan``)::
 
       {"format": "idemlink.plan", "version": 1, "name": "summer-profile",
-       "steps": [{"write": {"threshold": 400, "mode": 2}},
+       "steps": [{"write": {"threshold": "40.0", "mode": 2}},
                  {"write_if_generation": {"fan_setpoint": 80}},
                  {"trigger": "self_clean"},
                  {"clear": {"faults": ["over_temperature"]}}]}
@@ -13,24 +13,31 @@ Contract.
   ``format`` and ``version`` are optional (if present they must be these); ``name`` defaults to
   the file name without ``.json``. Each step is an object with exactly one of:
 
-  - ``write``: ``{NAME: VALUE, ...}`` over HOLDING registers at contiguous addresses. Set-only:
-    the runner reads the registers back and writes only those that differ, so applying it again,
-    or to another device, converges; it needs no journal.
-  - ``write_if_generation``: the same shape; written only if the device's generation counter
-    still equals the generation this run observed (read at the start of the run, plus one for each
-    write of this run that changed the device): nobody else changed the configuration meanwhile.
+  - ``write``: ``{NAME: VALUE, ...}``, one atomic write (``atomic_writes``): HOLDING registers
+    at contiguous addresses (a value of several registers counts all of them), coils at
+    contiguous addresses, or bit fields of one register (a mask write: the map must say
+    ``mask_write``). Set-only: the runner reads them back and writes only those that differ, so
+    applying it again, or to another device, converges; it needs no journal.
+  - ``write_if_generation``: the same shape (registers only); written only if the device's
+    generation counter still equals the generation this run observed (read at the start of the
+    run, plus one for each write of this run that changed the device): nobody else changed the
+    configuration meanwhile. Refused when the map has no generation register.
   - ``trigger``: a TRIGGER register's name; starts its one-shot action.
   - ``clear``: ``{FAULT_REGISTER: [BIT_NAME, ...]}`` (exactly one register, bit names as the
     map declares them): clears those latched bits (W1C).
 
   The last three are one-shot: run at most once per device, recorded in the receipt journal keyed
   by (device id, step key).
-- Values are JSON integers (not booleans) in 0..65535 (one too long to convert is refused naming
-  its step and register, ``protocol.long_integers``): raw register values, as on the wire; or
-  strings as typed on the command line (``"42.5"`` in the register's unit, a label such as
-  ``"auto"``, ``"raw:420"``; ``RegisterSpec.raw_from_text``). Floats are refused (ambiguous). The
-  map resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says
-  which writes the map already shows to be out of range or read-only.
+- Values mean what they mean on the command line: a string as typed there (``"42.5"`` in the
+  register's unit, a label such as ``"auto"``, ``"raw:420"`` for the raw value;
+  ``RegisterSpec.raw_from_text``), or a bare JSON number, read in the register's unit too. A
+  bare number is refused (``PlanError`` with the hint ``use "40.0" for the unit or "raw:400"``)
+  for a register with a scale or an offset, where it was the raw value before this rule: it
+  would change meaning silently. For every other register (no scale, no offset: the unit is the
+  raw value for a u16) a bare number is unambiguous. Booleans are refused, and an integer too long
+  to convert is refused naming its step and register (``protocol.long_integers``). The map
+  resolves every name (``PlanError`` naming the known ones otherwise). ``map_refusals`` says which
+  writes the map already shows to be out of range or read-only.
 - A one-shot step's key is ``step_key(KeySource.PLAN_STEP, name, index, content)`` with content
   ``trigger:ADDR``, ``clear:ADDR=MASK`` or ``write_if_generation:ADDR=VALUE,...`` (decimal,
   by address): the same step of the same plan has the same key on every run; an edited step is a
@@ -42,13 +49,15 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
+from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 
+from idemlink.host.command import CommandBuilder, atomic_writes
 from idemlink.host.keys import KeySource, step_key
 from idemlink.protocol.long_integers import LongIntegerError, load_json
-from idemlink.protocol.outcome import IdemlinkError
-from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
+from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
+from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec, Space
 from idemlink.protocol.regular_file import FileRefused, Problem, read_regular_file
 
 __all__ = [
@@ -58,6 +67,7 @@ __all__ = [
     "PlanError",
     "PlanStep",
     "StepKind",
+    "bare_number",
     "load_plan",
     "map_refusals",
     "parse_plan",
@@ -240,6 +250,19 @@ def _mask(spec: RegisterSpec, bits: object, where: str) -> int:
     return mask
 
 
+def bare_number(spec: RegisterSpec, value: int | float) -> int:
+    """The raw value of a bare JSON number for ``spec``: in the register's unit, as on the
+    command line; ``ValueError`` (with the hint) for a register with a scale or offset, where a
+    bare number once meant the raw value."""
+    if (spec.scale and Decimal(spec.scale) != 1) or (spec.offset and Decimal(spec.offset)):
+        as_raw = (f"\"{spec.scaled(value)}\" for {spec.show(value)} or "
+                  if type(value) is int and 0 <= value <= spec.raw_max else "a string ")
+        raise ValueError(f"{spec.name}={value}: a bare number is ambiguous for a register with a "
+                         f"scale or offset (it was the raw value in plans before): use {as_raw}"
+                         f"\"raw:{value}\" for the raw value")
+    return spec.raw_from_text(repr(value) if isinstance(value, float) else str(value))
+
+
 def _writes(body: object, regmap: RegisterMap, where: str,
             verb: str) -> tuple[tuple[RegisterSpec, int], ...]:
     if not isinstance(body, dict) or not body:
@@ -249,29 +272,38 @@ def _writes(body: object, regmap: RegisterMap, where: str,
         try:
             spec = regmap.named(name)
         except KeyError:
-            known = ", ".join(r.name for r in regmap.of_kind(RegisterKind.HOLDING))
+            known = ", ".join(r.name for r in regmap if r.writable)
             raise PlanError(f"{where}: no register {name!r} in the map {regmap.name} "
                             f"(settable: {known})") from None
         if spec.kind is RegisterKind.FAULT:
             raise PlanError(f"{where}: {spec.name} is a fault word: use a \"clear\" step")
         if spec.kind is RegisterKind.TRIGGER:
             raise PlanError(f"{where}: {spec.name} is a trigger: use a \"trigger\" step")
-        if isinstance(value, str):  # as typed on the command line: label, unit, raw:N
-            try:
-                value = spec.raw_from_text(value)
-            except ValueError as exc:
-                raise PlanError(f"{where}: {exc}") from None
-        elif isinstance(value, bool) or not isinstance(value, int):
-            raise PlanError(f"{where}: {name}={value!r}: give the raw register value as an "
-                            f"integer, or a string as typed on the command line (\"42.5\", "
-                            "a label)")
-        if not 0 <= value <= REGISTER_MAX:
-            raise PlanError(f"{where}: {name}={value}: a register holds 0..{REGISTER_MAX}")
-        out.append((spec, value))
-    out.sort(key=lambda sv: sv[0].address)
-    if len(regmap.runs(s.address for s, _ in out)) != 1:
-        raise PlanError(f"{where}: registers must be at contiguous addresses "
-                        "(a step is one atomic write)")
+        try:
+            if isinstance(value, str):  # as typed on the command line: label, unit, raw:N
+                raw = spec.raw_from_text(value)
+            elif isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name}={value!r}: give a number in the register's unit or a "
+                                 "string as typed on the command line (\"42.5\", a label, "
+                                 "\"raw:420\")")
+            else:
+                raw = bare_number(spec, value)
+        except ValueError as exc:
+            raise PlanError(f"{where}: {exc}") from None
+        out.append((spec, raw))
+    out.sort(key=lambda sv: (sv[0].space is not Space.REGISTERS, sv[0].address))
+    if len(atomic_writes(out)) != 1:
+        raise PlanError(f"{where}: a step is one atomic write: registers at contiguous "
+                        "addresses, coils at contiguous addresses, or bit fields of one register")
+    builder = CommandBuilder(regmap)
+    values: dict[str | int, int | str] = {s.name: v for s, v in out}
+    try:  # what the device could not be sent is refused now, with its reason
+        if verb == StepKind.WRITE_IF_GENERATION.value:
+            builder.write_if_generation_command(0, values)
+        elif all(s.writable for s, _ in out):
+            builder.write_command(values)
+    except LocalProtocolError as exc:
+        raise PlanError(f"{where}: {exc}") from None
     return tuple(out)
 
 
@@ -282,14 +314,8 @@ def map_refusals(plan: Plan) -> list[tuple[PlanStep, str]]:
         for spec, value in step.writes:
             if not spec.writable:
                 out.append((step, f"{spec.name} is a read-only {spec.kind.name} register"))
-            elif spec.kind is RegisterKind.HOLDING and not spec.minimum <= value <= spec.maximum:
-                unit = f" {spec.unit}" if spec.unit else ""
-                limits = f"{spec.minimum}..{spec.maximum}"
-                if spec.scale:
-                    limits += (f" ({spec.scaled(spec.minimum)}..{spec.scaled(spec.maximum)}"
-                               f"{unit})")
-                else:
-                    limits += unit
-                out.append((step, f"{spec.name}={value} outside {limits}"))
+            elif spec.kind is RegisterKind.HOLDING and not spec.in_range(value):
+                out.append((step, f"{spec.name}={spec.raw_text(value)} outside "
+                                  f"{spec.limits_text()}"))
     return out
 

@@ -24,12 +24,12 @@ Contract:
 
 from __future__ import annotations
 
-from idemlink.host.command import Command, CommandKind
+from idemlink.host.command import Command, CommandBuilder, CommandKind
 from idemlink.host.errors import NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.outcome import Status
-from idemlink.protocol.registers import RegisterMap
+from idemlink.protocol.registers import RegisterMap, Space
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.rtu_master import RtuMaster
 
@@ -48,13 +48,23 @@ class RtuOperations(Operations[RtuMaster]):
     def connect_steps(self) -> Steps[None]:
         """Read the map's first register; ``NoDevice`` if nothing answers at the unit."""
         first = self.regmap.registers[0]
-        (r,) = yield from self.wave_steps([Command(CommandKind.READ, first.address)])
+        (r,) = yield from self.wave_steps([probe_command(self.regmap)])
         if r.status is Status.NO_ANSWER:
             raise NoDevice(f"no {self.slave} answered at unit {self.session.unit} "
                            f"({r.attempts} read(s) of {first.name} got no answer)")
 
     def refuse_unsupported(self, c: Command) -> None:
         self.session.check(c.pdu())
+
+
+def probe_command(regmap: RegisterMap) -> Command:
+    """The read that asks whether a slave answers: FC03 of the map's first register (every slave
+    answers it, an exception included), or FC01/FC02 of its first coil or discrete input when the
+    map has no register."""
+    first = regmap.registers[0]
+    if first.space is Space.REGISTERS:
+        return Command(CommandKind.READ, first.address)
+    return CommandBuilder(regmap).read_command(first.name, 1)
 
 
 def answers_modbus_rtu_steps(clock: Clock, regmap: RegisterMap, timeout: float) -> Steps[bool]:
@@ -68,4 +78,4 @@ def answers_modbus_rtu_steps(clock: Clock, regmap: RegisterMap, timeout: float) 
     return True
 
 
-__all__ = ["RtuOperations", "answers_modbus_rtu_steps"]
+__all__ = ["RtuOperations", "answers_modbus_rtu_steps", "probe_command"]

@@ -44,22 +44,31 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import TypeGuard
 
+from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.long_integers import json_int
 from idemlink.protocol.modbus import (
+    BIT_FUNCTIONS,
     TRIGGER_CODE_EXCEPTION,
     ExceptionResponse,
     FunctionCode,
+    MaskWriteRegister,
     ModbusPduError,
+    ReadBits,
+    ReadBitsResponse,
     ReadRegisters,
     ReadRegistersResponse,
     Request,
     Response,
+    StandardFunction,
     TriggerRequest,
     TriggerResponse,
     WriteIfGeneration,
     WriteIfGenerationResponse,
+    WriteMultipleCoils,
+    WriteMultipleCoilsResponse,
     WriteMultipleRegisters,
     WriteMultipleRegistersResponse,
+    WriteSingleCoil,
     WriteSingleRegister,
     WriteSingleRegisterResponse,
     decode_request,
@@ -77,6 +86,7 @@ from idemlink.protocol.registers import (
     RegisterKind,
     RegisterMap,
     RegisterSpec,
+    Space,
     TriggerState,
     TriggerStatus,
 )
@@ -187,14 +197,20 @@ def _u16(x: object) -> TypeGuard[int]:
 
 @dataclass(frozen=True, slots=True)
 class ConfigSnapshot:
-    """Persistent configuration: HOLDING values by address, and the generation counter."""
+    """Persistent configuration: HOLDING register words by address, the generation counter, and
+    the coils by coil address (a map without coils: none, and the JSON form has no ``coils``
+    key, as before coils existed)."""
 
     holdings: tuple[tuple[int, int], ...]
     generation: int
+    coils: tuple[tuple[int, int], ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({"holdings": [list(p) for p in self.holdings],
-                           "generation": self.generation}, sort_keys=True)
+        doc: dict[str, object] = {"holdings": [list(p) for p in self.holdings],
+                                  "generation": self.generation}
+        if self.coils:
+            doc["coils"] = [list(p) for p in self.coils]
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> ConfigSnapshot:
@@ -217,16 +233,21 @@ class ConfigSnapshot:
         generation = raw.get("generation")
         if not _u16(generation):
             raise SnapshotError("generation is not an integer 0..65535")
-        snap = cls(tuple((a, v) for a, v in pairs), generation)
+        coils = raw.get("coils", [])  # present only for a map with coils (no C device has one)
+        if not isinstance(coils, list) or not all(
+                isinstance(p, list) and len(p) == 2 and all(_u16(x) for x in p) for p in coils):
+            raise SnapshotError("coils must be [address, value] pairs of integers 0..65535")
+        snap = cls(tuple((a, v) for a, v in pairs), generation, tuple((a, v) for a, v in coils))
         snap.check_unique()
         return snap
 
     def check_unique(self) -> None:
-        seen: set[int] = set()
-        for a, _ in self.holdings:
-            if a in seen:
-                raise SnapshotError(f"address {a} given twice")
-            seen.add(a)
+        for what, pairs in (("address", self.holdings), ("coil address", self.coils)):
+            seen: set[int] = set()
+            for a, _ in pairs:
+                if a in seen:
+                    raise SnapshotError(f"{what} {a} given twice")
+                seen.add(a)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +275,8 @@ DEFAULT_RULES: tuple[FaultRule, ...] = (
 class _Plan:
     """The validated effect of one write request, applied only after validation succeeded."""
 
-    holdings: dict[int, int] = field(default_factory=dict)
+    holdings: dict[int, int] = field(default_factory=dict)  #: register words by address
+    coils: dict[int, int] = field(default_factory=dict)
     clears: dict[int, int] = field(default_factory=dict)
     triggers: dict[int, TriggerEvent] = field(default_factory=dict)
     codes: dict[int, TriggerStatus] = field(default_factory=dict)
@@ -285,13 +307,19 @@ class DeviceCore:
         self.requests = 0
         self._effects = 0
         self._now = now
-        self._gen_addr = regmap.generation.address
-        self._holdings = {r.address: r.default for r in regmap.of_kind(RegisterKind.HOLDING)}
+        gen = regmap.generation
+        #: where the generation's effects are recorded ("", -1: the map has no generation
+        #: register, e.g. a third-party device's served by the RTU face: the count is internal)
+        self._gen_at = (gen.name, gen.address) if gen is not None else ("", -1)
+        self._holdings = self._words_of(regmap.of_kind(RegisterKind.HOLDING), {})
         self._generation = 0
-        base_inputs = {r.name: r.default for r in regmap.of_kind(RegisterKind.INPUT)}
+        base_inputs = {r.name: r.default for r in regmap
+                       if r.kind in (RegisterKind.INPUT, RegisterKind.DISCRETE_INPUT)}
         base_inputs.update(inputs or {})
-        self._inputs = {r.address: base_inputs.get(r.name, 0)
-                        for r in regmap.of_kind(RegisterKind.INPUT)}
+        self._inputs = self._words_of(regmap.of_kind(RegisterKind.INPUT), base_inputs)
+        self._coils = {r.address: r.default for r in regmap.of_kind(RegisterKind.COIL)}
+        self._discretes = {r.address: base_inputs.get(r.name, 0)
+                           for r in regmap.of_kind(RegisterKind.DISCRETE_INPUT)}
         self._latched = {r.address: 0 for r in regmap.of_kind(RegisterKind.FAULT)}
         self._external = {r.address: 0 for r in regmap.of_kind(RegisterKind.FAULT)}
         self._trigger = {r.address: int(TriggerState.IDLE)
@@ -304,11 +332,20 @@ class DeviceCore:
 
     # ----------------------------------------------------------------------------- plumbing
 
-    def _record(self, now: float, kind: EffectKind, spec: RegisterSpec, old: int, new: int,
-                request: int, tag: int | str | None) -> None:
+    @staticmethod
+    def _words_of(specs: tuple[RegisterSpec, ...], raws: Mapping[str, int]) -> dict[int, int]:
+        """The register words of ``specs`` by address, each at its raw value in ``raws`` (by
+        name; else its default)."""
+        out: dict[int, int] = {}
+        for r in specs:
+            out.update(zip(r.span, r.words_of(raws.get(r.name, r.default)), strict=True))
+        return out
+
+    def _record(self, now: float, kind: EffectKind, spec: RegisterSpec | tuple[str, int],
+                old: int, new: int, request: int, tag: int | str | None) -> None:
+        name, address = (spec.name, spec.address) if isinstance(spec, RegisterSpec) else spec
         self._effects += 1
-        self.log.append(Effect(self._effects, now, kind, spec.name, spec.address, old, new,
-                               request, tag))
+        self.log.append(Effect(self._effects, now, kind, name, address, old, new, request, tag))
         if self.max_log is not None and len(self.log) > self.max_log:
             del self.log[: len(self.log) - self.max_log]
 
@@ -339,19 +376,32 @@ class DeviceCore:
         return spec
 
     def _read_one(self, spec: RegisterSpec) -> int:
+        """The raw value of a register (all its words), coil, discrete input or bit field."""
         a = spec.address
         match spec.kind:
             case RegisterKind.INPUT:
-                return self._inputs[a]
+                return spec.raw_from_words([self._inputs[w] for w in spec.span])
             case RegisterKind.HOLDING:
-                return self._holdings[a]
+                return spec.raw_from_words([self._holdings[w] for w in spec.span])
             case RegisterKind.FAULT:
                 return self._latched[a]
             case RegisterKind.TRIGGER:
                 return self._trigger[a]
             case RegisterKind.GENERATION:
                 return self._generation
+            case RegisterKind.COIL:
+                return self._coils[a]
+            case RegisterKind.DISCRETE_INPUT:
+                return self._discretes[a]
         raise AssertionError(spec.kind)  # pragma: no cover
+
+    def _word(self, spec: RegisterSpec, address: int) -> int:
+        """The one word at ``address`` of the register ``spec``."""
+        if spec.kind is RegisterKind.INPUT:
+            return self._inputs[address]
+        if spec.kind is RegisterKind.HOLDING:
+            return self._holdings[address]
+        return self._read_one(spec)
 
     def _advance(self, now: float) -> float:
         """Time never runs backwards inside the core."""
@@ -401,6 +451,21 @@ class DeviceCore:
             if spec is None:
                 raise RegisterAccessError(f"no register at 0x{a:04X}",
                                           ModbusException.ILLEGAL_DATA_ADDRESS)
+            out.append(self._word(spec, a))
+        return tuple(out)
+
+    def read_bits(self, space: Space, address: int, count: int,
+                  now: float | None = None) -> tuple[int, ...]:
+        """Values of ``count`` coils or discrete inputs from ``address``; any unmapped one ->
+        exception 02."""
+        if now is not None:
+            self.tick(now)
+        out = []
+        for a in range(address, address + count):
+            spec = self.regmap.spec_at(a, space)
+            if spec is None:
+                raise RegisterAccessError(f"no {space.value} at 0x{a:04X}",
+                                          ModbusException.ILLEGAL_DATA_ADDRESS)
             out.append(self._read_one(spec))
         return tuple(out)
 
@@ -409,7 +474,8 @@ class DeviceCore:
             raise RegisterAccessError("write outside the address space",
                                       ModbusException.ILLEGAL_DATA_ADDRESS)
         specs: list[RegisterSpec] = []
-        for a in range(address, address + len(values)):  # pass 1: addresses (02)
+        end = address + len(values)
+        for a in range(address, end):  # pass 1: addresses (02)
             spec = self.regmap.at(a)
             if spec is None:
                 raise RegisterAccessError(f"no register at 0x{a:04X}",
@@ -417,18 +483,26 @@ class DeviceCore:
             if not spec.writable or (holdings_only and spec.kind is not RegisterKind.HOLDING):
                 raise RegisterAccessError(f"{spec.name} ({spec.kind.name}) is not writable here",
                                           ModbusException.ILLEGAL_DATA_ADDRESS)
-            specs.append(spec)
+            if spec.address < address or spec.address + spec.words > end:
+                raise RegisterAccessError(f"{spec.name}: a write covers {spec.words} registers "
+                                          "of it or none", ModbusException.ILLEGAL_DATA_ADDRESS)
+            if not specs or specs[-1] is not spec:
+                specs.append(spec)
         plan = _Plan()
-        for spec, value in zip(specs, values, strict=True):  # pass 2: values (03)
-            if not 0 <= value <= 0xFFFF:
-                raise RegisterAccessError(f"{spec.name}: {value} is not a 16-bit value",
-                                          ModbusException.ILLEGAL_DATA_VALUE)
+        for spec in specs:  # pass 2: values (03)
+            words = values[spec.address - address: spec.address - address + spec.words]
+            for value in words:
+                if not 0 <= value <= 0xFFFF:
+                    raise RegisterAccessError(f"{spec.name}: {value} is not a 16-bit value",
+                                              ModbusException.ILLEGAL_DATA_VALUE)
+            value = spec.raw_from_words(words)
             if spec.kind is RegisterKind.HOLDING:
-                if not spec.minimum <= value <= spec.maximum:
+                if not spec.in_range(value):
                     raise RegisterAccessError(
-                        f"{spec.name}: {value} outside {spec.minimum}..{spec.maximum}",
+                        f"{spec.name}: {spec.native_text(value)} outside "
+                        f"{spec.native_text(spec.minimum)}..{spec.native_text(spec.maximum)}",
                         ModbusException.ILLEGAL_DATA_VALUE)
-                plan.holdings[spec.address] = value
+                plan.holdings.update(zip(spec.span, words, strict=True))
             elif spec.kind is RegisterKind.FAULT:
                 if value & ~spec.fault_mask:
                     raise RegisterAccessError(
@@ -459,10 +533,13 @@ class DeviceCore:
         """Save the configuration ``plan`` would commit, before anything changes."""
         new = dict(self._holdings)
         new.update(plan.holdings)
-        if persist is None or new == self._holdings:
+        coils = dict(self._coils)
+        coils.update(plan.coils)
+        if persist is None or (new == self._holdings and coils == self._coils):
             return
         snap = ConfigSnapshot(tuple(sorted(new.items())),
-                              (self._generation + 1) % GENERATION_MODULUS)
+                              (self._generation + 1) % GENERATION_MODULUS,
+                              tuple(sorted(coils.items())))
         try:
             persist(snap)
         except PersistError as exc:
@@ -471,17 +548,23 @@ class DeviceCore:
 
     def _apply(self, plan: _Plan, now: float, request: int, tag: int | str | None) -> None:
         changed = False
-        for a, value in plan.holdings.items():
-            old = self._holdings[a]
-            if old != value:
-                self._holdings[a] = value
+        for spec in dict.fromkeys(self._spec(a) for a in plan.holdings):
+            old = self._read_one(spec)
+            self._holdings.update((a, plan.holdings[a]) for a in spec.span)
+            new = self._read_one(spec)
+            if old != new:
                 changed = True
-                self._record(now, EffectKind.SET, self._spec(a), old, value, request, tag)
+                self._record(now, EffectKind.SET, spec, old, new, request, tag)
+        for a, value in plan.coils.items():
+            old = self._coils[a]
+            if old != value:
+                self._coils[a] = value
+                changed = True
+                coil = self.regmap.spec_at(a, Space.COILS)
+                assert coil is not None
+                self._record(now, EffectKind.SET, coil, old, value, request, tag)
         if changed:
-            old_gen = self._generation
-            self._generation = (old_gen + 1) % GENERATION_MODULUS
-            self._record(now, EffectKind.GENERATION, self._spec(self._gen_addr), old_gen,
-                         self._generation, request, tag)
+            self._move_generation(now, request, tag)
         for a, event in plan.triggers.items():
             self._trigger_step(a, event, now, request, tag)
         for a, bits in plan.clears.items():
@@ -512,6 +595,9 @@ class DeviceCore:
                             ) -> tuple[bool, int]:
         """Write HOLDING registers only if the generation still equals ``generation``.
         Returns (executed, generation after); (False, current) changed nothing."""
+        if self.regmap.generation is None:
+            raise RegisterAccessError("this map has no generation register: no conditional "
+                                      "write", ModbusException.ILLEGAL_FUNCTION)
         now = self._advance(now)
         self.tick(now)
         self.requests += 1
@@ -521,6 +607,67 @@ class DeviceCore:
         self._persist_first(plan, persist)
         self._apply(plan, now, self.requests, tag)
         return True, self._generation
+
+    def _move_generation(self, now: float, request: int, tag: int | str | None) -> None:
+        old_gen = self._generation
+        self._generation = (old_gen + 1) % GENERATION_MODULUS
+        if self._gen_at[1] >= 0:
+            self._record(now, EffectKind.GENERATION, self._gen_at, old_gen, self._generation,
+                         request, tag)
+
+    def write_coils(self, address: int, values: tuple[int, ...] | list[int], now: float,
+                    tag: int | str | None = None, persist: Persist | None = None) -> None:
+        """FC05/FC15 semantics: set absolute 0/1 values of coils, validated whole first
+        (an address without a coil -> 02, a value other than 0/1 -> 03)."""
+        now = self._advance(now)
+        self.tick(now)
+        self.requests += 1
+        plan = _Plan()
+        for a, value in zip(range(address, address + len(values)), values, strict=True):
+            if self.regmap.spec_at(a, Space.COILS) is None:
+                raise RegisterAccessError(f"no coil at 0x{a:04X}",
+                                          ModbusException.ILLEGAL_DATA_ADDRESS)
+            if value not in (0, 1):
+                raise RegisterAccessError(f"coil 0x{a:04X}: {value} (0 or 1)",
+                                          ModbusException.ILLEGAL_DATA_VALUE)
+            plan.coils[a] = value
+        if not plan.coils:
+            raise RegisterAccessError("no coil written", ModbusException.ILLEGAL_DATA_ADDRESS)
+        self._persist_first(plan, persist)
+        self._apply(plan, now, self.requests, tag)
+
+    def mask_write(self, address: int, and_mask: int, or_mask: int, now: float,
+                   tag: int | str | None = None, persist: Persist | None = None) -> int:
+        """FC22 semantics on one single-register HOLDING: it becomes ``(current & and_mask) |
+        (or_mask & ~and_mask)``, checked against min..max like any write (03), atomically.
+        Returns the new value."""
+        now = self._advance(now)
+        self.tick(now)
+        self.requests += 1
+        spec = self.regmap.at(address)
+        if (spec is None or spec.kind is not RegisterKind.HOLDING or spec.words != 1
+                or not spec.writable):
+            raise RegisterAccessError(f"no single-register holding at 0x{address:04X}",
+                                      ModbusException.ILLEGAL_DATA_ADDRESS)
+        value = (self._holdings[address] & and_mask) | (or_mask & ~and_mask & 0xFFFF)
+        plan = self._plan(address, (value,), holdings_only=True)
+        self._persist_first(plan, persist)
+        self._apply(plan, now, self.requests, tag)
+        return value
+
+    def serves(self, function: int) -> bool:
+        """Whether this device answers a standard function beyond registers: the bit functions
+        when its map has coils (discrete inputs), the mask write when it says ``mask_write``,
+        the conditional write when it has a generation register. Otherwise: exception 01."""
+        if function == StandardFunction.READ_DISCRETE_INPUTS:
+            return bool(self._discretes)
+        if function in BIT_FUNCTIONS:
+            return bool(self._coils)
+        if function == StandardFunction.MASK_WRITE_REGISTER:
+            return self.regmap.mask_write
+        if function == FunctionCode.WRITE_IF_GENERATION:
+            return self.regmap.generation is not None
+        return True
 
     def trigger(self, address: int, value: int, now: float,
                 tag: int | str | None = None) -> TriggerStatus:
@@ -553,6 +700,10 @@ class DeviceCore:
     def handle(self, pdu: bytes, now: float, tag: int | str | None = None,
                persist: Persist | None = None) -> Response:
         """As ``execute`` but returns the typed response."""
+        if pdu and not self.serves(pdu[0]):
+            self._advance(now)
+            self.tick(now)
+            return ExceptionResponse(pdu[0], ModbusException.ILLEGAL_FUNCTION)
         try:
             req: Request = decode_request(pdu)
         except ModbusPduError as exc:
@@ -581,6 +732,19 @@ class DeviceCore:
                 return WriteIfGenerationResponse(Status.OK if ok else Status.GUARD_FAILED, gen)
             case TriggerRequest(address, value):
                 return TriggerResponse(address, self.trigger(address, value, now, tag))
+            case ReadBits(function, address, count):
+                space = (Space.COILS if function is StandardFunction.READ_COILS
+                         else Space.DISCRETE_INPUTS)
+                return ReadBitsResponse(function, self.read_bits(space, address, count, now))
+            case WriteSingleCoil(address, value):
+                self.write_coils(address, (value,), now, tag, persist)
+                return req
+            case WriteMultipleCoils(address, values):
+                self.write_coils(address, values, now, tag, persist)
+                return WriteMultipleCoilsResponse(address, len(values))
+            case MaskWriteRegister(address, and_mask, or_mask):
+                self.mask_write(address, and_mask, or_mask, now, tag, persist)
+                return req
         raise AssertionError(req)  # pragma: no cover
 
     def _write_checked(self, address: int, values: tuple[int, ...], now: float,
@@ -620,15 +784,21 @@ class DeviceCore:
     # ------------------------------------------------------------------------ sim hooks
 
     def set_input(self, name: str, value: int, now: float) -> None:
-        """Simulation: the physical world changed a live input (e.g. temperature)."""
+        """Simulation: the physical world changed a live input (e.g. temperature), a raw value
+        (all its words: ``RegisterSpec.raw_from_text`` makes one from text)."""
         spec = self.regmap.named(name)
-        if spec.kind is not RegisterKind.INPUT or not 0 <= value <= 0xFFFF:
-            raise LocalProtocolError(f"{name} is not an INPUT register or {value} not 16-bit")
+        if (spec.kind not in (RegisterKind.INPUT, RegisterKind.DISCRETE_INPUT)
+                or spec.field is not None or not 0 <= value <= spec.raw_max):
+            raise LocalProtocolError(f"{name} is not an INPUT register or {value} not a raw "
+                                     f"value of it (0..{spec.raw_max})")
         now = self._advance(now)
         self.tick(now)
-        old = self._inputs[spec.address]
+        old = self._read_one(spec)
         if old != value:
-            self._inputs[spec.address] = value
+            if spec.kind is RegisterKind.DISCRETE_INPUT:
+                self._discretes[spec.address] = value
+            else:
+                self._inputs.update(zip(spec.span, spec.words_of(value), strict=True))
             self._record(now, EffectKind.INPUT_SET, spec, old, value, 0, None)
         self._latch(now, 0, None)
 
@@ -663,28 +833,43 @@ class DeviceCore:
 
     def snapshot(self) -> ConfigSnapshot:
         """The persistent configuration (what survives a reboot in simulated flash)."""
-        return ConfigSnapshot(tuple(sorted(self._holdings.items())), self._generation)
+        return ConfigSnapshot(tuple(sorted(self._holdings.items())), self._generation,
+                              tuple(sorted(self._coils.items())))
 
     def _load(self, snap: ConfigSnapshot) -> None:
         snap.check_unique()
         holdings = dict(snap.holdings)
+        coils = dict(snap.coils)
         if set(holdings) != set(self._holdings):
             raise SnapshotError("snapshot holds other registers than this map's HOLDINGs")
+        if set(coils) != set(self._coils):
+            raise SnapshotError("snapshot holds other coils than this map's")
         for a, v in holdings.items():
             spec = self._spec(a)
-            if not spec.minimum <= v <= spec.maximum:
-                raise SnapshotError(f"address {a}: {v} outside {spec.minimum}..{spec.maximum}")
+            if spec.dtype is DataType.U16:
+                if not spec.minimum <= v <= spec.maximum:
+                    raise SnapshotError(f"address {a}: {v} outside {spec.minimum}..{spec.maximum}")
+            elif a == spec.address:  # a typed value: all its words, as its type's number
+                words = [holdings[w] for w in spec.span]
+                if not all(0 <= w <= 0xFFFF for w in words) or not spec.in_range(
+                        spec.raw_from_words(words)):
+                    raise SnapshotError(f"address {a}: {spec.name} {words} outside "
+                                        f"{spec.native_text(spec.minimum)}.."
+                                        f"{spec.native_text(spec.maximum)}")
+        for a, v in coils.items():
+            if v not in (0, 1):
+                raise SnapshotError(f"coil address {a}: {v} is not 0 or 1")
         if not 0 <= snap.generation < GENERATION_MODULUS:
             raise SnapshotError("generation is not an integer 0..65535")
         self._holdings = holdings
+        self._coils = coils
         self._generation = snap.generation
 
     def restore(self, snap: ConfigSnapshot, now: float) -> None:
         """Load a configuration snapshot (validated whole; a bad one changes nothing)."""
         now = self._advance(now)
         self._load(snap)
-        self._record(now, EffectKind.RESTORED, self._spec(self._gen_addr), 0, snap.generation,
-                     0, None)
+        self._record(now, EffectKind.RESTORED, self._gen_at, 0, snap.generation, 0, None)
         self._latch(now, 0, None)
 
     def reset_volatile(self, now: float) -> None:
@@ -697,8 +882,8 @@ class DeviceCore:
         self._started.clear()
         for a in self._latched:
             self._latched[a] = 0
-        self._record(now, EffectKind.REBOOT, self._spec(self._gen_addr), self._generation,
-                     self._generation, 0, None)
+        self._record(now, EffectKind.REBOOT, self._gen_at, self._generation, self._generation,
+                     0, None)
         self._revert_volatile(now)
         self._latch(now, 0, None)
 
@@ -706,17 +891,19 @@ class DeviceCore:
         """At boot, HOLDING registers declared ``persist = false`` are back at their default; if
         one held another value, that is an effective configuration change (generation +1)."""
         changed = False
-        for spec in self.regmap.of_kind(RegisterKind.HOLDING):
-            old = self._holdings[spec.address]
+        for spec in (*self.regmap.of_kind(RegisterKind.HOLDING),
+                     *self.regmap.of_kind(RegisterKind.COIL)):
+            old = self._read_one(spec)
             if not spec.persist and old != spec.default:
-                self._holdings[spec.address] = spec.default
+                if spec.kind is RegisterKind.COIL:
+                    self._coils[spec.address] = spec.default
+                else:
+                    self._holdings.update(zip(spec.span, spec.words_of(spec.default),
+                                              strict=True))
                 self._record(now, EffectKind.SET, spec, old, spec.default, 0, None)
                 changed = True
         if changed:
-            old_gen = self._generation
-            self._generation = (old_gen + 1) % GENERATION_MODULUS
-            self._record(now, EffectKind.GENERATION, self._spec(self._gen_addr), old_gen,
-                         self._generation, 0, None)
+            self._move_generation(now, 0, None)
 
 
 __all__ = [

@@ -78,10 +78,34 @@ class FunctionCode(IntEnum):
     FILE_INFO = 0x45  #: user-defined (framed only): size and CRC-32C of a stored file
 
 
+class StandardFunction(IntEnum):
+    """Standard Modbus functions for what a third-party device's map may hold besides registers:
+    coils, discrete inputs, and the mask write of one register's bits. Used on the Modbus RTU
+    path and served by the simulator's core when its map needs them (a map without coils, or
+    without ``mask_write``, answers them with exception 01, as before). Not part of the framed
+    protocol's contract (``FunctionCode``, the contract hash)."""
+
+    READ_COILS = 0x01
+    READ_DISCRETE_INPUTS = 0x02
+    WRITE_SINGLE_COIL = 0x05
+    WRITE_MULTIPLE_COILS = 0x0F
+    MASK_WRITE_REGISTER = 0x16  #: (current AND and_mask) OR (or_mask AND NOT and_mask)
+
+
+MAX_READ_BITS = 2000
+MAX_WRITE_BITS = 1968
+COIL_ON = 0xFF00  #: FC05's value for 1 (0x0000 is 0; anything else is exception 03)
+BIT_FUNCTIONS: frozenset[int] = frozenset({
+    StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS,
+    StandardFunction.WRITE_SINGLE_COIL, StandardFunction.WRITE_MULTIPLE_COILS,
+})
+
 READ_ONLY_FUNCTIONS: frozenset[int] = frozenset({
     FunctionCode.READ_HOLDING_REGISTERS,
     FunctionCode.READ_INPUT_REGISTERS,
     FunctionCode.FILE_INFO,
+    StandardFunction.READ_COILS,
+    StandardFunction.READ_DISCRETE_INPUTS,
 })
 """Functions that never change the device's state (the register model has no read-to-clear)."""
 
@@ -187,6 +211,37 @@ class TriggerRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadBits:
+    """FC01 (coils) or FC02 (discrete inputs)."""
+
+    function: StandardFunction
+    address: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteSingleCoil:
+    address: int
+    value: int  #: 0 or 1 (on the wire 0x0000 / 0xFF00)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMultipleCoils:
+    address: int
+    values: tuple[int, ...]  #: 0s and 1s
+
+
+@dataclass(frozen=True, slots=True)
+class MaskWriteRegister:
+    """FC22: the register becomes ``(current & and_mask) | (or_mask & ~and_mask)``: the bits
+    cleared in ``and_mask`` take ``or_mask``'s, the others stay (atomic on the device)."""
+
+    address: int
+    and_mask: int
+    or_mask: int
+
+
+@dataclass(frozen=True, slots=True)
 class FileInfoRequest:
     """0x45: a stored file's name (one plain path component, see ``check_name``)."""
 
@@ -194,7 +249,7 @@ class FileInfoRequest:
 
 
 Request = (ReadRegisters | WriteSingleRegister | WriteMultipleRegisters | WriteIfGeneration
-           | TriggerRequest)
+           | TriggerRequest | ReadBits | WriteSingleCoil | WriteMultipleCoils | MaskWriteRegister)
 
 
 # -------------------------------------------------------------------------------------- responses
@@ -231,6 +286,18 @@ class TriggerResponse:
 
 
 @dataclass(frozen=True, slots=True)
+class ReadBitsResponse:
+    function: StandardFunction
+    values: tuple[int, ...]  #: every bit of the answer's bytes (padding included: trim to count)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteMultipleCoilsResponse:
+    address: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class FileInfoResponse:
     status: FileInfoStatus
     size: int  #: bytes stored (0 when absent)
@@ -244,7 +311,8 @@ class ExceptionResponse:
 
 
 Response = (ReadRegistersResponse | WriteSingleRegisterResponse | WriteMultipleRegistersResponse
-            | WriteIfGenerationResponse | TriggerResponse | FileInfoResponse | ExceptionResponse)
+            | WriteIfGenerationResponse | TriggerResponse | FileInfoResponse | ExceptionResponse
+            | ReadBitsResponse | WriteSingleCoil | WriteMultipleCoilsResponse | MaskWriteRegister)
 
 
 # ----------------------------------------------------------------------------------------- decode
@@ -291,6 +359,46 @@ def _decode_values(pdu: bytes, fc: int, head: int, count: int) -> tuple[int, ...
     return _u16s(pdu[head + 1:])
 
 
+def pack_bits(values: tuple[int, ...] | list[int]) -> bytes:
+    """Bits packed as Modbus sends them: the first in the lowest bit of the first byte."""
+    out = bytearray((len(values) + 7) // 8)
+    for i, v in enumerate(values):
+        if v:
+            out[i // 8] |= 1 << (i % 8)
+    return bytes(out)
+
+
+def unpack_bits(data: bytes, count: int | None = None) -> tuple[int, ...]:
+    bits = tuple((b >> i) & 1 for b in data for i in range(8))
+    return bits if count is None else bits[:count]
+
+
+def _decode_bit_request(pdu: bytes, fc: int) -> Request:
+    if fc in (StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS):
+        _check_len(pdu, 5, fc)
+        address, count = struct.unpack_from(">HH", pdu, 1)
+        _check_range(fc, address, count, MAX_READ_BITS)
+        return ReadBits(StandardFunction(fc), address, count)
+    if fc == StandardFunction.WRITE_SINGLE_COIL:
+        _check_len(pdu, 5, fc)
+        address, value = struct.unpack_from(">HH", pdu, 1)
+        if value not in (0, COIL_ON):
+            raise QuantityOutOfRange(f"function 0x05: value 0x{value:04X} (0x0000 or 0xFF00)", fc)
+        return WriteSingleCoil(address, 1 if value else 0)
+    if fc == StandardFunction.WRITE_MULTIPLE_COILS:
+        _check_len(pdu, 6, fc, exact=False)
+        address, count = struct.unpack_from(">HH", pdu, 1)
+        _check_range(fc, address, count, MAX_WRITE_BITS)
+        byte_count = pdu[5]
+        if byte_count != (count + 7) // 8:
+            raise ByteCountMismatch(f"function 0x0F: byte count {byte_count} for {count} coils",
+                                    fc)
+        _check_len(pdu, 6 + byte_count, fc)
+        return WriteMultipleCoils(address, unpack_bits(pdu[6:], count))
+    _check_len(pdu, 7, fc)  # MASK_WRITE_REGISTER
+    return MaskWriteRegister(*struct.unpack_from(">HHH", pdu, 1))
+
+
 def decode_request(pdu: bytes) -> Request:
     """Parse a request PDU; raise a ``ModbusPduError`` subclass for anything not well-formed."""
     if not pdu:
@@ -319,6 +427,8 @@ def decode_request(pdu: bytes) -> Request:
         _check_len(pdu, 5, fc)
         address, value = struct.unpack_from(">HH", pdu, 1)
         return TriggerRequest(address, value)
+    if fc in set(StandardFunction):
+        return _decode_bit_request(pdu, fc)
     raise IllegalFunction(f"function 0x{fc:02X} not supported", fc)
 
 
@@ -357,6 +467,17 @@ def decode_response(pdu: bytes) -> Response:
         if len(pdu) == FILE_INFO_ANSWER_LENGTH and fc == FunctionCode.FILE_INFO:
             status, size, crc = struct.unpack_from(">BII", pdu, 1)
             return FileInfoResponse(FileInfoStatus(status), size, crc)
+        if fc in (StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS) and (
+                len(pdu) == 2 + pdu[1]):
+            return ReadBitsResponse(StandardFunction(fc), unpack_bits(pdu[2:]))
+        if len(pdu) == 5 and fc == StandardFunction.WRITE_SINGLE_COIL:
+            address, value = struct.unpack_from(">HH", pdu, 1)
+            if value in (0, COIL_ON):
+                return WriteSingleCoil(address, 1 if value else 0)
+        if len(pdu) == 5 and fc == StandardFunction.WRITE_MULTIPLE_COILS:
+            return WriteMultipleCoilsResponse(*struct.unpack_from(">HH", pdu, 1))
+        if len(pdu) == 7 and fc == StandardFunction.MASK_WRITE_REGISTER:
+            return MaskWriteRegister(*struct.unpack_from(">HHH", pdu, 1))
     except ValueError as exc:  # unknown exception or status code
         raise BadResponse(str(exc)) from None
     raise BadResponse(f"cannot parse a 0x{fc:02X} response of {len(pdu)} bytes")
@@ -384,6 +505,18 @@ def encode_request(req: Request) -> bytes:
                                 len(values)) + _values(values))
         case TriggerRequest(address, value):
             return struct.pack(">BHH", FunctionCode.TRIGGER, address, value)
+        case ReadBits(function, address, count):
+            return struct.pack(">BHH", function, address, count)
+        case WriteSingleCoil(address, value):
+            return struct.pack(">BHH", StandardFunction.WRITE_SINGLE_COIL, address,
+                               COIL_ON if value else 0)
+        case WriteMultipleCoils(address, values):
+            packed = pack_bits(values)
+            return (struct.pack(">BHHB", StandardFunction.WRITE_MULTIPLE_COILS, address,
+                                len(values), len(packed)) + packed)
+        case MaskWriteRegister(address, and_mask, or_mask):
+            return struct.pack(">BHHH", StandardFunction.MASK_WRITE_REGISTER, address, and_mask,
+                               or_mask)
     raise TypeError(f"not a request: {req!r}")  # pragma: no cover
 
 
@@ -401,6 +534,13 @@ def encode_response(resp: Response) -> bytes:
             return struct.pack(">BHH", FunctionCode.TRIGGER, address, code)
         case FileInfoResponse(status, size, crc):
             return struct.pack(">BBII", FunctionCode.FILE_INFO, status, size, crc)
+        case ReadBitsResponse(function, values):
+            packed = pack_bits(values)
+            return bytes([function, len(packed)]) + packed
+        case WriteSingleCoil() | MaskWriteRegister():
+            return encode_request(resp)  # the answer echoes the request
+        case WriteMultipleCoilsResponse(address, count):
+            return struct.pack(">BHH", StandardFunction.WRITE_MULTIPLE_COILS, address, count)
         case ExceptionResponse(function, exception):
             return bytes([(function | EXCEPTION_FLAG) & 0xFF, exception])
     raise TypeError(f"not a response: {resp!r}")  # pragma: no cover
@@ -471,6 +611,15 @@ def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
         return pdu[1:3] == request_pdu[1:3] and len(pdu) == 5
     if fc == FunctionCode.FILE_INFO:
         return len(pdu) == FILE_INFO_ANSWER_LENGTH and pdu[1] in set(FileInfoStatus)
+    if (fc in (StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS)
+            and len(request_pdu) == 5):
+        count = int.from_bytes(request_pdu[3:5], "big")
+        size = (count + 7) // 8
+        return len(pdu) >= 2 and pdu[1] == size and len(pdu) == 2 + size
+    if fc in (StandardFunction.WRITE_SINGLE_COIL, StandardFunction.MASK_WRITE_REGISTER):
+        return pdu == request_pdu
+    if fc == StandardFunction.WRITE_MULTIPLE_COILS:
+        return pdu[1:5] == request_pdu[1:5] and len(pdu) == 5
     return True
 
 

@@ -83,6 +83,7 @@ UNKNOWN_LENGTH = -2  #: the function code does not tell the length
 #: Requests with a fixed frame length (unit + fc + 4 + CRC), including standard codes that the
 #: device does not support, so that it can answer them with exception 01 at once.
 _FIXED_REQUEST = {0x01, 0x02, 0x03, 0x04, 0x05, 0x06, FunctionCode.TRIGGER}
+MASK_WRITE = 0x16  #: FC22 (unit + fc + address, AND mask, OR mask + CRC: 10 bytes either way)
 #: Requests whose length is ``index of byte count + 1 + byte count + CRC``.
 _COUNTED_REQUEST = {0x0F: 6, 0x10: 6, 0x17: 10, FunctionCode.WRITE_IF_GENERATION: 8}
 
@@ -94,6 +95,8 @@ def request_frame_length(buf: bytes | bytearray) -> int:
     fc = buf[1]
     if fc in _FIXED_REQUEST:
         return 8
+    if fc == MASK_WRITE:
+        return 10
     if fc in _COUNTED_REQUEST:
         at = _COUNTED_REQUEST[fc]
         return buf[at] + at + 3 if len(buf) > at else NEED_MORE
@@ -113,6 +116,8 @@ def response_frame_length(buf: bytes | bytearray) -> int:
         return 8
     if fc == FunctionCode.WRITE_IF_GENERATION:
         return 7
+    if fc == MASK_WRITE:
+        return 10
     return UNKNOWN_LENGTH
 
 
@@ -130,7 +135,7 @@ def _request_head_plausible(buf: bytes | bytearray) -> bool:
         quantity = int.from_bytes(buf[at - 2:at], "big")
         need = (quantity + 7) // 8 if fc == 0x0F else 2 * quantity
         return bool(buf[at] == need and quantity)
-    return fc in _FIXED_REQUEST
+    return fc in _FIXED_REQUEST or fc == MASK_WRITE
 
 
 FRAME_GAP_FAST = 0.00175  #: t3.5 above 19200 Bd

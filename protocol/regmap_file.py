@@ -29,6 +29,15 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from idemlink.protocol.datatypes import (
+    MAX_STRING_WORDS,
+    DataType,
+    full_range,
+    native,
+    parse_type,
+    parse_word_order,
+    raw_of,
+)
 from idemlink.protocol.long_integers import (
     DuplicateKeyError,
     LongIntegerError,
@@ -37,11 +46,15 @@ from idemlink.protocol.long_integers import (
     unique_keys,
 )
 from idemlink.protocol.registers import (
+    BIT_KINDS,
     FORBIDDEN_KINDS,
+    BitField,
     FaultBit,
+    RegisterKind,
     RegisterMap,
     RegisterSchemaError,
     RegisterSpec,
+    Space,
     check_scale,
     parse_kind,
 )
@@ -54,19 +67,23 @@ MAX_REGISTERS = 4096
 BUILTIN_MAPS: tuple[str, ...] = ("thermal-controller", "pump-controller")
 DEFAULT_MAP_NAME = "thermal-controller"
 
-_TOP_FIELDS = {"name", "description", "registers", "schema", "hash",
+_TOP_FIELDS = {"name", "description", "registers", "schema", "hash", "mask_write",
                "link"}  # link: a connection profile (link_profile.map_link), not the map's
 SCHEMA = "idemlink.regmap/1"
+_TYPED = {"type", "word_order", "length", "offset", "fields"}
 _FIELDS = {"address", "name", "kind", "unit", "scale", "min", "max", "default", "labels",
-           "persist", "bits", "description"}
+           "persist", "bits", "description", *_TYPED}
 _BIT_FIELDS = {"bit", "name", "description"}
+_FIELD_FIELDS = {"name", "bit", "width", "description", "labels"}
 #: Which optional fields each kind takes (address, name, kind, description: every kind).
 _KIND_FIELDS = {
-    "input": {"unit", "scale", "default", "labels", "min", "max"},
-    "holding": {"unit", "scale", "min", "max", "default", "labels", "persist"},
+    "input": {"unit", "scale", "default", "labels", "min", "max", *_TYPED},
+    "holding": {"unit", "scale", "min", "max", "default", "labels", "persist", *_TYPED},
     "fault": {"bits"},
     "trigger": set(),
     "generation": set(),
+    "coil": {"default", "labels", "persist"},
+    "discrete_input": {"default", "labels"},
 }
 #: Field names people reach for that would break idempotency, and why they are refused.
 _FORBIDDEN_FIELDS = {
@@ -117,11 +134,85 @@ def _scale(where: str, value: object) -> str:
     return format(number.normalize(), "f")
 
 
-def _labels(where: str, value: object) -> tuple[tuple[int, str], ...]:
+def _labels(where: str, value: object, dtype: DataType = DataType.U16,
+            ) -> tuple[tuple[int, str], ...]:
     if not isinstance(value, dict) or not value:
         raise RegmapFileError(f"{where}: field 'labels': need a table of label = value, "
                               "e.g. labels = { off = 0, auto = 1 }")
-    return tuple(sorted((_int(where, f"labels.{k}", v), str(k)) for k, v in value.items()))
+    if dtype is DataType.U16:
+        return tuple(sorted((_int(where, f"labels.{k}", v), str(k)) for k, v in value.items()))
+    return tuple(sorted((_raw_number(where, f"labels.{k}", v, dtype), str(k))
+                        for k, v in value.items()))
+
+
+def _offset(where: str, value: object) -> str:
+    if type(value) is float:
+        text = repr(value)
+    elif type(value) is int or isinstance(value, str):
+        text = str(value)
+    else:
+        raise RegmapFileError(f"{where}: field 'offset': {value!r} is not a number")
+    try:
+        number = Decimal(text)
+    except InvalidOperation:
+        number = Decimal("nan")
+    if not number.is_finite():
+        raise RegmapFileError(f"{where}: field 'offset': {value!r} is not a number")
+    if number:
+        try:
+            check_scale(abs(number))
+        except RegisterSchemaError as exc:
+            raise RegmapFileError(f"{where}: field 'offset': {value!r}: "
+                                  f"{str(exc).replace('scale', 'an offset')}") from None
+    if number == number.to_integral_value():
+        return str(int(number))
+    return format(number.normalize(), "f")
+
+
+def _raw_number(where: str, field: str, value: object, dtype: DataType) -> int:
+    """The raw value of a number a map file gives for a typed register (an integer of the type's
+    range; for a float type any finite number)."""
+    if dtype.is_float:
+        if type(value) not in (int, float):
+            raise RegmapFileError(f"{where}: field {field!r}: {value!r} is not a number")
+    elif type(value) is not int:
+        raise RegmapFileError(f"{where}: field {field!r}: {value!r} is not an integer")
+    try:
+        return raw_of(dtype, value)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise RegmapFileError(f"{where}: field {field!r}: {exc}") from None
+
+
+def _string_default(where: str, value: object, length: int) -> int:
+    if not isinstance(value, str) or not all(32 <= ord(c) < 127 for c in value):
+        raise RegmapFileError(f"{where}: field 'default': need printable ASCII text")
+    data = value.encode("ascii")
+    if len(data) > 2 * length:
+        raise RegmapFileError(f"{where}: field 'default': {len(data)} characters; the string "
+                              f"holds {2 * length}")
+    return int.from_bytes(data.ljust(2 * length, b"\0"), "big")
+
+
+def _fields(where: str, value: object) -> tuple[BitField, ...]:
+    if not isinstance(value, list) or not value:
+        raise RegmapFileError(f"{where}: field 'fields': need a list of "
+                              "{ name = ..., bit = N, width = W }")
+    out = []
+    for i, f in enumerate(value):
+        at = f"{where}: fields[{i}]"
+        if not isinstance(f, dict):
+            raise RegmapFileError(f"{at}: need {{ name = ..., bit = N, width = W }}")
+        unknown = set(f) - _FIELD_FIELDS
+        if unknown:
+            raise RegmapFileError(f"{at}: unknown field(s) {sorted(unknown)}; a bit field has "
+                                  f"{sorted(_FIELD_FIELDS)}")
+        if "bit" not in f or "name" not in f:
+            raise RegmapFileError(f"{at}: needs both 'bit' and 'name'")
+        out.append(BitField(_text(at, "name", f["name"], 64), _int(at, "bit", f["bit"]),
+                            _int(at, "width", f.get("width", 1)),
+                            _text(at, "description", f.get("description", "")),
+                            _labels(at, f["labels"]) if "labels" in f else ()))
+    return tuple(out)
 
 
 def _bits(where: str, value: object) -> tuple[FaultBit, ...]:
@@ -176,26 +267,23 @@ def _register(source: str, index: int, raw: object) -> RegisterSpec:
         options["unit"] = _text(where, "unit", raw["unit"], 32)
     if "scale" in raw:
         options["scale"] = _scale(where, raw["scale"])
-    for field, key in (("min", "minimum"), ("max", "maximum"), ("default", "default")):
-        if field in raw:
-            options[key] = _int(where, field, raw[field])
-    lo, hi = options.get("minimum", 0), options.get("maximum", 0xFFFF)
-    for field, value in (("min", lo), ("max", hi), ("default", options.get("default", lo))):
-        if not 0 <= value <= 0xFFFF:
-            raise RegmapFileError(f"{where}: field {field!r}: {value} outside 0..65535")
-    if lo > hi:
-        raise RegmapFileError(f"{where}: field 'max': {hi} is below min {lo}")
-    if "default" in options and not lo <= options["default"] <= hi:
-        raise RegmapFileError(f"{where}: field 'default': {options['default']} outside "
-                              f"min..max ({lo}..{hi})")
+    if "offset" in raw:
+        options["offset"] = _offset(where, raw["offset"])
+    dtype = _dtype(where, raw, options)
+    if dtype is DataType.U16:
+        _u16_limits(where, raw, options, kind)
+    else:
+        _typed_limits(where, raw, options, dtype)
     if "labels" in raw:
-        options["labels"] = _labels(where, raw["labels"])
+        options["labels"] = _labels(where, raw["labels"], dtype)
     if "persist" in raw:
         if type(raw["persist"]) is not bool:
             raise RegmapFileError(f"{where}: field 'persist': need true or false")
         options["persist"] = raw["persist"]
     if "bits" in raw:
         options["bits"] = _bits(where, raw["bits"])
+    if "fields" in raw:
+        options["fields"] = _fields(where, raw["fields"])
     if "description" in raw:
         options["description"] = _text(where, "description", raw["description"], 500)
     try:
@@ -205,6 +293,84 @@ def _register(source: str, index: int, raw: object) -> RegisterSpec:
         raise
     except RegisterSchemaError as exc:
         raise RegmapFileError(f"{where}: {_strip_name(str(exc), raw['name'])}") from None
+
+
+def _dtype(where: str, raw: dict[str, Any], options: dict[str, Any]) -> DataType:
+    """The register's ``type`` (u16 when absent) and what it needs: ``word_order`` for a value of
+    several registers (declared, never guessed: devices differ), ``length`` for a string."""
+    dtype = DataType.U16
+    if "type" in raw:
+        try:
+            dtype = parse_type(_text(where, "type", raw["type"], 20))
+        except ValueError as exc:
+            raise RegmapFileError(f"{where}: field 'type': {exc}") from None
+        options["dtype"] = dtype
+    if dtype is DataType.STRING:
+        if "length" not in raw:
+            raise RegmapFileError(f"{where}: field 'length' is missing: a string says how many "
+                                  f"registers it takes (1..{MAX_STRING_WORDS}, two characters "
+                                  "each)")
+        options["length"] = _int(where, "length", raw["length"])
+    elif "length" in raw:
+        raise RegmapFileError(f"{where}: field 'length' applies to a string (type = \"string\")")
+    if dtype.words > 1:
+        if "word_order" not in raw:
+            raise RegmapFileError(
+                f"{where}: field 'word_order' is missing: a {dtype.value} takes {dtype.words} "
+                "registers; say which comes first: \"big\" (the first register holds the most "
+                "significant word) or \"little\" (the last does)")
+        try:
+            options["word_order"] = parse_word_order(_text(where, "word_order",
+                                                           raw["word_order"], 20))
+        except ValueError as exc:
+            raise RegmapFileError(f"{where}: field 'word_order': {exc}") from None
+    elif "word_order" in raw:
+        raise RegmapFileError(f"{where}: field 'word_order' applies to a type of several "
+                              f"registers (u32, i32, f32, u64, i64, f64), not {dtype.value}")
+    return dtype
+
+
+def _u16_limits(where: str, raw: dict[str, Any], options: dict[str, Any],
+                kind: RegisterKind) -> None:
+    for field, key in (("min", "minimum"), ("max", "maximum"), ("default", "default")):
+        if field in raw:
+            options[key] = _int(where, field, raw[field])
+    top = 1 if kind in BIT_KINDS else 0xFFFF
+    if kind in BIT_KINDS and options.get("default", 0) not in (0, 1):
+        raise RegmapFileError(f"{where}: field 'default': {options['default']}: a "
+                              f"{kind.name.lower()} is 0 or 1")
+    lo, hi = options.get("minimum", 0), options.get("maximum", top)
+    for field, value in (("min", lo), ("max", hi), ("default", options.get("default", lo))):
+        if not 0 <= value <= 0xFFFF:
+            raise RegmapFileError(f"{where}: field {field!r}: {value} outside 0..65535")
+    if lo > hi:
+        raise RegmapFileError(f"{where}: field 'max': {hi} is below min {lo}")
+    if "default" in options and not lo <= options["default"] <= hi:
+        raise RegmapFileError(f"{where}: field 'default': {options['default']} outside "
+                              f"min..max ({lo}..{hi})")
+
+
+def _typed_limits(where: str, raw: dict[str, Any], options: dict[str, Any],
+                  dtype: DataType) -> None:
+    """``min``/``max``/``default`` of a typed register, given as the type's numbers."""
+    if dtype is DataType.STRING:
+        for field in ("min", "max"):
+            if field in raw:
+                raise RegmapFileError(f"{where}: field {field!r} does not apply to a string")
+        if "default" in raw:
+            options["default"] = _string_default(where, raw["default"], options["length"])
+        return
+    for field, key in (("min", "minimum"), ("max", "maximum"), ("default", "default")):
+        if field in raw:
+            options[key] = _raw_number(where, field, raw[field], dtype)
+    lo_raw, hi_raw = full_range(dtype)
+    lo = native(dtype, options.get("minimum", lo_raw))
+    hi = native(dtype, options.get("maximum", hi_raw))
+    if lo > hi:
+        raise RegmapFileError(f"{where}: field 'max': {raw['max']} is below min {raw['min']}")
+    if "default" in options and not lo <= native(dtype, options["default"]) <= hi:
+        raise RegmapFileError(f"{where}: field 'default': {raw['default']} outside "
+                              f"min..max ({raw.get('min', lo)}..{raw.get('max', hi)})")
 
 
 def _strip_name(message: str, name: object) -> str:
@@ -242,18 +408,28 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
     if len(regs) > MAX_REGISTERS:
         raise RegmapFileError(f"{source}: {len(regs)} registers; at most {MAX_REGISTERS}")
     specs = [_register(source, i, r) for i, r in enumerate(regs)]
-    by_address: dict[int, str] = {}
+    owners: dict[tuple[Space, int], RegisterSpec] = {}
     for s in specs:
-        if s.address in by_address:
-            raise RegmapFileError(f"{source}: register {s.name!r}: field 'address': 0x"
-                                  f"{s.address:04X} is already {by_address[s.address]!r}")
-        by_address[s.address] = s.name
+        for a in s.span:
+            other = owners.get((s.space, a))
+            if other is not None:
+                which = "" if a == other.address else f" (its register {a - other.address + 1})"
+                space = "" if s.space is Space.REGISTERS else f"{s.space.value} "
+                raise RegmapFileError(f"{source}: register {s.name!r}: field 'address': {space}0x"
+                                      f"{a:04X} is already {other.name!r}{which}")
+        for a in s.span:
+            owners[(s.space, a)] = s
+    mask_write = doc.get("mask_write", False)
+    if type(mask_write) is not bool:
+        raise RegmapFileError(f"{source}: field 'mask_write': need true or false (whether the "
+                              "device takes FC22, mask write register)")
     if "schema" in doc and doc["schema"] != SCHEMA:
         raise RegmapFileError(f"{source}: field 'schema': {doc['schema']!r} is not {SCHEMA!r}")
     try:
         regmap = RegisterMap(tuple(specs), name=_text(source, "name", doc["name"], 40),
                              description=_text(source, "description",
-                                               doc.get("description", ""), 500))
+                                               doc.get("description", ""), 500),
+                             mask_write=mask_write)
     except RegmapFileError:
         raise
     except RegisterSchemaError as exc:
@@ -267,8 +443,11 @@ def parse_regmap(text: str | bytes, *, source: str = "<map>", fmt: str = "toml")
 
 def map_document(regmap: RegisterMap) -> dict[str, Any]:
     """The map as a JSON map file (what ``idemlink regmap --json`` prints; loads back as is)."""
-    return {"schema": SCHEMA, "name": regmap.name, "hash": regmap.hash.hex(),
-            "description": regmap.description, "registers": regmap.to_json()}
+    doc: dict[str, Any] = {"schema": SCHEMA, "name": regmap.name, "hash": regmap.hash.hex(),
+                           "description": regmap.description, "registers": regmap.to_json()}
+    if regmap.mask_write:
+        doc["mask_write"] = True
+    return doc
 
 
 def load_regmap(path: str | os.PathLike[str]) -> RegisterMap:

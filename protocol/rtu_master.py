@@ -27,9 +27,10 @@ Contract:
   ends UNKNOWN with ``Status.ANSWER_MISMATCH`` and ``Completion.detail`` saying what came
   (``wrote 0x0001, echo 0x0004``), not NO_ANSWER.
 - How many times a request may be sent is decided here, from the register map, never by the
-  caller (``attempts_for``; ``submit``'s ``set_only`` is ignored): a read (FC03/FC04), or an
-  FC06/FC16 write whose every register is a HOLDING register (an absolute value: running it twice
-  leaves the same state), is sent up to ``attempts`` times; anything else — a write to a FAULT
+  caller (``attempts_for``; ``submit``'s ``set_only`` is ignored): a read (FC03/FC04, FC01/FC02),
+  an FC06/FC16 write whose every register is a HOLDING register, an FC22 mask write of one, or an
+  FC05/FC15 write of coils (an absolute value: running it twice leaves the same state), is sent
+  up to ``attempts`` times; anything else — a write to a FAULT
   word (write-1-to-clear), to a TRIGGER register, to an address the map does not know — is sent
   exactly once. Modbus RTU has no de-duplication: a retried set-only write may execute twice on
   the slave, which is harmless by construction, and is why only those are retried.
@@ -77,7 +78,7 @@ from typing import Any
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import TRIGGER_TABLE, TriggerAction, TriggerEvent
 from idemlink.protocol.host_session import Completion
-from idemlink.protocol.modbus import FunctionCode, answer_fits, classify_answer
+from idemlink.protocol.modbus import FunctionCode, StandardFunction, answer_fits, classify_answer
 from idemlink.protocol.modbus_rtu import (
     BROADCAST_UNIT,
     DEFAULT_BAUDRATE,
@@ -93,12 +94,22 @@ from idemlink.protocol.outcome import (
     Outcome,
     Status,
 )
-from idemlink.protocol.registers import RegisterKind, RegisterMap, TriggerState, TriggerStatus
+from idemlink.protocol.registers import (
+    RegisterKind,
+    RegisterMap,
+    Space,
+    TriggerState,
+    TriggerStatus,
+)
 
 READS = (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS)
-SET_ONLY_WRITES = (FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS)
-CARRIED = (*READS, *SET_ONLY_WRITES, FunctionCode.TRIGGER)
-"""The functions a plain slave can be asked for (TRIGGER as a read and an FC06 write)."""
+BIT_READS = (StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS)
+SET_ONLY_WRITES = (FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS,
+                   StandardFunction.MASK_WRITE_REGISTER)
+COIL_WRITES = (StandardFunction.WRITE_SINGLE_COIL, StandardFunction.WRITE_MULTIPLE_COILS)
+CARRIED = (*READS, *BIT_READS, *SET_ONLY_WRITES, *COIL_WRITES, FunctionCode.TRIGGER)
+"""The functions a plain slave can be asked for (TRIGGER as a read and an FC06 write; coils,
+discrete inputs and FC22 for what a third-party device's map holds)."""
 IDEMLINK_ONLY = (FunctionCode.WRITE_IF_GENERATION, FunctionCode.FILE_RECEIVE,
                  FunctionCode.FILE_INFO)
 """The idemlink functions a plain slave does not have."""
@@ -109,30 +120,42 @@ frame_log = logging.getLogger("idemlink.frames")
 
 
 def written_addresses(pdu: bytes) -> range | None:
-    """The registers an FC06/FC16 request PDU writes (None for another or a short PDU)."""
-    if len(pdu) < 5 or pdu[0] not in SET_ONLY_WRITES:
+    """The registers an FC06/FC16/FC22 request PDU writes, or the coils an FC05/FC15 one writes
+    (None for another or a short PDU)."""
+    if len(pdu) < 5 or pdu[0] not in (*SET_ONLY_WRITES, *COIL_WRITES):
         return None
     address = int.from_bytes(pdu[1:3], "big")
-    count = 1 if pdu[0] == FunctionCode.WRITE_SINGLE_REGISTER else int.from_bytes(pdu[3:5], "big")
+    single = (FunctionCode.WRITE_SINGLE_REGISTER, StandardFunction.WRITE_SINGLE_COIL,
+              StandardFunction.MASK_WRITE_REGISTER)
+    count = 1 if pdu[0] in single else int.from_bytes(pdu[3:5], "big")
     return range(address, address + count)
 
 
 def retry_allowed(pdu: bytes, regmap: RegisterMap) -> bool:
-    """Whether sending ``pdu`` again is harmless: a read, or a plain write of HOLDING registers
-    only (the map says which). W1C fault words, triggers, unknown addresses, conditional writes
-    and every other function are not."""
-    if pdu[:1] and pdu[0] in READS:
+    """Whether sending ``pdu`` again is harmless: a read (of registers or bits), a plain write
+    of HOLDING registers only, a mask write of one (FC22 sets its bits to absolute values:
+    twice is once), or a write of coils only (FC05/FC15 set absolute 0/1s). The map says which
+    is which. W1C fault words, triggers, unknown addresses, conditional writes and every other
+    function are not."""
+    if pdu[:1] and pdu[0] in (*READS, *BIT_READS):
         return True
     span = written_addresses(pdu)
     if span is None or not span:
         return False
+    if pdu[0] in COIL_WRITES:
+        return all(regmap.spec_at(a, Space.COILS) is not None for a in span)
     return all((s := regmap.at(a)) is not None and s.kind is RegisterKind.HOLDING for a in span)
 
 
 def expected_answer_length(pdu: bytes) -> int:
-    """Bytes of the RTU frame that answers ``pdu`` when it succeeds (reads: 5 + 2 * count)."""
+    """Bytes of the RTU frame that answers ``pdu`` when it succeeds (reads: 5 + 2 * count; bit
+    reads: 5 + one byte per 8 bits; a mask write's echo: 10)."""
     if pdu[:1] and pdu[0] in READS and len(pdu) >= 5:
         return 5 + 2 * int.from_bytes(pdu[3:5], "big")
+    if pdu[:1] and pdu[0] in BIT_READS and len(pdu) >= 5:
+        return 5 + (int.from_bytes(pdu[3:5], "big") + 7) // 8
+    if pdu[:1] and pdu[0] == StandardFunction.MASK_WRITE_REGISTER:
+        return 10
     return 8
 
 
@@ -238,15 +261,17 @@ class RtuMaster:
                     "standard Modbus RTU slave does not have; nothing was sent")
             raise LocalProtocolError(
                 f"function 0x{fc:02X} is not one this master carries (FC03/FC04 reads, FC06/FC16 "
-                "writes, the trigger); nothing was sent")
+                "writes, the trigger; FC01/FC02, FC05/FC15 and FC22 for what a map holds); "
+                "nothing was sent")
         start = fc == FunctionCode.TRIGGER and pdu[3:5] == b"\x00\x01"
         if fc == FunctionCode.TRIGGER and (len(pdu) != 5 or pdu[3:5] not in (b"\x00\x00",
                                                                              b"\x00\x01")):
             raise LocalProtocolError("a trigger on a Modbus RTU slave writes 1 (start) or 0 "
                                      "(reset); nothing was sent")
-        if u == BROADCAST_UNIT and (fc in READS or start):
+        if u == BROADCAST_UNIT and (fc in READS or fc in BIT_READS or start):
             raise LocalProtocolError(
-                "a read cannot be broadcast (unit 0): no slave answers it" if fc in READS else
+                "a read cannot be broadcast (unit 0): no slave answers it"
+                if fc in READS or fc in BIT_READS else
                 "a trigger start reads the trigger's state first, which a broadcast (unit 0) "
                 "cannot")
         encode_rtu(u, pdu)  # ValueError for a PDU that cannot travel, before it is queued

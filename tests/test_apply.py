@@ -47,7 +47,7 @@ from idemlink.pytest_plugin import start_pty_sim
 CLI = [sys.executable, "-c", "import sys; from idemlink.cli import main; sys.exit(main())"]
 
 PLAN = {"name": "summer", "steps": [
-    {"write": {"threshold": 400, "mode": 2}},
+    {"write": {"threshold": "40.0", "mode": 2}},
     {"write": {"fan_setpoint": 80}},
     {"trigger": "self_clean"},
 ]}
@@ -167,7 +167,7 @@ def test_a_device_without_id_is_refused_one_shot_steps_before_anything_is_sent(
 def test_clear_and_conditional_write_run_once_per_device(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plan = write_plan(tmp_path / "plan.json", {"steps": [
-        {"write": {"threshold": 500}},
+        {"write": {"threshold": "50.0"}},
         {"write_if_generation": {"fan_setpoint": 77}},
         {"clear": {"faults": ["fan_stall"]}},
     ]})

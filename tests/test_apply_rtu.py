@@ -34,7 +34,7 @@ def apply(wire: LossyWire, capsys: pytest.CaptureFixture[str], *argv: str) -> tu
 
 def test_set_only_steps_converge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     wire = LossyWire(lambda p, n: p[0] == FunctionCode.WRITE_MULTIPLE_REGISTERS and n <= 2)
-    plan = plan_file(tmp_path, {"write": {"threshold": 400, "mode": 2}},
+    plan = plan_file(tmp_path, {"write": {"threshold": "40.0", "mode": 2}},
                      {"write": {"fan_setpoint": 80}})
     rc, out, _ = apply(wire, capsys, str(plan))
     assert rc == 0, out

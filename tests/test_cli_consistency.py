@@ -207,7 +207,7 @@ def test_fault_words_show_one_way(plain: PlainSlave, capsys: pytest.CaptureFixtu
 def test_apply_speaks_like_write_and_lists_registers(
         sim: PtySim, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"steps": [{"write": {"threshold": 300, "mode": 2}},
+    plan.write_text(json.dumps({"steps": [{"write": {"threshold": "30.0", "mode": 2}},
                                           {"trigger": "self_clean"}, {"trigger": "self_clean"},
                                           {"write": {"fan_setpoint": 80}}]}))
     assert cli(capsys, "trigger", "--port", sim.path)[0] == 0  # RUNNING: the step will not start
@@ -230,7 +230,7 @@ def test_apply_speaks_like_write_and_lists_registers(
 def test_apply_json_lists_what_a_write_step_wrote(
         sim: PtySim, capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"steps": [{"write": {"threshold": 300, "mode": "Manual"}}]}))
+    plan.write_text(json.dumps({"steps": [{"write": {"threshold": "30.0", "mode": "Manual"}}]}))
     rc, out, _ = cli(capsys, "apply", "--port", sim.path, str(plan), "--json")
     [step] = json_docs(out)[0]["steps"]
     assert rc == 0 and step["state"] == "written" and step["written"] == {"threshold": 300,

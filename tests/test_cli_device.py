@@ -227,7 +227,7 @@ def test_trigger_cycle(sim: Sim) -> None:
 def test_apply_plan_converges(sim: Sim, tmp_path: Path) -> None:
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"name": "t", "steps": [
-        {"write": {"threshold": 333, "mode": 0}}, {"write": {"fan_setpoint": 12}}]}))
+        {"write": {"threshold": "raw:333", "mode": 0}}, {"write": {"fan_setpoint": 12}}]}))
     rc, doc = cli_json("apply", "--port", sim.path, str(plan))
     assert rc == 0 and [s["state"] for s in doc["steps"]] == ["written", "written"]
     h = sim.holdings()
@@ -236,8 +236,13 @@ def test_apply_plan_converges(sim: Sim, tmp_path: Path) -> None:
     rc, doc = cli_json("apply", "--port", sim.path, str(plan))
     assert rc == 0 and [s["state"] for s in doc["steps"]] == ["in_place", "in_place"]
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"steps": [{"write": {"threshold": 5000}}]}))
+    bad.write_text(json.dumps({"steps": [{"write": {"threshold": "500.0"}}]}))
     assert cli("apply", "--port", sim.path, str(bad)).returncode == 4
+    # a bare number for a scaled register: it was the raw value in plans, it is the unit on the
+    # command line; refused with the hint, nothing sent
+    bad.write_text(json.dumps({"steps": [{"write": {"threshold": 5000}}]}))
+    r = cli("apply", "--port", sim.path, str(bad))
+    assert r.returncode == 1 and '"500.0" for 500.0 °C or "raw:5000"' in r.stderr
     bad.write_text("{not json")
     assert cli("apply", "--port", sim.path, str(bad)).returncode == 1
 

@@ -178,7 +178,7 @@ def test_apply_reads_back_its_unknown_step(
     device = SimulatedDevice(seed=1)
     t = WritesUnanswered(device)
     plan = tmp_path / "plan.json"
-    write_plan(plan, [{"write": {"threshold": 400, "mode": 2}}, {"write": {"fan_setpoint": 80}}])
+    write_plan(plan, [{"write": {"threshold": "40.0", "mode": 2}}, {"write": {"fan_setpoint": 80}}])
     rc, out = inproc(["apply", str(plan), "--json"], t, capsys)
     doc = json.loads(out)
     assert rc == 5

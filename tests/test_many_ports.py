@@ -87,7 +87,7 @@ def test_a_ports_file_and_a_port_named_twice(rack: list[PtySim], tmp_path: Path,
 def test_apply_on_several_devices_shares_one_journal(rack: list[PtySim], tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"steps": [{"write": {"threshold": 400}},
+    plan.write_text(json.dumps({"steps": [{"write": {"threshold": "40.0"}},
                                           {"trigger": "self_clean"}]}))
     assert main(["apply", *ports(rack), str(plan)]) == 0
     assert main(["apply", *ports(rack), str(plan)]) == 0  # receipts: the trigger does not rerun

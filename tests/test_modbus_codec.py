@@ -155,7 +155,12 @@ BAD_REQUESTS: list[tuple[str, str, type[ModbusPduError], ModbusException]] = [
     ("fc06 long", "060001000300", TrailingBytes, ModbusException.ILLEGAL_DATA_VALUE),
     ("0x41 count 123", "410000" + "0000007bf6" + "00" * 246, QuantityOutOfRange,
      ModbusException.ILLEGAL_DATA_VALUE),
-    ("fc01 unsupported", "0100000001", IllegalFunction, ModbusException.ILLEGAL_FUNCTION),
+    ("fc07 unsupported", "07", IllegalFunction, ModbusException.ILLEGAL_FUNCTION),
+    ("fc01 count 2001", "01000007d1", QuantityOutOfRange, ModbusException.ILLEGAL_DATA_VALUE),
+    ("fc05 value 0x1234", "0500001234", QuantityOutOfRange, ModbusException.ILLEGAL_DATA_VALUE),
+    ("fc0F byte count 2 for 8", "0f00000008020100", ByteCountMismatch,
+     ModbusException.ILLEGAL_DATA_VALUE),
+    ("fc16 short", "16000000ff", ShortPdu, ModbusException.ILLEGAL_DATA_VALUE),
     ("fc2B unsupported", "2b0e0100", IllegalFunction, ModbusException.ILLEGAL_FUNCTION),
 ]
 

@@ -9,6 +9,7 @@ import pytest
 
 from idemlink.cli import main
 from idemlink.protocol.registers import (
+    CoreKind,
     FaultBit,
     RegisterKind,
     RegisterSchemaError,
@@ -36,9 +37,14 @@ def test_schema_refuses_behaviour_options(option: str) -> None:
         register(10, "x", "holding", **{option: True})
 
 
-def test_there_are_exactly_five_kinds() -> None:
+def test_there_are_exactly_seven_kinds_and_the_contract_knows_five() -> None:
     assert {k.name for k in RegisterKind} == {"INPUT", "HOLDING", "FAULT", "TRIGGER",
-                                              "GENERATION"}
+                                              "GENERATION", "COIL", "DISCRETE_INPUT"}
+    # the framed device's register table (C enum, contract hash) is the five it always was:
+    # coils and discrete inputs live in Modbus tables of their own, on the RTU path
+    assert {k.name: k.value for k in CoreKind} == {
+        "INPUT": 0, "HOLDING": 1, "FAULT": 2, "TRIGGER": 3, "GENERATION": 4}
+    assert all(RegisterKind[k.name].value == k.value for k in CoreKind)
 
 
 @pytest.mark.parametrize(
@@ -68,18 +74,17 @@ def test_map_validation() -> None:
         make_map([gen, register(0, "a", "input")])
     with pytest.raises(RegisterSchemaError, match="twice"):
         make_map([gen, register(1, "gen", "input")])
-    with pytest.raises(RegisterSchemaError, match="GENERATION"):
-        make_map([register(1, "a", "input")])
-    with pytest.raises(RegisterSchemaError, match="GENERATION"):
+    assert make_map([register(1, "a", "input")]).generation is None  # a third-party device
+    with pytest.raises(RegisterSchemaError, match="at most one GENERATION"):
         make_map([gen, register(1, "gen2", "generation")])
 
 
-def test_default_map_covers_every_kind_and_is_contiguous() -> None:
+def test_default_map_covers_every_core_kind_and_is_contiguous() -> None:
     kinds = {r.kind for r in DEFAULT_MAP}
-    assert kinds == set(RegisterKind)
+    assert {k.value for k in kinds} == {k.value for k in CoreKind}
     assert [r.address for r in DEFAULT_MAP] == list(range(len(DEFAULT_MAP)))
     assert DEFAULT_MAP.named("threshold").kind is RegisterKind.HOLDING
-    assert DEFAULT_MAP.generation.name == "generation"
+    assert DEFAULT_MAP.generation is not None and DEFAULT_MAP.generation.name == "generation"
     assert {b.name for b in DEFAULT_MAP.named("faults").bits} >= {
         "over_temperature", "sensor_fault", "fan_stall"}
 

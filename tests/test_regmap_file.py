@@ -61,7 +61,7 @@ def test_builtin_thermal_controller_is_the_map_the_demo_always_had() -> None:
 
 
 def test_pump_map_has_its_own_layout() -> None:
-    assert PUMP.generation.address == 0x0200
+    assert PUMP.generation is not None and PUMP.generation.address == 0x0200
     assert len(PUMP.of_kind(RegisterKind.FAULT)) == 2
     assert len(PUMP.of_kind(RegisterKind.TRIGGER)) == 2
     assert PUMP.named("test_speed").persist is False
@@ -152,8 +152,9 @@ def test_document_level_refusals() -> None:
         ("registers = []\n", "field 'name' is missing"),
         ('name = "x"\n', "field 'registers'"),
         ('name = "x"\nregister = 1\n', "unknown top-level field(s) ['register']"),
-        ('name = "x"\n[[registers]]\naddress = 1\nname = "a"\nkind = "input"\n',
-         "exactly one GENERATION"),
+        ('name = "x"\n[[registers]]\naddress = 1\nname = "a"\nkind = "generation"\n'
+         '[[registers]]\naddress = 2\nname = "b"\nkind = "generation"\n',
+         "at most one GENERATION"),
         ("name = [", "not valid TOML"),
     ]:
         with pytest.raises(RegmapFileError, match=None) as exc:

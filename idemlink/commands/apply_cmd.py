@@ -3,7 +3,8 @@
 Contract (the plan format is ``idemlink.host.plan``; docs/CLI.md "apply"):
 
 - Set-only ``write`` steps converge: the step's registers are read back first and only those that
-  differ are written (one atomic write per contiguous run, ``RegisterMap.runs``); a device that
+  differ are written (one atomic write per contiguous run, ``atomic_writes``: a bit field by a
+  mask write of its register, coils apart); a device that
   already holds the values gets no write and the step says ``already in place``. They need no
   journal: applying the plan to another device, or to one changed by hand, ends with that device
   holding the plan; applying it again is a no-op.
@@ -66,7 +67,7 @@ from idemlink.commands.device_io import (
 )
 from idemlink.commands.faults_cmd import clear_notes
 from idemlink.commands.many import SharedJournals
-from idemlink.host.command import Command, Reconciliation, SentRequest
+from idemlink.host.command import Command, Reconciliation, SentRequest, atomic_writes, raw_in
 from idemlink.host.device import Device, LinkLost, Result
 from idemlink.host.frame_view import trigger_code_name
 from idemlink.host.journal import (
@@ -234,8 +235,10 @@ class ApplyRun:
             self.doc["journal"] = self.journal_path
             if not self.settle_in_flight():
                 return self.finish()
+        generation = self.regmap.generation
         if any(s.kind is StepKind.WRITE_IF_GENERATION for s in self.plan.steps):
-            back = self.dev.read(self.regmap.generation.name)
+            assert generation is not None  # a plan refuses the step without one (parse_plan)
+            back = self.dev.read(generation.name)
             if not back.ok:
                 self.outcomes.append(back.outcome)
                 self.say(f"generation: {back.describe()} (read at the start; nothing sent)")
@@ -282,29 +285,24 @@ class ApplyRun:
 
     # ------------------------------------------------------------------ set-only writes
     def converge(self, step: PlanStep) -> Settled:
-        first = step.writes[0][0]
-        back = self.dev.execute(self.dev.read_command(first.name, len(step.writes)))
+        back = self.dev.execute(self.dev.read_covering([s for s, _ in step.writes]))
         if not back.ok:
             return Settled(back.outcome, self.entry(step, back.outcome.name.lower(), back),
                            [f"{self.head(step)}: read-back {back.describe()} (nothing written)"])
-        differ = [(s, v) for (s, v), now in zip(step.writes, back.values, strict=True) if now != v]
+        now = {s.name: raw_in(s, back.command, back.values) for s, _ in step.writes}
+        differ = [(s, v) for s, v in step.writes if now[s.name] != v]
         if not differ:
             e = self.entry(step, "in_place")
             e["written"] = {}
-            e["registers"] = [reading_entry(s, back, raw)
-                              for (s, _), raw in zip(step.writes, back.values, strict=True)]
+            e["registers"] = [reading_entry(s, back, now[s.name]) for s, _ in step.writes]
             return Settled(Outcome.OK, e, [f"{self.head(step)}: already in place"])
-        at = {s.address: (s, v) for s, v in differ}
-        commands = [self.dev.write_command({at[a][0].name: at[a][1]
-                                            for a in range(start, start + count)})
-                    for start, count in self.regmap.runs(at)]
+        groups = atomic_writes(differ)
+        commands = [self.dev.write_command({s.name: v for s, v in group}) for group in groups]
         self.effects_sent = True
         results = self.dev.run(commands)
         outcome = worst(r.outcome for r in results)
-        written = {self.regmap.at(a).name: v  # type: ignore[union-attr]
-                   for r in results if r.ok
-                   for a, v in zip(range(r.command.address, r.command.address + r.command.count),
-                                   r.command.values, strict=True)}
+        written = {s.name: v for group, r in zip(groups, results, strict=True) if r.ok
+                   for s, v in group}
         if self.generation is not None:
             self.generation += sum(1 for r in results if r.ok)
         state = "written" if outcome is Outcome.OK else outcome.name.lower()

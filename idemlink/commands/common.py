@@ -40,8 +40,10 @@ from idemlink.cli import (
 from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
 from idemlink.commands.many import add_port_options
 from idemlink.commands.selection import resolve
+from idemlink.host.command import raw_in
 from idemlink.host.device import Result
 from idemlink.output import register_entry
+from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.link_profile import MAX_TIMEOUT as LINK_MAX_TIMEOUT
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
@@ -217,9 +219,9 @@ def result_json(r: Result) -> dict[str, Any]:
 def reading_entry(spec: RegisterSpec, r: Result, raw: int | None = None) -> dict[str, Any]:
     """A register read as every schema lists it (``register_entry``) with the read's
     ``outcome``; ``raw`` and ``value`` are null when the read got no value. ``raw`` is the
-    register's word when ``r`` read several (default: its first value)."""
+    register's raw value when ``r`` read more (default: its own, ``raw_in``)."""
     if raw is None and r.ok and r.values:
-        raw = r.values[0]
+        raw = raw_in(spec, r.command, r.values)
     return {**register_entry(spec, raw), "outcome": r.outcome.name}
 
 
@@ -233,17 +235,18 @@ def unit_suffix(spec: RegisterSpec) -> str:
 
 
 def shown(spec: RegisterSpec, raw: int) -> str:
-    """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``: the map's reading, and the raw value
-    whenever the reading is not the raw number itself."""
+    """``42.0 °C (raw 420)``, ``auto (1)``, ``50 %``, ``-5.0 °C (raw 0xFFCE)``: the map's
+    reading, and the raw value whenever the reading is not the raw number itself (a fault word,
+    a word of bit fields and a string show theirs already)."""
     text = spec.show(raw)
-    if spec.kind is RegisterKind.FAULT:
+    if spec.kind is RegisterKind.FAULT or spec.fields or spec.dtype is DataType.STRING:
         return text
     bare = text[: -len(unit_suffix(spec))] if unit_suffix(spec) and text.endswith(unit_suffix(spec)) else text
     if bare == str(raw):
         return text
     if spec.label_of(raw) is not None or spec.kind is RegisterKind.TRIGGER:
-        return f"{text} ({raw})"
-    return f"{text} (raw {raw})"
+        return f"{text} ({spec.raw_text(raw)})"
+    return f"{text} (raw {spec.raw_text(raw)})"
 
 
 def parse_value(spec: RegisterSpec, text: str) -> int:

@@ -226,7 +226,7 @@ def log_result(regmap: RegisterMap, r: Result) -> None:
     """One INFO line per request (``-v``): what was sent, to which registers, and how it ended,
     e.g. ``WRITE threshold(4) [400]: OK after 1 attempt(s)``."""
     c = r.command
-    spec = regmap.at(c.address)
+    spec = regmap.spec_at(c.address, c.space)
     where = f"{spec.name}({c.address})" if spec is not None else f"@{c.address}"
     values = f" {list(c.values)}" if c.values else ""
     got = f" -> {list(r.values)}" if r.values else ""

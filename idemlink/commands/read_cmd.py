@@ -22,7 +22,8 @@ from idemlink.commands.common import (
     shown,
 )
 from idemlink.commands.device_io import finish, link_guarded, open_any_device
-from idemlink.commands.selection import is_range, read_runs, select_registers
+from idemlink.commands.selection import is_range, select_registers
+from idemlink.host.command import raw_in, read_runs
 from idemlink.output import add_json_option
 
 
@@ -48,16 +49,16 @@ def run_read(args: argparse.Namespace) -> int:
     in_runs = args.all or any(is_range(r) for r in args.registers)
     groups = read_runs(specs) if in_runs else [[s] for s in specs]
     with open_any_device(args) as dev:
-        results = dev.run([dev.read_command(g[0].address, len(g)) for g in groups])
+        results = dev.run([dev.read_covering(g) for g in groups])
         registers: list[dict[str, Any]] = []
         values: dict[str, int] = {}
         per: dict[str, Any] = {}
         lines: list[str] = []
         width = max(len(s.name) for s in specs)
         for group, r in zip(groups, results, strict=True):
-            for i, s in enumerate(group):
+            for s in group:
                 per[s.name] = {"address": s.address, **result_json(r)}
-                raw = r.values[i] if r.ok and len(r.values) > i else None
+                raw = raw_in(s, r.command, r.values) if r.ok else None
                 registers.append(reading_entry(s, r, raw))
                 if raw is not None:
                     values[s.name] = raw

@@ -2,16 +2,16 @@
 
 Contract:
 
-- ``select_registers(regmap, refs, every)``: each ref is a register name, an address (``4``,
-  ``0x4``) or an inclusive range of addresses ``A:B`` (``0:9``, ``0x100:0x10F``). A range takes
-  the map's registers inside it and skips the addresses the map does not declare; a range with
-  ``B < A``, bounds that are not integers, or no register inside is a ``UserError`` (one line,
-  nothing sent). ``every`` (``--all``) is every register of the map and takes no refs; no refs
-  at all is every register too. A register named twice is read once (its first place kept).
+- ``select_registers(regmap, refs, every)``: each ref is a register name (or the name of a coil,
+  a discrete input or a bit field: a field is read in its register), an address (``4``,
+  ``0x4``: a register's) or an inclusive range of register addresses ``A:B`` (``0:9``,
+  ``0x100:0x10F``). A range takes the map's registers starting inside it and skips the
+  addresses the map does not declare; a range with ``B < A``, bounds that are not integers, or no
+  register inside is a ``UserError`` (one line, nothing sent). ``every`` (``--all``) is every
+  register, coil and discrete input of the map and takes no refs; no refs at all is every one
+  too. A register named twice is read once (its first place kept).
 - ``is_range(ref)``: whether a ref is a range (``read`` then reads in runs, like ``--all``).
-- ``read_runs(specs)``: the reads that fetch ``specs``: one per run of contiguous addresses of
-  the same table (input registers apart from the others, as FC04 and FC03 are), in address
-  order, at most ``MAX_READ_COUNT`` registers each (a Modbus read's limit).
+- The reads that fetch them: ``idemlink.host.command.read_runs``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from idemlink.cli import UserError
-from idemlink.protocol.modbus import MAX_READ_COUNT
-from idemlink.protocol.registers import RegisterKind, RegisterMap, RegisterSpec
+from idemlink.protocol.registers import RegisterMap, RegisterSpec, Space
 
 
 def is_range(ref: str) -> bool:
@@ -42,10 +41,11 @@ def _range(regmap: RegisterMap, ref: str) -> list[RegisterSpec]:
     first, last = _bound(first_text, ref), _bound(last_text, ref)
     if last < first:
         raise UserError(f"{ref!r}: the range ends before it starts (FIRST:LAST, both included)")
-    specs = [s for s in regmap if first <= s.address <= last]
+    specs = [s for s in regmap if s.space is Space.REGISTERS and first <= s.address <= last]
     if not specs:
+        known = ", ".join(str(s.address) for s in regmap if s.space is Space.REGISTERS)
         raise UserError(f"no register at addresses {first}..{last} in the map {regmap.name} "
-                        f"(addresses: {', '.join(str(s.address) for s in regmap)})")
+                        f"(addresses: {known})")
     return specs
 
 
@@ -84,15 +84,3 @@ def select_registers(regmap: RegisterMap, refs: Sequence[str], every: bool = Fal
     return out
 
 
-def read_runs(specs: Sequence[RegisterSpec]) -> list[list[RegisterSpec]]:
-    """One read per run of contiguous addresses of one table, at most MAX_READ_COUNT long."""
-    out: list[list[RegisterSpec]] = []
-    for spec in sorted({s.address: s for s in specs}.values(), key=lambda s: s.address):
-        run = out[-1] if out else None
-        if (run is not None and run[-1].address + 1 == spec.address
-                and len(run) < MAX_READ_COUNT
-                and (run[-1].kind is RegisterKind.INPUT) == (spec.kind is RegisterKind.INPUT)):
-            run.append(spec)
-        else:
-            out.append([spec])
-    return out

@@ -153,7 +153,8 @@ class Printer:
 def run(args: argparse.Namespace) -> int:
     from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit, tcp_address
     from idemlink.commands.device_io import log_sources
-    from idemlink.commands.selection import read_runs, select_registers
+    from idemlink.commands.selection import select_registers
+    from idemlink.host.command import read_runs
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     check_seconds("--interval", args.interval, 86400.0)
@@ -305,20 +306,21 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
 def _poll(dev: Device | RtuDevice | TcpDevice, groups: list[list[RegisterSpec]],
           printer: Printer, summary: Summary, last: dict[str, int], every: bool) -> bool:
     """One poll; True when the session must be opened anew (answers refused as TOO_OLD)."""
+    from idemlink.host.command import raw_in
     from idemlink.protocol.outcome import Status
 
     summary.polls += 1
-    commands: list[Command] = [dev.read_command(g[0].address, len(g)) for g in groups]
+    commands: list[Command] = [dev.read_covering(g) for g in groups]
     stamp = time.time()
     results = dev.run(commands)
     for group, result in zip(groups, results, strict=True):
         summary.readings[result.outcome] += len(group)
-        for i, spec in enumerate(group):
-            if not result.ok:
+        for spec in group:
+            raw = raw_in(spec, result.command, result.values) if result.ok else None
+            if raw is None:
                 printer.reading(stamp, summary.polls, spec, None, result)
                 last.pop(spec.name, None)
                 continue
-            raw = result.values[i]
             changed = spec.name in last and last[spec.name] != raw  # a first reading is no change
             summary.changes += changed
             if every or changed or spec.name not in last:

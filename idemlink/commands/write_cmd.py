@@ -4,8 +4,12 @@ Contract: values are typed as the map reads them (``parse_value``); fault words 
 refused with a pointer to ``clear`` / ``trigger`` (exit 1). A write the register map already
 shows to be invalid (out of range, read-only register) is REJECTED without being sent (exit 4;
 ``--no-check`` sends it and lets the device refuse it). Registers at contiguous addresses are one
-atomic write; ``--if-generation G`` is the conditional write (NOT_EXECUTED, exit 3, when the
-generation moved). After an UNKNOWN, what the write touched is read back and reported.
+atomic write (a value of several registers, a u32 say, all of its words), coils at contiguous
+addresses another, a register's bit fields a mask write (FC22) when the map says the device takes
+it, else refused (exit 1, nothing sent: writing the field alone would rewrite its neighbours).
+``--if-generation G`` is the conditional write (NOT_EXECUTED, exit 3, when the generation moved;
+refused, exit 1, when the map has no generation register). After an UNKNOWN, what the write
+touched is read back and reported.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ from idemlink.commands.common import (
     parse_value,
     result_json,
     schema_of,
-    unit_suffix,
 )
 from idemlink.commands.device_io import finish, link_guarded, open_any_device
 from idemlink.commands.selection import resolve
+from idemlink.host.command import CommandBuilder, atomic_writes
 from idemlink.output import add_json_option, emit, register_entry
-from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.datatypes import DataType
+from idemlink.protocol.outcome import LocalProtocolError, Outcome
 from idemlink.protocol.registers import REGISTER_MAX, RegisterKind, RegisterMap, RegisterSpec
 
 
@@ -72,13 +77,15 @@ def parse_assignments(regmap: RegisterMap, items: Sequence[str]) -> list[Assignm
         if spec.name in seen:
             raise UserError(f"{spec.name} assigned twice")
         seen.add(spec.name)
-        value = parse_value(spec, text)
-        if not 0 <= value <= REGISTER_MAX:
-            raise UserError(f"{spec.name}={value}: a register holds 0..{REGISTER_MAX}")
         if spec.kind is RegisterKind.FAULT:
             raise UserError(f"{spec.name} is a fault word: use `idemlink clear`")
         if spec.kind is RegisterKind.TRIGGER:
             raise UserError(f"{spec.name} is a trigger: use `idemlink trigger`")
+        if spec.dtype is DataType.STRING:
+            raise UserError(f"{spec.name} is a read-only string register")
+        value = parse_value(spec, text)
+        if not 0 <= value <= spec.raw_max:
+            raise UserError(f"{spec.name}={value}: a register holds 0..{REGISTER_MAX}")
         out.append(Assignment(spec, value))
     return out
 
@@ -87,26 +94,19 @@ def map_refusal(a: Assignment) -> str | None:
     """Why the register map already shows this write to be invalid, or None."""
     s = a.spec
     if not s.writable:
-        return f"{s.name} is a read-only {s.kind.name} register"
-    if s.kind is RegisterKind.HOLDING and not s.minimum <= a.value <= s.maximum:
-        limits = f"{s.minimum}..{s.maximum}"
-        if s.scale:
-            limits += f" ({s.scaled(s.minimum)}..{s.scaled(s.maximum)}{unit_suffix(s)})"
-        elif s.unit:
-            limits += unit_suffix(s)
-        return f"{s.name}={_typed(a)} outside {limits}"
+        kind = f"{s.kind.name} register" if s.field is None else f"{s.kind.name} register's field"
+        return f"{s.name} is a read-only {kind}"
+    if s.kind is RegisterKind.HOLDING and not s.in_range(a.value):
+        return f"{s.name}={_typed(a)} outside {s.limits_text()}"
     return None
 
 
 def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]:
-    """Group by contiguous addresses: each group is one atomic write (FC06 or FC16)."""
-    runs: list[list[Assignment]] = []
-    for a in sorted(assignments, key=lambda x: x.spec.address):
-        if runs and runs[-1][-1].spec.address + 1 == a.spec.address:
-            runs[-1].append(a)
-        else:
-            runs.append([a])
-    return runs
+    """Group into atomic writes (``atomic_writes``): registers at contiguous addresses (FC06 or
+    FC16), coils at contiguous addresses (FC05 or FC15), the bit fields of one register (FC22)."""
+    by_spec = {a.spec.name: a for a in assignments}
+    return [[by_spec[spec.name] for spec, _ in group]
+            for group in atomic_writes([(a.spec, a.value) for a in assignments])]
 
 
 def _typed(a: Assignment) -> str:
@@ -128,6 +128,16 @@ def run_write(args: argparse.Namespace) -> int:
                             "(one atomic conditional write)")
         if not 0 <= args.if_generation <= REGISTER_MAX:
             raise UserError(f"generation {args.if_generation} outside 0..{REGISTER_MAX}")
+    builder = CommandBuilder(regmap)  # what cannot be sent at all: one line, before the port
+    try:
+        for run in runs:
+            values = {a.spec.name: a.value for a in run}
+            if args.if_generation is not None:
+                builder.write_if_generation_command(args.if_generation, values)
+            else:
+                builder.write_command(values)
+    except LocalProtocolError as exc:
+        raise UserError(str(exc)) from None
     if not args.no_check:
         refusals = [(a, why) for a in assignments if (why := map_refusal(a)) is not None]
         if refusals:
@@ -141,8 +151,8 @@ def run_write(args: argparse.Namespace) -> int:
             return EXIT_REJECTED
     with open_any_device(args) as dev:
         if args.if_generation is not None:
-            values: dict[str | int, int] = {a.spec.name: a.value for a in runs[0]}
-            results = [dev.write_if_generation(args.if_generation, values)]
+            guarded: dict[str | int, int] = {a.spec.name: a.value for a in runs[0]}
+            results = [dev.write_if_generation(args.if_generation, guarded)]
         else:
             results = dev.run([dev.write_command({a.spec.name: a.value for a in run})
                                for run in runs])
