@@ -190,6 +190,10 @@ def _epoch_generator(seed: int | None, boot_count: int, salt: int | None) -> ran
     return random.Random(f"{seed}:boot{boot_count}:salt{salt}")
 
 
+class MapNotServed(ValueError):
+    """A register map the framed simulator cannot serve (one without a generation register)."""
+
+
 class SimulatedDevice:
     """Register core + framed session + reboots + simulated flash. See the module docstring."""
 
@@ -210,6 +214,11 @@ class SimulatedDevice:
         keep_executions: int | None = DEFAULT_KEPT_EXECUTIONS,
         effects: str | os.PathLike[str] | None = None,
     ) -> None:
+        if regmap.generation is None:
+            raise MapNotServed(
+                f"the map {regmap.name} has no generation register: a framed idemlink device "
+                "needs one (its conditional write guards on it); serve the map as a plain "
+                "Modbus RTU slave (idemlink sim --modbus-rtu)")
         self.flash_dir = Path(flash_dir) if flash_dir is not None else None
         self.flash = ConfigFlash(self.flash_dir) if self.flash_dir is not None else None
         self.ring_bits = ring_bits

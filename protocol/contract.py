@@ -23,10 +23,12 @@ import json
 from typing import Any
 
 from idemlink.protocol.contract_section import ContractSection
+from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.registers import (
     MAP_FLAG_PERSIST,
     RegisterKind,
     RegisterMap,
+    Space,
     map_defines,
     map_markdown,
 )
@@ -183,10 +185,20 @@ def render_map_header(regmap: RegisterMap) -> str:
     ]
     rows = []
     for r in regmap:
+        if r.space is not Space.REGISTERS:
+            continue  # coils and discrete inputs: their defines only (IDL_COIL_*, IDL_DISCRETE_*)
         holding = r.kind is RegisterKind.HOLDING
         flags = MAP_FLAG_PERSIST if holding and r.persist else "0u"
-        rows.append(f"    {{ 0x{r.address:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
-                    f"{r.minimum}u, {r.maximum}u, {r.default}u, 0x{r.fault_mask:04X}u }}")
+        if r.dtype is DataType.U16:
+            rows.append(f"    {{ 0x{r.address:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, "
+                        f"{flags}, {r.minimum}u, {r.maximum}u, {r.default}u, "
+                        f"0x{r.fault_mask:04X}u }}")
+            continue
+        # a typed value: one row per register, each word 0..0xFFFF (the limits of the value are
+        # its type's, IDL_REG_<NAME>_MIN/_MAX: a word alone cannot be checked against them)
+        for i, (a, word) in enumerate(zip(r.span, r.words_of(r.default), strict=True)):
+            rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
+                        f"0u, 65535u, {word}u, 0x0000u }} /* {r.name} word {i + 1}/{r.words} */")
     lines.append(",\n".join(rows))
     lines += ["};", "", f"#endif /* {guard} */"]
     return "\n".join(lines) + "\n"

@@ -494,7 +494,23 @@ class RegisterSpec:
         return self.native(self.minimum) <= value <= self.native(self.maximum)
 
     def native_text(self, raw: int) -> str:
+        """The type's number of ``raw`` as text (``-400``, ``1234.5``; a string's text)."""
+        if self.dtype is DataType.STRING:
+            return string_text(raw, self.words)
         return number_text(self.dtype, self.native(raw))
+
+    @property
+    def shown_default(self) -> str:
+        return self.native_text(self.default)
+
+    @property
+    def type_text(self) -> str:
+        """``""`` for a u16; ``i16``, ``f32 little``, ``string[8]``: what the words mean."""
+        if self.dtype is DataType.U16:
+            return ""
+        if self.dtype is DataType.STRING:
+            return f"string[{self.length}]"
+        return self.dtype.value + (f" {self.word_order.value}" if self.words > 1 else "")
 
     def raw_text(self, raw: int) -> str:
         """``420`` (a u16, as always), ``0xFFCE`` (an i16), ``0x449A5000`` (an f32)."""
@@ -799,7 +815,7 @@ def _c_number(dtype: DataType, value: int | float) -> str:
         return repr(value) + ("f" if dtype is DataType.F32 else "")
     suffix = {1: "", 2: "L", 4: "LL"}[dtype.words]
     if value >= 0:
-        return f"{value}u{suffix}"
+        return f"{value}{suffix}" if dtype.signed else f"{value}u{suffix}"
     if value == integer_range(dtype)[0]:  # -32768 is not a literal: unary minus of 32768
         return f"({value + 1}{suffix} - 1)"
     return f"({value}{suffix})"

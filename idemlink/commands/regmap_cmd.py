@@ -63,15 +63,22 @@ def run(args: argparse.Namespace) -> int:
     header = ("address", "name", "kind", "min", "max", "default", "scale", "unit", "values")
     table = [header]
     for r in regmap:
-        holding = r.kind.name == "HOLDING"
-        values = ", ".join(f"{v}={s}" for v, s in r.labels) or ", ".join(
-            f"{b.bit}:{b.name}" for b in r.bits)
-        if holding and not r.persist:
+        holding = r.kind.name == "HOLDING" and r.dtype.value != "string"
+        values = ", ".join(f"{r.native_text(v)}={s}" for v, s in r.labels) or ", ".join(
+            f"{b.bit}:{b.name}" for b in r.bits) or ", ".join(
+            f"{f.bit}{'' if f.width == 1 else f'-{f.bit + f.width - 1}'}:{f.name}"
+            for f in r.fields)
+        if r.type_text:
+            values = r.type_text + ("; " + values if values else "")
+        if r.offset:
+            values = (values + "; " if values else "") + f"offset {r.offset}"
+        if r.kind.name in ("HOLDING", "COIL") and not r.persist:
             values = (values + "; " if values else "") + "volatile"
+        shows_default = holding or r.kind.name in ("INPUT", "COIL", "DISCRETE_INPUT")
         table.append((f"0x{r.address:04X}", r.name, r.kind.name.lower(),
-                      str(r.minimum) if holding else "", str(r.maximum) if holding else "",
-                      str(r.default) if holding or r.kind.name == "INPUT" else "", r.scale,
-                      r.unit, values))
+                      r.native_text(r.minimum) if holding else "",
+                      r.native_text(r.maximum) if holding else "",
+                      r.shown_default if shows_default else "", r.scale, r.unit, values))
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -251,7 +251,7 @@ def run_rtu(args: argparse.Namespace) -> int:
 
 def run_framed(args: argparse.Namespace) -> int:
     """The framed simulator (``SimulatedDevice``) on a new pty or on ``--port``."""
-    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.device import MapNotServed, SimulatedDevice
     from idemlink.device_sim.flash import DeviceIdError
     from idemlink.device_sim.serve import serve
     from idemlink.protocol.device_core import SnapshotError
@@ -265,7 +265,7 @@ def run_framed(args: argparse.Namespace) -> int:
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
                                  device_id=getattr(args, "device_id", None), epoch_salt=salt,
                                  effects=getattr(args, "effects", None))
-    except DeviceIdError as exc:
+    except (DeviceIdError, MapNotServed) as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None

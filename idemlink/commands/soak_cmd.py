@@ -119,7 +119,16 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
     if not duration >= 0:
         raise UserError(f"--trigger-duration {duration} must be >= 0 seconds")
     regmap = args.regmap if args.regmap is not None else "thermal-controller"
-    regmap_from(args)  # a map file that cannot be loaded: one line, before anything starts
+    loaded = regmap_from(args)  # a map file that cannot be loaded: one line, before anything starts
+    if loaded.generation is None:
+        raise UserError(f"the map {loaded.name} has no generation register: the soak drives a "
+                        "framed idemlink device, which needs one")
+    typed = [r.name for r in loaded if r.type_text or r.space.value != "register"]
+    if typed:
+        raise UserError(f"the map {loaded.name} has registers of other types than u16, coils "
+                        f"or discrete inputs ({', '.join(typed[:3])}"
+                        f"{', ...' if len(typed) > 3 else ''}): the soak's oracle models 16-bit "
+                        "registers only")
     return CampaignConfig(
         regmap=regmap, commands=args.commands, loss=args.loss, dup=args.dup, corrupt=args.corrupt,
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
