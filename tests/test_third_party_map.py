@@ -1,0 +1,440 @@
+"""A third-party Modbus RTU device described by a map file, driven by ``read``, ``write``,
+``watch`` and ``apply --modbus-rtu``: a pymodbus RTU server with a layout of its own — signed
+temperatures, a float32 energy counter in little-word order, a u32 run-hours counter, a
+serial-number string, a plain fault word, a holding set-point, a packed control word with bit
+fields (written by FC22), a u32 limit, coils and a discrete input — and no generation register.
+
+Ground truth is pymodbus: the server's registers are laid out, and what the host wrote is read
+back, with pymodbus's own converters (``convert_to_registers``/``convert_from_registers``), never
+with idemlink's codec; the server's action log says which function wrote what.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemlink.cli import main
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.link_proxy import LinkProxy
+from idemlink.host.errors import NoDevice
+from idemlink.host.rtu_device import RtuDevice
+from idemlink.protocol.outcome import LocalProtocolError, Outcome
+from idemlink.protocol.regmap_file import load_regmap
+
+pytest.importorskip("pymodbus")
+
+MAP = """\
+name = "acme-boiler"
+description = "A third-party boiler controller: no generation register"
+mask_write = true                   # the controller implements FC22 (mask write register)
+
+[[registers]]
+address = 0
+name = "flow_temperature"
+kind = "input"
+type = "i16"
+scale = 0.1
+unit = "°C"
+
+[[registers]]
+address = 1
+name = "outdoor_temperature"
+kind = "input"
+type = "i16"
+scale = 0.1
+unit = "°C"
+
+[[registers]]
+address = 2
+name = "energy"
+kind = "input"
+type = "f32"
+word_order = "little"
+unit = "kWh"
+
+[[registers]]
+address = 4
+name = "run_hours"
+kind = "input"
+type = "u32"
+word_order = "big"
+unit = "h"
+
+[[registers]]
+address = 6
+name = "serial_number"
+kind = "input"
+type = "string"
+length = 5
+
+[[registers]]
+address = 11
+name = "fault_code"
+kind = "input"
+description = "the controller's own fault word (read-only, not write-1-to-clear)"
+
+[[registers]]
+address = 0x100
+name = "setpoint"
+kind = "holding"
+type = "i16"
+scale = 0.1
+unit = "°C"
+min = -200
+max = 800
+default = 450
+
+[[registers]]
+address = 0x101
+name = "control"
+kind = "holding"
+fields = [
+    { name = "heating", bit = 0 },
+    { name = "hot_water", bit = 1 },
+    { name = "stage", bit = 4, width = 2, labels = { off = 0, low = 1, high = 2 } },
+]
+
+[[registers]]
+address = 0x102
+name = "energy_limit"
+kind = "holding"
+type = "u32"
+word_order = "little"
+unit = "Wh"
+
+[[registers]]
+address = 0
+name = "pump"
+kind = "coil"
+labels = { off = 0, on = 1 }
+
+[[registers]]
+address = 1
+name = "alarm_relay"
+kind = "coil"
+
+[[registers]]
+address = 0
+name = "flame"
+kind = "discrete_input"
+"""
+
+INPUTS, HOLDINGS = 0, 0x100
+FC22, FC05, FC15, FC06, FC16 = 22, 5, 15, 6, 16
+
+
+def to_regs(value: Any, kind: str, word_order: str = "big") -> list[int]:
+    from pymodbus.client.mixin import ModbusClientMixin as M
+
+    return list(M.convert_to_registers(value, getattr(M.DATATYPE, kind), word_order=word_order))
+
+
+def from_regs(regs: list[int], kind: str, word_order: str = "big") -> Any:
+    from pymodbus.client.mixin import ModbusClientMixin as M
+
+    return M.convert_from_registers(regs, getattr(M.DATATYPE, kind), word_order=word_order)
+
+
+class Boiler:
+    """The controller: a pymodbus RTU server (unit 1) with four separate tables, laid out with
+    pymodbus's own converters. ``writes`` logs (function, address, values) of every write it
+    executed; ``drop(frame)`` loses an answer (the write still ran)."""
+
+    def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
+        from pymodbus.server import ModbusSerialServer
+        from pymodbus.simulator import DataType, SimData, SimDevice
+
+        self.writes: list[tuple[int, int, list[Any]]] = []
+        inputs = (to_regs(-50, "INT16") + to_regs(-123, "INT16")
+                  + to_regs(1234.5, "FLOAT32", "little") + to_regs(70000, "UINT32")
+                  + to_regs("AB-1234567", "STRING") + [0x0042])
+        holdings = [*to_regs(450, "INT16"), 0x0011, *to_regs(100000, "UINT32", "little")]
+
+        async def action(fc: int, start: int, address: int, count: int, current: list[int],
+                         set_values: list[Any] | None) -> Any:
+            if set_values is not None:
+                self.writes.append((fc, address, list(set_values)))
+            return None
+
+        def trace(sending: bool, frame: bytes) -> bytes:
+            return b"" if sending and drop(frame) else frame
+
+        device = SimDevice(1, simdata=(
+            [SimData(0, values=[True, False], datatype=DataType.BITS)],
+            [SimData(0, values=[True], datatype=DataType.BITS)],
+            [SimData(HOLDINGS, values=holdings, datatype=DataType.REGISTERS)],
+            [SimData(INPUTS, values=inputs, datatype=DataType.REGISTERS)]), action=action)
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        async def serve() -> None:
+            self.server = ModbusSerialServer(device, port=path, baudrate=115200,
+                                             trace_packet=trace)
+            ready.set()
+            await self.server.serve_forever()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(serve())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(5)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(5)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def map_file(tmp_path: Path) -> Path:
+    path = tmp_path / "acme-boiler.toml"
+    path.write_text(MAP, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(params=["toml", "json"])
+def any_map(request: pytest.FixtureRequest, map_file: Path, tmp_path: Path,
+            capsys: pytest.CaptureFixture[str]) -> Path:
+    """The map as TOML, or as the JSON map file ``idemlink regmap --json`` exports."""
+    if request.param == "toml":
+        return map_file
+    assert main(["regmap", str(map_file), "--json"]) == 0
+    path = tmp_path / "acme-boiler.json"
+    path.write_text(capsys.readouterr().out, encoding="utf-8")
+    assert load_regmap(path).hash == load_regmap(map_file).hash
+    return path
+
+
+@pytest.fixture
+def line() -> Iterator[LinkProxy]:
+    with LinkProxy(None, None, LinkConfig()).start() as proxy:
+        yield proxy
+
+
+def ready(line: LinkProxy, regmap: Path, drop: Callable[[bytes], bool] = lambda f: False,
+          ) -> Boiler:
+    boiler = Boiler(line.a_path, drop)
+    for _ in range(20):  # pymodbus opens its port asynchronously
+        try:
+            RtuDevice.open(line.b_path, regmap=str(regmap), timeout=0.1, attempts=2).close()
+            return boiler
+        except NoDevice:
+            continue
+    boiler.close()
+    raise AssertionError("the pymodbus server never answered")
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def rtu(line: LinkProxy, regmap: Path) -> tuple[str, ...]:
+    return ("--port", line.b_path, "--modbus-rtu", "--regmap", str(regmap))
+
+
+def test_read_every_type_as_the_map_says(line: LinkProxy, any_map: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    boiler = ready(line, any_map)
+    try:
+        rc, out, err = cli(capsys, "read", "--all", *rtu(line, any_map))
+        assert rc == 0, err
+        lines = [" ".join(x.split()) for x in out.splitlines()]
+        assert lines == [
+            "flow_temperature = -5.0 °C (raw 0xFFCE)",
+            "outdoor_temperature = -12.3 °C (raw 0xFF85)",
+            "energy = 1234.5 kWh (raw 0x449A5000)",
+            "run_hours = 70000 h",
+            "serial_number = AB-1234567",
+            "fault_code = 66",
+            "setpoint = 45.0 °C (raw 0x01C2)",
+            "control = 0x0011 heating=1 hot_water=0 stage=low",
+            "energy_limit = 100000 Wh",
+            "pump = on (1)",
+            "alarm_relay = 0",
+            "flame = 1",
+        ]
+        # by name: a bit field reads its register; JSON values are numbers or a string
+        rc, out, _ = cli(capsys, "read", "flow_temperature", "energy", "serial_number", "stage",
+                         "pump", *rtu(line, any_map), "--json")
+        doc = json.loads(out)
+        assert rc == 0 and doc["outcome"] == "OK"
+        got = {r["name"]: (r["raw"], r["value"], r["label"]) for r in doc["registers"]}
+        assert got == {"flow_temperature": (0xFFCE, -5.0, None),
+                       "energy": (0x449A5000, 1234.5, None),
+                       "serial_number": (int.from_bytes(b"AB-1234567", "big"), "AB-1234567",
+                                         None),
+                       "stage": (1, 1, "low"), "pump": (1, 1, "on")}
+        assert boiler.writes == []  # reading never writes
+    finally:
+        boiler.close()
+
+
+def test_write_each_type_in_one_request_of_the_right_function(
+        line: LinkProxy, map_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    boiler = ready(line, map_file)
+    try:
+        r = rtu(line, map_file)
+        rc, out, _ = cli(capsys, "write", "setpoint=-7.5", *r)
+        assert rc == 0 and out == "setpoint=0xFFB5 (-7.5 °C): OK\n"
+        rc, out, _ = cli(capsys, "write", "energy_limit=123456", *r)
+        assert rc == 0
+        fc, address, words = boiler.writes[-1]
+        assert (fc, address) == (FC16, 0x102)  # both words, one atomic FC16
+        assert from_regs(words, "UINT32", "little") == 123456
+        assert from_regs([boiler.writes[0][2][0]], "INT16") == -75
+        # one bit field: a mask write (FC22), the neighbours untouched on the device
+        rc, out, _ = cli(capsys, "write", "hot_water=1", "stage=high", *r)
+        assert rc == 0 and out == "hot_water=1 stage=2 (high): OK\n"
+        assert boiler.writes[-1][0] == FC22
+        rc, out, _ = cli(capsys, "read", "control", *r)
+        assert " ".join(out.split()) == "control = 0x0023 heating=1 hot_water=1 stage=high"
+        # coils: FC05 for one, FC15 for a run; set-only values
+        assert cli(capsys, "write", "pump=off", *r)[0] == 0
+        assert boiler.writes[-1] == (FC05, 0, [False])
+        assert cli(capsys, "write", "pump=1", "alarm_relay=1", *r)[0] == 0
+        assert boiler.writes[-1] == (FC15, 0, [True, True])
+        # what the map shows invalid is refused before anything is sent
+        before = len(boiler.writes)
+        rc, out, _ = cli(capsys, "write", "setpoint=90", *r)
+        assert rc == 4 and "outside -200..800 raw i16 (-20.0..80.0 °C)" in out
+        rc, _, err = cli(capsys, "write", "serial_number=X", *r)
+        assert rc == 1 and "read-only string" in err
+        rc, _, err = cli(capsys, "write", "--if-generation", "3", "setpoint=1", *r)
+        assert rc == 1 and err.count("\n") == 1 and "no generation register" in err
+        assert len(boiler.writes) == before
+    finally:
+        boiler.close()
+
+
+def test_a_field_without_mask_write_is_refused_not_clobbered(
+        line: LinkProxy, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plain = tmp_path / "no-fc22.toml"
+    plain.write_text(MAP.replace("mask_write = true", "mask_write = false"), encoding="utf-8")
+    boiler = ready(line, plain)
+    try:
+        rc, _, err = cli(capsys, "write", "heating=0", *rtu(line, plain))
+        assert rc == 1 and err.count("\n") == 1
+        assert "needs a mask write (FC22)" in err and "write all of control instead" in err
+        assert boiler.writes == []
+        assert cli(capsys, "write", "control=0x0010", *rtu(line, plain))[0] == 0  # the whole word
+        assert boiler.writes == [(FC06, 0x101, [0x0010])]
+    finally:
+        boiler.close()
+
+
+def test_watch_prints_typed_values_in_every_format(line: LinkProxy, map_file: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    boiler = ready(line, map_file)
+    try:
+        watch = ("watch", *rtu(line, map_file), "--count", "1", "--interval", "0.05")
+        rc, out, _ = cli(capsys, *watch, "flow_temperature", "energy", "stage", "serial_number")
+        assert rc == 0
+        assert [" ".join(x.split()[1:]) for x in out.splitlines()] == [
+            "flow_temperature = -5.0 °C (raw 0xFFCE)", "energy = 1234.5 kWh (raw 0x449A5000)",
+            "serial_number = AB-1234567", "stage = low (1)"]  # in address order
+        rc, out, _ = cli(capsys, *watch, "--csv", "flow_temperature", "serial_number", "pump")
+        rows = [x.split(",") for x in out.splitlines()]
+        assert rows[0] == ["time", "poll", "name", "address", "raw", "value", "label", "unit",
+                           "outcome"]
+        assert rows[1][2:] == ["flow_temperature", "0", "65486", "-5.0", "", "°C", "OK"]
+        assert rows[2][2:] == ["serial_number", "6", str(int.from_bytes(b"AB-1234567", "big")),
+                               "AB-1234567", "", "", "OK"]
+        assert rows[3][2:] == ["pump", "0", "1", "1", "on", "", "OK"]
+        rc, out, _ = cli(capsys, *watch, "--json", "run_hours")
+        doc = json.loads(out)
+        assert (doc["name"], doc["raw"], doc["value"], doc["unit"]) == ("run_hours", 70000,
+                                                                         70000, "h")
+    finally:
+        boiler.close()
+
+
+def test_apply_converges_typed_values_fields_and_coils(
+        line: LinkProxy, any_map: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    boiler = ready(line, any_map)
+    plan = tmp_path / "winter.json"
+    plan.write_text(json.dumps({"name": "winter", "steps": [
+        {"write": {"setpoint": "52.5"}},
+        {"write": {"heating": 1, "stage": "high"}},
+        {"write": {"pump": "on", "alarm_relay": 0}},
+        {"write": {"energy_limit": 250000}},  # no scale: a bare number is unambiguous
+    ]}))
+    try:
+        r = rtu(line, any_map)
+        rc, out, err = cli(capsys, "apply", *r, str(plan))
+        assert rc == 0, err
+        assert out.splitlines() == [
+            "step 1/4 setpoint=0x020D (52.5 °C): written: OK",
+            "step 2/4 heating=1 stage=2 (high): written (stage=2 (high)): OK",
+            "step 3/4 pump=1 (on) alarm_relay=0: already in place",
+            "step 4/4 energy_limit=250000 (250000 Wh): written: OK"]
+        assert [w[0] for w in boiler.writes] == [FC06, FC22, FC16]
+        assert from_regs(boiler.writes[-1][2], "UINT32", "little") == 250000
+        rc, out, _ = cli(capsys, "apply", *r, str(plan), "--json")
+        assert rc == 0 and [s["state"] for s in json.loads(out)["steps"]] == ["in_place"] * 4
+        assert len(boiler.writes) == 3  # converged: nothing written again
+        # refused before anything is sent, one line each
+        for steps, why in [
+            ([{"write": {"setpoint": 525}}], 'use "52.5" for 52.5 °C or "raw:525"'),
+            ([{"write_if_generation": {"setpoint": "50.0"}}], "no generation register"),
+            ([{"write": {"setpoint": "50.0", "energy_limit": 1}}], "one atomic write"),
+        ]:
+            bad = tmp_path / "bad.json"
+            bad.write_text(json.dumps({"steps": steps}))
+            rc, _, err = cli(capsys, "apply", *r, "--device-id", "acme-1", str(bad))
+            assert rc == 1 and why in err and err.count("\n") == 1, err
+        assert len(boiler.writes) == 3
+    finally:
+        boiler.close()
+
+
+def test_an_unanswered_write_reads_back_exactly_what_it_touched(
+        line: LinkProxy, map_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No generation register: the read-back after an UNKNOWN reads the registers the write
+    touched and nothing else, and says what holds."""
+    boiler = ready(line, map_file, drop=lambda frame: frame[1] == FC16)
+    try:
+        rc, out, _ = cli(capsys, "write", "energy_limit=777", *rtu(line, map_file), "--timeout",
+                         "0.1", "--attempts", "2", "--json")
+        doc = json.loads(out)
+        assert rc == 5 and doc["outcome"] == "UNKNOWN"
+        assert [w[0] for w in boiler.writes] == [FC16, FC16]  # set-only: retried, harmless
+        assert doc["reconcile"]["observed"] == {"energy_limit": 777}  # no generation to read
+        assert doc["reconcile"]["intended_state_holds"] is True
+    finally:
+        boiler.close()
+
+
+def test_the_python_api_reads_words_and_decodes_them(line: LinkProxy, map_file: Path) -> None:
+    boiler = ready(line, map_file)
+    try:
+        with RtuDevice.open(line.b_path, regmap=str(map_file), timeout=0.1, attempts=3) as dev:
+            r = dev.read("energy")
+            assert r.values == tuple(to_regs(1234.5, "FLOAT32", "little"))  # raw words
+            assert dev.decode(r) == {"energy": 1234.5}
+            r = dev.execute(dev.read_covering([dev.spec("flow_temperature"),
+                                               dev.spec("run_hours")]))
+            assert dev.decode(r) == {"flow_temperature": -5.0, "outdoor_temperature": -12.3,
+                                     "energy": 1234.5, "run_hours": 70000}
+            assert dev.decode(dev.read("control")) == {"control": 0x11, "heating": 1,
+                                                       "hot_water": 0, "stage": 1}
+            # a typed value by name: both words in one atomic FC16
+            assert dev.write({"energy_limit": "4000000000"}).outcome is Outcome.OK
+            assert from_regs(boiler.writes[-1][2], "UINT32", "little") == 4_000_000_000
+            with pytest.raises(LocalProtocolError, match="0x41"):
+                dev.write_if_generation(0, {"setpoint": 1})
+            # a map without a generation register refuses it in every driver, nothing sent
+            with pytest.raises(LocalProtocolError, match="no generation register"):
+                dev.write_if_generation_command(0, {"setpoint": 1})
+    finally:
+        boiler.close()
