@@ -184,8 +184,14 @@ def number_text(dtype: DataType, value: int | float) -> str:
     text = repr(value)
     if dtype is DataType.F32:
         target = struct.pack(">f", value)
-        text = next(t for digits in range(1, 10)
-                    if struct.pack(">f", float(t := f"{value:.{digits}g}")) == target)
+        for digits in range(1, 10):
+            candidate = f"{value:.{digits}g}"
+            try:
+                if struct.pack(">f", float(candidate)) == target:
+                    text = candidate
+                    break
+            except OverflowError:  # rounded up past the largest f32
+                continue
     number = Decimal(text)
     if -7 <= number.adjusted() < 16:
         text = format(number, "f")

@@ -510,7 +510,8 @@ class RegisterSpec:
             return ""
         if self.dtype is DataType.STRING:
             return f"string[{self.length}]"
-        return self.dtype.value + (f" {self.word_order.value}" if self.words > 1 else "")
+        order = f" {self.word_order.value}" if self.words > 1 else ""
+        return f"{self.dtype.value}{order}"
 
     def raw_text(self, raw: int) -> str:
         """``420`` (a u16, as always), ``0xFFCE`` (an i16), ``0x449A5000`` (an f32)."""

@@ -131,7 +131,7 @@ def run_write(args: argparse.Namespace) -> int:
     builder = CommandBuilder(regmap)  # what cannot be sent at all: one line, before the port
     try:
         for run in runs:
-            values = {a.spec.name: a.value for a in run}
+            values: dict[str | int, int | str] = {a.spec.name: a.value for a in run}
             if args.if_generation is not None:
                 builder.write_if_generation_command(args.if_generation, values)
             else:
