@@ -528,8 +528,8 @@ class RegisterSpec:
             return limits + unit
         limits = f"{self.native_text(self.minimum)}..{self.native_text(self.maximum)}"
         if self.scale or self.offset:
-            return (f"{limits} raw {self.dtype.value} ({self.scaled(self.minimum)}.."
-                    f"{self.scaled(self.maximum)}{unit})")
+            return (f"{limits} ({self.scaled(self.minimum)}..{self.scaled(self.maximum)}"
+                    f"{unit})")
         return limits + unit
 
     # ------------------------------------------------------------------ values as people read them
