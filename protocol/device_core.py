@@ -14,8 +14,13 @@ Contract:
 - TRIGGER registers follow ``TRIGGER_TABLE``: 1 in IDLE starts the action once (0); RUNNING ->
   0x0101, DONE -> 0x0102; 0 resets to IDLE; another value 0xFF01 (exception 03); a state outside
   the table 0xFF00 (exception 04). RUNNING lasts ``trigger_duration`` simulated seconds.
-- The GENERATION counter is +1 (mod 2^16) per request that effectively changed a HOLDING value;
-  a no-op write leaves it alone. ``WRITE_IF_GENERATION`` checks it (read-only) after validation
+- Typed registers (``idemlink.protocol.datatypes``) are held word by word; a write must cover all
+  the words of a value (else 02) and is checked as the type's number (03). Coils (FC01/05/15),
+  discrete inputs (FC02) and the mask write (FC22, ``RegisterMap.mask_write``) are served when
+  the map has them, answered 01 otherwise, as before they existed.
+- The GENERATION counter is +1 (mod 2^16) per request that effectively changed a HOLDING value
+  (or a coil); a no-op write leaves it alone. A map without a generation register keeps the
+  count internal and answers ``WRITE_IF_GENERATION`` with 01. ``WRITE_IF_GENERATION`` checks it (read-only) after validation
   and strictly before any change; a failed guard answers GUARD_FAILED and changes nothing.
 - Every side effect is appended to ``log`` as an ``Effect`` (ground truth for tests and oracles).
 - Persist first: a write that changes the configuration calls the shell's ``persist`` hook

@@ -4,7 +4,9 @@ streaming decoder) changes for its own reasons and lives in ``idemlink.protocol.
 Contract:
 
 - PDUs (function code + data, no unit id, no CRC) for FC03, FC04, FC06, FC16, exception responses
-  (function | 0x80, code 01-04), and four functions from the user-defined range 65-72:
+  (function | 0x80, code 01-04), the standard functions a third-party device's map may need
+  (``StandardFunction``: FC01/FC02 bit reads, FC05/FC15 coil writes, FC22 mask write; not part of
+  the framed contract), and four functions from the user-defined range 65-72:
 
   * ``0x41 WRITE_IF_GENERATION``: ``gen:u16 addr:u16 count:u16 bytes:u8 values:u16*count`` — write
     these registers only if the configuration generation still equals ``gen``. Answer:

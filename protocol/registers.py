@@ -4,13 +4,23 @@ Contract (every register behaviour that a retry could make harmful is refused by
 
 - Every register has exactly one ``RegisterKind``: ``INPUT`` (read-only live value), ``HOLDING``
   (set-only configuration with min/max and a unit), ``FAULT`` (latched bits, write 1s to clear),
-  ``TRIGGER`` (one-shot action behind IDLE -> RUNNING -> DONE) or ``GENERATION`` (the read-only
-  configuration generation counter, an input register).
+  ``TRIGGER`` (one-shot action behind IDLE -> RUNNING -> DONE), ``GENERATION`` (the read-only
+  configuration generation counter, an input register), ``COIL`` (a set-only bit) or
+  ``DISCRETE_INPUT`` (a read-only bit). The framed device's register table knows the first five
+  (``CoreKind``: the C enum and the contract hash are what they were before coils).
 - There is deliberately no kind for increment, toggle or read-to-clear registers: a retried write
   or a repeated read must never change the outcome. ``RegisterSpec`` refuses such kinds (and
   unknown keyword "behaviours") with ``RegisterSchemaError``.
-- All registers share one flat 16-bit address space; the map is validated whole (unique addresses
-  and names, exactly one generation counter, min <= default <= max, fault bits in 0..15).
+- INPUT and HOLDING registers have a data type (``idemlink.protocol.datatypes``: u16 by default;
+  i16, 32- and 64-bit integers and floats over several registers in a declared word order,
+  read-only strings), a scale and an offset, labels, or named bit fields (``BitField``; each is
+  also a register of its own to read and write: ``field_view``). Values are raw integers: the
+  words most significant first (a u16's is its word), shown and typed by ``show``/``typed``/
+  ``raw_from_text``, checked by ``in_range`` as the type's numbers.
+- Registers share one flat 16-bit address space (a value of several registers takes all of
+  them); coils and discrete inputs have theirs (``Space``). The map is validated whole (unique
+  addresses per space and names, at most one generation counter, min <= default <= max, fault
+  bits in 0..15, fields that do not overlap). ``mask_write``: the device takes FC22.
 - Names end up as C macros, so register and fault-bit names are lower-case ASCII identifiers
   (``[a-z][a-z0-9_]*``), fault-bit names are unique across the map, and every name the C header
   would define (``IDL_REG_<NAME>``, ``_MIN``/``_MAX``/``_DEFAULT``, ``IDL_FAULT_<BIT>``, the enum

@@ -3,9 +3,11 @@
 Contract (the format is documented in docs/REGMAP.md):
 
 - ``parse_regmap(text, source=..., fmt="toml"|"json") -> RegisterMap``: a document with ``name``,
-  optional ``description`` and a ``registers`` list; each register has ``address``, ``name``,
-  ``kind`` and the fields its kind allows (``min``, ``max``, ``default``, ``unit``, ``scale``,
-  ``labels``, ``persist``, ``bits``, ``description``). Unknown fields and non-idempotent behaviours
+  optional ``description``, optional ``mask_write`` (the device takes FC22) and a ``registers``
+  list; each register has ``address``, ``name``, ``kind`` and the fields its kind allows
+  (``min``, ``max``, ``default``, ``unit``, ``scale``, ``offset``, ``labels``, ``persist``,
+  ``bits``, ``type``, ``word_order``, ``length``, ``fields``, ``description``; limits, defaults
+  and label values of a typed register as the type's numbers). Unknown fields and non-idempotent behaviours
   (``kind = "toggle"``, ``clear_on_read = true``) are refused, as are overlapping addresses, bad
   ranges and names the generated C header could not define; so are JSON objects that give a key
   twice (TOML refuses them itself), and an integer too long to convert (``long_integers``: the
