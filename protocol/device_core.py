@@ -20,8 +20,9 @@ Contract:
   the map has them, answered 01 otherwise, as before they existed.
 - The GENERATION counter is +1 (mod 2^16) per request that effectively changed a HOLDING value
   (or a coil); a no-op write leaves it alone. A map without a generation register keeps the
-  count internal and answers ``WRITE_IF_GENERATION`` with 01. ``WRITE_IF_GENERATION`` checks it (read-only) after validation
-  and strictly before any change; a failed guard answers GUARD_FAILED and changes nothing.
+  count internal and answers ``WRITE_IF_GENERATION`` with 01. ``WRITE_IF_GENERATION`` checks
+  it (read-only) after validation and strictly before any change; a failed guard answers
+  GUARD_FAILED and changes nothing.
 - Every side effect is appended to ``log`` as an ``Effect`` (ground truth for tests and oracles).
 - Persist first: a write that changes the configuration calls the shell's ``persist`` hook
   (given to ``execute``/``write``/``write_if_generation``) with the configuration it is about
