@@ -208,7 +208,7 @@ class AsyncDriver(DeviceHandle):
     async def execute(self, command: Command) -> Result:
         return (await self.run([command]))[0]
 
-    async def read(self, register: str | int, count: int = 1) -> Result:
+    async def read(self, register: str | int, count: int | None = None) -> Result:
         return await self.execute(self.read_command(register, count))
 
     async def write(self, values: Mapping[str | int, int | str]) -> Result:
