@@ -20,7 +20,12 @@ from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.device import Command, CommandKind, Device, LinkLost, UnknownOutstanding
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
-from idemlink.protocol.modbus import READ_ONLY_FUNCTIONS, FunctionCode, may_have_effect
+from idemlink.protocol.modbus import (
+    READ_ONLY_FUNCTIONS,
+    FunctionCode,
+    StandardFunction,
+    may_have_effect,
+)
 from idemlink.protocol.outcome import Outcome, Status
 
 READS = (FunctionCode.READ_HOLDING_REGISTERS, FunctionCode.READ_INPUT_REGISTERS,
@@ -78,9 +83,12 @@ def connected(t: SimTransport) -> Device:
 
 
 def test_only_the_read_only_functions_have_no_effect() -> None:
-    assert set(READ_ONLY_FUNCTIONS) == set(READS)
+    bit_reads = {StandardFunction.READ_COILS, StandardFunction.READ_DISCRETE_INPUTS}
+    assert set(READ_ONLY_FUNCTIONS) == set(READS) | bit_reads
     for fc in FunctionCode:
         assert may_have_effect(fc) is (fc not in READS), fc
+    for sf in StandardFunction:  # coil writes and the mask write act
+        assert may_have_effect(sf) is (sf not in bit_reads), sf
     assert may_have_effect(0x2B)  # a function this stack does not know is assumed to act
 
 
@@ -91,7 +99,8 @@ def test_every_command_kind_maps_to_its_function() -> None:
         Command(CommandKind.FILE_INFO, 0, name="a.bin"),
         dev.write_command({"threshold": 1}), Command(CommandKind.WRITE_IF_GENERATION, 0, 1, (1,)),
         Command(CommandKind.CLEAR_FAULTS, 0, 1, (1,)), Command(CommandKind.TRIGGER, 0),
-        Command(CommandKind.TRIGGER_RESET, 0), Command(CommandKind.FILE_RECEIVE, 0))}
+        Command(CommandKind.TRIGGER_RESET, 0), Command(CommandKind.FILE_RECEIVE, 0),
+        Command(CommandKind.MASK_WRITE, 4, 1, (1,), and_mask=0xFFFE))}
     assert set(kinds) == set(CommandKind)
     for c in kinds.values():
         assert c.function == c.pdu()[0]
