@@ -386,3 +386,25 @@ def test_a_typed_map_renders_a_compiling_c_header(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert header.count("/* limit word") == 2 and "IDL_REG_COUNT 10u" in header
     assert RegisterKind.COIL.name not in header.split("IDL_REGMAP[IDL_REG_COUNT]")[1]
+
+
+# ------------------------------------------------------------------------------ who serves it
+
+
+def test_a_map_without_generation_is_served_only_as_a_plain_modbus_slave(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    path = tmp_path / "typed.toml"
+    path.write_text(MAP, encoding="utf-8")
+    assert main(["sim", "--regmap", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no generation register" in err and "--modbus-rtu" in err
+    assert main(["soak", "--regmap", str(path), "--commands", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no generation register" in err
+    with_gen = tmp_path / "typed-gen.toml"
+    with_gen.write_text(MAP + '[[registers]]\naddress = 20\nname = "gen"\nkind = "generation"\n',
+                        encoding="utf-8")
+    assert main(["soak", "--regmap", str(with_gen), "--commands", "5"]) == 1
+    assert "the soak's oracle models 16-bit registers only" in capsys.readouterr().err
