@@ -3,10 +3,13 @@
 ``Command`` is one request before it is sent (its Modbus function, its PDU, whether it may have an
 effect, whether it is harmless to re-issue after a reboot); ``Result`` is its one outcome with the
 decoded answer (``answer_of``, ``file_info_of``); ``Reconciliation`` is what a read-back says of an
-UNKNOWN command (``judge_read_back``). ``CommandBuilder`` turns register names and values as
-people type them into commands, checked against the register map before anything is sent; every
-driver (``Device``, ``AsyncDevice``, ``RtuDevice``, ``AsyncRtuDevice``) builds its commands with
-it.
+UNKNOWN command (``judge_read_back``: exactly what the command touched, and the generation when
+the map has one). ``CommandBuilder`` turns register names and values as people type them into
+commands, checked against the register map before anything is sent (a typed value into all its
+words, bit fields into one mask write, coils into FC05/FC15; ``atomic_writes`` groups values into
+such writes, ``read_runs`` names into reads), and types what a read got back (``decode``); every
+driver (``Device``, ``AsyncDevice``, ``RtuDevice``, ``AsyncRtuDevice``) builds its commands
+with it.
 """
 
 from __future__ import annotations
