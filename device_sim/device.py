@@ -190,7 +190,7 @@ def _epoch_generator(seed: int | None, boot_count: int, salt: int | None) -> ran
     return random.Random(f"{seed}:boot{boot_count}:salt{salt}")
 
 
-class MapNotServed(ValueError):
+class MapNotServed(IdemlinkError, ValueError):
     """A register map the framed simulator cannot serve (one without a generation register)."""
 
 
