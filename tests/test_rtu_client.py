@@ -299,8 +299,8 @@ def test_idemlink_only_functions_are_refused_before_sending() -> None:
         dev.write_if_generation(0, {"threshold": 1})
     with pytest.raises(LocalProtocolError, match="0x45"):
         dev.run([Command(CommandKind.READ, TH), Command(CommandKind.FILE_INFO, 0, name="a")])
-    with pytest.raises(LocalProtocolError, match="function 0x05 is not one this master carries"):
-        dev.ops.session.check(bytes([5, 0, 1, 0xFF, 0]))
+    with pytest.raises(LocalProtocolError, match="function 0x08 is not one this master carries"):
+        dev.ops.session.check(bytes([8, 0, 0, 0, 0]))  # diagnostics (FC05 is a coil write)
     with pytest.raises(LocalProtocolError, match=r"writes 1 \(start\) or 0"):
         dev.execute(Command(CommandKind.TRIGGER, TRIG, values=(5,)))
     with pytest.raises(LocalProtocolError, match="numbers nothing"):
