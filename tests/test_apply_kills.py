@@ -132,8 +132,8 @@ def make_plan(rng: random.Random, name: str) -> dict[str, Any]:
     ]
     rng.shuffle(one_shot)
     steps: list[dict[str, Any]] = [
-        {"write": {"threshold": 100}},  # below the temperature: over_temperature latches
-        {"write": {"threshold": threshold, "mode": mode}},  # the bit stays latched
+        {"write": {"threshold": "raw:100"}},  # below the temperature: over_temperature latches
+        {"write": {"threshold": f"raw:{threshold}", "mode": mode}},  # the bit stays latched
         *one_shot,
     ]
     if rng.random() < 0.5:
@@ -686,8 +686,8 @@ def _ran(device: SimulatedDevice, step: OneShot) -> int:
 
 
 CLEAR_PLAN: list[dict[str, Any]] = [
-    {"write": {"threshold": 100}},  # 25.0 C > 10.0 C: over_temperature latches
-    {"write": {"threshold": 400}},  # the condition goes, the bit stays latched
+    {"write": {"threshold": "raw:100"}},  # 25.0 C > 10.0 C: over_temperature latches
+    {"write": {"threshold": "raw:400"}},  # the condition goes, the bit stays latched
     {"clear": {"faults": ["over_temperature"]}},
 ]
 
