@@ -1,11 +1,11 @@
-"""The marked examples of docs/REGMAP.md run as written (tests/doc_runner.py): a third-party
+"""The marked examples of docs/REGMAP.md run as written (tests/support/doc_runner.py): a third-party
 device's map, read, written, watched and applied through the Modbus RTU simulator."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from doc_runner import Session
+from support.doc_runner import Session
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "REGMAP.md"
 
