@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.timing import scaled
 
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
@@ -224,7 +225,8 @@ def ready(line: LinkProxy, regmap: Path, drop: Callable[[bytes], bool] = lambda 
     boiler = Boiler(line.a_path, drop)
     for _ in range(20):  # pymodbus opens its port asynchronously
         try:
-            RtuDevice.open(line.b_path, regmap=str(regmap), timeout=0.1, attempts=2).close()
+            RtuDevice.open(line.b_path, regmap=str(regmap), timeout=scaled(0.1),
+                           attempts=2).close()
             return boiler
         except NoDevice:
             continue
@@ -405,7 +407,7 @@ def test_an_unanswered_write_reads_back_exactly_what_it_touched(
     boiler = ready(line, map_file, drop=lambda frame: frame[1] == FC16)
     try:
         rc, out, _ = cli(capsys, "write", "energy_limit=777", *rtu(line, map_file), "--timeout",
-                         "0.1", "--attempts", "2", "--json")
+                         f"{scaled(0.1):.3f}", "--attempts", "2", "--json")
         doc = json.loads(out)
         assert rc == 5 and doc["outcome"] == "UNKNOWN"
         assert [w[0] for w in boiler.writes] == [FC16, FC16]  # set-only: retried, harmless
@@ -418,7 +420,8 @@ def test_an_unanswered_write_reads_back_exactly_what_it_touched(
 def test_the_python_api_reads_words_and_decodes_them(line: LinkProxy, map_file: Path) -> None:
     boiler = ready(line, map_file)
     try:
-        with RtuDevice.open(line.b_path, regmap=str(map_file), timeout=0.1, attempts=3) as dev:
+        with RtuDevice.open(line.b_path, regmap=str(map_file), timeout=scaled(0.1),
+                            attempts=3) as dev:
             r = dev.read("energy")
             assert r.values == tuple(to_regs(1234.5, "FLOAT32", "little"))  # raw words
             assert dev.decode(r) == {"energy": 1234.5}
