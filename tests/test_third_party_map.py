@@ -439,3 +439,45 @@ def test_the_python_api_reads_words_and_decodes_them(line: LinkProxy, map_file: 
                 dev.write_if_generation(0, {"setpoint": 1})
     finally:
         boiler.close()
+
+
+def test_the_asyncio_driver_reads_writes_and_reconciles_alike(line: LinkProxy,
+                                                               map_file: Path) -> None:
+    """``AsyncRtuDevice``, the other RTU driver, on the same controller: typed reads and
+    writes, a field by FC22, a coil by FC05, the conditional write refused; a mask write and a
+    coil write whose answers are lost end UNKNOWN and their read-back (the touched register or
+    coil only: no generation) says the intended state holds."""
+    from idemlink.host.aio import AsyncRtuDevice
+
+    boiler = ready(line, map_file, drop=lambda frame: frame[1] in (FC22, FC05))
+
+    async def session() -> None:
+        async with AsyncRtuDevice.open(line.b_path, regmap=str(map_file),
+                                       timeout=scaled(0.1), attempts=2) as dev:
+            r = await dev.execute(dev.read_covering([dev.spec("flow_temperature"),
+                                                     dev.spec("serial_number")]))
+            assert dev.decode(r) == {"flow_temperature": -5.0, "outdoor_temperature": -12.3,
+                                     "energy": 1234.5, "run_hours": 70000,
+                                     "serial_number": "AB-1234567"}
+            assert (await dev.write({"setpoint": "-7.5"})).outcome is Outcome.OK
+            assert boiler.writes[-1] == (FC06, 0x100, to_regs(-75, "INT16"))
+            assert (await dev.write({"energy_limit": "4000000000"})).outcome is Outcome.OK
+            assert from_regs(boiler.writes[-1][2], "UINT32", "little") == 4_000_000_000
+            # answers lost after the device executed: UNKNOWN, then a read-back that holds
+            for values, fc in (({"stage": "high"}, FC22), ({"pump": "off"}, FC05)):
+                result = await dev.write(values)
+                assert result.outcome is Outcome.UNKNOWN and boiler.writes[-1][0] == fc
+                rec = await dev.reconcile(result)
+                assert rec is not None and rec.intended_state_holds is True, rec
+                assert set(rec.observed) <= {"control", "stage", "pump"}, rec.observed
+                dev.acknowledge_unknown()
+            assert dev.decode(await dev.read("control")) == {
+                "control": 0x21, "heating": 1, "hot_water": 0, "stage": 2}  # neighbours kept
+            assert dev.decode(await dev.read("pump")) == {"pump": 0}
+            with pytest.raises(LocalProtocolError, match="no generation register"):
+                await dev.write_if_generation(0, {"setpoint": 1})
+
+    try:
+        asyncio.run(session())
+    finally:
+        boiler.close()
