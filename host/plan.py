@@ -255,11 +255,14 @@ def bare_number(spec: RegisterSpec, value: int | float) -> int:
     command line; ``ValueError`` (with the hint) for a register with a scale or offset, where a
     bare number once meant the raw value."""
     if (spec.scale and Decimal(spec.scale) != 1) or (spec.offset and Decimal(spec.offset)):
-        as_raw = (f"\"{spec.scaled(value)}\" for {spec.show(value)} or "
-                  if type(value) is int and 0 <= value <= spec.raw_max else "a string ")
-        raise ValueError(f"{spec.name}={value}: a bare number is ambiguous for a register with a "
-                         f"scale or offset (it was the raw value in plans before): use {as_raw}"
-                         f"\"raw:{value}\" for the raw value")
+        text = repr(value) if isinstance(value, float) else str(value)
+        if type(value) is int and 0 <= value <= spec.raw_max:  # it may have meant either
+            use = (f"\"{spec.scaled(value)}\" for {spec.show(value)} or \"raw:{value}\" for the "
+                   "raw value")
+        else:  # negative, a fraction or too large: never a raw value, so the unit was meant
+            use = f"the string \"{text}\" for {text}{f' {spec.unit}' if spec.unit else ''}"
+        raise ValueError(f"{spec.name}={text}: a bare number is ambiguous for a register with a "
+                         f"scale or offset (it was the raw value in plans before): use {use}")
     return spec.raw_from_text(repr(value) if isinstance(value, float) else str(value))
 
 

@@ -646,6 +646,11 @@ class RegisterSpec:
                 raise ValueError(f"{self.name}: {text!r} is not a number{choices}")
             raw = self._raw_of_number(text, number)
         if not 0 <= raw <= self.raw_max:
+            if explicit and not (self.dtype is DataType.U16 or self.field is not None
+                                 or self.kind in BIT_KINDS):  # the words, not the type's number
+                raise ValueError(f"{self.name}={text}: a raw value is the register's words as "
+                                 f"sent, 0..0x{self.raw_max:X}; type the {self.dtype.value} "
+                                 "itself as a number in the register's unit")
             unit = f" {self.unit}" if self.unit and not explicit else ""
             raise ValueError(f"{self.name}={text}{unit}: outside what {self._holds()}")
         return raw

@@ -236,6 +236,11 @@ def test_values_are_typed_and_shown_by_type() -> None:
     assert temp.typed(0xFFCE) == "0xFFCE (-5.0 °C)" and temp.value(0xFFCE) == -5.0
     with pytest.raises(ValueError, match=r"temp=4000 °C: outside what an i16 holds"):
         temp.raw_from_text("4000")
+    # an explicit raw value is the words as sent, never the type's (negative) number
+    with pytest.raises(ValueError, match=r"temp=raw:-5: a raw value is the register's words as "
+                                         r"sent, 0..0xFFFF; type the i16 itself as a number"):
+        temp.raw_from_text("raw:-5")
+    assert temp.raw_from_text("raw:0xFFFB") == temp.raw_from_text("-0.5") == 0xFFFB
     assert energy.raw_from_text("12.5") == 0x41480000 and energy.value(0x41480000) == 12.5
     assert energy.words_of(0x41480000) == (0x0000, 0x4148)  # little word first
     assert setpoint.in_range(setpoint.raw_from_text("-100"))
@@ -350,6 +355,11 @@ def test_a_bare_number_means_the_unit_and_is_refused_where_it_meant_raw() -> Non
         {"setpoint": 0xFFFB}, {"limit": 90000}, {"on": 1, "stage": 2}, {"pump": 1}]
     with pytest.raises(PlanError, match=r'use "25" for 25 °C or "raw:65" for the raw value'):
         parse_plan({"steps": [{"write": {"offset_temp": 65}}]}, TYPED)
+    # a number that was never a raw value (negative, a fraction): the hint gives the unit alone
+    with pytest.raises(PlanError, match=r'offset_temp=-5: .* use the string "-5" for -5 °C$'):
+        parse_plan({"steps": [{"write": {"offset_temp": -5}}]}, TYPED)
+    with pytest.raises(PlanError, match=r'offset_temp=52.5: .* use the string "52.5" for 52.5 °C$'):
+        parse_plan({"steps": [{"write": {"offset_temp": 52.5}}]}, TYPED)
     with pytest.raises(PlanError, match=r'threshold=400: a bare number is ambiguous .* use '
                                         r'"40.0" for 40.0 °C or "raw:400"'):
         parse_plan({"steps": [{"write": {"threshold": 400}}]}, DEFAULT_MAP)
