@@ -481,3 +481,18 @@ def test_the_asyncio_driver_reads_writes_and_reconciles_alike(line: LinkProxy,
         asyncio.run(session())
     finally:
         boiler.close()
+
+
+@pytest.mark.parametrize("argv", [("faults",), ("clear",), ("clear", "overheat"), ("trigger",),
+                                  ("trigger", "--status")])
+def test_no_w1c_fault_word_or_trigger_is_said_in_one_line_nothing_sent(
+        argv: tuple[str, ...], map_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The boiler's fault word is a plain input and it has no trigger register: the commands
+    that need one say so, with the way to read the device's own word, before opening the port."""
+    rc, out, err = cli(capsys, *argv, "--port", str(tmp_path / "no-such-port"), "--modbus-rtu",
+                       "--regmap", str(map_file))
+    kind = "trigger register" if argv[0] == "trigger" else "fault register (W1C)"
+    assert rc == 1 and out == "" and err.count("\n") == 1
+    assert f"the map acme-boiler has no {kind}" in err and "nothing was sent" in err
+    assert ("idemlink read NAME" in err) is (argv[0] != "trigger")

@@ -159,6 +159,16 @@ def parse_int(text: str, what: str) -> int:
         raise UserError(f"{what}: {text!r} is not an integer") from None
 
 
+def no_register_of_kind(regmap: RegisterMap, kind: RegisterKind) -> str:
+    """The one line for a command that needs a FAULT (W1C) or TRIGGER register of a map that has
+    none, as a third-party device's map often has not; nothing is sent."""
+    what = {RegisterKind.FAULT: "fault register (W1C)",
+            RegisterKind.TRIGGER: "trigger register"}.get(kind, f"{kind.name.lower()} register")
+    hint = (": a device's own fault word that is not write-1-to-clear is an input or holding "
+            "register, read it with `idemlink read NAME`" if kind is RegisterKind.FAULT else "")
+    return f"the map {regmap.name} has no {what}{hint}; nothing was sent"
+
+
 def only_register(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb: str) -> RegisterSpec:
     if ref is not None:
         spec = resolve(regmap, ref)
@@ -166,6 +176,8 @@ def only_register(regmap: RegisterMap, kind: RegisterKind, ref: str | None, verb
             raise UserError(f"{spec.name} is a {spec.kind.name} register, not {kind.name}")
         return spec
     specs = regmap.of_kind(kind)
+    if not specs:
+        raise UserError(no_register_of_kind(regmap, kind))
     if len(specs) != 1:
         option = "--register NAME" if kind is RegisterKind.FAULT else "its name"
         raise UserError(f"the map has {len(specs)} {kind.name.lower()} registers: give "

@@ -10,8 +10,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from idemlink.cli import regmap_from
-from idemlink.commands.common import add_rtu_options, device_options, reading_entry, result_json
+from idemlink.cli import UserError, regmap_from
+from idemlink.commands.common import (
+    add_rtu_options,
+    device_options,
+    no_register_of_kind,
+    reading_entry,
+    result_json,
+)
 from idemlink.commands.device_io import finish, link_guarded, open_any_device
 from idemlink.output import add_json_option
 from idemlink.protocol.registers import RegisterKind, RegisterSpec
@@ -69,7 +75,10 @@ def clear_notes(spec: RegisterSpec, mask: int, before: int | None, after: int) -
 
 
 def run_faults(args: argparse.Namespace) -> int:
-    specs = regmap_from(args).of_kind(RegisterKind.FAULT)
+    regmap = regmap_from(args)
+    specs = regmap.of_kind(RegisterKind.FAULT)
+    if not specs:
+        raise UserError(no_register_of_kind(regmap, RegisterKind.FAULT))
     with open_any_device(args) as dev:
         results = dev.run([dev.read_command(s.address) for s in specs])
         faults: dict[str, Any] = {}
