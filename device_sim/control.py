@@ -4,7 +4,9 @@ Contract: ``idemlink sim --control PATH`` and the C posix device (``idemlink-dev
 PATH``) read the same lines from a named pipe, so a user's tests, ``faults``/``clear`` and the
 soak drive the fault logic of any map on either device:
 
-- ``input ADDRESS VALUE``: the world changed an INPUT register (a sensor reading), raw 0..65535;
+- ``input ADDRESS VALUE``: the world changed an INPUT register (a sensor reading): its raw value,
+  all its words for a typed one (0..2^32-1 for a u32 at its first address; the C device's
+  registers are one word: 0..65535);
 - ``condition ADDRESS BITS``: the external fault conditions of the FAULT register at ADDRESS are
   now exactly BITS (each set bit a declared fault bit whose condition holds; 0: none holds).
   A condition that holds latches its bit; a latched bit clears (W1C) only once its condition has
@@ -56,12 +58,12 @@ class ControlCommand:
 _NUMBER = re.compile(r"0[xX][0-9a-fA-F]+|[0-9]+")
 
 
-def _number(text: str, what: str) -> int:
-    if not _NUMBER.fullmatch(text):  # no sign, no '_', as the C device reads it
+def _number(text: str, what: str, maximum: int = 0xFFFF) -> int:
+    if not _NUMBER.fullmatch(text) or len(text) > 24:  # no sign, no '_', as the C device reads it
         raise ControlError(f"{what} {text!r} is not a number")
     value = int(text, 16) if text[:2] in ("0x", "0X") else int(text, 10)
-    if not 0 <= value <= 0xFFFF:
-        raise ControlError(f"{what} {value} outside 0..65535")
+    if not 0 <= value <= maximum:
+        raise ControlError(f"{what} {value} outside 0..{maximum}")
     return value
 
 
@@ -80,11 +82,13 @@ def parse_control_line(line: str, regmap: RegisterMap) -> ControlCommand | None:
     if len(words) != 3:
         raise ControlError(f"{word.value} takes an address and a value")
     address = _number(words[1], "address")
-    value = _number(words[2], "value" if word is ControlWord.INPUT else "bits")
     spec = regmap.at(address)
     wanted = RegisterKind.INPUT if word is ControlWord.INPUT else RegisterKind.FAULT
-    if spec is None or spec.kind is not wanted:
-        raise ControlError(f"address {address} is not an {wanted.name} register")
+    if spec is None or spec.kind is not wanted or spec.address != address:
+        raise ControlError(f"address {address} is not an {wanted.name} register"
+                           + (f" (it is inside {spec.name}, at {spec.address})"
+                              if spec is not None and spec.address != address else ""))
+    value = _number(words[2], "value" if word is ControlWord.INPUT else "bits", spec.raw_max)
     if word is ControlWord.CONDITION:
         declared = sum(1 << b.bit for b in spec.bits)
         if value & ~declared:

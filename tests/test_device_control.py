@@ -121,3 +121,20 @@ def test_the_rule_reads_numbers_both_ways() -> None:
     b = parse_control_line("  condition 768 3  ", PUMP)
     assert a == b and a is not None and a.value == 3
     assert parse_control_line("", PUMP) is None and parse_control_line("# x", PUMP) is None
+
+
+def test_a_typed_input_takes_its_raw_value_at_its_first_address(tmp_path: Path) -> None:
+    """A u32 input (two registers) takes all its words at its first address; its second address
+    is inside it, not a register of its own."""
+    from idemlink.protocol.regmap_file import load_regmap
+
+    path = tmp_path / "m.toml"
+    path.write_text('name = "m"\n[[registers]]\naddress = 3\nname = "run_hours"\nkind = "input"\n'
+                    'type = "u32"\nword_order = "big"\n', encoding="utf-8")
+    regmap = load_regmap(path)
+    command = parse_control_line("input 3 70000", regmap)
+    assert command is not None and command.value == 70000
+    with pytest.raises(ControlError, match=r"inside run_hours, at 3"):
+        parse_control_line("input 4 1", regmap)
+    with pytest.raises(ControlError, match=r"outside 0\.\.4294967295"):
+        parse_control_line("input 3 0x100000000", regmap)
