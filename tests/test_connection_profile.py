@@ -127,7 +127,7 @@ def test_a_map_link_serves_and_drives_the_same_line(tmp_path: Path,
     served: list[object] = []
 
     def serve(args: object, serve_fn: object) -> int:
-        served.append(serve_fn.__self__)  # type: ignore[attr-defined]
+        served.append(serve_fn.func.__self__)  # type: ignore[attr-defined]
         serve_fn(pair.transport(), stop)  # type: ignore[operator]
         return 0
 
