@@ -9,6 +9,7 @@ it with make's output.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -57,8 +58,12 @@ def make(target: str, *args: str, tools: tuple[str, ...] = (),
     """``make -s -C firmware_ref TARGET ARGS...`` now; its stdout. Skips when a tool is missing;
     fails the test with make's output when the build fails."""
     need(*tools)
-    proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
-                          text=True, check=False, timeout=scaled(timeout))
+    BUILD.mkdir(parents=True, exist_ok=True)
+    # one make at a time across processes (pytest-xdist workers share firmware_ref/build)
+    with (BUILD / ".make.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["make", "-s", "-C", str(FW), target, *args], capture_output=True,
+                              text=True, check=False, timeout=scaled(timeout))
     if proc.returncode != 0:
         pytest.fail(f"make {target} {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
