@@ -42,7 +42,10 @@ from idemlink.protocol.modbus_rtu import (
     rtu_timing,
 )
 
-__all__ = ["ConfigFlash", "RtuServer", "Transport"]
+__all__ = [
+    "RtuServer",
+    "Transport",
+]
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 from idemlink.host import file_transfer
-from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport, AsyncTransport
+from idemlink.host.aio_transport import AsyncSerialTransport, AsyncTransport
 from idemlink.host.command import Command, Reconciliation, Result, SentRequest
 from idemlink.host.drive import drive_async, nothing
 from idemlink.host.framed_operations import FramedOperations
@@ -405,11 +405,8 @@ def _log_settled(exc: BaseException) -> None:
 
 __all__ = [
     "PARITY",
-    "ROUND_BYTES",
     "AsyncDevice",
     "AsyncDriver",
     "AsyncRtuDevice",
-    "AsyncSerialTransport",
     "AsyncTcpDevice",
-    "AsyncTransport",
 ]

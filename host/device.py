@@ -32,8 +32,9 @@ nothing else, and offers every operation of ``idemlink.host.operations.OPERATION
 RtuDevice`` over a plain Modbus RTU slave; ``idemlink.host.aio`` has both awaited. The rest lives
 by reason to change: the line and opening a port in ``idemlink.host.transport``, the errors in
 ``idemlink.host.errors``, commands and results in ``idemlink.host.command``, the file batch in
-``idemlink.host.file_transfer``. Their public names are re-exported here (``from
-idemlink.host.device import Device, Command, Result, LinkLost, ...`` keeps working).
+``idemlink.host.file_transfer``. Each name has one import path, its defining module's (``from
+idemlink.host.command import Result``, ``from idemlink.host.errors import LinkLost``):
+``tests/test_layers.py`` refuses an import through a module that only imports the name.
 """
 
 from __future__ import annotations
@@ -47,38 +48,20 @@ from idemlink.host import file_transfer
 from idemlink.host.command import (
     BlockingCommands,
     Command,
-    CommandBuilder,
-    CommandKind,
     Reconciliation,
     Result,
     SentRequest,
-    answer_of,
-    file_info_of,
-    judge_read_back,
 )
 from idemlink.host.drive import rounds
-from idemlink.host.errors import (
-    TRANSPORT_ERRORS,
-    AnswersModbusRtu,
-    IncompatibleDevice,
-    LinkLost,
-    NoDevice,
-    PortBusy,
-    PortError,
-    UnknownOutstanding,
-)
-from idemlink.host.framed_operations import FramedOperations, check_map
+from idemlink.host.framed_operations import FramedOperations
 from idemlink.host.operations import (
-    OPERATIONS,
-    RECONCILE_ROUNDS,
     DeviceHandle,
     DriverStats,
     Job,
     Operations,
     Steps,
-    conflict,
 )
-from idemlink.host.transport import POLL_STEP, SerialTransport, Transport, open_port
+from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.registers import RegisterMap
@@ -324,9 +307,6 @@ class Device(BlockingDriver):
 
 
 __all__ = [
-    "OPERATIONS", "POLL_STEP", "RECONCILE_ROUNDS", "TRANSPORT_ERRORS", "AnswersModbusRtu",
-    "BlockingDriver", "Command", "CommandBuilder", "CommandKind", "Device", "DriverStats",
-    "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy", "PortError", "Reconciliation",
-    "Result", "SerialTransport", "Steps", "Transport", "UnknownOutstanding", "answer_of",
-    "check_map", "conflict", "file_info_of", "judge_read_back", "open_port",
+    "BlockingDriver",
+    "Device",
 ]

@@ -72,7 +72,7 @@ reports steps that were in flight as UNKNOWN - executing nothing - until they ar
 Layout: this module holds the journal objects (``ReceiptJournal``, one job; ``DeviceJournal``, one
 job per device; the same shell and the one transition rule, ``_next_state``) and the runner; the
 format, snapshots and errors are ``idemlink.host.journal_format``'s, the file handling and the lock
-``idemlink.host.journal_file``'s. Every public name of the three is importable from here.
+``idemlink.host.journal_file``'s; import each name from the module that defines it.
 """
 
 from __future__ import annotations
@@ -85,32 +85,16 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from idemlink.host.journal_file import (
-    JournalLock,
     load,
     load_keyed,
-    lock_journal,
-    lock_path,
     save,
     save_keyed,
 )
 from idemlink.host.journal_format import (
-    DEVICE_ID_PATTERN,
-    FILE_MODE,
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    KEYED_FORMAT_VERSION,
-    MAX_ENCODED_BYTES,
-    MAX_IDS,
     TRANSITIONS,
-    JournalBusyError,
-    JournalCorruptError,
     JournalDuplicateError,
-    JournalError,
     JournalKeyError,
-    JournalLimitError,
     JournalStateError,
-    JournalUnsafeFileError,
-    JournalVersionError,
     KeyedSnapshot,
     KeyLike,
     SentRecord,
@@ -118,55 +102,16 @@ from idemlink.host.journal_format import (
     StepEvent,
     StepState,
     check_count,
-    check_device_id,
-    decode,
-    decode_keyed,
-    encode,
-    encode_keyed,
 )
 from idemlink.host.keys import MalformedKeyError, format_key, parse_key
 from idemlink.protocol.outcome import Outcome
 
 __all__ = [
-    "DEVICE_ID_PATTERN",
-    "FILE_MODE",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "KEYED_FORMAT_VERSION",
-    "MAX_ENCODED_BYTES",
-    "MAX_IDS",
-    "TRANSITIONS",
     "DeviceJournal",
-    "JournalBusyError",
-    "JournalCorruptError",
-    "JournalDuplicateError",
-    "JournalError",
-    "JournalKeyError",
-    "JournalLimitError",
-    "JournalLock",
-    "JournalStateError",
-    "JournalUnsafeFileError",
-    "JournalVersionError",
-    "KeyedSnapshot",
     "KeyedStep",
     "ReceiptJournal",
     "RunReport",
-    "SentRecord",
-    "Snapshot",
-    "StepEvent",
-    "StepState",
-    "check_device_id",
-    "decode",
-    "decode_keyed",
-    "encode",
-    "encode_keyed",
-    "load",
-    "load_keyed",
-    "lock_journal",
-    "lock_path",
     "run_steps",
-    "save",
-    "save_keyed",
 ]
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Protocol
 
-from idemlink.host.errors import TRANSPORT_ERRORS, PortBusy, PortError
+from idemlink.host.errors import PortBusy, PortError
 from idemlink.protocol.char_format import CharFormat
 
 if TYPE_CHECKING:
@@ -199,5 +199,11 @@ class SerialTransport:
             log.warning("closing %s: %s", self.port.name, exc)
 
 
-__all__ = ["POLL_STEP", "TRANSPORT_ERRORS", "SerialTransport", "Transport", "is_pty", "open_port",
-           "opened_format"]
+__all__ = [
+    "POLL_STEP",
+    "SerialTransport",
+    "Transport",
+    "is_pty",
+    "open_port",
+    "opened_format",
+]

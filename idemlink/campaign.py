@@ -55,7 +55,10 @@ from typing import Any
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Command, CommandKind, Device, NoDevice, Result, Transport
+from idemlink.host.command import Command, CommandKind, Result
+from idemlink.host.device import Device
+from idemlink.host.errors import NoDevice
+from idemlink.host.transport import Transport
 from idemlink.oracle import Boot, Claim, Delivered, MapTruth, Oracle, Record, Reg, Run, Tally
 from idemlink.protocol.outcome import FIRST_LOCAL_STATUS, IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap

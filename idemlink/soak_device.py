@@ -37,7 +37,7 @@ from pathlib import Path
 from idemlink.campaign import Campaign, CampaignConfig, CampaignReport, TimelinePoint, delivered
 from idemlink.device_sim.link import DeliveryLog
 from idemlink.device_sim.link_proxy import LinkProxy
-from idemlink.host.device import SerialTransport
+from idemlink.host.transport import SerialTransport
 from idemlink.oracle import Boot, Delivered, OracleError, Record, parse_effects_line
 from idemlink.protocol.outcome import IdemlinkError
 

@@ -920,7 +920,6 @@ __all__ = [
     "Effect",
     "EffectKind",
     "FaultRule",
-    "FunctionCode",
     "Persist",
     "PersistError",
     "RegisterAccessError",

@@ -12,123 +12,31 @@ The implementation lives in one module per reason to change:
   ``abort(reason)``;
 - ``ymodem_files``: what a receiving shell does with the events (the safe directory sink).
 
-This module re-exports their public names, so ``from idemlink.protocol.ymodem import Sender``
-(the documented API) keeps working; code inside idemlink imports from the modules themselves.
-``contract_section()`` gives the wire bytes to the C header and both tables to docs/PROTOCOL.md.
+Import each name from the module that defines it (``from idemlink.protocol.ymodem_sender import
+Sender``): one import path per name (``tests/test_layers.py``). This module holds only
+``contract_section()``, which gives the wire bytes to the C header and both tables to
+docs/PROTOCOL.md.
 """
 
 from __future__ import annotations
 
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
-from idemlink.protocol.ymodem_events import (
-    Aborted,
-    BatchEnded,
-    Event,
-    FileCommitted,
-    FileData,
-    FileStarted,
-    FileUnconfirmed,
-    HeaderRefused,
-    Progress,
-)
 from idemlink.protocol.ymodem_names import (
     MAX_NAME_BYTES,
-    NameRefusal,
-    check_name,
-    sanitize_mode,
-)
-from idemlink.protocol.ymodem_receiver import (
-    Receiver,
-    ReceiverConfig,
-)
-from idemlink.protocol.ymodem_sender import (
-    Sender,
-    SenderConfig,
-    SendFile,
 )
 from idemlink.protocol.ymodem_tables import (
     RX_TRANSITIONS,
     TX_TRANSITIONS,
-    RxAction,
-    RxIn,
-    RxState,
-    TxAction,
-    TxIn,
-    TxState,
 )
 from idemlink.protocol.ymodem_wire import (
-    ACK,
     BLOCK_LARGE,
     BLOCK_SMALL,
-    CAN,
-    CAN_COUNT,
-    CPMEOF,
-    CRC_REQUEST,
-    EOT,
-    NAK,
-    NUDGE,
     REGULAR_FILE,
-    SOH,
-    STX,
-    Header,
-    HeaderRefusal,
     YmodemByte,
-    build_block,
-    build_header,
-    crc16,
-    parse_header,
-    parse_size,
 )
 
 __all__ = [
-    "ACK",
-    "BLOCK_LARGE",
-    "BLOCK_SMALL",
-    "CAN",
-    "CAN_COUNT",
-    "CPMEOF",
-    "CRC_REQUEST",
-    "EOT",
-    "MAX_NAME_BYTES",
-    "NAK",
-    "NUDGE",
-    "REGULAR_FILE",
-    "RX_TRANSITIONS",
-    "SOH",
-    "STX",
-    "TX_TRANSITIONS",
-    "Aborted",
-    "BatchEnded",
-    "Event",
-    "FileCommitted",
-    "FileData",
-    "FileStarted",
-    "FileUnconfirmed",
-    "Header",
-    "HeaderRefusal",
-    "HeaderRefused",
-    "NameRefusal",
-    "Progress",
-    "Receiver",
-    "ReceiverConfig",
-    "RxAction",
-    "RxIn",
-    "RxState",
-    "SendFile",
-    "Sender",
-    "SenderConfig",
-    "TxAction",
-    "TxIn",
-    "TxState",
-    "YmodemByte",
-    "build_block",
-    "build_header",
-    "check_name",
     "contract_section",
-    "crc16",
-    "parse_header",
-    "parse_size",
-    "sanitize_mode",
 ]
 
 

@@ -12,7 +12,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
-from idemlink.host.device import UnknownOutstanding
+from idemlink.host.errors import UnknownOutstanding
 from idemlink.protocol.outcome import Outcome, Status
 
 

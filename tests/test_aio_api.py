@@ -18,7 +18,8 @@ from support.timing import scaled
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import PARITY, AsyncDevice
 from idemlink.host.command import CommandBuilder
-from idemlink.host.device import Device, UnknownOutstanding
+from idemlink.host.device import Device
+from idemlink.host.errors import UnknownOutstanding
 from idemlink.host.operations import OPERATIONS
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.pytest_plugin import PtySim, start_pty_sim
@@ -269,7 +270,7 @@ def test_a_backlog_is_read_in_slices_that_let_the_loop_run() -> None:
 
     import serial
 
-    from idemlink.host.aio import ROUND_BYTES, AsyncSerialTransport
+    from idemlink.host.aio_transport import ROUND_BYTES, AsyncSerialTransport
 
     async def session() -> None:
         master, slave = os.openpty()

@@ -42,7 +42,8 @@ from idemlink.device_sim.flash import (
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
 from idemlink.protocol.frame import FrameType, encode_frame
-from idemlink.protocol.ymodem import RxState, build_block, build_header
+from idemlink.protocol.ymodem_tables import RxState
+from idemlink.protocol.ymodem_wire import build_block, build_header
 
 
 @pytest.fixture

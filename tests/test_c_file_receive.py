@@ -30,11 +30,12 @@ from support import firmware
 from support.firmware import QemuDevice, RunningDevice
 from support.timing import scaled, wait_until
 
-from idemlink.host.device import Command, CommandKind, Device
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
 from idemlink.protocol.frame import crc32c
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import ModbusException, Outcome
-from idemlink.protocol.ymodem import build_block, build_header
+from idemlink.protocol.ymodem_wire import build_block, build_header
 
 
 @pytest.fixture

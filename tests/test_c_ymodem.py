@@ -42,22 +42,10 @@ from support.c_ymodem import (
     load_library,
 )
 
-from idemlink.protocol.ymodem import (
-    BLOCK_LARGE,
-    BLOCK_SMALL,
-    CAN,
-    EOT,
-    RX_TRANSITIONS,
-    ReceiverConfig,
-    RxAction,
-    RxIn,
-    RxState,
-    Sender,
-    SenderConfig,
-    SendFile,
-    build_block,
-    build_header,
-)
+from idemlink.protocol.ymodem_receiver import ReceiverConfig
+from idemlink.protocol.ymodem_sender import Sender, SenderConfig, SendFile
+from idemlink.protocol.ymodem_tables import RX_TRANSITIONS, RxAction, RxIn, RxState
+from idemlink.protocol.ymodem_wire import BLOCK_LARGE, BLOCK_SMALL, CAN, EOT, build_block, build_header
 
 STEP_MS = 125  #: times are multiples of 1/8 s: exact in binary floating point
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from idemlink.campaign import CampaignConfig, run_campaign
-from idemlink.host.device import Command, CommandKind, Result
+from idemlink.host.command import Command, CommandKind, Result
 from idemlink.oracle import Claimed, Oracle
 from idemlink.protocol import host_session
 from idemlink.protocol.modbus import FunctionCode
@@ -289,7 +289,7 @@ def test_dense_outages_and_late_copies_find_nothing_wrong(seed: int, extra: dict
 def test_an_unknown_whose_read_back_was_lost_is_unresolved_not_misclassified(
         monkeypatch: pytest.MonkeyPatch) -> None:
     from idemlink.campaign import _Campaign
-    from idemlink.host.device import Reconciliation, Result
+    from idemlink.host.command import Reconciliation, Result
 
     campaign = _Campaign(CampaignConfig(commands=1, seed=3))
     cmd = Command(CommandKind.WRITE, 4, values=(400,))
@@ -344,7 +344,7 @@ def test_mutant_reconcile_comparing_only_the_first_register_is_misclassified(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import idemlink.host.operations as operations
-    from idemlink.host.device import Reconciliation
+    from idemlink.host.command import Reconciliation
 
     real = operations.judge_read_back
 
@@ -392,7 +392,7 @@ def test_mutant_new_host_process_handed_the_dead_ones_numbers_duplicates_effects
 def test_mutant_reconcile_resending_an_idle_trigger_duplicates_effects(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from idemlink.host.device import Reconciliation
+    from idemlink.host.command import Reconciliation
     from idemlink.host.operations import Operations
 
     real = Operations.reconcile_steps

@@ -29,7 +29,8 @@ from idemlink.device_sim.link import Link, LinkConfig
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
 from idemlink.host.device import Device
-from idemlink.host.journal import DeviceJournal, SentRecord
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal_format import SentRecord
 from idemlink.protocol.frame import Flags, FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, WriteSingleRegister, encode_request
 from idemlink.protocol.regmap_file import DEFAULT_MAP
@@ -461,7 +462,7 @@ def test_a_second_sim_on_the_same_flash_dir_is_refused(tmp_path: Path, mode: lis
 @pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe binary", b"[]"])
 def test_a_bad_journal_is_one_line_naming_its_path_once(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes) -> None:
-    from idemlink.commands.common import UserError
+    from idemlink.cli import UserError
 
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps({"name": "r", "steps": [{"clear": {"faults": ["fan_stall"]}}]}))

@@ -53,7 +53,8 @@ def test_both_apis_opening_a_modbus_rtu_port_say_so(rtu_port: str) -> None:
     import asyncio
 
     from idemlink.host.aio import AsyncDevice
-    from idemlink.host.device import AnswersModbusRtu, Device, NoDevice
+    from idemlink.host.device import Device
+    from idemlink.host.errors import AnswersModbusRtu, NoDevice
 
     with pytest.raises(AnswersModbusRtu, match=r"^this port answers Modbus RTU, not idemlink: "
                                                 r"open it with RtuDevice or AsyncRtuDevice"):

@@ -22,7 +22,8 @@ import pytest
 from idemlink.cli import UserError, build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, LinkLost, PortError, UnknownOutstanding
+from idemlink.host.device import Device
+from idemlink.host.errors import LinkLost, PortError, UnknownOutstanding
 from idemlink.host.journal import DeviceJournal
 from idemlink.host.plan import load_plan
 from idemlink.protocol.device_core import EffectKind
@@ -362,7 +363,7 @@ def test_sim_serving_a_port_that_fails_exits_1_without_a_traceback(
 
     import idemlink.commands.sim_cmd as sim_cmd
     from idemlink.cli import UserError
-    from idemlink.host.device import PortError
+    from idemlink.host.errors import PortError
 
     class DyingTransport:
         def read(self, timeout: float) -> bytes:

@@ -12,7 +12,8 @@ import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Command, CommandKind, Device
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.host_session import Completion, HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status

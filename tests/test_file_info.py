@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
-from idemlink.host.device import Command, CommandKind, Device
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
 from idemlink.protocol.modbus import (
     FileInfoRequest,
     FileInfoResponse,

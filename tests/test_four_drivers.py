@@ -39,7 +39,8 @@ from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import AsyncSimTransport
 from idemlink.host.aio import AsyncDevice, AsyncRtuDevice, AsyncTcpDevice
 from idemlink.host.command import CommandBuilder, Reconciliation, Result, SentRequest
-from idemlink.host.device import Device, LinkLost, UnknownOutstanding
+from idemlink.host.device import Device
+from idemlink.host.errors import LinkLost, UnknownOutstanding
 from idemlink.host.operations import OPERATIONS
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.host.tcp_device import TcpDevice

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import random
 
-from idemlink.protocol.device_session import HANDOUT_SPAN, DeviceSession
+from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import Frame, FrameType, decode_frames, encode_frame
 from idemlink.protocol.outcome import Status
-from idemlink.protocol.payloads import DeviceInfo
+from idemlink.protocol.payloads import HANDOUT_SPAN, DeviceInfo
 
 HASH = b"12345678"
 W = bytes.fromhex("060004012c")

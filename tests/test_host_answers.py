@@ -19,7 +19,8 @@ from idemlink.cli import EXIT_LOCAL_ERROR, EXIT_UNKNOWN, build_parser, main
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, IncompatibleDevice
+from idemlink.host.device import Device
+from idemlink.host.errors import IncompatibleDevice
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, decode_frames, encode_frame
 from idemlink.protocol.modbus import classify_answer
 from idemlink.protocol.outcome import Outcome

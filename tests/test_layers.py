@@ -211,3 +211,93 @@ def test_every_cited_rule_points_at_its_defining_module_not_a_re_export() -> Non
         if found is not None and found[0] != found[1]:
             wrong[n] = found[1]
     assert wrong == {}
+
+
+# ---- one import path per name ---------------------------------------------------------------
+
+
+def _top_level_names(path: Path) -> tuple[set[str], set[str]]:
+    """(names a module defines, names it imports) at its top level (``if``/``try`` included)."""
+    defined: set[str] = set()
+    imported: set[str] = set()
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    defined.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, (ast.If, ast.Try)):
+                visit(node.body)
+                visit(node.orelse)
+                for h in getattr(node, "handlers", []):
+                    visit(h.body)
+                visit(getattr(node, "finalbody", []))
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return defined, imported - defined
+
+
+def _module_path(module: str, root: Path = ROOT) -> Path | None:
+    """The source file of one of our modules (``idemlink.host.command`` -> host/command.py)."""
+    parts = module.split(".")
+    if parts[0] != "idemlink":
+        return None
+    base = root / (parts[1] if len(parts) > 1 and parts[1] in ("protocol", "host", "device_sim")
+                   else "idemlink")
+    rest = parts[2:] if base.name != "idemlink" else parts[1:]
+    for candidate in (base.joinpath(*rest).with_suffix(".py") if rest else None,
+                      base.joinpath(*rest, "__init__.py")):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def re_exported_imports(root: Path = ROOT) -> list[str]:
+    """``file:line: name from A, defined in B`` for every ``from idemlink.A import name`` in the
+    tree whose name A only imports (one import path per name: the defining module's)."""
+    found: list[str] = []
+    dirs = [*SOURCE_DIRS.values(), "tests", "bench", "tools", "firmware_ref"]
+    files = sorted(p for d in dirs if (root / d).is_dir() and not (root / d).is_symlink()
+                   for p in (root / d).rglob("*.py")
+                   if not any(part in ("protocol", "host", "device_sim") and (root / d).name == "idemlink"
+                              for part in p.relative_to(root / d).parts[:1]))
+    cache: dict[str, tuple[set[str], set[str]]] = {}
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.startswith("idemlink")):
+                continue
+            source = _module_path(node.module, root)
+            if source is None:
+                continue
+            if node.module not in cache:
+                cache[node.module] = _top_level_names(source)
+            _, imported = cache[node.module]
+            for alias in node.names:
+                if alias.name in imported and _module_path(f"{node.module}.{alias.name}", root) is None:
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {alias.name} from "
+                                 f"{node.module}, which imports it")
+    return found
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it() -> None:
+    """The re-export hubs are gone: ``from idemlink.host.device import Result`` would name a
+    module that only imports ``Result`` (from ``idemlink.host.command``); one import path per
+    name keeps editors, grep and this document pointing at one place."""
+    assert re_exported_imports() == []
+
+
+def test_a_re_exported_import_is_caught(tmp_path: Path) -> None:
+    for d in ("protocol", "host", "device_sim", "idemlink", "tests"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "protocol" / "a.py").write_text("X = 1\n")
+    (tmp_path / "protocol" / "b.py").write_text("from idemlink.protocol.a import X\n")
+    (tmp_path / "tests" / "t.py").write_text("from idemlink.protocol.b import X\n"
+                                             "from idemlink.protocol.a import X as Y\n")
+    assert re_exported_imports(tmp_path) == [
+        "tests/t.py:1: X from idemlink.protocol.b, which imports it"]

@@ -11,7 +11,8 @@ from pathlib import Path
 from idemlink.campaign import ENVIRONMENT_RULES, map_text
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Command, CommandKind, Device
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
 from idemlink.oracle import (
     TRIGGER_RULES,
     Boot,

@@ -15,7 +15,9 @@ import pytest
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Command, CommandKind, Device, UnknownOutstanding
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
+from idemlink.host.errors import UnknownOutstanding
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType, encode_frame
 from idemlink.protocol.outcome import Outcome, Status
 

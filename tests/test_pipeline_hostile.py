@@ -11,7 +11,9 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
-from idemlink.host.device import Device, Result, UnknownOutstanding
+from idemlink.host.command import Result
+from idemlink.host.device import Device
+from idemlink.host.errors import UnknownOutstanding
 from idemlink.protocol.outcome import Outcome, Status
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from idemlink.cli import main
-from idemlink.host.device import Device, PortBusy
+from idemlink.host.device import Device
+from idemlink.host.errors import PortBusy
 from idemlink.pytest_plugin import start_pty_sim
 
 

@@ -34,7 +34,8 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.flash import ConfigFlash
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, IncompatibleDevice
+from idemlink.host.device import Device
+from idemlink.host.errors import IncompatibleDevice
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterSchemaError, map_markdown, register

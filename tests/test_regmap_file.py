@@ -17,7 +17,8 @@ import pytest
 from idemlink.cli import main
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, IncompatibleDevice
+from idemlink.host.device import Device
+from idemlink.host.errors import IncompatibleDevice
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.payloads import DeviceInfo
 from idemlink.protocol.registers import RegisterKind, TriggerState

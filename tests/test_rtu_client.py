@@ -31,7 +31,8 @@ from support.timing import scaled
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
-from idemlink.host.device import Command, CommandKind, LinkLost, NoDevice, UnknownOutstanding
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.errors import LinkLost, NoDevice, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.device_core import DeviceCore, EffectKind
 from idemlink.protocol.modbus import (

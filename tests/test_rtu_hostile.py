@@ -6,7 +6,7 @@ from __future__ import annotations
 from support.rtu import rtu_reply
 
 from idemlink.device_sim.rtu_server import RtuServer
-from idemlink.host.device import LinkLost, UnknownOutstanding
+from idemlink.host.errors import LinkLost, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.outcome import Outcome, Status

@@ -24,7 +24,8 @@ from support import firmware
 from support.rtu import rtu_reply, start_sim, stop_sim
 from support.timing import read_line, scaled
 
-from idemlink.device_sim.rtu_server import ConfigFlash, RtuServer
+from idemlink.device_sim.flash import ConfigFlash
+from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.device_core import DeviceCore, EffectKind
 from idemlink.protocol.modbus_rtu import encode_rtu
 

@@ -20,7 +20,8 @@ from support.timing import wait_until
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.aio import AsyncDevice
-from idemlink.host.device import Device, PortError
+from idemlink.host.device import Device
+from idemlink.host.errors import PortError
 from idemlink.pytest_plugin import PtySim, start_pty_sim
 
 pytestmark = pytest.mark.skipif(shutil.which("ser2net") is None,

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, IncompatibleDevice, UnknownOutstanding
+from idemlink.host.device import Device
+from idemlink.host.errors import IncompatibleDevice, UnknownOutstanding
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import Flags, Frame, FrameType, decode_frames, encode_frame
 from idemlink.protocol.host_session import HostSession
@@ -198,7 +199,7 @@ def test_unknown_when_no_answer_blocks_until_acknowledged() -> None:
 
 
 def test_reboot_mid_flight_reissues_set_only_and_reports_others_unknown() -> None:
-    from idemlink.host.device import Command, CommandKind
+    from idemlink.host.command import Command, CommandKind
 
     dev, t = connect()
     t.drop_answers = True  # the first attempts run, their answers are lost...
@@ -320,7 +321,7 @@ def test_host_session_ends_every_request_exactly_once_whatever_arrives(
 
 
 def test_a_hand_built_write_to_a_trigger_is_not_reissued_after_a_reboot() -> None:
-    from idemlink.host.device import Command, CommandKind
+    from idemlink.host.command import Command, CommandKind
 
     dev, t = connect()
     t.drop_answers = True
@@ -339,7 +340,7 @@ def test_a_hand_built_write_to_a_trigger_is_not_reissued_after_a_reboot() -> Non
 
 
 def test_a_malformed_read_answer_carries_no_values_and_never_raises() -> None:
-    from idemlink.host.device import Command, CommandKind, answer_of
+    from idemlink.host.command import Command, CommandKind, answer_of
 
     read3 = Command(CommandKind.READ, 4, 3)
     assert answer_of(read3, bytes([3, 6, 0, 1, 0, 2, 0, 3])) == ((1, 2, 3), None)

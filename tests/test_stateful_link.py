@@ -17,7 +17,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import SimTransport
-from idemlink.host.device import Device, Result
+from idemlink.host.command import Result
+from idemlink.host.device import Device
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.registers import RegisterKind, TriggerState
 from idemlink.protocol.regmap_file import DEFAULT_MAP

@@ -29,7 +29,6 @@ from idemlink.protocol.datatypes import (
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore
 from idemlink.protocol.modbus import (
     MaskWriteRegister,
-    ModbusException,
     ReadBits,
     StandardFunction,
     WriteMultipleCoils,
@@ -37,7 +36,7 @@ from idemlink.protocol.modbus import (
     decode_response,
     encode_request,
 )
-from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.outcome import LocalProtocolError, ModbusException
 from idemlink.protocol.registers import RegisterKind, Space
 from idemlink.protocol.regmap_file import (
     DEFAULT_MAP,

@@ -18,7 +18,9 @@ from idemlink.cli import build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
-from idemlink.host.device import Command, CommandKind, Device, LinkLost, UnknownOutstanding
+from idemlink.host.command import Command, CommandKind
+from idemlink.host.device import Device
+from idemlink.host.errors import LinkLost, UnknownOutstanding
 from idemlink.protocol.frame import Frame, FrameDecoder, FrameType
 from idemlink.protocol.modbus import (
     READ_ONLY_FUNCTIONS,

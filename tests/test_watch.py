@@ -150,7 +150,7 @@ def test_a_port_failing_without_an_errno_is_said_by_its_root_cause_not_may_have_
     from serial import SerialException
 
     from idemlink.commands.watch_cmd import poll_failure
-    from idemlink.host.device import LinkLost, PortError
+    from idemlink.host.errors import LinkLost, PortError
 
     root = SerialException("device reports readiness to read but returned no data")
     port = PortError(f"/dev/pts/0: read failed: {root}")

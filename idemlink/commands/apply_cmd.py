@@ -67,18 +67,13 @@ from idemlink.commands.device_io import (
 )
 from idemlink.commands.faults_cmd import clear_notes
 from idemlink.commands.many import SharedJournals
-from idemlink.host.command import Command, Reconciliation, SentRequest, atomic_writes, raw_in
-from idemlink.host.device import Device, LinkLost, Result
+from idemlink.host.command import Command, Reconciliation, Result, SentRequest, atomic_writes, raw_in
+from idemlink.host.device import Device
+from idemlink.host.errors import LinkLost
 from idemlink.host.frame_view import trigger_code_name
-from idemlink.host.journal import (
-    DeviceJournal,
-    JournalError,
-    JournalLock,
-    SentRecord,
-    StepState,
-    check_device_id,
-    lock_journal,
-)
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal_file import JournalLock, lock_journal
+from idemlink.host.journal_format import JournalError, SentRecord, StepState, check_device_id
 from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
 from idemlink.output import add_json_option, emit, error_json, print_json, register_entry
 from idemlink.protocol.outcome import LocalProtocolError, Outcome

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 
 from idemlink.cli import EXIT_OK, UserError
-from idemlink.host.journal import DeviceJournal, JournalBusyError, JournalError, StepState, lock_journal
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal_file import lock_journal
+from idemlink.host.journal_format import JournalBusyError, JournalError, StepState
 from idemlink.output import emit
 from idemlink.protocol.outcome import Outcome
 

@@ -40,8 +40,7 @@ from idemlink.cli import (
 from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
 from idemlink.commands.many import add_port_options
 from idemlink.commands.selection import resolve
-from idemlink.host.command import raw_in
-from idemlink.host.device import Result
+from idemlink.host.command import Result, raw_in
 from idemlink.output import register_entry
 from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.link_profile import MAX_TIMEOUT as LINK_MAX_TIMEOUT

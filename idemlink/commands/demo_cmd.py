@@ -28,7 +28,8 @@ from idemlink.device_sim.link import Link, LinkConfig
 from idemlink.device_sim.lossy_transport import LossyTransport
 from idemlink.device_sim.pty import open_pty
 from idemlink.device_sim.serve import LockedDevice, serve
-from idemlink.host.device import Device, Result
+from idemlink.host.command import Result
+from idemlink.host.device import Device
 from idemlink.output import add_json_option, print_json
 from idemlink.protocol.outcome import Outcome
 

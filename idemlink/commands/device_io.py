@@ -50,9 +50,9 @@ from idemlink.commands.common import (
 )
 from idemlink.commands.connection import describe_sources
 from idemlink.commands.many import ports_of, run_on_ports
-from idemlink.host.command import Reconciliation
-from idemlink.host.device import Device, IncompatibleDevice, LinkLost, NoDevice, PortError, Result
-from idemlink.host.errors import AnswersModbusRtu, PortBusy
+from idemlink.host.command import Reconciliation, Result
+from idemlink.host.device import Device
+from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice, PortBusy, PortError
 from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.host.tcp_device import DEFAULT_TCP_TIMEOUT, TcpDevice

@@ -60,7 +60,8 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from idemlink.commands.common import MAX_TIMEOUT, check_seconds, line_settings
     from idemlink.commands.device_io import log_sources, no_device, port_said_once
-    from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
+    from idemlink.host.device import Device
+    from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
     from idemlink.protocol.payloads import printable
 

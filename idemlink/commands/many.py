@@ -49,7 +49,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from idemlink.cli import EXIT_LOCAL_ERROR, UserError
-from idemlink.host.journal import DeviceJournal, JournalLock, SentRecord, StepEvent, lock_journal
+from idemlink.host.journal import DeviceJournal
+from idemlink.host.journal_file import JournalLock, lock_journal
+from idemlink.host.journal_format import SentRecord, StepEvent
 from idemlink.output import ERROR_SCHEMA, Progress, print_json
 
 EXIT_INTERRUPTED = 130

@@ -44,7 +44,7 @@ from idemlink.output import add_json_option, print_json, wants_json
 
 if TYPE_CHECKING:
     from idemlink.device_sim.serve import ServeTransport
-    from idemlink.host.device import SerialTransport
+    from idemlink.host.transport import SerialTransport
     from idemlink.protocol.device_core import DeviceCore
 
 
@@ -85,7 +85,8 @@ def register(sub: Any) -> None:
 def _serving_end(args: argparse.Namespace) -> Iterator[tuple[ServeTransport, str]]:
     """The port to serve (``--port``, DTR/RTS low) or a new pty; closed on exit."""
     from idemlink.device_sim.pty import WRITE_STALL, open_pty
-    from idemlink.host.device import PortError, SerialTransport
+    from idemlink.host.errors import PortError
+    from idemlink.host.transport import SerialTransport
 
     if args.port:
         try:
@@ -124,7 +125,7 @@ class _DroppingPort:
         import serial
 
         from idemlink.device_sim.pty import WriteStalled
-        from idemlink.host.device import PortError
+        from idemlink.host.errors import PortError
 
         try:
             self.port.write(data)

@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.campaign import run_campaign
     from idemlink.cli import UserError
     from idemlink.device_sim.link import LinkConfigError
-    from idemlink.host.device import IncompatibleDevice, NoDevice, PortError
+    from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
     from idemlink.soak_device import DeviceCommandError, run_device_campaign
 
     cfg = _config(args)

@@ -58,7 +58,8 @@ from idemlink.output import error_json, print_json, register_entry
 from idemlink.protocol.outcome import Outcome
 
 if TYPE_CHECKING:
-    from idemlink.host.device import Command, Device, Result
+    from idemlink.host.command import Command, Result
+    from idemlink.host.device import Device
     from idemlink.host.rtu_device import RtuDevice
     from idemlink.host.tcp_device import TcpDevice
     from idemlink.protocol.registers import RegisterMap, RegisterSpec
@@ -234,7 +235,8 @@ class Trouble:
 def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[RegisterSpec]],
           printer: Printer, summary: Summary, unit: int | None) -> int:
     from idemlink.commands.device_io import tcp_timeout
-    from idemlink.host.device import Device, IncompatibleDevice, NoDevice, PortError
+    from idemlink.host.device import Device
+    from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
     from idemlink.host.rtu_device import RtuDevice
     from idemlink.host.tcp_device import TcpDevice
 

@@ -324,7 +324,8 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
     from idemlink.commands.common import line_settings
-    from idemlink.host.device import Device, NoDevice, PortError
+    from idemlink.host.device import Device
+    from idemlink.host.errors import NoDevice, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
     bar = _progress(args)

@@ -9,18 +9,12 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from idemlink.protocol.ymodem import (
-    RX_TRANSITIONS,
-    FileStarted,
-    HeaderRefusal,
-    HeaderRefused,
-    NameRefusal,
-    Receiver,
-    ReceiverConfig,
-    RxIn,
-    RxState,
-)
+from idemlink.protocol.ymodem_events import FileStarted, HeaderRefused
 from idemlink.protocol.ymodem_files import ReceiverDriver, SinkRefused, exchange
+from idemlink.protocol.ymodem_names import NameRefusal
+from idemlink.protocol.ymodem_receiver import Receiver, ReceiverConfig
+from idemlink.protocol.ymodem_tables import RX_TRANSITIONS, RxIn, RxState
+from idemlink.protocol.ymodem_wire import HeaderRefusal
 
 STATES = list(RxState)
 NAME_CODES = {NameRefusal.EMPTY: 1, NameRefusal.TOO_LONG: 2, NameRefusal.NOT_UTF8: 3,
