@@ -158,14 +158,14 @@ class ControlFifo:
 
 
 class Control:
-    """A FIFO applied to a core: ``poll(now)`` from the serve loop, between its reads."""
+    """A FIFO applied to a core: ``apply_pending(now)`` from the serve loop, between its reads."""
 
     def __init__(self, path: str | os.PathLike[str], core: DeviceCore) -> None:
         self.fifo = ControlFifo(path)
         self.core = core
         self.refused = 0
 
-    def poll(self, now: float) -> list[str]:
+    def apply_pending(self, now: float) -> list[str]:
         """Apply every complete line; return the one-line reasons of those refused."""
         problems: list[str] = []
         for line in self.fifo.lines():

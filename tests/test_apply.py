@@ -35,6 +35,8 @@ import idemlink.protocol.regular_file as regular_file
 from idemlink.cli import UserError, build_parser
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
+from idemlink.host import journal_file as JL
+from idemlink.host import journal_format as JF
 from idemlink.host.command import SentRequest
 from idemlink.host.device import Device
 from idemlink.host.plan import load_plan
@@ -114,7 +116,7 @@ def test_one_plan_two_devices_both_end_holding_it(
         assert rc == 0 and [s["state"] for s in doc["steps"]] == ["in_place", "in_place",
                                                                    "skipped"]
         assert writes(device, before) == [] and started(device) == 1
-    assert J.load_keyed(f"{plan}.journal").devices.keys() == {a.device_id, b.device_id}
+    assert JL.load_keyed(f"{plan}.journal").devices.keys() == {a.device_id, b.device_id}
 
 
 def test_a_device_changed_by_hand_converges_writing_only_what_differs(
@@ -245,11 +247,11 @@ def test_old_format_journal_loads_and_keeps_its_ids_apart(
     journal = Path(f"{plan}.journal")
     old = load_plan(plan, DEFAULT_MAP).one_shot[0].key
     assert old is not None
-    J.save(journal, J.Snapshot(frozenset({old})))  # a version-1 file holding the same key
+    JL.save(journal, JF.Snapshot(frozenset({old})))  # a version-1 file holding the same key
     device = SimulatedDevice(seed=10)
     rc, doc = apply([str(plan)], device, capsys)
     assert rc == 0 and doc["steps"][2]["state"] == "executed" and started(device) == 1
-    snap = J.load_keyed(journal)
+    snap = JL.load_keyed(journal)
     assert snap.unscoped.done == {old} and snap.scope(device.device_id).done == {old}
     assert json.loads(journal.read_text())["version"] == 2
     assert journal.stat().st_mode & 0o777 == 0o600
@@ -268,7 +270,7 @@ def test_a_second_apply_on_a_locked_journal_refuses_and_nothing_runs_twice(
     journal = f"{plan}.journal"
     sim = start_pty_sim(SimulatedDevice(seed=11, trigger_duration=60.0))
     try:
-        fd = os.open(J.lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(JL.lock_path(journal), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another apply is running
             os.write(fd, f"{os.getpid()}\n".encode())
@@ -292,7 +294,7 @@ def test_a_second_apply_on_a_locked_journal_refuses_and_nothing_runs_twice(
             assert started(sim.device) == 1
             assert (sim.device.core.value("threshold"), sim.device.core.value("fan_setpoint")) \
                 == (400, 80)
-        assert Path(J.lock_path(journal)).exists()  # never deleted
+        assert Path(JL.lock_path(journal)).exists()  # never deleted
     finally:
         sim.close()
 
@@ -301,14 +303,14 @@ def test_a_symlink_at_the_lock_path_is_refused(tmp_path: Path) -> None:
     victim = tmp_path / "victim"
     victim.write_text("keep")
     journal = tmp_path / "j"
-    Path(J.lock_path(journal)).symlink_to(victim)
-    with pytest.raises(J.JournalUnsafeFileError):
-        J.lock_journal(journal)
+    Path(JL.lock_path(journal)).symlink_to(victim)
+    with pytest.raises(JF.JournalUnsafeFileError):
+        JL.lock_journal(journal)
     assert victim.read_text() == "keep"
-    Path(J.lock_path(journal)).unlink()
-    with J.lock_journal(journal), pytest.raises(J.JournalBusyError):
-        J.lock_journal(journal)  # one writer, even within a process
-    J.lock_journal(journal).release()  # released on exit
+    Path(JL.lock_path(journal)).unlink()
+    with JL.lock_journal(journal), pytest.raises(JF.JournalBusyError):
+        JL.lock_journal(journal)  # one writer, even within a process
+    JL.lock_journal(journal).release()  # released on exit
 
 
 class ChangedByOtherHost(SimTransport):
@@ -351,7 +353,7 @@ def test_conditional_step_fails_when_another_host_changed_the_configuration(
     assert device.core.value("fan_setpoint") != 90 and device.core.value("threshold") == 123
     key = doc["steps"][0]["key"]
     assert J.DeviceJournal.open(f"{plan}.journal").state(device.device_id, key) is \
-        J.StepState.ABSENT  # released: it may run again
+        JF.StepState.ABSENT  # released: it may run again
     rc, doc = apply([str(plan)], device, capsys)  # a fresh run reads the new generation
     assert rc == 0 and device.core.value("fan_setpoint") == 90
 
@@ -415,7 +417,7 @@ def left_in_flight(plan: Path, device: SimulatedDevice, *, send: bool) -> bytes:
     device_id = dev.info.device_id
 
     def record(sent: SentRequest) -> None:
-        journal.begin(device_id, step.key, J.SentRecord(sent.pdu, sent.number))
+        journal.begin(device_id, step.key, JF.SentRecord(sent.pdu, sent.number))
 
     if send:
         assert dev.execute_recorded(cmd, record).ok
@@ -520,7 +522,7 @@ def test_the_journal_records_the_number_before_the_request_leaves(
     moment after that leaves evidence a later run can ask about."""
     plan = write_plan(tmp_path / "plan.json", CLEAR_STALL)
     device = latched_stall()
-    seen: list[J.SentRecord | None] = []
+    seen: list[JF.SentRecord | None] = []
     real = device.receive_data
 
     def spy(data: bytes, now: float | None = None) -> None:
@@ -606,7 +608,7 @@ def test_a_journaled_request_that_is_not_the_steps_is_never_sent(
     assert number is not None
     forged = dev.trigger_command().pdu()  # not a clear
     J.DeviceJournal.open(f"{plan}.journal").begin(device.device_id, step.key,
-                                                   J.SentRecord(forged, number))
+                                                   JF.SentRecord(forged, number))
     rc, doc = apply([str(plan)], device, capsys)
     assert rc == 5 and runs_of(device, forged) == 0 and "reconciled" not in doc
 
@@ -626,7 +628,7 @@ def evicted_in_flight(plan: Path, device: SimulatedDevice, *, stale_guard: bool 
     journal = J.DeviceJournal.open(f"{plan}.journal")
 
     def record(sent: SentRequest) -> None:
-        journal.begin(device.device_id, step.key, J.SentRecord(sent.pdu, sent.number))
+        journal.begin(device.device_id, step.key, JF.SentRecord(sent.pdu, sent.number))
 
     assert dev.execute_recorded(cmd, record).answered
     for _ in range(3):

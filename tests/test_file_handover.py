@@ -11,6 +11,7 @@ import pytest
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
+from idemlink.host import command
 from idemlink.host.device import Device
 from idemlink.protocol.outcome import Outcome
 from idemlink.pytest_plugin import start_pty_sim
@@ -152,8 +153,8 @@ def test_cli_send_exits_unknown_when_the_hand_over_is_unknown_and_the_batch_fail
         def __exit__(self, *exc: object) -> None:
             return None
 
-        def send_files(self, paths: list[str], **kw: object) -> tuple[hd.Result, TransferReport]:
-            res = hd.Result(hd.Command(hd.CommandKind.FILE_RECEIVE, 0), Outcome.UNKNOWN,
+        def send_files(self, paths: list[str], **kw: object) -> tuple[command.Result, TransferReport]:
+            res = command.Result(command.Command(command.CommandKind.FILE_RECEIVE, 0), Outcome.UNKNOWN,
                             Status.NO_ANSWER)
             report = TransferReport([FileResult("fw.bin", 100, False, 2.0, "no receiver")],
                                     ok=False, reason="no receiver ('C') before the start timeout")

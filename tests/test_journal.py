@@ -32,7 +32,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from idemlink.host import journal as J
-from idemlink.host import journal_format
+from idemlink.host import journal_file as JL
+from idemlink.host import journal_format as JF
 from idemlink.host.keys import (
     KeyFieldError,
     KeySource,
@@ -236,8 +237,8 @@ def test_parse_key_refuses_non_canonical(text: object) -> None:
 
 
 def test_encoding_golden_bytes() -> None:
-    snap = J.Snapshot(frozenset({u(2), u(1)}), frozenset({u(3)}))
-    assert J.encode(snap) == (
+    snap = JF.Snapshot(frozenset({u(2), u(1)}), frozenset({u(3)}))
+    assert JF.encode(snap) == (
         b'{"format":"idemlink.receipt-journal","version":1,"done":['
         b'"12340000-0000-0000-0000-000000000001","12340000-0000-0000-0000-000000000002"],'
         b'"pending":["12340000-0000-0000-0000-000000000003"]}\n'
@@ -247,85 +248,85 @@ def test_encoding_golden_bytes() -> None:
 @given(
     st.sets(st.uuids(), max_size=40),
     st.sets(st.uuids(), max_size=40),
-    st.dictionaries(st.text(min_size=1).filter(lambda s: s not in journal_format._KNOWN_FIELDS),
+    st.dictionaries(st.text(min_size=1).filter(lambda s: s not in JF._KNOWN_FIELDS),
                     st.one_of(st.integers(), st.text(), st.booleans(), st.none()), max_size=3),
 )
 def test_encode_decode_round_trip(
     done: set[uuid.UUID], pending: set[uuid.UUID], extra: dict[str, object]
 ) -> None:
-    snap = J.Snapshot(frozenset(done), frozenset(pending - done), extra)
-    assert J.decode(J.encode(snap)) == snap
+    snap = JF.Snapshot(frozenset(done), frozenset(pending - done), extra)
+    assert JF.decode(JF.encode(snap)) == snap
 
 
 def test_missing_file_is_the_empty_set(jpath: Path) -> None:
-    assert J.load(jpath) == J.Snapshot()
+    assert JL.load(jpath) == JF.Snapshot()
     j = J.ReceiptJournal.open(jpath)
     assert j.done == j.pending == frozenset()
-    assert j.state(u(1)) is J.StepState.ABSENT
+    assert j.state(u(1)) is JF.StepState.ABSENT
     assert not jpath.exists()  # opening creates nothing
 
 
 def test_exactly_max_ids_is_accepted_one_more_is_refused(jpath: Path) -> None:
-    full = J.Snapshot(frozenset(u(i) for i in range(1023)), frozenset({u(5000)}))
-    J.save(jpath, full)
-    assert J.load(jpath) == full
+    full = JF.Snapshot(frozenset(u(i) for i in range(1023)), frozenset({u(5000)}))
+    JL.save(jpath, full)
+    assert JL.load(jpath) == full
     before = jpath.read_bytes()
     j = J.ReceiptJournal.open(jpath)
-    with pytest.raises(J.JournalLimitError) as err:
+    with pytest.raises(JF.JournalLimitError) as err:
         j.begin(u(9999))
     assert (err.value.limit, err.value.actual) == (1024, 1025)
     assert jpath.read_bytes() == before and j.snapshot == full  # nothing changed
     j.complete(u(5000))  # moving within the set stays allowed at the limit
-    assert len(J.load(jpath).done) == 1024
+    assert len(JL.load(jpath).done) == 1024
 
 
 def test_over_max_ids_refused_on_save_and_in_a_file(jpath: Path) -> None:
-    with pytest.raises(J.JournalLimitError):
-        J.save(jpath, J.Snapshot(frozenset(u(i) for i in range(1025))))
+    with pytest.raises(JF.JournalLimitError):
+        JL.save(jpath, JF.Snapshot(frozenset(u(i) for i in range(1025))))
     assert not jpath.exists()
     write_raw(jpath, doc_bytes([str(u(i)) for i in range(1000)], [str(u(i)) for i in range(1000, 1025)]))
-    with pytest.raises(J.JournalLimitError):
-        J.load(jpath)
+    with pytest.raises(JF.JournalLimitError):
+        JL.load(jpath)
 
 
 def test_runner_refuses_too_many_steps_before_running_any(jpath: Path) -> None:
     calls: list[uuid.UUID] = []
     steps = [Step(u(i)) for i in range(1025)]
-    with pytest.raises(J.JournalLimitError):
+    with pytest.raises(JF.JournalLimitError):
         J.run_steps(jpath, steps, Recorder(calls))
     assert calls == [] and not jpath.exists()
     # The limit counts what the journal already holds too.
-    J.save(jpath, J.Snapshot(frozenset(u(10_000 + i) for i in range(1000))))
-    with pytest.raises(J.JournalLimitError):
+    JL.save(jpath, JF.Snapshot(frozenset(u(10_000 + i) for i in range(1000))))
+    with pytest.raises(JF.JournalLimitError):
         J.run_steps(jpath, steps[:25], Recorder(calls))
     assert calls == []
 
 
-def padded(total: int) -> J.Snapshot:
-    base = len(J.encode(J.Snapshot(frozenset({u(1)}), extra={"pad": ""})))
-    return J.Snapshot(frozenset({u(1)}), extra={"pad": "x" * (total - base)})
+def padded(total: int) -> JF.Snapshot:
+    base = len(JF.encode(JF.Snapshot(frozenset({u(1)}), extra={"pad": ""})))
+    return JF.Snapshot(frozenset({u(1)}), extra={"pad": "x" * (total - base)})
 
 
 def test_exactly_64kib_is_accepted_one_byte_more_is_refused(jpath: Path) -> None:
     ok = padded(65536)
-    assert len(J.encode(ok)) == 65536
-    J.save(jpath, ok)
-    assert J.load(jpath) == ok
+    assert len(JF.encode(ok)) == 65536
+    JL.save(jpath, ok)
+    assert JL.load(jpath) == ok
     before = jpath.read_bytes()
-    with pytest.raises(J.JournalLimitError) as err:
-        J.save(jpath, padded(65537))
+    with pytest.raises(JF.JournalLimitError) as err:
+        JL.save(jpath, padded(65537))
     assert (err.value.limit, err.value.actual) == (65536, 65537)
     assert jpath.read_bytes() == before
 
 
 def test_oversized_file_is_refused_not_truncated(jpath: Path) -> None:
-    data = J.encode(padded(65536))
+    data = JF.encode(padded(65536))
     write_raw(jpath, data[:-3] + b'x"}\n')  # one more pad byte: still valid JSON
     assert len(jpath.read_bytes()) == 65537
-    with pytest.raises(J.JournalLimitError):
-        J.load(jpath)
-    with pytest.raises(J.JournalLimitError):
-        J.decode(jpath.read_bytes())
+    with pytest.raises(JF.JournalLimitError):
+        JL.load(jpath)
+    with pytest.raises(JF.JournalLimitError):
+        JF.decode(jpath.read_bytes())
 
 
 # --------------------------------------------------------------------------- id validation
@@ -334,7 +335,7 @@ def test_oversized_file_is_refused_not_truncated(jpath: Path) -> None:
 @pytest.mark.parametrize("bad", MALFORMED[:4])
 def test_malformed_id_refused_by_the_api(jpath: Path, bad: str) -> None:
     j = J.ReceiptJournal.open(jpath)
-    with pytest.raises(J.JournalKeyError):
+    with pytest.raises(JF.JournalKeyError):
         j.begin(bad)
     assert not jpath.exists()
 
@@ -342,38 +343,38 @@ def test_malformed_id_refused_by_the_api(jpath: Path, bad: str) -> None:
 def test_string_keys_in_canonical_form_are_accepted(jpath: Path) -> None:
     j = J.ReceiptJournal.open(jpath)
     j.begin(str(u(7)))
-    assert J.load(jpath).pending == {u(7)}
+    assert JL.load(jpath).pending == {u(7)}
 
 
 def test_runner_refuses_a_non_uuid_key(jpath: Path) -> None:
-    with pytest.raises(J.JournalKeyError):
+    with pytest.raises(JF.JournalKeyError):
         J.run_steps(jpath, [Step(str(u(1)))], lambda s: Outcome.OK)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("bad", [*MALFORMED[:4], "0f0e0d0c-0b0a-4908-8706-050403020100 "])
 def test_malformed_id_in_a_file_is_corrupt(jpath: Path, bad: str) -> None:
     write_raw(jpath, doc_bytes([str(u(1)), bad], []))
-    with pytest.raises(J.JournalCorruptError, match="done\\[1\\]"):
-        J.load(jpath)
+    with pytest.raises(JF.JournalCorruptError, match="done\\[1\\]"):
+        JL.load(jpath)
 
 
 def test_duplicate_ids_refused(jpath: Path) -> None:
     for done, pending in (([u(1), u(1)], []), ([], [u(2), u(2)]), ([u(3)], [u(3)])):
         write_raw(jpath, doc_bytes([str(k) for k in done], [str(k) for k in pending]))
-        with pytest.raises(J.JournalCorruptError, match="duplicate"):
-            J.load(jpath)
-    with pytest.raises(J.JournalDuplicateError):
-        J.Snapshot(frozenset({u(1)}), frozenset({u(1)}))
+        with pytest.raises(JF.JournalCorruptError, match="duplicate"):
+            JL.load(jpath)
+    with pytest.raises(JF.JournalDuplicateError):
+        JF.Snapshot(frozenset({u(1)}), frozenset({u(1)}))
     jpath.unlink()
     j = J.ReceiptJournal.open(jpath)
     j.begin(u(1))
     j.complete(u(1))
     before = jpath.read_bytes()
-    with pytest.raises(J.JournalDuplicateError):
+    with pytest.raises(JF.JournalDuplicateError):
         j.begin(u(1))
     assert jpath.read_bytes() == before
     calls: list[uuid.UUID] = []
-    with pytest.raises(J.JournalDuplicateError):
+    with pytest.raises(JF.JournalDuplicateError):
         J.run_steps(jpath, [Step(u(5)), Step(u(6)), Step(u(5))], Recorder(calls))
     assert calls == [] and jpath.read_bytes() == before
 
@@ -382,12 +383,12 @@ def test_duplicate_ids_refused(jpath: Path) -> None:
 
 
 def assert_unsafe_everywhere(path: Path) -> None:
-    with pytest.raises(J.JournalUnsafeFileError):
-        J.load(path)
-    with pytest.raises(J.JournalUnsafeFileError):
+    with pytest.raises(JF.JournalUnsafeFileError):
+        JL.load(path)
+    with pytest.raises(JF.JournalUnsafeFileError):
         J.ReceiptJournal.open(path)
     calls: list[uuid.UUID] = []
-    with pytest.raises(J.JournalUnsafeFileError):
+    with pytest.raises(JF.JournalUnsafeFileError):
         J.run_steps(path, [Step(u(1))], Recorder(calls))
     assert calls == []
 
@@ -410,12 +411,12 @@ def alarm() -> Iterator[None]:
 
 def test_symlink_refused_even_to_a_good_journal(tmp_path: Path, jpath: Path) -> None:
     real = tmp_path / "real.json"
-    J.save(real, J.Snapshot(frozenset({u(1)})))
+    JL.save(real, JF.Snapshot(frozenset({u(1)})))
     jpath.symlink_to(real)
     assert_unsafe_everywhere(jpath)
-    with pytest.raises(J.JournalUnsafeFileError):
-        J.save(jpath, J.Snapshot(frozenset({u(2)})))
-    assert J.load(real) == J.Snapshot(frozenset({u(1)}))  # the target was not touched
+    with pytest.raises(JF.JournalUnsafeFileError):
+        JL.save(jpath, JF.Snapshot(frozenset({u(2)})))
+    assert JL.load(real) == JF.Snapshot(frozenset({u(1)}))  # the target was not touched
     dangling = tmp_path / "dangling.json"
     dangling.symlink_to(tmp_path / "nowhere.json")
     assert_unsafe_everywhere(dangling)
@@ -425,16 +426,16 @@ def test_symlink_refused_even_to_a_good_journal(tmp_path: Path, jpath: Path) -> 
 def test_fifo_refused_without_blocking(jpath: Path, alarm: None) -> None:
     os.mkfifo(jpath, 0o600)
     assert_unsafe_everywhere(jpath)
-    with pytest.raises(J.JournalUnsafeFileError):
-        J.save(jpath, J.Snapshot())
+    with pytest.raises(JF.JournalUnsafeFileError):
+        JL.save(jpath, JF.Snapshot())
     assert stat.S_ISFIFO(os.lstat(jpath).st_mode)
 
 
 def test_directory_refused(jpath: Path) -> None:
     jpath.mkdir(mode=0o700)
     assert_unsafe_everywhere(jpath)
-    with pytest.raises(J.JournalUnsafeFileError):
-        J.save(jpath, J.Snapshot())
+    with pytest.raises(JF.JournalUnsafeFileError):
+        JL.save(jpath, JF.Snapshot())
     assert jpath.is_dir()
 
 
@@ -480,7 +481,7 @@ def test_file_mode_is_0600_whatever_the_umask(jpath: Path, umask: int) -> None:
         assert stat.S_IMODE(os.stat(jpath).st_mode) == 0o600
     finally:
         os.umask(old)
-    assert J.load(jpath).done == {u(1)}
+    assert JL.load(jpath).done == {u(1)}
     assert sorted(p.name for p in jpath.parent.iterdir()) == [jpath.name]  # no temp left
 
 
@@ -490,15 +491,15 @@ def test_temp_files_are_unique_and_stale_ones_are_never_used(jpath: Path) -> Non
     tmp = jpath.parent / f".{jpath.name}.tmp"
     tmp.write_bytes(b"half a jour")
     os.chmod(tmp, 0o644)
-    J.save(jpath, J.Snapshot(frozenset({u(1)})))
+    JL.save(jpath, JF.Snapshot(frozenset({u(1)})))
     assert tmp.read_bytes() == b"half a jour"
-    assert J.load(jpath).done == {u(1)}
+    assert JL.load(jpath).done == {u(1)}
     tmp.unlink()
     victim = jpath.parent / "victim"
     victim.write_bytes(b"keep")
     tmp.symlink_to(victim)
-    J.save(jpath, J.Snapshot(frozenset({u(2)})))
-    assert victim.read_bytes() == b"keep" and J.load(jpath).done == {u(2)}
+    JL.save(jpath, JF.Snapshot(frozenset({u(2)})))
+    assert victim.read_bytes() == b"keep" and JL.load(jpath).done == {u(2)}
     assert sorted(p.name for p in jpath.parent.iterdir()) == sorted(
         [jpath.name, tmp.name, "victim"])
 
@@ -535,31 +536,31 @@ CORRUPT = {
 @pytest.mark.parametrize("data", CORRUPT.values(), ids=CORRUPT.keys())
 def test_corrupt_file_is_refused_never_empty(jpath: Path, data: bytes) -> None:
     write_raw(jpath, data)
-    with pytest.raises(J.JournalCorruptError):
-        J.load(jpath)
+    with pytest.raises(JF.JournalCorruptError):
+        JL.load(jpath)
     calls: list[uuid.UUID] = []
-    with pytest.raises(J.JournalCorruptError):
+    with pytest.raises(JF.JournalCorruptError):
         J.run_steps(jpath, [Step(u(3))], Recorder(calls))
     assert calls == [] and jpath.read_bytes() == data
 
 
 def test_every_proper_prefix_of_a_journal_is_refused() -> None:
-    assert J.decode(GOOD).done == {u(1)}
+    assert JF.decode(GOOD).done == {u(1)}
     for n in range(len(GOOD)):
-        with pytest.raises(J.JournalCorruptError):
-            J.decode(GOOD[:n])
+        with pytest.raises(JF.JournalCorruptError):
+            JF.decode(GOOD[:n])
 
 
 def test_newer_version_is_refused_as_such(jpath: Path) -> None:
     # Version 2 is the device-keyed layout (DeviceJournal); 3 is the first unknown one.
     write_raw(jpath, GOOD.replace(b'"version":1', b'"version":3'))
-    with pytest.raises(J.JournalVersionError, match="newer"):
-        J.load(jpath)
-    with pytest.raises(J.JournalVersionError, match="newer"):
-        J.load_keyed(jpath)
-    write_raw(jpath, J.encode_keyed(J.KeyedSnapshot({"dev-1": J.Snapshot(frozenset({u(1)}))})))
-    with pytest.raises(J.JournalVersionError, match="keyed by device"):
-        J.load(jpath)
+    with pytest.raises(JF.JournalVersionError, match="newer"):
+        JL.load(jpath)
+    with pytest.raises(JF.JournalVersionError, match="newer"):
+        JL.load_keyed(jpath)
+    write_raw(jpath, JF.encode_keyed(JF.KeyedSnapshot({"dev-1": JF.Snapshot(frozenset({u(1)}))})))
+    with pytest.raises(JF.JournalVersionError, match="keyed by device"):
+        JL.load(jpath)
 
 
 def test_unknown_fields_survive_a_rewrite(jpath: Path) -> None:
@@ -574,40 +575,40 @@ def test_unknown_fields_survive_a_rewrite(jpath: Path) -> None:
 # -------------------------------------------------------------------------- state machine
 
 
-@pytest.mark.parametrize("state", list(J.StepState))
-@pytest.mark.parametrize("event", list(J.StepEvent))
+@pytest.mark.parametrize("state", list(JF.StepState))
+@pytest.mark.parametrize("event", list(JF.StepEvent))
 def test_transition_table_is_what_the_journal_does(
-    jpath: Path, state: J.StepState, event: J.StepEvent
+    jpath: Path, state: JF.StepState, event: JF.StepEvent
 ) -> None:
     key = u(1)
     j = J.ReceiptJournal.open(jpath)
-    if state is not J.StepState.ABSENT:
+    if state is not JF.StepState.ABSENT:
         j.begin(key)
-    if state is J.StepState.DONE:
+    if state is JF.StepState.DONE:
         j.complete(key)
     assert j.state(key) is state
     before = j.snapshot
-    actions: dict[J.StepEvent, Callable[[], None]] = {
-        J.StepEvent.BEGIN: lambda: j.begin(key),
-        J.StepEvent.EXECUTED: lambda: j.resolve(key, executed=True),
-        J.StepEvent.NOT_EXECUTED: lambda: j.resolve(key, executed=False),
+    actions: dict[JF.StepEvent, Callable[[], None]] = {
+        JF.StepEvent.BEGIN: lambda: j.begin(key),
+        JF.StepEvent.EXECUTED: lambda: j.resolve(key, executed=True),
+        JF.StepEvent.NOT_EXECUTED: lambda: j.resolve(key, executed=False),
     }
     act = actions[event]
     allowed = {
-        (J.StepState.ABSENT, J.StepEvent.BEGIN): J.StepState.PENDING,
-        (J.StepState.PENDING, J.StepEvent.EXECUTED): J.StepState.DONE,
-        (J.StepState.PENDING, J.StepEvent.NOT_EXECUTED): J.StepState.ABSENT,
+        (JF.StepState.ABSENT, JF.StepEvent.BEGIN): JF.StepState.PENDING,
+        (JF.StepState.PENDING, JF.StepEvent.EXECUTED): JF.StepState.DONE,
+        (JF.StepState.PENDING, JF.StepEvent.NOT_EXECUTED): JF.StepState.ABSENT,
     }
-    assert allowed == J.TRANSITIONS
+    assert allowed == JF.TRANSITIONS
     if (state, event) in allowed:
         act()
         assert j.state(key) is allowed[(state, event)]
-        assert J.load(jpath).state(key) is allowed[(state, event)]
+        assert JL.load(jpath).state(key) is allowed[(state, event)]
     else:
-        expected = J.JournalDuplicateError if state is J.StepState.DONE else J.JournalStateError
+        expected = JF.JournalDuplicateError if state is JF.StepState.DONE else JF.JournalStateError
         with pytest.raises(expected):
             act()
-        assert j.snapshot == before and J.load(jpath) == before
+        assert j.snapshot == before and JL.load(jpath) == before
 
 
 class JournalMachine(RuleBasedStateMachine):
@@ -618,34 +619,34 @@ class JournalMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp()
         self.path = os.path.join(self.dir, "j.json")
         self.j = J.ReceiptJournal.open(self.path)
-        self.model: dict[uuid.UUID, J.StepState] = {}
+        self.model: dict[uuid.UUID, JF.StepState] = {}
 
     keys = st.integers(0, 5).map(u)
 
-    def _expect(self, key: uuid.UUID, ok_from: J.StepState, to: J.StepState, act: object) -> None:
-        current = self.model.get(key, J.StepState.ABSENT)
+    def _expect(self, key: uuid.UUID, ok_from: JF.StepState, to: JF.StepState, act: object) -> None:
+        current = self.model.get(key, JF.StepState.ABSENT)
         if current is ok_from:
             act()  # type: ignore[operator]
-            if to is J.StepState.ABSENT:
+            if to is JF.StepState.ABSENT:
                 self.model.pop(key, None)
             else:
                 self.model[key] = to
         else:
-            with pytest.raises(J.JournalError):
+            with pytest.raises(JF.JournalError):
                 act()  # type: ignore[operator]
 
     @rule(key=keys)
     def begin(self, key: uuid.UUID) -> None:
-        self._expect(key, J.StepState.ABSENT, J.StepState.PENDING, lambda: self.j.begin(key))
+        self._expect(key, JF.StepState.ABSENT, JF.StepState.PENDING, lambda: self.j.begin(key))
 
     @rule(key=keys)
     def complete(self, key: uuid.UUID) -> None:
-        self._expect(key, J.StepState.PENDING, J.StepState.DONE, lambda: self.j.complete(key))
+        self._expect(key, JF.StepState.PENDING, JF.StepState.DONE, lambda: self.j.complete(key))
 
     @rule(key=keys, executed=st.booleans())
     def resolve(self, key: uuid.UUID, executed: bool) -> None:
-        to = J.StepState.DONE if executed else J.StepState.ABSENT
-        self._expect(key, J.StepState.PENDING, to, lambda: self.j.resolve(key, executed))
+        to = JF.StepState.DONE if executed else JF.StepState.ABSENT
+        self._expect(key, JF.StepState.PENDING, to, lambda: self.j.resolve(key, executed))
 
     @rule()
     def reopen(self) -> None:
@@ -653,10 +654,10 @@ class JournalMachine(RuleBasedStateMachine):
 
     @invariant()
     def matches_model_on_disk(self) -> None:
-        on_disk = J.load(self.path)
+        on_disk = JL.load(self.path)
         for snap in (on_disk, self.j.snapshot):
-            assert snap.done == {k for k, s in self.model.items() if s is J.StepState.DONE}
-            assert snap.pending == {k for k, s in self.model.items() if s is J.StepState.PENDING}
+            assert snap.done == {k for k, s in self.model.items() if s is JF.StepState.DONE}
+            assert snap.pending == {k for k, s in self.model.items() if s is JF.StepState.PENDING}
 
     def teardown(self) -> None:
         for name in os.listdir(self.dir):
@@ -678,7 +679,7 @@ def test_runner_skips_receipted_steps(jpath: Path) -> None:
     assert r.outcome is Outcome.NOT_EXECUTED and r.stopped_at == u(3)
     assert first.calls == [u(0), u(1), u(2), u(3)]
     assert r.executed == (u(0), u(1), u(2)) and r.unknown == ()
-    assert J.load(jpath) == J.Snapshot(frozenset({u(0), u(1), u(2)}))  # u(3) released
+    assert JL.load(jpath) == JF.Snapshot(frozenset({u(0), u(1), u(2)}))  # u(3) released
     second = Recorder()
     r = J.run_steps(jpath, steps, second)
     assert r.outcome is Outcome.OK
@@ -693,7 +694,7 @@ def test_rejected_step_is_released_and_stops(jpath: Path) -> None:
     rec = Recorder(outcomes={u(1): Outcome.REJECTED})
     r = J.run_steps(jpath, [Step(u(0)), Step(u(1)), Step(u(2))], rec)
     assert r.outcome is Outcome.REJECTED and r.stopped_at == u(1) and rec.calls == [u(0), u(1)]
-    assert J.load(jpath).pending == frozenset()
+    assert JL.load(jpath).pending == frozenset()
 
 
 def test_unknown_blocks_until_reconciled(jpath: Path) -> None:
@@ -702,7 +703,7 @@ def test_unknown_blocks_until_reconciled(jpath: Path) -> None:
     r = J.run_steps(jpath, steps, rec)
     assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(1),) and r.stopped_at == u(1)
     assert rec.calls == [u(0), u(1)]
-    assert J.load(jpath) == J.Snapshot(frozenset({u(0)}), frozenset({u(1)}))
+    assert JL.load(jpath) == JF.Snapshot(frozenset({u(0)}), frozenset({u(1)}))
 
     for reconcile in (None, lambda s: None):
         again = Recorder()
@@ -737,13 +738,13 @@ def test_exception_in_a_step_leaves_it_in_flight(jpath: Path) -> None:
 
     with pytest.raises(OSError):
         J.run_steps(jpath, [Step(u(0))], boom)
-    assert J.load(jpath).pending == {u(0)}
+    assert JL.load(jpath).pending == {u(0)}
     r = J.run_steps(jpath, [Step(u(0))], Recorder())
     assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(0),)
 
 
 def test_foreign_in_flight_key_blocks_until_resolved_by_hand(jpath: Path) -> None:
-    J.save(jpath, J.Snapshot(pending=frozenset({u(99)})))
+    JL.save(jpath, JF.Snapshot(pending=frozenset({u(99)})))
     rec = Recorder()
     r = J.run_steps(jpath, [Step(u(0))], rec, lambda s: True)
     assert r.outcome is Outcome.UNKNOWN and r.unknown == (u(99),) and rec.calls == []
@@ -757,22 +758,23 @@ def test_foreign_in_flight_key_blocks_until_resolved_by_hand(jpath: Path) -> Non
 WRITER = textwrap.dedent(
     """
     import sys, uuid
-    from idemlink.host import journal as J
+    from idemlink.host import journal_file as JL
+    from idemlink.host import journal_format as JF
     path, rounds = sys.argv[1], int(sys.argv[2])
-    small = J.Snapshot(frozenset({uuid.UUID(int=1)}))
-    big = J.Snapshot(frozenset(uuid.UUID(int=i) for i in range(2, 600)),
+    small = JF.Snapshot(frozenset({uuid.UUID(int=1)}))
+    big = JF.Snapshot(frozenset(uuid.UUID(int=i) for i in range(2, 600)),
                      frozenset({uuid.UUID(int=600)}))
-    J.save(path, small)
+    JL.save(path, small)
     sys.stdout.write("ready\\n"); sys.stdout.flush()
     for i in range(rounds):
-        J.save(path, big if i % 2 == 0 else small)
+        JL.save(path, big if i % 2 == 0 else small)
     """
 )
 
 
 def test_concurrent_reader_never_sees_a_partial_journal(jpath: Path) -> None:
-    small = J.Snapshot(frozenset({uuid.UUID(int=1)}))
-    big = J.Snapshot(
+    small = JF.Snapshot(frozenset({uuid.UUID(int=1)}))
+    big = JF.Snapshot(
         frozenset(uuid.UUID(int=i) for i in range(2, 600)), frozenset({uuid.UUID(int=600)})
     )
     proc = subprocess.Popen(
@@ -782,16 +784,16 @@ def test_concurrent_reader_never_sees_a_partial_journal(jpath: Path) -> None:
     assert proc.stdout.readline() == "ready\n"
     seen = {"small": 0, "big": 0}
     while proc.poll() is None:
-        snap = J.load(jpath)  # raises on a partial file
+        snap = JL.load(jpath)  # raises on a partial file
         raw = jpath.read_bytes()  # and a plain reader decodes too
-        assert J.decode(raw) in (small, big)
+        assert JF.decode(raw) in (small, big)
         if snap == small:
             seen["small"] += 1
         else:
             assert snap == big
             seen["big"] += 1
     assert proc.wait() == 0
-    assert J.load(jpath) == small  # the last round (199) writes small
+    assert JL.load(jpath) == small  # the last round (199) writes small
     assert seen["small"] > 0 and seen["big"] > 0, seen
 
 
@@ -925,7 +927,7 @@ def test_killed_at_random_moments_every_effect_exactly_once(tmp_path: Path, seed
             unknown_reports += 1
             assert not reconcile_next, "reconciling against the ground truth always settles"
             assert after == before, "nothing runs while a step is UNKNOWN"
-            assert set(report["unknown"]) == {str(k) for k in J.load(tmp_path / "j.json").pending}
+            assert set(report["unknown"]) == {str(k) for k in JL.load(tmp_path / "j.json").pending}
             assert len(report["unknown"]) == 1
             reconcile_next = True
             continue
@@ -937,7 +939,7 @@ def test_killed_at_random_moments_every_effect_exactly_once(tmp_path: Path, seed
     else:
         pytest.fail("job did not finish")
     assert effects(tmp_path) == keys  # every effect exactly once, in order
-    assert J.load(tmp_path / "j.json") == J.Snapshot(frozenset(uuid.UUID(k) for k in keys))
+    assert JL.load(tmp_path / "j.json") == JF.Snapshot(frozenset(uuid.UUID(k) for k in keys))
     assert kills > 0
     # A finished job runs nothing more.
     rc, lines = run_child(tmp_path, n, job)
@@ -979,39 +981,39 @@ def test_step_killed_in_flight_is_unknown_until_reconciled(tmp_path: Path, phase
 def test_execute_returning_a_non_outcome_leaves_the_step_in_flight(jpath: Path) -> None:
     with pytest.raises(TypeError):
         J.run_steps(jpath, [Step(u(0))], lambda s: 0)  # type: ignore[arg-type,return-value]
-    assert J.load(jpath).pending == {u(0)}
+    assert JL.load(jpath).pending == {u(0)}
 
 
 # ----------------------------------------------------------------------- keyed by device
 
 
 def test_keyed_journal_round_trip_and_scopes(jpath: Path) -> None:
-    snap = J.KeyedSnapshot({"dev-a": J.Snapshot(frozenset({u(1)}), frozenset({u(2)})),
-                            "dev-b": J.Snapshot(frozenset({u(1)}))},
-                           J.Snapshot(frozenset({u(3)})), {"note": "kept"})
-    J.save_keyed(jpath, snap)
-    assert J.load_keyed(jpath) == snap
+    snap = JF.KeyedSnapshot({"dev-a": JF.Snapshot(frozenset({u(1)}), frozenset({u(2)})),
+                            "dev-b": JF.Snapshot(frozenset({u(1)}))},
+                           JF.Snapshot(frozenset({u(3)})), {"note": "kept"})
+    JL.save_keyed(jpath, snap)
+    assert JL.load_keyed(jpath) == snap
     assert jpath.stat().st_mode & 0o777 == 0o600
     j = J.DeviceJournal.open(jpath)
-    assert j.state("dev-a", u(1)) is J.StepState.DONE and j.state("dev-c", u(1)) is \
-        J.StepState.ABSENT  # a receipt on one device says nothing about another
+    assert j.state("dev-a", u(1)) is JF.StepState.DONE and j.state("dev-c", u(1)) is \
+        JF.StepState.ABSENT  # a receipt on one device says nothing about another
     j.begin("dev-c", u(1))
     j.complete("dev-c", u(1))
-    with pytest.raises(J.JournalDuplicateError):
+    with pytest.raises(JF.JournalDuplicateError):
         j.begin("dev-c", u(1))
-    assert J.load_keyed(jpath).scope("dev-c").done == {u(1)}
-    with pytest.raises(J.JournalKeyError):
+    assert JL.load_keyed(jpath).scope("dev-c").done == {u(1)}
+    with pytest.raises(JF.JournalKeyError):
         j.begin("bad id/../x", u(4))
 
 
 def test_keyed_limits_count_every_device(jpath: Path) -> None:
     half = frozenset(u(i) for i in range(512))
-    full = J.KeyedSnapshot({"a": J.Snapshot(half), "b": J.Snapshot(half)})
-    J.save_keyed(jpath, full)
+    full = JF.KeyedSnapshot({"a": JF.Snapshot(half), "b": JF.Snapshot(half)})
+    JL.save_keyed(jpath, full)
     j = J.DeviceJournal.open(jpath)
-    with pytest.raises(J.JournalLimitError):
+    with pytest.raises(JF.JournalLimitError):
         j.begin("c", u(9999))
-    assert J.load_keyed(jpath) == full  # refused, nothing changed
+    assert JL.load_keyed(jpath) == full  # refused, nothing changed
 
 
 @pytest.mark.parametrize("body", [
@@ -1023,5 +1025,5 @@ def test_keyed_limits_count_every_device(jpath: Path) -> None:
 ])
 def test_keyed_corrupt_files_are_refused(jpath: Path, body: bytes) -> None:
     write_raw(jpath, b'{"format":"idemlink.receipt-journal","version":2,' + body + b"}\n")
-    with pytest.raises(J.JournalCorruptError):
-        J.load_keyed(jpath)
+    with pytest.raises(JF.JournalCorruptError):
+        JL.load_keyed(jpath)

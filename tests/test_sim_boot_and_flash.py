@@ -46,7 +46,7 @@ def test_a_seeded_device_without_flash_is_still_reproducible_in_process() -> Non
 def _epoch_of_cli_sim(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> int:
     seen: list[int] = []
 
-    def fake_serve(device: Any, transport: Any, stop: threading.Event) -> None:
+    def fake_serve(device: Any, transport: Any, stop: threading.Event, **_: Any) -> None:
         seen.append(device.epoch)
 
     monkeypatch.setattr(serve_mod, "serve", fake_serve)

@@ -894,11 +894,10 @@ def test_after_the_commit_a_block_of_the_next_file_is_not_taken_for_a_repeat() -
     assert rx.data_to_send() == bytes([ACK]) and rx.commits == 1
 
 
-def test_the_documented_api_stays_importable_from_idemlink_protocol_ymodem() -> None:
-    """docs/ARCHITECTURE.md names ``idemlink.protocol.ymodem.Sender`` / ``Receiver`` /
-    ``check_name``: the module re-exports the split modules' public names, the same objects."""
+def test_the_ymodem_module_holds_only_the_contract_section() -> None:
+    """One import path per name: ``idemlink.protocol.ymodem`` re-exports nothing; ``Sender``,
+    ``Receiver`` and ``check_name`` are imported from their defining modules."""
     from idemlink.protocol import ymodem
 
-    assert ymodem.Sender is Sender and ymodem.Receiver is Receiver
-    assert ymodem.check_name is check_name and ymodem.RX_TRANSITIONS is RX_TRANSITIONS
-    assert all(hasattr(ymodem, name) for name in ymodem.__all__)
+    assert ymodem.__all__ == ["contract_section"]
+    assert not hasattr(ymodem, "Sender") and not hasattr(ymodem, "Receiver")

@@ -152,7 +152,7 @@ def _control(args: argparse.Namespace, core: DeviceCore) -> Iterator[Callable[[f
         raise UserError(f"--control {args.control}: {exc.strerror or exc}") from None
 
     def between(now: float) -> None:
-        for problem in control.poll(now):
+        for problem in control.apply_pending(now):
             print(f"idemlink sim: {problem}", file=sys.stderr, flush=True)
 
     try:
