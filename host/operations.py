@@ -31,8 +31,9 @@ they inherit); a test checks each driver against it.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Collection, Generator, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, Protocol, TypeVar, cast
 
 from idemlink.host.command import (
@@ -123,7 +124,7 @@ class Session(Protocol):
     def data_to_send(self) -> bytes: ...
     def next_event(self) -> Event | None: ...
     def next_deadline(self) -> float | None: ...
-    def abandon(self, status: Status) -> None: ...
+    def abandon(self, status: Status, tags: Collection[Any] | None = None) -> None: ...
 
 
 S = TypeVar("S", bound=Session)
@@ -239,6 +240,10 @@ class Operations(Generic[S]):
         #: called with every Result made, also those of an operation that then fails (a test
         #: harness that must know under which (epoch, seq) every request travelled)
         self.on_result: Callable[[Result], None] | None = None
+        #: tag -> where its Result goes, for a command of a shared pipeline (``SharedPipeline``)
+        self.sinks: dict[int, Callable[[Result], None]] = {}
+        #: tag -> Result of the requests the last interrupted or link-lost operation settled
+        self.abandoned: dict[int, Result] = {}
         self._tag = 0
 
     # ------------------------------------------------------------------ by protocol
@@ -325,11 +330,12 @@ class Operations(Generic[S]):
             if isinstance(ev, Completion):
                 self.completions[ev.tag] = ev
         never_sent = Completion(None, Outcome.NOT_EXECUTED, None)  # taken, not yet submitted
-        results = [self.result(c, self.completions.pop(tag, never_sent))
-                   for tag, c in sorted(self.awaiting.items())]
+        self.abandoned = {tag: self.result(c, self.completions.pop(tag, never_sent))
+                          for tag, c in sorted(self.awaiting.items())}
         self.completions.clear()
         self.awaiting.clear()
-        return results
+        self.sinks.clear()
+        return list(self.abandoned.values())
 
     def result(self, c: Command, comp: Completion) -> Result:
         """The caller's Result of a completion; an UNKNOWN of a command that may have had an
@@ -376,87 +382,33 @@ class Operations(Generic[S]):
                    lookahead: int | None) -> Steps[None]:
         """The continuous pipeline as an operation: pull commands from ``source`` (all at once
         when ``lookahead`` is None), submit each as soon as the session has room and no earlier
-        unfinished command conflicts with it, ``emit`` results in submission order."""
+        unfinished command conflicts with it, ``emit`` results in submission order
+        (``Pipeline`` holds the rule)."""
         self.require_open()
-        s = self.session
+        pipe = Pipeline(self, emit)
         clock = self.clock
-        held: deque[_Flow] = deque()  # taken from source, not yet submitted
-        live: dict[int, _Flow] = {}  # submitted, not yet completed
-        done: dict[int, Result] = {}
-        order: deque[int] = deque()  # tags in submission order, not yet emitted
-        effectful_live = 0
         exhausted = False
-        next_event = s.next_event
         while True:
-            while (ev := next_event()) is not None:
-                if isinstance(ev, Completion) and ev.tag in live:
-                    f = live.pop(ev.tag)
-                    effectful_live -= f.effect
-                    done[f.tag] = self.result(self.awaiting.pop(f.tag), ev)
-            while order and order[0] in done:
-                emit(done.pop(order.popleft()))
-            if self.unknown is not None:  # blocked: what was not sent stays unsent
+            if pipe.settle():  # blocked: what was not sent stays unsent
                 exhausted = True  # and nothing more is taken from the source
-                if held:
-                    for f in held:
-                        done[f.tag] = self.result(self.awaiting.pop(f.tag),
-                                                  Completion(f.tag, Outcome.NOT_EXECUTED, None))
-                    held.clear()
-                    continue
-            if not exhausted and (lookahead is None or len(held) + len(live) < lookahead):
-                exhausted = self._take(source, held, order, lookahead, len(live))
-            if held:
-                effectful_live += self._submit_ready(held, live, effectful_live, clock.now())
-            if exhausted and not held and not live and not order:
+            if not exhausted and (lookahead is None or pipe.pending < lookahead):
+                exhausted = self._take(source, pipe, lookahead)
+            if pipe.held:
+                pipe.submit_ready(clock.now())
+            if exhausted and pipe.empty:
                 return
             yield from self.io_round()
 
-    def _take(self, source: Iterator[Command], held: deque[_Flow], order: deque[int],
-              lookahead: int | None, in_flight: int) -> bool:
-        """Move commands from ``source`` to ``held`` (up to the lookahead); True once exhausted."""
-        while lookahead is None or len(held) + in_flight < lookahead:
+    def _take(self, source: Iterator[Command], pipe: Pipeline, lookahead: int | None) -> bool:
+        """Move commands from ``source`` into ``pipe`` (up to the lookahead); True once
+        exhausted."""
+        while lookahead is None or pipe.pending < lookahead:
             try:
                 c = next(source)
             except StopIteration:
                 return True
-            self.refuse_unsupported(c)
-            self._tag += 1
-            self.awaiting[self._tag] = c
-            order.append(self._tag)
-            held.append(_flow(self._tag, c, self.regmap.generation_address))
+            pipe.take(c)
         return False
-
-    def _submit_ready(self, held: deque[_Flow], live: dict[int, _Flow], effectful_live: int,
-                      now: float) -> int:
-        """Submit every held command (in order, scanning at most the lookahead) that conflicts
-        with no unfinished earlier one, while the session has room; returns how many of the
-        submitted may have an effect."""
-        s = self.session
-        room = s.max_inflight - s.outstanding
-        if room <= 0:
-            return 0
-        added = 0
-        # Only a command that may have an effect conflicts with anything: without one (a stream
-        # of reads) nothing is checked.
-        check = bool(effectful_live) or any(f.effect for f in held)
-        blockers: list[_Flow] = list(live.values()) if check else []
-        scan = self.lookahead
-        kept: list[_Flow] = []
-        while held and room > 0 and scan > 0:
-            f = held.popleft()
-            scan -= 1
-            if check and any(_flows_conflict(f, b) for b in blockers):
-                kept.append(f)
-                blockers.append(f)
-                continue
-            s.submit(f.command.pdu(), now, set_only=reissuable(f.command, self.regmap), tag=f.tag)
-            live[f.tag] = f
-            added += f.effect
-            room -= 1
-            if check:
-                blockers.append(f)
-        held.extendleft(reversed(kept))
-        return added
 
     def wave_steps(self, cmds: list[Command]) -> Steps[list[Result]]:
         """Submit ``cmds`` together (they commute: reconcile's read-back, FILE_INFO) and wait for
@@ -559,6 +511,305 @@ def reconcile_plan(c: Command, regmap: RegisterMap) -> ReconcilePlan:
     return Reconciliation(c, {}, None, "read-back failed; still unknown")
 
 
+# ---------------------------------------------------------------------- the pipeline's state
+
+
+class Pipeline:
+    """The continuous pipeline's state for one run of a request loop, and its rules: which
+    command may leave (``submit_ready``: room in the session, no unfinished earlier command it
+    does not commute with), what a blocked handle does to what waits (``settle``: never sent,
+    NOT_EXECUTED), and giving up some commands only (``withdraw``). ``flow_steps`` (``run``,
+    ``stream``: one caller, results in submission order to ``emit``) and ``SharedPipeline``
+    (many callers, each result to its own sink as soon as it settles) both run it."""
+
+    def __init__(self, ops: Operations[Any], emit: Callable[[Result], None] | None = None) -> None:
+        self.ops = ops
+        #: results in submission order; None: each to its tag's sink (``Operations.sinks``)
+        self.emit = emit
+        self.held: deque[_Flow] = deque()  # taken, not yet submitted
+        self.live: dict[int, _Flow] = {}  # submitted, not yet completed
+        self.done: dict[int, Result] = {}  # completed, waiting for an earlier one (in order)
+        self.order: deque[int] = deque()  # tags in submission order, not yet emitted
+        self.effectful_live = 0
+        self._generation = ops.regmap.generation_address
+
+    @property
+    def pending(self) -> int:
+        """Commands taken and not yet completed."""
+        return len(self.held) + len(self.live)
+
+    @property
+    def empty(self) -> bool:
+        return not self.held and not self.live and not self.order
+
+    def take(self, c: Command, sink: Callable[[Result], None] | None = None) -> int:
+        """Take ``c`` into the pipeline (refused before anything is sent if the session cannot
+        carry it); its tag. ``sink`` gets its Result when results are not emitted in order."""
+        ops = self.ops
+        ops.refuse_unsupported(c)
+        ops._tag += 1
+        tag = ops._tag
+        ops.awaiting[tag] = c
+        if self.emit is not None:
+            self.order.append(tag)
+        elif sink is not None:
+            ops.sinks[tag] = sink
+        self.held.append(_flow(tag, c, self._generation))
+        return tag
+
+    def _settled(self, tag: int, r: Result) -> None:
+        if self.emit is not None:
+            self.done[tag] = r
+        else:
+            sink = self.ops.sinks.pop(tag, None)
+            if sink is not None:
+                sink(r)
+
+    def _never_sent(self, f: _Flow) -> None:
+        ops = self.ops
+        self._settled(f.tag, ops.result(ops.awaiting.pop(f.tag),
+                                        Completion(f.tag, Outcome.NOT_EXECUTED, None)))
+
+    def settle(self) -> bool:
+        """Take the session's completions and hand their results out; True when the handle is
+        blocked (an UNKNOWN that may have had an effect), after settling every held command as
+        NOT_EXECUTED: once blocked, nothing more is sent."""
+        ops = self.ops
+        next_event = ops.session.next_event
+        live = self.live
+        while True:
+            while (ev := next_event()) is not None:
+                if isinstance(ev, Completion) and ev.tag in live:
+                    f = live.pop(ev.tag)
+                    self.effectful_live -= f.effect
+                    self._settled(f.tag, ops.result(ops.awaiting.pop(f.tag), ev))
+            if self.emit is not None:
+                order, done, emit = self.order, self.done, self.emit
+                while order and order[0] in done:
+                    emit(done.pop(order.popleft()))
+            if ops.unknown is None:
+                return False
+            if not self.held:
+                return True
+            for f in self.held:
+                self._never_sent(f)
+            self.held.clear()
+
+    def submit_ready(self, now: float) -> None:
+        """Submit every held command (in order, scanning at most the lookahead) that conflicts
+        with no unfinished earlier one, while the session has room."""
+        ops = self.ops
+        s = ops.session
+        room = s.max_inflight - s.outstanding
+        if room <= 0:
+            return
+        held, live = self.held, self.live
+        # Only a command that may have an effect conflicts with anything: without one (a stream
+        # of reads) nothing is checked.
+        check = bool(self.effectful_live) or any(f.effect for f in held)
+        blockers: list[_Flow] = list(live.values()) if check else []
+        scan = ops.lookahead
+        kept: list[_Flow] = []
+        while held and room > 0 and scan > 0:
+            f = held.popleft()
+            scan -= 1
+            if check and any(_flows_conflict(f, b) for b in blockers):
+                kept.append(f)
+                blockers.append(f)
+                continue
+            s.submit(f.command.pdu(), now, set_only=reissuable(f.command, ops.regmap), tag=f.tag)
+            live[f.tag] = f
+            self.effectful_live += f.effect
+            room -= 1
+            if check:
+                blockers.append(f)
+        held.extendleft(reversed(kept))
+
+    def withdraw(self, tags: Collection[int], status: Status) -> None:
+        """Give up the commands of ``tags`` only (their caller was cancelled), the others go on:
+        one not yet submitted is NOT_EXECUTED, one the session holds is abandoned
+        (``abandon(status, tags)``: UNKNOWN with ``status`` if it was sent, which blocks the
+        handle if it may have had an effect, as any UNKNOWN does)."""
+        kept: deque[_Flow] = deque()
+        for f in self.held:
+            if f.tag in tags:
+                self._never_sent(f)
+            else:
+                kept.append(f)
+        self.held = kept
+        out = [t for t in tags if t in self.live]
+        if out:
+            self.ops.session.abandon(status, out)
+        self.settle()
+
+
+@dataclass(eq=False)
+class Ticket:
+    """One caller's commands on a ``SharedPipeline`` and their results as they settle (in the
+    caller's order). ``on_done`` is called once every command has its result or ``error`` is
+    set (the request loop stopped under it)."""
+
+    commands: list[Command]
+    results: list[Result | None] = field(default_factory=list)
+    tags: dict[int, int] = field(default_factory=dict)  #: tag -> index, once taken
+    taken: int = 0  #: commands taken into the pipeline so far (in order)
+    left: int = 0
+    error: BaseException | None = None
+    on_done: Callable[[], None] | None = None
+
+    def __post_init__(self) -> None:
+        self.results = [None] * len(self.commands)
+        self.left = len(self.commands)
+
+    @property
+    def done(self) -> bool:
+        return self.left == 0 or self.error is not None
+
+    def settle(self, i: int, r: Result) -> None:
+        if self.results[i] is not None:
+            return
+        self.results[i] = r
+        self.left -= 1
+        if self.left == 0 and self.on_done is not None:
+            self.on_done()
+
+    def settled(self) -> tuple[Result, ...]:
+        return tuple(r for r in self.results if r is not None)
+
+
+class SharedPipeline:
+    """One device's continuous pipeline shared by many callers (tasks of an ``AsyncDevice``,
+    threads of a ``Device``): each caller ``submit``s its commands as a ``Ticket`` and waits for
+    it; one request loop runs ``steps`` — ``Pipeline``'s rule, the one ``stream`` runs — so the
+    callers' requests are on the line together up to the device's window, and only commands
+    that do not commute wait for each other (in the order they were submitted, whoever
+    submitted them).
+
+    Outcomes per caller are the rules of a single ``run``: a caller is refused
+    (``UnknownOutstanding``) while the handle is blocked; when a command ends UNKNOWN and may
+    have had an effect, the handle is blocked for everyone: the other callers' commands already
+    on the line settle with their own outcomes, those not yet sent settle NOT_EXECUTED.
+    ``withdraw`` settles one cancelled caller's commands only (CANCELLED/UNKNOWN if sent, which
+    blocks if it may have had an effect; NOT_EXECUTED if not). ``stopped``: the loop ended under
+    everyone (link lost, interrupted), every open caller gets its own settled results and an
+    error. ``paused``: operations that need the device alone wait; while it is non-zero nothing
+    new is taken and ``steps`` returns once what is out has settled."""
+
+    def __init__(self, ops: Operations[Any]) -> None:
+        self.ops = ops
+        self.incoming: deque[Ticket] = deque()  #: submitted, not yet wholly taken
+        self.open: set[Ticket] = set()  #: submitted, not yet done
+        self.pipe: Pipeline | None = None  #: while ``steps`` runs
+        self.paused = 0
+
+    def submit(self, commands: list[Command]) -> Ticket:
+        """A caller's commands, queued (``UnknownOutstanding`` while blocked; a command the
+        session cannot carry is refused before any is queued)."""
+        ops = self.ops
+        ops.refuse_if_blocked()
+        ops.require_open()
+        for c in commands:
+            ops.refuse_unsupported(c)
+        t = Ticket(commands)
+        if commands:
+            self.incoming.append(t)
+            self.open.add(t)
+        return t
+
+    @property
+    def room(self) -> bool:
+        """Whether the session could take one more request now (a waiting loop is worth
+        waking)."""
+        s: Session = self.ops.session
+        return s.outstanding < s.max_inflight
+
+    def steps(self) -> Steps[None]:
+        """The request loop's operation: take the callers' commands, submit what may leave,
+        hand each result to its caller; returns once nothing is queued or out (or, paused,
+        once nothing is out)."""
+        ops = self.ops
+        ops.require_open()
+        pipe = self.pipe = Pipeline(ops)
+        clock = ops.clock
+        try:
+            while True:
+                if pipe.settle():  # blocked: what waits is never sent
+                    if self.incoming:
+                        self._take(pipe, None)
+                        continue
+                elif not self.paused:
+                    self._take(pipe, ops.lookahead)
+                if pipe.held:
+                    pipe.submit_ready(clock.now())
+                if pipe.empty and (self.paused or not self.incoming):
+                    return
+                yield from ops.io_round()
+        finally:
+            self.pipe = None
+
+    def _take(self, pipe: Pipeline, lookahead: int | None) -> None:
+        incoming = self.incoming
+        while incoming and (lookahead is None or pipe.pending < lookahead):
+            t = incoming[0]
+            i = t.taken
+            t.tags[pipe.take(t.commands[i], partial(self._settle, t, i))] = i
+            t.taken += 1
+            if t.taken == len(t.commands):
+                incoming.popleft()
+
+    def _settle(self, t: Ticket, i: int, r: Result) -> None:
+        t.settle(i, r)
+        if t.done:
+            self.open.discard(t)
+
+    def _never_taken(self, t: Ticket) -> None:
+        """Settle what of ``t`` was never taken: NOT_EXECUTED, nothing of it was sent."""
+        if t in self.incoming:
+            self.incoming.remove(t)
+        for i in range(t.taken, len(t.commands)):
+            self._settle(t, i, self.ops.result(t.commands[i],
+                                               Completion(None, Outcome.NOT_EXECUTED, None)))
+        t.taken = len(t.commands)
+
+    def withdraw(self, t: Ticket, status: Status) -> tuple[Result, ...]:
+        """Settle ``t``'s commands only (its caller gave up, ``status``: CANCELLED); the other
+        callers' commands go on. Returns its results."""
+        self._never_taken(t)
+        out = [tag for tag, i in t.tags.items() if t.results[i] is None]
+        if out and self.pipe is not None:
+            self.pipe.withdraw(out, status)
+        self.open.discard(t)
+        return t.settled()
+
+    def stopped(self, exc: BaseException) -> None:
+        """The request loop ended with ``exc`` (the port failed, it was interrupted or closed):
+        the session settled what it held (``Operations.abandoned``); every open caller gets its
+        results and ``error``: a ``LinkLost`` carrying its own results, or ``exc`` itself when
+        it is an error of the operation (not an interruption)."""
+        ops = self.ops
+        for t in list(self.open):
+            for tag, i in t.tags.items():
+                if t.results[i] is None and tag in ops.abandoned:
+                    self._settle(t, i, ops.abandoned[tag])
+            self._never_taken(t)
+            own = t.settled()
+            if isinstance(exc, LinkLost):
+                err: BaseException = LinkLost(str(exc), own)
+                err.__cause__ = exc.__cause__
+            elif isinstance(exc, Exception):
+                err = exc
+            else:
+                sent = sum(r.outcome is Outcome.UNKNOWN for r in own)
+                what = f"{sent} request(s) may have run (UNKNOWN)" if sent else "nothing was out"
+                err = LinkLost(f"the device's request loop was stopped ({type(exc).__name__}: "
+                               f"the device was closed or interrupted); {what}", own)
+            t.error = err
+            self.open.discard(t)
+            if t.on_done is not None:
+                t.on_done()
+        ops.abandoned = {}
+
+
 class DeviceHandle(CommandBuilder):
     """What the four drivers share besides the operations they drive: the command helpers
     (``CommandBuilder``), the ``ops`` they run, and the handle's UNKNOWN."""
@@ -588,9 +839,12 @@ __all__ = [
     "DriverStats",
     "Job",
     "Operations",
+    "Pipeline",
     "Round",
     "Session",
+    "SharedPipeline",
     "Steps",
+    "Ticket",
     "conflict",
     "job_steps",
     "reconcile_plan",

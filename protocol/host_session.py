@@ -54,14 +54,16 @@ Rules (each tested):
   on another, and a journal never receipts one board's step under the other's id.
 - ``abandon(status)`` settles everything the session holds when the shell gives up (the port failed,
   the caller was cancelled): a request that was sent becomes UNKNOWN with that status, one never sent
-  NOT_EXECUTED. ``open()`` refuses while anything is outstanding: a new handshake must not hand out
-  numbers that requests still in flight carry.
+  NOT_EXECUTED; ``abandon(status, tags)`` does the same for those requests only (one caller of a
+  shared pipeline was cancelled), the others go on. ``open()`` refuses while anything is
+  outstanding: a new handshake must not hand out numbers that requests still in flight carry.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter, deque
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -268,15 +270,23 @@ class HostSession:
         self._inflight[seq] = p
         self._transmit(p, now, retransmit=True)
 
-    def abandon(self, status: Status) -> None:
+    def abandon(self, status: Status, tags: Collection[Any] | None = None) -> None:
         """Settle every request the session holds, because the shell stops driving it (``status``:
-        LINK_LOST, CANCELLED). A request that went out may still run: UNKNOWN with ``status``. One
-        never sent: NOT_EXECUTED. One queued for re-issue after an epoch change went out in the
-        old epoch: UNKNOWN."""
+        LINK_LOST, CANCELLED) — with ``tags``, only the requests submitted under those tags (one
+        caller of a shared pipeline gave up; the others go on). A request that went out may still
+        run: UNKNOWN with ``status``; its answer, should it come, is a late answer like any other.
+        One never sent: NOT_EXECUTED. One queued for re-issue after an epoch change went out in
+        the old epoch: UNKNOWN."""
         for p in sorted(self._inflight.values(), key=lambda q: q.seq):
-            self._finish(p, Outcome.UNKNOWN, status)
-        while self._queue:
-            p = self._queue.popleft()
+            if tags is None or p.tag in tags:
+                self._finish(p, Outcome.UNKNOWN, status)
+        queue, kept = self._queue, deque[_Pending]()
+        self._queue = kept
+        while queue:
+            p = queue.popleft()
+            if tags is not None and p.tag not in tags:
+                kept.append(p)
+                continue
             outcome = Outcome.UNKNOWN if p.sent_as else Outcome.NOT_EXECUTED
             self.counters.outcomes[outcome.name] += 1
             self._events.append(Completion(

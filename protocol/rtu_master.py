@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -369,13 +370,18 @@ class RtuMaster:
         """A request is out or queued."""
         return self.outstanding > 0
 
-    def abandon(self, status: Status) -> None:
+    def abandon(self, status: Status, tags: Collection[Any] | None = None) -> None:
         """Settle every request: the one out is UNKNOWN with ``status`` (it may have run; a
         trigger start's state read changed nothing: NOT_EXECUTED), the queued ones NOT_EXECUTED
-        (never sent)."""
-        if self._current is not None:
-            req = self._current
+        (never sent). With ``tags``, only the requests submitted under those tags (one caller of
+        a shared pipeline gave up; the others go on); when the one out is among them, nothing
+        more is sent before its deadline, so its late answer is not taken for the next
+        request's."""
+        req = self._current
+        if req is not None and (tags is None or req.tag in tags):
             self._current = None
+            if tags is not None:
+                self._quiet_until = max(self._quiet_until, req.deadline)
             if req.state_read:
                 self._events.append(Completion(req.tag, Outcome.NOT_EXECUTED, None,
                                                detail="stopped while reading the trigger's "
@@ -383,10 +389,17 @@ class RtuMaster:
             else:
                 self._events.append(Completion(req.tag, Outcome.UNKNOWN, status,
                                                attempts=req.attempts))
+            self._out.clear()
+        kept: deque[_Request] = deque()
         while self._queue:
             req = self._queue.popleft()
+            if tags is not None and req.tag not in tags:
+                kept.append(req)
+                continue
             self._events.append(Completion(req.tag, Outcome.NOT_EXECUTED, None))
-        self._out.clear()
+        self._queue = kept
+        if tags is None:
+            self._out.clear()
 
     # ---------------------------------------------------------------------------- internal
     def _send(self, req: _Request, now: float) -> None:
