@@ -38,6 +38,7 @@ transport error raises ``LinkLost`` the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
@@ -49,7 +50,14 @@ from idemlink.host.aio_transport import AsyncSerialTransport, AsyncTransport
 from idemlink.host.command import Command, Reconciliation, Result, SentRequest
 from idemlink.host.drive import drive_async, nothing
 from idemlink.host.framed_operations import FramedOperations
-from idemlink.host.operations import OPERATIONS, DeviceHandle, Job, Operations, Steps
+from idemlink.host.operations import (
+    OPERATIONS,
+    DeviceHandle,
+    Job,
+    Operations,
+    SharedPipeline,
+    Steps,
+)
 from idemlink.host.rtu_device import line_rate
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.tcp_device import (
@@ -108,8 +116,13 @@ class AsyncDriver(DeviceHandle):
         self.transport = transport
         #: the session, its bookkeeping and every operation (the transport is only its clock)
         self.ops = ops
+        #: held by the operation that has the device alone, or by the shared pipeline's loop
         self._lock = asyncio.Lock()
         self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
+        #: every task's run/execute/read/write/trigger... on one pipeline (``SharedPipeline``)
+        self._shared = SharedPipeline(ops)
+        self._line = _Wakeable(transport)  #: the transport, whose wait a new command cuts short
+        self._sharer: asyncio.Task[None] | None = None  #: the shared pipeline's request loop
 
     async def connect(self) -> None:
         """Make sure the device answers (HELLO; on a plain slave, a read of its first
@@ -117,6 +130,7 @@ class AsyncDriver(DeviceHandle):
         await self._drive(self.ops.connect_steps())
 
     async def close(self) -> None:
+        await self._stop_sharing()
         await self.transport.close()
 
     async def __aenter__(self) -> Self:
@@ -128,14 +142,93 @@ class AsyncDriver(DeviceHandle):
 
     # -------------------------------------------------------------- the request loop
     async def _drive(self, steps: Steps[T]) -> T:
-        """``idemlink.host.drive.drive_async`` under the device's lock: one operation at a time."""
+        """``idemlink.host.drive.drive_async`` with the device alone (``_alone``)."""
+        self._refuse_inside_stream(steps)
+        async with self._alone():
+            return await self._loop(steps, nothing)
+
+    def _refuse_inside_stream(self, steps: Steps[Any] | None = None) -> None:
         if self._streaming is not None and self._streaming is asyncio.current_task():
-            steps.close()  # the stream holds the device: waiting for it would never end
+            if steps is not None:
+                steps.close()
+            # the stream holds the device: waiting for it would never end
             raise LocalProtocolError(
                 "this task is iterating a stream of this device: one operation at a time per "
                 "device (run the other operation from another task, or after the stream)")
-        async with self._lock:
-            return await self._loop(steps, nothing)
+
+    @contextlib.asynccontextmanager
+    async def _alone(self) -> AsyncIterator[None]:
+        """The device's lock for an operation that cannot share the line (``stream``,
+        ``send_files``, ``reconcile``, ``connect``...): the shared pipeline takes nothing new
+        meanwhile, and hands the lock over once what it has out has settled."""
+        shared = self._shared
+        shared.paused += 1
+        try:
+            self._line.wake()
+            await self._lock.acquire()
+        finally:
+            shared.paused -= 1
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    async def _share(self, commands: list[Command]) -> list[Result]:
+        """``commands`` on the shared pipeline with every other task's (``SharedPipeline``):
+        their results, in order. A cancelled caller settles its own commands only."""
+        self._refuse_inside_stream()
+        shared = self._shared
+        ticket = shared.submit(commands)
+        if ticket.done:
+            return []
+        done = asyncio.get_running_loop().create_future()
+
+        def wake() -> None:
+            if not done.done():
+                done.set_result(None)
+
+        ticket.on_done = wake
+        if self._sharer is None:
+            self._sharer = asyncio.ensure_future(self._share_loop())
+        elif shared.room or shared.paused:
+            self._line.wake()
+        try:
+            await done
+        except BaseException as exc:  # asyncio.CancelledError above all
+            if not ticket.done:
+                exc.settled_results = shared.withdraw(  # type: ignore[attr-defined]
+                    ticket, Status.CANCELLED)
+                self._line.wake()
+                _log_settled(exc)
+            raise
+        if ticket.error is not None:
+            raise ticket.error
+        return [r for r in ticket.results if r is not None]
+
+    async def _stop_sharing(self) -> None:
+        """Stop the shared pipeline's loop (closing): tasks still waiting get their settled
+        results and ``LinkLost``."""
+        sharer = self._sharer
+        if sharer is not None:
+            sharer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sharer
+
+    async def _share_loop(self) -> None:
+        """The shared pipeline's request loop: runs while callers have commands queued or out,
+        under the device's lock (an operation that needs the device alone waits for it)."""
+        shared = self._shared
+        try:
+            while shared.incoming:
+                async with self._lock:
+                    await drive_async(self.ops, self._line, self._run_job, shared.steps(), nothing)
+        except BaseException as exc:  # the port failed, or close() stopped it
+            shared.stopped(exc)
+            if not isinstance(exc, Exception):
+                _log_settled(exc)
+                raise
+        finally:
+            self._sharer = None
 
     async def _loop(self, steps: Steps[T], between: Callable[[], None]) -> T:
         """The loop itself; what a cancelled operation left is logged as a warning."""
@@ -164,7 +257,8 @@ class AsyncDriver(DeviceHandle):
 
     # -------------------------------------------------------------- operations
     async def run(self, commands: Iterable[Command]) -> list[Result]:
-        return await self._drive(self.ops.run_steps(list(commands)))
+        """``commands`` pipelined with every other task's, one Result each in order."""
+        return await self._share(list(commands))
 
     async def stream(self, commands: Iterable[Command]) -> AsyncIterator[Result]:
         """``BlockingDriver.stream`` for asyncio: results in submission order while later
@@ -175,7 +269,7 @@ class AsyncDriver(DeviceHandle):
         ops = self.ops
         ops.refuse_if_blocked()
         ready: list[Result] = []
-        async with self._lock:
+        async with self._alone():
             ops.refuse_if_blocked()  # another task's operation may have blocked it meanwhile
             self._streaming = asyncio.current_task()
             steps = ops.flow_steps(iter(commands), ready.append, ops.lookahead)
@@ -366,6 +460,51 @@ class AsyncTcpDevice(AsyncDriver):
             return await _opened(dev) if probe else dev
 
         return _Opening(opener)
+
+
+class _Wakeable:
+    """The device's transport as the shared pipeline's loop uses it: a ``read`` that a new
+    command (``wake``) cuts short, returning what has arrived so far (maybe nothing), so the
+    command leaves now rather than when the next byte comes. It only moves bytes: the wait is
+    ended by cancelling the read the way ``asyncio.timeout`` does (the transports' reads leave
+    what arrived in their buffer), and a cancellation of the loop itself still propagates."""
+
+    def __init__(self, inner: AsyncTransport) -> None:
+        self.inner = inner
+        self._reader: asyncio.Task[Any] | None = None  #: the task waiting in ``read``
+        self._woken = False
+
+    def wake(self) -> None:
+        if self._woken:
+            return
+        self._woken = True
+        if self._reader is not None:
+            self._reader.cancel()
+
+    async def write(self, data: bytes) -> None:
+        await self.inner.write(data)
+
+    async def read(self, timeout: float) -> bytes:
+        if self._woken:
+            self._woken = False
+            return b""
+        task = asyncio.current_task()
+        self._reader = task
+        try:
+            return await self.inner.read(timeout)
+        except asyncio.CancelledError:
+            if self._woken and task is not None and task.uncancel() == 0:
+                return b""  # our own wake-up, nothing else asked to cancel the loop
+            raise
+        finally:
+            self._reader = None
+            self._woken = False
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 async def _opened(dev: D) -> D:

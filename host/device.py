@@ -40,6 +40,7 @@ idemlink.host.command import Result``, ``from idemlink.host.errors import LinkLo
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Self, TypeVar
@@ -59,11 +60,13 @@ from idemlink.host.operations import (
     DriverStats,
     Job,
     Operations,
+    SharedPipeline,
     Steps,
+    Ticket,
 )
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.host_session import HostSession
-from idemlink.protocol.outcome import LocalProtocolError
+from idemlink.protocol.outcome import LocalProtocolError, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
@@ -85,7 +88,14 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         self.transport = transport
         #: the session, its bookkeeping and every operation (the transport is only its clock)
         self.ops = ops
-        self._operating = False  #: a blocking operation (or a stream) is being driven
+        self._cond = threading.Condition()  #: guards who has the line; notified when it changes
+        #: the thread that has the line: one running an operation alone (or iterating a
+        #: stream), or one driving the shared pipeline's loop for every thread's commands
+        self._owner: int | None = None
+        #: every thread's run/execute/read/write/trigger... on one pipeline
+        self._shared = SharedPipeline(ops)
+        #: the shared pipeline's request loop, handed from thread to thread between rounds
+        self._sharing: Generator[None, None, None] | None = None
 
     def connect(self) -> None:
         """Make sure the device answers (HELLO; on a plain slave, a read of its first
@@ -93,6 +103,7 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         self._drive(self.ops.connect_steps())
 
     def close(self) -> None:
+        self._stop_sharing()
         self.transport.close()
 
     def __enter__(self) -> Self:
@@ -113,18 +124,137 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
             return result
 
     def _rounds(self, steps: Steps[T]) -> Generator[None, None, T]:
-        """``idemlink.host.drive.rounds``, one operation at a time per device (``stream`` hands
-        results out between rounds)."""
-        if self._operating:
-            steps.close()
-            raise LocalProtocolError(
-                "another operation of this device is in progress (a stream being iterated?): "
-                "one operation at a time per device")
-        self._operating = True
+        """``idemlink.host.drive.rounds`` with the device alone (``stream`` hands results out
+        between rounds): another thread's operation waits for it; the same thread's is refused
+        (it would wait for itself)."""
+        self._acquire(steps)
         try:
             return (yield from rounds(self.ops, self.transport, self._run_job, steps))
         finally:
-            self._operating = False
+            self._release()
+
+    def _refuse_reentry(self, steps: Steps[Any] | None = None) -> None:
+        if self._owner == threading.get_ident():
+            if steps is not None:
+                steps.close()
+            raise LocalProtocolError(
+                "another operation of this device is in progress (a stream being iterated?): "
+                "one operation at a time per device")
+
+    def _acquire(self, steps: Steps[Any]) -> None:
+        """Have the line alone: the shared pipeline takes nothing new meanwhile, and what it
+        has out is settled (driven here) before the operation starts."""
+        shared = self._shared
+        with self._cond:
+            self._refuse_reentry(steps)
+            shared.paused += 1
+            try:
+                while self._owner is not None:
+                    self._cond.wait()
+                self._owner = threading.get_ident()
+            except BaseException:
+                shared.paused -= 1
+                steps.close()
+                raise
+        try:
+            self._drain()
+        except BaseException:
+            steps.close()
+            self._release()
+            raise
+        finally:
+            with self._cond:
+                shared.paused -= 1
+
+    def _release(self) -> None:
+        with self._cond:
+            self._owner = None
+            self._cond.notify_all()
+
+    def _drain(self) -> None:
+        """Run the shared pipeline's loop (paused) until what it has out is settled."""
+        run = self._sharing
+        if run is None:
+            return
+        try:
+            for _ in run:
+                pass
+        except BaseException as exc:
+            self._shared.stopped(exc)
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self._sharing = None
+
+    def _share(self, commands: list[Command]) -> list[Result]:
+        """``commands`` on the shared pipeline with every other thread's (``SharedPipeline``):
+        their results, in order. The thread that finds the line free drives the loop for
+        everyone until its own commands are settled, then hands it on; the others wait."""
+        shared = self._shared
+        me = threading.get_ident()
+        with self._cond:
+            self._refuse_reentry()
+            ticket = shared.submit(commands)
+            ticket.on_done = self._notify
+        try:
+            while True:
+                with self._cond:
+                    while not ticket.done and (self._owner is not None
+                                               or (shared.paused and self._sharing is None)):
+                        self._cond.wait()
+                    if ticket.done:
+                        break
+                    self._owner = me
+                try:
+                    self._drive_shared(ticket)
+                finally:
+                    self._release()
+        except BaseException as exc:  # KeyboardInterrupt
+            if not ticket.done:
+                with self._cond:
+                    while self._owner is not None:
+                        self._cond.wait()
+                    self._owner = me
+                try:
+                    shared.withdraw(ticket, Status.CANCELLED)
+                finally:
+                    self._release()
+            exc.settled_results = ticket.settled()  # type: ignore[attr-defined]
+            raise
+        if ticket.error is not None:
+            raise ticket.error
+        return [r for r in ticket.results if r is not None]
+
+    def _drive_shared(self, ticket: Ticket) -> None:
+        """Drive the shared pipeline's loop, one round at a time, until ``ticket`` is done."""
+        if self._sharing is None:
+            self._sharing = rounds(self.ops, self.transport, self._run_job, self._shared.steps())
+        run = self._sharing
+        try:
+            while not ticket.done:
+                next(run)
+        except StopIteration:
+            self._sharing = None
+        except BaseException as exc:
+            self._sharing = None
+            self._shared.stopped(exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    def _stop_sharing(self) -> None:
+        """Stop the shared pipeline's loop (closing): threads still waiting get their settled
+        results and ``LinkLost``."""
+        with self._cond:
+            while self._owner not in (None, threading.get_ident()):
+                self._cond.wait()
+            run, self._sharing = self._sharing, None
+        if run is not None:
+            run.close()
+            self._shared.stopped(GeneratorExit())
 
     def _run_job(self, job: Job[Any]) -> None:
         """An operation's blocking work, here and now (on this transport's port if it asks)."""
@@ -136,9 +266,10 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
 
     # ------------------------------------------------------------------ commands
     def run(self, commands: Iterable[Command]) -> list[Result]:
-        """Send commands pipelined and return one Result each, in order (``stream`` collected).
-        Raises ``UnknownOutstanding`` while an UNKNOWN is unacknowledged."""
-        return self._drive(self.ops.run_steps(list(commands)))
+        """Send commands pipelined and return one Result each, in order (``stream`` collected),
+        on one pipeline with every other thread's commands. Raises ``UnknownOutstanding`` while
+        an UNKNOWN is unacknowledged."""
+        return self._share(list(commands))
 
     def stream(self, commands: Iterable[Command]) -> Iterator[Result]:
         """The continuous pipeline: yield one Result per command, in submission order, while

@@ -92,7 +92,12 @@ def test_the_shells_hold_no_other_code_than_listed() -> None:
     """Besides the operations, each shell has only its loop's plumbing: a new method there is a
     rule in a driver, and belongs in the operations."""
     plumbing = {"__init__", "__enter__", "__exit__", "__aenter__", "__aexit__", "_drive",
-                "_rounds", "_loop", "_run_job", "_lends_port"}
+                "_rounds", "_loop", "_run_job", "_lends_port",
+                # who has the line: one operation alone, or the shared pipeline's loop for
+                # every caller (the rules are SharedPipeline's, in the operations)
+                "_alone", "_acquire", "_release", "_drain", "_refuse_inside_stream",
+                "_refuse_reentry", "_share", "_share_loop", "_drive_shared", "_notify",
+                "_stop_sharing"}
     for shell in (BlockingDriver, AsyncDriver):
         own = {n for n, v in vars(shell).items() if callable(v)}
         assert own - set(OPERATIONS) - plumbing == set(), shell.__name__
