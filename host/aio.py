@@ -491,11 +491,15 @@ class _Wakeable:
         task = asyncio.current_task()
         self._reader = task
         try:
-            return await self.inner.read(timeout)
+            data = await self.inner.read(timeout)
         except asyncio.CancelledError:
             if self._woken and task is not None and task.uncancel() == 0:
                 return b""  # our own wake-up, nothing else asked to cancel the loop
             raise
+        else:
+            if self._woken and task is not None:  # the transport's read absorbed our wake-up
+                task.uncancel()  # (``asyncio.wait_for`` may, on Python 3.11): undo its count
+            return data
         finally:
             self._reader = None
             self._woken = False

@@ -1,0 +1,372 @@
+"""Concurrent callers share one pipeline: tasks of one ``AsyncDevice`` (threads of one ``Device``)
+have their requests on the line together, up to the window, with ``stream``'s ordering rule and
+the outcome rules of a single ``run`` per caller; a cancelled caller settles only its own commands.
+
+What ran is judged from the simulator's own record (``SimulatedDevice.executions``: one record per
+command it really ran), never from the results. Throughput is measured on the simulated clock
+(``SimTransport`` paces the bytes), so the figures are deterministic; nothing here waits on a
+wall clock but protocol timeouts, which go through ``support.timing.scaled``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+from support.aio import DropsSomeAnswers
+from support.timing import scaled
+
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
+from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
+from idemlink.host.aio import AsyncDevice
+from idemlink.host.command import Command, Result
+from idemlink.host.device import Device, LinkLost, UnknownOutstanding
+from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.outcome import Outcome, Status
+
+BAUD = 115200
+COUNT = 9
+TASKS = 32
+
+
+def full_duplex_bound() -> float:
+    """Reads per second a full-duplex line carries when it never idles (the larger frame rules)."""
+    req = encode_frame(FrameType.REQUEST, 0x01020304, 0x0A0B0C0D, bytes([3, 0, 0, 0, COUNT]))
+    resp = encode_frame(FrameType.RESPONSE, 0x01020304, 0x0A0B0C0D,
+                        bytes([0, 3, 2 * COUNT]) + bytes(range(1, 2 * COUNT + 1)))
+    return BAUD / (10 * max(len(req), len(resp)))
+
+
+def ran(sim: SimulatedDevice, pdu: bytes) -> int:
+    """How many times the device really ran the request ``pdu`` (its own record)."""
+    return sum(e.request == pdu for e in sim.executions)
+
+
+def writes_of(sim: SimulatedDevice, address: int) -> list[int]:
+    """The values the device wrote to ``address`` with FC06, in the order it ran them."""
+    head = bytes([FunctionCode.WRITE_SINGLE_REGISTER]) + address.to_bytes(2, "big")
+    return [int.from_bytes(e.request[3:5], "big") for e in sim.executions
+            if e.request[:3] == head]
+
+
+def is_write_to(address: int) -> Any:
+    head = bytes([FunctionCode.WRITE_SINGLE_REGISTER]) + address.to_bytes(2, "big")
+    return lambda pdu: pdu[:3] == head
+
+
+def is_read_of(address: int) -> Any:
+    head = bytes([FunctionCode.READ_HOLDING_REGISTERS]) + address.to_bytes(2, "big")
+    return lambda pdu: pdu[:3] == head
+
+
+# ---------------------------------------------------------------------------- throughput
+
+
+@pytest.mark.parametrize("latency", [0.0, 0.002, 0.010, 0.020])
+def test_32_tasks_each_awaiting_execute_keep_the_line_busy(latency: float) -> None:
+    """The issue's figure on the simulated clock: 32 tasks each awaiting ``execute()`` of a
+    9-register read reach 95 % of the full-duplex bound, as one ``stream()`` does (behind the old
+    per-device lock they reached 33 % at 2 ms: one request on the line at a time)."""
+    sim = SimTransport(SimulatedDevice(seed=1), LinkConfig(baud=BAUD, latency=latency))
+    per_task = 12
+
+    async def session() -> float:
+        dev = AsyncDevice(AsyncSimTransport(sim), max_inflight=32, timeout=0.5)
+        await dev.connect()
+        cmd = dev.read_command(0, COUNT)
+        assert (await dev.execute(cmd)).ok
+
+        async def poll() -> None:
+            for _ in range(per_task):
+                r = await dev.execute(cmd)
+                assert r.ok and len(r.values) == COUNT
+
+        t0 = sim.now()
+        await asyncio.gather(*(poll() for _ in range(TASKS)))
+        return TASKS * per_task / (sim.now() - t0)
+
+    rate = asyncio.run(session())
+    assert rate >= 0.95 * full_duplex_bound(), f"{rate:.1f}/s of {full_duplex_bound():.1f}/s"
+
+
+# ---------------------------------------------------------------------------- correctness
+
+
+def test_many_tasks_get_their_own_results_and_nothing_runs_twice() -> None:
+    """32 tasks writing and reading at once over a lossy line (lost and duplicated frames, so
+    retries and replays): every result is OK and right, every write ran exactly once by the
+    device's own record, and the tasks' requests really were on the line together."""
+    sim = SimTransport(SimulatedDevice(seed=11),
+                       LinkConfig(frame_loss=0.15, frame_dup=0.1, seed=11))
+    deepest = [0]
+    writes: list[Command] = []
+
+    async def session() -> None:
+        dev = AsyncDevice(AsyncSimTransport(sim), max_inflight=8, timeout=0.02, attempts=20)
+        await dev.connect()
+        session_ = dev.ops.session
+
+        def seen(_: Result) -> None:
+            deepest[0] = max(deepest[0], session_.outstanding + 1)
+
+        dev.ops.on_result = seen
+
+        async def worker(i: int) -> None:
+            for k in range(6):
+                register = ("threshold", "fan_setpoint")[i % 2]
+                value = (10 * i + k) if register == "threshold" else (3 * i + k) % 101
+                w = dev.write_command({register: value})
+                writes.append(w)
+                r = await dev.execute(w)
+                assert r.outcome is Outcome.OK, r.describe()
+                got = await dev.read("temperature", 3)
+                assert got.ok and len(got.values) == 3
+
+        await asyncio.gather(*(worker(i) for i in range(TASKS)))
+        await dev.close()
+
+    asyncio.run(session())
+    assert deepest[0] > 1, "the tasks' requests were never on the line together"
+    counts = Counter(w.pdu() for w in writes)
+    for pdu, n in counts.items():
+        assert ran(sim.device, pdu) == n, f"{pdu.hex()} asked {n}x, ran {ran(sim.device, pdu)}x"
+
+
+def test_non_commuting_writes_keep_the_order_they_were_submitted_in() -> None:
+    """Writes to the same register from different tasks run in the order the tasks submitted
+    them (reads of other registers overtake them); the last submitted value is what stays."""
+    device = SimulatedDevice(seed=12)
+    submitted: list[int] = []
+
+    async def session() -> None:
+        t = DropsSomeAnswers(device, lambda pdu: False)
+        dev = AsyncDevice(t, max_inflight=8, timeout=scaled(1.0))
+        await dev.connect()
+
+        async def writer(v: int) -> None:
+            submitted.append(v)  # the submission happens before the task's first await
+            assert (await dev.write({"threshold": v})).ok
+
+        async def reader() -> None:
+            for _ in range(5):
+                assert (await dev.read("humidity")).ok
+
+        await asyncio.gather(*(writer(100 + 7 * i) for i in range(20)),
+                             *(reader() for _ in range(4)))
+        assert t.deepest > 1
+        assert (await dev.read("threshold")).values == (submitted[-1],)
+
+    asyncio.run(session())
+    assert writes_of(device, 4) == submitted
+
+
+def test_a_cancelled_task_settles_its_own_read_and_the_others_go_on() -> None:
+    """A task whose read is out (its answer lost) is cancelled: its read is UNKNOWN (CANCELLED)
+    and blocks nothing; the other tasks finished meanwhile, each write exactly once. Behind the
+    old lock they waited for the stuck read."""
+    device = SimulatedDevice(seed=13)
+
+    async def session() -> None:
+        t = DropsSomeAnswers(device, is_read_of(6))
+        dev = AsyncDevice(t, max_inflight=8, timeout=scaled(30.0), attempts=2)
+        await dev.connect()
+        stuck = asyncio.create_task(dev.read("fan_setpoint"))
+        await t.out.wait()  # the read is out; its answer will never come
+
+        async def worker(i: int) -> list[Result]:
+            return [await dev.write({"threshold": 500 + 10 * i + k}) for k in range(5)]
+
+        async with asyncio.timeout(scaled(10.0)):
+            others = await asyncio.gather(*(worker(i) for i in range(8)))
+        assert not stuck.done()
+        stuck.cancel()
+        with pytest.raises(asyncio.CancelledError) as caught:
+            await stuck
+        settled = caught.value.settled_results  # type: ignore[attr-defined]
+        assert [(r.outcome, r.status) for r in settled] == [(Outcome.UNKNOWN, Status.CANCELLED)]
+        assert dev.unknown is None  # a read changed nothing
+        assert dev.ops.session.outstanding == 0 and not dev.ops.awaiting
+        assert all(r.ok for rs in others for r in rs)
+        assert (await dev.read("threshold")).ok
+
+    asyncio.run(session())
+    for i in range(8):
+        for k in range(5):
+            assert writes_of(device, 4).count(500 + 10 * i + k) == 1
+
+
+def test_a_cancelled_write_blocks_the_handle_for_everyone_as_any_unknown_does() -> None:
+    """A task whose write is out (its answer lost) is cancelled: UNKNOWN (CANCELLED), it may have
+    run, so the handle is blocked: a command waiting behind it (a read of the same register) is
+    never sent (NOT_EXECUTED), new calls are refused, and reconcile finds that it ran — once."""
+    device = SimulatedDevice(seed=14)
+
+    async def session() -> None:
+        t = DropsSomeAnswers(device, is_write_to(6))
+        dev = AsyncDevice(t, max_inflight=8, timeout=scaled(30.0), attempts=2)
+        await dev.connect()
+        writer = asyncio.create_task(dev.write({"fan_setpoint": 77}))
+        await t.out.wait()
+        behind = asyncio.create_task(dev.read("fan_setpoint"))  # conflicts: held
+        fine = await dev.read("humidity")  # commutes: overtakes the stuck write
+        assert fine.ok
+        assert not behind.done()
+        writer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await writer
+        assert dev.unknown is not None and dev.unknown.status is Status.CANCELLED
+        r = await behind
+        assert r.outcome is Outcome.NOT_EXECUTED and r.status is None
+        assert not [e for e in device.executions if is_read_of(6)(e.request)]  # never left
+        with pytest.raises(UnknownOutstanding):
+            await dev.read("humidity")
+        t.drop = lambda pdu: False
+        t.dropped.clear()
+        rec = await dev.reconcile()
+        assert rec is not None and rec.executed is True
+        dev.acknowledge_unknown()
+        assert (await dev.read("fan_setpoint")).values == (77,)
+
+    asyncio.run(session())
+    assert writes_of(device, 6) == [77]  # ran once: never re-sent behind the caller's back
+
+
+def test_an_unknown_write_from_the_line_blocks_the_others_as_documented() -> None:
+    """A write whose answers are all lost ends UNKNOWN (NO_ANSWER) and blocks the handle: the other
+    tasks' commands already on the line complete with their own outcomes, one waiting behind it is
+    NOT_EXECUTED (never sent), and a caller arriving afterwards is refused."""
+    device = SimulatedDevice(seed=15)
+
+    async def session() -> None:
+        t = DropsSomeAnswers(device, is_write_to(5))
+        dev = AsyncDevice(t, max_inflight=8, timeout=scaled(0.2), attempts=2)
+        await dev.connect()
+
+        async def reads() -> list[Result]:
+            return await dev.run([dev.read_command("temperature", 3)] * 4)
+
+        w = asyncio.create_task(dev.write({"mode": 2}))
+        await t.out.wait()
+        behind = asyncio.create_task(dev.write({"mode": 0}))  # conflicts: waits for the first
+        others = await asyncio.gather(*(reads() for _ in range(6)))
+        r = await w
+        assert (r.outcome, r.status) == (Outcome.UNKNOWN, Status.NO_ANSWER)
+        assert (await behind).outcome is Outcome.NOT_EXECUTED
+        assert all(x.ok for rs in others for x in rs)
+        assert dev.unknown is r
+        with pytest.raises(UnknownOutstanding):
+            await dev.read("temperature")
+
+    asyncio.run(session())
+    assert writes_of(device, 5) == [2]  # ran once (its retries were replayed); the other never
+
+
+def test_operations_that_need_the_device_alone_wait_for_the_shared_pipeline() -> None:
+    """A stream (and reconcile, send_files...) has the device alone: started while other tasks
+    share the pipeline, it waits for what is out, runs, and the tasks go on after it."""
+    sim = SimTransport(SimulatedDevice(seed=16), LinkConfig(frame_loss=0.1, seed=16))
+
+    async def session() -> None:
+        dev = AsyncDevice(AsyncSimTransport(sim), max_inflight=8, timeout=0.02, attempts=20)
+        await dev.connect()
+
+        async def worker(i: int) -> None:
+            for k in range(8):
+                assert (await dev.write({"threshold": 20 * i + k})).ok
+
+        async def streamer() -> list[Result]:
+            async with contextlib.aclosing(
+                    dev.stream([dev.read_command("mode")] * 30)) as results:
+                return [r async for r in results]
+
+        *_, streamed = await asyncio.gather(*(worker(i) for i in range(10)), streamer())
+        assert len(streamed) == 30 and all(r.ok for r in streamed)
+
+    asyncio.run(session())
+    for i in range(10):
+        assert [v for v in writes_of(sim.device, 4) if 20 * i <= v < 20 * i + 8] == \
+            [20 * i + k for k in range(8)]
+
+
+def test_closing_the_device_under_waiting_tasks_settles_them() -> None:
+    """``close()`` while tasks wait: each gets ``LinkLost`` with its own settled results (UNKNOWN
+    if it was out), never a hang."""
+    device = SimulatedDevice(seed=17)
+
+    async def session() -> None:
+        t = DropsSomeAnswers(device, is_read_of(6))
+        dev = AsyncDevice(t, max_inflight=8, timeout=scaled(30.0), attempts=2)
+        await dev.connect()
+        task = asyncio.create_task(dev.read("fan_setpoint"))
+        await t.out.wait()
+        await dev.close()
+        with pytest.raises(LinkLost) as caught:
+            await task
+        assert [r.outcome for r in caught.value.results] == [Outcome.UNKNOWN]
+
+    asyncio.run(session())
+
+
+# ---------------------------------------------------------------------------- threads
+
+
+class Deepest(SimTransport):
+    """Records the most requests the host session had out at once, at each write."""
+
+    dev: Device | None = None
+    deepest = 0
+
+    def write(self, data: bytes) -> None:
+        if self.dev is not None:
+            self.deepest = max(self.deepest, self.dev.ops.session.outstanding)
+        super().write(data)
+
+
+def test_threads_sharing_one_device_share_its_pipeline_exactly_once() -> None:
+    """Eight threads calling one blocking ``Device`` over a lossy line: every result right, every
+    write run exactly once by the device's record, requests of several threads on the line at
+    once; a thread streaming meanwhile has the device alone and waits its turn (before, a second
+    thread was refused: one operation at a time)."""
+    sim = Deepest(SimulatedDevice(seed=21), LinkConfig(frame_loss=0.15, frame_dup=0.1, seed=21))
+    dev = Device(sim, max_inflight=8, timeout=0.02, attempts=20)
+    dev.connect()
+    sim.dev = dev
+    errors: list[BaseException] = []
+    start = threading.Barrier(9)
+
+    def worker(i: int) -> None:
+        try:
+            start.wait(scaled(10.0))
+            for k in range(10):
+                r = dev.write({"threshold": 10 * i + k})
+                assert r.outcome is Outcome.OK, r.describe()
+                assert dev.read("temperature", 2).ok
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    def streamer() -> None:
+        try:
+            start.wait(scaled(10.0))
+            got = list(dev.stream([dev.read_command("mode")] * 20))
+            assert len(got) == 20 and all(r.ok for r in got)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    threads.append(threading.Thread(target=streamer))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(scaled(60.0))
+        assert not th.is_alive()
+    assert not errors, errors
+    assert sim.deepest > 1, "the threads' requests were never on the line together"
+    for i in range(8):
+        assert [v for v in writes_of(sim.device, 4) if 10 * i <= v < 10 * i + 10] == \
+            [10 * i + k for k in range(10)]
