@@ -14,12 +14,17 @@ Single device, at 0 / 2 / 10 / 20 ms (9-register reads, the simulator's whole ma
 - pymodbus's ``ModbusSerialClient`` (RTU) against ``idemlink sim --modbus-rtu``.
 Each figure is the median of ``--runs`` runs of ``--seconds``; ratios are taken within the run.
 
+Many tasks on one device (``--tasks``), at the same latencies on the same emulated line: 32 asyncio
+tasks each awaiting ``AsyncDevice.execute()`` of the same read (the shared pipeline), next to one
+``Device.stream`` measured in the same run, both as % of the full-duplex bound; the table between
+the ``bench_pipeline_tasks`` markers of bench/PIPELINE.md is rewritten with the medians.
+
 Many devices (``--devices``): N = 1, 4, 16 devices from one asyncio process (``AsyncDevice.stream``
 each), aggregate reads/s against N × the N = 1 figure, the host process's CPU µs per transaction
 (``time.process_time``), and the event loop's lag (a task asking to sleep 1 ms: how late it wakes).
 
 Usage: ``python3 bench/bench_pipeline.py [--runs 3] [--seconds 3] [--latencies 0,2,10,20]
-[--devices] [--device-latency-ms 2] [--plot]``. The single-device medians are saved to
+[--tasks] [--devices] [--device-latency-ms 2] [--plot]``. The single-device medians are saved to
 ``bench/pipeline_results.json``; ``--plot`` draws ``bench/pipeline.png`` from the figures just
 measured, or with ``--skip-single`` from the saved ones.
 """
@@ -39,12 +44,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from docs_table import markdown_table, replace_between_markers
+
 from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.modbus_rtu import encode_rtu
 
 BAUD = 115200
 COUNT = 9
+TASKS = 32
 HERE = Path(__file__).resolve().parent
+DOC = HERE / "PIPELINE.md"
 
 
 def frame_sizes() -> tuple[int, int]:
@@ -182,6 +191,58 @@ def single(latency_ms: float, seconds: float) -> dict[str, float]:
     return row
 
 
+# ---------------------------------------------------------------------------- many tasks, one device
+async def tasks_rate(path: str, seconds: float, tasks: int = TASKS) -> float:
+    """``tasks`` asyncio tasks each awaiting ``execute()`` of the same read on one
+    ``AsyncDevice``: reads answered per second until ``seconds`` have passed."""
+    from idemlink.host.aio import AsyncDevice
+
+    loop = asyncio.get_running_loop()
+    async with AsyncDevice.open(path, max_inflight=32, timeout=0.5) as dev:
+        cmd = dev.read_command(0, COUNT)
+        assert (await dev.execute(cmd)).ok  # warm up
+        done = 0
+        t0 = loop.time()
+        deadline = t0 + seconds
+
+        async def caller() -> None:
+            nonlocal done
+            while loop.time() < deadline:
+                assert (await dev.execute(cmd)).ok
+                if loop.time() <= deadline:
+                    done += 1
+
+        await asyncio.gather(*(caller() for _ in range(tasks)))
+        return done / seconds
+
+
+def shared(latency_ms: float, seconds: float) -> dict[str, float]:
+    """``Device.stream`` and 32 tasks each awaiting ``execute()``, one after the other through the
+    same emulated line to the same simulator."""
+    with sims(1) as (target,), lines("emulator", [target], latency_ms) as (path,):
+        row = {"latency_ms": latency_ms, "stream": ours(path, seconds, ("pipeline",))["pipeline"]}
+        row["tasks"] = asyncio.run(tasks_rate(path, seconds))
+    return row
+
+
+def report_shared(rows: list[dict[str, float]], runs: int, seconds: float) -> None:
+    ob = full_duplex_bound(frame_sizes())
+    table = []
+    for m in rows:
+        line = (f"{m['latency_ms']:.0f} ms", f"{m['stream']:.1f}/s = {m['stream'] / ob:.1%}",
+                f"{m['tasks']:.1f}/s = **{m['tasks'] / ob:.1%}**",
+                f"{m['tasks'] / m['stream']:.1%}")
+        table.append(line)
+        print(f"latency {line[0]}: stream() {line[1]}, {TASKS} tasks execute() {line[2]}")
+    text = (f"Median of {runs} runs of {seconds:g} s; full-duplex bound {ob:.1f} reads/s; machine: "
+            f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end.\n\n"
+            + markdown_table(["one-way latency", "one task's `Device.stream()`",
+                              f"{TASKS} tasks each awaiting `AsyncDevice.execute()`",
+                              "tasks / stream"], table))
+    replace_between_markers(DOC, "bench_pipeline_tasks", text)
+    print(f"table written to {DOC}")
+
+
 # ---------------------------------------------------------------------------- many devices
 async def many(paths: list[str], seconds: float) -> dict[str, float]:
     from idemlink.host.aio import AsyncDevice
@@ -299,6 +360,9 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--latencies", default="0,2,10,20", help="one-way latencies in ms")
+    ap.add_argument("--tasks", action="store_true",
+                    help=f"{TASKS} tasks awaiting execute() on one device next to stream(); "
+                         "rewrites the table in bench/PIPELINE.md")
     ap.add_argument("--devices", action="store_true", help="N = 1, 4, 16 devices from one loop")
     ap.add_argument("--device-latency-ms", type=float, default=2.0)
     ap.add_argument("--devices-line", choices=["emulator", "yardstick"], default="emulator",
@@ -320,6 +384,10 @@ def main() -> None:
         out = HERE / "pipeline.png"
         plot(rows, out)
         print(f"plot: {out}")
+    if args.tasks:
+        shared_rows = [median_rows([shared(ms, args.seconds) for _ in range(args.runs)])
+                       for ms in (float(x) for x in args.latencies.split(","))]
+        report_shared(shared_rows, args.runs, args.seconds)
     if args.devices:
         print(f"devices from one asyncio process at {args.device_latency_ms:.0f} ms, "
               f"through the {args.devices_line} "

@@ -45,3 +45,11 @@ def test_the_docs_carry_the_benchmark_markers(doc: str, name: str) -> None:
     text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
     begin, end = _docs_table().markers(name)
     assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
+
+
+def test_pipeline_md_carries_the_shared_pipeline_markers() -> None:
+    """bench/bench_pipeline.py --tasks rewrites the many-tasks table of bench/PIPELINE.md."""
+    text = (ROOT / "bench" / "PIPELINE.md").read_text(encoding="utf-8")
+    begin, end = _docs_table().markers("bench_pipeline_tasks")
+    assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
+    assert "bench_pipeline_tasks" in (ROOT / "bench" / "bench_pipeline.py").read_text()
