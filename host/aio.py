@@ -18,11 +18,17 @@ and runs the HELLO handshake (a port where a Modbus RTU slave answers instead is
 dev.close()``). ``AsyncRtuDevice.open(url, unit=1, ...)`` the same for a Modbus RTU slave. The
 transport itself (the port on the event loop) is ``idemlink.host.aio_transport``'s.
 
-One operation at a time per device: every operation holds the device's ``asyncio.Lock``, so tasks
-sharing one device queue up (their requests are never interleaved, and only one task awaits
-the transport's ``read``). Separate devices share nothing, so one event loop drives
-many devices at once (``asyncio.gather``). ``stream(commands)`` is an async generator of results in
-submission order over the continuous pipeline; close it when leaving early
+Tasks sharing one device share its pipeline: ``run``, ``execute`` and the named commands of every
+task go on one ``idemlink.host.operations.SharedPipeline`` (the ordering and outcome rules are
+there, once), driven by one request loop task per device, which alone awaits the transport's
+``read``; their requests are on the line together up to the window, and a cancelled task settles
+its own commands only. A new command cuts the loop's wait for input short (``_Wakeable``) so it
+leaves at once. Operations that need the device alone (``stream``, ``send_files``,
+``reconcile``, ``reconcile_sent``, ``execute_recorded``, ``connect``) hold the device's
+``asyncio.Lock``: the shared pipeline takes nothing new meanwhile and hands the lock over once what
+it has out has settled. Separate devices share nothing, so one event loop drives many devices at
+once (``asyncio.gather``). ``stream(commands)`` is an async generator of results in submission
+order over the continuous pipeline; close it when leaving early
 (``async with contextlib.aclosing(dev.stream(cmds)) as results:``) so the lock is released at once.
 
 Cancellation and timeouts (``task.cancel()``, ``asyncio.timeout``, ``asyncio.wait_for``) have the

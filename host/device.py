@@ -24,6 +24,15 @@ read, its UNKNOWN does not block the handle). ``send_files`` uses it to verify e
 file of a framed YMODEM batch once the port is back in framed mode: a file is ok only when the
 device holds exactly its bytes (``FileResult.verified``).
 
+A ``Device`` (an ``RtuDevice``) may be shared between threads: ``run``, ``execute`` and the named
+commands of every thread go on one ``idemlink.host.operations.SharedPipeline``, so the threads'
+requests are on the line together up to the window, ordered and settled by the rules of a single
+``run``. The thread that finds the line free drives the request loop for everyone until its own
+commands are settled, then hands it to a waiting thread. Operations that need the device alone
+(``stream``, ``send_files``, ``reconcile``, ``reconcile_sent``, ``execute_recorded``,
+``connect``) wait for the others' requests out to settle; one called by the thread iterating a
+``stream`` of the same device is refused (``LocalProtocolError``).
+
 This module is the blocking drivers' shell: ``BlockingDriver`` runs the operations of
 ``idemlink.host.operations`` (transport-free step generators over a sans-I/O session) on a
 blocking ``Transport`` with the request loop ``idemlink.host.drive.rounds``, moving bytes and
@@ -79,7 +88,8 @@ T = TypeVar("T")
 
 class BlockingDriver(DeviceHandle, BlockingCommands):
     """Every operation of ``OPERATIONS`` on a blocking ``Transport``: the shell ``Device`` and
-    ``RtuDevice`` share (each supplies its ``ops``). One operation at a time."""
+    ``RtuDevice`` share (each supplies its ``ops``). Threads share its pipeline (the module
+    docstring)."""
 
     ops: Operations[Any]
 

@@ -1,5 +1,6 @@
 """The asyncio shell runs the same operations as the blocking one (no second request loop);
-tasks sharing one device are serialised; a cancelled operation leaves nothing behind."""
+tasks sharing one device get their own answers (they share its pipeline:
+``tests/test_shared_pipeline.py``); a cancelled operation leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def test_async_device_over_a_lossy_line() -> None:
     assert sim.closed
 
 
-def test_concurrent_tasks_on_one_device_are_serialised() -> None:
+def test_concurrent_tasks_on_one_device_get_their_own_answers() -> None:
     """Two tasks sharing one AsyncDevice each get their own answers. ``AsyncSimTransport.read`` never
-    really waits, so this passes even without the device's lock (the session routes answers by
-    tag); ``test_concurrent_tasks_on_a_transport_that_really_waits`` is the one that needs it."""
+    really waits; ``test_concurrent_tasks_on_a_transport_that_really_waits`` has a transport that
+    refuses a second reader (only the device's one request loop may wait on it)."""
     sim = SimTransport(SimulatedDevice(seed=3), LinkConfig(seed=3))
 
     async def session() -> list[Outcome]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from support.aio import DropsSomeAnswers
+from support.rtu import LossyWire
 from support.timing import scaled
 
 from idemlink.device_sim.device import SimulatedDevice
@@ -26,9 +27,15 @@ from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.command import Command, Result
 from idemlink.host.device import Device, LinkLost, UnknownOutstanding
+from idemlink.host.rtu_device import RtuDevice
+from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.host_session import Completion, HostSession, SessionState
 from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
 from idemlink.protocol.outcome import Outcome, Status
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.rtu_master import RtuMaster
 
 BAUD = 115200
 COUNT = 9
@@ -370,3 +377,72 @@ def test_threads_sharing_one_device_share_its_pipeline_exactly_once() -> None:
     for i in range(8):
         assert [v for v in writes_of(sim.device, 4) if 10 * i <= v < 10 * i + 10] == \
             [10 * i + k for k in range(10)]
+
+
+def test_threads_sharing_a_plain_modbus_slave_are_served_one_request_at_a_time() -> None:
+    """``RtuDevice`` (depth one) shared by threads: every caller served, in its own order."""
+    wire = LossyWire(lambda pdu, n: n == 1)  # every first answer lost: each request retried
+    dev = RtuDevice(wire, timeout=0.05, attempts=5)
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        try:
+            for k in range(5):
+                assert dev.write({"threshold": 100 * i + k}).ok
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(scaled(60.0))
+        assert not th.is_alive()
+    assert not errors, errors
+    written = [decode_rtu(r).pdu for r in wire.requests]
+    for i in range(4):
+        mine = [int.from_bytes(p[3:5], "big") for p in written
+                if p[:3] == bytes([6, 0, 4]) and 100 * i <= int.from_bytes(p[3:5], "big") < 100 * i + 5]
+        assert sorted(set(mine), key=mine.index) == [100 * i + k for k in range(5)]
+
+
+# ---------------------------------------------------------------------------- the sessions
+
+
+def test_a_host_session_abandons_the_requests_of_some_tags_only() -> None:
+    device = SimulatedDevice(seed=31)
+    host = HostSession(contract_hash=contract_hash(), timeout=1.0, max_inflight=2)
+    host.open(0.0)
+    device.receive_data(host.data_to_send(), 0.0)
+    host.receive_data(device.data_to_send(), 0.0)
+    assert host.state is SessionState.OPEN
+    for tag, v in (("a", 1), ("b", 2), ("c", 0)):
+        host.submit(bytes([6, 0, 5, 0, v]), 0.0, set_only=True, tag=tag)
+    wire = host.data_to_send()  # a and b are out, c waits for room
+    host.abandon(Status.CANCELLED, ["b", "c"])
+    assert [(e.tag, e.outcome, e.status) for e in iter(host.next_event, None)
+            if isinstance(e, Completion)] == [("b", Outcome.UNKNOWN, Status.CANCELLED),
+                                               ("c", Outcome.NOT_EXECUTED, None)]
+    assert host.outstanding == 1
+    device.receive_data(wire, 0.1)
+    host.receive_data(device.data_to_send(), 0.1)  # a's answer, and b's: now a late answer
+    (a,) = [e for e in iter(host.next_event, None) if isinstance(e, Completion)]
+    assert (a.tag, a.outcome) == ("a", Outcome.OK)
+    assert host.outstanding == 0 and host.counters.late_answers == 1
+
+
+def test_an_rtu_master_abandons_the_request_out_and_waits_out_its_deadline() -> None:
+    """The request out is abandoned (its caller was cancelled): the next one does not leave
+    before the abandoned one's deadline, so a late answer to it is not taken for the next."""
+    m = RtuMaster(DEFAULT_MAP, timeout=0.1)
+    m.submit(bytes([6, 0, 4, 0, 9]), 0.0, tag="out")
+    m.tick(0.0)
+    assert m.data_to_send()
+    m.submit(bytes([3, 0, 4, 0, 1]), 0.0, tag="next")
+    m.abandon(Status.CANCELLED, ["out"])
+    assert [(e.tag, e.outcome, e.status) for e in iter(m.next_event, None)] == [
+        ("out", Outcome.UNKNOWN, Status.CANCELLED)]
+    m.tick(0.05)
+    assert m.data_to_send() == b"" and m.outstanding == 1
+    m.tick(0.11)
+    assert m.data_to_send() == encode_rtu(1, bytes([3, 0, 4, 0, 1]))
