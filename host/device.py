@@ -206,6 +206,10 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
             self._refuse_reentry()
             ticket = shared.submit(commands)
             ticket.on_done = self._notify
+            if self._owner is not None and shared.room:  # another thread waits for input:
+                wake = getattr(self.transport, "wake", None)  # let this command leave now
+                if wake is not None:
+                    wake()
         try:
             while True:
                 with self._cond:

@@ -16,6 +16,7 @@ is accepted there but not enforced. ``SerialTransport`` is a ``Transport`` over 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -132,7 +133,9 @@ def _reason(exc: BaseException) -> str:
 class SerialTransport:
     """A pyserial port (any URL) opened by ``open_port`` (DTR/RTS low unless ``keep_lines=False``,
     exclusive: "port busy" is ``PortBusy``). Reads wait in ``select()`` on the port's descriptor,
-    or, without one, in short steps of ``POLL_STEP``."""
+    or, without one, in short steps of ``POLL_STEP``. ``wake()`` (from any thread) ends the wait
+    of a ``read`` early, with what has arrived so far (maybe nothing): another thread sharing the
+    device has a command to send."""
 
     def __init__(self, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
                  stopbits: float = 1, keep_lines: bool = True) -> None:
@@ -153,6 +156,18 @@ class SerialTransport:
             port.timeout = 0  # reads below never block: select() does the waiting
         else:
             port.timeout = POLL_STEP
+        self._woken = False
+        self._wake_r, self._wake_w = os.pipe()  # select() on the port's descriptor watches it too
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._wake_fds: tuple[int, ...] = (self._wake_r, self._wake_w)
+
+    def wake(self) -> None:
+        """End the wait of a ``read`` in progress, or of the next one (any thread may call it)."""
+        self._woken = True
+        if self._wake_fds:
+            with contextlib.suppress(OSError):  # full: already woken
+                os.write(self._wake_w, b"w")
 
     def write(self, data: bytes) -> None:
         try:
@@ -173,7 +188,13 @@ class SerialTransport:
             # line (tcsetattr) on every timeout change, which costs more than the exchange.
             import select
 
-            ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout))
+            ready, _, _ = select.select([self._fd, self._wake_r], [], [], max(0.0, timeout))
+            if self._wake_r in ready:
+                self._woken = False
+                with contextlib.suppress(OSError):
+                    os.read(self._wake_r, 4096)
+                if self._fd not in ready:
+                    return b""
             if not ready:
                 return b""
             return bytes(port.read(max(1, port.in_waiting)))
@@ -186,7 +207,8 @@ class SerialTransport:
             if first:
                 waiting = port.in_waiting
                 return first + port.read(waiting) if waiting else first
-            if self._clock() >= deadline:
+            if self._woken or self._clock() >= deadline:
+                self._woken = False
                 return b""
 
     def now(self) -> float:
@@ -197,6 +219,11 @@ class SerialTransport:
             self.port.close()
         except OSError as exc:  # a port that already failed may fail to close too
             log.warning("closing %s: %s", self.port.name, exc)
+        finally:
+            fds, self._wake_fds = self._wake_fds, ()  # closed once: a number may be reused
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 __all__ = [

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from support.aio import DropsSomeAnswers
+from support.muted import MutedFor
 from support.rtu import LossyWire
 from support.timing import scaled
 
@@ -36,6 +37,7 @@ from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.rtu_master import RtuMaster
+from idemlink.pytest_plugin import start_pty_sim
 
 BAUD = 115200
 COUNT = 9
@@ -446,3 +448,28 @@ def test_an_rtu_master_abandons_the_request_out_and_waits_out_its_deadline() -> 
     assert m.data_to_send() == b"" and m.outstanding == 1
     m.tick(0.11)
     assert m.data_to_send() == encode_rtu(1, bytes([3, 0, 4, 0, 1]))
+
+
+def test_a_threads_command_leaves_at_once_while_another_threads_request_waits() -> None:
+    """On a real pty: thread A's write is out and its answer lost (A waits for its retry); the
+    main thread's read does not wait for A's deadline: it cuts the driving thread's wait short
+    (``SerialTransport.wake``) and is answered while A still waits; then A's retry is answered
+    (replayed: the write ran once)."""
+    device = MutedFor(is_write_to(6), seed=41)
+    pty = start_pty_sim(device)
+    try:
+        with Device.open(pty.path, max_inflight=8, timeout=scaled(1.0), attempts=3) as dev:
+            got: list[Result] = []
+            a = threading.Thread(target=lambda: got.append(dev.write({"fan_setpoint": 66})))
+            a.start()
+            assert device.out.wait(scaled(10.0))
+            r = dev.read("humidity")
+            assert r.ok and not got
+            assert dev.ops.session.counters.retries == 0, \
+                "the read waited for the other thread's deadline (and its retry)"
+            device.muted.clear()
+            a.join(scaled(20.0))
+            assert got and got[0].ok and got[0].replay
+    finally:
+        pty.close()
+    assert writes_of(device, 6) == [66]
