@@ -201,9 +201,11 @@ class AsyncDriver(DeviceHandle):
         try:
             await done
         except BaseException as exc:  # asyncio.CancelledError above all
-            if not ticket.done:
-                exc.settled_results = shared.withdraw(  # type: ignore[attr-defined]
-                    ticket, Status.CANCELLED)
+            # settled just before: the results ride along all the same
+            withdrawn = not ticket.done
+            settled = shared.withdraw(ticket, Status.CANCELLED) if withdrawn else ticket.settled()
+            exc.settled_results = settled  # type: ignore[attr-defined]
+            if withdrawn:
                 self._line.wake()
                 _log_settled(exc)
             raise
