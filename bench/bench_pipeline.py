@@ -16,7 +16,8 @@ Each figure is the median of ``--runs`` runs of ``--seconds``; ratios are taken 
 
 Many tasks on one device (``--tasks``), at the same latencies on the same emulated line: 32 asyncio
 tasks each awaiting ``AsyncDevice.execute()`` of the same read (the shared pipeline), next to one
-``Device.stream`` measured in the same run, both as % of the full-duplex bound; the table between
+``Device.stream`` measured in the same run, both as % of the full-duplex bound, and 32 threads
+each calling ``Device.execute()``; the table between
 the ``bench_pipeline_tasks`` markers of bench/PIPELINE.md is rewritten with the medians.
 
 Many devices (``--devices``): N = 1, 4, 16 devices from one asyncio process (``AsyncDevice.stream``
@@ -216,12 +217,41 @@ async def tasks_rate(path: str, seconds: float, tasks: int = TASKS) -> float:
         return done / seconds
 
 
+def threads_rate(path: str, seconds: float, threads: int = TASKS) -> float:
+    """``threads`` threads each calling ``execute()`` of the same read on one blocking
+    ``Device``: reads answered per second until ``seconds`` have passed."""
+    import threading
+
+    from idemlink.host.device import Device
+
+    with Device.open(path, max_inflight=32, timeout=0.5) as dev:
+        cmd = dev.read_command(0, COUNT)
+        assert dev.execute(cmd).ok  # warm up
+        counts = [0] * threads
+        t0 = time.perf_counter()
+        deadline = t0 + seconds
+
+        def caller(i: int) -> None:
+            while time.perf_counter() < deadline:
+                assert dev.execute(cmd).ok
+                if time.perf_counter() <= deadline:
+                    counts[i] += 1
+
+        pool = [threading.Thread(target=caller, args=(i,)) for i in range(threads)]
+        for th in pool:
+            th.start()
+        for th in pool:
+            th.join()
+        return sum(counts) / seconds
+
+
 def shared(latency_ms: float, seconds: float) -> dict[str, float]:
-    """``Device.stream`` and 32 tasks each awaiting ``execute()``, one after the other through the
-    same emulated line to the same simulator."""
+    """``Device.stream``, 32 tasks each awaiting ``execute()`` and 32 threads each calling it,
+    one after the other through the same emulated line to the same simulator."""
     with sims(1) as (target,), lines("emulator", [target], latency_ms) as (path,):
         row = {"latency_ms": latency_ms, "stream": ours(path, seconds, ("pipeline",))["pipeline"]}
         row["tasks"] = asyncio.run(tasks_rate(path, seconds))
+        row["threads"] = threads_rate(path, seconds)
     return row
 
 
@@ -231,14 +261,17 @@ def report_shared(rows: list[dict[str, float]], runs: int, seconds: float) -> No
     for m in rows:
         line = (f"{m['latency_ms']:.0f} ms", f"{m['stream']:.1f}/s = {m['stream'] / ob:.1%}",
                 f"{m['tasks']:.1f}/s = **{m['tasks'] / ob:.1%}**",
-                f"{m['tasks'] / m['stream']:.1%}")
+                f"{m['tasks'] / m['stream']:.1%}",
+                f"{m['threads']:.1f}/s = {m['threads'] / ob:.1%}")
         table.append(line)
-        print(f"latency {line[0]}: stream() {line[1]}, {TASKS} tasks execute() {line[2]}")
+        print(f"latency {line[0]}: stream() {line[1]}, {TASKS} tasks execute() {line[2]}, "
+              f"{TASKS} threads execute() {line[4]}")
     text = (f"Median of {runs} runs of {seconds:g} s; full-duplex bound {ob:.1f} reads/s; machine: "
             f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at the end.\n\n"
             + markdown_table(["one-way latency", "one task's `Device.stream()`",
                               f"{TASKS} tasks each awaiting `AsyncDevice.execute()`",
-                              "tasks / stream"], table))
+                              "tasks / stream",
+                              f"{TASKS} threads each calling `Device.execute()`"], table))
     replace_between_markers(DOC, "bench_pipeline_tasks", text)
     print(f"table written to {DOC}")
 
