@@ -207,9 +207,7 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
             ticket = shared.submit(commands)
             ticket.on_done = self._notify
             if self._owner is not None and shared.room:  # another thread waits for input:
-                wake = getattr(self.transport, "wake", None)  # let this command leave now
-                if wake is not None:
-                    wake()
+                self._wake()  # let this command leave now
         try:
             while True:
                 with self._cond:
@@ -224,15 +222,15 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
                 finally:
                     self._release()
         except BaseException as exc:  # KeyboardInterrupt
-            if not ticket.done:
-                with self._cond:
-                    while self._owner is not None:
+            with self._cond:
+                if not ticket.done and self._owner is not None:  # the driving thread withdraws it
+                    shared.withdrawals.append((ticket, Status.CANCELLED))
+                    self._wake()
+                while not ticket.done:
+                    if self._owner is None:  # nobody drives: withdraw it here
+                        shared.withdraw(ticket, Status.CANCELLED)
+                    else:
                         self._cond.wait()
-                    self._owner = me
-                try:
-                    shared.withdraw(ticket, Status.CANCELLED)
-                finally:
-                    self._release()
             exc.settled_results = ticket.settled()  # type: ignore[attr-defined]
             raise
         if ticket.error is not None:
@@ -254,6 +252,13 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
             self._shared.stopped(exc)
             if not isinstance(exc, Exception):
                 raise
+
+    def _wake(self) -> None:
+        """Cut the driving thread's wait for input short (``SerialTransport.wake``), if the
+        transport can."""
+        wake = getattr(self.transport, "wake", None)
+        if wake is not None:
+            wake()
 
     def _notify(self) -> None:
         with self._cond:

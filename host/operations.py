@@ -701,6 +701,8 @@ class SharedPipeline:
         self.open: set[Ticket] = set()  #: submitted, not yet done
         self.pipe: Pipeline | None = None  #: while ``steps`` runs
         self.paused = 0
+        #: callers that gave up while another thread drives the loop: withdrawn by the loop
+        self.withdrawals: deque[tuple[Ticket, Status]] = deque()
 
     def submit(self, commands: list[Command]) -> Ticket:
         """A caller's commands, queued (``UnknownOutstanding`` while blocked; a command the
@@ -733,6 +735,8 @@ class SharedPipeline:
         clock = ops.clock
         try:
             while True:
+                while self.withdrawals:
+                    self.withdraw(*self.withdrawals.popleft())
                 if pipe.settle():  # blocked: what waits is never sent
                     if self.incoming:
                         self._take(pipe, None)
@@ -773,7 +777,10 @@ class SharedPipeline:
 
     def withdraw(self, t: Ticket, status: Status) -> tuple[Result, ...]:
         """Settle ``t``'s commands only (its caller gave up, ``status``: CANCELLED); the other
-        callers' commands go on. Returns its results."""
+        callers' commands go on. Returns its results. Called by whoever drives the loop (or
+        while nobody does); a caller in another thread queues ``(t, status)`` on
+        ``withdrawals`` instead, which the loop takes at its next round. Withdrawing a ticket
+        that is done changes nothing."""
         self._never_taken(t)
         out = [tag for tag, i in t.tags.items() if t.results[i] is None]
         if out and self.pipe is not None:

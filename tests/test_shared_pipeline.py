@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 from collections import Counter
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from support.aio import DropsSomeAnswers
 from support.muted import MutedFor
 from support.rtu import LossyWire
-from support.timing import scaled
+from support.timing import scaled, wait_until
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
@@ -473,3 +474,68 @@ def test_a_threads_command_leaves_at_once_while_another_threads_request_waits() 
     finally:
         pty.close()
     assert writes_of(device, 6) == [66]
+
+
+def test_tasks_on_a_real_pty_over_a_lossy_line_run_every_write_once() -> None:
+    """``AsyncDevice.open`` on a pty behind the link emulator losing and duplicating frames, in
+    real time: 16 tasks, every write OK and run exactly once by the device's record."""
+    pty = start_pty_sim(SimulatedDevice(seed=51), LinkConfig(frame_loss=0.1, frame_dup=0.05,
+                                                             seed=51))
+
+    async def session() -> list[Command]:
+        sent: list[Command] = []
+        async with AsyncDevice.open(pty.path, max_inflight=8, timeout=scaled(0.1),
+                                    attempts=30) as dev:
+            async def worker(i: int) -> None:
+                for k in range(4):
+                    w = dev.write_command({"threshold": 40 * i + k})
+                    sent.append(w)
+                    r = await dev.execute(w)
+                    assert r.outcome is Outcome.OK, r.describe()
+                    assert (await dev.read("mode")).ok
+
+            await asyncio.gather(*(worker(i) for i in range(16)))
+        return sent
+
+    try:
+        sent = asyncio.run(session())
+    finally:
+        pty.close()
+    for w in sent:
+        assert ran(pty.device, w.pdu()) == 1, w.pdu().hex()
+
+
+def test_an_interrupted_waiting_thread_settles_its_own_command_only() -> None:
+    """Ctrl-C (SIGINT) reaches the main thread while it waits for its read, held behind another
+    thread's write whose answer is lost: the read is settled NOT_EXECUTED (never sent) on the
+    KeyboardInterrupt, and the other thread's write goes on to its own result (replayed: once)."""
+    device = MutedFor(is_write_to(6), seed=52)
+    pty = start_pty_sim(device)
+    try:
+        with Device.open(pty.path, max_inflight=8, timeout=scaled(1.0), attempts=5) as dev:
+            got: list[Result] = []
+            a = threading.Thread(target=lambda: got.append(dev.write({"fan_setpoint": 55})))
+            a.start()
+            assert device.out.wait(scaled(10.0))
+
+            def interrupt() -> None:
+                wait_until(lambda: dev._shared.pipe is not None and dev._shared.pipe.held,
+                           what="the main thread's read held behind the write")
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+            helper = threading.Thread(target=interrupt)
+            helper.start()
+            with pytest.raises(KeyboardInterrupt) as caught:
+                dev.read("fan_setpoint")  # conflicts with the write out: held
+            helper.join(scaled(10.0))
+            settled = caught.value.settled_results  # type: ignore[attr-defined]
+            assert [(r.outcome, r.status) for r in settled] == [(Outcome.NOT_EXECUTED, None)]
+            assert dev.unknown is None
+            device.muted.clear()
+            a.join(scaled(30.0))
+            assert got and got[0].ok
+            assert (dev.read("fan_setpoint")).values == (55,)
+    finally:
+        pty.close()
+    assert writes_of(device, 6) == [55]
+    assert sum(is_read_of(6)(e.request) for e in device.executions) == 1  # only the last one
