@@ -28,7 +28,8 @@ from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.simlink import AsyncSimTransport, SimTransport
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.command import Command, Result
-from idemlink.host.device import Device, LinkLost, UnknownOutstanding
+from idemlink.host.device import Device
+from idemlink.host.errors import LinkLost, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import FrameType, encode_frame
