@@ -537,8 +537,14 @@ class CommandBuilder:
         return Command(CommandKind.CLEAR_FAULTS, spec.address, 1, (mask,))
 
     def trigger_command(self, register: str | int | None = None, *, reset: bool = False) -> Command:
+        """Start (``reset``: reset) a TRIGGER register, or a plain device's COMMAND register (its
+        state read first, 1 written only when it reads 0: ``device_core.start_row``); without
+        ``register``, the map's only trigger (else its only command register)."""
         kind = CommandKind.TRIGGER_RESET if reset else CommandKind.TRIGGER
-        return Command(kind, self.register_of_kind(RegisterKind.TRIGGER, register).address)
+        of = (RegisterKind.COMMAND if register is None and not self.regmap.of_kind(
+            RegisterKind.TRIGGER) and self.regmap.of_kind(RegisterKind.COMMAND)
+            else RegisterKind.TRIGGER)
+        return Command(kind, self.register_of_kind(of, register).address)
 
     def trigger_status_command(self, register: str | int | None = None) -> Command:
         return self.read_command(self.register_of_kind(RegisterKind.TRIGGER, register).name)
@@ -678,6 +684,15 @@ def judge_read_back(
         holds = all(register_holds(spec(c.address + i).kind, w, v)
                     for i, (w, v) in enumerate(zip(written, values, strict=False)))
     kinds = {spec(c.address + i).kind for i in range(len(written))}
+    if kinds == {RegisterKind.COMMAND} and values and written[0] and values[0] != written[0]:
+        # a command register returns to 0 when done: 0 (or another command) cannot say
+        # whether this one ran
+        return Reconciliation(c, observed, None,
+                              f"command register reads {values[0]}: the command ran and ended, "
+                              "or never started; the register cannot tell")
+    if kinds == {RegisterKind.COMMAND}:
+        summary = f"command register reads {values[0] if values else '?'}"
+        return Reconciliation(c, observed, holds, summary)
     if kinds == {RegisterKind.TRIGGER}:
         state = values[0]
         summary = "trigger state " + (TriggerState(state).name if state in set(TriggerState)

@@ -15,6 +15,16 @@ Installed with idemlink, so any project's tests can ask for:
   ``idemlink_pty_factory(regmap=...)``. ``connect()``/``open()`` use the device's map. A marker
   without a map, or whose map does not load, fails the test with that one line (no traceback).
 
+- ``idemlink_plain_slave`` — a *plain* third-party Modbus RTU slave from the map (the marker's,
+  else ``idemlink_plain_slave_factory(regmap=..., unit=1, command_seconds=5.0)``) on a pty:
+  no idemlink functions (0x41/0x42 answer exception 01), COMMAND registers that return to 0,
+  fault words as declared. ``.path``, ``.open() -> RtuDevice``; faults a test controls:
+  ``.drop_answer()``, ``.answer_late(seconds)``, ``.echo_differs()``, ``.mute()``/``.unmute()``,
+  ``.wrong_unit()``, ``.clear_faults()``; ground truth: ``.executed`` (every request executed,
+  with time, answer, fault and effects), ``.starts(name)``, ``.writes(name)``, ``.value(name)``;
+  the world: ``.set_input``, ``.set_condition``, ``.finish(name)`` (a running command ends).
+  docs/MODBUS_RTU.md, "Test your application against your device's map".
+
 Example::
 
     def test_threshold(idemlink_sim):
@@ -42,9 +52,12 @@ import pytest
 if TYPE_CHECKING:
     from idemlink.device_sim.device import SimulatedDevice
     from idemlink.device_sim.link import LinkConfig
+    from idemlink.device_sim.plain_slave import Executed, PlainRtuServer
     from idemlink.device_sim.serve import LockedDevice
     from idemlink.device_sim.simlink import SimTransport
     from idemlink.host.device import Device
+    from idemlink.host.rtu_device import RtuDevice
+    from idemlink.protocol.device_core import DeviceCore, Effect
     from idemlink.protocol.registers import RegisterMap
 
 DISABLE_HINT = "disable with -p no:idemlink"
@@ -244,3 +257,188 @@ def idemlink_pty_factory(request: pytest.FixtureRequest) -> Iterator[Callable[..
 def idemlink_sim_pty(idemlink_pty_factory: Callable[..., PtySim]) -> PtySim:
     """A simulated device on a pseudo-terminal, stopped at teardown."""
     return idemlink_pty_factory()
+
+
+# --------------------------------------------------------------------- a plain Modbus RTU slave
+
+
+@dataclass(slots=True)
+class PlainSlave:
+    """A plain third-party Modbus RTU slave on a pty (``path``), served by a background thread;
+    ``server`` is the ``idemlink.device_sim.plain_slave.PlainRtuServer``. Every hook takes the
+    server's lock."""
+
+    path: str
+    server: PlainRtuServer
+    _stop: Callable[[], None]
+    opened: list[RtuDevice] = field(default_factory=list)
+
+    @property
+    def core(self) -> DeviceCore:
+        return self.server.core
+
+    @property
+    def regmap(self) -> RegisterMap:
+        return self.server.core.regmap
+
+    @property
+    def unit(self) -> int:
+        return self.server.unit
+
+    def open(self, *, timeout: float = 0.2, attempts: int = 5, unit: int | None = None,
+             ) -> RtuDevice:
+        """``RtuDevice.open`` on this pty with the slave's map (closed at teardown)."""
+        with loading("the RTU driver"):
+            from idemlink.host.rtu_device import RtuDevice
+
+        dev = RtuDevice.open(self.path, unit=self.unit if unit is None else unit,
+                             regmap=self.regmap, timeout=timeout, attempts=attempts)
+        self.opened.append(dev)
+        return dev
+
+    # faults
+    def _inject(self, name: str, **options: object) -> None:
+        from idemlink.device_sim.plain_slave import PlainFault
+
+        self.server.inject(PlainFault[name], **options)  # type: ignore[arg-type]
+
+    def drop_answer(self, times: int | None = 1, *, writes_only: bool = True) -> None:
+        """The next ``times`` writes (``writes_only=False``: requests) execute; no answer."""
+        self._inject("DROP_ANSWER", times=times, writes_only=writes_only)
+
+    def answer_late(self, seconds: float, times: int | None = 1, *,
+                    writes_only: bool = True) -> None:
+        """The next ``times`` writes execute and are answered ``seconds`` late."""
+        self._inject("LATE", times=times, writes_only=writes_only, delay=seconds)
+
+    def echo_differs(self, times: int | None = 1, *, echo: int | None = None) -> None:
+        """The next ``times`` writes execute and are echoed with another last word."""
+        self._inject("ECHO_DIFFERS", times=times, echo=echo)
+
+    def mute(self) -> None:
+        """Hear nothing from now on (nothing executed, nothing answered) until ``unmute``."""
+        self._inject("MUTE", times=None)
+
+    def unmute(self) -> None:
+        from idemlink.device_sim.plain_slave import PlainFault
+
+        with self.server.lock:
+            self.server._rules[:] = [r for r in self.server._rules
+                                     if r.fault is not PlainFault.MUTE]
+
+    def wrong_unit(self, times: int | None = None, *, unit: int | None = None) -> None:
+        """Execute, but answer as another unit id (``times`` requests; None: until cleared)."""
+        self._inject("WRONG_UNIT", times=times, unit=unit)
+
+    def clear_faults(self) -> None:
+        self.server.clear_faults()
+
+    # ground truth
+    @property
+    def executed(self) -> list[Executed]:
+        """Every request the slave executed, in order (a copy)."""
+        with self.server.lock:
+            return list(self.server.executed)
+
+    def effects(self, register: str | None = None) -> list[Effect]:
+        with self.server.lock:
+            return [e for e in self.server.core.log
+                    if register is None or e.register == register]
+
+    def starts(self, name: str) -> int:
+        """How many times the action of trigger or command register ``name`` started."""
+        from idemlink.protocol.device_core import EffectKind
+
+        with self.server.lock:
+            return self.server.core.count(EffectKind.TRIGGER_STARTED, name)
+
+    def writes(self, name: str) -> list[Executed]:
+        """The executed requests that wrote register (or coil) ``name``."""
+        from idemlink.device_sim.plain_slave import WRITE_FUNCTIONS
+
+        spec = self.regmap.named(name)
+        return [e for e in self.executed if e.function in WRITE_FUNCTIONS
+                and e.address is not None and e.exception is None
+                and spec.address <= e.address < spec.address + spec.words]
+
+    def value(self, name: str) -> int:
+        with self.server.lock:
+            return self.server.core.value(name)
+
+    # the world
+    def _now(self) -> float:
+        import time
+
+        return time.monotonic()
+
+    def set_input(self, name: str, raw: int) -> None:
+        with self.server.lock:
+            self.server.core.set_input(name, raw, self._now())
+
+    def set_condition(self, bit: str, active: bool) -> None:
+        with self.server.lock:
+            self.server.core.set_condition(bit, active, self._now())
+
+    def finish(self, name: str) -> None:
+        """The running command of COMMAND register ``name`` is done now (it reads 0)."""
+        with self.server.lock:
+            self.server.core.finish_command(name, self._now())
+
+    def close(self) -> None:
+        for dev in self.opened:
+            dev.close()
+        self._stop()
+
+
+def start_plain_slave(regmap: RegisterMap | str | None = None, *, unit: int = 1,
+                      command_seconds: float = 5.0) -> PlainSlave:
+    """Serve a plain Modbus RTU slave of ``regmap`` on a new pty; ``close()`` it."""
+    with loading("the plain Modbus RTU simulator"):
+        import time
+
+        from idemlink.device_sim.plain_slave import PlainRtuServer
+        from idemlink.device_sim.pty import open_pty
+        from idemlink.protocol.device_core import DeviceCore
+        from idemlink.protocol.registers import RegisterMap
+        from idemlink.protocol.regmap_file import resolve_regmap
+
+    rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+    core = DeviceCore(rm, trigger_duration=command_seconds, now=time.monotonic())
+    server = PlainRtuServer(core, unit=unit)
+    pair = open_pty()
+    stop = threading.Event()
+    thread = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
+    thread.start()
+
+    def shutdown() -> None:
+        stop.set()
+        thread.join(timeout=5)
+        pair.close()
+
+    return PlainSlave(pair.slave_path, server, shutdown)
+
+
+@pytest.fixture
+def idemlink_plain_slave_factory(
+        request: pytest.FixtureRequest) -> Iterator[Callable[..., PlainSlave]]:
+    """Start plain Modbus RTU slaves (``factory(regmap=..., unit=1, command_seconds=5.0)``; the
+    map defaults to the ``idemlink_regmap`` marker's); all are stopped at teardown."""
+    started: list[PlainSlave] = []
+    marked = _marked_map(request)
+
+    def factory(regmap: RegisterMap | str | None = None, *, unit: int = 1,
+                command_seconds: float = 5.0) -> PlainSlave:
+        s = start_plain_slave(regmap if regmap is not None else marked, unit=unit,
+                              command_seconds=command_seconds)
+        started.append(s)
+        return s
+
+    yield factory
+    for s in started:
+        s.close()
+
+
+@pytest.fixture
+def idemlink_plain_slave(idemlink_plain_slave_factory: Callable[..., PlainSlave]) -> PlainSlave:
+    """A plain Modbus RTU slave of the marker's map on a pty, stopped at teardown."""
+    return idemlink_plain_slave_factory()

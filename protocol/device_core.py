@@ -14,6 +14,11 @@ Contract:
 - TRIGGER registers follow ``TRIGGER_TABLE``: 1 in IDLE starts the action once (0); RUNNING ->
   0x0101, DONE -> 0x0102; 0 resets to IDLE; another value 0xFF01 (exception 03); a state outside
   the table 0xFF00 (exception 04). RUNNING lasts ``trigger_duration`` simulated seconds.
+- COMMAND registers (a plain device's command register, ``command_step``): a non-zero value
+  written while the register reads 0 starts that command once (it reads the value while the
+  action runs, ``trigger_duration`` simulated seconds, then 0); a write while it runs, and a
+  write of 0, start nothing and are answered as plain writes (echoed): a plain device keeps no
+  record a host could ask. A value above its ``max`` is exception 03.
 - Typed registers (``idemlink.protocol.datatypes``) are held word by word; a write must cover all
   the words of a value (else 02) and is checked as the type's number (03). Coils (FC01/05/15),
   discrete inputs (FC02) and the mask write (FC22, ``RegisterMap.mask_write``) are served when
@@ -138,6 +143,22 @@ TRIGGER_TABLE: dict[tuple[TriggerState, TriggerEvent],
 }
 
 
+
+def start_row(kind: RegisterKind, state: int,
+              ) -> tuple[TriggerState, TriggerAction, TriggerStatus] | None:
+    """What a start (a write of 1) does to a register of ``kind`` read as ``state``: the one
+    rule a host's trigger follows on a plain slave (read first, write only when it starts). A
+    TRIGGER follows ``TRIGGER_TABLE``; a COMMAND register starts only when it reads 0 (idle) and
+    otherwise is RUNNING (nothing is written: a command that runs is never restarted). None: a
+    state outside the table."""
+    if kind is RegisterKind.COMMAND:
+        return ((TriggerState.RUNNING, TriggerAction.START, TriggerStatus.ACCEPTED) if state == 0
+                else (TriggerState.RUNNING, TriggerAction.NONE, TriggerStatus.RUNNING))
+    if state not in {s.value for s in TriggerState}:
+        return None
+    return TRIGGER_TABLE.get((TriggerState(state), TriggerEvent.WRITE_1))
+
+
 # ---------------------------------------------------------------------------------- ground truth
 
 
@@ -146,8 +167,8 @@ class EffectKind(IntEnum):
     GENERATION = 2  #: the generation counter moved (old -> new)
     FAULT_LATCHED = 3  #: fault bits latched (old word -> new word)
     FAULT_CLEARED = 4  #: fault bits cleared by a W1C write (old word -> new word)
-    TRIGGER_STARTED = 5  #: the one-shot action started
-    TRIGGER_FINISHED = 6  #: the action completed (time = start + duration)
+    TRIGGER_STARTED = 5  #: the one-shot action (a trigger's, a COMMAND's: new = the command) started
+    TRIGGER_FINISHED = 6  #: the action completed (time = start + duration; a COMMAND reads 0)
     TRIGGER_ABORTED = 7  #: reset while RUNNING: the action was stopped
     TRIGGER_RESET = 8  #: DONE -> IDLE
     INPUT_SET = 9  #: the simulation changed a live input (sim hook, not a request)
@@ -285,6 +306,7 @@ class _Plan:
     coils: dict[int, int] = field(default_factory=dict)
     clears: dict[int, int] = field(default_factory=dict)
     triggers: dict[int, TriggerEvent] = field(default_factory=dict)
+    commands: dict[int, int] = field(default_factory=dict)  #: COMMAND registers written
     codes: dict[int, TriggerStatus] = field(default_factory=dict)
 
 
@@ -331,6 +353,8 @@ class DeviceCore:
         self._trigger = {r.address: int(TriggerState.IDLE)
                          for r in regmap.of_kind(RegisterKind.TRIGGER)}
         self._started: dict[int, float] = {}
+        self._commands = {r.address: 0 for r in regmap.of_kind(RegisterKind.COMMAND)}
+        self._command_started: dict[int, float] = {}
         if config is not None:
             self._load(config)
             self._revert_volatile(now)
@@ -399,6 +423,8 @@ class DeviceCore:
                 return self._coils[a]
             case RegisterKind.DISCRETE_INPUT:
                 return self._discretes[a]
+            case RegisterKind.COMMAND:
+                return self._commands[a]
         raise AssertionError(spec.kind)  # pragma: no cover
 
     def _word(self, spec: RegisterSpec, address: int) -> int:
@@ -423,6 +449,14 @@ class DeviceCore:
             done_at = started + self.trigger_duration
             if now >= done_at and self._trigger[address] == TriggerState.RUNNING:
                 self._trigger_step(address, TriggerEvent.FINISHED, done_at, 0, None)
+        for address, started in sorted(self._command_started.items()):
+            done_at = started + self.trigger_duration
+            if now >= done_at:
+                old = self._commands[address]
+                self._commands[address] = 0
+                del self._command_started[address]
+                self._record(done_at, EffectKind.TRIGGER_FINISHED, self._spec(address), old, 0,
+                             0, None)
         self._latch(now, 0, None)
 
     def _trigger_step(self, address: int, event: TriggerEvent, now: float, request: int,
@@ -515,6 +549,12 @@ class DeviceCore:
                         f"{spec.name}: bits 0x{value & ~spec.fault_mask:04X} not declared",
                         ModbusException.ILLEGAL_DATA_VALUE)
                 plan.clears[spec.address] = value
+            elif spec.kind is RegisterKind.COMMAND:
+                if value > spec.maximum:
+                    raise RegisterAccessError(f"{spec.name}: command {value} outside "
+                                              f"0..{spec.maximum}",
+                                              ModbusException.ILLEGAL_DATA_VALUE)
+                plan.commands[spec.address] = value
             else:  # TRIGGER
                 if value not in (0, 1):
                     raise RegisterAccessError(
@@ -573,6 +613,13 @@ class DeviceCore:
             self._move_generation(now, request, tag)
         for a, event in plan.triggers.items():
             self._trigger_step(a, event, now, request, tag)
+        for a, value in plan.commands.items():
+            row = start_row(RegisterKind.COMMAND, self._commands[a])
+            if value and row is not None and row[1] is TriggerAction.START:
+                self._commands[a] = value
+                self._command_started[a] = now
+                self._record(now, EffectKind.TRIGGER_STARTED, self._spec(a), 0, value,
+                             request, tag)
         for a, bits in plan.clears.items():
             old = self._latched[a]
             new = old & ~(bits & ~self._conditions(a))
@@ -824,6 +871,20 @@ class DeviceCore:
                     return
         raise LocalProtocolError(f"no fault bit named {bit_name!r}")
 
+    def finish_command(self, name: str, now: float) -> None:
+        """Simulation: the running command of the COMMAND register ``name`` is done now (it reads
+        0; nothing happens when none runs)."""
+        spec = self.regmap.named(name)
+        if spec.kind is not RegisterKind.COMMAND:
+            raise LocalProtocolError(f"{name} is not a COMMAND register")
+        now = self._advance(now)
+        self.tick(now)
+        if spec.address in self._command_started:
+            old = self._commands[spec.address]
+            self._commands[spec.address] = 0
+            del self._command_started[spec.address]
+            self._record(now, EffectKind.TRIGGER_FINISHED, spec, old, 0, 0, None)
+
     def force_trigger_state(self, name: str, raw: int) -> None:
         """Test hook: put a trigger in any raw state, including an impossible one."""
         spec = self.regmap.named(name)
@@ -886,6 +947,9 @@ class DeviceCore:
         for a in self._trigger:
             self._trigger[a] = int(TriggerState.IDLE)
         self._started.clear()
+        for a in self._commands:  # a reboot loses a running command: it reads 0
+            self._commands[a] = 0
+        self._command_started.clear()
         for a in self._latched:
             self._latched[a] = 0
         self._record(now, EffectKind.REBOOT, self._gen_at, self._generation, self._generation,
@@ -926,4 +990,5 @@ __all__ = [
     "SnapshotError",
     "TriggerAction",
     "TriggerEvent",
+    "start_row",
 ]

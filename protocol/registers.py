@@ -6,8 +6,9 @@ Contract (every register behaviour that a retry could make harmful is refused by
   (set-only configuration with min/max and a unit), ``FAULT`` (latched bits, write 1s to clear),
   ``TRIGGER`` (one-shot action behind IDLE -> RUNNING -> DONE), ``GENERATION`` (the read-only
   configuration generation counter, an input register), ``COIL`` (a set-only bit) or
-  ``DISCRETE_INPUT`` (a read-only bit). The framed device's register table knows the first five
-  (``CoreKind``: the C enum and the contract hash are what they were before coils).
+  ``DISCRETE_INPUT`` (a read-only bit), or ``COMMAND`` (a third-party device's command register
+  that returns to 0 when its action is done). The framed device's register table knows the first
+  five (``CoreKind``: the C enum and the contract hash are what they were before coils).
 - There is deliberately no kind for increment, toggle or read-to-clear registers: a retried write
   or a repeated read must never change the outcome. ``RegisterSpec`` refuses such kinds (and
   unknown keyword "behaviours") with ``RegisterSchemaError``.
@@ -111,6 +112,10 @@ class RegisterKind(IntEnum):
     GENERATION = 4  #: configuration generation counter; read-only, +1 per effective change
     COIL = 5  #: one set-only bit in the coil table (FC01 reads, FC05/FC15 write an absolute 0/1)
     DISCRETE_INPUT = 6  #: one read-only bit in the discrete-input table (FC02)
+    #: a plain device's command register: a non-zero value written while it reads 0 starts that
+    #: command once; it reads the value while the command runs and 0 when done; a write while
+    #: it runs starts nothing (docs/REGMAP.md, "Command registers")
+    COMMAND = 7
 
 
 class CoreKind(IntEnum):
@@ -304,9 +309,8 @@ class RegisterSpec:
                 if not isinstance(b.name, str) or not _C_SAFE_NAME.match(b.name):
                     raise RegisterSchemaError(f"{self.name}: fault bit name {b.name!r} must be a "
                                               "lower-case ASCII identifier ([a-z][a-z0-9_]*)")
-        if self.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER, RegisterKind.GENERATION) and (
-            self.default != 0
-        ):
+        if self.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER, RegisterKind.GENERATION,
+                         RegisterKind.COMMAND) and self.default != 0:
             raise RegisterSchemaError(f"{self.name}: a {self.kind.name} register starts at 0")
         for what, text in (("scale", self.scale), ("offset", self.offset)):
             if not text:
@@ -327,8 +331,8 @@ class RegisterSpec:
             if self.fields:
                 raise RegisterSchemaError(f"{self.name}: a register with bit fields has no {what}")
         if self.labels:
-            if self.kind not in (*VALUE_KINDS, *BIT_KINDS):
-                raise RegisterSchemaError(f"{self.name}: only INPUT, HOLDING, COIL and "
+            if self.kind not in (*VALUE_KINDS, *BIT_KINDS, RegisterKind.COMMAND):
+                raise RegisterSchemaError(f"{self.name}: only INPUT, HOLDING, COMMAND, COIL and "
                                           "DISCRETE_INPUT registers have labels (trigger states "
                                           "and fault bits are named)")
             if not self.dtype.is_integer:
@@ -459,7 +463,7 @@ class RegisterSpec:
         if self.dtype is DataType.STRING:
             return False
         return self.kind in (RegisterKind.HOLDING, RegisterKind.FAULT, RegisterKind.TRIGGER,
-                             RegisterKind.COIL)
+                             RegisterKind.COIL, RegisterKind.COMMAND)
 
     @property
     def plain(self) -> bool:
@@ -760,6 +764,8 @@ class RegisterSpec:
             out.update(default=self.default, persist=self.persist)
         elif self.kind is RegisterKind.DISCRETE_INPUT:
             out["default"] = self.default
+        elif self.kind is RegisterKind.COMMAND and self.maximum != hi:
+            out["max"] = self.maximum
         if self.labels:
             out["labels"] = {s: self._native_json(v) for v, s in self.labels}
         if self.kind is RegisterKind.FAULT:

@@ -86,6 +86,7 @@ _KIND_FIELDS = {
     "generation": set(),
     "coil": {"default", "labels", "persist"},
     "discrete_input": {"default", "labels"},
+    "command": {"max", "labels"},
 }
 #: Field names people reach for that would break idempotency, and why they are refused.
 _FORBIDDEN_FIELDS = {

@@ -36,7 +36,9 @@ Contract:
   the slave, which is harmless by construction, and is why only those are retried.
 - The idemlink TRIGGER function (0x42) is carried the way a plain slave can: a start (value 1)
   first reads the trigger register (FC03, a read: retried), and the device's own state machine
-  (``idemlink.protocol.device_core.TRIGGER_TABLE``) decides on the state read: IDLE -> an FC06
+  (``idemlink.protocol.device_core.start_row``: ``TRIGGER_TABLE`` for a trigger register; for a
+  plain device's COMMAND register, 0 is IDLE and any other value RUNNING) decides on the state
+  read: IDLE -> an FC06
   write of 1, sent once; RUNNING or DONE -> nothing is written and the request completes OK with
   the TRIGGER answer the device would give (code RUNNING / DONE); a state outside the table ->
   nothing written, NOT_EXECUTED. A reset (value 0) is an FC06 write of 0, sent once. A written
@@ -77,7 +79,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
-from idemlink.protocol.device_core import TRIGGER_TABLE, TriggerAction, TriggerEvent
+from idemlink.protocol.device_core import TriggerAction, start_row
 from idemlink.protocol.host_session import Completion
 from idemlink.protocol.modbus import FunctionCode, StandardFunction, answer_fits, classify_answer
 from idemlink.protocol.modbus_rtu import (
@@ -99,7 +101,6 @@ from idemlink.protocol.registers import (
     RegisterKind,
     RegisterMap,
     Space,
-    TriggerState,
     TriggerStatus,
 )
 
@@ -448,8 +449,8 @@ class RtuMaster:
                                   "nothing written")
             return
         state = int.from_bytes(pdu[2:4], "big")
-        row = (TRIGGER_TABLE.get((TriggerState(state), TriggerEvent.WRITE_1))
-               if state in set(TriggerState) else None)
+        spec = self.regmap.at(int.from_bytes(req.pdu[1:3], "big"))
+        row = start_row(spec.kind if spec is not None else RegisterKind.TRIGGER, state)
         if row is None:
             self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
                            detail=f"trigger state 0x{state:04X} is none of IDLE, RUNNING, "

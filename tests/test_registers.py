@@ -37,11 +37,12 @@ def test_schema_refuses_behaviour_options(option: str) -> None:
         register(10, "x", "holding", **{option: True})
 
 
-def test_there_are_exactly_seven_kinds_and_the_contract_knows_five() -> None:
+def test_there_are_exactly_eight_kinds_and_the_contract_knows_five() -> None:
     assert {k.name for k in RegisterKind} == {"INPUT", "HOLDING", "FAULT", "TRIGGER",
-                                              "GENERATION", "COIL", "DISCRETE_INPUT"}
+                                              "GENERATION", "COIL", "DISCRETE_INPUT", "COMMAND"}
     # the framed device's register table (C enum, contract hash) is the five it always was:
-    # coils and discrete inputs live in Modbus tables of their own, on the RTU path
+    # coils and discrete inputs live in Modbus tables of their own, on the RTU path; a plain
+    # device's COMMAND register is served by the Modbus RTU simulator only
     assert {k.name: k.value for k in CoreKind} == {
         "INPUT": 0, "HOLDING": 1, "FAULT": 2, "TRIGGER": 3, "GENERATION": 4}
     assert all(RegisterKind[k.name].value == k.value for k in CoreKind)
