@@ -28,6 +28,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -160,16 +161,21 @@ class ControlFifo:
 class Control:
     """A FIFO applied to a core: ``apply_pending(now)`` from the serve loop, between its reads."""
 
-    def __init__(self, path: str | os.PathLike[str], core: DeviceCore) -> None:
+    def __init__(self, path: str | os.PathLike[str], core: DeviceCore,
+                 extra: Callable[[str, float], bool] | None = None) -> None:
         self.fifo = ControlFifo(path)
         self.core = core
         self.refused = 0
+        #: lines of a simulator's own (``plain_slave.parse_fault_line``): True when handled
+        self.extra = extra
 
     def apply_pending(self, now: float) -> list[str]:
         """Apply every complete line; return the one-line reasons of those refused."""
         problems: list[str] = []
         for line in self.fifo.lines():
             try:
+                if self.extra is not None and self.extra(line, now):
+                    continue
                 command = parse_control_line(line, self.core.regmap)
                 if command is not None:
                     apply(self.core, command, now)

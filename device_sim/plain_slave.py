@@ -20,6 +20,11 @@ Contract:
   were never heard), in order, with the time, the request and the answer the device gave before
   any fault, the fault that changed what went on the line, and the core's ``Effect``s the
   request caused. The core's ``log`` holds the rest (a command ending, a condition).
+- ``parse_fault_line`` reads the control FIFO's fault lines for ``idemlink sim --modbus-rtu
+  --plain --control FIFO`` (docs/CLI.md): ``fault drop [TIMES]``, ``fault late SECONDS [TIMES]``,
+  ``fault echo [TIMES]``, ``fault mute``, ``fault unit [UNIT]``, ``fault clear``, and
+  ``finish ADDRESS`` (the COMMAND register's running command is done); ``on_executed`` is
+  called with each ``Executed`` (``--effects FILE`` writes them as JSON lines: ``to_json``).
 - Thread safety: ``lock`` guards the core, the faults and the log; the serving thread takes it
   for every round, a test takes it for a hook (``PlainSlave`` in ``idemlink.pytest_plugin``).
 """
@@ -27,15 +32,20 @@ Contract:
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
+from idemlink.device_sim.control import ControlError
+from idemlink.device_sim.flash import ConfigFlash
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import DeviceCore, Effect
 from idemlink.protocol.modbus import ExceptionResponse, FunctionCode, encode_response
 from idemlink.protocol.modbus_rtu import BROADCAST_UNIT, encode_rtu
 from idemlink.protocol.outcome import LocalProtocolError, ModbusException
+from idemlink.protocol.registers import RegisterKind
 
 __all__ = ["IDEMLINK_FUNCTIONS", "Executed", "FaultRule", "PlainFault", "PlainRtuServer"]
 
@@ -83,6 +93,13 @@ class Executed:
     fault: PlainFault | None  #: what changed the answer on the line (None: sent as it was)
     effects: tuple[Effect, ...]  #: what the request changed
 
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "unit": self.unit, "function": self.function,
+                "address": self.address, "request": self.request.hex(),
+                "answer": self.answer.hex(), "fault": self.fault.value if self.fault else None,
+                "effects": [{"kind": e.kind.name, "register": e.register, "old": e.old,
+                             "new": e.new} for e in self.effects]}
+
     @property
     def exception(self) -> ModbusException | None:
         if len(self.answer) >= 2 and self.answer[0] & 0x80:
@@ -96,9 +113,12 @@ class Executed:
 class PlainRtuServer(RtuServer):
     """A plain Modbus RTU slave serving ``core`` as ``unit``, with injectable faults."""
 
-    def __init__(self, core: DeviceCore, unit: int = 1, baudrate: int | None = None,
-                 char_format: CharFormat = MODBUS_CHAR_FORMAT) -> None:
-        super().__init__(core, unit=unit, baudrate=baudrate, char_format=char_format)
+    def __init__(self, core: DeviceCore, unit: int = 1, flash: ConfigFlash | None = None,
+                 baudrate: int | None = None, char_format: CharFormat = MODBUS_CHAR_FORMAT,
+                 on_executed: Callable[[Executed], None] | None = None) -> None:
+        super().__init__(core, unit=unit, flash=flash, baudrate=baudrate,
+                         char_format=char_format)
+        self.on_executed = on_executed
         self.lock = threading.RLock()
         self.executed: list[Executed] = []
         self.unheard = 0  #: requests a MUTE fault swallowed
@@ -169,14 +189,17 @@ class PlainRtuServer(RtuServer):
                 response = encode_response(ExceptionResponse(pdu[0],
                                                              ModbusException.ILLEGAL_FUNCTION))
             else:
-                response = self.core.execute(pdu, now)
+                response = self.core.execute(
+                pdu, now, persist=self._persist if self.flash is not None else None)
             effects = tuple(e for e in self.core.log[mark:] if e.request)
             broadcast = frame.unit == BROADCAST_UNIT
-            self.executed.append(Executed(
-                now, frame.unit, pdu[0] if pdu else 0,
-                int.from_bytes(pdu[1:3], "big") if len(pdu) >= 3 else None, pdu,
-                b"" if broadcast else response, None if broadcast or rule is None
-                else rule.fault, effects))
+            done = Executed(now, frame.unit, pdu[0] if pdu else 0,
+                            int.from_bytes(pdu[1:3], "big") if len(pdu) >= 3 else None, pdu,
+                            b"" if broadcast else response,
+                            None if broadcast or rule is None else rule.fault, effects)
+            self.executed.append(done)
+            if self.on_executed is not None:
+                self.on_executed(done)
             if broadcast:
                 continue
             self.answered += 1
@@ -198,3 +221,53 @@ class PlainRtuServer(RtuServer):
         else:  # WRONG_UNIT
             other = rule.unit if rule.unit is not None else self.unit % 247 + 1
             self._outgoing += encode_rtu(other, response)
+
+
+def _count(text: str, what: str) -> int:
+    if not text.isdigit() or len(text) > 9 or int(text) < 1:
+        raise ControlError(f"{what} {text!r}: give a whole number >= 1")
+    return int(text)
+
+
+def parse_fault_line(line: str, server: PlainRtuServer, now: float) -> bool:
+    """Apply one ``fault ...`` or ``finish ADDRESS`` line to ``server`` (True), or say it is not
+    one (False: another control line). ``ControlError`` for a wrong one (nothing changed)."""
+    words = line.split()
+    if not words or words[0] not in ("fault", "finish"):
+        return False
+    if words[0] == "finish":
+        if len(words) != 2 or not words[1].isdigit():
+            raise ControlError("say 'finish ADDRESS' (a COMMAND register's address)")
+        spec = server.core.regmap.at(int(words[1]))
+        if spec is None or spec.kind is not RegisterKind.COMMAND:
+            raise ControlError(f"address {words[1]} is not a COMMAND register")
+        with server.lock:
+            server.core.finish_command(spec.name, now)
+        return True
+    usage = ("say 'fault drop [TIMES]', 'fault late SECONDS [TIMES]', 'fault echo [TIMES]', "
+             "'fault mute', 'fault unit [UNIT]' or 'fault clear'")
+    rest = words[2:]
+    what = words[1] if len(words) > 1 else ""
+    if what == "clear" and not rest:
+        server.clear_faults()
+    elif what in ("drop", "echo") and len(rest) <= 1:
+        server.inject(PlainFault(what), times=_count(rest[0], "TIMES") if rest else 1)
+    elif what == "late" and 1 <= len(rest) <= 2:
+        try:
+            delay = float(rest[0])
+        except ValueError:
+            raise ControlError(f"SECONDS {rest[0]!r} is not a number") from None
+        if not 0 <= delay <= 60:
+            raise ControlError(f"SECONDS {rest[0]!r}: give 0..60")
+        server.inject(PlainFault.LATE, delay=delay,
+                      times=_count(rest[1], "TIMES") if len(rest) > 1 else 1)
+    elif what == "mute" and not rest:
+        server.inject(PlainFault.MUTE, times=None)
+    elif what == "unit" and len(rest) <= 1:
+        unit = _count(rest[0], "UNIT") if rest else None
+        if unit is not None and unit > 247:
+            raise ControlError(f"UNIT {unit} outside 1..247")
+        server.inject(PlainFault.WRONG_UNIT, times=None, unit=unit)
+    else:
+        raise ControlError(usage)
+    return True

@@ -54,6 +54,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="serve as a plain Modbus RTU slave")
+    p.add_argument("--plain", action="store_true",
+                   help="with --modbus-rtu: a plain third-party slave (no idemlink functions: "
+                        "0x41/0x42 answer exception 01); --control takes fault lines "
+                        "('fault drop', 'fault late S', 'fault echo', 'fault mute', 'fault unit', "
+                        "'fault clear', 'finish ADDRESS') and --effects records every request "
+                        "it executed")
     p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
     p.add_argument("--unit", type=int, default=None, help="Modbus unit id (default 1)")
     p.add_argument("--flash-dir", help="directory keeping the configuration (and the device id) "
@@ -136,7 +142,9 @@ class _DroppingPort:
 
 
 @contextlib.contextmanager
-def _control(args: argparse.Namespace, core: DeviceCore) -> Iterator[Callable[[float], None] | None]:
+def _control(args: argparse.Namespace, core: DeviceCore,
+             extra: Callable[[str, float], bool] | None = None,
+             ) -> Iterator[Callable[[float], None] | None]:
     """``--control FIFO``: a ``between(now)`` hook for the serve loop that applies the pipe's
     lines to ``core`` and says each refused one on stderr (the device goes on serving)."""
     if not getattr(args, "control", None):
@@ -145,7 +153,7 @@ def _control(args: argparse.Namespace, core: DeviceCore) -> Iterator[Callable[[f
     from idemlink.device_sim.control import Control, ControlError
 
     try:
-        control = Control(args.control, core)
+        control = Control(args.control, core, extra)
     except ControlError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -171,7 +179,8 @@ def _serve_until_signal(args: argparse.Namespace, serve: Callable[[ServeTranspor
         try:
             if wants_json(args):
                 print_json("idemlink.sim/1", {
-                    "port": path, "mode": "modbus-rtu" if args.modbus_rtu else "framed"})
+                    "port": path, "mode": ("modbus-rtu-plain" if getattr(args, "plain", False)
+                                           else "modbus-rtu" if args.modbus_rtu else "framed")})
             else:
                 print(path, flush=True)
             serve(transport, stop)
@@ -189,10 +198,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
                         "seconds >= 0")
     effects = getattr(args, "effects", None)
+    if getattr(args, "plain", False) and not args.modbus_rtu:
+        raise UserError("--plain is a plain Modbus RTU slave: give it with --modbus-rtu")
     if effects is not None:
-        if args.modbus_rtu:
-            raise UserError("--effects records the framed simulator's executions; it does not "
-                            "apply to --modbus-rtu")
+        if args.modbus_rtu and not getattr(args, "plain", False):
+            raise UserError("--effects records the framed simulator's executions, or with "
+                            "--modbus-rtu --plain the requests the plain slave executed; it does "
+                            "not apply to --modbus-rtu alone")
         try:
             open(effects, "a", encoding="utf-8").close()
         except OSError as exc:
@@ -235,19 +247,51 @@ def run_rtu(args: argparse.Namespace) -> int:
     from idemlink.protocol.device_core import DeviceCore, SnapshotError
 
     regmap = regmap_from(args)
-    core = DeviceCore(regmap, trigger_duration=args.trigger_duration)
+    core = DeviceCore(regmap, trigger_duration=args.trigger_duration, now=time.monotonic())
+    plain = getattr(args, "plain", False)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
         # t3.5 follows the line's baud rate and character format; a pty has no rate (1.75 ms)
-        server = RtuServer(core, unit=args.unit, flash=flash,
-                           baudrate=args.baudrate if args.port else None,
-                           char_format=CharFormat(args.bytesize, args.parity, args.stopbits))
+        options: dict[str, Any] = dict(
+            unit=args.unit, flash=flash, baudrate=args.baudrate if args.port else None,
+            char_format=CharFormat(args.bytesize, args.parity, args.stopbits))
+        if plain:
+            from idemlink.device_sim.plain_slave import PlainRtuServer
+
+            server: RtuServer = PlainRtuServer(core, on_executed=_executed_writer(args),
+                                               **options)
+        else:
+            server = RtuServer(core, **options)
         if flash is not None:  # after the saved configuration was read and checked
             flash.claim_map(regmap.name, regmap.hash.hex())
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
-    with _control(args, core) as between:
+    extra: Callable[[str, float], bool] | None = None
+    if plain:
+        from idemlink.device_sim.plain_slave import PlainRtuServer, parse_fault_line
+
+        assert isinstance(server, PlainRtuServer)
+        plain_server = server
+
+        def extra(line: str, now: float) -> bool:
+            return parse_fault_line(line, plain_server, now)
+    with _control(args, core, extra) as between:
         return _serve_until_signal(args, functools.partial(server.serve, between=between))
+
+
+def _executed_writer(args: argparse.Namespace) -> Callable[[Any], None] | None:
+    """``--effects FILE`` with ``--plain``: each executed request appended as one JSON line."""
+    if not getattr(args, "effects", None):
+        return None
+    import json
+
+    path = args.effects
+
+    def write(done: Any) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(done.to_json(), sort_keys=True) + "\n")
+
+    return write
 
 
 def run_framed(args: argparse.Namespace) -> int:
