@@ -238,3 +238,23 @@ def test_plain_needs_modbus_rtu() -> None:
     r = subprocess.run([sys.executable, "-m", "idemlink", "sim", "--plain"],
                        capture_output=True, text=True, timeout=30, check=False)
     assert r.returncode == 1 and "--plain is a plain Modbus RTU slave" in r.stderr
+
+
+def test_cli_trigger_starts_a_command_register_once(
+        slave, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from idemlink.cli import main
+
+    (tmp_path / "plain.toml").write_text(MAP, encoding="utf-8")
+    base = ["--modbus-rtu", "--port", slave.path, "--regmap", str(tmp_path / "plain.toml")]
+    assert main(["trigger", *base]) == 0  # the map's only command register: no trigger
+    assert main(["trigger", *base, "command"]) == 0
+    out = capsys.readouterr().out
+    assert "command: ACCEPTED (0x0000): started" in out
+    assert "command: RUNNING (0x0101): already running: nothing started" in out
+    assert slave.starts("command") == 1
+    assert main(["trigger", *base, "--status"]) == 0
+    assert "command: running command 1" in capsys.readouterr().out
+    sent = len(slave.executed)
+    assert main(["trigger", *base, "--reset"]) == 1
+    assert "returns to 0 by itself" in capsys.readouterr().err
+    assert len(slave.executed) == sent
