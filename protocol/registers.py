@@ -859,6 +859,10 @@ def map_defines(regs: Iterable[RegisterSpec]) -> list[CDefine]:
     regs = tuple(regs)
     words = sum(r.words for r in regs if r.space is Space.REGISTERS)
     defines: list[CDefine] = [CDefine("IDL_REG_COUNT", f"{words}u", "registers in the map")]
+    if any(r.kind is RegisterKind.COMMAND for r in regs):  # not in idl_reg_kind_t: only here
+        defines.append(CDefine("IDL_REG_KIND_COMMAND", f"{RegisterKind.COMMAND.value}u",
+                               "a plain device's command register (returns to 0 when done); "
+                               "the C reference core does not serve it"))
     for r in regs:
         unit = r.unit.replace("°", "deg ").encode("ascii", "replace").decode()
         offset = f" + {r.offset}" if r.offset else ""

@@ -258,3 +258,27 @@ def test_cli_trigger_starts_a_command_register_once(
     assert main(["trigger", *base, "--reset"]) == 1
     assert "returns to 0 by itself" in capsys.readouterr().err
     assert len(slave.executed) == sent
+
+
+def test_async_rtu_device_starts_a_command_once_too(slave) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    from idemlink.host.aio import AsyncRtuDevice
+
+    async def twice() -> tuple[int | None, int | None]:
+        async with AsyncRtuDevice.open(slave.path, regmap=RM) as dev:
+            first = await dev.trigger("command")
+            second = await dev.trigger("command")
+            return first.code, second.code
+
+    assert asyncio.run(twice()) == (TriggerStatus.ACCEPTED, TriggerStatus.RUNNING)
+    assert slave.starts("command") == 1
+
+
+def test_a_map_with_a_command_register_renders_a_header_naming_its_kind() -> None:
+    from idemlink.protocol.contract import render_map_header
+
+    header = render_map_header(RM)
+    assert header.index("#define IDL_REG_KIND_COMMAND 7u") < header.index(
+        "(uint8_t)IDL_REG_KIND_COMMAND")
+    assert "KIND_COMMAND" not in render_map_header(DEFAULT_MAP)  # earlier maps: unchanged
