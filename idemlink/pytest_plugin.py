@@ -156,16 +156,24 @@ def start_pty_sim(device: SimulatedDevice | None = None, link: LinkConfig | None
     transport: object = pair.transport()
     if link is not None:
         transport = LossyTransport(pair.transport(), Link(link))
+    shutdown = _serve_in_thread(lambda stop: serve(shared, transport, stop),  # type: ignore[arg-type]
+                                pair.close)
+    return PtySim(pair.slave_path, sim, shared, shutdown)
+
+
+def _serve_in_thread(serve: Callable[[threading.Event], object],
+                     close: Callable[[], None]) -> Callable[[], None]:
+    """Run ``serve(stop)`` in a daemon thread; the returned call stops it, then ``close()``s."""
     stop = threading.Event()
-    thread = threading.Thread(target=serve, args=(shared, transport, stop), daemon=True)
+    thread = threading.Thread(target=serve, args=(stop,), daemon=True)
     thread.start()
 
     def shutdown() -> None:
         stop.set()
         thread.join(timeout=5)
-        pair.close()
+        close()
 
-    return PtySim(pair.slave_path, sim, shared, shutdown)
+    return shutdown
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -406,15 +414,8 @@ def start_plain_slave(regmap: RegisterMap | str | None = None, *, unit: int = 1,
     core = DeviceCore(rm, trigger_duration=command_seconds, now=time.monotonic())
     server = PlainRtuServer(core, unit=unit)
     pair = open_pty()
-    stop = threading.Event()
-    thread = threading.Thread(target=server.serve, args=(pair.transport(), stop), daemon=True)
-    thread.start()
-
-    def shutdown() -> None:
-        stop.set()
-        thread.join(timeout=5)
-        pair.close()
-
+    transport = pair.transport()
+    shutdown = _serve_in_thread(lambda stop: server.serve(transport, stop), pair.close)
     return PlainSlave(pair.slave_path, server, shutdown)
 
 

@@ -63,6 +63,8 @@ MACHINES: dict[str, frozenset[str]] = {
     "idemlink.device_sim.serve.LockedDevice": frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.rtu_server.RtuServer":
         frozenset({"receive_data", "tick", "data_to_send"}),
+    "idemlink.device_sim.plain_slave.PlainRtuServer":
+        frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.LinkDirection": frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.Link": frozenset({"tick", "next_event"}),
     "idemlink.protocol.ymodem_events.MachineQueues": frozenset({"next_event", "data_to_send"}),
