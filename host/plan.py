@@ -210,7 +210,7 @@ def _step(index: int, raw: object, regmap: RegisterMap, plan: str, where: str) -
     if kind is StepKind.TRIGGER:
         if not isinstance(body, str):
             raise PlanError(f"{where}: expected {{\"trigger\": NAME}}")
-        spec = _named(regmap, body, RegisterKind.TRIGGER, where)
+        spec = _named(regmap, body, RegisterKind.TRIGGER, where, also=RegisterKind.COMMAND)
         return PlanStep(index, kind, register=spec,
                         key=step_key(KeySource.PLAN_STEP, plan, index, f"trigger:{spec.address}"))
     if not isinstance(body, dict) or len(body) != 1:
@@ -223,14 +223,17 @@ def _step(index: int, raw: object, regmap: RegisterMap, plan: str, where: str) -
                                  f"clear:{spec.address}={mask}"))
 
 
-def _named(regmap: RegisterMap, name: str, kind: RegisterKind, where: str) -> RegisterSpec:
+def _named(regmap: RegisterMap, name: str, kind: RegisterKind, where: str,
+           also: RegisterKind | None = None) -> RegisterSpec:
+    """The register ``name`` of ``kind`` (or ``also``: a trigger step also starts a plain
+    device's command register)."""
     try:
         spec = regmap.named(name)
     except KeyError:
         known = ", ".join(r.name for r in regmap.of_kind(kind)) or "none"
         raise PlanError(f"{where}: no {kind.name.lower()} register {name!r} in the map "
                         f"{regmap.name} ({kind.name.lower()} registers: {known})") from None
-    if spec.kind is not kind:
+    if spec.kind is not kind and (also is None or spec.kind is not also):
         raise PlanError(f"{where}: {spec.name} is a {spec.kind.name} register, not {kind.name}")
     return spec
 
@@ -282,6 +285,9 @@ def _writes(body: object, regmap: RegisterMap, where: str,
             raise PlanError(f"{where}: {spec.name} is a fault word: use a \"clear\" step")
         if spec.kind is RegisterKind.TRIGGER:
             raise PlanError(f"{where}: {spec.name} is a trigger: use a \"trigger\" step")
+        if spec.kind is RegisterKind.COMMAND:  # re-applied after it returned to 0: a restart
+            raise PlanError(f"{where}: {spec.name} is a command register (it returns to 0 when "
+                            "done, so writing it again starts it again): use a \"trigger\" step")
         try:
             if isinstance(value, str):  # as typed on the command line: label, unit, raw:N
                 raw = spec.raw_from_text(value)

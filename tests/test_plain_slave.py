@@ -282,3 +282,28 @@ def test_a_map_with_a_command_register_renders_a_header_naming_its_kind() -> Non
     assert header.index("#define IDL_REG_KIND_COMMAND 7u") < header.index(
         "(uint8_t)IDL_REG_KIND_COMMAND")
     assert "KIND_COMMAND" not in render_map_header(DEFAULT_MAP)  # earlier maps: unchanged
+
+
+def test_a_plan_starts_a_command_register_with_a_trigger_step_once_and_refuses_a_write_step(
+        slave, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from idemlink.cli import main
+
+    (tmp_path / "plain.toml").write_text(MAP, encoding="utf-8")
+    base = ["--modbus-rtu", "--port", slave.path, "--regmap", str(tmp_path / "plain.toml"),
+            "--device-id", "dryer-1"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "bad", "steps": [{"write": {"command": 1}}]}))
+    assert main(["apply", str(bad), *base]) == 1
+    assert "command register" in capsys.readouterr().err and slave.executed == []
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"name": "purge", "steps": [{"trigger": "command"}]}))
+    assert main(["apply", str(plan), *base]) == 0
+    assert slave.starts("command") == 1
+    assert main(["apply", str(plan), *base]) == 0  # receipted: skipped, not started again
+    assert "skipped" in capsys.readouterr().out
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"name": "again", "steps": [{"trigger": "command"}]}))
+    assert main(["apply", str(other), *base]) == 3  # NOT_EXECUTED: it runs, nothing started
+    assert "not started: the trigger is running command 1 (it returns to 0 when done)" in (
+        capsys.readouterr().out)
+    assert slave.starts("command") == 1

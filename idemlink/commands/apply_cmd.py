@@ -77,7 +77,7 @@ from idemlink.host.journal_format import JournalError, SentRecord, StepState, ch
 from idemlink.host.plan import Plan, PlanError, PlanStep, StepKind, load_plan, map_refusals
 from idemlink.output import add_json_option, emit, error_json, print_json, register_entry
 from idemlink.protocol.outcome import LocalProtocolError, Outcome
-from idemlink.protocol.registers import RegisterMap, TriggerState, TriggerStatus
+from idemlink.protocol.registers import RegisterKind, RegisterMap, TriggerState, TriggerStatus
 
 
 def register(sub: Any) -> None:
@@ -334,16 +334,20 @@ class ApplyRun:
                 return Settled(now.outcome, self.entry(step, now.outcome.name.lower(), now),
                                [f"{self.head(step)}: state read {now.describe()} "
                                 "(nothing started)"])
-            if now.values[0] != TriggerState.IDLE:
-                name = _state_name(now.values[0])
+            if now.values[0] != TriggerState.IDLE:  # a command register's idle is 0 too
+                is_command = step.register.kind is RegisterKind.COMMAND
+                name = (f"running command {now.values[0]}" if is_command
+                        else _state_name(now.values[0]))
                 e = self.entry(step, "not_executed")
                 e["registers"] = [reading_entry(step.register, now)]
                 e["result"] = {**not_sent(f"the trigger is {name}"),
                                "outcome": Outcome.NOT_EXECUTED.name,
                                "detail": f"NOT_EXECUTED (not sent: the trigger is {name})"}
+                hint = ("it returns to 0 when done" if is_command else
+                        f"`idemlink trigger {step.register.name} --reset` re-arms it")
                 return Settled(Outcome.NOT_EXECUTED, e,
                                [f"{self.head(step)}: not started: the trigger is {name} "
-                                f"(`idemlink trigger {step.register.name} --reset` re-arms it)"])
+                                f"({hint})"])
         if step.kind is StepKind.CLEAR:  # read before the step is in flight: nothing sent yet
             assert step.register is not None
             self.clear_before = self.dev.read(step.register.name)
