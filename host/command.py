@@ -411,7 +411,10 @@ class CommandBuilder:
         its words), coils at contiguous addresses in one FC05/FC15, or bit fields of one register
         in one mask write (FC22, when the map says the device takes it: ``mask_write``).
         Fault words and triggers are refused: a W1C clear or a trigger start is not harmless to
-        repeat in a new boot epoch; use ``clear_faults()`` / ``trigger()``."""
+        repeat in a new boot epoch; use ``clear_faults()`` / ``trigger()``. A plain device's
+        COMMAND register may be written (command N of several): the write is sent once, never
+        retried or re-issued (``reissuable``, ``rtu_master.retry_allowed``); ``trigger()``
+        starts it the safe way (read first)."""
         specs = [self.spec(key) for key in values]
         for spec in specs:
             if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
