@@ -84,10 +84,8 @@ PENDING: dict[str, str] = {}
 """Machines whose conversion lands with other work (name -> what still differs); none now."""
 
 SHELLS = frozenset({"idemlink.device_sim.link_proxy._End", "idemlink.device_sim.link_proxy._FdEnd",
-                    "idemlink.device_sim.link_proxy._UrlEnd",
-                    "idemlink.device_sim.control.Control"})
-"""I/O ends, not machines: their ``send`` writes to a file descriptor or a port; ``Control.poll``
-reads its named pipe (the rule it applies is ``parse_control_line``, sans I/O)."""
+                    "idemlink.device_sim.link_proxy._UrlEnd"})
+"""I/O ends, not machines: their ``send`` writes to a file descriptor or a port."""
 
 
 def _qualname(cls: type) -> str:
