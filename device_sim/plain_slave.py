@@ -141,9 +141,10 @@ class PlainRtuServer(RtuServer):
         with self.lock:
             self._rules.append(FaultRule(fault, times, writes_only, delay, unit, echo))
 
-    def clear_faults(self) -> None:
+    def clear_faults(self, fault: PlainFault | None = None) -> None:
+        """Forget the faults still to apply (only those of ``fault`` when given)."""
         with self.lock:
-            self._rules.clear()
+            self._rules[:] = [r for r in self._rules if fault is not None and r.fault is not fault]
 
     def _take(self, pdu: bytes) -> FaultRule | None:
         for rule in self._rules:

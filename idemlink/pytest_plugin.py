@@ -330,9 +330,7 @@ class PlainSlave:
     def unmute(self) -> None:
         from idemlink.device_sim.plain_slave import PlainFault
 
-        with self.server.lock:
-            self.server._rules[:] = [r for r in self.server._rules
-                                     if r.fault is not PlainFault.MUTE]
+        self.server.clear_faults(PlainFault.MUTE)
 
     def wrong_unit(self, times: int | None = None, *, unit: int | None = None) -> None:
         """Execute, but answer as another unit id (``times`` requests; None: until cleared)."""
