@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.pymodbus_serial import BackgroundSerialServer
 from support.rtu import (
     FAULTS,
     GEN,
@@ -497,7 +497,6 @@ class PymodbusSlave:
     dropped."""
 
     def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
-        from pymodbus.server import ModbusSerialServer
         from pymodbus.simulator import DataType, SimData, SimDevice
 
         self.writes: list[tuple[int, list[int]]] = []
@@ -526,26 +525,10 @@ class PymodbusSlave:
 
         device = SimDevice(1, simdata=[SimData(0, values=list(self.values),
                                                datatype=DataType.REGISTERS)], action=action)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        async def serve() -> None:  # the server binds to the running loop
-            self.server = ModbusSerialServer(device, port=path, baudrate=115200,
-                                             trace_packet=trace)
-            ready.set()
-            await self.server.serve_forever()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(serve())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(5)
+        self.background = BackgroundSerialServer(device, path, trace)
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(5)
-        self.thread.join(5)
+        self.background.close()
 
 
 @pytest.fixture

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support.pymodbus_serial import BackgroundSerialServer
 from support.timing import scaled
 
 from idemlink.cli import main
@@ -149,7 +149,6 @@ class Boiler:
     executed; ``drop(frame)`` loses an answer (the write still ran)."""
 
     def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
-        from pymodbus.server import ModbusSerialServer
         from pymodbus.simulator import DataType, SimData, SimDevice
 
         self.writes: list[tuple[int, int, list[Any]]] = []
@@ -172,26 +171,10 @@ class Boiler:
             [SimData(0, values=[True], datatype=DataType.BITS)],
             [SimData(HOLDINGS, values=holdings, datatype=DataType.REGISTERS)],
             [SimData(INPUTS, values=inputs, datatype=DataType.REGISTERS)]), action=action)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        async def serve() -> None:
-            self.server = ModbusSerialServer(device, port=path, baudrate=115200,
-                                             trace_packet=trace)
-            ready.set()
-            await self.server.serve_forever()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(serve())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(5)
+        self.background = BackgroundSerialServer(device, path, trace)
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(5)
-        self.thread.join(5)
+        self.background.close()
 
 
 @pytest.fixture
