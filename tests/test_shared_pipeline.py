@@ -540,3 +540,49 @@ def test_an_interrupted_waiting_thread_settles_its_own_command_only() -> None:
         pty.close()
     assert writes_of(device, 6) == [55]
     assert sum(is_read_of(6)(e.request) for e in device.executions) == 1  # only the last one
+
+
+def test_an_interrupted_driving_thread_stops_the_loop_under_every_thread() -> None:
+    """Ctrl-C (SIGINT) reaches the main thread while it drives the shared loop for its own write
+    (answer lost) and another thread's read waits behind that write: the write settles UNKNOWN
+    (CANCELLED) and blocks the handle, the waiting thread gets ``LinkLost`` carrying its own read
+    settled NOT_EXECUTED (never sent), and the device's record shows the write ran once and the
+    read never did (docs/API.md, "Concurrent callers")."""
+    device = MutedFor(is_write_to(6), seed=53)
+    pty = start_pty_sim(device)
+    try:
+        with Device.open(pty.path, max_inflight=8, timeout=scaled(1.0), attempts=50) as dev:
+            other: list[BaseException] = []
+
+            def reader() -> None:
+                try:
+                    dev.read("fan_setpoint")  # conflicts with the write out: held
+                except BaseException as exc:  # reported by the main thread
+                    other.append(exc)
+
+            def interrupt() -> None:
+                assert device.out.wait(scaled(10.0))
+                b.start()
+                wait_until(lambda: dev._shared.pipe is not None and dev._shared.pipe.held,
+                           what="the other thread's read held behind the write")
+                signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+            b = threading.Thread(target=reader)
+            helper = threading.Thread(target=interrupt)
+            helper.start()
+            with pytest.raises(KeyboardInterrupt) as caught:
+                dev.write({"fan_setpoint": 56})  # the main thread drives: its answer is lost
+            helper.join(scaled(10.0))
+            b.join(scaled(10.0))
+            assert not b.is_alive()
+            mine = caught.value.settled_results  # type: ignore[attr-defined]
+            assert [(r.outcome, r.status) for r in mine] == [(Outcome.UNKNOWN, Status.CANCELLED)]
+            assert len(other) == 1 and isinstance(other[0], LinkLost), other
+            assert [(r.outcome, r.status) for r in other[0].results] == \
+                [(Outcome.NOT_EXECUTED, None)]
+            with pytest.raises(UnknownOutstanding):
+                dev.read("fan_setpoint")
+    finally:
+        pty.close()
+    assert writes_of(device, 6) == [56]
+    assert not any(is_read_of(6)(e.request) for e in device.executions)
