@@ -364,6 +364,24 @@ def report_single(m: dict[str, float], runs: int) -> None:
           f"pipeline / stop-and-wait = {m['pipeline'] / m['stop_and_wait']:.2f}x")
 
 
+def single_table(rows: list[dict[str, float]]) -> None:
+    """Write the one-device table of bench/PIPELINE.md (``bench_pipeline_single`` markers) from
+    the medians just measured (or saved in pipeline_results.json by the last measuring run)."""
+    ob = full_duplex_bound(frame_sizes())
+    body = []
+    for m in rows:
+        p, y = m["pipeline"], m["pipeline_yardstick"]
+        body.append([f"{m['latency_ms']:.0f} ms", f"{p:.1f}/s = {p / ob:.1%}",
+                     f"{y:.1f}/s = {y / ob:.1%}", f"{m['batches16']:.1f}/s = {m['batches16'] / ob:.1%}",
+                     f"{m['stop_and_wait']:.1f}/s", f"{m['pymodbus']:.1f}/s",
+                     f"{p / m['pymodbus']:.2f}x"])
+    head = ["one-way latency", "continuous pipeline (emulator)", "same (yardstick)",
+            "`run()` in batches of 16", "stop-and-wait", "pymodbus RTU", "pipeline / pymodbus"]
+    text = (f"Full-duplex bound {ob:.1f} reads/s; medians of the runs saved in "
+            f"bench/pipeline_results.json.\n\n" + markdown_table(head, body))
+    replace_between_markers(DOC, "bench_pipeline_single", text)
+
+
 def plot(rows: list[dict[str, float]], out: Path) -> None:
     import matplotlib
 
@@ -413,6 +431,8 @@ def main() -> None:
         saved.write_text(json.dumps(rows, indent=1) + "\n")
     elif args.plot and saved.exists():  # redraw the last measured figures
         rows = json.loads(saved.read_text())
+    if rows:
+        single_table(rows)
     if args.plot and rows:
         out = HERE / "pipeline.png"
         plot(rows, out)

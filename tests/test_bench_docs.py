@@ -47,9 +47,12 @@ def test_the_docs_carry_the_benchmark_markers(doc: str, name: str) -> None:
     assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
 
 
-def test_pipeline_md_carries_the_shared_pipeline_markers() -> None:
-    """bench/bench_pipeline.py --tasks rewrites the many-tasks table of bench/PIPELINE.md."""
+@pytest.mark.parametrize("name", ["bench_pipeline_tasks", "bench_pipeline_single"])
+def test_pipeline_md_carries_the_benchmark_markers(name: str) -> None:
+    """bench/bench_pipeline.py rewrites the one-device table (from every measuring run, or from
+    the saved medians with ``--skip-single --plot``) and the many-tasks table (``--tasks``) of
+    bench/PIPELINE.md."""
     text = (ROOT / "bench" / "PIPELINE.md").read_text(encoding="utf-8")
-    begin, end = _docs_table().markers("bench_pipeline_tasks")
+    begin, end = _docs_table().markers(name)
     assert text.count(begin) == 1 and text.count(end) == 1 and text.index(begin) < text.index(end)
-    assert "bench_pipeline_tasks" in (ROOT / "bench" / "bench_pipeline.py").read_text()
+    assert f'"{name}"' in (ROOT / "bench" / "bench_pipeline.py").read_text()
