@@ -15,6 +15,11 @@ The suite starts a few hundred Python children (``python -m idemlink ...``). Whe
 (about a third of a CLI child's CPU time); the children get a byte-code cache of their own
 instead, in a temporary directory (``PYTHONPYCACHEPREFIX``), so nothing is written next to the
 sources and the directory goes away with the session.
+
+Property tests (Hypothesis) run without a per-example deadline and without the "too slow" health
+check: both measure wall-clock time, which a busy machine (two cores, another suite running)
+stretches past Hypothesis's defaults, and a test must not fail for the machine's load. What a
+property test checks is the property; speed is measured in bench/.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ import signal
 import tempfile
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("idemlink", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("idemlink")
 
 _PYCACHE_ENV = ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")
 _saved_env: dict[str, str | None] = {}
