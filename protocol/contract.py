@@ -131,17 +131,76 @@ def golden_vectors() -> list[dict[str, Any]]:
         ("zeros_payload", FrameType.REQUEST, 0, 0, bytes(20), 0),
         ("long_payload", FrameType.RESPONSE, 300, 42, bytes(range(256)) + bytes(range(256)), 0),
     ]
-    out = []
+    out: list[dict[str, Any]] = []
     for name, ft, seq, epoch, payload, flags in cases:
         out.append({
             "name": name, "type": ft.name, "flags": flags, "epoch": epoch, "seq": seq,
             "payload": payload.hex(), "wire": encode_frame(ft, seq, epoch, payload, flags).hex(),
         })
+    return out + extended_vectors()
+
+
+#: The fixed key of the authenticated golden frames (a test key, never a device's).
+TEST_MAC_KEY = bytes(range(32))
+
+
+def extended_vectors() -> list[dict[str, Any]]:
+    """Golden addressed, broadcast and authenticated frames: the frames above gain ``address``
+    and, for a tag, ``key`` (hex), ``tag_len`` and ``direction``; ``wire`` is still the whole
+    answer. Appended after the first contract's frames, whose entries stay byte for byte."""
+    from idemlink.protocol.frame import Direction, Flags, FrameType, MacKey, encode_frame
+
+    h2d, d2h = Direction.HOST_TO_DEVICE, Direction.DEVICE_TO_HOST
+    cases: list[tuple[str, FrameType, int, int, bytes, int, int | None, int, Direction | None]] = [
+        ("addressed_request", FrameType.REQUEST, 1, 0x12345678, bytes.fromhex("030000000a"), 0,
+         7, 0, None),
+        ("addressed_hello", FrameType.HELLO, 0, 0, b"", 0, 247, 0, None),
+        ("broadcast_write", FrameType.REQUEST, 9, 0, bytes.fromhex("060001002a"), 0, 0, 0, None),
+        ("addressed_response_replay", FrameType.RESPONSE, 7, 0xCAFEBABE,
+         bytes.fromhex("0006000a001e"), int(Flags.REPLAY), 12, 0, None),
+        ("mac8_request", FrameType.REQUEST, 1, 0x12345678, bytes.fromhex("030000000a"), 0,
+         None, 8, h2d),
+        ("mac8_response", FrameType.RESPONSE, 1, 0x12345678, bytes.fromhex("0003020015"), 0,
+         None, 8, d2h),
+        ("mac16_request_retransmit", FrameType.REQUEST, 7, 0xCAFEBABE,
+         bytes.fromhex("06000a001e"), int(Flags.RETRANSMIT), None, 16, h2d),
+        ("addressed_mac8_request", FrameType.REQUEST, 2, 0x0BADF00D, bytes.fromhex("0400000001"),
+         0, 5, 8, h2d),
+        ("addressed_mac16_response", FrameType.RESPONSE, 2, 0x0BADF00D,
+         bytes.fromhex("00040200ff"), 0, 5, 16, d2h),
+        ("broadcast_mac8_write", FrameType.REQUEST, 10, 0, bytes.fromhex("060001002a"), 0, 0, 8,
+         h2d),
+        ("mac8_long_payload", FrameType.RESPONSE, 300, 42, bytes(range(256)) * 2, 0, 3, 8, d2h),
+    ]
+    out: list[dict[str, Any]] = []
+    for name, ft, seq, epoch, payload, flags, address, tag_len, direction in cases:
+        key = MacKey(TEST_MAC_KEY, tag_len) if tag_len else None
+        wire = encode_frame(ft, seq, epoch, payload, flags, address=address, key=key,
+                            direction=direction)
+        vec: dict[str, Any] = {"name": name, "type": ft.name, "flags": flags, "epoch": epoch,
+                               "seq": seq, "payload": payload.hex(), "address": address}
+        if key is not None and direction is not None:
+            vec.update(key=TEST_MAC_KEY.hex(), tag_len=tag_len, direction=direction.name)
+        vec["wire"] = wire.hex()
+        out.append(vec)
     return out
 
 
+def session_key_vectors() -> list[dict[str, Any]]:
+    """Golden key derivations (``derive_session_key``), point to point and addressed."""
+    from idemlink.protocol.frame import derive_session_key
+
+    cases = [("point_to_point", bytes(range(16)), bytes(range(16, 32)), b"sim-0001", None),
+             ("addressed", bytes(16), bytes([0xFF]) * 16, b"", 7)]
+    return [{"name": name, "long_term_key": TEST_MAC_KEY.hex(), "host_nonce": hn.hex(),
+             "device_nonce": dn.hex(), "device_id": did.hex(), "address": addr,
+             "session_key": derive_session_key(TEST_MAC_KEY, hn, dn, did, addr).hex()}
+            for name, hn, dn, did, addr in cases]
+
+
 def render_vectors() -> str:
-    return json.dumps({"frames": golden_vectors()}, indent=1) + "\n"
+    return json.dumps({"frames": golden_vectors(), "session_keys": session_key_vectors()},
+                      indent=1) + "\n"
 
 
 def render_map_header(regmap: RegisterMap) -> str:

@@ -168,6 +168,12 @@ class DeviceSession:
         return out
 
     def _handle_frame(self, frame: Frame, now: float) -> bytes:
+        if frame.address is not None or frame.tag is not None:
+            # A bus device's or a keyed device's frame: this device has neither an address nor
+            # a key yet, so it stays silent, like a device of the first contract (an answer
+            # could collide on a bus; an unverified tag proves nothing).
+            self.counters["unexpected_frames"] += 1
+            return b""
         if frame.type is FrameType.REQUEST:
             disposition, wire = self._request(frame, now)
             self.counters[disposition.value] += 1

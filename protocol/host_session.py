@@ -335,6 +335,8 @@ class HostSession:
                 self.counters.decode_errors += 1
                 if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
                     self._foreign_version = ev.detail
+            elif ev.address is not None or ev.tag is not None:
+                self.counters.late_answers += 1  # not this point-to-point session's (yet)
             elif ev.type is FrameType.RESPONSE:
                 self._on_response(ev, now)
             elif ev.type is FrameType.HELLO_REPLY:

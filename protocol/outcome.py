@@ -59,6 +59,7 @@ class Status(IntEnum):
     IDEMPOTENCY_CONFLICT = 0x11
     GUARD_FAILED = 0x12
     BUSY = 0x13
+    AUTHENTICATION_REQUIRED = 0x14
     TOO_OLD = 0x20
     ANSWER_EVICTED = 0x21
     UNSUPPORTED = 0x30
@@ -107,6 +108,12 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
     ),
     Status.BUSY: StatusInfo(
         Outcome.NOT_EXECUTED, Action.SAFE_TO_RETRY, "device busy (e.g. in a file transfer)"
+    ),
+    Status.AUTHENTICATION_REQUIRED: StatusInfo(
+        Outcome.NOT_EXECUTED,
+        Action.DO_NOT_RETRY,
+        "the device is keyed and the request carried no valid MAC; nothing executed "
+        "(authenticate the session, then send it)",
     ),
     Status.TOO_OLD: StatusInfo(
         Outcome.UNKNOWN,

@@ -248,11 +248,15 @@ def _corrupt(rng: random.Random, wire: bytes) -> bytes:
         return bytes(raw[:rng.randrange(1, len(raw))])
     if how == 2:  # no delimiter for longer than the decoder holds
         return b"\x00" + bytes(rng.randrange(1, 256) for _ in range(MAX_ENCODED + rng.randrange(1, 40)))
-    if how == 3:  # another version, unknown type or flag, bad length (valid CRC)
-        ftype, flags, version, pl = rng.choice([(3, 0, 2, b"\x03"), (9, 0, 1, b""),
-                                                (3, 0x80, 1, b"ab"), (3, 0x04, 1, b"")])
-        raw2 = build_raw(ftype, 1, 0, pl, flags, version=version,
-                         auth_tag=bytes(8) if flags & 0x80 else None)
+    if how == 3:  # another version, unknown type or flag, bad length (valid CRC); addressed
+        # (good and reserved addresses) and tagged frames, which this revision's devices ignore
+        ftype, flags, version, pl, address, tag = rng.choice([
+            (3, 0, 2, b"\x03", None, None), (9, 0, 1, b"", None, None),
+            (3, 0x10, 1, b"", None, None), (3, 0x40, 1, b"ab", None, None),
+            (3, 0x04, 1, b"\x03", rng.choice([0, 1, 7, 247, 248, 255]), None),
+            (1, 0x04, 1, b"", 9, None), (3, 0x80, 1, b"ab", None, bytes(8)),
+            (3, 0xC4, 1, b"ab", 5, bytes(16)), (9, 0x04, 1, b"", 3, None)])
+        raw2 = build_raw(ftype, 1, 0, pl, flags, version=version, auth_tag=tag, address=address)
         return b"\x00" + cobs.encode(raw2) + b"\x00"
     return rng.randbytes(rng.randrange(1, 20))  # garbage
 
@@ -403,7 +407,8 @@ def test_the_streams_reach_every_answer(clib: ctypes.CDLL) -> None:
                  "hello", "unexpected_frames", "decode_errors"):
         assert sessions[name] > 0, name
     for kind in DecodeErrorKind:
-        assert decoder[kind.name] > 0, kind.name
+        if kind is not DecodeErrorKind.BAD_MAC:  # needs a session key: neither device has one
+            assert decoder[kind.name] > 0, kind.name
     for key in [(0x80, code) for code in (1, 2, 3, 4)] + [
             (0x42, code) for code in (0, 0x0101, 0x0102, 0xFF00, 0xFF01)] + [(0x41, 0), (0x41, 0x12)]:
         assert pdus[key] > 0, key

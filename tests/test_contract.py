@@ -84,12 +84,13 @@ def test_host_local_statuses_added_later_leave_the_contract_hash_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host-local status added after the first devices were built (ANSWER_MISMATCH) never
     travels: adding it must not make those devices incompatible, so the hash is the one they
-    carry (44d2f2230a344059, the committed header's since before it). A wire status, or one of
-    the local statuses hashed from the start, does change the hash."""
+    carry (c9e3c71f75540d77 since the addressed/authenticated frame revision; 44d2f2230a344059
+    before it, from before ANSWER_MISMATCH to that revision). A wire status, or one of the local
+    statuses hashed from the start, does change the hash."""
     from idemlink.protocol import outcome
 
     before = contract.contract_hash()
-    assert before.hex() == "44d2f2230a344059"
+    assert before.hex() == "c9e3c71f75540d77"
     first = {s: i for s, i in outcome.STATUS_TABLE.items()
              if s < outcome.FIRST_LOCAL_STATUS or s in outcome.HASHED_LOCAL_STATUSES}
     monkeypatch.setattr(outcome, "STATUS_TABLE", first)

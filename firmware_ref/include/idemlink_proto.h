@@ -6,24 +6,36 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "44d2f2230a344059"
-#define IDL_CONTRACT_HASH_BYTES { 0x44u, 0xD2u, 0xF2u, 0x23u, 0x0Au, 0x34u, 0x40u, 0x59u }
+#define IDL_CONTRACT_HASH "c9e3c71f75540d77"
+#define IDL_CONTRACT_HASH_BYTES { 0xC9u, 0xE3u, 0xC7u, 0x1Fu, 0x75u, 0x54u, 0x0Du, 0x77u }
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
 #define IDL_SEQ_BITS 32u /**< width of the sequence number */
 #define IDL_HEADER_LEN 13u /**< header bytes before the payload */
 #define IDL_MAX_PAYLOAD 512u /**< largest payload */
-#define IDL_AUTH_TAG_LEN 8u /**< truncated MAC trailer (flag AUTH, reserved) */
+#define IDL_AUTH_TAG_LEN 8u /**< MAC tag with flag AUTH */
+#define IDL_AUTH_TAG_LONG_LEN 16u /**< MAC tag with AUTH | AUTH_LONG */
+#define IDL_ADDRESS_LEN 1u /**< address byte with flag ADDRESSED */
+#define IDL_OFF_ADDRESS 13u /**< offset of the address (flag ADDRESSED) */
+#define IDL_BROADCAST_ADDRESS 0u /**< every device acts, none answers */
+#define IDL_MIN_ADDRESS 1u /**< lowest device address */
+#define IDL_MAX_ADDRESS 247u /**< highest device address */
+#define IDL_KDF_ADDRESS_NONE 0xFFu /**< address byte of a point-to-point session's key derivation */
+#define IDL_KEY_LEN 32u /**< long-term and session key bytes (BLAKE2s) */
+#define IDL_NONCE_LEN 16u /**< HELLO nonce bytes, each side */
+#define IDL_KDF_LABEL "idemlink session key v1" /**< key derivation label */
 #define IDL_CRC_LEN 4u /**< CRC-32C trailer */
-#define IDL_MAX_FRAME 537u /**< largest frame before COBS */
-#define IDL_MAX_ENCODED 540u /**< largest COBS-encoded frame (decoder buffer) */
+#define IDL_MAX_FRAME 546u /**< largest frame before COBS */
+#define IDL_MAX_ENCODED 549u /**< largest COBS-encoded frame (decoder buffer) */
 #define IDL_CRC_POLY 0x1EDC6F41u /**< CRC-32C (Castagnoli), normal form */
 #define IDL_CRC_INIT 0xFFFFFFFFu /**< initial value */
 #define IDL_CRC_XOROUT 0xFFFFFFFFu /**< final xor */
 #define IDL_CRC_REFLECTED 1u /**< input and output reflected */
 #define IDL_CRC_CHECK 0xE3069283u /**< CRC of the ASCII bytes 123456789 */
-#define IDL_KNOWN_FLAGS 0x03u /**< flags accepted by this version */
+#define IDL_KNOWN_FLAGS 0xC7u /**< flags accepted by this version */
+#define IDL_LAYOUT_FLAGS 0xC4u /**< flags that add an address or a tag */
+#define IDL_DECODE_COUNTERS 9u /**< decoder counters: [0] frames, [IDL_DECODE_*] refusals */
 #define IDL_OFF_VERSION 0u /**< offset of version */
 #define IDL_SIZE_VERSION 1u /**< size of version */
 #define IDL_OFF_TYPE 1u /**< offset of type */
@@ -47,6 +59,8 @@ typedef enum {
 typedef enum {
     IDL_FLAG_RETRANSMIT = 1,
     IDL_FLAG_REPLAY = 2,
+    IDL_FLAG_ADDRESSED = 4,
+    IDL_FLAG_AUTH_LONG = 64,
     IDL_FLAG_AUTH = 128
 } idl_flags_t;
 /** decoder errors */
@@ -56,8 +70,15 @@ typedef enum {
     IDL_DECODE_UNKNOWN_VERSION = 3,
     IDL_DECODE_UNKNOWN_TYPE = 4,
     IDL_DECODE_UNKNOWN_FLAGS = 5,
-    IDL_DECODE_MALFORMED = 6
+    IDL_DECODE_MALFORMED = 6,
+    IDL_DECODE_BAD_ADDRESS = 7,
+    IDL_DECODE_BAD_MAC = 8
 } idl_decode_error_t;
+/** first byte under the MAC */
+typedef enum {
+    IDL_DIR_HOST_TO_DEVICE = 1,
+    IDL_DIR_DEVICE_TO_HOST = 2
+} idl_direction_t;
 
 /* ---- outcome ---- */
 #define IDL_FIRST_LOCAL_STATUS 0xE0u /**< status codes from here are host-local */
@@ -82,6 +103,7 @@ typedef enum {
     IDL_STATUS_IDEMPOTENCY_CONFLICT = 17,
     IDL_STATUS_GUARD_FAILED = 18,
     IDL_STATUS_BUSY = 19,
+    IDL_STATUS_AUTHENTICATION_REQUIRED = 20,
     IDL_STATUS_TOO_OLD = 32,
     IDL_STATUS_ANSWER_EVICTED = 33,
     IDL_STATUS_UNSUPPORTED = 48,

@@ -4,17 +4,22 @@
  *        protocol/frame.py and protocol/cobs.py.
  *
  * Frame (little-endian): version u8 | type u8 | flags u8 | epoch u32 | seq u32 | length u16 |
- * payload | crc32c u32, sent as 00 COBS(frame) 00.
+ * [address u8 if IDL_FLAG_ADDRESSED] | payload | [tag 8 or 16 if IDL_FLAG_AUTH] | crc32c u32,
+ * sent as 00 COBS(frame) 00. Without ADDRESSED and AUTH, the first contract's frame exactly.
  *
  * Decoder: one fixed buffer of IDL_MAX_ENCODED bytes, fed one byte at a time. A 0x00 ends a
  * segment; an empty segment is ignored; a segment that would exceed IDL_MAX_ENCODED is refused
  * OVERSIZE once and the bytes up to the next 0x00 are dropped. A finished segment is checked in
  * this order (the first failing rule is the refusal, counted in `counters`):
  * invalid COBS -> MALFORMED; shorter than header + CRC -> MALFORMED; CRC -> BAD_CRC;
- * version -> UNKNOWN_VERSION; flags outside IDL_KNOWN_FLAGS -> UNKNOWN_FLAGS; length field not
- * equal to the frame's size -> MALFORMED; type -> UNKNOWN_TYPE. The length field is read only
- * after the CRC passed. A decoded frame's payload points into the decoder's buffer and is valid
- * until the next byte is fed.
+ * version -> UNKNOWN_VERSION; flags outside IDL_KNOWN_FLAGS -> UNKNOWN_FLAGS; AUTH_LONG without
+ * AUTH, or the length field (plus address and tag) not equal to the frame's size -> MALFORMED;
+ * address 248..255 -> BAD_ADDRESS; type -> UNKNOWN_TYPE. The length field is read only after
+ * the CRC passed. A decoded frame's payload (and tag) points into the decoder's buffer and is
+ * valid until the next byte is fed.
+ *
+ * The MAC is not verified here yet (this C core has no key: BAD_MAC is never produced); the tag
+ * is exposed, unverified, and idl_session ignores every ADDRESSED or AUTH frame silently.
  */
 #ifndef IDL_FRAME_H
 #define IDL_FRAME_H
@@ -25,7 +30,7 @@
 
 #include "idemlink_proto.h"
 
-#if IDL_HEADER_LEN != 13u || IDL_CRC_LEN != 4u
+#if IDL_HEADER_LEN != 13u || IDL_CRC_LEN != 4u || IDL_OFF_ADDRESS != IDL_HEADER_LEN
 #error "idl_frame.c implements the 13-byte header and the 4-byte CRC of protocol version 1"
 #endif
 #if IDL_MAX_ENCODED < IDL_MAX_FRAME + 1u || IDL_MAX_ENCODED > 65535u
@@ -37,9 +42,13 @@
 /** Smallest frame: header and CRC, no payload. */
 #define IDL_MIN_FRAME (IDL_HEADER_LEN + IDL_CRC_LEN)
 
-/** Decoder events: 0 nothing yet, IDL_DECODE_* (1..6) a refusal, IDL_FRAME_READY a frame. */
+/** Decoder events: 0 nothing yet, IDL_DECODE_* (1..IDL_DECODE_COUNTERS-1) a refusal,
+ * IDL_FRAME_READY a frame. */
 #define IDL_FRAME_NONE 0
-#define IDL_FRAME_READY 7
+#define IDL_FRAME_READY 0x40
+#if IDL_DECODE_COUNTERS > IDL_FRAME_READY
+#error "IDL_FRAME_READY must be above every IDL_DECODE_* value"
+#endif
 /** Index of the frames counter in idl_frame_decoder_t.counters (the others: IDL_DECODE_*). */
 #define IDL_FRAME_COUNT_FRAMES 0u
 
@@ -51,11 +60,15 @@ typedef struct {
     uint32_t epoch;
     uint32_t seq;
     const uint8_t *payload;
+    uint8_t addressed; /**< 1 if flags & IDL_FLAG_ADDRESSED: `address` is meaningful */
+    uint8_t address;   /**< 0 broadcast, 1..247 a device (when addressed) */
+    uint8_t tag_len;   /**< 0 without AUTH, else IDL_AUTH_TAG_LEN or IDL_AUTH_TAG_LONG_LEN */
+    const uint8_t *tag; /**< the MAC tag, unverified (NULL without AUTH) */
 } idl_frame_t;
 
 /** Streaming decoder state (caller-owned; one per port). */
 typedef struct {
-    uint32_t counters[7]; /**< [0] frames, [IDL_DECODE_*] refusals */
+    uint32_t counters[IDL_DECODE_COUNTERS]; /**< [0] frames, [IDL_DECODE_*] refusals */
     uint16_t len;         /**< bytes held */
     uint8_t discarding;   /**< dropping bytes until the next 0x00 */
     uint8_t buf[IDL_MAX_ENCODED];
@@ -69,13 +82,30 @@ void idl_frame_decoder_reset(idl_frame_decoder_t *d);
 /** Feed one byte: IDL_FRAME_NONE, a refusal IDL_DECODE_*, or IDL_FRAME_READY with *out filled. */
 int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *out);
 
+/** `address` of idl_frame_encode_addressed for a point-to-point frame (no ADDRESSED). */
+#define IDL_FRAME_NO_ADDRESS 0xFFFFu
+
 /**
- * Encode a frame into `wire` (capacity IDL_WIRE_MAX): 00 COBS(header | payload | crc) 00.
- * `payload` may point into `wire` itself at or after offset IDL_WIRE_MAX - IDL_CRC_LEN - len
- * (it is moved into place first). Returns the wire length, 0 if len > IDL_MAX_PAYLOAD.
+ * Encode a frame into `wire` (capacity IDL_WIRE_MAX): 00 COBS(header | [address] | payload |
+ * crc) 00, with ADDRESSED and the address byte unless `address` is IDL_FRAME_NO_ADDRESS (0
+ * broadcast, 1..247 a device). `payload` may point into `wire` itself at or after offset
+ * IDL_WIRE_MAX - IDL_CRC_LEN - len (it is moved into place first). Returns the wire length, 0 if
+ * len > IDL_MAX_PAYLOAD, the address is 248..IDL_FRAME_NO_ADDRESS-1 or `flags` holds a layout
+ * flag (ADDRESSED, AUTH, AUTH_LONG: no MAC in this C core yet).
  */
-size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epoch,
-                        uint32_t seq, const uint8_t *payload, size_t len);
+size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
+                                  uint32_t epoch, uint32_t seq, const uint8_t *payload,
+                                  size_t len);
+
+/** A point-to-point frame (the first contract's layout): idl_frame_encode_addressed without an
+ * address. */
+static inline size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags,
+                                      uint32_t epoch, uint32_t seq, const uint8_t *payload,
+                                      size_t len)
+{
+    return idl_frame_encode_addressed(wire, IDL_FRAME_NO_ADDRESS, type, flags, epoch, seq,
+                                      payload, len);
+}
 
 /** COBS decode in place (out <= in); returns the decoded length or -1 for invalid COBS. */
 int idl_cobs_decode_inplace(uint8_t *buf, size_t n);

@@ -57,6 +57,8 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
 {
     const uint8_t *raw = d->buf;
     int n = idl_cobs_decode_inplace(d->buf, d->len);
+    size_t start;
+    uint8_t flags;
     if (n < 0 || (size_t)n < IDL_MIN_FRAME) {
         return IDL_DECODE_MALFORMED;
     }
@@ -66,21 +68,35 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     if (raw[IDL_OFF_VERSION] != IDL_PROTOCOL_VERSION) {
         return IDL_DECODE_UNKNOWN_VERSION;
     }
-    if ((raw[IDL_OFF_FLAGS] & (uint8_t)~IDL_KNOWN_FLAGS) != 0u) {
+    flags = raw[IDL_OFF_FLAGS];
+    if ((flags & (uint8_t)~IDL_KNOWN_FLAGS) != 0u) {
         return IDL_DECODE_UNKNOWN_FLAGS;
     }
-    out->length = rd16(raw + IDL_OFF_LENGTH);
-    if ((size_t)out->length + IDL_MIN_FRAME != (size_t)n) {
+    if ((flags & (uint8_t)IDL_FLAG_AUTH_LONG) != 0u && (flags & (uint8_t)IDL_FLAG_AUTH) == 0u) {
         return IDL_DECODE_MALFORMED;
+    }
+    out->addressed = (flags & (uint8_t)IDL_FLAG_ADDRESSED) != 0u ? 1u : 0u;
+    out->tag_len = (flags & (uint8_t)IDL_FLAG_AUTH) == 0u ? 0u
+                   : (flags & (uint8_t)IDL_FLAG_AUTH_LONG) != 0u ? (uint8_t)IDL_AUTH_TAG_LONG_LEN
+                   : (uint8_t)IDL_AUTH_TAG_LEN;
+    start = IDL_HEADER_LEN + (out->addressed != 0u ? IDL_ADDRESS_LEN : 0u);
+    out->length = rd16(raw + IDL_OFF_LENGTH);
+    if (start + (size_t)out->length + out->tag_len + IDL_CRC_LEN != (size_t)n) {
+        return IDL_DECODE_MALFORMED;
+    }
+    out->address = out->addressed != 0u ? raw[IDL_OFF_ADDRESS] : 0u;
+    if (out->address > (uint8_t)IDL_MAX_ADDRESS) {
+        return IDL_DECODE_BAD_ADDRESS;
     }
     out->type = raw[IDL_OFF_TYPE];
     if (out->type < (uint8_t)IDL_FT_HELLO || out->type > (uint8_t)IDL_FT_RESPONSE) {
         return IDL_DECODE_UNKNOWN_TYPE;
     }
-    out->flags = raw[IDL_OFF_FLAGS];
+    out->flags = flags;
     out->epoch = rd32(raw + IDL_OFF_EPOCH);
     out->seq = rd32(raw + IDL_OFF_SEQ);
-    out->payload = raw + IDL_HEADER_LEN;
+    out->payload = raw + start;
+    out->tag = out->tag_len != 0u ? raw + start + out->length : NULL;
     return IDL_FRAME_READY;
 }
 
@@ -110,13 +126,15 @@ int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *ou
     return ev;
 }
 
-size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epoch,
-                        uint32_t seq, const uint8_t *payload, size_t len)
+size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
+                                  uint32_t epoch, uint32_t seq, const uint8_t *payload,
+                                  size_t len)
 {
     /* The raw frame is assembled at the end of `wire` and COBS-encoded forwards in place: the
      * output after k input bytes is at most 1 + k + (k / 254 + 1), which stays behind the input
      * as long as the raw frame starts at offset >= 2 + IDL_MAX_FRAME / 254 (checked below). */
-    size_t raw_len = IDL_MIN_FRAME + len;
+    size_t start = IDL_HEADER_LEN;
+    size_t raw_len;
     size_t s;
     size_t i;
     size_t o;
@@ -124,20 +142,28 @@ size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epo
     uint8_t code;
     uint8_t *raw;
     uint32_t crc;
-    if (len > IDL_MAX_PAYLOAD) {
+    if (len > IDL_MAX_PAYLOAD || (flags & (uint8_t)IDL_LAYOUT_FLAGS) != 0u) {
         return 0;
     }
+    if (address != IDL_FRAME_NO_ADDRESS) {
+        if (address > IDL_MAX_ADDRESS) {
+            return 0;
+        }
+        start += IDL_ADDRESS_LEN;
+        flags |= (uint8_t)IDL_FLAG_ADDRESSED;
+    }
+    raw_len = start + len + IDL_CRC_LEN;
     s = IDL_WIRE_MAX - raw_len;
     raw = wire + s;
     /* memmove by hand (no libc memmove): the payload may sit in `wire` before or after its
      * place, so copy away from the overlap; a byte loop, not a call */
-    if ((uintptr_t)payload < (uintptr_t)(raw + IDL_HEADER_LEN)) {
+    if ((uintptr_t)payload < (uintptr_t)(raw + start)) {
         for (i = len; i-- > 0u;) {
-            raw[IDL_HEADER_LEN + i] = payload[i];
+            raw[start + i] = payload[i];
         }
     } else {
         for (i = 0; i < len; i++) {
-            raw[IDL_HEADER_LEN + i] = payload[i];
+            raw[start + i] = payload[i];
         }
     }
     raw[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
@@ -147,8 +173,11 @@ size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags, uint32_t epo
     wr32(raw + IDL_OFF_SEQ, seq);
     raw[IDL_OFF_LENGTH] = (uint8_t)len;
     raw[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
-    crc = idl_crc32c(raw, IDL_HEADER_LEN + len);
-    wr32(raw + IDL_HEADER_LEN + len, crc);
+    if (start != IDL_HEADER_LEN) {
+        raw[IDL_OFF_ADDRESS] = (uint8_t)address;
+    }
+    crc = idl_crc32c(raw, start + len);
+    wr32(raw + start + len, crc);
 
     wire[0] = 0u;
     code_at = 1u;

@@ -164,6 +164,12 @@ size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
         s->counters[IDL_DISP_DECODE_ERRORS]++;
         return 0;
     }
+    if (f.addressed != 0u || f.tag_len != 0u) {
+        /* a bus device's or a keyed device's frame: this core has neither an address nor a key
+         * yet, so it stays silent, like a device of the first contract (see idl_frame.h) */
+        s->counters[IDL_DISP_UNEXPECTED]++;
+        return 0;
+    }
     if (f.type == (uint8_t)IDL_FT_REQUEST) {
         return request(s, &f, now);
     }

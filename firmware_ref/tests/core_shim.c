@@ -170,7 +170,7 @@ uint32_t idl_shim_first_seq(const idl_shim_t *s) { return idl_session_first_seq(
 
 uint32_t idl_shim_decoder_counter(const idl_shim_t *s, unsigned kind)
 {
-    return kind < 7u ? s->session.decoder.counters[kind] : 0u;
+    return kind < IDL_DECODE_COUNTERS ? s->session.decoder.counters[kind] : 0u;
 }
 
 uint32_t idl_shim_saved_generation(const idl_shim_t *s);
