@@ -148,7 +148,15 @@ def extended_vectors() -> list[dict[str, Any]]:
     """Golden addressed, broadcast and authenticated frames: the frames above gain ``address``
     and, for a tag, ``key`` (hex), ``tag_len`` and ``direction``; ``wire`` is still the whole
     answer. Appended after the first contract's frames, whose entries stay byte for byte."""
-    from idemlink.protocol.frame import Direction, Flags, FrameType, MacKey, encode_frame
+    from idemlink.protocol.frame import (
+        CRC_LEN,
+        Direction,
+        Flags,
+        FrameType,
+        MacKey,
+        encode_frame,
+        raw_frame,
+    )
 
     h2d, d2h = Direction.HOST_TO_DEVICE, Direction.DEVICE_TO_HOST
     cases: list[tuple[str, FrameType, int, int, bytes, int, int | None, int, Direction | None]] = [
@@ -180,7 +188,10 @@ def extended_vectors() -> list[dict[str, Any]]:
         vec: dict[str, Any] = {"name": name, "type": ft.name, "flags": flags, "epoch": epoch,
                                "seq": seq, "payload": payload.hex(), "address": address}
         if key is not None and direction is not None:
-            vec.update(key=TEST_MAC_KEY.hex(), tag_len=tag_len, direction=direction.name)
+            raw = raw_frame(ft, seq, epoch, payload, flags, address=address, key=key,
+                            direction=direction)
+            vec.update(key=TEST_MAC_KEY.hex(), tag_len=tag_len, direction=direction.name,
+                       tag=raw[len(raw) - CRC_LEN - tag_len : len(raw) - CRC_LEN].hex())
         vec["wire"] = wire.hex()
         out.append(vec)
     return out

@@ -109,7 +109,7 @@ def test_extended_golden_vectors(vec: dict[str, object], mode: str) -> None:
     assert f.verified is (check is not None)
     assert (f.tag is None) is (check is None)
     if check is not None:
-        assert f.tag is not None and len(f.tag) == vec["tag_len"]
+        assert f.tag is not None and len(f.tag) == vec["tag_len"] and f.tag.hex() == vec["tag"]
     # the construct declaration (the source of truth) builds the same bytes
     assert cobs.decode(wire[1:-1]) == build_raw(f.type, f.seq, f.epoch, f.payload, int(f.flags),
                                                 auth_tag=f.tag, address=f.address)

@@ -1,7 +1,9 @@
-"""Turn tests/vectors/window_streams.json into a C header (run by the Makefile into the build dir).
+"""Turn the shared JSON vectors into C headers (run by the Makefile into the build dir).
 
-Usage: ``python3 tools/vectors_to_c.py IN.json OUT.h``. Only the standard library is used, so the C
-build needs nothing but a Python 3 interpreter.
+Usage: ``python3 tools/vectors_to_c.py IN.json OUT.h`` for tests/vectors/window_streams.json,
+``python3 tools/vectors_to_c.py --frames IN.json OUT.h`` for tests/vectors/frames.json (the golden
+frames: the first contract's, addressed, broadcast and authenticated ones). Only the standard
+library is used, so the C build needs nothing but a Python 3 interpreter.
 """
 
 from __future__ import annotations
@@ -52,10 +54,54 @@ def render(table: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(out) + "\n"
 
 
+FRAME_TYPES = {"HELLO": "IDL_FT_HELLO", "HELLO_REPLY": "IDL_FT_HELLO_REPLY",
+               "REQUEST": "IDL_FT_REQUEST", "RESPONSE": "IDL_FT_RESPONSE"}
+
+
+def _bytes(name: str, hexstr: str) -> str:
+    data = bytes.fromhex(hexstr)
+    body = ", ".join(f"0x{b:02X}u" for b in data) if data else "0u"
+    return f"static const uint8_t {name}[] = {{{body}}};"
+
+
+def render_frames(table: dict) -> str:  # type: ignore[type-arg]
+    out = [
+        "/* GENERATED from tests/vectors/frames.json by tools/vectors_to_c.py --frames. */",
+        "#ifndef FRAME_VECTORS_H",
+        "#define FRAME_VECTORS_H",
+        "#include <stdint.h>",
+        '#include "idemlink_proto.h"',
+        "typedef struct { const char *name; uint8_t type; uint8_t flags; uint32_t epoch;"
+        " uint32_t seq; int16_t address; uint8_t tag_len; const uint8_t *payload;"
+        " uint16_t payload_len; const uint8_t *tag; const uint8_t *wire; uint16_t wire_len; }"
+        " vec_frame_t;",
+    ]
+    rows = []
+    for i, v in enumerate(table["frames"]):
+        out.append(_bytes(f"vec_payload_{i}", v["payload"]))
+        out.append(_bytes(f"vec_wire_{i}", v["wire"]))
+        out.append(_bytes(f"vec_tag_{i}", v.get("tag", "")))
+        address = v.get("address")
+        name = str(v["name"]).replace('"', "")
+        rows.append(
+            f'    {{"{name}", {FRAME_TYPES[v["type"]]}, {int(v["flags"])}u, {int(v["epoch"])}u,'
+            f' {int(v["seq"])}u, {-1 if address is None else int(address)},'
+            f' {int(v.get("tag_len", 0))}u, vec_payload_{i}, {len(v["payload"]) // 2}u,'
+            f' vec_tag_{i}, vec_wire_{i}, {len(v["wire"]) // 2}u}},')
+    out.append("static const vec_frame_t vec_frames[] = {")
+    out += rows
+    out.append("};")
+    out.append(f"#define VEC_NFRAMES {len(rows)}u")
+    out.append("#endif")
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
-    src, dst = sys.argv[1], sys.argv[2]
+    frames = sys.argv[1] == "--frames"
+    src, dst = sys.argv[1 + frames], sys.argv[2 + frames]
     with open(src, encoding="utf-8") as f:
-        text = render(json.load(f))
+        table = json.load(f)
+    text = render_frames(table) if frames else render(table)
     with open(dst, "w", encoding="utf-8") as f:
         f.write(text)
     return 0
