@@ -169,7 +169,7 @@ counted as ``bytes_overflow``, like a UART whose FIFO is full."""
 MAX_LATE_COPIES = 64
 """Most late copies one direction holds at a time; a frame drawn for one beyond that leaves none."""
 MAX_RECORDED_UNIT = 4096
-"""The longest unit the delivery record hands on (an idemlink frame is at most ~540 bytes on the
+"""The longest unit the delivery record hands on (an idemlink frame is at most ~550 bytes on the
 wire); a longer run of bytes without a delimiter is not recorded, up to the next delimiter."""
 
 
