@@ -664,7 +664,7 @@ def contract_section() -> ContractSection:
         + md_table(["value", "type"], [[t.value, t.name] for t in FrameType])
         + "\n### Flags\n\n"
         + md_table(
-            ["bit", "flag", "accepted in this version"],
+            ["bit", "flag", "decoded by this version (ADDRESSED, AUTH: see below)"],
             [[f"0x{int(f):02X}", f.name, "yes" if f & KNOWN_FLAGS else "no (reserved)"]
              for f in _ALL_FLAGS],
         )
