@@ -22,7 +22,7 @@ import importlib
 import json
 from typing import Any
 
-from idemlink.protocol.contract_section import ContractSection
+from idemlink.protocol.contract_section import ContractSection, md_table
 from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.registers import (
     MAP_FLAG_PERSIST,
@@ -57,7 +57,9 @@ def sections() -> list[ContractSection]:
 
 
 def contract_hash() -> bytes:
-    """8-byte digest of the contract data (register map, frame layout, codes...)."""
+    """8-byte digest of the contract data (register map, frame layout, codes...): each section's
+    ``data``, never its ``additive`` part (what was added since the first devices, negotiated by
+    HELLO_REPLY capabilities instead; ``ContractSection``)."""
     data = {s.name: s.data for s in sections()}
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).digest()[:8]
@@ -113,6 +115,16 @@ def render_protocol_md(secs: list[ContractSection]) -> str:
         "data; a host refuses a device whose hash differs).\n",
     ]
     parts += [s.markdown for s in secs if s.markdown]
+    added = {s.name: s.additive for s in secs if s.additive}
+    if added:
+        parts.append(
+            "## Added since the first devices (not hashed)\n\n"
+            "Each entry below is optional for both peers: a device advertises it in HELLO_REPLY's "
+            "`capabilities` and a host uses it only then, so it is kept out of the contract hash "
+            "and a device built before it keeps matching a host that knows it.\n\n"
+            + md_table(["section", "entry", "value"],
+                       [[name, key, "`" + json.dumps(value, sort_keys=True) + "`"]
+                        for name, add in added.items() for key, value in add.items()]))
     return "\n".join(parts)
 
 

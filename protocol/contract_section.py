@@ -37,7 +37,17 @@ class ContractSection:
     """One section of the contract: C constants, a Markdown chapter and hashable data.
 
     ``data`` must be JSON-serialisable and deterministic: it feeds the contract hash that a host
-    compares with the device's at session start.
+    compares with the device's at session start. It holds exactly what the first devices were
+    built with, and never grows: a host refuses a device whose hash differs, so a new entry there
+    would make every device already flashed incompatible.
+
+    ``additive`` is what the contract gained since (new flags, statuses, an appended HELLO_REPLY
+    field), equally JSON data, rendered and checked but **never hashed**. Every entry in it is
+    optional for both peers: a device advertises it in HELLO_REPLY's capabilities
+    (``idemlink.protocol.payloads.Capability``) and a host uses it only after seeing it there,
+    so an old peer, which neither sends nor accepts it, keeps working with a new one. A key may
+    name the same table as in ``data`` (``flags``, ``status``) with only the added members; no
+    member is in both (``tests/test_contract.py``).
     """
 
     name: str
@@ -45,6 +55,7 @@ class ContractSection:
     enums: list[CEnum] = field(default_factory=list)
     markdown: str = ""
     data: dict[str, Any] = field(default_factory=dict)
+    additive: dict[str, Any] = field(default_factory=dict)
 
 
 def md_table(headers: list[str], rows: list[list[Any]]) -> str:

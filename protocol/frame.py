@@ -276,8 +276,10 @@ class DecodeErrorKind(IntEnum):
     UNKNOWN_TYPE = 4
     UNKNOWN_FLAGS = 5
     MALFORMED = 6  #: not valid COBS, shorter than a header, or length field disagrees
-    BAD_ADDRESS = 7  #: an ADDRESSED frame whose address is 248..255
-    BAD_MAC = 8  #: a verifying decoder (``MacCheck``): the tag is wrong or not the session's length
+    # 7 is never a refusal: it is the C decoder's IDL_FRAME_READY ("a frame"), an event value of
+    # the same int since the first C API (idl_frame.h); the kinds added later skip it.
+    BAD_ADDRESS = 8  #: an ADDRESSED frame whose address is 248..255
+    BAD_MAC = 9  #: a verifying decoder (``MacCheck``): the tag is wrong or not the session's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -540,6 +542,9 @@ def decode_frames(data: bytes | bytearray | memoryview,
 
 
 _ALL_FLAGS = (Flags.RETRANSMIT, Flags.REPLAY, Flags.ADDRESSED, Flags.AUTH_LONG, Flags.AUTH)
+FIRST_CONTRACT_FLAGS = (Flags.RETRANSMIT, Flags.REPLAY, Flags.AUTH)
+"""The flags the contract hash has covered since the first devices were built (AUTH reserved
+then, with its 8-byte tag); ADDRESSED and AUTH_LONG came later and are not hashed."""
 
 
 def _auth_markdown() -> str:
@@ -591,7 +596,13 @@ def _auth_markdown() -> str:
         "addressed device's, and it could not name the address it refuses. A device without an "
         "address or key (this revision's sessions) ignores such frames silently as well "
         "(counted as unexpected frames). A keyed device answers an unauthenticated REQUEST "
-        "with AUTHENTICATION_REQUIRED (NOT_EXECUTED).\n"
+        "with AUTHENTICATION_REQUIRED (NOT_EXECUTED).\n\n"
+        "**The contract hash is unchanged.** Everything above is additive (listed under \"Added "
+        "since the first devices\"): a device says what it serves in HELLO_REPLY's "
+        "`capabilities`, a host sends an ADDRESSED or AUTH frame only to a device that said so, "
+        "and a device answers in the shape it was asked (an addressed answer only to an "
+        "addressed request). An old host and a new device, or a new host and an old device, "
+        "keep the hash and the first contract's frames.\n"
     )
 
 
@@ -689,7 +700,12 @@ def contract_section() -> ContractSection:
             "auth_tag_len": AUTH_TAG_LEN,
             "crc": [CRC_NAME, CRC_POLY, CRC_INIT, CRC_XOROUT, CRC_REFLECTED],
             "types": {t.name: t.value for t in FrameType},
-            "flags": {f.name: int(f) for f in _ALL_FLAGS},
+            "flags": {f.name: int(f) for f in FIRST_CONTRACT_FLAGS},
+        },
+        # The revision's additions (issues 22 and 23): optional for both peers, advertised by
+        # HELLO_REPLY capabilities, so never hashed (``ContractSection.additive``).
+        additive={
+            "flags": {f.name: int(f) for f in _ALL_FLAGS if f not in FIRST_CONTRACT_FLAGS},
             "address": {"offset": HEADER_LEN, "size": ADDRESS_LEN,
                         "broadcast": BROADCAST_ADDRESS, "range": [MIN_ADDRESS, MAX_ADDRESS]},
             "auth": {"mac": "blake2s", "tag_lens": list(MAC_LENS), "key_len": KEY_LEN,

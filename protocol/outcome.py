@@ -81,6 +81,12 @@ HASHED_LOCAL_STATUSES = frozenset({Status.NO_ANSWER, Status.LINK_LOST,
 it so those devices keep their hash; a local status added later is not hashed (it never
 travels)."""
 
+ADDITIVE_WIRE_STATUSES = frozenset({Status.AUTHENTICATION_REQUIRED})
+"""Wire statuses added after the first devices were built (the addressed/authenticated revision):
+not hashed (``ContractSection.additive``), because only a device that advertises the AUTH
+capability in HELLO_REPLY ever sends one. A host of the first contract that meets one anyway
+reads an unknown status, which it takes as UNKNOWN / RECONCILE_FIRST: cautious, never wrong."""
+
 
 @dataclass(frozen=True, slots=True)
 class StatusInfo:
@@ -272,8 +278,11 @@ def contract_section() -> ContractSection:
         data={
             "status": {s.name: [s.value, i.outcome.name, i.action.name]
                        for s, i in STATUS_TABLE.items()
-                       if s < FIRST_LOCAL_STATUS or s in HASHED_LOCAL_STATUSES},
+                       if (s < FIRST_LOCAL_STATUS and s not in ADDITIVE_WIRE_STATUSES)
+                       or s in HASHED_LOCAL_STATUSES},
             "modbus_exceptions": {e.name: [e.value, i.outcome.name, i.action.name]
                                   for e, i in MODBUS_EXCEPTION_TABLE.items()},
         },
+        additive={"status": {s.name: [s.value, i.outcome.name, i.action.name]
+                             for s, i in STATUS_TABLE.items() if s in ADDITIVE_WIRE_STATUSES}},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -84,16 +85,49 @@ def test_host_local_statuses_added_later_leave_the_contract_hash_alone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host-local status added after the first devices were built (ANSWER_MISMATCH) never
     travels: adding it must not make those devices incompatible, so the hash is the one they
-    carry (c9e3c71f75540d77 since the addressed/authenticated frame revision; 44d2f2230a344059
-    before it, from before ANSWER_MISMATCH to that revision). A wire status, or one of the local
-    statuses hashed from the start, does change the hash."""
+    carry (44d2f2230a344059, the committed header's since before it). A wire status, or one of
+    the local statuses hashed from the start, does change the hash."""
     from idemlink.protocol import outcome
 
     before = contract.contract_hash()
-    assert before.hex() == "c9e3c71f75540d77"
+    assert before.hex() == "44d2f2230a344059"
     first = {s: i for s, i in outcome.STATUS_TABLE.items()
              if s < outcome.FIRST_LOCAL_STATUS or s in outcome.HASHED_LOCAL_STATUSES}
     monkeypatch.setattr(outcome, "STATUS_TABLE", first)
     assert contract.contract_hash() == before
     del first[outcome.Status.BUSY]
     assert contract.contract_hash() != before
+
+
+def test_the_addressed_and_authenticated_revision_leaves_the_contract_hash_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issues 22 and 23's revision (ADDRESSED and AUTH_LONG, the address byte, the MAC, the
+    status AUTHENTICATION_REQUIRED, HELLO_REPLY's capabilities) is declared ``additive``: every
+    device built before it keeps its hash, 44d2f2230a344059. Taking the additions away changes
+    nothing; a member of the first contract's tables still does."""
+    from idemlink.protocol import outcome
+
+    before = contract.contract_hash()
+    assert before.hex() == "44d2f2230a344059"
+    without = {s: i for s, i in outcome.STATUS_TABLE.items()
+               if s not in outcome.ADDITIVE_WIRE_STATUSES}
+    monkeypatch.setattr(outcome, "STATUS_TABLE", without)
+    assert contract.contract_hash() == before
+    import idemlink.protocol.frame as frame
+
+    monkeypatch.setattr(frame, "FIRST_CONTRACT_FLAGS", (frame.Flags.RETRANSMIT, frame.Flags.REPLAY))
+    assert contract.contract_hash() != before
+
+
+def test_additive_entries_are_no_member_of_the_hashed_data() -> None:
+    """A section's ``additive`` part may name a table of its ``data`` (flags, status) with the
+    members added since, never a member already hashed: one member, one place."""
+    for sec in contract.sections():
+        for key, added in sec.additive.items():
+            hashed = sec.data.get(key)
+            if hashed is None:
+                continue
+            assert isinstance(hashed, dict) and isinstance(added, dict), (sec.name, key)
+            assert not set(hashed) & set(added), (sec.name, key)
+            values = {json.dumps(v) for v in hashed.values()}
+            assert not values & {json.dumps(v) for v in added.values()}, (sec.name, key)

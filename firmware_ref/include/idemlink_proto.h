@@ -6,8 +6,8 @@
 #ifndef IDEMLINK_PROTO_H
 #define IDEMLINK_PROTO_H
 
-#define IDL_CONTRACT_HASH "c9e3c71f75540d77"
-#define IDL_CONTRACT_HASH_BYTES { 0xC9u, 0xE3u, 0xC7u, 0x1Fu, 0x75u, 0x54u, 0x0Du, 0x77u }
+#define IDL_CONTRACT_HASH "44d2f2230a344059"
+#define IDL_CONTRACT_HASH_BYTES { 0x44u, 0xD2u, 0xF2u, 0x23u, 0x0Au, 0x34u, 0x40u, 0x59u }
 
 /* ---- frame ---- */
 #define IDL_PROTOCOL_VERSION 1u /**< the version byte of this contract */
@@ -35,7 +35,7 @@
 #define IDL_CRC_CHECK 0xE3069283u /**< CRC of the ASCII bytes 123456789 */
 #define IDL_KNOWN_FLAGS 0xC7u /**< flags accepted by this version */
 #define IDL_LAYOUT_FLAGS 0xC4u /**< flags that add an address or a tag */
-#define IDL_DECODE_COUNTERS 9u /**< decoder counters: [0] frames, [IDL_DECODE_*] refusals */
+#define IDL_DECODE_COUNTERS 10u /**< decoder counters: [0] frames, [IDL_DECODE_*] refusals */
 #define IDL_OFF_VERSION 0u /**< offset of version */
 #define IDL_SIZE_VERSION 1u /**< size of version */
 #define IDL_OFF_TYPE 1u /**< offset of type */
@@ -71,8 +71,8 @@ typedef enum {
     IDL_DECODE_UNKNOWN_TYPE = 4,
     IDL_DECODE_UNKNOWN_FLAGS = 5,
     IDL_DECODE_MALFORMED = 6,
-    IDL_DECODE_BAD_ADDRESS = 7,
-    IDL_DECODE_BAD_MAC = 8
+    IDL_DECODE_BAD_ADDRESS = 8,
+    IDL_DECODE_BAD_MAC = 9
 } idl_decode_error_t;
 /** first byte under the MAC */
 typedef enum {
@@ -128,6 +128,11 @@ typedef enum {
 #define IDL_MAP_HASH_LEN 8u /**< bytes of register-map hash */
 #define IDL_MAX_DEVICE_ID_LEN 64u /**< bytes of device id */
 #define IDL_HANDOUT_SPAN 0x40000000u /**< a HELLO's next_seq stays at most this far ahead of the highest seen */
+/** HELLO_REPLY capability bits (the contract's later additions) */
+typedef enum {
+    IDL_CAP_ADDRESSED = 1,
+    IDL_CAP_AUTH = 2
+} idl_capability_t;
 
 /* ---- window ---- */
 #define IDL_WINDOW_RING_BITS 1024u /**< bits in the de-duplication ring */

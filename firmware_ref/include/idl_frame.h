@@ -43,12 +43,16 @@
 #define IDL_MIN_FRAME (IDL_HEADER_LEN + IDL_CRC_LEN)
 
 /** Decoder events: 0 nothing yet, IDL_DECODE_* (1..IDL_DECODE_COUNTERS-1) a refusal,
- * IDL_FRAME_READY a frame. */
+ * IDL_FRAME_READY a frame. IDL_FRAME_READY keeps the value of the first C API (7): the refusals
+ * added since (BAD_ADDRESS 8, BAD_MAC 9) skip it, and counters[7] stays unused. */
 #define IDL_FRAME_NONE 0
-#define IDL_FRAME_READY 0x40
-#if IDL_DECODE_COUNTERS > IDL_FRAME_READY
-#error "IDL_FRAME_READY must be above every IDL_DECODE_* value"
-#endif
+#define IDL_FRAME_READY 7
+/* C99 has no static_assert: an array of size -1 stops the build if a refusal takes 7. */
+typedef char idl_frame_ready_is_no_refusal[(IDL_DECODE_MALFORMED < IDL_FRAME_READY
+                                            && IDL_DECODE_BAD_ADDRESS > IDL_FRAME_READY
+                                            && IDL_DECODE_BAD_MAC > IDL_FRAME_READY
+                                            && IDL_DECODE_COUNTERS == IDL_DECODE_BAD_MAC + 1)
+                                           ? 1 : -1];
 /** Index of the frames counter in idl_frame_decoder_t.counters (the others: IDL_DECODE_*). */
 #define IDL_FRAME_COUNT_FRAMES 0u
 
