@@ -41,7 +41,13 @@ from idemlink.protocol.frame import (
     encode_frame,
 )
 from idemlink.protocol.outcome import Status
-from idemlink.protocol.payloads import HANDOUT_SPAN, DeviceInfo, encode_response_payload
+from idemlink.protocol.payloads import (
+    HANDOUT_SPAN,
+    NO_DEVICE_ADDRESS,
+    Capability,
+    DeviceInfo,
+    encode_response_payload,
+)
 from idemlink.protocol.replay import DEFAULT_SLOTS, ReplayCache, ReplayVerdict, request_digest
 from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
 
@@ -105,6 +111,9 @@ class DeviceSession:
         self.max_inflight = min(max_inflight, self.window.size, self.cache.slots, 255)
         self._handed_out: int | None = None
         self.counters: Counter[str] = Counter()
+        #: what it advertises of the contract's later additions (none yet: it ignores ADDRESSED
+        #: and AUTH frames below)
+        self.capabilities = Capability.NONE
 
     def first_seq(self) -> int:
         """The first number for a new host session: 1 on a fresh boot; else a whole window beyond
@@ -145,6 +154,10 @@ class DeviceSession:
             map_hash=self.map_hash,
             device_id=self.device_id,
             map_name=self.map_name,
+            # the second extension follows the identity one: a device without a map hash (a
+            # bare session in a test) replies as the first contract's devices did
+            capabilities=self.capabilities if self.map_hash is not None else None,
+            address=NO_DEVICE_ADDRESS,
         )
 
     def receive_data(self, data: bytes, now: float) -> None:

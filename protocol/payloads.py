@@ -19,16 +19,22 @@ Additive evolution: fields are only ever appended to DEVICE_INFO; a reader ignor
 fields it knows (``GreedyBytes`` tail), so an old host reads a newer device's reply. The first
 extension (``DEVICE_INFO_IDENTITY``) carries the device's register-map hash, its stable device id
 and its map's name; a reply without it (an older device) decodes with those fields ``None``.
+The second (``DEVICE_INFO_CAPABILITIES``) says which later additions of the contract the device
+serves (``Capability``: addressed frames, authentication) and its bus address; a reply without it
+decodes with ``capabilities`` ``None`` and a host uses none of them. These additions are not in
+the contract hash (``ContractSection.additive``): an old host and a new device keep the same hash
+and the old host never reads the bytes it does not know.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntFlag
 
 import construct as cs
 
-from idemlink.protocol.contract_section import CDefine, ContractSection, md_table
-from idemlink.protocol.outcome import RemoteProtocolError
+from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
+from idemlink.protocol.outcome import LocalProtocolError, RemoteProtocolError
 
 CONTRACT_HASH_LEN = 8
 
@@ -58,6 +64,27 @@ DEVICE_INFO_IDENTITY = cs.Struct(
     "_extensions" / cs.GreedyBytes,
 )
 MAX_DEVICE_ID_LEN = 64
+
+
+class Capability(IntFlag):
+    """What a device serves of the contract's later additions (HELLO_REPLY's ``capabilities``).
+    A host sends an addressed or authenticated frame only to a device that advertised it."""
+
+    NONE = 0
+    ADDRESSED = 0x0001  #: decodes ADDRESSED frames: answers its own address, acts on broadcast
+    AUTH = 0x0002  #: verifies MAC tags (reserved: no device is keyed yet)
+
+
+#: Appended after DEVICE_INFO_IDENTITY (the second extension): the device's capabilities and
+#: its bus address (0: none configured; 1..247 when ADDRESSED).
+DEVICE_INFO_CAPABILITIES = cs.Struct(
+    "capabilities" / cs.Int16ul,
+    "address" / cs.Int8ul,
+    "_extensions" / cs.GreedyBytes,
+)
+NO_DEVICE_ADDRESS = 0
+"""``address`` in HELLO_REPLY of a device without a configured bus address (0 is the broadcast
+address, never a device's own)."""
 
 #: How far ahead of the highest number seen a HELLO may hand out a start: half the RFC 1982
 #: "ahead" range, so a start and the numbers after it are always NEW to the window
@@ -100,13 +127,28 @@ class DeviceInfo:
     map_hash: bytes | None = None  #: the register map's hash (None: an older device)
     device_id: str | None = None  #: stable id of this device (MCU unique id, sim's id file)
     map_name: str | None = None  #: the register map's name
+    #: the contract's later additions the device serves (None: an older device, none of them)
+    capabilities: int | None = None
+    address: int = NO_DEVICE_ADDRESS  #: its bus address (0: none configured)
+
+    def serves(self, capability: Capability) -> bool:
+        """Whether the device advertised ``capability`` (an older device advertises none)."""
+        return self.capabilities is not None and bool(self.capabilities & capability)
 
     def encode(self) -> bytes:
         identity = b""
+        caps = b""
+        if self.capabilities is not None:
+            if self.map_hash is None:
+                raise LocalProtocolError("HELLO_REPLY capabilities follow the identity extension: "
+                                         "a reply with capabilities needs a map hash")
+            caps = bytes(DEVICE_INFO_CAPABILITIES.build({
+                "capabilities": self.capabilities, "address": self.address,
+                "_extensions": b""}))
         if self.map_hash is not None:
             identity = bytes(DEVICE_INFO_IDENTITY.build({
                 "map_hash": self.map_hash, "device_id": self.device_id or "",
-                "map_name": self.map_name or "", "_extensions": b""}))
+                "map_name": self.map_name or "", "_extensions": caps}))
         return bytes(
             DEVICE_INFO.build(
                 {
@@ -124,11 +166,18 @@ class DeviceInfo:
         field) on short or malformed input, including a truncated identity extension."""
         c = _parse(DEVICE_INFO, payload, "HELLO_REPLY")
         map_hash = device_id = map_name = None
+        capabilities: int | None = None
+        address = NO_DEVICE_ADDRESS
         if c._extensions:
             ident = _parse(DEVICE_INFO_IDENTITY, c._extensions, "HELLO_REPLY identity extension")
             map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
+            if ident._extensions:
+                cap = _parse(DEVICE_INFO_CAPABILITIES, ident._extensions,
+                             "HELLO_REPLY capabilities extension")
+                capabilities, address = cap.capabilities, cap.address
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
-                   bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name)
+                   bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name,
+                   capabilities, address)
 
 
 def printable(text: str) -> str:
@@ -163,6 +212,8 @@ def contract_section() -> ContractSection:
             for sc in DEVICE_INFO.subcons if not sc.name.startswith("_")]
     rows += [[sc.name, sc.sizeof() if sc.name == "map_hash" else text]
              for sc in DEVICE_INFO_IDENTITY.subcons if not sc.name.startswith("_")]
+    rows += [[sc.name, sc.sizeof()]
+             for sc in DEVICE_INFO_CAPABILITIES.subcons if not sc.name.startswith("_")]
     md = (
         "## Session\n\n"
         "A host opens a session with HELLO (epoch 0, any seq; payload: version u8, contract hash "
@@ -173,6 +224,13 @@ def contract_section() -> ContractSection:
         + "\n`map_hash` (8 bytes of SHA-256 over the register map's meaning), `device_id` (a "
         "stable id: the MCU's unique id, or the simulator's) and `map_name` are the first "
         "extension; a reply that ends after `name` comes from an older device.\n"
+        "\n`capabilities` (u16 bits: "
+        + ", ".join(f"{c.name} 0x{int(c):04X}" for c in Capability if c)
+        + ") and `address` (the device's bus address, 0 when none is configured) are the second "
+        "extension: what the device serves of the contract's later additions. A host sends an "
+        "ADDRESSED or AUTH frame only to a device that advertised it; a reply that ends after "
+        "`map_name` advertises none. The second extension is not in the contract hash (it is "
+        "declared additive): an old host keeps the hash and reads the reply as before.\n"
         + "\n`next_seq` is 1 on a fresh boot, else the window size beyond both the highest number "
         "seen and the last `next_seq` handed out (a new host process never reuses a number a dead "
         "one may still have in flight).\n\n"
@@ -188,7 +246,12 @@ def contract_section() -> ContractSection:
                  CDefine("IDL_MAX_DEVICE_ID_LEN", MAX_DEVICE_ID_LEN, "bytes of device id"),
                  CDefine("IDL_HANDOUT_SPAN", f"0x{HANDOUT_SPAN:08X}u",
                          "a HELLO's next_seq stays at most this far ahead of the highest seen")],
+        enums=[CEnum("idl_capability_t", "IDL_CAP", Capability,
+                     "HELLO_REPLY capability bits (the contract's later additions)")],
         markdown=md,
+        additive={"device_info_capabilities": [sc.name for sc in DEVICE_INFO_CAPABILITIES.subcons],
+                  "capabilities": {c.name: int(c) for c in Capability if c},
+                  "no_device_address": NO_DEVICE_ADDRESS},
         data={"handout_span": HANDOUT_SPAN,
               "device_info": [sc.name for sc in DEVICE_INFO.subcons],
               "device_info_identity": [sc.name for sc in DEVICE_INFO_IDENTITY.subcons],

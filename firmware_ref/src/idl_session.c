@@ -89,6 +89,12 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     n += IDL_MAP_HASH_LEN;
     n += put_str(p + n, c->device_id, IDL_MAX_DEVICE_ID_LEN);
     n += put_str(p + n, c->map_name, 255u);
+    /* the second extension: capabilities u16 (none of IDL_CAP_*: this core ignores ADDRESSED and
+     * AUTH frames) and the bus address u8 (0: none configured); an old host ignores them */
+    p[n] = 0u;
+    p[n + 1u] = 0u;
+    p[n + 2u] = 0u;
+    n += 3u;
     s->handed_out = next;
     s->has_handed_out = 1u;
     return idl_frame_encode(s->tx, IDL_FT_HELLO_REPLY, 0u, s->epoch, seq, p, n);
