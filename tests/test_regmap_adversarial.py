@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -196,19 +196,30 @@ def test_a_malformed_identity_extension_is_one_line(identity: bytes) -> None:
 
 
 class _Truncated(DeviceInfo):
+    """The identity extension cut short (the capabilities extension left out: the cut falls in
+    the identity)."""
+
     def encode(self) -> bytes:
-        return DeviceInfo.encode(self)[:-3]  # the identity extension cut short
+        return DeviceInfo.encode(replace(self, capabilities=None))[:-3]
 
 
-def test_a_device_with_a_truncated_identity_is_refused_in_one_line() -> None:
+class _TruncatedCapabilities(DeviceInfo):
+    def encode(self) -> bytes:
+        return DeviceInfo.encode(self)[:-1]  # the capabilities extension cut short
+
+
+@pytest.mark.parametrize(("kind", "extension"), [(_Truncated, "identity"),
+                                                 (_TruncatedCapabilities, "capabilities")])
+def test_a_device_with_a_truncated_identity_is_refused_in_one_line(
+        kind: type[DeviceInfo], extension: str) -> None:
     sim = SimulatedDevice(seed=7)
     real = sim.session.device_info
-    sim.session.device_info = lambda: _Truncated(  # type: ignore[method-assign]
+    sim.session.device_info = lambda: kind(  # type: ignore[method-assign]
         *[getattr(real(), f.name) for f in fields(DeviceInfo)])
     dev = Device(SimTransport(sim))
     with pytest.raises(IncompatibleDevice) as exc:
         dev.connect()
-    assert str(exc.value).startswith("malformed HELLO_REPLY identity extension: field ")
+    assert str(exc.value).startswith(f"malformed HELLO_REPLY {extension} extension: field ")
     assert "\n" not in str(exc.value)
     assert not sim.executions
 
