@@ -2,7 +2,8 @@
 ``watch`` and ``apply --modbus-rtu``: a pymodbus RTU server with a layout of its own — signed
 temperatures, a float32 energy counter in little-word order, a u32 run-hours counter, a
 serial-number string, a plain fault word, a holding set-point, a packed control word with bit
-fields (written by FC22), a u32 limit, coils and a discrete input — and no generation register.
+fields (written by FC22), a u32 limit, a purge command register that returns to 0, coils and a
+discrete input — and no generation register.
 
 Ground truth is pymodbus: the server's registers are laid out, and what the host wrote is read
 back, with pymodbus's own converters (``convert_to_registers``/``convert_from_registers``), never
@@ -24,9 +25,10 @@ from support.timing import scaled
 from idemlink.cli import main
 from idemlink.device_sim.link import LinkConfig
 from idemlink.device_sim.link_proxy import LinkProxy
-from idemlink.host.errors import NoDevice
+from idemlink.host.errors import NoDevice, UnknownOutstanding
 from idemlink.host.rtu_device import RtuDevice
-from idemlink.protocol.outcome import LocalProtocolError, Outcome
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.registers import TriggerStatus
 from idemlink.protocol.regmap_file import load_regmap
 
 pytest.importorskip("pymodbus")
@@ -111,6 +113,13 @@ word_order = "little"
 unit = "Wh"
 
 [[registers]]
+address = 0x104
+name = "purge"
+kind = "command"
+max = 1
+description = "write 1: purge the burner once; reads 1 while it runs, 0 when done"
+
+[[registers]]
 address = 0
 name = "pump"
 kind = "coil"
@@ -127,7 +136,7 @@ name = "flame"
 kind = "discrete_input"
 """
 
-INPUTS, HOLDINGS = 0, 0x100
+INPUTS, HOLDINGS, PURGE = 0, 0x100, 0x104
 FC22, FC05, FC15, FC06, FC16 = 22, 5, 15, 6, 16
 
 
@@ -146,32 +155,70 @@ def from_regs(regs: list[int], kind: str, word_order: str = "big") -> Any:
 class Boiler:
     """The controller: a pymodbus RTU server (unit 1) with four separate tables, laid out with
     pymodbus's own converters. ``writes`` logs (function, address, values) of every write it
-    executed; ``drop(frame)`` loses an answer (the write still ran)."""
+    executed; ``drop(frame)`` loses an answer (the write still ran).
+
+    The purge register (``PURGE``) is the controller's own behaviour, in pymodbus's datastore
+    action: 1 written while it reads 0 starts a purge (``log`` gets ``("start", 1)``), the
+    register reads 1 while the purge runs and 0 once it is done (``finish()``: ``log`` gets
+    ``("done", 1)``); a write while it runs starts nothing and leaves
+    it at 1 (pymodbus echoes the stored value); a value above 1 is exception 03. ``log`` is the
+    ground truth of what the burner did."""
 
     def __init__(self, path: str, drop: Callable[[bytes], bool] = lambda frame: False) -> None:
+        from pymodbus.constants import ExcCodes
         from pymodbus.simulator import DataType, SimData, SimDevice
 
         self.writes: list[tuple[int, int, list[Any]]] = []
+        self.log: list[tuple[str, int]] = []
+        self._holdings: list[int] = []
+        self._at = 0
         inputs = (to_regs(-50, "INT16") + to_regs(-123, "INT16")
                   + to_regs(1234.5, "FLOAT32", "little") + to_regs(70000, "UINT32")
                   + to_regs("AB-1234567", "STRING") + [0x0042])
-        holdings = [*to_regs(450, "INT16"), 0x0011, *to_regs(100000, "UINT32", "little")]
+        holdings = [*to_regs(450, "INT16"), 0x0011, *to_regs(100000, "UINT32", "little"), 0]
+
+        def done() -> None:
+            if self._holdings[self._at]:
+                self.log.append(("done", self._holdings[self._at]))
+                self._holdings[self._at] = 0
 
         async def action(fc: int, start: int, address: int, count: int, current: list[int],
                          set_values: list[Any] | None) -> Any:
-            if set_values is not None:
-                self.writes.append((fc, address, list(set_values)))
+            if set_values is None:
+                return None
+            if fc in (FC06, FC16) and address <= PURGE < address + count:
+                self._holdings, self._at = current, PURGE - start
+                i, running = PURGE - address, current[PURGE - start]
+                if set_values[i] > 1:
+                    return ExcCodes.ILLEGAL_VALUE
+                if running:
+                    set_values[i] = running  # accepted, starts nothing
+                elif set_values[i]:
+                    self.log.append(("start", set_values[i]))
+            self.writes.append((fc, address, list(set_values)))
             return None
 
         def trace(sending: bool, frame: bytes) -> bytes:
             return b"" if sending and drop(frame) else frame
 
+        self._done = done
         device = SimDevice(1, simdata=(
             [SimData(0, values=[True, False], datatype=DataType.BITS)],
             [SimData(0, values=[True], datatype=DataType.BITS)],
             [SimData(HOLDINGS, values=holdings, datatype=DataType.REGISTERS)],
             [SimData(INPUTS, values=inputs, datatype=DataType.REGISTERS)]), action=action)
         self.background = BackgroundSerialServer(device, path, trace)
+
+    @property
+    def starts(self) -> int:
+        return sum(1 for what, _ in self.log if what == "start")
+
+    def finish(self) -> None:
+        """The running purge is done: the register returns to 0 (on the server's own loop)."""
+        async def now() -> None:
+            self._done()
+
+        asyncio.run_coroutine_threadsafe(now(), self.background.loop).result(5)
 
     def close(self) -> None:
         self.background.close()
@@ -244,6 +291,7 @@ def test_read_every_type_as_the_map_says(line: LinkProxy, any_map: Path,
             "setpoint = 45.0 °C (raw 0x01C2)",
             "control = 0x0011 heating=1 hot_water=0 stage=low",
             "energy_limit = 100000 Wh",
+            "purge = 0",
             "pump = on (1)",
             "alarm_relay = 0",
             "flame = 1",
@@ -466,16 +514,148 @@ def test_the_asyncio_driver_reads_writes_and_reconciles_alike(line: LinkProxy,
         boiler.close()
 
 
-@pytest.mark.parametrize("argv", [("faults",), ("clear",), ("clear", "overheat"), ("trigger",),
-                                  ("trigger", "--status")])
-def test_no_w1c_fault_word_or_trigger_is_said_in_one_line_nothing_sent(
+@pytest.mark.parametrize("argv", [("faults",), ("clear",), ("clear", "overheat")])
+def test_no_w1c_fault_word_is_said_in_one_line_nothing_sent(
         argv: tuple[str, ...], map_file: Path, tmp_path: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """The boiler's fault word is a plain input and it has no trigger register: the commands
-    that need one say so, with the way to read the device's own word, before opening the port."""
+    """The boiler's fault word is a plain input: the commands that need a W1C word say so, with
+    the way to read the device's own word, before opening the port."""
     rc, out, err = cli(capsys, *argv, "--port", str(tmp_path / "no-such-port"), "--modbus-rtu",
                        "--regmap", str(map_file))
-    kind = "trigger register" if argv[0] == "trigger" else "fault register (W1C)"
     assert rc == 1 and out == "" and err.count("\n") == 1
-    assert f"the map acme-boiler has no {kind}" in err and "nothing was sent" in err
-    assert ("idemlink read NAME" in err) is (argv[0] != "trigger")
+    assert "the map acme-boiler has no fault register (W1C)" in err
+    assert "nothing was sent" in err and "idemlink read NAME" in err
+
+
+@pytest.mark.parametrize("argv", [("trigger",), ("trigger", "--status")])
+def test_without_a_trigger_or_command_register_trigger_is_refused_in_one_line(
+        argv: tuple[str, ...], map_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    no_purge = tmp_path / "no-purge.toml"
+    no_purge.write_text(MAP.replace('kind = "command"', 'kind = "holding"'), encoding="utf-8")
+    rc, out, err = cli(capsys, *argv, "--port", str(tmp_path / "no-such-port"), "--modbus-rtu",
+                       "--regmap", str(no_purge))
+    assert rc == 1 and out == "" and err.count("\n") == 1
+    assert "the map acme-boiler has no trigger register" in err and "nothing was sent" in err
+
+
+# ------------------------------------------------------------------ the purge command register
+
+def purge_answer(frame: bytes) -> bool:
+    """The boiler's answer to a write of the purge register (FC06 or FC16 at PURGE)."""
+    return frame[1] in (FC06, FC16) and int.from_bytes(frame[2:4], "big") == PURGE
+
+
+def test_a_purge_triggered_twice_from_python_starts_once(line: LinkProxy,
+                                                         map_file: Path) -> None:
+    """``RtuDevice.trigger`` reads the purge register first: started (ACCEPTED), then running
+    (RUNNING, nothing written); once the boiler says it is done, the next trigger starts another.
+    The boiler's own log is the judge."""
+
+    boiler = ready(line, map_file)
+    try:
+        with RtuDevice.open(line.b_path, regmap=str(map_file), timeout=scaled(0.1),
+                            attempts=3) as dev:
+            first, second = dev.trigger("purge"), dev.trigger("purge")
+            assert (first.outcome, first.code) == (Outcome.OK, TriggerStatus.ACCEPTED)
+            assert (second.outcome, second.code) == (Outcome.OK, TriggerStatus.RUNNING)
+            assert boiler.log == [("start", 1)]
+            assert [w for w in boiler.writes if w[1] == PURGE] == [(FC06, PURGE, [1])]
+            assert dev.decode(dev.read("purge")) == {"purge": 1}
+            boiler.finish()
+            assert dev.decode(dev.read("purge")) == {"purge": 0}
+            assert dev.trigger("purge").code == TriggerStatus.ACCEPTED  # done: a new purge
+            assert boiler.log == [("start", 1), ("done", 1), ("start", 1)]
+    finally:
+        boiler.close()
+
+
+def test_the_asyncio_driver_triggers_a_purge_once_too(line: LinkProxy, map_file: Path) -> None:
+    from idemlink.host.aio import AsyncRtuDevice
+
+    boiler = ready(line, map_file)
+
+    async def twice() -> tuple[int | None, int | None]:
+        async with AsyncRtuDevice.open(line.b_path, regmap=str(map_file), timeout=scaled(0.1),
+                                       attempts=3) as dev:
+            first, second = await dev.trigger("purge"), await dev.trigger("purge")
+            return first.code, second.code
+
+    try:
+        assert asyncio.run(twice()) == (TriggerStatus.ACCEPTED, TriggerStatus.RUNNING)
+        assert boiler.log == [("start", 1)]
+    finally:
+        boiler.close()
+
+
+def test_a_purge_whose_answer_is_lost_is_unknown_then_read_back(line: LinkProxy,
+                                                                map_file: Path) -> None:
+    """The boiler starts the purge and its answer is lost: UNKNOWN, sent once (a command is
+    never retried: a retry after the purge ended would start another), and the read-back says
+    it holds — the register reads 1, the purge runs. Both RTU drivers; the log shows one start
+    each."""
+    from idemlink.host.aio import AsyncRtuDevice
+
+    boiler = ready(line, map_file, drop=purge_answer)
+    try:
+        with RtuDevice.open(line.b_path, regmap=str(map_file), timeout=scaled(0.1),
+                            attempts=3) as dev:
+            result = dev.trigger("purge")
+            assert (result.outcome, result.status) == (Outcome.UNKNOWN, Status.NO_ANSWER)
+            assert boiler.log == [("start", 1)]
+            assert [w for w in boiler.writes if w[1] == PURGE] == [(FC06, PURGE, [1])]
+            with pytest.raises(UnknownOutstanding):  # a possible effect blocks the handle
+                dev.trigger("purge")
+            rec = dev.reconcile()
+            assert rec is not None and rec.intended_state_holds is True, rec
+            assert rec.observed == {"purge": 1}
+            dev.acknowledge_unknown()
+            assert dev.trigger("purge").code == TriggerStatus.RUNNING  # nothing started
+        boiler.finish()
+
+        async def lost() -> None:
+            async with AsyncRtuDevice.open(line.b_path, regmap=str(map_file),
+                                           timeout=scaled(0.1), attempts=3) as dev:
+                result = await dev.trigger("purge")
+                assert result.outcome is Outcome.UNKNOWN
+                rec = await dev.reconcile(result)
+                assert rec is not None and rec.intended_state_holds is True, rec
+                dev.acknowledge_unknown()
+                assert (await dev.trigger("purge")).code == TriggerStatus.RUNNING
+
+        asyncio.run(lost())
+        assert boiler.log == [("start", 1), ("done", 1), ("start", 1)]
+    finally:
+        boiler.close()
+
+
+def test_the_cli_triggers_a_purge_once_and_says_unknown_when_its_answer_is_lost(
+        line: LinkProxy, map_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lose = [False]
+    boiler = ready(line, map_file, drop=lambda frame: lose[0] and purge_answer(frame))
+    try:
+        r = rtu(line, map_file)
+        assert cli(capsys, "trigger", *r, "purge")[0] == 0
+        rc, out, _ = cli(capsys, "trigger", *r)  # the map's only command register
+        assert rc == 0 and "purge: RUNNING (0x0101): already running: nothing started" in out
+        rc, out, _ = cli(capsys, "trigger", *r, "--status")
+        assert rc == 0 and "purge: running command 1" in out
+        assert boiler.log == [("start", 1)]
+        boiler.finish()
+        rc, out, _ = cli(capsys, "trigger", *r, "--status")
+        assert rc == 0 and "purge: idle" in out
+        lose[0] = True
+        rc, out, err = cli(capsys, "trigger", *r, "purge", "--timeout", f"{scaled(0.1):.3f}",
+                           "--json")
+        doc = json.loads(out)
+        assert rc == 5 and doc["outcome"] == "UNKNOWN", err
+        assert doc["reconcile"]["intended_state_holds"] is True, doc["reconcile"]
+        assert boiler.log == [("start", 1), ("done", 1), ("start", 1)]
+        # a plain write while it runs is sent once and starts nothing (the boiler keeps 1)
+        lose[0] = False
+        before = len(boiler.writes)
+        rc, out, err = cli(capsys, "write", *r, "purge=1")
+        assert rc == 0, err
+        assert len(boiler.writes) == before + 1 and boiler.starts == 2
+    finally:
+        boiler.close()
