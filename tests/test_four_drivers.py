@@ -12,7 +12,11 @@ session is written once (``idemlink.host.operations``) and driven by one loop
 - what may be retried: a set-only write on both; a trigger reset or a fault clear only where
   the device de-duplicates (framed), never on a plain slave;
 - a port failing while a write is out is ``LinkLost`` carrying the UNKNOWN, which blocks;
-- what a plain slave cannot carry is refused before anything is sent.
+- what a plain slave cannot carry is refused before anything is sent;
+- typed values (an i16 below zero, an f32 in little-word order and a u32 in one FC16 each), a
+  bit field by FC22 mask write beside its neighbour, a coil by FC05 — set-only, so retried when
+  the first answer is lost — on every driver alike: the framed device serves the same typed map
+  (with its generation register), so no row is the framed protocol's to refuse.
 
 Each row gives the expected summary for the framed protocol and for RTU (``SAME``: the same);
 the blocking and the asyncio driver of one protocol must give exactly the same. Ground truth:
@@ -29,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from importlib import resources
 from typing import Any
 
 import pytest
@@ -46,12 +51,56 @@ from idemlink.host.rtu_device import RtuDevice
 from idemlink.host.tcp_device import TcpDevice
 from idemlink.protocol.device_core import DeviceCore, EffectKind
 from idemlink.protocol.frame import Frame, FrameType, decode_frames
-from idemlink.protocol.modbus import FunctionCode
+from idemlink.protocol.modbus import FunctionCode, StandardFunction
 from idemlink.protocol.modbus_rtu import decode_rtu, encode_rtu
 from idemlink.protocol.modbus_tcp import MbapDecoder, encode_mbap
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.payloads import decode_response_payload
-from idemlink.protocol.regmap_file import DEFAULT_MAP
+from idemlink.protocol.registers import Space
+from idemlink.protocol.regmap_file import DEFAULT_MAP_NAME, parse_regmap
+
+_BUILTIN = resources.files("idemlink.protocol").joinpath(
+    "maps", f"{DEFAULT_MAP_NAME}.toml").read_text("utf-8")
+#: the built-in thermal controller and, after its registers, typed ones: an i16 with a scale,
+#: an f32 in little-word order and a u32 (two registers each), a packed word of bit fields
+#: (FC22: ``mask_write``) and a coil
+MAP = parse_regmap(_BUILTIN.replace("\n[[registers]]", """mask_write = true
+
+[[registers]]""", 1) + """
+[[registers]]
+address = 16
+name = "trim"
+kind = "holding"
+type = "i16"
+scale = 0.1
+min = -500
+max = 500
+
+[[registers]]
+address = 17
+name = "energy_limit"
+kind = "holding"
+type = "f32"
+word_order = "little"
+
+[[registers]]
+address = 19
+name = "run_limit"
+kind = "holding"
+type = "u32"
+word_order = "big"
+
+[[registers]]
+address = 21
+name = "control"
+kind = "holding"
+fields = [{ name = "heating", bit = 0 }, { name = "stage", bit = 4, width = 2 }]
+
+[[registers]]
+address = 0
+name = "pump"
+kind = "coil"
+""", source="four-drivers.toml")
 
 EFFECTFUL = {FunctionCode.WRITE_SINGLE_REGISTER, FunctionCode.WRITE_MULTIPLE_REGISTERS,
              FunctionCode.TRIGGER}
@@ -65,7 +114,7 @@ class Wire:
         self.t = 0.0
         self.inbox = b""
         self.lose = NEVER
-        self.lost = 0
+        self.lost: list[int] = []  #: the function of each answer lost
         self.fail = False  #: the next read after a write fails (the port dies with it out)
         self._armed = False
 
@@ -81,7 +130,7 @@ class Wire:
         self._armed = self.fail
         for fc, raw in self.answer(data):
             if fc is not None and self.lose(fc):
-                self.lost += 1
+                self.lost.append(fc)
             else:
                 self.inbox += raw
 
@@ -105,7 +154,7 @@ class Wire:
 class FramedWire(Wire):
     def __init__(self) -> None:
         super().__init__()
-        self.device = SimulatedDevice(seed=1, trigger_duration=1000.0)
+        self.device = SimulatedDevice(seed=1, regmap=MAP, trigger_duration=1000.0)
         self.core = self.device.core
 
     def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
@@ -131,7 +180,7 @@ class TcpWire(Wire):
 
     def __init__(self) -> None:
         super().__init__()
-        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=1000.0)
+        self.core = DeviceCore(MAP, trigger_duration=1000.0)
         self.server = RtuServer(self.core, unit=1)
         self.mbap = MbapDecoder()
 
@@ -152,7 +201,7 @@ class TcpWire(Wire):
 class RtuWire(Wire):
     def __init__(self) -> None:
         super().__init__()
-        self.core = DeviceCore(DEFAULT_MAP, trigger_duration=1000.0)
+        self.core = DeviceCore(MAP, trigger_duration=1000.0)
         self.server = RtuServer(self.core, unit=1)
 
     def answer(self, data: bytes) -> list[tuple[int | None, bytes]]:
@@ -170,7 +219,7 @@ def open_driver(kind: str) -> tuple[Any, Wire]:
     cls = {"Device": Device, "AsyncDevice": AsyncDevice, "RtuDevice": RtuDevice,
            "AsyncRtuDevice": AsyncRtuDevice, "TcpDevice": TcpDevice,
            "AsyncTcpDevice": AsyncTcpDevice}[kind]
-    return cls(line, timeout=0.05, attempts=3), wire
+    return cls(line, regmap=MAP, timeout=0.05, attempts=3), wire
 
 
 def losing(fcs: set[int], times: int | None = None) -> Callable[[int], bool]:
@@ -260,6 +309,23 @@ def table(dev: CommandBuilder, files: list[str]) -> list[tuple[str, Any, tuple[A
         ("unsupported before anything is sent", "run",
          ([dev.read_command("mode"), dev.file_info_command("a.bin")],), None,
          [ok(values=(2,)), ok()], refused("0x45")),
+        # typed values: one register signed, two registers in one FC16 in the map's word order
+        ("i16 negative", "write", ({"trim": "-7.5"},), NEVER, ok(), SAME),
+        ("its word", "read", ("trim",), None, ok(values=(0xFFB5,)), SAME),
+        ("f32, little word first", "write", ({"energy_limit": "1234.5"},), None, ok(), SAME),
+        ("both words", "read", ("energy_limit",), None, ok(values=(0x5000, 0x449A)), SAME),
+        ("u32, first answer lost: set-only, retried", "write", ({"run_limit": "70000"},),
+         losing({FunctionCode.WRITE_MULTIPLE_REGISTERS}, 1), ok(), SAME),
+        ("both words", "read", ("run_limit",), NEVER, ok(values=(0x0001, 0x1170)), SAME),
+        # a bit field: FC22 sets its bits alone; absolute bits, so set-only and retried
+        ("the whole word", "write", ({"control": 0x0001},), None, ok(), SAME),
+        ("a field by mask write, first answer lost", "write", ({"stage": 2},),
+         losing({StandardFunction.MASK_WRITE_REGISTER}, 1), ok(), SAME),
+        ("its neighbour kept", "read", ("control",), NEVER, ok(values=(0x0021,)), SAME),
+        # a coil: FC05 writes an absolute value, set-only too
+        ("a coil, first answer lost", "write", ({"pump": 1},),
+         losing({StandardFunction.WRITE_SINGLE_COIL}, 1), ok(), SAME),
+        ("the coil", "read", ("pump",), NEVER, ok(values=(1,)), SAME),
     ]
 
 
@@ -330,7 +396,7 @@ def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
              "tcp": ("TcpDevice", "AsyncTcpDevice")}[protocol]
     RECORDED.clear()
     runs = {kind: drive(kind, files) for kind in kinds}
-    rows = table(CommandBuilder(DEFAULT_MAP), files)
+    rows = table(CommandBuilder(MAP), files)
     blocking, awaited = (runs[k][0] for k in kinds)
     assert blocking == awaited  # the same loop, the same operations: the same outcomes
     for (what, name, _args, _lose, framed, rtu), got in zip(rows, blocking, strict=True):
@@ -340,6 +406,11 @@ def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
         # started twice in all: the first trigger and the one whose answers were lost; the
         # second trigger while RUNNING started nothing
         assert wire.core.count(EffectKind.TRIGGER_STARTED) == 2
+        # the typed rows, on the device: the words, the field beside its neighbour, the coil;
+        # and the three answers lost (u32, mask write, coil) were lost, then retried
+        assert wire.core.read(16, 6) == (0xFFB5, 0x5000, 0x449A, 0x0001, 0x1170, 0x0021)
+        assert wire.core.read_bits(Space.COILS, 0, 1) == (1,)
+        assert [wire.lost.count(fc) for fc in (0x10, 0x16, 0x05)] == [1, 1, 1]
     numbers = [r.number for r in RECORDED]
     assert len(numbers) == 2
     assert all((n is None) == (protocol != "framed") for n in numbers)  # a plain slave: none
