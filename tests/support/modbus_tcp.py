@@ -33,9 +33,10 @@ receives takes the next entry of ``script`` (``FORWARD`` when it is empty) —
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import Any
+
+from support.pymodbus_serial import BackgroundTcpServer
 
 FORWARD = "forward"
 DROP = "drop"
@@ -43,7 +44,6 @@ DROP = "drop"
 
 class PymodbusTcp:
     def __init__(self, values: list[int], *, unit: int = 1) -> None:
-        from pymodbus.server import ModbusTcpServer
         from pymodbus.simulator import DataType, SimData, SimDevice
 
         self.values = list(values)
@@ -78,41 +78,19 @@ class PymodbusTcp:
 
         device = SimDevice(unit, simdata=[SimData(0, values=list(self.values),
                                                   datatype=DataType.REGISTERS)], action=action)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        self.port = 0
-        self.failure: BaseException | None = None
+        self.background = BackgroundTcpServer(device, trace)
+        self.loop, self.server = self.background.loop, self.background.server
 
-        async def serve() -> None:
-            self.server = ModbusTcpServer(device, address=("127.0.0.1", 0), trace_packet=trace)
-            await self.server.serve_forever(background=True)
-            self.port = self.server.transport.sockets[0].getsockname()[1]
-            ready.set()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            try:
-                self.loop.run_until_complete(serve())
-            except BaseException as exc:  # handed to the test
-                self.failure = exc
-                ready.set()
-                return
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(10), "pymodbus's TCP server did not start listening"
-        if self.failure is not None:
-            raise self.failure
+    @property
+    def port(self) -> int:
+        return self.background.port
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return self.background.address
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.shutdown(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        self.background.close()
 
 
 class Gateway:
