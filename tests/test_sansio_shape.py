@@ -77,6 +77,7 @@ MACHINES: dict[str, frozenset[str]] = {
     "idemlink.protocol.modbus_tcp.TcpMaster": frozenset(SHAPE),
     "idemlink.protocol.modbus_tcp.MbapDecoder": frozenset({"receive_data", "next_event"}),
     "idemlink.protocol.rtu_scan.BusScan": frozenset(SHAPE),
+    "idemlink.protocol.uart_line.UartReceiver": frozenset({"receive_data", "next_event"}),
 }
 """Each machine and the parts of the shape it has (the rest it must not need)."""
 

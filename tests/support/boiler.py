@@ -148,13 +148,15 @@ class Boiler:
     def __init__(self, path: str | None, drop: Callable[[bytes], bool] = lambda frame: False,
                  ) -> None:
         """Served on the serial port ``path``, or over Modbus TCP on 127.0.0.1 (``path`` None:
-        ``address`` says where). ``drop`` sees an answer as an RTU frame would start (unit,
-        function, ...): over TCP the MBAP header's first six bytes are left out."""
+        ``address`` says where). ``drop`` sees an answer as an RTU frame would
+        start (unit, function, ...): over TCP the MBAP header's first six bytes are left out.
+        ``requests`` counts the requests pymodbus executed (reads too)."""
         from pymodbus.constants import ExcCodes
         from pymodbus.simulator import DataType, SimData, SimDevice
 
         self.writes: list[tuple[int, int, list[Any]]] = []
         self.log: list[tuple[str, int]] = []
+        self.requests = 0
         self._holdings: list[int] = []
         self._at = 0
         inputs = (to_regs(-50, "INT16") + to_regs(-123, "INT16")
@@ -169,6 +171,7 @@ class Boiler:
 
         async def action(fc: int, start: int, address: int, count: int, current: list[int],
                          set_values: list[Any] | None) -> Any:
+            self.requests += 1
             if set_values is None:
                 return None
             if fc in (FC06, FC16) and address <= PURGE < address + count:
