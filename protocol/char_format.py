@@ -19,7 +19,9 @@ Contract:
 
 A pseudo-terminal takes any format and enforces none (Linux keeps the stop bits and the odd-parity
 flag a port was set to, but resets the data bits to 8 and parity to off): a format mismatch shows
-only on a real UART, or to a peer told the format (an RFC 2217 server).
+only on a real UART, or to a peer told the format (an RFC 2217 server) — as on the wire of
+``idemlink.device_sim.uart_wire``, which frames characters bit by bit at each end's format
+(``idemlink.protocol.uart_line``).
 """
 
 from __future__ import annotations

@@ -15,4 +15,5 @@ def test_modbus_rtu_md_examples_run_as_written(tmp_path: Path) -> None:
     session = Session(tmp_path)
     session.run_document(DOC.read_text("utf-8"))
     assert session.counts["file"] >= 3 and session.counts["run"] >= 1
+    assert session.counts["python"] >= 1  # the character format on a wire
     assert (tmp_path / "test_dryer_app.py").is_file()

@@ -175,3 +175,33 @@ def test_an_8e1_server_is_reached_with_parity_e_and_not_with_n(
     assert mismatched and all(b.direction == TO_DEVICE for b in mismatched)
     assert all(b.errors >= len(b.sent) - 1 and len(b.passed) < len(b.sent) for b in mismatched)
     assert not [b for b in wire.log if b.direction == TO_HOST and b.errors]
+
+
+@pytest.mark.parametrize("device_parity", ["O", "E"])
+def test_the_c_device_s_parity_reaches_its_uart(device_bin: os.PathLike[str], device_parity: str,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The posix C device on the wire's pty with ``--parity O`` or ``E``: the pty keeps the odd
+    flag the device set (the enable it clears, so the wire's declaration says "parity on"), and
+    only a host of the same parity gets an answer. (N against E cannot be shown through a pty:
+    that is the boiler's test above, whose UART is declared.)"""
+    import subprocess
+
+    other = {"O": "E", "E": "O"}[device_parity]
+    with UartWire(F("8E1")) as wire:
+        proc = subprocess.Popen([os.fspath(device_bin), "--modbus-rtu", "--port",
+                                 wire.device_path, "--parity", device_parity],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == wire.device_path  # it set its format
+            assert wire.device_side == F(f"8{device_parity}1")
+            base = ["read", "mode", "--port", wire.url, "--modbus-rtu", "--timeout",
+                    f"{scaled(0.3):.3f}", "--attempts", "2"]
+            assert main([*base, "--parity", device_parity]) == 0
+            assert capsys.readouterr().out.strip() == "mode = auto (1)"
+            assert main([*base, "--parity", other]) == 1
+            assert "no Modbus RTU slave answered" in capsys.readouterr().err
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=10)
+    assert [b.direction for b in wire.log if b.errors] == [TO_DEVICE] * 2  # both tries garbled
