@@ -190,8 +190,7 @@ class PlainRtuServer(RtuServer):
                 response = encode_response(ExceptionResponse(pdu[0],
                                                              ModbusException.ILLEGAL_FUNCTION))
             else:
-                response = self.core.execute(
-                pdu, now, persist=self._persist if self.flash is not None else None)
+                response = self.execute(pdu, now)
             effects = tuple(e for e in self.core.log[mark:] if e.request)
             broadcast = frame.unit == BROADCAST_UNIT
             done = Executed(now, frame.unit, pdu[0] if pdu else 0,

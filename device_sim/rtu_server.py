@@ -116,12 +116,17 @@ class RtuServer:
             if frame.unit not in (self.unit, BROADCAST_UNIT):
                 self.ignored += 1
                 continue
-            response = self.core.execute(
-                frame.pdu, now, persist=self._persist if self.flash is not None else None)
+            response = self.execute(frame.pdu, now)
             if frame.unit == BROADCAST_UNIT:
                 continue
             self.answered += 1
             out += encode_rtu(self.unit, response)
+
+    def execute(self, pdu: bytes, now: float) -> bytes:
+        """The core's answer PDU to one request PDU, the configuration saved first when a flash
+        is given (a Modbus TCP face serves the same slave: ``idemlink.device_sim.tcp_server``)."""
+        return self.core.execute(pdu, now,
+                                 persist=self._persist if self.flash is not None else None)
 
     def _persist(self, snap: ConfigSnapshot) -> None:
         assert self.flash is not None

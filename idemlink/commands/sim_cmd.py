@@ -2,7 +2,9 @@
 
 Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served
 by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
-(``idemlink.device_sim.rtu_server``). Without ``--port`` a pty is created. The port path is the
+(``idemlink.device_sim.rtu_server``); with ``--modbus-tcp [HOST:]PORT`` that slave is served over
+Modbus TCP instead (``idemlink.device_sim.tcp_server``; the first line is the address it listens
+on, ``HOST:PORT``, the port the system picked for 0). Without ``--port`` a pty is created. The port path is the
 FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
 "mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0
 (a Ctrl-C while it is still opening its port or flash directory too: it had served nothing).
@@ -43,6 +45,7 @@ from idemlink.host.errors import PortError
 from idemlink.output import add_json_option, print_json, wants_json
 
 if TYPE_CHECKING:
+    from idemlink.device_sim.rtu_server import RtuServer
     from idemlink.device_sim.serve import ServeTransport
     from idemlink.host.transport import SerialTransport
     from idemlink.protocol.device_core import DeviceCore
@@ -60,6 +63,10 @@ def register(sub: Any) -> None:
                         "('fault drop', 'fault late S', 'fault echo', 'fault mute', 'fault unit', "
                         "'fault clear', 'finish ADDRESS') and --effects records every request "
                         "it executed")
+    p.add_argument("--modbus-tcp", metavar="[HOST:]PORT", default=None,
+                   help="serve the --modbus-rtu slave over Modbus TCP instead, listening on "
+                        "HOST:PORT (127.0.0.1 when only PORT is given; 0: a free port); the "
+                        "first line of stdout is the address it listens on")
     p.add_argument("--port", help="serve on this port or pyserial URL instead of a new pty")
     p.add_argument("--unit", type=int, default=None, help="Modbus unit id (default 1)")
     p.add_argument("--flash-dir", help="directory keeping the configuration (and the device id) "
@@ -198,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
                         "seconds >= 0")
     effects = getattr(args, "effects", None)
+    if getattr(args, "modbus_tcp", None) is not None:
+        return run_tcp(args)
     if getattr(args, "plain", False) and not args.modbus_rtu:
         raise UserError("--plain is a plain Modbus RTU slave: give it with --modbus-rtu")
     if effects is not None:
@@ -237,8 +246,9 @@ def _flash_lock(args: argparse.Namespace) -> Iterator[None]:
         yield
 
 
-def run_rtu(args: argparse.Namespace) -> int:
-    """The same register map as a plain Modbus RTU slave."""
+def _rtu_server(args: argparse.Namespace, *, port: bool) -> RtuServer:
+    """The map's plain Modbus slave (``--plain``: with its faults and ground truth), its
+    configuration in ``--flash-dir``; ``port``: served on a serial line (t3.5 from its rate)."""
     if not 1 <= args.unit <= 247:
         raise UserError(f"unit id {args.unit} outside 1..247")
     from idemlink.device_sim.flash import ConfigFlash
@@ -248,14 +258,13 @@ def run_rtu(args: argparse.Namespace) -> int:
 
     regmap = regmap_from(args)
     core = DeviceCore(regmap, trigger_duration=args.trigger_duration, now=time.monotonic())
-    plain = getattr(args, "plain", False)
     try:
         flash = ConfigFlash(args.flash_dir) if args.flash_dir else None
         # t3.5 follows the line's baud rate and character format; a pty has no rate (1.75 ms)
         options: dict[str, Any] = dict(
-            unit=args.unit, flash=flash, baudrate=args.baudrate if args.port else None,
+            unit=args.unit, flash=flash, baudrate=args.baudrate if port else None,
             char_format=CharFormat(args.bytesize, args.parity, args.stopbits))
-        if plain:
+        if getattr(args, "plain", False):
             from idemlink.device_sim.plain_slave import PlainRtuServer
 
             server: RtuServer = PlainRtuServer(core, on_executed=_executed_writer(args),
@@ -266,8 +275,14 @@ def run_rtu(args: argparse.Namespace) -> int:
             flash.claim_map(regmap.name, regmap.hash.hex())
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory: {exc}") from None
+    return server
+
+
+def run_rtu(args: argparse.Namespace) -> int:
+    """The same register map as a plain Modbus RTU slave."""
+    server = _rtu_server(args, port=bool(args.port))
     extra: Callable[[str, float], bool] | None = None
-    if plain:
+    if getattr(args, "plain", False):
         from idemlink.device_sim.plain_slave import PlainRtuServer, parse_fault_line
 
         assert isinstance(server, PlainRtuServer)
@@ -275,8 +290,53 @@ def run_rtu(args: argparse.Namespace) -> int:
 
         def extra(line: str, now: float) -> bool:
             return parse_fault_line(line, plain_server, now)
-    with _control(args, core, extra) as between:
+    with _control(args, server.core, extra) as between:
         return _serve_until_signal(args, functools.partial(server.serve, between=between))
+
+
+def run_tcp(args: argparse.Namespace) -> int:
+    """``--modbus-tcp [HOST:]PORT``: the ``--modbus-rtu`` slave served over Modbus TCP."""
+    import socket
+
+    from idemlink.device_sim.serve import install_stop_signals
+    from idemlink.device_sim.tcp_server import parse_listen_address, serve_tcp
+    from idemlink.protocol.modbus_tcp import TcpAddressError
+
+    sources = getattr(args, "settings_from", {})
+    for given, option in (("port", "--port"), ("plain", "--plain"), ("effects", "--effects")):
+        if getattr(args, given, None) and sources.get(given, "command line") == "command line":
+            raise UserError(f"{option} does not apply to --modbus-tcp (a TCP server has no "
+                            "serial port; --plain and --effects are the serial slave's)")
+    if args.modbus_rtu and sources.get("modbus_rtu") == "command line":
+        raise UserError("--modbus-rtu and --modbus-tcp: give one (a serial line or a TCP server)")
+    try:
+        host, port = parse_listen_address(args.modbus_tcp)
+    except TcpAddressError as exc:
+        raise UserError(f"--modbus-tcp {exc}") from None
+    try:
+        with _flash_lock(args):
+            server = _rtu_server(args, port=False)
+            try:
+                listener = socket.create_server((host, port))
+            except OSError as exc:
+                raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            with listener, _control(args, server.core) as between:
+                bound = listener.getsockname()
+                address = f"[{bound[0]}]:{bound[1]}" if ":" in bound[0] else \
+                    f"{bound[0]}:{bound[1]}"
+                stop = threading.Event()
+                restore = install_stop_signals(stop)
+                try:
+                    if wants_json(args):
+                        print_json("idemlink.sim/1", {"port": address, "mode": "modbus-tcp"})
+                    else:
+                        print(address, flush=True)
+                    serve_tcp(listener, server, stop, between=between)
+                finally:
+                    restore()
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
 
 
 def _executed_writer(args: argparse.Namespace) -> Callable[[Any], None] | None:
