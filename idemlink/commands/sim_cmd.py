@@ -1,13 +1,14 @@
 """``idemlink sim``: run the simulated device on a pseudo-terminal, a port or a pyserial URL.
 
-Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served
-by ``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
+Contract: by default the device speaks the framed idemlink protocol (``SimulatedDevice`` served by
+``idemlink.device_sim.serve``); with ``--modbus-rtu`` it is a plain Modbus RTU slave
 (``idemlink.device_sim.rtu_server``); with ``--modbus-tcp [HOST:]PORT`` that slave is served over
 Modbus TCP instead (``idemlink.device_sim.tcp_server``; the first line is the address it listens
-on, ``HOST:PORT``, the port the system picked for 0). Without ``--port`` a pty is created. The port path is the
-FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema": "idemlink.sim/1", "port",
-"mode"}``), then the simulator serves until SIGINT or SIGTERM, closes what it opened and exits 0
-(a Ctrl-C while it is still opening its port or flash directory too: it had served nothing).
+on, ``HOST:PORT``, the port the system picked for 0). Without ``--port`` a pty is created. The
+port path is the FIRST line of stdout (flushed; with ``--json`` that line is ``{"schema":
+"idemlink.sim/1", "port", "mode"}``), then the simulator serves until SIGINT or SIGTERM, closes
+what it opened and exits 0 (a Ctrl-C while it is still opening its port or flash directory too: it
+had served nothing).
 A port that cannot be opened or a bad flash directory is a one-line error (exit 1). A flash
 directory serves one simulator at a time (an exclusive ``flock`` on the directory, held while it
 serves): a second one on the same directory is refused with one line, exit 1, nothing changed.
