@@ -15,10 +15,12 @@ under, what the host reported and when it settled). From these alone it judges:
   encoding PDUs with its own few lines of ``struct``) and the device's answer must be the one the
   model gives — a read must show exactly the modelled values (holdings, generation, latched fault
   bits, trigger state), a trigger starts at most once per IDLE→RUNNING and finishes after its
-  duration, a W1C clear clears exactly the written bits whose condition has gone, the generation
-  moves only on an effective change, a reboot keeps persistent holdings and resets the volatile
-  state. A wrong answer is ``register_semantics``; a holding register read back with another
-  value than the acknowledged one is ``lost_acknowledged_writes``.
+  duration, a command register (``kind = "command"``) starts only while it reads 0, reads the
+  command while it runs and 0 after the duration (a write while it runs starts nothing; above its
+  ``max`` is exception 03), a W1C clear clears exactly the written bits whose condition has gone,
+  the generation moves only on an effective change, a reboot keeps persistent holdings and resets
+  the volatile state. A wrong answer is ``register_semantics``; a holding register read back with
+  another value than the acknowledged one is ``lost_acknowledged_writes``.
 - accounting: every execution is claimed by exactly one result whose request is the one executed,
   wherever it lands (during its batch, during ``reconcile()``, or after its result was settled);
   a command runs at most once, except that a write touching only HOLDING registers (by the map's
@@ -36,7 +38,8 @@ under, what the host reported and when it settled). From these alone it judges:
   an OK with the values, code and replay flag it reports; an answer that arrived later, under
   another number or from another boot proves nothing. A ``reconcile()`` verdict must agree with
   the modelled state, judged per register kind: holding = the value, trigger 1 = RUNNING or DONE,
-  trigger 0 = IDLE, fault = the written bits clear; its evidence (``check_evidence``: "it ran" /
+  trigger 0 = IDLE, fault = the written bits clear, command N = it reads N (0: nothing can be
+  said, it ran and ended or never started); its evidence (``check_evidence``: "it ran" /
   "it never ran", from the request re-sent under its own number) must agree with the device's
   record of that number, and (``check_verdict_evidence``) rest on an answer the line delivered
   under one of its numbers during the reconciliation that says so — never on a read-back. These
@@ -94,7 +97,7 @@ from idemlink.protocol.outcome import IdemlinkError  # the errors' base only: no
 
 # ------------------------------------------------------------------------------- the map file
 
-KINDS = ("input", "holding", "fault", "trigger", "generation")
+KINDS = ("input", "holding", "fault", "trigger", "generation", "command")
 IDLE, RUNNING, DONE = 0, 1, 2
 CODE_ACCEPTED, CODE_RUNNING, CODE_DONE = 0x0000, 0x0101, 0x0102
 CODE_ABNORMAL, CODE_ILLEGAL = 0xFF00, 0xFF01
@@ -329,6 +332,8 @@ class Model:
     external: dict[int, int] = field(default_factory=dict)
     trigger: dict[int, int] = field(default_factory=dict)
     started: dict[int, float] = field(default_factory=dict)
+    command: dict[int, int] = field(default_factory=dict)  #: 0, or the command that runs
+    command_started: dict[int, float] = field(default_factory=dict)
     gen_addr: int = 0
 
     @classmethod
@@ -342,6 +347,8 @@ class Model:
                 m.gen_addr = r.address
             elif r.kind == "fault":
                 m.latched[r.address] = m.external[r.address] = 0
+            elif r.kind == "command":
+                m.command[r.address] = 0
             else:
                 m.trigger[r.address] = IDLE
         m.latch()
@@ -353,6 +360,8 @@ class Model:
             return self.latched[r.address]
         if r.kind == "trigger":
             return self.trigger[r.address]
+        if r.kind == "command":
+            return self.command[r.address]
         return self.values[r.address]
 
     def names(self) -> dict[str, int]:
@@ -369,22 +378,35 @@ class Model:
             self.latched[a] |= self.cond(a)
 
     def finish_due(self, now: float, tolerance: float) -> list[int]:
-        """Finish triggers whose duration has surely elapsed; the addresses still ambiguous."""
+        """Finish triggers and commands whose duration has surely elapsed; the addresses still
+        ambiguous (``finish`` each in a candidate model)."""
         ambiguous = []
-        for a, s in list(self.started.items()):
-            if self.trigger[a] != RUNNING:
+        for a, s in [*self.started.items(), *self.command_started.items()]:
+            if a in self.trigger and self.trigger[a] != RUNNING:
                 continue
             if now >= s + self.duration + tolerance:
-                self.trigger[a] = DONE
-                del self.started[a]
+                self.finish(a)
             elif tolerance and now >= s + self.duration - tolerance:
                 ambiguous.append(a)
         return ambiguous
+
+    def finish(self, address: int) -> None:
+        """The action of the trigger (DONE) or command register (it reads 0) at ``address``
+        completed."""
+        if address in self.command:
+            self.command[address] = 0
+            self.command_started.pop(address, None)
+        else:
+            self.trigger[address] = DONE
+            self.started.pop(address, None)
 
     def boot(self) -> None:
         for a in self.trigger:
             self.trigger[a] = IDLE
         self.started.clear()
+        for a in self.command:  # a reboot loses a running command
+            self.command[a] = 0
+        self.command_started.clear()
         for a in self.latched:
             self.latched[a] = 0
         changed = False
@@ -440,7 +462,9 @@ class Model:
         plan = list(zip(regs, d.values, strict=True))
         for r, v in plan:
             if (r.kind == "holding" and not r.minimum <= v <= r.maximum) or (
-                    r.kind == "fault" and v & ~r.mask) or (r.kind == "trigger" and v not in (0, 1)):
+                    r.kind == "fault" and v & ~r.mask) or (r.kind == "trigger" and v not in (0, 1)
+                                                           ) or (r.kind == "command"
+                                                                 and v > r.maximum):
                 raise _Refused(EXC_VALUE)
         for r, _ in plan:
             if r.kind == "trigger" and self.trigger[r.address] not in (IDLE, RUNNING, DONE):
@@ -458,6 +482,10 @@ class Model:
         for r, v in plan:
             if r.kind == "trigger":
                 self._step(r.address, v, now)
+        for r, v in plan:  # a command starts only from 0; while one runs a write starts nothing
+            if r.kind == "command" and v and not self.command[r.address]:
+                self.command[r.address] = v
+                self.command_started[r.address] = now
         for r, v in plan:
             if r.kind == "fault":
                 self.latched[r.address] &= ~(v & ~self.cond(r.address))
@@ -522,6 +550,8 @@ class Model:
             if r.kind == "trigger" and not ((v == 1 and now in (RUNNING, DONE))
                                             or (v == 0 and now == IDLE)):
                 return False
+            if r.kind == "command" and v and now != v:
+                return None  # 0: it ran and ended, or never started; another: not this one
         return True
 
 
@@ -871,8 +901,7 @@ class Oracle:
         candidates = [self.model]
         for a in self.model.finish_due(x.time, self.tolerance):
             done = copy.deepcopy(self.model)
-            done.trigger[a] = DONE
-            done.started.pop(a, None)
+            done.finish(a)
             candidates.append(done)
         answers = []
         for m in candidates:
@@ -908,6 +937,10 @@ class Oracle:
             self.model.trigger[r.address] = v
             if v != RUNNING:
                 self.model.started.pop(r.address, None)
+        elif r.kind == "command":
+            self.model.command[r.address] = v
+            if not v:
+                self.model.command_started.pop(r.address, None)
         else:
             self.model.values[r.address] = v
 

@@ -93,6 +93,67 @@ def test_the_oracles_model_answers_every_request_as_the_register_core_does() -> 
     assert oracle.tally.executions == 4000
 
 
+COMMAND_MAP = map_text("thermal-controller") + """
+[[registers]]
+address = 9
+name = "purge"
+kind = "command"
+max = 3
+"""
+
+
+def _command_run(restart_mutant: bool) -> Oracle:
+    """4000 random requests (a command register at 9 among them: values 0..3 start, above
+    are 03, FC16 spans reach it), reboots and time for commands to finish, through the core and
+    the oracle; ``restart_mutant``: a device that restarts a running command on a new write."""
+    from idemlink.protocol.regmap_file import parse_regmap
+
+    rng = random.Random(11)
+    core = DeviceCore(parse_regmap(COMMAND_MAP), trigger_duration=0.5)
+    oracle = Oracle(COMMAND_MAP, trigger_duration=0.5)  # no environment: the bare core
+    oracle.feed([Boot(1, 0.0)])
+    now, epoch = 0.0, 1
+    for seq in range(4000):
+        now += rng.choice([0.0, 0.01, 0.1, 0.3])
+        if rng.random() < 0.02:
+            epoch += 1
+            core.reset_volatile(now)
+            oracle.feed([Boot(epoch, now)])
+        pdu = (struct.pack(">BHH", 3, 9, 1) if seq % 4 == 0  # the command register, often
+               else struct.pack(">BHH", 6, 9, rng.choice([0, 1, 2, 3, 4])) if seq % 4 == 1
+               else _random_pdu(rng))
+        if restart_mutant and pdu[:3] == bytes([6, 0, 9]) and pdu[3:5] != b"\x00\x00":
+            core.tick(now)
+            core.finish_command("purge", now)  # the mutant: a new write restarts it
+        answer = core.execute(pdu, now)
+        oracle.claim(Claim(pdu, ((epoch, seq),), "UNKNOWN"))
+        oracle.feed([Run(epoch, seq, pdu, answer, now)])
+    assert oracle.tally.executions == 4000
+    return oracle
+
+
+def test_the_oracles_command_register_answers_as_the_register_core_does() -> None:
+    """The oracle's own model of ``kind = "command"`` (written from the map file's text): a
+    non-zero value starts a command only while it reads 0, it reads the command while it runs
+    and 0 after the duration or a reboot, a value above ``max`` is 03 — never disagreeing with
+    the core over a differential run; and a device that restarts a running command is caught."""
+    oracle = _command_run(restart_mutant=False)
+    assert oracle.tally.passed, oracle.tally.problems[:5]
+    mutant = _command_run(restart_mutant=True)
+    assert not mutant.tally.passed
+    assert mutant.tally.register_semantics > 0, mutant.tally.problems[:3]
+
+
+def test_reconcile_of_a_command_write_holds_while_it_runs_and_cannot_say_after() -> None:
+    oracle = Oracle(COMMAND_MAP, trigger_duration=0.5)
+    oracle.feed([Boot(1, 0.0)])
+    start = struct.pack(">BHH", 6, 9, 2)
+    oracle.feed([Run(1, 0, start, start, 0.1)])
+    assert oracle.model.intent_holds(start) is True  # it reads 2: it runs
+    oracle.model.finish_due(0.7, 0.0)
+    assert oracle.model.intent_holds(start) is None  # 0: it ran and ended, or never started
+
+
 def test_a_wrong_answer_is_a_register_semantics_violation() -> None:
     oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
     oracle.feed([Boot(1, 0.0)])
