@@ -189,9 +189,11 @@ class Rfc2217Slave:
     protocol's server side — in front of a Modbus RTU slave (``RtuServer``) on a UART set to
     ``uart`` (8E1). The client's ``rfc2217://`` port tells the server the format it was opened
     with; the server sets its port to it (``formats`` records each) — which is all a real server
-    can see. What a real UART then does with a sender of another format (parity and framing
-    errors: the frame is lost) is modelled: bytes arriving while the negotiated format is not the
-    UART's are dropped."""
+    can see. What a real UART then does with a sender of another format is the bit-level model
+    of ``idemlink.protocol.uart_line``: the client's bytes are framed at the negotiated format
+    and sampled at the UART's, a character with a parity or framing error is discarded (as a
+    Modbus slave does; ``dropped`` counts them), and the answers are framed at the UART's format
+    and sampled at the client's (delivered as sampled, as a tty does)."""
 
     def __init__(self, uart: str = "8E1") -> None:
         import socket
@@ -217,6 +219,8 @@ class Rfc2217Slave:
         import time
 
         from serial.rfc2217 import PortManager
+
+        from idemlink.protocol.uart_line import UartReceiver, transfer
 
         self.listener.settimeout(0.1)
         while not self.stop.is_set():
@@ -244,11 +248,14 @@ class Rfc2217Slave:
                         self.formats.append(str(fmt))
                     if not line:
                         continue
-                    if fmt != self.uart:
-                        self.dropped += len(line)
+                    chars = transfer(line, fmt, UartReceiver(self.uart))
+                    kept = bytes(c.value for c in chars if c.ok)
+                    self.dropped += len(line) - len(kept)
+                    if not kept:
                         continue
-                    self.server.receive_data(line, time.monotonic())
-                    answer = self.server.data_to_send()
+                    self.server.receive_data(kept, time.monotonic())
+                    answer = bytes(c.value for c in transfer(self.server.data_to_send(),
+                                                             self.uart, UartReceiver(fmt)))
                     if answer:
                         try:
                             conn.sendall(b"".join(manager.escape(answer)))
