@@ -164,8 +164,8 @@ class Boiler:
                   + to_regs("AB-1234567", "STRING") + [0x0042])
         holdings = [*to_regs(450, "INT16"), 0x0011, *to_regs(100000, "UINT32", "little"), 0]
 
-        def done() -> None:
-            if self._holdings[self._at]:
+        def done() -> None:  # nothing before the first purge write: nothing runs
+            if self._holdings and self._holdings[self._at]:
                 self.log.append(("done", self._holdings[self._at]))
                 self._holdings[self._at] = 0
 
