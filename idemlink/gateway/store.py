@@ -1,0 +1,277 @@
+"""The gateway's call store: one SQLite file per gateway (WAL, ``synchronous=FULL``).
+
+Contract (docs/GATEWAY.md, "The store"):
+
+- One row per call with an effect, keyed by (caller id, idempotency key): the digest of its
+  content, the port, operation and arguments, and its state — ``accepted`` (on disk, nothing
+  sent), ``started`` (the device sequence number it travels under, ``epoch``/``seq``, and its
+  request PDU are on disk: written *before* the request leaves), ``done`` (the result body is
+  final). Every change is one transaction, synced to disk when the call returns (WAL with
+  ``synchronous=FULL``): a gateway killed at any moment finds, after restart, exactly what it had
+  sent under which number.
+- Open items: a ``done`` row whose outcome is UNKNOWN and that nobody acknowledged; ``acknowledge``
+  records who and why (and when). They are never pruned.
+- The audit log: who (caller id), what (method, path, content), when, key, outcome, HTTP status.
+- Bounded: at most ``MAX_CALLS`` call rows and ``MAX_AUDIT`` audit rows, each row's text at most
+  ``MAX_TEXT`` bytes. Rows older than the retention window (``calls.RETENTION_SECONDS``, by the
+  key's time for a call) are pruned, except calls not ``done`` and open items; a store still full
+  after pruning refuses the new call (``StoreFull``: NOT_EXECUTED, safe to retry later) — it never
+  drops a record that is still needed. Worst case on disk: about 100 MB.
+- One gateway per store: ``<path>.lock`` (``idemlink.protocol.regular_file.lock_file``) or
+  ``StoreBusy``. The file is private (created 0600; a store readable by group or others, or a
+  symbolic link, is refused: ``StoreUnsafe``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from idemlink.gateway.calls import RETENTION_SECONDS
+from idemlink.protocol.outcome import IdemlinkError
+from idemlink.protocol.regular_file import FileLock, LockHeld, lock_file
+
+MAX_CALLS = 100_000
+MAX_AUDIT = 200_000
+MAX_TEXT = 16 * 1024
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS calls (
+    caller TEXT NOT NULL, key TEXT NOT NULL, key_ms INTEGER NOT NULL, digest TEXT NOT NULL,
+    port TEXT NOT NULL, op TEXT NOT NULL, args TEXT NOT NULL, state TEXT NOT NULL,
+    epoch INTEGER, seq INTEGER, pdu TEXT, outcome TEXT, body TEXT,
+    ack_by TEXT, ack_reason TEXT, ack_ms INTEGER, created_ms INTEGER NOT NULL,
+    PRIMARY KEY (caller, key));
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, caller TEXT NOT NULL,
+    method TEXT NOT NULL, path TEXT NOT NULL, content TEXT NOT NULL, key TEXT,
+    outcome TEXT NOT NULL, http INTEGER NOT NULL);
+"""
+
+
+class StoreError(IdemlinkError):
+    """The call store cannot be used."""
+
+
+class StoreBusy(StoreError):
+    """Another gateway holds this store."""
+
+
+class StoreUnsafe(StoreError):
+    """The store's path is a symbolic link, not a regular file, or readable by others."""
+
+
+class StoreFull(StoreError):
+    """The store is at its bound with records still needed: the call is refused, nothing sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    caller: str
+    key: str
+    key_ms: int
+    digest: str
+    port: str
+    op: str
+    args: dict[str, Any]
+    state: str  #: accepted / started / done
+    epoch: int | None
+    seq: int | None
+    pdu: bytes | None
+    outcome: str | None
+    body: dict[str, Any] | None
+    ack_by: str | None
+    ack_reason: str | None
+    ack_ms: int | None
+
+    @property
+    def open_item(self) -> bool:
+        return self.state == "done" and self.outcome == "UNKNOWN" and self.ack_by is None
+
+    def summary(self) -> dict[str, Any]:
+        return {"caller": self.caller, "key": self.key, "port": self.port, "op": self.op,
+                "args": self.args, "state": self.state, "outcome": self.outcome,
+                "epoch": self.epoch, "seq": self.seq, "acknowledged_by": self.ack_by,
+                "acknowledge_reason": self.ack_reason, "acknowledged_ms": self.ack_ms,
+                "result": self.body}
+
+
+def _text(value: Mapping[str, Any] | None) -> str | None:
+    if value is None:
+        return None
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if len(text) > MAX_TEXT:
+        raise StoreFull(f"a record of {len(text)} bytes is over the store's {MAX_TEXT}-byte limit")
+    return text
+
+
+def _check_file(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        return
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+        raise StoreUnsafe(f"store {path}: not a regular file (a symbolic link or other): refused")
+    if st.st_mode & 0o077:
+        raise StoreUnsafe(f"store {path}: readable or writable by group or others "
+                          f"(mode {stat.S_IMODE(st.st_mode):04o}); chmod 600 it")
+
+
+class CallStore:
+    """The store (see the module docstring). Not thread-safe: one event loop uses it."""
+
+    def __init__(self, path: str, db: sqlite3.Connection, lock: FileLock) -> None:
+        self.path = path
+        self._db = db
+        self._lock = lock
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> CallStore:
+        p = os.fspath(path)
+        try:
+            lock = lock_file(p + ".lock")
+        except LockHeld as exc:
+            raise StoreBusy(f"store {p} is in use by another gateway ({exc})") from exc
+        except OSError as exc:
+            raise StoreError(f"store {p}: {exc.strerror or exc}") from exc
+        try:
+            _check_file(p)
+            db = sqlite3.connect(p, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+            (version,) = db.execute("PRAGMA user_version").fetchone()
+            if version == 0:
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise StoreError(f"store {p}: schema version {version}, this gateway reads "
+                                 f"{SCHEMA_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            lock.release()
+            raise StoreError(f"store {p}: not a gateway store ({exc})") from exc
+        except BaseException:
+            lock.release()
+            raise
+        return cls(p, db, lock)
+
+    def close(self) -> None:
+        self._db.close()
+        self._lock.release()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ calls
+    def get(self, caller: str, key: str) -> CallRecord | None:
+        row = self._db.execute("SELECT * FROM calls WHERE caller=? AND key=?",
+                               (caller, key)).fetchone()
+        return None if row is None else _record(row)
+
+    def find_key(self, key: str) -> list[CallRecord]:
+        return [_record(r) for r in self._db.execute("SELECT * FROM calls WHERE key=?", (key,))]
+
+    def begin(self, caller: str, key: str, key_ms: int, digest: str, port: str, op: str,
+              args: Mapping[str, Any], now_ms: int) -> None:
+        """A new call, ``accepted``, on disk when this returns (``StoreFull`` at the bound)."""
+        args_text = _text(args)
+        with self._tx() as db:
+            self._prune(db, now_ms)
+            (n,) = db.execute("SELECT COUNT(*) FROM calls").fetchone()
+            if n >= MAX_CALLS:
+                raise StoreFull(f"the store holds {n} calls still within retention or unsettled "
+                                f"(limit {MAX_CALLS}): retry later")
+            db.execute("INSERT INTO calls (caller, key, key_ms, digest, port, op, args, state, "
+                       "created_ms) VALUES (?,?,?,?,?,?,?,'accepted',?)",
+                       (caller, key, key_ms, digest, port, op, args_text, now_ms))
+
+    def started(self, caller: str, key: str, number: tuple[int, int] | None, pdu: bytes) -> None:
+        """The number and PDU the request travels under: on disk before it leaves."""
+        epoch, seq = number if number is not None else (None, None)
+        with self._tx() as db:
+            db.execute("UPDATE calls SET state='started', epoch=?, seq=?, pdu=? WHERE caller=? "
+                       "AND key=?", (epoch, seq, pdu.hex(), caller, key))
+
+    def finish(self, caller: str, key: str, outcome: str, body: Mapping[str, Any]) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE calls SET state='done', outcome=?, body=? WHERE caller=? AND key=?",
+                       (outcome, _text(body), caller, key))
+
+    def release(self, caller: str, key: str) -> None:
+        """Drop a call that did not run: the key may be used again."""
+        with self._tx() as db:
+            db.execute("DELETE FROM calls WHERE caller=? AND key=?", (caller, key))
+
+    def unsettled(self, port: str | None = None) -> list[CallRecord]:
+        """Calls not ``done`` (a gateway stopped while they ran), oldest first."""
+        rows = self._db.execute("SELECT * FROM calls WHERE state!='done' ORDER BY created_ms")
+        return [r for r in map(_record, rows) if port is None or r.port == port]
+
+    def open_items(self) -> list[CallRecord]:
+        rows = self._db.execute("SELECT * FROM calls WHERE state='done' AND outcome='UNKNOWN' "
+                                "AND ack_by IS NULL ORDER BY created_ms")
+        return [_record(r) for r in rows]
+
+    def acknowledge(self, caller: str, key: str, by: str, reason: str, now_ms: int) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE calls SET ack_by=?, ack_reason=?, ack_ms=? WHERE caller=? AND "
+                       "key=?", (by, reason[:1000], now_ms, caller, key))
+
+    # ------------------------------------------------------------------ audit
+    def audit(self, at_ms: int, caller: str, method: str, path: str,
+              content: Mapping[str, Any] | None, key: str | None, outcome: str,
+              http: int) -> None:
+        with self._tx() as db:
+            (n,) = db.execute("SELECT COUNT(*) FROM audit").fetchone()
+            if n >= MAX_AUDIT:
+                db.execute("DELETE FROM audit WHERE at_ms < ?",
+                           (at_ms - RETENTION_SECONDS * 1000,))
+            db.execute("INSERT INTO audit (at_ms, caller, method, path, content, key, outcome, "
+                       "http) VALUES (?,?,?,?,?,?,?,?)",
+                       (at_ms, caller, method, path, _text(content) or "{}", key, outcome, http))
+
+    def audit_room(self) -> bool:
+        (n,) = self._db.execute("SELECT COUNT(*) FROM audit").fetchone()
+        return bool(n < MAX_AUDIT)
+
+    def audit_entries(self, limit: int = 100) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT at_ms, caller, method, path, content, key, outcome, http "
+                                "FROM audit ORDER BY id DESC LIMIT ?", (min(limit, 1000),))
+        return [{"at_ms": r[0], "caller": r[1], "method": r[2], "path": r[3],
+                 "content": json.loads(r[4]), "key": r[5], "outcome": r[6], "http": r[7]}
+                for r in rows]
+
+    def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
+        horizon = now_ms - RETENTION_SECONDS * 1000
+        db.execute("DELETE FROM calls WHERE key_ms < ? AND state='done' AND NOT "
+                   "(outcome='UNKNOWN' AND ack_by IS NULL)", (horizon,))
+        db.execute("DELETE FROM audit WHERE at_ms < ?", (horizon,))
+
+
+def _record(row: tuple[Any, ...]) -> CallRecord:
+    (caller, key, key_ms, digest, port, op, args, state, epoch, seq, pdu, outcome, body,
+     ack_by, ack_reason, ack_ms, _created) = row
+    return CallRecord(caller, key, key_ms, digest, port, op, json.loads(args), state, epoch, seq,
+                      None if pdu is None else bytes.fromhex(pdu), outcome,
+                      None if body is None else json.loads(body), ack_by, ack_reason, ack_ms)
+
+
+__all__ = ["MAX_AUDIT", "MAX_CALLS", "MAX_TEXT", "CallRecord", "CallStore", "StoreBusy",
+           "StoreError", "StoreFull", "StoreUnsafe"]

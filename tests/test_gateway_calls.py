@@ -1,0 +1,212 @@
+"""The call layer's rules (``idemlink.gateway.calls``) and its store (``idemlink.gateway.store``),
+without a server: keys and retention, digests, what a record decides, the HTTP table, the store's
+durability settings, bounds, privacy and single writer."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+
+import pytest
+
+from idemlink.gateway import calls, store
+from idemlink.gateway.calls import Decision
+from idemlink.gateway.store import CallStore, StoreBusy, StoreFull, StoreUnsafe
+from idemlink.gateway.tokens import TokenFileError, caller_of, load_tokens, parse_tokens
+from idemlink.protocol.outcome import Outcome, Status
+
+NOW = 1_800_000_000.0
+
+
+def test_keys_are_uuid7_carrying_their_time() -> None:
+    k = calls.new_key(NOW)
+    assert uuid.UUID(k).version == 7
+    assert calls.key_time_ms(k) == int(NOW * 1000)
+    assert calls.check_key(k, NOW + 3600) == k
+    assert len({calls.new_key(NOW) for _ in range(100)}) == 100
+
+
+@pytest.mark.parametrize("bad", [None, "", "abc", str(uuid.uuid4()),
+                                 calls.new_key(NOW).upper(), calls.new_key(NOW) + " "])
+def test_malformed_key_refused(bad: str | None) -> None:
+    with pytest.raises(calls.MalformedIdempotencyKey):
+        calls.check_key(bad, NOW)
+
+
+def test_key_outside_retention_refused_not_new() -> None:
+    old = calls.new_key(NOW - calls.RETENTION_SECONDS - 1)
+    with pytest.raises(calls.KeyOutsideRetention, match="older than the retention window"):
+        calls.check_key(old, NOW)
+    future = calls.new_key(NOW + calls.MAX_CLOCK_SKEW_SECONDS + 1)
+    with pytest.raises(calls.KeyOutsideRetention, match="future"):
+        calls.check_key(future, NOW)
+    assert calls.KeyOutsideRetention.http == 422
+
+
+def test_digest_is_of_canonical_content() -> None:
+    a = calls.digest("dev", "write", {"values": {"a": 1, "b": 2}})
+    assert a == calls.digest("dev", "write", {"values": {"b": 2, "a": 1}})
+    assert a != calls.digest("dev", "write", {"values": {"a": 1, "b": 3}})
+    assert a != calls.digest("dev2", "write", {"values": {"a": 1, "b": 2}})
+    assert a != calls.digest("dev", "write", {"values": {"a": 1, "b": 2}, "if_match": 3})
+
+
+def test_decide_table() -> None:
+    assert calls.decide(None, False, "d") is Decision.NEW
+    assert calls.decide("d", True, "d") is Decision.REPLAY
+    assert calls.decide("d", False, "d") is Decision.WAIT
+    assert calls.decide("d", True, "e") is Decision.CONFLICT
+    assert calls.decide("d", False, "e") is Decision.CONFLICT
+
+
+@pytest.mark.parametrize(("outcome", "status", "reason", "http", "action", "kept"), [
+    (Outcome.OK, Status.OK, "", 200, "none", True),
+    (Outcome.NOT_EXECUTED, Status.GUARD_FAILED, "", 412, "do not retry", True),
+    (Outcome.NOT_EXECUTED, Status.BUSY, "", 503, "safe to retry", False),
+    (Outcome.NOT_EXECUTED, Status.EPOCH_MISMATCH, "", 503, "safe to retry", False),
+    (Outcome.NOT_EXECUTED, None, "", 503, "safe to retry", False),
+    (Outcome.NOT_EXECUTED, Status.IDEMPOTENCY_CONFLICT, "IDEMPOTENCY_CONFLICT", 409,
+     "do not retry", True),
+    (Outcome.NOT_EXECUTED, None, "UNKNOWN_OUTSTANDING", 409, "reconcile first", True),
+    (Outcome.REJECTED, Status.MALFORMED_REQUEST, "", 422, "do not retry", True),
+    (Outcome.UNKNOWN, Status.NO_ANSWER, "", 504, "reconcile first", True),
+    (Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT, "", 502, "reconcile first", True),
+])
+def test_outcome_to_http(outcome: Outcome, status: Status | None, reason: str, http: int,
+                         action: str, kept: bool) -> None:
+    assert calls.rule_for(outcome, status, reason).http == http
+    assert calls.action_for(outcome, status, reason) == action
+    assert calls.keeps_key(outcome, status, reason) is kept
+
+
+def test_unanswered_read_is_safe_to_retry() -> None:
+    assert calls.action_for(Outcome.UNKNOWN, Status.NO_ANSWER, may_have_effect=False) == (
+        "safe to retry")
+
+
+def test_if_match() -> None:
+    assert calls.parse_if_match(None) is None
+    assert calls.parse_if_match('"7"') == 7
+    assert calls.etag(7) == '"7"'
+    for bad in ("7", 'W/"7"', '"x"', '"70000"', '"1", "2"'):
+        with pytest.raises(calls.CallError):
+            calls.parse_if_match(bad)
+
+
+# ------------------------------------------------------------------------------- the store
+
+
+def _begin(s: CallStore, key: str, now_ms: int, caller: str = "alice") -> None:
+    s.begin(caller, key, calls.key_time_ms(key), "d", "dev", "write", {"values": {"a": 1}},
+            now_ms)
+
+
+def test_store_is_wal_synchronous_private(tmp_path: Path) -> None:
+    p = tmp_path / "calls.db"
+    s = CallStore.open(p)
+    try:
+        assert s._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert s._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert os.stat(p).st_mode & 0o777 == 0o600
+        with pytest.raises(StoreBusy):
+            CallStore.open(p)
+    finally:
+        s.close()
+
+
+def test_store_records_the_number_before_send_and_survives_reopen(tmp_path: Path) -> None:
+    p = tmp_path / "calls.db"
+    k = calls.new_key(NOW)
+    s = CallStore.open(p)
+    _begin(s, k, int(NOW * 1000))
+    s.started("alice", k, (0xABCD, 42), b"\x10\x00")
+    s._db.close()  # no orderly close: as if killed
+    s._lock.release()
+    s = CallStore.open(p)
+    try:
+        rec = s.get("alice", k)
+        assert rec is not None and rec.state == "started"
+        assert (rec.epoch, rec.seq, rec.pdu) == (0xABCD, 42, b"\x10\x00")
+        assert [r.key for r in s.unsettled("dev")] == [k]
+        assert s.get("bob", k) is None  # scoped to the caller
+    finally:
+        s.close()
+
+
+def test_store_refuses_unsafe_files(tmp_path: Path) -> None:
+    p = tmp_path / "calls.db"
+    p.write_bytes(b"")
+    p.chmod(0o644)
+    with pytest.raises(StoreUnsafe, match="chmod 600"):
+        CallStore.open(p)
+    link = tmp_path / "link.db"
+    link.symlink_to(p)
+    with pytest.raises(StoreUnsafe):
+        CallStore.open(link)
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"not a database at all" * 100)
+    junk.chmod(0o600)
+    with pytest.raises(store.StoreError):
+        CallStore.open(junk)
+
+
+def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store, "MAX_CALLS", 3)
+    s = CallStore.open(tmp_path / "calls.db")
+    now_ms = int(NOW * 1000)
+    old = [calls.new_key(NOW - 10) for _ in range(3)]
+    try:
+        for k in old:
+            _begin(s, k, now_ms)
+        with pytest.raises(StoreFull):
+            _begin(s, calls.new_key(NOW), now_ms)
+        # a day later: a settled record goes, an open UNKNOWN and an unsettled call stay
+        s.finish("alice", old[0], "OK", {"outcome": "OK"})
+        s.finish("alice", old[1], "UNKNOWN", {"outcome": "UNKNOWN"})
+        later = now_ms + calls.RETENTION_SECONDS * 1000
+        _begin(s, calls.new_key(later / 1000), later)
+        assert s.get("alice", old[0]) is None
+        assert s.get("alice", old[1]) is not None and s.get("alice", old[2]) is not None
+        assert [r.key for r in s.open_items()] == [old[1]]
+        s.acknowledge("alice", old[1], "bob", "read back: it ran", later)
+        assert s.open_items() == []
+        rec = s.get("alice", old[1])
+        assert rec is not None and (rec.ack_by, rec.ack_reason) == ("bob", "read back: it ran")
+        with pytest.raises(StoreFull, match="limit"):
+            s.begin("alice", calls.new_key(later / 1000), later // 1000, "d", "dev", "write",
+                    {"values": {"a": "x" * (store.MAX_TEXT + 1)}}, later)
+    finally:
+        s.close()
+
+
+def test_store_file_is_sqlite(tmp_path: Path) -> None:
+    s = CallStore.open(tmp_path / "calls.db")
+    _begin(s, calls.new_key(NOW), int(NOW * 1000))
+    s.close()
+    with sqlite3.connect(tmp_path / "calls.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 1
+
+
+# ------------------------------------------------------------------------------- tokens
+
+
+def test_tokens(tmp_path: Path) -> None:
+    tokens = parse_tokens("# c\n\nabcdefghijklmnop0 alice\nqrstuvwxyz0123456 bob\n")
+    assert caller_of(tokens, "Bearer abcdefghijklmnop0") == "alice"
+    assert caller_of(tokens, "Bearer nope-nope-nope-nope") is None
+    assert caller_of(tokens, None) is None
+    assert caller_of(tokens, "Basic abcdefghijklmnop0") is None
+    for bad in ("short alice\n", "abcdefghijklmnop0\n", "abcdefghijklmnop0 a b\n", "",
+                "abcdefghijklmnop0 a\nabcdefghijklmnop0 b\n"):
+        with pytest.raises(TokenFileError):
+            parse_tokens(bad)
+    p = tmp_path / "tokens"
+    p.write_text("abcdefghijklmnop0 alice\n")
+    p.chmod(0o644)
+    with pytest.raises(TokenFileError, match="chmod 600"):
+        load_tokens(p)
+    p.chmod(0o600)
+    assert load_tokens(p) == {"abcdefghijklmnop0": "alice"}
