@@ -29,6 +29,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.watch_cmd",
     "idemlink.commands.link_cmd",
     "idemlink.commands.scan_cmd",
+    "idemlink.commands.gateway_cmd",
 )
 
 #: the command names each module of ``COMMAND_MODULES`` registers
@@ -52,4 +53,5 @@ COMMAND_NAMES: dict[str, str] = {
     "watch": "idemlink.commands.watch_cmd",
     "link": "idemlink.commands.link_cmd",
     "scan": "idemlink.commands.scan_cmd",
+    "gateway": "idemlink.commands.gateway_cmd",
 }

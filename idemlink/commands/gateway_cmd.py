@@ -1,0 +1,101 @@
+"""``idemlink gateway --port URL[=NAME] ... --tokens FILE --store FILE [--listen HOST:PORT]``: one
+process owns the ports and serves callers over HTTP with idempotency keys (docs/GATEWAY.md).
+
+Contract: ``--port`` (an idemlink device) and ``--rtu-port`` (a plain Modbus RTU slave through
+``--regmap``, at ``--unit``) may be given several times; a port's name is ``NAME`` or ``p1``,
+``p2``... in order. Binds ``127.0.0.1:8080`` unless ``--listen`` says otherwise (port 0: any free
+one). Once the ports are open and what a stopped gateway left is settled, prints one line on
+stdout, ``idemlink gateway: listening on http://HOST:PORT``, and serves until SIGINT/SIGTERM
+(exit 0). A bad option, an unsafe tokens file or store, a store another gateway holds, an address
+that cannot be bound: one line on stderr, exit 1. ``--openapi`` prints the API description.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+from typing import Any
+
+from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "gateway", help="own ports and serve callers over HTTP with idempotency keys")
+    p.add_argument("--port", action="append", default=[], metavar="URL[=NAME]",
+                   help="an idemlink device's port or pyserial URL (repeatable)")
+    p.add_argument("--rtu-port", action="append", default=[], metavar="URL[=NAME]",
+                   help="a plain Modbus RTU slave's port, driven through --regmap (repeatable)")
+    p.add_argument("--unit", type=int, default=1, help="the RTU slaves' unit id (default 1)")
+    p.add_argument("--baudrate", type=int, default=115200)
+    p.add_argument("--timeout", type=float, default=0.2,
+                   help="seconds to wait for an answer before a retry (default 0.2)")
+    add_regmap_option(p)
+    p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
+                   help="address to serve on (default 127.0.0.1:8080: this machine only)")
+    p.add_argument("--tokens", metavar="FILE", help="bearer tokens: `TOKEN CALLER` a line, mode 600")
+    p.add_argument("--store", metavar="FILE", help="the call store (SQLite), one per gateway")
+    p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
+    p.set_defaults(handler=run)
+
+
+def _named(values: list[str], first: int) -> list[tuple[str, str]]:
+    out = []
+    for i, value in enumerate(values, first):
+        url, sep, name = value.rpartition("=") if re.search(r"=[A-Za-z0-9_.-]+$", value) and (
+            "://" not in value.rpartition("=")[2]) else (value, "", "")
+        if not sep:
+            url, name = value, f"p{i}"
+        if not url:
+            raise UserError(f"--port {value!r}: no URL")
+        out.append((url, name))
+    return out
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise UserError(f"--listen {text!r}: expected HOST:PORT (e.g. 127.0.0.1:8080)")
+    return host.strip("[]"), int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.gateway.openapi import openapi_text
+
+    if args.openapi:
+        print(openapi_text(), end="")
+        return EXIT_OK
+    from idemlink.gateway.server import GatewayConfig, serve
+    from idemlink.gateway.service import PortSpec
+    from idemlink.gateway.store import StoreError
+    from idemlink.gateway.tokens import TokenFileError, load_tokens
+
+    if not args.port and not args.rtu_port:
+        raise UserError("name at least one --port or --rtu-port")
+    if args.tokens is None or args.store is None:
+        raise UserError("--tokens FILE and --store FILE are required")
+    host, port = _listen(args.listen)
+    regmap = regmap_from(args)
+    named = _named(args.port, 1) + _named(args.rtu_port, len(args.port) + 1)
+    names = [n for _, n in named]
+    if len(set(names)) != len(names):
+        raise UserError(f"two ports share a name: {', '.join(names)}")
+    specs = [PortSpec(name, url, regmap, rtu=i >= len(args.port), unit=args.unit,
+                      baudrate=args.baudrate, timeout=args.timeout)
+             for i, (url, name) in enumerate(named)]
+    try:
+        tokens = load_tokens(args.tokens)
+    except TokenFileError as exc:
+        raise UserError(str(exc)) from exc
+
+    def ready(url: str) -> None:
+        print(f"idemlink gateway: listening on {url}", flush=True)
+
+    try:
+        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port), ready))
+    except StoreError as exc:
+        raise UserError(str(exc)) from exc
+    except OSError as exc:
+        raise UserError(f"cannot listen on {args.listen}: {exc.strerror or exc}") from exc
+    return EXIT_OK

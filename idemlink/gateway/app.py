@@ -1,0 +1,144 @@
+"""The HTTP shell of the gateway (aiohttp): routes, bearer tokens, JSON in and out.
+
+It only moves requests to ``idemlink.gateway.service.Gateway`` and its ``Answer`` back: the rules
+(keys, digests, retention, outcome -> status) are ``idemlink.gateway.calls``'s. Every route but
+``/openapi.json`` needs ``Authorization: Bearer TOKEN``; a request body is at most
+``MAX_BODY`` bytes of JSON. The routes and their schemas are ``idemlink.gateway.openapi``'s
+(served at ``/openapi.json``, checked in as docs/gateway-openapi.json).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from idemlink.gateway.calls import KEY_HEADER, CallError, parse_if_match
+from idemlink.gateway.openapi import openapi
+from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer
+from idemlink.gateway.tokens import caller_of
+
+MAX_BODY = 64 * 1024
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(answer: Answer) -> web.Response:
+    return web.json_response(answer.body, status=answer.http, headers=answer.headers)
+
+
+def _refused(http: int, reason: str, message: str) -> web.Response:
+    return web.json_response({"outcome": "REJECTED", "reason": reason, "message": message,
+                              "action": "do not retry", "replayed": False, "http": http},
+                             status=http)
+
+
+def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path == "/openapi.json":
+            return await handler(request)
+        caller = caller_of(tokens, request.headers.get("Authorization"))
+        if caller is None:
+            return web.json_response(
+                {"outcome": "REJECTED", "reason": "UNAUTHENTICATED",
+                 "message": "Authorization: Bearer TOKEN required (a token of the gateway's "
+                            "tokens file)", "action": "do not retry", "replayed": False,
+                 "http": 401}, status=401, headers={"WWW-Authenticate": "Bearer"})
+        request["caller"] = caller
+        try:
+            return await handler(request)
+        except CallError as exc:
+            return _json(error_answer(exc))
+        except web.HTTPException as exc:
+            return _refused(exc.status, "NOT_FOUND" if exc.status == 404 else "BAD_REQUEST",
+                            exc.reason)
+
+    async def body_of(request: web.Request) -> dict[str, Any]:
+        try:
+            data = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadArguments(f"the body must be a JSON object: {exc}") from exc
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise BadArguments(f"the body is over {MAX_BODY} bytes") from exc
+        if not isinstance(data, dict):
+            raise BadArguments("the body must be a JSON object")
+        return data
+
+    async def spec(request: web.Request) -> web.Response:
+        return web.json_response(openapi())
+
+    async def ports(request: web.Request) -> web.Response:
+        return web.json_response({"ports": gateway.port_list()})
+
+    async def port(request: web.Request) -> web.Response:
+        return web.json_response(gateway.identity(request.match_info["port"]))
+
+    async def registers(request: web.Request) -> web.Response:
+        names = [n for n in request.query.get("names", "").split(",") if n]
+        return _json(await gateway.read(request.match_info["port"], names))
+
+    async def write(request: web.Request) -> web.Response:
+        data = await body_of(request)
+        args: dict[str, Any] = {"values": data.get("values")}
+        generation = parse_if_match(request.headers.get("If-Match"))
+        if generation is not None:
+            args["if_match"] = generation
+        return await _effect(request, "write", args)
+
+    async def clear(request: web.Request) -> web.Response:
+        data = await body_of(request)
+        return await _effect(request, "clear", {"mask": data.get("mask"),
+                                                "register": data.get("register")})
+
+    async def trigger(request: web.Request) -> web.Response:
+        data = await body_of(request) if request.can_read_body else {}
+        return await _effect(request, "trigger", {"register": data.get("register"),
+                                                  "reset": bool(data.get("reset", False))},
+                             background=True)
+
+    async def _effect(request: web.Request, op: str, args: dict[str, Any], *,
+                      background: bool = False) -> web.Response:
+        return _json(await gateway.call(request["caller"], request.headers.get(KEY_HEADER),
+                                        request.match_info["port"], op, args,
+                                        background=background))
+
+    async def call_status(request: web.Request) -> web.Response:
+        return _json(gateway.status(request["caller"], request.match_info["key"]))
+
+    async def open_items(request: web.Request) -> web.Response:
+        return web.json_response({"open_items": gateway.open_items()})
+
+    async def acknowledge(request: web.Request) -> web.Response:
+        data = await body_of(request)
+        reason = data.get("reason")
+        return _json(gateway.acknowledge(request["caller"], request.match_info["key"],
+                                         reason if isinstance(reason, str) else ""))
+
+    async def audit(request: web.Request) -> web.Response:
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError as exc:
+            raise BadArguments("limit must be a number") from exc
+        return web.json_response({"entries": gateway.store.audit_entries(max(1, limit))})
+
+    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
+    app.add_routes([
+        web.get("/openapi.json", spec),
+        web.get("/v1/ports", ports),
+        web.get("/v1/ports/{port}", port),
+        web.get("/v1/ports/{port}/registers", registers),
+        web.post("/v1/ports/{port}/write", write),
+        web.post("/v1/ports/{port}/clear", clear),
+        web.post("/v1/ports/{port}/trigger", trigger),
+        web.get("/v1/calls/{key}", call_status),
+        web.get("/v1/open-items", open_items),
+        web.post("/v1/open-items/{key}/acknowledge", acknowledge),
+        web.get("/v1/audit", audit),
+    ])
+    return app
+
+
+__all__ = ["MAX_BODY", "make_app"]

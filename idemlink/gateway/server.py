@@ -1,0 +1,57 @@
+"""The gateway process: the store, the ports and the HTTP server on one event loop.
+
+``serve(config, ready)`` opens the store (one gateway per store), opens the ports and settles what
+a stopped gateway left (``Gateway.start``), *then* listens and calls ``ready(url)`` with the
+address actually bound (port 0 picks one): a caller that saw the readiness line talks to a gateway
+that has already retransmitted every call it had in flight. SIGINT/SIGTERM stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from idemlink.gateway.app import make_app
+from idemlink.gateway.service import Gateway, PortSpec
+from idemlink.gateway.store import CallStore
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    ports: list[PortSpec]
+    tokens: dict[str, str]
+    store: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+async def serve(config: GatewayConfig, ready: Callable[[str], None],
+                stop: asyncio.Event | None = None) -> None:
+    stop = stop if stop is not None else asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    store = CallStore.open(config.store)
+    gateway = Gateway(store, config.ports)
+    runner: web.AppRunner | None = None
+    try:
+        await gateway.start()
+        runner = web.AppRunner(make_app(gateway, config.tokens), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, config.host, config.port)
+        await site.start()
+        host, port = runner.addresses[0][:2]
+        ready(f"http://{host}:{port}")
+        await stop.wait()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await gateway.close()
+        store.close()
+
+
+__all__ = ["GatewayConfig", "serve"]

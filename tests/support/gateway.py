@@ -1,0 +1,90 @@
+"""The gateway as a real process for tests: started on port 0, ready when it prints its address
+(never a sleep); a small HTTP client over urllib; a tokens file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from support.timing import read_line, scaled
+
+CLI = [sys.executable, "-m", "idemlink"]
+TOKEN = "tok-alice-0123456789abcdef"
+TOKEN_BOB = "tok-bob-0123456789abcdef00"
+READY = "idemlink gateway: listening on "
+
+
+def tokens_file(directory: Path) -> Path:
+    p = directory / "tokens"
+    p.write_text(f"# token caller\n{TOKEN} alice\n{TOKEN_BOB} bob\n")
+    p.chmod(0o600)
+    return p
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: Any
+
+
+@dataclass
+class Gw:
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    def call(self, method: str, path: str, body: Any = None, *, token: str | None = TOKEN,
+             headers: Mapping[str, str] | None = None) -> Reply:
+        data = None if body is None else json.dumps(body).encode()
+        h = {"Content-Type": "application/json"} if data is not None else {}
+        if token is not None:
+            h["Authorization"] = f"Bearer {token}"
+        h.update(headers or {})
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
+        try:
+            with urllib.request.urlopen(req, timeout=scaled(30)) as r:
+                return Reply(r.status, dict(r.headers), json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            return Reply(e.code, dict(e.headers), json.loads(e.read()))
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def gateway_args(tmp_path: Path, ports: list[str], *extra: str) -> list[str]:
+    return [*CLI, "gateway", *(a for p in ports for a in ("--port", p)), "--listen",
+            "127.0.0.1:0", "--tokens", str(tokens_file(tmp_path)), "--store",
+            str(tmp_path / "calls.db"), *extra]
+
+
+@contextmanager
+def running_gateway(tmp_path: Path, ports: list[str], *extra: str,
+                    env: Mapping[str, str] | None = None) -> Iterator[Gw]:
+    proc = subprocess.Popen(gateway_args(tmp_path, ports, *extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+    try:
+        line = read_line(proc.stdout, proc, timeout=30)
+        assert line.startswith(READY), line
+        yield Gw(proc, line[len(READY):])
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(scaled(10))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
