@@ -38,8 +38,9 @@ from idemlink.gateway.calls import CallError, Decision
 from idemlink.gateway.store import CallRecord, CallStore, StoreFull
 from idemlink.host.aio import AsyncDevice, AsyncDriver, AsyncRtuDevice
 from idemlink.host.command import Command, CommandBuilder, Result, SentRequest
-from idemlink.host.errors import LinkLost, PortError, UnknownOutstanding
+from idemlink.host.errors import LinkLost, NoDevice, PortError, UnknownOutstanding
 from idemlink.host.frame_view import trigger_code_name
+from idemlink.host.operations import reissuable
 from idemlink.protocol.outcome import IdemlinkError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 
@@ -49,6 +50,8 @@ OPERATIONS = ("write", "clear", "trigger")
 """The calls with an effect, each needing an ``Idempotency-Key``."""
 
 MAX_VALUES = 64
+REISSUES = 3
+"""How many times a set-only write caught by a device reboot is run again in the new epoch."""
 MAX_NAMES = 64
 
 
@@ -268,7 +271,11 @@ class Gateway:
             self._down(port, exc)
             return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
                            may_have_effect=False)
-        except (PortError, UnknownOutstanding) as exc:
+        except UnknownOutstanding as exc:
+            return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc),
+                           may_have_effect=False)
+        except PortError as exc:
+            self._down(port, exc)
             return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", str(exc), may_have_effect=False)
         bad = next((r for r in results if not r.ok), None)
         registers: dict[str, Any] = {}
@@ -434,10 +441,24 @@ class Gateway:
 
         try:
             result = await dev.execute_recorded(command, record)
+            for _ in range(REISSUES):
+                # The session's own rule, for a request pinned to one number: a set-only write
+                # caught by a reboot is harmless to repeat, so it runs again in the new epoch
+                # under a new number, on disk before it leaves as the first was.
+                # And one the session had no number for yet (a handshake under way) never
+                # left: it goes once the handshake is through.
+                if (result.status is Status.EPOCH_CHANGED_IN_FLIGHT
+                        and reissuable(command, port.spec.regmap)):
+                    dev.acknowledge_unknown()
+                elif not (result.outcome is Outcome.NOT_EXECUTED and result.status is None
+                          and not result.sent_as):
+                    break
+                await dev.connect()
+                result = await dev.execute_recorded(command, record)
         except UnknownOutstanding as exc:
             self.store.release(caller, key)
             return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc), key=key)
-        except LinkLost as exc:
+        except (PortError, NoDevice) as exc:
             self._down(port, exc)
             rec = self.store.get(caller, key)
             if rec is None or rec.state == "accepted":

@@ -88,3 +88,85 @@ def running_gateway(tmp_path: Path, ports: list[str], *extra: str,
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()
         proc.stderr.close()
+
+
+class _Muting:
+    """A device's side of a pty whose answers can be cut (``mute``) and restored: the line that
+    loses every answer while the device still runs what it receives."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.mute = False
+
+    def read(self, timeout: float) -> bytes:
+        data: bytes = self.inner.read(timeout)
+        return data
+
+    def write(self, data: bytes) -> None:
+        if not self.mute:
+            self.inner.write(data)
+
+
+@dataclass
+class ServedSim:
+    """A simulated device served on a pty by a thread, reachable through ``link`` (a symbolic
+    link: ``replug`` serves the same device on a new pty behind it, as a USB re-plug would)."""
+
+    device: Any
+    link: Path
+    shared: Any
+    line: _Muting | None = None
+    _stop: Any = None
+
+    def serve(self) -> None:
+        import threading
+
+        from idemlink.device_sim.pty import open_pty
+        from idemlink.device_sim.serve import serve
+
+        pair = open_pty()
+        self.line = _Muting(pair.transport())
+        stop = threading.Event()
+        thread = threading.Thread(target=serve, args=(self.shared, self.line, stop), daemon=True)
+        thread.start()
+        tmp = self.link.with_suffix(".new")
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(pair.slave_path)
+        tmp.replace(self.link)
+
+        def stopper() -> None:
+            stop.set()
+            thread.join(timeout=5)
+            pair.close()
+
+        self._stop = stopper
+
+    def unplug(self) -> None:
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
+        self.link.unlink(missing_ok=True)
+
+    def executions_of(self, pdu: bytes) -> list[Any]:
+        with self.shared.lock:
+            return [e for e in self.device.executions if e.request == pdu]
+
+    def reboot(self) -> None:
+        import time
+
+        with self.shared.lock:
+            self.device.reboot(time.monotonic())
+
+
+@contextmanager
+def served_sim(directory: Path) -> Iterator[ServedSim]:
+    from idemlink.device_sim.device import SimulatedDevice
+    from idemlink.device_sim.serve import LockedDevice
+
+    device = SimulatedDevice(seed=0)
+    s = ServedSim(device, directory / "dev", LockedDevice(device))
+    s.serve()
+    try:
+        yield s
+    finally:
+        s.unplug()
