@@ -159,11 +159,11 @@ class ServedSim:
 
 
 @contextmanager
-def served_sim(directory: Path) -> Iterator[ServedSim]:
+def served_sim(directory: Path, trigger_duration: float = 60.0) -> Iterator[ServedSim]:
     from idemlink.device_sim.device import SimulatedDevice
     from idemlink.device_sim.serve import LockedDevice
 
-    device = SimulatedDevice(seed=0)
+    device = SimulatedDevice(seed=0, trigger_duration=trigger_duration)
     s = ServedSim(device, directory / "dev", LockedDevice(device))
     s.serve()
     try:
