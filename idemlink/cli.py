@@ -322,6 +322,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from idemlink.output import error_json
 
     words = list(sys.argv[1:] if argv is None else argv)
+    if words[:1] == ["--gateway"]:  # `idemlink --gateway URL read ...`: through a gateway
+        from idemlink.commands.gateway_call_cmd import rewrite
+
+        words = rewrite(words)
     Parser.json_errors = "--json" in words
     try:
         parser = build_parser(words)  # imports the command's module(s): Ctrl-C may land here

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import threading
 import time
@@ -237,3 +238,34 @@ def test_openapi_printed(argv: list[str]) -> None:
     r = subprocess.run([*CLI, "gateway", *argv], capture_output=True, text=True,
                        timeout=scaled(30))
     assert r.returncode == 0 and r.stdout == openapi_text()
+
+
+def test_cli_through_the_gateway(tmp_path: Path) -> None:
+    from support.gateway import TOKEN
+
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        def cli(*words: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*CLI, "--gateway", gw.url, *words, "--token-file", str(token)],
+                                  capture_output=True, text=True, timeout=scaled(30))
+
+        key = new_key(time.time())
+        first = cli("write", "threshold=41.0", "--key", key)
+        assert (first.returncode, first.stdout) == (0, "OK (OK); action: none\n"), first.stderr
+        again = cli("write", "threshold=41.0", "--key", key)
+        assert again.returncode == 0 and again.stdout.endswith("(replayed)\n")
+        assert len(sim.executions_of(_pdu_of(410))) == 1
+        other = cli("write", "threshold=41.5", "--key", key)
+        assert other.returncode == 3 and "IDEMPOTENCY_CONFLICT" in other.stdout
+        assert f"--key {key}" in other.stderr
+        read = cli("read", "threshold", "--port", "dev")
+        assert read.returncode == 0 and read.stdout.startswith("threshold = 41.0\n")
+        trig = cli("trigger", "--json")
+        assert trig.returncode == 0 and json.loads(trig.stdout)["result"]["code_name"] == (
+            "ACCEPTED")
+        bad = subprocess.run([*CLI, "--gateway", gw.url, "read", "threshold"],
+                             capture_output=True, text=True, timeout=scaled(30),
+                             env={k: v for k, v in os.environ.items()
+                                  if k != "IDEMLINK_GATEWAY_TOKEN"})
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "token" in bad.stderr

@@ -30,6 +30,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.link_cmd",
     "idemlink.commands.scan_cmd",
     "idemlink.commands.gateway_cmd",
+    "idemlink.commands.gateway_call_cmd",
 )
 
 #: the command names each module of ``COMMAND_MODULES`` registers
@@ -54,4 +55,5 @@ COMMAND_NAMES: dict[str, str] = {
     "link": "idemlink.commands.link_cmd",
     "scan": "idemlink.commands.scan_cmd",
     "gateway": "idemlink.commands.gateway_cmd",
+    "gateway-call": "idemlink.commands.gateway_call_cmd",
 }

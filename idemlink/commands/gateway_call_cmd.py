@@ -1,0 +1,141 @@
+"""``idemlink --gateway URL read|write|trigger --port NAME ...``: the same commands through a
+gateway (docs/GATEWAY.md), by ``idemlink.gateway.client.GatewayClient``.
+
+Contract: ``idemlink --gateway URL`` before the command name makes ``read NAME...``, ``write
+NAME=VALUE...`` (``--if-match G``) and ``trigger [NAME] [--reset]`` calls of the gateway at URL on
+its port ``--port NAME`` (default: its only port), with the bearer token read from
+``--token-file FILE`` or ``$IDEMLINK_GATEWAY_TOKEN``. A call with an effect gets a new key
+(``--key K`` to give one: the same call again, e.g. after an UNKNOWN), reused on every retry. The
+line printed is the outcome, reason and action, ``(replayed)`` when the gateway replayed it; the
+exit status is the outcome's (OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5); ``--json`` prints
+the gateway's JSON body. No gateway, no token, a bad value: one line on stderr, exit 1. The key
+is printed on stderr whenever the outcome is not OK, so the call can be asked about again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from idemlink.cli import (
+    EXIT_NOT_EXECUTED,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_UNKNOWN,
+    UserError,
+)
+
+NAME = "gateway-call"
+EXIT_OF: dict[str, int] = {"OK": EXIT_OK, "NOT_EXECUTED": EXIT_NOT_EXECUTED,
+                           "REJECTED": EXIT_REJECTED, "UNKNOWN": EXIT_UNKNOWN}
+TOKEN_ENV = "IDEMLINK_GATEWAY_TOKEN"
+
+
+def register(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        NAME, help="read, write or trigger through a gateway (idemlink --gateway URL ...)")
+    p.add_argument("--gateway", required=True, metavar="URL")
+    p.add_argument("--token-file", metavar="FILE", help=f"the bearer token (or ${TOKEN_ENV})")
+    p.add_argument("--port", metavar="NAME", help="the gateway's port (default: its only one)")
+    p.add_argument("--key", help="the call's Idempotency-Key (default: a new UUIDv7)")
+    p.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
+    p.add_argument("action", choices=("read", "write", "trigger"))
+    p.add_argument("items", nargs="*", metavar="NAME|NAME=VALUE")
+    p.add_argument("--if-match", type=int, default=None, metavar="G",
+                   help="write: only if the generation still is G")
+    p.add_argument("--reset", action="store_true", help="trigger: reset to IDLE")
+    p.set_defaults(handler=run)
+
+
+def rewrite(words: list[str]) -> list[str]:
+    """``--gateway URL COMMAND ...`` (before the command) as this command's line."""
+    if words[:1] != ["--gateway"] or len(words) < 3:
+        return words
+    return [NAME, "--gateway", words[1], *words[2:]]
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token_file:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise UserError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
+    token = os.environ.get(TOKEN_ENV, "").strip()
+    if not token:
+        raise UserError(f"no token: --token-file FILE or ${TOKEN_ENV}")
+    return token
+
+
+def run(args: argparse.Namespace) -> int:
+    from idemlink.gateway.calls import check_key
+    from idemlink.gateway.client import GatewayClient, GatewayUnreachable
+    from idemlink.protocol.outcome import IdemlinkError
+
+    client = GatewayClient(args.gateway, _token(args))
+    try:
+        if args.key is not None:
+            import time
+
+            check_key(args.key, time.time())
+        port = args.port or _only_port(client)
+        if args.action == "read":
+            if not args.items:
+                raise UserError("read: name the registers")
+            answer = client.read(port, *args.items)
+        elif args.action == "write":
+            values: dict[str, int | str] = {}
+            for item in args.items:
+                name, sep, value = item.partition("=")
+                if not sep or not name:
+                    raise UserError(f"write: {item!r} is not NAME=VALUE")
+                values[name] = value
+            if not values:
+                raise UserError("write: give NAME=VALUE")
+            answer = client.write(port, values, if_match=args.if_match, key=args.key)
+        else:
+            if len(args.items) > 1:
+                raise UserError("trigger: at most one register name")
+            answer = client.trigger(port, args.items[0] if args.items else None,
+                                    reset=args.reset, key=args.key)
+    except GatewayUnreachable as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"gateway {args.gateway}: {exc}") from None
+    except IdemlinkError as exc:
+        raise UserError(str(exc)) from None
+    return _report(args, answer)
+
+
+def _only_port(client: Any) -> str:
+    ports = [p["name"] for p in client.ports().get("ports", [])]
+    if len(ports) != 1:
+        raise UserError(f"the gateway has {len(ports)} ports ({', '.join(ports)}): name one "
+                        "with --port")
+    return str(ports[0])
+
+
+def _report(args: argparse.Namespace, answer: dict[str, Any]) -> int:
+    outcome = str(answer.get("outcome", ""))
+    if outcome not in EXIT_OF:
+        raise UserError(f"the gateway answered {answer.get('http')}: "
+                        f"{answer.get('message') or answer}")
+    if args.json:
+        print(json.dumps(answer, sort_keys=True))
+    else:
+        for name, reading in (answer.get("registers") or {}).items():
+            print(f"{name} = {reading.get('value')}")
+        line = f"{outcome} ({answer.get('reason')}); action: {answer.get('action')}"
+        result = answer.get("result") or {}
+        if result.get("code_name"):
+            line += f"; trigger {result['code_name']}"
+        if answer.get("replayed"):
+            line += " (replayed)"
+        print(line)
+    if outcome != "OK" and answer.get("key"):
+        print(f"idemlink: key {answer['key']} (ask again with --key {answer['key']})",
+              file=sys.stderr)
+    return EXIT_OF[outcome]
