@@ -269,3 +269,25 @@ def test_cli_through_the_gateway(tmp_path: Path) -> None:
                              env={k: v for k, v in os.environ.items()
                                   if k != "IDEMLINK_GATEWAY_TOKEN"})
         assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "token" in bad.stderr
+
+
+def test_a_plain_modbus_rtu_slave_behind_the_gateway(tmp_path: Path) -> None:
+    from support.rtu import rtu_on_pty
+
+    from idemlink.protocol.device_core import DeviceCore
+
+    core = DeviceCore(trigger_duration=60.0)
+    with rtu_on_pty(core) as path, running_gateway(tmp_path, [], "--rtu-port",
+                                                   f"{path}=pump") as gw:
+        assert gw.call("GET", "/v1/ports/pump").body["kind"] == "modbus-rtu"
+        key = new_key(time.time())
+        assert _write(gw, key, {"threshold": 415}, port="pump").status == 200
+        again = _write(gw, key, {"threshold": 415}, port="pump")
+        assert again.status == 200 and again.body["replayed"] is True
+        r = gw.call("GET", "/v1/ports/pump/registers?names=threshold")
+        assert r.body["registers"]["threshold"]["value"] == 41.5
+        t = gw.call("POST", "/v1/ports/pump/trigger", {}, headers={"Idempotency-Key": new_key(
+            time.time())})
+        done = wait_until(lambda: (s := gw.call("GET", t.headers["Location"])).body["state"]
+                          == "done" and s, what="the trigger's outcome")
+        assert done.body["result"]["outcome"] == "OK"

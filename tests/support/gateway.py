@@ -95,14 +95,25 @@ class _Muting:
     loses every answer while the device still runs what it receives."""
 
     def __init__(self, inner: Any) -> None:
+        import random
+
         self.inner = inner
         self.mute = False
+        self.loss = 0.0  #: the share of reads and writes lost whole (a lossy line)
+        self.rng = random.Random(7)
+        self.lost = 0
 
     def read(self, timeout: float) -> bytes:
         data: bytes = self.inner.read(timeout)
+        if data and self.loss and self.rng.random() < self.loss:
+            self.lost += 1
+            return b""
         return data
 
     def write(self, data: bytes) -> None:
+        if self.loss and self.rng.random() < self.loss:
+            self.lost += 1
+            return
         if not self.mute:
             self.inner.write(data)
 

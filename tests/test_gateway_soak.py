@@ -1,0 +1,151 @@
+"""A small end-to-end soak of the gateway: concurrent HTTP clients, each call's key sent up to
+three times (and sometimes once more with other content), a lossy line, and the gateway killed
+with SIGKILL and restarted once in the middle.
+
+The oracle is independent of the code under test: it decodes the device's own execution log
+(FC06 writes of one register, the value naming the call) and judges each key by the answers the
+clients got: 0 duplicated effects, every key one final outcome that agrees with the device (OK:
+ran exactly once; NOT_EXECUTED / REJECTED: never ran), every reuse of a key with other content
+refused as IDEMPOTENCY_CONFLICT and never run, every key in the audit log."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from idemlink.gateway.calls import new_key
+from idemlink.gateway.client import GatewayClient
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+from support.gateway import READY, TOKEN, gateway_args, served_sim
+from support.timing import read_line, scaled, wait_until
+
+THRESHOLD = DEFAULT_MAP.named("threshold").address  # the map is data: where the register is
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _start(tmp_path: Path, link: Path, port: int) -> subprocess.Popen[bytes]:
+    args = gateway_args(tmp_path, [f"{link}=dev"])
+    args[args.index("127.0.0.1:0")] = f"127.0.0.1:{port}"
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert read_line(proc.stdout, proc, timeout=30).startswith(READY)
+    return proc
+
+
+def _executed_values(sim: Any) -> Counter[int]:
+    """The oracle's reading of the device's record: how often each value was written to the
+    threshold register by FC06 (function, address, value: big-endian words)."""
+    with sim.shared.lock:
+        runs = list(sim.device.executions)
+    return Counter(int.from_bytes(e.request[3:5], "big") for e in runs
+                   if e.request[:1] == b"\x06" and int.from_bytes(e.request[1:3], "big")
+                   == THRESHOLD)
+
+
+@pytest.mark.parametrize(("clients", "keys_each"), [
+    (4, 12), pytest.param(8, 50, marks=pytest.mark.slow)])
+def test_soak_repeated_keys_lossy_line_one_sigkill(tmp_path: Path, clients: int,
+                                                   keys_each: int) -> None:
+    rng = random.Random(25)
+    plan: list[list[tuple[str, int, int | None, int]]] = [
+        # (key, value, conflicting value or None, times sent)
+        [(new_key(time.time()), 200 + c * 50 + i, (700 + c * 50 + i) if rng.random() < 0.2
+          else None, rng.randint(1, 3)) for i in range(keys_each)] for c in range(clients)]
+    answers: dict[str, list[dict[str, Any]]] = {}
+    conflicts: dict[str, list[dict[str, Any]]] = {}
+    progress = Counter[str]()
+    lock = threading.Lock()
+    with served_sim(tmp_path) as sim:
+        assert sim.line is not None
+        sim.line.loss = 0.1
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        proc = _start(tmp_path, sim.link, port)
+
+        def client(calls: list[tuple[str, int, int | None, int]]) -> None:
+            gw = GatewayClient(url, TOKEN, attempts=40)
+            for key, value, other, times in calls:
+                for _ in range(times):
+                    while True:
+                        a = gw.write("dev", {"threshold": value}, key=key)
+                        if a.get("reason") != "UNKNOWN_OUTSTANDING":
+                            break
+                        for item in gw.open_items():  # the operator's part, in the soak
+                            gw.acknowledge(item["key"], "soak: judged by the oracle")
+                    with lock:
+                        answers.setdefault(key, []).append(a)
+                if other is not None:
+                    c = gw.write("dev", {"threshold": other}, key=key)
+                    with lock:
+                        conflicts.setdefault(key, []).append(c)
+                with lock:
+                    progress["calls"] += 1
+
+        threads = [threading.Thread(target=client, args=(p,)) for p in plan]
+        for t in threads:
+            t.start()
+        wait_until(lambda: progress["calls"] >= clients * keys_each // 2, timeout=60,
+                   what="half the calls")
+        proc.kill()  # SIGKILL, calls in flight
+        proc.wait()
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc = _start(tmp_path, sim.link, port)
+        try:
+            for t in threads:
+                t.join(scaled(120))
+            assert not any(t.is_alive() for t in threads)
+            gw = GatewayClient(url, TOKEN)
+            audit = gw._once("GET", "/v1/audit?limit=1000")["entries"]
+            items = gw.open_items()
+        finally:
+            proc.terminate()
+            proc.wait(scaled(10))
+            proc.stdout.close()  # type: ignore[union-attr]
+        ran = _executed_values(sim)
+        lost = sim.line.lost
+
+    all_keys = [k for p in plan for k, *_ in p]
+    assert set(answers) == set(all_keys)
+    assert max(ran.values()) == 1, "a duplicated effect"  # 0 duplicated effects
+    open_keys = {i["key"] for i in items}
+    finals = Counter[str]()
+    for calls in plan:
+        for key, value, other, _times in calls:
+            outcomes = {a["outcome"] for a in answers[key]}
+            assert len(outcomes) == 1, (key, answers[key])  # one final outcome per key
+            (outcome,) = outcomes
+            finals[outcome] += 1
+            if outcome == "OK":
+                assert ran[value] == 1
+                assert len({(a["result"]["epoch"], a["result"]["seq"]) for a in answers[key]}) == 1
+            elif outcome in ("NOT_EXECUTED", "REJECTED"):
+                assert ran[value] == 0
+            else:  # UNKNOWN: stays an open item until someone acknowledged it
+                assert answers[key][-1]["action"] == "reconcile first"
+            if other is not None:
+                for c in conflicts[key]:
+                    assert (c["http"], c["reason"]) == (409, "IDEMPOTENCY_CONFLICT")
+                assert ran[other] == 0  # never sent
+    assert {e["key"] for e in audit} >= set(all_keys)
+    assert open_keys <= set(all_keys)
+    assert finals["OK"] >= len(all_keys) * 0.8, finals
+    assert sum(len(v) for v in conflicts.values()) >= 1
+    replayed = sum(a["replayed"] for v in answers.values() for a in v)
+    assert replayed >= 1 and lost >= 1
+    print(f"soak: {len(all_keys)} keys, {sum(map(len, answers.values()))} answers "
+          f"({replayed} replayed), {dict(finals)}, {len(open_keys)} open, "
+          f"{sum(map(len, conflicts.values()))} conflicts refused, {lost} reads/writes lost, "
+          f"{sum(ran.values())} executions")
