@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.gateway import READY, TOKEN, gateway_args, served_sim
+from support.timing import read_line, scaled, wait_until
 
 from idemlink.gateway.calls import new_key
 from idemlink.gateway.client import GatewayClient
 from idemlink.protocol.regmap_file import DEFAULT_MAP
-from support.gateway import READY, TOKEN, gateway_args, served_sim
-from support.timing import read_line, scaled, wait_until
 
 THRESHOLD = DEFAULT_MAP.named("threshold").address  # the map is data: where the register is
 
