@@ -441,6 +441,7 @@ class Gateway:
 
         try:
             result = await dev.execute_recorded(command, record)
+            caught: Result | None = None  # the first copy, which may have run before a reboot
             for _ in range(REISSUES):
                 # The session's own rule, for a request pinned to one number: a set-only write
                 # caught by a reboot is harmless to repeat, so it runs again in the new epoch
@@ -449,12 +450,15 @@ class Gateway:
                 # left: it goes once the handshake is through.
                 if (result.status is Status.EPOCH_CHANGED_IN_FLIGHT
                         and reissuable(command, port.spec.regmap)):
+                    caught = caught or result
                     dev.acknowledge_unknown()
                 elif not (result.outcome is Outcome.NOT_EXECUTED and result.status is None
                           and not result.sent_as):
                     break
                 await dev.connect()
                 result = await dev.execute_recorded(command, record)
+            if caught is not None and result.outcome is not Outcome.OK:
+                result = caught  # not run again: the first copy may have run, UNKNOWN it stays
         except UnknownOutstanding as exc:
             self.store.release(caller, key)
             return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc), key=key)
