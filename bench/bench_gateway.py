@@ -1,0 +1,154 @@
+"""Load through the gateway: reads/s with 50 concurrent HTTP clients, and the latency the gateway
+adds against a direct ``AsyncDevice`` on the same kind of line, in one run.
+
+Arrangement: ``idemlink sim`` serves a simulated device on a pty (an unpaced line); ``idemlink
+gateway`` owns it, in its own process, on port 0. The load is ``--clients`` aiohttp clients, each
+awaiting ``GET /v1/ports/dev/registers?names=threshold`` (one register; with the generation
+counter, two reads on the line) in a loop for ``--seconds``; then ``--clients`` writes each with
+its own Idempotency-Key. The direct figure: the same read through ``AsyncDevice.read`` (one task,
+sequential) on a second simulator, and through the gateway one client, sequential: p50/p99 of
+each and their ratio. The table between the ``bench_gateway`` markers of docs/GATEWAY.md is
+rewritten with the figures (``--no-doc`` to print only).
+
+Usage: ``python3 bench/bench_gateway.py [--clients 50] [--seconds 5] [--no-doc]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from docs_table import DOCS, markdown_table, replace_between_markers
+
+from idemlink.gateway.calls import new_key
+
+TOKEN = "bench-token-0123456789abcdef"
+
+
+def start_sim() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim"], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def start_gateway(path: str, directory: Path) -> tuple[subprocess.Popen[str], str]:
+    tokens = directory / "tokens"
+    tokens.write_text(f"{TOKEN} bench\n")
+    tokens.chmod(0o600)
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "gateway", "--port", f"{path}=dev",
+                             "--listen", "127.0.0.1:0", "--tokens", str(tokens), "--store",
+                             str(directory / "calls.db")], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    return proc, line.rsplit(" ", 1)[1]
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def load(url: str, clients: int, seconds: float) -> tuple[int, float]:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    done = 0
+    async with aiohttp.ClientSession(headers=headers,
+                                     connector=aiohttp.TCPConnector(limit=clients)) as s:
+        end = time.perf_counter() + seconds
+
+        async def one() -> None:
+            nonlocal done
+            while time.perf_counter() < end:
+                async with s.get(f"{url}/v1/ports/dev/registers?names=threshold") as r:
+                    assert r.status == 200, await r.text()
+                    await r.read()
+                done += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(clients)))
+        return done, time.perf_counter() - t0
+
+
+async def writes(url: str, clients: int) -> float:
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(headers=headers) as s:
+        async def one(i: int) -> None:
+            async with s.post(f"{url}/v1/ports/dev/write",
+                              json={"values": {"threshold": 300 + i}},
+                              headers={"Idempotency-Key": new_key(time.time())}) as r:
+                assert r.status == 200, await r.text()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(clients)))
+        return clients / (time.perf_counter() - t0)
+
+
+async def latencies(url: str, path: str, n: int) -> tuple[list[float], list[float]]:
+    from idemlink.host.aio import AsyncDevice
+
+    direct: list[float] = []
+    async with AsyncDevice.open(path) as dev:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            assert (await dev.read("threshold")).ok
+            direct.append(time.perf_counter() - t0)
+    via: list[float] = []
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            async with s.get(f"{url}/v1/ports/dev/registers?names=threshold") as r:
+                await r.read()
+            via.append(time.perf_counter() - t0)
+    return direct, via
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--no-doc", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        sim, path = start_sim()
+        sim2, path2 = start_sim()
+        gw, url = start_gateway(path, Path(d))
+        try:
+            done, took = asyncio.run(load(url, args.clients, args.seconds))
+            wps = asyncio.run(writes(url, args.clients))
+            direct, via = asyncio.run(latencies(url, path2, 300))
+        finally:
+            for p in (gw, sim, sim2):
+                p.terminate()
+                p.wait()
+    rows = [
+        [f"{args.clients} clients, GET one register (2 reads on the line)",
+         f"{done / took:.0f} requests/s", ""],
+        [f"{args.clients} clients, POST write, one key each", f"{wps:.0f} requests/s", ""],
+        ["one read, direct `AsyncDevice`", f"p50 {statistics.median(direct) * 1e3:.2f} ms",
+         f"p99 {pct(direct, 0.99) * 1e3:.2f} ms"],
+        ["one read, through the gateway", f"p50 {statistics.median(via) * 1e3:.2f} ms",
+         f"p99 {pct(via, 0.99) * 1e3:.2f} ms"],
+        ["gateway / direct", f"p50 × {statistics.median(via) / statistics.median(direct):.2f}",
+         f"p99 × {pct(via, 0.99) / pct(direct, 0.99):.2f}"],
+    ]
+    table = markdown_table(["what", "figure", ""], rows)
+    print(table)
+    if not args.no_doc:
+        replace_between_markers(DOCS / "GATEWAY.md", "bench_gateway",
+                                f"{table}\n(`{os.cpu_count()}` cores, `python3 "
+                                f"bench/bench_gateway.py --clients {args.clients} --seconds "
+                                f"{args.seconds:g}`)\n")
+
+
+if __name__ == "__main__":
+    main()
