@@ -127,6 +127,8 @@ def test_trigger_is_202_with_a_status_resource(tmp_path: Path) -> None:
         key = new_key(time.time())
         r = gw.call("POST", "/v1/ports/dev/trigger", {}, headers={"Idempotency-Key": key})
         assert r.status == 202 and r.headers["Location"] == f"/v1/calls/{key}"
+        events = gw.events(f"/v1/calls/{key}/events")  # a watcher: ends with the outcome
+        assert events[-1][0] == "done" and events[-1][1]["result"]["outcome"] == "OK"
         done = wait_until(lambda: (s := gw.call("GET", r.headers["Location"])).body["state"]
                           == "done" and s, what="the trigger's outcome")
         assert done.body["result"]["outcome"] == "OK"

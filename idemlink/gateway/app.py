@@ -21,6 +21,9 @@ from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer
 from idemlink.gateway.tokens import caller_of
 
 MAX_BODY = 64 * 1024
+SSE_LOOK_SECONDS = 0.25
+SSE_LOOKS = 4 * 3600
+"""A watcher's stream looks at the call at least every ``SSE_LOOK_SECONDS`` and ends after an hour."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -108,6 +111,29 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
     async def call_status(request: web.Request) -> web.Response:
         return _json(gateway.status(request["caller"], request.match_info["key"]))
 
+    async def call_events(request: web.Request) -> web.StreamResponse:
+        """Server-sent events: the status resource each time it changes (``event:`` its
+        state), ending after ``done`` (or an ``error`` event for a call that is not there)."""
+        caller, key = request["caller"], request.match_info["key"]
+        answer = gateway.status(caller, key)
+        if answer.http != 200:
+            return _json(answer)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        last: dict[str, Any] | None = None
+        for _ in range(SSE_LOOKS):
+            answer = gateway.status(caller, key)
+            state = str(answer.body.get("state", "error"))
+            if answer.body != last:
+                last = answer.body
+                await resp.write(f"event: {state}\ndata: {json.dumps(answer.body)}\n\n".encode())
+            if answer.http != 200 or state == "done":
+                break
+            await gateway.settled_or(caller, key, SSE_LOOK_SECONDS)
+        await resp.write_eof()
+        return resp
+
     async def open_items(request: web.Request) -> web.Response:
         return web.json_response({"open_items": gateway.open_items()})
 
@@ -134,6 +160,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
         web.post("/v1/ports/{port}/clear", clear),
         web.post("/v1/ports/{port}/trigger", trigger),
         web.get("/v1/calls/{key}", call_status),
+        web.get("/v1/calls/{key}/events", call_events),
         web.get("/v1/open-items", open_items),
         web.post("/v1/open-items/{key}/acknowledge", acknowledge),
         web.get("/v1/audit", audit),

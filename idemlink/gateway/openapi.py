@@ -103,6 +103,13 @@ def openapi() -> dict[str, Any]:
                 "parameters": [{"name": "key", "in": "path", "required": True,
                                 "schema": {"type": "string"}}],
                 "responses": _answers(200, 401, 404)}},
+            "/v1/calls/{key}/events": {"get": {
+                "summary": "server-sent events: the status resource at each change, until done",
+                "parameters": [{"name": "key", "in": "path", "required": True,
+                                "schema": {"type": "string"}}],
+                "responses": {"200": {"description": "text/event-stream: `event: accepted | "
+                                                     "started | done`, `data:` the status"},
+                              **_answers(401, 404)}}},
             "/v1/open-items": {"get": {"summary": "UNKNOWN calls nobody acknowledged",
                                        "responses": _answers(200, 401)}},
             "/v1/open-items/{key}/acknowledge": {"post": {

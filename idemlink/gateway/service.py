@@ -432,6 +432,15 @@ class Gateway:
             out["result"] = rec.body
         return Answer(200, out)
 
+    async def settled_or(self, caller: str, key: str, timeout: float) -> None:
+        """Return when the call under (caller, key) has ended, or after ``timeout`` seconds (a
+        watcher's wait between looks at the status resource)."""
+        running = self._running.get((caller, key))
+        if running is None:
+            await asyncio.sleep(timeout)
+        else:
+            await asyncio.wait({running}, timeout=timeout)
+
     async def _execute(self, port: Port, caller: str, key: str, command: Command) -> Answer:
         dev = port.device
         assert dev is not None

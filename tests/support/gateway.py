@@ -57,6 +57,22 @@ class Gw:
         except urllib.error.HTTPError as e:
             return Reply(e.code, dict(e.headers), json.loads(e.read()))
 
+    def events(self, path: str) -> list[tuple[str, Any]]:
+        """A server-sent event stream read to its end: (event, data) pairs."""
+        req = urllib.request.Request(self.url + path,
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        out: list[tuple[str, Any]] = []
+        event = ""
+        with urllib.request.urlopen(req, timeout=scaled(30)) as r:
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            for raw in r:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    event = line[len("event: "):]
+                elif line.startswith("data: "):
+                    out.append((event, json.loads(line[len("data: "):])))
+        return out
+
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
