@@ -1,6 +1,7 @@
 """A small end-to-end soak of the gateway: concurrent HTTP clients, each call's key sent up to
 three times (and sometimes once more with other content), a lossy line, the gateway killed
-with SIGKILL and restarted once in the middle, and the device rebooted once.
+with SIGKILL and restarted (once by default, three times in the slow run), and the device
+rebooted once.
 
 The oracle is independent of the code under test: it decodes the device's own execution log
 (FC06 writes of one register, the value naming the call) and judges each key by the answers the
@@ -124,15 +125,18 @@ def _executed_values(sim: Any) -> Counter[tuple[int, int]]:
                    == THRESHOLD)
 
 
-@pytest.mark.parametrize(("clients", "keys_each"), [
-    (4, 12), pytest.param(8, 50, marks=pytest.mark.slow)])
-def test_soak_repeated_keys_lossy_line_one_sigkill(tmp_path: Path, clients: int,
-                                                   keys_each: int) -> None:
+@pytest.mark.parametrize(("clients", "keys_each", "kills"), [
+    (4, 12, 1), pytest.param(8, 100, 3, marks=pytest.mark.slow)])
+def test_soak_repeated_keys_lossy_line_sigkills(tmp_path: Path, clients: int, keys_each: int,
+                                                kills: int) -> None:
     rng = random.Random(25)
-    plan: list[list[tuple[str, int, int | None, int]]] = [
-        # (key, value, conflicting value or None, times sent)
-        [(new_key(time.time()), 200 + c * 50 + i, (700 + c * 50 + i) if rng.random() < 0.2
-          else None, rng.randint(1, 3)) for i in range(keys_each)] for c in range(clients)]
+    # (key, value, conflicting value or None, times sent): every value names one call (the
+    # register takes 0..1000: values 0.. for the keys, the conflicting ones after them)
+    total = clients * keys_each
+    others = iter(range(total, 1001))
+    plan: Plan = [
+        [(new_key(time.time()), c * keys_each + i, next(others) if rng.random() < 0.2 else None,
+          rng.randint(1, 3)) for i in range(keys_each)] for c in range(clients)]
     answers: dict[str, list[dict[str, Any]]] = {}
     conflicts: dict[str, list[dict[str, Any]]] = {}
     progress = Counter[str]()
@@ -166,21 +170,25 @@ def test_soak_repeated_keys_lossy_line_one_sigkill(tmp_path: Path, clients: int,
         threads = [threading.Thread(target=client, args=(p,)) for p in plan]
         for t in threads:
             t.start()
-        wait_until(lambda: progress["calls"] >= clients * keys_each // 2, timeout=60,
-                   what="half the calls")
-        proc.kill()  # SIGKILL, calls in flight
-        proc.wait()
-        proc.stdout.close()  # type: ignore[union-attr]
-        proc = _start(tmp_path, sim.link, port)
-        wait_until(lambda: progress["calls"] >= clients * keys_each * 3 // 4, timeout=60,
-                   what="three quarters of the calls")
+        for k in range(1, kills + 1):
+            wait_until(lambda k=k: progress["calls"] >= total * k // (kills + 2), timeout=120,
+                       what=f"kill {k}'s share of the calls")
+            proc.kill()  # SIGKILL, calls in flight
+            proc.wait()
+            proc.stdout.close()  # type: ignore[union-attr]
+            proc = _start(tmp_path, sim.link, port)
+        wait_until(lambda: progress["calls"] >= total * (kills + 1) // (kills + 2), timeout=120,
+                   what="the calls before the reboot")
         sim.reboot()  # the device restarts under the callers
         try:
             for t in threads:
                 t.join(scaled(120))
             assert not any(t.is_alive() for t in threads)
             gw = GatewayClient(url, TOKEN)
-            audit = gw._once("GET", "/v1/audit?limit=1000")["entries"]
+            audit: list[dict[str, Any]] = []
+            while page := gw._once("GET", f"/v1/audit?limit=1000&after="
+                                          f"{audit[-1]['id'] if audit else 0}")["entries"]:
+                audit.extend(page)
             items = gw.open_items()
         finally:
             proc.terminate()

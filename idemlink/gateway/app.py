@@ -146,9 +146,10 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
     async def audit(request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "100"))
+            after = int(request.query["after"]) if "after" in request.query else None
         except ValueError as exc:
-            raise BadArguments("limit must be a number") from exc
-        return web.json_response({"entries": gateway.store.audit_entries(max(1, limit))})
+            raise BadArguments("limit and after must be numbers") from exc
+        return web.json_response({"entries": gateway.store.audit_entries(max(1, limit), after)})
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
     app.add_routes([

@@ -120,8 +120,14 @@ def openapi() -> dict[str, Any]:
                     "type": "object", "required": ["reason"],
                     "properties": {"reason": {"type": "string"}}}}}},
                 "responses": _answers(200, 400, 401, 404)}},
-            "/v1/audit": {"get": {"summary": "the audit log, newest first",
-                                  "responses": _answers(200, 401)}},
+            "/v1/audit": {"get": {
+                "summary": "the audit log: the newest `limit` entries (at most 1000), newest "
+                           "first; with `after=ID`, the entries after that id, oldest first",
+                "parameters": [{"name": "limit", "in": "query", "required": False,
+                                "schema": {"type": "integer"}},
+                               {"name": "after", "in": "query", "required": False,
+                                "schema": {"type": "integer"}}],
+                "responses": _answers(200, 400, 401)}},
         },
     }
 

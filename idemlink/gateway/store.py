@@ -251,11 +251,18 @@ class CallStore:
         (n,) = self._db.execute("SELECT COUNT(*) FROM audit").fetchone()
         return bool(n < MAX_AUDIT)
 
-    def audit_entries(self, limit: int = 100) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT at_ms, caller, method, path, content, key, outcome, http "
-                                "FROM audit ORDER BY id DESC LIMIT ?", (min(limit, 1000),))
-        return [{"at_ms": r[0], "caller": r[1], "method": r[2], "path": r[3],
-                 "content": json.loads(r[4]), "key": r[5], "outcome": r[6], "http": r[7]}
+    def audit_entries(self, limit: int = 100, after: int | None = None) -> list[dict[str, Any]]:
+        """The newest ``limit`` entries, newest first; with ``after``, the oldest ``limit``
+        entries whose id is above it, oldest first (to read the whole log page by page)."""
+        columns = "id, at_ms, caller, method, path, content, key, outcome, http"
+        if after is None:
+            rows = self._db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?",
+                                    (min(limit, 1000),))
+        else:
+            rows = self._db.execute(f"SELECT {columns} FROM audit WHERE id > ? ORDER BY id "
+                                    "LIMIT ?", (after, min(limit, 1000)))
+        return [{"id": r[0], "at_ms": r[1], "caller": r[2], "method": r[3], "path": r[4],
+                 "content": json.loads(r[5]), "key": r[6], "outcome": r[7], "http": r[8]}
                 for r in rows]
 
     def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
