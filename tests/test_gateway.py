@@ -293,3 +293,31 @@ def test_a_plain_modbus_rtu_slave_behind_the_gateway(tmp_path: Path) -> None:
         done = wait_until(lambda: (s := gw.call("GET", t.headers["Location"])).body["state"]
                           == "done" and s, what="the trigger's outcome")
         assert done.body["result"]["outcome"] == "OK"
+
+
+def test_what_a_stopped_gateway_left_is_settled_at_start(tmp_path: Path) -> None:
+    """A call recorded but never sent is released (its key may run); one whose record no longer
+    makes a command of the map is an open item — the gateway starts all the same."""
+    from idemlink.gateway import calls
+    from idemlink.gateway.store import CallStore
+
+    never_sent, unreadable = new_key(time.time()), new_key(time.time())
+    store = CallStore.open(tmp_path / "calls.db")
+    now_ms = int(time.time() * 1000)
+    args = {"values": {"threshold": 366}}
+    store.begin("alice", never_sent, calls.key_time_ms(never_sent),
+                calls.digest("dev", "write", args), "dev", "write", args, now_ms)
+    store.begin("alice", unreadable, calls.key_time_ms(unreadable), "x", "dev", "write",
+                {"values": {"gone": 1}}, now_ms)
+    store.started("alice", unreadable, (1, 2), b"\x06\x00\x99\x00\x01")
+    store.close()
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        items = gw.call("GET", "/v1/open-items").body["open_items"]
+        assert [i["key"] for i in items] == [unreadable]
+        blocked = _write(gw, never_sent, {"threshold": 366})
+        assert blocked.body["reason"] == "UNKNOWN_OUTSTANDING"  # until someone settles it
+        ack = f"/v1/open-items/{unreadable}/acknowledge"
+        assert gw.call("POST", ack, {"reason": "checked by hand"}).status == 200
+        r = _write(gw, never_sent, {"threshold": 366})
+        assert (r.status, r.body["replayed"]) == (200, False)  # it runs now, once
+        assert len(sim.executions_of(_pdu_of(366))) == 1

@@ -545,7 +545,10 @@ class Gateway:
         for rec in self.store.unsettled(port.spec.name):
             if (rec.caller, rec.key) in self._running:
                 continue
-            await self._start(self._settle(port, rec), rec.caller, rec.key)
+            try:
+                await self._start(self._settle(port, rec), rec.caller, rec.key)
+            except (IdemlinkError, OSError) as exc:  # it stays unsettled; the others go on
+                log.warning("call %s could not be settled: %s", rec.key, exc)
 
     async def _settle(self, port: Port, rec: CallRecord) -> Answer:
         """A call a stopped gateway (or a lost port) left: never sent → released; sent → re-sent
@@ -559,7 +562,15 @@ class Gateway:
         if dev is None:
             return refusal(Outcome.UNKNOWN, "PORT_DOWN", f"port {port.spec.name} is down",
                            status=Status.LINK_LOST, key=rec.key)
-        command = self.command_for(port.spec.regmap, rec.op, rec.args)
+        try:
+            command = self.command_for(port.spec.regmap, rec.op, rec.args)
+        except CallError as exc:  # the map changed since: nothing can ask the device about it
+            body = {"outcome": Outcome.UNKNOWN.name, "reason": "UNKNOWN", "http": 502,
+                    "action": calls.action_for(Outcome.UNKNOWN, None), "replayed": False,
+                    "key": rec.key, "message": f"cannot be re-sent as it was: {exc}; open "
+                                               "until acknowledged"}
+            self.store.finish(rec.caller, rec.key, Outcome.UNKNOWN.name, body)
+            return Answer(502, body)
         sent_as: tuple[tuple[int, int], ...] = (
             ((rec.epoch, rec.seq),) if rec.epoch is not None and rec.seq is not None else ())
         pending = Result(command, Outcome.UNKNOWN, Status.NO_ANSWER, sent_as=sent_as)
