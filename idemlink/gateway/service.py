@@ -35,7 +35,7 @@ from typing import Any
 
 from idemlink.gateway import calls
 from idemlink.gateway.calls import CallError, Decision
-from idemlink.gateway.store import CallRecord, CallStore, StoreFull
+from idemlink.gateway.store import MAX_TEXT, CallRecord, CallStore, StoreFull
 from idemlink.host.aio import AsyncDevice, AsyncDriver, AsyncRtuDevice
 from idemlink.host.command import Command, CommandBuilder, Result, SentRequest
 from idemlink.host.errors import LinkLost, NoDevice, PortError, UnknownOutstanding
@@ -360,6 +360,8 @@ class Gateway:
             key = calls.check_key(key, now)
             port = self._port(name)
             command = self.command_for(port.spec.regmap, op, args)
+            if len(calls.canonical(args)) > MAX_TEXT // 2:
+                raise BadArguments(f"the call's arguments are over {MAX_TEXT // 2} bytes")
         except CallError as exc:
             return error_answer(exc, key)
         dig = calls.digest(name, op, args)
