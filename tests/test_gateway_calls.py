@@ -28,8 +28,15 @@ def test_keys_are_uuid7_carrying_their_time() -> None:
     assert len({calls.new_key(NOW) for _ in range(100)}) == 100
 
 
-@pytest.mark.parametrize("bad", [None, "", "abc", str(uuid.uuid4()),
-                                 calls.new_key(NOW).upper(), calls.new_key(NOW) + " "])
+A_KEY = "01a3185c-5000-7539-8d95-05920d1c1c13"  # a UUIDv7 of NOW (fixed: xdist collects twice)
+A_V4 = "9f1b1a52-3c56-4d6e-8f10-2b7c3a4d5e6f"
+
+
+def test_the_fixed_key_is_of_now() -> None:
+    assert calls.key_time_ms(A_KEY) == int(NOW * 1000)
+
+
+@pytest.mark.parametrize("bad", [None, "", "abc", A_V4, A_KEY.upper(), A_KEY + " "])
 def test_malformed_key_refused(bad: str | None) -> None:
     with pytest.raises(calls.MalformedIdempotencyKey):
         calls.check_key(bad, NOW)
