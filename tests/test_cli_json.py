@@ -277,6 +277,35 @@ def test_serving_commands(command: list[str]) -> None:
         assert err == b""  # the counters went to stdout with --json
 
 
+@needs_pty
+def test_gateway_and_calls_through_it(sim: PtySim, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("json-test-token-0123456789 tester\n")
+    tokens.chmod(0o600)
+    proc = subprocess.Popen([*CLI, "gateway", "--port", f"{sim.path}=dev", "--listen",
+                             "127.0.0.1:0", "--tokens", str(tokens), "--store",
+                             str(tmp_path / "calls.db"), "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        head = first_line(proc, time.monotonic() + 30)
+        [ready] = check(head)
+        assert ready["schema"] == "idemlink.gateway/1"
+        env = {**os.environ, "IDEMLINK_GATEWAY_TOKEN": "json-test-token-0123456789"}
+        for action in (["write", "threshold=40.0"], ["read", "threshold"]):
+            r = subprocess.run([*CLI, "--gateway", ready["url"], *action, "--json"],
+                               capture_output=True, text=True, env=env, timeout=60)
+            assert r.returncode == 0, r.stderr
+            [doc] = check(r.stdout)
+            assert doc["schema"] == "idemlink.gateway-call/1" and doc["outcome"] == "OK"
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0
+
+
 @pytest.mark.slow
 def test_demo(capsys: pytest.CaptureFixture[str]) -> None:
     rc, [doc] = run(capsys, "demo", "--burst", "10")

@@ -261,10 +261,10 @@ def test_cli_through_the_gateway(tmp_path: Path) -> None:
         other = cli("write", "threshold=41.5", "--key", key)
         assert other.returncode == 3 and "IDEMPOTENCY_CONFLICT" in other.stdout
         assert f"--key {key}" in other.stderr
-        read = cli("read", "threshold", "--port", "dev")
+        read = cli("read", "threshold", "--gateway-port", "dev")
         assert read.returncode == 0 and read.stdout.startswith("threshold = 41.0\n")
         trig = cli("trigger", "--json")
-        assert trig.returncode == 0 and json.loads(trig.stdout)["result"]["code_name"] == (
+        assert trig.returncode == 0 and json.loads(trig.stdout)["answer"]["result"]["code_name"] == (
             "ACCEPTED")
         bad = subprocess.run([*CLI, "--gateway", gw.url, "read", "threshold"],
                              capture_output=True, text=True, timeout=scaled(30),

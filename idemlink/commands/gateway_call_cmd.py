@@ -1,21 +1,21 @@
-"""``idemlink --gateway URL read|write|trigger --port NAME ...``: the same commands through a
-gateway (docs/GATEWAY.md), by ``idemlink.gateway.client.GatewayClient``.
+"""``idemlink --gateway URL read|write|trigger --gateway-port NAME ...``: the same commands through a gateway
+(docs/GATEWAY.md), by ``idemlink.gateway.client.GatewayClient``.
 
 Contract: ``idemlink --gateway URL`` before the command name makes ``read NAME...``, ``write
 NAME=VALUE...`` (``--if-match G``) and ``trigger [NAME] [--reset]`` calls of the gateway at URL on
-its port ``--port NAME`` (default: its only port), with the bearer token read from
-``--token-file FILE`` or ``$IDEMLINK_GATEWAY_TOKEN``. A call with an effect gets a new key
-(``--key K`` to give one: the same call again, e.g. after an UNKNOWN), reused on every retry. The
-line printed is the outcome, reason and action, ``(replayed)`` when the gateway replayed it; the
-exit status is the outcome's (OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5); ``--json`` prints
-the gateway's JSON body. No gateway, no token, a bad value: one line on stderr, exit 1. The key
-is printed on stderr whenever the outcome is not OK, so the call can be asked about again.
+its port ``--gateway-port NAME`` (default: its only port), with the bearer token read from
+``--token-file FILE`` or ``$IDEMLINK_GATEWAY_TOKEN``. A call with an effect gets a new key (``--key
+K`` to give one: the same call again, e.g. after an UNKNOWN), reused on every retry. The line
+printed is the outcome, reason and action, ``(replayed)`` when the gateway replayed it; the exit
+status is the outcome's (OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5); ``--json`` prints one
+``idemlink.gateway-call/1`` object (``answer``: the gateway's JSON body). No gateway, no token, a
+bad value: one line on stderr, exit 1. The key is printed on stderr whenever the outcome is not OK,
+so the call can be asked about again.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -27,8 +27,10 @@ from idemlink.cli import (
     EXIT_UNKNOWN,
     UserError,
 )
+from idemlink.output import add_json_option, json_line
 
 NAME = "gateway-call"
+SCHEMA = "idemlink.gateway-call/1"
 EXIT_OF: dict[str, int] = {"OK": EXIT_OK, "NOT_EXECUTED": EXIT_NOT_EXECUTED,
                            "REJECTED": EXIT_REJECTED, "UNKNOWN": EXIT_UNKNOWN}
 TOKEN_ENV = "IDEMLINK_GATEWAY_TOKEN"
@@ -37,13 +39,15 @@ TOKEN_ENV = "IDEMLINK_GATEWAY_TOKEN"
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         NAME, help="read, write or trigger through a gateway (idemlink --gateway URL ...)")
-    p.add_argument("--gateway", required=True, metavar="URL")
+    p.add_argument("--gateway", required=True, metavar="URL", help="the gateway's address")
     p.add_argument("--token-file", metavar="FILE", help=f"the bearer token (or ${TOKEN_ENV})")
-    p.add_argument("--port", metavar="NAME", help="the gateway's port (default: its only one)")
+    p.add_argument("--gateway-port", metavar="NAME",
+                   help="the gateway's port (default: its only one)")
     p.add_argument("--key", help="the call's Idempotency-Key (default: a new UUIDv7)")
-    p.add_argument("--json", action="store_true", help="print the gateway's JSON answer")
-    p.add_argument("action", choices=("read", "write", "trigger"))
-    p.add_argument("items", nargs="*", metavar="NAME|NAME=VALUE")
+    add_json_option(p, SCHEMA)
+    p.add_argument("action", choices=("read", "write", "trigger"), help="what to do")
+    p.add_argument("items", nargs="*", metavar="NAME|NAME=VALUE",
+                   help="read: registers; write: NAME=VALUE; trigger: the trigger (optional)")
     p.add_argument("--if-match", type=int, default=None, metavar="G",
                    help="write: only if the generation still is G")
     p.add_argument("--reset", action="store_true", help="trigger: reset to IDLE")
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             import time
 
             check_key(args.key, time.time())
-        port = args.port or _only_port(client)
+        port = args.gateway_port or _only_port(client)
         if args.action == "read":
             if not args.items:
                 raise UserError("read: name the registers")
@@ -124,7 +128,9 @@ def _report(args: argparse.Namespace, answer: dict[str, Any]) -> int:
         raise UserError(f"the gateway answered {answer.get('http')}: "
                         f"{answer.get('message') or answer}")
     if args.json:
-        print(json.dumps(answer, sort_keys=True))
+        print(json_line(SCHEMA, {"outcome": outcome, "http": answer.get("http"),
+                                 "reason": answer.get("reason"), "action": answer.get("action"),
+                                 "replayed": bool(answer.get("replayed")), "answer": answer}))
     else:
         for name, reading in (answer.get("registers") or {}).items():
             print(f"{name} = {reading.get('value')}")

@@ -17,7 +17,16 @@ import asyncio
 import re
 from typing import Any
 
-from idemlink.cli import EXIT_OK, UserError, add_regmap_option, regmap_from
+from idemlink.cli import (
+    EXIT_OK,
+    UserError,
+    add_char_format_options,
+    add_regmap_option,
+    regmap_from,
+)
+from idemlink.output import add_json_option, json_line
+
+SCHEMA = "idemlink.gateway/1"
 
 
 def register(sub: Any) -> None:
@@ -28,15 +37,18 @@ def register(sub: Any) -> None:
     p.add_argument("--rtu-port", action="append", default=[], metavar="URL[=NAME]",
                    help="a plain Modbus RTU slave's port, driven through --regmap (repeatable)")
     p.add_argument("--unit", type=int, default=1, help="the RTU slaves' unit id (default 1)")
-    p.add_argument("--baudrate", type=int, default=115200)
+    p.add_argument("--baudrate", type=int, default=115200,
+                   help="the ports' line speed (default 115200)")
+    add_char_format_options(p, modbus=True)
     p.add_argument("--timeout", type=float, default=0.2,
-                   help="seconds to wait for an answer before a retry (default 0.2)")
+                   help="seconds to wait for each answer before a retry (default 0.2)")
     add_regmap_option(p)
     p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8080: this machine only)")
     p.add_argument("--tokens", metavar="FILE", help="bearer tokens: `TOKEN CALLER` a line, mode 600")
     p.add_argument("--store", metavar="FILE", help="the call store (SQLite), one per gateway")
     p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
+    add_json_option(p, SCHEMA)
     p.set_defaults(handler=run)
 
 
@@ -82,7 +94,9 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise UserError(f"two ports share a name: {', '.join(names)}")
     specs = [PortSpec(name, url, regmap, rtu=i >= len(args.port), unit=args.unit,
-                      baudrate=args.baudrate, timeout=args.timeout)
+                      baudrate=args.baudrate, timeout=args.timeout, bytesize=args.bytesize or 8,
+                      parity=args.parity or ("E" if i >= len(args.port) else "N"),
+                      stopbits=args.stopbits or 1)
              for i, (url, name) in enumerate(named)]
     try:
         tokens = load_tokens(args.tokens)
@@ -90,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
 
     def ready(url: str) -> None:
-        print(f"idemlink gateway: listening on {url}", flush=True)
+        if args.json:
+            print(json_line(SCHEMA, {"url": url}), flush=True)
+        else:
+            print(f"idemlink gateway: listening on {url}", flush=True)
 
     try:
         asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port), ready))

@@ -37,10 +37,11 @@ from idemlink.gateway import calls
 from idemlink.gateway.calls import CallError, Decision
 from idemlink.gateway.store import MAX_TEXT, CallRecord, CallStore, StoreFull
 from idemlink.host.aio import AsyncDevice, AsyncDriver, AsyncRtuDevice
-from idemlink.host.command import Command, CommandBuilder, Result, SentRequest
+from idemlink.host.command import Command, CommandBuilder, Result, SentRequest, raw_in
 from idemlink.host.errors import LinkLost, NoDevice, PortError, UnknownOutstanding
 from idemlink.host.frame_view import trigger_code_name
 from idemlink.host.operations import reissuable
+from idemlink.output import register_entry
 from idemlink.protocol.outcome import IdemlinkError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 
@@ -81,6 +82,9 @@ class PortSpec:
     unit: int = 1
     baudrate: int = 115200
     timeout: float = 0.2
+    bytesize: int = 8
+    parity: str = "N"
+    stopbits: float = 1
 
 
 @dataclass(slots=True)
@@ -179,10 +183,13 @@ class Gateway:
         dev: AsyncDriver
         if s.rtu:
             dev = await AsyncRtuDevice.open(s.url, unit=s.unit, regmap=s.regmap,
-                                            baudrate=s.baudrate, timeout=s.timeout)
+                                            baudrate=s.baudrate, timeout=s.timeout,
+                                            bytesize=s.bytesize, parity=s.parity,
+                                            stopbits=s.stopbits)
         else:
             dev = await AsyncDevice.open(s.url, regmap=s.regmap, baudrate=s.baudrate,
-                                         timeout=s.timeout)
+                                         timeout=s.timeout, bytesize=s.bytesize,
+                                         parity=s.parity, stopbits=s.stopbits)
         port.device = dev
         port.reason = ""
         log.info("port %s: open (%s)", s.name, s.url)
@@ -280,8 +287,9 @@ class Gateway:
         bad = next((r for r in results if not r.ok), None)
         registers: dict[str, Any] = {}
         for n, r in zip(names, results, strict=False):
-            registers[n] = {"raw": list(r.values), "value": dev.decode(r).get(n) if r.ok else None,
-                            "outcome": r.outcome.name}
+            spec = builder.spec(n)  # the shape every CLI schema gives a reading
+            raw = raw_in(spec, r.command, r.values) if r.ok and r.values else None
+            registers[n] = {**register_entry(spec, raw), "outcome": r.outcome.name}
         headers: dict[str, str] = {}
         body: dict[str, Any] = {"registers": registers}
         if gen is not None and results[-1].ok:
