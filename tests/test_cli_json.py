@@ -51,6 +51,10 @@ def documented_schemas() -> dict[str, tuple[set[str], set[str], bool]]:
 SCHEMAS = documented_schemas()
 SEEN: set[str] = set()
 
+#: test_every_documented_schema_was_checked reads what the tests above it saw, so the file runs in
+#: one xdist worker (``--dist loadgroup`` in pyproject's addopts), in file order.
+pytestmark = pytest.mark.xdist_group("cli_json")
+
 
 def check(stdout: str) -> list[dict[str, Any]]:
     """Every stdout line is one documented object; the objects."""
