@@ -84,8 +84,12 @@ class Sim:
         self.path = read_line(self.proc.stdout.fileno(), self.proc, time.monotonic() + 20)
 
     def holdings(self) -> dict[str, int]:
-        """The configuration the simulator persisted (its own file, not CLI output)."""
-        doc = json.loads((self.flash / "config.json").read_text())
+        """The configuration the simulator persisted (its own file, not CLI output); nothing
+        before its first persistent write (a fresh flash directory has no file yet)."""
+        path = self.flash / "config.json"
+        if not path.exists():
+            return {}
+        doc = json.loads(path.read_text())
         return {DEFAULT_MAP.at(a).name: v for a, v in doc["holdings"]}  # type: ignore[union-attr]
 
     def stop(self) -> tuple[int, bytes]:
