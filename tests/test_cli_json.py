@@ -328,5 +328,8 @@ def test_every_documented_schema_was_checked(request: pytest.FixtureRequest) -> 
     to a file, demo is slow; the error schema of an interrupt is tested in test_cli_progress)."""
     if request.config.getoption("-k") or request.config.option.markexpr:
         pytest.skip("a selection of the tests ran")
+    if os.environ.get("PYTEST_XDIST_WORKER") and "@cli_json" not in request.node.nodeid:
+        pytest.fail("pytest-xdist did not group this file on one worker (--dist loadgroup): "
+                    "pytest 9.2 breaks it (pytest-xdist issue 1386); install '.[test]' again")
     skipped = {"idemlink.trace/1", "idemlink.demo/1"}
     assert set(SCHEMAS) - skipped <= SEEN
