@@ -111,14 +111,14 @@ def test_an_old_host_drives_a_new_device() -> None:
     (refusal,) = old_read(dev.data_to_send())
     assert refusal.payload == bytes((oracle_wire.EPOCH_MISMATCH,)) + (0x12345678).to_bytes(4, "little")
 
-    write = bytes.fromhex("060001") + (2).to_bytes(2, "big")  # mode := 2, set-only
+    write = bytes.fromhex("060005") + (2).to_bytes(2, "big")  # mode := 2, set-only
     dev.receive_data(old_frame(3, next_seq, epoch, write), 0.1)
     (first,) = old_read(dev.data_to_send())
     dev.receive_data(old_frame(3, next_seq, epoch, write, oracle_wire.RETRANSMIT), 0.2)
     (again,) = old_read(dev.data_to_send())
     assert first.payload[0] == oracle_wire.STATUS_OK and first.flags == 0
     assert again.payload == first.payload and again.flags == oracle_wire.REPLAY
-    assert len(dev.executions_of(epoch, next_seq)) == 1
+    assert len(dev.executions_of(epoch, next_seq)) == 1 and dev.core.read(5, 1) == (2,)
 
 
 def test_a_new_device_never_answers_frames_an_old_host_cannot_read() -> None:
