@@ -708,6 +708,27 @@ class DeviceCore:
         self._apply(plan, now, self.requests, tag)
         return value
 
+    def broadcast_ok(self, pdu: bytes) -> bool:
+        """Whether ``pdu`` may run as a broadcast (docs/BUS.md): a well-formed FC06 or FC16
+        whose every register is HOLDING (set-only: an absolute value, so nothing depends on
+        who else ran it or how often). A trigger, a fault clear, a conditional write or a
+        read never runs from a broadcast: nobody answers one."""
+        try:
+            req = decode_request(pdu)
+        except ModbusPduError:
+            return False
+        if isinstance(req, WriteSingleRegister):
+            first, count = req.address, 1
+        elif isinstance(req, WriteMultipleRegisters):
+            first, count = req.address, len(req.values)
+        else:
+            return False
+        for a in range(first, first + count):
+            spec = self.regmap.at(a)
+            if spec is None or spec.kind is not RegisterKind.HOLDING:
+                return False
+        return True
+
     def serves(self, function: int) -> bool:
         """Whether this device answers a standard function beyond registers: the bit functions
         when its map has coils (discrete inputs), the mask write when it says ``mask_write``,

@@ -22,6 +22,22 @@ anything else / decode error   counted, no answer (the host's retry covers it)
 The number is committed only after the frame passed its CRC (the decoder guarantees it) and only
 for requests that were executed, so a forged far-ahead number in a corrupted frame never moves the
 window, and a refused request can run later under the same number.
+
+On a bus (issue 22, docs/BUS.md) a session may have an ``address`` (1..247). Which frames it takes
+is decided by ``address_verdict`` once, before the table above:
+
+=============================  ================================================================
+no address in the frame        "the device on this line": the table above, answered unaddressed
+the session's own address      the table above, answered with the same address
+another device's address       counted (``other_address``), no answer
+broadcast (0)                  a REQUEST only, never answered: run once per number of the
+                               broadcast window (its own ``ReplayWindow``; the header's epoch is
+                               not checked, a broadcast reaches devices of different boots) if
+                               ``broadcast_ok`` says the PDU is a set-only write; else counted
+any address, no own address    counted (``unexpected_frames``), no answer: a point-to-point
+                               device stays silent on a bus, like a device of the first contract
+a MAC tag                      counted (``unexpected_frames``), no answer: no device is keyed yet
+=============================  ================================================================
 """
 
 from __future__ import annotations
@@ -31,6 +47,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from idemlink.protocol.frame import (
+    BROADCAST_ADDRESS,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     DecodeError,
@@ -38,6 +55,7 @@ from idemlink.protocol.frame import (
     Frame,
     FrameDecoder,
     FrameType,
+    check_address,
     encode_frame,
 )
 from idemlink.protocol.outcome import Status
@@ -54,6 +72,36 @@ from idemlink.protocol.window import RING_BITS, ReplayWindow, Verdict
 Executor = Callable[[bytes, float, int], bytes]
 """Runs one request PDU (at simulated time ``now``, for sequence number ``seq``) and returns the
 response PDU."""
+
+BroadcastFilter = Callable[[bytes], bool]
+"""Whether a request PDU may run as a broadcast: a set-only write (absolute values, nothing a
+repeat could change), decided by the register model (``DeviceCore.broadcast_ok``)."""
+
+
+class AddressVerdict(Enum):
+    """What a session does with a frame, by its address (``address_verdict``)."""
+
+    THIS_LINE = "this_line"  #: no address: the device on this line
+    OURS = "ours"  #: our own address
+    BROADCAST = "broadcast"  #: address 0: run once if allowed, never answer
+    OTHER = "other_address"  #: another device's: ignore
+    UNEXPECTED = "unexpected_frames"  #: addressed, and we have none; or tagged: ignore
+
+
+def address_verdict(frame_address: int | None, tagged: bool, own: int | None) -> AddressVerdict:
+    """The one rule of which frames a device takes on a shared line (pure)."""
+    if tagged:
+        return AddressVerdict.UNEXPECTED
+    if frame_address is None:
+        return AddressVerdict.THIS_LINE
+    if own is None:
+        return AddressVerdict.UNEXPECTED
+    if frame_address == own:
+        return AddressVerdict.OURS
+    if frame_address == BROADCAST_ADDRESS:
+        return AddressVerdict.BROADCAST
+    return AddressVerdict.OTHER
+
 
 DEFAULT_MAX_INFLIGHT = 32
 """How far ahead of the highest number seen a HELLO may hand out a start (half the RFC 1982
@@ -93,6 +141,9 @@ class DeviceSession:
         ring_bits: int = RING_BITS,
         replay_slots: int = DEFAULT_SLOTS,
         max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        address: int | None = None,
+        broadcast_ok: BroadcastFilter | None = None,
+        broadcast_executor: Executor | None = None,
     ) -> None:
         if not 0 <= epoch < 2**32:
             raise ValueError("epoch must fit in 32 bits")
@@ -111,9 +162,17 @@ class DeviceSession:
         self.max_inflight = min(max_inflight, self.window.size, self.cache.slots, 255)
         self._handed_out: int | None = None
         self.counters: Counter[str] = Counter()
-        #: what it advertises of the contract's later additions (none yet: it ignores ADDRESSED
-        #: and AUTH frames below)
-        self.capabilities = Capability.NONE
+        #: its bus address (None: a point-to-point device, silent on addressed frames)
+        self.address = None if address is None else check_address(address)
+        self.broadcast_ok = broadcast_ok
+        #: runs a broadcast (its answer is dropped); the executor when not given
+        self.broadcast_executor = broadcast_executor or executor
+        #: broadcast numbers run (a space of their own: a broadcast reaches devices whose
+        #: windows and epochs differ)
+        self.broadcast_window = ReplayWindow(ring_bits)
+        #: what it advertises of the contract's later additions (no keys yet: AUTH frames are
+        #: ignored below)
+        self.capabilities = Capability.ADDRESSED if address is not None else Capability.NONE
 
     def first_seq(self) -> int:
         """The first number for a new host session: 1 on a fresh boot; else a whole window beyond
@@ -157,7 +216,7 @@ class DeviceSession:
             # the second extension follows the identity one: a device without a map hash (a
             # bare session in a test) replies as the first contract's devices did
             capabilities=self.capabilities if self.map_hash is not None else None,
-            address=NO_DEVICE_ADDRESS,
+            address=NO_DEVICE_ADDRESS if self.address is None else self.address,
         )
 
     def receive_data(self, data: bytes, now: float) -> None:
@@ -181,32 +240,54 @@ class DeviceSession:
         return out
 
     def _handle_frame(self, frame: Frame, now: float) -> bytes:
-        if frame.address is not None or frame.tag is not None:
-            # A bus device's or a keyed device's frame: this device has neither an address nor
-            # a key yet, so it stays silent, like a device of the first contract (an answer
-            # could collide on a bus; an unverified tag proves nothing).
-            self.counters["unexpected_frames"] += 1
+        where = address_verdict(frame.address, frame.tag is not None, self.address)
+        if where is AddressVerdict.BROADCAST:
+            self.counters[self._broadcast(frame, now)] += 1
             return b""
+        if where is AddressVerdict.OTHER or where is AddressVerdict.UNEXPECTED:
+            # another device's frame, or one this device cannot take (addressed without an
+            # address of its own, or tagged without a key): silent, as an answer could collide
+            # with the addressed device's on a bus and an unverified tag proves nothing
+            self.counters[where.value] += 1
+            return b""
+        to = frame.address  # the answer is addressed as the request was
         if frame.type is FrameType.REQUEST:
-            disposition, wire = self._request(frame, now)
+            disposition, wire = self._request(frame, now, to)
             self.counters[disposition.value] += 1
             return wire
         if frame.type is FrameType.HELLO:
             self.counters["hello"] += 1
             info = self.device_info()
             self._handed_out = info.next_seq
-            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, info.encode())
+            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, info.encode(),
+                                address=to)
         self.counters["unexpected_frames"] += 1
         return b""
 
-    def _answer(self, seq: int, status: Status, flags: int = 0) -> bytes:
-        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(status), flags)
+    def _broadcast(self, frame: Frame, now: float) -> str:
+        """Run a broadcast request at most once per number (its own window); never answered.
+        Returns the counter it adds to."""
+        if frame.type is not FrameType.REQUEST:
+            return "broadcast_refused"
+        if self.broadcast_ok is None or not self.broadcast_ok(frame.payload):
+            return "broadcast_refused"  # not a set-only write: a broadcast never runs it
+        verdict = self.broadcast_window.check(frame.seq)
+        if verdict is not Verdict.NEW and verdict is not Verdict.ACCEPT_OLD:
+            return "broadcast_repeated"
+        self.broadcast_executor(frame.payload, now, frame.seq)
+        self.broadcast_window.commit(frame.seq)
+        return "broadcast_executed"
 
-    def _request(self, frame: Frame, now: float) -> tuple[RequestDisposition, bytes]:
+    def _answer(self, seq: int, status: Status, to: int | None, flags: int = 0) -> bytes:
+        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(status),
+                            flags, address=to)
+
+    def _request(self, frame: Frame, now: float,
+                 to: int | None) -> tuple[RequestDisposition, bytes]:
         seq = frame.seq
         if frame.epoch != self.epoch:
             wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(
-                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")))
+                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")), address=to)
             return RequestDisposition.EPOCH_MISMATCH, wire
         verdict = self.window.check(seq)
         if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
@@ -214,13 +295,14 @@ class DeviceSession:
             self.window.commit(seq)
             self.cache.store(seq, request_digest(frame.payload), payload)
             return RequestDisposition.EXECUTED, encode_frame(
-                FrameType.RESPONSE, seq, self.epoch, payload
+                FrameType.RESPONSE, seq, self.epoch, payload, address=to
             )
         if verdict is Verdict.TOO_OLD:
-            return RequestDisposition.TOO_OLD, self._answer(seq, Status.TOO_OLD)
+            return RequestDisposition.TOO_OLD, self._answer(seq, Status.TOO_OLD, to)
         found, stored = self.cache.lookup(seq, request_digest(frame.payload))
         if found is ReplayVerdict.REPLAY:
-            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, stored, Flags.REPLAY)
+            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, stored, Flags.REPLAY,
+                                address=to)
             return RequestDisposition.REPLAYED, wire
         disposition, status = _DUPLICATE_ANSWER[found]
-        return disposition, self._answer(seq, status)
+        return disposition, self._answer(seq, status, to)

@@ -175,6 +175,16 @@ class FrameEncodeError(LocalProtocolError, ValueError):
     a key or tag length the contract does not define, a layout flag passed by hand)."""
 
 
+def check_address(address: int) -> int:
+    """``address`` if it is a device's bus address (1..247), else ``FrameEncodeError`` (a
+    ``LocalProtocolError``): 0 is the broadcast address, 248..255 are reserved."""
+    if isinstance(address, bool) or not isinstance(address, int) or not (
+            MIN_ADDRESS <= address <= MAX_ADDRESS):
+        raise FrameEncodeError(f"a device address is {MIN_ADDRESS}..{MAX_ADDRESS}, not "
+                               f"{address!r} (0 is the broadcast address)")
+    return address
+
+
 @dataclass(frozen=True, slots=True)
 class MacKey:
     """A session key and the tag length it is used with. Its ``repr`` never shows the key (keys

@@ -76,6 +76,7 @@ from idemlink.protocol.frame import (
     Frame,
     FrameDecoder,
     FrameType,
+    check_address,
     encode_frame,
 )
 from idemlink.protocol.modbus import answer_fits, classify_answer
@@ -174,6 +175,8 @@ class HostCounters:
     late_answers: int = 0
     mismatched_answers: int = 0  #: OK answers under our number that do not fit our request
     decode_errors: int = 0
+    #: frames of another address (other devices' answers on a shared bus), or tagged frames
+    other_address: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -189,9 +192,13 @@ class HostSession:
         max_inflight: int = 8,
         hello_attempts: int = 5,
         hello_nonce: int = 0,
+        address: int | None = None,
     ) -> None:
         if attempts < 1 or max_inflight < 1:
             raise ValueError("attempts and max_inflight must be >= 1")
+        #: the device's bus address: every frame is sent ADDRESSED to it and only its answers
+        #: are taken (None: point to point, the first contract's frames)
+        self.address = None if address is None else check_address(address)
         self.contract_hash = contract_hash
         self.timeout = timeout
         self.attempts = attempts
@@ -335,8 +342,8 @@ class HostSession:
                 self.counters.decode_errors += 1
                 if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
                     self._foreign_version = ev.detail
-            elif ev.address is not None or ev.tag is not None:
-                self.counters.late_answers += 1  # not this point-to-point session's (yet)
+            elif ev.address != self.address or ev.tag is not None:
+                self.counters.other_address += 1  # another device's on a bus, or keyed
             elif ev.type is FrameType.RESPONSE:
                 self._on_response(ev, now)
             elif ev.type is FrameType.HELLO_REPLY:
@@ -379,7 +386,8 @@ class HostSession:
         self._hello_sent += 1
         self._hello_deadline = now + self.timeout
         self._out += encode_frame(
-            FrameType.HELLO, self._hello_seq, 0, encode_hello(PROTOCOL_VERSION, self.contract_hash)
+            FrameType.HELLO, self._hello_seq, 0, encode_hello(PROTOCOL_VERSION, self.contract_hash),
+            address=self.address,
         )
 
     def _on_hello_reply(self, frame: Frame, now: float) -> None:
@@ -460,7 +468,8 @@ class HostSession:
             frame_log.debug("tx REQUEST epoch=%08x seq=%d fc=0x%02x attempt=%d%s", p.epoch, p.seq,
                             p.pdu[0] if p.pdu else 0, p.attempts,
                             " RETRANSMIT" if retransmit else "")
-        self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags)
+        self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags,
+                                  address=self.address)
 
     def _finish(self, p: _Pending, outcome: Outcome, status: Status | None, **kw: Any) -> None:
         if frame_log.isEnabledFor(logging.DEBUG):
