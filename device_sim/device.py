@@ -55,6 +55,7 @@ from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_i
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession
+from idemlink.protocol.frame import check_address
 from idemlink.protocol.modbus import (
     FileInfoResponse,
     FileInfoStatus,
@@ -70,6 +71,9 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP
 from idemlink.protocol.regular_file import file_digest
 from idemlink.protocol.replay import DEFAULT_SLOTS
 from idemlink.protocol.window import RING_BITS
+
+BROADCAST_EPOCH = 0
+"""The epoch a broadcast execution is recorded under (``Execution.epoch``): no boot has it."""
 
 DEFAULT_FILE_QUOTA = 16 * 1024 * 1024
 """Bytes one YMODEM batch may store on the simulated device."""
@@ -213,6 +217,7 @@ class SimulatedDevice:
         epoch_salt: int | None = None,
         keep_executions: int | None = DEFAULT_KEPT_EXECUTIONS,
         effects: str | os.PathLike[str] | None = None,
+        address: int | None = None,
     ) -> None:
         if regmap.generation is None:
             raise MapNotServed(
@@ -235,6 +240,10 @@ class SimulatedDevice:
             self.core = DeviceCore(regmap, trigger_duration=trigger_duration, now=now,
                                    config=saved)
         self.device_id = self._identity(device_id, seed)  # the last check, the first write
+        #: its bus address (docs/BUS.md): given, else the one kept in the flash directory, else
+        #: None (a point-to-point device); a given one is kept there for the next start
+        self.address = (self.flash.address(address) if self.flash is not None
+                        else None if address is None else check_address(address))
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex())
         self.boot_count = self.flash.count_boot() if self.flash is not None else 0
@@ -313,7 +322,8 @@ class SimulatedDevice:
             self._execute, epoch, contract_hash=self._hash, name=self.name,
             ring_bits=self.ring_bits, replay_slots=self.replay_slots,
             map_hash=self.core.regmap.hash, device_id=self.device_id,
-            map_name=self.core.regmap.name,
+            map_name=self.core.regmap.name, address=self.address,
+            broadcast_ok=self.core.broadcast_ok, broadcast_executor=self._execute_broadcast,
         )
 
     def _identity(self, given: str | None, seed: int | None) -> str:
@@ -328,8 +338,13 @@ class SimulatedDevice:
             return f"sim-{random.Random(f'device-id:{seed}').getrandbits(64):016x}"
         return new_device_id()
 
-    def _execute(self, pdu: bytes, now: float, seq: int) -> bytes:
-        epoch = self.session.epoch
+    def _execute_broadcast(self, pdu: bytes, now: float, seq: int) -> bytes:
+        """A broadcast runs like a request, recorded under epoch 0 (a broadcast belongs to no
+        boot; no boot's epoch is 0) and its number in the broadcast space."""
+        return self._execute(pdu, now, seq, BROADCAST_EPOCH)
+
+    def _execute(self, pdu: bytes, now: float, seq: int, epoch: int | None = None) -> bytes:
+        epoch = self.session.epoch if epoch is None else epoch
         if pdu[:1] == bytes([FunctionCode.FILE_RECEIVE]):
             response = self._request_file_receive(pdu)
         elif pdu[:1] == bytes([FunctionCode.FILE_INFO]):

@@ -252,6 +252,26 @@ class ConfigFlash:
             raise DeviceIdError(f"{path}: does not hold a device id (1-64 characters of "
                                 "[A-Za-z0-9_.:-])") from None
 
+    def address(self, given: int | None) -> int | None:
+        """This device's bus address (docs/BUS.md): ``given`` (1..247) is kept in ``address``
+        for the next start; without one, the kept one, or None (a point-to-point device). A file
+        that holds no address is refused (``UnsafeFlashFileError``), nothing changed."""
+        from idemlink.protocol.frame import FrameEncodeError, check_address
+
+        path = self.dir / "address"
+        if given is not None:
+            check_address(given)
+            self._replace(path, f"{given}\n")
+            return given
+        data = read_flash_file(path, limit=16)
+        if data is None:
+            return None
+        try:
+            return check_address(int(data.decode("ascii").strip()))
+        except (UnicodeDecodeError, ValueError, FrameEncodeError):
+            raise UnsafeFlashFileError(f"{path}: does not hold a device address "
+                                       "(1..247); refused") from None
+
     def _replace(self, path: Path, text: str) -> None:
         """``path`` replaced by ``text``, atomically and durably, mode 0600
         (``write_regular_file``); anything there but a regular file is refused

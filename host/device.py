@@ -74,6 +74,7 @@ from idemlink.host.operations import (
     Ticket,
 )
 from idemlink.host.transport import SerialTransport, Transport
+from idemlink.protocol.frame import check_address
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.outcome import LocalProtocolError, Status
 from idemlink.protocol.registers import RegisterMap
@@ -408,10 +409,11 @@ class Device(BlockingDriver):
         attempts: int = 5,
         max_inflight: int = 8,
         check_map: bool = True,
+        address: int | None = None,
     ) -> None:
         super().__init__(transport, FramedOperations(
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight, check_map=check_map))
+            max_inflight=max_inflight, check_map=check_map, address=address))
 
     @property
     def session(self) -> HostSession:
@@ -430,7 +432,8 @@ class Device(BlockingDriver):
              stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
-             trace: str | os.PathLike[str] | None = None) -> Device:
+             trace: str | os.PathLike[str] | None = None,
+             address: int | None = None) -> Device:
         """Open ``url`` (any pyserial URL; ``bytesize``/``parity``/``stopbits``: the line's
         character format, 8N1 by default) and run the HELLO handshake. ``regmap`` is the device's
         register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
@@ -438,7 +441,12 @@ class Device(BlockingDriver):
         False (for tools that only ask who is there, like ``idemlink info``); a port where a
         Modbus RTU slave answers instead is ``AnswersModbusRtu``. ``trace``: append every frame
         both ways to that file as JSON lines (``idemlink.host.trace``); a trace file that cannot
-        be opened raises its ``OSError`` with the port closed again."""
+        be opened raises its ``OSError`` with the port closed again. ``address`` (1..247): the
+        device of that bus address (docs/BUS.md): every frame goes ADDRESSED to it, only its
+        answers are taken, and a device that does not say it is that address is refused
+        (``IncompatibleDevice``); None, point to point (the device on this line)."""
+        if address is not None:
+            check_address(address)
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         transport: Transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize,
                                                parity=parity, stopbits=stopbits,
@@ -452,7 +460,7 @@ class Device(BlockingDriver):
                 transport.close()
                 raise
         dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
-                  max_inflight=max_inflight, check_map=check_map)
+                  max_inflight=max_inflight, check_map=check_map, address=address)
         return opened(dev)
 
 

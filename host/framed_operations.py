@@ -31,7 +31,7 @@ from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import PROTOCOL_VERSION
 from idemlink.protocol.host_session import HelloFailed, HostSession, SessionOpened, SessionState
 from idemlink.protocol.outcome import LocalProtocolError
-from idemlink.protocol.payloads import DeviceInfo, printable
+from idemlink.protocol.payloads import Capability, DeviceInfo, printable
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
@@ -68,11 +68,12 @@ class FramedOperations(Operations[HostSession]):
     numbered = True
 
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
-                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True) -> None:
+                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
+                 address: int | None = None) -> None:
         session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, hello_attempts=max(attempts, 1),
-            hello_nonce=secrets.randbits(32),
+            hello_nonce=secrets.randbits(32), address=address,
         )
         super().__init__(clock, session, regmap)
         self.check_map = check_map
@@ -101,6 +102,13 @@ class FramedOperations(Operations[HostSession]):
             raise IncompatibleDevice(
                 f"device protocol contract {ev.info.contract_hash.hex()} differs from ours "
                 f"{contract_hash().hex()} (a different idemlink version: frame layout or codes)")
+        address = s.address
+        if address is not None and not (ev.info.serves(Capability.ADDRESSED)
+                                        and ev.info.address == address):
+            raise IncompatibleDevice(
+                f"the device that answered at address {address} says it is "
+                + (f"address {ev.info.address}" if ev.info.serves(Capability.ADDRESSED)
+                   else "not addressable (no ADDRESSED capability)"))
         if self.check_map:
             check_map(ev.info, self.regmap)
 
@@ -110,6 +118,9 @@ class FramedOperations(Operations[HostSession]):
         try:
             yield from self.connect_steps()
         except NoDevice as exc:
+            if self.session.address is not None:  # a bus: no unit-1 probe among its devices
+                raise NoDevice(f"no idemlink device answered at address "
+                               f"{self.session.address}: {exc}") from exc
             if (yield from answers_modbus_rtu_steps(self.clock, self.regmap,
                                                     self.session.timeout)):
                 raise AnswersModbusRtu(f"{AnswersModbusRtu.SAYS}: open it with RtuDevice or "

@@ -77,8 +77,34 @@ def device_options() -> argparse.ArgumentParser:
     common.add_argument("--trace", metavar="FILE", default=None,
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
+    add_address_option(common)
     add_connection_options(common, DEVICE_KEYS)
     return common
+
+
+def add_address_option(p: argparse.ArgumentParser) -> None:
+    """``--address N``: the idemlink device of that bus address (docs/BUS.md)."""
+    p.add_argument("--address", type=int, default=None, metavar="N",
+                   help="the idemlink device at bus address N (1..247) on a shared line: frames "
+                        "go addressed to it (default: the device on this line)")
+
+
+def bus_address(args: argparse.Namespace) -> int | None:
+    """``--address`` checked (None without it); ``UserError`` outside 1..247 or with
+    ``--modbus-rtu``/``--modbus-tcp`` (their unit is ``--unit``)."""
+    from idemlink.cli import UserError
+    from idemlink.protocol.frame import MAX_ADDRESS, MIN_ADDRESS
+
+    address: int | None = getattr(args, "address", None)
+    if address is None:
+        return None
+    if getattr(args, "modbus_rtu", None) or getattr(args, "modbus_tcp", None):
+        raise UserError("--address is an idemlink device's bus address; a Modbus slave's is "
+                        "--unit N")
+    if not MIN_ADDRESS <= address <= MAX_ADDRESS:
+        raise UserError(f"--address must be {MIN_ADDRESS}..{MAX_ADDRESS} (0 is the broadcast "
+                        f"address, which no device answers), not {address}")
+    return address
 
 
 def add_answer_options(p: argparse.ArgumentParser, attempts: str = "sends per command before "

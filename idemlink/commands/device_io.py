@@ -40,6 +40,7 @@ from idemlink.cli import (
 from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
     MAX_TIMEOUT,
+    bus_address,
     check_seconds,
     line_settings,
     result_json,
@@ -78,7 +79,8 @@ def open_device(args: argparse.Namespace) -> Device:
     log_sources(args)
     try:
         dev = Device.open(args.port, **line_settings(args), timeout=args.timeout,
-                          attempts=args.attempts, regmap=regmap, trace=trace)
+                          attempts=args.attempts, regmap=regmap, trace=trace,
+                          address=bus_address(args))
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:

@@ -23,7 +23,7 @@ from idemlink.cli import (
     add_regmap_option,
     regmap_from,
 )
-from idemlink.commands.common import add_answer_options
+from idemlink.commands.common import add_address_option, add_answer_options
 from idemlink.commands.connection import add_connection_options
 from idemlink.output import add_json_option, print_json
 
@@ -47,6 +47,7 @@ def register(sub: Any) -> None:
     add_answer_options(p, "HELLOs before giving up (default 5)")
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
+    add_address_option(p)
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="refused: a standard Modbus RTU slave has no HELLO identity to show "
                         "(read its registers with `idemlink read --modbus-rtu --all`)")
@@ -58,12 +59,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, line_settings
+    from idemlink.commands.common import MAX_TIMEOUT, bus_address, check_seconds, line_settings
     from idemlink.commands.device_io import log_sources, no_device, port_said_once
     from idemlink.host.device import Device
     from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
     from idemlink.protocol.contract import contract_hash
-    from idemlink.protocol.payloads import printable
+    from idemlink.protocol.payloads import Capability, printable
 
     if args.modbus_rtu:
         raise UserError(f"--modbus-rtu: {RTU_INFO_REFUSED}; nothing was sent")
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     log_sources(args)
     try:
         with Device.open(args.port, **line_settings(args), timeout=args.timeout,
-                         attempts=args.attempts, regmap=regmap, check_map=False) as dev:
+                         attempts=args.attempts, regmap=regmap, check_map=False,
+                         address=bus_address(args)) as dev:
             info = dev.info
             epoch = dev.session.epoch
     except NoDevice as exc:
@@ -101,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
         "window": info.window, "replay_slots": info.replay_slots,
         "max_inflight": info.max_inflight, "max_payload": info.max_payload,
         "next_seq": info.next_seq,
+        # the second HELLO_REPLY extension (None: a device from before it)
+        "address": info.address or None,
+        "capabilities": None if info.capabilities is None else
+        [c.name for c in Capability if c and info.serves(c)],
     }
     if args.json:
         print_json(INFO_SCHEMA, out)
@@ -123,6 +129,9 @@ def run(args: argparse.Namespace) -> int:
                    f"{info.max_inflight} in flight, payload <= {info.max_payload} B"),
         ("next seq", str(info.next_seq)),
     ]
+    if info.address:
+        rows.append(("bus address", f"{info.address} (answers frames addressed to it; acts on "
+                                    "broadcast set-only writes)"))
     for k, v in rows:
         print(f"{k:<13} {v}")
     return EXIT_OK

@@ -74,6 +74,10 @@ def register(sub: Any) -> None:
                    "across runs")
     p.add_argument("--device-id", default=None,
                    help="the id HELLO advertises (default: kept in --flash-dir, else drawn anew)")
+    p.add_argument("--address", type=int, default=None, metavar="N",
+                   help="the framed device's bus address, 1..247 (kept in --flash-dir): it also "
+                        "answers frames addressed to N, acts on broadcast set-only writes and "
+                        "ignores other addresses (docs/BUS.md; default: kept, else none)")
     add_regmap_option(p)
     add_baudrate_option(p, default=None,
                         text="baud rate for --port (with --modbus-rtu it also sets t3.5; "
@@ -206,6 +210,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"trigger duration {args.trigger_duration} must be a finite number of "
                         "seconds >= 0")
     effects = getattr(args, "effects", None)
+    if getattr(args, "address", None) is not None and (
+            args.modbus_rtu or getattr(args, "modbus_tcp", None) is not None):
+        raise UserError("--address is a framed idemlink device's bus address; a Modbus "
+                        "slave's is --unit N")
     if getattr(args, "modbus_tcp", None) is not None:
         return run_tcp(args)
     if getattr(args, "plain", False) and not args.modbus_rtu:
@@ -361,6 +369,7 @@ def run_framed(args: argparse.Namespace) -> int:
     from idemlink.device_sim.flash import DeviceIdError
     from idemlink.device_sim.serve import serve
     from idemlink.protocol.device_core import SnapshotError
+    from idemlink.protocol.frame import FrameEncodeError
 
     regmap = regmap_from(args)
     try:
@@ -370,8 +379,9 @@ def run_framed(args: argparse.Namespace) -> int:
         device = SimulatedDevice(seed=args.seed, trigger_duration=args.trigger_duration,
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
                                  device_id=getattr(args, "device_id", None), epoch_salt=salt,
-                                 effects=getattr(args, "effects", None))
-    except (DeviceIdError, MapNotServed) as exc:
+                                 effects=getattr(args, "effects", None),
+                                 address=getattr(args, "address", None))
+    except (DeviceIdError, MapNotServed, FrameEncodeError) as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
