@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Protocol
 
+from idemlink.device_sim.bus import Bus
 from idemlink.device_sim.device import FileReceiveRequest, SimulatedDevice
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,33 @@ def serve(
             between(now)
     log.info("stopped: %d bytes in, %d bytes out, %d answers dropped", stats.bytes_in,
              stats.bytes_out, stats.answers_dropped)
+    return stats
+
+
+def serve_bus(bus: Bus, transport: ServeTransport, stop: threading.Event, *,
+              clock: Callable[[], float] = time.monotonic,
+              tick_interval: float = TICK_INTERVAL) -> ServeStats:
+    """Serve a simulated bus (``idemlink.device_sim.bus.Bus``) on ``transport`` in real time
+    until ``stop`` is set: the port's bytes are the master's transmissions, what the medium
+    delivers to the master is written back. The loop waits for bytes at most until the bus's
+    next event (a frame ending, a device's turnaround) or ``tick_interval``."""
+    stats = ServeStats()
+    log.info("serving a bus of %d devices", len(bus.members))
+    while not stop.is_set():
+        nxt = bus.next_event_time()
+        wait = tick_interval if nxt is None else min(tick_interval, max(0.0, nxt - clock()))
+        data = transport.read(wait)
+        now = clock()
+        if data:
+            stats.bytes_in += len(data)
+            bus.receive_data(data, now)
+        bus.tick(now)
+        stats.ticks += 1
+        out = bus.data_to_send()
+        if out:
+            deliver(transport, out, stats)
+    log.info("stopped: %d bytes in, %d bytes out; %s", stats.bytes_in, stats.bytes_out,
+             bus.stats)
     return stats
 
 

@@ -94,7 +94,8 @@ class FramedOperations(Operations[HostSession]):
         if isinstance(ev, HelloFailed):
             if ev.incompatible:
                 raise IncompatibleDevice(ev.reason)
-            raise NoDevice(f"no idemlink device answered: {ev.reason}")
+            at = "" if s.address is None else f" at address {s.address}"
+            raise NoDevice(f"no idemlink device answered{at}: {ev.reason}")
         if ev.info.version != PROTOCOL_VERSION:
             raise IncompatibleDevice(
                 f"device speaks protocol version {ev.info.version}, we speak {PROTOCOL_VERSION}")
@@ -119,8 +120,7 @@ class FramedOperations(Operations[HostSession]):
             yield from self.connect_steps()
         except NoDevice as exc:
             if self.session.address is not None:  # a bus: no unit-1 probe among its devices
-                raise NoDevice(f"no idemlink device answered at address "
-                               f"{self.session.address}: {exc}") from exc
+                raise
             if (yield from answers_modbus_rtu_steps(self.clock, self.regmap,
                                                     self.session.timeout)):
                 raise AnswersModbusRtu(f"{AnswersModbusRtu.SAYS}: open it with RtuDevice or "

@@ -191,3 +191,53 @@ def test_frames_written_together_are_cut_into_transmissions() -> None:
     assert frame_units(b"\x01\x02" + a) == [b"\x01\x02\x00", a[1:]]  # noise ends at a delimiter
     assert frame_units(a + b"\x05\x06") == [a, b"\x05\x06"]
     assert frame_units(b"") == [] and b"".join(frame_units(a + b + a)) == a + b + a
+
+
+def test_sim_bus_serves_n_devices_on_a_pty(capsys: pytest.CaptureFixture[str]) -> None:
+    """``idemlink sim --bus 3 --address 5``: devices 5, 6 and 7 on one pty, each reached by its
+    address in real time; another address is nobody."""
+    import signal
+    import subprocess
+    import sys
+
+    from support.timing import read_line, scaled
+
+    from idemlink.cli import main
+
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim", "--bus", "3", "--address",
+                             "5", "--seed", "1", "--turnaround", "0.002"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        port = read_line(proc.stdout, proc)
+        for a in (5, 6, 7):
+            with Device.open(port, address=a, timeout=0.2) as dev:
+                assert dev.info is not None and dev.info.address == a
+                assert dev.write({"mode": a % 3}).outcome is Outcome.OK
+        assert main(["read", "--port", port, "--address", "6", "mode", "--json"]) == 0
+        assert '"raw": 0' in capsys.readouterr().out
+        assert main(["read", "--port", port, "--address", "8", "mode", "--timeout", "0.05",
+                     "--attempts", "2"]) == 1
+        assert "no idemlink device answered at address 8" in capsys.readouterr().err
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(scaled(10)) == 0
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--bus", "3", "--address", "246"], "must fit in 1..247"),
+    (["--bus", "0"], "must fit in 1..247"),
+    (["--bus", "2", "--flash-dir", "x"], "--bus serves simulated devices without --flash-dir"),
+    (["--bus", "2", "--modbus-rtu"], "--modbus-rtu"),
+    (["--echo"], "give them with --bus N"),
+    (["--bus", "2", "--turnaround", "-1"], "--turnaround -1.0 must be 0..10 seconds"),
+])
+def test_sim_bus_refuses_what_it_cannot_serve(argv: list[str], says: str,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    from idemlink.cli import main
+
+    assert main(["sim", *argv]) == 1
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1

@@ -92,6 +92,15 @@ def register(sub: Any) -> None:
     p.add_argument("--control", metavar="FIFO",
                    help="read the world's changes from this named pipe (created if absent): "
                         "'input ADDRESS VALUE', 'condition ADDRESS BITS' (docs/CLI.md)")
+    p.add_argument("--bus", type=int, default=None, metavar="N",
+                   help="serve N framed devices (addresses 1..N, or from --address) on one "
+                        "simulated half-duplex bus (docs/BUS.md)")
+    p.add_argument("--turnaround", type=float, default=None, metavar="S",
+                   help="with --bus: seconds a device waits after a request before answering "
+                        "(default 0.001)")
+    p.add_argument("--echo", action="store_true",
+                   help="with --bus: the master hears its own bytes back, as through an RS-485 "
+                        "adapter without echo suppression")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the framed simulator's boot epochs, mixed with the flash "
                         "directory's boot counter or fresh entropy (default: random)")
@@ -218,6 +227,14 @@ def run(args: argparse.Namespace) -> int:
         return run_tcp(args)
     if getattr(args, "plain", False) and not args.modbus_rtu:
         raise UserError("--plain is a plain Modbus RTU slave: give it with --modbus-rtu")
+    bus_refusal = _bus_refusal(args)
+    if bus_refusal:
+        raise UserError(bus_refusal)
+    if args.bus is not None:
+        try:
+            return run_bus(args)
+        except KeyboardInterrupt:
+            return EXIT_OK
     if effects is not None:
         if args.modbus_rtu and not getattr(args, "plain", False):
             raise UserError("--effects records the framed simulator's executions, or with "
@@ -234,6 +251,56 @@ def run(args: argparse.Namespace) -> int:
             return run_framed(args)
     except KeyboardInterrupt:  # still opening its port: stopping is the simulator's normal end
         return EXIT_OK
+
+
+def _bus_refusal(args: argparse.Namespace) -> str | None:
+    """Why these options cannot serve (None: they can): ``--bus`` with what it does not take,
+    or ``--turnaround``/``--echo`` without it."""
+    if args.bus is None:
+        if args.turnaround is not None or args.echo:
+            return "--turnaround and --echo are the simulated bus's: give them with --bus N"
+        return None
+    from idemlink.protocol.frame import MAX_ADDRESS
+
+    first = args.address if args.address is not None else 1
+    if not 1 <= args.bus <= MAX_ADDRESS or not 1 <= first <= MAX_ADDRESS + 1 - args.bus:
+        return (f"--bus {args.bus} from address {first}: the addresses must fit in "
+                f"1..{MAX_ADDRESS}")
+    given = [o for o, v in (("--modbus-rtu", args.modbus_rtu), ("--flash-dir", args.flash_dir),
+                            ("--device-id", args.device_id), ("--effects", args.effects),
+                            ("--control", args.control)) if v]
+    if given:
+        return (f"--bus serves simulated devices without {', '.join(given)} (each device's "
+                "state lives in the process)")
+    if args.turnaround is not None and not (math.isfinite(args.turnaround)
+                                            and 0 <= args.turnaround < 10):
+        return f"--turnaround {args.turnaround} must be 0..10 seconds"
+    return None
+
+
+def run_bus(args: argparse.Namespace) -> int:
+    """``--bus N``: N framed devices on one simulated half-duplex bus, served on a new pty or on
+    ``--port`` (``idemlink.device_sim.bus.Bus``, real time)."""
+    from idemlink.device_sim.bus import Bus, BusConfig
+    from idemlink.device_sim.device import MapNotServed, SimulatedDevice
+    from idemlink.device_sim.serve import serve_bus
+
+    regmap = regmap_from(args)
+    first = args.address if args.address is not None else 1
+    now = time.monotonic()
+    salt = secrets.randbits(64)
+    try:
+        devices = [SimulatedDevice(seed=None if args.seed is None else args.seed + a,
+                                   trigger_duration=args.trigger_duration, now=now,
+                                   regmap=regmap, epoch_salt=salt, address=a,
+                                   name=f"idemlink-sim-{a}")
+                   for a in range(first, first + args.bus)]
+    except MapNotServed as exc:
+        raise UserError(str(exc)) from None
+    bus = Bus(devices, BusConfig(baud=args.baudrate or 115200,
+                                 turnaround=0.001 if args.turnaround is None else args.turnaround,
+                                 echo=args.echo), start=now)
+    return _serve_until_signal(args, lambda transport, stop: serve_bus(bus, transport, stop))
 
 
 @contextlib.contextmanager
