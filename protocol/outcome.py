@@ -71,6 +71,7 @@ class Status(IntEnum):
     EPOCH_CHANGED_IN_FLIGHT = 0xE2
     CANCELLED = 0xE3
     ANSWER_MISMATCH = 0xE4
+    BREAKER_OPEN = 0xE5
 
 
 FIRST_LOCAL_STATUS = 0xE0
@@ -163,6 +164,12 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
         Action.RECONCILE_FIRST,
         "(host) an answer came that does not fit the request (a plain Modbus slave echoing "
         "another value): the request may have run",
+    ),
+    Status.BREAKER_OPEN: StatusInfo(
+        Outcome.NOT_EXECUTED,
+        Action.SAFE_TO_RETRY,
+        "(host) the device on a bus left its last requests unanswered: nothing was sent while "
+        "its circuit breaker is open; it is probed again after a cooldown",
     ),
 }
 

@@ -113,7 +113,8 @@ typedef enum {
     IDL_STATUS_LINK_LOST = 225,
     IDL_STATUS_EPOCH_CHANGED_IN_FLIGHT = 226,
     IDL_STATUS_CANCELLED = 227,
-    IDL_STATUS_ANSWER_MISMATCH = 228
+    IDL_STATUS_ANSWER_MISMATCH = 228,
+    IDL_STATUS_BREAKER_OPEN = 229
 } idl_status_t;
 /** Modbus exceptions */
 typedef enum {

@@ -1,0 +1,122 @@
+"""The host's bus handle (issue 22 item 3; host/bus.py): per-address handles on one line, one
+transaction on the wire at a time, and a circuit breaker that makes a dead device cost only its
+own time."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from idemlink.device_sim.bus import MASTER, Bus, BusConfig, BusTransport
+from idemlink.device_sim.device import SimulatedDevice
+from idemlink.host.bus import Breaker, BreakerPolicy, BreakerState
+from idemlink.host.bus import Bus as HostBus
+from idemlink.host.errors import NoDevice
+from idemlink.protocol.outcome import Outcome, Status
+
+BAUD = 115200
+
+
+def line(n: int, dead: tuple[int, ...] = ()) -> tuple[Bus, BusTransport]:
+    sim = Bus([SimulatedDevice(seed=200 + a, address=a) for a in range(1, n + 1)],
+              BusConfig(baud=BAUD, turnaround=0.001))
+    for a in dead:
+        sim.set_dead(a)
+    return sim, BusTransport(sim)
+
+
+def test_handles_per_address_with_the_device_api() -> None:
+    sim, t = line(4)
+    bus = HostBus(t, timeout=0.05)
+    assert bus.device(3) is bus.device(3)
+    for a in range(1, 5):
+        dev = bus.device(a)
+        dev.connect()
+        assert dev.write({"mode": a % 3}).outcome is Outcome.OK
+    assert [bus.device(a).read("mode").values for a in range(1, 5)] == [(1,), (2,), (0,), (1,)]
+    assert sim.stats.collisions == 0
+
+
+def test_one_transaction_on_the_wire_at_a_time() -> None:
+    """Commands of one handle run in a list and of several handles from threads: the medium
+    never carries two transmissions at once (no collision), every command is OK, and the master
+    never has two requests out (sent frames alternate with answers)."""
+    sim, t = line(3)
+    bus = HostBus(t, timeout=0.05)
+    for a in (1, 2, 3):
+        bus.device(a).connect()
+    dev = bus.device(2)
+    results = dev.run([dev.read_command("mode") for _ in range(10)])
+    assert all(r.outcome is Outcome.OK for r in results)
+
+    errors: list[BaseException] = []
+
+    def work(a: int) -> None:
+        try:
+            d = bus.device(a)
+            for i in range(5):
+                assert d.write({"threshold": 300 + 10 * a + i}).outcome is Outcome.OK
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in (1, 2, 3)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert sim.stats.collisions == 0
+    sent = sim.stats.by_sender[MASTER]
+    answered = sum(n for s, n in sim.stats.by_sender.items() if s != MASTER)
+    assert sent == answered  # one answer per request: none was sent while another was out
+    for a in (1, 2, 3):
+        assert bus.device(a).read("threshold").values == (300 + 10 * a + 4,)
+
+
+def test_a_dead_device_ends_not_executed_quickly_and_nothing_is_sent() -> None:
+    sim, t = line(3, dead=(2,))
+    bus = HostBus(t, timeout=0.02, attempts=3, breaker=BreakerPolicy(failures=1, cooldown=5.0))
+    for a in (1, 3):
+        bus.device(a).connect()
+    with pytest.raises(NoDevice):
+        bus.device(2).connect()  # unanswered HELLO: the breaker opens
+    assert bus.device(2).breaker.state is BreakerState.OPEN
+    sent = sim.stats.by_sender[MASTER]
+    start = t.now()
+    r = bus.device(2).write({"mode": 1})
+    assert (r.outcome, r.status) == (Outcome.NOT_EXECUTED, Status.BREAKER_OPEN)
+    assert t.now() == start and sim.stats.by_sender[MASTER] == sent  # nothing sent, no time
+    assert bus.device(1).write({"mode": 1}).outcome is Outcome.OK  # the others are served
+    # after the cooldown one probe goes out; the device is back: the breaker closes
+    sim.set_dead(2, False)
+    t.advance(5.0)
+    assert bus.device(2).write({"mode": 2}).outcome is Outcome.OK
+    assert bus.device(2).breaker.state is BreakerState.CLOSED
+
+
+def test_a_device_that_dies_mid_session_opens_its_breaker() -> None:
+    sim, t = line(2)
+    bus = HostBus(t, timeout=0.02, attempts=2, breaker=BreakerPolicy(failures=2, cooldown=1.0))
+    d1, d2 = bus.device(1), bus.device(2)
+    d1.connect()
+    d2.connect()
+    sim.set_dead(1)
+    outcomes = [d1.read("mode").status for _ in range(4)]
+    assert outcomes == [Status.NO_ANSWER, Status.NO_ANSWER, Status.BREAKER_OPEN,
+                        Status.BREAKER_OPEN]
+    assert d1.breaker.refused == 2 and d2.read("mode").outcome is Outcome.OK
+
+
+def test_the_breaker_rule() -> None:
+    b = Breaker(BreakerPolicy(failures=2, cooldown=1.0))
+    assert b.allows(0.0)
+    b.record(False, 0.0)
+    assert b.state is BreakerState.CLOSED and b.allows(0.1)
+    b.record(False, 0.1)
+    assert b.state is BreakerState.OPEN and not b.allows(1.0) and b.allows(1.1)
+    assert b.state is BreakerState.PROBING
+    b.record(False, 1.2)  # a failed probe opens it again at once
+    assert b.state is BreakerState.OPEN and not b.allows(2.1) and b.allows(2.2)
+    b.record(True, 2.3)
+    assert b.state is BreakerState.CLOSED and b.failures == 0
