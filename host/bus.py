@@ -15,6 +15,13 @@ Contract:
   NO_ANSWER) or a HELLO unanswered, the breaker opens: for ``cooldown`` seconds the handle's
   commands end NOT_EXECUTED / BREAKER_OPEN at once and nothing is sent. After the cooldown the
   next command goes out as a probe: answered, the breaker closes; unanswered, it opens again.
+- **Broadcast** (issue 22 item 4): ``bus.broadcast({"mode": 1})`` sends one set-only write
+  (HOLDING registers only: ``broadcast_allowed``, else ``LocalProtocolError`` and nothing sent)
+  to address 0 under a broadcast number (above every connected device's HELLO ``broadcast_next``
+  and every number this bus used), waits the frame's time and the turnaround — no timeout, nobody
+  answers — and returns UNKNOWN / BROADCAST_SENT for each connected handle. ``bus.verify(results)``
+  reads each device back: OK where the values hold, NOT_EXECUTED where they do not (a set-only
+  write: sending it again is harmless), UNKNOWN where the read-back cannot tell.
 - A handle's ``close`` leaves the shared transport open; ``Bus.close`` closes it.
 
 The breaker's rule is ``Breaker`` (time passed in); the handles only consult it.
@@ -24,17 +31,18 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Generator, Iterable
-from dataclasses import dataclass
+from collections.abc import Generator, Iterable, Mapping
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, Self, TypeVar
 
-from idemlink.host.command import Command, Result
+from idemlink.host.command import Command, CommandBuilder, Result
 from idemlink.host.device import Device
 from idemlink.host.errors import NoDevice
 from idemlink.host.operations import Steps
 from idemlink.host.transport import SerialTransport, Transport
-from idemlink.protocol.frame import check_address
+from idemlink.protocol.device_core import broadcast_allowed
+from idemlink.protocol.frame import BROADCAST_ADDRESS, FrameType, check_address, encode_frame
 from idemlink.protocol.host_session import SessionState
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
@@ -156,8 +164,11 @@ class Bus:
     def __init__(self, transport: Transport, *, regmap: RegisterMap = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, half_duplex: bool = True,
                  max_inflight: int = 8, check_map: bool = True,
-                 breaker: BreakerPolicy | None = None) -> None:
+                 breaker: BreakerPolicy | None = None, baud: int | None = 115200,
+                 turnaround: float = 0.001) -> None:
         self.transport = transport
+        self.baud = baud  #: the line's rate: how long a broadcast occupies it
+        self.turnaround = turnaround  #: the devices' turnaround: a broadcast's wait after it
         self.regmap = regmap
         self.timeout = timeout
         self.attempts = attempts
@@ -169,6 +180,7 @@ class Bus:
         #: connect runs inside it)
         self.turn = threading.RLock()
         self._devices: dict[int, BusDevice] = {}
+        self._broadcast_next: int | None = None  #: the next broadcast number this bus uses
 
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
@@ -179,7 +191,7 @@ class Bus:
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize, parity=parity,
                                     stopbits=stopbits, keep_lines=keep_lines)
-        return cls(transport, regmap=rm, **kw)
+        return cls(transport, regmap=rm, baud=baudrate, **kw)
 
     def device(self, address: int) -> BusDevice:
         """The handle of the device at ``address`` (1..247), the same one each time."""
@@ -189,6 +201,57 @@ class Bus:
             dev = self._devices[address] = BusDevice(self, address,
                                                      max_inflight=self.max_inflight)
         return dev
+
+    def broadcast(self, values: Mapping[str | int, int | str]) -> dict[int, Result]:
+        """Send ``values`` (HOLDING registers) to every device at once. See the module
+        docstring."""
+        command = CommandBuilder(self.regmap).write_command(values)
+        if not broadcast_allowed(self.regmap, command.pdu()):
+            raise LocalProtocolError("a broadcast carries a set-only write of HOLDING registers "
+                                     "only (nobody answers it); nothing was sent")
+        handles = {a: d for a, d in self._devices.items() if d.info is not None}
+        if not handles:
+            raise LocalProtocolError("connect the devices first: broadcast numbers start above "
+                                     "what their HELLO replies say; nothing was sent")
+        seq = self._broadcast_number(handles.values())
+        frame = encode_frame(FrameType.REQUEST, seq, 0, command.pdu(), address=BROADCAST_ADDRESS)
+        wait = self.turnaround + (0.0 if self.baud is None else len(frame) * 10 / self.baud)
+        with self.turn:
+            self.transport.write(frame)
+            deadline = self.transport.now() + wait
+            while (left := deadline - self.transport.now()) > 0:
+                self.transport.read(left)  # nobody answers: what comes is stray, dropped
+        self._broadcast_next = (seq + 1) & 0xFFFFFFFF
+        return {a: Result(command, Outcome.UNKNOWN, Status.BROADCAST_SENT, seq=seq,
+                          detail="a broadcast; read back (verify) to know")
+                for a in sorted(handles)}
+
+    def _broadcast_number(self, handles: Iterable[BusDevice]) -> int:
+        """The highest of the devices' ``broadcast_next`` and this bus's next (RFC 1982)."""
+        best = self._broadcast_next
+        for d in handles:
+            n = d.info.broadcast_next if d.info is not None else None
+            if n is not None and (best is None or 0 < (n - best) & 0xFFFFFFFF < 0x80000000):
+                best = n
+        return 1 if best is None else best
+
+    def verify(self, results: Mapping[int, Result]) -> dict[int, Result]:
+        """Each device read back after ``broadcast``: OK where the values hold, NOT_EXECUTED
+        where they do not, UNKNOWN where the read cannot tell (or the device did not answer)."""
+        out: dict[int, Result] = {}
+        for a, r in results.items():
+            rec = self.device(a).reconcile(r)
+            holds = None if rec is None else rec.intended_state_holds
+            if holds is True:
+                out[a] = replace(r, outcome=Outcome.OK, status=Status.OK,
+                                 detail="read back: the values hold")
+            elif holds is False:
+                out[a] = replace(r, outcome=Outcome.NOT_EXECUTED, status=None,
+                                 detail="read back: the values do not hold (a set-only write: "
+                                        "sending it again is harmless)")
+            else:
+                out[a] = replace(r, detail=f"read back: {rec.summary if rec else 'no answer'}")
+        return out
 
     def close(self) -> None:
         for dev in self._devices.values():

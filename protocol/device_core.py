@@ -310,6 +310,29 @@ class _Plan:
     codes: dict[int, TriggerStatus] = field(default_factory=dict)
 
 
+def broadcast_allowed(regmap: RegisterMap, pdu: bytes) -> bool:
+    """Whether ``pdu`` may run as a broadcast (docs/BUS.md): a well-formed FC06 or FC16 whose
+    every register is HOLDING in ``regmap`` (set-only: an absolute value, so nothing depends on
+    who else ran it or how often). A trigger, a fault clear, a conditional write or a read never
+    runs from a broadcast: nobody answers one. The device's rule and the host's check before
+    it sends one."""
+    try:
+        req = decode_request(pdu)
+    except ModbusPduError:
+        return False
+    if isinstance(req, WriteSingleRegister):
+        first, count = req.address, 1
+    elif isinstance(req, WriteMultipleRegisters):
+        first, count = req.address, len(req.values)
+    else:
+        return False
+    for a in range(first, first + count):
+        spec = regmap.at(a)
+        if spec is None or spec.kind is not RegisterKind.HOLDING:
+            return False
+    return True
+
+
 class DeviceCore:
     """The simulated device's registers and their semantics. See the module docstring."""
 
@@ -709,25 +732,8 @@ class DeviceCore:
         return value
 
     def broadcast_ok(self, pdu: bytes) -> bool:
-        """Whether ``pdu`` may run as a broadcast (docs/BUS.md): a well-formed FC06 or FC16
-        whose every register is HOLDING (set-only: an absolute value, so nothing depends on
-        who else ran it or how often). A trigger, a fault clear, a conditional write or a
-        read never runs from a broadcast: nobody answers one."""
-        try:
-            req = decode_request(pdu)
-        except ModbusPduError:
-            return False
-        if isinstance(req, WriteSingleRegister):
-            first, count = req.address, 1
-        elif isinstance(req, WriteMultipleRegisters):
-            first, count = req.address, len(req.values)
-        else:
-            return False
-        for a in range(first, first + count):
-            spec = self.regmap.at(a)
-            if spec is None or spec.kind is not RegisterKind.HOLDING:
-                return False
-        return True
+        """Whether ``pdu`` may run as a broadcast on this device (``broadcast_allowed``)."""
+        return broadcast_allowed(self.regmap, pdu)
 
     def serves(self, function: int) -> bool:
         """Whether this device answers a standard function beyond registers: the bit functions

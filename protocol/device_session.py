@@ -217,7 +217,17 @@ class DeviceSession:
             # bare session in a test) replies as the first contract's devices did
             capabilities=self.capabilities if self.map_hash is not None else None,
             address=NO_DEVICE_ADDRESS if self.address is None else self.address,
+            broadcast_next=None if self.address is None else self.broadcast_next(),
         )
+
+    def broadcast_next(self) -> int:
+        """The first broadcast number for a host (HELLO_REPLY's bus extension): 1 when no
+        broadcast ran this boot, else one window beyond the highest that did (a dead host's
+        broadcasts still in flight are not reused)."""
+        highest = self.broadcast_window.highest
+        if highest is None:
+            return 1
+        return (highest + 1 + self.broadcast_window.size) & 0xFFFFFFFF
 
     def receive_data(self, data: bytes, now: float) -> None:
         """Take received bytes (any chunking) at time ``now``; the answers wait in

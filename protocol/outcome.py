@@ -72,6 +72,7 @@ class Status(IntEnum):
     CANCELLED = 0xE3
     ANSWER_MISMATCH = 0xE4
     BREAKER_OPEN = 0xE5
+    BROADCAST_SENT = 0xE6
 
 
 FIRST_LOCAL_STATUS = 0xE0
@@ -170,6 +171,11 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
         Action.SAFE_TO_RETRY,
         "(host) the device on a bus left its last requests unanswered: nothing was sent while "
         "its circuit breaker is open; it is probed again after a cooldown",
+    ),
+    Status.BROADCAST_SENT: StatusInfo(
+        Outcome.UNKNOWN,
+        Action.RECONCILE_FIRST,
+        "(host) a broadcast was sent; nobody answers one: read each device back to know",
     ),
 }
 

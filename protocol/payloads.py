@@ -82,6 +82,12 @@ DEVICE_INFO_CAPABILITIES = cs.Struct(
     "address" / cs.Int8ul,
     "_extensions" / cs.GreedyBytes,
 )
+#: Appended after DEVICE_INFO_CAPABILITIES by a device that serves ADDRESSED (the third
+#: extension): the first broadcast number a host should use (``DeviceSession.broadcast_next``).
+DEVICE_INFO_BUS = cs.Struct(
+    "broadcast_next" / cs.Int32ul,
+    "_extensions" / cs.GreedyBytes,
+)
 NO_DEVICE_ADDRESS = 0
 """``address`` in HELLO_REPLY of a device without a configured bus address (0 is the broadcast
 address, never a device's own)."""
@@ -130,6 +136,8 @@ class DeviceInfo:
     #: the contract's later additions the device serves (None: an older device, none of them)
     capabilities: int | None = None
     address: int = NO_DEVICE_ADDRESS  #: its bus address (0: none configured)
+    #: the first broadcast number to use (None: the device sent no bus extension)
+    broadcast_next: int | None = None
 
     def serves(self, capability: Capability) -> bool:
         """Whether the device advertised ``capability`` (an older device advertises none)."""
@@ -142,9 +150,11 @@ class DeviceInfo:
             if self.map_hash is None:
                 raise LocalProtocolError("HELLO_REPLY capabilities follow the identity extension: "
                                          "a reply with capabilities needs a map hash")
+            bus = b"" if self.broadcast_next is None else bytes(DEVICE_INFO_BUS.build(
+                {"broadcast_next": self.broadcast_next, "_extensions": b""}))
             caps = bytes(DEVICE_INFO_CAPABILITIES.build({
                 "capabilities": self.capabilities, "address": self.address,
-                "_extensions": b""}))
+                "_extensions": bus}))
         if self.map_hash is not None:
             identity = bytes(DEVICE_INFO_IDENTITY.build({
                 "map_hash": self.map_hash, "device_id": self.device_id or "",
@@ -168,6 +178,7 @@ class DeviceInfo:
         map_hash = device_id = map_name = None
         capabilities: int | None = None
         address = NO_DEVICE_ADDRESS
+        broadcast_next: int | None = None
         if c._extensions:
             ident = _parse(DEVICE_INFO_IDENTITY, c._extensions, "HELLO_REPLY identity extension")
             map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
@@ -175,9 +186,12 @@ class DeviceInfo:
                 cap = _parse(DEVICE_INFO_CAPABILITIES, ident._extensions,
                              "HELLO_REPLY capabilities extension")
                 capabilities, address = cap.capabilities, cap.address
+                if cap._extensions:
+                    broadcast_next = _parse(DEVICE_INFO_BUS, cap._extensions,
+                                            "HELLO_REPLY bus extension").broadcast_next
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
                    bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name,
-                   capabilities, address)
+                   capabilities, address, broadcast_next)
 
 
 def printable(text: str) -> str:
@@ -213,7 +227,8 @@ def contract_section() -> ContractSection:
     rows += [[sc.name, sc.sizeof() if sc.name == "map_hash" else text]
              for sc in DEVICE_INFO_IDENTITY.subcons if not sc.name.startswith("_")]
     rows += [[sc.name, sc.sizeof()]
-             for sc in DEVICE_INFO_CAPABILITIES.subcons if not sc.name.startswith("_")]
+             for sc in (*DEVICE_INFO_CAPABILITIES.subcons, *DEVICE_INFO_BUS.subcons)
+             if not sc.name.startswith("_")]
     md = (
         "## Session\n\n"
         "A host opens a session with HELLO (epoch 0, any seq; payload: version u8, contract hash "
@@ -230,7 +245,10 @@ def contract_section() -> ContractSection:
         "extension: what the device serves of the contract's later additions. A host sends an "
         "ADDRESSED or AUTH frame only to a device that advertised it; a reply that ends after "
         "`map_name` advertises none. The second extension is not in the contract hash (it is "
-        "declared additive): an old host keeps the hash and reads the reply as before.\n"
+        "declared additive): an old host keeps the hash and reads the reply as before. "
+        "`broadcast_next` (the third extension, only from a device that serves ADDRESSED) is "
+        "the first broadcast number a host should use: one window beyond the highest the "
+        "device has run, so numbers a dead host may still have in flight are not reused.\n"
         + "\n`next_seq` is 1 on a fresh boot, else the window size beyond both the highest number "
         "seen and the last `next_seq` handed out (a new host process never reuses a number a dead "
         "one may still have in flight).\n\n"
@@ -250,6 +268,7 @@ def contract_section() -> ContractSection:
                      "HELLO_REPLY capability bits (the contract's later additions)")],
         markdown=md,
         additive={"device_info_capabilities": [sc.name for sc in DEVICE_INFO_CAPABILITIES.subcons],
+                  "device_info_bus": [sc.name for sc in DEVICE_INFO_BUS.subcons],
                   "capabilities": {c.name: int(c) for c in Capability if c},
                   "no_device_address": NO_DEVICE_ADDRESS},
         data={"handout_span": HANDOUT_SPAN,

@@ -9,11 +9,13 @@ import threading
 import pytest
 
 from idemlink.device_sim.bus import MASTER, Bus, BusConfig, BusTransport
-from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.device import BROADCAST_EPOCH, SimulatedDevice
+from idemlink.device_sim.link import LinkConfig
 from idemlink.host.bus import Breaker, BreakerPolicy, BreakerState
 from idemlink.host.bus import Bus as HostBus
 from idemlink.host.errors import NoDevice
-from idemlink.protocol.outcome import Outcome, Status
+from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 
 BAUD = 115200
 
@@ -120,3 +122,56 @@ def test_the_breaker_rule() -> None:
     assert b.state is BreakerState.OPEN and not b.allows(2.1) and b.allows(2.2)
     b.record(True, 2.3)
     assert b.state is BreakerState.CLOSED and b.failures == 0
+
+
+def test_broadcast_acts_once_returns_after_the_frame_time_and_verify_reads_back() -> None:
+    """A broadcast repeated 100 times runs once on each device; each call returns after the
+    frame's time and the turnaround (no timeout); its results are UNKNOWN until ``verify``
+    reads each device back."""
+    sim, t = line(8)
+    bus = HostBus(t, timeout=0.05, baud=BAUD, turnaround=0.001)
+    for a in range(1, 9):
+        bus.device(a).connect()
+    start = t.now()
+    results = bus.broadcast({"mode": 2})
+    took = t.now() - start
+    assert {r.status for r in results.values()} == {Status.BROADCAST_SENT}
+    assert set(results) == set(range(1, 9))
+    assert took <= 40 * 10 / BAUD + 0.001 + 0.001  # frame time + turnaround + 1 ms
+    seq = next(iter(results.values())).seq
+    again = encode_frame(FrameType.REQUEST, seq, 0, bytes.fromhex("0600050002"), address=0)
+    for _ in range(99):  # the same broadcast repeated, as a master re-sends it
+        t.write(again)
+        t.advance(0.01)
+    for a in range(1, 9):
+        d = sim.device(a)
+        assert [(e.epoch, e.seq) for e in d.executions] == [(BROADCAST_EPOCH, seq)]
+    checked = bus.verify(results)
+    assert {r.outcome for r in checked.values()} == {Outcome.OK}
+    # a second broadcast takes a new number, above the first
+    assert next(iter(bus.broadcast({"mode": 1}).values())).seq == seq + 1
+
+
+def test_verify_says_not_executed_where_the_broadcast_did_not_arrive() -> None:
+    sim, t = line(3)
+    bus = HostBus(t, timeout=0.02, attempts=2)
+    for a in (1, 2, 3):
+        bus.device(a).connect()
+    sim.reconfigure(2, LinkConfig(frame_loss=1.0))
+    results = bus.broadcast({"threshold": 444})
+    sim.reconfigure(2, LinkConfig())
+    checked = bus.verify(results)
+    assert [checked[a].outcome for a in (1, 2, 3)] == [Outcome.OK, Outcome.NOT_EXECUTED,
+                                                        Outcome.OK]
+
+
+def test_a_broadcast_of_what_is_not_set_only_is_refused_before_sending() -> None:
+    sim, t = line(2)
+    bus = HostBus(t)
+    with pytest.raises(LocalProtocolError, match="connect the devices first"):
+        bus.broadcast({"mode": 1})
+    bus.device(1).connect()
+    sent = sim.stats.by_sender[MASTER]
+    with pytest.raises(LocalProtocolError):
+        bus.broadcast({"self_clean": 1})  # a trigger: refused by the command builder already
+    assert sim.stats.by_sender[MASTER] == sent

@@ -164,5 +164,8 @@ def test_capabilities_round_trip_and_a_truncated_extension_is_refused() -> None:
     assert not back.serves(Capability.AUTH)
     with pytest.raises(MalformedDeviceInfo, match="capabilities extension"):
         DeviceInfo.decode(info.encode()[:-1])
-    # a later extension after the capabilities: ignored, as every reader ignores trailing bytes
-    assert DeviceInfo.decode(info.encode() + b"\x09\x09") == info
+    # the bus extension follows; bytes after it are ignored, as every reader ignores them
+    bus = DeviceInfo.decode(info.encode() + (5).to_bytes(4, "little") + b"\x09\x09")
+    assert bus.broadcast_next == 5 and bus.address == 7
+    with pytest.raises(MalformedDeviceInfo, match="bus extension"):
+        DeviceInfo.decode(info.encode() + b"\x09\x09")

@@ -114,7 +114,8 @@ typedef enum {
     IDL_STATUS_EPOCH_CHANGED_IN_FLIGHT = 226,
     IDL_STATUS_CANCELLED = 227,
     IDL_STATUS_ANSWER_MISMATCH = 228,
-    IDL_STATUS_BREAKER_OPEN = 229
+    IDL_STATUS_BREAKER_OPEN = 229,
+    IDL_STATUS_BROADCAST_SENT = 230
 } idl_status_t;
 /** Modbus exceptions */
 typedef enum {
