@@ -6,7 +6,8 @@ as in every JSON output; the text shows it in hex) (or ``{"type":
 "ERROR", "error", "text"}``), plus what it decoded: ``function`` (a request's or answer's
 function code), ``status`` (an answer's), ``registers`` (``[{"name", "address", "raw", "value",
 "label", "unit"}]`` for writes and read answers, ``register_json``), ``code`` (a
-trigger answer's), ``device`` (a HELLO reply's id, map and limits). It remembers requests by
+trigger answer's), ``device`` (a HELLO reply's id, map and limits), ``address`` (an addressed
+frame's, on a bus: absent from a point-to-point frame). It remembers requests by
 (epoch, seq), so an answer can name the registers its request touched. It never raises: what it
 cannot parse it shows as hex. A HELLO reply advertising another map than the one it decodes with
 is said once, in that reply's text; from then on registers are shown by address only (``@3=…``,
@@ -97,6 +98,9 @@ class FrameDescriber:
                 "flags": [fl.name for fl in type(f.flags) if fl and fl in f.flags and fl.name]}
         flags = ("[" + ",".join(head["flags"]) + "] ") if head["flags"] else ""
         prefix = f"{f.type.name:<11} epoch={f.epoch:08x} seq={f.seq} {flags}"
+        if f.address is not None:  # an addressed frame (a bus): who it is for or from
+            head["address"] = f.address
+            prefix += "broadcast " if f.address == 0 else f"address={f.address} "
         try:
             if f.type is FrameType.HELLO:
                 body = f"version={f.payload[0]} contract={f.payload[1:9].hex()}"

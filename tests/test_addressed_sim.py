@@ -193,3 +193,17 @@ def test_cli_sim_address_info_and_write(tmp_path: Path, capsys: pytest.CaptureFi
         proc.stdout.close()
         proc.stderr.close()
     assert (flash / "address").read_text() == "12\n"
+
+
+def test_the_monitor_shows_the_address() -> None:
+    from idemlink.host.frame_view import FrameDescriber
+
+    d = FrameDescriber()
+    addressed, broadcast, plain = decode_frames(
+        encode_frame(FrameType.REQUEST, 5, 7, WRITE_MODE_2, address=3)
+        + encode_frame(FrameType.REQUEST, 6, 0, WRITE_MODE_2, address=0)
+        + encode_frame(FrameType.REQUEST, 7, 7, WRITE_MODE_2))
+    one, every, none = d.describe(addressed), d.describe(broadcast), d.describe(plain)
+    assert one["address"] == 3 and "address=3 " in one["text"]
+    assert every["address"] == 0 and " broadcast " in every["text"]
+    assert "address" not in none and "address" not in none["text"]
