@@ -21,7 +21,9 @@ Contract (docs/BUS.md, "The simulated bus"):
   faults, reordering... unpaced: the bus does the timing). ``set_dead(address, True)`` makes a
   device deaf and mute (powered off, cable cut); ``reboot(address, now)`` reboots one device.
 - Bounded: at most ``MAX_PENDING`` transmissions wait for the medium; the master's beyond that
-  are dropped and counted (``BusStats.dropped``), like a full UART FIFO.
+  are dropped and counted (``BusStats.dropped``), like a full UART FIFO; at most
+  ``MAX_TO_MASTER`` bytes wait for the master to take them, the rest is dropped and counted
+  (``BusStats.overflow``).
 
 ``BusTransport(bus)`` is the host's ``Transport`` over it on simulated time (``read`` jumps to
 the next event, as ``SimTransport`` does), for tests and benchmarks in one process.
@@ -40,6 +42,8 @@ from idemlink.device_sim.link import LinkConfig, LinkConfigError, LinkDirection
 MASTER = 0
 """The sender id of the master's transmissions (0 is no device's address)."""
 MAX_PENDING = 256
+MAX_TO_MASTER = 65536
+"""Bytes delivered to the master and not yet taken (``data_to_send``) kept at most."""
 """Transmissions that may wait for the medium at once (the master's beyond that are dropped)."""
 
 
@@ -70,6 +74,7 @@ class BusStats:
     collisions: int = 0  #: transmissions lost because another overlapped them
     delivered: int = 0  #: transmissions heard clean
     dropped: int = 0  #: the master's transmissions dropped on a full queue
+    overflow: int = 0  #: bytes for the master dropped because it did not take them
     by_sender: dict[int, int] = field(default_factory=dict)  #: started, by sender (0: master)
 
 
@@ -245,7 +250,9 @@ class Bus:
             return
         self.stats.delivered += 1
         if tx.sender != MASTER or self.config.echo:
-            self._to_master += tx.data
+            room = MAX_TO_MASTER - len(self._to_master)
+            self._to_master += tx.data[:room]
+            self.stats.overflow += max(0, len(tx.data) - room)
         for address, m in self.members.items():
             if address != tx.sender and not m.dead:
                 m.ears.receive_data(tx.data, t)

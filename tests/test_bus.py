@@ -241,3 +241,15 @@ def test_sim_bus_refuses_what_it_cannot_serve(argv: list[str], says: str,
     assert main(["sim", *argv]) == 1
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_what_the_master_does_not_take_is_bounded() -> None:
+    from idemlink.device_sim.bus import MAX_TO_MASTER
+
+    bus = Bus(devices(1), BusConfig(baud=None, echo=True))
+    frame = encode_frame(FrameType.REQUEST, 1, 0, bytes(500), address=9)  # nobody answers it
+    for i in range(200):
+        bus.receive_data(frame, float(i))
+    bus.tick(1000.0)
+    assert len(bus.data_to_send()) == MAX_TO_MASTER
+    assert bus.stats.overflow == 200 * len(frame) - MAX_TO_MASTER
