@@ -218,6 +218,15 @@ def test_sim_bus_serves_n_devices_on_a_pty(capsys: pytest.CaptureFixture[str]) -
         assert main(["read", "--port", port, "--address", "8", "mode", "--timeout", "0.05",
                      "--attempts", "2"]) == 1
         assert "no idemlink device answered at address 8" in capsys.readouterr().err
+        # one command on several devices of the bus, one block each, the worst exit status
+        assert main(["write", "--port", port, "--address", "5-7", "threshold=32.1"]) == 0
+        out = capsys.readouterr().out
+        assert [f"== {port}@{a}: OK (exit 0)" in out for a in (5, 6, 7)] == [True] * 3
+        assert "3 devices: 3 OK; exit 0" in out
+        assert main(["read", "--port", port, "--address", "7,8", "threshold", "--timeout",
+                     "0.05", "--attempts", "2"]) == 1
+        out = capsys.readouterr().out
+        assert f"== {port}@7: OK (exit 0)" in out and f"== {port}@8: ERROR (exit 1)" in out
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(scaled(10)) == 0
@@ -253,3 +262,22 @@ def test_what_the_master_does_not_take_is_bounded() -> None:
     bus.tick(1000.0)
     assert len(bus.data_to_send()) == MAX_TO_MASTER
     assert bus.stats.overflow == 200 * len(frame) - MAX_TO_MASTER
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ("1,2,5-8", None), ("7", None), ("0", "must be 1..247"), ("5-3", "a range goes up"),
+    ("1,1", "named twice"), ("2-4,3", "named twice"), ("x", "not an address or a list"),
+    ("1-300", "must be 1..247"),
+])
+def test_address_lists(text: str, says: str | None) -> None:
+    import argparse
+
+    from idemlink.cli import UserError
+    from idemlink.commands.common import bus_addresses
+
+    ns = argparse.Namespace(address=text)
+    if says is None:
+        assert bus_addresses(ns) == {"1,2,5-8": [1, 2, 5, 6, 7, 8], "7": [7]}[text]
+    else:
+        with pytest.raises(UserError, match=says):
+            bus_addresses(ns)

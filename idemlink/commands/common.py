@@ -82,29 +82,61 @@ def device_options() -> argparse.ArgumentParser:
     return common
 
 
-def add_address_option(p: argparse.ArgumentParser) -> None:
-    """``--address N``: the idemlink device of that bus address (docs/BUS.md)."""
-    p.add_argument("--address", type=int, default=None, metavar="N",
+def add_address_option(p: argparse.ArgumentParser, several: bool = True) -> None:
+    """``--address N`` (or, for a device command, ``--address 1,2,5-8``): the idemlink
+    device(s) of that bus address (docs/BUS.md)."""
+    p.add_argument("--address", default=None, metavar="N,M-K" if several else "N",
                    help="the idemlink device at bus address N (1..247) on a shared line: frames "
-                        "go addressed to it (default: the device on this line)")
+                        "go addressed to it (default: the device on this line)"
+                   + ("; a list (1,2,5-8) runs the command on each, one at a time on the line"
+                      if several else ""))
 
 
-def bus_address(args: argparse.Namespace) -> int | None:
-    """``--address`` checked (None without it); ``UserError`` outside 1..247 or with
-    ``--modbus-rtu``/``--modbus-tcp`` (their unit is ``--unit``)."""
+def bus_addresses(args: argparse.Namespace) -> list[int] | None:
+    """``--address`` parsed and checked (None without it): ``N`` or a list ``1,2,5-8`` of
+    distinct addresses in 1..247; ``UserError`` otherwise or with ``--modbus-rtu`` /
+    ``--modbus-tcp`` (their unit is ``--unit``)."""
     from idemlink.cli import UserError
     from idemlink.protocol.frame import MAX_ADDRESS, MIN_ADDRESS
 
-    address: int | None = getattr(args, "address", None)
-    if address is None:
+    text: str | None = getattr(args, "address", None)
+    if text is None:
         return None
     if getattr(args, "modbus_rtu", None) or getattr(args, "modbus_tcp", None):
         raise UserError("--address is an idemlink device's bus address; a Modbus slave's is "
                         "--unit N")
-    if not MIN_ADDRESS <= address <= MAX_ADDRESS:
-        raise UserError(f"--address must be {MIN_ADDRESS}..{MAX_ADDRESS} (0 is the broadcast "
-                        f"address, which no device answers), not {address}")
-    return address
+    out: list[int] = []
+    for part in str(text).split(","):
+        first, dash, last = part.strip().partition("-")
+        try:
+            lo = int(first)
+            hi = int(last) if dash else lo
+        except ValueError:
+            raise UserError(f"--address {text}: not an address or a list like 1,2,5-8") from None
+        for a in (lo, hi):
+            if not MIN_ADDRESS <= a <= MAX_ADDRESS:
+                raise UserError(f"--address must be {MIN_ADDRESS}..{MAX_ADDRESS} (0 is the "
+                                f"broadcast address, which no device answers), not {a}")
+        if hi < lo:
+            raise UserError(f"--address {part.strip()}: a range goes up")
+        for a in range(lo, hi + 1):
+            if a in out:
+                raise UserError(f"--address {text}: address {a} is named twice")
+            out.append(a)
+    return out
+
+
+def bus_address(args: argparse.Namespace) -> int | None:
+    """The one ``--address`` of a command on one device (None without it); ``UserError`` for a
+    list here."""
+    from idemlink.cli import UserError
+
+    addresses = bus_addresses(args)
+    if addresses is None:
+        return None
+    if len(addresses) > 1:
+        raise UserError(f"--address {args.address}: this command takes one address")
+    return addresses[0]
 
 
 def add_answer_options(p: argparse.ArgumentParser, attempts: str = "sends per command before "

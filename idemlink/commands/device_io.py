@@ -41,6 +41,7 @@ from idemlink.commands.common import (
     EXIT_OF_OUTCOME,
     MAX_TIMEOUT,
     bus_address,
+    bus_addresses,
     check_seconds,
     line_settings,
     result_json,
@@ -177,6 +178,50 @@ def no_device(port: str, exc: NoDevice, *, hint: str = "add --modbus-rtu") -> Us
     return UserError(port_said_once(port, exc))
 
 
+def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int],
+                     port: str, addresses: list[int]) -> int:
+    """``--address 1,2,5-8``: ``handler`` once per address on one opened bus
+    (``idemlink.host.bus.Bus``: one transaction on the line at a time), reported as several
+    ports are (``run_on_ports``: one block per ``PORT@ADDRESS``, the worst exit status)."""
+    from idemlink.host.bus import Bus
+
+    check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
+    if args.attempts < 1:
+        raise UserError("--attempts must be >= 1")
+    if getattr(args, "trace", None) is not None:
+        raise UserError("--trace records one device: give one --address")
+    regmap = regmap_from(args)
+    try:
+        bus = Bus.open(port, **line_settings(args), regmap=regmap, timeout=args.timeout,
+                       attempts=args.attempts)
+    except PortBusy:
+        raise UserError(busy_message(port, getattr(args, "regmap", None))) from None
+    except PortError as exc:
+        raise UserError(port_said_once(port, exc)) from None
+
+    def one(ns: argparse.Namespace) -> int:
+        address = int(ns.port.rpartition("@")[2])
+        ns.port, ns.ports, ns.address = port, [port], str(address)
+
+        def opened() -> Device:
+            dev = bus.device(address)
+            try:
+                dev.connect()
+            except NoDevice as exc:
+                raise no_device(port, exc) from None
+            except IncompatibleDevice as exc:
+                raise UserError(port_said_once(port, exc)) from None
+            return dev
+
+        ns.open_device = opened
+        return handler(ns)
+
+    try:
+        return run_on_ports(args, one, [f"{port}@{a}" for a in addresses])
+    finally:
+        bus.close()
+
+
 def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """``handler``, with a port that fails mid-command reported instead of a traceback: exit 5
     (UNKNOWN) if a request was out — it may have run — else exit 1 (nothing was sent); the hint to
@@ -186,6 +231,12 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
 
     def guarded(args: argparse.Namespace) -> int:
         ports = ports_of(args)
+        addresses = bus_addresses(args)
+        if addresses is not None and len(addresses) > 1:
+            if len(ports) != 1:
+                raise UserError("--address with several addresses runs on one bus: give one "
+                                "--port")
+            return run_on_addresses(args, one_port, ports[0], addresses)
         if len(ports) > 1:
             return run_on_ports(args, one_port, ports)
         args.port = ports[0] if ports else None

@@ -47,7 +47,7 @@ def register(sub: Any) -> None:
     add_answer_options(p, "HELLOs before giving up (default 5)")
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
-    add_address_option(p)
+    add_address_option(p, several=False)
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="refused: a standard Modbus RTU slave has no HELLO identity to show "
                         "(read its registers with `idemlink read --modbus-rtu --all`)")
