@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
     bus_refusal = _bus_refusal(args)
     if bus_refusal:
         raise UserError(bus_refusal)
-    if args.bus is not None:
+    if getattr(args, "bus", None) is not None:
         try:
             return run_bus(args)
         except KeyboardInterrupt:
@@ -256,25 +256,26 @@ def run(args: argparse.Namespace) -> int:
 def _bus_refusal(args: argparse.Namespace) -> str | None:
     """Why these options cannot serve (None: they can): ``--bus`` with what it does not take,
     or ``--turnaround``/``--echo`` without it."""
-    if args.bus is None:
-        if args.turnaround is not None or args.echo:
+    bus: int | None = getattr(args, "bus", None)
+    turnaround: float | None = getattr(args, "turnaround", None)
+    if bus is None:
+        if turnaround is not None or getattr(args, "echo", False):
             return "--turnaround and --echo are the simulated bus's: give them with --bus N"
         return None
     from idemlink.protocol.frame import MAX_ADDRESS
 
-    first = args.address if args.address is not None else 1
-    if not 1 <= args.bus <= MAX_ADDRESS or not 1 <= first <= MAX_ADDRESS + 1 - args.bus:
-        return (f"--bus {args.bus} from address {first}: the addresses must fit in "
-                f"1..{MAX_ADDRESS}")
-    given = [o for o, v in (("--modbus-rtu", args.modbus_rtu), ("--flash-dir", args.flash_dir),
-                            ("--device-id", args.device_id), ("--effects", args.effects),
-                            ("--control", args.control)) if v]
+    address: int | None = getattr(args, "address", None)
+    first = address if address is not None else 1
+    if not 1 <= bus <= MAX_ADDRESS or not 1 <= first <= MAX_ADDRESS + 1 - bus:
+        return f"--bus {bus} from address {first}: the addresses must fit in 1..{MAX_ADDRESS}"
+    given = [o for o, k in (("--modbus-rtu", "modbus_rtu"), ("--flash-dir", "flash_dir"),
+                            ("--device-id", "device_id"), ("--effects", "effects"),
+                            ("--control", "control")) if getattr(args, k, None)]
     if given:
         return (f"--bus serves simulated devices without {', '.join(given)} (each device's "
                 "state lives in the process)")
-    if args.turnaround is not None and not (math.isfinite(args.turnaround)
-                                            and 0 <= args.turnaround < 10):
-        return f"--turnaround {args.turnaround} must be 0..10 seconds"
+    if turnaround is not None and not (math.isfinite(turnaround) and 0 <= turnaround < 10):
+        return f"--turnaround {turnaround} must be 0..10 seconds"
     return None
 
 
