@@ -73,6 +73,7 @@ from idemlink.host.tcp_device import (
     socket_url,
 )
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
+from idemlink.protocol.frame import check_address
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
@@ -369,22 +370,24 @@ class AsyncDevice(AsyncDriver):
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
-                 check_map: bool = True) -> None:
+                 check_map: bool = True, address: int | None = None) -> None:
         if not isinstance(regmap, RegisterMap):
             regmap = resolve_regmap(regmap)
         super().__init__(transport, FramedOperations(
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight, check_map=check_map))
+            max_inflight=max_inflight, check_map=check_map, address=address))
 
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
              stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8,
-             check_map: bool = True) -> _Opening[AsyncDevice]:
+             check_map: bool = True, address: int | None = None) -> _Opening[AsyncDevice]:
         """Open ``url`` and run the HELLO handshake, as ``Device.open`` does (the same line
-        keywords, 8N1 by default):
+        keywords, 8N1 by default; ``address``: the device of that bus address, docs/BUS.md):
         ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
+        if address is not None:
+            check_address(address)
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
 
         async def opener() -> AsyncDevice:
@@ -392,7 +395,7 @@ class AsyncDevice(AsyncDriver):
                                                 parity=parity, stopbits=stopbits,
                                                 keep_lines=keep_lines)
             dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
-                      max_inflight=max_inflight, check_map=check_map)
+                      max_inflight=max_inflight, check_map=check_map, address=address)
             return await _opened(dev)
 
         return _Opening(opener)

@@ -207,3 +207,23 @@ def test_the_monitor_shows_the_address() -> None:
     assert one["address"] == 3 and "address=3 " in one["text"]
     assert every["address"] == 0 and " broadcast " in every["text"]
     assert "address" not in none and "address" not in none["text"]
+
+
+def test_the_async_device_opens_one_address_too() -> None:
+    import asyncio
+
+    from idemlink.device_sim.simlink import AsyncSimTransport
+    from idemlink.host.aio import AsyncDevice
+
+    sim = SimulatedDevice(seed=6, address=9)
+
+    async def go() -> tuple[int | None, str, tuple[int, ...]]:
+        dev = AsyncDevice(AsyncSimTransport(SimTransport(sim)), timeout=0.05, address=9)
+        await dev.connect()
+        written = await dev.write({"mode": 1})
+        values = (await dev.read("mode")).values
+        await dev.close()
+        assert dev.info is not None
+        return dev.info.address, written.outcome.name, values
+
+    assert asyncio.run(go()) == (9, "OK", (1,))
