@@ -240,6 +240,7 @@ def test_sim_bus_serves_n_devices_on_a_pty(capsys: pytest.CaptureFixture[str]) -
     (["--bus", "0"], "must fit in 1..247"),
     (["--bus", "2", "--flash-dir", "x"], "--bus serves simulated devices without --flash-dir"),
     (["--bus", "2", "--modbus-rtu"], "--modbus-rtu"),
+    (["--bus", "2", "--modbus-tcp", "127.0.0.1:0"], "--modbus-tcp"),
     (["--echo"], "give them with --bus N"),
     (["--bus", "2", "--turnaround", "-1"], "--turnaround -1.0 must be 0..10 seconds"),
 ])

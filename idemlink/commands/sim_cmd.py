@@ -223,13 +223,13 @@ def run(args: argparse.Namespace) -> int:
             args.modbus_rtu or getattr(args, "modbus_tcp", None) is not None):
         raise UserError("--address is a framed idemlink device's bus address; a Modbus "
                         "slave's is --unit N")
+    bus_refusal = _bus_refusal(args)
+    if bus_refusal:
+        raise UserError(bus_refusal)
     if getattr(args, "modbus_tcp", None) is not None:
         return run_tcp(args)
     if getattr(args, "plain", False) and not args.modbus_rtu:
         raise UserError("--plain is a plain Modbus RTU slave: give it with --modbus-rtu")
-    bus_refusal = _bus_refusal(args)
-    if bus_refusal:
-        raise UserError(bus_refusal)
     if getattr(args, "bus", None) is not None:
         try:
             return run_bus(args)
@@ -268,7 +268,8 @@ def _bus_refusal(args: argparse.Namespace) -> str | None:
     first = address if address is not None else 1
     if not 1 <= bus <= MAX_ADDRESS or not 1 <= first <= MAX_ADDRESS + 1 - bus:
         return f"--bus {bus} from address {first}: the addresses must fit in 1..{MAX_ADDRESS}"
-    given = [o for o, k in (("--modbus-rtu", "modbus_rtu"), ("--flash-dir", "flash_dir"),
+    given = [o for o, k in (("--modbus-rtu", "modbus_rtu"), ("--modbus-tcp", "modbus_tcp"),
+                            ("--flash-dir", "flash_dir"),
                             ("--device-id", "device_id"), ("--effects", "effects"),
                             ("--control", "control")) if getattr(args, k, None)]
     if given:
