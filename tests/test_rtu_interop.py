@@ -242,7 +242,7 @@ def test_idemlink_cli_over_modbus_rtu(device: str, capsys: pytest.CaptureFixture
         out: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         return out
 
-    assert cli("write", "mode=2")["outcome"] == "OK"
+    assert cli("write", "mode=2", "threshold=35.0")["outcome"] == "OK"
     assert cli("read", "threshold", "mode")["values"] == {"threshold": 350, "mode": 2}
     assert cli("write", "mode=1")["outcome"] == "OK"
 
@@ -264,6 +264,10 @@ def test_fc06_echo_and_exception_frames_byte_exact(raw: serial.Serial) -> None:
 
 
 def test_silence_on_other_unit_and_bad_crc(raw: serial.Serial) -> None:
+    """Order-free: the test writes 40 itself (the module's device is shared, and under xdist the
+    module's tests run in any order and split across workers)."""
+    good = encode_rtu(UNIT, bytes.fromhex("0600060028"))
+    assert ask(raw, good, len(good)) == good
     assert ask(raw, encode_rtu(UNIT + 1, bytes.fromhex("0300000001")), 1) == b""
     bad = bytearray(encode_rtu(UNIT, bytes.fromhex("0600060000")))
     bad[-1] ^= 0x55
