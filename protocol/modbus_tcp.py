@@ -12,13 +12,19 @@ Contract:
   everything it holds and counts it (``resyncs``); TCP loses no bytes, so a peer that garbles one
   header is not worth trusting for the rest of that buffer, and the next segment starts afresh.
   Frames decoded and not yet taken are bounded too (``MAX_PENDING``: the oldest is dropped and
-  counted in ``dropped``).
+  counted in ``dropped``). ``discard_partial()`` drops the bytes of a frame not complete yet
+  (counted in ``resyncs``): the master calls it before every send, so a truncated answer is
+  never completed by the bytes of the next answer (a retry's, or the next request's) — the
+  stream is out of step from the truncation on, and the next bytes are read as a new header.
 - ``TcpMaster`` is ``idemlink.protocol.rtu_master.RtuMaster`` with MBAP instead of RTU framing:
   every rule of the RTU master holds unchanged (what the map lets be retried, the trigger read
   first and written only in IDLE, the ANSWER_MISMATCH of an answer of the right function that
   does not fit, what a plain slave cannot carry, broadcast at unit 0) because it is the RTU
   master's code, not a copy. What differs:
 
+  * before every send (a retry too) the bytes of an answer not complete yet are dropped
+    (``MbapDecoder.discard_partial``): a truncated answer the deadline ran out on is no answer,
+    and the next answer's bytes never complete it (that made a wrong value OK).
   * every send (a retry too) carries a new transaction id; an answer is taken only when its id
     is one this request was sent under (a retry's answer or the first send's late one: either is
     the answer to this request) and its unit is the request's. An answer with any other id — a
@@ -147,6 +153,18 @@ class MbapDecoder:
     def next_event(self) -> MbapFrame | None:
         return self._events.popleft() if self._events else None
 
+    def discard_partial(self) -> int:
+        """Drop the bytes held of a frame not complete yet (a truncated answer that will never
+        be completed by its own bytes); counted in ``resyncs``. The number of bytes dropped."""
+        held = len(self._buf)
+        if held:
+            self.resyncs += 1
+            if frame_log.isEnabledFor(logging.DEBUG):
+                frame_log.debug("rx MBAP partial frame %s dropped: never completed before the "
+                                "next send", bytes(self._buf).hex(" "))
+            self._buf.clear()
+        return held
+
     @property
     def buffered(self) -> int:
         """Bytes held of a frame not complete yet (at most ``MAX_ADU - 1``)."""
@@ -212,6 +230,7 @@ class TcpMaster(RtuMaster):
         super().tick(now)
 
     def _send(self, req: _Request, now: float) -> None:
+        self.mbap.discard_partial()  # a truncated answer is never completed by the next one's
         if req.attempts == 0:  # a new request (or a trigger's write after its read)
             self._live.clear()
         tid = self._next_tid

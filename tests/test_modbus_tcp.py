@@ -172,6 +172,43 @@ def test_a_retry_carries_a_new_id_and_either_send_answers_the_request() -> None:
         assert c.done() == [(Outcome.OK, Status.OK, "")] and c.m.late == 0
 
 
+def test_a_truncated_answer_is_never_completed_by_the_next_answers_bytes() -> None:
+    """Issue 21 (review): the first send's answer stops after its byte count (9 of 11 bytes);
+    the retry's whole answer then arrives. Its first two bytes (the transaction id) must not
+    complete the truncated one (that read the retry's id as the value, OK): the partial frame
+    is dropped before the retry leaves, and the retry's own answer is the value. Fed whole and
+    byte by byte; the same holds when the request ran out of attempts and the next request's
+    answer comes after the truncated one."""
+    for byte_by_byte in (False, True):
+        c = Clocked()
+        c.submit(READ_TH)
+        (first,) = c.sent()
+        c.m.receive_data(encode_mbap(first.tid, 1, bytes.fromhex("03 02 01 5e"))[:9], c.t)
+        c.wait(1.01)
+        (retry,) = c.sent()
+        whole = encode_mbap(retry.tid, 1, bytes.fromhex("03 02 01 5e"))
+        for chunk in ([bytes([b]) for b in whole] if byte_by_byte else [whole]):
+            c.m.receive_data(chunk, c.t)
+        events = []
+        while (e := c.m.next_event()) is not None:
+            events.append(e)
+        assert [(e.outcome, e.pdu) for e in events] == [(Outcome.OK, bytes.fromhex("03 02 01 5e"))]
+        assert c.m.resyncs == 1
+    c = Clocked(attempts=1)
+    c.submit(READ_TH)
+    (first,) = c.sent()
+    c.m.receive_data(encode_mbap(first.tid, 1, bytes.fromhex("03 02 01 5e"))[:9], c.t)
+    c.wait(1.01)
+    assert c.done() == [(Outcome.UNKNOWN, Status.NO_ANSWER, "")]
+    c.submit(READ_MODE)
+    (b,) = c.sent()
+    c.answer(b.tid, bytes.fromhex("03 02 00 01"))
+    events = []
+    while (e := c.m.next_event()) is not None:
+        events.append(e)
+    assert [(e.outcome, e.pdu) for e in events] == [(Outcome.OK, bytes.fromhex("03 02 00 01"))]
+
+
 def test_gateway_path_unavailable_is_not_executed_unless_an_earlier_send_went_unanswered() -> None:
     write = encode_request(WriteSingleRegister(TH, 410))
     c = Clocked()
@@ -251,6 +288,44 @@ def test_the_driver_reads_writes_and_triggers_once(server: PymodbusTcp) -> None:
         with pytest.raises(LocalProtocolError, match="0x41"):  # nothing sent: not in the log
             dev.write_if_generation(0, {"threshold": 1})
     assert server.writes == [(TH, [410]), (TRIG, [1])]
+
+
+def test_a_peer_that_truncates_an_answer_never_gets_a_wrong_value_reported(tmp_path: Path) -> None:
+    """Issue 21 (review, ``f4-short:once``): a real socket peer answers the first read with its
+    first 9 bytes only, then answers the retry whole. ``read`` must report the true value (was
+    the retry's transaction id read as the value, OK, exit 0)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    answers: list[bytes] = []
+
+    def peer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            buf = b""
+            while len(answers) < 2:
+                data = conn.recv(256)
+                if not data:
+                    return
+                buf += data
+                while len(buf) >= 12:
+                    req, buf = buf[:12], buf[12:]
+                    adu = req[:4] + b"\x00\x05" + req[6:8] + b"\x02\x01\x5e"
+                    conn.sendall(adu[:9] if not answers else adu)
+                    answers.append(adu)
+
+    thread = threading.Thread(target=peer, daemon=True)
+    thread.start()
+    try:
+        with TcpDevice.open(f"127.0.0.1:{port}", timeout=scaled(0.3), probe=False) as dev:
+            result = dev.read("threshold")
+        assert (result.outcome, result.values) == (Outcome.OK, (0x015E,))
+        assert dev.master.resyncs == 1 and len(answers) == 2
+    finally:
+        listener.close()
+        thread.join(5)
 
 
 def test_a_silent_unit_and_nothing_listening(server: PymodbusTcp, gateway: Gateway) -> None:
