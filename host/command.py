@@ -375,9 +375,10 @@ class CommandBuilder:
         self.regmap = regmap
 
     def spec(self, register: str | int) -> RegisterSpec:
-        """A register (coil, discrete input, bit field) by name, or a register by address;
+        """A register (coil, discrete input, bit field) by name, or a register by its first
+        address (``RegisterMap.addressed``: a later word of a multi-register value is refused);
         ``LocalProtocolError`` if unknown."""
-        spec = self.regmap.at(register) if isinstance(register, int) else None
+        spec = self.regmap.addressed(register) if isinstance(register, int) else None
         if spec is None and isinstance(register, str):
             try:
                 spec = self.regmap.named(register)

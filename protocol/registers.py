@@ -66,7 +66,7 @@ from idemlink.protocol.datatypes import (
     split,
     string_text,
 )
-from idemlink.protocol.outcome import IdemlinkError
+from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
 
 _C_SAFE_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 _MAP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,39}\Z")
@@ -76,6 +76,10 @@ MAX_NAME_LEN = 40
 
 REGISTER_MAX = 0xFFFF
 ADDRESS_MAX = 0xFFFF
+
+
+class MidValueAddress(LocalProtocolError):
+    """An address inside a value of several registers, not its first (``RegisterMap.addressed``)."""
 
 
 class RegisterSchemaError(IdemlinkError, ValueError):
@@ -1012,6 +1016,20 @@ class RegisterMap:
     def at(self, address: int) -> RegisterSpec | None:
         """The register that holds the register address (any of a multi-register value's)."""
         return self._by_address.get(address)
+
+    def addressed(self, address: int) -> RegisterSpec | None:
+        """The register a user addresses by ``address``: the value that starts there, or None
+        when the map declares nothing there. An address inside a value of several registers
+        (the second word of an i32) addresses nothing a user can read or write alone: a write
+        there would rewrite the whole value with the number given; ``MidValueAddress`` names the
+        value and its first address. The one rule for the CLI's addresses and the API's."""
+        spec = self._by_address.get(address)
+        if spec is not None and spec.address != address:
+            raise MidValueAddress(
+                f"0x{address:04X} is word {address - spec.address + 1} of {spec.words} of "
+                f"{spec.name} ({spec.dtype.value} at 0x{spec.address:04X}): address it by its "
+                f"first register, 0x{spec.address:04X}, or by its name {spec.name}")
+        return spec
 
     def spec_at(self, address: int, space: Space = Space.REGISTERS) -> RegisterSpec | None:
         """What the map declares at ``address`` of ``space`` (registers, coils, discrete

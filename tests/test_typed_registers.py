@@ -278,6 +278,28 @@ def test_the_builder_writes_typed_values_fields_and_coils_in_one_request_each() 
         plain.write_command({"on": 1})
 
 
+def test_an_address_inside_a_value_of_several_registers_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review): ``write 0x202=5`` where an i32 starts at 0x201 rewrote the whole i32
+    with 5. An address is a value's first register; a later word is refused in one line naming
+    the value and its first address — by the CLI (before any port is opened) and the API."""
+    from idemlink.cli import main
+
+    b = CommandBuilder(TYPED)
+    with pytest.raises(LocalProtocolError, match=r"0x000D is word 2 of 2 of limit .*0x000C"):
+        b.write_command({13: 5})
+    with pytest.raises(LocalProtocolError, match="word 2 of 2 of energy"):
+        b.read_command(2)
+    assert b.write_command({12: 5}).address == 12
+    path = tmp_path / "typed.toml"
+    path.write_text(MAP)
+    for argv in (["write", "13=5"], ["read", "13"], ["write", "0xD=5"]):
+        code = main([*argv, "--regmap", str(path), "--modbus-tcp", "127.0.0.1:1"])
+        err = capsys.readouterr().err
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "word 2 of 2 of limit" in err and "first register, 0x000C" in err
+
+
 def test_reconcile_without_generation_reads_only_what_was_touched() -> None:
     from idemlink.host.command import read_back_of
 

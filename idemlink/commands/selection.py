@@ -10,6 +10,8 @@ Contract:
   register inside is a ``UserError`` (one line, nothing sent). ``every`` (``--all``) is every
   register, coil and discrete input of the map and takes no refs; no refs at all is every one
   too. A register named twice is read once (its first place kept).
+- An address is a value's first register: an address inside a value of several registers
+  (``RegisterMap.addressed``) is a ``UserError`` naming the value and its first address.
 - ``is_range(ref)``: whether a ref is a range (``read`` then reads in runs, like ``--all``).
 - The reads that fetch them: ``idemlink.host.command.read_runs``.
 """
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from idemlink.cli import UserError
-from idemlink.protocol.registers import RegisterMap, RegisterSpec, Space
+from idemlink.protocol.registers import MidValueAddress, RegisterMap, RegisterSpec, Space
 
 
 def is_range(ref: str) -> bool:
@@ -54,9 +56,14 @@ def resolve(regmap: RegisterMap, ref: str | int) -> RegisterSpec:
     spec: RegisterSpec | None
     if isinstance(ref, int) or ref.strip().lstrip("-").isdigit() or ref.startswith("0x"):
         try:
-            spec = regmap.at(ref if isinstance(ref, int) else int(ref, 0))
+            address = ref if isinstance(ref, int) else int(ref, 0)
         except ValueError:
             spec = None
+        else:
+            try:
+                spec = regmap.addressed(address)
+            except MidValueAddress as exc:
+                raise UserError(f"{exc}; nothing was sent") from None
     else:
         try:
             spec = regmap.named(ref)
