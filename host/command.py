@@ -330,12 +330,26 @@ def read_runs(specs: Sequence[RegisterSpec], limit: int = MAX_READ_COUNT,
     return out
 
 
+def refuse_assigned_twice(specs: Sequence[RegisterSpec]) -> None:
+    """``LocalProtocolError`` when one write gives a register whole and by one of its bit
+    fields: whichever went second would undo the other (the field's value lost)."""
+    wholes = {s.name for s in specs if s.field is None and s.space is Space.REGISTERS}
+    for s in specs:
+        if s.field is not None and s.parent in wholes:
+            raise LocalProtocolError(
+                f"{s.parent} assigned twice: whole and by its field {s.name} (one write would "
+                f"undo the other); give {s.parent} or its fields, not both")
+
+
 def atomic_writes(pairs: Sequence[tuple[RegisterSpec, int]],
                   ) -> list[list[tuple[RegisterSpec, int]]]:
     """(register, raw value) pairs grouped into the writes that carry them, each atomic on the
     device: registers at contiguous addresses (all the words of each) in one FC06/FC16, coils
     at contiguous addresses in one FC05/FC15, the bit fields of one register in one mask write
-    (FC22). In address order; ``CommandBuilder.write_command`` makes each group's command."""
+    (FC22). In address order; ``CommandBuilder.write_command`` makes each group's command.
+    A register given whole and by one of its bit fields in the same write is assigned twice
+    (``LocalProtocolError``): as two writes, one would undo the other."""
+    refuse_assigned_twice([s for s, _ in pairs])
     groups: list[list[tuple[RegisterSpec, int]]] = []
     fields: dict[str, list[tuple[RegisterSpec, int]]] = {}
     for spec, raw in sorted(pairs, key=lambda p: (p[0].space is not Space.REGISTERS,
@@ -417,6 +431,7 @@ class CommandBuilder:
         retried or re-issued (``reissuable``, ``rtu_master.retry_allowed``); ``trigger()``
         starts it the safe way (read first)."""
         specs = [self.spec(key) for key in values]
+        refuse_assigned_twice(specs)
         for spec in specs:
             if spec.kind in (RegisterKind.FAULT, RegisterKind.TRIGGER):
                 use = "clear_faults()" if spec.kind is RegisterKind.FAULT else "trigger()"

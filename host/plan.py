@@ -301,7 +301,11 @@ def _writes(body: object, regmap: RegisterMap, where: str,
             raise PlanError(f"{where}: {exc}") from None
         out.append((spec, raw))
     out.sort(key=lambda sv: (sv[0].space is not Space.REGISTERS, sv[0].address))
-    if len(atomic_writes(out)) != 1:
+    try:
+        groups = atomic_writes(out)
+    except LocalProtocolError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    if len(groups) != 1:
         raise PlanError(f"{where}: a step is one atomic write: registers at contiguous "
                         "addresses, coils at contiguous addresses, or bit fields of one register")
     builder = CommandBuilder(regmap)

@@ -300,6 +300,28 @@ def test_an_address_inside_a_value_of_several_registers_is_refused(
         assert "word 2 of 2 of limit" in err and "first register, 0x000C" in err
 
 
+def test_a_field_and_its_own_register_in_one_write_are_assigned_twice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review): ``write fan=quiet 0x207=0`` sent two writes, both OK, the field's
+    value lost. A register given whole and by its field in one write is refused like a name
+    given twice: the CLI (one line, before any port), the API and a plan step."""
+    from idemlink.cli import main
+
+    b = CommandBuilder(TYPED)
+    with pytest.raises(LocalProtocolError, match="control assigned twice: whole and by its "
+                                                 "field on"):
+        b.write_command({"on": 1, "control": 0})
+    with pytest.raises(PlanError, match="control assigned twice"):
+        parse_plan({"steps": [{"write": {"stage": "1", "control": 0}}]}, TYPED)
+    path = tmp_path / "typed.toml"
+    path.write_text(MAP)
+    for argv in (["write", "on=1", "11=0"], ["write", "control=0", "stage=2"]):
+        code = main([*argv, "--regmap", str(path), "--modbus-tcp", "127.0.0.1:1"])
+        err = capsys.readouterr().err
+        assert code == 1 and len(err.strip().splitlines()) == 1, err
+        assert "control assigned twice" in err and "nothing was sent" in err
+
+
 def test_reconcile_without_generation_reads_only_what_was_touched() -> None:
     from idemlink.host.command import read_back_of
 

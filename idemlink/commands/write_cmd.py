@@ -105,8 +105,11 @@ def contiguous_runs(assignments: Sequence[Assignment]) -> list[list[Assignment]]
     """Group into atomic writes (``atomic_writes``): registers at contiguous addresses (FC06 or
     FC16), coils at contiguous addresses (FC05 or FC15), the bit fields of one register (FC22)."""
     by_spec = {a.spec.name: a for a in assignments}
-    return [[by_spec[spec.name] for spec, _ in group]
-            for group in atomic_writes([(a.spec, a.value) for a in assignments])]
+    try:
+        groups = atomic_writes([(a.spec, a.value) for a in assignments])
+    except LocalProtocolError as exc:  # a register and its own field: assigned twice
+        raise UserError(f"{exc}; nothing was sent") from None
+    return [[by_spec[spec.name] for spec, _ in group] for group in groups]
 
 
 def _typed(a: Assignment) -> str:
