@@ -193,6 +193,7 @@ class TcpMaster(RtuMaster):
         super().__init__(regmap, unit=unit, baudrate=None, timeout=timeout, attempts=attempts,
                          turnaround=turnaround, char_format=MODBUS_CHAR_FORMAT)
         self.frame_gap = 0.0  # no line to leave silent between requests
+        self.late_guard = False  # transaction ids tell a late answer apart: no guard window
         self.mbap = MbapDecoder()
         self.late = 0  #: answers under a transaction id no request out was sent with
         self._next_tid = 1

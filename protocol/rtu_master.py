@@ -65,9 +65,15 @@ Contract:
   (``LocalProtocolError``).
 - Every frame both ways is logged at DEBUG on ``idemlink.frames`` (``idemlink -vv``), bytes and
   what became of an incoming one.
-- Limit: with no transaction id, an answer later than the whole wait that arrives while the next
-  request is out and fits it would be taken for its answer; choose a timeout above the slave's
-  worst answer time.
+- A late answer is never knowingly taken for the next request: after a request got no answer
+  (its last send's wait ran out), the line is left for a guard window (``late_guard``: the
+  request's whole wait again, ``timeout`` plus the request's and answer's transmission times)
+  before anything more is sent. A frame that arrives while no request is out — the late answer
+  landing in that window — answers nothing: it is dropped and counted (``late``). A retry needs
+  no guard: the first send's late answer and the retry's answer are both this request's.
+- Limit: with no transaction id, an answer later than twice the whole wait, arriving while the
+  next request is out and fitting it, would be taken for its answer; choose a timeout above the
+  slave's worst answer time (docs/MODBUS_RTU.md).
 """
 
 from __future__ import annotations
@@ -197,6 +203,7 @@ class _Request:
     attempts: int = 0
     deadline: float = 0.0
     stretch_until: float = 0.0  #: the latest an answer still arriving may push the deadline
+    sent_at: float = 0.0  #: when the last send left
     misfit: str = ""  #: the last answer of this function from the unit that did not fit
 
 
@@ -226,6 +233,8 @@ class RtuMaster:
         self.attempts = attempts
         self.turnaround = turnaround
         self.ignored = 0  #: frames that were no answer to the request out (stray, late, other unit)
+        self.late = 0  #: frames that arrived while no request was out (a late answer): dropped
+        self.late_guard = True  #: after a request got no answer, wait as long again before the next
         self.sent = 0  #: request frames written
         self._queue: deque[_Request] = deque()
         self._out = bytearray()
@@ -314,7 +323,10 @@ class RtuMaster:
                                                  req.stretch_until))
         while (frame := self._decoder.next_event()) is not None:
             req = self._current
-            if req is None or req.unit == BROADCAST_UNIT or frame.unit != req.unit:
+            if req is None:
+                self.late += 1
+                self._ignore(frame.unit, frame.pdu, "no request out (a late answer)")
+            elif req.unit == BROADCAST_UNIT or frame.unit != req.unit:
                 self._ignore(frame.unit, frame.pdu, "no request out to that unit")
             elif not answer_fits(req.wire, frame.pdu):
                 if frame.pdu[:1] == req.wire[:1]:
@@ -413,6 +425,7 @@ class RtuMaster:
             frame_log.debug("tx RTU unit=%d fc=0x%02x attempt=%d: %s", req.unit, req.wire[0],
                             req.attempts, frame.hex(" "))
         on_line = len(frame) * self.char_time
+        req.sent_at = now
         if req.unit == BROADCAST_UNIT:
             req.deadline = now + on_line + self.turnaround
             return
@@ -466,14 +479,19 @@ class RtuMaster:
                            now, attempts=0)
 
     def _unanswered(self, req: _Request, now: float) -> None:
+        wait = req.deadline - req.sent_at
         if req.state_read:
             why = (f"the trigger's state read got no fitting answer ({req.misfit})" if req.misfit
                    else f"the trigger's state read got no answer ({req.attempts} attempt(s))")
             self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
                            detail=f"{why}; nothing written")
-            return
-        status = Status.ANSWER_MISMATCH if req.misfit else Status.NO_ANSWER
-        self._complete(req, Outcome.UNKNOWN, status, None, b"", now, detail=req.misfit)
+        else:
+            status = Status.ANSWER_MISMATCH if req.misfit else Status.NO_ANSWER
+            self._complete(req, Outcome.UNKNOWN, status, None, b"", now, detail=req.misfit)
+        if self.late_guard and req.unit != BROADCAST_UNIT:
+            # its answer may still come: leave the line that long again before the next request,
+            # so the late answer lands while no request is out (dropped, counted in ``late``)
+            self._quiet_until = max(self._quiet_until, now + wait)
 
     def _complete(self, req: _Request, outcome: Outcome, status: Status | None,
                   exc: ModbusException | None, pdu: bytes, now: float, *,

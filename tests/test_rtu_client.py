@@ -204,6 +204,37 @@ def test_input_before_a_request_is_read_and_dropped_before_it_leaves() -> None:
                                                             TH, 1)))]
 
 
+def test_a_late_answer_after_no_answer_lands_in_the_guard_window_not_in_the_next_request() -> None:
+    """Issue 21 (review, ``api_rtu_late.py``): read A of one register gets no answer within its
+    wait (one attempt: UNKNOWN); read B of the same shape follows. A's answer comes late —
+    after A's wait ran out — and used to be taken as B's (another register's value, OK).
+    After no answer the master leaves the line as long again before B: the late answer lands
+    with no request out, is dropped and counted (``late``), and B takes its own answer."""
+    read_a = pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, TH, 1))
+    read_b = pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, MODE, 1))
+    line = Line(timeout=0.2, attempts=1, baudrate=19200)
+    line.submit(read_a, "A")
+    sent_a = line.t
+    while line.m.next_deadline() is not None and not line.frames[1:] and line.t < 0.3:
+        line.step(0.005)
+    assert [e.outcome for e in iter(line.m.next_event, None)] == [Outcome.UNKNOWN]
+    line.m.submit(read_b, line.t, tag="B")
+    while line.t < sent_a + 0.35:  # A's answer is 0.35 s late, after A's 0.21 s wait
+        line.step(0.005)
+    assert line.frames == [encode_rtu(1, read_a)]  # B waits: the guard window
+    for byte in encode_rtu(1, bytes([3, 2, 0x00, 0x28])):  # A's late answer, byte by byte
+        line.m.receive_data(bytes([byte]), line.t)
+    assert line.m.late == 1
+    for _ in range(100):
+        line.step(0.005)
+        if line.frames[1:]:
+            break
+    assert line.frames == [encode_rtu(1, read_a), encode_rtu(1, read_b)]
+    line.answer(bytes([3, 2, 0x00, 0x03]))  # B's own answer
+    (b,) = iter(line.m.next_event, None)
+    assert (b.tag, b.outcome, b.pdu) == ("B", Outcome.OK, bytes([3, 2, 0x00, 0x03]))
+
+
 def test_a_trigger_reads_its_state_then_writes_once_or_answers_like_the_device() -> None:
     """TRIGGER (0x42) to a plain slave: an FC03 of the trigger register (retried: a read), then
     by the device's TRIGGER_TABLE an FC06 of 1 in IDLE (sent once), or nothing and the code the
