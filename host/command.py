@@ -20,6 +20,7 @@ from enum import Enum
 
 from idemlink.protocol.datatypes import DataType
 from idemlink.protocol.modbus import (
+    EXCEPTION_NAMES,
     MAX_READ_BITS,
     MAX_READ_COUNT,
     FileInfoRequest,
@@ -193,6 +194,19 @@ class Result:
     answered: bool = False  #: the device answered it with a PDU (it ran, now or before: replay)
     #: what the status alone does not say, e.g. ``wrote 0x0001, echo 0x0004`` (ANSWER_MISMATCH)
     detail: str = ""
+    #: the exception code as the device (or a gateway) sent it: 01-04 (``exception``) or any
+    #: other (06 SERVER_DEVICE_BUSY, 0x0A, 0x0B ...: ``exception`` is None, ``detail`` names it)
+    exception_code: int | None = None
+
+    @property
+    def exception_name(self) -> str | None:
+        """The exception's name as the Modbus spec gives it (``SERVER_DEVICE_BUSY``), its
+        number for a code the spec does not define (``0x42``), None without an exception."""
+        if self.exception is not None:
+            return self.exception.name
+        if self.exception_code is None:
+            return None
+        return EXCEPTION_NAMES.get(self.exception_code, f"0x{self.exception_code:02X}")
 
     @property
     def ok(self) -> bool:

@@ -344,7 +344,7 @@ class Operations(Generic[S]):
         file = file_info_of(c, comp.pdu) if comp.outcome is Outcome.OK else None
         r = Result(c, comp.outcome, comp.status, comp.exception, values, code, comp.replay,
                    comp.attempts, comp.reissued, comp.seq, comp.epoch, comp.sent_as, file,
-                   comp.answered, comp.detail)
+                   comp.answered, comp.detail, comp.exception_code)
         self.stats.commands += 1
         self.stats.outcomes[r.outcome.name] = self.stats.outcomes.get(r.outcome.name, 0) + 1
         if r.outcome is Outcome.UNKNOWN and self.unknown is None and c.may_have_effect:

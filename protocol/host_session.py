@@ -79,7 +79,7 @@ from idemlink.protocol.frame import (
     check_address,
     encode_frame,
 )
-from idemlink.protocol.modbus import answer_fits, classify_answer
+from idemlink.protocol.modbus import answer_fits, classify_answer, exception_code, exception_name
 from idemlink.protocol.outcome import (
     LocalProtocolError,
     ModbusException,
@@ -128,6 +128,7 @@ class Completion:
     sent_as: tuple[tuple[int, int], ...] = ()  #: every (epoch, seq) this request travelled under
     answered: bool = False  #: the device answered it with a PDU (ran now, or replayed)
     detail: str = ""  #: what the status alone does not say (e.g. an answer that did not fit)
+    exception_code: int | None = None  #: the exception code as sent, 01-04 or any other
 
 
 @dataclass(slots=True)
@@ -521,7 +522,11 @@ class HostSession:
             if replay:
                 self.counters.replays += 1
             outcome, st, exc = classify_answer(p.pdu, pdu)
-            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay, answered=True)
+            code = exception_code(pdu)
+            self._finish(p, outcome, st, exception=exc, pdu=pdu, replay=replay, answered=True,
+                         exception_code=code,
+                         detail=f"Modbus exception {exception_name(code)}"
+                         if code is not None and exc is None else "")
             return
         info = status_info(status)
         self._finish(p, info.outcome, known_status(status))

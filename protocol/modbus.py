@@ -625,15 +625,44 @@ def answer_fits(request_pdu: bytes, pdu: bytes) -> bool:
     return True
 
 
+EXCEPTION_NAMES: dict[int, str] = {
+    0x01: "ILLEGAL_FUNCTION", 0x02: "ILLEGAL_DATA_ADDRESS", 0x03: "ILLEGAL_DATA_VALUE",
+    0x04: "SERVER_DEVICE_FAILURE", 0x05: "ACKNOWLEDGE", 0x06: "SERVER_DEVICE_BUSY",
+    0x08: "MEMORY_PARITY_ERROR", 0x0A: "GATEWAY_PATH_UNAVAILABLE",
+    0x0B: "GATEWAY_TARGET_FAILED_TO_RESPOND",
+}
+"""Every exception code of the Modbus Application Protocol V1.1b3 (section 7), by its name
+there. Only 01-04 are this stack's own (``ModbusException``, in the contract hash); the others
+are a third-party device's or a gateway's, shown by their code and name, never as another."""
+
+
+def exception_name(code: int) -> str:
+    """``0x06 SERVER_DEVICE_BUSY``; a code the spec does not define by its number alone."""
+    name = EXCEPTION_NAMES.get(code)
+    return f"0x{code:02X} {name}" if name else f"0x{code:02X} (a code the Modbus spec does not define)"
+
+
+def exception_code(pdu: bytes) -> int | None:
+    """The exception code an answer PDU carries (function | 0x80, code), or None."""
+    if len(pdu) == 2 and pdu[0] & EXCEPTION_FLAG:
+        return pdu[1]
+    return None
+
+
 def classify_answer(request_pdu: bytes, pdu: bytes,
                     ) -> tuple[Outcome, Status | None, ModbusException | None]:
     """The outcome, status and exception an OK answer's PDU means for ``request_pdu`` (one rule
-    for every host shell; see the module contract)."""
+    for every host shell; see the module contract). An exception code outside 01-04 is no
+    ``ModbusException``: UNKNOWN, exception None (never named as another code); the Modbus
+    masters decide the codes a third-party device or a gateway sends
+    (``rtu_master.RtuMaster``)."""
     if pdu and pdu[0] & EXCEPTION_FLAG:
         try:
-            exc = ModbusException(pdu[1]) if len(pdu) > 1 else ModbusException.SERVER_DEVICE_FAILURE
+            exc = ModbusException(pdu[1]) if len(pdu) > 1 else None
         except ValueError:
-            exc = ModbusException.SERVER_DEVICE_FAILURE
+            exc = None
+        if exc is None:
+            return Outcome.UNKNOWN, None, None
         return MODBUS_EXCEPTION_TABLE[exc].outcome, None, exc
     fc = request_pdu[0] if request_pdu else None
     if fc == FunctionCode.WRITE_IF_GENERATION and len(pdu) > 1:

@@ -33,15 +33,15 @@ Contract:
     answer is ever taken for a later request.
   * no line timing: the wait for an answer is ``timeout``; requests follow each other at once
     (no t3.5), one at a time (``max_inflight`` 1: a plain slave or a gateway to a serial line).
-  * gateway exceptions (``GatewayException``, ``gateway_outcome``): 0x0A (the gateway has no path
-    to the target) means nothing reached the device: NOT_EXECUTED — unless an earlier send of the
-    same request went unanswered (it may have run): then UNKNOWN. 0x0B (the target did not
-    answer the gateway) is the RTU line's silence seen from TCP: it is treated exactly as no
-    answer — sent again where the map allows it (reads; writes of HOLDING registers), then
-    UNKNOWN (``Status.NO_ANSWER``) for anything that may have had an effect, a read that changed
-    nothing, a trigger start whose state read got none NOT_EXECUTED. ``Completion.detail`` names
-    the exception. Neither code is in ``ModbusException`` (the framed contract), so neither
-    changes the contract's hash.
+  * gateway exceptions (``GatewayException``) are the RTU master's rule, since an RTU gateway
+    can sit in front of a serial line too (``RtuMaster._other_exception``): 0x0A (the gateway
+    has no path to the target) means nothing reached the device: NOT_EXECUTED — unless an
+    earlier send of the same request went unanswered (it may have run): then UNKNOWN. 0x0B (the
+    target did not answer the gateway) is the RTU line's silence seen from TCP: it is treated
+    exactly as no answer — sent again where the map allows it, then UNKNOWN
+    (``Status.NO_ANSWER``) for anything that may have had an effect, a trigger start whose state
+    read got none NOT_EXECUTED. ``Completion.detail`` names the exception. Neither code is in
+    ``ModbusException`` (the framed contract), so neither changes the contract's hash.
 - ``parse_tcp_address("HOST[:PORT]")`` is ``(host, port)``, port 502 by default; IPv6 in
   brackets (``[::1]:1502``). ``TcpAddressError`` (a ``ValueError``) for anything else.
 """
@@ -56,7 +56,7 @@ from enum import IntEnum
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT
 from idemlink.protocol.modbus import EXCEPTION_FLAG, answer_fits
 from idemlink.protocol.modbus_rtu import BROADCAST_UNIT
-from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
+from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.rtu_master import RtuMaster, _Request, misfit
 
@@ -217,8 +217,6 @@ class TcpMaster(RtuMaster):
                                                     "out (a late answer)")
             elif req.unit == BROADCAST_UNIT or frame.unit != req.unit:
                 self._ignore(frame.unit, frame.pdu, "another unit")
-            elif (gw := gateway_exception(frame.pdu)) is not None:
-                self._gateway(req, gw, now)
             elif not answer_fits(req.wire, frame.pdu):
                 if frame.pdu[:1] == req.wire[:1]:
                     req.misfit = misfit(req.wire, frame.pdu)
@@ -246,31 +244,6 @@ class TcpMaster(RtuMaster):
                             req.wire[0], req.attempts, adu.hex(" "))
         req.deadline = now + (self.turnaround if req.unit == BROADCAST_UNIT else self.timeout)
         req.stretch_until = req.deadline
-
-    def _gateway(self, req: _Request, gw: GatewayException, now: float) -> None:
-        """A gateway exception answered ``req`` (see the module docstring)."""
-        said = f"gateway exception 0x{gw:02X} {gw.name}"
-        if gw is GatewayException.GATEWAY_TARGET_FAILED:
-            if req.attempts < req.allowed:
-                self._send(req, now)  # as if unanswered: sent again where the map allows it
-                return
-            if req.state_read:
-                self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
-                               detail=f"the trigger's state read: {said}; nothing written")
-                return
-            self._complete(req, Outcome.UNKNOWN, Status.NO_ANSWER, None, b"", now,
-                           detail=f"{said}: the device did not answer the gateway")
-            return
-        if req.state_read:  # a read changed nothing, whatever its earlier sends did
-            self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
-                           detail=f"the trigger's state read: {said}; nothing written")
-            return
-        if req.attempts > 1:  # an earlier send went unanswered: it may have reached the device
-            self._complete(req, Outcome.UNKNOWN, Status.NO_ANSWER, None, b"", now,
-                           detail=f"{said} after {req.attempts - 1} unanswered send(s)")
-            return
-        self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now,
-                       detail=f"{said}: nothing reached the device")
 
 
 __all__ = ["DEFAULT_TCP_PORT", "MAX_ADU", "MAX_PENDING", "MBAP_HEADER", "GatewayException",

@@ -52,8 +52,19 @@ Contract:
   FILE_RECEIVE (0x44), FILE_INFO (0x45) and any other function; a trigger value other than 0/1;
   a pinned request number (a plain slave numbers nothing: ``numbered`` is False).
 - Outcomes: OK (a fitting answer), REJECTED (exception 01-03: nothing changed), UNKNOWN
-  (exception 04 or an exception code this stack does not know; or no fitting answer after the
-  allowed attempts: NO_ANSWER, or ANSWER_MISMATCH). NOT_EXECUTED only when certain: ``abandon``
+  (exception 04; or no fitting answer after the allowed attempts: NO_ANSWER, or
+  ANSWER_MISMATCH). Exception codes beyond 01-04 (a third-party device's or a gateway's, RTU and
+  TCP alike) keep their code (``Completion.exception_code``) and name in ``detail``
+  (``Modbus exception 0x06 SERVER_DEVICE_BUSY: ...``; a code the spec does not define by its
+  number), never shown as another: 06 SERVER_DEVICE_BUSY (the spec: the device is processing a
+  long command, the client retransmits later — this request did nothing) and 0x0A
+  GATEWAY_PATH_UNAVAILABLE (nothing reached the device) are NOT_EXECUTED, sent once — UNKNOWN
+  when an earlier send of the request went unanswered (it may have run); 0x0B
+  GATEWAY_TARGET_FAILED_TO_RESPOND is the device's silence seen through a gateway: treated as
+  no answer (sent again where the map allows it, then UNKNOWN/NO_ANSWER); 05 ACKNOWLEDGE
+  (accepted, still processing: it may yet take effect), 08 and any other code are UNKNOWN. A
+  trigger start's state read answered with any of them wrote nothing: NOT_EXECUTED.
+  NOT_EXECUTED only when certain: ``abandon``
   settles a request never sent (or a trigger start whose write was never sent) as NOT_EXECUTED
   and one that was sent as UNKNOWN with the given status.
 - The wait for an answer is ``timeout`` plus the transmission time of the request and of the
@@ -87,7 +98,14 @@ from typing import Any
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import TriggerAction, start_row
 from idemlink.protocol.host_session import Completion
-from idemlink.protocol.modbus import FunctionCode, StandardFunction, answer_fits, classify_answer
+from idemlink.protocol.modbus import (
+    FunctionCode,
+    StandardFunction,
+    answer_fits,
+    classify_answer,
+    exception_code,
+    exception_name,
+)
 from idemlink.protocol.modbus_rtu import (
     BROADCAST_UNIT,
     DEFAULT_BAUDRATE,
@@ -121,6 +139,19 @@ discrete inputs and FC22 for what a third-party device's map holds)."""
 IDEMLINK_ONLY = (FunctionCode.WRITE_IF_GENERATION, FunctionCode.FILE_RECEIVE,
                  FunctionCode.FILE_INFO)
 """The idemlink functions a plain slave does not have."""
+OWN_EXCEPTIONS = frozenset(int(e) for e in ModbusException)  #: 01-04: ``classify_answer``
+GATEWAY_PATH_UNAVAILABLE = 0x0A
+GATEWAY_TARGET_FAILED = 0x0B
+NOTHING_DONE = {
+    GATEWAY_PATH_UNAVAILABLE: "nothing reached the device",
+    0x06: "the device is busy with a long command and did nothing; send it again later",
+}
+"""Exception codes that say this send did nothing (Modbus Application Protocol V1.1b3, 7)."""
+UNSETTLED = {
+    0x05: "the device accepted the request and is still processing it: it may yet take effect",
+    0x08: "the device found a memory parity error",
+}
+"""Exception codes after which whether the request took effect is not known."""
 DRAIN_ROUNDS = 64
 """Rounds of input read and dropped before a request at most (a babbling line ends it)."""
 
@@ -440,6 +471,10 @@ class RtuMaster:
                             pdu[0] if pdu else 0, why)
 
     def _answered(self, req: _Request, pdu: bytes, now: float) -> None:
+        code = exception_code(pdu)
+        if code is not None and code not in OWN_EXCEPTIONS:
+            self._other_exception(req, code, now)
+            return
         outcome, status, exc = classify_answer(req.wire, pdu)
         if req.state_read:
             self._state_read(req, pdu, exc, now)
@@ -449,6 +484,39 @@ class RtuMaster:
                            now)
         else:
             self._complete(req, outcome, status, exc, pdu, now)
+
+    def _other_exception(self, req: _Request, code: int, now: float) -> None:
+        """An exception code outside 01-04 (a third-party device's or a gateway's, on RTU and
+        TCP alike): its outcome by what the Modbus spec says it means (module docstring)."""
+        gateway = code in (GATEWAY_PATH_UNAVAILABLE, GATEWAY_TARGET_FAILED)
+        said = f"{'gateway' if gateway else 'Modbus'} exception {exception_name(code)}"
+        if code == GATEWAY_TARGET_FAILED:  # the target did not answer the gateway: no answer
+            if req.attempts < req.allowed:
+                self._send(req, now)  # as if unanswered: sent again where the map allows it
+                return
+            if req.state_read:
+                self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
+                               detail=f"the trigger's state read: {said}; nothing written",
+                               code=code)
+                return
+            self._complete(req, Outcome.UNKNOWN, Status.NO_ANSWER, None, b"", now,
+                           detail=f"{said}: the device did not answer the gateway", code=code)
+            return
+        if req.state_read:  # a read changed nothing, whatever its earlier sends did
+            self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now, attempts=0,
+                           detail=f"the trigger's state read: {said}; nothing written", code=code)
+            return
+        if code in NOTHING_DONE:
+            if req.attempts > 1:  # an earlier send went unanswered: it may have run
+                self._complete(req, Outcome.UNKNOWN, Status.NO_ANSWER, None, b"", now,
+                               detail=f"{said} after {req.attempts - 1} unanswered send(s)",
+                               code=code)
+                return
+            self._complete(req, Outcome.NOT_EXECUTED, None, None, b"", now,
+                           detail=f"{said}: {NOTHING_DONE[code]}", code=code)
+            return
+        self._complete(req, Outcome.UNKNOWN, None, None, b"", now, code=code,
+                       detail=f"{said}: {UNSETTLED.get(code, 'whether it ran is not known')}")
 
     def _state_read(self, req: _Request, pdu: bytes, exc: ModbusException | None,
                     now: float) -> None:
@@ -495,9 +563,11 @@ class RtuMaster:
 
     def _complete(self, req: _Request, outcome: Outcome, status: Status | None,
                   exc: ModbusException | None, pdu: bytes, now: float, *,
-                  attempts: int | None = None, detail: str = "") -> None:
+                  attempts: int | None = None, detail: str = "", code: int | None = None) -> None:
         self._current = None
         self._quiet_until = now + self.frame_gap
+        if code is None and exc is not None:
+            code = int(exc)
         self._events.append(Completion(req.tag, outcome, status, exc, pdu,
                                        attempts=req.attempts if attempts is None else attempts,
-                                       detail=detail))
+                                       detail=detail, exception_code=code))

@@ -451,10 +451,27 @@ def test_cli_gateway_outcomes_and_exit_statuses(server: PymodbusTcp, gateway: Ga
     gateway.script = [FORWARD, FORWARD, ("lose", 0x0B)]  # probe, the state read, the write
     rc, out, _ = cli(capsys, "trigger", *tcp)
     assert rc == 5 and out.startswith(
-        "self_clean: UNKNOWN (NO_ANSWER: gateway exception 0x0B GATEWAY_TARGET_FAILED: the "
+        "self_clean: UNKNOWN (NO_ANSWER: gateway exception 0x0B GATEWAY_TARGET_FAILED_TO_RESPOND: the "
         "device did not answer the gateway)\n")
     assert "read back: trigger state RUNNING" in out
     assert server.writes == [(TRIG, [1])]
+
+
+def test_a_device_busy_exception_keeps_its_code_and_name(gateway: Gateway,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review, ``f4-exc06``): pymodbus answering exception 06 was shown as
+    SERVER_DEVICE_FAILURE. It is SERVER_DEVICE_BUSY, NOT_EXECUTED (the device did nothing),
+    in the line and in ``--json``; a code the spec does not define is shown by its number."""
+    tcp = ("--modbus-tcp", gateway.address, "--timeout", str(scaled(0.5)))
+    gateway.script = [FORWARD, ("refuse", 0x06)]  # the open's probe read, then the read
+    rc, out, _ = cli(capsys, "read", "mode", *tcp, "--json")
+    doc = json.loads(out)
+    assert rc == 3 and doc["outcome"] == "NOT_EXECUTED", out
+    assert "SERVER_DEVICE_FAILURE" not in out
+    assert doc["results"]["mode"]["exception"] == "SERVER_DEVICE_BUSY"
+    gateway.script = [FORWARD, ("refuse", 0x42)]
+    rc, out, _ = cli(capsys, "read", "mode", *tcp)
+    assert "0x42 (a code the Modbus spec does not define)" in out and "UNKNOWN" in out, out
 
 
 def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,

@@ -136,6 +136,38 @@ def test_exceptions_map_to_outcomes_and_are_never_retried() -> None:
         assert line.run_silent(0.5) == [] and len(line.frames) == 1
 
 
+def test_exception_codes_beyond_04_keep_their_code_and_name_on_rtu_too() -> None:
+    """Issue 21 (review): every code outside 01-04 was shown as SERVER_DEVICE_FAILURE. Each
+    keeps its code and name now, with its outcome from the Modbus spec, on RTU as on TCP (an RTU
+    gateway can sit in front of a line): 06 busy and 0x0A no path did nothing (NOT_EXECUTED,
+    sent once); 0x0B is no answer (a retried write is sent again, then UNKNOWN); 05 accepted
+    and still processing, and codes the spec does not define, are UNKNOWN by their number."""
+    cases = [(0x06, Outcome.NOT_EXECUTED, None, 1, "0x06 SERVER_DEVICE_BUSY"),
+             (0x0A, Outcome.NOT_EXECUTED, None, 1, "0x0A GATEWAY_PATH_UNAVAILABLE"),
+             (0x0B, Outcome.UNKNOWN, Status.NO_ANSWER, 3, "0x0B GATEWAY_TARGET_FAILED_TO_RESPOND"),
+             (0x05, Outcome.UNKNOWN, None, 1, "0x05 ACKNOWLEDGE"),
+             (0x42, Outcome.UNKNOWN, None, 1, "0x42 (a code the Modbus spec does not define)")]
+    for code, outcome, status, sends, said in cases:
+        line = Line(timeout=0.1, attempts=3)
+        line.submit(pdu(WriteSingleRegister(TH, 1)), code)
+        for _ in range(sends):
+            for byte in encode_rtu(1, bytes([0x86, code])):  # byte by byte
+                line.m.receive_data(bytes([byte]), line.t)
+            line.step(0.001)
+        (done,) = list(iter(line.m.next_event, None))
+        assert (done.outcome, done.status, done.exception, done.exception_code, done.attempts) == (
+            outcome, status, None, code, sends), code
+        assert said in done.detail and done.detail.endswith(("exception " + said, )) is False
+        assert done.detail.startswith(("Modbus exception " + said, "gateway exception " + said))
+        assert "SERVER_DEVICE_FAILURE" not in done.detail
+        assert line.run_silent(0.5) == [] and len(line.frames) == sends
+    line = Line(timeout=0.1, attempts=3)  # a trigger start's state read answered busy: nothing written
+    line.submit(pdu(TriggerRequest(TRIG, 1)), "t")
+    line.answer(bytes([0x83, 0x06]))
+    (done,) = list(iter(line.m.next_event, None))
+    assert done.outcome is Outcome.NOT_EXECUTED and "SERVER_DEVICE_BUSY; nothing written" in done.detail
+
+
 def test_only_a_fitting_answer_from_the_unit_settles_a_request() -> None:
     line = Line(timeout=0.1, attempts=2, unit=5)
     req = pdu(ReadRegisters(FunctionCode.READ_HOLDING_REGISTERS, TH, 2))

@@ -278,7 +278,7 @@ def result_json(r: Result) -> dict[str, Any]:
     return {
         "outcome": r.outcome.name,
         "status": r.status.name if r.status is not None else None,
-        "exception": r.exception.name if r.exception is not None else None,
+        "exception": r.exception_name,
         "replay": r.replay,
         "attempts": r.attempts,
         "detail": r.describe(),
