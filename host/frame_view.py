@@ -16,6 +16,7 @@ is said once, in that reply's text; from then on registers are shown by address 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from idemlink.protocol.registers import RegisterMap, RegisterSpec, TriggerStatus
@@ -29,12 +30,19 @@ def register_json(spec: RegisterSpec | None, address: int, raw: int) -> dict[str
     scale or offset, the signed or float number of its type, else the raw word) or, for a string
     register, its text; ``label`` the map's name for that value (``"auto"``) or null, ``unit``
     the map's (``""`` without one); ``fields`` (``{NAME: value}``) for a register with bit
-    fields. A register the map does not declare has ``name`` null and ``value`` the raw word."""
+    fields. A register the map does not declare has ``name`` null and ``value`` the raw word.
+    An f32/f64 that is NaN or infinite (JSON has neither) has ``value`` null and ``text``
+    ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``."""
     if spec is None:
         return {"name": None, "address": address, "raw": raw, "value": raw, "label": None,
                 "unit": ""}
-    out = {"name": spec.name, "address": address, "raw": raw, "value": spec.value(raw),
+    value = spec.value(raw)
+    out = {"name": spec.name, "address": address, "raw": raw, "value": value,
            "label": spec.label_of(raw), "unit": spec.unit}
+    if isinstance(value, float) and not math.isfinite(value):
+        # JSON has no NaN or Infinity: the value is null and "text" says which it is
+        out["value"] = None
+        out["text"] = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if spec.fields:
         out["fields"] = spec.field_values(raw)
     return out

@@ -474,6 +474,40 @@ def test_a_device_busy_exception_keeps_its_code_and_name(gateway: Gateway,
     assert "0x42 (a code the Modbus spec does not define)" in out and "UNKNOWN" in out, out
 
 
+def test_a_nan_or_infinite_float_is_null_and_text_in_json(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    """Issue 21 (review): an f32 holding NaN printed ``"value": NaN`` in ``read --json`` and
+    ``watch --json`` — not JSON. The value is null and ``text`` says NaN, Infinity or
+    -Infinity; every line parses with a strict parser."""
+    words = [0x7FC0, 0, 0x7F80, 0, 0xFF80, 0, 0x4020, 0]
+    server = PymodbusTcp(words)
+    try:
+        path = tmp_path / "floats.toml"
+        path.write_text('name = "floats"\n' + "".join(
+            f'[[registers]]\naddress = {a}\nname = "{n}"\nkind = "holding"\ntype = "f32"\n'
+            'word_order = "big"\n' for a, n in ((0, "nan"), (2, "inf"), (4, "ninf"), (6, "x"))))
+        tcp = ("--modbus-tcp", server.address, "--timeout", str(scaled(0.5)), "--regmap",
+               str(path))
+
+        def strict(text: str) -> dict[str, object]:
+            def refuse(word: str) -> object:
+                raise AssertionError(f"{word} in JSON output: {text}")
+            doc: dict[str, object] = json.loads(text, parse_constant=refuse)
+            return doc
+
+        rc, out, _ = cli(capsys, "read", "--all", "--json", *tcp)
+        assert rc == 0, out
+        regs = {r["name"]: r for r in strict(out)["registers"]}  # type: ignore[attr-defined]
+        assert [(regs[n]["value"], regs[n].get("text")) for n in ("nan", "inf", "ninf", "x")] == [
+            (None, "NaN"), (None, "Infinity"), (None, "-Infinity"), (2.5, None)]
+        rc, out, _ = cli(capsys, "watch", "nan", "--count", "1", "--interval", "0.1", "--json",
+                         *tcp)
+        lines = [strict(line) for line in out.splitlines()]
+        assert rc == 0 and lines and "NaN" in out
+    finally:
+        server.close()
+
+
 def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
