@@ -26,8 +26,9 @@ Contract:
 - A unit present is asked FC43/14 Read Device Identification (basic objects: VendorName,
   ProductCode, MajorMinorRevision; ``identity``), unless ``identify`` is False; an exception or
   no answer means it offers none (``identity`` empty, ``detail`` says which). When ``id_read``
-  is given (the read of a map's id register) and no identity came, that read's value is
-  ``id_value``.
+  is given (the read of a map's id register: all of its words) and no identity came, the words
+  that read got are ``id_words`` (every one: a string's text or a u32 spans several) and
+  ``id_value`` the first.
 - Buffers are bounded: a window keeps at most ``MAX_HEARD`` bytes (more is counted as garbage).
 """
 
@@ -87,7 +88,8 @@ class UnitReport:
     state: str  #: ``present``, ``conflict`` or ``noise``
     answer: str = ""  #: what the probe got: ``registers [350]`` or ``exception 0x02``
     identity: dict[str, str] = field(default_factory=dict)
-    id_value: int | None = None
+    id_value: int | None = None  #: the id register's first word
+    id_words: tuple[int, ...] = ()  #: every word the id register's read got
     detail: str = ""
 
 
@@ -321,7 +323,10 @@ class BusScan:
             assert report is not None
             if heard.answers and not heard.answers[0][0] & EXCEPTION_FLAG:
                 pdu = heard.answers[0]
-                report.id_value = int.from_bytes(pdu[2:4], "big")
+                data = pdu[2:2 + pdu[1]] if len(pdu) >= 2 else b""
+                report.id_words = tuple(int.from_bytes(data[i:i + 2], "big")
+                                        for i in range(0, len(data) - 1, 2))
+                report.id_value = report.id_words[0] if report.id_words else None
             else:
                 report.detail = _join(report.detail, "id register: no value")
             self._finish()

@@ -114,6 +114,56 @@ def test_present_conflict_noise_and_identity() -> None:
     assert took <= scan_bound(7, bus.timing, 0.05, answering=5)
 
 
+ID_MAP = """name = "ided"
+[[registers]]
+address = 0
+name = "level"
+kind = "holding"
+default = 7
+[[registers]]
+address = 1
+name = "fw"
+kind = "input"
+type = "string"
+length = 3
+default = "V1.2.3"
+[[registers]]
+address = 9
+name = "gen"
+kind = "generation"
+"""
+
+
+def test_a_string_id_register_is_read_and_shown_whole(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review): ``scan --id-register fw`` of a 3-register string showed only its
+    first word, as a number. Every word of the read is kept (``id_words``) and shown as ``read``
+    shows the register: the whole text. Sans-I/O, then the CLI against a slave on a pty."""
+    from idemlink.host.command import CommandBuilder
+    from idemlink.protocol.regmap_file import parse_regmap
+
+    regmap = parse_regmap(ID_MAP)
+    id_read = CommandBuilder(regmap).read_command("fw").pdu()
+    fw = b"V1.2.3"
+
+    def answer(unit: int, pdu: bytes) -> bytes:
+        if pdu == id_read:
+            return encode_rtu(unit, bytes([4, 6]) + fw)
+        return encode_rtu(unit, ANSWER) if pdu != IDENTIFY else encode_rtu(unit, bytes([0xAB, 1]))
+
+    bus = Bus([1], id_read=id_read)
+    bus.run(answer)
+    (report,) = bus.scan.reports
+    assert report.id_words == (0x5631, 0x2E32, 0x2E33) and report.id_value == 0x5631
+    path = tmp_path / "ided.toml"
+    path.write_text(ID_MAP)
+    with bus_on_pty([RtuServer(DeviceCore(regmap), unit=4)]) as port:
+        rc = main(["scan", "--port", port, "--units", "4", "--turnaround", str(scaled(0.05)),
+                   "--regmap", str(path), "--id-register", "fw"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "id register V1.2.3" in out, out
+
+
 def test_units_list() -> None:
     assert parse_units("1-3,7,2,10-11") == [1, 2, 3, 7, 10, 11]
     for bad in ("0-5", "5-1", "x", "1-248"):

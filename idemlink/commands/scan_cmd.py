@@ -33,6 +33,7 @@ from idemlink.cli import (
 )
 from idemlink.commands.connection import add_connection_options
 from idemlink.output import add_json_option, emit
+from idemlink.protocol.registers import RegisterSpec
 
 SCHEMA = "idemlink.scan/1"
 SCAN_KEYS = ("port", "baudrate", "bytesize", "parity", "stopbits", "modbus_rtu", "regmap")
@@ -101,12 +102,13 @@ def run(args: argparse.Namespace) -> int:
     if not (0 < args.turnaround <= 10 and math.isfinite(args.turnaround)):
         raise UserError("--turnaround: expected seconds, > 0 and <= 10")
     regmap = regmap_from(args) if args.regmap is not None else None
+    id_spec: RegisterSpec | None = None
     if args.id_register is not None:
         if regmap is None:
             raise UserError("--id-register names a register of a map: it needs --regmap")
         from idemlink.commands.selection import resolve
 
-        resolve(regmap, args.id_register)
+        id_spec = resolve(regmap, args.id_register)
     fmt = CharFormat(args.bytesize, args.parity, args.stopbits)
     scans = []
     for baud in bauds:
@@ -123,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         line = f"{s.baudrate} {s.char_format}"
         for r in s.reports:
             ident = ", ".join(f"{k}={v}" for k, v in r.identity.items())
+            id_shown = _id_shown(id_spec, r.id_words)
             extra = [x for x in (r.answer, ident,
-                                 f"id register {r.id_value}" if r.id_value is not None else "",
+                                 f"id register {id_shown}" if id_shown is not None else "",
                                  r.detail) if x]
             lines.append(f"unit {r.unit:3d} @ {line}: {r.state.upper()}"
                          + (f" ({'; '.join(extra)})" if extra else ""))
@@ -136,10 +139,22 @@ def run(args: argparse.Namespace) -> int:
                      "seconds": round(s.seconds, 3), "bound": round(s.bound, 3),
                      "found": [{"unit": r.unit, "state": r.state, "answer": r.answer,
                                 "identity": r.identity, "id_value": r.id_value,
+                                "id_words": list(r.id_words),
+                                "id_shown": _id_shown(id_spec, r.id_words),
                                 "detail": r.detail} for r in s.reports]})
     answered = any(s.answered for s in scans)
     emit(args, SCHEMA, {"port": args.port, "answered": answered, "scans": docs}, lines)
     return EXIT_OK if answered else EXIT_LOCAL_ERROR
+
+
+def _id_shown(spec: RegisterSpec | None, words: tuple[int, ...]) -> str | None:
+    """The id register's value as ``read`` shows it (a string's whole text, a u32's number),
+    from every word its read got; None when it got none."""
+    if spec is None or not words:
+        return None
+    if len(words) != spec.words:
+        return " ".join(f"0x{w:04X}" for w in words)
+    return spec.show(spec.raw_from_words(words))
 
 
 __all__ = ["parse_bauds", "parse_units", "register", "run"]
