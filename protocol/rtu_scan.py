@@ -29,6 +29,11 @@ Contract:
   is given (the read of a map's id register: all of its words) and no identity came, the words
   that read got are ``id_words`` (every one: a string's text or a u32 spans several) and
   ``id_value`` the first.
+- A slave that answers a little late — after its own window, into the next one — is not lost:
+  a frame in a window from the unit probed just before (whose own window was silent) that fits
+  the probe is that unit's answer: it is ``present``, its ``detail`` saying ``unit N answered
+  late (in the next window): raise --turnaround`` (it is not identified), and the frame is no
+  anomaly of the window it landed in. The last unit's late answer lands in no window.
 - Buffers are bounded: a window keeps at most ``MAX_HEARD`` bytes (more is counted as garbage).
 """
 
@@ -217,6 +222,7 @@ class BusScan:
         self._overflow = 0
         self._deadline: float | None = None
         self._pending: tuple[str, bytes] | None = None  #: the unit's next request, after t3.5
+        self._silent: int | None = None  #: the unit whose probe window just before was silent
         self._quiet_until = 0.0
         self._out = bytearray()
 
@@ -284,8 +290,17 @@ class BusScan:
         stage = self._stage
         self._stage = ""
         self._quiet_until = now + self.timing.t35
+        silent, self._silent = self._silent, None
+        late = [(u, p) for u, p in heard.others if u == silent and _fits(self.probe, p)]
+        if late:  # the unit before, silent in its own window, answered in this one
+            heard.others = [o for o in heard.others if o not in late]
+            self._settled(UnitReport(
+                late[0][0], "present", describe_answer(late[0][1]),
+                detail=f"unit {late[0][0]} answered late (in the next window): raise "
+                       "--turnaround"))
         if stage == "probe":
             if heard.silent:
+                self._silent = self._unit
                 return
             if heard.clean:
                 self._present(heard.answers[0], "", now)

@@ -9,7 +9,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -162,6 +162,38 @@ def test_a_string_id_register_is_read_and_shown_whole(tmp_path: Path,
                    "--regmap", str(path), "--id-register", "fw"])
     out = capsys.readouterr().out
     assert rc == 0 and "id register V1.2.3" in out, out
+
+
+def test_a_slave_answering_late_into_the_next_window_is_found_and_told() -> None:
+    """Issue 21 (review): a slave whose answer landed in the next unit's window was lost (and
+    the next unit judged noisy). It is present, with the hint to raise --turnaround; the next
+    unit, silent apart from it, is absent; one that answers is present too."""
+    def late_one(next_answers: bool) -> Callable[[int, bytes], bytes]:
+        pending: list[bytes] = []
+
+        def answer(unit: int, pdu: bytes) -> bytes:
+            out = b"".join(pending)
+            pending.clear()
+            if unit == 1 and pdu == PROBE:
+                pending.append(encode_rtu(1, ANSWER))  # too late for its own window
+            elif unit == 2 and next_answers and pdu == PROBE:
+                out += encode_rtu(2, ANSWER)
+            elif pdu == IDENTIFY:
+                out += encode_rtu(unit, bytes([0xAB, 1]))
+            return out
+        return answer
+
+    for next_answers in (False, True):
+        answer = late_one(next_answers)
+        bus = Bus([1, 2, 3], identify=True)
+        bus.run(answer)
+        got = {r.unit: r for r in bus.scan.reports}
+        assert set(got) == ({1, 2} if next_answers else {1})
+        assert got[1].state == "present" and got[1].answer == "registers [250]"
+        assert "unit 1 answered late (in the next window): raise --turnaround" in got[1].detail
+        if next_answers:
+            assert got[2].state == "present" and "answered late" not in got[2].detail
+            assert "unit 1" not in got[2].detail
 
 
 def test_units_list() -> None:
