@@ -24,7 +24,7 @@ Contract:
 
 from __future__ import annotations
 
-from idemlink.host.command import Command, CommandBuilder, CommandKind
+from idemlink.host.command import Command, CommandBuilder
 from idemlink.host.errors import NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
@@ -58,12 +58,12 @@ class RtuOperations(Operations[RtuMaster]):
 
 
 def probe_command(regmap: RegisterMap) -> Command:
-    """The read that asks whether a slave answers: FC03 of the map's first register (every slave
-    answers it, an exception included), or FC01/FC02 of its first coil or discrete input when the
-    map has no register."""
-    first = regmap.registers[0]
-    if first.space is Space.REGISTERS:
-        return Command(CommandKind.READ, first.address)
+    """The read that asks whether a slave answers: the map's first register read with its own
+    function — FC04 for an input register, FC03 for the others (every slave answers it, an
+    exception included) — or FC01/FC02 of its first coil or discrete input when the map has no
+    register. A device that serves only input registers may not answer an FC03 at all."""
+    registers = [s for s in regmap.registers if s.space is Space.REGISTERS]
+    first = registers[0] if registers else regmap.registers[0]
     return CommandBuilder(regmap).read_command(first.name, 1)
 
 

@@ -508,6 +508,23 @@ def test_a_nan_or_infinite_float_is_null_and_text_in_json(capsys: pytest.Capture
         server.close()
 
 
+def test_opening_probes_with_the_first_registers_own_function(gateway: Gateway,
+                                                             tmp_path: Path) -> None:
+    """Issue 21 (review): opening always probed with FC03, even when the map's first register
+    is an input register (FC04) — a device that serves only input registers may not answer an
+    FC03. The probe reads the first register with its own function."""
+    from idemlink.host.rtu_operations import probe_command
+    from idemlink.protocol.regmap_file import parse_regmap
+
+    regmap = parse_regmap('name = "inputs"\n[[registers]]\naddress = 3\nname = "temp"\n'
+                          'kind = "input"\n[[registers]]\naddress = 0\nname = "relay"\n'
+                          'kind = "coil"\n')
+    assert probe_command(regmap).pdu() == bytes.fromhex("04 00 03 00 01")
+    with TcpDevice.open(gateway.address, regmap=regmap, timeout=scaled(0.5)):
+        pass
+    assert gateway.log and gateway.log[0][7:] == bytes.fromhex("04 00 03 00 01")
+
+
 def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:
