@@ -17,7 +17,8 @@ Contract:
   nothing); ``WRONG_UNIT`` executes and answers as another unit id. DROP_ANSWER, LATE and
   ECHO_DIFFERS apply to writes unless ``writes_only=False``; MUTE and WRONG_UNIT to any request.
 - Ground truth: ``executed`` lists every request the slave executed (MUTE ones are not: they
-  were never heard), in order, with the time, the request and the answer the device gave before
+  were never heard), in order, with the time, the request, the answer as the line carried it
+  (``sent``: after the fault, the differing echo itself) and the answer the device gave before
   any fault, the fault that changed what went on the line, and the core's ``Effect``s the
   request caused. The core's ``log`` holds the rest (a command ending, a condition).
 - ``parse_fault_line`` reads the control FIFO's fault lines for ``idemlink sim --modbus-rtu
@@ -92,11 +93,15 @@ class Executed:
     answer: bytes  #: the answer PDU the device gave, before any fault (b"": broadcast)
     fault: PlainFault | None  #: what changed the answer on the line (None: sent as it was)
     effects: tuple[Effect, ...]  #: what the request changed
+    #: the answer PDU as the line carried it, after the fault (``ECHO_DIFFERS``: the differing
+    #: echo; b"": none was sent — dropped, or a broadcast). ``answer`` is the device's own.
+    sent: bytes = b""
 
     def to_json(self) -> dict[str, Any]:
         return {"time": self.time, "unit": self.unit, "function": self.function,
                 "address": self.address, "request": self.request.hex(),
-                "answer": self.answer.hex(), "fault": self.fault.value if self.fault else None,
+                "answer": self.answer.hex(), "sent": self.sent.hex(),
+                "fault": self.fault.value if self.fault else None,
                 "effects": [{"kind": e.kind.name, "register": e.register, "old": e.old,
                              "new": e.new} for e in self.effects]}
 
@@ -193,34 +198,44 @@ class PlainRtuServer(RtuServer):
                 response = self.execute(pdu, now)
             effects = tuple(e for e in self.core.log[mark:] if e.request)
             broadcast = frame.unit == BROADCAST_UNIT
+            sent = b"" if broadcast else _as_sent(response, rule)
             done = Executed(now, frame.unit, pdu[0] if pdu else 0,
                             int.from_bytes(pdu[1:3], "big") if len(pdu) >= 3 else None, pdu,
                             b"" if broadcast else response,
-                            None if broadcast or rule is None else rule.fault, effects)
+                            None if broadcast or rule is None else rule.fault, effects, sent)
             self.executed.append(done)
             if self.on_executed is not None:
                 self.on_executed(done)
             if broadcast:
                 continue
             self.answered += 1
-            self._send(response, rule, now)
+            self._send(sent, rule, now)
 
     def _send(self, response: bytes, rule: FaultRule | None, now: float) -> None:
-        if rule is None:
+        """Put ``response`` (already as the fault made it: ``_as_sent``) on the line."""
+        if rule is None or rule.fault is PlainFault.ECHO_DIFFERS:
             self._outgoing += encode_rtu(self.unit, response)
         elif rule.fault is PlainFault.DROP_ANSWER:
             self.answers_dropped += 1
         elif rule.fault is PlainFault.LATE:
             self._late.append((now + rule.delay, encode_rtu(self.unit, response)))
-        elif rule.fault is PlainFault.ECHO_DIFFERS:
-            if len(response) >= 5 and not response[0] & 0x80:
-                last = int.from_bytes(response[-2:], "big")
-                echo = rule.echo if rule.echo is not None else last ^ 0x0004
-                response = response[:-2] + echo.to_bytes(2, "big")
-            self._outgoing += encode_rtu(self.unit, response)
         else:  # WRONG_UNIT
             other = rule.unit if rule.unit is not None else self.unit % 247 + 1
             self._outgoing += encode_rtu(other, response)
+
+
+def _as_sent(response: bytes, rule: FaultRule | None) -> bytes:
+    """The answer PDU as the line carries it under ``rule``: an ``ECHO_DIFFERS`` write's echo
+    with its last word changed, nothing for ``DROP_ANSWER``, else ``response`` itself."""
+    if rule is None:
+        return response
+    if rule.fault is PlainFault.DROP_ANSWER:
+        return b""
+    if rule.fault is PlainFault.ECHO_DIFFERS and len(response) >= 5 and not response[0] & 0x80:
+        last = int.from_bytes(response[-2:], "big")
+        echo = rule.echo if rule.echo is not None else last ^ 0x0004
+        return response[:-2] + echo.to_bytes(2, "big")
+    return response
 
 
 def _count(text: str, what: str) -> int:

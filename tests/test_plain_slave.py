@@ -100,6 +100,28 @@ def test_the_start_rule_is_one_for_triggers_and_command_registers() -> None:
     assert start_row(RegisterKind.TRIGGER, 9) is None
 
 
+def test_the_ground_truth_keeps_the_answer_the_line_carried() -> None:
+    """Issue 21 (review, usertest/test_echo16.py): with ``echo_differs`` an FC16 write's
+    record showed the device's correct answer only, not the one actually sent (its count
+    changed). ``Executed.sent`` is the answer as it went on the line, byte for byte;
+    ``answer`` stays the device's own; a dropped answer sent nothing."""
+    from idemlink.protocol.modbus_rtu import decode_rtu
+
+    server = PlainRtuServer(DeviceCore(RM))
+    fc16 = bytes([0x10, 0, 1, 0, 1, 2, 0x01, 0xF4])
+    server.inject(PlainFault.ECHO_DIFFERS)
+    on_line = answer(server, fc16, 0.0)
+    (done,) = server.executed
+    assert done.answer == bytes([0x10, 0, 1, 0, 1])
+    assert done.sent == bytes([0x10, 0, 1, 0, 5]) == decode_rtu(on_line).pdu
+    assert done.to_json()["sent"] == "1000010005"
+    server.inject(PlainFault.DROP_ANSWER)
+    assert answer(server, fc16, 2.0) == b"" and server.executed[-1].sent == b""
+    assert server.executed[-1].answer == bytes([0x10, 0, 1, 0, 1])
+    answer(server, fc16, 4.0)
+    assert server.executed[-1].sent == server.executed[-1].answer
+
+
 def test_faults_refuse_bad_arguments() -> None:
     server = PlainRtuServer(DeviceCore(RM))
     for options in ({"times": 0}, {"delay": -1.0}, {"unit": 300}, {"echo": 70000}):
