@@ -457,6 +457,10 @@ class CommandBuilder:
         if fields:
             return self._mask_command(specs, values)
         if any(s.kind in BIT_KINDS for s in specs):
+            for s in specs:
+                if s.kind is RegisterKind.DISCRETE_INPUT:
+                    raise LocalProtocolError(f"{s.name} is a read-only discrete input (FC02): "
+                                             "nothing writes it")
             if not all(s.kind is RegisterKind.COIL for s in specs):
                 raise LocalProtocolError(
                     "coils are written apart from registers (another Modbus table): "

@@ -267,6 +267,8 @@ def test_the_builder_writes_typed_values_fields_and_coils_in_one_request_each() 
     assert c.bits and c.function == StandardFunction.WRITE_MULTIPLE_COILS
     for bad, why in [({"on": 1, "setpoint": 1}, "bit fields are written by a mask write"),
                      ({"relay": 1, "setpoint": 1}, "coils are written apart"),
+                     ({"door": 1}, "door is a read-only discrete input"),  # issue 21 review
+                     ({"relay": 1, "door": 1}, "door is a read-only discrete input"),
                      ({"serial": "x"}, "read-only string"),
                      ({"setpoint": 70000}, "a raw i16 is 0..65535")]:
         with pytest.raises(LocalProtocolError, match=why):
