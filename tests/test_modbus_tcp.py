@@ -525,6 +525,16 @@ def test_opening_probes_with_the_first_registers_own_function(gateway: Gateway,
     assert gateway.log and gateway.log[0][7:] == bytes.fromhex("04 00 03 00 01")
 
 
+def test_port_and_modbus_tcp_on_one_command_line_are_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review): ``--port X --modbus-tcp H`` silently ignored --port. Both on the
+    command line is a usage error (exit 2, nothing opened)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["read", "threshold", "--port", "/dev/ttyUSB9", "--modbus-tcp", "127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--port and --modbus-tcp exclude each other" in err, err
+
+
 def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,9 @@ Contract:
   (``idemlink.commands.common.rtu_unit``). ``modbus_rtu`` and ``modbus_tcp`` are one choice (a
   serial line or a TCP connection): both are taken from the first source that gives either, so
   ``--modbus-tcp`` on the command line overrides ``modbus_rtu = true`` in a profile (and the
-  other way round).
+  other way round). ``--port`` (or ``--ports-file``) and ``--modbus-tcp`` both on the command
+  line are a usage error: one would be ignored. A port from 2-4 is simply unused with
+  ``--modbus-tcp``.
   ``args.settings_from`` maps each key to where its value came from (``command line``,
   ``IDEMLINK_PORT``, a profile's path, ``pump.toml [link]``, ``default``).
 - A bad environment variable is a ``SettingsError`` with ``usage`` (exit 2, as a bad option
@@ -163,6 +165,11 @@ def fill_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> None:
         setattr(args, key, value)
         if key == "port" and value is not None:
             args.ports = [value]  # what a command on several ports reads (``many.ports_of``)
+    if (sources.get("port") == "command line" and sources.get("modbus_tcp") == "command line"
+            and getattr(args, "modbus_tcp", None) is not None):
+        raise SettingsError("--port and --modbus-tcp exclude each other: a Modbus TCP device is "
+                            "reached at --modbus-tcp HOST[:PORT], a serial one at --port",
+                            usage=True)
     for key in getattr(args, "connection_required", ()):
         if getattr(args, key, None) is None:
             raise SettingsError(f"the following arguments are required: --{key} (or "
