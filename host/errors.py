@@ -79,10 +79,15 @@ class AnswersModbusRtu(NoDevice):
     SAYS = "this port answers Modbus RTU, not idemlink"
 
 
+class BaudrateError(LocalProtocolError, ValueError):
+    """A baud rate a line cannot take (outside 1..20,000,000; 0 would hang a real line up):
+    refused before the port is opened, as the CLI's ``--baudrate`` refuses it."""
+
+
 class UnknownOutstanding(LocalProtocolError):
     """A previous command ended UNKNOWN; reconcile and ``acknowledge_unknown()`` first (the
     blocking ``Result`` carries the status; this refusal has none of its own)."""
 
 
-__all__ = ["TRANSPORT_ERRORS", "AnswersModbusRtu", "IncompatibleDevice", "LinkLost", "NoDevice", "PortBusy",
-           "PortError", "UnknownOutstanding"]
+__all__ = ["TRANSPORT_ERRORS", "AnswersModbusRtu", "BaudrateError", "IncompatibleDevice",
+           "LinkLost", "NoDevice", "PortBusy", "PortError", "UnknownOutstanding"]

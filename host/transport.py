@@ -22,7 +22,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Protocol
 
-from idemlink.host.errors import PortBusy, PortError
+from idemlink.host.errors import BaudrateError, PortBusy, PortError
 from idemlink.protocol.char_format import CharFormat
 
 if TYPE_CHECKING:
@@ -48,13 +48,20 @@ def open_port(url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: st
               timeout: float | None = 0) -> Serial:
     """An open pyserial port on ``url`` (any pyserial URL) at ``baudrate`` with the character
     format ``bytesize``/``parity``/``stopbits`` (``CharFormatError`` for one a line cannot
-    take). ``keep_lines``: DTR and RTS are set low
+    take; ``BaudrateError`` for a baud rate outside 1..20,000,000). ``keep_lines``: DTR and RTS
+    are set low
     before opening, so opening does not pulse a reset line (False leaves pyserial's defaults).
     ``exclusive``: a local serial device is locked (an advisory ``flock``, released when the
     process dies) — a second program driving it would take our answers — and a port already
     locked raises ``PortBusy``. Any other failure raises ``PortError`` ("cannot open URL: why")."""
     import serial
 
+    from idemlink.protocol.link_profile import ProfileError, parse_baudrate
+
+    try:  # the CLI's rule (--baudrate), for the API too: before anything is opened
+        parse_baudrate(baudrate, text=False)
+    except ProfileError as exc:
+        raise BaudrateError(f"baud rate {exc}") from None
     fmt = opened_format(url, CharFormat(bytesize, parity, stopbits))
     failures: tuple[type[Exception], ...] = (serial.SerialException, ValueError, OSError,
                                              *_TERMIOS_ERRORS)

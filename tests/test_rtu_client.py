@@ -727,3 +727,13 @@ def test_port_failing_while_a_trigger_is_out_is_link_lost_unknown_and_blocks() -
     (r,) = caught.value.results
     assert (r.outcome, r.status, caught.value.unknown) == (Outcome.UNKNOWN, Status.LINK_LOST, True)
     assert len(trigger_writes(wire)) == 1 and dev.unknown is r
+
+
+@pytest.mark.parametrize("baudrate", [0, -9600, 10**9])
+def test_the_api_refuses_a_baud_rate_the_cli_refuses(baudrate: int) -> None:
+    """Issue 21 (review): ``RtuDevice.open(baudrate=0 or 10**9)`` was accepted (0 hangs a real
+    line up). The API refuses it as ``--baudrate`` does, before anything is opened."""
+    from idemlink.host.errors import BaudrateError
+
+    with pytest.raises(BaudrateError, match=r"baud rate .* outside 1\.\.20000000"):
+        RtuDevice.open("loop://", baudrate=baudrate, probe=False)
