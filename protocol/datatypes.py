@@ -153,7 +153,8 @@ def full_range(dtype: DataType, words: int = 0) -> tuple[int, int]:
 
 def raw_of(dtype: DataType, value: int | float) -> int:
     """The raw value of a number of ``dtype``: an integer within the type's range, or a finite
-    float (rounded to the nearest ``f32`` for ``f32``); ``ValueError`` otherwise."""
+    float (rounded to the nearest ``f32`` for ``f32``; a nonzero one that would round to 0 is
+    refused); ``ValueError`` otherwise."""
     if dtype.is_float:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"{value} is not a finite number")
@@ -161,6 +162,10 @@ def raw_of(dtype: DataType, value: int | float) -> int:
             packed = struct.pack(_FLOAT_FORMAT[dtype], float(value))
         except (OverflowError, struct.error):
             raise ValueError(f"{value} is beyond what an {dtype.value} holds") from None
+        if value != 0 and struct.unpack(_FLOAT_FORMAT[dtype], packed)[0] == 0:
+            # a nonzero number too small for the type would be written as 0: say so instead
+            raise ValueError(f"{value} is too small for an {dtype.value}: it would be written "
+                             "as 0")
         return int.from_bytes(packed, "big")
     if dtype is DataType.STRING:
         raise ValueError("a string register is read-only")

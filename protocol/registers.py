@@ -679,6 +679,9 @@ class RegisterSpec:
         """The raw value of a number typed in the register's unit."""
         if self.dtype.is_float and self.field is None:
             try:
+                if number and float(number) == 0:  # below even a double: raw_of cannot tell
+                    raise ValueError(f"{text} is too small for an {self.dtype.value}: it would "
+                                     "be written as 0")
                 return raw_of(self.dtype, float(number))
             except ValueError as exc:
                 raise ValueError(f"{self.name}={text}: {exc}") from None

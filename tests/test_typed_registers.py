@@ -155,6 +155,26 @@ def test_maps_from_before_types_hash_as_they_did() -> None:
 # ------------------------------------------------------------------------------ the format
 
 
+def test_a_nonzero_float_too_small_for_its_type_is_refused_not_written_as_zero() -> None:
+    """Issue 21 (review): ``flow_rate=1e-50`` was written as 0.0. A nonzero value that rounds
+    to zero in its type is refused; a denormal that survives and 0 itself are kept."""
+    for value in (1e-50, -1e-46):
+        with pytest.raises(ValueError, match="too small for an f32: it would be written as 0"):
+            raw_of(DataType.F32, value)
+    assert raw_of(DataType.F32, 1e-44) != 0 and raw_of(DataType.F32, 0.0) == 0
+    assert raw_of(DataType.F32, -0.0) == 0x80000000
+    rm = parse_regmap('name = "f"\n[[registers]]\naddress = 3\nname = "flow_rate"\n'
+                      'kind = "holding"\ntype = "f32"\nword_order = "little"\n'
+                      '[[registers]]\naddress = 5\nname = "big"\nkind = "holding"\n'
+                      'type = "f64"\nword_order = "big"\n')
+    b = CommandBuilder(rm)
+    for name, text in (("flow_rate", "1e-50"), ("big", "1e-400"), ("flow_rate", "-1e-46")):
+        with pytest.raises(LocalProtocolError, match=f"{name}=.*too small for an f"):
+            b.write_command({name: text})
+    assert b.write_command({"flow_rate": "0"}).values == (0, 0)
+    assert b.write_command({"flow_rate": "2.5"}).values == (0, 0x4020)
+
+
 def test_a_typed_map_loads_exports_and_loads_back_alike() -> None:
     import json
 
