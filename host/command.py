@@ -15,7 +15,7 @@ with it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from idemlink.protocol.datatypes import DataType
@@ -251,6 +251,9 @@ class Reconciliation:
     executed: bool | None = None
     evidence: str = ""  #: how ``executed`` was settled, or why it could not be
     resent: Result | None = None  #: the re-send under the command's own number, if one was made
+    #: each register of ``observed`` as the map shows it (``-5``, ``2.5 m3/h``, ``quiet``): what
+    #: a person reads; ``observed`` keeps the raw values
+    shown: dict[str, str] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line: what holds now, then whether it ran and why."""
@@ -701,11 +704,13 @@ def judge_read_back(
     None when the map has none)? ``spec`` finds what the map declares at an address of the
     command's table."""
     observed: dict[str, int] = {}
+    shown: dict[str, str] = {}
     for i in range(len(values)):
         s = spec(c.address + i)
         at = s.address - c.address
         if s.name not in observed and at >= 0 and at + s.words <= len(values):
             observed[s.name] = s.raw_from_words(values[at:at + s.words])
+            shown[s.name] = s.show(observed[s.name])
     if generation is not None:
         observed["generation"] = generation
     if c.kind is CommandKind.TRIGGER or c.kind is CommandKind.TRIGGER_RESET:
@@ -726,10 +731,10 @@ def judge_read_back(
         # whether this one ran
         return Reconciliation(c, observed, None,
                               f"command register reads {values[0]}: the command ran and ended, "
-                              "or never started; the register cannot tell")
+                              "or never started; the register cannot tell", shown=shown)
     if kinds == {RegisterKind.COMMAND}:
         summary = f"command register reads {values[0] if values else '?'}"
-        return Reconciliation(c, observed, holds, summary)
+        return Reconciliation(c, observed, holds, summary, shown=shown)
     if kinds == {RegisterKind.TRIGGER}:
         state = values[0]
         summary = "trigger state " + (TriggerState(state).name if state in set(TriggerState)
@@ -742,7 +747,7 @@ def judge_read_back(
     else:
         summary = ("the registers hold the intended values" if holds
                    else "the registers do not hold the intended values")
-    return Reconciliation(c, observed, holds, summary)
+    return Reconciliation(c, observed, holds, summary, shown=shown)
 
 
 def register_holds(kind: RegisterKind, written: int, now: int) -> bool:

@@ -535,6 +535,29 @@ def test_port_and_modbus_tcp_on_one_command_line_are_refused(
     assert exit_.value.code == 2 and "--port and --modbus-tcp exclude each other" in err, err
 
 
+def test_the_read_back_line_shows_values_as_the_map_reads_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 21 (review): after an UNKNOWN write of an i32 and an f32 the read-back line showed
+    raw unsigned integers (comp=4294967291). It shows each value as ``read`` does."""
+    server = PymodbusTcp([0] * 6)
+    gateway = Gateway(server)
+    try:
+        path = tmp_path / "typed.toml"
+        path.write_text('name = "typed"\n'
+                        '[[registers]]\naddress = 0\nname = "comp"\nkind = "holding"\n'
+                        'type = "i32"\nword_order = "big"\n'
+                        '[[registers]]\naddress = 2\nname = "flow"\nkind = "holding"\n'
+                        'type = "f32"\nword_order = "little"\nunit = "m3/h"\n')
+        gateway.script = [FORWARD, DROP]  # the open's probe, then the write: executed, unanswered
+        rc, out, _ = cli(capsys, "write", "comp=-5", "flow=2.5", "--modbus-tcp", gateway.address,
+                         "--timeout", str(scaled(0.3)), "--attempts", "1", "--regmap", str(path))
+        assert rc == 0 or "UNKNOWN" in out, out
+        assert "comp=-5 flow=2.5 m3/h" in out and "4294967291" not in out, out
+    finally:
+        gateway.close()
+        server.close()
+
+
 def test_the_address_as_a_connection_setting(server: PymodbusTcp, tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str],
                                               monkeypatch: pytest.MonkeyPatch) -> None:

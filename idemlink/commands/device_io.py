@@ -307,7 +307,7 @@ def reconcile_doc(rec: Reconciliation | None) -> tuple[dict[str, Any], str]:
     head = {True: "UNKNOWN settled: it ran", False: "UNKNOWN settled: it did not run",
             None: "UNKNOWN: it may have run"}[rec.executed]
     line = " ".join([f"{head} ({rec.evidence}); read back: {rec.summary}",
-                     *(f"{k}={v}" for k, v in rec.observed.items())])
+                     *(f"{k}={rec.shown.get(k, v)}" for k, v in rec.observed.items())])
     return doc, line
 
 
