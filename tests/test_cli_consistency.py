@@ -107,8 +107,9 @@ def test_the_boot_epoch_is_one_json_integer_everywhere(
 
 class PlainSlave:
     """A plain Modbus RTU slave on a pty (as a generic pymodbus one): FC03 reads and FC06 writes
-    of ordinary holding registers, nothing else — a fault word is not write-1-to-clear, a
-    trigger is a stored word."""
+    of ordinary holding registers, exception 01 for any other function (the FC04 probe of the
+    map's first register, an input, included) — a fault word is not write-1-to-clear, a trigger
+    is a stored word."""
 
     def __init__(self, words: dict[int, int]) -> None:
         import threading
@@ -140,6 +141,8 @@ class PlainSlave:
                     self.words[a] = v
                     self.writes.append((a, v))
                     link.write(encode_rtu(frame[0], frame[1:6]))
+                else:  # a function it lacks: exception 01, as the Modbus spec has a slave answer
+                    link.write(encode_rtu(frame[0], bytes([fc | 0x80, 1])))
 
     def close(self) -> None:
         self.stop.set()
