@@ -157,7 +157,8 @@ def test_an_8e1_server_is_reached_with_parity_e_and_not_with_n(
         assert rc == 0, err
         doc = json.loads(out)
         assert doc["outcome"] == "OK" and doc["registers"][0]["value"] == 45.0
-        assert boiler.requests == before + 1
+        # the open's probe (the map's first register, an input: FC04) and the read
+        assert boiler.requests == before + 2
         assert wire.host_side == F("8E1")
     clean = len(wire.log)
     assert all(b.errors == 0 for b in wire.log)
