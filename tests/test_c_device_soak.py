@@ -6,8 +6,9 @@
   refused like the simulator's, and a trigger runs for the given duration as ``DeviceCore``'s.
 - The soak: 20,000 commands against the posix device (10 % frame loss, 2 % duplication and
   corruption each way, reboots every ~500 commands, host-process crashes every ~250), and 2,000
-  against the firmware on QEMU's Cortex-M3 through ``firmware_ref/tools/qemu-device`` (a reboot
-  is QEMU stopped and started again, the configuration kept through semihosting); both must PASS
+  against the firmware on QEMU's Cortex-M3 and on QEMU's micro:bit (Cortex-M0) through
+  ``firmware_ref/tools/qemu-device`` (a reboot is QEMU stopped and started again, the
+  configuration kept through semihosting); each must PASS
   with 0 duplicated effects, 0 lost acknowledged writes, 0 misclassified. Those two campaigns
   are ``slow`` (``--run-slow``); the default run soaks each device with a few hundred commands
   and reboots and host crashes more often, so every kind of event still happens.
@@ -25,6 +26,8 @@ C compiler (or, for QEMU, arm-none-eabi-gcc or qemu-system-arm) is missing.
 from __future__ import annotations
 
 import json
+import os
+import re
 import struct
 import subprocess
 import sys
@@ -33,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import serial
+from support import firmware
 from support.firmware import QEMU_TOOL
 from support.timing import read_line, scaled
 
@@ -61,8 +65,10 @@ def _fast(commands: int, seed: int, reboot_every: int = 500,
                           trigger_duration=TRIGGER_S)
 
 
-def _start(argv: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _start(argv: list[str], cwd: Path | None = None,
+           env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=cwd, env=env)
     return proc, read_line(proc.stdout, proc)
 
 
@@ -224,9 +230,15 @@ def test_the_documented_template_passes_with_the_devices_own_trigger_duration(
     _assert_passed(rep, 500)
 
 
-def _qemu_template(qemu_elf: Path) -> str:
-    return (f"{sys.executable} {QEMU_TOOL} --elf {qemu_elf} --port {{port}} "
+def _qemu_template(qemu_elf: Path, board: str = "mps2") -> str:
+    return (f"{sys.executable} {QEMU_TOOL} --board {board} --elf {qemu_elf} --port {{port}} "
             f"--flash-dir {{flash}} --effects {{effects}} --trigger-duration {TRIGGER_S}")
+
+
+@pytest.fixture(scope="session")
+def qemu_m0_elf() -> Path:
+    """The C device for QEMU's micro:bit (Cortex-M0): ``make qemu-device BOARD=microbit``."""
+    return firmware.qemu_m0_device_elf()
 
 
 def test_the_qemu_device_passes_a_200_command_soak(qemu_elf: Path) -> None:
@@ -248,25 +260,85 @@ def test_the_qemu_device_passes_a_2000_command_soak(qemu_elf: Path) -> None:
     print(f"\nqemu soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
 
 
-def test_qemu_device_tool_prints_the_port_first_and_stops_on_sigterm(qemu_elf: Path,
-                                                                      tmp_path: Path) -> None:
+def test_the_m0_qemu_device_passes_a_200_command_soak(qemu_m0_elf: Path) -> None:
+    """The whole device on a Cortex-M0 (QEMU's micro:bit): the 2,000-command soak below in
+    small, with reboots and host crashes as often as the Cortex-M3's short soak."""
+    cfg = _fast(200, seed=14, reboot_every=100, restart_every=70)
+    rep = run_device_campaign(cfg, _qemu_template(qemu_m0_elf, "microbit"),
+                              retry_timeout=scaled(QEMU_RETRY))
+    _assert_passed(rep, 200)
+    assert rep.reboots >= 1
+
+
+@pytest.mark.slow
+def test_the_m0_qemu_device_passes_a_2000_command_soak(qemu_m0_elf: Path) -> None:
+    cfg = _fast(2_000, seed=14, reboot_every=200)
+    t0 = time.monotonic()
+    rep = run_device_campaign(cfg, _qemu_template(qemu_m0_elf, "microbit"),
+                              retry_timeout=scaled(QEMU_RETRY))
+    _assert_passed(rep, 2_000)
+    assert rep.reboots >= 5
+    print(f"\nqemu m0 soak: {time.monotonic() - t0:.1f} s, {rep.verdict()}", file=sys.stderr)
+
+
+@pytest.mark.parametrize(("board", "config_file"), [("mps2", "idemlink-config.bin"),
+                                                    ("microbit", "idemlink-flash.bin")])
+def test_qemu_device_tool_prints_the_port_first_and_stops_on_sigterm(
+        board: str, config_file: str, qemu_elf: Path, qemu_m0_elf: Path, tmp_path: Path) -> None:
+    """Either board: the port first, a stop by request (the frame in hand finished: the effect
+    and its record), the counters with --stats (one configuration save for one write), and the
+    device id kept in the flash directory: another start there is the same device."""
     effects = tmp_path / "effects.jsonl"
-    proc, port = _start([sys.executable, str(QEMU_TOOL), "--elf", str(qemu_elf), "--flash-dir",
-                         str(tmp_path / "flash"), "--effects", str(effects),
-                         "--trigger-duration", "0.2"])
-    try:
-        assert port.startswith("/dev/pts/")
-        with Device.open(port, timeout=scaled(0.5)) as dev:
-            assert dev.info is not None and dev.info.device_id == "qemu-mps2-an385"
-            assert dev.write({"threshold": 430}).ok
-            epoch = dev.session.epoch
-    finally:
-        _stop(proc)
+    flash = tmp_path / "flash"
+    elf = qemu_elf if board == "mps2" else qemu_m0_elf
+    ids = []
+    for _ in range(2):
+        proc, port = _start([sys.executable, str(QEMU_TOOL), "--board", board, "--elf", str(elf),
+                             "--flash-dir", str(flash), "--effects", str(effects),
+                             "--trigger-duration", "0.2", "--stats"])
+        try:
+            assert port.startswith("/dev/pts/")
+            with Device.open(port, timeout=scaled(0.5)) as dev:
+                assert dev.info is not None
+                ids.append(dev.info.device_id)
+                if len(ids) == 1:
+                    assert dev.write({"threshold": 430}).ok
+                    epoch = dev.session.epoch
+        finally:
+            err = _stop(proc)
+        saves = re.search(r"qemu-device: stopped: flash_writes=(\d+)", err)
+        assert saves is not None and int(saves.group(1)) == (1 if len(ids) == 1 else 0), err
+    assert ids[0] == ids[1] == (flash / "device_id").read_text().strip()
+    assert ids[0].startswith(f"qemu-{board}-")
     records = [parse_effects_line(x) for x in effects.read_text().splitlines()]
     assert records[0] == Boot(epoch, records[0].time, 0.2)
     assert [(r.request.hex(), r.response.hex()) for r in records[1:] if isinstance(r, Run)] == [
         ("06000401ae", "06000401ae")]
-    assert (tmp_path / "flash" / "idemlink-config.bin").is_file()
+    assert sorted(p.name for p in flash.iterdir()) == sorted([config_file, "device_id"])
+
+
+def test_qemu_device_tool_without_a_flash_dir_writes_nowhere_and_each_instance_is_a_device(
+        qemu_m0_elf: Path, tmp_path: Path) -> None:
+    """No --flash-dir: a temporary one, deleted at exit; nothing lands in the working directory;
+    two instances at once advertise two device ids (the host's journals keep them apart)."""
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    work.mkdir()
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    started = [_start([sys.executable, str(QEMU_TOOL), "--board", "microbit", "--elf",
+                       str(qemu_m0_elf)], cwd=work, env=env) for _ in range(2)]
+    ids = []
+    try:
+        for _, port in started:
+            with Device.open(port, timeout=scaled(0.5)) as dev:
+                assert dev.info is not None
+                ids.append(dev.info.device_id)
+                assert dev.write({"mode": 2}).ok
+    finally:
+        for proc, _ in started:
+            _stop(proc)
+    assert ids[0] != ids[1] and all(i.startswith("qemu-microbit-") for i in ids)
+    assert list(work.iterdir()) == [] and list(tmp.iterdir()) == []
 
 
 @pytest.mark.parametrize(("args", "says"), [

@@ -13,6 +13,9 @@ parameterised over the implementations idemlink ships:
   the default suite (identity, reads/writes and refusals through ``Device``, every outcome
   class, a reboot); its legs of triggers and fault clears, pipelined commands through a lossy
   link, the YMODEM transfer and the CLI (``@on_qemu_slow``) run with ``--run-slow``.
+- ``microbit`` — the same core on an M0-class CPU: QEMU's micro:bit (nRF51822, Cortex-M0, 16 KiB
+  RAM; the RX interrupt fills a ring, the configuration in two A/B pages through semihosting),
+  ``make -C firmware_ref qemu-device BOARD=microbit``; in the ``@on_qemu`` tests beside ``qemu``.
 
 Every C leg is a separate process on its own pty; ``restart()`` kills it (SIGKILL: no chance to
 save anything late; the simulator's serving thread is stopped) and starts it again on the same
@@ -193,16 +196,31 @@ class QemuLine(LineDevice):
             pass
 
 
+class MicrobitLine(QemuLine):
+    """The Cortex-M0 build on QEMU's micro:bit, run directly (no id= on its command line: the
+    build's default id)."""
+
+    kind = "microbit"
+    device_id = "qemu-microbit"
+
+    def command(self) -> list[str]:
+        return ["qemu-system-arm", "-machine", "microbit", "-display", "none", "-monitor",
+                "none", "-serial", "pty", "-semihosting-config", "enable=on,target=native",
+                "-kernel", str(self.elf)]
+
+
 def make_line_device(kind: str, flash: Path) -> LineDevice:
     if kind == "posix":
         return PosixLine(flash, posix_binary())
     if kind == "qemu":
         return QemuLine(flash, qemu_elf())
+    if kind == "microbit":
+        return MicrobitLine(flash, firmware.qemu_m0_device_elf())
     return SimLine(flash)
 
 
-#: the implementations of a test, and the QEMU subset
-ALL = ["sim", "posix", "qemu"]
+#: the implementations of a test, and the QEMU subset (both boards)
+ALL = ["sim", "posix", "qemu", "microbit"]
 FAST = ["sim", "posix"]
 on_qemu = pytest.mark.parametrize("line_device", ALL, indirect=True)
 #: the QEMU leg in the slow set only: its boot costs seconds and the behaviour is the C core's,

@@ -26,6 +26,7 @@ FW = ROOT / "firmware_ref"
 BUILD = FW / "build"
 DEVICE_BINARY = BUILD / "posix" / "idemlink-device"
 QEMU_ELF = BUILD / "qemu" / "idemlink-device.elf"
+QEMU_M0_ELF = BUILD / "qemu-microbit" / "idemlink-device.elf"
 CORE_LIBRARY = BUILD / "libidl_core.so"
 QEMU_TOOL = FW / "tools" / "qemu-device"
 MAKE_TIMEOUT = 600.0
@@ -97,6 +98,13 @@ def qemu_device_elf() -> Path:
     """``build/qemu/idemlink-device.elf``: the device on QEMU's mps2-an385 (Cortex-M3)."""
     make_once("qemu-device", tools=("arm-none-eabi-gcc", "qemu-system-arm"))
     return QEMU_ELF
+
+
+def qemu_m0_device_elf() -> Path:
+    """``build/qemu-microbit/idemlink-device.elf``: the device on QEMU's micro:bit (nRF51822,
+    Cortex-M0), ``make qemu-device BOARD=microbit``."""
+    make_once("qemu-device-m0", tools=("arm-none-eabi-gcc", "qemu-system-arm"))
+    return QEMU_M0_ELF
 
 
 def core_library() -> Path:

@@ -12,8 +12,8 @@
  * semihosting (a stand-in for a flash sector: written whole, with a CRC, read back at boot).
  * FILE_RECEIVE (YMODEM) stores files in a 256 KiB RAM area (8 files; lost at reset), where
  * FILE_INFO finds them.
- * The boot epoch mixes the host's time (semihosting) with SysTick; the device id is fixed by
- * IDL_QEMU_DEVICE_ID. Everything else is the portable core through idl_port.h.
+ * The boot epoch mixes the host's time (semihosting) with SysTick; the device id is the command
+ * line's id= (tools/qemu-device keeps one per flash directory), else IDL_QEMU_DEVICE_ID. Everything else is the portable core through idl_port.h.
  *
  * `tools/qemu-device` runs it as a device command: it passes words on the semihosting command
  * line (`-semihosting-config ...,arg=WORD`), each optional:
@@ -22,6 +22,9 @@
  *   trigger_ms=N   how long a trigger stays RUNNING
  *   entropy=HEX    32 bits from the host's random source, mixed into the boot epoch (a TRNG's
  *                  stand-in: two boots within one host second then still draw different epochs)
+ *   id=TEXT        the device id HELLO advertises (default IDL_QEMU_DEVICE_ID): one per instance
+ *   stats=PATH     at a requested stop, one line of counters appended to PATH (flash_writes: the
+ *                  configuration saves since boot)
  * and UART1 is its stop line: any byte received there ends the program through semihosting
  * after the frame in hand is finished (a stop never falls between an effect and its record).
  */
@@ -74,6 +77,7 @@ static uint32_t timer_last;
 static uint64_t cycles;
 static FILE *effects;
 static uint32_t host_entropy;
+static uint32_t flash_writes; /* configuration saves since boot */
 
 /* ---- the semihosting command line --------------------------------------------------------- */
 
@@ -212,16 +216,25 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
         fclose(f);
         return false;
     }
-    return fclose(f) == 0;
+    if (fclose(f) != 0) {
+        return false;
+    }
+    flash_writes++;
+    return true;
 }
 
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
-    size_t n = strlen(IDL_QEMU_DEVICE_ID);
+    const char *id = cmdline_value("id");
+    size_t n;
+    if (id == NULL) {
+        id = IDL_QEMU_DEVICE_ID;
+    }
+    n = strlen(id);
     if (n > cap) {
         n = cap;
     }
-    memcpy(buf, IDL_QEMU_DEVICE_ID, n);
+    memcpy(buf, id, n);
     return n;
 }
 
@@ -372,7 +385,14 @@ int main(void)
         TIMER1_INTCLEAR = 1u;
         NVIC_ICPR = WAKE_IRQS;
         if (UART1_STATE & UART_STATE_RX_FULL) {
-            return 0; /* stop requested: between two chunks, so never inside a frame's work */
+            /* stop requested: between two chunks, so never inside a frame's work */
+            const char *v = cmdline_value("stats");
+            FILE *f = v != NULL ? fopen(v, "a") : NULL;
+            if (f != NULL) {
+                fprintf(f, "flash_writes=%lu\n", (unsigned long)flash_writes);
+                fclose(f);
+            }
+            return 0;
         }
         while (n < sizeof chunk && (UART_STATE & UART_STATE_RX_FULL)) {
             chunk[n++] = (uint8_t)UART_DATA;
