@@ -640,11 +640,11 @@ static void host_poll_stop(void)
 #define FICR_DEVICEID0 REG(0x10000060u)
 #define FICR_DEVICEID1 REG(0x10000064u)
 
-extern uint32_t _config_pages;
+extern uint8_t _config_pages[]; /* the linker's CONFIG region: two pages */
 
 static bool page_read(unsigned page, config_page_t *out)
 {
-    memcpy(out, (const uint8_t *)&_config_pages + page * PAGE_BYTES, sizeof *out);
+    memcpy(out, _config_pages + page * PAGE_BYTES, sizeof *out);
     return true;
 }
 
@@ -656,7 +656,7 @@ static void nvmc_wait(void)
 
 static bool page_write(unsigned page, const config_page_t *in)
 {
-    volatile uint32_t *dst = (volatile uint32_t *)((uint8_t *)&_config_pages + page * PAGE_BYTES);
+    volatile uint32_t *dst = (volatile uint32_t *)(uintptr_t)(_config_pages + page * PAGE_BYTES);
     uint32_t words_out[(sizeof(config_page_t) + 3u) / 4u];
     size_t i;
     memset(words_out, 0xFF, sizeof words_out);

@@ -1,0 +1,140 @@
+"""The bare-metal board template in the small profile, on a 32 KiB / 4 KiB Cortex-M0+ part.
+
+``make -C firmware_ref board-m0plus`` builds ``port/qemu_microbit/main.c`` without semihosting
+(vector table, UART RX interrupt into a ring, SysTick, the configuration in two flash pages through
+the NVMC) with ``IDL_REPLAY_SLOTS=2``, ``IDL_FILE_RECEIVE=0`` and links it with
+``m0plus_32k4k.ld``: 30 KiB of code, two 1 KiB configuration pages, 4 KiB of RAM with 768 bytes
+reserved for the stack. The link fails when anything does not fit, and the target fails when the
+stack depth measured from gcc's ``-fstack-usage`` call graphs (``tools/stack_depth.py``) exceeds
+the reserve. Here: its report holds the stated margins, the default profile's K = 8 does not fit
+the part (the check can fail), the image serves the host on QEMU's micro:bit (an nRF51, the same
+peripherals), and the depth tool refuses what it cannot bound.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import firmware
+from support.timing import read_line
+
+from idemlink.host.device import Device
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+TOOLS = ("arm-none-eabi-gcc",)
+STACK_DEPTH = firmware.FW / "tools" / "stack_depth.py"
+
+
+def _report() -> dict[str, str]:
+    out = firmware.make_once("board-m0plus", tools=TOOLS)
+    line = next(x for x in out.splitlines() if x.startswith("board="))
+    return dict(re.findall(r"(\w+)=('[^']*'|\S+)", line))
+
+
+def test_the_small_profile_links_for_a_32k_4k_part_with_its_stated_margins() -> None:
+    r = _report()
+    flash, ram, stack = int(r["flash"]), int(r["ram_static"]), int(r["stack_reserved"])
+    assert flash + int(r["flash_free"]) == 30 * 1024 and flash <= 8 * 1024  # 22 KiB left at least
+    assert int(r["device_state"]) <= 2048  # the device's state within 2 KiB (issue 24)
+    assert ram + stack + int(r["ram_free"]) == 4096 and int(r["ram_free"]) >= 768
+    assert int(r["stack_total"]) <= stack - 128  # the measured depth, with 128 bytes to spare
+    assert r["path"].startswith("Reset_Handler>main>idl_device_rx>")
+
+
+def test_the_default_replay_slots_do_not_fit_the_part(tmp_path: Path) -> None:
+    """K = 8 (3.6 KiB of device state): the link refuses it, as the issue's first board did."""
+    firmware.need(*TOOLS)
+    r = subprocess.run(["make", "-s", "-C", str(firmware.FW), "board-m0plus",
+                        f"BUILD={tmp_path / 'build'}",
+                        "BOARD_PROFILE=-DIDL_REPLAY_SLOTS=8u -DIDL_FILE_RECEIVE=0"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode != 0 and "region `RAM' overflowed" in r.stderr, r.stdout + r.stderr
+
+
+@pytest.fixture
+def bare_on_qemu(tmp_path: Path) -> Iterator[str]:
+    _report()
+    firmware.need(*TOOLS, "qemu-system-arm")
+    elf = firmware.BUILD / "board-m0plus" / "idemlink-board.elf"
+    proc = subprocess.Popen(["qemu-system-arm", "-machine", "microbit", "-display", "none",
+                             "-monitor", "none", "-serial", "pty", "-kernel", str(elf)],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = read_line(proc.stdout, proc)
+        match = re.search(r"(/dev/pts/\d+)", line)
+        assert match, line
+        yield match.group(1)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=10)
+    assert list(tmp_path.iterdir()) == []  # no semihosting: nothing written on the host
+
+
+def test_the_bare_image_serves_the_host_on_an_nrf51(bare_on_qemu: str) -> None:
+    """The very image that links for the small part, run on QEMU's micro:bit: HELLO advertises
+    the profile's two replay slots, and a write is saved through the NVMC (its A/B page written
+    and verified before the answer) and read back."""
+    with Device.open(bare_on_qemu, regmap=DEFAULT_MAP, timeout=0.5, attempts=10) as dev:
+        assert dev.info is not None and dev.info.replay_slots == 2
+        assert re.fullmatch(r"[0-9a-f]{16}", dev.info.device_id)  # FICR's DEVICEID
+        for value in (430, 431, 432):  # pages A, B, then A again
+            assert dev.write({"threshold": value}).ok
+        assert dev.read("threshold").values == (432,)
+        assert dev.read("generation").values == (3,)
+
+
+def _ci(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "x.ci"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _node(title: str, size: int | None = None) -> str:
+    label = title if size is None else f"{title}\\nx.c:1:1\\n{size} bytes (static)"
+    return f'node: {{ title: "{title}" label: "{label}" }}\n'
+
+
+def _edge(a: str, b: str) -> str:
+    return f'edge: {{ sourcename: "{a}" targetname: "{b}" }}\n'
+
+
+def test_the_stack_depth_tool_sums_the_deepest_path_and_refuses_what_it_cannot_bound(
+        tmp_path: Path) -> None:
+    graph = (_node("Reset_Handler", 8) + _node("main", 16) + _node("a", 100) + _node("b", 40)
+             + _node("cb", 24) + _node("isr", 8) + _node("__indirect_call")
+             + _edge("Reset_Handler", "main") + _edge("main", "a") + _edge("main", "b")
+             + _edge("b", "__indirect_call") + _edge("a", "memcpy"))
+    run = [sys.executable, str(STACK_DEPTH), "--isr", "isr", "--unknown", "32"]
+    ok = subprocess.run([*run, "--indirect", "b=cb", str(_ci(tmp_path, graph))],
+                        capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    # Reset 8 + main 16 + a 100 + memcpy 32 = 156 beats b's 40 + cb 24; isr 8 + 32 frame
+    assert ok.stdout.split() == ["stack_main=156", "stack_isr=40", "stack_total=196",
+                                 "unknown=memcpy", "path=Reset_Handler>main>a>memcpy"]
+    unresolved = subprocess.run([*run, str(_ci(tmp_path, graph))], capture_output=True,
+                                text=True, check=False)
+    assert unresolved.returncode == 1 and "b: an indirect call without" in unresolved.stderr
+    recursive = subprocess.run([*run, str(_ci(tmp_path, graph + _edge("a", "main")))],
+                               capture_output=True, text=True, check=False)
+    assert recursive.returncode == 1 and "recursion" in recursive.stderr
+
+
+def test_porting_md_carries_the_measured_figures() -> None:
+    """PORTING.md's small-profile table is the report of ``make board-m0plus`` (written there by
+    ``BOARD_DOCS=1``), never typed: a change that moves a figure must rewrite it."""
+    _report()
+    sys.path.insert(0, str(firmware.FW / "tools"))
+    try:
+        import board_docs  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    report = (firmware.BUILD / "board-m0plus" / "report.txt").read_text(encoding="utf-8")
+    doc = (firmware.FW / "PORTING.md").read_text(encoding="utf-8")
+    block = doc.split(board_docs.BEGIN + "\n", 1)[1].split(board_docs.END, 1)[0]
+    assert block == board_docs.table(report)
