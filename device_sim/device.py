@@ -255,7 +255,6 @@ class SimulatedDevice:
         self._file_receive: FileReceiveRequest | None = None
         self._files_dir: Path | None = None
         self.session = self._new_session(now)
-        self._generation_saved = self.core.generation
 
     # ------------------------------------------------------------------ bytes and time
     def receive_data(self, data: bytes, now: float) -> None:
@@ -274,15 +273,10 @@ class SimulatedDevice:
         return self.session.epoch
 
     def reboot(self, now: float) -> None:
-        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept.
-        A flash that cannot be written (directory gone, disk full) is logged and the reboot goes
-        on: the RAM configuration stays the truth until the next successful save."""
+        """Power-cycle: new epoch, empty window and cache, volatile state reset, config kept,
+        the generation at the saved ceiling (``DeviceCore``'s save policy). Nothing is written
+        to flash: a boot, like a volatile write, costs no erase cycle."""
         self.core.reset_volatile(now)
-        try:
-            self._save_flash()
-        except OSError as exc:
-            logging.getLogger(__name__).error(
-                "configuration not saved at reboot (%s); keeping the RAM copy", exc)
         self.session = self._new_session(now)
 
     @property
@@ -419,9 +413,3 @@ class SimulatedDevice:
         except OSError as exc:
             logging.getLogger(__name__).error("configuration not saved (%s): write refused", exc)
             raise PersistError(str(exc)) from None
-        self._generation_saved = snap.generation
-
-    def _save_flash(self) -> None:
-        if self.flash is not None:
-            self.flash.save(self.core.snapshot())
-            self._generation_saved = self.core.generation

@@ -138,6 +138,9 @@ class ConfigFlash:
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / self.FILE
+        #: configuration saves since this object was made: the erase/program cycles an MCU's
+        #: flash would have spent (``DeviceCore`` saves only what must survive a reboot)
+        self.saves = 0
         self.files_dir()
 
     def files_dir(self) -> Path:
@@ -183,6 +186,7 @@ class ConfigFlash:
 
     def save(self, snap: ConfigSnapshot) -> None:
         self._replace(self.path, snap.to_json())
+        self.saves += 1
 
     def claim_map(self, name: str, map_hash: str, *, record: bool = True) -> None:
         """Tie this flash to one register map (file ``map``: name and hash). A directory saved

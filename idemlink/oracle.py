@@ -18,9 +18,15 @@ under, what the host reported and when it settled). From these alone it judges:
   duration, a command register (``kind = "command"``) starts only while it reads 0, reads the
   command while it runs and 0 after the duration (a write while it runs starts nothing; above its
   ``max`` is exception 03), a W1C clear clears exactly the written bits whose condition has gone,
-  the generation moves only on an effective change, a reboot keeps persistent holdings and resets
-  the volatile state. A wrong answer is ``register_semantics``; a holding register read back with
-  another value than the acknowledged one is ``lost_acknowledged_writes``.
+  the generation moves by one on an effective change and only then, a reboot keeps persistent
+  holdings and resets the volatile state. Across a reboot the generation may jump (a device saves
+  a reserved ceiling, not every generation, so that a volatile write costs no flash write, and
+  boots at it): after a boot it is unknown until an answer shows it (a read of it, a conditional
+  write's answer), and that value must not go back nor repeat one shown since an effective change
+  (serial order modulo 2^16, within 2^15); it may equal the last one only when nothing changed
+  since the previous boot (the same state, the same number). A wrong answer is
+  ``register_semantics``; a holding register read back with another value than the acknowledged
+  one is ``lost_acknowledged_writes``.
 - accounting: every execution is claimed by exactly one result whose request is the one executed,
   wherever it lands (during its batch, during ``reconcile()``, or after its result was settled);
   a command runs at most once, except that a write touching only HOLDING registers (by the map's
@@ -335,6 +341,10 @@ class Model:
     command: dict[int, int] = field(default_factory=dict)  #: 0, or the command that runs
     command_started: dict[int, float] = field(default_factory=dict)
     gen_addr: int = 0
+    #: since a boot, until an answer shows it: (floor, strict) — the generation is at least
+    #: ``floor`` (more than it, when ``strict``); None: known (``values[gen_addr]``)
+    gen_unknown: tuple[int, bool] | None = None
+    changed: bool = False  #: an effective change since the last boot
 
     @classmethod
     def fresh(cls, regs: MapTruth, duration: float, conditions: Conditions | None) -> Model:
@@ -409,17 +419,57 @@ class Model:
         self.command_started.clear()
         for a in self.latched:
             self.latched[a] = 0
-        changed = False
         for r in self.regs.of_kind("holding"):
-            if not r.persist and self.values[r.address] != r.default:
+            if not r.persist:
                 self.values[r.address] = r.default
-                changed = True
-        if changed:
-            self.bump()
+        if self.gen_unknown is None:
+            self.gen_unknown = (self.values[self.gen_addr], self.changed)
+        else:
+            self.gen_unknown = (self.gen_unknown[0], self.gen_unknown[1] or self.changed)
+        self.changed = False
         self.latch()
 
     def bump(self) -> None:
         self.values[self.gen_addr] = (self.values[self.gen_addr] + 1) & 0xFFFF
+        self.changed = True
+        if self.gen_unknown is not None:  # whatever it is, it moved by one
+            self.gen_unknown = ((self.gen_unknown[0] + 1) & 0xFFFF, self.gen_unknown[1])
+
+    def learn_generation(self, request: bytes, response: bytes) -> str | None:
+        """After a boot, the generation the device shows in this answer (before the request
+        acts on it), if it shows one: adopted; a problem text when it goes back or repeats."""
+        if self.gen_unknown is None or not response or response[0] & 0x80:
+            return None
+        d = decode_request(request)
+        if d is None:
+            return None
+        seen = None
+        if d.fc in (FC_READ_HOLDING, FC_READ_INPUT) and d.address <= self.gen_addr < (
+                d.address + d.count):
+            got, _ = answer_values(request, response)
+            if got:
+                seen = got[self.gen_addr - d.address]
+        elif d.fc == FC_WRITE_IF_GENERATION and len(response) >= 4:
+            # a failed guard shows the generation; a passed one proves it was the guard's
+            seen = (int.from_bytes(response[2:4], "big") if response[1] == GUARD_FAILED
+                    else d.generation)
+        if seen is None:
+            return None
+        return self.settle_generation(seen)
+
+    def settle_generation(self, seen: int) -> str | None:
+        """The generation, unknown since a boot, seen to be ``seen``: adopted; a problem text
+        when it goes back or repeats."""
+        if self.gen_unknown is None:
+            return None
+        floor, strict = self.gen_unknown
+        self.gen_unknown = None
+        self.values[self.gen_addr] = seen
+        ahead = (seen - floor) & 0xFFFF
+        if ahead >= 0x8000 or (strict and ahead == 0):
+            return (f"generation {seen} after a reboot {'repeats' if ahead == 0 else 'goes back'}"
+                    f": it must be {'above' if strict else 'at least'} {floor}")
+        return None
 
     # -- requests ---------------------------------------------------------------------------
     def execute(self, request: bytes, now: float) -> bytes:
@@ -898,6 +948,9 @@ class Oracle:
             self._check_no_effect(entry)
 
     def _check_answer(self, x: Run) -> None:
+        wrong = self.model.learn_generation(x.request, x.response)
+        if wrong is not None:
+            self.problem("register_semantics", f"{x.epoch:08x}:{x.seq} {wrong}")
         candidates = [self.model]
         for a in self.model.finish_due(x.time, self.tolerance):
             done = copy.deepcopy(self.model)
@@ -1078,8 +1131,12 @@ class Oracle:
         """Compare the model with the device's own registers (an in-process device shows them):
         acknowledged configuration after every result."""
         for r in self.regs.registers.values():
-            want = self.model.read_one(r)
             got = truth.get(r.name)
+            if r.kind == "generation" and got is not None:
+                wrong = self.model.settle_generation(got)
+                if wrong is not None:
+                    self.problem("register_semantics", wrong)
+            want = self.model.read_one(r)
             if got is None or got == want or (self.tolerance and r.kind == "trigger"):
                 continue
             if r.kind == "holding":

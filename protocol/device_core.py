@@ -29,12 +29,23 @@ Contract:
   it (read-only) after validation and strictly before any change; a failed guard answers
   GUARD_FAILED and changes nothing.
 - Every side effect is appended to ``log`` as an ``Effect`` (ground truth for tests and oracles).
-- Persist first: a write that changes the configuration calls the shell's ``persist`` hook
-  (given to ``execute``/``write``/``write_if_generation``) with the configuration it is about
-  to commit, before changing anything; a hook raising ``PersistError`` makes the request answer
-  exception 04 (SERVER_DEVICE_FAILURE) with nothing changed.
-- ``snapshot()``/``restore()`` carry the persistent configuration (holdings + generation);
-  ``reset_volatile()`` models a reboot (triggers IDLE, faults re-latched from live conditions).
+- Persist first, flash like an MCU's: a write that changes a persistent register (``persist``,
+  the default) calls the shell's ``persist`` hook (given to ``execute``/``write``/
+  ``write_if_generation``) with the configuration it is about to commit, before changing
+  anything; a hook raising ``PersistError`` makes the request answer exception 04
+  (SERVER_DEVICE_FAILURE) with nothing changed. A write that changes only volatile registers
+  (``persist = false``) saves nothing, unless the generation reaches its saved ceiling.
+- The generation's save policy: the generation must never repeat across a reboot, yet a volatile
+  write moves it without a save. So flash holds a *ceiling*, not the generation: every save stores
+  ``generation after the write + GENERATION_RESERVE`` (64) — or keeps the saved ceiling while the
+  new generation is still below it — and a change whose generation reaches the ceiling saves (a
+  new ceiling) even when only volatile registers changed: at most one flash write per 64
+  volatile-only changes. At boot the generation starts at the saved ceiling, above every value
+  shown before the reboot (it may jump by up to 64, never goes back or repeats; modulo 2^16).
+- ``snapshot()``/``restore()`` carry the persistent configuration (holdings with the volatile
+  ones at their defaults, and the ceiling as the generation); ``reset_volatile()`` models a
+  reboot (triggers IDLE, faults re-latched from live conditions, volatile registers at their
+  defaults, the generation at the ceiling).
 
 Typed calls (``read``, ``write``, ``write_if_generation``, ``trigger``) give the same semantics
 without Modbus encoding; they raise ``RegisterAccessError`` carrying the exception code.
@@ -104,6 +115,9 @@ from idemlink.protocol.registers import (
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 GENERATION_MODULUS = 0x10000
+#: generations reserved by each save of the configuration (the module doc's save policy; the C
+#: core's IDL_GENERATION_RESERVE)
+GENERATION_RESERVE = 64
 
 # ------------------------------------------------------------------------------ trigger machine
 
@@ -364,6 +378,8 @@ class DeviceCore:
         self._gen_at = (gen.name, gen.address) if gen is not None else ("", -1)
         self._holdings = self._words_of(regmap.of_kind(RegisterKind.HOLDING), {})
         self._generation = 0
+        #: the generation saved in flash: the boot generation, above every one shown since
+        self._ceiling = 0
         base_inputs = {r.name: r.default for r in regmap
                        if r.kind in (RegisterKind.INPUT, RegisterKind.DISCRETE_INPUT)}
         base_inputs.update(inputs or {})
@@ -599,21 +615,52 @@ class DeviceCore:
         return plan
 
     def _persist_first(self, plan: _Plan, persist: Persist | None) -> None:
-        """Save the configuration ``plan`` would commit, before anything changes."""
+        """Save the configuration ``plan`` would commit, before anything changes, when flash
+        must change: a persistent register changes, or the generation reaches the saved
+        ceiling (the module doc's save policy). Without a hook the ceiling moves all the same
+        (an in-memory flash)."""
         new = dict(self._holdings)
         new.update(plan.holdings)
         coils = dict(self._coils)
         coils.update(plan.coils)
-        if persist is None or (new == self._holdings and coils == self._coils):
-            return
-        snap = ConfigSnapshot(tuple(sorted(new.items())),
-                              (self._generation + 1) % GENERATION_MODULUS,
-                              tuple(sorted(coils.items())))
-        try:
-            persist(snap)
-        except PersistError as exc:
-            raise RegisterAccessError(f"configuration not saved, nothing changed: {exc}",
-                                      ModbusException.SERVER_DEVICE_FAILURE) from None
+        if new == self._holdings and coils == self._coils:
+            return  # no effective change: the generation stays, nothing to save
+        after = (self._generation + 1) % GENERATION_MODULUS
+        below = 1 <= (self._ceiling - after) % GENERATION_MODULUS <= GENERATION_RESERVE
+        persistent = any(self._spec(a).persist for a, v in new.items() if v != self._holdings[a])
+        persistent = persistent or any(self._coil_persist(a)
+                                       for a, v in coils.items() if v != self._coils[a])
+        if below and not persistent:
+            return  # a volatile change under the ceiling: flash untouched
+        ceiling = self._ceiling if below else (after + GENERATION_RESERVE) % GENERATION_MODULUS
+        if persist is not None:
+            try:
+                persist(self._persistent(new, coils, ceiling))
+            except PersistError as exc:
+                raise RegisterAccessError(f"configuration not saved, nothing changed: {exc}",
+                                          ModbusException.SERVER_DEVICE_FAILURE) from None
+        self._ceiling = ceiling
+
+    def _coil_persist(self, address: int) -> bool:
+        coil = self.regmap.spec_at(address, Space.COILS)
+        return coil is None or coil.persist
+
+    def _persistent(self, holdings: Mapping[int, int], coils: Mapping[int, int],
+                    ceiling: int) -> ConfigSnapshot:
+        """What flash keeps: the volatile registers at their defaults (a boot sets them there
+        anyway), the ceiling as the generation."""
+        kept = dict(holdings)
+        for spec in self.regmap.of_kind(RegisterKind.HOLDING):
+            if not spec.persist:
+                kept.update(zip(spec.span, spec.words_of(spec.default), strict=True))
+        kept_coils = {a: (v if self._coil_persist(a) else self._spec_coil_default(a))
+                      for a, v in coils.items()}
+        return ConfigSnapshot(tuple(sorted(kept.items())), ceiling,
+                              tuple(sorted(kept_coils.items())))
+
+    def _spec_coil_default(self, address: int) -> int:
+        coil = self.regmap.spec_at(address, Space.COILS)
+        return coil.default if coil is not None else 0
 
     def _apply(self, plan: _Plan, now: float, request: int, tag: int | str | None) -> None:
         changed = False
@@ -926,9 +973,9 @@ class DeviceCore:
     # ---------------------------------------------------------------- persistence, reboot
 
     def snapshot(self) -> ConfigSnapshot:
-        """The persistent configuration (what survives a reboot in simulated flash)."""
-        return ConfigSnapshot(tuple(sorted(self._holdings.items())), self._generation,
-                              tuple(sorted(self._coils.items())))
+        """The persistent configuration (what survives a reboot in simulated flash): the
+        volatile registers at their defaults, the saved ceiling as the generation."""
+        return self._persistent(self._holdings, self._coils, self._ceiling)
 
     def _load(self, snap: ConfigSnapshot) -> None:
         snap.check_unique()
@@ -957,7 +1004,7 @@ class DeviceCore:
             raise SnapshotError("generation is not an integer 0..65535")
         self._holdings = holdings
         self._coils = coils
-        self._generation = snap.generation
+        self._generation = self._ceiling = snap.generation
 
     def restore(self, snap: ConfigSnapshot, now: float) -> None:
         """Load a configuration snapshot (validated whole; a bad one changes nothing)."""
@@ -979,14 +1026,17 @@ class DeviceCore:
         self._command_started.clear()
         for a in self._latched:
             self._latched[a] = 0
-        self._record(now, EffectKind.REBOOT, self._gen_at, self._generation, self._generation,
+        self._record(now, EffectKind.REBOOT, self._gen_at, self._generation, self._ceiling,
                      0, None)
-        self._revert_volatile(now)
+        self._revert_volatile(now, count=False)
+        self._generation = self._ceiling  # what flash gives at boot: above all shown before
         self._latch(now, 0, None)
 
-    def _revert_volatile(self, now: float) -> None:
-        """At boot, HOLDING registers declared ``persist = false`` are back at their default; if
-        one held another value, that is an effective configuration change (generation +1)."""
+    def _revert_volatile(self, now: float, count: bool = True) -> None:
+        """At boot, HOLDING registers declared ``persist = false`` are back at their default.
+        Loaded from a snapshot (``count``) that held another value for one — flash written
+        before volatile registers were saved at their defaults — that is an effective
+        configuration change (generation +1); a reboot's generation is the ceiling instead."""
         changed = False
         for spec in (*self.regmap.of_kind(RegisterKind.HOLDING),
                      *self.regmap.of_kind(RegisterKind.COIL)):
@@ -999,12 +1049,13 @@ class DeviceCore:
                                               strict=True))
                 self._record(now, EffectKind.SET, spec, old, spec.default, 0, None)
                 changed = True
-        if changed:
+        if changed and count:
             self._move_generation(now, 0, None)
 
 
 __all__ = [
     "DEFAULT_RULES",
+    "GENERATION_RESERVE",
     "TRIGGER_TABLE",
     "ConfigSnapshot",
     "DeviceCore",

@@ -138,3 +138,23 @@ def test_porting_md_carries_the_measured_figures() -> None:
     doc = (firmware.FW / "PORTING.md").read_text(encoding="utf-8")
     block = doc.split(board_docs.BEGIN + "\n", 1)[1].split(board_docs.END, 1)[0]
     assert block == board_docs.table(report)
+
+
+def test_the_flash_wear_table_is_computed_with_the_cores_reserve() -> None:
+    """PORTING.md's flash-wear table is ``tools/flash_wear.py``'s, with the reserve the Python
+    core and the C core both use (``GENERATION_RESERVE``, ``IDL_GENERATION_RESERVE``)."""
+    from idemlink.protocol.device_core import GENERATION_RESERVE
+
+    sys.path.insert(0, str(firmware.FW / "tools"))
+    try:
+        import flash_wear  # type: ignore[import-not-found]
+    finally:
+        sys.path.pop(0)
+    header = (firmware.FW / "include" / "idl_regs.h").read_text(encoding="utf-8")
+    c_reserve = re.search(r"#define IDL_GENERATION_RESERVE (\d+)u", header)
+    assert c_reserve is not None
+    assert flash_wear.RESERVE == GENERATION_RESERVE == int(c_reserve.group(1))
+    doc = (firmware.FW / "PORTING.md").read_text(encoding="utf-8")
+    block = doc.split(flash_wear.BEGIN + "\n", 1)[1].split(flash_wear.END, 1)[0]
+    assert block == flash_wear.table()
+    assert flash_wear.saves_per_day(10, 1440, every_write=False) == 10 + 23  # 1440 / 64 rounded up

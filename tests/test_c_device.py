@@ -42,7 +42,12 @@ from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol import cobs
 from idemlink.protocol.contract import contract_hash
-from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
+from idemlink.protocol.device_core import (
+    GENERATION_RESERVE,
+    ConfigSnapshot,
+    DeviceCore,
+    PersistError,
+)
 from idemlink.protocol.device_session import DeviceSession, Executor
 from idemlink.protocol.frame import (
     HEADER_LEN,
@@ -523,14 +528,15 @@ def test_reads_and_set_only_writes_reach_the_flash(cdev: RunningDevice) -> None:
         assert dev.write({"threshold": 420, "mode": 2, "fan_setpoint": 75}).ok
         assert dev.read("threshold", 3).values == (420, 2, 75)
         assert dev.read("generation").values == (1,)
-        assert cdev.config() == ConfigSnapshot(((4, 420), (5, 2), (6, 75)), 1)
+        # flash keeps the ceiling, not the generation (DeviceCore's save policy)
+        assert cdev.config() == ConfigSnapshot(((4, 420), (5, 2), (6, 75)), 1 + GENERATION_RESERVE)
         assert dev.write({"threshold": 420}).ok  # the same value again: no change
         assert dev.read("generation").values == (1,)
         bad = dev.write({"threshold": 1001})
         assert bad.outcome is Outcome.REJECTED
         assert bad.exception is ModbusException.ILLEGAL_DATA_VALUE
         assert dev.read("threshold").values == (420,)
-        assert cdev.config().generation == 1
+        assert cdev.config().generation == 1 + GENERATION_RESERVE
     cdev.stop()
 
 
@@ -544,7 +550,7 @@ def test_configuration_and_id_survive_a_restart(device_bin: Path, tmp_path: Path
     second = RunningDevice(device_bin, tmp_path / "flash")
     with Device.open(second.path) as dev:
         assert dev.read("fan_setpoint").values == (9,)
-        assert dev.read("generation").values == (1,)
+        assert dev.read("generation").values == (1 + GENERATION_RESERVE,)  # boots at the ceiling
         assert dev.info is not None and dev.info.device_id == ident
         assert dev.session.epoch != epoch
     second.stop()
@@ -614,7 +620,7 @@ def test_a_retransmission_is_answered_by_replay(cdev: RunningDevice) -> None:
         port.close()
     counters = cdev.stop()
     assert (counters["executed"], counters["replayed"], counters["conflict"]) == (2, 1, 1)
-    assert cdev.config().generation == 1
+    assert cdev.config().generation == 1 + GENERATION_RESERVE
 
 
 def test_every_command_acts_once_over_a_lossy_link(cdev: RunningDevice) -> None:
@@ -633,7 +639,7 @@ def test_every_command_acts_once_over_a_lossy_link(cdev: RunningDevice) -> None:
     # one execution per command: the retries were replayed, never run again
     assert counters["executed"] == len(results) + 1 == sent + 1
     assert counters["replayed"] > 0
-    assert cdev.config() == ConfigSnapshot(((4, 319), (5, 1), (6, 50)), 20)
+    assert cdev.config() == ConfigSnapshot(((4, 319), (5, 1), (6, 50)), 1 + GENERATION_RESERVE)
 
 
 def test_bad_arguments_are_one_line(device_bin: Path, tmp_path: Path) -> None:
@@ -767,7 +773,7 @@ def test_rtu_mode_serves_minimalmodbus_and_raw_frames(rtu_line: tuple[str, Runni
         port.close()
     counters = dev.stop()
     assert counters["bad_crc"] >= 1 and counters["other_unit"] == 1
-    assert dev.config() == ConfigSnapshot(((4, 300), (5, 0), (6, 75)), 2)
+    assert dev.config() == ConfigSnapshot(((4, 300), (5, 0), (6, 75)), 1 + GENERATION_RESERVE)
 
 
 
@@ -803,16 +809,18 @@ def test_pump_device_advertises_its_map_and_reverts_a_volatile_holding_at_boot(
         assert dev.write({"test_speed": 1200}).ok
         assert dev.trigger("prime").code == 0
         assert dev.read("test_speed").values == (1200,)
-    first.stop()
+    assert first.stop()["flash_writes"] == 1  # the volatile write saved nothing
     saved = first.config()
-    assert saved == ConfigSnapshot(((0x201, 2000), (0x202, 60), (0x203, 0), (0x204, 1200)), 2)
+    # the volatile test_speed is saved at its default
+    assert saved == ConfigSnapshot(((0x201, 2000), (0x202, 60), (0x203, 0), (0x204, 0)),
+                                   1 + GENERATION_RESERVE)
     second = RunningDevice(binary, tmp_path / "flash")
     reference = DeviceCore(PUMP, config=saved)  # what the Python simulator boots into
     with Device.open(second.path, regmap=PUMP) as dev:
         values = dev.read("config_generation", 5).values
         assert values == tuple(reference.value(r) for r in (
             "config_generation", "speed_setpoint", "max_pressure", "control", "test_speed"))
-        assert values[0] == 3 and values[-1] == 0  # back to its default: a configuration change
+        assert values[0] == 1 + GENERATION_RESERVE and values[-1] == 0  # the ceiling; default
         assert dev.read("prime").values == (0,)  # volatile state starts IDLE
     second.stop()
 
@@ -855,7 +863,7 @@ def test_the_core_on_an_emulated_cortex_m3(qemu_elf: Path, tmp_path: Path) -> No
     try:
         with Device.open(second.path, timeout=scaled(0.5)) as dev:
             assert dev.read("threshold", 3).values == (509, 2, 77)
-            assert dev.read("generation").values == (12,)
+            assert dev.read("generation").values == (1 + GENERATION_RESERVE,)  # the ceiling
             assert dev.read("self_clean").values == (0,)
     finally:
         second.stop()

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from idemlink.protocol.device_core import (
+    GENERATION_RESERVE,
     TRIGGER_TABLE,
     ConfigSnapshot,
     DeviceCore,
@@ -48,6 +49,7 @@ class Model:
         self.inputs = {0: 250, 1: 450, 2: 1200}
         self.holdings = {4: 350, 5: 1, 6: 50}
         self.generation = 0
+        self.ceiling = 0  # the generation flash holds: every holding of this map persists
         self.external = 0
         self.latched = 0
         self.trigger = 0  # 0 IDLE 1 RUNNING 2 DONE
@@ -107,6 +109,8 @@ class Model:
                 clear = v
         if changed:
             self.generation = (self.generation + 1) % 0x10000
+            if not 1 <= (self.ceiling - self.generation) % 0x10000 <= 64:
+                self.ceiling = (self.generation + 64) % 0x10000  # reached: a new reserve
         if clear is not None:
             self.latched &= ~(clear & ~self.cond())
         self.latched |= self.cond()
@@ -244,6 +248,7 @@ class CoreVersusModel(RuleBasedStateMachine):
         self.model.tick()
         self.core.reset_volatile(self.model.now)
         self.model.trigger = 0
+        self.model.generation = self.model.ceiling  # boots at the saved ceiling
         self.model.latched = self.model.cond()
 
     @rule()
@@ -258,6 +263,7 @@ class CoreVersusModel(RuleBasedStateMachine):
             if self.model.external & (1 << bit):
                 self.core.set_condition(name, True, self.model.now)
         self.model.trigger = 0
+        self.model.generation = self.model.ceiling
         self.model.latched = self.model.cond()
         self.model.starts = self.model.sets = 0
 
@@ -413,12 +419,12 @@ def test_snapshot_restore_and_reboot() -> None:
     core.reset_volatile(2.0)
     assert core.value("self_clean") == TriggerState.IDLE
     assert core.value("faults") == 0b010  # still-present condition re-latched
-    assert core.value("threshold") == 500 and core.generation == 1
+    assert core.value("threshold") == 500 and core.generation == 1 + GENERATION_RESERVE
     core.tick(20.0)
     assert core.count(EffectKind.TRIGGER_FINISHED) == 0  # the lost run never finishes
     fresh = DeviceCore()
     fresh.restore(snap, 0.0)
-    assert fresh.value("threshold") == 500 and fresh.generation == 1
+    assert fresh.value("threshold") == 500 and fresh.generation == 1 + GENERATION_RESERVE
     with pytest.raises(SnapshotError):
         fresh.restore(ConfigSnapshot(((4, 5000), (5, 1), (6, 50)), 3), 0.0)
     with pytest.raises(SnapshotError):
@@ -426,3 +432,60 @@ def test_snapshot_restore_and_reboot() -> None:
     with pytest.raises(SnapshotError):
         ConfigSnapshot.from_json("{not json")
     assert fresh.value("threshold") == 500  # a bad snapshot changed nothing
+
+
+# ---- flash like an MCU's: volatile writes save nothing, the generation never repeats ------------
+
+
+def _pump_core(config: ConfigSnapshot | None = None) -> DeviceCore:
+    from idemlink.protocol.regmap_file import builtin_map
+
+    return DeviceCore(builtin_map("pump-controller"), config=config)
+
+
+def test_a_volatile_write_saves_nothing_until_the_generation_reaches_its_ceiling() -> None:
+    """``test_speed`` (0x0204) is ``persist = false``: writing it moves the generation but never
+    calls the persist hook, except once per GENERATION_RESERVE changes, when the generation
+    reaches the saved ceiling; a persistent write always saves. What is saved holds the volatile
+    register at its default and the ceiling as the generation."""
+    saves: list[ConfigSnapshot] = []
+    core = _pump_core()
+    speed, control = 0x0204, 0x0203
+    core.write(control, [1], 0.0, persist=saves.append)  # persistent: saved, ceiling 1 + 64
+    assert [s.generation for s in saves] == [1 + GENERATION_RESERVE]
+    for i in range(GENERATION_RESERVE - 1):  # generations 2..64: under the ceiling (65)
+        core.write(speed, [100 + i % 2], 1.0, persist=saves.append)
+    assert len(saves) == 1 and core.generation == GENERATION_RESERVE
+    core.write(speed, [7], 2.0, persist=saves.append)  # generation 65 reaches the ceiling
+    assert [s.generation for s in saves] == [65, 65 + GENERATION_RESERVE]
+    assert dict(saves[-1].holdings)[speed] == 0 and dict(saves[-1].holdings)[control] == 1
+    core.write(speed, [7], 3.0, persist=saves.append)  # no effective change: nothing at all
+    core.write(control, [2], 4.0, persist=saves.append)  # persistent, under the ceiling
+    assert [s.generation for s in saves] == [65, 129, 129] and core.generation == 66
+
+
+def test_the_generation_never_repeats_nor_goes_back_across_reboots() -> None:
+    """Volatile writes, reboots through what flash keeps and in place (``reset_volatile``): every
+    generation a host could have seen before a reboot stays below every one after it (serial
+    order within 2^15), and a reboot's generation is the saved ceiling. (A boot with no change
+    keeps its generation across the next reboot: the same state, the same number.)"""
+    saves: list[ConfigSnapshot] = []
+    core = _pump_core()
+    seen: list[int] = []
+    for boot in range(6):
+        shown: list[int] = [core.generation]
+        for i in range(boot * 13 % 70 + 1):
+            core.write(0x0204, [i % 3 + 1], float(i), persist=saves.append)
+            shown.append(core.generation)
+        for old in seen:
+            assert all(0 < (g - old) % 0x10000 < 0x8000 for g in shown), (old, shown)
+        seen.extend(shown)
+        if boot % 2:
+            core.reset_volatile(100.0)
+        else:
+            core = _pump_core(config=saves[-1] if saves else None)
+        assert core.generation == (saves[-1].generation if saves else 0)
+        assert core.value("test_speed") == 0
+    before = core.generation
+    core.reset_volatile(200.0)
+    assert core.generation == before

@@ -64,7 +64,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
-from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.device_core import GENERATION_RESERVE, DeviceCore
 from idemlink.protocol.frame import Flags, Frame, FrameDecoder, FrameType, crc32c, encode_frame
 from idemlink.protocol.modbus import FileInfoResponse, FileInfoStatus
 from idemlink.protocol.outcome import STATUS_TABLE, ModbusException, Outcome, Status
@@ -406,18 +406,19 @@ def test_a_reboot_keeps_the_configuration_and_draws_a_new_epoch(line_device: Lin
         assert dev.trigger().code == 0
         ident = dev.info.device_id if dev.info else None
         epoch = dev.session.epoch
+    ceiling = 1 + GENERATION_RESERVE  # saved by the write: the generation the next boot shows
     line_device.restart()
     with line_device.open() as dev:
         assert dev.read("threshold", 4).values == (440, 1, 9, 0)
-        assert dev.read("generation").values == (1,)
+        assert dev.read("generation").values == (ceiling,)
         assert dev.read("self_clean").values == (0,)  # volatile: IDLE after a boot
         assert dev.info is not None and dev.info.device_id == ident
         assert dev.session.epoch != epoch
-        assert dev.write({"mode": 0}).ok
+        assert dev.write({"mode": 0}).ok  # reaches the ceiling: a new one saved
     line_device.restart()
     with line_device.open() as dev:
         assert dev.read("threshold", 3).values == (440, 0, 9)
-        assert dev.read("generation").values == (2,)
+        assert dev.read("generation").values == (ceiling + 1 + GENERATION_RESERVE,)
 
 
 @pytest.fixture
@@ -456,7 +457,8 @@ def test_one_host_session_rides_over_a_power_cut(kind: str, socat_pair: tuple[st
             assert after.ok, after
             assert dev.session.epoch != epoch
             assert dev.read("threshold", 2).values == (450, 2)
-            assert dev.read("generation").values == (2,)  # each write ran once
+            # each write ran once: the first saved the ceiling 1 + 64, the boot started there
+            assert dev.read("generation").values == (2 + GENERATION_RESERVE,)
             assert dev.trigger().code == 0
     finally:
         proc.kill()

@@ -8,6 +8,8 @@ import random
 import struct
 from pathlib import Path
 
+import pytest
+
 from idemlink.campaign import ENVIRONMENT_RULES, map_text
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import SimTransport
@@ -468,3 +470,44 @@ def test_a_resend_is_judged_on_every_answer_under_its_number_before_its_result()
     oracle.judge_resend(Claim(WRITE, ((1, 5),), "OK", (1, 5), at=3.2, status=0x21))
     assert oracle.tally.misclassified == 2  # no answer both means OK and says ANSWER_EVICTED
     assert oracle.tally.problems[1].startswith("OK (ANSWER_EVICTED) without an answer")
+
+
+def _generation_run(oracle: Oracle, epoch: int, seq: int, pdu: bytes, answer: bytes) -> None:
+    oracle.claim(Claim(pdu, ((epoch, seq),), "UNKNOWN"))
+    oracle.feed([Run(epoch, seq, pdu, answer, 0.01 * seq)])
+
+
+@pytest.mark.parametrize(("after_reboot", "violations"), [
+    (1 + 64, 0),  # the saved ceiling: a jump is fine
+    (2, 0),  # the next one: fine too
+    (1, 1),  # repeats the generation shown after the write: caught
+    (0, 1),  # goes back: caught
+])
+def test_a_generation_that_repeats_or_goes_back_after_a_reboot_is_a_violation(
+        after_reboot: int, violations: int) -> None:
+    """A device that saved the generation only on persistent writes (or not at all) and booted
+    at what it saved would show a generation again for another state: the mutant the save
+    policy prevents. The oracle learns the generation after a boot from the first answer that
+    shows it and judges it against the last one shown since a change."""
+    oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
+    oracle.feed([Boot(1, 0.0)])
+    read_gen = struct.pack(">BHH", 0x03, 3, 1)
+    _generation_run(oracle, 1, 1, struct.pack(">BHH", 0x06, 4, 400), struct.pack(">BHH", 6, 4, 400))
+    _generation_run(oracle, 1, 2, read_gen, struct.pack(">BBH", 3, 2, 1))
+    oracle.feed([Boot(2, 1.0)])
+    _generation_run(oracle, 2, 3, read_gen, struct.pack(">BBH", 3, 2, after_reboot))
+    assert oracle.tally.register_semantics == violations, oracle.tally.problems
+    # then known again: the next write moves it by one from what the device showed
+    _generation_run(oracle, 2, 4, struct.pack(">BHH", 0x06, 4, 410), struct.pack(">BHH", 6, 4, 410))
+    _generation_run(oracle, 2, 5, read_gen, struct.pack(">BBH", 3, 2, (after_reboot + 1) & 0xFFFF))
+    assert oracle.tally.register_semantics == violations, oracle.tally.problems
+
+
+def test_a_boot_without_a_change_may_show_its_generation_again() -> None:
+    oracle = Oracle(map_text("thermal-controller"), trigger_duration=1.0)
+    oracle.feed([Boot(1, 0.0)])
+    read_gen = struct.pack(">BHH", 0x03, 3, 1)
+    _generation_run(oracle, 1, 1, read_gen, struct.pack(">BBH", 3, 2, 65))
+    oracle.feed([Boot(2, 1.0)])
+    _generation_run(oracle, 2, 2, read_gen, struct.pack(">BBH", 3, 2, 65))
+    assert oracle.tally.passed, oracle.tally.problems

@@ -38,7 +38,13 @@ from idemlink.cli import EXIT_LOCAL_ERROR
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.flash import ConfigFlash
 from idemlink.device_sim.rtu_server import RtuServer
-from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, EffectKind, SnapshotError
+from idemlink.protocol.device_core import (
+    GENERATION_RESERVE,
+    ConfigSnapshot,
+    DeviceCore,
+    EffectKind,
+    SnapshotError,
+)
 from idemlink.protocol.modbus import WriteSingleRegister as Fc06
 from idemlink.protocol.modbus import encode_request
 from idemlink.protocol.modbus_rtu import RtuDecoder, RtuFrame, encode_rtu, rtu_frame_gap
@@ -158,7 +164,9 @@ def test_rtu_server_answers_04_and_keeps_serving_when_the_flash_is_gone(tmp_path
     assert rtu_reply(server, OUR_READ, 3.0) == encode_rtu(1, bytes.fromhex("03020190"))
     flash_dir.mkdir()  # the card is back: the same write now works and is saved
     assert rtu_reply(server, write500, 4.0) == write500
-    assert ConfigFlash(flash_dir).load() == ConfigSnapshot(((4, 500), (5, 1), (6, 50)), 2)
+    # flash keeps the ceiling the first write reserved (1 + 64), not the generation
+    assert ConfigFlash(flash_dir).load() == ConfigSnapshot(((4, 500), (5, 1), (6, 50)),
+                                                           1 + GENERATION_RESERVE)
 
 
 def test_framed_device_answers_04_when_the_flash_is_gone(tmp_path: Path) -> None:
@@ -653,6 +661,6 @@ def test_reboot_keeps_going_when_the_flash_dir_is_gone(tmp_path: Path,
     assert dev._execute(encode_request(Fc06(4, 400)), 1.0, seq=1) == bytes.fromhex("0600040190")
     shutil.rmtree(tmp_path / "flash")
     with caplog.at_level("ERROR"):
-        dev.reboot(2.0)  # raised FileNotFoundError before
-    assert "not saved" in caplog.text
+        dev.reboot(2.0)  # raised FileNotFoundError once; now a reboot writes nothing at all
+    assert "not saved" not in caplog.text
     assert dev.core.value("threshold") == 400  # RAM is the truth until the next save

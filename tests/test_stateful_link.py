@@ -76,12 +76,14 @@ class LinkMachine(RuleBasedStateMachine):
         if len(self.t.device.epochs) != self._epochs_seen:
             self._epochs_seen = len(self.t.device.epochs)
             self.trigger = TriggerState.IDLE  # volatile: a reboot resets the trigger
+            self._rebooted = True  # the generation boots at the saved ceiling: see the invariant
 
     def _still_this_boot(self, res: Result) -> bool:
         """An OK command ran in ``res.epoch``; a later reboot has undone volatile effects."""
         return res.outcome is not Outcome.OK or res.epoch == self.t.device.epoch
 
     _epochs_seen = 1
+    _rebooted = False
 
     @rule(i=st.integers(0, len(HOLDINGS) - 1), value=st.integers(0, 1100))
     def write_one(self, i: int, value: int) -> None:
@@ -145,6 +147,9 @@ class LinkMachine(RuleBasedStateMachine):
     def device_matches_model(self) -> None:
         core = self.t.device.core
         assert {n: core.value(n) for n in self.holdings} == self.holdings
+        if self._rebooted:  # it boots at the saved ceiling: it may jump, never go back
+            assert 0 <= (core.generation - self.generation) & 0xFFFF < 0x8000
+            self.generation, self._rebooted = core.generation, False
         assert core.generation == self.generation
         assert TriggerState(core.value(TRIGGER.name)) == self.trigger
 

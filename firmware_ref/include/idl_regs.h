@@ -10,8 +10,16 @@
  *   generation (read-only) and answers GUARD_FAILED with nothing changed.
  * - HOLDING writes set absolute values. The generation is +1 (mod 2^16) per request that changed
  *   a HOLDING value; a no-op write leaves it alone.
- * - Persist first: a write that changes the configuration calls `persist` with the planned values
- *   and generation before anything changes; false -> exception 04, nothing changed.
+ * - Persist first, flash like an MCU's: a write that changes a persistent HOLDING (flag
+ *   IDL_REG_FLAG_PERSIST) calls `persist` with the planned values (volatile ones at their
+ *   default: flash keeps only what survives a reboot) and the generation ceiling, before anything
+ *   changes; false -> exception 04, nothing changed. A write that changes only volatile HOLDINGs
+ *   saves nothing, unless its generation reaches the saved ceiling.
+ * - The generation's save policy (DeviceCore's): flash holds a ceiling, `generation after the
+ *   write + IDL_GENERATION_RESERVE`, written when a save is due anyway and the generation has
+ *   reached the old ceiling, or when only volatile registers changed and it has: at most one
+ *   flash write per IDL_GENERATION_RESERVE volatile-only changes. At boot (idl_regs_restore) the
+ *   generation starts at the saved ceiling, above every generation shown before the reboot.
  * - FAULT bits latch while their condition holds (the `conditions` callback, asked per FAULT
  *   register); writing 1s clears exactly the bits whose condition has gone.
  * - TRIGGER: 1 in IDLE starts the action (answer 0) and it stays RUNNING for `trigger_ms`;
@@ -28,6 +36,9 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+
+/** Generations each configuration save reserves (protocol/device_core.py GENERATION_RESERVE). */
+#define IDL_GENERATION_RESERVE 64u
 
 /* The register map: the generated header in include/, or another one rendered by
  * `idemlink contract --regmap FILE --out DIR`, chosen with -DIDL_REGMAP_HEADER='"DIR/idemlink_regmap.h"'
@@ -51,7 +62,8 @@ typedef struct idl_regs idl_regs_t;
 typedef uint16_t (*idl_fault_conditions_fn)(void *ctx, const idl_regs_t *r, uint16_t address);
 
 /** Save the configuration about to be committed: `planned[i]` is the value of IDL_REGMAP[i]
- *  (HOLDING entries; others unspecified), `generation` the generation after the write.
+ *  (HOLDING entries, the volatile ones at their default; others unspecified), `generation` the
+ *  ceiling to keep: the generation the device boots with (see the save policy above).
  *  Return false if it could not be saved: the write is refused (exception 04). */
 typedef bool (*idl_persist_fn)(void *ctx, const idl_regs_t *r, const uint16_t *planned,
                                uint16_t generation);
@@ -63,6 +75,7 @@ struct idl_regs {
     uint32_t now;                    /**< latest time seen (ms) */
     uint32_t trigger_ms;
     uint16_t generation;
+    uint16_t ceiling; /**< the generation flash holds: the next boot's */
     idl_fault_conditions_fn conditions; /**< may be NULL: no conditions */
     idl_persist_fn persist;             /**< may be NULL: nothing to save */
     void *ctx;
@@ -72,9 +85,10 @@ struct idl_regs {
 void idl_regs_init(idl_regs_t *r, uint32_t trigger_ms, idl_fault_conditions_fn conditions,
                    idl_persist_fn persist, void *ctx, uint32_t now);
 
-/** Load a saved configuration (values by map index, HOLDING entries read) validated whole:
- *  false (nothing changed) if a value is outside its range. HOLDING registers declared volatile
- *  go back to their default (generation +1 if one held another value). */
+/** Load a saved configuration (values by map index, HOLDING entries read; `generation` the saved
+ *  ceiling, which becomes the generation) validated whole: false (nothing changed) if a value is
+ *  outside its range. HOLDING registers declared volatile go back to their default (generation
+ *  +1 if one held another value: flash written before they were saved at their default). */
 bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation, uint32_t now);
 
 /** Advance time: finish RUNNING triggers whose duration elapsed, latch faults. */

@@ -92,6 +92,7 @@ void idl_regs_init(idl_regs_t *r, uint32_t trigger_ms, idl_fault_conditions_fn c
     r->now = now;
     r->trigger_ms = trigger_ms;
     r->generation = 0u;
+    r->ceiling = 0u;
     r->conditions = cond;
     r->persist = persist;
     r->ctx = ctx;
@@ -110,6 +111,7 @@ bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation
     }
     advance(r, now);
     r->generation = generation;
+    r->ceiling = generation;
     for (i = 0; i < IDL_REG_COUNT; i++) {
         const idl_reg_desc_t *d = &IDL_REGMAP[i];
         if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING) {
@@ -223,12 +225,36 @@ static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, cons
     return 0;
 }
 
+/* planned = the values after the write; true if a HOLDING changes (*persistent: a persistent one) */
+static bool plan(idl_regs_t *r, int32_t first, uint16_t count, const uint8_t *be, bool *persistent)
+{
+    uint32_t i;
+    uint32_t k;
+    bool changed = false;
+    *persistent = false;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        r->planned[i] = r->value[i];
+    }
+    for (k = 0; k < count; k++) {
+        i = (uint32_t)first + k;
+        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING) {
+            r->planned[i] = be16(be + 2u * k);
+            if (r->planned[i] != r->value[i]) {
+                changed = true;
+                *persistent = *persistent || (IDL_REGMAP[i].flags & IDL_REG_FLAG_PERSIST) != 0u;
+            }
+        }
+    }
+    return changed;
+}
+
 int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_t *be,
                    bool guarded, uint16_t guard)
 {
     uint32_t i;
     uint32_t k;
-    bool changed = false;
+    bool changed;
+    bool persistent;
     int32_t first = run_index(address, count);
     uint8_t exc = validate(r, first, count, be, guarded);
     if (exc != 0u) {
@@ -237,19 +263,24 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
     if (guarded && guard != r->generation) {
         return IDL_REGS_GUARD_FAILED;
     }
-    for (i = 0; i < IDL_REG_COUNT; i++) {
-        r->planned[i] = r->value[i];
-    }
-    for (k = 0; k < count; k++) {
-        i = (uint32_t)first + k;
-        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING) {
-            r->planned[i] = be16(be + 2u * k);
-            changed = changed || r->planned[i] != r->value[i];
+    changed = plan(r, first, count, be, &persistent);
+    if (changed) {
+        uint16_t after = (uint16_t)(r->generation + 1u);
+        bool below = (uint16_t)((uint16_t)(r->ceiling - after) - 1u) < IDL_GENERATION_RESERVE;
+        if (persistent || !below) { /* flash must change: the save policy in idl_regs.h */
+            uint16_t ceiling = below ? r->ceiling : (uint16_t)(after + IDL_GENERATION_RESERVE);
+            for (i = 0; i < IDL_REG_COUNT; i++) {
+                const idl_reg_desc_t *d = &IDL_REGMAP[i];
+                if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && !(d->flags & IDL_REG_FLAG_PERSIST)) {
+                    r->planned[i] = d->def; /* flash keeps only what survives a reboot */
+                }
+            }
+            if (r->persist != NULL && !r->persist(r->ctx, r, r->planned, ceiling)) {
+                return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
+            }
+            r->ceiling = ceiling;
+            (void)plan(r, first, count, be, &persistent); /* the volatile values again */
         }
-    }
-    if (changed && r->persist != NULL
-        && !r->persist(r->ctx, r, r->planned, (uint16_t)(r->generation + 1u))) {
-        return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
     }
     if (changed) {
         for (i = 0; i < IDL_REG_COUNT; i++) {

@@ -14,7 +14,8 @@
  * oversized file there is refused, never followed. One device per flash directory: an exclusive
  * flock on it (the lock `idemlink sim` takes), so a second device or simulator is refused; the
  * temporaries a killed device left there are deleted at start. A bad argument, port or flash directory is one line on
- * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...)
+ * stderr and exit 1 (2 for usage). --stats prints the session's counters (executed, replayed, ...,
+ * flash_writes: configuration saves, which a write to a volatile register does not cost)
  * as one line on stderr when it stops. --modbus-rtu serves the same registers as a plain Modbus RTU
  * slave (unit --unit, default 1; t3.5 from --baudrate and the character format, 1.75 ms above
  * 19200 Bd and on a pty). --bytesize/--parity/--stopbits set a real port's character format and
@@ -72,6 +73,8 @@ static const char *flash_dir;
 static const char *given_id;
 static int have_seed;
 static int print_stats;
+/* configuration saves since start (--stats): the erase/program cycles an MCU's flash would spend */
+static unsigned long flash_writes;
 static unsigned long long seed_state;
 static int effects_fd = -1;
 static unsigned long long effects_ms; /* the last recorded time, widened past the 2^32 ms wrap */
@@ -570,6 +573,7 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
         fprintf(stderr, PROG ": configuration not saved (%s): write refused\n", strerror(errno));
         return false;
     }
+    flash_writes++;
     return true;
 }
 
@@ -1206,21 +1210,23 @@ int main(int argc, char **argv)
     idl_device_stop(&device); /* a batch in progress: CAN, its temporary deleted */
     if (print_stats && rtu_mode) {
         fprintf(stderr, PROG ": stopped: answered=%lu broadcasts=%lu other_unit=%lu bad_crc=%lu "
-                        "dropped=%lu other_answer=%lu\n",
+                        "dropped=%lu other_answer=%lu flash_writes=%lu\n",
                 (unsigned long)rtu.counters[IDL_RTU_ANSWERED],
                 (unsigned long)rtu.counters[IDL_RTU_BROADCASTS],
                 (unsigned long)rtu.counters[IDL_RTU_OTHER_UNIT],
                 (unsigned long)rtu.counters[IDL_RTU_BAD_CRC],
                 (unsigned long)rtu.counters[IDL_RTU_DROPPED],
-                (unsigned long)rtu.counters[IDL_RTU_OTHER_ANSWER]);
+                (unsigned long)rtu.counters[IDL_RTU_OTHER_ANSWER], flash_writes);
     } else if (print_stats) {
         const uint32_t *c = device.session.counters;
         fprintf(stderr, PROG ": stopped: executed=%lu replayed=%lu conflict=%lu evicted=%lu "
-                        "too_old=%lu epoch_mismatch=%lu hello=%lu decode_errors=%lu\n",
+                        "too_old=%lu epoch_mismatch=%lu hello=%lu decode_errors=%lu "
+                        "flash_writes=%lu\n",
                 (unsigned long)c[IDL_DISP_EXECUTED], (unsigned long)c[IDL_DISP_REPLAYED],
                 (unsigned long)c[IDL_DISP_CONFLICT], (unsigned long)c[IDL_DISP_EVICTED],
                 (unsigned long)c[IDL_DISP_TOO_OLD], (unsigned long)c[IDL_DISP_EPOCH_MISMATCH],
-                (unsigned long)c[IDL_DISP_HELLO], (unsigned long)c[IDL_DISP_DECODE_ERRORS]);
+                (unsigned long)c[IDL_DISP_HELLO], (unsigned long)c[IDL_DISP_DECODE_ERRORS],
+                flash_writes);
     }
     if (slave_fd >= 0) {
         close(slave_fd);
