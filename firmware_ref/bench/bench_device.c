@@ -78,8 +78,13 @@ int main(int argc, char **argv)
     }
     if (replay) { /* the first answer, outside idl_device_rx (which callgrind counts) */
         size_t k;
+        size_t answered = 0;
         for (k = 0; k < lengths[0]; k++) {
-            (void)idl_session_feed(&device.session, frames[0][k], 1000u);
+            answered += idl_session_feed(&device.session, frames[0][k], 1000u);
+        }
+        if (answered == 0u) {
+            fprintf(stderr, "bench_device: the first frame was not answered\n");
+            return 1;
         }
     }
     for (i = 0; i < N; i++) {

@@ -236,7 +236,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (size > 1u && data[0] == 0xFFu) { /* the name rules and FILE_INFO on raw bytes */
         uint8_t answer[IDL_MB_FILE_INFO_ANSWER_LEN];
-        (void)idl_name_check(data + 1, size - 1u, 255u);
+        if (idl_name_check(data + 1, size - 1u, 255u) > IDL_NAME_TRAILING_DOT_SPACE) {
+            abort(); /* a verdict outside its enum */
+        }
         uint16_t len = (uint16_t)(size - 1u > 300u ? 300u : size - 1u);
         if (idl_file_info_execute(data + 1, len, answer, NULL, NULL) > sizeof answer
             || idl_file_info_execute(data + 1, len, answer, present, NULL) > sizeof answer) {

@@ -11,6 +11,8 @@
 #ifndef IDL_CRC32C_H
 #define IDL_CRC32C_H
 
+#include "idl_checkreturn.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,10 +30,10 @@
 #endif
 
 /** CRC-32C register after n more bytes (start with IDL_CRC_INIT; no final xor). */
-uint32_t idl_crc32c_update(uint32_t reg, const uint8_t *data, size_t n);
+IDL_CHECKRETURN uint32_t idl_crc32c_update(uint32_t reg, const uint8_t *data, size_t n);
 
 /** CRC-32C of a buffer (init and final xor applied): idl_crc32c("123456789") == IDL_CRC_CHECK. */
-uint32_t idl_crc32c(const uint8_t *data, size_t n);
+IDL_CHECKRETURN uint32_t idl_crc32c(const uint8_t *data, size_t n);
 
 /** A frame followed by its own CRC (little-endian) always has this CRC (no xorout). */
 #define IDL_CRC32C_RESIDUE_REG 0xB798B438u

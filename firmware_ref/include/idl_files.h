@@ -12,6 +12,8 @@
 #ifndef IDL_FILES_H
 #define IDL_FILES_H
 
+#include "idl_checkreturn.h"
+
 #include <stdint.h>
 
 #include "idemlink_proto.h"
@@ -23,7 +25,7 @@ typedef int (*idl_file_lookup_fn)(void *ctx, const uint8_t *name, uint8_t len, u
 
 /** Answer one 0x45 PDU into `resp` (at least IDL_MB_FILE_INFO_ANSWER_LEN bytes); returns the
  *  answer's length. */
-uint16_t idl_file_info_execute(const uint8_t *pdu, uint16_t len, uint8_t *resp,
+IDL_CHECKRETURN uint16_t idl_file_info_execute(const uint8_t *pdu, uint16_t len, uint8_t *resp,
                                idl_file_lookup_fn lookup, void *ctx);
 
 #endif /* IDL_FILES_H */

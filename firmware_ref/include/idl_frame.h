@@ -24,6 +24,8 @@
 #ifndef IDL_FRAME_H
 #define IDL_FRAME_H
 
+#include "idl_checkreturn.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -84,7 +86,7 @@ void idl_frame_decoder_init(idl_frame_decoder_t *d);
 void idl_frame_decoder_reset(idl_frame_decoder_t *d);
 
 /** Feed one byte: IDL_FRAME_NONE, a refusal IDL_DECODE_*, or IDL_FRAME_READY with *out filled. */
-int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *out);
+IDL_CHECKRETURN int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *out);
 
 /** `address` of idl_frame_encode_addressed for a point-to-point frame (no ADDRESSED). */
 #define IDL_FRAME_NO_ADDRESS 0xFFFFu
@@ -97,13 +99,13 @@ int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *ou
  * len > IDL_MAX_PAYLOAD, the address is 248..IDL_FRAME_NO_ADDRESS-1 or `flags` holds a layout
  * flag (ADDRESSED, AUTH, AUTH_LONG: no MAC in this C core yet).
  */
-size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
-                                  uint32_t epoch, uint32_t seq, const uint8_t *payload,
-                                  size_t len);
+IDL_CHECKRETURN size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
+                                                  uint32_t epoch, uint32_t seq,
+                                                  const uint8_t *payload, size_t len);
 
 /** A point-to-point frame (the first contract's layout): idl_frame_encode_addressed without an
  * address. */
-static inline size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags,
+IDL_CHECKRETURN static inline size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags,
                                       uint32_t epoch, uint32_t seq, const uint8_t *payload,
                                       size_t len)
 {
@@ -112,6 +114,6 @@ static inline size_t idl_frame_encode(uint8_t *wire, uint8_t type, uint8_t flags
 }
 
 /** COBS decode in place (out <= in); returns the decoded length or -1 for invalid COBS. */
-int idl_cobs_decode_inplace(uint8_t *buf, size_t n);
+IDL_CHECKRETURN int idl_cobs_decode_inplace(uint8_t *buf, size_t n);
 
 #endif /* IDL_FRAME_H */

@@ -13,6 +13,8 @@
 #ifndef IDL_MODBUS_H
 #define IDL_MODBUS_H
 
+#include "idl_checkreturn.h"
+
 #include <stdint.h>
 
 #include "idl_regs.h"
@@ -22,7 +24,7 @@
 
 /** Tick the core to `now`, run one request PDU, write the response PDU (at most IDL_MB_MAX_PDU
  *  bytes) to `resp`; returns its length. */
-uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uint8_t *resp,
+IDL_CHECKRETURN uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uint8_t *resp,
                             uint32_t now);
 
 #endif /* IDL_MODBUS_H */

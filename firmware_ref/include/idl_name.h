@@ -14,6 +14,8 @@
 #ifndef IDL_NAME_H
 #define IDL_NAME_H
 
+#include "idl_checkreturn.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +35,6 @@ typedef enum {
     IDL_NAME_TRAILING_DOT_SPACE = 11
 } idl_name_verdict_t;
 
-idl_name_verdict_t idl_name_check(const uint8_t *name, size_t n, size_t max);
+IDL_CHECKRETURN idl_name_verdict_t idl_name_check(const uint8_t *name, size_t n, size_t max);
 
 #endif /* IDL_NAME_H */

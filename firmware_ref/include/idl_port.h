@@ -41,6 +41,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "idl_checkreturn.h"
 #include "idl_modbus.h"
 #include "idl_regs.h"
 #include "idl_session.h"
@@ -49,19 +50,19 @@
 /* ---- provided by the integrator ---------------------------------------------------------- */
 
 void idl_port_write(const uint8_t *data, size_t n);
-uint32_t idl_port_millis(void);
+IDL_CHECKRETURN uint32_t idl_port_millis(void);
 /** Fill `values` (indexed like IDL_REGMAP; HOLDING entries) and `generation`; false: none saved. */
-bool idl_port_flash_load(uint16_t *values, uint16_t *generation);
+IDL_CHECKRETURN bool idl_port_flash_load(uint16_t *values, uint16_t *generation);
 /** Save durably before returning true (the write is answered only after this). */
-bool idl_port_flash_save(const uint16_t *values, uint16_t generation);
+IDL_CHECKRETURN bool idl_port_flash_save(const uint16_t *values, uint16_t generation);
 /** Write the id (no terminator needed) into `buf` of `cap` bytes; returns its length. */
-size_t idl_port_unique_id(char *buf, size_t cap);
-uint32_t idl_port_entropy32(void);
-uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
+IDL_CHECKRETURN size_t idl_port_unique_id(char *buf, size_t cap);
+IDL_CHECKRETURN uint32_t idl_port_entropy32(void);
+IDL_CHECKRETURN uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
 /** FILE_INFO: the committed file `name` (checked: one plain component, `len` bytes of UTF-8, no
  *  terminator): 0 present (*size, *crc = CRC-32C of its bytes), 1 absent, -1 failed. A device
  *  without file storage returns 1. */
-int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
+IDL_CHECKRETURN int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
 
 /* FILE_RECEIVE (0x44): after answering `44 00` the device hands its line to the YMODEM receiver
  * (idl_ymodem.h) for one batch, then returns to frames. The receiver writes as a bootloader would:
@@ -71,10 +72,10 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
  * A false return cancels the batch (CAN). The glue enforces IDL_FILE_QUOTA bytes per batch. */
 /** The receiver's IDL_YM_BLOCK_LARGE-byte block buffer (static RAM of the port), or NULL for a
  *  device without file storage: 0x44 then answers exception 01. */
-uint8_t *idl_port_ymodem_block(void);
-bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite);
-bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n);
-bool idl_port_file_commit(uint32_t size);
+IDL_CHECKRETURN uint8_t *idl_port_ymodem_block(void);
+IDL_CHECKRETURN bool idl_port_file_begin(const uint8_t *name, size_t len, bool overwrite);
+IDL_CHECKRETURN bool idl_port_file_write(uint32_t offset, const uint8_t *data, size_t n);
+IDL_CHECKRETURN bool idl_port_file_commit(uint32_t size);
 void idl_port_file_abort(void);
 
 #ifndef IDL_PORT_EXECUTED

@@ -34,6 +34,8 @@
 #ifndef IDL_REGS_H
 #define IDL_REGS_H
 
+#include "idl_checkreturn.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -89,7 +91,7 @@ void idl_regs_init(idl_regs_t *r, uint32_t trigger_ms, idl_fault_conditions_fn c
  *  ceiling, which becomes the generation) validated whole: false (nothing changed) if a value is
  *  outside its range. HOLDING registers declared volatile go back to their default (generation
  *  +1 if one held another value: flash written before they were saved at their default). */
-bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation, uint32_t now);
+IDL_CHECKRETURN bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation, uint32_t now);
 
 /** Advance time: finish RUNNING triggers whose duration elapsed, latch faults. */
 void idl_regs_tick(idl_regs_t *r, uint32_t now);
@@ -98,23 +100,23 @@ void idl_regs_tick(idl_regs_t *r, uint32_t now);
 int32_t idl_regs_index(uint16_t address);
 
 /** Current value (no side effect); false if unmapped. */
-bool idl_regs_get(const idl_regs_t *r, uint16_t address, uint16_t *value);
+IDL_CHECKRETURN bool idl_regs_get(const idl_regs_t *r, uint16_t address, uint16_t *value);
 
 /** The world changed an INPUT register (sensor reading); false if not an INPUT. */
-bool idl_regs_set_input(idl_regs_t *r, uint16_t address, uint16_t value, uint32_t now);
+IDL_CHECKRETURN bool idl_regs_set_input(idl_regs_t *r, uint16_t address, uint16_t value, uint32_t now);
 
 /** FC03/FC04: `count` values big-endian into `out`; 0 or exception 02. */
-uint8_t idl_regs_read(const idl_regs_t *r, uint16_t address, uint16_t count, uint8_t *out);
+IDL_CHECKRETURN uint8_t idl_regs_read(const idl_regs_t *r, uint16_t address, uint16_t count, uint8_t *out);
 
 /** FC06/FC16 (guarded false) or 0x41 (guarded, `guard` = expected generation): the big-endian
  *  values at `be`. Returns 0, an exception code 2..4, or IDL_REGS_GUARD_FAILED. */
-int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_t *be,
+IDL_CHECKRETURN int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_t *be,
                    bool guarded, uint16_t guard);
 
 /** 0x42: a trigger write answering its status code; 0 or exception 02 (not a TRIGGER). */
-uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16_t *code);
+IDL_CHECKRETURN uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16_t *code);
 
 /** Test hook: put a trigger in any raw state (also an impossible one). */
-bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw);
+IDL_CHECKRETURN bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw);
 
 #endif /* IDL_REGS_H */

@@ -15,6 +15,8 @@
 #ifndef IDL_REPLAY_H
 #define IDL_REPLAY_H
 
+#include "idl_checkreturn.h"
+
 #include <stdint.h>
 
 #ifndef IDL_REPLAY_SLOTS
@@ -50,7 +52,7 @@ void idl_replay_init(idl_replay_t *c);
 
 /** The slot `seq` will be stored in (its own entry, else an empty one, else the oldest); the
  *  slot is emptied. */
-uint8_t idl_replay_claim(idl_replay_t *c, uint32_t seq);
+IDL_CHECKRETURN uint8_t idl_replay_claim(idl_replay_t *c, uint32_t seq);
 
 static inline uint8_t *idl_replay_data(idl_replay_t *c, uint8_t slot)
 {
@@ -62,7 +64,7 @@ void idl_replay_commit(idl_replay_t *c, uint8_t slot, uint32_t seq, uint32_t dig
                        uint16_t length);
 
 /** Classify a duplicate; on REPLAY, answer and length give the stored bytes. */
-idl_replay_verdict_t idl_replay_lookup(const idl_replay_t *c, uint32_t seq, uint32_t digest,
+IDL_CHECKRETURN idl_replay_verdict_t idl_replay_lookup(const idl_replay_t *c, uint32_t seq, uint32_t digest,
                                        const uint8_t **answer, uint16_t *length);
 
 #endif /* IDL_REPLAY_H */

@@ -29,6 +29,8 @@
 #ifndef IDL_RTU_H
 #define IDL_RTU_H
 
+#include "idl_checkreturn.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,16 +66,16 @@ typedef struct {
 } idl_rtu_t;
 
 /** CRC-16/MODBUS of n bytes. */
-uint16_t idl_crc16_modbus(const uint8_t *data, size_t n);
+IDL_CHECKRETURN uint16_t idl_crc16_modbus(const uint8_t *data, size_t n);
 
 void idl_rtu_init(idl_rtu_t *r, idl_regs_t *regs, uint8_t unit);
 
 /** One received byte at `now` (ms); returns the length of an answer now in r->out (0: none).
  *  Bytes that follow a request for us without a pause are framed at the next call. */
-size_t idl_rtu_feed(idl_rtu_t *r, uint8_t byte, uint32_t now);
+IDL_CHECKRETURN size_t idl_rtu_feed(idl_rtu_t *r, uint8_t byte, uint32_t now);
 
 /** The line was silent for t3.5; returns the length of an answer now in r->out (0: none). */
-size_t idl_rtu_pause(idl_rtu_t *r, uint32_t now);
+IDL_CHECKRETURN size_t idl_rtu_pause(idl_rtu_t *r, uint32_t now);
 
 /** Bits in one character: start + data + parity + stop (8E1 and 8N2: 11, 8N1: 10). */
 #define IDL_RTU_CHAR_BITS(bytesize, has_parity, stopbits) (1u + (bytesize) + (has_parity) + (stopbits))
@@ -84,13 +86,13 @@ size_t idl_rtu_pause(idl_rtu_t *r, uint32_t now);
 
 /** One character's time on the line in microseconds (rounded up) at `baudrate` (> 0) for a
  *  character of `char_bits` bits. */
-uint32_t idl_rtu_char_us(uint32_t baudrate, uint32_t char_bits);
+IDL_CHECKRETURN uint32_t idl_rtu_char_us(uint32_t baudrate, uint32_t char_bits);
 /** t1.5: 1.5 character times up to 19200 Bd, 750 us above (rounded up). The port's timer for
  *  "a gap inside a frame". */
-uint32_t idl_rtu_t15_us(uint32_t baudrate, uint32_t char_bits);
+IDL_CHECKRETURN uint32_t idl_rtu_t15_us(uint32_t baudrate, uint32_t char_bits);
 /** t3.5: 3.5 character times up to 19200 Bd, 1750 us above (rounded up). The port's timer for
  *  the pause that ends a frame: call idl_rtu_pause() when it expires. Same numbers as
  *  protocol/modbus_rtu.py rtu_timing() (tests/test_c_rtu_timing.py compares them). */
-uint32_t idl_rtu_t35_us(uint32_t baudrate, uint32_t char_bits);
+IDL_CHECKRETURN uint32_t idl_rtu_t35_us(uint32_t baudrate, uint32_t char_bits);
 
 #endif /* IDL_RTU_H */

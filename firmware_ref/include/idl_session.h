@@ -21,6 +21,8 @@
 #ifndef IDL_SESSION_H
 #define IDL_SESSION_H
 
+#include "idl_checkreturn.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -86,11 +88,11 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
 
 /** Feed one received byte at `now`; returns the length of the answer now in s->tx (0: none).
  *  Send it before feeding the next byte. */
-size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
+IDL_CHECKRETURN size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
 
 /** next_seq of DEVICE_INFO (protocol/device_session.py first_seq): 1 on a fresh boot; else one
  *  window beyond the later of the highest number seen and the last start handed out, but never
  *  more than IDL_HANDOUT_SPAN ahead of the highest (HELLOs without requests then cycle). */
-uint32_t idl_session_first_seq(const idl_session_t *s);
+IDL_CHECKRETURN uint32_t idl_session_first_seq(const idl_session_t *s);
 
 #endif /* IDL_SESSION_H */

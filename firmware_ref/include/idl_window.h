@@ -25,6 +25,8 @@
 #ifndef IDL_WINDOW_H
 #define IDL_WINDOW_H
 
+#include "idl_checkreturn.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -116,7 +118,7 @@ void idl_window_reset(idl_window_t *w);
  * @return ::IDL_VERDICT_NEW, ::IDL_VERDICT_ACCEPT_OLD, ::IDL_VERDICT_DUPLICATE or
  *         ::IDL_VERDICT_TOO_OLD (see the rules in the file comment).
  */
-idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
+IDL_CHECKRETURN idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
 
 /**
  * @brief Apply @p seq after its frame passed the integrity check; returns the verdict applied.
@@ -130,7 +132,7 @@ idl_verdict_t idl_window_check(const idl_window_t *w, uint32_t seq);
  * @param seq the frame's sequence number.
  * @return the verdict, as idl_window_check() would have returned it just before the call.
  */
-idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq);
+IDL_CHECKRETURN idl_verdict_t idl_window_commit(idl_window_t *w, uint32_t seq);
 
 /**
  * @brief idl_window_commit() that also tallies the verdict in @p c.

@@ -32,6 +32,8 @@
 #ifndef IDL_YMODEM_H
 #define IDL_YMODEM_H
 
+#include "idl_checkreturn.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -192,9 +194,9 @@ void idl_ym_rx_tick(idl_ym_rx_t *rx, uint32_t now);
 void idl_ym_rx_abort(idl_ym_rx_t *rx);
 
 /** True once the batch is over (DONE or ABORTED): the line goes back to the caller. */
-bool idl_ym_rx_finished(const idl_ym_rx_t *rx);
+IDL_CHECKRETURN bool idl_ym_rx_finished(const idl_ym_rx_t *rx);
 
 /** The transition table entry for (state, input): (next << 5) | action, 0xFF when absent. */
-uint8_t idl_ym_rx_transition(unsigned state, unsigned input);
+IDL_CHECKRETURN uint8_t idl_ym_rx_transition(unsigned state, unsigned input);
 
 #endif /* IDL_YMODEM_H */

@@ -133,7 +133,9 @@ void idl_device_init(idl_device_t *d)
     idl_regs_init(&d->regs, IDL_TRIGGER_MS, conditions, persist, NULL, now);
     /* the scratch array doubles as the load buffer: it is unused outside a write */
     if (idl_port_flash_load(d->regs.planned, &generation)) {
-        (void)idl_regs_restore(&d->regs, d->regs.planned, generation, now);
+        /* false: a saved value out of range (a corrupt or foreign record): the defaults stay */
+        bool restored = idl_regs_restore(&d->regs, d->regs.planned, generation, now);
+        (void)restored;
     }
     n = idl_port_unique_id(d->device_id, IDL_MAX_DEVICE_ID_LEN);
     d->device_id[n < IDL_MAX_DEVICE_ID_LEN ? n : IDL_MAX_DEVICE_ID_LEN] = '\0';

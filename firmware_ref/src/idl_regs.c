@@ -281,8 +281,6 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
             r->ceiling = ceiling;
             (void)plan(r, first, count, be, &persistent); /* the volatile values again */
         }
-    }
-    if (changed) {
         for (i = 0; i < IDL_REG_COUNT; i++) {
             r->value[i] = r->planned[i];
         }

@@ -136,7 +136,8 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
             n = RESPONSE_PDU_MAX;
         }
         out[0] = (uint8_t)IDL_STATUS_OK;
-        (void)idl_window_commit(&s->window, f->seq);
+        idl_verdict_t committed = idl_window_commit(&s->window, f->seq); /* re-derives v */
+        (void)committed;
         idl_replay_commit(&s->cache, slot, f->seq, digest, (uint16_t)(n + 1u));
         s->counters[IDL_DISP_EXECUTED]++;
         return response(s, 0u, f->seq, out, n + 1u);

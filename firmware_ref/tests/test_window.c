@@ -139,7 +139,9 @@ static void test_full_ring_after_jump(void)
     uint32_t base = 0xFFFFFE00u, k;
     guard_init(&g);
     for (k = 0; k < 2u * IDL_WINDOW_RING_BITS; ++k) {
-        (void)idl_window_commit(&g.w, base + k);
+        if (idl_window_commit(&g.w, base + k) != IDL_VERDICT_NEW) {
+            expect(0, "consecutive numbers are NEW", base + k, 0u);
+        }
     }
     base = base + 2u * IDL_WINDOW_RING_BITS - 1u + IDL_WINDOW_RING_BITS; /* jump of the ring */
     expect(idl_window_commit(&g.w, base) == IDL_VERDICT_NEW, "ring jump is NEW", 1u, 0u);

@@ -1146,7 +1146,9 @@ int main(int argc, char **argv)
         /* every check before anything is written: a refused flash exits with nothing changed */
         check_files_dir(); /* first, as the simulator's ConfigFlash */
         claim_map(0);
-        (void)idl_port_flash_load(check, &generation);
+        if (!idl_port_flash_load(check, &generation)) {
+            generation = 0; /* none saved: judged all the same (a bad file exits inside) */
+        }
         (void)read_boots();
         n = read_flash_file("device_id", text, sizeof text);
         while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) {
@@ -1160,7 +1162,9 @@ int main(int argc, char **argv)
         remove_stale_temporaries(flash_dir, 0);
         snprintf(files, sizeof files, "%s/files", flash_dir);
         remove_stale_temporaries(files, 1);
-        (void)idl_port_unique_id(ident, sizeof ident); /* created once */
+        if (idl_port_unique_id(ident, sizeof ident) == 0u) { /* created once */
+            fail(1, "flash directory: no device id", NULL);
+        }
         seed_state ^= 0xA0761D6478BD642Full * count_boot(); /* new epochs on every start */
     }
     idl_device_init(&device);

@@ -100,7 +100,9 @@ static int apply_line(char *text, idl_regs_t *regs, uint32_t now)
         if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_INPUT) {
             return refuse(text, "not an INPUT register");
         }
-        (void)idl_regs_set_input(regs, address, value, now);
+        if (!idl_regs_set_input(regs, address, value, now)) {
+            return refuse(text, "not an INPUT register");
+        }
     } else {
         if (at < 0 || IDL_REGMAP[at].kind != (uint8_t)IDL_REG_KIND_FAULT) {
             return refuse(text, "not a FAULT register");
