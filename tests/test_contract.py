@@ -131,3 +131,23 @@ def test_additive_entries_are_no_member_of_the_hashed_data() -> None:
             assert not set(hashed) & set(added), (sec.name, key)
             values = {json.dumps(v) for v in hashed.values()}
             assert not values & {json.dumps(v) for v in added.values()}, (sec.name, key)
+
+
+def test_the_c_trigger_tables_are_generated_from_the_python_table(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``idl_tables.h`` is rendered from ``device_core.TRIGGER_TABLE`` (a changed row changes the
+    C table, which ``--check`` then finds stale), and the contract's hash does not cover it."""
+    from idemlink.protocol import device_core
+    from idemlink.protocol.device_core import TriggerAction, TriggerEvent
+    from idemlink.protocol.registers import TriggerState, TriggerStatus
+
+    before, digest = contract.render_tables(), contract.contract_hash()
+    assert "/* DONE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_DONE }" in before
+    table = dict(device_core.TRIGGER_TABLE)
+    table[(TriggerState.DONE, TriggerEvent.WRITE_1)] = (
+        TriggerState.RUNNING, TriggerAction.START, TriggerStatus.ACCEPTED)
+    monkeypatch.setattr(device_core, "TRIGGER_TABLE", table)
+    after = contract.render_tables()
+    assert "/* DONE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING }" in after
+    assert "/* DONE    */ { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_ACCEPTED }" in after
+    assert contract.contract_hash() == digest

@@ -1,20 +1,14 @@
 /* Register core: see idl_regs.h. */
 #include "idl_regs.h"
+#include "idl_tables.h"
 
 #include <stddef.h>
 
-/* (state, value written) -> next state and answer; the START action is "IDLE + write 1";
- * RUNNING becomes DONE in idl_regs_tick() when the duration elapsed. */
-static const uint8_t TRIGGER_NEXT[3][2] = {
-    /* IDLE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING },
-    /* RUNNING */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING },
-    /* DONE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_DONE },
-};
-static const uint16_t TRIGGER_ANSWER[3][2] = {
-    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_ACCEPTED },
-    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_RUNNING },
-    { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_DONE },
-};
+/* (state, value written) -> next state and answer, generated from the Python TRIGGER_TABLE
+ * (idl_tables.h); the START action is "IDLE + write 1"; RUNNING becomes DONE in
+ * idl_regs_tick() when the duration elapsed. */
+static const uint8_t TRIGGER_NEXT[IDL_TRIGGER_STATES][2] = IDL_TRIGGER_NEXT_TABLE;
+static const uint16_t TRIGGER_ANSWER[IDL_TRIGGER_STATES][2] = IDL_TRIGGER_ANSWER_TABLE;
 
 static uint16_t be16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
 
