@@ -151,3 +151,16 @@ def test_the_c_trigger_tables_are_generated_from_the_python_table(
     assert "/* DONE    */ { IDL_TRIGGER_IDLE, IDL_TRIGGER_RUNNING }" in after
     assert "/* DONE    */ { IDL_TRIGGER_STATUS_ACCEPTED, IDL_TRIGGER_STATUS_ACCEPTED }" in after
     assert contract.contract_hash() == digest
+
+
+def test_the_c_ymodem_table_is_generated_from_the_python_transitions(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from idemlink.protocol import ymodem_tables
+    from idemlink.protocol.ymodem_tables import RxAction, RxIn, RxState
+
+    first = "{ E(1, A_ACCEPT_HEADER), E(6, A_REFUSE_HEADER), E(5, A_END_BATCH), X,"
+    assert first in contract.render_tables()
+    table = dict(ymodem_tables.RX_TRANSITIONS)
+    table[(RxState.WAIT_HEADER, RxIn.HEADER)] = (RxState.ABORTED, RxAction.CANCEL_SEQUENCE)
+    monkeypatch.setattr(ymodem_tables, "RX_TRANSITIONS", table)
+    assert "{ E(6, A_CANCEL_SEQUENCE), E(6, A_REFUSE_HEADER)," in contract.render_tables()

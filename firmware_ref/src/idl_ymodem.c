@@ -5,6 +5,7 @@
 
 #include "idl_crc32c.h"
 #include "idl_name.h"
+#include "idl_tables.h"
 
 #define BS 0x08u
 #define SB_COUNT_AT 126u /* sb's block count in bytes 126-127 of a 128-byte block 0 */
@@ -21,33 +22,9 @@ enum {
 #define E(next, action) (uint8_t)(((unsigned)(next) << 5) | (unsigned)(action))
 #define X ABSENT
 
-/* RX_TRANSITIONS: [state][input] -> (next state, action); inputs in idl_ym_input_t order:
- * HEADER BAD_HEADER END_OF_BATCH BLOCK_NEXT BLOCK_DUP BLOCK_OTHER OTHER_HEADER BAD_PACKET EOT
- * STALE_EOT NOISE CANCEL TIMEOUT */
-static const uint8_t TABLE[IDL_YM_STATES - 1u][IDL_YM_INPUTS] = {
-    /* WAIT_HEADER */
-    { E(1, A_ACCEPT_HEADER), E(6, A_REFUSE_HEADER), E(5, A_END_BATCH), X, X,
-      E(6, A_CANCEL_SEQUENCE), X, E(0, A_ASK_HEADER), X, X, X, E(6, A_PEER_CANCELLED),
-      E(0, A_ASK_HEADER) },
-    /* WAIT_FIRST_BLOCK */
-    { X, X, X, E(2, A_ACCEPT_BLOCK), E(1, A_REACK_HEADER), E(6, A_CANCEL_SEQUENCE),
-      E(6, A_CANCEL_OTHER_HEADER), E(1, A_NAK_FIRST_BLOCK), E(3, A_FIRST_EOT), X, E(1, A_PURGE),
-      E(6, A_PEER_CANCELLED), E(1, A_ASK_FIRST_BLOCK) },
-    /* RECV_DATA */
-    { X, X, X, E(2, A_ACCEPT_BLOCK), E(2, A_ACK_DUPLICATE), E(6, A_CANCEL_SEQUENCE),
-      E(6, A_CANCEL_OTHER_HEADER), E(2, A_NAK), E(3, A_FIRST_EOT), X, E(2, A_PURGE),
-      E(6, A_PEER_CANCELLED), E(2, A_NAK) },
-    /* WAIT_EOT_CONFIRM */
-    { X, X, X, E(2, A_ACCEPT_BLOCK), E(2, A_ACK_DUPLICATE), E(6, A_CANCEL_SEQUENCE),
-      E(6, A_CANCEL_OTHER_HEADER), E(3, A_NAK), E(4, A_COMMIT), X, E(2, A_PURGE),
-      E(6, A_PEER_CANCELLED), E(3, A_NAK) },
-    /* WAIT_NEXT_HEADER */
-    { E(1, A_ACCEPT_HEADER), E(6, A_REFUSE_HEADER), E(5, A_END_BATCH), X, E(4, A_ACK_ONLY),
-      E(6, A_CANCEL_SEQUENCE), X, E(4, A_ASK_NEXT_HEADER), E(4, A_REACK_EOT),
-      E(4, A_NAK_STALE_EOT), X, E(6, A_PEER_CANCELLED), E(4, A_ASK_HEADER) },
-    /* DONE */
-    { X, X, E(5, A_ACK_ONLY), X, X, X, X, X, X, X, X, X, X },
-};
+/* RX_TRANSITIONS: [state][input] -> (next state, action), generated from the Python table
+ * (idl_tables.h, `idemlink contract`) */
+static const uint8_t TABLE[IDL_YM_STATES - 1u][IDL_YM_INPUTS] = IDL_YM_RX_TABLE;
 
 uint8_t idl_ym_rx_transition(unsigned state, unsigned input)
 {
