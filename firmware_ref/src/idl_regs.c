@@ -219,27 +219,31 @@ static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, cons
     return 0;
 }
 
-/* planned = the values after the write; true if a HOLDING changes (*persistent: a persistent one) */
-static bool plan(idl_regs_t *r, int32_t first, uint16_t count, const uint8_t *be, bool *persistent)
+/* planned = the values after the write (the volatile HOLDINGs at their default when `flash`:
+ * what flash keeps); returns 0 (no HOLDING changes), 1 (only volatile ones) or 3 (a persistent
+ * one too) */
+static unsigned plan(idl_regs_t *r, int32_t first, uint16_t count, const uint8_t *be, bool flash)
 {
     uint32_t i;
-    uint32_t k;
-    bool changed = false;
-    *persistent = false;
+    unsigned changes = 0u;
     for (i = 0; i < IDL_REG_COUNT; i++) {
-        r->planned[i] = r->value[i];
-    }
-    for (k = 0; k < count; k++) {
-        i = (uint32_t)first + k;
-        if (IDL_REGMAP[i].kind == (uint8_t)IDL_REG_KIND_HOLDING) {
-            r->planned[i] = be16(be + 2u * k);
-            if (r->planned[i] != r->value[i]) {
-                changed = true;
-                *persistent = *persistent || (IDL_REGMAP[i].flags & IDL_REG_FLAG_PERSIST) != 0u;
+        const idl_reg_desc_t *d = &IDL_REGMAP[i];
+        uint32_t k = i - (uint32_t)first;
+        uint16_t v = r->value[i];
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING) {
+            if (k < count) {
+                v = be16(be + 2u * k);
+                if (v != r->value[i]) {
+                    changes |= (d->flags & IDL_REG_FLAG_PERSIST) ? 3u : 1u;
+                }
+            }
+            if (flash && !(d->flags & IDL_REG_FLAG_PERSIST)) {
+                v = d->def;
             }
         }
+        r->planned[i] = v;
     }
-    return changed;
+    return changes;
 }
 
 int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_t *be,
@@ -247,8 +251,7 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
 {
     uint32_t i;
     uint32_t k;
-    bool changed;
-    bool persistent;
+    unsigned changes;
     int32_t first = run_index(address, count);
     uint8_t exc = validate(r, first, count, be, guarded);
     if (exc != 0u) {
@@ -257,23 +260,18 @@ int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t count, const uint8_
     if (guarded && guard != r->generation) {
         return IDL_REGS_GUARD_FAILED;
     }
-    changed = plan(r, first, count, be, &persistent);
-    if (changed) {
+    changes = plan(r, first, count, be, false);
+    if (changes != 0u) {
         uint16_t after = (uint16_t)(r->generation + 1u);
         bool below = (uint16_t)((uint16_t)(r->ceiling - after) - 1u) < IDL_GENERATION_RESERVE;
-        if (persistent || !below) { /* flash must change: the save policy in idl_regs.h */
+        if (changes > 1u || !below) { /* flash must change: the save policy in idl_regs.h */
             uint16_t ceiling = below ? r->ceiling : (uint16_t)(after + IDL_GENERATION_RESERVE);
-            for (i = 0; i < IDL_REG_COUNT; i++) {
-                const idl_reg_desc_t *d = &IDL_REGMAP[i];
-                if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && !(d->flags & IDL_REG_FLAG_PERSIST)) {
-                    r->planned[i] = d->def; /* flash keeps only what survives a reboot */
-                }
-            }
+            (void)plan(r, first, count, be, true);
             if (r->persist != NULL && !r->persist(r->ctx, r, r->planned, ceiling)) {
                 return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
             }
             r->ceiling = ceiling;
-            (void)plan(r, first, count, be, &persistent); /* the volatile values again */
+            (void)plan(r, first, count, be, false);
         }
         for (i = 0; i < IDL_REG_COUNT; i++) {
             r->value[i] = r->planned[i];
