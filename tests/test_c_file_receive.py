@@ -177,7 +177,8 @@ def test_send_into_the_qemu_device(qemu_elf: Path, tmp_path: Path) -> None:
 
 def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
     """Cortex-M0+ and M4, -Os: the framed device <= 6144 B of code, with the YMODEM receiver
-    (its own module line) <= 8192 B; the receiver's 1 KiB block buffer reported apart."""
+    (its own module line) <= 8320 B (8 KiB + 128 since the generation's save policy); the
+    receiver's 1 KiB block buffer reported apart."""
     out = firmware.make_once("size-device",
                              tools=("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"))
     rows = [dict(kv.split("=", 1) for kv in ln.split())
@@ -191,5 +192,5 @@ def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
         assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
         assert int(with_ym["text"]) == int(total["text"]) + int(ymodem["text"])
         assert int(total["text"]) + int(total["data"]) <= 6144
-        assert int(with_ym["text"]) + int(with_ym["data"]) <= 8192
+        assert int(with_ym["text"]) + int(with_ym["data"]) <= int(with_ym["budget_text"]) == 8320
         assert int(with_ym["ram_block"]) == 1024
