@@ -115,10 +115,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _only_port(client: Any) -> str:
-    ports = [p["name"] for p in client.ports().get("ports", [])]
+    answer = client.ports()
+    if "ports" not in answer:
+        raise UserError(f"the gateway answered {answer.get('http')} {answer.get('reason')}: "
+                        f"{answer.get('message', '')}")
+    ports = [p["name"] for p in answer["ports"]]
     if len(ports) != 1:
         raise UserError(f"the gateway has {len(ports)} ports ({', '.join(ports)}): name one "
-                        "with --port")
+                        "with --gateway-port")
     return str(ports[0])
 
 

@@ -10,6 +10,7 @@ It only moves requests to ``idemlink.gateway.service.Gateway`` and its ``Answer`
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,8 +18,12 @@ from aiohttp import web
 
 from idemlink.gateway.calls import KEY_HEADER, CallError, parse_if_match
 from idemlink.gateway.openapi import openapi
-from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer
+from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer, refusal
+from idemlink.gateway.store import StoreError
 from idemlink.gateway.tokens import caller_of
+from idemlink.protocol.outcome import Outcome
+
+log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 SSE_LOOK_SECONDS = 0.25
@@ -26,6 +31,10 @@ SSE_LOOKS = 4 * 3600
 """A watcher's stream looks at the call at least every ``SSE_LOOK_SECONDS`` and ends after an hour."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _json(answer: Answer) -> web.Response:
@@ -58,12 +67,24 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
         except web.HTTPException as exc:
             return _refused(exc.status, "NOT_FOUND" if exc.status == 404 else "BAD_REQUEST",
                             exc.reason)
+        except StoreError as exc:
+            effect = request.method == "POST" and request.path.startswith("/v1/ports/")
+            return _json(refusal(Outcome.UNKNOWN if effect else Outcome.NOT_EXECUTED,
+                                 "STORE_ERROR", str(exc), may_have_effect=effect))
+        except Exception as exc:  # never a bare 500: the body still says what a caller does
+            log.exception("%s %s failed", request.method, request.path)
+            return web.json_response(
+                {"outcome": "UNKNOWN", "reason": "INTERNAL_ERROR",
+                 "message": f"{type(exc).__name__}: {exc}; ask about the call again under the "
+                            "same key (GET /v1/calls/KEY)",
+                 "action": "reconcile first" if request.method == "POST" else "safe to retry",
+                 "replayed": False, "http": 500}, status=500)
 
     async def body_of(request: web.Request) -> dict[str, Any]:
         try:
-            data = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadArguments(f"the body must be a JSON object: {exc}") from exc
+            data = json.loads(await request.text(), parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            raise BadArguments(f"the body must be a JSON object: {str(exc)[:200]}") from exc
         except web.HTTPRequestEntityTooLarge as exc:
             raise BadArguments(f"the body is over {MAX_BODY} bytes") from exc
         if not isinstance(data, dict):
@@ -99,7 +120,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
     async def trigger(request: web.Request) -> web.Response:
         data = await body_of(request) if request.can_read_body else {}
         return await _effect(request, "trigger", {"register": data.get("register"),
-                                                  "reset": bool(data.get("reset", False))},
+                                                  "reset": data.get("reset", False)},
                              background=True)
 
     async def _effect(request: web.Request, op: str, args: dict[str, Any], *,
@@ -141,14 +162,17 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
         data = await body_of(request)
         reason = data.get("reason")
         return _json(gateway.acknowledge(request["caller"], request.match_info["key"],
-                                         reason if isinstance(reason, str) else ""))
+                                         reason if isinstance(reason, str) else "",
+                                         request.query.get("caller")))
 
     async def audit(request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "100"))
             after = int(request.query["after"]) if "after" in request.query else None
+            if not (0 <= (after or 0) < 2**63 and limit < 2**63):
+                raise ValueError
         except ValueError as exc:
-            raise BadArguments("limit and after must be numbers") from exc
+            raise BadArguments("limit and after must be numbers (after: 0 to 2**63-1)") from exc
         return web.json_response({"entries": gateway.store.audit_entries(max(1, limit), after)})
 
     app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)

@@ -36,6 +36,10 @@ class GatewayUnreachable(IdemlinkError):
         self.key = key
 
 
+class NotAnAnswer(GatewayUnreachable):
+    """An HTTP answer without the gateway's JSON body (a proxy's error page, another server)."""
+
+
 class GatewayClient:
     def __init__(self, url: str, token: str, *, attempts: int = 5, timeout: float = 30.0) -> None:
         self.url = url.rstrip("/")
@@ -99,7 +103,7 @@ class GatewayClient:
         for attempt in range(self.attempts):
             try:
                 answer = self._once(method, path, body, h)
-            except OSError as exc:
+            except (OSError, NotAnAnswer) as exc:  # the call may not have arrived: again
                 last = str(exc)
             else:
                 again = answer.get("action") == "safe to retry" and answer.get("http") == 503
@@ -121,11 +125,17 @@ class GatewayClient:
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=h)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                answer: dict[str, Any] = json.loads(r.read())
-                answer.setdefault("http", r.status)
+                status, text = r.status, r.read()
         except urllib.error.HTTPError as e:
-            answer = json.loads(e.read() or b"{}")
-            answer.setdefault("http", e.code)
+            status, text = e.code, e.read()
+        try:
+            answer = json.loads(text or b"{}")
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):  # a proxy's error page, or not a gateway at all
+            raise NotAnAnswer(f"{self.url}{path}: HTTP {status}, not a gateway's answer: "
+                              f"{text[:80]!r}")
+        answer.setdefault("http", status)
         return answer
 
 
@@ -133,4 +143,4 @@ def _q(text: str) -> str:
     return urllib.parse.quote(text, safe="")
 
 
-__all__ = ["GatewayClient", "GatewayUnreachable"]
+__all__ = ["GatewayClient", "GatewayUnreachable", "NotAnAnswer"]

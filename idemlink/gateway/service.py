@@ -35,7 +35,7 @@ from typing import Any
 
 from idemlink.gateway import calls
 from idemlink.gateway.calls import CallError, Decision
-from idemlink.gateway.store import MAX_TEXT, CallRecord, CallStore, StoreFull
+from idemlink.gateway.store import MAX_TEXT, CallRecord, CallStore, StoreError, StoreFull
 from idemlink.host.aio import AsyncDevice, AsyncDriver, AsyncRtuDevice
 from idemlink.host.command import Command, CommandBuilder, Result, SentRequest, raw_in
 from idemlink.host.errors import LinkLost, NoDevice, PortError, UnknownOutstanding
@@ -64,6 +64,14 @@ class UnknownPort(CallError):
 class UnknownCall(CallError):
     reason = "UNKNOWN_CALL"
     http = 404
+
+
+class AmbiguousOpenItem(CallError):
+    """Several callers have an open item under one key text; the acknowledgement must name
+    whose (``?caller=ID``)."""
+
+    reason = "AMBIGUOUS_OPEN_ITEM"
+    http = 409
 
 
 class BadArguments(CallError, ValueError):
@@ -328,7 +336,10 @@ class Gateway:
                     raise BadArguments('"mask" must be the fault bits to clear, 1..65535')
                 return b.clear_faults_command(mask, args.get("register"))
             if op == "trigger":
-                return b.trigger_command(args.get("register"), reset=bool(args.get("reset")))
+                reset = args.get("reset", False)
+                if not isinstance(reset, bool):
+                    raise BadArguments('"reset" must be true or false')
+                return b.trigger_command(args.get("register"), reset=reset)
         except CallError:
             raise
         except (IdemlinkError, ValueError, KeyError, TypeError) as exc:
@@ -353,27 +364,42 @@ class Gateway:
 
     def _audit(self, caller: str, method: str, path: str, content: Mapping[str, Any] | None,
                key: str | None, answer: Answer) -> None:
+        """One audit entry; a store that cannot take it is logged, never turned into a wrong
+        answer for a call that already has its outcome."""
+        outcome = str(answer.body.get("outcome", ""))
         try:
-            self.store.audit(int(self.clock() * 1000), caller, method, path, content, key,
-                             str(answer.body.get("outcome", "")), answer.http)
-        except StoreFull:  # a record over MAX_TEXT: kept without its content
-            self.store.audit(int(self.clock() * 1000), caller, method, path,
-                             {"omitted": "over the store's size limit"}, key,
-                             str(answer.body.get("outcome", "")), answer.http)
+            try:
+                self.store.audit(int(self.clock() * 1000), caller, method, path, content, key,
+                                 outcome, answer.http)
+            except StoreFull as exc:  # a record over MAX_TEXT: kept without its content
+                if "audit log is full" in str(exc):
+                    raise
+                self.store.audit(int(self.clock() * 1000), caller, method, path,
+                                 {"omitted": "over the store's size limit"}, key, outcome,
+                                 answer.http)
+        except StoreError as exc:
+            log.error("audit entry lost (%s %s by %s, key %s, %s %s): %s", method, path, caller,
+                      key, outcome, answer.http, exc)
 
     async def _call(self, caller: str, key: str | None, name: str, op: str,
                     args: dict[str, Any], background: bool) -> Answer:
         now = self.clock()
         try:
-            key = calls.check_key(key, now)
+            if key is None:
+                key = calls.check_key(key, now)
+            calls.key_time_ms(key)
             port = self._port(name)
             command = self.command_for(port.spec.regmap, op, args)
             if len(calls.canonical(args)) > MAX_TEXT // 2:
                 raise BadArguments(f"the call's arguments are over {MAX_TEXT // 2} bytes")
+            dig = calls.digest(name, op, args)
+            rec = self.store.get(caller, key)
+            if rec is None:  # a key with a record is answered by it, even past the window
+                calls.check_key(key, now)
         except CallError as exc:
             return error_answer(exc, key)
-        dig = calls.digest(name, op, args)
-        rec = self.store.get(caller, key)
+        except StoreError as exc:
+            return refusal(Outcome.NOT_EXECUTED, "STORE_ERROR", str(exc), key=key)
         decision = calls.decide(rec.digest if rec else None,
                                 rec is not None and rec.state == "done", dig)
         if decision is Decision.CONFLICT:
@@ -409,6 +435,9 @@ class Gateway:
                              int(now * 1000))
         except StoreFull as exc:
             return refusal(Outcome.NOT_EXECUTED, "STORE_FULL", str(exc), key=key)
+        except StoreError as exc:
+            log.error("call %s refused: %s", key, exc)
+            return refusal(Outcome.NOT_EXECUTED, "STORE_ERROR", str(exc), key=key)
         running = self._start(self._execute(port, caller, key, command), caller, key)
         if background:
             return self._accepted(key, "accepted")
@@ -481,6 +510,11 @@ class Gateway:
         except UnknownOutstanding as exc:
             self.store.release(caller, key)
             return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc), key=key)
+        except StoreError as exc:  # the number could not be recorded: the request never left
+            log.error("call %s not sent: %s", key, exc)
+            with contextlib.suppress(StoreError):  # else released at the next look or start
+                self.store.release(caller, key)
+            return refusal(Outcome.NOT_EXECUTED, "STORE_ERROR", str(exc), key=key)
         except (PortError, NoDevice) as exc:
             self._down(port, exc)
             rec = self.store.get(caller, key)
@@ -510,10 +544,17 @@ class Gateway:
                                 "result": result_fields(result)}
         if note:
             body["message"] = note
-        if calls.keeps_key(outcome, status, reason):
-            self.store.finish(caller, key, outcome.name, body)
-        else:
-            self.store.release(caller, key)
+        try:
+            if calls.keeps_key(outcome, status, reason):
+                self.store.finish(caller, key, outcome.name, body)
+            else:
+                self.store.release(caller, key)
+        except StoreError as exc:
+            # The outcome is true but not on disk: the record still says ``started`` with its
+            # number, so a retry under the key asks the device again (its replayed answer).
+            log.error("call %s: outcome %s not stored: %s", key, outcome.name, exc)
+            body["message"] = (f"{note + '; ' if note else ''}the outcome is not stored ({exc}): "
+                               "a retry with the same key asks the device again")
         return Answer(rule.http, body, {"Retry-After": "1"} if rule.http == 503 else {})
 
     async def _reconcile_now(self, port: Port, caller: str, key: str, result: Result) -> Answer:
@@ -601,22 +642,37 @@ class Gateway:
     def open_items(self) -> list[dict[str, Any]]:
         return [r.summary() for r in self.store.open_items()]
 
-    def acknowledge(self, by: str, key: str, reason: str) -> Answer:
+    def acknowledge(self, by: str, key: str, reason: str, owner: str | None = None) -> Answer:
+        """Settle the open item under ``key``: ``owner``'s when named, else the acknowledging
+        caller's own, else the only one under that key text (keys are scoped to callers, so two
+        callers may each have one: then the owner must be named)."""
         if not reason.strip():
             return error_answer(BadArguments('"reason" is required: say why it is settled'), key)
         items = [r for r in self.store.find_key(key) if r.open_item]
-        if len(items) != 1:
-            return error_answer(UnknownCall(f"no open item with key {key}"), key)
+        if owner is not None:
+            items = [r for r in items if r.caller == owner]
+        elif len(items) > 1:
+            items = [r for r in items if r.caller == by] or items
+        if len(items) > 1:
+            return error_answer(AmbiguousOpenItem(
+                f"{len(items)} callers ({', '.join(sorted(r.caller for r in items))}) have an "
+                f"open item under key {key}: name whose with ?caller=ID"), key)
+        if not items:
+            return error_answer(UnknownCall(f"no open item with key {key}"
+                                            + (f" of caller {owner}" if owner else "")), key)
         item = items[0]
         self.store.acknowledge(item.caller, key, by, reason, int(self.clock() * 1000))
         port = self.ports.get(item.port)
         if port is not None and port.device is not None and port.device.unknown is not None:
             port.device.acknowledge_unknown()
-        answer = Answer(200, {"key": key, "acknowledged_by": by, "reason": reason})
-        self._audit(by, "POST", f"/v1/open-items/{key}/acknowledge", {"reason": reason}, key,
+        answer = Answer(200, {"key": key, "caller": item.caller, "port": item.port,
+                              "acknowledged_by": by, "reason": reason})
+        self._audit(by, "POST", f"/v1/open-items/{key}/acknowledge",
+                    {"reason": reason, "caller": item.caller}, key,
                     Answer(200, {"outcome": "ACKNOWLEDGED"}))
         return answer
 
 
-__all__ = ["OPERATIONS", "Answer", "BadArguments", "Gateway", "Port", "PortSpec", "UnknownCall",
+__all__ = ["OPERATIONS", "AmbiguousOpenItem", "Answer", "BadArguments", "Gateway", "Port",
+           "PortSpec", "UnknownCall",
            "UnknownPort", "refusal"]

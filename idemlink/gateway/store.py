@@ -12,11 +12,15 @@ Contract (docs/GATEWAY.md, "The store"):
 - Open items: a ``done`` row whose outcome is UNKNOWN and that nobody acknowledged; ``acknowledge``
   records who and why (and when). They are never pruned.
 - The audit log: who (caller id), what (method, path, content), when, key, outcome, HTTP status.
-- Bounded: at most ``MAX_CALLS`` call rows and ``MAX_AUDIT`` audit rows, each row's text at most
-  ``MAX_TEXT`` bytes. Rows older than the retention window (``calls.RETENTION_SECONDS``, by the
-  key's time for a call) are pruned, except calls not ``done`` and open items; a store still full
-  after pruning refuses the new call (``StoreFull``: NOT_EXECUTED, safe to retry later) — it never
-  drops a record that is still needed. Worst case on disk: about 100 MB.
+- Bounded: at most ``MAX_CALLS`` call rows and ``MAX_AUDIT`` audit rows (refusals, which make no
+  call row, up to ``MAX_AUDIT_SLACK`` more), each row's text at most ``MAX_TEXT`` bytes. Audit
+  rows older than the retention window (``calls.RETENTION_SECONDS``) are pruned, call rows
+  ``PRUNE_GRACE_SECONDS`` after it (by the key's time), except calls not ``done`` and open items;
+  a store (or audit log) still full after pruning refuses the new call (``StoreFull``:
+  NOT_EXECUTED, safe to retry later) — it never drops a record that is still needed. Worst case
+  on disk: about 100 MB. Every per-call query uses an index; the row counts are kept in memory.
+- Any SQLite failure (disk full, I/O error) is ``StoreError`` and the transaction is rolled back;
+  a store file removed or replaced under the gateway refuses new calls (``check_file``).
 - One gateway per store: ``<path>.lock`` (``idemlink.protocol.regular_file.lock_file``) or
   ``StoreBusy``. The file is private (created 0600; a store readable by group or others, or a
   symbolic link, is refused: ``StoreUnsafe``).
@@ -24,6 +28,7 @@ Contract (docs/GATEWAY.md, "The store"):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -40,6 +45,8 @@ from idemlink.protocol.regular_file import FileLock, LockHeld, lock_file
 MAX_CALLS = 100_000
 MAX_AUDIT = 200_000
 MAX_TEXT = 16 * 1024
+MAX_AUDIT_SLACK = 10_000
+"""Refusals (which make no call record) may still be audited this far past ``MAX_AUDIT``."""
 
 SCHEMA_VERSION = 1
 
@@ -54,11 +61,24 @@ CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, caller TEXT NOT NULL,
     method TEXT NOT NULL, path TEXT NOT NULL, content TEXT NOT NULL, key TEXT,
     outcome TEXT NOT NULL, http INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS calls_by_key ON calls (key);
+CREATE INDEX IF NOT EXISTS calls_done_by_age ON calls (key_ms) WHERE state='done';
+CREATE INDEX IF NOT EXISTS calls_unsettled ON calls (created_ms) WHERE state!='done';
+CREATE INDEX IF NOT EXISTS calls_open ON calls (created_ms)
+    WHERE state='done' AND outcome='UNKNOWN' AND ack_by IS NULL;
+CREATE INDEX IF NOT EXISTS audit_by_age ON audit (at_ms);
 """
+"""Every query the gateway makes per call uses an index (``tests/test_gateway_calls.py`` reads
+the query plans): a store near its bound costs a call what an empty one does."""
+
+PRUNE_GRACE_SECONDS = 3600
+"""How much longer than the retention window a settled record is kept: a retry that crosses the
+line still finds it (replayed), while a *new* key older than the window is refused."""
 
 
 class StoreError(IdemlinkError):
-    """The call store cannot be used."""
+    """The call store cannot be used (or cannot be written now: disk full, I/O error, the file
+    removed under the gateway)."""
 
 
 class StoreBusy(StoreError):
@@ -134,6 +154,10 @@ class CallStore:
         self.path = path
         self._db = db
         self._lock = lock
+        st = os.stat(path)
+        self._identity = (st.st_dev, st.st_ino)
+        self._calls: int = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+        self._audits: int = db.execute("SELECT COUNT(*) FROM audit").fetchone()[0]
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> CallStore:
@@ -170,37 +194,72 @@ class CallStore:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, on disk when it ends; any SQLite failure (disk full, I/O error) is
+        ``StoreError`` and leaves the store as it was."""
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
         try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+            self._recount()
+            raise StoreError(f"store {self.path}: cannot be written ({exc})") from exc
+
+    def _recount(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            self._calls = self._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
+            self._audits = self._db.execute("SELECT COUNT(*) FROM audit").fetchone()[0]
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"store {self.path}: cannot be read ({exc})") from exc
+
+    def check_file(self) -> None:
+        """``StoreError`` if the store's path no longer names the file this gateway writes (it
+        was removed or replaced): what it writes now would be lost at the next start."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._identity:
+            raise StoreError(f"store {self.path} was removed or replaced under the running "
+                             "gateway: what it recorded would be lost at the next start; calls "
+                             "with an effect are refused until it is restarted")
 
     # ------------------------------------------------------------------ calls
     def get(self, caller: str, key: str) -> CallRecord | None:
-        row = self._db.execute("SELECT * FROM calls WHERE caller=? AND key=?",
-                               (caller, key)).fetchone()
-        return None if row is None else _record(row)
+        rows = self._read("SELECT * FROM calls WHERE caller=? AND key=?", (caller, key))
+        return _record(rows[0]) if rows else None
 
     def find_key(self, key: str) -> list[CallRecord]:
-        return [_record(r) for r in self._db.execute("SELECT * FROM calls WHERE key=?", (key,))]
+        return [_record(r) for r in self._read("SELECT * FROM calls WHERE key=?", (key,))]
 
     def begin(self, caller: str, key: str, key_ms: int, digest: str, port: str, op: str,
               args: Mapping[str, Any], now_ms: int) -> None:
         """A new call, ``accepted``, on disk when this returns (``StoreFull`` at the bound)."""
         args_text = _text(args)
+        self.check_file()
         with self._tx() as db:
             self._prune(db, now_ms)
-            (n,) = db.execute("SELECT COUNT(*) FROM calls").fetchone()
-            if n >= MAX_CALLS:
-                raise StoreFull(f"the store holds {n} calls still within retention or unsettled "
-                                f"(limit {MAX_CALLS}): retry later")
+            if self._calls >= MAX_CALLS:
+                raise StoreFull(f"the store holds {self._calls} calls still within retention or "
+                                f"unsettled (limit {MAX_CALLS}): retry later")
+            if self._audits >= MAX_AUDIT:
+                raise StoreFull(f"the audit log holds {self._audits} entries within retention "
+                                f"(limit {MAX_AUDIT}): retry later")
             db.execute("INSERT INTO calls (caller, key, key_ms, digest, port, op, args, state, "
                        "created_ms) VALUES (?,?,?,?,?,?,?,'accepted',?)",
                        (caller, key, key_ms, digest, port, op, args_text, now_ms))
+            self._calls += 1
 
     def started(self, caller: str, key: str, number: tuple[int, int] | None, pdu: bytes) -> None:
         """The number and PDU the request travels under: on disk before it leaves."""
@@ -217,16 +276,17 @@ class CallStore:
     def release(self, caller: str, key: str) -> None:
         """Drop a call that did not run: the key may be used again."""
         with self._tx() as db:
-            db.execute("DELETE FROM calls WHERE caller=? AND key=?", (caller, key))
+            self._calls -= db.execute("DELETE FROM calls WHERE caller=? AND key=?",
+                                      (caller, key)).rowcount
 
     def unsettled(self, port: str | None = None) -> list[CallRecord]:
         """Calls not ``done`` (a gateway stopped while they ran), oldest first."""
-        rows = self._db.execute("SELECT * FROM calls WHERE state!='done' ORDER BY created_ms")
+        rows = self._read("SELECT * FROM calls WHERE state!='done' ORDER BY created_ms")
         return [r for r in map(_record, rows) if port is None or r.port == port]
 
     def open_items(self) -> list[CallRecord]:
-        rows = self._db.execute("SELECT * FROM calls WHERE state='done' AND outcome='UNKNOWN' "
-                                "AND ack_by IS NULL ORDER BY created_ms")
+        rows = self._read("SELECT * FROM calls WHERE state='done' AND outcome='UNKNOWN' AND "
+                          "ack_by IS NULL ORDER BY created_ms")
         return [_record(r) for r in rows]
 
     def acknowledge(self, caller: str, key: str, by: str, reason: str, now_ms: int) -> None:
@@ -238,38 +298,40 @@ class CallStore:
     def audit(self, at_ms: int, caller: str, method: str, path: str,
               content: Mapping[str, Any] | None, key: str | None, outcome: str,
               http: int) -> None:
+        """One entry. At the bound (``MAX_AUDIT`` entries within retention) a refusal's entry is
+        not written (``StoreFull``); calls with an effect are refused before that (``begin``)."""
         with self._tx() as db:
-            (n,) = db.execute("SELECT COUNT(*) FROM audit").fetchone()
-            if n >= MAX_AUDIT:
-                db.execute("DELETE FROM audit WHERE at_ms < ?",
-                           (at_ms - RETENTION_SECONDS * 1000,))
+            if self._audits >= MAX_AUDIT:
+                self._audits -= db.execute("DELETE FROM audit WHERE at_ms < ?",
+                                           (at_ms - RETENTION_SECONDS * 1000,)).rowcount
+            if self._audits >= MAX_AUDIT + MAX_AUDIT_SLACK:
+                raise StoreFull(f"the audit log is full ({self._audits} entries within retention)")
             db.execute("INSERT INTO audit (at_ms, caller, method, path, content, key, outcome, "
                        "http) VALUES (?,?,?,?,?,?,?,?)",
                        (at_ms, caller, method, path, _text(content) or "{}", key, outcome, http))
-
-    def audit_room(self) -> bool:
-        (n,) = self._db.execute("SELECT COUNT(*) FROM audit").fetchone()
-        return bool(n < MAX_AUDIT)
+            self._audits += 1
 
     def audit_entries(self, limit: int = 100, after: int | None = None) -> list[dict[str, Any]]:
         """The newest ``limit`` entries, newest first; with ``after``, the oldest ``limit``
         entries whose id is above it, oldest first (to read the whole log page by page)."""
         columns = "id, at_ms, caller, method, path, content, key, outcome, http"
         if after is None:
-            rows = self._db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?",
-                                    (min(limit, 1000),))
+            rows = self._read(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?",
+                              (min(limit, 1000),))
         else:
-            rows = self._db.execute(f"SELECT {columns} FROM audit WHERE id > ? ORDER BY id "
-                                    "LIMIT ?", (after, min(limit, 1000)))
+            rows = self._read(f"SELECT {columns} FROM audit WHERE id > ? ORDER BY id LIMIT ?",
+                              (after, min(limit, 1000)))
         return [{"id": r[0], "at_ms": r[1], "caller": r[2], "method": r[3], "path": r[4],
                  "content": json.loads(r[5]), "key": r[6], "outcome": r[7], "http": r[8]}
                 for r in rows]
 
     def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
         horizon = now_ms - RETENTION_SECONDS * 1000
-        db.execute("DELETE FROM calls WHERE key_ms < ? AND state='done' AND NOT "
-                   "(outcome='UNKNOWN' AND ack_by IS NULL)", (horizon,))
-        db.execute("DELETE FROM audit WHERE at_ms < ?", (horizon,))
+        self._calls -= db.execute(
+            "DELETE FROM calls WHERE key_ms < ? AND state='done' AND NOT "
+            "(outcome='UNKNOWN' AND ack_by IS NULL)",
+            (horizon - PRUNE_GRACE_SECONDS * 1000,)).rowcount
+        self._audits -= db.execute("DELETE FROM audit WHERE at_ms < ?", (horizon,)).rowcount
 
 
 def _record(row: tuple[Any, ...]) -> CallRecord:
@@ -280,5 +342,5 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
                       None if body is None else json.loads(body), ack_by, ack_reason, ack_ms)
 
 
-__all__ = ["MAX_AUDIT", "MAX_CALLS", "MAX_TEXT", "CallRecord", "CallStore", "StoreBusy",
-           "StoreError", "StoreFull", "StoreUnsafe"]
+__all__ = ["MAX_AUDIT", "MAX_CALLS", "MAX_TEXT", "PRUNE_GRACE_SECONDS", "CallRecord", "CallStore",
+           "StoreBusy", "StoreError", "StoreFull", "StoreUnsafe"]
