@@ -265,3 +265,29 @@ def test_store_counts_stay_true_across_prune_release_and_failure(tmp_path: Path)
         assert s._calls == s._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 3
     finally:
         s.close()
+
+
+def test_unsynced_writes_are_synced_by_the_next_synced_one(tmp_path: Path) -> None:
+    """Group commit's bookkeeping: an outcome written unsynced is covered by the next synced
+    transaction (``syncs`` moves on) or by ``sync``; a begin and an audit entry are unsynced."""
+    s = CallStore.open(tmp_path / "calls.db")
+    try:
+        now_ms = int(NOW * 1000)
+        a, b = calls.new_key(NOW), calls.new_key(NOW)
+        _begin(s, a, now_ms)
+        assert s.unsynced and s.syncs == 0
+        s.started("alice", a, (1, 1), b"\x06")
+        assert not s.unsynced and s.syncs == 1
+        s.finish("alice", a, "OK", {"outcome": "OK"}, synced=False)
+        assert s.unsynced
+        _begin(s, b, now_ms)
+        s.started("alice", b, (1, 2), b"\x06")  # carries a's outcome to disk with b's number
+        assert not s.unsynced and s.syncs == 2
+        s.audit(now_ms, "alice", "POST", "/v1/ports/dev/write", {}, b, "OK", 200)
+        s.sync()
+        assert not s.unsynced and s.syncs == 3
+        s.sync()  # nothing to sync: no transaction
+        assert s.syncs == 3
+        assert s._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
+    finally:
+        s.close()

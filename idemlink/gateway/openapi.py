@@ -115,11 +115,16 @@ def openapi() -> dict[str, Any]:
             "/v1/open-items/{key}/acknowledge": {"post": {
                 "summary": "acknowledge an UNKNOWN call: who (the token's caller) and why",
                 "parameters": [{"name": "key", "in": "path", "required": True,
+                                "schema": {"type": "string"}},
+                               {"name": "caller", "in": "query", "required": False,
+                                "description": "whose open item, when several callers have "
+                                               "one under this key text (default: your own, "
+                                               "else the only one)",
                                 "schema": {"type": "string"}}],
                 "requestBody": {"required": True, "content": {"application/json": {"schema": {
                     "type": "object", "required": ["reason"],
                     "properties": {"reason": {"type": "string"}}}}}},
-                "responses": _answers(200, 400, 401, 404)}},
+                "responses": _answers(200, 400, 401, 404, 409)}},
             "/v1/audit": {"get": {
                 "summary": "the audit log: the newest `limit` entries (at most 1000), newest "
                            "first; with `after=ID`, the entries after that id, oldest first",

@@ -54,6 +54,9 @@ MAX_VALUES = 64
 REISSUES = 3
 """How many times a set-only write caught by a device reboot is run again in the new epoch."""
 MAX_NAMES = 64
+SYNC_YIELDS = 3
+"""How many turns of the event loop a call's answer waits for another call's synced write to
+carry its outcome to disk before syncing it itself."""
 
 
 class UnknownPort(CallError):
@@ -402,6 +405,8 @@ class Gateway:
             return refusal(Outcome.NOT_EXECUTED, "STORE_ERROR", str(exc), key=key)
         decision = calls.decide(rec.digest if rec else None,
                                 rec is not None and rec.state == "done", dig)
+        if decision is Decision.REPLAY and (caller, key) in self._running:
+            decision = Decision.WAIT  # its outcome is written, not yet synced: await it
         if decision is Decision.CONFLICT:
             return refusal(Outcome.NOT_EXECUTED, "IDEMPOTENCY_CONFLICT",
                            f"key {key} was used for other content (a different call): nothing "
@@ -420,7 +425,7 @@ class Gateway:
                                    status=Status.LINK_LOST, key=key)
                 running = self._start(self._settle(port, rec), caller, key)
             if background:
-                return self._accepted(key, rec.state)
+                return self._accepted(key, "started" if rec.state == "done" else rec.state)
             return self._replayed((await asyncio.shield(running)).body)
         # NEW
         if any(r.port == name for r in self.store.open_items()):
@@ -444,10 +449,29 @@ class Gateway:
         return (await asyncio.shield(running))
 
     def _start(self, coro: Any, caller: str, key: str) -> asyncio.Future[Answer]:
-        task = self._spawn(coro)
+        task = self._spawn(self._then_synced(coro))
         self._running[(caller, key)] = task
         task.add_done_callback(lambda _: self._running.pop((caller, key), None))
         return task
+
+    async def _then_synced(self, coro: Any) -> Answer:
+        """The call's answer once what it wrote is on disk. Its outcome was written unsynced
+        (``_final``); the next call's ``started`` — usually already waiting for the device —
+        syncs it along with its own number (group commit), else this syncs it."""
+        answer: Answer = await coro
+        seen = self.store.syncs
+        for _ in range(SYNC_YIELDS):
+            if not self.store.unsynced or self.store.syncs != seen:
+                return answer
+            await asyncio.sleep(0)
+        try:
+            self.store.sync()
+        except StoreError as exc:
+            log.error("an outcome not synced: %s", exc)
+            answer.body["message"] = (f"{answer.body.get('message', '')} the outcome is not "
+                                      f"stored ({exc}): a retry with the same key asks the "
+                                      "device again").strip()
+        return answer
 
     @staticmethod
     def _replayed(body: Mapping[str, Any]) -> Answer:
@@ -466,8 +490,11 @@ class Gateway:
         rec = self.store.get(caller, key)
         if rec is None:
             return error_answer(UnknownCall(f"no call with key {key} for this caller"), key)
-        out: dict[str, Any] = {"key": key, "state": rec.state, "port": rec.port, "op": rec.op}
-        if rec.body is not None:
+        state = rec.state
+        if state == "done" and (caller, key) in self._running:
+            state = "started"  # its outcome is written, not yet synced
+        out: dict[str, Any] = {"key": key, "state": state, "port": rec.port, "op": rec.op}
+        if rec.body is not None and state == "done":
             out["result"] = rec.body
         return Answer(200, out)
 
@@ -545,8 +572,8 @@ class Gateway:
         if note:
             body["message"] = note
         try:
-            if calls.keeps_key(outcome, status, reason):
-                self.store.finish(caller, key, outcome.name, body)
+            if calls.keeps_key(outcome, status, reason):  # synced before it is answered
+                self.store.finish(caller, key, outcome.name, body, synced=False)
             else:
                 self.store.release(caller, key)
         except StoreError as exc:

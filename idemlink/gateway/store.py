@@ -8,7 +8,12 @@ Contract (docs/GATEWAY.md, "The store"):
   request PDU are on disk: written *before* the request leaves), ``done`` (the result body is
   final). Every change is one transaction, synced to disk when the call returns (WAL with
   ``synchronous=FULL``): a gateway killed at any moment finds, after restart, exactly what it had
-  sent under which number.
+  sent under which number. Two kinds of write a restart does not need are written to the WAL
+  without their own sync and synced by the next synced one: ``accepted`` (a call never sent is
+  released at start whether or not its record survived) and audit entries (a killed process
+  loses none; a power cut may lose the last ones). A call's ``done`` may also be written
+  unsynced when its answer waits for the next synced transaction (``syncs``/``sync``): under load
+  the next call's ``started`` syncs the previous call's outcome with it (group commit).
 - Open items: a ``done`` row whose outcome is UNKNOWN and that nobody acknowledged; ``acknowledge``
   records who and why (and when). They are never pruned.
 - The audit log: who (caller id), what (method, path, content), when, key, outcome, HTTP status.
@@ -61,6 +66,7 @@ CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY AUTOINCREMENT, at_ms INTEGER NOT NULL, caller TEXT NOT NULL,
     method TEXT NOT NULL, path TEXT NOT NULL, content TEXT NOT NULL, key TEXT,
     outcome TEXT NOT NULL, http INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS sync (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS calls_by_key ON calls (key);
 CREATE INDEX IF NOT EXISTS calls_done_by_age ON calls (key_ms) WHERE state='done';
 CREATE INDEX IF NOT EXISTS calls_unsettled ON calls (created_ms) WHERE state!='done';
@@ -156,6 +162,8 @@ class CallStore:
         self._lock = lock
         st = os.stat(path)
         self._identity = (st.st_dev, st.st_ino)
+        self.syncs = 0  #: synced transactions so far (each also syncs every unsynced one before)
+        self.unsynced = False  #: a transaction since the last synced one was not synced
         self._calls: int = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
         self._audits: int = db.execute("SELECT COUNT(*) FROM audit").fetchone()[0]
 
@@ -193,11 +201,16 @@ class CallStore:
         self._lock.release()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction, on disk when it ends; any SQLite failure (disk full, I/O error) is
-        ``StoreError`` and leaves the store as it was."""
+    def _tx(self, synced: bool = True) -> Iterator[sqlite3.Connection]:
+        """One transaction, on disk when it ends (``synced``); any SQLite failure (disk full, I/O
+        error) is ``StoreError`` and leaves the store as it was. Not ``synced``: written to the
+        WAL (a killed process loses nothing) and synced by the next synced transaction (a power
+        cut may lose it) — for what a restart does not need: an ``accepted`` record (released at
+        start anyway) and an audit entry."""
         db = self._db
         try:
+            if not synced:
+                db.execute("PRAGMA synchronous=NORMAL")
             db.execute("BEGIN IMMEDIATE")
             try:
                 yield db
@@ -205,10 +218,17 @@ class CallStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+            if not synced:
+                db.execute("PRAGMA synchronous=FULL")
+                self.unsynced = True
+            else:
+                self.syncs += 1
+                self.unsynced = False
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 if db.in_transaction:
                     db.execute("ROLLBACK")
+                db.execute("PRAGMA synchronous=FULL")
             self._recount()
             raise StoreError(f"store {self.path}: cannot be written ({exc})") from exc
 
@@ -248,7 +268,7 @@ class CallStore:
         """A new call, ``accepted``, on disk when this returns (``StoreFull`` at the bound)."""
         args_text = _text(args)
         self.check_file()
-        with self._tx() as db:
+        with self._tx(synced=False) as db:
             self._prune(db, now_ms)
             if self._calls >= MAX_CALLS:
                 raise StoreFull(f"the store holds {self._calls} calls still within retention or "
@@ -268,10 +288,19 @@ class CallStore:
             db.execute("UPDATE calls SET state='started', epoch=?, seq=?, pdu=? WHERE caller=? "
                        "AND key=?", (epoch, seq, pdu.hex(), caller, key))
 
-    def finish(self, caller: str, key: str, outcome: str, body: Mapping[str, Any]) -> None:
-        with self._tx() as db:
+    def finish(self, caller: str, key: str, outcome: str, body: Mapping[str, Any], *,
+               synced: bool = True) -> None:
+        """The call's outcome, final. Not ``synced``: the caller must ``sync`` (or see another
+        synced transaction, ``syncs`` moving on) before it answers anyone with it."""
+        with self._tx(synced) as db:
             db.execute("UPDATE calls SET state='done', outcome=?, body=? WHERE caller=? AND key=?",
                        (outcome, _text(body), caller, key))
+
+    def sync(self) -> None:
+        """Everything written so far on disk (one synced transaction, if anything is unsynced)."""
+        if self.unsynced:
+            with self._tx() as db:
+                db.execute("INSERT OR REPLACE INTO sync (id, n) VALUES (1, ?)", (self.syncs,))
 
     def release(self, caller: str, key: str) -> None:
         """Drop a call that did not run: the key may be used again."""
@@ -299,8 +328,9 @@ class CallStore:
               content: Mapping[str, Any] | None, key: str | None, outcome: str,
               http: int) -> None:
         """One entry. At the bound (``MAX_AUDIT`` entries within retention) a refusal's entry is
-        not written (``StoreFull``); calls with an effect are refused before that (``begin``)."""
-        with self._tx() as db:
+        not written (``StoreFull``); calls with an effect are refused before that (``begin``).
+        Synced with the next call record (``_tx``)."""
+        with self._tx(synced=False) as db:
             if self._audits >= MAX_AUDIT:
                 self._audits -= db.execute("DELETE FROM audit WHERE at_ms < ?",
                                            (at_ms - RETENTION_SECONDS * 1000,)).rowcount
