@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import overload
 
 from idemlink.device_sim.flash import ConfigFlash, check_device_id, new_device_id
+from idemlink.protocol.auth import DeviceAuth, DeviceKeys
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession
@@ -218,6 +219,7 @@ class SimulatedDevice:
         keep_executions: int | None = DEFAULT_KEPT_EXECUTIONS,
         effects: str | os.PathLike[str] | None = None,
         address: int | None = None,
+        keys: tuple[bytes, ...] | None = None,
     ) -> None:
         if regmap.generation is None:
             raise MapNotServed(
@@ -244,6 +246,11 @@ class SimulatedDevice:
         #: None (a point-to-point device); a given one is kept there for the next start
         self.address = (self.flash.address(address) if self.flash is not None
                         else None if address is None else check_address(address))
+        #: long-term keys (docs/SECURITY.md): given (provisioned, kept in the flash), else the
+        #: flash's, else None: an unkeyed device, the first contract's
+        self._keys = self.flash.keys(keys) if self.flash is not None else keys
+        if self._keys is not None:
+            DeviceKeys(self._keys)  # checked before the first boot
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex())
         self.boot_count = self.flash.count_boot() if self.flash is not None else 0
@@ -318,7 +325,13 @@ class SimulatedDevice:
             map_hash=self.core.regmap.hash, device_id=self.device_id,
             map_name=self.core.regmap.name, address=self.address,
             broadcast_ok=self.core.broadcast_ok, broadcast_executor=self._execute_broadcast,
+            auth=None if self._keys is None else DeviceAuth(DeviceKeys(self._keys), os.urandom),
         )
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the device holds a key (it never says which: only key ids leave it)."""
+        return self._keys is not None
 
     def _identity(self, given: str | None, seed: int | None) -> str:
         """The device id HELLO advertises: ``given`` (checked); else the one kept in the flash

@@ -41,6 +41,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
+from idemlink.protocol.key_file import read_key_file, write_key_file
 from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
 from idemlink.protocol.regular_file import (
     FileLock,
@@ -133,6 +134,7 @@ class ConfigFlash:
     FILE = "config.json"
     BOOTS = "boots"
     FILES = "files"
+    KEYS = "keys"  #: a keyed device's long-term keys, 0600 (docs/SECURITY.md); never a register
 
     def __init__(self, directory: str | os.PathLike[str]) -> None:
         self.dir = Path(directory)
@@ -157,6 +159,33 @@ class ConfigFlash:
         if not stat.S_ISDIR(mode):
             raise UnsafeFlashFileError(f"{path}: not a directory; refused")
         return path
+
+    def keys(self, given: tuple[bytes, ...] | None) -> tuple[bytes, ...] | None:
+        """The device's long-term keys: ``given`` (provisioned: kept in ``keys``, 0600, for the
+        next start), else the ones kept here, else None (an unkeyed device). A factory reset
+        (``factory_reset``) erases them with the configuration and the receipts."""
+        path = self.dir / self.KEYS
+        if given is not None:
+            write_key_file(path, given)
+            return given
+        if not os.path.lexists(path):
+            return None
+        return read_key_file(path)
+
+    def factory_reset(self) -> None:
+        """The recovery path for a lost key (docs/SECURITY.md): erase the keys, the
+        configuration and the received files, so the device comes back unkeyed and blank and no
+        state of its keyed life is left to replay. The boot counter is kept (the next boot's
+        epoch stays new, so no frame of an earlier boot is ever in its epoch) and so is the
+        device id (it names the hardware)."""
+        for name in (self.KEYS, self.FILE):
+            with contextlib.suppress(FileNotFoundError):
+                (self.dir / name).unlink()
+        files = self.dir / self.FILES
+        if files.is_dir() and not files.is_symlink():
+            for entry in files.iterdir():
+                if entry.is_file() or entry.is_symlink():
+                    entry.unlink()
 
     def load(self) -> ConfigSnapshot | None:
         """The saved configuration (None when there is none). Bytes that are not text (invalid

@@ -36,8 +36,15 @@ broadcast (0)                  a REQUEST only, never answered: run once per numb
                                ``broadcast_ok`` says the PDU is a set-only write; else counted
 any address, no own address    counted (``unexpected_frames``), no answer: a point-to-point
                                device stays silent on a bus, like a device of the first contract
-a MAC tag                      counted (``unexpected_frames``), no answer: no device is keyed yet
+a MAC tag, device not keyed    counted (``unexpected_frames``), no answer
 =============================  ================================================================
+
+A keyed device (``auth``: ``idemlink.protocol.auth.DeviceAuth``, issue 23, docs/SECURITY.md)
+decides one thing more, before both tables: its decoder verifies every tag right after the CRC
+(a wrong tag, a truncated one, one of another session or direction is ``bad_mac``, no answer),
+and a frame other than HELLO that carries no verified tag is ``unauthenticated``: counted, never
+run; a REQUEST gets AUTHENTICATION_REQUIRED, unsigned. A HELLO naming a key the device holds
+makes a new session key; its HELLO_REPLY and every answer to a verified request are signed.
 """
 
 from __future__ import annotations
@@ -46,11 +53,14 @@ from collections import Counter
 from collections.abc import Callable
 from enum import Enum
 
+from idemlink.protocol.auth import DeviceAuth
 from idemlink.protocol.frame import (
     BROADCAST_ADDRESS,
     MAX_PAYLOAD,
     PROTOCOL_VERSION,
     DecodeError,
+    DecodeErrorKind,
+    Direction,
     Flags,
     Frame,
     FrameDecoder,
@@ -144,6 +154,7 @@ class DeviceSession:
         address: int | None = None,
         broadcast_ok: BroadcastFilter | None = None,
         broadcast_executor: Executor | None = None,
+        auth: DeviceAuth | None = None,
     ) -> None:
         if not 0 <= epoch < 2**32:
             raise ValueError("epoch must fit in 32 bits")
@@ -173,6 +184,11 @@ class DeviceSession:
         #: what it advertises of the contract's later additions (no keys yet: AUTH frames are
         #: ignored below)
         self.capabilities = Capability.ADDRESSED if address is not None else Capability.NONE
+        #: a keyed device's keys and session key (None: unkeyed, the first contract's device)
+        self.auth = auth
+        if auth is not None:
+            self.capabilities |= Capability.AUTH
+        self._signing = False  #: the frame being answered verified: sign the answer
 
     def first_seq(self) -> int:
         """The first number for a new host session: 1 on a fresh boot; else a whole window beyond
@@ -218,6 +234,8 @@ class DeviceSession:
             capabilities=self.capabilities if self.map_hash is not None else None,
             address=NO_DEVICE_ADDRESS if self.address is None else self.address,
             broadcast_next=None if self.address is None else self.broadcast_next(),
+            key_id=None if self.auth is None else self.auth.key_id,
+            device_nonce=None if self.auth is None else self.auth.device_nonce,
         )
 
     def broadcast_next(self) -> int:
@@ -238,6 +256,8 @@ class DeviceSession:
         while (event := decoder.next_event()) is not None:
             if isinstance(event, DecodeError):
                 self.counters["decode_errors"] += 1
+                if event.kind is DecodeErrorKind.BAD_MAC:
+                    self.counters["bad_mac"] += 1
                 continue
             reply = self._handle_frame(event, now)
             if reply:
@@ -250,7 +270,19 @@ class DeviceSession:
         return out
 
     def _handle_frame(self, frame: Frame, now: float) -> bytes:
-        where = address_verdict(frame.address, frame.tag is not None, self.address)
+        auth = self.auth
+        if auth is not None and frame.type is not FrameType.HELLO and not frame.verified:
+            # keyed: nothing without a verified tag runs (no downgrade); the refusal is
+            # unsigned, so a keyed host never takes it for the answer to its own signed request
+            self.counters["unauthenticated"] += 1
+            if frame.type is FrameType.REQUEST and frame.tag is None and (
+                    frame.address is None or frame.address == self.address):
+                self._signing = False
+                return self._answer(frame.seq, Status.AUTHENTICATION_REQUIRED, frame.address)
+            return b""
+        self._signing = frame.verified
+        where = address_verdict(frame.address, frame.tag is not None and auth is None,
+                                self.address)
         if where is AddressVerdict.BROADCAST:
             self.counters[self._broadcast(frame, now)] += 1
             return b""
@@ -267,10 +299,12 @@ class DeviceSession:
             return wire
         if frame.type is FrameType.HELLO:
             self.counters["hello"] += 1
+            if auth is not None:
+                self._signing = auth.hello(frame.payload, self.device_id, to) is not None
+                self.decoder.mac = auth.check()
             info = self.device_info()
             self._handed_out = info.next_seq
-            return encode_frame(FrameType.HELLO_REPLY, frame.seq, self.epoch, info.encode(),
-                                address=to)
+            return self._encode(FrameType.HELLO_REPLY, frame.seq, info.encode(), 0, to)
         self.counters["unexpected_frames"] += 1
         return b""
 
@@ -288,31 +322,36 @@ class DeviceSession:
         self.broadcast_window.commit(frame.seq)
         return "broadcast_executed"
 
+    def _encode(self, ftype: FrameType, seq: int, payload: bytes, flags: int,
+                to: int | None) -> bytes:
+        """An answer, signed with the session key when the frame answered verified."""
+        if self._signing and self.auth is not None and self.auth.session is not None:
+            return encode_frame(ftype, seq, self.epoch, payload, flags, address=to,
+                                key=self.auth.session, direction=Direction.DEVICE_TO_HOST)
+        return encode_frame(ftype, seq, self.epoch, payload, flags, address=to)
+
     def _answer(self, seq: int, status: Status, to: int | None, flags: int = 0) -> bytes:
-        return encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(status),
-                            flags, address=to)
+        return self._encode(FrameType.RESPONSE, seq, encode_response_payload(status), flags, to)
 
     def _request(self, frame: Frame, now: float,
                  to: int | None) -> tuple[RequestDisposition, bytes]:
         seq = frame.seq
         if frame.epoch != self.epoch:
-            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, encode_response_payload(
-                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")), address=to)
+            wire = self._encode(FrameType.RESPONSE, seq, encode_response_payload(
+                Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")), 0, to)
             return RequestDisposition.EPOCH_MISMATCH, wire
         verdict = self.window.check(seq)
         if verdict is Verdict.NEW or verdict is Verdict.ACCEPT_OLD:
             payload = encode_response_payload(Status.OK, self.executor(frame.payload, now, seq))
             self.window.commit(seq)
             self.cache.store(seq, request_digest(frame.payload), payload)
-            return RequestDisposition.EXECUTED, encode_frame(
-                FrameType.RESPONSE, seq, self.epoch, payload, address=to
-            )
+            return RequestDisposition.EXECUTED, self._encode(
+                FrameType.RESPONSE, seq, payload, 0, to)
         if verdict is Verdict.TOO_OLD:
             return RequestDisposition.TOO_OLD, self._answer(seq, Status.TOO_OLD, to)
         found, stored = self.cache.lookup(seq, request_digest(frame.payload))
         if found is ReplayVerdict.REPLAY:
-            wire = encode_frame(FrameType.RESPONSE, seq, self.epoch, stored, Flags.REPLAY,
-                                address=to)
+            wire = self._encode(FrameType.RESPONSE, seq, stored, Flags.REPLAY, to)
             return RequestDisposition.REPLAYED, wire
         disposition, status = _DUPLICATE_ANSWER[found]
         return disposition, self._answer(seq, status, to)

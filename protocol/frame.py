@@ -597,8 +597,10 @@ def _auth_markdown() -> str:
         "**Session key.** `BLAKE2s-256(key = long-term key, data = \"" + KDF_LABEL.decode()
         + f"\" | host nonce ({NONCE_LEN}) | device nonce ({NONCE_LEN}) | len(device id) u8 | "
         f"device id | address u8)`, the address byte 0x{KDF_ADDRESS_NONE:02X} for a "
-        "point-to-point session. The nonces travel in HELLO and HELLO_REPLY extensions (a "
-        "later step). HELLO is never authenticated (no side effect; it carries the host nonce); a "
+        "point-to-point session. The host nonce and the id of the host's key travel in HELLO's "
+        "auth extension, the device nonce and the id of the key it used in HELLO_REPLY's "
+        "fourth extension (session section; `idemlink.protocol.auth`, docs/SECURITY.md). "
+        "HELLO is never authenticated (no side effect; it carries the host nonce); a "
         "keyed device signs its HELLO_REPLY with the new session key, so a host learns the "
         "device holds the key before it sends anything else.\n\n"
         "**Old peers.** A peer of the first contract refuses ADDRESSED and AUTH frames as "

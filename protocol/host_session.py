@@ -68,10 +68,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from idemlink.protocol.auth import HostAuth
 from idemlink.protocol.frame import (
     PROTOCOL_VERSION,
     DecodeError,
     DecodeErrorKind,
+    Direction,
     Flags,
     Frame,
     FrameDecoder,
@@ -89,6 +91,7 @@ from idemlink.protocol.outcome import (
     status_info,
 )
 from idemlink.protocol.payloads import (
+    Capability,
     DeviceInfo,
     MalformedDeviceInfo,
     decode_response_payload,
@@ -178,6 +181,8 @@ class HostCounters:
     decode_errors: int = 0
     #: frames of another address (other devices' answers on a shared bus), or tagged frames
     other_address: int = 0
+    #: a keyed host: frames without a tag that verifies under the session key (refused)
+    unauthenticated: int = 0
     outcomes: Counter[str] = field(default_factory=Counter)
 
 
@@ -194,6 +199,7 @@ class HostSession:
         hello_attempts: int = 5,
         hello_nonce: int = 0,
         address: int | None = None,
+        auth: HostAuth | None = None,
     ) -> None:
         if attempts < 1 or max_inflight < 1:
             raise ValueError("attempts and max_inflight must be >= 1")
@@ -227,6 +233,9 @@ class HostSession:
         #: why the session closed itself: another device answered a re-handshake (None: it did
         #: not); requests submitted meanwhile settle NOT_EXECUTED, never sent
         self.gone: str | None = None
+        #: a keyed host (``idemlink.protocol.auth``): takes only signed frames, signs its own
+        self.auth = auth
+        self._auth_refusal: str | None = None  #: why the last HELLO_REPLY was refused
 
     # ------------------------------------------------------------------ shell-facing interface
     def open(self, now: float) -> None:
@@ -239,6 +248,7 @@ class HostSession:
         self.state = SessionState.HELLO_SENT
         self._rehandshake = False
         self.gone = None
+        self._auth_refusal = None
         self._hello_sent = 0
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
         self._send_hello(now)
@@ -343,8 +353,11 @@ class HostSession:
                 self.counters.decode_errors += 1
                 if ev.kind is DecodeErrorKind.UNKNOWN_VERSION:
                     self._foreign_version = ev.detail
-            elif ev.address != self.address or ev.tag is not None:
+            elif ev.address != self.address or (ev.tag is not None and self.auth is None):
                 self.counters.other_address += 1  # another device's on a bus, or keyed
+            elif self.auth is not None and ev.type is not FrameType.HELLO_REPLY and not (
+                    self.auth.verify(ev)):
+                self.counters.unauthenticated += 1  # no downgrade: unsigned or forged
             elif ev.type is FrameType.RESPONSE:
                 self._on_response(ev, now)
             elif ev.type is FrameType.HELLO_REPLY:
@@ -361,7 +374,9 @@ class HostSession:
                 self._send_hello(now)
             elif self._hello_sent >= self.hello_attempts:
                 self.state = SessionState.CLOSED
-                if self._foreign_version is not None:
+                if self._auth_refusal is not None:
+                    self._events.append(HelloFailed(self._auth_refusal, incompatible=True))
+                elif self._foreign_version is not None:
                     self._events.append(HelloFailed(
                         f"the device answers in another protocol {self._foreign_version} "
                         f"(we speak version {PROTOCOL_VERSION})", incompatible=True))
@@ -386,10 +401,11 @@ class HostSession:
             frame_log.debug("tx HELLO seq=%d attempt=%d", self._hello_seq, self._hello_sent + 1)
         self._hello_sent += 1
         self._hello_deadline = now + self.timeout
-        self._out += encode_frame(
-            FrameType.HELLO, self._hello_seq, 0, encode_hello(PROTOCOL_VERSION, self.contract_hash),
-            address=self.address,
-        )
+        payload = encode_hello(PROTOCOL_VERSION, self.contract_hash)
+        if self.auth is not None:
+            payload += self.auth.hello_extension(self._hello_seq)
+        self._out += encode_frame(FrameType.HELLO, self._hello_seq, 0, payload,
+                                  address=self.address)
 
     def _on_hello_reply(self, frame: Frame, now: float) -> None:
         if self.state is not SessionState.HELLO_SENT or frame.seq != self._hello_seq:
@@ -405,6 +421,14 @@ class HostSession:
             frame_log.debug("rx HELLO_REPLY epoch=%08x device=%s map=%s next_seq=%d window=%d",
                             frame.epoch, info.device_id, info.map_name, info.next_seq,
                             info.window)
+        if self.auth is not None:
+            got = self.auth.on_hello_reply(frame, info.device_nonce, info.key_id,
+                                           info.serves(Capability.AUTH), info.device_id or "",
+                                           self.address)
+            if isinstance(got, str):  # refused, counted; a genuine reply may still come
+                self.counters.unauthenticated += 1
+                self._auth_refusal = got
+                return
         old = self.info
         if self._rehandshake and old is not None and (
                 (info.device_id, info.map_hash) != (old.device_id, old.map_hash)):
@@ -469,8 +493,10 @@ class HostSession:
             frame_log.debug("tx REQUEST epoch=%08x seq=%d fc=0x%02x attempt=%d%s", p.epoch, p.seq,
                             p.pdu[0] if p.pdu else 0, p.attempts,
                             " RETRANSMIT" if retransmit else "")
+        key = None if self.auth is None else self.auth.session
         self._out += encode_frame(FrameType.REQUEST, p.seq, p.epoch, p.pdu, flags,
-                                  address=self.address)
+                                  address=self.address, key=key,
+                                  direction=None if key is None else Direction.HOST_TO_DEVICE)
 
     def _finish(self, p: _Pending, outcome: Outcome, status: Status | None, **kw: Any) -> None:
         if frame_log.isEnabledFor(logging.DEBUG):

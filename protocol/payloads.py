@@ -33,6 +33,7 @@ from enum import IntFlag
 
 import construct as cs
 
+from idemlink.protocol.auth import contract_additive as auth_additive
 from idemlink.protocol.contract_section import CDefine, CEnum, ContractSection, md_table
 from idemlink.protocol.outcome import LocalProtocolError, RemoteProtocolError
 
@@ -72,7 +73,7 @@ class Capability(IntFlag):
 
     NONE = 0
     ADDRESSED = 0x0001  #: decodes ADDRESSED frames: answers its own address, acts on broadcast
-    AUTH = 0x0002  #: verifies MAC tags (reserved: no device is keyed yet)
+    AUTH = 0x0002  #: keyed: verifies MAC tags, refuses unauthenticated frames (protocol.auth)
 
 
 #: Appended after DEVICE_INFO_IDENTITY (the second extension): the device's capabilities and
@@ -86,6 +87,14 @@ DEVICE_INFO_CAPABILITIES = cs.Struct(
 #: extension): the first broadcast number a host should use (``DeviceSession.broadcast_next``).
 DEVICE_INFO_BUS = cs.Struct(
     "broadcast_next" / cs.Int32ul,
+    "_extensions" / cs.GreedyBytes,
+)
+#: Appended after DEVICE_INFO_BUS by a keyed device (the fourth extension; a keyed device sends
+#: the bus extension too, ``broadcast_next`` 1 when it has no address): the id of the key it
+#: used (or holds, when the host named none it has) and its nonce for the session key.
+DEVICE_INFO_AUTH = cs.Struct(
+    "key_id" / cs.Int32ul,
+    "device_nonce" / cs.Bytes(16),
     "_extensions" / cs.GreedyBytes,
 )
 NO_DEVICE_ADDRESS = 0
@@ -138,6 +147,9 @@ class DeviceInfo:
     address: int = NO_DEVICE_ADDRESS  #: its bus address (0: none configured)
     #: the first broadcast number to use (None: the device sent no bus extension)
     broadcast_next: int | None = None
+    #: a keyed device's key id (None: not keyed) and its HELLO nonce (the fourth extension)
+    key_id: int | None = None
+    device_nonce: bytes | None = None
 
     def serves(self, capability: Capability) -> bool:
         """Whether the device advertised ``capability`` (an older device advertises none)."""
@@ -150,8 +162,12 @@ class DeviceInfo:
             if self.map_hash is None:
                 raise LocalProtocolError("HELLO_REPLY capabilities follow the identity extension: "
                                          "a reply with capabilities needs a map hash")
-            bus = b"" if self.broadcast_next is None else bytes(DEVICE_INFO_BUS.build(
-                {"broadcast_next": self.broadcast_next, "_extensions": b""}))
+            auth = b"" if self.device_nonce is None else bytes(DEVICE_INFO_AUTH.build(
+                {"key_id": self.key_id or 0, "device_nonce": self.device_nonce,
+                 "_extensions": b""}))
+            nxt = 1 if self.broadcast_next is None and auth else self.broadcast_next
+            bus = b"" if nxt is None else bytes(DEVICE_INFO_BUS.build(
+                {"broadcast_next": nxt, "_extensions": auth}))
             caps = bytes(DEVICE_INFO_CAPABILITIES.build({
                 "capabilities": self.capabilities, "address": self.address,
                 "_extensions": bus}))
@@ -179,6 +195,8 @@ class DeviceInfo:
         capabilities: int | None = None
         address = NO_DEVICE_ADDRESS
         broadcast_next: int | None = None
+        kid: int | None = None
+        nonce: bytes | None = None
         if c._extensions:
             ident = _parse(DEVICE_INFO_IDENTITY, c._extensions, "HELLO_REPLY identity extension")
             map_hash, device_id, map_name = bytes(ident.map_hash), ident.device_id, ident.map_name
@@ -187,11 +205,15 @@ class DeviceInfo:
                              "HELLO_REPLY capabilities extension")
                 capabilities, address = cap.capabilities, cap.address
                 if cap._extensions:
-                    broadcast_next = _parse(DEVICE_INFO_BUS, cap._extensions,
-                                            "HELLO_REPLY bus extension").broadcast_next
+                    bus = _parse(DEVICE_INFO_BUS, cap._extensions, "HELLO_REPLY bus extension")
+                    broadcast_next = bus.broadcast_next
+                    if capabilities & Capability.AUTH:  # present iff AUTH is advertised
+                        au = _parse(DEVICE_INFO_AUTH, bus._extensions,
+                                    "HELLO_REPLY auth extension")
+                        kid, nonce = au.key_id, bytes(au.device_nonce)
         return cls(c.version, c.window, c.max_payload, c.replay_slots, c.max_inflight,
                    bytes(c.contract_hash), c.next_seq, c.name, map_hash, device_id, map_name,
-                   capabilities, address, broadcast_next)
+                   capabilities, address, broadcast_next, kid, nonce)
 
 
 def printable(text: str) -> str:
@@ -269,6 +291,8 @@ def contract_section() -> ContractSection:
         markdown=md,
         additive={"device_info_capabilities": [sc.name for sc in DEVICE_INFO_CAPABILITIES.subcons],
                   "device_info_bus": [sc.name for sc in DEVICE_INFO_BUS.subcons],
+                  "device_info_auth": [sc.name for sc in DEVICE_INFO_AUTH.subcons],
+                  **auth_additive(),
                   "capabilities": {c.name: int(c) for c in Capability if c},
                   "no_device_address": NO_DEVICE_ADDRESS},
         data={"handout_span": HANDOUT_SPAN,

@@ -78,6 +78,11 @@ def register(sub: Any) -> None:
                    help="the framed device's bus address, 1..247 (kept in --flash-dir): it also "
                         "answers frames addressed to N, acts on broadcast set-only writes and "
                         "ignores other addresses (docs/BUS.md; default: kept, else none)")
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="a keyed device (docs/SECURITY.md): its long-term key(s) from F (0600; "
+                        "hex, the current key first, older ones accepted during a rotation "
+                        "window), kept in --flash-dir for the next start; it then refuses every "
+                        "frame without a valid MAC but HELLO")
     add_regmap_option(p)
     add_baudrate_option(p, default=None,
                         text="baud rate for --port (with --modbus-rtu it also sets t3.5; "
@@ -439,6 +444,7 @@ def run_framed(args: argparse.Namespace) -> int:
     from idemlink.device_sim.serve import serve
     from idemlink.protocol.device_core import SnapshotError
     from idemlink.protocol.frame import FrameEncodeError
+    from idemlink.protocol.key_file import KeyFileError
 
     regmap = regmap_from(args)
     try:
@@ -449,11 +455,22 @@ def run_framed(args: argparse.Namespace) -> int:
                                  flash_dir=args.flash_dir, now=time.monotonic(), regmap=regmap,
                                  device_id=getattr(args, "device_id", None), epoch_salt=salt,
                                  effects=getattr(args, "effects", None),
-                                 address=getattr(args, "address", None))
-    except (DeviceIdError, MapNotServed, FrameEncodeError) as exc:
+                                 address=getattr(args, "address", None),
+                                 keys=_keys(args))
+    except (DeviceIdError, MapNotServed, FrameEncodeError, KeyFileError) as exc:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
     with _control(args, device.core) as between:
         return _serve_until_signal(
             args, lambda transport, stop: serve(device, transport, stop, between=between))
+
+
+def _keys(args: argparse.Namespace) -> tuple[bytes, ...] | None:
+    """The keys of ``--key-file`` (None without it: the flash's, else an unkeyed device)."""
+    path = getattr(args, "key_file", None)
+    if path is None:
+        return None
+    from idemlink.protocol.key_file import read_key_file
+
+    return read_key_file(path)
