@@ -66,8 +66,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
 from idemlink.protocol.outcome import LocalProtocolError
+
+if TYPE_CHECKING:
+    from idemlink.device_sim.adversary import Adversary
 
 BITS_PER_BYTE = 10  #: start bit, 8 data bits, stop bit (8N1)
 COBS_DELIMITER = 0x00  #: the frame delimiter of idemlink's COBS framing
@@ -109,6 +113,9 @@ class LinkConfig:
     reboot_at: tuple[float, ...] = ()  #: fixed reboot times (same clock as ``now``); Link only
     reboot_every: float | None = None  #: mean interval of random reboots (Poisson); Link only
     seed: int = 0  #: the whole run is reproducible from this
+    #: an attacker in the line (``idemlink.device_sim.adversary``): per host frame, the
+    #: probability of one forged, replayed, reflected, stripped, truncated or flipped frame
+    adversary: float = 0.0
 
     def __post_init__(self) -> None:
         if self.baud is not None and (
@@ -121,6 +128,7 @@ class LinkConfig:
             _check_probability(name, getattr(self, name))
         _check_probability("reorder", self.reorder)
         _check_probability("late", self.late)
+        _check_probability("adversary", self.adversary)
         if isinstance(self.late_frames, bool) or not (
                 isinstance(self.late_frames, int) and 1 <= self.late_frames <= 1_000_000):
             raise LinkConfigError(f"late_frames must be in 1..1000000, got {self.late_frames!r}")
@@ -248,6 +256,9 @@ class LinkDirection:
     """One direction of the emulated line. See the module docstring for the contract."""
 
     def __init__(self, config: LinkConfig, name: str = "a->b") -> None:
+        #: the adversary's view of this direction: it sees the bytes put on the line and returns
+        #: frames of its own to put after them (``Link`` sets it when ``adversary`` > 0)
+        self.tap: Callable[[bytes, float], list[bytes]] | None = None
         self.config = config
         self.name = name
         self.stats = LinkStats()
@@ -339,7 +350,14 @@ class LinkDirection:
         self._rx_skip = False
 
     def receive_data(self, data: bytes | bytearray | memoryview, now: float) -> None:
-        """Put ``data`` on the line at time ``now``."""
+        """Put ``data`` on the line at time ``now`` (then what the adversary adds, if any)."""
+        self._receive(data, now)
+        tap = self.tap
+        if tap is not None:
+            for forged in tap(bytes(data), now):
+                self._receive(forged, now)
+
+    def _receive(self, data: bytes | bytearray | memoryview, now: float) -> None:
         now = self._tick(now)
         cfg = self.config
         rng = self._byte_rng
@@ -656,6 +674,14 @@ class Link:
         self.config = config if config is not None else LinkConfig()
         self.a_to_b = LinkDirection(self.config, "a->b")
         self.b_to_a = LinkDirection(config_ba if config_ba is not None else self.config, "b->a")
+        #: the attacker in the line (None: an honest line)
+        self.adversary: Adversary | None = None
+        if self.config.adversary > 0:
+            from idemlink.device_sim.adversary import Adversary
+
+            self.adversary = Adversary(self.config.adversary, self.config.seed)
+            self.a_to_b.tap = self.adversary.to_device
+            self.b_to_a.tap = self.adversary.to_host
         self.on_reboot = on_reboot
         self.reboots = 0
         self._fixed = sorted(self.config.reboot_at)
@@ -800,6 +826,8 @@ _PARAMS: dict[str, _Param] = {
     "reboot_at": _Param("reboot_at", _parse_times, _render_times, "reboot times, s"),
     "reboot_every": _Param("reboot_every", _parse_opt_float, str, "mean reboot interval, s"),
     "seed": _Param("seed", int, help="seed of every random draw"),
+    "adversary": _Param("adversary", float,
+                        help="per host frame, probability of one attack frame (docs/SECURITY.md)"),
 }
 
 PARAM_NAMES: frozenset[str] = frozenset(_PARAMS)

@@ -410,10 +410,16 @@ class Device(BlockingDriver):
         max_inflight: int = 8,
         check_map: bool = True,
         address: int | None = None,
+        key: bytes | None = None,
     ) -> None:
         super().__init__(transport, FramedOperations(
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight, check_map=check_map, address=address))
+            max_inflight=max_inflight, check_map=check_map, address=address, key=key))
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether this session's frames carry a MAC under a key both sides hold."""
+        return self.ops.authenticated
 
     @property
     def session(self) -> HostSession:
@@ -433,7 +439,8 @@ class Device(BlockingDriver):
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
              trace: str | os.PathLike[str] | None = None,
-             address: int | None = None) -> Device:
+             address: int | None = None,
+             key: bytes | str | os.PathLike[str] | None = None) -> Device:
         """Open ``url`` (any pyserial URL; ``bytesize``/``parity``/``stopbits``: the line's
         character format, 8N1 by default) and run the HELLO handshake. ``regmap`` is the device's
         register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
@@ -444,9 +451,16 @@ class Device(BlockingDriver):
         be opened raises its ``OSError`` with the port closed again. ``address`` (1..247): the
         device of that bus address (docs/BUS.md): every frame goes ADDRESSED to it, only its
         answers are taken, and a device that does not say it is that address is refused
-        (``IncompatibleDevice``); None, point to point (the device on this line)."""
+        (``IncompatibleDevice``); None, point to point (the device on this line). ``key``: the
+        device's long-term key (32 bytes) or a private key file's path (docs/SECURITY.md): every
+        frame then carries a MAC, and a device that does not sign its own with that key is
+        refused (``IncompatibleDevice``: no downgrade); None, unauthenticated as before."""
         if address is not None:
             check_address(address)
+        if key is not None and not isinstance(key, bytes):
+            from idemlink.protocol.key_file import read_key_file
+
+            key = read_key_file(key)[0]
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         transport: Transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize,
                                                parity=parity, stopbits=stopbits,
@@ -460,7 +474,7 @@ class Device(BlockingDriver):
                 transport.close()
                 raise
         dev = cls(transport, regmap=rm, timeout=timeout, attempts=attempts,
-                  max_inflight=max_inflight, check_map=check_map, address=address)
+                  max_inflight=max_inflight, check_map=check_map, address=address, key=key)
         return opened(dev)
 
 

@@ -27,6 +27,7 @@ from idemlink.host.command import Command, Result
 from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
 from idemlink.host.rtu_operations import answers_modbus_rtu_steps
+from idemlink.protocol.auth import HostAuth
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import PROTOCOL_VERSION
 from idemlink.protocol.host_session import HelloFailed, HostSession, SessionOpened, SessionState
@@ -69,14 +70,21 @@ class FramedOperations(Operations[HostSession]):
 
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
                  attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
-                 address: int | None = None) -> None:
+                 address: int | None = None, key: bytes | None = None) -> None:
         session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, hello_attempts=max(attempts, 1),
             hello_nonce=secrets.randbits(32), address=address,
+            auth=None if key is None else HostAuth(key, secrets.token_bytes),
         )
         super().__init__(clock, session, regmap)
         self.check_map = check_map
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether the session is authenticated (a keyed host whose HELLO_REPLY verified)."""
+        auth = self.session.auth
+        return auth is not None and auth.session is not None and self.session.info is not None
 
     @property
     def info(self) -> DeviceInfo | None:

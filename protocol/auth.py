@@ -40,11 +40,13 @@ from idemlink.protocol.frame import (
     Direction,
     Frame,
     FrameEncodeError,
+    FrameType,
     MacCheck,
     MacKey,
     derive_session_key,
     raw_frame,
 )
+from idemlink.protocol.outcome import Status
 
 KEY_ID_LABEL = b"idemlink key id v1"
 
@@ -94,6 +96,18 @@ def verify_frame(frame: Frame, key: MacKey, direction: Direction) -> bool:
                     int(frame.flags) & ~int(LAYOUT_FLAGS), address=frame.address, key=key,
                     direction=direction)
     return hmac.compare_digest(raw[-4 - key.tag_len:-4], frame.tag)
+
+
+def epoch_hint(frame: Frame, current_epoch: int) -> bool:
+    """Whether a keyed host takes ``frame`` although it is unsigned: only an EPOCH_MISMATCH
+    RESPONSE naming another epoch than the session's. A keyed device that rebooted has no session
+    key, so it cannot sign the news (AUTOSAR SecOC's desynchronisation after a reset). The hint is
+    safe to take unsigned: the epoch-change path never concludes that a request did not run
+    (set-only requests are re-issued, others settle UNKNOWN) and the new epoch is believed only
+    from the HELLO_REPLY that follows, which is signed. A forged hint costs a handshake."""
+    return (frame.type is FrameType.RESPONSE and frame.tag is None
+            and frame.payload[:1] == bytes((Status.EPOCH_MISMATCH,))
+            and frame.epoch != current_epoch)
 
 
 @dataclass(frozen=True, slots=True)

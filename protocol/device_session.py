@@ -275,10 +275,17 @@ class DeviceSession:
             # keyed: nothing without a verified tag runs (no downgrade); the refusal is
             # unsigned, so a keyed host never takes it for the answer to its own signed request
             self.counters["unauthenticated"] += 1
-            if frame.type is FrameType.REQUEST and frame.tag is None and (
-                    frame.address is None or frame.address == self.address):
-                self._signing = False
+            if frame.type is not FrameType.REQUEST or (
+                    frame.address is not None and frame.address != self.address):
+                return b""
+            self._signing = False
+            if frame.tag is None:
                 return self._answer(frame.seq, Status.AUTHENTICATION_REQUIRED, frame.address)
+            if auth.session is None and frame.epoch != self.epoch:
+                # just rebooted, no session key to check or sign with: the unsigned news of the
+                # new epoch makes the host shake hands again (``auth.epoch_hint``)
+                return self._encode(FrameType.RESPONSE, frame.seq, encode_response_payload(
+                    Status.EPOCH_MISMATCH, frame.epoch.to_bytes(4, "little")), 0, frame.address)
             return b""
         self._signing = frame.verified
         where = address_verdict(frame.address, frame.tag is not None and auth is None,

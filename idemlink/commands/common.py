@@ -74,6 +74,7 @@ def device_options() -> argparse.ArgumentParser:
     add_baudrate_option(common, default=None)
     add_char_format_options(common, modbus=True)
     add_answer_options(common)
+    add_key_option(common)
     common.add_argument("--trace", metavar="FILE", default=None,
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
@@ -145,6 +146,26 @@ def add_answer_options(p: argparse.ArgumentParser, attempts: str = "sends per co
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds to wait for each answer before a retry (default 0.2)")
     p.add_argument("--attempts", type=int, default=None, help=attempts)
+
+
+def add_key_option(p: argparse.ArgumentParser) -> None:
+    """``--key-file F``: authenticate every frame with the key in F (docs/SECURITY.md)."""
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="authenticate with the key in F (0600, 64 hex digits; default: "
+                        "$IDEMLINK_KEY_FILE, else $IDEMLINK_KEY): a keyed host refuses a device "
+                        "that does not sign its frames with it (docs/SECURITY.md)")
+
+
+def host_key(args: argparse.Namespace) -> bytes | None:
+    """The host's key: ``--key-file``, else the environment; None: an unkeyed host. A refused
+    file or variable is one ``UserError`` line (never showing the key)."""
+    from idemlink.protocol.key_file import KeyFileError, key_from_environment, read_key_file
+
+    path = getattr(args, "key_file", None)
+    try:
+        return read_key_file(path)[0] if path else key_from_environment()
+    except KeyFileError as exc:
+        raise UserError(f"{exc}; nothing was sent") from None
 
 
 def add_rtu_options(p: argparse.ArgumentParser) -> None:

@@ -43,6 +43,7 @@ from idemlink.commands.common import (
     bus_address,
     bus_addresses,
     check_seconds,
+    host_key,
     line_settings,
     result_json,
     rtu_unit,
@@ -77,11 +78,12 @@ def open_device(args: argparse.Namespace) -> Device:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     regmap = regmap_from(args)
     trace = getattr(args, "trace", None)
+    key = host_key(args)
     log_sources(args)
     try:
         dev = Device.open(args.port, **line_settings(args), timeout=args.timeout,
                           attempts=args.attempts, regmap=regmap, trace=trace,
-                          address=bus_address(args))
+                          address=bus_address(args), key=key)
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:

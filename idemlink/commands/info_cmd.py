@@ -23,7 +23,7 @@ from idemlink.cli import (
     add_regmap_option,
     regmap_from,
 )
-from idemlink.commands.common import add_address_option, add_answer_options
+from idemlink.commands.common import add_address_option, add_answer_options, add_key_option
 from idemlink.commands.connection import add_connection_options
 from idemlink.output import add_json_option, print_json
 
@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
     add_baudrate_option(p, default=None)
     add_char_format_options(p)
     add_answer_options(p, "HELLOs before giving up (default 5)")
+    add_key_option(p)
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
     add_address_option(p, several=False)
@@ -59,7 +60,13 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.common import MAX_TIMEOUT, bus_address, check_seconds, line_settings
+    from idemlink.commands.common import (
+        MAX_TIMEOUT,
+        bus_address,
+        check_seconds,
+        host_key,
+        line_settings,
+    )
     from idemlink.commands.device_io import log_sources, no_device, port_said_once
     from idemlink.host.device import Device
     from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
@@ -79,13 +86,15 @@ def run(args: argparse.Namespace) -> int:
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     regmap = regmap_from(args)
+    key = host_key(args)
     log_sources(args)
     try:
         with Device.open(args.port, **line_settings(args), timeout=args.timeout,
                          attempts=args.attempts, regmap=regmap, check_map=False,
-                         address=bus_address(args)) as dev:
+                         address=bus_address(args), key=key) as dev:
             info = dev.info
             epoch = dev.session.epoch
+            authenticated = dev.authenticated
     except NoDevice as exc:
         raise no_device(args.port, exc, hint=RTU_INFO_HINT) from None
     except (PortError, IncompatibleDevice) as exc:
@@ -107,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
         "address": info.address or None,
         "capabilities": None if info.capabilities is None else
         [c.name for c in Capability if c and info.serves(c)],
+        # issue 23: whether this session is authenticated, and the key's id (never the key)
+        "authenticated": authenticated,
+        "key_id": None if info.key_id is None else f"{info.key_id:08x}",
     }
     if args.json:
         print_json(INFO_SCHEMA, out)
@@ -129,6 +141,14 @@ def run(args: argparse.Namespace) -> int:
                    f"{info.max_inflight} in flight, payload <= {info.max_payload} B"),
         ("next seq", str(info.next_seq)),
     ]
+    if authenticated:
+        rows.append(("authenticated", f"yes, key id {info.key_id or 0:08x} (every frame "
+                                      "carries a MAC)"))
+    elif info.serves(Capability.AUTH):
+        rows.append(("authenticated", f"no: the device is keyed (key id {info.key_id or 0:08x})"
+                                      "; give its key with --key-file to send it commands"))
+    else:
+        rows.append(("authenticated", "no (the device is not keyed)"))
     if info.address:
         rows.append(("bus address", f"{info.address} (answers frames addressed to it; acts on "
                                     "broadcast set-only writes)"))

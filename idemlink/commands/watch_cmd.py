@@ -52,7 +52,13 @@ from idemlink.cli import (
     add_regmap_option,
     regmap_from,
 )
-from idemlink.commands.common import SEVERITY, add_answer_options, add_rtu_options, line_settings
+from idemlink.commands.common import (
+    SEVERITY,
+    add_answer_options,
+    add_key_option,
+    add_rtu_options,
+    line_settings,
+)
 from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
 from idemlink.output import error_json, print_json, register_entry
 from idemlink.protocol.outcome import Outcome
@@ -80,6 +86,7 @@ def register(sub: Any) -> None:
     add_baudrate_option(p, default=None)
     add_char_format_options(p, modbus=True)
     add_answer_options(p, "sends per read before it is UNKNOWN (default 5)")
+    add_key_option(p)
     p.add_argument("--interval", type=float, default=1.0,
                    help="seconds between the starts of two polls (default 1)")
     p.add_argument("--count", type=int, default=None, help="stop after this many polls")
