@@ -89,9 +89,10 @@ DEVICE_INFO_BUS = cs.Struct(
     "broadcast_next" / cs.Int32ul,
     "_extensions" / cs.GreedyBytes,
 )
-#: Appended after DEVICE_INFO_BUS by a keyed device (the fourth extension; a keyed device sends
-#: the bus extension too, ``broadcast_next`` 1 when it has no address): the id of the key it
-#: used (or holds, when the host named none it has) and its nonce for the session key.
+#: Appended after DEVICE_INFO_BUS by a keyed device, present exactly when ``capabilities`` has AUTH
+#: (the fourth extension; a keyed device sends the bus extension too, ``broadcast_next`` 1 when
+#: it has no address): the id of the key it used (or holds, when the host named none it has)
+#: and its nonce for the session key (``idemlink.protocol.auth``, docs/SECURITY.md).
 DEVICE_INFO_AUTH = cs.Struct(
     "key_id" / cs.Int32ul,
     "device_nonce" / cs.Bytes(16),

@@ -76,6 +76,10 @@ def register(sub: Any) -> None:
     p.add_argument("--frame-gap-ms", type=float, default=None,
                    help="silence that also ends a frame (for traffic without 0x00 delimiters)")
     p.add_argument("--noise-rate", type=float, default=0.0, help="noise bursts per second")
+    p.add_argument("--adversary", type=float, default=0.0, metavar="P",
+                   help="an attacker in the line: per host REQUEST, the probability of one "
+                        "forged, replayed, reflected, stripped, truncated or flipped frame "
+                        "(docs/SECURITY.md)")
     p.add_argument("--seed", type=int, default=0, help="seed of every fault (default 0)")
     p.add_argument("--stats", action="store_true",
                    help="print fault counters (JSON) on stderr at exit (stdout with --json)")
@@ -136,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
             reorder=args.reorder,
             frame_gap=None if args.frame_gap_ms is None else args.frame_gap_ms / 1000.0,
             noise_rate=args.noise_rate,
+            adversary=getattr(args, "adversary", 0.0),
             seed=args.seed,
         )
     except LinkConfigError as exc:
