@@ -416,10 +416,6 @@ class Device(BlockingDriver):
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, check_map=check_map, address=address, key=key))
 
-    @property
-    def authenticated(self) -> bool:
-        """Whether this session's frames carry a MAC under a key both sides hold."""
-        return self.ops.authenticated
 
     @property
     def session(self) -> HostSession:

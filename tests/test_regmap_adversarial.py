@@ -234,7 +234,7 @@ def test_a_device_id_with_control_characters_is_shown_escaped_on_one_line(
         assert main(["info", "--port", pty.path]) == 0
         out = capsys.readouterr().out
         assert "\x1b" not in out and "\r" not in out
-        assert "evil\\n\\x1b[2Jid" in out and "name\\rover" in out and out.count("\n") == 7
+        assert "evil\\n\\x1b[2Jid" in out and "name\\rover" in out and out.count("\n") == 8
         assert main(["read", "--port", pty.path, "threshold"]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "evil\\n\\x1b[2Jid" in err

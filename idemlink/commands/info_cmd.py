@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                          address=bus_address(args), key=key) as dev:
             info = dev.info
             epoch = dev.session.epoch
-            authenticated = dev.authenticated
+            authenticated = dev.ops.authenticated
     except NoDevice as exc:
         raise no_device(args.port, exc, hint=RTU_INFO_HINT) from None
     except (PortError, IncompatibleDevice) as exc:
