@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from idemlink.device_sim.device import SimulatedDevice
@@ -132,6 +132,14 @@ class Bus:
         self._active: list[_Transmission] = []
         self._order = itertools.count()
         self._to_master = bytearray()
+        self._master_sink: Callable[[float, bytes], None] | None = None
+        self._reboots: list[tuple[float, int]] = []  #: (when, address) heap
+
+    def record_deliveries(self, sink: Callable[[float, bytes], None] | None) -> None:
+        """From now on hand ``sink(time, unit)`` every frame the master hears (delimiter left
+        out), as a ``LinkDirection`` records what it delivers; a device's side is recorded by
+        its ``ears`` (``members[a].ears.record_deliveries``). None stops recording."""
+        self._master_sink = sink
 
     # ------------------------------------------------------------------ the master's side
     def receive_data(self, data: bytes, now: float) -> None:
@@ -168,6 +176,11 @@ class Bus:
     def reboot(self, address: int, now: float) -> None:
         self.members[address].device.reboot(now)
 
+    def schedule_reboot(self, address: int, at: float) -> None:
+        """Reboot one device at ``at`` (simulated time), whatever is on the medium then."""
+        self.members[address]
+        heapq.heappush(self._reboots, (at, address))
+
     def reconfigure(self, address: int, fault: LinkConfig) -> None:
         """Change one device's faults from now on."""
         m = self.members[address]
@@ -177,6 +190,8 @@ class Bus:
     # ------------------------------------------------------------------ time
     def next_event_time(self) -> float | None:
         times = [t.end for t in self._active]
+        if self._reboots:
+            times.append(self._reboots[0][0])
         if self._pending:
             times.append(self._pending[0][0])
         for m in self.members.values():
@@ -206,6 +221,8 @@ class Bus:
         while self._pending and self._pending[0][0] <= t:
             _, _, tx = heapq.heappop(self._pending)
             self._begin(tx)
+        while self._reboots and self._reboots[0][0] <= t:
+            self.reboot(heapq.heappop(self._reboots)[1], t)
         for address, m in self.members.items():
             m.ears.tick(t)
             heard = m.ears.data_to_send()
@@ -253,6 +270,10 @@ class Bus:
             room = MAX_TO_MASTER - len(self._to_master)
             self._to_master += tx.data[:room]
             self.stats.overflow += max(0, len(tx.data) - room)
+            if self._master_sink is not None and room >= len(tx.data):
+                for unit in tx.data.split(b"\x00"):
+                    if unit:
+                        self._master_sink(t, unit)
         for address, m in self.members.items():
             if address != tx.sender and not m.dead:
                 m.ears.receive_data(tx.data, t)

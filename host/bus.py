@@ -202,9 +202,13 @@ class Bus:
                                                      max_inflight=self.max_inflight)
         return dev
 
-    def broadcast(self, values: Mapping[str | int, int | str]) -> dict[int, Result]:
+    def broadcast(self, values: Mapping[str | int, int | str], *,
+                  repeat: int = 1) -> dict[int, Result]:
         """Send ``values`` (HOLDING registers) to every device at once. See the module
-        docstring."""
+        docstring. ``repeat`` sends the same frame (the same broadcast number) that many times,
+        one after the other, against loss: a device runs it once however often it hears it."""
+        if not 1 <= repeat <= 100:
+            raise LocalProtocolError(f"a broadcast is sent 1..100 times, not {repeat}")
         command = CommandBuilder(self.regmap).write_command(values)
         if not broadcast_allowed(self.regmap, command.pdu()):
             raise LocalProtocolError("a broadcast carries a set-only write of HOLDING registers "
@@ -215,9 +219,10 @@ class Bus:
                                      "what their HELLO replies say; nothing was sent")
         seq = self._broadcast_number(handles.values())
         frame = encode_frame(FrameType.REQUEST, seq, 0, command.pdu(), address=BROADCAST_ADDRESS)
-        wait = self.turnaround + (0.0 if self.baud is None else len(frame) * 10 / self.baud)
+        wait = self.turnaround + (0.0 if self.baud is None
+                                  else repeat * len(frame) * 10 / self.baud)
         with self.turn:
-            self.transport.write(frame)
+            self.transport.write(frame * repeat)
             deadline = self.transport.now() + wait
             while (left := deadline - self.transport.now()) > 0:
                 self.transport.read(left)  # nobody answers: what comes is stray, dropped

@@ -609,59 +609,78 @@ class Campaign:
         then has ``interrupted`` and the counts so far; with ``fail_fast``, until the first
         problem). ``timeline``, if given, receives a ``TimelinePoint`` after every batch."""
         cfg = self.cfg
-        rep = self.report
-        t0 = time.perf_counter()
-        start = self.transport.now()
-        self._connect()
-        done = 0
+        self.begin()
         try:
-            while done < cfg.commands:
+            while self.done < cfg.commands:
                 if stop is not None and stop():
-                    rep.interrupted = True
+                    self.report.interrupted = True
                     break
                 if fail_fast and not self.oracle.tally.passed:
                     break
-                n = min(self.rng.randint(1, cfg.max_batch), cfg.commands - done)
-                batch = [self._command() for _ in range(n)]
-                if cfg.reboot_every and self.rng.random() < n / cfg.reboot_every:
-                    self.schedule_reboot()
-                    rep.reboots += 1
-                self._sync()
-                self._environment()
-                results = self._batch(batch)
-                asked = self._asked(batch, results)
-                handles = [self.oracle.claim(self.dev.claim(r, command=c))
-                           for r, c in zip(results, asked, strict=True)]
-                self._sync()
-                for res, h in zip(results, handles, strict=True):
-                    self.oracle.judge(h)
-                    rep.outcomes[res.outcome.name] += 1
-                    rep.replays += res.replay
-                    if res.command.kind is CommandKind.WRITE_IF_GENERATION and res.code is not None:
-                        self.known_generation = res.code
-                for res in results:
-                    if res.outcome is Outcome.UNKNOWN:
-                        self._reconcile(res)
-                self.dev.acknowledge_unknown()
-                self._check_truth()
-                done += n
+                n = self.step(min(self.rng.randint(1, cfg.max_batch), cfg.commands - self.done))
                 if timeline is not None:
                     timeline.append(TimelinePoint(
-                        done, self.transport.now() - start,
-                        self.retries + self.dev.session.counters.retries, rep.replays,
-                        rep.outcomes["UNKNOWN"], rep.reboots))
+                        self.done, self.transport.now() - self._started_at,
+                        self.retries + self.dev.session.counters.retries, self.report.replays,
+                        self.report.outcomes["UNKNOWN"], self.report.reboots))
                 if progress is not None:
                     progress(n)
-        except KeyboardInterrupt:  # the counts so far; the interrupted batch's requests are
-            rep.interrupted = True  # claimed as a dead process's (they may still land)
-            for r in self.dev.made:
-                self.oracle.judge(self.oracle.claim(claim_of(r, dead=True)))
+        except KeyboardInterrupt:
+            self.interrupted()
+        return self.conclude()
+
+    def begin(self) -> None:
+        """Connect the first host process; the clocks start."""
+        self._t0 = time.perf_counter()
+        self._started_at = self.transport.now()
+        self.done = 0
+        self._connect()
+
+    def step(self, n: int) -> int:
+        """One batch of ``n`` commands, judged (a reboot, the environment, outages and crashes
+        drawn for it, its UNKNOWNs reconciled); returns ``n``."""
+        rep = self.report
+        batch = [self._command() for _ in range(n)]
+        if self.cfg.reboot_every and self.rng.random() < n / self.cfg.reboot_every:
+            self.schedule_reboot()
+            rep.reboots += 1
         self._sync()
-        rep.commands = done
+        self._environment()
+        results = self._batch(batch)
+        asked = self._asked(batch, results)
+        handles = [self.oracle.claim(self.dev.claim(r, command=c))
+                   for r, c in zip(results, asked, strict=True)]
+        self._sync()
+        for res, h in zip(results, handles, strict=True):
+            self.oracle.judge(h)
+            rep.outcomes[res.outcome.name] += 1
+            rep.replays += res.replay
+            if res.command.kind is CommandKind.WRITE_IF_GENERATION and res.code is not None:
+                self.known_generation = res.code
+        for res in results:
+            if res.outcome is Outcome.UNKNOWN:
+                self._reconcile(res)
+        self.dev.acknowledge_unknown()
+        self._check_truth()
+        self.done += n
+        return n
+
+    def interrupted(self) -> None:
+        """Ctrl-C: the interrupted batch's requests are claimed as a dead process's (they may
+        still land)."""
+        self.report.interrupted = True
+        for r in self.dev.made:
+            self.oracle.judge(self.oracle.claim(claim_of(r, dead=True)))
+
+    def conclude(self) -> CampaignReport:
+        """The report: the counts so far, the oracle's tally."""
+        rep = self.report
+        self._sync()
+        rep.commands = self.done
         rep.take(self.oracle.tally)
         rep.retries = self.retries + self.dev.session.counters.retries
-        rep.simulated_seconds = self.transport.now() - start
-        rep.wall_seconds = time.perf_counter() - t0
+        rep.simulated_seconds = self.transport.now() - self._started_at
+        rep.wall_seconds = time.perf_counter() - self._t0
         rep.link = self.link_stats()
         return rep
 

@@ -86,6 +86,7 @@ from dataclasses import dataclass, field
 
 from idemlink.oracle_wire import (
     ANSWER_EVICTED,
+    BROADCAST,
     EPOCH_MISMATCH,
     IDEMPOTENCY_CONFLICT,
     REPLAY,
@@ -693,6 +694,9 @@ ANSWER_NEEDED: dict[str, str] = {
 }
 
 
+BROADCAST_EPOCH = 0
+"""The epoch field of a broadcast: a device records its executions under it with the broadcast
+number (no boot has epoch 0), and the frame carries it."""
 MAX_CLAIMS = 200_000
 """Claims kept for executions still to come (a frame delayed by more is taken as unclaimed)."""
 MAX_GIVEN = 16_384
@@ -710,12 +714,17 @@ class Oracle:
 
     def __init__(self, map_text: str, *, trigger_duration: float, fmt: str = "toml",
                  conditions: Conditions | None = None, tolerance: float = 0.0,
-                 delivery_record: bool = False) -> None:
+                 delivery_record: bool = False, address: int | None = None) -> None:
         self.regs = MapTruth.parse(map_text, fmt=fmt)
         self.model = Model.fresh(self.regs, trigger_duration, conditions)
         self.tolerance = tolerance
         #: the line's delivery record is fed (``Delivered``): outcomes need its evidence
         self.delivery_record = delivery_record
+        #: the device's bus address: on a shared line, frames addressed to another device are
+        #: not this device's (its requests: its address or broadcast; its answers: its address)
+        self.address = address
+        #: broadcast numbers this device ran in its current boot (at most once each)
+        self._broadcast_ran: OrderedDict[int, None] = OrderedDict()
         self.tally = Tally()
         self.epoch: int | None = None
         self.acked: set[int] = set()
@@ -861,6 +870,7 @@ class Oracle:
             elif isinstance(r, Boot):
                 self.tally.boots += 1
                 self.epoch = r.epoch
+                self._broadcast_ran.clear()  # its broadcast window lives for one boot
                 self.model.finish_due(r.time, 0.0)
                 self.model.boot()
                 if r.trigger_duration is not None:  # the device's own word beats the soak's
@@ -873,7 +883,7 @@ class Oracle:
         host is kept with the claim of its (epoch, seq) (an EPOCH_MISMATCH answer names the
         epoch of the request it refuses); anything a receiver drops is nothing."""
         f = read_frame(d.unit)
-        if f is None:
+        if f is None or not self._mine(f.address, d.to):
             return
         if d.to == "device" and f.type == REQUEST:
             key = (f.epoch, f.seq)
@@ -900,6 +910,14 @@ class Oracle:
             self.tally.late_answers[name] += 1
             self._heard_late(answer)
 
+    def _mine(self, address: int | None, to: str) -> bool:
+        """Is a frame with this address byte (None: unaddressed) this device's business? On a
+        bus the device takes requests to its address and broadcasts; its answers carry its
+        address. Off a bus (``self.address`` None) every frame on the line is."""
+        if self.address is None or address is None:
+            return True
+        return address == self.address or (to == "device" and address == BROADCAST)
+
     def _heard_late(self, answer: Answer) -> None:
         """Keep an answer that came after its result, for a re-send of that number to cite."""
         late = self._late_heard.setdefault(answer.key, [])
@@ -910,6 +928,9 @@ class Oracle:
             self._late_heard.popitem(last=False)
 
     def _run(self, x: Run) -> None:
+        if x.epoch == BROADCAST_EPOCH:
+            self._broadcast_run(x)
+            return
         self.tally.executions += 1
         if self.epoch is not None and x.epoch != self.epoch:
             self.problem("register_semantics", f"execution in epoch {x.epoch:08x} without a "
@@ -946,6 +967,55 @@ class Oracle:
         if entry.judged:
             self.tally.late_executions += 1
             self._check_no_effect(entry)
+
+    def _broadcast_run(self, x: Run) -> None:
+        """A broadcast the device ran (recorded under epoch 0 and its broadcast number): a
+        set-only write of HOLDING registers by the map, delivered to the device, claimed by the
+        broadcast's result, at most once per number in one boot."""
+        self.tally.executions += 1
+        self._check_answer(x)
+        key = (x.epoch, x.seq)
+        if self.delivery_record and x.request not in self._given.get(key, ()):
+            self.problem("duplicated_effects", f"broadcast {x.seq} ran {x.request.hex()}, which "
+                         "the line never delivered to the device")
+        d = decode_request(x.request)
+        if d is None or d.fc not in (FC_WRITE_ONE, FC_WRITE_MANY) or not self._idempotent(
+                x.request):
+            self.problem("duplicated_effects", f"broadcast {x.seq} ran {x.request.hex()}: not a "
+                         "set-only write of holding registers")
+        if x.seq in self._broadcast_ran:
+            self.problem("duplicated_effects", f"broadcast {x.seq} ran twice in one boot: "
+                         f"{x.request.hex()}")
+        self._broadcast_ran[x.seq] = None
+        while len(self._broadcast_ran) > MAX_CLAIMS:
+            self._broadcast_ran.popitem(last=False)
+        entry = self._claims.get(key)
+        if entry is None or entry.claim.request != x.request:
+            self.problem("duplicated_effects", f"broadcast {x.seq} ran {x.request.hex()}, "
+                         f"claimed by {'another request' if entry else '0 results'}")
+            return
+        entry.runs.append((key, truth_outcome(x.request, x.response), x.response))
+        if entry.judged:
+            self.tally.late_executions += 1
+            self._check_no_effect(entry)
+
+    def _judge_broadcast(self, entry: Claimed) -> None:
+        """A broadcast's outcome for this device (nobody answers one; ``Bus.verify`` reads each
+        device back): UNKNOWN claims nothing; NOT_EXECUTED, that it never ran (``_check_no_effect``,
+        later runs included); OK, that the values hold on the device now — they are then
+        acknowledged."""
+        c = entry.claim
+        self._check_no_effect(entry)
+        if c.outcome != "OK":
+            return
+        if self.model.intent_holds(c.request) is False:
+            self.problem("misclassified", f"broadcast {c.final[1]} verified OK, the device holds "
+                         f"{self.model.names()}: {c.request.hex()}")
+        d = decode_request(c.request)
+        for i in range(len(d.values) if d is not None else 0):
+            r = self.regs.registers.get(d.address + i) if d is not None else None
+            if r is not None and r.kind == "holding":
+                self.acked.add(r.address)
 
     def _check_answer(self, x: Run) -> None:
         wrong = self.model.learn_generation(x.request, x.response)
@@ -1041,6 +1111,9 @@ class Oracle:
             for a in answers:
                 self._heard_late(a)
         if c.outcome is None:
+            return
+        if c.final[0] == BROADCAST_EPOCH and c.sent_as:
+            self._judge_broadcast(entry)
             return
         self._check_no_effect(entry)
         if self.delivery_record:

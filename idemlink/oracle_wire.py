@@ -25,8 +25,10 @@ from dataclasses import dataclass
 
 VERSION = 1
 HELLO, HELLO_REPLY, REQUEST, RESPONSE = 1, 2, 3, 4
-RETRANSMIT, REPLAY = 0x01, 0x02
-KNOWN_FLAGS = RETRANSMIT | REPLAY
+RETRANSMIT, REPLAY, ADDRESSED = 0x01, 0x02, 0x04
+KNOWN_FLAGS = RETRANSMIT | REPLAY | ADDRESSED
+BROADCAST = 0  #: the address every device on a bus hears and none answers
+MAX_ADDRESS = 247  #: Modbus's range; 248..255 are refused
 _HEADER = struct.Struct("<BBBIIH")  # version, type, flags, epoch, seq, payload length
 _CRC_LEN = 4
 
@@ -104,6 +106,7 @@ class WireFrame:
     epoch: int
     seq: int
     payload: bytes
+    address: int | None = None  #: the device address of an ADDRESSED frame (0: broadcast)
 
 
 def read_frame(unit: bytes) -> WireFrame | None:
@@ -115,10 +118,14 @@ def read_frame(unit: bytes) -> WireFrame | None:
     if crc32c(raw[:-_CRC_LEN]) != int.from_bytes(raw[-_CRC_LEN:], "little"):
         return None
     version, ftype, flags, epoch, seq, length = _HEADER.unpack_from(raw)
+    start = _HEADER.size + (1 if flags & ADDRESSED else 0)  # the address byte, on a bus
     if (version != VERSION or ftype not in (HELLO, HELLO_REPLY, REQUEST, RESPONSE)
-            or flags & ~KNOWN_FLAGS or _HEADER.size + length + _CRC_LEN != len(raw)):
+            or flags & ~KNOWN_FLAGS or start + length + _CRC_LEN != len(raw)):
         return None
-    return WireFrame(ftype, flags, epoch, seq, raw[_HEADER.size:-_CRC_LEN])
+    address = raw[_HEADER.size] if flags & ADDRESSED else None
+    if address is not None and address > MAX_ADDRESS:
+        return None  # 248..255: no device's address, refused
+    return WireFrame(ftype, flags, epoch, seq, raw[start:-_CRC_LEN], address)
 
 
 def pdu_outcome(request: bytes, response: bytes) -> str:
