@@ -85,3 +85,16 @@ def test_mutant_verify_that_says_ok_without_reading_is_misclassified(
     rep = _fails(dead_from=0.0, dead_until=1.0)  # the dead device never holds a broadcast
     assert rep.devices[8].misclassified
     assert any("broadcast" in p and "verified OK" in p for p in rep.devices[8].problems)
+
+
+def test_cli_soak_on_a_bus(capsys: pytest.CaptureFixture[str]) -> None:
+    """``idemlink soak --bus 8``: a line per device and the verdict; the point-to-point soak's
+    faults are refused on a bus, nothing run."""
+    from idemlink.cli import main
+
+    assert main(["soak", "--bus", "8", "--commands", "60", "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1].startswith("PASS: 60 commands on 8 devices, 0 duplicated effects")
+    assert sum(line.startswith("  device ") for line in out) == 8
+    assert main(["soak", "--bus", "8", "--late", "0.2", "--commands", "60"]) == 1
+    assert "--late is not done on a bus" in capsys.readouterr().err

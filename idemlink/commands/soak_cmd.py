@@ -73,6 +73,16 @@ def register(sub: Any) -> None:
                    help="with --device-cmd: seconds without an answer before a retry (default "
                         "0.1, for a device in Python on a loaded machine; a device in C answers "
                         "within milliseconds, and an early retry is answered by replay)")
+    p.add_argument("--bus", type=int, default=None, metavar="N",
+                   help="soak N simulated devices (addresses 1..N) on one half-duplex bus, each "
+                        "judged by its own oracle: per-device faults, reboots of single devices "
+                        "(--reboot-every: mean commands of one device), one device dead for a "
+                        "stretch, broadcasts (docs/SOAK.md, 'On a bus')")
+    p.add_argument("--broadcast-every", type=int, default=25, metavar="N",
+                   help="with --bus: mean commands between broadcasts (default 25; 0: never)")
+    p.add_argument("--dead", type=int, default=-1, metavar="ADDRESS",
+                   help="with --bus: the device taken off the bus for 30..55%% of the run "
+                        "(default the last; 0: none)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
@@ -138,7 +148,86 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
     )
 
 
+#: Options whose faults the bus campaign does not make (docs/SOAK.md, "On a bus"), with their
+#: defaults: given another value than the default or 0 with --bus, they are refused.
+NOT_ON_A_BUS = {"restart_every": 250, "outage_every": 250, "late": 0.01, "reorder": 0.0,
+                "noise": 0.0, "outage_seconds": None, "device_cmd": None, "plot": None,
+                "retry_timeout": None}
+
+
+def _run_bus(args: argparse.Namespace) -> int:
+    from idemlink.bus_campaign import BusCampaignConfig, run_bus_campaign
+    from idemlink.cli import UserError
+    from idemlink.device_sim.link import LinkConfigError
+    from idemlink.protocol.outcome import LocalProtocolError
+
+    for name, default in NOT_ON_A_BUS.items():
+        value = getattr(args, name)
+        if value not in (default, 0, None):
+            raise UserError(f"--{name.replace('_', '-')} is not done on a bus (--bus): host "
+                            "crashes, outages, late copies, reordering, noise, a device command "
+                            "and the plot are the point-to-point soak's")
+    if args.commands < 1 or args.reboot_every < 0 or args.broadcast_every < 0:
+        raise UserError("--commands must be >= 1, --reboot-every and --broadcast-every >= 0")
+    regmap = args.regmap if args.regmap is not None else "thermal-controller"
+    regmap_from(args)
+    try:
+        cfg = BusCampaignConfig(
+            devices=args.bus, commands=args.commands, loss=args.loss, dup=args.dup,
+            corrupt=args.corrupt, reboot_every=args.reboot_every,
+            broadcast_every=args.broadcast_every, dead=None if args.dead == 0 else args.dead,
+            seed=args.seed, max_batch=max(1, args.batch), regmap=regmap,
+            trigger_duration=args.trigger_duration if args.trigger_duration is not None
+            else 0.05)
+        if cfg.dead_address is not None and not 1 <= cfg.dead_address <= cfg.devices:
+            raise UserError(f"--dead {args.dead}: no device at that address (1..{args.bus})")
+    except LocalProtocolError as exc:
+        raise UserError(str(exc)) from None
+    bar = Progress("soak", "commands", enabled=not args.no_progress)
+    stop, restore = _first_interrupt_stops()
+    try:
+        report = run_bus_campaign(cfg, lambda n: bar.update(bar.done + n, cfg.commands), stop,
+                                  fail_fast=args.fail_fast)
+    except LinkConfigError as exc:
+        raise UserError(str(exc)) from None
+    finally:
+        restore()
+        bar.close()
+    status = EXIT_FOUND if not report.passed else EXIT_INTERRUPTED if report.interrupted else 0
+    d = report.as_dict()
+    if args.json:
+        print_json("idemlink.soak/1", d)
+        print(d["verdict"], file=sys.stderr)
+        return status
+    print(f"bus of {cfg.devices} devices, {report.commands} commands (seed {cfg.seed}, loss "
+          f"{cfg.loss}, dup {cfg.dup}, corrupt {cfg.corrupt} per device each way)")
+    dead = (f"device {cfg.dead_address} dead from command {report.dead_stretch[0]} to "
+            f"{report.dead_stretch[1]}" if report.dead_stretch else "no device dead")
+    print(f"broadcasts {report.broadcasts} (verified " + ", ".join(
+        f"{k} {v}" for k, v in sorted(report.broadcast_outcomes.items())) +
+        f"; executions {report.broadcast_executions})  {dead}; breaker refused "
+        f"{report.breaker_refused}")
+    m = report.medium
+    print(f"medium: {m['transmissions']} transmissions, {m['collisions']} collided; "
+          f"{report.simulated_seconds:.1f} s simulated in {report.wall_seconds:.1f} s")
+    for a, r in report.devices.items():
+        oc = r.outcomes
+        print(f"  device {a}: {r.commands} commands, reboots {r.reboots}, " + "  ".join(
+            f"{k} {oc.get(k, 0)}" for k in ("OK", "NOT_EXECUTED", "REJECTED", "UNKNOWN"))
+            + f"  -> {r.verdict().split(':')[0]}")
+        for p in r.problems[:10]:
+            print(f"PROBLEM device {a}: {p}")
+    print(report.verdict())
+    return status
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "bus", None) is not None:
+        return _run_bus(args)
+    return _run_point_to_point(args)
+
+
+def _run_point_to_point(args: argparse.Namespace) -> int:
     from idemlink.campaign import run_campaign
     from idemlink.cli import UserError
     from idemlink.device_sim.link import LinkConfigError
