@@ -227,6 +227,13 @@ def test_sim_bus_serves_n_devices_on_a_pty(capsys: pytest.CaptureFixture[str]) -
                      "0.05", "--attempts", "2"]) == 1
         out = capsys.readouterr().out
         assert f"== {port}@7: OK (exit 0)" in out and f"== {port}@8: ERROR (exit 1)" in out
+        # what is on the bus (issue 22 item 5): the three devices, with their identity
+        assert main(["scan", "--framed", "--port", port, "--units", "4-8", "--turnaround",
+                     str(scaled(0.02))]) == 0
+        out = capsys.readouterr().out
+        assert [ln.split(":")[0] for ln in out.splitlines() if "PRESENT" in ln] == [
+            "address   5", "address   6", "address   7"]
+        assert "map=thermal-controller" in out and "0 conflict(s)" in out
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(scaled(10)) == 0

@@ -45,6 +45,10 @@ def register(sub: Any) -> None:
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     p.add_argument("--modbus-rtu", action="store_true", default=True,
                    help="the line speaks Modbus RTU (implied: scan speaks nothing else)")
+    p.add_argument("--framed", action="store_true",
+                   help="the line is a bus of framed idemlink devices (8N1): an addressed HELLO "
+                        "to each address of --units; who answers with which identity, and two "
+                        "devices sharing an address (docs/BUS.md, 'Finding what is on a bus')")
     p.add_argument("--units", default="1-247", metavar="LIST",
                    help="unit ids to probe: 1-247 (default), or e.g. 1-10,20,30-40")
     add_baudrate_option(p, default=None, text="baud rate (default 115200); see --bauds")
@@ -98,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     units = parse_units(args.units)
+    if args.framed:
+        return _run_framed(args, units)
     bauds = parse_bauds(args.bauds) if args.bauds else [args.baudrate]
     if not (0 < args.turnaround <= 10 and math.isfinite(args.turnaround)):
         raise UserError("--turnaround: expected seconds, > 0 and <= 10")
@@ -155,6 +161,43 @@ def _id_shown(spec: RegisterSpec | None, words: tuple[int, ...]) -> str | None:
     if len(words) != spec.words:
         return " ".join(f"0x{w:04X}" for w in words)
     return spec.show(spec.raw_from_words(words))
+
+
+def _run_framed(args: argparse.Namespace, units: list[int]) -> int:
+    """``scan --framed``: ``idemlink.host.bus_scan`` on the port, one line per address that
+    answered and a summary line with the time taken and its bound."""
+    from idemlink.host.bus_scan import scan_bus_url
+    from idemlink.host.errors import PortError
+
+    if args.bauds or args.id_register is not None or args.no_identify:
+        raise UserError("--bauds, --id-register and --no-identify are the Modbus RTU scan's; a "
+                        "framed scan asks each address for its HELLO_REPLY at --baudrate")
+    if not (0 < args.turnaround <= 10 and math.isfinite(args.turnaround)):
+        raise UserError("--turnaround: expected seconds, > 0 and <= 10")
+    try:
+        s = scan_bus_url(args.port, units, baudrate=args.baudrate, turnaround=args.turnaround)
+    except PortError as exc:
+        raise UserError(str(exc)) from None
+    lines = []
+    for r in s.reports:
+        ident = ", ".join(f"{k}={v}" for k, v in r.identity.items())
+        extra = "; ".join(x for x in (ident, r.detail) if x)
+        lines.append(f"address {r.address:3d}: {r.state.upper()}" + (f" ({extra})" if extra
+                                                                      else ""))
+    found = sum(r.state == "present" for r in s.reports)
+    conflicts = sum(r.state == "conflict" for r in s.reports)
+    lines.append(f"scanned {s.addresses} address(es) at {args.baudrate} (framed) in "
+                 f"{s.seconds:.1f} s (bound {s.bound:.1f} s): {found} answered, {conflicts} "
+                 "conflict(s)")
+    doc = {"port": args.port, "answered": s.answered, "framed": True,
+           "scans": [{"baudrate": args.baudrate, "format": "8N1", "units": s.addresses,
+                      "seconds": round(s.seconds, 3), "bound": round(s.bound, 3),
+                      "found": [{"unit": r.address, "state": r.state, "answer": "",
+                                 "identity": r.identity, "id_value": None, "id_words": [],
+                                 "id_shown": None, "detail": r.detail}
+                                for r in s.reports]}]}
+    emit(args, SCHEMA, doc, lines)
+    return EXIT_OK if s.answered else EXIT_LOCAL_ERROR
 
 
 __all__ = ["parse_bauds", "parse_units", "register", "run"]
