@@ -6,8 +6,9 @@ Contract:
 - ``FramedScan(addresses, byte_time=..., turnaround=..., nonce=...)`` probes each address in turn
   with an addressed HELLO (seq ``nonce + i``); bytes go out through ``data_to_send()``, come in
   through ``receive_data(data, now)``; ``tick(now)`` fires deadlines and sends;
-  ``next_deadline()``; ``done`` once every address was probed; ``reports`` keeps every address
-  that answered (``FramedReport``), in address order. Time is passed in.
+  ``next_deadline()``; ``done`` once every address was probed; ``next_event()`` hands out each
+  address that answered (``FramedReport``) once settled, and ``reports`` keeps them all, in
+  probe order. Time is passed in.
 - Each HELLO is followed by a listening window: ``hello_window(byte_time, turnaround)`` =
   ``turnaround`` + the HELLO's and a usual HELLO_REPLY's transmission time (``USUAL_REPLY``
   bytes: a line or adapter that hands bytes on only at a frame's end, as the simulated bus does,
@@ -136,6 +137,7 @@ class FramedScan:
         self._deadline: float | None = None
         self._second: str | None = None  #: the first window's anomaly, when probing again
         self.reports: list[FramedReport] = []
+        self._new: deque[FramedReport] = deque()
         self.probes = 0
 
     @property
@@ -149,6 +151,14 @@ class FramedScan:
 
     def next_deadline(self) -> float | None:
         return self._deadline
+
+    def next_event(self) -> FramedReport | None:
+        """The next address settled as present, conflict or noise; None: none yet."""
+        return self._new.popleft() if self._new else None
+
+    def _report(self, report: FramedReport) -> None:
+        self.reports.append(report)
+        self._new.append(report)
 
     def receive_data(self, data: bytes, now: float) -> None:
         if self._current is None or not data:
@@ -183,16 +193,16 @@ class FramedScan:
         first = self._second
         if first is None:
             if verdict == "present":
-                self.reports.append(FramedReport(address, "present", ident))
+                self._report(FramedReport(address, "present", ident))
             elif verdict == "anomaly":
                 self._second = what
                 self._todo.appendleft(address)  # once more, at once
             return
         self._second = None
         if verdict == "anomaly":
-            self.reports.append(FramedReport(address, "conflict", {},
+            self._report(FramedReport(address, "conflict", {},
                                              f"{first}; again: {what}"))
         elif verdict == "present":
-            self.reports.append(FramedReport(address, "present", ident, f"once: {first}"))
+            self._report(FramedReport(address, "present", ident, f"once: {first}"))
         else:
-            self.reports.append(FramedReport(address, "noise", {}, f"once: {first}"))
+            self._report(FramedReport(address, "noise", {}, f"once: {first}"))

@@ -78,6 +78,7 @@ MACHINES: dict[str, frozenset[str]] = {
     "idemlink.protocol.modbus_tcp.TcpMaster": frozenset(SHAPE),
     "idemlink.protocol.modbus_tcp.MbapDecoder": frozenset({"receive_data", "next_event"}),
     "idemlink.protocol.rtu_scan.BusScan": frozenset(SHAPE),
+    "idemlink.protocol.framed_scan.FramedScan": frozenset(SHAPE),
     "idemlink.protocol.uart_line.UartReceiver": frozenset({"receive_data", "next_event"}),
     "idemlink.device_sim.tcp_server.TcpConnection": frozenset({"receive_data", "data_to_send"}),
 }
