@@ -39,6 +39,7 @@ from typing import Any, Self, TypeVar
 from idemlink.host.command import Command, CommandBuilder, Result
 from idemlink.host.device import Device
 from idemlink.host.errors import NoDevice
+from idemlink.host.half_duplex import HalfDuplexTransport
 from idemlink.host.operations import Steps
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.device_core import broadcast_allowed
@@ -185,12 +186,19 @@ class Bus:
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
              stopbits: float = 1, keep_lines: bool = True,
-             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, **kw: Any) -> Bus:
+             regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, echo: bool = False,
+             guard: float = 0.0, **kw: Any) -> Bus:
         """Open ``url`` (any pyserial URL) for a bus; no device is contacted until a handle's
-        first operation (``device(address).connect()`` or a command)."""
+        first operation (``device(address).connect()`` or a command). ``echo``: the adapter
+        echoes what the master sends (recognised and removed; a wrong echo is ``EchoMismatch``);
+        ``guard``: seconds the master waits after the last byte heard before it sends
+        (``idemlink.host.half_duplex``)."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize, parity=parity,
-                                    stopbits=stopbits, keep_lines=keep_lines)
+        serial = SerialTransport(url, baudrate=baudrate, bytesize=bytesize, parity=parity,
+                                 stopbits=stopbits, keep_lines=keep_lines)
+        transport: Transport = serial
+        if echo or guard:
+            transport = HalfDuplexTransport(serial, echo=echo, guard=guard)
         return cls(transport, regmap=rm, baud=baudrate, **kw)
 
     def device(self, address: int) -> BusDevice:

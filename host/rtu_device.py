@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 
 from idemlink.host.device import BlockingDriver, opened
+from idemlink.host.half_duplex import HalfDuplexTransport
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport, Transport, is_pty
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
@@ -64,16 +65,22 @@ class RtuDevice(BlockingDriver):
     def open(cls, url: str, *, unit: int = 1, baudrate: int = 115200, bytesize: int = 8,
              parity: str = "E", stopbits: float = 1,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
-             attempts: int = 5, keep_lines: bool = True, probe: bool = True) -> RtuDevice:
+             attempts: int = 5, keep_lines: bool = True, probe: bool = True,
+             echo: bool = False, guard: float = 0.0) -> RtuDevice:
         """Open ``url`` and (``probe``) check that a slave answers at ``unit``. The line's
         character format defaults to the Modbus specification's 8E1; it also sets the length of
-        a character in the RTU timing (t3.5, the wait for an answer)."""
+        a character in the RTU timing (t3.5, the wait for an answer). ``echo`` and ``guard``: an
+        RS-485 adapter's echo removed (a wrong one is ``EchoMismatch``) and the master's
+        turnaround guard (``idemlink.host.half_duplex``), as ``Bus.open`` has them."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         fmt = CharFormat(bytesize, parity, stopbits)
         transport = SerialTransport(url, baudrate=baudrate, bytesize=fmt.bytesize,
                                     parity=fmt.parity, stopbits=fmt.stopbits,
                                     keep_lines=keep_lines)
-        dev = cls(transport, regmap=rm, unit=unit, baudrate=line_rate(transport.port, baudrate),
+        line: Transport = transport
+        if echo or guard:
+            line = HalfDuplexTransport(transport, echo=echo, guard=guard)
+        dev = cls(line, regmap=rm, unit=unit, baudrate=line_rate(transport.port, baudrate),
                   timeout=timeout, attempts=attempts, char_format=fmt)
         return opened(dev, probe)
 
