@@ -1,6 +1,7 @@
 """Reads/s on the simulated half-duplex bus (docs/BUS.md) against its bound, in simulated time.
 
     python3 bench/bench_bus.py [--devices 8] [--baud 115200] [--turnaround 0.001] [--reads 400]
+    python3 bench/bench_bus.py --sweep [--plot] [--docs]
 
 N simulated devices on ``idemlink.device_sim.bus.Bus``; the host's bus handle
 (``idemlink.host.bus.Bus``) reads one register of each in turn (round robin). The bound is the
@@ -8,12 +9,20 @@ half-duplex one of issue 22: one request + one answer + two turnarounds per tran
 bits a byte. Also measured: the same with one device dead (its breaker open after two misses),
 the other devices' rate against their rate without it. Simulated time, so the figures are the
 protocol's, not this machine's: a run is deterministic.
+
+``--sweep`` measures the two curves of issue 22's figures: aggregate reads/s against the number
+of devices (1..16, the bounds alongside), and, on a bus of 8, the live devices' reads/s against
+the dead devices' share (0..4 of 8 dead), as a share of what those live devices read with the
+dead ones unplugged; ``--plot`` draws them into ``bench/bus_throughput.png`` (matplotlib, the
+``bench`` extra) and ``--docs`` writes the table into docs/BUS.md between the ``bench_bus``
+markers (``bench/docs_table.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
 
 from idemlink.device_sim.bus import Bus, BusConfig, BusTransport
 from idemlink.device_sim.device import SimulatedDevice
@@ -57,13 +66,85 @@ def run(devices: int, baud: int, turnaround: float, reads: int,
     return done / (t.now() - start), done
 
 
+HERE = Path(__file__).resolve().parent
+COUNTS = (1, 2, 4, 6, 8, 12, 16)
+DEAD = (0, 1, 2, 3, 4)
+
+
+def sweep(baud: int, turnaround: float, reads: int) -> tuple[list[tuple[int, float]],
+                                                           list[tuple[int, float, float]]]:
+    """``[(devices, reads/s)]`` and, on 8 devices, ``[(dead, live reads/s, share of the live
+    devices' rate without the dead ones)]``."""
+    by_count = [(n, run(n, baud, turnaround, reads)[0]) for n in COUNTS]
+    by_dead = []
+    for k in DEAD:
+        rate = run(8, baud, turnaround, reads, dead=tuple(range(8 - k + 1, 9)))[0]
+        alone = run(8 - k, baud, turnaround, reads)[0]
+        by_dead.append((k, rate, rate / alone))
+    return by_count, by_dead
+
+
+def plot(by_count: list[tuple[int, float]], by_dead: list[tuple[int, float, float]],
+         baud: int, turnaround: float, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot([n for n, _ in by_count], [r for _, r in by_count], "o-", label="measured")
+    left.axhline(bound(baud, turnaround, 1), ls="--", c="grey", label="bound, one turnaround")
+    left.axhline(bound(baud, turnaround, 2), ls=":", c="grey", label="bound, two (issue 22)")
+    left.set(xlabel="devices on the bus", ylabel="reads/s (all devices)", ylim=(0, None),
+             title="aggregate throughput")
+    left.legend(loc="lower right")
+    share = [100 * k / 8 for k, _, _ in by_dead]
+    right.plot(share, [100 * s for _, _, s in by_dead], "o-", c="C1")
+    right.axhline(90, ls=":", c="grey", label="issue 22: >= 90 %")
+    right.set(xlabel="dead devices, % of 8", ylabel="live devices' reads/s, % of without them",
+              ylim=(0, 105), title="a dead device's cost (breaker: 2 misses)")
+    right.legend(loc="lower left")
+    fig.suptitle(f"simulated half-duplex bus, {baud} baud, {turnaround * 1000:g} ms turnaround")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def table(by_count: list[tuple[int, float]], by_dead: list[tuple[int, float, float]],
+          baud: int, turnaround: float) -> str:
+    from docs_table import markdown_table
+
+    b1 = bound(baud, turnaround, 1)
+    rows = [[str(n), f"{r:.0f}", f"{r / b1:.0%}"] for n, r in by_count]
+    text = markdown_table(["devices", "reads/s", "of the one-turnaround bound"], rows)
+    rows = [[f"{k} of 8", f"{r:.0f}", f"{s:.0%}"] for k, r, s in by_dead]
+    text += "\n" + markdown_table(
+        ["dead", "live devices' reads/s", "of their rate without the dead ones"], rows)
+    return text
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--baud", type=int, default=115200)
     p.add_argument("--turnaround", type=float, default=0.001)
     p.add_argument("--reads", type=int, default=400)
+    p.add_argument("--sweep", action="store_true", help="the curves against devices and dead share")
+    p.add_argument("--plot", action="store_true", help="with --sweep: bench/bus_throughput.png")
+    p.add_argument("--docs", action="store_true", help="with --sweep: the table into docs/BUS.md")
     a = p.parse_args()
+    if a.sweep:
+        by_count, by_dead = sweep(a.baud, a.turnaround, a.reads)
+        text = table(by_count, by_dead, a.baud, a.turnaround)
+        print(text, end="")
+        if a.plot:
+            plot(by_count, by_dead, a.baud, a.turnaround, HERE / "bus_throughput.png")
+            print(f"plot written to {HERE / 'bus_throughput.png'}")
+        if a.docs:
+            from docs_table import DOCS, replace_between_markers
+
+            replace_between_markers(DOCS / "BUS.md", "bench_bus", text)
+        return
     b1, b2 = bound(a.baud, a.turnaround, 1), bound(a.baud, a.turnaround, 2)
     rate, _ = run(a.devices, a.baud, a.turnaround, a.reads)
     print(f"{a.devices} devices, {a.baud} baud, turnaround {a.turnaround * 1000:.1f} ms: "
