@@ -104,6 +104,14 @@ def unanswered(results: Iterable[Result]) -> bool:
     return any(r.status is Status.NO_ANSWER for r in results)
 
 
+def refused(breaker: Breaker, address: int, commands: list[Command], why: str) -> list[Result]:
+    """NOT_EXECUTED / BREAKER_OPEN for each command: none of them left (counted in
+    ``breaker.refused``)."""
+    breaker.refused += len(commands)
+    return [Result(c, Outcome.NOT_EXECUTED, Status.BREAKER_OPEN,
+                   detail=f"address {address} {why}") for c in commands]
+
+
 class BusDevice(Device):
     """One address's handle on a ``Bus``: a ``Device`` that takes the bus's turn for each
     operation and consults its breaker."""
@@ -149,10 +157,7 @@ class BusDevice(Device):
         return results
 
     def _refused(self, commands: list[Command], why: str) -> list[Result]:
-        """NOT_EXECUTED / BREAKER_OPEN for each command: none of them left."""
-        self.breaker.refused += len(commands)
-        return [Result(c, Outcome.NOT_EXECUTED, Status.BREAKER_OPEN,
-                       detail=f"address {self.address} {why}") for c in commands]
+        return refused(self.breaker, self.address, commands, why)
 
     def close(self) -> None:
         """Stop this handle (the bus's transport stays open: ``Bus.close`` closes it)."""
