@@ -27,6 +27,7 @@ VERSION = 1
 HELLO, HELLO_REPLY, REQUEST, RESPONSE = 1, 2, 3, 4
 RETRANSMIT, REPLAY, ADDRESSED = 0x01, 0x02, 0x04
 KNOWN_FLAGS = RETRANSMIT | REPLAY | ADDRESSED
+FIRST_CONTRACT_FLAGS = RETRANSMIT | REPLAY  #: what a receiver of the first contract knows
 BROADCAST = 0  #: the address every device on a bus hears and none answers
 MAX_ADDRESS = 247  #: Modbus's range; 248..255 are refused
 _HEADER = struct.Struct("<BBBIIH")  # version, type, flags, epoch, seq, payload length
@@ -109,9 +110,10 @@ class WireFrame:
     address: int | None = None  #: the device address of an ADDRESSED frame (0: broadcast)
 
 
-def read_frame(unit: bytes) -> WireFrame | None:
+def read_frame(unit: bytes, known: int = KNOWN_FLAGS) -> WireFrame | None:
     """The frame in ``unit`` (the bytes between two delimiters), or None when a receiver would
-    drop it."""
+    drop it (``known``: the flags it knows; ``FIRST_CONTRACT_FLAGS``: a receiver of the first
+    contract, which drops addressed frames)."""
     raw = unstuff(unit)
     if raw is None or len(raw) < _HEADER.size + _CRC_LEN:
         return None
@@ -120,7 +122,7 @@ def read_frame(unit: bytes) -> WireFrame | None:
     version, ftype, flags, epoch, seq, length = _HEADER.unpack_from(raw)
     start = _HEADER.size + (1 if flags & ADDRESSED else 0)  # the address byte, on a bus
     if (version != VERSION or ftype not in (HELLO, HELLO_REPLY, REQUEST, RESPONSE)
-            or flags & ~KNOWN_FLAGS or start + length + _CRC_LEN != len(raw)):
+            or flags & ~known or start + length + _CRC_LEN != len(raw)):
         return None
     address = raw[_HEADER.size] if flags & ADDRESSED else None
     if address is not None and address > MAX_ADDRESS:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from idemlink.oracle_wire import read_frame
+from idemlink.oracle_wire import FIRST_CONTRACT_FLAGS, read_frame
 from idemlink.protocol import cobs
 from idemlink.protocol.contract import TEST_MAC_KEY, contract_hash
 from idemlink.protocol.device_session import DeviceSession
@@ -255,12 +255,13 @@ def test_layout_flags_that_lie_are_refused(flags: int, cut: int, kind: DecodeErr
 
 
 def test_an_old_peer_refuses_addressed_and_authenticated_frames() -> None:
-    """A receiver of the first contract (the oracle's independent reader) drops them: unknown
-    flags. It answers nothing, which on a bus is the only safe refusal."""
+    """A receiver of the first contract (the oracle's independent reader, knowing the first
+    contract's flags only) drops them: unknown flags. It answers nothing, which on a bus is the
+    only safe refusal."""
     for kw in ({"address": 7}, {"address": BROADCAST_ADDRESS},
                {"key": MacKey(TEST_MAC_KEY), "direction": H2D}):
         wire = encode_frame(FrameType.HELLO, 1, 0, b"", **kw)  # type: ignore[arg-type]
-        assert read_frame(wire[1:-1]) is None
+        assert read_frame(wire[1:-1], FIRST_CONTRACT_FLAGS) is None
 
 
 def test_this_revisions_device_ignores_addressed_and_signed_frames_silently() -> None:
