@@ -20,6 +20,12 @@ Property tests (Hypothesis) run without a per-example deadline and without the "
 check: both measure wall-clock time, which a busy machine (two cores, another suite running)
 stretches past Hypothesis's defaults, and a test must not fail for the machine's load. What a
 property test checks is the property; speed is measured in bench/.
+
+``-n auto`` (pyproject's addopts) starts one worker more than the machine has cores, at most four
+(``--maxprocesses``): about half of the suite's wall time is waiting (a child process, a pty, an
+answer's timeout), not computing — on two cores a default run used 290 s of CPU in 266 s — so a
+third worker fills the gaps. Every real-time test waits on readiness with deadlines scaled to the
+machine's load (``support.timing``), so the extra worker is no harder on it than a busy laptop.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ _saved_env: dict[str, str | None] = {}
 
 #: the session-scoped fixtures over the C builds (device_bin, qemu_elf, lib_path, pump_build)
 pytest_plugins = ["support.fixtures"]
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores (the suite waits about half the time)."""
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_configure(config: pytest.Config) -> None:

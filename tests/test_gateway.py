@@ -141,7 +141,8 @@ def test_trigger_is_202_with_a_status_resource(tmp_path: Path) -> None:
 
 
 def test_unknown_is_an_open_item_until_acknowledged(tmp_path: Path) -> None:
-    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"],
+                                                      "--timeout", "0.05") as gw:
         assert sim.line is not None
         sim.line.mute = True  # the device runs what it gets; no answer comes back
         lost = _write(gw, new_key(time.time()), {"threshold": 388})

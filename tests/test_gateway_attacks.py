@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from support.gateway import CLI, TOKEN, TOKEN_BOB, Gw, Reply, running_gateway, served_sim
 from support.timing import scaled, wait_until
 
@@ -45,50 +46,33 @@ def _raw(gw: Gw, path: str, data: bytes, key: str | None = None) -> tuple[int, b
         return e.code, e.read()
 
 
-def test_an_open_item_is_acknowledged_even_when_two_callers_share_its_key_text(
+def test_open_items_of_two_callers_under_one_key_text_are_each_acknowledged(
         tmp_path: Path) -> None:
     """Keys are scoped to the caller, so alice and bob may each have an UNKNOWN under the same
-    key text (on two ports): acknowledging by key must still settle each, never leave both
-    open for good (the port blocked until someone edits the store)."""
+    key text (on two ports): acknowledging by key must still settle each, never leave both open
+    for good (the port blocked until someone edits the store). Whose item is settled can be
+    named (``?caller=``); without a name a caller settles its own, else the only one left."""
     (tmp_path / "b").mkdir()
     with served_sim(tmp_path) as one, served_sim(tmp_path / "b") as two, running_gateway(
-            tmp_path, [f"{one.link}=one", f"{two.link}=two"]) as gw:
+            tmp_path, [f"{one.link}=one", f"{two.link}=two"], "--timeout", "0.05") as gw:
         assert one.line is not None and two.line is not None
-        one.line.mute = two.line.mute = True
+        one.line.mute = two.line.mute = True  # the answers' waits are the test's cost: short
         key = new_key(time.time())
         a = _write(gw, key, {"threshold": 311}, port="one")
         b = _write(gw, key, {"threshold": 312}, port="two", token=TOKEN_BOB)
         assert (a.body["outcome"], b.body["outcome"]) == ("UNKNOWN", "UNKNOWN")
         one.line.mute = two.line.mute = False
         assert len(gw.call("GET", "/v1/open-items").body["open_items"]) == 2
-        ack = gw.call("POST", f"/v1/open-items/{key}/acknowledge", {"reason": "read back"})
-        assert ack.status == 200, ack.body  # alice's own item
-        left = gw.call("GET", "/v1/open-items").body["open_items"]
-        assert [i["caller"] for i in left] == ["bob"]
-        # alice may still settle bob's (no roles, documented): it is now the only one
-        ack = gw.call("POST", f"/v1/open-items/{key}/acknowledge", {"reason": "read back"})
+        path = f"/v1/open-items/{key}/acknowledge"
+        assert gw.call("POST", path + "?caller=nobody", {"reason": "x"}).status == 404
+        ack = gw.call("POST", path + "?caller=bob", {"reason": "read back"})  # named: bob's
         assert ack.status == 200 and ack.body["caller"] == "bob"
+        left = gw.call("GET", "/v1/open-items").body["open_items"]
+        assert [i["caller"] for i in left] == ["alice"]
+        ack = gw.call("POST", path, {"reason": "read back"}, token=TOKEN_BOB)  # the only one
+        assert ack.status == 200 and ack.body["caller"] == "alice"
         assert gw.call("GET", "/v1/open-items").body["open_items"] == []
         assert _write(gw, new_key(time.time()), {"threshold": 313}, port="one").status == 200
-
-
-def test_two_open_items_under_one_key_text_need_the_caller_named(tmp_path: Path) -> None:
-    (tmp_path / "b").mkdir()
-    with served_sim(tmp_path) as one, served_sim(tmp_path / "b") as two, running_gateway(
-            tmp_path, [f"{one.link}=one", f"{two.link}=two"]) as gw:
-        assert one.line is not None and two.line is not None
-        one.line.mute = two.line.mute = True
-        key = new_key(time.time())
-        _write(gw, key, {"threshold": 314}, port="one")
-        _write(gw, key, {"threshold": 315}, port="two", token=TOKEN_BOB)
-        one.line.mute = two.line.mute = False
-        # whose item is settled can be named: alice settles bob's, hers stays open
-        path = f"/v1/open-items/{key}/acknowledge"
-        ack = gw.call("POST", path + "?caller=bob", {"reason": "read back"})
-        assert ack.status == 200 and ack.body["caller"] == "bob"
-        assert gw.call("POST", path + "?caller=nobody", {"reason": "x"}).status == 404
-        assert [i["caller"] for i in gw.call("GET", "/v1/open-items").body["open_items"]] == [
-            "alice"]
 
 
 def test_a_trigger_reset_is_asked_for_with_true_not_any_text(tmp_path: Path) -> None:
@@ -192,19 +176,23 @@ class _Proxy502(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def test_cli_through_a_proxy_answering_html_is_one_line(tmp_path: Path) -> None:
+@pytest.mark.parametrize("words", [
+    ["--gateway-port", "dev", "write", "threshold=40"],
+    pytest.param(["--gateway-port", "dev", "read", "threshold"], marks=pytest.mark.slow),
+    pytest.param(["read", "threshold"], marks=pytest.mark.slow)], ids=["write", "read", "ports"])
+def test_cli_through_a_proxy_answering_html_is_one_line(words: list[str]) -> None:
+    """Each command retries under its key (about 3 s) and ends in one line: the write in the
+    default run, the read and the port listing with the long campaigns."""
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Proxy502)
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         env = {**os.environ, "IDEMLINK_GATEWAY_TOKEN": TOKEN}
-        for words in (["--gateway-port", "dev", "write", "threshold=40"],
-                      ["--gateway-port", "dev", "read", "threshold"], ["read", "threshold"]):
-            r = subprocess.run([*CLI, "--gateway", url, *words], capture_output=True, text=True,
-                               env=env, timeout=scaled(60))
-            assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
-            assert r.stderr.count("\n") <= 2 and "502" in r.stderr, r.stderr
+        r = subprocess.run([*CLI, "--gateway", url, *words], capture_output=True, text=True,
+                           env=env, timeout=scaled(60))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.count("\n") <= 2 and "502" in r.stderr, r.stderr
     finally:
         server.shutdown()
         server.server_close()
