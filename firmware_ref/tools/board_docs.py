@@ -15,6 +15,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by a test
+from doc_markers import replace_between
+
 BEGIN = "<!-- board_m0plus:begin -->"
 END = "<!-- board_m0plus:end -->"
 
@@ -49,13 +52,7 @@ def table(text: str) -> str:
 
 
 def replace(doc: Path, body: str) -> None:
-    old = doc.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(old):
-        print(f"{doc}: no {BEGIN} ... {END} markers", file=sys.stderr)
-        sys.exit(1)
-    doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{body}{END}", old, count=1),
-                   encoding="utf-8")
+    replace_between(doc, BEGIN, END, body)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,11 @@ not measurements. `table()` is what the tests compare PORTING.md with.
 from __future__ import annotations
 
 import math
-import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by a test
+from doc_markers import replace_between
 
 BEGIN = "<!-- flash_wear:begin -->"
 END = "<!-- flash_wear:end -->"
@@ -60,13 +62,7 @@ def table() -> str:
 
 
 def replace(doc: Path, body: str) -> None:
-    old = doc.read_text(encoding="utf-8")
-    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
-    if not pattern.search(old):
-        print(f"{doc}: no {BEGIN} ... {END} markers", file=sys.stderr)
-        sys.exit(1)
-    doc.write_text(pattern.sub(lambda _: f"{BEGIN}\n{body}{END}", old, count=1),
-                   encoding="utf-8")
+    replace_between(doc, BEGIN, END, body)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ prints, as ``key=value`` words on one line:
 Indirect calls (gcc's ``__indirect_call`` node) are resolved by ``--indirect CALLER=TARGET``: the
 callbacks a function calls through a pointer (the session's execute hook, the registers' persist
 and conditions hooks, FILE_INFO's lookup); the deepest of a caller's targets is assumed at each of
-its indirect calls, and an indirect call with no target given is an error. A function without a figure (newlib's
+its indirect calls, and an indirect call with no target given is an error. A function without a
+figure (newlib's
 ``memcpy``, libgcc's division) counts ``--unknown`` bytes (default 32, an allowance for the leaf
 routines newlib and libgcc link, not a measurement); their names are listed as ``unknown=``. A
 dynamic or bounded frame, or a cycle in the graph (recursion), is an error: the figure would not
