@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 from idemlink.host.drive import rounds
-from idemlink.host.operations import Clock, Job, Steps, io_round
+from idemlink.host.operations import no_job, scan_steps
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.contract import contract_hash
@@ -41,18 +40,6 @@ class BusScanResult:
         return any(r.state in ("present", "conflict") for r in self.reports)
 
 
-def framed_scan_steps(scan: FramedScan, clock: Clock) -> Steps[list[FramedReport]]:
-    """``scan`` as an operation: its bytes out, the line's in, until every address is probed."""
-    scan.tick(clock.now())
-    while not scan.done:
-        yield from io_round(scan, clock)
-    return scan.reports
-
-
-def _no_job(job: Job[Any]) -> None:  # pragma: no cover - a scan asks for none
-    raise AssertionError("a scan runs no job")
-
-
 def scan_bus(transport: Transport, addresses: list[int], *, baud: int | None = 115200,
              turnaround: float = 0.001) -> BusScanResult:
     """Scan ``addresses`` on an open ``transport`` (see the module docstring)."""
@@ -62,7 +49,7 @@ def scan_bus(transport: Transport, addresses: list[int], *, baud: int | None = 1
                       nonce=random.getrandbits(32))  # a stale reply names another number
     ops = RtuOperations(transport)  # holds no request: the loop's settling has none to settle
     start = transport.now()
-    for _ in rounds(ops, transport, _no_job, framed_scan_steps(scan, transport)):
+    for _ in rounds(ops, transport, no_job, scan_steps(scan, transport)):
         pass
     bound = (framed_scan_bound(scan.probes, byte_time, turnaround, scan.heard)
              + scan.probes * READ_LATENCY)
@@ -79,4 +66,4 @@ def scan_bus_url(url: str, addresses: list[int], *, baudrate: int = 115200,
         transport.close()
 
 
-__all__ = ["READ_LATENCY", "BusScanResult", "framed_scan_steps", "scan_bus", "scan_bus_url"]
+__all__ = ["READ_LATENCY", "BusScanResult", "scan_bus", "scan_bus_url"]

@@ -217,6 +217,32 @@ def io_round(machine: Machine, clock: Clock) -> Steps[None]:
     machine.tick(now)
 
 
+R = TypeVar("R")
+
+
+class Scanner(Machine, Protocol[R]):
+    """A scan machine (``idemlink.protocol.rtu_scan.BusScan``, ``idemlink.protocol.framed_scan.
+    FramedScan``): probes until ``done``, its findings in ``reports``."""
+
+    reports: list[R]
+
+    @property
+    def done(self) -> bool: ...
+
+
+def scan_steps(scan: Scanner[R], clock: Clock) -> Steps[list[R]]:
+    """``scan`` as an operation: its bytes out, the line's in, until every address is probed."""
+    scan.tick(clock.now())
+    while not scan.done:
+        yield from io_round(scan, clock)
+    return scan.reports
+
+
+def no_job(job: Job[Any]) -> None:  # pragma: no cover - a scan asks for none
+    """The job runner of an operation that asks for no job (a scan)."""
+    raise AssertionError("a scan runs no job")
+
+
 
 class Operations(Generic[S]):
     """One device's session and bookkeeping, and every operation on it as ``Steps``. What

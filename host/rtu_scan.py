@@ -13,11 +13,10 @@ that fails is ``LinkLost`` (from the loop), one that cannot be opened ``PortErro
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from idemlink.host.command import CommandBuilder
 from idemlink.host.drive import rounds
-from idemlink.host.operations import Clock, Job, Steps, io_round
+from idemlink.host.operations import no_job, scan_steps
 from idemlink.host.rtu_device import line_rate
 from idemlink.host.rtu_operations import RtuOperations
 from idemlink.host.transport import SerialTransport
@@ -51,18 +50,6 @@ class LineScan:
         return any(r.state in ("present", "conflict") for r in self.reports)
 
 
-def scan_steps(scan: BusScan, clock: Clock) -> Steps[list[UnitReport]]:
-    """``scan`` as an operation: its bytes out, the line's in, until every unit is probed."""
-    scan.tick(clock.now())
-    while not scan.done:
-        yield from io_round(scan, clock)
-    return scan.reports
-
-
-def _no_job(job: Job[Any]) -> None:  # pragma: no cover - a scan asks for none
-    raise AssertionError("a scan runs no job")
-
-
 def scan_line(url: str, *, baudrate: int, char_format: CharFormat = MODBUS_CHAR_FORMAT,
               units: list[int], turnaround: float = DEFAULT_TURNAROUND,
               regmap: RegisterMap | None = None, id_register: str | None = None,
@@ -83,7 +70,7 @@ def scan_line(url: str, *, baudrate: int, char_format: CharFormat = MODBUS_CHAR_
                        identify=identify, id_read=id_read)
         ops = RtuOperations(transport)  # holds no request: the loop's settling has none to settle
         start = transport.now()
-        for _ in rounds(ops, transport, _no_job, scan_steps(scan, transport)):
+        for _ in rounds(ops, transport, no_job, scan_steps(scan, transport)):
             pass
         return LineScan(baudrate, char_format, len(units), transport.now() - start,
                         scan_bound(len(units), timing, turnaround, len(scan.reports))
@@ -92,4 +79,4 @@ def scan_line(url: str, *, baudrate: int, char_format: CharFormat = MODBUS_CHAR_
         transport.close()
 
 
-__all__ = ["READ_LATENCY", "LineScan", "scan_line", "scan_steps"]
+__all__ = ["READ_LATENCY", "LineScan", "scan_line"]
