@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.boiler import FC05, FC06, FC15, FC16, FC22, MAP, PURGE, Boiler, from_regs, to_regs
+from support.boiler import FC05, FC06, FC15, FC16, FC22, MAP, PURGE, READOUT, Boiler, from_regs, to_regs
 from support.timing import scaled
 
 from idemlink.cli import main
@@ -24,21 +24,7 @@ from idemlink.protocol.registers import TriggerStatus
 
 pytest.importorskip("pymodbus")
 
-ALL = [
-    "flow_temperature = -5.0 °C (raw 0xFFCE)",
-    "outdoor_temperature = -12.3 °C (raw 0xFF85)",
-    "energy = 1234.5 kWh (raw 0x449A5000)",
-    "run_hours = 70000 h",
-    "serial_number = AB-1234567",
-    "fault_code = 66",
-    "setpoint = 45.0 °C (raw 0x01C2)",
-    "control = 0x0011 heating=1 hot_water=0 stage=low",
-    "energy_limit = 100000 Wh",
-    "purge = 0",
-    "pump = on (1)",
-    "alarm_relay = 0",
-    "flame = 1",
-]
+ALL = READOUT
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support.boiler import FC05, FC06, FC15, FC16, FC22, MAP, PURGE, Boiler, from_regs, to_regs
+from support.boiler import FC05, FC06, FC15, FC16, FC22, MAP, PURGE, READOUT, Boiler, from_regs, to_regs
 from support.timing import scaled
 
 from idemlink.cli import main
@@ -89,21 +89,7 @@ def test_read_every_type_as_the_map_says(line: LinkProxy, any_map: Path,
         rc, out, err = cli(capsys, "read", "--all", *rtu(line, any_map))
         assert rc == 0, err
         lines = [" ".join(x.split()) for x in out.splitlines()]
-        assert lines == [
-            "flow_temperature = -5.0 °C (raw 0xFFCE)",
-            "outdoor_temperature = -12.3 °C (raw 0xFF85)",
-            "energy = 1234.5 kWh (raw 0x449A5000)",
-            "run_hours = 70000 h",
-            "serial_number = AB-1234567",
-            "fault_code = 66",
-            "setpoint = 45.0 °C (raw 0x01C2)",
-            "control = 0x0011 heating=1 hot_water=0 stage=low",
-            "energy_limit = 100000 Wh",
-            "purge = 0",
-            "pump = on (1)",
-            "alarm_relay = 0",
-            "flame = 1",
-        ]
+        assert lines == READOUT
         # by name: a bit field reads its register; JSON values are numbers or a string
         rc, out, _ = cli(capsys, "read", "flow_temperature", "energy", "serial_number", "stage",
                          "pump", *rtu(line, any_map), "--json")

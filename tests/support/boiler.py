@@ -220,3 +220,21 @@ class Boiler:
 
     def close(self) -> None:
         self.background.close()
+
+
+#: ``read --all`` of the boiler as it starts (whitespace collapsed): every type the map has.
+READOUT = [
+    "flow_temperature = -5.0 °C (raw 0xFFCE)",
+    "outdoor_temperature = -12.3 °C (raw 0xFF85)",
+    "energy = 1234.5 kWh (raw 0x449A5000)",
+    "run_hours = 70000 h",
+    "serial_number = AB-1234567",
+    "fault_code = 66",
+    "setpoint = 45.0 °C (raw 0x01C2)",
+    "control = 0x0011 heating=1 hot_water=0 stage=low",
+    "energy_limit = 100000 Wh",
+    "purge = 0",
+    "pump = on (1)",
+    "alarm_relay = 0",
+    "flame = 1",
+]
