@@ -15,6 +15,7 @@
 
 #include "idl_checkreturn.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "idl_regs.h"
@@ -26,5 +27,12 @@
  *  bytes) to `resp`; returns its length. */
 IDL_CHECKRETURN uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uint8_t *resp,
                             uint32_t now);
+
+#if defined(IDL_BUS) && IDL_BUS
+/** Whether `pdu` may run as a broadcast (protocol/device_core.py broadcast_allowed): a
+ *  well-formed FC06, or FC16 (decoded as idl_modbus_execute does), whose every register is
+ *  HOLDING in the map. A trigger, a fault clear, a guarded write or a read never is. */
+IDL_CHECKRETURN bool idl_modbus_broadcast_ok(const uint8_t *pdu, uint16_t len);
+#endif
 
 #endif /* IDL_MODBUS_H */

@@ -26,6 +26,10 @@
  *
  * | idl_port_executed           | one execution: epoch, seq, request, answer  | main loop     |
  *
+ * Compiled in only with IDL_BUS=1 (the bus: docs/BUS.md; otherwise neither called nor needed):
+ *
+ * | idl_port_bus_address        | the device's bus address 1..247, 0: none    | init only     |
+ *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
  * (except through idl_port_write / idl_port_flash_save).
@@ -91,6 +95,14 @@ void idl_port_file_abort(void);
  *  frame it is on never leaves an effect without its record. */
 void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uint16_t request_len,
                        const uint8_t *response, uint16_t response_len, uint32_t now);
+#endif
+
+#if IDL_BUS
+/** Optional (IDL_BUS=1): the device's bus address, 1..IDL_MAX_ADDRESS, from its configuration
+ *  (DIP switches, a flash record, the posix port's flash directory); 0: none, the device
+ *  answers only unaddressed frames (a point-to-point device). Another value counts as 0. A
+ *  broadcast execution reaches idl_port_executed with epoch 0 and its broadcast number. */
+IDL_CHECKRETURN uint8_t idl_port_bus_address(void);
 #endif
 
 /* ---- glue ----------------------------------------------------------------------------------- */

@@ -99,6 +99,12 @@ void idl_regs_tick(idl_regs_t *r, uint32_t now);
 /** Index of `address` in IDL_REGMAP, or -1. */
 int32_t idl_regs_index(uint16_t address);
 
+#if defined(IDL_BUS) && IDL_BUS
+/** Whether `count` registers from `address` are all mapped HOLDING registers (what a broadcast
+ *  may write: idl_modbus_broadcast_ok). */
+IDL_CHECKRETURN bool idl_regs_all_holding(uint16_t address, uint16_t count);
+#endif
+
 /** Current value (no side effect); false if unmapped. */
 IDL_CHECKRETURN bool idl_regs_get(const idl_regs_t *r, uint16_t address, uint16_t *value);
 

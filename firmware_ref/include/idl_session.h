@@ -14,6 +14,18 @@
  * |                                | name), our epoch; only the hand-out floor moves            |
  * | anything else / decode refusal | counted, no answer                                        |
  *
+ * On a bus (IDL_BUS=1, docs/BUS.md; the rule of protocol/device_session.py address_verdict):
+ * | no address in the frame        | the table above, answered unaddressed                     |
+ * | the configured address         | the table above, answered with the same address            |
+ * | another device's address       | counted IDL_DISP_OTHER_ADDRESS, no answer                 |
+ * | broadcast (0), a REQUEST whose | run at most once per number of the broadcast window (its  |
+ * | PDU `broadcast_ok` allows      | own; the epoch is not checked), never answered            |
+ * | broadcast, anything else       | counted IDL_DISP_BROADCAST_REFUSED / _REPEATED, no answer |
+ * | addressed, no address set (0)  | counted IDL_DISP_UNEXPECTED, no answer (as without BUS)   |
+ * A device with an address advertises capability ADDRESSED, its address and broadcast_next in
+ * HELLO_REPLY. Without IDL_BUS (the default) every ADDRESSED frame is ignored, and the code and
+ * state are those of the point-to-point core.
+ *
  * The digest is the CRC-32C of the request payload. An executed answer is status OK + the PDU
  * the `execute` callback wrote. Not ISR-safe: feed bytes from one context (an ISR pushes received
  * bytes into the integrator's ring, the main loop feeds them here).
@@ -31,6 +43,12 @@
 #include "idl_replay.h"
 #include "idl_window.h"
 
+/* IDL_BUS: 1 compiles the bus support in (the device's address, broadcast); 0 (default) leaves
+ * it out: an M0+ build with YMODEM has almost no flash to spare. */
+#ifndef IDL_BUS
+#define IDL_BUS 0
+#endif
+
 #if IDL_WINDOW_SIZE > 65535u || IDL_MAX_PAYLOAD > 65535u
 #error "DEVICE_INFO carries the window and the payload limit as u16"
 #endif
@@ -47,6 +65,12 @@
 typedef uint16_t (*idl_execute_fn)(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp,
                                    uint32_t now, uint32_t seq);
 
+#if IDL_BUS
+/** Whether a request PDU may run as a broadcast: a set-only write (protocol/device_core.py
+ *  broadcast_allowed; idl_modbus_broadcast_ok). */
+typedef bool (*idl_broadcast_ok_fn)(void *ctx, const uint8_t *pdu, uint16_t len);
+#endif
+
 /** What a session advertises and runs (caller-owned, must outlive the session). */
 typedef struct {
     idl_execute_fn execute;
@@ -56,6 +80,10 @@ typedef struct {
     const char *map_name;  /**< the register map's name */
     const uint8_t *map_hash; /**< IDL_MAP_HASH_LEN bytes */
     uint8_t max_inflight;  /**< advertised pipelining depth (clamped to the replay slots) */
+#if IDL_BUS
+    uint8_t address;       /**< bus address 1..IDL_MAX_ADDRESS; 0: none (point-to-point) */
+    idl_broadcast_ok_fn broadcast_ok; /**< NULL: every broadcast refused */
+#endif
 } idl_session_config_t;
 
 /** Request dispositions, counted in idl_session_t.counters. */
@@ -68,7 +96,16 @@ typedef enum {
     IDL_DISP_EPOCH_MISMATCH = 5,
     IDL_DISP_HELLO = 6,
     IDL_DISP_UNEXPECTED = 7,
-    IDL_DISP_DECODE_ERRORS = 8
+    IDL_DISP_DECODE_ERRORS = 8,
+#if IDL_BUS
+    IDL_DISP_OTHER_ADDRESS = 9,      /**< another device's frame */
+    IDL_DISP_BROADCAST_EXECUTED = 10,
+    IDL_DISP_BROADCAST_REPEATED = 11, /**< a broadcast number already run */
+    IDL_DISP_BROADCAST_REFUSED = 12,  /**< not a REQUEST, or not a set-only write */
+    IDL_DISP_COUNT = 13
+#else
+    IDL_DISP_COUNT = 9
+#endif
 } idl_disposition_t;
 
 typedef struct {
@@ -76,8 +113,13 @@ typedef struct {
     uint32_t epoch;
     uint32_t handed_out;     /**< last next_seq handed out (valid if has_handed_out) */
     uint8_t has_handed_out;
-    uint32_t counters[9];
+    uint32_t counters[IDL_DISP_COUNT];
     idl_window_t window;
+#if IDL_BUS
+    idl_window_t broadcast_window; /**< broadcast numbers run this boot (a space of their own) */
+    uint16_t to;         /**< the frame being answered: its address, or IDL_FRAME_NO_ADDRESS */
+    uint8_t broadcasting; /**< 1 while `execute` runs a broadcast (recorded under epoch 0) */
+#endif
     idl_replay_t cache;
     idl_frame_decoder_t decoder;
     uint8_t tx[IDL_WIRE_MAX]; /**< the answer being sent */
@@ -89,6 +131,12 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
 /** Feed one received byte at `now`; returns the length of the answer now in s->tx (0: none).
  *  Send it before feeding the next byte. */
 IDL_CHECKRETURN size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
+
+#if IDL_BUS
+/** broadcast_next of HELLO_REPLY's bus extension: 1 when no broadcast ran this boot, else one
+ *  window beyond the highest that did. */
+IDL_CHECKRETURN uint32_t idl_session_broadcast_next(const idl_session_t *s);
+#endif
 
 /** next_seq of DEVICE_INFO (protocol/device_session.py first_seq): 1 on a fresh boot; else one
  *  window beyond the later of the highest number seen and the last start handed out, but never

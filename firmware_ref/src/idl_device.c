@@ -116,13 +116,25 @@ static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *re
     } else {
         n = idl_modbus_execute(&d->regs, pdu, len, resp, now);
     }
-#if IDL_PORT_EXECUTED
+#if IDL_PORT_EXECUTED && IDL_BUS
+    /* a broadcast belongs to no boot: recorded under epoch 0 (no boot has it) */
+    idl_port_executed(d->session.broadcasting != 0u ? 0u : d->session.epoch, seq, pdu, len, resp,
+                      n, now);
+#elif IDL_PORT_EXECUTED
     idl_port_executed(d->session.epoch, seq, pdu, len, resp, n, now);
 #else
     (void)seq;
 #endif
     return n;
 }
+
+#if IDL_BUS
+static bool broadcast_ok(void *ctx, const uint8_t *pdu, uint16_t len)
+{
+    (void)ctx;
+    return idl_modbus_broadcast_ok(pdu, len);
+}
+#endif
 
 void idl_device_init(idl_device_t *d)
 {
@@ -146,6 +158,13 @@ void idl_device_init(idl_device_t *d)
     d->cfg.map_name = IDL_MAP_NAME;
     d->cfg.map_hash = MAP_HASH;
     d->cfg.max_inflight = 32u;
+#if IDL_BUS
+    {
+        uint8_t address = idl_port_bus_address();
+        d->cfg.address = address <= IDL_MAX_ADDRESS ? address : 0u;
+        d->cfg.broadcast_ok = broadcast_ok;
+    }
+#endif
     do {
         epoch = idl_port_entropy32();
     } while (epoch == 0u);

@@ -134,3 +134,25 @@ uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uin
     }
     return 5u;
 }
+
+#if defined(IDL_BUS) && IDL_BUS
+bool idl_modbus_broadcast_ok(const uint8_t *pdu, uint16_t len)
+{
+    /* decoded as idl_modbus_execute decodes FC06 and FC16: anything it refuses is refused */
+    uint16_t count = 1u;
+    if (len < 5u) {
+        return false;
+    }
+    if (pdu[0] == (uint8_t)IDL_MB_FC_WRITE_MULTIPLE_REGISTERS) {
+        count = be16(pdu + 3);
+        if (len < 6u || count > IDL_MB_MAX_WRITE || pdu[5] != 2u * count
+            || len != 6u + pdu[5]) {
+            return false;
+        }
+    } else if (pdu[0] != (uint8_t)IDL_MB_FC_WRITE_SINGLE_REGISTER || len != 5u) {
+        return false;
+    }
+    /* count 0 and a run past 0xFFFF are no run of holdings */
+    return idl_regs_all_holding(be16(pdu + 1), count);
+}
+#endif

@@ -50,6 +50,23 @@ static int32_t index_of_kind(uint16_t address, idl_reg_kind_t kind)
     return i >= 0 && IDL_REGMAP[i].kind == (uint8_t)kind ? i : -1;
 }
 
+#if defined(IDL_BUS) && IDL_BUS
+bool idl_regs_all_holding(uint16_t address, uint16_t count)
+{
+    int32_t first = run_index(address, count);
+    uint32_t i;
+    if (first < 0) {
+        return false;
+    }
+    for (i = (uint32_t)first; i < (uint32_t)first + count; i++) {
+        if (IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_HOLDING) {
+            return false;
+        }
+    }
+    return true;
+}
+#endif
+
 static uint16_t conditions(const idl_regs_t *r, uint32_t i)
 {
     return r->conditions != NULL ? r->conditions(r->ctx, r, IDL_REGMAP[i].address) : 0u;

@@ -17,6 +17,11 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
     s->handed_out = 0;
     s->has_handed_out = 0;
     idl_window_init(&s->window);
+#if IDL_BUS
+    idl_window_init(&s->broadcast_window);
+    s->to = IDL_FRAME_NO_ADDRESS;
+    s->broadcasting = 0u;
+#endif
     idl_replay_init(&s->cache);
     idl_frame_decoder_init(&s->decoder);
 }
@@ -38,6 +43,23 @@ uint32_t idl_session_first_seq(const idl_session_t *s)
     }
     return anchor + following;
 }
+
+#if IDL_BUS
+uint32_t idl_session_broadcast_next(const idl_session_t *s)
+{
+    if (IDL_WINDOW_IS_EMPTY(&s->broadcast_window)) {
+        return 1u;
+    }
+    return s->broadcast_window.highest + 1u + IDL_WINDOW_SIZE;
+}
+
+/* Answers go to the address the request came from (IDL_FRAME_NO_ADDRESS: unaddressed). */
+#define ENCODE(s, type, flags, seq, payload, len) \
+    idl_frame_encode_addressed((s)->tx, (s)->to, (type), (flags), (s)->epoch, (seq), (payload), (len))
+#else
+#define ENCODE(s, type, flags, seq, payload, len) \
+    idl_frame_encode((s)->tx, (type), (flags), (s)->epoch, (seq), (payload), (len))
+#endif
 
 /* A pascal string of at most `max` bytes (the caps keep DEVICE_INFO within IDL_MAX_PAYLOAD:
  * 20 fixed bytes + 129 + 8 + 65 + 256 = 478). */
@@ -89,22 +111,33 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     n += IDL_MAP_HASH_LEN;
     n += put_str(p + n, c->device_id, IDL_MAX_DEVICE_ID_LEN);
     n += put_str(p + n, c->map_name, 255u);
-    /* the second extension: capabilities u16 (none of IDL_CAP_*: this core ignores ADDRESSED and
-     * AUTH frames) and the bus address u8 (0: none configured); an old host ignores them */
-    p[n] = 0u;
-    p[n + 1u] = 0u;
-    p[n + 2u] = 0u;
-    n += 3u;
+    /* the second extension: capabilities u16 and the bus address u8 (0: none configured; no
+     * AUTH: this core ignores tagged frames); an old host ignores them */
+#if IDL_BUS
+    if (c->address != 0u) {
+        p[n] = (uint8_t)IDL_CAP_ADDRESSED;
+        p[n + 1u] = 0u;
+        p[n + 2u] = c->address;
+        put_le(p + n + 3u, idl_session_broadcast_next(s), 4u); /* the bus extension */
+        n += 7u;
+    } else
+#endif
+    {
+        p[n] = 0u;
+        p[n + 1u] = 0u;
+        p[n + 2u] = 0u;
+        n += 3u;
+    }
     s->handed_out = next;
     s->has_handed_out = 1u;
-    return idl_frame_encode(s->tx, IDL_FT_HELLO_REPLY, 0u, s->epoch, seq, p, n);
+    return ENCODE(s, IDL_FT_HELLO_REPLY, 0u, seq, p, n);
 }
 
 /* One RESPONSE frame in tx: the only place that passes idl_frame_encode's seven arguments. */
 static size_t response(idl_session_t *s, uint8_t flags, uint32_t seq, const uint8_t *payload,
                        size_t len)
 {
-    return idl_frame_encode(s->tx, IDL_FT_RESPONSE, flags, s->epoch, seq, payload, len);
+    return ENCODE(s, IDL_FT_RESPONSE, flags, seq, payload, len);
 }
 
 static size_t status_answer(idl_session_t *s, uint32_t seq, uint8_t status)
@@ -160,6 +193,33 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     }
 }
 
+#if IDL_BUS
+/* A broadcast REQUEST: run at most once per number if it is a set-only write; never answered
+ * (protocol/device_session.py DeviceSession._broadcast). Returns the counter it adds to. */
+static idl_disposition_t broadcast(idl_session_t *s, const idl_frame_t *f, uint32_t now)
+{
+    const idl_session_config_t *c = s->cfg;
+    idl_verdict_t v;
+    uint16_t n;
+    if (f->type != (uint8_t)IDL_FT_REQUEST || c->broadcast_ok == NULL
+        || !c->broadcast_ok(c->ctx, f->payload, f->length)) {
+        return IDL_DISP_BROADCAST_REFUSED;
+    }
+    v = idl_window_check(&s->broadcast_window, f->seq);
+    if (v != IDL_VERDICT_NEW && v != IDL_VERDICT_ACCEPT_OLD) {
+        return IDL_DISP_BROADCAST_REPEATED;
+    }
+    s->broadcasting = 1u;
+    /* the answer nobody hears goes to tx, free while nothing is being answered */
+    n = c->execute(c->ctx, f->payload, f->length, s->tx, now, f->seq);
+    (void)n;
+    s->broadcasting = 0u;
+    v = idl_window_commit(&s->broadcast_window, f->seq);
+    (void)v;
+    return IDL_DISP_BROADCAST_EXECUTED;
+}
+#endif
+
 size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
 {
     idl_frame_t f;
@@ -171,9 +231,24 @@ size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
         s->counters[IDL_DISP_DECODE_ERRORS]++;
         return 0;
     }
+#if IDL_BUS
+    /* address_verdict: untagged frames only (no key here); no address -> this line */
+    s->to = IDL_FRAME_NO_ADDRESS;
+    if (f.tag_len == 0u && f.addressed != 0u && s->cfg->address != 0u) {
+        if (f.address == IDL_BROADCAST_ADDRESS) {
+            s->counters[broadcast(s, &f, now)]++;
+            return 0;
+        }
+        if (f.address != s->cfg->address) {
+            s->counters[IDL_DISP_OTHER_ADDRESS]++;
+            return 0;
+        }
+        s->to = f.address;
+    } else
+#endif
     if (f.addressed != 0u || f.tag_len != 0u) {
-        /* a bus device's or a keyed device's frame: this core has neither an address nor a key
-         * yet, so it stays silent, like a device of the first contract (see idl_frame.h) */
+        /* a keyed device's frame, or (without an address) a bus device's: no key, no address,
+         * so it stays silent, like a device of the first contract (see idl_frame.h) */
         s->counters[IDL_DISP_UNEXPECTED]++;
         return 0;
     }

@@ -174,6 +174,35 @@ uint32_t idl_shim_decoder_counter(const idl_shim_t *s, unsigned kind)
 }
 
 uint32_t idl_shim_saved_generation(const idl_shim_t *s);
+int idl_shim_bus(idl_shim_t *s, uint8_t address);
+uint32_t idl_shim_counter(const idl_shim_t *s, unsigned which);
+
+#if IDL_BUS
+static bool broadcast_ok(void *ctx, const uint8_t *pdu, uint16_t len)
+{
+    (void)ctx;
+    return idl_modbus_broadcast_ok(pdu, len);
+}
+#endif
+
+/* Put the device on a bus at `address` (0: none) right after init; 0 if built without IDL_BUS. */
+int idl_shim_bus(idl_shim_t *s, uint8_t address)
+{
+#if IDL_BUS
+    s->cfg.address = address;
+    s->cfg.broadcast_ok = broadcast_ok;
+    return 1;
+#else
+    (void)s;
+    (void)address;
+    return 0;
+#endif
+}
+
+uint32_t idl_shim_counter(const idl_shim_t *s, unsigned which)
+{
+    return which < (unsigned)IDL_DISP_COUNT ? s->session.counters[which] : 0u;
+}
 
 uint32_t idl_shim_saved_generation(const idl_shim_t *s) { return s->saved_generation; }
 

@@ -7,6 +7,9 @@
 #include <string.h>
 
 #include "frame_vectors.h"
+#if IDL_BUS
+#include "bus_vectors.h"
+#endif
 #include "idl_crc32c.h"
 #include "idl_files.h"
 #include "idl_frame.h"
@@ -244,7 +247,11 @@ static void test_session(void)
 {
     static const uint8_t write[] = { 0x06, 0x00, 0x05, 0x00, 0x02 };
     static const uint8_t other[] = { 0x06, 0x00, 0x05, 0x00, 0x00 };
-    idl_session_config_t cfg = { execute, &regs, "t", "dev-1", IDL_MAP_NAME, map_hash, 32u };
+    idl_session_config_t cfg = { execute, &regs, "t", "dev-1", IDL_MAP_NAME, map_hash, 32u
+#if IDL_BUS
+                                 , 0u, NULL
+#endif
+    };
     idl_frame_t f;
     const uint32_t epoch = 0x1234u;
     idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
@@ -270,6 +277,55 @@ static void test_session(void)
     CHECK(session.counters[IDL_DISP_EXECUTED] == 2u && session.counters[IDL_DISP_REPLAYED] == 1u);
     CHECK(session.counters[IDL_DISP_UNEXPECTED] == 1u);
 }
+
+#if IDL_BUS
+static bool broadcast_ok(void *ctx, const uint8_t *pdu, uint16_t len)
+{
+    (void)ctx;
+    return idl_modbus_broadcast_ok(pdu, len);
+}
+
+/* The golden bus streams (tests/vectors/bus_session.json, the Python reference's answers): every
+ * answer byte for byte, silence where the reference is silent, the counters at the end. */
+static void test_bus_vectors(void)
+{
+    unsigned k;
+    uint32_t i;
+#if IDL_REPLAY_SLOTS != VEC_BUS_REPLAY_SLOTS
+    printf("bus vectors skipped: built with %u replay slots, the vectors have %u\n",
+           (unsigned)IDL_REPLAY_SLOTS, (unsigned)VEC_BUS_REPLAY_SLOTS);
+    return;
+#endif
+    for (k = 0; k < VEC_BUS_NSTREAMS; k++) {
+        const vec_bus_stream_t *v = &vec_bus_streams[k];
+        idl_session_config_t cfg = { execute, &regs, "idemlink-sim", v->device_id, IDL_MAP_NAME,
+                                     map_hash, 32u, v->address, broadcast_ok };
+        idl_regs_init(&regs, 2000u, NULL, NULL, NULL, 0u);
+        idl_session_init(&session, &cfg, v->epoch);
+        for (i = v->first; i < v->first + v->count; i++) {
+            const vec_bus_step_t *st = &vec_bus_steps[i];
+            uint16_t j;
+            size_t out = 0;
+            int same = 1;
+            for (j = 0; j < st->in_len; j++) {
+                size_t n = idl_session_feed(&session, st->in[j], 0u);
+                if (n != 0u) {
+                    same = same && out == 0u && n == st->out_len
+                           && memcmp(session.tx, st->out, n) == 0;
+                    out = n;
+                }
+            }
+            if (!(same && out == st->out_len)) {
+                printf("bus stream %s, step %s: another answer\n", v->name, st->name);
+            }
+            CHECK(same && out == st->out_len);
+        }
+        for (i = v->first_count; i < v->first_count + v->counts; i++) {
+            CHECK(session.counters[vec_bus_counts[i].counter] == vec_bus_counts[i].value);
+        }
+    }
+}
+#endif
 
 static idl_rtu_t rtu;
 
@@ -348,9 +404,12 @@ int main(void)
     test_replay();
     test_registers();
     test_session();
+#if IDL_BUS
+    test_bus_vectors();
+#endif
     test_rtu();
     test_names();
-    printf("idl core: %u checks, %u failures (K=%u, crc table %d)\n", checks, failures,
-           (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE);
+    printf("idl core: %u checks, %u failures (K=%u, crc table %d, bus %d)\n", checks, failures,
+           (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE, IDL_BUS);
     return failures == 0u ? 0 : 1;
 }

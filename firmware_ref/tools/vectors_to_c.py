@@ -2,7 +2,9 @@
 
 Usage: ``python3 tools/vectors_to_c.py IN.json OUT.h`` for tests/vectors/window_streams.json,
 ``python3 tools/vectors_to_c.py --frames IN.json OUT.h`` for tests/vectors/frames.json (the golden
-frames: the first contract's, addressed, broadcast and authenticated ones). Only the standard
+frames: the first contract's, addressed, broadcast and authenticated ones), ``--bus IN.json
+OUT.h`` for tests/vectors/bus_session.json (a device on a bus: frames in, exact answers out, the
+counters at the end of each stream). Only the standard
 library is used, so the C build needs nothing but a Python 3 interpreter.
 """
 
@@ -96,12 +98,60 @@ def render_frames(table: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(out) + "\n"
 
 
+BUS_COUNTERS = {
+    "executed": "IDL_DISP_EXECUTED", "replayed": "IDL_DISP_REPLAYED", "hello": "IDL_DISP_HELLO",
+    "other_address": "IDL_DISP_OTHER_ADDRESS", "unexpected_frames": "IDL_DISP_UNEXPECTED",
+    "broadcast_executed": "IDL_DISP_BROADCAST_EXECUTED",
+    "broadcast_repeated": "IDL_DISP_BROADCAST_REPEATED",
+    "broadcast_refused": "IDL_DISP_BROADCAST_REFUSED", "decode_errors": "IDL_DISP_DECODE_ERRORS",
+    "epoch_mismatch": "IDL_DISP_EPOCH_MISMATCH",
+}
+
+
+def render_bus(table: dict) -> str:  # type: ignore[type-arg]
+    out = [
+        "/* GENERATED from tests/vectors/bus_session.json by tools/vectors_to_c.py --bus. */",
+        "#ifndef BUS_VECTORS_H",
+        "#define BUS_VECTORS_H",
+        "#include <stdint.h>",
+        '#include "idl_session.h"',
+        f"#define VEC_BUS_REPLAY_SLOTS {int(table['replay_slots'])}u",
+        "typedef struct { const char *name; const uint8_t *in; uint16_t in_len;"
+        " const uint8_t *out; uint16_t out_len; } vec_bus_step_t;",
+        "typedef struct { unsigned counter; uint32_t value; } vec_bus_count_t;",
+        "typedef struct { const char *name; uint32_t epoch; uint8_t address; const char *device_id;"
+        " uint32_t first; uint32_t count; uint32_t first_count; uint32_t counts; }"
+        " vec_bus_stream_t;",
+    ]
+    steps, counts, streams = [], [], []
+    k = 0
+    for s in table["streams"]:
+        first, first_count = len(steps), len(counts)
+        for st in s["steps"]:
+            out.append(_bytes(f"vec_bus_in_{k}", st["in"]))
+            out.append(_bytes(f"vec_bus_out_{k}", st["out"]))
+            steps.append(f'    {{"{st["name"]}", vec_bus_in_{k}, {len(st["in"]) // 2}u,'
+                         f' vec_bus_out_{k}, {len(st["out"]) // 2}u}},')
+            k += 1
+        for name, value in s["counters"].items():
+            counts.append(f"    {{{BUS_COUNTERS[name]}, {int(value)}u}},")
+        address = 0 if s["address"] is None else int(s["address"])
+        streams.append(f'    {{"{s["name"]}", {int(s["epoch"])}u, {address}u, "{s["device_id"]}",'
+                       f' {first}u, {len(steps) - first}u, {first_count}u,'
+                       f' {len(counts) - first_count}u}},')
+    out += ["static const vec_bus_step_t vec_bus_steps[] = {", *steps, "};",
+            "static const vec_bus_count_t vec_bus_counts[] = {", *counts, "};",
+            "static const vec_bus_stream_t vec_bus_streams[] = {", *streams, "};",
+            f"#define VEC_BUS_NSTREAMS {len(streams)}u", "#endif"]
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
-    frames = sys.argv[1] == "--frames"
-    src, dst = sys.argv[1 + frames], sys.argv[2 + frames]
+    mode = sys.argv[1] if sys.argv[1] in ("--frames", "--bus") else ""
+    src, dst = sys.argv[1 + bool(mode)], sys.argv[2 + bool(mode)]
     with open(src, encoding="utf-8") as f:
         table = json.load(f)
-    text = render_frames(table) if frames else render(table)
+    text = {"--frames": render_frames, "--bus": render_bus, "": render}[mode](table)
     with open(dst, "w", encoding="utf-8") as f:
         f.write(text)
     return 0

@@ -4,7 +4,7 @@
  *   idemlink-device [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N]
  *                   [--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8]
  *                   [--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE]
- *                   [--control FIFO] [--modbus-rtu [--unit N]]
+ *                   [--control FIFO] [--modbus-rtu [--unit N]] [--address N]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
@@ -27,6 +27,9 @@
  * core's optional idl_port_executed), each line one write(2) on an O_APPEND descriptor, before
  * the answer goes out; `time` is seconds of the device's clock (idl_port_millis, which starts at
  * 0 when the process starts).
+ * --address N (1..247, docs/BUS.md): the device's bus address, kept in the flash directory's
+ * `address` file for the next start (as `idemlink sim --address`); without it, the kept one.
+ * Built with IDL_BUS=1 (the default of `make device`).
  *
  * --control FIFO reads the world's changes from a named pipe (created if absent), the lines
  * `idemlink sim --control` takes: `input ADDRESS VALUE`, `condition ADDRESS BITS`
@@ -201,6 +204,7 @@ int main(int argc, char **argv)
     idl_posix_args_parse(&args, argc, argv);
     seed_state = args.seed;
     idl_posix_flash_use(args.flash_dir, args.device_id, random64);
+    idl_posix_flash_address(args.address);
     if (args.effects != NULL) {
         if (args.rtu_mode) {
             idl_posix_fail(1, "--effects records the framed device's executions; it does not "

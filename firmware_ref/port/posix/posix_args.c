@@ -28,7 +28,7 @@ static void usage(void)
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
                     "[--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8] "
                     "[--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE] "
-                    "[--control FIFO] [--modbus-rtu [--unit N]]\n");
+                    "[--control FIFO] [--modbus-rtu [--unit N]] [--address N]\n");
     exit(2);
 }
 
@@ -102,6 +102,13 @@ void idl_posix_args_parse(idl_posix_args_t *a, int argc, char **argv)
                 exit(1);
             }
             a->parity = val[0] == 'n' ? 'N' : val[0] == 'e' ? 'E' : val[0] == 'o' ? 'O' : val[0];
+        } else if (strcmp(opt, "--address") == 0) {
+            a->address = parse_long(opt, val);
+            if (a->address < 1 || a->address > 247 || !IDL_BUS) {
+                fprintf(stderr, PROG ": --address %ld: %s\n", a->address,
+                        IDL_BUS ? "a bus address is 1..247" : "built without IDL_BUS=1");
+                exit(1);
+            }
         } else if (strcmp(opt, "--unit") == 0) {
             a->unit = parse_long(opt, val);
             if (a->unit < 1 || a->unit > 247) {

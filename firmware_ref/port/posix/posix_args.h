@@ -20,6 +20,7 @@ typedef struct {
     long stopbits;         /* --stopbits 1|2 (default 1) */
     char parity;           /* --parity 'N'|'E'|'O' (default 'N', 'E' with --modbus-rtu) */
     double trigger_s;      /* --trigger-duration SECONDS (default IDL_TRIGGER_MS) */
+    long address;          /* --address 1..247 (IDL_BUS=1: the bus address); 0: not given */
 } idl_posix_args_t;
 
 /** Parse argv into *a (defaults first); exits on anything wrong, as said above. */

@@ -641,6 +641,41 @@ void idl_posix_flash_lock(void)
     lock_flash_dir();
 }
 
+static long bus_address; /* --address, or the directory's `address`; 0: none */
+
+void idl_posix_flash_address(long given) { bus_address = given; }
+
+#if IDL_BUS
+uint8_t idl_port_bus_address(void) { return (uint8_t)bus_address; }
+#endif
+
+/* The kept address (device_sim/flash.py ConfigFlash.address): digits with blanks around, 1..247;
+ * anything else refused. Nothing to read when one is given or the file is absent. */
+static void read_address(void)
+{
+    char text[DEVICE_ID_FILE_BYTES + 1];
+    long n = read_flash_file("address", text, sizeof text);
+    long k = 0;
+    long a = 0;
+    if (n < 0 || bus_address != 0) {
+        return;
+    }
+    while (k < n && is_blank(text[k])) {
+        k++;
+    }
+    while (k < n && text[k] >= '0' && text[k] <= '9' && a <= 247) {
+        a = a * 10 + (text[k++] - '0');
+    }
+    while (k < n && is_blank(text[k])) {
+        k++;
+    }
+    if (k != n || a < 1 || a > 247) {
+        idl_posix_fail(1, "flash directory: address does not hold a device address (1..247); "
+                          "refused", NULL);
+    }
+    bus_address = a;
+}
+
 unsigned long long idl_posix_flash_start(void)
 {
     uint16_t check[IDL_REG_COUNT];
@@ -667,7 +702,15 @@ unsigned long long idl_posix_flash_start(void)
         idl_posix_fail(1, "flash directory: device_id does not hold a device id "
                           "(1-64 characters of [A-Za-z0-9_.:-])", NULL);
     }
+    read_address();
     claim_map(1);
+    if (bus_address != 0) {
+        char line[8];
+        int len = snprintf(line, sizeof line, "%ld\n", bus_address);
+        if (replace_file("address", line, (size_t)len) != 0) {
+            idl_posix_fail(1, "flash directory: cannot keep the address", strerror(errno));
+        }
+    }
     remove_stale_temporaries(flash_dir, 0);
     snprintf(files, sizeof files, "%s/files", flash_dir);
     remove_stale_temporaries(files, 1);

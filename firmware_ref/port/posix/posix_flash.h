@@ -24,6 +24,12 @@ void idl_posix_flash_lock(void);
  *  the boot counter incremented: returns the new boot count (0 without a directory). */
 unsigned long long idl_posix_flash_start(void);
 
+/** The bus address given (--address 1..247; 0: none given): kept in the directory's `address`
+ *  file by idl_posix_flash_start (the simulator's format), which otherwise reads the kept one (a
+ *  file without an address 1..247 is refused). idl_port_bus_address (IDL_BUS=1) returns it. Call
+ *  before idl_posix_flash_start. */
+void idl_posix_flash_address(long given);
+
 /** Configuration saves since start (--stats flash_writes). */
 unsigned long idl_posix_flash_writes(void);
 

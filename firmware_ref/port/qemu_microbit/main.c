@@ -28,6 +28,7 @@
  *   stop=PATH      a file the main loop watches between two chunks: once it is not empty the
  *                  firmware exits (the frame in hand finished, so an effect never loses its record)
  *   stats=PATH     at that stop, one line of counters appended to PATH (flash writes, RX overruns)
+ *   address=N      the bus address, with IDL_BUS=1 (0 or absent: none)
  * FILE_RECEIVE stores into a 4 KiB RAM area (4 files, lost at reset).
  *
  * IDL_BOARD_SEMIHOSTING=0 (the bare image): the configuration in the last two 1 KiB flash pages
@@ -718,6 +719,23 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
     (void)size;
     (void)crc;
     return 1;
+}
+#endif
+
+#if IDL_BUS
+#ifndef IDL_BOARD_ADDRESS
+#define IDL_BOARD_ADDRESS 0u /**< the bare image's bus address (0: none), set at build time */
+#endif
+/* address=N on the command line (tools/qemu-device --address); the bare image: IDL_BOARD_ADDRESS */
+uint8_t idl_port_bus_address(void)
+{
+#if IDL_BOARD_SEMIHOSTING
+    const char *v = cmdline_value("address");
+    unsigned long a = v != NULL ? strtoul(v, NULL, 10) : 0ul;
+    return a <= 255ul ? (uint8_t)a : 0u;
+#else
+    return (uint8_t)IDL_BOARD_ADDRESS;
+#endif
 }
 #endif
 

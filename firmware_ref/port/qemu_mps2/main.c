@@ -223,6 +223,16 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
     return true;
 }
 
+#if IDL_BUS
+/* address=N on the command line (tools/qemu-device --address); none: 0 */
+uint8_t idl_port_bus_address(void)
+{
+    const char *v = cmdline_value("address");
+    unsigned long a = v != NULL ? strtoul(v, NULL, 10) : 0ul;
+    return a <= 255ul ? (uint8_t)a : 0u;
+}
+#endif
+
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
     const char *id = cmdline_value("id");
