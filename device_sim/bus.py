@@ -24,17 +24,28 @@ Contract (docs/BUS.md, "The simulated bus"):
   are dropped and counted (``BusStats.dropped``), like a full UART FIFO; at most
   ``MAX_TO_MASTER`` bytes wait for the master to take them, the rest is dropped and counted
   (``BusStats.overflow``).
+- Mixed buses: a member is any ``Station`` — a ``SimulatedDevice``, which answers at once when it
+  hears a frame, or a device in another process (``idemlink.device_sim.bus_station.ProcessStation``:
+  the posix C device, the QEMU device), whose answers come later: ``tick`` collects them
+  (``Station.data_to_send``) and puts each on the medium through that member's faults, at the
+  earliest ``turnaround`` after the last frame it heard. A station's ``waker`` (set by
+  ``set_waker``) tells a real-time driver that such bytes arrived. Faults, ``set_dead`` and
+  ``reboot`` (a restart of the process, keeping its flash directory) apply to every member.
 
 ``BusTransport(bus)`` is the host's ``Transport`` over it on simulated time (``read`` jumps to
-the next event, as ``SimTransport`` does), for tests and benchmarks in one process.
+the next event, as ``SimTransport`` does), for tests and benchmarks in one process;
+``LiveBusTransport(bus)`` the same on the real clock, for a bus with devices in other processes.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import LinkConfig, LinkConfigError, LinkDirection
@@ -87,14 +98,30 @@ class _Transmission:
     collided: bool = False
 
 
+class Station(Protocol):
+    """What the bus needs of a device: its address and id, bytes in and out, time, a reboot.
+    ``SimulatedDevice`` is one; ``asynchronous`` stations answer later than they hear."""
+
+    @property
+    def address(self) -> int | None: ...
+    @property
+    def device_id(self) -> str: ...
+    def receive_data(self, data: bytes, now: float) -> None: ...
+    def data_to_send(self) -> bytes: ...
+    def tick(self, now: float) -> None: ...
+    def reboot(self, now: float) -> None: ...
+
+
 @dataclass(slots=True)
 class BusMember:
     """One device on the bus and its own faults."""
 
-    device: SimulatedDevice
+    device: Station
     ears: LinkDirection  #: what it hears passes here (the medium's faults for this device)
     mouth: LinkDirection  #: what it says passes here
     dead: bool = False  #: deaf and mute (powered off, unplugged)
+    heard_at: float = 0.0  #: when it last heard a frame (an asynchronous answer waits turnaround)
+    asynchronous: bool = False  #: answers later than it hears (a device in another process)
 
 
 class BusError(LinkConfigError):
@@ -104,7 +131,7 @@ class BusError(LinkConfigError):
 class Bus:
     """The half-duplex medium. See the module docstring for the contract."""
 
-    def __init__(self, devices: Iterable[SimulatedDevice], config: BusConfig | None = None,
+    def __init__(self, devices: Iterable[Station], config: BusConfig | None = None,
                  faults: Mapping[int, LinkConfig] | None = None, *, start: float = 0.0) -> None:
         self.config = config or BusConfig()
         self.members: dict[int, BusMember] = {}
@@ -122,7 +149,8 @@ class Bus:
                            LinkDirection(fault, f"{dev.address}->bus"))
             ears.start(start)
             mouth.start(start)
-            self.members[dev.address] = BusMember(dev, ears, mouth)
+            self.members[dev.address] = BusMember(
+                dev, ears, mouth, asynchronous=bool(getattr(dev, "asynchronous", False)))
         if faults:
             raise BusError(f"faults for addresses with no device: {sorted(faults)}")
         self.stats = BusStats()
@@ -165,7 +193,23 @@ class Bus:
 
     # ------------------------------------------------------------------ the world
     def device(self, address: int) -> SimulatedDevice:
+        """The simulated device at ``address`` (``BusError`` for a device in another process:
+        ``station``)."""
+        dev = self.members[address].device
+        if not isinstance(dev, SimulatedDevice):
+            raise BusError(f"address {address} is not a simulated device ({dev.device_id})")
+        return dev
+
+    def station(self, address: int) -> Station:
+        """The device at ``address``, of whatever kind."""
         return self.members[address].device
+
+    def set_waker(self, waker: Callable[[], None] | None) -> None:
+        """``waker()`` is called (from any thread) when a device in another process has bytes
+        for the medium: a real-time driver then ticks the bus."""
+        for m in self.members.values():
+            if m.asynchronous:
+                m.device.waker = waker  # type: ignore[attr-defined]
 
     def set_dead(self, address: int, dead: bool = True) -> None:
         """Make a device deaf and mute (or bring it back; a device that comes back has lost
@@ -210,8 +254,17 @@ class Bus:
             self._now = max(self._now, nxt)
             self._step(self._now)
         self._now = max(self._now, now)
-        for m in self.members.values():
+        for address, m in self.members.items():
             m.device.tick(self._now)
+            if m.asynchronous:
+                said = m.device.data_to_send()  # what it answered since (a process's pace)
+                if said and not m.dead:
+                    m.mouth.receive_data(said, self._now)
+                    m.mouth.tick(self._now)
+                    out = m.mouth.data_to_send()
+                    if out:
+                        self._schedule(address, max(self._now,
+                                                    m.heard_at + self.config.turnaround), out)
 
     def _step(self, t: float) -> None:
         # ends first: a transmission that ends at t does not collide with one starting at t
@@ -284,6 +337,9 @@ class Bus:
 
     def _device_hears(self, address: int, m: BusMember, data: bytes, t: float) -> None:
         m.device.receive_data(data, t)
+        m.heard_at = t
+        if m.asynchronous:
+            return  # its answer comes later: tick collects it
         answer = m.device.data_to_send()
         if answer:
             m.mouth.receive_data(answer, t)
@@ -343,3 +399,54 @@ class BusTransport:
 
     def close(self) -> None:
         self.closed = True
+
+
+class LiveBusTransport:
+    """The master's end of a ``Bus`` on the real clock (``time.monotonic``, the clock of
+    ``SerialTransport`` and of the devices' records), for a bus whose devices include processes:
+    ``read(timeout)`` runs the medium until it delivers something to the master or the timeout
+    passes, waiting for its next event or for a process's bytes (the stations' waker), never
+    spinning. One thread drives it (the stations' reader threads only fill their buffers)."""
+
+    def __init__(self, bus: Bus, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bus = bus
+        self._clock = clock
+        self._event = threading.Event()
+        bus.set_waker(self._event.set)
+        self.closed = False
+
+    def now(self) -> float:
+        return self._clock()
+
+    def write(self, data: bytes) -> None:
+        self.bus.receive_data(data, self._clock())
+
+    def wake(self) -> None:
+        self._event.set()
+
+    def read(self, timeout: float) -> bytes:
+        deadline = self._clock() + max(0.0, timeout)
+        while True:
+            self._event.clear()  # before looking: bytes arriving after the look wake the wait
+            now = self._clock()
+            self.bus.tick(now)
+            got = self.bus.data_to_send()
+            if got or now >= deadline:
+                return got
+            nxt = self.bus.next_event_time()
+            until = deadline if nxt is None else min(deadline, nxt)
+            self._event.wait(max(0.0, until - now))
+
+    def advance(self, seconds: float) -> None:
+        """Let ``seconds`` of real time pass with the medium running (what reaches the master
+        meanwhile waits for the next ``read``)."""
+        end = self._clock() + seconds
+        while (now := self._clock()) < end:
+            self._event.clear()
+            self.bus.tick(now)
+            nxt = self.bus.next_event_time()
+            self._event.wait(max(0.0, (end if nxt is None else min(end, nxt)) - now))
+
+    def close(self) -> None:
+        self.closed = True
+        self.bus.set_waker(None)

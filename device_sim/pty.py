@@ -71,10 +71,30 @@ class FdTransport:
         self.fd = fd
         self._stalled = False
         os.set_blocking(fd, False)
+        self._wake: tuple[int, int] | None = None  #: a pipe, made on the first ``wake``
+
+    def wake(self) -> None:
+        """End the wait of a ``read`` in progress, or of the next one (any thread; a simulated
+        bus's devices in other processes have bytes for the medium)."""
+        if self._wake is None:
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake = (r, w)
+        with contextlib.suppress(OSError):  # full: already woken
+            os.write(self._wake[1], b"w")
 
     def read(self, timeout: float) -> bytes:
-        """Bytes available within ``timeout`` seconds (b"" when the line stayed silent)."""
-        ready, _, _ = select.select([self.fd], [], [], timeout)
+        """Bytes available within ``timeout`` seconds (b"" when the line stayed silent, or when
+        ``wake`` ended the wait)."""
+        wake = self._wake
+        ready, _, _ = select.select([self.fd] if wake is None else [self.fd, wake[0]], [], [],
+                                   timeout)
+        if wake is not None and wake[0] in ready:
+            with contextlib.suppress(OSError):
+                os.read(wake[0], 4096)
+            if self.fd not in ready:
+                return b""
         if not ready:
             return b""
         try:
@@ -103,4 +123,7 @@ class FdTransport:
         self._stalled = False
 
     def close(self) -> None:
-        pass  # the PtyPair owns the fd
+        wake, self._wake = self._wake, None  # the PtyPair owns the fd; the wake pipe is ours
+        for fd in wake or ():
+            with contextlib.suppress(OSError):
+                os.close(fd)

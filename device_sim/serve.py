@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 
 TICK_INTERVAL = 0.02
 """Longest time the loop waits for bytes before ticking the device (seconds)."""
+ASYNC_POLL = 0.001
+"""How often a bus with devices in other processes is polled on a transport that cannot be woken
+(seconds)."""
 
 
 class ServeTransport(Protocol):
@@ -115,9 +118,16 @@ def serve_bus(bus: Bus, transport: ServeTransport, stop: threading.Event, *,
     """Serve a simulated bus (``idemlink.device_sim.bus.Bus``) on ``transport`` in real time
     until ``stop`` is set: the port's bytes are the master's transmissions, what the medium
     delivers to the master is written back. The loop waits for bytes at most until the bus's
-    next event (a frame ending, a device's turnaround) or ``tick_interval``."""
+    next event (a frame ending, a device's turnaround) or ``tick_interval``; devices in other
+    processes (``idemlink.device_sim.bus_station``) end the wait through the transport's ``wake``
+    when they answer (a transport without one is polled every ``ASYNC_POLL`` seconds instead)."""
     stats = ServeStats()
     log.info("serving a bus of %d devices", len(bus.members))
+    if any(m.asynchronous for m in bus.members.values()):
+        waker = getattr(transport, "wake", None)
+        bus.set_waker(waker)
+        if waker is None:
+            tick_interval = min(tick_interval, ASYNC_POLL)
     while not stop.is_set():
         nxt = bus.next_event_time()
         wait = tick_interval if nxt is None else min(tick_interval, max(0.0, nxt - clock()))

@@ -100,6 +100,23 @@ def register(sub: Any) -> None:
     p.add_argument("--bus", type=int, default=None, metavar="N",
                    help="serve N framed devices (addresses 1..N, or from --address) on one "
                         "simulated half-duplex bus (docs/BUS.md)")
+    p.add_argument("--c-devices", type=int, default=0, metavar="K",
+                   help="with --bus: K of the N devices are the posix C device, each its own "
+                        "process on the same simulated medium (the last addresses; docs/BUS.md)")
+    p.add_argument("--c-binary", metavar="PATH", default=None,
+                   help="the posix C device for --c-devices (default: "
+                        "firmware_ref/build/posix/idemlink-device of the checkout)")
+    p.add_argument("--qemu-devices", type=int, default=0, metavar="K",
+                   help="with --bus: K of the N devices are the C device on QEMU "
+                        "(firmware_ref/tools/qemu-device; after the C devices)")
+    p.add_argument("--qemu-board", choices=("mps2", "microbit"), default="mps2",
+                   help="the QEMU board of --qemu-devices (default mps2)")
+    p.add_argument("--qemu-elf", metavar="ELF", default=None,
+                   help="the image for --qemu-devices, built with IDL_OPTS=-DIDL_BUS=1 (default: "
+                        "firmware_ref/build/bus/qemu[-microbit]/idemlink-device.elf)")
+    p.add_argument("--bus-device", metavar="CMD", action="append", default=[],
+                   help="with --bus: one more device of the N given as a command with {port}, "
+                        "{flash}, {effects} and {address} (repeatable; the last addresses)")
     p.add_argument("--turnaround", type=float, default=None, metavar="S",
                    help="with --bus: seconds a device waits after a request before answering "
                         "(default 0.001)")
@@ -282,7 +299,54 @@ def _bus_refusal(args: argparse.Namespace) -> str | None:
                 "state lives in the process)")
     if turnaround is not None and not (math.isfinite(turnaround) and 0 <= turnaround < 10):
         return f"--turnaround {turnaround} must be 0..10 seconds"
+    external = _external_count(args)
+    if min(getattr(args, "c_devices", 0), getattr(args, "qemu_devices", 0)) < 0 or \
+            external > bus:
+        return (f"--bus {bus} has room for at most {bus} devices in other processes, not "
+                f"{external} (--c-devices, --qemu-devices, --bus-device)")
     return None
+
+
+def _external_count(args: argparse.Namespace) -> int:
+    return (getattr(args, "c_devices", 0) + getattr(args, "qemu_devices", 0)
+            + len(getattr(args, "bus_device", None) or ()))
+
+
+def _checkout_file(given: str | None, relative: str, what: str) -> str:
+    """``given``, else ``relative`` in the current directory or in the checkout idemlink runs
+    from; ``UserError`` naming how to build it when there is none."""
+    from pathlib import Path
+
+    if given is not None:
+        if not Path(given).is_file():
+            raise UserError(f"{what} {given}: no such file")
+        return given
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (root / relative).is_file():
+            return str(root / relative)
+    raise UserError(f"no {what} at {relative}: build it (docs/BUS.md, \"Mixed buses\") or name it")
+
+
+def external_commands(args: argparse.Namespace, first: int) -> list[tuple[int, str]]:
+    """(address, command) of the bus's devices in other processes, from ``first`` on: the C
+    devices, then the QEMU devices, then ``--bus-device`` commands."""
+    from idemlink.device_sim.bus_station import c_device_command, qemu_device_command
+
+    commands: list[str] = []
+    if args.c_devices:
+        binary = _checkout_file(args.c_binary, "firmware_ref/build/posix/idemlink-device",
+                                "posix C device (make -C firmware_ref device)")
+        commands += [c_device_command(binary, args.trigger_duration)] * args.c_devices
+    if args.qemu_devices:
+        tool = _checkout_file(None, "firmware_ref/tools/qemu-device", "QEMU device tool")
+        sub = "qemu" if args.qemu_board == "mps2" else "qemu-microbit"
+        elf = _checkout_file(args.qemu_elf, f"firmware_ref/build/bus/{sub}/idemlink-device.elf",
+                             "QEMU image with the bus (make -C firmware_ref qemu-device "
+                             "IDL_OPTS=-DIDL_BUS=1 BUILD=build/bus)")
+        commands += [qemu_device_command(tool, args.qemu_board, elf,
+                                         args.trigger_duration)] * args.qemu_devices
+    commands += list(args.bus_device)
+    return list(zip(range(first, first + len(commands)), commands, strict=True))
 
 
 def run_bus(args: argparse.Namespace) -> int:
@@ -292,22 +356,41 @@ def run_bus(args: argparse.Namespace) -> int:
     from idemlink.device_sim.device import MapNotServed, SimulatedDevice
     from idemlink.device_sim.serve import serve_bus
 
+    import tempfile
+    from pathlib import Path
+
+    from idemlink.device_sim.bus import Station
+    from idemlink.device_sim.bus_station import StationError, start_stations
+
     regmap = regmap_from(args)
     first = args.address if args.address is not None else 1
+    python = args.bus - _external_count(args)
+    commands = external_commands(args, first + python)
     now = time.monotonic()
     salt = secrets.randbits(64)
     try:
-        devices = [SimulatedDevice(seed=None if args.seed is None else args.seed + a,
-                                   trigger_duration=args.trigger_duration, now=now,
-                                   regmap=regmap, epoch_salt=salt, address=a,
-                                   name=f"idemlink-sim-{a}")
-                   for a in range(first, first + args.bus)]
+        devices: list[Station] = [
+            SimulatedDevice(seed=None if args.seed is None else args.seed + a,
+                            trigger_duration=args.trigger_duration, now=now, regmap=regmap,
+                            epoch_salt=salt, address=a, name=f"idemlink-sim-{a}")
+            for a in range(first, first + python)]
     except MapNotServed as exc:
         raise UserError(str(exc)) from None
-    bus = Bus(devices, BusConfig(baud=args.baudrate or 115200,
-                                 turnaround=0.001 if args.turnaround is None else args.turnaround,
-                                 echo=args.echo), start=now)
-    return _serve_until_signal(args, lambda transport, stop: serve_bus(bus, transport, stop))
+    with tempfile.TemporaryDirectory(prefix="idemlink-bus-") as work:
+        try:
+            stations = start_stations(commands, Path(work))
+        except StationError as exc:
+            raise UserError(str(exc)) from None
+        try:
+            bus = Bus([*devices, *stations],
+                      BusConfig(baud=args.baudrate or 115200,
+                                turnaround=0.001 if args.turnaround is None else args.turnaround,
+                                echo=args.echo), start=time.monotonic())
+            return _serve_until_signal(args,
+                                       lambda transport, stop: serve_bus(bus, transport, stop))
+        finally:
+            for station in stations:
+                station.close()
 
 
 @contextlib.contextmanager
