@@ -23,9 +23,18 @@ address byte of each frame and keeps only that device's — and judges that devi
 claims. A broadcast's claim per device is its verified outcome (UNKNOWN, OK: the values hold,
 NOT_EXECUTED: it never ran). The verdict is per device: every device must pass.
 
+Mixed buses (``c_devices``, ``qemu_devices``: the last addresses; issue 22 item 7): those devices
+are processes on the same medium (``idemlink.device_sim.bus_station.ProcessStation``), each judged
+from its own effects file (``EffectsReader``, as ``idemlink soak --device-cmd`` judges one) and
+the line's record; a reboot of one is its process restarted on the same flash directory. The run
+is then on the real clock (``LiveBusTransport``), the host's retry timeout ``live_timeout`` and
+the breaker's cooldown ``live_cooldown`` real seconds; the environment (inputs, fault conditions)
+moves for the simulated devices only, and the C devices' registers are judged from their answers
+(no look inside).
+
 Not done here (stated in docs/SOAK.md): host-process crashes (one crash would end every
 handle's process at once: ``restart_every`` is 0 on a bus), late copies (a broadcast copy that
-arrives after ``verify`` said NOT_EXECUTED would run then), outages, C devices on the bus.
+arrives after ``verify`` said NOT_EXECUTED would run then), outages.
 """
 
 from __future__ import annotations
@@ -47,15 +56,25 @@ from idemlink.campaign import (
     delivered,
     intended_pdu,
 )
+import tempfile
+from pathlib import Path
+
 from idemlink.device_sim.bus import Bus as Medium
-from idemlink.device_sim.bus import BusConfig, BusTransport
+from idemlink.device_sim.bus import BusConfig, BusTransport, LiveBusTransport, Station
+from idemlink.device_sim.bus_station import (
+    ProcessStation,
+    c_device_command,
+    qemu_device_command,
+    start_stations,
+)
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.host.bus import BreakerPolicy, Bus, BusDevice
 from idemlink.host.command import Command, CommandKind
-from idemlink.oracle import Claim, Delivered
+from idemlink.oracle import Claim, Delivered, Record, Run
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regmap_file import resolve_regmap
+from idemlink.soak_device import CLOCK_TOLERANCE, EffectsReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +99,45 @@ class BusCampaignConfig:
     regmap: str = "thermal-controller"
     breaker_failures: int = 2
     breaker_cooldown: float = 5.0  #: simulated seconds (a dead device is refused a while)
+    c_devices: int = 0  #: the last addresses are the posix C device (processes; real time)
+    c_binary: str | None = None  #: its binary (built with IDL_BUS=1)
+    qemu_devices: int = 0  #: ... then the C device on QEMU (tools/qemu-device)
+    qemu_board: str = "mps2"
+    qemu_tool: str | None = None
+    qemu_elf: str | None = None  #: an image built with IDL_OPTS=-DIDL_BUS=1
+    live_timeout: float = 0.03  #: real seconds before a retry on a mixed bus
+    live_cooldown: float = 2.0  #: real seconds a breaker stays open on a mixed bus
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 247:
             raise LocalProtocolError(f"a bus has 1..247 devices, not {self.devices}")
+        if not 0 <= self.c_devices + self.qemu_devices <= self.devices or \
+                min(self.c_devices, self.qemu_devices) < 0:
+            raise LocalProtocolError(f"{self.c_devices} C and {self.qemu_devices} QEMU devices "
+                                     f"do not fit a bus of {self.devices}")
+        if self.c_devices and self.c_binary is None:
+            raise LocalProtocolError("C devices on the bus need the posix device's binary")
+        if self.qemu_devices and (self.qemu_tool is None or self.qemu_elf is None):
+            raise LocalProtocolError("QEMU devices on the bus need tools/qemu-device and an image")
         if not 0.0 <= self.dead_from <= self.dead_until <= 1.0:
             raise LocalProtocolError("the dead stretch is 0 <= dead_from <= dead_until <= 1")
+
+    @property
+    def live(self) -> bool:
+        """Devices in other processes: the run is on the real clock."""
+        return self.c_devices + self.qemu_devices > 0
+
+    @property
+    def python_devices(self) -> int:
+        return self.devices - self.c_devices - self.qemu_devices
+
+    def commands_of_processes(self) -> list[tuple[int, str]]:
+        """(address, command) of the devices in other processes."""
+        first = self.python_devices + 1
+        cmds = [c_device_command(self.c_binary or "", self.trigger_duration)] * self.c_devices
+        cmds += [qemu_device_command(self.qemu_tool or "", self.qemu_board, self.qemu_elf or "",
+                                     self.trigger_duration)] * self.qemu_devices
+        return list(zip(range(first, first + len(cmds)), cmds, strict=True))
 
     @property
     def dead_address(self) -> int | None:
@@ -98,7 +150,8 @@ class BusCampaignConfig:
         return CampaignConfig(
             commands=self.commands, loss=self.loss, dup=self.dup, corrupt=self.corrupt,
             reboot_every=self.reboot_every, restart_every=0, outage_every=0, late=0.0,
-            seed=self.seed * 1000 + address, baud=self.baud, timeout=self.timeout,
+            seed=self.seed * 1000 + address, baud=self.baud,
+            timeout=self.live_timeout if self.live else self.timeout,
             attempts=self.attempts, max_batch=self.max_batch,
             trigger_duration=self.trigger_duration, regmap=self.regmap)
 
@@ -164,17 +217,29 @@ class _Member(_Campaign):
     def __init__(self, owner: BusCampaign, address: int) -> None:
         self.owner = owner
         self.address = address
-        self.sim = owner.medium.device(address)
-        self.sim.core.max_log = 1000
+        self._attach()
         self.sim_transport = owner.wire  # type: ignore[assignment]  # now(), like SimTransport
         self.line = DeliveryLog()
         owner.medium.members[address].ears.record_deliveries(self.line.sink("a->b"))
         self.heard: list[Delivery] = []  #: frames the master heard, not yet fed
         self._exec_mark = 0
         self._boot_mark = 0
-        Campaign.__init__(self, owner.cfg.device_config(address), owner.transport)
+        self.broadcast_runs = 0  #: broadcast executions in its record
+        Campaign.__init__(self, owner.cfg.device_config(address), owner.transport,
+                          tolerance=CLOCK_TOLERANCE if owner.cfg.live else 0.0,
+                          environment=self._environment_moves)
         self.transport = owner.transport  # one host process, one line
         self.oracle.address = address
+
+    _environment_moves = True
+
+    def _attach(self) -> None:
+        self.sim = self.owner.medium.device(self.address)
+        self.sim.core.max_log = 1000
+
+    def count_broadcasts(self) -> int:
+        return sum(1 for x in self.sim.executions.since(self.sim.executions.first_kept)
+                   if x.epoch == 0)
 
     def _new_host(self) -> _Host:
         host = self.owner.host  # the bus's timeout and attempts are the device campaign's
@@ -200,6 +265,31 @@ class _Member(_Campaign):
         return {"ears": m.ears.stats.as_dict(), "mouth": m.mouth.stats.as_dict()}
 
 
+class _ProcessMember(_Member):
+    """A device in another process: its record is its effects file, its registers are judged
+    from its answers, the environment does not move for it."""
+
+    _environment_moves = False
+
+    def _attach(self) -> None:
+        station = self.owner.medium.station(self.address)
+        assert isinstance(station, ProcessStation)
+        self.station = station
+        self.reader = EffectsReader(station.effects)
+
+    def records(self) -> list[Record]:
+        self.station.check()
+        got = self.reader.read()
+        self.broadcast_runs += sum(1 for r in got if isinstance(r, Run) and r.epoch == 0)
+        return got
+
+    def _check_truth(self) -> None:
+        pass  # no look inside another process: its answers and record are judged
+
+    def count_broadcasts(self) -> int:
+        return self.broadcast_runs
+
+
 class BusCampaign:
     """See the module docstring."""
 
@@ -208,19 +298,42 @@ class BusCampaign:
         self.rng = random.Random(f"idemlink-bus/{cfg.seed}")
         regmap = resolve_regmap(cfg.regmap)
         addresses = range(1, cfg.devices + 1)
-        sims = [SimulatedDevice(seed=cfg.seed * 1000 + a, trigger_duration=cfg.trigger_duration,
-                                regmap=regmap, address=a) for a in addresses]
-        self.medium = Medium(sims, BusConfig(baud=cfg.baud, turnaround=cfg.turnaround),
-                             faults={a: cfg.link(a) for a in addresses})
+        start = time.monotonic() if cfg.live else 0.0
+        stations: list[Station] = [
+            SimulatedDevice(seed=cfg.seed * 1000 + a, trigger_duration=cfg.trigger_duration,
+                            regmap=regmap, address=a, now=start)
+            for a in range(1, cfg.python_devices + 1)]
+        self._work: tempfile.TemporaryDirectory[str] | None = None
+        self.processes: list[ProcessStation] = []
+        if cfg.live:
+            self._work = tempfile.TemporaryDirectory(prefix="idemlink-bus-soak-")
+            self.processes = start_stations(cfg.commands_of_processes(), Path(self._work.name))
+            stations += self.processes
+        self.medium = Medium(stations, BusConfig(baud=cfg.baud, turnaround=cfg.turnaround),
+                             faults={a: cfg.link(a) for a in addresses}, start=start)
+        self._start = start
         self.master_line = DeliveryLog()
         self.medium.record_deliveries(self.master_line.sink("b->a"))
-        self.wire = BusTransport(self.medium)
+        self.wire: BusTransport | LiveBusTransport = (
+            LiveBusTransport(self.medium) if cfg.live else BusTransport(self.medium))
         self.transport = CrashingTransport(self.wire)
-        self.host = Bus(self.transport, regmap=regmap, timeout=cfg.timeout,
+        self.host = Bus(self.transport, regmap=regmap,
+                        timeout=cfg.live_timeout if cfg.live else cfg.timeout,
                         attempts=cfg.attempts, baud=cfg.baud, turnaround=cfg.turnaround,
-                        breaker=BreakerPolicy(cfg.breaker_failures, cfg.breaker_cooldown))
-        self.members = {a: _Member(self, a) for a in addresses}
+                        breaker=BreakerPolicy(cfg.breaker_failures, cfg.live_cooldown
+                                              if cfg.live else cfg.breaker_cooldown))
+        self.members = {a: (_Member if a <= cfg.python_devices else _ProcessMember)(self, a)
+                        for a in addresses}
         self.report = BusCampaignReport(config=asdict(cfg))
+
+    def close(self) -> None:
+        """Stop the devices in other processes (their temporary flash directories go)."""
+        for p in self.processes:
+            p.close()
+        self.processes = []
+        if self._work is not None:
+            self._work.cleanup()
+            self._work = None
 
     def share_heard(self) -> None:
         """Every frame the master heard goes to every device's oracle (each keeps its own)."""
@@ -306,17 +419,17 @@ class BusCampaign:
         except KeyboardInterrupt:
             rep.interrupted = True
         rep.commands = done
+        for p in self.processes:  # a reboot in progress comes back before the last records
+            p.wait_up()
         for a, m in self.members.items():
             rep.devices[a] = m.conclude()
             rep.devices[a].interrupted = rep.interrupted
             rep.breaker_refused += m.dev.breaker.refused if isinstance(m.dev, BusDevice) else 0
-        rep.broadcast_executions = sum(
-            1 for m in self.members.values() for x in m.sim.executions.since(
-                m.sim.executions.first_kept) if x.epoch == 0)
+        rep.broadcast_executions = sum(m.count_broadcasts() for m in self.members.values())
         s = self.medium.stats
         rep.medium = {"transmissions": s.transmissions, "collisions": s.collisions,
                       "delivered": s.delivered, "dropped": s.dropped, "overflow": s.overflow}
-        rep.simulated_seconds = self.wire.now()
+        rep.simulated_seconds = self.wire.now() - self._start
         rep.wall_seconds = time.perf_counter() - t0
         return rep
 
@@ -325,5 +438,9 @@ def run_bus_campaign(cfg: BusCampaignConfig, progress: Callable[[int], None] | N
                      stop: Callable[[], bool] | None = None, *,
                      fail_fast: bool = False) -> BusCampaignReport:
     """Run the campaign on a simulated bus in process (simulated time, reproducible from the
-    seed)."""
-    return BusCampaign(cfg).run(progress, stop, fail_fast=fail_fast)
+    seed; with devices in other processes, on the real clock)."""
+    campaign = BusCampaign(cfg)
+    try:
+        return campaign.run(progress, stop, fail_fast=fail_fast)
+    finally:
+        campaign.close()

@@ -34,6 +34,16 @@ across a power cut on a fixed port (socat; sim and posix). The C device's RTU fa
 bus (another slave's answers skipped by their length) is checked against the shared vectors
 ``tests/vectors/rtu_shared_bus.json`` and on a two-slave bus of real processes.
 
+- ``bus`` — the posix C device at address 2 of a mixed half-duplex bus (issue 22 item 6), between
+  two simulated devices (addresses 1 and 3) on the simulated medium (``idemlink.device_sim.bus``
+  with a ``ProcessStation``), served on one pty by a thread of this process, every command
+  addressed; ``restart()`` is the C process restarted on its flash directory (a single-device
+  reboot). ``bus-qemu`` is the same with the micro:bit image built with the bus (``make
+  qemu-device-m0 IDL_OPTS=-DIDL_BUS=1 BUILD=build/bus``), in the slow set. On a bus: identity,
+  reads, writes and refusals, triggers and fault clears, a reboot, and (slow: 3 s of retries;
+  tests/test_bus_mixed.py's soak keeps loss on a mixed bus in the default run) a lossy link; not the
+  hand-made unaddressed frames of the outcome-class test (every device on a bus would answer).
+
 File transfers (YMODEM, 0x44 FILE_RECEIVE): ``test_file_transfer_ymodem`` on all three.
 """
 
@@ -60,7 +70,11 @@ from support.timing import read_line
 
 import idemlink.device_sim  # noqa: F401  (registers the faulty:// handler with pyserial)
 from idemlink.cli import main as cli_main
+from idemlink.device_sim.bus import Bus as Medium
+from idemlink.device_sim.bus import BusConfig
+from idemlink.device_sim.bus_station import ProcessStation, c_device_command, qemu_device_command
 from idemlink.device_sim.device import SimulatedDevice
+from idemlink.device_sim.serve import serve_bus
 from idemlink.device_sim.rtu_server import RtuServer
 from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
@@ -209,7 +223,68 @@ class MicrobitLine(QemuLine):
                 "-kernel", str(self.elf)]
 
 
+class BusLine(LineDevice):
+    """The C device at ``ADDRESS`` on a mixed simulated bus served on a pty by a thread."""
+
+    kind = "bus"
+    ADDRESS = 2
+    timeout = 0.3
+
+    def __init__(self, flash: Path, command: str) -> None:
+        self.command_text = command
+        self.station: ProcessStation | None = None
+        super().__init__(flash)
+
+    def start(self) -> None:
+        from idemlink.device_sim.pty import open_pty
+
+        now = time.monotonic()
+        self.station = ProcessStation(self.command_text, self.ADDRESS, self.flash)
+        sims = [SimulatedDevice(seed=a, address=a, now=now, trigger_duration=60) for a in (1, 3)]
+        self.medium = Medium([sims[0], self.station, sims[1]], BusConfig(), start=now)
+        self.pty = open_pty()
+        self.transport = self.pty.transport()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=serve_bus, daemon=True,
+                                       args=(self.medium, self.transport, self.stopping))
+        self.thread.start()
+        self.path = self.pty.slave_path
+
+    def kill(self) -> None:
+        if self.station is not None:
+            self.stopping.set()
+            self.thread.join(10)
+            self.station.close()
+            self.transport.close()
+            self.pty.close()
+            self.station = None
+
+    def restart(self) -> None:
+        """One device's power cycle: the C process restarted on its flash directory."""
+        assert self.station is not None
+        self.station.reboot(time.monotonic())
+        self.station.wait_up()
+
+    def stop(self) -> int:
+        self.kill()
+        return 0
+
+    def open(self, url: str | None = None, *, timeout: float | None = None,
+             attempts: int = 5) -> Device:
+        return Device.open(url or self.path, regmap=DEFAULT_MAP, address=self.ADDRESS,
+                           timeout=self.timeout if timeout is None else timeout,
+                           attempts=attempts)
+
+
 def make_line_device(kind: str, flash: Path) -> LineDevice:
+    if kind == "bus":
+        return BusLine(flash, c_device_command(posix_binary(), 60))
+    if kind == "bus-qemu":
+        firmware.make_once("qemu-device-m0", "IDL_OPTS=-DIDL_BUS=1", "BUILD=build/bus",
+                           tools=("arm-none-eabi-gcc", "qemu-system-arm"))
+        return BusLine(flash, qemu_device_command(
+            firmware.QEMU_TOOL, "microbit", firmware.BUILD / "bus" / "qemu-microbit" /
+            "idemlink-device.elf", 60))
     if kind == "posix":
         return PosixLine(flash, posix_binary())
     if kind == "qemu":
@@ -229,6 +304,15 @@ on_qemu = pytest.mark.parametrize("line_device", ALL, indirect=True)
 on_qemu_slow = pytest.mark.parametrize(
     "line_device", ["sim", "posix", pytest.param("qemu", marks=pytest.mark.slow)], indirect=True)
 not_on_qemu = pytest.mark.parametrize("line_device", FAST, indirect=True)
+#: the mixed bus leg (issue 22 item 6): the posix C device among simulated ones; its QEMU
+#: representative (micro:bit) in the slow set
+ON_BUS = ["bus", pytest.param("bus-qemu", marks=pytest.mark.slow)]
+on_qemu_and_bus = pytest.mark.parametrize("line_device", [*ALL, *ON_BUS], indirect=True)
+on_qemu_slow_and_bus = pytest.mark.parametrize(
+    "line_device", ["sim", "posix", pytest.param("qemu", marks=pytest.mark.slow), "bus"],
+    indirect=True)
+not_on_qemu_but_bus = pytest.mark.parametrize(
+    "line_device", [*FAST, pytest.param("bus", marks=pytest.mark.slow)], indirect=True)
 
 
 @pytest.fixture
@@ -244,7 +328,7 @@ def line_device(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Line
 # ---- through Device --------------------------------------------------------------------------------
 
 
-@on_qemu
+@on_qemu_and_bus
 def test_identity_reads_writes_refusals(line_device: LineDevice) -> None:
     with line_device.open() as dev:
         info = dev.info
@@ -268,7 +352,7 @@ def test_identity_reads_writes_refusals(line_device: LineDevice) -> None:
         assert dev.read("threshold", 2).values == (430, 2)
 
 
-@on_qemu_slow
+@on_qemu_slow_and_bus
 def test_trigger_and_fault_clears(line_device: LineDevice) -> None:
     with line_device.open() as dev:
         assert [dev.trigger().code, dev.trigger().code] == [0, 0x0101]  # started, then RUNNING
@@ -361,7 +445,7 @@ def test_every_outcome_class_for_its_reason(line_device: LineDevice) -> None:
 # ---- a lossy line ----------------------------------------------------------------------------------
 
 
-@not_on_qemu  # QEMU: the pipelined case below (and tests/test_c_device.py, one at a time)
+@not_on_qemu_but_bus  # QEMU: the pipelined case below (and tests/test_c_device.py, one at a time)
 def test_every_command_acts_once_over_a_lossy_link(line_device: LineDevice) -> None:
     url = (f"faulty://{line_device.path}?frame_loss=0.2&frame_dup=0.1&frame_corrupt=0.05"
            "&baud=115200&latency_ms=1&seed=11")
@@ -399,7 +483,7 @@ def test_pipelined_commands_over_a_lossy_link(line_device: LineDevice) -> None:
 # ---- reboots ---------------------------------------------------------------------------------------
 
 
-@on_qemu
+@on_qemu_and_bus
 def test_a_reboot_keeps_the_configuration_and_draws_a_new_epoch(line_device: LineDevice) -> None:
     with line_device.open() as dev:
         assert dev.write({"threshold": 440, "mode": 1, "fan_setpoint": 9}).ok

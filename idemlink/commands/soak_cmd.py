@@ -83,6 +83,21 @@ def register(sub: Any) -> None:
     p.add_argument("--dead", type=int, default=-1, metavar="ADDRESS",
                    help="with --bus: the device taken off the bus for 30..55%% of the run "
                         "(default the last; 0: none)")
+    p.add_argument("--c-devices", type=int, default=0, metavar="K",
+                   help="with --bus: the last K devices are the posix C device, each its own "
+                        "process on the medium, judged from its effects file; the run is then on "
+                        "the real clock (docs/SOAK.md, 'On a bus')")
+    p.add_argument("--c-binary", metavar="PATH", default=None,
+                   help="the posix C device for --c-devices (default: "
+                        "firmware_ref/build/posix/idemlink-device of the checkout)")
+    p.add_argument("--qemu-devices", type=int, default=0, metavar="K",
+                   help="with --bus: K devices (the addresses after the C devices') are the C "
+                        "device on QEMU (firmware_ref/tools/qemu-device, an image with the bus)")
+    p.add_argument("--qemu-board", choices=("mps2", "microbit"), default="mps2")
+    p.add_argument("--qemu-elf", metavar="ELF", default=None,
+                   help="the image for --qemu-devices (default: firmware_ref/build/bus/qemu"
+                        "[-microbit]/idemlink-device.elf, make qemu-device IDL_OPTS=-DIDL_BUS=1 "
+                        "BUILD=build/bus)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
@@ -158,6 +173,7 @@ NOT_ON_A_BUS = {"restart_every": 250, "outage_every": 250, "late": 0.01, "reorde
 def _run_bus(args: argparse.Namespace) -> int:
     from idemlink.bus_campaign import BusCampaignConfig, run_bus_campaign
     from idemlink.cli import UserError
+    from idemlink.device_sim.bus_station import StationError
     from idemlink.device_sim.link import LinkConfigError
     from idemlink.protocol.outcome import LocalProtocolError
 
@@ -171,8 +187,27 @@ def _run_bus(args: argparse.Namespace) -> int:
         raise UserError("--commands must be >= 1, --reboot-every and --broadcast-every >= 0")
     regmap = args.regmap if args.regmap is not None else "thermal-controller"
     regmap_from(args)
+    processes: dict[str, Any] = {}
+    if args.c_devices or args.qemu_devices:
+        from idemlink.commands.sim_cmd import _checkout_file
+
+        if args.c_devices:
+            processes["c_binary"] = _checkout_file(
+                args.c_binary, "firmware_ref/build/posix/idemlink-device",
+                "posix C device (make -C firmware_ref device)")
+        if args.qemu_devices:
+            sub = "qemu" if args.qemu_board == "mps2" else "qemu-microbit"
+            processes.update(
+                qemu_tool=_checkout_file(None, "firmware_ref/tools/qemu-device",
+                                         "QEMU device tool"),
+                qemu_elf=_checkout_file(args.qemu_elf,
+                                        f"firmware_ref/build/bus/{sub}/idemlink-device.elf",
+                                        "QEMU image with the bus (make -C firmware_ref "
+                                        "qemu-device IDL_OPTS=-DIDL_BUS=1 BUILD=build/bus)"),
+                qemu_board=args.qemu_board)
     try:
         cfg = BusCampaignConfig(
+            c_devices=args.c_devices, qemu_devices=args.qemu_devices, **processes,
             devices=args.bus, commands=args.commands, loss=args.loss, dup=args.dup,
             corrupt=args.corrupt, reboot_every=args.reboot_every,
             broadcast_every=args.broadcast_every, dead=None if args.dead == 0 else args.dead,
@@ -188,7 +223,7 @@ def _run_bus(args: argparse.Namespace) -> int:
     try:
         report = run_bus_campaign(cfg, lambda n: bar.update(bar.done + n, cfg.commands), stop,
                                   fail_fast=args.fail_fast)
-    except LinkConfigError as exc:
+    except (LinkConfigError, StationError) as exc:
         raise UserError(str(exc)) from None
     finally:
         restore()
@@ -199,7 +234,9 @@ def _run_bus(args: argparse.Namespace) -> int:
         print_json("idemlink.soak/1", d)
         print(d["verdict"], file=sys.stderr)
         return status
-    print(f"bus of {cfg.devices} devices, {report.commands} commands (seed {cfg.seed}, loss "
+    mixed = (f" ({cfg.python_devices} simulated, {cfg.c_devices} C, {cfg.qemu_devices} QEMU; "
+             "real time)" if cfg.live else "")
+    print(f"bus of {cfg.devices} devices{mixed}, {report.commands} commands (seed {cfg.seed}, loss "
           f"{cfg.loss}, dup {cfg.dup}, corrupt {cfg.corrupt} per device each way)")
     dead = (f"device {cfg.dead_address} dead from command {report.dead_stretch[0]} to "
             f"{report.dead_stretch[1]}" if report.dead_stretch else "no device dead")
@@ -209,7 +246,8 @@ def _run_bus(args: argparse.Namespace) -> int:
         f"{report.breaker_refused}")
     m = report.medium
     print(f"medium: {m['transmissions']} transmissions, {m['collisions']} collided; "
-          f"{report.simulated_seconds:.1f} s simulated in {report.wall_seconds:.1f} s")
+          f"{report.simulated_seconds:.1f} s {'on the clock' if cfg.live else 'simulated'} in "
+          f"{report.wall_seconds:.1f} s")
     for a, r in report.devices.items():
         oc = r.outcomes
         print(f"  device {a}: {r.commands} commands, reboots {r.reboots}, " + "  ".join(
