@@ -40,10 +40,12 @@ arrives after ``verify`` said NOT_EXECUTED would run then), outages.
 from __future__ import annotations
 
 import random
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from idemlink.campaign import (
@@ -56,9 +58,6 @@ from idemlink.campaign import (
     delivered,
     intended_pdu,
 )
-import tempfile
-from pathlib import Path
-
 from idemlink.device_sim.bus import Bus as Medium
 from idemlink.device_sim.bus import BusConfig, BusTransport, LiveBusTransport, Station
 from idemlink.device_sim.bus_station import (

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import firmware
 
 from idemlink.host.device import Device
 from idemlink.host.errors import NoDevice
-from support import firmware
 
 VECTORS = Path(__file__).parent / "vectors" / "bus_session.json"
 #: the C core's IDL_DISP_* of the counters the streams compare

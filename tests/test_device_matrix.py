@@ -74,8 +74,8 @@ from idemlink.device_sim.bus import Bus as Medium
 from idemlink.device_sim.bus import BusConfig
 from idemlink.device_sim.bus_station import ProcessStation, c_device_command, qemu_device_command
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.device_sim.serve import serve_bus
 from idemlink.device_sim.rtu_server import RtuServer
+from idemlink.device_sim.serve import serve_bus
 from idemlink.host.device import Device
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import GENERATION_RESERVE, DeviceCore

@@ -352,15 +352,13 @@ def external_commands(args: argparse.Namespace, first: int) -> list[tuple[int, s
 def run_bus(args: argparse.Namespace) -> int:
     """``--bus N``: N framed devices on one simulated half-duplex bus, served on a new pty or on
     ``--port`` (``idemlink.device_sim.bus.Bus``, real time)."""
-    from idemlink.device_sim.bus import Bus, BusConfig
-    from idemlink.device_sim.device import MapNotServed, SimulatedDevice
-    from idemlink.device_sim.serve import serve_bus
-
     import tempfile
     from pathlib import Path
 
-    from idemlink.device_sim.bus import Station
+    from idemlink.device_sim.bus import Bus, BusConfig, Station
     from idemlink.device_sim.bus_station import StationError, start_stations
+    from idemlink.device_sim.device import MapNotServed, SimulatedDevice
+    from idemlink.device_sim.serve import serve_bus
 
     regmap = regmap_from(args)
     first = args.address if args.address is not None else 1

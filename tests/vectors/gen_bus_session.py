@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from idemlink.protocol.cobs import encode as cobs_encode
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import Flags, FrameType, crc32c, encode_frame
-from idemlink.protocol.cobs import encode as cobs_encode
 from idemlink.protocol.registers import RegisterKind
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
