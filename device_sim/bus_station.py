@@ -101,10 +101,14 @@ class ProcessStation:
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, left))
             chunk = os.read(proc.stdout.fileno(), 256) if ready else b""
             if not chunk:
-                proc.kill()
-                proc.wait()
-                raise StationError(f"{self.name} at address {self.address} did not start: "
-                                   f"{self._tail() or 'no first line within the start time'}")
+                try:  # its stdout closed: it is exiting
+                    rc = proc.wait(timeout=1.0 if ready else 0.0)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    rc = proc.wait()
+                why = (self._tail() or f"exited ({rc}) without its first line") if ready else \
+                    f"no first line within {START_TIMEOUT:.0f} s"
+                raise StationError(f"{self.name} at address {self.address} did not start: {why}")
             line += chunk
         self._proc = proc
         self._down = False

@@ -189,6 +189,11 @@ def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
         ymodem = mine.pop("ymodem")
         mine.pop("rtu")
         mine.pop("libc")  # newlib's memcpy/memmove/memset/strlen, listed apart
+        bus = mine.pop("bus")  # the bus option: tests/test_c_device.py
+        mine.pop("total_bus")
+        both = mine.pop("total_ymodem_bus")
+        assert int(both["text"]) == int(with_ym["text"]) + int(bus["text"])
+        assert int(both["text"]) <= int(both["budget_text"])
         assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())
         assert int(with_ym["text"]) == int(total["text"]) + int(ymodem["text"])
         assert int(total["text"]) + int(total["data"]) <= 6144

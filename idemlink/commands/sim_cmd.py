@@ -312,7 +312,7 @@ def _external_count(args: argparse.Namespace) -> int:
             + len(getattr(args, "bus_device", None) or ()))
 
 
-def _checkout_file(given: str | None, relative: str, what: str) -> str:
+def checkout_file(given: str | None, relative: str, what: str) -> str:
     """``given``, else ``relative`` in the current directory or in the checkout idemlink runs
     from; ``UserError`` naming how to build it when there is none."""
     from pathlib import Path
@@ -334,13 +334,13 @@ def external_commands(args: argparse.Namespace, first: int) -> list[tuple[int, s
 
     commands: list[str] = []
     if args.c_devices:
-        binary = _checkout_file(args.c_binary, "firmware_ref/build/posix/idemlink-device",
+        binary = checkout_file(args.c_binary, "firmware_ref/build/posix/idemlink-device",
                                 "posix C device (make -C firmware_ref device)")
         commands += [c_device_command(binary, args.trigger_duration)] * args.c_devices
     if args.qemu_devices:
-        tool = _checkout_file(None, "firmware_ref/tools/qemu-device", "QEMU device tool")
+        tool = checkout_file(None, "firmware_ref/tools/qemu-device", "QEMU device tool")
         sub = "qemu" if args.qemu_board == "mps2" else "qemu-microbit"
-        elf = _checkout_file(args.qemu_elf, f"firmware_ref/build/bus/{sub}/idemlink-device.elf",
+        elf = checkout_file(args.qemu_elf, f"firmware_ref/build/bus/{sub}/idemlink-device.elf",
                              "QEMU image with the bus (make -C firmware_ref qemu-device "
                              "IDL_OPTS=-DIDL_BUS=1 BUILD=build/bus)")
         commands += [qemu_device_command(tool, args.qemu_board, elf,

@@ -189,18 +189,18 @@ def _run_bus(args: argparse.Namespace) -> int:
     regmap_from(args)
     processes: dict[str, Any] = {}
     if args.c_devices or args.qemu_devices:
-        from idemlink.commands.sim_cmd import _checkout_file
+        from idemlink.commands.sim_cmd import checkout_file
 
         if args.c_devices:
-            processes["c_binary"] = _checkout_file(
+            processes["c_binary"] = checkout_file(
                 args.c_binary, "firmware_ref/build/posix/idemlink-device",
                 "posix C device (make -C firmware_ref device)")
         if args.qemu_devices:
             sub = "qemu" if args.qemu_board == "mps2" else "qemu-microbit"
             processes.update(
-                qemu_tool=_checkout_file(None, "firmware_ref/tools/qemu-device",
+                qemu_tool=checkout_file(None, "firmware_ref/tools/qemu-device",
                                          "QEMU device tool"),
-                qemu_elf=_checkout_file(args.qemu_elf,
+                qemu_elf=checkout_file(args.qemu_elf,
                                         f"firmware_ref/build/bus/{sub}/idemlink-device.elf",
                                         "QEMU image with the bus (make -C firmware_ref "
                                         "qemu-device IDL_OPTS=-DIDL_BUS=1 BUILD=build/bus)"),
