@@ -15,6 +15,7 @@ import errno
 import os
 import select
 import termios
+import threading
 import tty
 from dataclasses import dataclass
 
@@ -72,17 +73,20 @@ class FdTransport:
         self._stalled = False
         os.set_blocking(fd, False)
         self._wake: tuple[int, int] | None = None  #: a pipe, made on the first ``wake``
+        self._wake_lock = threading.Lock()
 
     def wake(self) -> None:
         """End the wait of a ``read`` in progress, or of the next one (any thread; a simulated
         bus's devices in other processes have bytes for the medium)."""
-        if self._wake is None:
-            r, w = os.pipe()
-            os.set_blocking(r, False)
-            os.set_blocking(w, False)
-            self._wake = (r, w)
+        with self._wake_lock:
+            if self._wake is None:
+                r, w = os.pipe()
+                os.set_blocking(r, False)
+                os.set_blocking(w, False)
+                self._wake = (r, w)
+            wake = self._wake
         with contextlib.suppress(OSError):  # full: already woken
-            os.write(self._wake[1], b"w")
+            os.write(wake[1], b"w")
 
     def read(self, timeout: float) -> bytes:
         """Bytes available within ``timeout`` seconds (b"" when the line stayed silent, or when

@@ -128,6 +128,8 @@ def serve_bus(bus: Bus, transport: ServeTransport, stop: threading.Event, *,
         bus.set_waker(waker)
         if waker is None:
             tick_interval = min(tick_interval, ASYNC_POLL)
+        else:
+            waker()  # ready before the first wait (the first read returns at once)
     while not stop.is_set():
         nxt = bus.next_event_time()
         wait = tick_interval if nxt is None else min(tick_interval, max(0.0, nxt - clock()))
