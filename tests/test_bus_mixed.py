@@ -65,23 +65,27 @@ def test_sim_serves_a_mixed_bus_on_one_pty(device_bin: Path) -> None:
         [sys.executable, "-m", "idemlink", "sim", "--bus", "3", "--c-devices", "1",
          "--c-binary", str(device_bin)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
+    children: list[int] = []
     try:
         assert proc.stdout is not None
         path = read_line(proc.stdout, proc)
         with Bus.open(path, timeout=0.2) as bus:
             for a in (1, 2, 3):
                 assert bus.device(a).write({"mode": 2}).ok
-            assert bus.device(3).session.info is not None
-            assert bus.device(3).session.info.name == "idemlink-c"  # the C device is last
-            assert bus.device(1).session.info is not None
-            assert bus.device(1).session.info.name == "idemlink-sim-1"
+            info1, info3 = bus.device(1).session.info, bus.device(3).session.info
+            assert info1 is not None and info1.name == "idemlink-sim-1"
+            assert info3 is not None and info3.name == "idemlink-c"  # the C device is last
+        children = [int(p) for p in subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+            check=False).stdout.split()]
+        assert len(children) == 1  # the C device's process
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=scaled(20))
     assert proc.returncode == 0, err
-    stray = subprocess.run(["pgrep", "-f", f"{device_bin} --port"], capture_output=True,
-                           text=True, check=False)
-    assert str(proc.pid) not in stray.stdout and stray.stdout.strip() == "", stray.stdout
+    for pid in children:  # stopped with the simulator
+        assert not Path(f"/proc/{pid}").exists() or \
+            Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
 
 
 def _mixed(device_bin: Path, **kw: object) -> BusCampaignConfig:

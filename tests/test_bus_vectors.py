@@ -96,7 +96,8 @@ def test_the_posix_device_keeps_its_address_and_answers_only_it(device_bin: Path
                                                   attempts=2) as d:
             d.connect()
     finally:
-        dev.stop()
+        stats = dev.stop()
+    assert stats["other_address"] >= 2 and stats["executed"] == 1  # address 8's HELLOs
     assert (tmp_path / "address").read_text() == "9\n"
     again = firmware.RunningDevice(device_bin, tmp_path)  # the kept address
     try:

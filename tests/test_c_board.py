@@ -49,6 +49,18 @@ def test_the_small_profile_links_for_a_32k_4k_part_with_its_stated_margins() -> 
     assert r["path"].startswith("Reset_Handler>main>idl_device_rx>")
 
 
+@pytest.mark.slow
+def test_the_small_profile_with_the_bus_links_too() -> None:
+    """IDL_BUS=1 (docs/BUS.md) on the same part: it links, within the stack, with RAM to spare
+    (its own build directory: the default report stays the default profile's)."""
+    out = firmware.make_once("board-m0plus", "IDL_OPTS=-DIDL_BUS=1", "BUILD=build/bus",
+                             tools=TOOLS)
+    line = next(x for x in out.splitlines() if x.startswith("board="))
+    r = dict(re.findall(r"(\w+)=('[^']*'|\S+)", line))
+    assert "IDL_BUS=1" in r["profile"] and int(r["flash"]) <= 8 * 1024 + 512
+    assert int(r["ram_free"]) >= 512 and int(r["stack_total"]) <= int(r["stack_reserved"])
+
+
 def test_the_default_replay_slots_do_not_fit_the_part(tmp_path: Path) -> None:
     """K = 8 (3.6 KiB of device state): the link refuses it, as the issue's first board did."""
     firmware.need(*TOOLS)

@@ -186,12 +186,21 @@ static void print_stats(void)
         const uint32_t *c = device.session.counters;
         fprintf(stderr, PROG ": stopped: executed=%lu replayed=%lu conflict=%lu evicted=%lu "
                         "too_old=%lu epoch_mismatch=%lu hello=%lu decode_errors=%lu "
-                        "flash_writes=%lu\n",
+                        "flash_writes=%lu",
                 (unsigned long)c[IDL_DISP_EXECUTED], (unsigned long)c[IDL_DISP_REPLAYED],
                 (unsigned long)c[IDL_DISP_CONFLICT], (unsigned long)c[IDL_DISP_EVICTED],
                 (unsigned long)c[IDL_DISP_TOO_OLD], (unsigned long)c[IDL_DISP_EPOCH_MISMATCH],
                 (unsigned long)c[IDL_DISP_HELLO], (unsigned long)c[IDL_DISP_DECODE_ERRORS],
                 idl_posix_flash_writes());
+#if IDL_BUS
+        fprintf(stderr, " other_address=%lu broadcast_executed=%lu broadcast_repeated=%lu "
+                        "broadcast_refused=%lu",
+                (unsigned long)c[IDL_DISP_OTHER_ADDRESS],
+                (unsigned long)c[IDL_DISP_BROADCAST_EXECUTED],
+                (unsigned long)c[IDL_DISP_BROADCAST_REPEATED],
+                (unsigned long)c[IDL_DISP_BROADCAST_REFUSED]);
+#endif
+        fputc('\n', stderr);
     }
 }
 
