@@ -68,6 +68,9 @@ MACHINES: dict[str, frozenset[str]] = {
     "idemlink.device_sim.link.LinkDirection": frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.device_sim.link.Link": frozenset({"tick", "next_event"}),
     "idemlink.device_sim.bus.Bus": frozenset({"receive_data", "tick", "data_to_send"}),
+    "idemlink.device_sim.bus.Station": frozenset({"receive_data", "tick", "data_to_send"}),
+    "idemlink.device_sim.bus_station.ProcessStation":
+        frozenset({"receive_data", "tick", "data_to_send"}),
     "idemlink.protocol.ymodem_events.MachineQueues": frozenset({"next_event", "data_to_send"}),
     "idemlink.protocol.ymodem_receiver.Receiver": frozenset(SHAPE),
     "idemlink.protocol.ymodem_sender.Sender": frozenset(SHAPE),

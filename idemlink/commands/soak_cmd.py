@@ -93,7 +93,8 @@ def register(sub: Any) -> None:
     p.add_argument("--qemu-devices", type=int, default=0, metavar="K",
                    help="with --bus: K devices (the addresses after the C devices') are the C "
                         "device on QEMU (firmware_ref/tools/qemu-device, an image with the bus)")
-    p.add_argument("--qemu-board", choices=("mps2", "microbit"), default="mps2")
+    p.add_argument("--qemu-board", choices=("mps2", "microbit"), default="mps2",
+                   help="the QEMU board of --qemu-devices (default mps2)")
     p.add_argument("--qemu-elf", metavar="ELF", default=None,
                    help="the image for --qemu-devices (default: firmware_ref/build/bus/qemu"
                         "[-microbit]/idemlink-device.elf, make qemu-device IDL_OPTS=-DIDL_BUS=1 "
