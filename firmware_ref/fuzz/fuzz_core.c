@@ -7,7 +7,9 @@
  * The first bytes of the input steer the frames, the rest is split into chunks; the target checks
  * that nothing crashes or reads out of bounds (ASan/UBSan), that every answer is one delimited
  * frame within IDL_WIRE_MAX, and that the decoder never holds more than IDL_MAX_ENCODED bytes.
- * Half of the inputs are wrapped as valid REQUEST frames so the fuzzer reaches the registers. */
+ * Half of the inputs are wrapped as valid REQUEST frames so the fuzzer reaches the registers.
+ * Built with IDL_BUS=1 (make fuzz-core does) the device has address 5 and the wrapped frames go
+ * to it, to another device, to every device (broadcast) or to none, steered by the input. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -26,6 +28,14 @@ static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *re
     (void)seq;
     return idl_modbus_execute((idl_regs_t *)ctx, pdu, len, resp, now);
 }
+
+#if IDL_BUS
+static bool broadcast_ok(void *ctx, const uint8_t *pdu, uint16_t len)
+{
+    (void)ctx;
+    return idl_modbus_broadcast_ok(pdu, len);
+}
+#endif
 
 static void check_answer(const idl_session_t *s, size_t n)
 {
@@ -227,7 +237,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const uint8_t hash[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
     static uint8_t wire[IDL_WIRE_MAX];
     static const idl_session_config_t cfg = { execute, &regs, "fuzz", "f-1", IDL_MAP_NAME, hash,
-                                              32u };
+                                              32u
+#if IDL_BUS
+                                              , 5u, broadcast_ok
+#endif
+    };
     size_t i;
     uint32_t now = 0;
     if (size > 1u && data[0] == 0xFEu) {
@@ -264,7 +278,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (len > size - i) {
                 len = size - i;
             }
+#if IDL_BUS
+            {
+                static const uint16_t to[4] = { IDL_FRAME_NO_ADDRESS, 5u, 6u, 0u };
+                n = idl_frame_encode_addressed(wire, to[(data[i - 1u] >> 4) & 3u],
+                                               IDL_FT_REQUEST, 0u, 7u, seq, data + i, len);
+            }
+#else
             n = idl_frame_encode(wire, IDL_FT_REQUEST, 0u, 7u, seq, data + i, len);
+#endif
             i += len;
             now += 40u;
             for (k = 0; k < n; k++) {
