@@ -19,7 +19,8 @@
  * valid until the next byte is fed.
  *
  * The MAC is not verified here yet (this C core has no key: BAD_MAC is never produced); the tag
- * is exposed, unverified, and idl_session ignores every ADDRESSED or AUTH frame silently.
+ * is exposed, unverified, and idl_session ignores every AUTH frame silently, and every ADDRESSED
+ * frame unless it is built with IDL_BUS=1 and has an address (idl_session.h, docs/BUS.md).
  */
 #ifndef IDL_FRAME_H
 #define IDL_FRAME_H
