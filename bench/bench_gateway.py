@@ -30,7 +30,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from docs_table import DOCS, markdown_table, replace_between_markers
 
-from idemlink.gateway.calls import new_key
+from idemlink.host.keys import new_key
 
 TOKEN = "bench-token-0123456789abcdef"
 

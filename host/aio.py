@@ -385,7 +385,22 @@ class AsyncDevice(AsyncDriver):
              check_map: bool = True, address: int | None = None) -> _Opening[AsyncDevice]:
         """Open ``url`` and run the HELLO handshake, as ``Device.open`` does (the same line
         keywords, 8N1 by default; ``address``: the device of that bus address, docs/BUS.md):
-        ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``."""
+        ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``.
+        A gateway URL (``idemlink+http://HOST:PORT/PORTNAME``) gives an
+        ``idemlink.host.gateway_device.AsyncGatewayDevice``, as ``Device.open`` does."""
+        if url.startswith(("idemlink+http://", "idemlink+https://")):
+            from idemlink.host.gateway_device import AsyncGatewayDevice
+
+            if address is not None:
+                raise LocalProtocolError("a bus address is the gateway's own through a gateway "
+                                         "URL")
+            gateway_map = regmap
+
+            async def remote() -> AsyncDevice:
+                return await AsyncGatewayDevice.open_url(url, regmap=gateway_map,
+                                                         check_map=check_map)
+
+            return _Opening(remote)
         if address is not None:
             check_address(address)
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)

@@ -450,7 +450,17 @@ class Device(BlockingDriver):
         (``IncompatibleDevice``); None, point to point (the device on this line). ``key``: the
         device's long-term key (32 bytes) or a private key file's path (docs/SECURITY.md): every
         frame then carries a MAC, and a device that does not sign its own with that key is
-        refused (``IncompatibleDevice``: no downgrade); None, unauthenticated as before."""
+        refused (``IncompatibleDevice``: no downgrade); None, unauthenticated as before.
+        ``idemlink+http://HOST:PORT/PORTNAME`` is a device behind an ``idemlink gateway``
+        (``idemlink.host.gateway_device.GatewayDevice``: the same API through its calls, the
+        token from ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``)."""
+        if url.startswith(("idemlink+http://", "idemlink+https://")):
+            from idemlink.host.gateway_device import GatewayDevice
+
+            if address is not None or key is not None or trace is not None:
+                raise LocalProtocolError("address, key and trace are the gateway's own through "
+                                         "a gateway URL (docs/API.md, \"Through a gateway\")")
+            return GatewayDevice.open_url(url, regmap=regmap, check_map=check_map)
         if address is not None:
             check_address(address)
         if key is not None and not isinstance(key, bytes):

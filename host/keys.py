@@ -21,6 +21,11 @@ that a restarted job computes the same key for the same step and its receipt jou
 - This byte layout is frozen: other systems de-duplicate on these keys, so a "harmless" refactor
   would break reconciliation. A new layout gets a new source name (e.g. ``plan-step/2``).
 
+``new_key(now)`` is the other kind: a UUIDv7 (RFC 9562) naming *one call* by when it was asked
+for — its first 48 bits are ``now`` in Unix milliseconds, the rest random — the key a gateway
+call carries in its ``KEY_HEADER`` (docs/GATEWAY.md, "The call layer"): made once per call and
+sent again on every retry of it.
+
 ``parse_key`` is the strict reader of keys written as text (the receipt journal's ids): canonical
 lower-case hyphenated form only.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import uuid
 from enum import Enum
 
@@ -36,11 +42,13 @@ from idemlink.protocol.outcome import LocalProtocolError
 
 __all__ = [
     "FIELD_LENGTH_BYTES",
+    "KEY_HEADER",
     "KeyFieldError",
     "KeySource",
     "MalformedKeyError",
     "encode_fields",
     "format_key",
+    "new_key",
     "parse_key",
     "source_namespace",
     "step_key",
@@ -148,3 +156,16 @@ def parse_key(text: object) -> uuid.UUID:
     if _CANONICAL_KEY.fullmatch(text) is None:
         raise MalformedKeyError(f"not a canonical lower-case hyphenated UUID: {text[:60]!r}")
     return uuid.UUID(text)
+
+
+KEY_HEADER = "Idempotency-Key"
+"""The HTTP header a call's key travels in (the IETF httpapi draft's name)."""
+
+
+def new_key(now: float) -> str:
+    """A fresh UUIDv7 for ``now`` (Unix seconds): a call's key, made once and reused on its
+    retries."""
+    ms = int(now * 1000) & ((1 << 48) - 1)
+    rand = secrets.randbits(74)
+    value = (ms << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))

@@ -24,8 +24,8 @@ from support.gateway import (
 )
 from support.timing import scaled, wait_until
 
-from idemlink.gateway.calls import new_key
 from idemlink.gateway.openapi import openapi_text
+from idemlink.host.keys import new_key
 
 ROOT = Path(__file__).resolve().parent.parent
 

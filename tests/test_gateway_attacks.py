@@ -15,7 +15,7 @@ import pytest
 from support.gateway import CLI, TOKEN, TOKEN_BOB, Gw, Reply, running_gateway, served_sim
 from support.timing import scaled, wait_until
 
-from idemlink.gateway.calls import new_key
+from idemlink.host.keys import new_key
 
 
 def _write(gw: Gw, key: str, values: dict[str, object], *, token: str = TOKEN,

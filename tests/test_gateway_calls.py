@@ -15,17 +15,18 @@ from idemlink.gateway import calls, store
 from idemlink.gateway.calls import Decision
 from idemlink.gateway.store import CallStore, StoreBusy, StoreFull, StoreUnsafe
 from idemlink.gateway.tokens import TokenFileError, caller_of, load_tokens, parse_tokens
+from idemlink.host.keys import new_key
 from idemlink.protocol.outcome import Outcome, Status
 
 NOW = 1_800_000_000.0
 
 
 def test_keys_are_uuid7_carrying_their_time() -> None:
-    k = calls.new_key(NOW)
+    k = new_key(NOW)
     assert uuid.UUID(k).version == 7
     assert calls.key_time_ms(k) == int(NOW * 1000)
     assert calls.check_key(k, NOW + 3600) == k
-    assert len({calls.new_key(NOW) for _ in range(100)}) == 100
+    assert len({new_key(NOW) for _ in range(100)}) == 100
 
 
 A_KEY = "01a3185c-5000-7539-8d95-05920d1c1c13"  # a UUIDv7 of NOW (fixed: xdist collects twice)
@@ -43,10 +44,10 @@ def test_malformed_key_refused(bad: str | None) -> None:
 
 
 def test_key_outside_retention_refused_not_new() -> None:
-    old = calls.new_key(NOW - calls.RETENTION_SECONDS - 1)
+    old = new_key(NOW - calls.RETENTION_SECONDS - 1)
     with pytest.raises(calls.KeyOutsideRetention, match="older than the retention window"):
         calls.check_key(old, NOW)
-    future = calls.new_key(NOW + calls.MAX_CLOCK_SKEW_SECONDS + 1)
+    future = new_key(NOW + calls.MAX_CLOCK_SKEW_SECONDS + 1)
     with pytest.raises(calls.KeyOutsideRetention, match="future"):
         calls.check_key(future, NOW)
     assert calls.KeyOutsideRetention.http == 422
@@ -125,7 +126,7 @@ def test_store_is_wal_synchronous_private(tmp_path: Path) -> None:
 
 def test_store_records_the_number_before_send_and_survives_reopen(tmp_path: Path) -> None:
     p = tmp_path / "calls.db"
-    k = calls.new_key(NOW)
+    k = new_key(NOW)
     s = CallStore.open(p)
     _begin(s, k, int(NOW * 1000))
     s.started("alice", k, (0xABCD, 42), b"\x10\x00")
@@ -164,18 +165,18 @@ def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path,
     monkeypatch.setattr(store, "MAX_CALLS", 3)
     s = CallStore.open(tmp_path / "calls.db")
     now_ms = int(NOW * 1000)
-    old = [calls.new_key(NOW - 10) for _ in range(3)]
+    old = [new_key(NOW - 10) for _ in range(3)]
     try:
         for k in old:
             _begin(s, k, now_ms)
         with pytest.raises(StoreFull):
-            _begin(s, calls.new_key(NOW), now_ms)
+            _begin(s, new_key(NOW), now_ms)
         # a day (and the grace) later: a settled record goes, an open UNKNOWN and an unsettled
         # call stay
         s.finish("alice", old[0], "OK", {"outcome": "OK"})
         s.finish("alice", old[1], "UNKNOWN", {"outcome": "UNKNOWN"})
         later = now_ms + (calls.RETENTION_SECONDS + store.PRUNE_GRACE_SECONDS) * 1000
-        _begin(s, calls.new_key(later / 1000), later)
+        _begin(s, new_key(later / 1000), later)
         assert s.get("alice", old[0]) is None
         assert s.get("alice", old[1]) is not None and s.get("alice", old[2]) is not None
         assert [r.key for r in s.open_items()] == [old[1]]
@@ -184,7 +185,7 @@ def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path,
         rec = s.get("alice", old[1])
         assert rec is not None and (rec.ack_by, rec.ack_reason) == ("bob", "read back: it ran")
         with pytest.raises(StoreFull, match="limit"):
-            s.begin("alice", calls.new_key(later / 1000), later // 1000, "d", "dev", "write",
+            s.begin("alice", new_key(later / 1000), later // 1000, "d", "dev", "write",
                     {"values": {"a": "x" * (store.MAX_TEXT + 1)}}, later)
     finally:
         s.close()
@@ -192,7 +193,7 @@ def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path,
 
 def test_store_file_is_sqlite(tmp_path: Path) -> None:
     s = CallStore.open(tmp_path / "calls.db")
-    _begin(s, calls.new_key(NOW), int(NOW * 1000))
+    _begin(s, new_key(NOW), int(NOW * 1000))
     s.close()
     with sqlite3.connect(tmp_path / "calls.db") as db:
         assert db.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 1
@@ -229,7 +230,7 @@ def test_every_query_a_call_makes_uses_an_index(tmp_path: Path) -> None:
     try:
         now_ms = int(NOW * 1000)
         s._db.set_trace_callback(seen.append)
-        key = calls.new_key(NOW)
+        key = new_key(NOW)
         _begin(s, key, now_ms)
         s.get("alice", key)
         s.started("alice", key, (1, 2), b"\x06\x00\x04\x01\x00")
@@ -255,13 +256,13 @@ def test_store_counts_stay_true_across_prune_release_and_failure(tmp_path: Path)
     s = CallStore.open(tmp_path / "calls.db")
     try:
         now_ms = int(NOW * 1000)
-        keys = [calls.new_key(NOW) for _ in range(4)]
+        keys = [new_key(NOW) for _ in range(4)]
         for k in keys:
             _begin(s, k, now_ms)
         s.release("alice", keys[0])
         s.finish("alice", keys[1], "OK", {"outcome": "OK"})
         later = now_ms + (calls.RETENTION_SECONDS + store.PRUNE_GRACE_SECONDS) * 1000 + 1
-        _begin(s, calls.new_key(later / 1000), later)  # prunes keys[1]
+        _begin(s, new_key(later / 1000), later)  # prunes keys[1]
         assert s._calls == s._db.execute("SELECT COUNT(*) FROM calls").fetchone()[0] == 3
     finally:
         s.close()
@@ -273,7 +274,7 @@ def test_unsynced_writes_are_synced_by_the_next_synced_one(tmp_path: Path) -> No
     s = CallStore.open(tmp_path / "calls.db")
     try:
         now_ms = int(NOW * 1000)
-        a, b = calls.new_key(NOW), calls.new_key(NOW)
+        a, b = new_key(NOW), new_key(NOW)
         _begin(s, a, now_ms)
         assert s.unsynced and s.syncs == 0
         s.started("alice", a, (1, 1), b"\x06")

@@ -25,8 +25,8 @@ import pytest
 from support.gateway import READY, TOKEN, gateway_args, served_sim
 from support.timing import read_line, scaled, wait_until
 
-from idemlink.gateway.calls import new_key
-from idemlink.gateway.client import GatewayClient
+from idemlink.host.gateway_client import GatewayClient
+from idemlink.host.keys import new_key
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 THRESHOLD = DEFAULT_MAP.named("threshold").address  # the map is data: where the register is

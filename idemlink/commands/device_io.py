@@ -56,6 +56,7 @@ from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.command import Reconciliation, Result
 from idemlink.host.device import Device
 from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice, PortBusy, PortError
+from idemlink.host.gateway_device import NotThroughGateway
 from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
 from idemlink.host.tcp_device import DEFAULT_TCP_TIMEOUT, TcpDevice
@@ -90,7 +91,7 @@ def open_device(args: argparse.Namespace) -> Device:
         raise no_device(args.port, exc) from None
     except PortBusy:  # the hint's watching command carries the user's --regmap
         raise UserError(busy_message(args.port, getattr(args, "regmap", None))) from None
-    except (PortError, IncompatibleDevice) as exc:
+    except (PortError, IncompatibleDevice, NotThroughGateway) as exc:
         raise UserError(port_said_once(args.port, exc)) from None
     info = dev.info
     log.info("%s: connected to device %s (%s), map %s", args.port,

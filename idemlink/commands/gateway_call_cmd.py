@@ -1,10 +1,12 @@
 """``idemlink --gateway URL read|write|trigger --gateway-port NAME ...``: the same commands through a gateway
-(docs/GATEWAY.md), by ``idemlink.gateway.client.GatewayClient``.
+(docs/GATEWAY.md), by ``idemlink.host.gateway_client.GatewayClient``.
 
 Contract: ``idemlink --gateway URL`` before the command name makes ``read NAME...``, ``write
 NAME=VALUE...`` (``--if-match G``) and ``trigger [NAME] [--reset]`` calls of the gateway at URL on
 its port ``--gateway-port NAME`` (default: its only port), with the bearer token read from
-``--token-file FILE`` or ``$IDEMLINK_GATEWAY_TOKEN``. A call with an effect gets a new key (``--key
+``--token-file FILE``, ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``.
+``--gateway idemlink+http://HOST:PORT/PORTNAME`` (the URL a device command's ``--port`` takes)
+names the port too. A call with an effect gets a new key (``--key
 K`` to give one: the same call again, e.g. after an UNKNOWN), reused on every retry. The line
 printed is the outcome, reason and action, ``(replayed)`` when the gateway replayed it; the exit
 status is the outcome's (OK 0, NOT_EXECUTED 3, REJECTED 4, UNKNOWN 5); ``--json`` prints one
@@ -16,7 +18,6 @@ so the call can be asked about again.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -39,7 +40,9 @@ TOKEN_ENV = "IDEMLINK_GATEWAY_TOKEN"
 def register(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         NAME, help="read, write or trigger through a gateway (idemlink --gateway URL ...)")
-    p.add_argument("--gateway", required=True, metavar="URL", help="the gateway's address")
+    p.add_argument("--gateway", required=True, metavar="URL",
+                   help="the gateway's address (http://HOST:PORT), or a device's "
+                        "(idemlink+http://HOST:PORT/PORTNAME)")
     p.add_argument("--token-file", metavar="FILE", help=f"the bearer token (or ${TOKEN_ENV})")
     p.add_argument("--gateway-port", metavar="NAME",
                    help="the gateway's port (default: its only one)")
@@ -62,30 +65,50 @@ def rewrite(words: list[str]) -> list[str]:
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.token_file:
-        try:
-            with open(args.token_file, encoding="utf-8") as f:
-                return f.read().strip()
-        except OSError as exc:
-            raise UserError(f"--token-file {args.token_file}: {exc.strerror or exc}") from None
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if not token:
-        raise UserError(f"no token: --token-file FILE or ${TOKEN_ENV}")
-    return token
+    """``--token-file``, else ``$IDEMLINK_GATEWAY_TOKEN``, else the file
+    ``$IDEMLINK_GATEWAY_TOKEN_FILE``: the same sources as a device command's ``--port
+    idemlink+http://...`` (``idemlink.host.gateway_device.read_token``)."""
+    from idemlink.host.gateway_device import NotThroughGateway, read_token
+
+    try:
+        return read_token(None, args.token_file)
+    except NotThroughGateway as exc:
+        where = f"--token-file {args.token_file}" if args.token_file else "no token"
+        raise UserError(f"{where}: {exc}" if args.token_file else
+                        f"no token: --token-file FILE, ${TOKEN_ENV} or ${TOKEN_ENV}_FILE"
+                        ) from None
+
+
+def _gateway(args: argparse.Namespace) -> tuple[str, str | None]:
+    """(base URL, port name) of ``--gateway``: ``http://HOST:PORT`` (the port by
+    ``--gateway-port``) or a device URL ``idemlink+http://HOST:PORT/PORTNAME``."""
+    from idemlink.host.gateway_device import NotThroughGateway, is_gateway_url, parse_gateway_url
+
+    if not is_gateway_url(args.gateway):
+        return args.gateway, args.gateway_port
+    try:
+        base, port = parse_gateway_url(args.gateway)
+    except NotThroughGateway as exc:
+        raise UserError(str(exc)) from None
+    if port is not None and args.gateway_port not in (None, port):
+        raise UserError(f"--gateway names port {port} and --gateway-port {args.gateway_port}: "
+                        "give one")
+    return base, port or args.gateway_port
 
 
 def run(args: argparse.Namespace) -> int:
     from idemlink.gateway.calls import check_key
-    from idemlink.gateway.client import GatewayClient, GatewayUnreachable
+    from idemlink.host.gateway_client import GatewayClient, GatewayUnreachable
     from idemlink.protocol.outcome import IdemlinkError
 
-    client = GatewayClient(args.gateway, _token(args))
+    base, named = _gateway(args)
+    client = GatewayClient(base, _token(args))
     try:
         if args.key is not None:
             import time
 
             check_key(args.key, time.time())
-        port = args.gateway_port or _only_port(client)
+        port = named or _only_port(client)
         if args.action == "read":
             if not args.items:
                 raise UserError("read: name the registers")

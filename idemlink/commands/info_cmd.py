@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.commands.device_io import log_sources, no_device, port_said_once
     from idemlink.host.device import Device
     from idemlink.host.errors import IncompatibleDevice, NoDevice, PortError
+    from idemlink.host.gateway_device import GatewayDevice, NotThroughGateway
     from idemlink.protocol.contract import contract_hash
     from idemlink.protocol.payloads import Capability, printable
 
@@ -93,13 +94,17 @@ def run(args: argparse.Namespace) -> int:
                          attempts=args.attempts, regmap=regmap, check_map=False,
                          address=bus_address(args), key=key) as dev:
             info = dev.info
-            epoch = dev.session.epoch
-            authenticated = dev.ops.authenticated
+            if isinstance(dev, GatewayDevice):  # what the gateway's port says of its device
+                epoch, authenticated = dev.epoch, dev.authenticated
+            else:
+                epoch, authenticated = dev.session.epoch, dev.ops.authenticated
     except NoDevice as exc:
         raise no_device(args.port, exc, hint=RTU_INFO_HINT) from None
-    except (PortError, IncompatibleDevice) as exc:
+    except (PortError, IncompatibleDevice, NotThroughGateway) as exc:
         raise UserError(port_said_once(args.port, exc)) from None
-    assert info is not None
+    if info is None:  # through a gateway: a port that is down, or a plain Modbus slave
+        raise UserError(f"{args.port}: the gateway has no HELLO of this port's device (a plain "
+                        "Modbus slave, or the port is down)")
     matches = info.map_hash == regmap.hash
     ours = contract_hash()
     out: dict[str, Any] = {

@@ -16,11 +16,12 @@ from typing import Any
 
 from aiohttp import web
 
-from idemlink.gateway.calls import KEY_HEADER, CallError, parse_if_match
+from idemlink.gateway.calls import CallError, parse_if_match
 from idemlink.gateway.openapi import openapi
 from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer, refusal
 from idemlink.gateway.store import StoreError
 from idemlink.gateway.tokens import caller_of
+from idemlink.host.keys import KEY_HEADER
 from idemlink.protocol.outcome import Outcome
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,14 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
         return web.json_response(gateway.identity(request.match_info["port"]))
 
     async def registers(request: web.Request) -> web.Response:
+        if "address" in request.query:
+            try:
+                address = int(request.query["address"])
+                count = int(request.query.get("count", "1"))
+            except ValueError as exc:
+                raise BadArguments("address and count must be numbers") from exc
+            return _json(await gateway.read_words(request.match_info["port"], address, count,
+                                                  request.query.get("table", "holding")))
         names = [n for n in request.query.get("names", "").split(",") if n]
         return _json(await gateway.read(request.match_info["port"], names))
 

@@ -8,7 +8,7 @@ Contract (docs/GATEWAY.md, "The call layer"):
 - **Keys.** An ``Idempotency-Key`` is a UUIDv7 (RFC 9562) in canonical lower-case text: its first
   48 bits are the caller's clock in Unix milliseconds. A key is scoped to the caller's identity
   (the token's caller id): the record's primary key is (caller id, key), so two callers never
-  share one. ``new_key(now)`` makes one.
+  share one. ``idemlink.host.keys.new_key(now)`` makes one.
 - **Retention.** Records are kept ``RETENTION_SECONDS`` (24 h) after the key's time. A key whose
   time is older than that (or more than ``MAX_CLOCK_SKEW_SECONDS`` in the future) is refused —
   ``KeyOutsideRetention`` — never treated as new: the time is in the key, so the rule holds also
@@ -30,13 +30,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import secrets
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from idemlink.host.keys import KEY_HEADER
 from idemlink.protocol.outcome import STATUS_TABLE, Action, LocalProtocolError, Outcome, Status
 
 RETENTION_SECONDS = 24 * 3600
@@ -44,8 +44,6 @@ RETENTION_SECONDS = 24 * 3600
 
 MAX_CLOCK_SKEW_SECONDS = 300
 """How far in the future a key's time may be (the caller's clock ahead of the gateway's)."""
-
-KEY_HEADER = "Idempotency-Key"
 
 _UUID_TEXT = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
@@ -71,13 +69,6 @@ class KeyOutsideRetention(CallError, ValueError):
     reason = "KEY_OUTSIDE_RETENTION"
     http = 422
 
-
-def new_key(now: float) -> str:
-    """A fresh UUIDv7 for ``now`` (Unix seconds)."""
-    ms = int(now * 1000) & ((1 << 48) - 1)
-    rand = secrets.randbits(74)
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 62) << 64) | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
 
 
 def key_time_ms(key: str) -> int:
@@ -220,7 +211,6 @@ def etag(generation: int) -> str:
 __all__ = [
     "ACTION_WORDS",
     "HTTP_RULES",
-    "KEY_HEADER",
     "MAX_CLOCK_SKEW_SECONDS",
     "RETENTION_SECONDS",
     "CallError",
@@ -236,7 +226,6 @@ __all__ = [
     "etag",
     "keeps_key",
     "key_time_ms",
-    "new_key",
     "parse_if_match",
     "rule_for",
 ]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from idemlink.gateway.calls import HTTP_RULES, KEY_HEADER, RETENTION_SECONDS
+from idemlink.gateway.calls import HTTP_RULES, RETENTION_SECONDS
+from idemlink.host.keys import KEY_HEADER
 
 _OUTCOME = {
     "type": "object",
@@ -69,10 +70,18 @@ def openapi() -> dict[str, Any]:
                                          "parameters": [_PORT],
                                          "responses": _answers(200, 401, 404)}},
             "/v1/ports/{port}/registers": {"get": {
-                "summary": "read registers by name; the ETag is the generation counter",
-                "parameters": [_PORT, {"name": "names", "in": "query", "required": True,
+                "summary": "read registers by name (the ETag is the generation counter), or "
+                           "raw words by address (address, count, table: the body's words)",
+                "parameters": [_PORT, {"name": "names", "in": "query", "required": False,
                                        "schema": {"type": "string"},
-                                       "description": "comma-separated register names"}],
+                                       "description": "comma-separated register names"},
+                               {"name": "address", "in": "query", "required": False,
+                                "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+                                "description": "a raw read's first address (instead of names)"},
+                               {"name": "count", "in": "query", "required": False,
+                                "schema": {"type": "integer", "minimum": 1, "maximum": 125}},
+                               {"name": "table", "in": "query", "required": False,
+                                "schema": {"enum": ["holding", "input", "coils", "discrete"]}}],
                 "responses": _answers(200, 400, 401, 404, 422, 503, 504)}},
             "/v1/ports/{port}/write": {"post": {
                 "summary": "write registers (set-only); with If-Match: only if the generation "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -37,7 +38,14 @@ from idemlink.gateway import calls
 from idemlink.gateway.calls import CallError, Decision
 from idemlink.gateway.store import MAX_TEXT, CallRecord, CallStore, StoreError, StoreFull
 from idemlink.host.aio import AsyncDevice, AsyncDriver, AsyncRtuDevice
-from idemlink.host.command import Command, CommandBuilder, Result, SentRequest, raw_in
+from idemlink.host.command import (
+    Command,
+    CommandBuilder,
+    CommandKind,
+    Result,
+    SentRequest,
+    raw_in,
+)
 from idemlink.host.errors import LinkLost, NoDevice, PortError, UnknownOutstanding
 from idemlink.host.frame_view import trigger_code_name
 from idemlink.host.operations import reissuable
@@ -54,6 +62,9 @@ MAX_VALUES = 64
 REISSUES = 3
 """How many times a set-only write caught by a device reboot is run again in the new epoch."""
 MAX_NAMES = 64
+READ_TABLES: dict[str, tuple[bool, bool]] = {"holding": (False, False), "input": (False, True),
+                                             "coils": (True, False), "discrete": (True, True)}
+"""A raw read's table -> (bits, input function)."""
 SYNC_YIELDS = 3
 """How many turns of the event loop a call's answer waits for another call's synced write to
 carry its outcome to disk before syncing it itself."""
@@ -263,6 +274,10 @@ class Gateway:
             out["device"] = {"name": info.name, "device_id": info.device_id,
                              "epoch": port.device.ops.open_epoch() if port.device else None,
                              "window": info.window, "max_inflight": info.max_inflight}
+            out["authenticated"] = (getattr(port.device.ops, "authenticated", None)
+                                    if port.device is not None else None)
+            out["info"] = {k: v.hex() if isinstance(v, bytes) else v
+                           for k, v in dataclasses.asdict(info).items()}
         out["open_items"] = sum(1 for r in self.store.open_items() if r.port == name)
         return out
 
@@ -315,6 +330,41 @@ class Gateway:
                     action=calls.action_for(bad.outcome, status, may_have_effect=False),
                     http=rule.http, detail=bad.describe())
         return Answer(rule.http, body, headers)
+
+    async def read_words(self, name: str, address: int, count: int, table: str) -> Answer:
+        """Read ``count`` words (bits, for ``coils``/``discrete``) of one table from
+        ``address`` — the raw read a remote ``Device`` (``idemlink.host.gateway_device``) makes
+        of what a command covers; ``words`` in the body. Read-only, like ``read``."""
+        port = self._port(name)
+        if table not in READ_TABLES:
+            raise BadArguments(f"table must be one of {', '.join(READ_TABLES)}")
+        if not 0 <= address <= 0xFFFF or not 1 <= count <= 125:
+            raise BadArguments("address 0..65535 and count 1..125")
+        bits, inputs = READ_TABLES[table]
+        command = Command(CommandKind.READ, address, count, input_registers=inputs, bits=bits)
+        dev = port.device
+        if dev is None:
+            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", f"port {name} is down: {port.reason}",
+                           may_have_effect=False)
+        try:
+            (r,) = await dev.run([command])
+        except LinkLost as exc:
+            self._down(port, exc)
+            return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
+                           may_have_effect=False)
+        except UnknownOutstanding as exc:
+            return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc),
+                           may_have_effect=False)
+        except PortError as exc:
+            self._down(port, exc)
+            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", str(exc), may_have_effect=False)
+        status = r.status
+        rule = calls.rule_for(r.outcome, status)
+        body: dict[str, Any] = {
+            "outcome": r.outcome.name, "reason": status.name if status else r.outcome.name,
+            "action": calls.action_for(r.outcome, status, may_have_effect=False),
+            "http": rule.http, "words": list(r.values), "result": result_fields(r)}
+        return Answer(rule.http, body)
 
     # ------------------------------------------------------------------ calls with an effect
     def command_for(self, regmap: RegisterMap, op: str, args: Mapping[str, Any]) -> Command:

@@ -21,7 +21,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from idemlink.gateway.calls import KEY_HEADER, new_key
+from idemlink.host.keys import KEY_HEADER, new_key
 from idemlink.protocol.outcome import IdemlinkError
 
 _SETTLED_LATER = ("LINK_LOST", "PORT_DOWN")
