@@ -322,3 +322,27 @@ def test_what_a_stopped_gateway_left_is_settled_at_start(tmp_path: Path) -> None
         r = _write(gw, never_sent, {"threshold": 366})
         assert (r.status, r.body["replayed"]) == (200, False)  # it runs now, once
         assert len(sim.executions_of(_pdu_of(366))) == 1
+
+
+def test_an_idle_reboot_leaves_a_trigger_and_a_clear_honest(tmp_path: Path) -> None:
+    """The device reboots while nobody talks to it: the next trigger and fault clear run once in
+    the new boot, OK — no UNKNOWN, no open item blocking the port."""
+    from idemlink.host.command import CommandBuilder
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    b = CommandBuilder(DEFAULT_MAP)
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        assert _write(gw, new_key(time.time()), {"threshold": 401}).status == 200
+        sim.reboot()
+        key = new_key(time.time())
+        gw.call("POST", "/v1/ports/dev/trigger", {}, headers={"Idempotency-Key": key})
+        done = wait_until(lambda: (s := gw.call("GET", f"/v1/calls/{key}")).body["state"]
+                          == "done" and s, what="the trigger's outcome")
+        assert done.body["result"]["outcome"] == "OK", done.body
+        assert len(sim.executions_of(b.trigger_command().pdu())) == 1
+        sim.reboot()
+        c = gw.call("POST", "/v1/ports/dev/clear", {"mask": 1},
+                    headers={"Idempotency-Key": new_key(time.time())})
+        assert (c.status, c.body["outcome"]) == (200, "OK"), c.body
+        assert gw.call("GET", "/v1/open-items").body["open_items"] == []
+        assert _write(gw, new_key(time.time()), {"threshold": 402}).status == 200

@@ -565,6 +565,13 @@ class Gateway:
             self.store.started(caller, key, sent.number, sent.pdu)
 
         try:
+            if not port.spec.rtu and not reissuable(command, port.spec.regmap):
+                # A trigger or fault clear cannot be run again if a reboot catches it, and a
+                # device that rebooted while idle refuses the old boot's number in a way the
+                # session cannot tell from a late copy's refusal (UNKNOWN). So it asks the
+                # device first (HELLO): a reboot since is learnt here, and the command leaves
+                # in the boot it will run in. One round trip a trigger or clear.
+                await dev.connect()
             result = await dev.execute_recorded(command, record)
             caught: Result | None = None  # the first copy, which may have run before a reboot
             for _ in range(REISSUES):
