@@ -69,21 +69,28 @@ class GatewayClient:
     def trigger(self, port: str, register: str | None = None, *, reset: bool = False,
                 key: str | None = None, wait: float = 30.0) -> dict[str, Any]:
         key = key or new_key(time.time())
-        body = self._retried("POST", f"/v1/ports/{_q(port)}/trigger",
-                             {"register": register, "reset": reset}, key)
-        if body.get("http") != 202 and "state" not in body:
-            return body  # replayed or refused: the answer itself
         deadline = time.monotonic() + wait
-        delay = 0.02
-        while True:
-            status = self._once("GET", f"/v1/calls/{key}")
-            if status.get("state") == "done":
-                result: dict[str, Any] = status["result"]
+        for attempt in range(self.attempts):
+            body = self._retried("POST", f"/v1/ports/{_q(port)}/trigger",
+                                 {"register": register, "reset": reset}, key)
+            if body.get("http") != 202 and "state" not in body:
+                return body  # replayed or refused: the answer itself
+            delay = 0.02
+            while True:
+                status = self._once("GET", f"/v1/calls/{key}")
+                if status.get("state") == "done":
+                    result: dict[str, Any] = status["result"]
+                    break
+                if "state" not in status or time.monotonic() > deadline:
+                    return status
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+            # it never ran (its key was released): the same call again, under its key
+            if (result.get("action") != "safe to retry" or result.get("http") != 503
+                    or attempt == self.attempts - 1 or time.monotonic() > deadline):
                 return result
-            if "state" not in status or time.monotonic() > deadline:
-                return status
-            time.sleep(delay)
-            delay = min(delay * 2, 0.5)
+            time.sleep(min(0.2 * 2 ** attempt, 2.0))
+        return result
 
     def open_items(self) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self._once("GET", "/v1/open-items")["open_items"]

@@ -346,3 +346,33 @@ def test_an_idle_reboot_leaves_a_trigger_and_a_clear_honest(tmp_path: Path) -> N
         assert (c.status, c.body["outcome"]) == (200, "OK"), c.body
         assert gw.call("GET", "/v1/open-items").body["open_items"] == []
         assert _write(gw, new_key(time.time()), {"threshold": 402}).status == 200
+
+
+def test_a_background_trigger_that_never_ran_says_so(tmp_path: Path) -> None:
+    """A trigger accepted (202) whose port turns out gone never left: its status says
+    NOT_EXECUTED, safe to retry — not a 404/REJECTED — and the same key runs it later, once."""
+    from idemlink.host.command import CommandBuilder
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    pdu = CommandBuilder(DEFAULT_MAP).trigger_command().pdu()
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        sim.unplug()
+        key = new_key(time.time())
+        r = gw.call("POST", "/v1/ports/dev/trigger", {}, headers={"Idempotency-Key": key})
+        assert r.status == 202, r.body
+        done = wait_until(lambda: (s := gw.call("GET", f"/v1/calls/{key}")).body.get("state")
+                          != "accepted" and s.body.get("state") != "started" and s,
+                          what="the trigger's outcome")
+        assert done.status == 200 and done.body["state"] == "done", done.body
+        assert (done.body["result"]["outcome"], done.body["result"]["action"]) == (
+            "NOT_EXECUTED", "safe to retry")
+        audit = gw.call("GET", "/v1/audit?limit=5").body["entries"]
+        assert audit[0]["key"] == key and audit[0]["outcome"] == "NOT_EXECUTED"
+        sim.serve()
+        wait_until(lambda: gw.call("GET", "/v1/ports/dev").body["state"] == "up", timeout=20,
+                   what="the port to come back")
+        again = gw.call("POST", "/v1/ports/dev/trigger", {}, headers={"Idempotency-Key": key})
+        assert again.status == 202
+        wait_until(lambda: gw.call("GET", f"/v1/calls/{key}").body.get("result", {}).get(
+            "outcome") == "OK", what="the retried trigger's outcome")
+        assert len(sim.executions_of(pdu)) == 1

@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,6 +66,8 @@ MAX_NAMES = 64
 READ_TABLES: dict[str, tuple[bool, bool]] = {"holding": (False, False), "input": (False, True),
                                              "coils": (True, False), "discrete": (True, True)}
 """A raw read's table -> (bits, input function)."""
+MAX_RELEASED = 10_000
+"""How many released background calls' outcomes the status resource remembers."""
 SYNC_YIELDS = 3
 """How many turns of the event loop a call's answer waits for another call's synced write to
 carry its outcome to disk before syncing it itself."""
@@ -174,6 +177,10 @@ class Gateway:
         self.ports = {s.name: Port(s) for s in specs}
         self.clock = clock
         self._running: dict[tuple[str, str], asyncio.Future[Answer]] = {}
+        #: the outcome of background calls that released their key (nothing ran), for their
+        #: status resource; the newest ``MAX_RELEASED``, in memory (a restart forgets them:
+        #: then 404, and the key may simply be sent again)
+        self.released: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ ports
@@ -410,10 +417,22 @@ class Gateway:
             if running is not None:  # the outcome is audited when it is known
                 running.add_done_callback(
                     lambda t: None if t.cancelled() or t.exception() else
-                    self._audit(caller, "POST", path, args, key, t.result()))
+                    self._background_done(caller, str(key), path, args, t.result()))
             return answer
         self._audit(caller, "POST", path, args, key, answer)
         return answer
+
+    def _background_done(self, caller: str, key: str, path: str, args: Mapping[str, Any],
+                         answer: Answer) -> None:
+        """A background call's outcome: audited; one that released its key (nothing ran) is
+        kept for its status resource (``released``), which would otherwise not know the key."""
+        self._audit(caller, "POST", path, args, key, answer)
+        if "outcome" in answer.body and (caller, key) not in self._running:
+            with contextlib.suppress(StoreError):
+                if self.store.get(caller, key) is None:
+                    self.released[(caller, key)] = dict(answer.body)
+                    while len(self.released) > MAX_RELEASED:
+                        self.released.popitem(last=False)
 
     def _audit(self, caller: str, method: str, path: str, content: Mapping[str, Any] | None,
                key: str | None, answer: Answer) -> None:
@@ -493,6 +512,7 @@ class Gateway:
         except StoreError as exc:
             log.error("call %s refused: %s", key, exc)
             return refusal(Outcome.NOT_EXECUTED, "STORE_ERROR", str(exc), key=key)
+        self.released.pop((caller, key), None)
         running = self._start(self._execute(port, caller, key, command), caller, key)
         if background:
             return self._accepted(key, "accepted")
@@ -539,6 +559,10 @@ class Gateway:
         """The status resource of a call (its state, and its outcome once done)."""
         rec = self.store.get(caller, key)
         if rec is None:
+            gone = self.released.get((caller, key))
+            if gone is not None:  # it never ran and its key was released: say so
+                return Answer(200, {"key": key, "state": "done", "port": gone.get("port"),
+                                    "op": gone.get("op"), "result": gone})
             return error_answer(UnknownCall(f"no call with key {key} for this caller"), key)
         state = rec.state
         if state == "done" and (caller, key) in self._running:
