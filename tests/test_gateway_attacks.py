@@ -205,3 +205,35 @@ def test_cli_with_a_wrong_token_says_so(tmp_path: Path) -> None:
                            text=True, env=env, timeout=scaled(60))
         assert r.returncode == 1 and "UNAUTHENTICATED" in r.stderr, r.stderr
         assert "0 ports" not in r.stderr
+
+
+def test_roles_forbid_and_every_refusal_is_audited(tmp_path: Path) -> None:
+    """A viewer reads but may not write (403, nothing sent); an operator (the default role)
+    writes but may not acknowledge or read the audit log; every refusal — 401, 403, a malformed
+    body, a bad If-Match — is in the audit log with who and what."""
+    from support.gateway import TOKEN_OPERATOR, TOKEN_VIEWER
+
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        assert gw.call("GET", "/v1/ports/dev/registers?names=threshold",
+                       token=TOKEN_VIEWER).status == 200
+        w = _write(gw, new_key(time.time()), {"threshold": 371}, token=TOKEN_VIEWER)
+        assert (w.status, w.body["reason"]) == (403, "FORBIDDEN")
+        assert sim.executions_of(_pdu_of(371)) == []
+        assert _write(gw, new_key(time.time()), {"threshold": 372},
+                      token=TOKEN_OPERATOR).status == 200
+        assert gw.call("GET", "/v1/audit", token=TOKEN_OPERATOR).status == 403
+        ack = gw.call("POST", f"/v1/open-items/{new_key(time.time())}/acknowledge",
+                      {"reason": "x"}, token=TOKEN_OPERATOR)
+        assert ack.status == 403
+        assert gw.call("GET", "/v1/ports", token="nobody-0123456789abcdef").status == 401
+        bad_key = new_key(time.time())
+        assert _raw(gw, "/v1/ports/dev/write", b"[1]", key=bad_key)[0] == 422
+        assert gw.call("POST", "/v1/ports/dev/write", {"values": {"threshold": 1}},
+                       headers={"Idempotency-Key": new_key(time.time()),
+                                "If-Match": "W/\"3\""}).status == 400
+        audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]
+        seen = [(e["caller"], e["http"]) for e in audit]
+        assert seen[:6] == [("alice", 400), ("alice", 422), ("-", 401), ("olga", 403),
+                            ("olga", 403), ("olga", 200)], seen
+        assert ("vic", 403) in seen
+        assert audit[1]["key"] == bad_key and audit[1]["content"]["body"] == "[1]"

@@ -292,3 +292,17 @@ def test_unsynced_writes_are_synced_by_the_next_synced_one(tmp_path: Path) -> No
         assert s._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL again
     finally:
         s.close()
+
+
+def test_token_roles() -> None:
+    from idemlink.gateway.tokens import allows, parse_token_file
+
+    tok = "t" * 16
+    tokens, roles = parse_token_file(f"{tok}1 ann viewer\n{tok}2 bo\n{tok}3 cy admin\n")
+    assert roles == {"ann": "viewer", "bo": "operator", "cy": "admin"}
+    assert tokens[f"{tok}2"] == "bo"
+    assert allows("admin", "operator") and not allows("viewer", "operator")
+    with pytest.raises(TokenFileError, match="role"):
+        parse_token_file(f"{tok}1 ann root\n")
+    with pytest.raises(TokenFileError, match="one role a caller"):
+        parse_token_file(f"{tok}1 ann viewer\n{tok}2 ann admin\n")

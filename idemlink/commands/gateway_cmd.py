@@ -45,7 +45,8 @@ def register(sub: Any) -> None:
     add_regmap_option(p)
     p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8080: this machine only)")
-    p.add_argument("--tokens", metavar="FILE", help="bearer tokens: `TOKEN CALLER` a line, mode 600")
+    p.add_argument("--tokens", metavar="FILE",
+                   help="bearer tokens: `TOKEN CALLER [viewer|operator|admin]` a line, mode 600")
     p.add_argument("--store", metavar="FILE", help="the call store (SQLite), one per gateway")
     p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
     add_json_option(p, SCHEMA)
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from idemlink.gateway.server import GatewayConfig, serve
     from idemlink.gateway.service import PortSpec
     from idemlink.gateway.store import StoreError
-    from idemlink.gateway.tokens import TokenFileError, load_tokens
+    from idemlink.gateway.tokens import TokenFileError, load_token_file
 
     if not args.port and not args.rtu_port:
         raise UserError("name at least one --port or --rtu-port")
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                       stopbits=args.stopbits or 1)
              for i, (url, name) in enumerate(named)]
     try:
-        tokens = load_tokens(args.tokens)
+        tokens, roles = load_token_file(args.tokens)
     except TokenFileError as exc:
         raise UserError(str(exc)) from exc
 
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"idemlink gateway: listening on {url}", flush=True)
 
     try:
-        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port), ready))
+        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles), ready))
     except StoreError as exc:
         raise UserError(str(exc)) from exc
     except OSError as exc:

@@ -2,13 +2,15 @@
 
 It only moves requests to ``idemlink.gateway.service.Gateway`` and its ``Answer`` back: the rules
 (keys, digests, retention, outcome -> status) are ``idemlink.gateway.calls``'s. Every route but
-``/openapi.json`` needs ``Authorization: Bearer TOKEN``; a request body is at most
+``/openapi.json`` needs ``Authorization: Bearer TOKEN`` and the role ``ROUTE_ROLES`` gives it
+(403 ``FORBIDDEN`` otherwise); every refusal (an answer of 400 or more) is audited; a request body is at most
 ``MAX_BODY`` bytes of JSON. The routes and their schemas are ``idemlink.gateway.openapi``'s
 (served at ``/openapi.json``, checked in as docs/gateway-openapi.json).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -20,7 +22,7 @@ from idemlink.gateway.calls import CallError, parse_if_match
 from idemlink.gateway.openapi import openapi
 from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer, refusal
 from idemlink.gateway.store import StoreError
-from idemlink.gateway.tokens import caller_of
+from idemlink.gateway.tokens import DEFAULT_ROLE, allows, caller_of
 from idemlink.host.keys import KEY_HEADER
 from idemlink.protocol.outcome import Outcome
 
@@ -48,7 +50,48 @@ def _refused(http: int, reason: str, message: str) -> web.Response:
                              status=http)
 
 
-def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
+def needed_role(method: str, route: str) -> str:
+    """The least role a route needs (``ROUTE_ROLES``; anything else: viewer)."""
+    return ROUTE_ROLES.get((method, route), "viewer")
+
+
+ROUTE_ROLES: dict[tuple[str, str], str] = {
+    ("POST", "/v1/ports/{port}/write"): "operator",
+    ("POST", "/v1/ports/{port}/clear"): "operator",
+    ("POST", "/v1/ports/{port}/trigger"): "operator",
+    ("GET", "/v1/open-items"): "operator",
+    ("POST", "/v1/open-items/{key}/acknowledge"): "admin",
+    ("GET", "/v1/audit"): "admin",
+}
+"""Which role each route needs beyond ``viewer`` (reads, ports, the caller's own calls)."""
+
+
+def make_app(gateway: Gateway, tokens: dict[str, str],
+             roles: dict[str, str] | None = None) -> web.Application:
+    role_of = roles or {}
+
+    @web.middleware
+    async def audited(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every refusal (an answer of 400 or more) the service did not audit itself is
+        audited here: who (or ``-`` without a valid token), what, the key, the status."""
+        response = await handler(request)
+        if response.status >= 400 and not request.get("audited"):
+            await _audit_refusal(request, response)
+        return response
+
+    async def _audit_refusal(request: web.Request, response: web.StreamResponse) -> None:
+        outcome = "REJECTED"
+        if isinstance(response, web.Response) and isinstance(response.body, bytes):
+            with contextlib.suppress(ValueError):
+                outcome = str(json.loads(response.body).get("outcome", outcome))
+        content: dict[str, Any] = {"query": dict(request.query)} if request.query else {}
+        if request.method == "POST":
+            with contextlib.suppress(Exception):
+                content["body"] = (await request.text())[:1000]
+        gateway.audit_refusal(request.get("caller", "-"), request.method, request.path[:300],
+                              content, request.headers.get(KEY_HEADER, "")[:80] or None,
+                              outcome, response.status)
+
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path == "/openapi.json":
@@ -61,6 +104,12 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
                             "tokens file)", "action": "do not retry", "replayed": False,
                  "http": 401}, status=401, headers={"WWW-Authenticate": "Bearer"})
         request["caller"] = caller
+        route = request.match_info.route.resource
+        needed = needed_role(request.method, route.canonical if route is not None else "")
+        role = role_of.get(caller, DEFAULT_ROLE)
+        if not allows(role, needed):
+            return _refused(403, "FORBIDDEN", f"caller {caller} is a {role}: this needs the "
+                                              f"role {needed} (the tokens file's third word)")
         try:
             return await handler(request)
         except CallError as exc:
@@ -134,6 +183,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
 
     async def _effect(request: web.Request, op: str, args: dict[str, Any], *,
                       background: bool = False) -> web.Response:
+        request["audited"] = True  # the service audits every call with an effect
         return _json(await gateway.call(request["caller"], request.headers.get(KEY_HEADER),
                                         request.match_info["port"], op, args,
                                         background=background))
@@ -170,9 +220,11 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
     async def acknowledge(request: web.Request) -> web.Response:
         data = await body_of(request)
         reason = data.get("reason")
-        return _json(gateway.acknowledge(request["caller"], request.match_info["key"],
-                                         reason if isinstance(reason, str) else "",
-                                         request.query.get("caller")))
+        answer = gateway.acknowledge(request["caller"], request.match_info["key"],
+                                     reason if isinstance(reason, str) else "",
+                                     request.query.get("caller"))
+        request["audited"] = answer.http == 200  # the service audits an acknowledgement
+        return _json(answer)
 
     async def audit(request: web.Request) -> web.Response:
         try:
@@ -184,7 +236,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
             raise BadArguments("limit and after must be numbers (after: 0 to 2**63-1)") from exc
         return web.json_response({"entries": gateway.store.audit_entries(max(1, limit), after)})
 
-    app = web.Application(middlewares=[auth], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[audited, auth], client_max_size=MAX_BODY)
     app.add_routes([
         web.get("/openapi.json", spec),
         web.get("/v1/ports", ports),
@@ -202,4 +254,4 @@ def make_app(gateway: Gateway, tokens: dict[str, str]) -> web.Application:
     return app
 
 
-__all__ = ["MAX_BODY", "make_app"]
+__all__ = ["MAX_BODY", "ROUTE_ROLES", "make_app", "needed_role"]

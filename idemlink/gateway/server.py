@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -27,6 +27,7 @@ class GatewayConfig:
     store: str
     host: str = "127.0.0.1"
     port: int = 8080
+    roles: dict[str, str] = field(default_factory=dict)  #: caller -> role (DEFAULT_ROLE else)
 
 
 async def serve(config: GatewayConfig, ready: Callable[[str], None],
@@ -40,7 +41,7 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
     runner: web.AppRunner | None = None
     try:
         await gateway.start()
-        runner = web.AppRunner(make_app(gateway, config.tokens), access_log=None)
+        runner = web.AppRunner(make_app(gateway, config.tokens, config.roles), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()

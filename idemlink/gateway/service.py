@@ -434,6 +434,12 @@ class Gateway:
                     while len(self.released) > MAX_RELEASED:
                         self.released.popitem(last=False)
 
+    def audit_refusal(self, caller: str, method: str, path: str,
+                      content: Mapping[str, Any] | None, key: str | None, outcome: str,
+                      http: int) -> None:
+        """A refusal the HTTP shell made (401, 403, a malformed body...): audited like a call."""
+        self._audit(caller, method, path, content, key, Answer(http, {"outcome": outcome}))
+
     def _audit(self, caller: str, method: str, path: str, content: Mapping[str, Any] | None,
                key: str | None, answer: Answer) -> None:
         """One audit entry; a store that cannot take it is logged, never turned into a wrong

@@ -21,12 +21,15 @@ from support.timing import read_line, scaled
 CLI = [sys.executable, "-m", "idemlink"]
 TOKEN = "tok-alice-0123456789abcdef"
 TOKEN_BOB = "tok-bob-0123456789abcdef00"
+TOKEN_VIEWER = "tok-vic-0123456789abcdef00"
+TOKEN_OPERATOR = "tok-olga-0123456789abcdef0"
 READY = "idemlink gateway: listening on "
 
 
 def tokens_file(directory: Path) -> Path:
     p = directory / "tokens"
-    p.write_text(f"# token caller\n{TOKEN} alice\n{TOKEN_BOB} bob\n")
+    p.write_text(f"# token caller role\n{TOKEN} alice admin\n{TOKEN_BOB} bob admin\n"
+                 f"{TOKEN_VIEWER} vic viewer\n{TOKEN_OPERATOR} olga\n")
     p.chmod(0o600)
     return p
 
