@@ -213,7 +213,8 @@ def test_roles_forbid_and_every_refusal_is_audited(tmp_path: Path) -> None:
     body, a bad If-Match — is in the audit log with who and what."""
     from support.gateway import TOKEN_OPERATOR, TOKEN_VIEWER
 
-    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"],
+                                                      "--max-calls", "3") as gw:
         assert gw.call("GET", "/v1/ports/dev/registers?names=threshold",
                        token=TOKEN_VIEWER).status == 200
         w = _write(gw, new_key(time.time()), {"threshold": 371}, token=TOKEN_VIEWER)
@@ -237,3 +238,10 @@ def test_roles_forbid_and_every_refusal_is_audited(tmp_path: Path) -> None:
                             ("olga", 403), ("olga", 200)], seen
         assert ("vic", 403) in seen
         assert audit[1]["key"] == bad_key and audit[1]["content"]["body"] == "[1]"
+        # the store's bound is a setting (--max-calls 3): the fourth call is refused, not run
+        assert _write(gw, new_key(time.time()), {"threshold": 373}).status == 200
+        assert _write(gw, new_key(time.time()), {"threshold": 374}).status == 200
+        full = _write(gw, new_key(time.time()), {"threshold": 375})
+        assert (full.status, full.body["reason"], full.body["action"]) == (
+            503, "STORE_FULL", "safe to retry")
+        assert sim.executions_of(_pdu_of(375)) == []

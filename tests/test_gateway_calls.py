@@ -160,10 +160,8 @@ def test_store_refuses_unsafe_files(tmp_path: Path) -> None:
         CallStore.open(junk)
 
 
-def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store, "MAX_CALLS", 3)
-    s = CallStore.open(tmp_path / "calls.db")
+def test_store_is_bounded_and_prunes_only_what_is_settled(tmp_path: Path) -> None:
+    s = CallStore.open(tmp_path / "calls.db", store.StoreLimits(max_calls=3))
     now_ms = int(NOW * 1000)
     old = [new_key(NOW - 10) for _ in range(3)]
     try:
@@ -306,3 +304,35 @@ def test_token_roles() -> None:
         parse_token_file(f"{tok}1 ann root\n")
     with pytest.raises(TokenFileError, match="one role a caller"):
         parse_token_file(f"{tok}1 ann viewer\n{tok}2 ann admin\n")
+
+
+def test_store_limits_are_settings(tmp_path: Path) -> None:
+    """The bounds are the gateway's settings: a store of 10 calls refuses the 11th (StoreFull,
+    nothing dropped), a store of 1 MiB refuses a call once the file is at it, a retention of an
+    hour refuses a key two hours old; a setting out of range is refused at open."""
+    limits = store.StoreLimits(max_calls=10, retention_seconds=3600)
+    s = CallStore.open(tmp_path / "calls.db", limits)
+    now_ms = int(NOW * 1000)
+    try:
+        for _ in range(10):
+            _begin(s, new_key(NOW), now_ms)
+        with pytest.raises(StoreFull, match="limit 10"):
+            _begin(s, new_key(NOW), now_ms)
+    finally:
+        s.close()
+    with pytest.raises(calls.KeyOutsideRetention):
+        calls.check_key(new_key(NOW - 7200), NOW, limits.retention_seconds)
+    calls.check_key(new_key(NOW - 7200), NOW)  # the default window: a day
+    with pytest.raises(store.StoreError, match="max_calls"):
+        CallStore.open(tmp_path / "other.db", store.StoreLimits(max_calls=0))
+    small = CallStore.open(tmp_path / "small.db", store.StoreLimits(max_bytes=1024 * 1024))
+    try:
+        big = {"values": {"a": "x" * (store.MAX_TEXT // 3)}}
+        with pytest.raises(StoreFull, match="size limit"):
+            for _ in range(1000):  # about 16 MiB of records: the file reaches its 1 MiB first
+                k = new_key(NOW)
+                small.begin("alice", k, calls.key_time_ms(k), "d", "dev", "write", big, now_ms)
+        assert os.path.getsize(tmp_path / "small.db") <= 1024 * 1024
+        small.get("alice", k)  # still readable
+    finally:
+        small.close()

@@ -48,6 +48,14 @@ def register(sub: Any) -> None:
     p.add_argument("--tokens", metavar="FILE",
                    help="bearer tokens: `TOKEN CALLER [viewer|operator|admin]` a line, mode 600")
     p.add_argument("--store", metavar="FILE", help="the call store (SQLite), one per gateway")
+    p.add_argument("--max-calls", type=int, default=None, metavar="N",
+                   help="call records kept at most (default 100000; then 503 STORE_FULL)")
+    p.add_argument("--max-audit", type=int, default=None, metavar="N",
+                   help="audit entries kept at most (default 200000)")
+    p.add_argument("--retention-hours", type=float, default=None, metavar="H",
+                   help="how long a key's record is kept; older keys are refused (default 24)")
+    p.add_argument("--store-max-mb", type=float, default=None, metavar="MB",
+                   help="the store file's size limit (default 256)")
     p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
     add_json_option(p, SCHEMA)
     p.set_defaults(handler=run)
@@ -81,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     from idemlink.gateway.server import GatewayConfig, serve
     from idemlink.gateway.service import PortSpec
-    from idemlink.gateway.store import StoreError
+    from idemlink.gateway.store import StoreError, StoreLimits
     from idemlink.gateway.tokens import TokenFileError, load_token_file
 
     if not args.port and not args.rtu_port:
@@ -110,8 +118,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"idemlink gateway: listening on {url}", flush=True)
 
+    given = {"max_calls": args.max_calls, "max_audit": args.max_audit,
+             "retention_seconds": None if args.retention_hours is None
+             else int(args.retention_hours * 3600),
+             "max_bytes": None if args.store_max_mb is None else int(args.store_max_mb * 2**20)}
+    limits = StoreLimits(**{k: v for k, v in given.items() if v is not None})
     try:
-        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles), ready))
+        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles, limits),
+                          ready))
     except StoreError as exc:
         raise UserError(str(exc)) from exc
     except OSError as exc:

@@ -80,16 +80,17 @@ def key_time_ms(key: str) -> int:
     return uuid.UUID(key).int >> 80
 
 
-def check_key(key: str | None, now: float) -> str:
-    """``key`` if it is a UUIDv7 within the retention window of ``now`` (Unix seconds)."""
+def check_key(key: str | None, now: float, retention: float = RETENTION_SECONDS) -> str:
+    """``key`` if it is a UUIDv7 within the retention window (``retention`` seconds, a setting
+    of the gateway) of ``now`` (Unix seconds)."""
     if key is None:
         raise MalformedIdempotencyKey(f"{KEY_HEADER} header required for a call with an effect")
     ms = key_time_ms(key)
     age = now - ms / 1000
-    if age > RETENTION_SECONDS:
+    if age > retention:
         raise KeyOutsideRetention(
             f"key {key} is {age / 3600:.1f} h old, older than the retention window "
-            f"({RETENTION_SECONDS // 3600} h): its record may be gone; use a new key")
+            f"({retention / 3600:g} h): its record may be gone; use a new key")
     if age < -MAX_CLOCK_SKEW_SECONDS:
         raise KeyOutsideRetention(
             f"key {key} is {-age:.0f} s in the future (more than {MAX_CLOCK_SKEW_SECONDS} s): "

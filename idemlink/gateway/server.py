@@ -17,7 +17,7 @@ from aiohttp import web
 
 from idemlink.gateway.app import make_app
 from idemlink.gateway.service import Gateway, PortSpec
-from idemlink.gateway.store import CallStore
+from idemlink.gateway.store import CallStore, StoreLimits
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,7 @@ class GatewayConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     roles: dict[str, str] = field(default_factory=dict)  #: caller -> role (DEFAULT_ROLE else)
+    limits: StoreLimits = field(default_factory=StoreLimits)  #: the store's bounds
 
 
 async def serve(config: GatewayConfig, ready: Callable[[str], None],
@@ -36,7 +37,7 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    store = CallStore.open(config.store)
+    store = CallStore.open(config.store, config.limits)
     gateway = Gateway(store, config.ports)
     runner: web.AppRunner | None = None
     try:

@@ -464,7 +464,7 @@ class Gateway:
         now = self.clock()
         try:
             if key is None:
-                key = calls.check_key(key, now)
+                key = calls.check_key(key, now, self.store.limits.retention_seconds)
             calls.key_time_ms(key)
             port = self._port(name)
             command = self.command_for(port.spec.regmap, op, args)
@@ -473,7 +473,7 @@ class Gateway:
             dig = calls.digest(name, op, args)
             rec = self.store.get(caller, key)
             if rec is None:  # a key with a record is answered by it, even past the window
-                calls.check_key(key, now)
+                calls.check_key(key, now, self.store.limits.retention_seconds)
         except CallError as exc:
             return error_answer(exc, key)
         except StoreError as exc:

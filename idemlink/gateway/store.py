@@ -17,13 +17,15 @@ Contract (docs/GATEWAY.md, "The store"):
 - Open items: a ``done`` row whose outcome is UNKNOWN and that nobody acknowledged; ``acknowledge``
   records who and why (and when). They are never pruned.
 - The audit log: who (caller id), what (method, path, content), when, key, outcome, HTTP status.
-- Bounded: at most ``MAX_CALLS`` call rows and ``MAX_AUDIT`` audit rows (refusals, which make no
-  call row, up to ``MAX_AUDIT_SLACK`` more), each row's text at most ``MAX_TEXT`` bytes. Audit
-  rows older than the retention window (``calls.RETENTION_SECONDS``) are pruned, call rows
-  ``PRUNE_GRACE_SECONDS`` after it (by the key's time), except calls not ``done`` and open items;
-  a store (or audit log) still full after pruning refuses the new call (``StoreFull``:
-  NOT_EXECUTED, safe to retry later) — it never drops a record that is still needed. Worst case
-  on disk: about 100 MB. Every per-call query uses an index; the row counts are kept in memory.
+- Bounded (``StoreLimits``, settings of the gateway; these constants are the defaults): at most
+  ``MAX_CALLS`` call rows and ``MAX_AUDIT`` audit rows (refusals, which make no call row, up to
+  ``MAX_AUDIT_SLACK`` more), a file of at most ``MAX_BYTES``, each row's text at most
+  ``MAX_TEXT`` bytes. Audit rows older than the retention window (``calls.RETENTION_SECONDS``
+  by default) are pruned, call rows ``PRUNE_GRACE_SECONDS`` after it (by the key's time),
+  except calls not ``done`` and open items; a store (or audit log) still full after pruning —
+  or a file at ``max_bytes`` — refuses the new call (``StoreFull``: NOT_EXECUTED, safe to retry
+  later): it never drops a record that is still needed. Every per-call query uses an index;
+  the row counts are kept in memory.
 - Any SQLite failure (disk full, I/O error) is ``StoreError`` and the transaction is rolled back;
   a store file removed or replaced under the gateway refuses new calls (``check_file``).
 - One gateway per store: ``<path>.lock`` (``idemlink.protocol.regular_file.lock_file``) or
@@ -49,6 +51,7 @@ from idemlink.protocol.regular_file import FileLock, LockHeld, lock_file
 
 MAX_CALLS = 100_000
 MAX_AUDIT = 200_000
+MAX_BYTES = 256 * 1024 * 1024
 MAX_TEXT = 16 * 1024
 MAX_AUDIT_SLACK = 10_000
 """Refusals (which make no call record) may still be audited this far past ``MAX_AUDIT``."""
@@ -80,6 +83,30 @@ the query plans): a store near its bound costs a call what an empty one does."""
 PRUNE_GRACE_SECONDS = 3600
 """How much longer than the retention window a settled record is kept: a retry that crosses the
 line still finds it (replayed), while a *new* key older than the window is refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """The store's bounds, settings of the gateway (``idemlink gateway --max-calls ...``,
+    docs/GATEWAY.md "Limits"); the defaults are the module's constants. ``max_bytes`` bounds the
+    database file (SQLite's ``max_page_count``): a store at it refuses new calls
+    (``StoreFull``) as one at ``max_calls`` does."""
+
+    max_calls: int = MAX_CALLS
+    max_audit: int = MAX_AUDIT
+    retention_seconds: int = RETENTION_SECONDS
+    max_bytes: int = MAX_BYTES
+
+    def check(self) -> StoreLimits:
+        """Itself, or ``StoreError`` naming the setting out of its range."""
+        for name, value, low, high in (
+                ("max_calls", self.max_calls, 1, 10_000_000),
+                ("max_audit", self.max_audit, 1, 20_000_000),
+                ("retention_seconds", self.retention_seconds, 60, 30 * 86400),
+                ("max_bytes", self.max_bytes, 1024 * 1024, 64 * 1024**3)):
+            if not low <= value <= high:
+                raise StoreError(f"store limit {name} = {value}: must be {low} to {high}")
+        return self
 
 
 class StoreError(IdemlinkError):
@@ -156,8 +183,10 @@ def _check_file(path: str) -> None:
 class CallStore:
     """The store (see the module docstring). Not thread-safe: one event loop uses it."""
 
-    def __init__(self, path: str, db: sqlite3.Connection, lock: FileLock) -> None:
+    def __init__(self, path: str, db: sqlite3.Connection, lock: FileLock,
+                 limits: StoreLimits = StoreLimits()) -> None:
         self.path = path
+        self.limits = limits
         self._db = db
         self._lock = lock
         st = os.stat(path)
@@ -168,8 +197,9 @@ class CallStore:
         self._audits: int = db.execute("SELECT COUNT(*) FROM audit").fetchone()[0]
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> CallStore:
+    def open(cls, path: str | os.PathLike[str], limits: StoreLimits | None = None) -> CallStore:
         p = os.fspath(path)
+        limits = (limits or StoreLimits()).check()
         try:
             lock = lock_file(p + ".lock")
         except LockHeld as exc:
@@ -182,6 +212,8 @@ class CallStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
+            (page,) = db.execute("PRAGMA page_size").fetchone()
+            db.execute(f"PRAGMA max_page_count={max(16, limits.max_bytes // page)}")
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version == 0:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -194,7 +226,7 @@ class CallStore:
         except BaseException:
             lock.release()
             raise
-        return cls(p, db, lock)
+        return cls(p, db, lock, limits)
 
     def close(self) -> None:
         self._db.close()
@@ -230,7 +262,20 @@ class CallStore:
                     db.execute("ROLLBACK")
                 db.execute("PRAGMA synchronous=FULL")
             self._recount()
+            if isinstance(exc, sqlite3.DatabaseError) and self._at_size_limit():
+                raise StoreFull(f"store {self.path} is at its size limit "
+                                f"({self.limits.max_bytes} bytes): retry later") from exc
             raise StoreError(f"store {self.path}: cannot be written ({exc})") from exc
+
+    def _at_size_limit(self) -> bool:
+        """Whether the file is within a few pages of ``max_bytes`` (SQLITE_FULL is the same
+        error for a full disk and for the page limit)."""
+        try:
+            (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+            (cap,) = self._db.execute("PRAGMA max_page_count").fetchone()
+        except sqlite3.Error:
+            return False
+        return bool(pages >= cap - 8)
 
     def _recount(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -270,12 +315,12 @@ class CallStore:
         self.check_file()
         with self._tx(synced=False) as db:
             self._prune(db, now_ms)
-            if self._calls >= MAX_CALLS:
+            if self._calls >= self.limits.max_calls:
                 raise StoreFull(f"the store holds {self._calls} calls still within retention or "
-                                f"unsettled (limit {MAX_CALLS}): retry later")
-            if self._audits >= MAX_AUDIT:
+                                f"unsettled (limit {self.limits.max_calls}): retry later")
+            if self._audits >= self.limits.max_audit:
                 raise StoreFull(f"the audit log holds {self._audits} entries within retention "
-                                f"(limit {MAX_AUDIT}): retry later")
+                                f"(limit {self.limits.max_audit}): retry later")
             db.execute("INSERT INTO calls (caller, key, key_ms, digest, port, op, args, state, "
                        "created_ms) VALUES (?,?,?,?,?,?,?,'accepted',?)",
                        (caller, key, key_ms, digest, port, op, args_text, now_ms))
@@ -331,10 +376,11 @@ class CallStore:
         not written (``StoreFull``); calls with an effect are refused before that (``begin``).
         Synced with the next call record (``_tx``)."""
         with self._tx(synced=False) as db:
-            if self._audits >= MAX_AUDIT:
-                self._audits -= db.execute("DELETE FROM audit WHERE at_ms < ?",
-                                           (at_ms - RETENTION_SECONDS * 1000,)).rowcount
-            if self._audits >= MAX_AUDIT + MAX_AUDIT_SLACK:
+            if self._audits >= self.limits.max_audit:
+                self._audits -= db.execute(
+                    "DELETE FROM audit WHERE at_ms < ?",
+                    (at_ms - self.limits.retention_seconds * 1000,)).rowcount
+            if self._audits >= self.limits.max_audit + MAX_AUDIT_SLACK:
                 raise StoreFull(f"the audit log is full ({self._audits} entries within retention)")
             db.execute("INSERT INTO audit (at_ms, caller, method, path, content, key, outcome, "
                        "http) VALUES (?,?,?,?,?,?,?,?)",
@@ -356,7 +402,7 @@ class CallStore:
                 for r in rows]
 
     def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
-        horizon = now_ms - RETENTION_SECONDS * 1000
+        horizon = now_ms - self.limits.retention_seconds * 1000
         self._calls -= db.execute(
             "DELETE FROM calls WHERE key_ms < ? AND state='done' AND NOT "
             "(outcome='UNKNOWN' AND ack_by IS NULL)",
@@ -372,5 +418,17 @@ def _record(row: tuple[Any, ...]) -> CallRecord:
                       None if body is None else json.loads(body), ack_by, ack_reason, ack_ms)
 
 
-__all__ = ["MAX_AUDIT", "MAX_CALLS", "MAX_TEXT", "PRUNE_GRACE_SECONDS", "CallRecord", "CallStore",
-           "StoreBusy", "StoreError", "StoreFull", "StoreUnsafe"]
+__all__ = [
+    "MAX_AUDIT",
+    "MAX_BYTES",
+    "MAX_CALLS",
+    "MAX_TEXT",
+    "PRUNE_GRACE_SECONDS",
+    "CallRecord",
+    "CallStore",
+    "StoreBusy",
+    "StoreError",
+    "StoreFull",
+    "StoreLimits",
+    "StoreUnsafe",
+]
