@@ -183,9 +183,15 @@ class AsyncDriver(DeviceHandle):
     async def _share(self, commands: list[Command]) -> list[Result]:
         """``commands`` on the shared pipeline with every other task's (``SharedPipeline``):
         their results, in order. A cancelled caller settles its own commands only."""
+        return await self._share_recorded(commands, None)
+
+    async def _share_recorded(self, commands: list[Command],
+                              records: list[Callable[[SentRequest], None] | None] | None,
+                              ) -> list[Result]:
+        """``_share``, each command with its recorder (``SharedPipeline.submit``)."""
         self._refuse_inside_stream()
         shared = self._shared
-        ticket = shared.submit(commands)
+        ticket = shared.submit(commands, records)
         if ticket.done:
             return []
         done = asyncio.get_running_loop().create_future()
@@ -310,6 +316,15 @@ class AsyncDriver(DeviceHandle):
 
     async def execute(self, command: Command) -> Result:
         return (await self.run([command]))[0]
+
+    async def run_recorded(self, command: Command,
+                           record: Callable[[SentRequest], None]) -> Result:
+        """``execute_recorded`` on the shared pipeline: ``record`` is called with the request
+        and the number it will travel under just before it leaves (``Pipeline.take``), while
+        other tasks' commands — recorded or not — are on the line too, ordered by the
+        pipeline's rule (``conflict``). ``record`` raising, or no certain number to give: never
+        sent, NOT_EXECUTED (no status, nothing in ``sent_as``)."""
+        return (await self._share_recorded([command], [record]))[0]
 
     async def read(self, register: str | int, count: int | None = None) -> Result:
         return await self.execute(self.read_command(register, count))

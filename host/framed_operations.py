@@ -150,6 +150,9 @@ class FramedOperations(Operations[HostSession]):
     def next_number(self) -> tuple[int, int] | None:
         return self.session.next_number()
 
+    def queued_number(self) -> tuple[int, int] | None:
+        return self.session.queued_number()
+
     def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
         """``c`` sent again under its original ``number`` (``HostSession.resend``)."""
         self.require_open()

@@ -158,13 +158,17 @@ class _Flow:
     effect: bool
     span: range
     sees_generation: bool  #: a conditional write, or a read of the generation counter
+    #: called with the request and the number it will travel under just before it is submitted
+    #: (a recorded command: ``SharedPipeline.submit``'s ``records``); raising: never sent
+    record: Callable[[SentRequest], None] | None = None
 
 
-def _flow(tag: int, c: Command, generation: int | None) -> _Flow:
+def _flow(tag: int, c: Command, generation: int | None,
+          record: Callable[[SentRequest], None] | None = None) -> _Flow:
     span = _span(c)
     sees = (c.kind is CommandKind.WRITE_IF_GENERATION
             or (generation is not None and generation in span))
-    return _Flow(tag, c, c.may_have_effect, span, sees)
+    return _Flow(tag, c, c.may_have_effect, span, sees, record)
 
 
 def _flows_conflict(a: _Flow, b: _Flow) -> bool:
@@ -293,6 +297,11 @@ class Operations(Generic[S]):
 
     def next_number(self) -> tuple[int, int] | None:
         """The number the next request will travel under, when ``numbered`` and certain."""
+        return None
+
+    def queued_number(self) -> tuple[int, int] | None:
+        """The number a request submitted now will travel under behind what is queued and out
+        (``HostSession.queued_number``), when ``numbered``; None otherwise."""
         return None
 
     def resend_steps(self, c: Command, number: tuple[int, int]) -> Steps[Result]:
@@ -568,9 +577,14 @@ class Pipeline:
     def empty(self) -> bool:
         return not self.held and not self.live and not self.order
 
-    def take(self, c: Command, sink: Callable[[Result], None] | None = None) -> int:
+    def take(self, c: Command, sink: Callable[[Result], None] | None = None,
+             record: Callable[[SentRequest], None] | None = None) -> int:
         """Take ``c`` into the pipeline (refused before anything is sent if the session cannot
-        carry it); its tag. ``sink`` gets its Result when results are not emitted in order."""
+        carry it); its tag. ``sink`` gets its Result when results are not emitted in order.
+        ``record``: a recorded command (``Operations.recorded_steps``' rule, on the pipeline):
+        called with its PDU and the number it will travel under just before it is submitted,
+        and submitted under that number only; no certain number, or ``record`` raising: never
+        sent, NOT_EXECUTED."""
         ops = self.ops
         ops.refuse_unsupported(c)
         ops._tag += 1
@@ -580,7 +594,7 @@ class Pipeline:
             self.order.append(tag)
         elif sink is not None:
             ops.sinks[tag] = sink
-        self.held.append(_flow(tag, c, self._generation))
+        self.held.append(_flow(tag, c, self._generation, record))
         return tag
 
     def _settled(self, tag: int, r: Result) -> None:
@@ -643,13 +657,35 @@ class Pipeline:
                 kept.append(f)
                 blockers.append(f)
                 continue
-            s.submit(f.command.pdu(), now, set_only=reissuable(f.command, ops.regmap), tag=f.tag)
+            if f.record is None:
+                s.submit(f.command.pdu(), now, set_only=reissuable(f.command, ops.regmap),
+                         tag=f.tag)
+            elif not self._recorded(f, now):
+                continue  # never sent: settled NOT_EXECUTED, blocks nothing
             live[f.tag] = f
             self.effectful_live += f.effect
             room -= 1
             if check:
                 blockers.append(f)
         held.extendleft(reversed(kept))
+
+    def _recorded(self, f: _Flow, now: float) -> bool:
+        """Submit a recorded command under the number its ``record`` was given (True), or
+        settle it NOT_EXECUTED, never sent (False)."""
+        ops = self.ops
+        assert f.record is not None
+        number = ops.queued_number()
+        if number is None and ops.numbered:
+            self._never_sent(f)
+            return False
+        pdu = f.command.pdu()
+        try:
+            f.record(SentRequest(pdu, number))
+        except Exception:  # the recorder says why (its own error); nothing was sent
+            self._never_sent(f)
+            return False
+        ops.session.submit(pdu, now, set_only=False, tag=f.tag, number=number)
+        return True
 
     def withdraw(self, tags: Collection[int], status: Status) -> None:
         """Give up the commands of ``tags`` only (their caller was cancelled), the others go on:
@@ -677,6 +713,8 @@ class Ticket:
 
     commands: list[Command]
     results: list[Result | None] = field(default_factory=list)
+    #: per command, its recorder (``Pipeline.take``'s ``record``), or None
+    records: list[Callable[[SentRequest], None] | None] = field(default_factory=list)
     tags: dict[int, int] = field(default_factory=dict)  #: tag -> index, once taken
     taken: int = 0  #: commands taken into the pipeline so far (in order)
     left: int = 0
@@ -686,6 +724,8 @@ class Ticket:
     def __post_init__(self) -> None:
         self.results = [None] * len(self.commands)
         self.left = len(self.commands)
+        if not self.records:
+            self.records = [None] * len(self.commands)
 
     @property
     def done(self) -> bool:
@@ -730,15 +770,17 @@ class SharedPipeline:
         #: callers that gave up while another thread drives the loop: withdrawn by the loop
         self.withdrawals: deque[tuple[Ticket, Status]] = deque()
 
-    def submit(self, commands: list[Command]) -> Ticket:
+    def submit(self, commands: list[Command],
+               records: list[Callable[[SentRequest], None] | None] | None = None) -> Ticket:
         """A caller's commands, queued (``UnknownOutstanding`` while blocked; a command the
-        session cannot carry is refused before any is queued)."""
+        session cannot carry is refused before any is queued). ``records``: per command, a
+        recorder (``Pipeline.take``), so a recorded call shares the line with the others."""
         ops = self.ops
         ops.refuse_if_blocked()
         ops.require_open()
         for c in commands:
             ops.refuse_unsupported(c)
-        t = Ticket(commands)
+        t = Ticket(commands, records=list(records or [None] * len(commands)))
         if commands:
             self.incoming.append(t)
             self.open.add(t)
@@ -782,7 +824,7 @@ class SharedPipeline:
         while incoming and (lookahead is None or pipe.pending < lookahead):
             t = incoming[0]
             i = t.taken
-            t.tags[pipe.take(t.commands[i], partial(self._settle, t, i))] = i
+            t.tags[pipe.take(t.commands[i], partial(self._settle, t, i), t.records[i])] = i
             t.taken += 1
             if t.taken == len(t.commands):
                 incoming.popleft()

@@ -271,6 +271,16 @@ class HostSession:
             return None
         return self.epoch, self._next_seq
 
+    def queued_number(self) -> tuple[int, int] | None:
+        """The (epoch, seq) a request submitted now will travel under if every request queued
+        before it leaves as queued — also while others are outstanding (None: the session is not
+        open). Record it, then ``submit`` with ``number=`` it: should it turn out otherwise (an
+        earlier queued request dropped, a reboot learnt), the request settles NOT_EXECUTED
+        without being sent, so a recorded number is never one it travelled under by mistake."""
+        if self.state is not SessionState.OPEN:
+            return None
+        return self.epoch, (self._next_seq + len(self._queue)) & SEQ_MASK
+
     def resend(self, pdu: bytes, number: tuple[int, int], now: float, *, tag: Any = None) -> None:
         """Send ``pdu`` again under its original ``number`` (epoch, seq), with the RETRANSMIT
         flag, and settle it like any request (retries, then UNKNOWN NO_ANSWER). Only in the

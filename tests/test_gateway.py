@@ -10,6 +10,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.gateway import (
@@ -376,3 +377,42 @@ def test_a_background_trigger_that_never_ran_says_so(tmp_path: Path) -> None:
         wait_until(lambda: gw.call("GET", f"/v1/calls/{key}").body.get("result", {}).get(
             "outcome") == "OK", what="the retried trigger's outcome")
         assert len(sim.executions_of(pdu)) == 1
+
+
+def test_recorded_calls_share_the_pipeline(tmp_path: Path) -> None:
+    """The gateway's calls with an effect go on the device's shared pipeline (``run_recorded``):
+    an independent write is recorded and sent while another is out; one to the same register
+    waits for it; each travels under the number recorded for it."""
+    import asyncio
+
+    from idemlink.host.aio import AsyncDevice
+    from idemlink.host.command import SentRequest
+
+    with served_sim(tmp_path) as sim:
+        async def main() -> tuple[list[str], list[tuple[object, ...]]]:
+            events: list[str] = []
+            numbers: dict[str, tuple[int, int] | None] = {}
+            async with AsyncDevice.open(str(sim.link)) as dev:
+                def recorder(name: str) -> Any:
+                    def record(sent: SentRequest) -> None:
+                        ran_a = bool(sim.executions_of(_pdu_of(351)))
+                        events.append(f"record {name}" + (" after a ran" if ran_a else ""))
+                        numbers[name] = sent.number
+                    return record
+
+                async def one(name: str, values: dict[str | int, int | str]) -> Any:
+                    r = await dev.run_recorded(dev.write_command(values), recorder(name))
+                    events.append(f"done {name}")
+                    return r
+
+                ra, rb, rc = await asyncio.gather(one("a", {"threshold": 351}),
+                                                  one("b", {"mode": 2}),
+                                                  one("c", {"threshold": 352}))
+            return events, [(r.ok, r.sent_as[-1] == numbers[n]) for r, n in
+                            ((ra, "a"), (rb, "b"), (rc, "c"))]
+
+        events, checks = asyncio.run(main())
+        assert checks == [(True, True)] * 3
+        assert events.index("record b") < events.index("done a")  # shared the line
+        assert "record c after a ran" in events  # the same register: it waited for a
+        assert len(sim.executions_of(_pdu_of(352))) == 1

@@ -591,8 +591,26 @@ class Gateway:
         dev = port.device
         assert dev is not None
 
+        failed: list[StoreError] = []
+
         def record(sent: SentRequest) -> None:
-            self.store.started(caller, key, sent.number, sent.pdu)
+            try:
+                self.store.started(caller, key, sent.number, sent.pdu)
+            except StoreError as exc:
+                failed.append(exc)
+                raise
+
+        async def send() -> Result:
+            """The call on the device's shared pipeline, its number on disk before it leaves
+            (``run_recorded``): independent calls — reads and other writes — share the line;
+            commands that do not commute (the same registers, a conditional write next to a
+            write) keep their order. A plain Modbus slave takes one request at a time anyway."""
+            if port.spec.rtu:
+                return await dev.execute_recorded(command, record)
+            result = await dev.run_recorded(command, record)
+            if failed:
+                raise failed[-1]
+            return result
 
         try:
             if not port.spec.rtu and not reissuable(command, port.spec.regmap):
@@ -602,7 +620,7 @@ class Gateway:
                 # device first (HELLO): a reboot since is learnt here, and the command leaves
                 # in the boot it will run in. One round trip a trigger or clear.
                 await dev.connect()
-            result = await dev.execute_recorded(command, record)
+            result = await send()
             caught: Result | None = None  # the first copy, which may have run before a reboot
             for _ in range(REISSUES):
                 # The session's own rule, for a request pinned to one number: a set-only write
@@ -618,7 +636,7 @@ class Gateway:
                           and not result.sent_as):
                     break
                 await dev.connect()
-                result = await dev.execute_recorded(command, record)
+                result = await send()
             if caught is not None and result.outcome is not Outcome.OK:
                 result = caught  # not run again: the first copy may have run, UNKNOWN it stays
         except UnknownOutstanding as exc:
