@@ -201,11 +201,17 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         """``commands`` on the shared pipeline with every other thread's (``SharedPipeline``):
         their results, in order. The thread that finds the line free drives the loop for
         everyone until its own commands are settled, then hands it on; the others wait."""
+        return self._share_recorded(commands, None)
+
+    def _share_recorded(self, commands: list[Command],
+                        records: list[Callable[[SentRequest], None] | None] | None,
+                        ) -> list[Result]:
+        """``_share``, each command with its recorder (``SharedPipeline.submit``)."""
         shared = self._shared
         me = threading.get_ident()
         with self._cond:
             self._refuse_reentry()
-            ticket = shared.submit(commands)
+            ticket = shared.submit(commands, records)
             ticket.on_done = self._notify
             if self._owner is not None and shared.room:  # another thread waits for input:
                 self._wake()  # let this command leave now
@@ -371,6 +377,14 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         """``reconcile`` for a command another process sent under the numbers ``sent_as`` (a
         journal's record, ``execute_recorded``; none on a plain Modbus slave)."""
         return self._drive(self.ops.evidence_steps(command, sent_as))
+
+    def run_recorded(self, command: Command, record: Callable[[SentRequest], None]) -> Result:
+        """``execute_recorded`` on the shared pipeline: ``record`` is called with the request
+        and the number it will travel under just before it leaves (``Pipeline.take``), while
+        other callers' commands — recorded or not — are on the line too, ordered by the
+        pipeline's rule (``conflict``). ``record`` raising, or no certain number to give: never
+        sent, NOT_EXECUTED (no status, nothing in ``sent_as``)."""
+        return self._share_recorded([command], [record])[0]
 
     def execute_recorded(self, command: Command,
                          record: Callable[[SentRequest], None]) -> Result:

@@ -357,6 +357,9 @@ class GatewayDevice(Device):
                          record: Callable[[SentRequest], None]) -> Result:
         raise _refuse("execute_recorded (the gateway records every call itself)")
 
+    def run_recorded(self, command: Command, record: Callable[[SentRequest], None]) -> Result:
+        raise _refuse("run_recorded (the gateway records every call itself)")
+
 
 class AsyncGatewayDevice(AsyncDevice):
     """An ``AsyncDevice`` through a gateway: ``GatewayDevice``'s calls, each in a thread."""
@@ -420,6 +423,10 @@ class AsyncGatewayDevice(AsyncDevice):
     async def execute_recorded(self, command: Command,
                                record: Callable[[SentRequest], None]) -> Result:
         raise _refuse("execute_recorded (the gateway records every call itself)")
+
+    async def run_recorded(self, command: Command,
+                           record: Callable[[SentRequest], None]) -> Result:
+        raise _refuse("run_recorded (the gateway records every call itself)")
 
 
 __all__ = ["GATEWAY_TIMEOUT", "SCHEMES", "TOKEN_ENV", "TOKEN_FILE_ENV", "AsyncGatewayDevice",

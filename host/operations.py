@@ -89,7 +89,8 @@ ReconcilePlan = Generator[list[Command], list[Result], Reconciliation]
 OPERATIONS = (
     "connect", "close", "run", "stream", "execute", "read", "write", "write_if_generation",
     "clear_faults", "trigger", "trigger_reset", "trigger_status", "file_info", "send_files",
-    "reconcile", "reconcile_sent", "execute_recorded", "acknowledge_unknown", "info", "unknown",
+    "reconcile", "reconcile_sent", "execute_recorded", "run_recorded", "acknowledge_unknown",
+    "info", "unknown",
 )
 """The operations of a device handle, the same in all four drivers (each also inherits every
 ``CommandBuilder`` helper: ``spec``, ``read_command``, ``write_command``...). On a plain Modbus RTU
