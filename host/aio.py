@@ -404,10 +404,10 @@ class AsyncDevice(AsyncDriver):
         A gateway URL (``idemlink+http://HOST:PORT/PORTNAME``) gives an
         ``idemlink.host.gateway_device.AsyncGatewayDevice``, as ``Device.open`` does."""
         if url.startswith(("idemlink+http://", "idemlink+https://")):
-            from idemlink.host.gateway_device import AsyncGatewayDevice
+            from idemlink.host.gateway_device import AsyncGatewayDevice, NotThroughGateway
 
             if address is not None:
-                raise LocalProtocolError("a bus address is the gateway's own through a gateway "
+                raise NotThroughGateway("a bus address is the gateway's own through a gateway "
                                          "URL")
             gateway_map = regmap
 

@@ -469,10 +469,10 @@ class Device(BlockingDriver):
         (``idemlink.host.gateway_device.GatewayDevice``: the same API through its calls, the
         token from ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``)."""
         if url.startswith(("idemlink+http://", "idemlink+https://")):
-            from idemlink.host.gateway_device import GatewayDevice
+            from idemlink.host.gateway_device import GatewayDevice, NotThroughGateway
 
             if address is not None or key is not None or trace is not None:
-                raise LocalProtocolError("address, key and trace are the gateway's own through "
+                raise NotThroughGateway("address, key and trace are the gateway's own through "
                                          "a gateway URL (docs/API.md, \"Through a gateway\")")
             return GatewayDevice.open_url(url, regmap=regmap, check_map=check_map)
         if address is not None:

@@ -86,6 +86,9 @@ def test_device_api_through_a_gateway(tmp_path: Path, monkeypatch: pytest.Monkey
         assert len(sim.executions_of(_pdu({"threshold": 366}))) == 1
         read = cli("read", "threshold")
         assert read.returncode == 0 and "36.6" in read.stdout, read.stderr
+        traced = cli("write", "threshold=36.7", "--trace", str(tmp_path / "t.jsonl"))
+        assert traced.returncode == 1 and traced.stderr.count("\n") == 1, traced.stderr
+        assert "Traceback" not in traced.stderr
         info = cli("info")
         assert info.returncode == 0 and sim.device.device_id in info.stdout, info.stderr
         gone = subprocess.run([*CLI, "read", "threshold", "--port", url], capture_output=True,

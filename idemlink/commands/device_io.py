@@ -13,7 +13,9 @@ Contract:
 - ``link_guarded(handler)``: the handler on every ``--port`` (several: ``idemlink.commands.many``),
   with a port that fails mid-command reported in one line instead of a traceback (exit 5 if a
   request was out, else 1) and a Ctrl-C that interrupted a request which may have had an effect
-  said once (exit 130).
+  said once (exit 130). Through a gateway (``--port idemlink+http://...``): what the gateway does
+  not carry is one line, exit 1 (nothing sent); a gateway that stops answering mid-call, one line
+  with the call's key, exit 5.
 - ``-v`` (INFO on the logger ``idemlink.cli``): the device connected to, and one line per request
   (``log_result``: what was sent, to which register, its outcome and attempts).
 - ``finish``: prints the command's result (text, or ``idemlink.COMMAND/1`` with ``--json``) with
@@ -56,6 +58,7 @@ from idemlink.commands.many import ports_of, run_on_ports
 from idemlink.host.command import Reconciliation, Result
 from idemlink.host.device import Device
 from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice, PortBusy, PortError
+from idemlink.host.gateway_client import GatewayUnreachable
 from idemlink.host.gateway_device import NotThroughGateway
 from idemlink.host.port_hint import busy_message
 from idemlink.host.rtu_device import RtuDevice
@@ -261,6 +264,13 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
             error_json(args, f"{exc}{hint}", status, outcome=outcome.name if outcome else None,
                        error=str(exc), results=[result_json(r) for r in exc.results])
             return status
+        except NotThroughGateway as exc:  # --port idemlink+http://...: nothing was sent
+            raise UserError(port_said_once(args.port or "", exc)) from None
+        except GatewayUnreachable as exc:  # the call may have arrived: ask again under its key
+            print(f"idemlink {args.command}: {exc}", file=sys.stderr)
+            error_json(args, str(exc), EXIT_UNKNOWN, outcome=Outcome.UNKNOWN.name,
+                       error=str(exc))
+            return EXIT_UNKNOWN
         except KeyboardInterrupt as exc:
             results: tuple[Result, ...] = getattr(exc, "settled_results", ())
             sent = [r for r in results if r.outcome is Outcome.UNKNOWN and r.command.may_have_effect]
