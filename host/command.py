@@ -629,6 +629,21 @@ class CommandBuilder:
                 and len(values) == 1 else CommandKind.WRITE)
         return Command(kind, req.address, len(values), values)
 
+    def named_values(self, command: Command) -> dict[str, int]:
+        """The raw value of each register a register write covers, by name, in address order —
+        ``write_command`` of it is ``command`` again (a gateway writes by name).
+        ``LocalProtocolError`` when an address of it starts no register of the map."""
+        out: dict[str, int] = {}
+        at = 0
+        while at < len(command.values):
+            spec = self.regmap.at(command.address + at)
+            if spec is None or spec.address != command.address + at or command.bits:
+                raise LocalProtocolError(f"address {command.address + at} starts no register of "
+                                         f"the map {self.regmap.name}")
+            out[spec.name] = spec.raw_from_words(command.values[at:at + spec.words])
+            at += spec.words
+        return out
+
     def register_of_kind(self, kind: RegisterKind, register: str | int | None) -> RegisterSpec:
         """``register``'s spec, or the map's only register of ``kind`` (``ValueError`` naming
         the choices when the map has several or none)."""

@@ -180,19 +180,12 @@ class _Remote:
                 f"({self.regmap.hash.hex()})")
         self.identity = answer
 
-    def names(self, command: Command) -> list[tuple[str, int]]:
-        """(name, raw value) of each register a write covers, in order."""
-        out: list[tuple[str, int]] = []
-        at = 0
-        while at < len(command.values):
-            spec = self.regmap.at(command.address + at)
-            if spec is None or spec.address != command.address + at:
-                raise NotThroughGateway(
-                    f"address {command.address + at} is no register of the map "
-                    f"{self.regmap.name}: the gateway writes registers by name")
-            out.append((spec.name, spec.raw_from_words(command.values[at:at + spec.words])))
-            at += spec.words
-        return out
+    def names(self, command: Command) -> dict[str, int]:
+        """(name -> raw value) of each register a write covers (``named_values``)."""
+        try:
+            return self.builder.named_values(command)
+        except LocalProtocolError as exc:
+            raise NotThroughGateway(f"{exc}: the gateway writes registers by name") from None
 
     def call(self, command: Command) -> Result:
         c, port = self.client, self.port
@@ -206,9 +199,9 @@ class _Remote:
                                     "table": _TABLES[(command.bits, command.input_registers)]}),
                                 None, None)
         elif k is CommandKind.WRITE:
-            answer = c.write(port, dict(self.names(command)))
+            answer = c.write(port, self.names(command))
         elif k is CommandKind.WRITE_IF_GENERATION:
-            answer = c.write(port, dict(self.names(command)), if_match=command.generation)
+            answer = c.write(port, self.names(command), if_match=command.generation)
         elif k is CommandKind.CLEAR_FAULTS:
             spec = self.regmap.at(command.address)
             assert spec is not None

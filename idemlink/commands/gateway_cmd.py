@@ -56,6 +56,14 @@ def register(sub: Any) -> None:
                    help="how long a key's record is kept; older keys are refused (default 24)")
     p.add_argument("--store-max-mb", type=float, default=None, metavar="MB",
                    help="the store file's size limit (default 256)")
+    p.add_argument("--modbus-tcp", metavar="HOST:PORT", default=None,
+                   help="also answer Modbus TCP there, for clients that know only Modbus "
+                        "(docs/GATEWAY.md; no authentication: bind it with care)")
+    p.add_argument("--modbus-unit", action="append", default=[], metavar="UNIT=PORT",
+                   help="Modbus TCP unit UNIT is the gateway's port PORT (default: port i is "
+                        "unit i; one port is also units 0 and 255)")
+    p.add_argument("--modbus-read-only", action="store_true",
+                   help="the Modbus TCP face refuses every write (ILLEGAL FUNCTION)")
     p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
     add_json_option(p, SCHEMA)
     p.set_defaults(handler=run)
@@ -123,9 +131,25 @@ def run(args: argparse.Namespace) -> int:
              else int(args.retention_hours * 3600),
              "max_bytes": None if args.store_max_mb is None else int(args.store_max_mb * 2**20)}
     limits = StoreLimits(**{k: v for k, v in given.items() if v is not None})
+    modbus = _listen(args.modbus_tcp) if args.modbus_tcp is not None else None
+    units: dict[int, str] | None = None
+    if args.modbus_unit:
+        units = {}
+        for item in args.modbus_unit:
+            unit, sep, name = item.partition("=")
+            if not sep or not unit.isdigit() or not 0 <= int(unit) <= 255 or name not in names:
+                raise UserError(f"--modbus-unit {item!r}: UNIT=PORT, a unit 0-255 and one of "
+                                f"the ports ({', '.join(names)})")
+            units[int(unit)] = name
+
+    def modbus_ready(address: str) -> None:
+        if not args.json:
+            print(f"idemlink gateway: modbus tcp on {address}", flush=True)
+
     try:
-        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles, limits),
-                          ready))
+        asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles, limits,
+                                        modbus, units, args.modbus_read_only),
+                          ready, modbus_ready=modbus_ready))
     except StoreError as exc:
         raise UserError(str(exc)) from exc
     except OSError as exc:

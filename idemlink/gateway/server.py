@@ -2,8 +2,10 @@
 
 ``serve(config, ready)`` opens the store (one gateway per store), opens the ports and settles what
 a stopped gateway left (``Gateway.start``), *then* listens and calls ``ready(url)`` with the
-address actually bound (port 0 picks one): a caller that saw the readiness line talks to a gateway
-that has already retransmitted every call it had in flight. SIGINT/SIGTERM stop it.
+address actually bound (port 0 picks one) — and, with ``modbus_tcp``, ``modbus_ready(HOST:PORT)``
+for the Modbus TCP face (``idemlink.gateway.modbus_tcp``), already listening by then: a caller
+that saw the readiness line talks to a gateway that has already retransmitted every call it had
+in flight. SIGINT/SIGTERM stop it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from idemlink.gateway.app import make_app
+from idemlink.gateway.modbus_tcp import ModbusFace, default_units
 from idemlink.gateway.service import Gateway, PortSpec
 from idemlink.gateway.store import CallStore, StoreLimits
 
@@ -29,10 +32,16 @@ class GatewayConfig:
     port: int = 8080
     roles: dict[str, str] = field(default_factory=dict)  #: caller -> role (DEFAULT_ROLE else)
     limits: StoreLimits = field(default_factory=StoreLimits)  #: the store's bounds
+    #: the Modbus TCP face (``idemlink.gateway.modbus_tcp``): where it listens (None: off),
+    #: unit -> port (None: ``default_units``), whether writes are refused
+    modbus_tcp: tuple[str, int] | None = None
+    modbus_units: dict[int, str] | None = None
+    modbus_read_only: bool = False
 
 
 async def serve(config: GatewayConfig, ready: Callable[[str], None],
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None,
+                modbus_ready: Callable[[str], None] | None = None) -> None:
     stop = stop if stop is not None else asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -40,16 +49,27 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
     store = CallStore.open(config.store, config.limits)
     gateway = Gateway(store, config.ports)
     runner: web.AppRunner | None = None
+    modbus: asyncio.Server | None = None
     try:
         await gateway.start()
+        if config.modbus_tcp is not None:
+            face = ModbusFace(gateway, config.modbus_units
+                              or default_units([p.name for p in config.ports]),
+                              read_only=config.modbus_read_only)
+            modbus = await asyncio.start_server(face.serve, *config.modbus_tcp)
         runner = web.AppRunner(make_app(gateway, config.tokens, config.roles), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
         host, port = runner.addresses[0][:2]
         ready(f"http://{host}:{port}")
+        if modbus is not None and modbus_ready is not None:
+            m_host, m_port = modbus.sockets[0].getsockname()[:2]
+            modbus_ready(f"{m_host}:{m_port}")
         await stop.wait()
     finally:
+        if modbus is not None:
+            modbus.close()
         if runner is not None:
             await runner.cleanup()
         await gateway.close()

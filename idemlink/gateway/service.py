@@ -161,6 +161,8 @@ def result_fields(r: Result) -> dict[str, Any]:
         out["epoch"], out["seq"] = r.sent_as[-1]
     if r.values:
         out["values"] = list(r.values)
+    if r.exception_code is not None:
+        out["exception_code"] = r.exception_code
     if r.code is not None:
         out["code"] = r.code
         if r.command.kind.name.startswith("TRIGGER"):

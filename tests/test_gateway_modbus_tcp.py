@@ -1,0 +1,143 @@
+"""The gateway's Modbus TCP face against real Modbus clients (pymodbus's TCP client, ``mbpoll -m
+tcp``): a real ``idemlink gateway --modbus-tcp`` process in front of the simulator on a pty;
+ground truth from the device's own execution log and registers."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from pymodbus.client import ModbusTcpClient
+from support.gateway import Gw, running_gateway, served_sim
+from support.timing import read_line, scaled
+
+from idemlink.host.command import CommandBuilder
+from idemlink.protocol.modbus_tcp_face import Plan, answer_pdu, plan
+from idemlink.protocol.outcome import Outcome
+from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+B = CommandBuilder(DEFAULT_MAP)
+
+
+def test_the_face_rules() -> None:
+    """What passes, and the exception each outcome gives (the rules, without a server)."""
+    read = plan(bytes.fromhex("0300040002"))
+    assert read.plan is Plan.READ
+    assert answer_pdu(read, Outcome.OK, values=(7, 8)) == bytes.fromhex("0304" "0007" "0008")
+    assert answer_pdu(read, Outcome.UNKNOWN, "NO_ANSWER") == bytes.fromhex("830b")
+    assert answer_pdu(read, Outcome.NOT_EXECUTED, "PORT_DOWN") == bytes.fromhex("830a")
+    assert answer_pdu(read, Outcome.NOT_EXECUTED, "BUSY") == bytes.fromhex("8306")
+    assert answer_pdu(read, Outcome.REJECTED, "", 2) == bytes.fromhex("8302")
+    write = plan(bytes.fromhex("0600040190"))
+    assert write.plan is Plan.WRITE
+    assert answer_pdu(write, Outcome.OK) == bytes.fromhex("0600040190")
+    assert answer_pdu(write, Outcome.REJECTED, "") == bytes.fromhex("8603")
+    for refused in ("0f00000001" "0101", "1600040000ffff", "4200080001", "08"):
+        p = plan(bytes.fromhex(refused))
+        assert p.plan is Plan.REFUSE and answer_pdu(p, None)[0] & 0x80
+
+
+def _modbus_address(gw: Gw) -> tuple[str, int]:
+    assert gw.proc.stdout is not None
+    line = read_line(gw.proc.stdout, gw.proc, timeout=30)
+    assert line.startswith("idemlink gateway: modbus tcp on "), line
+    host, _, port = line.rsplit(" ", 1)[1].rpartition(":")
+    return host, int(port)
+
+
+def _mbpoll(host: str, port: int, *args: str,
+            values: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["mbpoll", "-m", "tcp", "-p", str(port), "-a", "1", "-0", "-1",
+                           "-o", "2", *args, host, *values], capture_output=True, text=True,
+                          timeout=scaled(20))
+
+
+def _values(out: str) -> dict[int, int]:
+    return {int(a): int(v) for a, v in re.findall(r"^\[(\d+)\]:\s+(-?\d+)", out, re.M)}
+
+
+def test_modbus_clients_read_and_write_through_the_gateway(tmp_path: Path) -> None:
+    with served_sim(tmp_path) as sim, running_gateway(
+            tmp_path, [f"{sim.link}=dev"], "--modbus-tcp", "127.0.0.1:0",
+            "--timeout", "0.1") as gw:
+        host, port = _modbus_address(gw)
+        c = ModbusTcpClient(host, port=port, timeout=scaled(3), retries=0)
+        assert c.connect()
+        try:
+            r = c.read_holding_registers(4, count=3, device_id=1)
+            assert not r.isError() and r.registers == [350, 1, 50]  # the device's defaults
+            assert not c.write_register(4, 412, device_id=1).isError()
+            assert len(sim.executions_of(B.write_command({"threshold": 412}).pdu())) == 1
+            assert not c.write_registers(5, [2, 70], device_id=1).isError()
+            assert c.read_holding_registers(4, count=3, device_id=1).registers == [412, 2, 70]
+            bad = c.write_registers(5, [1, 500], device_id=1)  # 500 > the map's 100
+            assert bad.isError() and bad.exception_code == 3
+            assert c.read_holding_registers(5, count=1, device_id=0).registers == [2]  # untouched
+            assert c.read_holding_registers(20, count=4, device_id=255).exception_code == 2
+            assert c.read_holding_registers(4, count=1, device_id=7).exception_code == 0x0A
+            assert c.read_input_registers(0, count=1, device_id=1).registers[0] > 0
+            trig = c.write_register(8, 1, device_id=1)  # the trigger: the gateway's trigger call
+            assert not trig.isError()
+            assert len(sim.executions_of(B.trigger_command().pdu())) == 1
+            audit = gw.call("GET", "/v1/audit?limit=10").body["entries"]
+            assert audit[0]["caller"] == "modbus-tcp@127.0.0.1"
+            assert audit[0]["path"] == "/v1/ports/dev/trigger"
+
+            # several clients at once, each its own register span: no answer mixed up
+            expect = {4: [412, 2, 70], 5: [2, 70], 6: [70]}
+            wrong: list[object] = []
+
+            def poll(first: int) -> None:
+                mine = ModbusTcpClient(host, port=port, timeout=scaled(3), retries=0)
+                assert mine.connect()
+                try:
+                    for _ in range(20):
+                        got = mine.read_holding_registers(first, count=len(expect[first]),
+                                                          device_id=1)
+                        if got.isError() or got.registers != expect[first]:
+                            wrong.append(got)
+                finally:
+                    mine.close()
+
+            threads = [threading.Thread(target=poll, args=(a,)) for a in (4, 5, 6) * 2]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert wrong == []
+
+            if shutil.which("mbpoll") is not None:
+                m = _mbpoll(host, port, "-t", "4", "-r", "4", "-c", "3")
+                assert m.returncode == 0 and _values(m.stdout) == {4: 412, 5: 2, 6: 70}, m.stdout
+                m = _mbpoll(host, port, "-t", "4", "-r", "6", values=("33",))
+                assert m.returncode == 0, m.stdout + m.stderr
+                assert c.read_holding_registers(6, count=1, device_id=1).registers == [33]
+
+            # a dead unit: the device stops answering; the client gets 0x0B, not a timeout
+            assert sim.line is not None
+            sim.line.mute = True
+            dead = c.read_holding_registers(4, count=1, device_id=1)
+            assert dead.isError() and dead.exception_code == 0x0B
+            lost = c.write_register(4, 399, device_id=1)
+            assert lost.isError() and lost.exception_code == 0x0B  # it ran: an open item
+            sim.line.mute = False
+            assert len(sim.executions_of(B.write_command({"threshold": 399}).pdu())) == 1
+            assert [i["args"] for i in gw.call("GET", "/v1/open-items").body["open_items"]] == [
+                {"values": {"threshold": 399}}]
+            blocked = c.write_register(6, 40, device_id=1)  # the port is blocked: nothing sent
+            assert blocked.isError() and blocked.exception_code == 0x0A
+        finally:
+            c.close()
+
+
+@pytest.mark.parametrize("args", [["--modbus-unit", "3=nope"], ["--modbus-unit", "x"]])
+def test_bad_modbus_units_are_one_line(tmp_path: Path, args: list[str]) -> None:
+    from support.gateway import gateway_args
+
+    r = subprocess.run([*gateway_args(tmp_path, ["/dev/null=dev"]), "--modbus-tcp",
+                        "127.0.0.1:0", *args], capture_output=True, text=True, timeout=scaled(30))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "--modbus-unit" in r.stderr
