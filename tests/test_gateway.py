@@ -325,13 +325,16 @@ def test_what_a_stopped_gateway_left_is_settled_at_start(tmp_path: Path) -> None
         assert len(sim.executions_of(_pdu_of(366))) == 1
 
 
-def test_an_idle_reboot_leaves_a_trigger_and_a_clear_honest(tmp_path: Path) -> None:
+def test_triggers_and_clears_are_honest_after_an_idle_reboot_or_a_lost_port(
+        tmp_path: Path) -> None:
     """The device reboots while nobody talks to it: the next trigger and fault clear run once in
-    the new boot, OK — no UNKNOWN, no open item blocking the port."""
+    the new boot, OK — no UNKNOWN, no open item blocking the port. A trigger accepted (202)
+    whose port turns out gone never left: its status says NOT_EXECUTED, safe to retry — not a
+    404/REJECTED — and the same key runs it later, once."""
     from idemlink.host.command import CommandBuilder
     from idemlink.protocol.regmap_file import DEFAULT_MAP
 
-    b = CommandBuilder(DEFAULT_MAP)
+    pdu = CommandBuilder(DEFAULT_MAP).trigger_command().pdu()
     with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
         assert _write(gw, new_key(time.time()), {"threshold": 401}).status == 200
         sim.reboot()
@@ -340,7 +343,7 @@ def test_an_idle_reboot_leaves_a_trigger_and_a_clear_honest(tmp_path: Path) -> N
         done = wait_until(lambda: (s := gw.call("GET", f"/v1/calls/{key}")).body["state"]
                           == "done" and s, what="the trigger's outcome")
         assert done.body["result"]["outcome"] == "OK", done.body
-        assert len(sim.executions_of(b.trigger_command().pdu())) == 1
+        assert len(sim.executions_of(pdu)) == 1
         sim.reboot()
         c = gw.call("POST", "/v1/ports/dev/clear", {"mask": 1},
                     headers={"Idempotency-Key": new_key(time.time())})
@@ -348,22 +351,13 @@ def test_an_idle_reboot_leaves_a_trigger_and_a_clear_honest(tmp_path: Path) -> N
         assert gw.call("GET", "/v1/open-items").body["open_items"] == []
         assert _write(gw, new_key(time.time()), {"threshold": 402}).status == 200
 
-
-def test_a_background_trigger_that_never_ran_says_so(tmp_path: Path) -> None:
-    """A trigger accepted (202) whose port turns out gone never left: its status says
-    NOT_EXECUTED, safe to retry — not a 404/REJECTED — and the same key runs it later, once."""
-    from idemlink.host.command import CommandBuilder
-    from idemlink.protocol.regmap_file import DEFAULT_MAP
-
-    pdu = CommandBuilder(DEFAULT_MAP).trigger_command().pdu()
-    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        ran = len(sim.executions_of(pdu))
         sim.unplug()
         key = new_key(time.time())
         r = gw.call("POST", "/v1/ports/dev/trigger", {}, headers={"Idempotency-Key": key})
         assert r.status == 202, r.body
         done = wait_until(lambda: (s := gw.call("GET", f"/v1/calls/{key}")).body.get("state")
-                          != "accepted" and s.body.get("state") != "started" and s,
-                          what="the trigger's outcome")
+                          not in ("accepted", "started") and s, what="the trigger's outcome")
         assert done.status == 200 and done.body["state"] == "done", done.body
         assert (done.body["result"]["outcome"], done.body["result"]["action"]) == (
             "NOT_EXECUTED", "safe to retry")
@@ -376,7 +370,7 @@ def test_a_background_trigger_that_never_ran_says_so(tmp_path: Path) -> None:
         assert again.status == 202
         wait_until(lambda: gw.call("GET", f"/v1/calls/{key}").body.get("result", {}).get(
             "outcome") == "OK", what="the retried trigger's outcome")
-        assert len(sim.executions_of(pdu)) == 1
+        assert len(sim.executions_of(pdu)) == ran + 1  # under its key: once
 
 
 def test_recorded_calls_share_the_pipeline(tmp_path: Path) -> None:

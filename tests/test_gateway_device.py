@@ -77,9 +77,31 @@ def test_device_api_through_a_gateway(tmp_path: Path, monkeypatch: pytest.Monkey
 
         assert asyncio.run(awaited()) == (Outcome.OK, (333,))
 
+        # the CLI's --port takes the same URL (in-process: the slow test runs it as a process)
+        from idemlink.cli import main
+
+        assert main(["write", "threshold=36.6", "--port", url]) == 0
+        assert len(sim.executions_of(_pdu({"threshold": 366}))) == 1
+        assert main(["read", "threshold", "--port", url, "--json"]) == 0
+        assert main(["write", "threshold=36.7", "--port", url, "--trace",
+                     str(tmp_path / "t.jsonl")]) == 1
+        assert sim.executions_of(_pdu({"threshold": 367})) == []
+
+
+@pytest.mark.slow
+def test_cli_device_commands_through_a_gateway(tmp_path: Path) -> None:
+    """Every device command takes ``--port idemlink+http://...`` as a process would run it: its
+    output, one stderr line for what does not go through, and ``--gateway`` of the same URL."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        url = "idemlink+" + gw.url + "/dev"
+        env = {**os.environ, "IDEMLINK_GATEWAY_TOKEN_FILE": str(token)}
+        env.pop("IDEMLINK_GATEWAY_TOKEN", None)
+
         def cli(*words: str) -> subprocess.CompletedProcess[str]:
             return subprocess.run([*CLI, *words, "--port", url], capture_output=True, text=True,
-                                  timeout=scaled(30), env={**os.environ})
+                                  timeout=scaled(30), env=env)
 
         wrote = cli("write", "threshold=36.6")
         assert wrote.returncode == 0, wrote.stderr
@@ -91,11 +113,13 @@ def test_device_api_through_a_gateway(tmp_path: Path, monkeypatch: pytest.Monkey
         assert "Traceback" not in traced.stderr
         info = cli("info")
         assert info.returncode == 0 and sim.device.device_id in info.stdout, info.stderr
+        cleared = cli("clear", "--mask", "1")
+        assert cleared.returncode in (0, 3), cleared.stdout + cleared.stderr
         gone = subprocess.run([*CLI, "read", "threshold", "--port", url], capture_output=True,
                               text=True, timeout=scaled(30),
                               env={k: v for k, v in os.environ.items()
                                    if not k.startswith("IDEMLINK_GATEWAY_TOKEN")})
         assert gone.returncode == 1 and gone.stderr.count("\n") == 1 and "token" in gone.stderr
         via = subprocess.run([*CLI, "--gateway", url, "read", "threshold"], capture_output=True,
-                             text=True, timeout=scaled(30))
+                             text=True, timeout=scaled(30), env=env)
         assert via.returncode == 0 and via.stdout.startswith("threshold = 36.6"), via.stderr

@@ -8,7 +8,10 @@ import re
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pymodbus.client import ModbusTcpClient
@@ -60,7 +63,8 @@ def _values(out: str) -> dict[int, int]:
     return {int(a): int(v) for a, v in re.findall(r"^\[(\d+)\]:\s+(-?\d+)", out, re.M)}
 
 
-def test_modbus_clients_read_and_write_through_the_gateway(tmp_path: Path) -> None:
+@contextmanager
+def _face(tmp_path: Path) -> Iterator[tuple[Any, Gw, ModbusTcpClient]]:
     with served_sim(tmp_path) as sim, running_gateway(
             tmp_path, [f"{sim.link}=dev"], "--modbus-tcp", "127.0.0.1:0",
             "--timeout", "0.1") as gw:
@@ -68,76 +72,97 @@ def test_modbus_clients_read_and_write_through_the_gateway(tmp_path: Path) -> No
         c = ModbusTcpClient(host, port=port, timeout=scaled(3), retries=0)
         assert c.connect()
         try:
-            r = c.read_holding_registers(4, count=3, device_id=1)
-            assert not r.isError() and r.registers == [350, 1, 50]  # the device's defaults
-            assert not c.write_register(4, 412, device_id=1).isError()
-            assert len(sim.executions_of(B.write_command({"threshold": 412}).pdu())) == 1
-            assert not c.write_registers(5, [2, 70], device_id=1).isError()
-            assert c.read_holding_registers(4, count=3, device_id=1).registers == [412, 2, 70]
-            bad = c.write_registers(5, [1, 500], device_id=1)  # 500 > the map's 100
-            assert bad.isError() and bad.exception_code == 3
-            assert c.read_holding_registers(5, count=1, device_id=0).registers == [2]  # untouched
-            assert c.read_holding_registers(20, count=4, device_id=255).exception_code == 2
-            assert c.read_holding_registers(4, count=1, device_id=7).exception_code == 0x0A
-            assert c.read_input_registers(0, count=1, device_id=1).registers[0] > 0
-            trig = c.write_register(8, 1, device_id=1)  # the trigger: the gateway's trigger call
-            assert not trig.isError()
-            assert len(sim.executions_of(B.trigger_command().pdu())) == 1
-            audit = gw.call("GET", "/v1/audit?limit=10").body["entries"]
-            assert audit[0]["caller"] == "modbus-tcp@127.0.0.1"
-            assert audit[0]["path"] == "/v1/ports/dev/trigger"
-
-            # several clients at once, each its own register span: no answer mixed up
-            expect = {4: [412, 2, 70], 5: [2, 70], 6: [70]}
-            wrong: list[object] = []
-
-            def poll(first: int) -> None:
-                mine = ModbusTcpClient(host, port=port, timeout=scaled(3), retries=0)
-                assert mine.connect()
-                try:
-                    for _ in range(20):
-                        got = mine.read_holding_registers(first, count=len(expect[first]),
-                                                          device_id=1)
-                        if got.isError() or got.registers != expect[first]:
-                            wrong.append(got)
-                finally:
-                    mine.close()
-
-            threads = [threading.Thread(target=poll, args=(a,)) for a in (4, 5, 6) * 2]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            assert wrong == []
-
-            if shutil.which("mbpoll") is not None:
-                m = _mbpoll(host, port, "-t", "4", "-r", "4", "-c", "3")
-                assert m.returncode == 0 and _values(m.stdout) == {4: 412, 5: 2, 6: 70}, m.stdout
-                m = _mbpoll(host, port, "-t", "4", "-r", "6", values=("33",))
-                assert m.returncode == 0, m.stdout + m.stderr
-                assert c.read_holding_registers(6, count=1, device_id=1).registers == [33]
-
-            # a dead unit: the device stops answering; the client gets 0x0B, not a timeout
-            assert sim.line is not None
-            sim.line.mute = True
-            dead = c.read_holding_registers(4, count=1, device_id=1)
-            assert dead.isError() and dead.exception_code == 0x0B
-            lost = c.write_register(4, 399, device_id=1)
-            assert lost.isError() and lost.exception_code == 0x0B  # it ran: an open item
-            sim.line.mute = False
-            assert len(sim.executions_of(B.write_command({"threshold": 399}).pdu())) == 1
-            assert [i["args"] for i in gw.call("GET", "/v1/open-items").body["open_items"]] == [
-                {"values": {"threshold": 399}}]
-            blocked = c.write_register(6, 40, device_id=1)  # the port is blocked: nothing sent
-            assert blocked.isError() and blocked.exception_code == 0x0A
+            yield sim, gw, c
         finally:
             c.close()
 
 
-@pytest.mark.parametrize("args", [["--modbus-unit", "3=nope"], ["--modbus-unit", "x"]])
-def test_bad_modbus_units_are_one_line(tmp_path: Path, args: list[str]) -> None:
-    from support.gateway import gateway_args
+def test_modbus_clients_read_and_write_through_the_gateway(tmp_path: Path) -> None:
+    with _face(tmp_path) as (sim, gw, c):
+        r = c.read_holding_registers(4, count=3, device_id=1)
+        assert not r.isError() and r.registers == [350, 1, 50]  # the device's defaults
+        assert not c.write_register(4, 412, device_id=1).isError()
+        assert len(sim.executions_of(B.write_command({"threshold": 412}).pdu())) == 1
+        assert not c.write_registers(5, [2, 70], device_id=1).isError()
+        assert c.read_holding_registers(4, count=3, device_id=1).registers == [412, 2, 70]
+        bad = c.write_registers(5, [1, 500], device_id=1)  # 500 > the map's 100
+        assert bad.isError() and bad.exception_code == 3
+        assert c.read_holding_registers(5, count=1, device_id=0).registers == [2]  # untouched
+        assert c.read_holding_registers(20, count=4, device_id=255).exception_code == 2
+        assert c.read_holding_registers(4, count=1, device_id=7).exception_code == 0x0A
+        audit = gw.call("GET", "/v1/audit?limit=10").body["entries"]
+        assert audit[0]["caller"] == "modbus-tcp@127.0.0.1" and audit[0]["http"] == 422
+        # a dead unit: the device stops answering; the client gets 0x0B, not its own timeout
+        assert sim.line is not None
+        sim.line.mute = True
+        dead = c.read_holding_registers(4, count=1, device_id=1)
+        assert dead.isError() and dead.exception_code == 0x0B
 
-    r = subprocess.run([*gateway_args(tmp_path, ["/dev/null=dev"]), "--modbus-tcp",
-                        "127.0.0.1:0", *args], capture_output=True, text=True, timeout=scaled(30))
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "--modbus-unit" in r.stderr
+
+@pytest.mark.slow
+def test_modbus_clients_at_once_triggers_and_open_items(tmp_path: Path) -> None:
+    with _face(tmp_path) as (sim, gw, c):
+        host, port = c.comm_params.host, c.comm_params.port
+        assert c.read_input_registers(0, count=1, device_id=1).registers[0] > 0
+        trig = c.write_register(8, 1, device_id=1)  # the trigger: the gateway's trigger call
+        assert not trig.isError()
+        assert len(sim.executions_of(B.trigger_command().pdu())) == 1
+        audit = gw.call("GET", "/v1/audit?limit=10").body["entries"]
+        assert audit[0]["caller"] == "modbus-tcp@127.0.0.1"
+        assert audit[0]["path"] == "/v1/ports/dev/trigger"
+        assert not c.write_registers(4, [412, 2, 70], device_id=1).isError()
+
+        # several clients at once, each its own register span: no answer mixed up
+        expect = {4: [412, 2, 70], 5: [2, 70], 6: [70]}
+        wrong: list[object] = []
+
+        def poll(first: int) -> None:
+            mine = ModbusTcpClient(host, port=port, timeout=scaled(3), retries=0)
+            assert mine.connect()
+            try:
+                for _ in range(20):
+                    got = mine.read_holding_registers(first, count=len(expect[first]),
+                                                      device_id=1)
+                    if got.isError() or got.registers != expect[first]:
+                        wrong.append(got)
+            finally:
+                mine.close()
+
+        threads = [threading.Thread(target=poll, args=(a,)) for a in (4, 5, 6) * 2]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wrong == []
+
+        if shutil.which("mbpoll") is not None:
+            m = _mbpoll(host, port, "-t", "4", "-r", "4", "-c", "3")
+            assert m.returncode == 0 and _values(m.stdout) == {4: 412, 5: 2, 6: 70}, m.stdout
+            m = _mbpoll(host, port, "-t", "4", "-r", "6", values=("33",))
+            assert m.returncode == 0, m.stdout + m.stderr
+            assert c.read_holding_registers(6, count=1, device_id=1).registers == [33]
+
+        # a write the device ran but whose answer was lost: 0x0B, an open item blocking the port
+        assert sim.line is not None
+        sim.line.mute = True
+        lost = c.write_register(4, 399, device_id=1)
+        assert lost.isError() and lost.exception_code == 0x0B
+        sim.line.mute = False
+        assert len(sim.executions_of(B.write_command({"threshold": 399}).pdu())) == 1
+        assert [i["args"] for i in gw.call("GET", "/v1/open-items").body["open_items"]] == [
+            {"values": {"threshold": 399}}]
+        blocked = c.write_register(6, 40, device_id=1)  # the port is blocked: nothing sent
+        assert blocked.isError() and blocked.exception_code == 0x0A
+
+
+def test_bad_modbus_units_are_one_line(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from support.gateway import tokens_file
+
+    from idemlink.cli import main
+
+    assert main(["gateway", "--port", "/dev/null=dev", "--tokens", str(tokens_file(tmp_path)),
+                 "--store", str(tmp_path / "calls.db"), "--modbus-tcp", "127.0.0.1:0",
+                 "--modbus-unit", "3=nope"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--modbus-unit" in err
