@@ -336,3 +336,23 @@ def test_store_limits_are_settings(tmp_path: Path) -> None:
         small.get("alice", k)  # still readable
     finally:
         small.close()
+
+
+def test_a_flood_of_refusals_cannot_fill_the_audit_log(tmp_path: Path) -> None:
+    """The HTTP shell's refusals are audited up to a burst, then one a second; the entry after a
+    gap says how many were not written (a flood of 401s must not stop calls: StoreFull)."""
+    from idemlink.gateway import service
+
+    s = CallStore.open(tmp_path / "calls.db")
+    try:
+        gw = service.Gateway(s, [])
+        for _ in range(service.REFUSAL_AUDIT_BURST + 50):
+            gw.audit_refusal("-", "GET", "/v1/ports", {}, None, "REJECTED", 401)
+        assert len(s.audit_entries(1000)) == service.REFUSAL_AUDIT_BURST
+        assert gw.refusals_suppressed == 50
+        gw._refusal_at -= 2 / service.REFUSAL_AUDITS_PER_SECOND  # two seconds later
+        gw.audit_refusal("-", "GET", "/v1/ports", {}, None, "REJECTED", 401)
+        assert s.audit_entries(1)[0]["content"] == {"suppressed": 50}
+        assert gw.refusals_suppressed == 0
+    finally:
+        s.close()

@@ -66,6 +66,10 @@ MAX_NAMES = 64
 READ_TABLES: dict[str, tuple[bool, bool]] = {"holding": (False, False), "input": (False, True),
                                              "coils": (True, False), "discrete": (True, True)}
 """A raw read's table -> (bits, input function)."""
+REFUSAL_AUDIT_BURST = 100
+REFUSAL_AUDITS_PER_SECOND = 1.0
+"""The HTTP shell's refusals audited at most this fast after a burst (``audit_refusal``): at most
+86,400 a day, under the audit log's bound even when every request is a refusal."""
 MAX_RELEASED = 10_000
 """How many released background calls' outcomes the status resource remembers."""
 SYNC_YIELDS = 3
@@ -183,6 +187,10 @@ class Gateway:
         #: status resource; the newest ``MAX_RELEASED``, in memory (a restart forgets them:
         #: then 404, and the key may simply be sent again)
         self.released: OrderedDict[tuple[str, str], dict[str, Any]] = OrderedDict()
+        #: the refusal audit's token bucket (``audit_refusal``) and what it did not write
+        self._refusal_budget = float(REFUSAL_AUDIT_BURST)
+        self._refusal_at = time.monotonic()
+        self.refusals_suppressed = 0
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ ports
@@ -439,7 +447,26 @@ class Gateway:
     def audit_refusal(self, caller: str, method: str, path: str,
                       content: Mapping[str, Any] | None, key: str | None, outcome: str,
                       http: int) -> None:
-        """A refusal the HTTP shell made (401, 403, a malformed body...): audited like a call."""
+        """A refusal the HTTP shell made (401, 403, a malformed body, a failed read...):
+        audited like a call, at most ``REFUSAL_AUDIT_BURST`` at once and
+        ``REFUSAL_AUDITS_PER_SECOND`` after (a flood of bad requests — anyone can send 401s —
+        must not fill the audit log and so stop calls with an effect: ``StoreFull``); those
+        beyond are counted, logged, and the next entry says how many (``suppressed``)."""
+        now = time.monotonic()
+        self._refusal_budget = min(REFUSAL_AUDIT_BURST, self._refusal_budget + (
+            now - self._refusal_at) * REFUSAL_AUDITS_PER_SECOND)
+        self._refusal_at = now
+        if self._refusal_budget < 1:
+            self.refusals_suppressed += 1
+            if self.refusals_suppressed in (1, 10, 100) or self.refusals_suppressed % 1000 == 0:
+                log.warning("%d refusals not audited (over %g a second): the last %s %s %s by "
+                            "%s", self.refusals_suppressed, REFUSAL_AUDITS_PER_SECOND, http,
+                            method, path, caller)
+            return
+        self._refusal_budget -= 1
+        if self.refusals_suppressed:
+            content = {**(content or {}), "suppressed": self.refusals_suppressed}
+            self.refusals_suppressed = 0
         self._audit(caller, method, path, content, key, Answer(http, {"outcome": outcome}))
 
     def _audit(self, caller: str, method: str, path: str, content: Mapping[str, Any] | None,
