@@ -664,6 +664,9 @@ class Gateway:
                 elif not (result.outcome is Outcome.NOT_EXECUTED and result.status is None
                           and not result.sent_as):
                     break
+                elif dev.unknown is not None:  # another call's UNKNOWN blocks the device: this
+                    raise UnknownOutstanding(  # one never left; it waits for the reconciling
+                        "another call on this port is UNKNOWN: nothing sent")
                 await dev.connect()
                 result = await send()
             if caught is not None and result.outcome is not Outcome.OK:
