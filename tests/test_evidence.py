@@ -54,6 +54,31 @@ def test_a_pinned_request_that_would_get_another_number_is_never_sent() -> None:
     assert ev is not None and ev.outcome is Outcome.NOT_EXECUTED and not ev.sent_as  # type: ignore[union-attr]
 
 
+def test_a_queued_number_is_the_one_it_travels_under_behind_what_is_out() -> None:
+    """``queued_number`` promises a number while others are out (the gateway's pipelined
+    calls): each request submitted with the number it was given travels under it; one given a
+    number that turns out otherwise (here: one ahead) is never sent."""
+    s = HostSession(contract_hash=contract_hash())
+    assert s.queued_number() is None  # closed
+    dev = connected(SimulatedDevice(seed=1))
+    s = dev.session
+    read = b"\x03\x00\x00\x00\x01"
+    first = s.queued_number()
+    assert first is not None and s.next_number() == first
+    s.submit(read, 0.0, set_only=True, tag="a", number=first)
+    second = s.queued_number()
+    assert second == (first[0], first[1] + 1) and s.next_number() is None  # one is out
+    s.submit(read, 0.0, set_only=True, tag="b", number=second)
+    before = s.counters.sent
+    assert s.data_to_send() and s.outstanding == 2
+    third = s.queued_number()
+    assert third == (first[0], first[1] + 2)
+    s.submit(read, 0.0, set_only=True, tag="c", number=(third[0], third[1] + 1))
+    assert s.data_to_send() == b"" and s.counters.sent == before
+    ev = s.next_event()
+    assert ev is not None and ev.tag == "c" and ev.outcome is Outcome.NOT_EXECUTED  # type: ignore[union-attr]
+
+
 def test_a_resend_of_another_boot_is_refused_and_changes_nothing() -> None:
     dev = connected(SimulatedDevice(seed=1))
     s = dev.session
