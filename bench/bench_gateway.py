@@ -11,7 +11,11 @@ sequential) on a second simulator, and through the gateway one client, sequentia
 each and their ratio. The table between the ``bench_gateway`` markers of docs/GATEWAY.md is
 rewritten with the figures (``--no-doc`` to print only).
 
-Usage: ``python3 bench/bench_gateway.py [--clients 50] [--seconds 5] [--no-doc]``.
+``--latency-ms L`` puts ``idemlink link --latency-ms L`` between the gateway and its simulator
+(the direct figure stays unpaced): a line whose round trip is not free, where sharing the
+pipeline between writes shows; printed only.
+
+Usage: ``python3 bench/bench_gateway.py [--clients 50] [--seconds 5] [--no-doc] [--latency-ms L]``.
 """
 
 from __future__ import annotations
@@ -40,6 +44,17 @@ def start_sim() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen([sys.executable, "-m", "idemlink", "sim"], stdout=subprocess.PIPE,
                             text=True)
     assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+def start_link(path: str, latency_ms: float) -> tuple[subprocess.Popen[str], str]:
+    """``idemlink link`` between the simulator's pty and a new one, ``latency_ms`` each way:
+    the gateway's side of a line whose round trip is not free (a remote or slow device)."""
+    proc = subprocess.Popen([sys.executable, "-m", "idemlink", "link", "--a", path,
+                             "--latency-ms", f"{latency_ms:g}"], stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # side a: the simulator's
     return proc, proc.stdout.readline().strip()
 
 
@@ -133,17 +148,23 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--no-doc", action="store_true")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="put `idemlink link --latency-ms` between the gateway and its device "
+                         "(printed only, never written into the docs)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         sim, path = start_sim()
         sim2, path2 = start_sim()
+        link = None
+        if args.latency_ms:
+            link, path = start_link(path, args.latency_ms)
         gw, url = start_gateway(path, Path(d))
         try:
             done, took = asyncio.run(load(url, args.clients, args.seconds))
             wrote, wrote_in = asyncio.run(writes(url, args.clients, args.seconds))
             direct, via = asyncio.run(latencies(url, path2, 300))
         finally:
-            for p in (gw, sim, sim2):
+            for p in (gw, *([link] if link is not None else []), sim, sim2):
                 p.terminate()
                 p.wait()
     rows = [
@@ -160,7 +181,9 @@ def main() -> None:
     ]
     table = markdown_table(["what", "figure", ""], rows)
     print(table)
-    if not args.no_doc:
+    if args.latency_ms:
+        print(f"(the gateway's line: {args.latency_ms:g} ms each way through idemlink link)")
+    if not args.no_doc and not args.latency_ms:
         replace_between_markers(DOCS / "GATEWAY.md", "bench_gateway",
                                 f"{table}\n(`{os.cpu_count()}` cores, `python3 "
                                 f"bench/bench_gateway.py --clients {args.clients} --seconds "
