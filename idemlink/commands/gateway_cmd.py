@@ -82,10 +82,10 @@ def _named(values: list[str], first: int) -> list[tuple[str, str]]:
     return out
 
 
-def _listen(text: str) -> tuple[str, int]:
+def _listen(text: str, option: str = "--listen") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise UserError(f"--listen {text!r}: expected HOST:PORT (e.g. 127.0.0.1:8080)")
+        raise UserError(f"{option} {text!r}: expected HOST:PORT (e.g. 127.0.0.1:8080)")
     return host.strip("[]"), int(port)
 
 
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
              else int(args.retention_hours * 3600),
              "max_bytes": None if args.store_max_mb is None else int(args.store_max_mb * 2**20)}
     limits = StoreLimits(**{k: v for k, v in given.items() if v is not None})
-    modbus = _listen(args.modbus_tcp) if args.modbus_tcp is not None else None
+    modbus = _listen(args.modbus_tcp, "--modbus-tcp") if args.modbus_tcp is not None else None
     units: dict[int, str] | None = None
     if args.modbus_unit:
         units = {}
