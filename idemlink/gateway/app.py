@@ -51,8 +51,9 @@ def _refused(http: int, reason: str, message: str) -> web.Response:
 
 
 def needed_role(method: str, route: str) -> str:
-    """The least role a route needs (``ROUTE_ROLES``; anything else: viewer)."""
-    return ROUTE_ROLES.get((method, route), "viewer")
+    """The least role a route needs (``ROUTE_ROLES``; any other read: viewer; any other method:
+    operator, so a route added later without a row is never open to viewers)."""
+    return ROUTE_ROLES.get((method, route), "viewer" if method in ("GET", "HEAD") else "operator")
 
 
 ROUTE_ROLES: dict[tuple[str, str], str] = {
