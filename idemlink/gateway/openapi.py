@@ -37,13 +37,15 @@ _PORT = {"name": "port", "in": "path", "required": True, "schema": {"type": "str
 
 def _answers(*codes: int) -> dict[str, Any]:
     ref = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Outcome"}}}}
+    codes = (*codes, 403) if 401 in codes else codes  # every route with a token has roles
     return {str(c): {"description": _meaning(c), **ref} for c in sorted(set(codes))}
 
 
 def _meaning(code: int) -> str:
     rows = sorted(name for name, rule in HTTP_RULES.items() if rule.http == code)
     extra = {200: "read", 202: "accepted: see the status resource", 400: "malformed request",
-             401: "no or unknown bearer token", 404: "no such port, call or item",
+             401: "no or unknown bearer token", 403: "FORBIDDEN: the token's role does not allow it",
+             404: "no such port, call or item",
              422: "REJECTED, or a key outside the retention window"}
     return ", ".join(rows + ([extra[code]] if code in extra else []))
 
