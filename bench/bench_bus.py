@@ -26,9 +26,9 @@ from pathlib import Path
 
 from idemlink.device_sim.bus import Bus, BusConfig, BusTransport
 from idemlink.device_sim.device import SimulatedDevice
-from idemlink.host.bus import BreakerPolicy
 from idemlink.host.bus import Bus as HostBus
 from idemlink.host.errors import NoDevice
+from idemlink.protocol.bus_rules import BreakerPolicy
 from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, ReadRegisters, encode_request
 from idemlink.protocol.payloads import encode_response_payload

@@ -6,15 +6,24 @@ Contract:
   device's handle, a ``Device`` (the whole blocking API and its outcomes) whose frames go
   ADDRESSED to it, created once per address.
 - **One transaction on the wire at a time** (half-duplex, the default): every handle sends at most
-  one request at a time (``max_inflight=1``) and an operation of one handle holds the line
-  (``Bus.turn``, a lock) until it ends, so no handle's request meets another's answer on the
-  medium. ``half_duplex=False`` lets handles pipeline as a point-to-point ``Device`` does (the
-  line still carries one handle's operation at a time: they share one transport).
-- **A dead device costs only its own time**: each handle has a ``Breaker``. After
-  ``BreakerPolicy.failures`` operations in a row that ended with a request unanswered (status
-  NO_ANSWER) or a HELLO unanswered, the breaker opens: for ``cooldown`` seconds the handle's
-  commands end NOT_EXECUTED / BREAKER_OPEN at once and nothing is sent. After the cooldown the
-  next command goes out as a probe: answered, the breaker closes; unanswered, it opens again.
+  one request at a time (``max_inflight=1``) and every byte a handle writes or reads is under the
+  line's turn (``FairTurn``, through the handle's ``TurnTransport``), so no handle's request meets
+  another's answer on the medium. **Fair**: the turn passes per transaction (a request from its
+  first send to its settling, retries included), round-robin among the handles with work queued
+  (``idemlink.protocol.bus_rules.next_in_turn``): a handle with a deep queue gets one
+  transaction, then every other waiting handle one. ``half_duplex=False`` lets handles pipeline
+  as a point-to-point ``Device`` does (the turn then passes between their pipelined bursts).
+- **A dead device costs only its own time**: each handle has a ``Breaker``
+  (``idemlink.protocol.bus_rules``, time passed in). After ``BreakerPolicy.failures``
+  operations in a row that ended with a request unanswered (status NO_ANSWER) or a HELLO
+  unanswered, the breaker opens: until its probe time the handle's commands end NOT_EXECUTED /
+  BREAKER_OPEN at once and nothing is sent. **Probed on a schedule**: at the probe time the
+  bus probes it (``Bus.probe_due``, which every handle's command runs first, so a busy bus
+  keeps the schedule by itself; ``Bus.next_probe`` says when for an idle program), or a command
+  to it goes out as the probe: answered, the breaker closes; unanswered, it opens again for
+  ``cooldown × backoff`` (per-device backoff, up to ``max_cooldown``).
+- **Plain Modbus RTU units** (``modbus_rtu=True``): ``bus.device(unit)`` is a ``BusRtuDevice``
+  (an ``RtuDevice`` at that unit) with the same turn, fairness and breaker; no broadcast.
 - **Broadcast** (issue 22 item 4): ``bus.broadcast({"mode": 1})`` sends one set-only write
   (HOLDING registers only: ``broadcast_allowed``, else ``LocalProtocolError`` and nothing sent)
   to address 0 under a broadcast number (above every connected device's HELLO ``broadcast_next``
@@ -24,78 +33,35 @@ Contract:
   write: sending it again is harmless), UNKNOWN where the read-back cannot tell.
 - A handle's ``close`` leaves the shared transport open; ``Bus.close`` closes it.
 
-The breaker's rule is ``Breaker`` (time passed in); the handles only consult it.
+The rules (turn order, breaker and its schedule) are ``idemlink.protocol.bus_rules``; the
+handles only consult them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Generator, Iterable, Mapping
-from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Any, Self, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Self
 
 from idemlink.host.command import Command, CommandBuilder, Result
-from idemlink.host.device import Device
+from idemlink.host.device import BlockingDriver, Device
 from idemlink.host.errors import NoDevice
 from idemlink.host.half_duplex import HalfDuplexTransport
-from idemlink.host.operations import Steps
+from idemlink.host.operations import Job
+from idemlink.host.rtu_device import RtuDevice, line_rate
+from idemlink.host.rtu_operations import probe_command
 from idemlink.host.transport import SerialTransport, Transport
+from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, next_in_turn
+from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import broadcast_allowed
 from idemlink.protocol.frame import BROADCAST_ADDRESS, FrameType, check_address, encode_frame
 from idemlink.protocol.host_session import SessionState
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
-
-T = TypeVar("T")
-
-
-class BreakerState(Enum):
-    CLOSED = "closed"  #: commands are sent
-    OPEN = "open"  #: nothing is sent until the cooldown ends
-    PROBING = "probing"  #: one operation goes out to see whether the device is back
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerPolicy:
-    failures: int = 2  #: unanswered operations in a row that open the breaker
-    cooldown: float = 2.0  #: seconds it stays open before the next command probes
-
-    def __post_init__(self) -> None:
-        if self.failures < 1 or not 0 <= self.cooldown < 3600:
-            raise LocalProtocolError("a breaker opens after >= 1 failures and cools down for "
-                                     "0..3600 s")
-
-
-class Breaker:
-    """One device's circuit breaker (time passed in). See the module docstring."""
-
-    def __init__(self, policy: BreakerPolicy | None = None) -> None:
-        self.policy = policy or BreakerPolicy()
-        self.state = BreakerState.CLOSED
-        self.failures = 0
-        self.open_until = 0.0
-        self.refused = 0  #: commands ended BREAKER_OPEN without being sent
-
-    def allows(self, now: float) -> bool:
-        """Whether an operation may go out now (after the cooldown: as a probe)."""
-        if self.state is BreakerState.OPEN:
-            if now < self.open_until:
-                return False
-            self.state = BreakerState.PROBING
-        return True
-
-    def record(self, answered: bool, now: float) -> None:
-        """What the operation that went out found: the device answered, or not."""
-        if answered:
-            self.state, self.failures = BreakerState.CLOSED, 0
-            return
-        self.failures += 1
-        if self.state is BreakerState.PROBING or self.failures >= self.policy.failures:
-            self.state = BreakerState.OPEN
-            self.open_until = now + self.policy.cooldown
 
 
 def unanswered(results: Iterable[Result]) -> bool:
@@ -112,17 +78,143 @@ def refused(breaker: Breaker, address: int, commands: list[Command], why: str) -
                    detail=f"address {address} {why}") for c in commands]
 
 
-class BusDevice(Device):
-    """One address's handle on a ``Bus``: a ``Device`` that takes the bus's turn for each
-    operation and consults its breaker."""
+class FairTurn:
+    """Whose turn the line is, between a bus's handles on threads: ``acquire(key)`` waits for
+    it, ``release(key)`` hands it on by the round-robin rule
+    (``idemlink.protocol.bus_rules.next_in_turn``). The turn belongs to a key (an address; 0
+    for a broadcast), not to a thread: the thread driving a handle's loop may change."""
 
-    def __init__(self, bus: Bus, address: int, *, max_inflight: int) -> None:
-        super().__init__(bus.transport, regmap=bus.regmap, timeout=bus.timeout,
-                         attempts=bus.attempts, max_inflight=max_inflight,
-                         check_map=bus.check_map, address=address)
-        self.bus = bus
-        self.address = address
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.holder: int | None = None
+        self.waiting: set[int] = set()
+        self.last: int | None = None
+        self.grants = 0  #: turns handed out (each transaction is one, or several in a row)
+
+    def acquire(self, key: int) -> None:
+        with self._cond:
+            if self.holder == key:
+                return
+            self.waiting.add(key)
+            try:
+                while self.holder != key:
+                    if self.holder is None:
+                        self._grant()
+                    else:
+                        self._cond.wait()
+            except BaseException:
+                self.waiting.discard(key)
+                if self.holder == key:
+                    self._hand_on(key)
+                raise
+
+    def release(self, key: int) -> None:
+        with self._cond:
+            if self.holder == key:
+                self._hand_on(key)
+
+    def contended(self, key: int) -> bool:
+        """Whether another key waits for the line."""
+        with self._cond:
+            return bool(self.waiting - {key})
+
+    @contextmanager
+    def hold(self, key: int) -> Iterator[None]:
+        self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release(key)
+
+    def _hand_on(self, key: int) -> None:
+        self.holder, self.last = None, key
+        self._grant()
+
+    def _grant(self) -> None:
+        nxt = next_in_turn(self.waiting, self.last)
+        if nxt is not None:
+            self.waiting.discard(nxt)
+            self.holder = nxt
+            self.grants += 1
+            self._cond.notify_all()
+
+
+class TurnTransport:
+    """One handle's view of the bus's transport: every ``write`` and ``read`` first has the
+    line's turn (``FairTurn``). A transaction is a request from its first send to its
+    settling (retries included): once one settled during this turn (``settled()`` moved) and
+    another key waits, the handle gives the turn up before it sends again, so every waiting
+    handle gets one transaction before its next. ``release()`` ends its turn (the end of an
+    operation)."""
+
+    def __init__(self, inner: Transport, turn: FairTurn, key: int) -> None:
+        self.inner = inner
+        self.turn = turn
+        self.key = key
+        self.holding = False
+        self.settled: Callable[[], int] = lambda: 0  #: requests settled so far (the handle's)
+        self._mark = 0
+
+    def take(self) -> None:
+        if self.holding:
+            if self.settled() == self._mark or not self.turn.contended(self.key):
+                return
+            self.release()  # a transaction ended: the others' turn first
+        self.turn.acquire(self.key)
+        self.holding = True
+        self._mark = self.settled()
+
+    def release(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.turn.release(self.key)
+
+    def write(self, data: bytes) -> None:
+        self.take()
+        self.inner.write(data)
+
+    def read(self, timeout: float) -> bytes:
+        self.take()
+        return self.inner.read(timeout)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def close(self) -> None:
+        """The bus's transport stays open (``Bus.close`` closes it)."""
+        self.release()
+
+    def __getattr__(self, name: str) -> Any:  # ``port`` (YMODEM jobs), ``wake``
+        return getattr(self.inner, name)
+
+
+class BusHandle(BlockingDriver):
+    """What every handle on a ``Bus`` adds to its driver: the bus's turn per transaction
+    (``TurnTransport``), the breaker, the scheduled probe. ``BusDevice`` (framed) and
+    ``BusRtuDevice`` (a plain Modbus RTU unit) are it over their drivers."""
+
+    bus: Bus
+    address: int
+    breaker: Breaker
+    line: TurnTransport
+
+    def _join(self, bus: Bus, address: int, line: TurnTransport) -> None:
+        self.bus, self.address, self.line = bus, address, line
         self.breaker = Breaker(bus.breaker_policy)
+        stats = self.ops.stats
+        line.settled = lambda: stats.commands
+
+    def _needs_connect(self) -> bool:
+        """Whether the first command must connect first (a HELLO; a plain slave has none)."""
+        return False
+
+    def _release(self) -> None:
+        self.line.release()  # the operation's end: the line is the others' again
+        super()._release()
+
+    def _run_job(self, job: Job[Any]) -> None:
+        self.line.take()  # a job on the port (YMODEM) is a transaction too
+        super()._run_job(job)
 
     def connect(self) -> None:
         now = self.transport.now()
@@ -136,25 +228,40 @@ class BusDevice(Device):
             raise
         self.breaker.record(True, self.transport.now())
 
-    def _rounds(self, steps: Steps[T]) -> Generator[None, None, T]:
-        with self.bus.turn:
-            return (yield from super()._rounds(steps))
-
     def _share(self, commands: list[Command]) -> list[Result]:
-        now = self.transport.now()
-        if not self.breaker.allows(now):
+        self.bus.probe_due(skip=self.address)  # the breakers' schedule rides on the traffic
+        if not self.breaker.allows(self.transport.now()):
             return self._refused(commands, "did not answer; nothing was sent")
-        with self.bus.turn:
-            if self.session.state is SessionState.CLOSED:
-                try:
-                    super().connect()  # the probe of a device that never answered
-                except NoDevice:
-                    self.breaker.record(False, self.transport.now())
-                    return self._refused(commands, "did not answer its HELLO; nothing else "
-                                                   "was sent")
-            results = super()._share(commands)
+        if self._needs_connect():
+            try:
+                BlockingDriver.connect(self)  # the first command, or the probe of a silent one
+            except NoDevice:
+                self.breaker.record(False, self.transport.now())
+                return self._refused(commands, "did not answer its HELLO; nothing else "
+                                               "was sent")
+        results = super()._share(commands)
         self.breaker.record(not unanswered(results), self.transport.now())
         return results
+
+    def probe(self) -> bool | None:
+        """One scheduled probe (the breaker allowing): a HELLO for a device never connected,
+        else a read of the map's first register. True: it answered (the breaker closes);
+        False: it did not (it opens again, for longer); None: nothing was sent (not due, or the
+        handle waits for its user to settle an UNKNOWN)."""
+        if self.ops.unknown is not None or not self.breaker.probe_due(self.transport.now()):
+            return None
+        self.breaker.allows(self.transport.now())
+        try:
+            if self._needs_connect():
+                BlockingDriver.connect(self)
+                answered = True
+            else:
+                answered = not unanswered(BlockingDriver._share(
+                    self, [probe_command(self.regmap)]))
+        except NoDevice:
+            answered = False
+        self.breaker.record(answered, self.transport.now())
+        return answered
 
     def _refused(self, commands: list[Command], why: str) -> list[Result]:
         return refused(self.breaker, self.address, commands, why)
@@ -162,6 +269,35 @@ class BusDevice(Device):
     def close(self) -> None:
         """Stop this handle (the bus's transport stays open: ``Bus.close`` closes it)."""
         self._stop_sharing()
+        self.line.release()
+
+
+class BusDevice(BusHandle, Device):
+    """One address's idemlink device on a ``Bus``: a ``Device`` whose frames go ADDRESSED to
+    it, on the bus's turn, behind its breaker."""
+
+    def __init__(self, bus: Bus, address: int, *, max_inflight: int) -> None:
+        line = TurnTransport(bus.transport, bus.turn, address)
+        Device.__init__(self, line, regmap=bus.regmap, timeout=bus.timeout,
+                        attempts=bus.attempts, max_inflight=max_inflight,
+                        check_map=bus.check_map, address=address)
+        self._join(bus, address, line)
+
+    def _needs_connect(self) -> bool:
+        return self.session.state is SessionState.CLOSED
+
+
+class BusRtuDevice(BusHandle, RtuDevice):
+    """One unit of a plain Modbus RTU line on a ``Bus`` (``modbus_rtu=True``): an ``RtuDevice``
+    at that unit, on the bus's turn, behind its breaker. A plain slave has no handshake: its
+    first command is its probe."""
+
+    def __init__(self, bus: Bus, unit: int) -> None:
+        line = TurnTransport(bus.transport, bus.turn, unit)
+        RtuDevice.__init__(self, line, regmap=bus.regmap, unit=unit, baudrate=bus.line_rate,
+                           timeout=bus.timeout, attempts=bus.attempts,
+                           char_format=bus.char_format)
+        self._join(bus, unit, line)
 
 
 class Bus:
@@ -171,7 +307,9 @@ class Bus:
                  timeout: float = 0.2, attempts: int = 5, half_duplex: bool = True,
                  max_inflight: int = 8, check_map: bool = True,
                  breaker: BreakerPolicy | None = None, baud: int | None = 115200,
-                 turnaround: float = 0.001) -> None:
+                 turnaround: float = 0.001, modbus_rtu: bool = False,
+                 char_format: CharFormat = MODBUS_CHAR_FORMAT,
+                 line_rate: int | None = None) -> None:
         self.transport = transport
         self.baud = baud  #: the line's rate: how long a broadcast occupies it
         self.turnaround = turnaround  #: the devices' turnaround: a broadcast's wait after it
@@ -182,38 +320,82 @@ class Bus:
         self.max_inflight = 1 if half_duplex else max_inflight
         self.check_map = check_map
         self.breaker_policy = breaker or BreakerPolicy()
-        #: held by the handle whose operation is on the line (reentrant: an operation's
-        #: connect runs inside it)
-        self.turn = threading.RLock()
-        self._devices: dict[int, BusDevice] = {}
+        #: plain Modbus RTU units (``BusRtuDevice``) instead of idemlink devices
+        self.modbus_rtu = modbus_rtu
+        self.char_format = char_format  #: with ``modbus_rtu``: the RTU timing's character
+        self.line_rate = line_rate  #: with ``modbus_rtu``: the rate that paces t3.5 (None: pty)
+        #: whose turn the line is: one transaction at a time, round-robin among the handles
+        #: with work queued (``FairTurn``)
+        self.turn = FairTurn()
+        self._devices: dict[int, BusDevice | BusRtuDevice] = {}
         self._broadcast_next: int | None = None  #: the next broadcast number this bus uses
+        self._probing = threading.Lock()  #: one thread runs the scheduled probes at a time
 
     @classmethod
-    def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
-             stopbits: float = 1, keep_lines: bool = True,
+    def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8,
+             parity: str | None = None, stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, echo: bool = False,
-             guard: float = 0.0, **kw: Any) -> Bus:
+             guard: float = 0.0, modbus_rtu: bool = False, **kw: Any) -> Bus:
         """Open ``url`` (any pyserial URL) for a bus; no device is contacted until a handle's
         first operation (``device(address).connect()`` or a command). ``echo``: the adapter
         echoes what the master sends (recognised and removed; a wrong echo is ``EchoMismatch``);
         ``guard``: seconds the master waits after the last byte heard before it sends
-        (``idemlink.host.half_duplex``)."""
+        (``idemlink.host.half_duplex``). ``modbus_rtu``: the line's devices are plain Modbus RTU
+        slaves (``device(unit)`` is a ``BusRtuDevice``; the character format defaults to 8E1
+        as ``RtuDevice.open``'s); ``parity`` defaults to N for idemlink devices."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        serial = SerialTransport(url, baudrate=baudrate, bytesize=bytesize, parity=parity,
-                                 stopbits=stopbits, keep_lines=keep_lines)
+        fmt = CharFormat(bytesize, parity or ("E" if modbus_rtu else "N"), stopbits)
+        serial = SerialTransport(url, baudrate=baudrate, bytesize=fmt.bytesize,
+                                 parity=fmt.parity, stopbits=fmt.stopbits, keep_lines=keep_lines)
         transport: Transport = serial
         if echo or guard:
             transport = HalfDuplexTransport(serial, echo=echo, guard=guard)
-        return cls(transport, regmap=rm, baud=baudrate, **kw)
+        if modbus_rtu:
+            kw.setdefault("char_format", fmt)
+            kw.setdefault("line_rate", line_rate(serial.port, baudrate))
+        return cls(transport, regmap=rm, baud=baudrate, modbus_rtu=modbus_rtu, **kw)
 
-    def device(self, address: int) -> BusDevice:
-        """The handle of the device at ``address`` (1..247), the same one each time."""
+    def device(self, address: int) -> BusDevice | BusRtuDevice:
+        """The handle of the device at ``address`` (1..247; with ``modbus_rtu`` the unit id),
+        the same one each time."""
         check_address(address)
         dev = self._devices.get(address)
         if dev is None:
-            dev = self._devices[address] = BusDevice(self, address,
-                                                     max_inflight=self.max_inflight)
+            dev = self._devices[address] = (
+                BusRtuDevice(self, address) if self.modbus_rtu
+                else BusDevice(self, address, max_inflight=self.max_inflight))
         return dev
+
+    def framed(self, address: int) -> BusDevice:
+        """``device(address)`` of a bus of idemlink devices (``LocalProtocolError`` with
+        ``modbus_rtu``)."""
+        dev = self.device(address)
+        if not isinstance(dev, BusDevice):
+            raise LocalProtocolError("a Modbus RTU bus's units are not idemlink devices")
+        return dev
+
+    def probe_due(self, *, skip: int | None = None) -> dict[int, bool]:
+        """Probe every handle whose breaker's schedule says so now (``Breaker.probe_due``): a
+        HELLO or a read of the map's first register each, on its own turn; what each found
+        (True: it answered, its breaker closed). Every handle's commands call it first, so a
+        busy bus follows the schedule on its own; a program that sends nothing calls it at
+        ``next_probe()``. Another thread probing already: nothing here."""
+        if not self._probing.acquire(blocking=False):
+            return {}
+        try:
+            now = self.transport.now()
+            due = [d for a, d in sorted(self._devices.items())
+                   if a != skip and d.breaker.probe_due(now)]
+            found = {d.address: d.probe() for d in due}
+            return {a: f for a, f in found.items() if f is not None}
+        finally:
+            self._probing.release()
+
+    def next_probe(self) -> float | None:
+        """When the next scheduled probe is due (the transport's clock), None if no breaker is
+        open."""
+        times = [t for d in self._devices.values() if (t := d.breaker.next_probe) is not None]
+        return min(times) if times else None
 
     def broadcast(self, values: Mapping[str | int, int | str], *,
                   repeat: int = 1) -> dict[int, Result]:
@@ -222,11 +404,15 @@ class Bus:
         one after the other, against loss: a device runs it once however often it hears it."""
         if not 1 <= repeat <= 100:
             raise LocalProtocolError(f"a broadcast is sent 1..100 times, not {repeat}")
+        if self.modbus_rtu:
+            raise LocalProtocolError("a broadcast here is the idemlink broadcast (numbered, run "
+                                     "once); a plain Modbus RTU line has none; nothing was sent")
         command = CommandBuilder(self.regmap).write_command(values)
         if not broadcast_allowed(self.regmap, command.pdu()):
             raise LocalProtocolError("a broadcast carries a set-only write of HOLDING registers "
                                      "only (nobody answers it); nothing was sent")
-        handles = {a: d for a, d in self._devices.items() if d.info is not None}
+        handles = {a: d for a, d in self._devices.items()
+                   if isinstance(d, BusDevice) and d.info is not None}
         if not handles:
             raise LocalProtocolError("connect the devices first: broadcast numbers start above "
                                      "what their HELLO replies say; nothing was sent")
@@ -234,7 +420,7 @@ class Bus:
         frame = encode_frame(FrameType.REQUEST, seq, 0, command.pdu(), address=BROADCAST_ADDRESS)
         wait = self.turnaround + (0.0 if self.baud is None
                                   else repeat * len(frame) * 10 / self.baud)
-        with self.turn:
+        with self.turn.hold(BROADCAST_ADDRESS):
             self.transport.write(frame * repeat)
             deadline = self.transport.now() + wait
             while (left := deadline - self.transport.now()) > 0:
@@ -258,7 +444,8 @@ class Bus:
         where they do not, UNKNOWN where the read cannot tell (or the device did not answer)."""
         out: dict[int, Result] = {}
         for a, r in results.items():
-            rec = self.device(a).reconcile(r)
+            dev = self.device(a)
+            rec = dev.reconcile(r)
             holds = None if rec is None else rec.intended_state_holds
             if holds is True:
                 out[a] = replace(r, outcome=Outcome.OK, status=Status.OK,

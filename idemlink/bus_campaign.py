@@ -68,9 +68,10 @@ from idemlink.device_sim.bus_station import (
 )
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
-from idemlink.host.bus import BreakerPolicy, Bus, BusDevice
-from idemlink.host.command import Command, CommandKind
+from idemlink.host.bus import Bus, BusDevice
+from idemlink.host.command import Command, CommandKind, Result
 from idemlink.oracle import Claim, Delivered, Record, Run
+from idemlink.protocol.bus_rules import BreakerPolicy
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.regmap_file import resolve_regmap
 from idemlink.soak_device import CLOCK_TOLERANCE, EffectsReader
@@ -206,7 +207,19 @@ class BusCampaignReport:
 
 
 class _BusHost(_Host, BusDevice):
-    """One address's handle on the host's ``Bus`` whose every Result is also kept (``_Host``)."""
+    """One address's handle on the host's ``Bus`` whose every Result is also kept (``_Host``);
+    a scheduled probe (run while another device's batch goes out) is claimed by its member's
+    oracle as a read-back."""
+
+    member: _Member | None = None
+
+    def probe(self) -> bool | None:
+        before = len(self.made)
+        found = super().probe()
+        probes, self.made[before:] = self.made[before:], []
+        if self.member is not None and probes:
+            self.member.claim_readbacks(probes)
+        return found
 
 
 class _Member(_Campaign):
@@ -243,8 +256,17 @@ class _Member(_Campaign):
     def _new_host(self) -> _Host:
         host = self.owner.host  # the bus's timeout and attempts are the device campaign's
         dev = _BusHost(host, self.address, max_inflight=1)
+        dev.member = self
         host._devices[self.address] = dev
         return dev
+
+    def claim_readbacks(self, results: list[Result]) -> None:
+        """Read-backs made outside this device's batches (a scheduled probe): claimed and
+        judged like a reconcile's."""
+        handles = [self.oracle.claim(self.dev.claim(r, readback=True)) for r in results]
+        self._sync()
+        for h in handles:
+            self.oracle.judge(h)
 
     def deliveries(self) -> list[Delivered]:
         self.owner.share_heard()

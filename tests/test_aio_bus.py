@@ -10,7 +10,7 @@ from idemlink.device_sim.bus import BusConfig, BusTransport
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.simlink import AsyncSimTransport
 from idemlink.host.aio_bus import AsyncBus
-from idemlink.host.bus import BreakerPolicy
+from idemlink.protocol.bus_rules import BreakerPolicy
 from idemlink.protocol.outcome import Outcome, Status
 
 

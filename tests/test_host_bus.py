@@ -11,9 +11,9 @@ import pytest
 from idemlink.device_sim.bus import MASTER, Bus, BusConfig, BusTransport
 from idemlink.device_sim.device import BROADCAST_EPOCH, SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
-from idemlink.host.bus import Breaker, BreakerPolicy, BreakerState
 from idemlink.host.bus import Bus as HostBus
 from idemlink.host.errors import NoDevice
+from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, BreakerState
 from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 
@@ -118,10 +118,10 @@ def test_the_breaker_rule() -> None:
     b.record(False, 0.1)
     assert b.state is BreakerState.OPEN and not b.allows(1.0) and b.allows(1.1)
     assert b.state is BreakerState.PROBING
-    b.record(False, 1.2)  # a failed probe opens it again at once
-    assert b.state is BreakerState.OPEN and not b.allows(2.1) and b.allows(2.2)
-    b.record(True, 2.3)
-    assert b.state is BreakerState.CLOSED and b.failures == 0
+    b.record(False, 1.2)  # a failed probe opens it again at once, for twice as long
+    assert b.state is BreakerState.OPEN and not b.allows(3.1) and b.allows(3.2)
+    b.record(True, 3.3)
+    assert b.state is BreakerState.CLOSED and b.failures == 0 and b.cooldown == 1.0
 
 
 def test_broadcast_acts_once_returns_after_the_frame_time_and_verify_reads_back() -> None:

@@ -209,7 +209,7 @@ def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Names
         address = int(ns.port.rpartition("@")[2])
         ns.port, ns.ports, ns.address = port, [port], str(address)
 
-        def opened() -> Device:
+        def opened() -> AnyDevice:
             dev = bus.device(address)
             try:
                 dev.connect()
