@@ -450,7 +450,8 @@ class Device(BlockingDriver):
              attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
              trace: str | os.PathLike[str] | None = None,
              address: int | None = None,
-             key: bytes | str | os.PathLike[str] | None = None) -> Device:
+             key: bytes | str | os.PathLike[str] | None = None, echo: bool = False,
+             guard: float = 0.0) -> Device:
         """Open ``url`` (any pyserial URL; ``bytesize``/``parity``/``stopbits``: the line's
         character format, 8N1 by default) and run the HELLO handshake. ``regmap`` is the device's
         register map (a ``RegisterMap``, a map file's path or a built-in map's name); a device
@@ -467,12 +468,16 @@ class Device(BlockingDriver):
         refused (``IncompatibleDevice``: no downgrade); None, unauthenticated as before.
         ``idemlink+http://HOST:PORT/PORTNAME`` is a device behind an ``idemlink gateway``
         (``idemlink.host.gateway_device.GatewayDevice``: the same API through its calls, the
-        token from ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``)."""
+        token from ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``).
+        ``echo`` and ``guard``: an RS-485 adapter's echo removed (a wrong one is
+        ``EchoMismatch``) and the master's turnaround guard (``idemlink.host.half_duplex``), as
+        ``Bus.open`` and ``RtuDevice.open`` have them."""
         if url.startswith(("idemlink+http://", "idemlink+https://")):
             from idemlink.host.gateway_device import GatewayDevice, NotThroughGateway
 
-            if address is not None or key is not None or trace is not None:
-                raise NotThroughGateway("address, key and trace are the gateway's own through "
+            if address is not None or key is not None or trace is not None or echo or guard:
+                raise NotThroughGateway("address, key, trace, echo and guard are the gateway's "
+                                         "own through "
                                          "a gateway URL (docs/API.md, \"Through a gateway\")")
             return GatewayDevice.open_url(url, regmap=regmap, check_map=check_map)
         if address is not None:
@@ -485,6 +490,10 @@ class Device(BlockingDriver):
         transport: Transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize,
                                                parity=parity, stopbits=stopbits,
                                                keep_lines=keep_lines)
+        if echo or guard:
+            from idemlink.host.half_duplex import HalfDuplexTransport
+
+            transport = HalfDuplexTransport(transport, echo=echo, guard=guard)
         if trace is not None:
             from idemlink.host.trace import TracingTransport
 

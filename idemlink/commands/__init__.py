@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "idemlink.commands.scan_cmd",
     "idemlink.commands.gateway_cmd",
     "idemlink.commands.gateway_call_cmd",
+    "idemlink.commands.broadcast_cmd",
 )
 
 #: the command names each module of ``COMMAND_MODULES`` registers
@@ -56,4 +57,5 @@ COMMAND_NAMES: dict[str, str] = {
     "scan": "idemlink.commands.scan_cmd",
     "gateway": "idemlink.commands.gateway_cmd",
     "gateway-call": "idemlink.commands.gateway_call_cmd",
+    "broadcast": "idemlink.commands.broadcast_cmd",
 }

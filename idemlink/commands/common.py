@@ -79,8 +79,29 @@ def device_options() -> argparse.ArgumentParser:
                         help="append every frame sent and received, decoded, as JSON lines")
     add_regmap_option(common)
     add_address_option(common)
+    add_half_duplex_options(common)
     add_connection_options(common, DEVICE_KEYS)
     return common
+
+
+def add_half_duplex_options(p: argparse.ArgumentParser) -> None:
+    """``--echo`` and ``--guard S``: a half-duplex line's chores on the master's side
+    (``idemlink.host.half_duplex``), for idemlink devices and ``--modbus-rtu`` alike."""
+    p.add_argument("--echo", action="store_true", default=False,
+                   help="the RS-485 adapter echoes what this host sends: recognise and skip "
+                        "it (a wrong echo stops the command with a clear error)")
+    p.add_argument("--guard", type=float, default=0.0, metavar="S",
+                   help="turnaround guard: wait S seconds (0..1) after the last byte heard "
+                        "before sending (default 0)")
+
+
+def half_duplex(args: argparse.Namespace) -> dict[str, Any]:
+    """``echo`` and ``guard`` for ``Device.open``, ``RtuDevice.open`` and ``Bus.open``
+    (``UserError`` for a guard outside 0..1 s)."""
+    guard = float(getattr(args, "guard", 0.0) or 0.0)
+    if not 0.0 <= guard <= 1.0:  # nan fails too
+        raise UserError(f"--guard {guard}: a turnaround guard is 0..1 s")
+    return {"echo": bool(getattr(args, "echo", False)), "guard": guard}
 
 
 def add_address_option(p: argparse.ArgumentParser, several: bool = True) -> None:
@@ -97,15 +118,21 @@ def bus_addresses(args: argparse.Namespace) -> list[int] | None:
     """``--address`` parsed and checked (None without it): ``N`` or a list ``1,2,5-8`` of
     distinct addresses in 1..247; ``UserError`` otherwise or with ``--modbus-rtu`` /
     ``--modbus-tcp`` (their unit is ``--unit``)."""
-    from idemlink.cli import UserError
-    from idemlink.protocol.frame import MAX_ADDRESS, MIN_ADDRESS
-
     text: str | None = getattr(args, "address", None)
     if text is None:
         return None
     if getattr(args, "modbus_rtu", None) or getattr(args, "modbus_tcp", None):
         raise UserError("--address is an idemlink device's bus address; a Modbus slave's is "
                         "--unit N")
+    return address_list(text, "--address", "0 is the broadcast address, which no device "
+                        "answers")
+
+
+def address_list(text: object, option: str, zero: str) -> list[int]:
+    """``N`` or a list ``1,2,5-8`` of distinct addresses in 1..247 (``UserError`` otherwise;
+    ``zero`` says why 0 is not one)."""
+    from idemlink.protocol.frame import MAX_ADDRESS, MIN_ADDRESS
+
     out: list[int] = []
     for part in str(text).split(","):
         first, dash, last = part.strip().partition("-")
@@ -113,16 +140,16 @@ def bus_addresses(args: argparse.Namespace) -> list[int] | None:
             lo = int(first)
             hi = int(last) if dash else lo
         except ValueError:
-            raise UserError(f"--address {text}: not an address or a list like 1,2,5-8") from None
+            raise UserError(f"{option} {text}: not an address or a list like 1,2,5-8") from None
         for a in (lo, hi):
             if not MIN_ADDRESS <= a <= MAX_ADDRESS:
-                raise UserError(f"--address must be {MIN_ADDRESS}..{MAX_ADDRESS} (0 is the "
-                                f"broadcast address, which no device answers), not {a}")
+                raise UserError(f"{option} must be {MIN_ADDRESS}..{MAX_ADDRESS} ({zero}), "
+                                f"not {a}")
         if hi < lo:
-            raise UserError(f"--address {part.strip()}: a range goes up")
+            raise UserError(f"{option} {part.strip()}: a range goes up")
         for a in range(lo, hi + 1):
             if a in out:
-                raise UserError(f"--address {text}: address {a} is named twice")
+                raise UserError(f"{option} {text}: {a} is named twice")
             out.append(a)
     return out
 
@@ -177,8 +204,20 @@ def add_rtu_options(p: argparse.ArgumentParser) -> None:
                    help="a Modbus TCP device or gateway at HOST (port 502 unless given; "
                         "[v6addr]:port for IPv6) instead of a port; answers wait 1 s unless "
                         "--timeout says otherwise")
-    p.add_argument("--unit", type=int, default=None,
-                   help="with --modbus-rtu or --modbus-tcp: its unit id (1..247, default 1)")
+    p.add_argument("--unit", type=unit_syntax, default=None, metavar="N",
+                   help="with --modbus-rtu or --modbus-tcp: its unit id (1..247, default 1); "
+                        "with --modbus-rtu a list (1,2,5-8) runs the command on each unit of "
+                        "the line, one transaction at a time")
+
+
+def unit_syntax(text: str) -> int | str:
+    """``--unit``: a number (checked later), or a list kept as text (``rtu_units``)."""
+    try:
+        return int(text)
+    except ValueError:
+        if all(c.isdigit() or c in ",- " for c in text) and any(c.isdigit() for c in text):
+            return text
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def tcp_address(args: argparse.Namespace) -> str | None:
@@ -209,17 +248,32 @@ def line_settings(args: argparse.Namespace) -> dict[str, Any]:
 def rtu_unit(args: argparse.Namespace) -> int | None:
     """The unit id to drive with ``--modbus-rtu`` (None without it); ``UserError`` for a unit
     outside 1..247 or ``--unit`` without ``--modbus-rtu``."""
-    unit: int | None = getattr(args, "unit", None)
+    units = rtu_units(args)
+    if units is None:
+        return None
+    if len(units) > 1:
+        raise UserError(f"--unit {args.unit}: this command takes one unit")
+    unit = units[0]
+    if not 1 <= unit <= 247:
+        raise UserError(f"--unit {unit} outside 1..247 (broadcast, unit 0, gets no answer and "
+                        "cannot be read back)")
+    return unit
+
+
+def rtu_units(args: argparse.Namespace) -> list[int] | None:
+    """The unit ids ``--unit`` names with ``--modbus-rtu`` (a list ``1,2,5-8`` only there) or
+    ``--modbus-tcp`` (default ``[1]``; None without either)."""
+    unit: int | str | None = getattr(args, "unit", None)
     if not (getattr(args, "modbus_rtu", False) or tcp_address(args) is not None):
         if unit is not None:
             raise UserError("--unit is a Modbus RTU unit id: it needs --modbus-rtu (or "
                             "--modbus-tcp)")
         return None
-    unit = 1 if unit is None else unit
-    if not 1 <= unit <= 247:
-        raise UserError(f"--unit {unit} outside 1..247 (broadcast, unit 0, gets no answer and "
-                        "cannot be read back)")
-    return unit
+    if unit is None or isinstance(unit, int):
+        return [1 if unit is None else unit]
+    if not getattr(args, "modbus_rtu", False):
+        raise UserError(f"--unit {unit}: a list of units is for --modbus-rtu (one line)")
+    return address_list(unit, "--unit", "unit 0 is the broadcast, which no slave answers")
 
 
 def int_arg(text: str) -> int:

@@ -45,10 +45,12 @@ from idemlink.commands.common import (
     bus_address,
     bus_addresses,
     check_seconds,
+    half_duplex,
     host_key,
     line_settings,
     result_json,
     rtu_unit,
+    rtu_units,
     schema_of,
     tcp_address,
     worst,
@@ -85,9 +87,9 @@ def open_device(args: argparse.Namespace) -> Device:
     key = host_key(args)
     log_sources(args)
     try:
-        dev = Device.open(args.port, **line_settings(args), timeout=args.timeout,
-                          attempts=args.attempts, regmap=regmap, trace=trace,
-                          address=bus_address(args), key=key)
+        dev = Device.open(args.port, **line_settings(args), **half_duplex(args),
+                          timeout=args.timeout, attempts=args.attempts, regmap=regmap,
+                          trace=trace, address=bus_address(args), key=key)
     except OSError as exc:  # the trace file (the port's own failures are PortError)
         raise UserError(f"--trace {trace}: {exc.strerror or exc}") from None
     except NoDevice as exc:
@@ -147,7 +149,7 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
     if address is not None:
         return open_tcp_device(args, address, unit)
     try:
-        return RtuDevice.open(args.port, unit=unit, **line_settings(args),
+        return RtuDevice.open(args.port, unit=unit, **line_settings(args), **half_duplex(args),
                               timeout=args.timeout, attempts=args.attempts,
                               regmap=regmap_from(args))
     except (PortError, NoDevice) as exc:
@@ -185,21 +187,28 @@ def no_device(port: str, exc: NoDevice, *, hint: str = "add --modbus-rtu") -> Us
 
 
 def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Namespace], int],
-                     port: str, addresses: list[int]) -> int:
-    """``--address 1,2,5-8``: ``handler`` once per address on one opened bus
-    (``idemlink.host.bus.Bus``: one transaction on the line at a time), reported as several
-    ports are (``run_on_ports``: one block per ``PORT@ADDRESS``, the worst exit status)."""
+                     port: str, addresses: list[int], *, modbus_rtu: bool = False) -> int:
+    """``--address 1,2,5-8`` (``modbus_rtu``: ``--modbus-rtu --unit 1,2,5-8``): ``handler``
+    once per address on one opened bus (``idemlink.host.bus.Bus``: one transaction on the line
+    at a time, round-robin), reported as several ports are (``run_on_ports``: one block per
+    ``PORT@ADDRESS``, the worst exit status)."""
     from idemlink.host.bus import Bus
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
     if getattr(args, "trace", None) is not None:
-        raise UserError("--trace records one device: give one --address")
+        raise UserError("--trace records one device: give one --address"
+                        if not modbus_rtu else "--trace decodes idemlink frames: it does not "
+                        "apply with --modbus-rtu")
+    if modbus_rtu and getattr(args, "if_generation", None) is not None:
+        raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
+                        "which a standard Modbus RTU slave does not have; nothing was sent")
     regmap = regmap_from(args)
+    log_sources(args)
     try:
-        bus = Bus.open(port, **line_settings(args), regmap=regmap, timeout=args.timeout,
-                       attempts=args.attempts)
+        bus = Bus.open(port, **line_settings(args), **half_duplex(args), regmap=regmap,
+                       timeout=args.timeout, attempts=args.attempts, modbus_rtu=modbus_rtu)
     except PortBusy:
         raise UserError(busy_message(port, getattr(args, "regmap", None))) from None
     except PortError as exc:
@@ -207,7 +216,11 @@ def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Names
 
     def one(ns: argparse.Namespace) -> int:
         address = int(ns.port.rpartition("@")[2])
-        ns.port, ns.ports, ns.address = port, [port], str(address)
+        ns.port, ns.ports = port, [port]
+        if modbus_rtu:
+            ns.unit = address
+        else:
+            ns.address = str(address)
 
         def opened() -> AnyDevice:
             dev = bus.device(address)
@@ -238,6 +251,11 @@ def link_guarded(handler: Callable[[argparse.Namespace], int]) -> Callable[[argp
     def guarded(args: argparse.Namespace) -> int:
         ports = ports_of(args)
         addresses = bus_addresses(args)
+        units = rtu_units(args) if getattr(args, "modbus_tcp", None) is None else None
+        if units is not None and len(units) > 1:
+            if len(ports) != 1:
+                raise UserError("--unit with several units runs on one line: give one --port")
+            return run_on_addresses(args, one_port, ports[0], units, modbus_rtu=True)
         if addresses is not None and len(addresses) > 1:
             if len(ports) != 1:
                 raise UserError("--address with several addresses runs on one bus: give one "

@@ -23,7 +23,13 @@ from idemlink.cli import (
     add_regmap_option,
     regmap_from,
 )
-from idemlink.commands.common import add_address_option, add_answer_options, add_key_option
+from idemlink.commands.common import (
+    add_address_option,
+    add_answer_options,
+    add_half_duplex_options,
+    add_key_option,
+    half_duplex,
+)
 from idemlink.commands.connection import add_connection_options
 from idemlink.output import add_json_option, print_json
 
@@ -49,6 +55,7 @@ def register(sub: Any) -> None:
     add_json_option(p, INFO_SCHEMA)
     add_regmap_option(p)
     add_address_option(p, several=False)
+    add_half_duplex_options(p)
     p.add_argument("--modbus-rtu", action="store_true", default=None,
                    help="refused: a standard Modbus RTU slave has no HELLO identity to show "
                         "(read its registers with `idemlink read --modbus-rtu --all`)")
@@ -90,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     key = host_key(args)
     log_sources(args)
     try:
-        with Device.open(args.port, **line_settings(args), timeout=args.timeout,
+        with Device.open(args.port, **line_settings(args), **half_duplex(args),
+                         timeout=args.timeout,
                          attempts=args.attempts, regmap=regmap, check_map=False,
                          address=bus_address(args), key=key) as dev:
             info = dev.info

@@ -55,8 +55,10 @@ from idemlink.cli import (
 from idemlink.commands.common import (
     SEVERITY,
     add_answer_options,
+    add_half_duplex_options,
     add_key_option,
     add_rtu_options,
+    half_duplex,
     line_settings,
 )
 from idemlink.commands.connection import DEVICE_KEYS, add_connection_options
@@ -85,6 +87,7 @@ def register(sub: Any) -> None:
     p.add_argument("--port", help="device path or pyserial URL (see `idemlink ports`)")
     add_baudrate_option(p, default=None)
     add_char_format_options(p, modbus=True)
+    add_half_duplex_options(p)
     add_answer_options(p, "sends per read before it is UNKNOWN (default 5)")
     add_key_option(p)
     p.add_argument("--interval", type=float, default=1.0,
@@ -263,10 +266,12 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                                              attempts=args.attempts, regmap=regmap)
                     elif unit is not None:
                         dev = RtuDevice.open(args.port, unit=unit, **line_settings(args),
+                                             **half_duplex(args),
                                              timeout=args.timeout, attempts=args.attempts,
                                              regmap=regmap)
                     else:
                         dev = Device.open(args.port, **line_settings(args),
+                                          **half_duplex(args),
                                           timeout=args.timeout, attempts=args.attempts,
                                           regmap=regmap)
                 except IncompatibleDevice as exc:
