@@ -40,7 +40,8 @@ from typing import Any
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.device_session import DeviceSession
-from idemlink.protocol.host_session import Completion, HostSession
+from idemlink.protocol.frame import BROADCAST_ADDRESS, FrameType, encode_frame
+from idemlink.protocol.host_session import Completion, HostSession, SessionOpened
 from idemlink.protocol.outcome import Outcome
 from idemlink.protocol.ymodem_events import Aborted, FileCommitted, FileData, FileStarted, drain_events
 from idemlink.protocol.ymodem_receiver import Receiver
@@ -297,6 +298,11 @@ class _Executor:
         self.runs.append((self.epoch, seq, pdu, answer))
         return answer
 
+    def broadcast(self, pdu: bytes, now: float, seq: int) -> bytes:
+        """A broadcast run, recorded under its number negated (a bound method, not a closure:
+        the explorer's copies of a state must each reach their own executor)."""
+        return self(pdu, now, -seq)
+
 
 class _SessionWorld(_World):
     def __init__(self, reboots: int) -> None:
@@ -398,3 +404,192 @@ def explore_sessions(depth: int, reboots: int = 1) -> Exploration:
     """Every schedule with at most ``depth`` faults (a reboot counts as one; at most
     ``reboots`` of them) from the HELLO on (see the module doc)."""
     return _explore(_SessionWorld(reboots), depth)
+
+
+# ------------------------------------------------------------------------------------ the bus
+
+BROADCAST = struct.pack(">BHH", 0x06, 5, 2)  #: mode = 2, to every device: set-only
+VERIFY = struct.pack(">BHH", 0x03, 5, 1)  #: the read-back of the broadcast's register
+BUS_JOBS = {1: ("write", WRITE), 2: ("trigger", TRIGGER)}  #: what each address is asked
+
+
+class _BusWorld(_World):
+    """Two devices (addresses 1 and 2) on one bus, each with its own session and register core;
+    the host has one session per address. Every frame the host sends is heard by each device
+    separately (a bus: one receiver may miss a frame the other hears), so a message is
+    ``host>1``, ``host>2`` or ``N>host``; a device ignores the other's answers
+    (``address_verdict``, tested on its own), so they are not delivered to it."""
+
+    def __init__(self, reboots: int) -> None:
+        self.exe: dict[int, _Executor] = {}
+        self.dev: dict[int, DeviceSession] = {}
+        self.host: dict[int, HostSession] = {}
+        for a in (1, 2):
+            self.exe[a] = _Executor()
+            self.exe[a].epoch = a  # distinct boots
+            self.dev[a] = self._boot(a)
+            self.host[a] = HostSession(contract_hash=HASH, timeout=1.0, attempts=3,
+                                       max_inflight=1, hello_attempts=3, hello_nonce=70 + a,
+                                       address=a)
+        self.reboots_left = reboots
+        self.net = []
+        self.now = 0.0
+        self.faults = 0
+        self.path = ()
+        self.broadcast_next: dict[int, int] = {}
+        self.broadcast_seq: int | None = None
+        self.submitted: set[int] = set()
+        self.done: dict[tuple[int, str], Completion] = {}
+        self.errors: list[str] = []
+        self.hello_failed: set[int] = set()
+        for a in (1, 2):
+            self.host[a].open(0.0)
+
+    def _boot(self, a: int) -> DeviceSession:
+        exe = self.exe[a]
+        return DeviceSession(exe, exe.epoch, contract_hash=HASH, address=a,
+                             broadcast_ok=exe.core.broadcast_ok,
+                             broadcast_executor=exe.broadcast)
+
+    def fingerprint(self) -> bytes:
+        return pickle.dumps((
+            [(_state(self.host[a]), _state(self.dev[a], ("executor", "broadcast_ok",
+                                                          "broadcast_executor")),
+              self.exe[a].core.values(), self.exe[a].runs, self.exe[a].epoch) for a in (1, 2)],
+            self.net, self.now, self.faults, self.reboots_left, sorted(self.submitted),
+            self.broadcast_seq, sorted((k, repr(c)) for k, c in self.done.items()),
+            self.errors, sorted(self.hello_failed)))
+
+    def deliver(self, direction: str, data: bytes) -> None:
+        src, _, dst = direction.partition(">")
+        if src == "host":
+            a = int(dst)
+            self.dev[a].receive_data(data, self.now)
+            self._frames(f"{a}>host", self.dev[a].data_to_send())
+        else:
+            a = int(src)
+            self.host[a].receive_data(data, self.now)
+            other = self.host[3 - a]  # the other session hears it too: another address
+            other.receive_data(data, self.now)
+
+    def _frames(self, direction: str, data: bytes) -> None:
+        for part in data.split(b"\x00"):
+            if part:
+                self.net.append((direction, part + b"\x00"))
+
+    def deadline(self) -> float | None:
+        times = [t for h in self.host.values() if (t := h.next_deadline()) is not None]
+        return min(times) if times else None
+
+    def tick(self, now: float) -> None:
+        for h in self.host.values():
+            h.tick(now)
+
+    def extra_faults(self) -> list[tuple[str, Callable[[_World], None]]]:
+        if self.reboots_left <= 0:
+            return []
+        return [(f"reboot {a}", partial(_bus_reboot, a=a)) for a in (1, 2)]
+
+    def collect(self) -> None:
+        for a, h in self.host.items():
+            while (ev := h.next_event()) is not None:
+                if isinstance(ev, Completion):
+                    if (a, ev.tag) in self.done:
+                        self.errors.append(f"SETTLED-TWICE: {a} {ev.tag}")
+                    self.done[(a, ev.tag)] = ev
+                elif isinstance(ev, SessionOpened):
+                    nxt = ev.info.broadcast_next
+                    if nxt is not None:
+                        self.broadcast_next.setdefault(a, nxt)
+                elif type(ev).__name__ == "HelloFailed":
+                    self.hello_failed.add(a)
+            if h.state.name == "OPEN" and a not in self.submitted:
+                self.submitted.add(a)
+                tag, pdu = BUS_JOBS[a]
+                h.submit(pdu, self.now, set_only=tag == "write", tag=tag)
+        if self.broadcast_seq is None and len(self.submitted) == 2:
+            # both sessions open: the broadcast, above both devices' broadcast_next, then the
+            # read-backs that verify it (the host's ``Bus.broadcast`` and ``Bus.verify``)
+            self.broadcast_seq = max(self.broadcast_next.values(), default=1)
+            frame = encode_frame(FrameType.REQUEST, self.broadcast_seq, 0, BROADCAST,
+                                 address=BROADCAST_ADDRESS)
+            for a in (1, 2):
+                self.net.append((f"host>{a}", frame))
+            for a in (1, 2):
+                self.host[a].submit(VERIFY, self.now, set_only=False, tag="verify")
+        for a, h in self.host.items():
+            self._frames(f"host>{a}", h.data_to_send())
+
+    def finished(self) -> bool:
+        return bool(self.hello_failed) or (self.broadcast_seq is not None
+                                           and len(self.done) == 4)
+
+    def check(self) -> list[str]:
+        v = list(self.errors)
+        for a, (tag, pdu) in BUS_JOBS.items():
+            runs = [r for r in self.exe[a].runs if r[2] == pdu and r[1] > 0]
+            epochs = Counter(r[0] for r in runs)
+            if tag == "trigger" and len(runs) > 1:
+                v.append(f"DUPLICATED-EFFECT: the trigger ran {len(runs)} times on {a}")
+            if any(n > 1 for n in epochs.values()):
+                v.append(f"DUPLICATED-EFFECT: {tag} ran twice in one epoch on {a}")
+            c = self.done.get((a, tag))
+            if c is not None:
+                mine = [r for r in runs if (r[0], r[1]) in set(c.sent_as)]
+                if len(mine) != len(runs):
+                    v.append(f"UNCLAIMED: {tag} on {a} ran under a number it was not sent as")
+                if c.outcome is Outcome.OK:
+                    final = [r for r in mine if (r[0], r[1]) == (c.epoch, c.seq)]
+                    if len(final) != 1 or final[0][3] != c.pdu:
+                        v.append(f"MISCLASSIFIED: {tag} on {a} OK without its one execution")
+                elif c.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and mine:
+                    v.append(f"MISCLASSIFIED: {tag} on {a} {c.outcome.name} but it ran")
+            v += self._check_broadcast(a)
+        return v
+
+    def _check_broadcast(self, a: int) -> list[str]:
+        """At most once per device and boot; the read-back's verdict is honest: OK only if it
+        ran before the read ran, NOT_EXECUTED only if it had not."""
+        v: list[str] = []
+        runs = self.exe[a].runs
+        casts = [i for i, r in enumerate(runs) if r[1] < 0]
+        if any(n > 1 for n in Counter(runs[i][0] for i in casts).values()):
+            v.append(f"DUPLICATED-EFFECT: the broadcast ran twice in one boot on {a}")
+        if len(casts) > 1:
+            v.append(f"BROADCAST-ACROSS-REBOOT: {a}")  # the documented limit (docs/BUS.md)
+        c = self.done.get((a, "verify"))
+        if c is None or c.outcome is not Outcome.OK:
+            return v  # an unanswered read-back says UNKNOWN: nothing claimed
+        reads = [i for i, r in enumerate(runs) if r[2] == VERIFY and (r[0], r[1]) == (c.epoch,
+                                                                                       c.seq)]
+        if len(reads) != 1:
+            return [*v, f"MISCLASSIFIED: the read-back on {a} OK without its one execution"]
+        before = [i for i in casts if i < reads[0]]
+        holds = c.pdu[2:4] == BROADCAST[3:5]
+        if holds and not before:
+            v.append(f"MISCLASSIFIED: verify on {a} says OK but the broadcast had not run")
+        if not holds and before:
+            v.append(f"MISCLASSIFIED: verify on {a} says NOT_EXECUTED but the broadcast ran")
+        return v
+
+
+def _bus_reboot(w: _World, a: int) -> None:
+    assert isinstance(w, _BusWorld)
+    w.reboots_left -= 1
+    exe = w.exe[a]
+    exe.epoch += 10
+    exe.core.reset_volatile(w.now)
+    w.dev[a] = w._boot(a)
+
+
+#: What a bus of read-back-verified broadcasts cannot rule out, stated in docs/BUS.md: a copy of
+#: a broadcast delivered again after the device rebooted runs again (its window lives for one
+#: boot); set-only, it writes the value it wrote before.
+BUS_RESIDUAL = {"BROADCAST-ACROSS-REBOOT"}
+
+
+def explore_bus(depth: int, reboots: int = 1) -> Exploration:
+    """Every schedule with at most ``depth`` faults (a reboot of either device counts as one; at
+    most ``reboots``) on a two-device bus: HELLOs, a write to device 1 and a trigger to device 2,
+    one broadcast to both and the read-backs that verify it."""
+    return _explore(_BusWorld(reboots), depth)

@@ -323,6 +323,14 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert doc["schema"] == "idemlink.version/1"
 
 
+def test_broadcast_refused_by_the_map(capsys: pytest.CaptureFixture[str]) -> None:
+    """A broadcast's own object (each device's, inside ``idemlink.devices/1``, in
+    tests/test_bus_cli.py): the map refuses the value, nothing is opened or sent."""
+    rc, [doc] = run(capsys, "broadcast", "--port", "loop://", "--address", "1",
+                    "threshold=333")
+    assert rc == 4 and doc["schema"] == "idemlink.broadcast/1" and doc["outcome"] == "REJECTED"
+
+
 def test_every_documented_schema_was_checked(request: pytest.FixtureRequest) -> None:
     """Runs last (file order): every schema of the table was printed by a test above (trace goes
     to a file, demo is slow; the error schema of an interrupt is tested in test_cli_progress)."""

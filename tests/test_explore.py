@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from idemlink.explore import explore_sessions, explore_ymodem
+from idemlink.explore import BUS_RESIDUAL, explore_bus, explore_sessions, explore_ymodem
+from idemlink.protocol.frame import Frame
 from idemlink.protocol.window import ReplayWindow, Verdict
 from idemlink.protocol.ymodem_tables import RX_TRANSITIONS, RxAction, RxIn, RxState
 
@@ -48,6 +49,39 @@ def test_the_explorer_finds_a_device_that_forgets_its_replay_window(
     monkeypatch.setattr(ReplayWindow, "check", forgetful)
     r = explore_sessions(1, reboots=0)
     assert "DUPLICATED-EFFECT" in r.kinds()
+
+
+def test_a_bus_of_two_devices_with_a_broadcast_and_a_reboot_keeps_the_promise() -> None:
+    """Two devices, a write to one and a trigger to the other, one broadcast verified by a
+    read-back on each, every schedule of one fault (loss, duplication, reorder, delay, or a
+    reboot of either device)."""
+    r = explore_bus(1)
+    assert r.violations == []
+    assert r.states > 700 and r.schedules > 40
+
+
+def test_the_bus_explorer_finds_a_device_that_runs_every_copy_of_a_broadcast(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from idemlink.protocol.device_session import DeviceSession
+
+    real = DeviceSession._broadcast
+
+    def forgetful(self: DeviceSession, frame: Frame, now: float) -> str:
+        self.broadcast_window = ReplayWindow(self.broadcast_window.ring_bits)
+        return real(self, frame, now)
+
+    monkeypatch.setattr(DeviceSession, "_broadcast", forgetful)
+    r = explore_bus(1, reboots=0)
+    assert "DUPLICATED-EFFECT" in r.kinds()
+    _, schedule = next(v for v in r.violations if v[0].startswith("DUPLICATED-EFFECT"))
+    assert any(step.startswith("DUP host>") for step in schedule)
+
+
+@pytest.mark.slow
+def test_a_bus_with_two_faults_leaves_only_the_documented_residual() -> None:
+    r = explore_bus(2)
+    assert set(r.kinds()) <= BUS_RESIDUAL, r.violations[:3]
+    assert r.states > 20_000
 
 
 @pytest.mark.slow
