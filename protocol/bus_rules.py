@@ -23,7 +23,7 @@ Contract:
 | OPEN | ``allows(now)`` before the probe time | OPEN | refused (nothing sent) |
 | OPEN | ``allows(now)`` at or after the probe time | PROBING | one operation goes out |
 | PROBING | answered | CLOSED | failures = 0, cooldown back to policy.cooldown |
-| PROBING | unanswered | OPEN | cooldown × backoff (≤ max_cooldown); probe at now + cooldown |
+| PROBING | unanswered | OPEN | cooldown × backoff (≤ max(max_cooldown, policy.cooldown)); probe at now + cooldown |
 """
 
 from __future__ import annotations
@@ -56,15 +56,15 @@ class BreakerPolicy:
     failures: int = 2  #: unanswered operations in a row that open the breaker
     cooldown: float = 2.0  #: seconds it stays open before the first probe
     backoff: float = 2.0  #: each failed probe multiplies the cooldown by this
-    max_cooldown: float = 60.0  #: the cooldown never grows beyond this
+    max_cooldown: float = 60.0  #: the cooldown never grows beyond this (or ``cooldown``, if longer)
 
     def __post_init__(self) -> None:
         if self.failures < 1 or not 0 <= self.cooldown < 3600:
             raise LocalProtocolError("a breaker opens after >= 1 failures and cools down for "
                                      "0..3600 s")
-        if not 1.0 <= self.backoff <= 100.0 or not self.cooldown <= self.max_cooldown <= 86400:
-            raise LocalProtocolError("a breaker's backoff is 1..100 and its max_cooldown between "
-                                     "the cooldown and 86400 s")
+        if not 1.0 <= self.backoff <= 100.0 or not 0 <= self.max_cooldown <= 86400:
+            raise LocalProtocolError("a breaker's backoff is 1..100 and its max_cooldown "
+                                     "0..86400 s")
 
 
 class Breaker:
@@ -104,7 +104,8 @@ class Breaker:
             return
         self.failures += 1
         if self.state is BreakerState.PROBING:
-            self.cooldown = min(self.policy.max_cooldown, self.cooldown * self.policy.backoff)
+            cap = max(self.policy.max_cooldown, self.policy.cooldown)
+            self.cooldown = min(cap, self.cooldown * self.policy.backoff)
         elif self.failures < self.policy.failures:
             return
         self.state = BreakerState.OPEN
