@@ -187,3 +187,25 @@ def test_a_dead_device_is_probed_on_schedule_while_the_others_work() -> None:
     assert bus.probe_due() == {2: True}  # an idle program follows the schedule itself
     assert bus.device(2).breaker.state is BreakerState.CLOSED and bus.next_probe() is None
     assert bus.device(2).write({"mode": 2}).outcome is Outcome.OK
+
+
+def test_asyncio_a_dead_device_is_probed_on_schedule() -> None:
+    m, t = medium(2)
+    m.set_dead(2)
+
+    async def main() -> None:
+        bus = AsyncBus(AsyncSimTransport(t), timeout=0.02, attempts=2,  # type: ignore[arg-type]
+                       breaker=BreakerPolicy(failures=1, cooldown=1.0))
+        r = await bus.device(2).read("mode")
+        assert r.status is Status.BREAKER_OPEN and bus.next_probe() is not None
+        assert await bus.probe_due() == {}  # not due yet
+        t.advance(1.0)
+        assert (await bus.device(1).read("mode")).outcome is Outcome.OK  # carries the probe
+        assert bus.device(2).breaker.probes == 1 and bus.device(2).breaker.cooldown == 2.0
+        m.set_dead(2, False)
+        t.advance(2.0)
+        assert await bus.probe_due() == {2: True}
+        assert (await bus.device(2).read("mode")).outcome is Outcome.OK
+        await bus.close()
+
+    asyncio.run(main())

@@ -145,3 +145,22 @@ def test_the_cli_runs_one_command_on_several_units_of_the_line(
     assert "unit 7" in err
     assert main(["read", *rtu, "--unit", "0,2", "threshold"]) == 1
     assert "--unit must be 1..247" in capsys.readouterr().err
+
+
+def test_the_cli_with_echo_on_an_echoing_rtu_line(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--modbus-rtu --echo`` as the framed commands have it: the master's echo skipped on a
+    line that hands it back; without ``--echo`` its own request stands where the answer should."""
+    from support.rtu_bus import bus_on_pty
+
+    from idemlink.device_sim.rtu_server import RtuServer
+    from idemlink.protocol.device_core import DeviceCore
+
+    servers = [RtuServer(DeviceCore(DEFAULT_MAP), unit=u) for u in (1, 2)]
+    with bus_on_pty(servers, echo=True) as path:
+        rtu = ["--port", path, "--modbus-rtu", "--timeout", str(scaled(0.2)), "--attempts", "2"]
+        assert main(["write", *rtu, "--echo", "--guard", "0.001", "--unit", "1,2",
+                     "threshold=42"]) == 0
+        assert "2 devices: 2 OK; exit 0" in capsys.readouterr().out
+        assert [s.core.read(TH, 1) for s in servers] == [(420,), (420,)]
+        assert main(["read", *rtu, "--unit", "1", "threshold"]) == 1  # the echo unskipped
+        assert "no Modbus RTU slave answered at unit 1" in capsys.readouterr().err

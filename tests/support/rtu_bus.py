@@ -3,7 +3,9 @@ master. ``bus_on_pty(servers, clash=...)`` serves every ``RtuServer`` of ``serve
 a thread, each fed every byte the master writes (an RS-485 bus); when more than one answers the
 same request, ``clash`` says what the line carries: ``"both"`` one answer after the other (two
 slaves whose answers do not overlap), ``"collide"`` overlaid, each a byte later than the one
-before (a wired-AND of two drivers out of step: CRC-bad bytes). Yields the path to open."""
+before (a wired-AND of two drivers out of step: CRC-bad bytes); ``echo``: the master hears its
+own bytes back first, as through an adapter that does not suppress its echo. Yields the path to
+open."""
 
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from idemlink.device_sim.rtu_server import RtuServer
 
 
 @contextmanager
-def bus_on_pty(servers: Sequence[RtuServer], clash: str = "both") -> Iterator[str]:
+def bus_on_pty(servers: Sequence[RtuServer], clash: str = "both",
+               echo: bool = False) -> Iterator[str]:
     pair = open_pty()
     transport = pair.transport()
     stop = threading.Event()
@@ -25,6 +28,8 @@ def bus_on_pty(servers: Sequence[RtuServer], clash: str = "both") -> Iterator[st
     def serve() -> None:
         while not stop.is_set():
             data = transport.read(0.005)
+            if echo and data:  # an RS-485 adapter that echoes the master's bytes
+                transport.write(data)
             now = time.monotonic()
             for s in servers:
                 if data:
