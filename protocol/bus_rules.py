@@ -23,7 +23,9 @@ Contract:
 | OPEN | ``allows(now)`` before the probe time | OPEN | refused (nothing sent) |
 | OPEN | ``allows(now)`` at or after the probe time | PROBING | one operation goes out |
 | PROBING | answered | CLOSED | failures = 0, cooldown back to policy.cooldown |
-| PROBING | unanswered | OPEN | cooldown × backoff (≤ max(max_cooldown, policy.cooldown)); probe at now + cooldown |
+| PROBING | unanswered | OPEN | cooldown × backoff, capped; probe at now + cooldown |
+
+The cap is ``max(max_cooldown, policy.cooldown)``: the cooldown never shrinks below the policy's.
 """
 
 from __future__ import annotations
