@@ -12,7 +12,8 @@ Contract:
   first send to its settling, retries included), round-robin among the handles with work queued
   (``idemlink.protocol.bus_rules.next_in_turn``): a handle with a deep queue gets one
   transaction, then every other waiting handle one. ``half_duplex=False`` lets handles pipeline
-  as a point-to-point ``Device`` does (the turn then passes between their pipelined bursts).
+  as a point-to-point ``Device`` does (the turn then passes per operation, as before: another
+  handle's reads would take this one's answers still in flight).
 - **A dead device costs only its own time**: each handle has a ``Breaker``
   (``idemlink.protocol.bus_rules``, time passed in). After ``BreakerPolicy.failures``
   operations in a row that ended with a request unanswered (status NO_ANSWER) or a HELLO
@@ -145,19 +146,24 @@ class TurnTransport:
     settling (retries included): once one settled during this turn (``settled()`` moved) and
     another key waits, the handle gives the turn up before it sends again, so every waiting
     handle gets one transaction before its next. ``release()`` ends its turn (the end of an
-    operation)."""
+    operation). ``per_transaction=False`` (a pipelining handle, ``half_duplex=False``): the turn
+    passes per operation only, as another handle's reads would take this one's answers still in
+    flight."""
 
-    def __init__(self, inner: Transport, turn: FairTurn, key: int) -> None:
+    def __init__(self, inner: Transport, turn: FairTurn, key: int, *,
+                 per_transaction: bool = True) -> None:
         self.inner = inner
         self.turn = turn
         self.key = key
+        self.per_transaction = per_transaction
         self.holding = False
         self.settled: Callable[[], int] = lambda: 0  #: requests settled so far (the handle's)
         self._mark = 0
 
     def take(self) -> None:
         if self.holding:
-            if self.settled() == self._mark or not self.turn.contended(self.key):
+            if (not self.per_transaction or self.settled() == self._mark
+                    or not self.turn.contended(self.key)):
                 return
             self.release()  # a transaction ended: the others' turn first
         self.turn.acquire(self.key)
@@ -277,7 +283,7 @@ class BusDevice(BusHandle, Device):
     it, on the bus's turn, behind its breaker."""
 
     def __init__(self, bus: Bus, address: int, *, max_inflight: int) -> None:
-        line = TurnTransport(bus.transport, bus.turn, address)
+        line = TurnTransport(bus.transport, bus.turn, address, per_transaction=max_inflight == 1)
         Device.__init__(self, line, regmap=bus.regmap, timeout=bus.timeout,
                         attempts=bus.attempts, max_inflight=max_inflight,
                         check_map=bus.check_map, address=address)

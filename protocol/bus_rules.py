@@ -8,24 +8,27 @@ Contract:
   wrapping around to the lowest; None when nobody waits. A device with a deep queue gets one
   transaction, then every other waiting device gets one before its next: no device starves
   another, whatever its queue. Key 0 (a broadcast) is an address like the others.
-- ``Breaker`` (``BreakerPolicy``): the rule table below. ``record(answered, now)`` is told what an
-  operation that went out found; ``allows(now)`` says whether one may go out now (after the
-  cooldown it goes out as a probe); ``probe_due(now)`` / ``next_probe`` give the re-probe schedule
-  a bus follows on its own, without waiting for a command to that device. Each failed probe
-  multiplies the cooldown by ``backoff`` up to ``max_cooldown`` (per-device backoff: a device
-  dead for long costs fewer and fewer probe slots); an answer closes the breaker and resets it.
+- ``Breaker`` (``BreakerPolicy``): a state machine whose rules are the table ``TRANSITIONS``
+  ((state, input) -> (next state, action)), run as written. ``record(answered, now)`` is told
+  what an operation that went out found; ``allows(now)`` says whether one may go out now (at or
+  after the probe time it goes out as the probe); ``probe_due(now)`` / ``next_probe`` give the
+  re-probe schedule a bus follows on its own, without waiting for a command to that device.
+  Each failed probe multiplies the cooldown by ``backoff``, capped at ``max(max_cooldown,
+  policy.cooldown)`` (per-device backoff: a device dead for long costs fewer and fewer probe
+  slots); an answer closes the breaker and resets the cooldown.
 
-| state | event | next state | effect |
+| state | input | next | action |
 |---|---|---|---|
-| CLOSED | answered | CLOSED | failures = 0 |
-| CLOSED | unanswered, failures < policy.failures | CLOSED | failures += 1 |
-| CLOSED | unanswered, failures reach policy.failures | OPEN | probe at now + cooldown |
-| OPEN | ``allows(now)`` before the probe time | OPEN | refused (nothing sent) |
-| OPEN | ``allows(now)`` at or after the probe time | PROBING | one operation goes out |
-| PROBING | answered | CLOSED | failures = 0, cooldown back to policy.cooldown |
-| PROBING | unanswered | OPEN | cooldown × backoff, capped; probe at now + cooldown |
-
-The cap is ``max(max_cooldown, policy.cooldown)``: the cooldown never shrinks below the policy's.
+| CLOSED | ANSWERED | CLOSED | RESET: failures 0, cooldown back to the policy's |
+| CLOSED | MISSED (failures stay below the policy's) | CLOSED | COUNT |
+| CLOSED | MISSED_ENOUGH (failures reach the policy's) | OPEN | OPEN: probe at now + cooldown |
+| CLOSED / PROBING | ASKED_EARLY, ASKED_DUE | unchanged | PASS: it goes out |
+| OPEN | ASKED_EARLY (before the probe time) | OPEN | REFUSE: nothing is sent |
+| OPEN | ASKED_DUE (at or after the probe time) | PROBING | PROBE: this one goes out |
+| OPEN | ANSWERED (an operation sent before it opened) | CLOSED | RESET |
+| OPEN | MISSED, MISSED_ENOUGH | OPEN | OPEN: the probe time moves on |
+| PROBING | ANSWERED | CLOSED | RESET |
+| PROBING | MISSED, MISSED_ENOUGH | OPEN | BACK_OFF: cooldown × backoff, capped; probe at now + cooldown |
 """
 
 from __future__ import annotations
@@ -51,6 +54,45 @@ class BreakerState(Enum):
     CLOSED = "closed"  #: commands are sent
     OPEN = "open"  #: nothing is sent until the probe time
     PROBING = "probing"  #: one operation goes out to see whether the device is back
+
+
+class BreakerInput(Enum):
+    ANSWERED = "answered"  #: an operation that went out was answered
+    MISSED = "missed"  #: ... was not, and the failures in a row stay below the policy's
+    MISSED_ENOUGH = "missed_enough"  #: ... was not, and the failures reach the policy's
+    ASKED_EARLY = "asked_early"  #: may one go out? before the probe time
+    ASKED_DUE = "asked_due"  #: may one go out? at or after the probe time
+
+
+class BreakerAction(Enum):
+    RESET = "reset"
+    COUNT = "count"
+    OPEN = "open"
+    PASS = "pass"
+    REFUSE = "refuse"
+    PROBE = "probe"
+    BACK_OFF = "back_off"
+
+
+_S, _I, _A = BreakerState, BreakerInput, BreakerAction
+TRANSITIONS: dict[tuple[BreakerState, BreakerInput], tuple[BreakerState, BreakerAction]] = {
+    (_S.CLOSED, _I.ANSWERED): (_S.CLOSED, _A.RESET),
+    (_S.CLOSED, _I.MISSED): (_S.CLOSED, _A.COUNT),
+    (_S.CLOSED, _I.MISSED_ENOUGH): (_S.OPEN, _A.OPEN),
+    (_S.CLOSED, _I.ASKED_EARLY): (_S.CLOSED, _A.PASS),
+    (_S.CLOSED, _I.ASKED_DUE): (_S.CLOSED, _A.PASS),
+    (_S.OPEN, _I.ASKED_EARLY): (_S.OPEN, _A.REFUSE),
+    (_S.OPEN, _I.ASKED_DUE): (_S.PROBING, _A.PROBE),
+    (_S.OPEN, _I.ANSWERED): (_S.CLOSED, _A.RESET),
+    (_S.OPEN, _I.MISSED): (_S.OPEN, _A.OPEN),
+    (_S.OPEN, _I.MISSED_ENOUGH): (_S.OPEN, _A.OPEN),
+    (_S.PROBING, _I.ANSWERED): (_S.CLOSED, _A.RESET),
+    (_S.PROBING, _I.MISSED): (_S.OPEN, _A.BACK_OFF),
+    (_S.PROBING, _I.MISSED_ENOUGH): (_S.OPEN, _A.BACK_OFF),
+    (_S.PROBING, _I.ASKED_EARLY): (_S.PROBING, _A.PASS),
+    (_S.PROBING, _I.ASKED_DUE): (_S.PROBING, _A.PASS),
+}
+"""The breaker's rules (the module docstring's table), run by ``Breaker.step``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,12 +125,9 @@ class Breaker:
 
     def allows(self, now: float) -> bool:
         """Whether an operation may go out now (at or after the probe time: as the probe)."""
-        if self.state is BreakerState.OPEN:
-            if now < self.open_until:
-                return False
-            self.state = BreakerState.PROBING
-            self.probes += 1
-        return True
+        due = self.state is not BreakerState.OPEN or now >= self.open_until
+        return self.step(BreakerInput.ASKED_DUE if due else BreakerInput.ASKED_EARLY,
+                         now) is not BreakerAction.REFUSE
 
     def probe_due(self, now: float) -> bool:
         """Whether the schedule asks for a probe now (open, and its probe time has come)."""
@@ -102,16 +141,31 @@ class Breaker:
     def record(self, answered: bool, now: float) -> None:
         """What the operation that went out found: the device answered, or not."""
         if answered:
-            self.state, self.failures, self.cooldown = BreakerState.CLOSED, 0, self.policy.cooldown
-            return
-        self.failures += 1
-        if self.state is BreakerState.PROBING:
+            self.step(BreakerInput.ANSWERED, now)
+        elif self.failures + 1 >= self.policy.failures:
+            self.step(BreakerInput.MISSED_ENOUGH, now)
+        else:
+            self.step(BreakerInput.MISSED, now)
+
+    def step(self, event: BreakerInput, now: float) -> BreakerAction:
+        """One row of ``TRANSITIONS``: the next state, and the action done."""
+        self.state, action = TRANSITIONS[(self.state, event)]
+        if action is BreakerAction.RESET:
+            self.failures, self.cooldown = 0, self.policy.cooldown
+        elif action is BreakerAction.COUNT:
+            self.failures += 1
+        elif action is BreakerAction.OPEN:
+            self.failures += 1
+            self.open_until = now + self.cooldown
+        elif action is BreakerAction.BACK_OFF:
+            self.failures += 1
             cap = max(self.policy.max_cooldown, self.policy.cooldown)
             self.cooldown = min(cap, self.cooldown * self.policy.backoff)
-        elif self.failures < self.policy.failures:
-            return
-        self.state = BreakerState.OPEN
-        self.open_until = now + self.cooldown
+            self.open_until = now + self.cooldown
+        elif action is BreakerAction.PROBE:
+            self.probes += 1
+        return action
 
 
-__all__ = ["Breaker", "BreakerPolicy", "BreakerState", "next_in_turn"]
+__all__ = ["TRANSITIONS", "Breaker", "BreakerAction", "BreakerInput", "BreakerPolicy",
+           "BreakerState", "next_in_turn"]

@@ -18,7 +18,15 @@ from idemlink.device_sim.simlink import AsyncSimTransport
 from idemlink.host import bus as host_bus
 from idemlink.host.aio_bus import AsyncBus
 from idemlink.host.bus import Bus
-from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, BreakerState, next_in_turn
+from idemlink.protocol.bus_rules import (
+    TRANSITIONS,
+    Breaker,
+    BreakerAction,
+    BreakerInput,
+    BreakerPolicy,
+    BreakerState,
+    next_in_turn,
+)
 from idemlink.protocol.frame import FrameDecoder, FrameType
 from idemlink.protocol.outcome import Outcome, Status
 
@@ -133,6 +141,56 @@ def test_tasks_on_three_devices_are_served_in_turn() -> None:
     asyncio.run(main())
     assert t.order == [1, 2, 3, 1, 2, 3] + [1] * 6
     assert m.stats.collisions == 0
+
+
+def breaker_in(state: BreakerState) -> Breaker:
+    """A breaker (2 failures open it, 1 s cooldown) brought to ``state`` at t = 10 by its own
+    inputs."""
+    b = Breaker(BreakerPolicy(failures=2, cooldown=1.0, backoff=3.0, max_cooldown=5.0))
+    if state is not BreakerState.CLOSED:
+        b.record(False, 10.0)
+        b.record(False, 10.0)  # OPEN until 11
+    if state is BreakerState.PROBING:
+        b.allows(11.0)
+    assert b.state is state
+    return b
+
+
+@pytest.mark.parametrize(("state", "event"), sorted(TRANSITIONS, key=str))
+def test_every_row_of_the_breaker_table(state: BreakerState, event: BreakerInput) -> None:
+    """Each row run through the public inputs (``record``, ``allows``), its next state and what
+    its action did to the counters and the probe time."""
+    b = breaker_in(state)
+    before = (b.failures, b.cooldown, b.open_until, b.probes)
+    now = {BreakerInput.ASKED_EARLY: 10.5}.get(event, 11.0)
+    if event is BreakerInput.MISSED_ENOUGH and state is BreakerState.CLOSED:
+        b.record(False, 9.0)  # the first miss: the second reaches the policy's two
+        before = (b.failures, b.cooldown, b.open_until, b.probes)
+    if event is BreakerInput.MISSED and state is not BreakerState.CLOSED:
+        b.failures = -1  # below the policy's again: the row, not the count, decides
+    if event in (BreakerInput.ANSWERED, BreakerInput.MISSED, BreakerInput.MISSED_ENOUGH):
+        b.record(event is BreakerInput.ANSWERED, now)
+        allowed = None
+    else:
+        allowed = b.allows(now)
+    nxt, action = TRANSITIONS[(state, event)]
+    assert b.state is nxt
+    failures, cooldown, open_until, probes = before
+    if action is BreakerAction.RESET:
+        assert (b.failures, b.cooldown) == (0, 1.0)
+    elif action is BreakerAction.COUNT:
+        assert b.failures == failures + 1 and b.open_until == open_until
+    elif action is BreakerAction.OPEN:
+        assert b.open_until == now + cooldown
+    elif action is BreakerAction.BACK_OFF:
+        assert (b.cooldown, b.open_until) == (3.0, now + 3.0)
+    elif action is BreakerAction.PROBE:
+        assert allowed is True and b.probes == probes + 1
+    elif action is BreakerAction.REFUSE:
+        assert allowed is False and b.open_until == open_until
+    else:
+        assert action is BreakerAction.PASS and allowed is True
+    assert {(s, e) for s in BreakerState for e in BreakerInput} == set(TRANSITIONS)
 
 
 def test_the_breaker_backs_off_and_says_when_to_probe() -> None:
