@@ -42,15 +42,23 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 class AsyncFairTurn:
     """``idemlink.host.bus.FairTurn`` for tasks: whose turn the line is, handed on round-robin
-    (``next_in_turn``) among the keys waiting."""
+    (``next_in_turn``) among the keys waiting; a task that holds it and asks it for another key
+    has it at once, nested (it would wait for itself)."""
 
     def __init__(self) -> None:
         self.holder: int | None = None
         self.waiting: dict[int, asyncio.Future[None]] = {}
         self.last: int | None = None
+        self._task: asyncio.Task[Any] | None = None  #: the task that last acquired the turn
+        self._lent: list[tuple[int, int | None]] = []  #: (nested key, the key it was lent from)
 
     async def acquire(self, key: int) -> None:
         if self.holder == key:
+            return
+        me = asyncio.current_task()
+        if self.holder is not None and self._task is me:
+            self._lent.append((key, self.holder))
+            self.holder = key
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.waiting[key] = fut
@@ -63,14 +71,20 @@ class AsyncFairTurn:
                 del self.waiting[key]
             self.release(key)  # granted as it was cancelled: hand it on
             raise
+        self._task = me
 
     def release(self, key: int) -> None:
-        if self.holder == key:
-            self.holder, self.last = None, key
-            self._grant()
+        if self.holder != key:
+            return
+        if self._lent and self._lent[-1][0] == key:
+            self.holder = self._lent.pop()[1]
+            return
+        self.holder, self.last, self._task = None, key, None
+        self._grant()
 
     def contended(self, key: int) -> bool:
-        return any(k != key and not f.done() for k, f in self.waiting.items())
+        return not self._lent and any(k != key and not f.done()
+                                      for k, f in self.waiting.items())
 
     def _grant(self) -> None:
         while (nxt := next_in_turn(self.waiting, self.last)) is not None:

@@ -83,7 +83,10 @@ class FairTurn:
     """Whose turn the line is, between a bus's handles on threads: ``acquire(key)`` waits for
     it, ``release(key)`` hands it on by the round-robin rule
     (``idemlink.protocol.bus_rules.next_in_turn``). The turn belongs to a key (an address; 0
-    for a broadcast), not to a thread: the thread driving a handle's loop may change."""
+    for a broadcast), not to a thread: the thread driving a handle's loop may change. A thread
+    that holds the turn and asks it for another key (a command to device B while it iterates a
+    ``stream`` of device A) has it at once, nested, and gives it back to the first key when it
+    releases it: waiting would wait for itself."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -91,10 +94,17 @@ class FairTurn:
         self.waiting: set[int] = set()
         self.last: int | None = None
         self.grants = 0  #: turns handed out (each transaction is one, or several in a row)
+        self._thread: int | None = None  #: the thread that last acquired the turn
+        self._lent: list[tuple[int, int | None]] = []  #: (nested key, the key it was lent from)
 
     def acquire(self, key: int) -> None:
+        me = threading.get_ident()
         with self._cond:
             if self.holder == key:
+                return
+            if self.holder is not None and self._thread == me:
+                self._lent.append((key, self.holder))
+                self.holder = key
                 return
             self.waiting.add(key)
             try:
@@ -108,16 +118,21 @@ class FairTurn:
                 if self.holder == key:
                     self._hand_on(key)
                 raise
+            self._thread = me
 
     def release(self, key: int) -> None:
         with self._cond:
-            if self.holder == key:
-                self._hand_on(key)
+            if self.holder != key:
+                return
+            if self._lent and self._lent[-1][0] == key:
+                self.holder = self._lent.pop()[1]
+                return
+            self._hand_on(key)
 
     def contended(self, key: int) -> bool:
         """Whether another key waits for the line."""
         with self._cond:
-            return bool(self.waiting - {key})
+            return bool(self.waiting - {key}) and not self._lent
 
     @contextmanager
     def hold(self, key: int) -> Iterator[None]:
@@ -128,7 +143,7 @@ class FairTurn:
             self.release(key)
 
     def _hand_on(self, key: int) -> None:
-        self.holder, self.last = None, key
+        self.holder, self.last, self._thread = None, key, None
         self._grant()
 
     def _grant(self) -> None:

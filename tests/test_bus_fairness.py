@@ -267,3 +267,26 @@ def test_asyncio_a_dead_device_is_probed_on_schedule() -> None:
         await bus.close()
 
     asyncio.run(main())
+
+
+def test_a_command_to_another_device_inside_a_stream_does_not_wait_for_itself() -> None:
+    """The thread iterating device 1's stream holds the line between rounds; its read of device
+    2 there has the turn at once (nested), as the old per-operation lock allowed, and the line
+    goes back to the stream."""
+    m, t = medium(2)
+    bus = Bus(t, timeout=0.05)
+    d1, d2 = bus.device(1), bus.device(2)
+    d1.connect()
+    d2.connect()
+    got: list[object] = []
+
+    def work() -> None:
+        for r in d1.stream([d1.read_command("mode") for _ in range(3)]):
+            got.append((r.outcome, d2.read("mode").outcome))
+
+    th = threading.Thread(target=work, daemon=True)
+    th.start()
+    th.join(30)
+    assert not th.is_alive(), "the nested command waited for itself"
+    assert got == [(Outcome.OK, Outcome.OK)] * 3
+    assert bus.turn.holder is None and m.stats.collisions == 0
