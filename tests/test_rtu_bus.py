@@ -145,6 +145,8 @@ def test_the_cli_runs_one_command_on_several_units_of_the_line(
     assert "unit 7" in err
     assert main(["read", *rtu, "--unit", "0,2", "threshold"]) == 1
     assert "--unit must be 1..247" in capsys.readouterr().err
+    assert main(["watch", *rtu, "--unit", "1,2", "--count", "1"]) == 1
+    assert "this command takes one unit" in capsys.readouterr().err
 
 
 def test_the_cli_with_echo_on_an_echoing_rtu_line(capsys: pytest.CaptureFixture[str]) -> None:

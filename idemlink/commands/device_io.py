@@ -201,6 +201,9 @@ def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Names
         raise UserError("--trace records one device: give one --address"
                         if not modbus_rtu else "--trace decodes idemlink frames: it does not "
                         "apply with --modbus-rtu")
+    if modbus_rtu and getattr(args, "command", None) == "apply":
+        raise UserError("apply keys its journal by --device-id, one per plain slave: run it "
+                        "once per --unit")
     if modbus_rtu and getattr(args, "if_generation", None) is not None:
         raise UserError("--if-generation needs the idemlink conditional write (function 0x41), "
                         "which a standard Modbus RTU slave does not have; nothing was sent")
