@@ -10,6 +10,12 @@ bits a byte. Also measured: the same with one device dead (its breaker open afte
 the other devices' rate against their rate without it. Simulated time, so the figures are the
 protocol's, not this machine's: a run is deterministic.
 
+``--fair [--docs]`` measures fair scheduling (docs/BUS.md, "Fair scheduling"): one thread per
+device, device 1 with 100 reads queued and devices 2..8 with 5 each, all queued while the line is
+busy; when each device's last request goes out (simulated time, from the medium), with the turn
+passed per transaction (round-robin, the bus handle) and per operation (what the handle did
+before, each ``run`` keeping the line to its end).
+
 ``--sweep`` measures the two curves of issue 22's figures: aggregate reads/s against the number
 of devices (1..16, the bounds alongside), and, on a bus of 8, the live devices' reads/s against
 the dead devices' share (0..4 of 8 dead), as a share of what those live devices read with the
@@ -22,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import threading
+import time
 from pathlib import Path
 
 from idemlink.device_sim.bus import Bus, BusConfig, BusTransport
@@ -29,7 +37,7 @@ from idemlink.device_sim.device import SimulatedDevice
 from idemlink.host.bus import Bus as HostBus
 from idemlink.host.errors import NoDevice
 from idemlink.protocol.bus_rules import BreakerPolicy
-from idemlink.protocol.frame import FrameType, encode_frame
+from idemlink.protocol.frame import FrameDecoder, FrameType, encode_frame
 from idemlink.protocol.modbus import FunctionCode, ReadRegisters, encode_request
 from idemlink.protocol.payloads import encode_response_payload
 
@@ -110,6 +118,65 @@ def plot(by_count: list[tuple[int, float]], by_dead: list[tuple[int, float, floa
     plt.close(fig)
 
 
+class _Recording(BusTransport):
+    """The master's end of the medium, noting (simulated time, address) of every REQUEST."""
+
+    def __init__(self, medium: Bus) -> None:
+        super().__init__(medium)
+        self.decoder = FrameDecoder()
+        self.sent: list[tuple[float, int]] = []
+
+    def write(self, data: bytes) -> None:
+        self.decoder.receive_data(data)
+        while (f := self.decoder.next_event()) is not None:
+            if f.type is FrameType.REQUEST and f.address is not None:
+                self.sent.append((self.now(), f.address))
+        super().write(data)
+
+
+def fair(baud: int, turnaround: float, per_transaction: bool, deep: int = 100,
+         shallow: int = 5, devices: int = 8) -> dict[int, float]:
+    """Each device's last request's time (ms after the line was freed) with all queued at once."""
+    sim = Bus([SimulatedDevice(seed=a, address=a) for a in range(1, devices + 1)],
+              BusConfig(baud=baud, turnaround=turnaround))
+    t = _Recording(sim)
+    bus = HostBus(t, timeout=0.05, attempts=2)
+    for a in range(1, devices + 1):
+        bus.device(a).connect()
+        bus.device(a).line.per_transaction = per_transaction
+    t.sent.clear()
+    bus.turn.acquire(0)
+
+    def work(a: int) -> None:
+        d = bus.device(a)
+        d.run([d.read_command("mode") for _ in range(deep if a == 1 else shallow)])
+
+    threads = [threading.Thread(target=work, args=(a,)) for a in range(1, devices + 1)]
+    for th in threads:
+        th.start()
+    while bus.turn.waiting != set(range(1, devices + 1)):
+        time.sleep(0.001)
+    start = t.now()
+    bus.turn.release(0)
+    for th in threads:
+        th.join()
+    return {a: 1000 * (max(x for x, b in t.sent if b == a) - start)
+            for a in range(1, devices + 1)}
+
+
+def fair_table(baud: int, turnaround: float) -> str:
+    from docs_table import markdown_table
+
+    per_tx, per_op = fair(baud, turnaround, True), fair(baud, turnaround, False)
+    shallow = range(2, 9)
+    rows = [["per transaction (round-robin)", f"{max(per_tx[a] for a in shallow):.0f} ms",
+             f"{per_tx[1]:.0f} ms"],
+            ["per operation (before)", f"{max(per_op[a] for a in shallow):.0f} ms",
+             f"{per_op[1]:.0f} ms"]]
+    return markdown_table(["the turn passes", "devices 2..8 (5 reads each) all served by",
+                           "device 1 (100 reads) served by"], rows)
+
+
 def table(by_count: list[tuple[int, float]], by_dead: list[tuple[int, float, float]],
           baud: int, turnaround: float) -> str:
     from docs_table import markdown_table
@@ -132,7 +199,17 @@ def main() -> None:
     p.add_argument("--sweep", action="store_true", help="the curves against devices and dead share")
     p.add_argument("--plot", action="store_true", help="with --sweep: bench/bus_throughput.png")
     p.add_argument("--docs", action="store_true", help="with --sweep: the table into docs/BUS.md")
+    p.add_argument("--fair", action="store_true",
+                   help="fair scheduling: one deep queue against seven shallow ones")
     a = p.parse_args()
+    if a.fair:
+        text = fair_table(a.baud, a.turnaround)
+        print(text, end="")
+        if a.docs:
+            from docs_table import DOCS, replace_between_markers
+
+            replace_between_markers(DOCS / "BUS.md", "bench_bus_fair", text)
+        return
     if a.sweep:
         by_count, by_dead = sweep(a.baud, a.turnaround, a.reads)
         text = table(by_count, by_dead, a.baud, a.turnaround)

@@ -41,7 +41,7 @@ def test_missing_markers_are_one_line_and_the_doc_is_untouched(tmp_path: Path) -
 
 
 @pytest.mark.parametrize(("doc", "name"), [("YMODEM.md", "bench_ymodem"), ("LINK.md", "bench_link"),
-                                             ("BUS.md", "bench_bus")])
+                                             ("BUS.md", "bench_bus"), ("BUS.md", "bench_bus_fair")])
 def test_the_docs_carry_the_benchmark_markers(doc: str, name: str) -> None:
     text = (ROOT / "docs" / doc).read_text(encoding="utf-8")
     begin, end = _docs_table().markers(name)
