@@ -19,6 +19,8 @@ Contract:
   bus.probe_due()`` (every handle's command awaits it first) or the next command probes, and a
   failed probe backs off. A handle connects on its first command (its probe when it never
   answered).
+- ``await AsyncBus.open(url, echo=True, guard=S)``: the master's echo removed and its
+  turnaround guard (``idemlink.host.half_duplex.AsyncHalfDuplexTransport``), as ``Bus.open``.
 - ``await bus.close()`` stops every handle and closes the transport.
 """
 
@@ -32,6 +34,7 @@ from idemlink.host.aio_transport import AsyncSerialTransport, AsyncTransport
 from idemlink.host.bus import refused, unanswered
 from idemlink.host.command import Command, Result
 from idemlink.host.errors import NoDevice
+from idemlink.host.half_duplex import AsyncHalfDuplexTransport
 from idemlink.host.rtu_operations import probe_command
 from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, next_in_turn
 from idemlink.protocol.frame import check_address
@@ -234,12 +237,16 @@ class AsyncBus:
     @classmethod
     async def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8,
                    parity: str = "N", stopbits: float = 1, keep_lines: bool = True,
-                   regmap: RegisterMap | str = DEFAULT_MAP, **kw: Any) -> AsyncBus:
-        """Open ``url`` (any pyserial URL) for a bus; no device is contacted yet."""
+                   regmap: RegisterMap | str = DEFAULT_MAP, echo: bool = False,
+                   guard: float = 0.0, **kw: Any) -> AsyncBus:
+        """Open ``url`` (any pyserial URL) for a bus; no device is contacted yet. ``echo`` and
+        ``guard`` as ``Bus.open``'s (``idemlink.host.half_duplex.AsyncHalfDuplexTransport``)."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
-        t = await AsyncSerialTransport.open(url, baudrate=baudrate, bytesize=bytesize,
-                                            parity=parity, stopbits=stopbits,
-                                            keep_lines=keep_lines)
+        t: AsyncTransport = await AsyncSerialTransport.open(
+            url, baudrate=baudrate, bytesize=bytesize, parity=parity, stopbits=stopbits,
+            keep_lines=keep_lines)
+        if echo or guard:
+            t = AsyncHalfDuplexTransport(t, echo=echo, guard=guard)
         return cls(t, regmap=rm, **kw)
 
     def device(self, address: int) -> AsyncBusDevice:

@@ -93,3 +93,35 @@ def test_modbus_rtu_with_echo_on_a_loopback_line() -> None:
         assert res.outcome is Outcome.UNKNOWN or res.outcome is Outcome.NOT_EXECUTED
         assert isinstance(dev.transport, HalfDuplexTransport)
         assert dev.transport.echoed == 8 and dev.transport.echo_pending == 0
+
+
+def test_asyncio_bus_with_echo_keeps_its_answers_and_a_wrong_echo_stops_the_line() -> None:
+    """``AsyncHalfDuplexTransport`` (``AsyncBus.open(url, echo=True)``): two tasks on two devices
+    of a medium that echoes the master's bytes; on one that does not, the clear error."""
+    import asyncio
+
+    from idemlink.device_sim.simlink import AsyncSimTransport
+    from idemlink.host.aio_bus import AsyncBus
+    from idemlink.host.half_duplex import AsyncHalfDuplexTransport
+
+    def bus(echo: bool) -> tuple[Medium, AsyncBus, AsyncHalfDuplexTransport]:
+        m = Medium([SimulatedDevice(seed=a, address=a) for a in (1, 2)],
+                   BusConfig(echo=echo, turnaround=0.001))
+        line = AsyncHalfDuplexTransport(AsyncSimTransport(BusTransport(m)),  # type: ignore[arg-type]
+                                        echo=True, guard=0.002)
+        return m, AsyncBus(line, timeout=0.05), line
+
+    async def main() -> None:
+        m, b, line = bus(echo=True)
+
+        async def work(a: int) -> list[Outcome]:
+            d = b.device(a)
+            return [(await d.write({"mode": a})).outcome, (await d.read("mode")).outcome]
+
+        assert await asyncio.gather(work(1), work(2)) == [[Outcome.OK] * 2] * 2
+        assert line.echo_pending == 0 and m.stats.collisions == 0
+        _, b2, _ = bus(echo=False)
+        with pytest.raises(LinkLost, match="an adapter that does not echo"):
+            await b2.device(1).read("mode")
+
+    asyncio.run(main())
