@@ -31,7 +31,7 @@ from typing import Any, Self
 
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.aio_transport import AsyncSerialTransport, AsyncTransport
-from idemlink.host.bus import refused, unanswered
+from idemlink.host.bus import Holding, refused, unanswered
 from idemlink.host.command import Command, Result
 from idemlink.host.errors import NoDevice
 from idemlink.host.half_duplex import AsyncHalfDuplexTransport
@@ -98,29 +98,21 @@ class AsyncFairTurn:
                 return
 
 
-class AsyncTurnTransport:
+class AsyncTurnTransport(Holding):
     """``idemlink.host.bus.TurnTransport`` awaited: every write and read under the turn; once a
     transaction settled during its turn and another key waits, it gives the turn up first."""
 
     def __init__(self, inner: AsyncTransport, turn: AsyncFairTurn, key: int) -> None:
-        self.inner, self.turn, self.key = inner, turn, key
-        self.holding = False
-        self.settled: Any = lambda: 0  #: requests settled so far (the handle's)
-        self._mark = 0
+        super().__init__(turn, key)
+        self.inner = inner
 
     async def take(self) -> None:
         if self.holding:
-            if self.settled() == self._mark or not self.turn.contended(self.key):
+            if not self.gives_up():
                 return
             self.release()
         await self.turn.acquire(self.key)
-        self.holding = True
-        self._mark = self.settled()
-
-    def release(self) -> None:
-        if self.holding:
-            self.holding = False
-            self.turn.release(self.key)
+        self.took()
 
     async def write(self, data: bytes) -> None:
         await self.take()

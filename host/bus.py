@@ -129,6 +129,15 @@ class FairTurn:
                 return
             self._hand_on(key)
 
+    def pass_on(self, key: int) -> None:
+        """Hand the turn to the next key waiting and queue for it again, in one step (no key
+        that waited less can slip in ahead while this thread comes back to wait)."""
+        with self._cond:
+            if self.holder == key and not self._lent:
+                self.waiting.add(key)
+                self._hand_on(key)
+        self.acquire(key)
+
     def contended(self, key: int) -> bool:
         """Whether another key waits for the line."""
         with self._cond:
@@ -155,7 +164,35 @@ class FairTurn:
             self._cond.notify_all()
 
 
-class TurnTransport:
+class Holding:
+    """A handle's hold on the line, blocking or awaited alike (``TurnTransport``,
+    ``idemlink.host.aio_bus.AsyncTurnTransport``): whether it holds the turn, and whether it
+    gives it up before its next send (``gives_up``: a transaction of its settled during this
+    turn and another key waits; never for a pipelining handle, ``per_transaction=False``)."""
+
+    def __init__(self, turn: Any, key: int, *, per_transaction: bool = True) -> None:
+        self.turn = turn  #: a ``FairTurn`` or an ``AsyncFairTurn`` (``release``, ``contended``)
+        self.key = key
+        self.per_transaction = per_transaction
+        self.holding = False
+        self.settled: Callable[[], int] = lambda: 0  #: requests settled so far (the handle's)
+        self._mark = 0
+
+    def gives_up(self) -> bool:
+        return (self.per_transaction and self.settled() != self._mark
+                and bool(self.turn.contended(self.key)))
+
+    def took(self) -> None:
+        self.holding = True
+        self._mark = self.settled()
+
+    def release(self) -> None:
+        if self.holding:
+            self.holding = False
+            self.turn.release(self.key)
+
+
+class TurnTransport(Holding):
     """One handle's view of the bus's transport: every ``write`` and ``read`` first has the
     line's turn (``FairTurn``). A transaction is a request from its first send to its
     settling (retries included): once one settled during this turn (``settled()`` moved) and
@@ -167,28 +204,18 @@ class TurnTransport:
 
     def __init__(self, inner: Transport, turn: FairTurn, key: int, *,
                  per_transaction: bool = True) -> None:
+        super().__init__(turn, key, per_transaction=per_transaction)
         self.inner = inner
-        self.turn = turn
-        self.key = key
-        self.per_transaction = per_transaction
-        self.holding = False
-        self.settled: Callable[[], int] = lambda: 0  #: requests settled so far (the handle's)
-        self._mark = 0
 
     def take(self) -> None:
-        if self.holding:
-            if (not self.per_transaction or self.settled() == self._mark
-                    or not self.turn.contended(self.key)):
-                return
-            self.release()  # a transaction ended: the others' turn first
-        self.turn.acquire(self.key)
-        self.holding = True
-        self._mark = self.settled()
-
-    def release(self) -> None:
-        if self.holding:
+        if not self.holding:
+            self.turn.acquire(self.key)
+        elif self.gives_up():  # a transaction ended: the others' turn first, then this one's
             self.holding = False
-            self.turn.release(self.key)
+            self.turn.pass_on(self.key)
+        else:
+            return
+        self.took()
 
     def write(self, data: bytes) -> None:
         self.take()

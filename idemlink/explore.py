@@ -376,20 +376,28 @@ class _SessionWorld(_World):
                 v.append(f"DUPLICATED-EFFECT: the trigger ran {len(runs)} times")
             if any(n > 1 for n in epochs.values()):
                 v.append(f"DUPLICATED-EFFECT: {tag} ran twice in one epoch")
-            c = self.done.get(tag)
-            if c is None:
-                continue
-            keys = set(c.sent_as)
-            mine = [r for r in runs if (r[0], r[1]) in keys]
-            if len(mine) != len(runs):
-                v.append(f"UNCLAIMED: {tag} ran under a number it was not sent as")
-            if c.outcome is Outcome.OK:
-                final = [r for r in mine if (r[0], r[1]) == (c.epoch, c.seq)]
-                if len(final) != 1 or final[0][3] != c.pdu:
-                    v.append(f"MISCLASSIFIED: {tag} OK without its one execution")
-            elif c.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and mine:
-                v.append(f"MISCLASSIFIED: {tag} {c.outcome.name} but it ran")
+            v += _judge(tag, runs, self.done.get(tag))
         return v
+
+
+def _judge(tag: str, runs: list[tuple[int, int, bytes, bytes]], c: Completion | None) -> list[str]:
+    """A request's outcome against the device's own record of its runs: every run under a number
+    it was sent as; OK ran exactly once with the answer it carries; NOT_EXECUTED/REJECTED never
+    ran."""
+    if c is None:
+        return []
+    v: list[str] = []
+    keys = set(c.sent_as)
+    mine = [r for r in runs if (r[0], r[1]) in keys]
+    if len(mine) != len(runs):
+        v.append(f"UNCLAIMED: {tag} ran under a number it was not sent as")
+    if c.outcome is Outcome.OK:
+        final = [r for r in mine if (r[0], r[1]) == (c.epoch, c.seq)]
+        if len(final) != 1 or final[0][3] != c.pdu:
+            v.append(f"MISCLASSIFIED: {tag} OK without its one execution")
+    elif c.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and mine:
+        v.append(f"MISCLASSIFIED: {tag} {c.outcome.name} but it ran")
+    return v
 
 
 def _reboot(w: _World) -> None:
@@ -533,17 +541,7 @@ class _BusWorld(_World):
                 v.append(f"DUPLICATED-EFFECT: the trigger ran {len(runs)} times on {a}")
             if any(n > 1 for n in epochs.values()):
                 v.append(f"DUPLICATED-EFFECT: {tag} ran twice in one epoch on {a}")
-            c = self.done.get((a, tag))
-            if c is not None:
-                mine = [r for r in runs if (r[0], r[1]) in set(c.sent_as)]
-                if len(mine) != len(runs):
-                    v.append(f"UNCLAIMED: {tag} on {a} ran under a number it was not sent as")
-                if c.outcome is Outcome.OK:
-                    final = [r for r in mine if (r[0], r[1]) == (c.epoch, c.seq)]
-                    if len(final) != 1 or final[0][3] != c.pdu:
-                        v.append(f"MISCLASSIFIED: {tag} on {a} OK without its one execution")
-                elif c.outcome in (Outcome.NOT_EXECUTED, Outcome.REJECTED) and mine:
-                    v.append(f"MISCLASSIFIED: {tag} on {a} {c.outcome.name} but it ran")
+            v += _judge(f"{tag} on {a}", runs, self.done.get((a, tag)))
             v += self._check_broadcast(a)
         return v
 

@@ -105,15 +105,12 @@ def test_threads_on_three_devices_are_served_one_transaction_each_in_turn() -> N
     assert order == [1, 2, 3] * 3 + [1] * 9
 
 
-def test_a_turn_rule_that_favours_low_addresses_starves_the_others(
+def test_a_turn_passed_per_operation_makes_the_small_queues_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """The can-fail check: the same model with "the lowest address waiting first" serves device
-    3 last."""
-    monkeypatch.setattr(host_bus, "next_in_turn",
-                        lambda waiting, last: min(waiting) if waiting else None)
-    order = served_in_threads({1: 4, 2: 4, 3: 4})
-    assert order != [1, 2, 3] * 4
-    assert order[-4:] == [3, 3, 3, 3]
+    """The can-fail check: the same model with the turn passed per operation (the handle before
+    per-transaction fairness) serves each queue whole, the deep one first."""
+    monkeypatch.setattr(host_bus.Holding, "gives_up", lambda self: False)
+    assert served_in_threads({1: 12, 2: 3, 3: 3}) == [1] * 12 + [2] * 3 + [3] * 3
 
 
 def test_tasks_on_three_devices_are_served_in_turn() -> None:
