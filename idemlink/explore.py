@@ -91,6 +91,11 @@ class _World:
     def faults_allowed(self) -> bool:
         return True
 
+    def shared(self) -> tuple[object, ...]:
+        """What no machine changes (a register map): every copy of a state shares it instead
+        of copying it."""
+        return ()
+
     def extra_faults(self) -> list[tuple[str, Callable[[_World], None]]]:
         return []
 
@@ -157,7 +162,7 @@ def _explore(start: _World, depth: int) -> Exploration:
             result.violations += [(p, w.path) for p in problems]
             continue
         for label, apply, fault in moves:
-            nxt = copy.deepcopy(w)
+            nxt = copy.deepcopy(w, {id(x): x for x in w.shared()})
             apply(nxt)
             nxt.faults += fault
             nxt.path = (*w.path, label)
@@ -327,6 +332,9 @@ class _SessionWorld(_World):
                              self.now, self.faults, self.reboots_left, self.submitted,
                              sorted((k, repr(c)) for k, c in self.done.items()), self.errors))
 
+    def shared(self) -> tuple[object, ...]:
+        return (self.exe.core.regmap,)
+
     def deliver(self, direction: str, data: bytes) -> None:
         if direction == "host>dev":
             self.dev.receive_data(data, self.now)
@@ -467,6 +475,9 @@ class _BusWorld(_World):
             self.net, self.now, self.faults, self.reboots_left, sorted(self.submitted),
             self.broadcast_seq, sorted((k, repr(c)) for k, c in self.done.items()),
             self.errors, sorted(self.hello_failed)))
+
+    def shared(self) -> tuple[object, ...]:
+        return tuple(e.core.regmap for e in self.exe.values())
 
     def deliver(self, direction: str, data: bytes) -> None:
         src, _, dst = direction.partition(">")
