@@ -164,5 +164,6 @@ def test_the_cli_with_echo_on_an_echoing_rtu_line(capsys: pytest.CaptureFixture[
                      "threshold=42"]) == 0
         assert "2 devices: 2 OK; exit 0" in capsys.readouterr().out
         assert [s.core.read(TH, 1) for s in servers] == [(420,), (420,)]
-        assert main(["read", *rtu, "--unit", "1", "threshold"]) == 1  # the echo unskipped
+        assert main(["read", "--port", path, "--modbus-rtu", "--timeout", str(scaled(0.05)),
+                     "--attempts", "1", "--unit", "1", "threshold"]) == 1  # the echo unskipped
         assert "no Modbus RTU slave answered at unit 1" in capsys.readouterr().err
