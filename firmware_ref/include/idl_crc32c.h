@@ -21,8 +21,8 @@
 #ifndef IDL_CRC32C_TABLE
 #define IDL_CRC32C_TABLE 1
 #endif
-#if IDL_CRC32C_TABLE < 0 || IDL_CRC32C_TABLE > 2
-#error "IDL_CRC32C_TABLE must be 0 (bitwise), 1 (nibble table) or 2 (byte table)"
+#if IDL_CRC32C_TABLE < 0 || IDL_CRC32C_TABLE > 3
+#error "IDL_CRC32C_TABLE must be 0 (bitwise), 1 (nibble table), 2 (byte table) or 3 (slicing by 4)"
 #endif
 #if IDL_CRC_POLY != 0x1EDC6F41u || IDL_CRC_INIT != 0xFFFFFFFFu || IDL_CRC_XOROUT != 0xFFFFFFFFu \
     || IDL_CRC_REFLECTED != 1u

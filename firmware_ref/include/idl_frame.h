@@ -7,7 +7,8 @@
  * [address u8 if IDL_FLAG_ADDRESSED] | payload | [tag 8 or 16 if IDL_FLAG_AUTH] | crc32c u32,
  * sent as 00 COBS(frame) 00. Without ADDRESSED and AUTH, the first contract's frame exactly.
  *
- * Decoder: one fixed buffer of IDL_MAX_ENCODED bytes, fed one byte at a time. A 0x00 ends a
+ * Decoder: one fixed buffer of IDL_MAX_ENCODED bytes, fed a byte or a buffer at a time (one scan
+ * for the delimiter; a finished segment is COBS-decoded in place in one pass). A 0x00 ends a
  * segment; an empty segment is ignored; a segment that would exceed IDL_MAX_ENCODED is refused
  * OVERSIZE once and the bytes up to the next 0x00 are dropped. A finished segment is checked in
  * this order (the first failing rule is the refusal, counted in `counters`):
@@ -84,19 +85,43 @@ typedef struct {
 void idl_frame_decoder_init(idl_frame_decoder_t *d);
 
 /** Forget a partial frame (counters kept). */
-void idl_frame_decoder_reset(idl_frame_decoder_t *d);
+static inline void idl_frame_decoder_reset(idl_frame_decoder_t *d)
+{
+    d->len = 0;
+    d->discarding = 0;
+}
+
+/** Feed `n` bytes at once, in one scan: stops after the byte that makes an event, returned: a
+ *  refusal IDL_DECODE_*, or IDL_FRAME_READY with *out filled; *used is the bytes consumed (that
+ *  byte included). IDL_FRAME_NONE with *used == n when none came. Feed the rest (data + *used)
+ *  after handling the event. Any split of a stream gives the same events at the same bytes. */
+IDL_CHECKRETURN int idl_frame_decoder_feed_buf(idl_frame_decoder_t *d, const uint8_t *data,
+                                               size_t n, size_t *used, idl_frame_t *out);
 
 /** Feed one byte: IDL_FRAME_NONE, a refusal IDL_DECODE_*, or IDL_FRAME_READY with *out filled. */
-IDL_CHECKRETURN int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *out);
+IDL_CHECKRETURN static inline int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte,
+                                                         idl_frame_t *out)
+{
+    size_t used;
+    return idl_frame_decoder_feed_buf(d, &byte, 1u, &used, out);
+}
 
 /** `address` of idl_frame_encode_addressed for a point-to-point frame (no ADDRESSED). */
 #define IDL_FRAME_NO_ADDRESS 0xFFFFu
 
+/** Bytes on the wire of a frame of `raw` bytes (header, address, payload, tag, CRC) at most: COBS
+ *  adds one code byte plus one per full block of 254, then the two delimiters. */
+#define IDL_FRAME_WIRE_LEN(raw) ((raw) + (raw) / 254u + 3u)
+
+/** The lowest offset in `wire` a payload may start at and still be encoded in place. */
+#define IDL_FRAME_INPLACE_MIN 20u
+
 /**
- * Encode a frame into `wire` (capacity IDL_WIRE_MAX): 00 COBS(header | [address] | payload |
- * crc) 00, with ADDRESSED and the address byte unless `address` is IDL_FRAME_NO_ADDRESS (0
- * broadcast, 1..247 a device). `payload` may point into `wire` itself at or after offset
- * IDL_WIRE_MAX - IDL_CRC_LEN - len (it is moved into place first). Returns the wire length, 0 if
+ * Encode a frame into `wire` (capacity IDL_FRAME_WIRE_LEN of the frame; IDL_WIRE_MAX holds any):
+ * 00 COBS(header | [address] | payload | crc) 00, with ADDRESSED and the address byte unless
+ * `address` is IDL_FRAME_NO_ADDRESS (0 broadcast, 1..247 a device). Each payload byte is read once
+ * and written once (no frame assembled first); `payload` may point into `wire` itself at or after
+ * offset IDL_FRAME_INPLACE_MIN (it is read before it is overwritten). Returns the wire length, 0 if
  * len > IDL_MAX_PAYLOAD, the address is 248..IDL_FRAME_NO_ADDRESS-1 or `flags` holds a layout
  * flag (ADDRESSED, AUTH, AUTH_LONG: no MAC in this C core yet).
  */
@@ -114,7 +139,5 @@ IDL_CHECKRETURN static inline size_t idl_frame_encode(uint8_t *wire, uint8_t typ
                                       payload, len);
 }
 
-/** COBS decode in place (out <= in); returns the decoded length or -1 for invalid COBS. */
-IDL_CHECKRETURN int idl_cobs_decode_inplace(uint8_t *buf, size_t n);
 
 #endif /* IDL_FRAME_H */

@@ -63,7 +63,7 @@ IDL_CHECKRETURN bool idl_port_flash_save(const uint16_t *values, uint16_t genera
 IDL_CHECKRETURN size_t idl_port_unique_id(char *buf, size_t cap);
 IDL_CHECKRETURN uint32_t idl_port_entropy32(void);
 IDL_CHECKRETURN uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address);
-/** FILE_INFO: the committed file `name` (checked: one plain component, `len` bytes of UTF-8, no
+/** FILE_INFO (IDL_FILE_INFO=1): the committed file `name` (checked: one plain component, `len` bytes of UTF-8, no
  *  terminator): 0 present (*size, *crc = CRC-32C of its bytes), 1 absent, -1 failed. A device
  *  without file storage returns 1. */
 IDL_CHECKRETURN int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_t *crc);
@@ -112,6 +112,11 @@ IDL_CHECKRETURN uint8_t idl_port_bus_address(void);
 #endif
 #ifndef IDL_TRIGGER_MS
 #define IDL_TRIGGER_MS 5000u
+#endif
+/* FILE_INFO (0x45): 0 leaves it out (0x45 then answers 01, like any function the register core
+ * does not serve; idl_port_file_info is not needed, nor idl_name.c and idl_files.c). */
+#ifndef IDL_FILE_INFO
+#define IDL_FILE_INFO 1
 #endif
 /* FILE_RECEIVE (0x44) and the YMODEM receiver: 0 leaves them out (0x44 then answers 01, and
  * the idl_port_ymodem_block / idl_port_file_begin... functions are not needed). */

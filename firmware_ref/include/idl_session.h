@@ -59,6 +59,24 @@
 #error "idemlink_proto.h is older than this core: regenerate it with `idemlink contract`"
 #endif
 
+/** The largest payload the session answers with: DEVICE_INFO (HELLO_REPLY), 20 fixed bytes
+ *  (version, window, payload limit, replay slots, in-flight, contract hash, next_seq), then the
+ *  name (at most 128 + 1), the map hash, the device id (at most 64 + 1), the map name (at most
+ *  255 + 1) and the extension: capabilities and bus address (3 bytes), with IDL_BUS the bus
+ *  extension's broadcast next_seq too (4 more); a stored answer is smaller. */
+#define IDL_SESSION_HELLO_MAX (12u + IDL_CONTRACT_HASH_LEN + 129u + IDL_MAP_HASH_LEN \
+                               + IDL_MAX_DEVICE_ID_LEN + 1u + 256u + 3u + (IDL_BUS ? 4u : 0u))
+/** The TX buffer: the wire size of the largest answer the session sends, with room for the
+ *  address byte and the long MAC tag of the frame layouts (ADDRESSED, AUTH_LONG). Sized for what
+ *  the device sends rather than for any frame (IDL_WIRE_MAX): 31 bytes less of RAM. */
+#define IDL_SESSION_TX_MAX IDL_FRAME_WIRE_LEN(IDL_HEADER_LEN + IDL_ADDRESS_LEN \
+                                              + IDL_SESSION_HELLO_MAX + IDL_AUTH_TAG_LONG_LEN \
+                                              + IDL_CRC_LEN)
+#if IDL_SESSION_HELLO_MAX > IDL_MAX_PAYLOAD || IDL_REPLAY_MAX_ANSWER > IDL_SESSION_HELLO_MAX \
+    || IDL_SESSION_TX_MAX > IDL_WIRE_MAX
+#error "DEVICE_INFO must fit a payload, and the TX buffer every answer"
+#endif
+
 /** Run one request PDU, numbered `seq` in the session's epoch, at `now` (ms); write the response
  *  PDU (at most 253 bytes) to `resp` and return its length. Called at most once per (epoch,
  *  sequence number), before the number is committed and the answer stored or sent. */
@@ -122,15 +140,26 @@ typedef struct {
 #endif
     idl_replay_t cache;
     idl_frame_decoder_t decoder;
-    uint8_t tx[IDL_WIRE_MAX]; /**< the answer being sent */
+    uint8_t tx[IDL_SESSION_TX_MAX]; /**< the answer being sent */
 } idl_session_t;
 
 /** A new boot: `epoch` (non-zero, random: see idl_port.h), empty window and cache. */
 void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_t epoch);
 
+/** Feed `n` received bytes at `now` in one scan (the decoder's idl_frame_decoder_feed_buf): stops
+ *  after the byte that completes an answer and returns its length (in s->tx; 0: none came), with
+ *  *used the bytes consumed. Send the answer, then feed the rest (data + *used). */
+IDL_CHECKRETURN size_t idl_session_feed_buf(idl_session_t *s, const uint8_t *data, size_t n,
+                                            size_t *used, uint32_t now);
+
 /** Feed one received byte at `now`; returns the length of the answer now in s->tx (0: none).
  *  Send it before feeding the next byte. */
-IDL_CHECKRETURN size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now);
+IDL_CHECKRETURN static inline size_t idl_session_feed(idl_session_t *s, uint8_t byte,
+                                                      uint32_t now)
+{
+    size_t used;
+    return idl_session_feed_buf(s, &byte, 1u, &used, now);
+}
 
 #if IDL_BUS
 /** broadcast_next of HELLO_REPLY's bus extension: 1 when no broadcast ran this boot, else one

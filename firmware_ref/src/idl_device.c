@@ -20,12 +20,14 @@ static bool persist(void *ctx, const idl_regs_t *r, const uint16_t *planned, uin
     return idl_port_flash_save(planned, generation);
 }
 
+#if IDL_FILE_INFO
 static int file_lookup(void *ctx, const uint8_t *name, uint8_t len, uint32_t *size,
                        uint32_t *crc)
 {
     (void)ctx;
     return idl_port_file_info(name, len, size, crc);
 }
+#endif
 
 #if IDL_FILE_RECEIVE
 /* ---- FILE_RECEIVE: the line handed to YMODEM for one batch (device_sim/file_receive.py) ---- */
@@ -101,19 +103,24 @@ static uint16_t file_receive(idl_device_t *d, const uint8_t *pdu, uint16_t len, 
 #endif
 
 /* FILE_INFO and FILE_RECEIVE are answered here (the register core never sees them, as in
- * device_sim/device.py); without IDL_FILE_RECEIVE the register core answers 0x44 with 01. */
+ * device_sim/device.py); without IDL_FILE_INFO / IDL_FILE_RECEIVE the register core answers
+ * 0x45 / 0x44 with 01. */
 static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *resp, uint32_t now,
                         uint32_t seq)
 {
     idl_device_t *d = (idl_device_t *)ctx;
     uint16_t n;
+#if IDL_FILE_INFO
     if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_INFO) {
         n = idl_file_info_execute(pdu, len, resp, file_lookup, NULL);
-#if IDL_FILE_RECEIVE
-    } else if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_RECEIVE) {
-        n = file_receive(d, pdu, len, resp);
+    } else
 #endif
-    } else {
+#if IDL_FILE_RECEIVE
+    if (len != 0u && pdu[0] == (uint8_t)IDL_MB_FC_FILE_RECEIVE) {
+        n = file_receive(d, pdu, len, resp);
+    } else
+#endif
+    {
         n = idl_modbus_execute(&d->regs, pdu, len, resp, now);
     }
 #if IDL_PORT_EXECUTED && IDL_BUS
@@ -187,7 +194,6 @@ static void ym_run(idl_device_t *d, const uint8_t *data, size_t n, uint32_t now)
 
 void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n)
 {
-    size_t i;
     uint32_t now = idl_port_millis();
     idl_regs_tick(&d->regs, now);
 #if IDL_FILE_RECEIVE
@@ -196,11 +202,14 @@ void idl_device_rx(idl_device_t *d, const uint8_t *data, size_t n)
         return;
     }
 #endif
-    for (i = 0; i < n; i++) {
-        size_t out = idl_session_feed(&d->session, data[i], now);
+    while (n != 0u) { /* the bytes in one scan, stopping at each answer to send it */
+        size_t used;
+        size_t out = idl_session_feed_buf(&d->session, data, n, &used, now);
         if (out != 0u) {
             idl_port_write(d->session.tx, out);
         }
+        data += used;
+        n -= used;
     }
 #if IDL_FILE_RECEIVE
     if (d->ym_mode == 1u) { /* as the simulator: the rest of this read went to the frames */

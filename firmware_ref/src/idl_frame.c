@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "idl_crc32c.h"
+#include "idl_small.h"
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 
@@ -22,33 +23,24 @@ static void wr32(uint8_t *p, uint32_t v)
 
 void idl_frame_decoder_init(idl_frame_decoder_t *d) { memset(d, 0, sizeof *d); }
 
-void idl_frame_decoder_reset(idl_frame_decoder_t *d)
-{
-    d->len = 0;
-    d->discarding = 0;
-}
-
-int idl_cobs_decode_inplace(uint8_t *buf, size_t n)
+/* COBS decode of a whole segment in place, in one pass over it, block by block: a segment holds no
+ * zero (the zeros delimit it), so only the block lengths can be wrong. -1 for invalid COBS. */
+static int cobs_segment(uint8_t *buf, size_t n)
 {
     size_t i = 0;
     size_t o = 0;
     while (i < n) {
         size_t code = buf[i];
         size_t j = i + code;
-        size_t k;
-        if (code == 0u || j > n) {
+        if (j > n) {
             return -1;
         }
-        for (k = i + 1u; k < j; k++) {
-            if (buf[k] == 0u) {
-                return -1;
-            }
-            buf[o++] = buf[k];
+        for (i++; i < j; i++) {
+            buf[o++] = buf[i];
         }
         if (code != 0xFFu && j != n) { /* a block shorter than 254 ends at a zero */
             buf[o++] = 0u;
         }
-        i = j;
     }
     return (int)o;
 }
@@ -56,7 +48,7 @@ int idl_cobs_decode_inplace(uint8_t *buf, size_t n)
 static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
 {
     const uint8_t *raw = d->buf;
-    int n = idl_cobs_decode_inplace(d->buf, d->len);
+    int n = cobs_segment(d->buf, d->len);
     size_t start;
     uint8_t flags;
     if (n < 0 || (size_t)n < IDL_MIN_FRAME) {
@@ -100,48 +92,126 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     return IDL_FRAME_READY;
 }
 
-int idl_frame_decoder_feed(idl_frame_decoder_t *d, uint8_t byte, idl_frame_t *out)
+/* A finished segment (its delimiter seen): the event, counted. */
+static int segment_end(idl_frame_decoder_t *d, idl_frame_t *out)
 {
-    int ev;
-    if (byte != 0u) {
-        if (d->discarding) {
-            return IDL_FRAME_NONE;
-        }
-        if (d->len >= IDL_MAX_ENCODED) {
-            d->len = 0;
-            d->discarding = 1u;
-            d->counters[IDL_DECODE_OVERSIZE]++;
-            return IDL_DECODE_OVERSIZE;
-        }
-        d->buf[d->len++] = byte;
-        return IDL_FRAME_NONE;
-    }
-    if (d->discarding || d->len == 0u) {
-        d->discarding = 0;
-        return IDL_FRAME_NONE;
-    }
-    ev = parse(d, out);
+    int ev = parse(d, out);
     d->len = 0;
     d->counters[ev == IDL_FRAME_READY ? IDL_FRAME_COUNT_FRAMES : (unsigned)ev]++;
     return ev;
+}
+
+/* One byte more than the buffer holds: refused once, the rest up to the next 00 dropped. */
+static int oversize(idl_frame_decoder_t *d, size_t i, size_t *used)
+{
+    d->len = 0;
+    d->discarding = 1u;
+    d->counters[IDL_DECODE_OVERSIZE]++;
+    *used = i;
+    return IDL_DECODE_OVERSIZE;
+}
+
+int idl_frame_decoder_feed_buf(idl_frame_decoder_t *d, const uint8_t *data, size_t n,
+                               size_t *used, idl_frame_t *out)
+{
+    size_t i = 0;
+    while (i < n) {
+#if IDL_SMALL_CODE
+        /* the byte rule in a loop: the least code */
+        uint8_t b = data[i++];
+        if (b != 0u) {
+            if (d->discarding) {
+                continue;
+            }
+            if (d->len >= IDL_MAX_ENCODED) {
+                return oversize(d, i, used);
+            }
+            d->buf[d->len++] = b;
+            continue;
+        }
+#else
+        /* one scan: copy up to the delimiter or until the buffer is full (while discarding,
+         * skip to the delimiter) */
+        if (d->discarding) {
+            while (i < n && data[i] != 0u) {
+                i++;
+            }
+        } else {
+            size_t room = (size_t)IDL_MAX_ENCODED - d->len;
+            size_t end = n - i < room ? n : i + room;
+            uint8_t *dst = d->buf + d->len - i;
+            size_t k = i;
+            while (k < end && data[k] != 0u) {
+                dst[k] = data[k];
+                k++;
+            }
+            d->len = (uint16_t)(d->len + (k - i));
+            i = k;
+        }
+        if (i == n) {
+            break;
+        }
+        if (data[i++] != 0u) {
+            return oversize(d, i, used);
+        }
+#endif
+        /* a delimiter */
+        if (d->discarding || d->len == 0u) { /* the end of a discard, or an empty segment */
+            d->discarding = 0;
+            continue;
+        }
+        *used = i;
+        return segment_end(d, out);
+    }
+    *used = n;
+    return IDL_FRAME_NONE;
+}
+
+/* COBS encoding, streamed from several pieces into one output: a block's code byte is reserved
+ * at `code_at` and filled when the block closes (at a zero, or after 254 non-zero bytes). */
+typedef struct {
+    uint8_t *wire;
+    size_t o;
+    size_t code_at;
+    uint8_t code;
+} cobs_out_t;
+
+static void cobs_put(cobs_out_t *c, const uint8_t *p, size_t n)
+{
+    uint8_t *wire = c->wire;
+    size_t o = c->o;
+    size_t code_at = c->code_at;
+    uint8_t code = c->code;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint8_t b = p[i];
+        if (b != 0u) {
+            wire[o++] = b;
+            if (++code != 0xFFu) {
+                continue;
+            }
+        }
+        wire[code_at] = code; /* a zero, or a full block of 254: close the block */
+        code_at = o++;
+        code = 1u;
+    }
+    c->o = o;
+    c->code_at = code_at;
+    c->code = code;
 }
 
 size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
                                   uint32_t epoch, uint32_t seq, const uint8_t *payload,
                                   size_t len)
 {
-    /* The raw frame is assembled at the end of `wire` and COBS-encoded forwards in place: the
-     * output after k input bytes is at most 1 + k + (k / 254 + 1), which stays behind the input
-     * as long as the raw frame starts at offset >= 2 + IDL_MAX_FRAME / 254 (checked below). */
+    /* The header (and address) and the CRC are built apart and COBS-encoded with the payload
+     * straight into `wire`: each byte is read once and written once, no frame assembled first.
+     * The output after k input bytes is at most 2 + k + k / 254, so a payload in `wire` at or
+     * after IDL_FRAME_INPLACE_MIN is read before it is overwritten. */
+    uint8_t head[IDL_HEADER_LEN + IDL_ADDRESS_LEN];
+    uint8_t trailer[IDL_CRC_LEN];
     size_t start = IDL_HEADER_LEN;
-    size_t raw_len;
-    size_t s;
-    size_t i;
-    size_t o;
-    size_t code_at;
-    uint8_t code;
-    uint8_t *raw;
-    uint32_t crc;
+    cobs_out_t c;
     if (len > IDL_MAX_PAYLOAD || (flags & (uint8_t)IDL_LAYOUT_FLAGS) != 0u) {
         return 0;
     }
@@ -151,54 +221,35 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
         }
         start += IDL_ADDRESS_LEN;
         flags |= (uint8_t)IDL_FLAG_ADDRESSED;
+        head[IDL_OFF_ADDRESS] = (uint8_t)address;
     }
-    raw_len = start + len + IDL_CRC_LEN;
-    s = IDL_WIRE_MAX - raw_len;
-    raw = wire + s;
-    /* memmove by hand (no libc memmove): the payload may sit in `wire` before or after its
-     * place, so copy away from the overlap; a byte loop, not a call */
-    if ((uintptr_t)payload < (uintptr_t)(raw + start)) {
-        for (i = len; i-- > 0u;) {
-            raw[start + i] = payload[i];
-        }
-    } else {
-        for (i = 0; i < len; i++) {
-            raw[start + i] = payload[i];
-        }
-    }
-    raw[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
-    raw[IDL_OFF_TYPE] = type;
-    raw[IDL_OFF_FLAGS] = flags;
-    wr32(raw + IDL_OFF_EPOCH, epoch);
-    wr32(raw + IDL_OFF_SEQ, seq);
-    raw[IDL_OFF_LENGTH] = (uint8_t)len;
-    raw[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
-    if (start != IDL_HEADER_LEN) {
-        raw[IDL_OFF_ADDRESS] = (uint8_t)address;
-    }
-    crc = idl_crc32c(raw, start + len);
-    wr32(raw + start + len, crc);
-
+    head[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
+    head[IDL_OFF_TYPE] = type;
+    head[IDL_OFF_FLAGS] = flags;
+    wr32(head + IDL_OFF_EPOCH, epoch);
+    wr32(head + IDL_OFF_SEQ, seq);
+    head[IDL_OFF_LENGTH] = (uint8_t)len;
+    head[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
+    wr32(trailer, idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len)
+                      ^ IDL_CRC_XOROUT);
     wire[0] = 0u;
-    code_at = 1u;
-    o = 2u;
-    code = 1u;
-    for (i = 0; i < raw_len; i++) {
-        uint8_t b = wire[s + i];
-        if (b != 0u) {
-            wire[o++] = b;
-            code++;
-        }
-        if (b == 0u || code == 0xFFu) { /* a zero, or a full block of 254: close the block */
-            wire[code_at] = code;
-            code_at = o++;
-            code = 1u;
-        }
-    }
-    wire[code_at] = code;
-    wire[o++] = 0u;
-    return o;
+    c.wire = wire;
+    c.code_at = 1u;
+    c.o = 2u;
+    c.code = 1u;
+    cobs_put(&c, head, start);
+    cobs_put(&c, payload, len);
+    cobs_put(&c, trailer, IDL_CRC_LEN);
+    wire[c.code_at] = c.code;
+    wire[c.o] = 0u;
+    return c.o + 1u;
 }
 
-typedef char idl_frame_inplace_room[(IDL_WIRE_MAX - IDL_MAX_FRAME >= 3u + IDL_MAX_FRAME / 254u)
-                                    ? 1 : -1];
+/* the in-place rule above: 2 + header + address + the largest payload's extra code bytes */
+typedef char idl_frame_inplace_min[(IDL_FRAME_INPLACE_MIN
+                                    >= 2u + IDL_HEADER_LEN + IDL_ADDRESS_LEN
+                                           + (IDL_HEADER_LEN + IDL_ADDRESS_LEN + IDL_MAX_PAYLOAD)
+                                                 / 254u)
+                                   ? 1 : -1];
+typedef char idl_frame_wire_len_is_the_contracts[(IDL_FRAME_WIRE_LEN(IDL_MAX_FRAME) == IDL_WIRE_MAX)
+                                                ? 1 : -1];

@@ -88,8 +88,8 @@ static void put_le(uint8_t *p, uint32_t v, unsigned bytes)
 static size_t hello(idl_session_t *s, uint32_t seq)
 {
     const idl_session_config_t *c = s->cfg;
-    /* built at the end of tx; idl_frame_encode moves it into place */
-    uint8_t *p = s->tx + IDL_WIRE_MAX - IDL_CRC_LEN - IDL_MAX_PAYLOAD;
+    /* built at the end of tx; idl_frame_encode reads it before it overwrites it */
+    uint8_t *p = s->tx + sizeof s->tx - IDL_SESSION_HELLO_MAX;
     size_t n = 0;
     unsigned i;
     uint8_t inflight = c->max_inflight < IDL_REPLAY_SLOTS ? c->max_inflight
@@ -220,10 +220,9 @@ static idl_disposition_t broadcast(idl_session_t *s, const idl_frame_t *f, uint3
 }
 #endif
 
-size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
+/* One decoder event: the answer's length in tx (0: none). */
+static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t now)
 {
-    idl_frame_t f;
-    int ev = idl_frame_decoder_feed(&s->decoder, byte, &f);
     if (ev == IDL_FRAME_NONE) {
         return 0;
     }
@@ -234,31 +233,51 @@ size_t idl_session_feed(idl_session_t *s, uint8_t byte, uint32_t now)
 #if IDL_BUS
     /* address_verdict: untagged frames only (no key here); no address -> this line */
     s->to = IDL_FRAME_NO_ADDRESS;
-    if (f.tag_len == 0u && f.addressed != 0u && s->cfg->address != 0u) {
-        if (f.address == IDL_BROADCAST_ADDRESS) {
-            s->counters[broadcast(s, &f, now)]++;
+    if (f->tag_len == 0u && f->addressed != 0u && s->cfg->address != 0u) {
+        if (f->address == IDL_BROADCAST_ADDRESS) {
+            s->counters[broadcast(s, f, now)]++;
             return 0;
         }
-        if (f.address != s->cfg->address) {
+        if (f->address != s->cfg->address) {
             s->counters[IDL_DISP_OTHER_ADDRESS]++;
             return 0;
         }
-        s->to = f.address;
+        s->to = f->address;
     } else
 #endif
-    if (f.addressed != 0u || f.tag_len != 0u) {
+    if (f->addressed != 0u || f->tag_len != 0u) {
         /* a keyed device's frame, or (without an address) a bus device's: no key, no address,
          * so it stays silent, like a device of the first contract (see idl_frame.h) */
         s->counters[IDL_DISP_UNEXPECTED]++;
         return 0;
     }
-    if (f.type == (uint8_t)IDL_FT_REQUEST) {
-        return request(s, &f, now);
+    if (f->type == (uint8_t)IDL_FT_REQUEST) {
+        return request(s, f, now);
     }
-    if (f.type == (uint8_t)IDL_FT_HELLO) {
+    if (f->type == (uint8_t)IDL_FT_HELLO) {
         s->counters[IDL_DISP_HELLO]++;
-        return hello(s, f.seq);
+        return hello(s, f->seq);
     }
     s->counters[IDL_DISP_UNEXPECTED]++;
+    return 0;
+}
+
+size_t idl_session_feed_buf(idl_session_t *s, const uint8_t *data, size_t n, size_t *used,
+                            uint32_t now)
+{
+    size_t at = 0;
+    while (at < n) {
+        idl_frame_t f;
+        size_t k;
+        size_t out;
+        int ev = idl_frame_decoder_feed_buf(&s->decoder, data + at, n - at, &k, &f);
+        at += k;
+        out = dispatch(s, ev, &f, now);
+        if (out != 0u) {
+            *used = at;
+            return out;
+        }
+    }
+    *used = n;
     return 0;
 }

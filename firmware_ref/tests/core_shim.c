@@ -112,15 +112,17 @@ void idl_shim_init(idl_shim_t *s, uint32_t epoch, uint32_t trigger_ms, const cha
 size_t idl_shim_feed(idl_shim_t *s, const uint8_t *data, size_t n, uint32_t now, uint8_t *out,
                      size_t cap)
 {
-    size_t i;
     size_t used = 0;
     idl_regs_tick(&s->regs, now);
-    for (i = 0; i < n; i++) {
-        size_t k = idl_session_feed(&s->session, data[i], now);
+    while (n != 0u) { /* the chunk in one scan, as idl_device_rx feeds it */
+        size_t took;
+        size_t k = idl_session_feed_buf(&s->session, data, n, &took, now);
         if (k != 0u && used + k <= cap) {
             memcpy(out + used, s->session.tx, k);
             used += k;
         }
+        data += took;
+        n -= took;
     }
     return used;
 }

@@ -160,6 +160,109 @@ static void store(uint32_t seq, uint8_t tag)
     idl_replay_commit(&cache, slot, seq, seq * 3u, 1u);
 }
 
+/* One event of a fed stream: where it came (bytes consumed so far), what, and the frame. */
+typedef struct {
+    size_t at;
+    int ev;
+    uint32_t seq;
+    uint16_t length;
+    uint8_t first;
+} event_t;
+
+#define MAX_EVENTS 64u
+
+static size_t stream_bytes(uint8_t *s, size_t cap)
+{
+    static const uint8_t garbage[] = { 0x00, 0x00, 0x05, 0x01, 0x02, 0x00, 0x03, 0x01, 0x00 };
+    size_t n = 0;
+    unsigned k;
+    for (k = 0; k < VEC_NFRAMES && n + vec_frames[k].wire_len + sizeof garbage < cap; k++) {
+        memcpy(s + n, vec_frames[k].wire, vec_frames[k].wire_len);
+        n += vec_frames[k].wire_len;
+        if (k % 3u == 0u) {
+            memcpy(s + n, garbage, sizeof garbage);
+            n += sizeof garbage;
+        }
+    }
+    memset(s + n, 0x41, IDL_MAX_ENCODED + 7u); /* oversize: refused once, dropped to the 00 */
+    n += IDL_MAX_ENCODED + 7u;
+    memcpy(s + n, vec_frames[0].wire, vec_frames[0].wire_len);
+    return n + vec_frames[0].wire_len;
+}
+
+static unsigned record(event_t *e, unsigned count, size_t at, int ev, const idl_frame_t *f)
+{
+    if (ev == IDL_FRAME_NONE || count >= MAX_EVENTS) {
+        return count;
+    }
+    e[count].at = at;
+    e[count].ev = ev;
+    e[count].seq = ev == IDL_FRAME_READY ? f->seq : 0u;
+    e[count].length = ev == IDL_FRAME_READY ? f->length : 0u;
+    e[count].first = ev == IDL_FRAME_READY && f->length != 0u ? f->payload[0] : 0u;
+    return count + 1u;
+}
+
+/* Feeding a buffer is feeding its bytes one by one: the same events at the same places, the same
+ * frames and counters, whatever the chunks (frames, garbage, empty segments, an oversize run). */
+static void test_bulk_feed(void)
+{
+    static uint8_t s[4 * IDL_WIRE_MAX + 2048u];
+    static event_t one[MAX_EVENTS];
+    static event_t bulk[MAX_EVENTS];
+    static idl_frame_decoder_t d2;
+    static const size_t chunks[] = { 1u, 2u, 7u, 64u, 255u, 4096u };
+    size_t n = stream_bytes(s, sizeof s);
+    unsigned n_one = 0;
+    unsigned c;
+    size_t i;
+    idl_frame_t f;
+    idl_frame_decoder_init(&dec);
+    for (i = 0; i < n; i++) {
+        n_one = record(one, n_one, i + 1u, idl_frame_decoder_feed(&dec, s[i], &f), &f);
+    }
+    CHECK(n_one > VEC_NFRAMES);
+    for (c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        unsigned n_bulk = 0;
+        size_t at = 0;
+        idl_frame_decoder_init(&d2);
+        while (at < n) {
+            size_t end = at + chunks[c] < n ? at + chunks[c] : n;
+            while (at < end) {
+                size_t used = 0;
+                int ev = idl_frame_decoder_feed_buf(&d2, s + at, end - at, &used, &f);
+                CHECK(used >= 1u && used <= end - at);
+                at += used;
+                n_bulk = record(bulk, n_bulk, at, ev, &f);
+            }
+        }
+        CHECK(n_bulk == n_one && memcmp(d2.counters, dec.counters, sizeof dec.counters) == 0);
+        for (i = 0; i < n_one && i < n_bulk; i++) {
+            CHECK(bulk[i].at == one[i].at && bulk[i].ev == one[i].ev && bulk[i].seq == one[i].seq
+                  && bulk[i].length == one[i].length && bulk[i].first == one[i].first);
+        }
+    }
+}
+
+/* A payload inside the output buffer (from IDL_FRAME_INPLACE_MIN on) encodes as one apart. */
+static void test_encode_in_place(void)
+{
+    static uint8_t apart[IDL_WIRE_MAX];
+    size_t k;
+    for (k = 0; k < IDL_MAX_PAYLOAD; k++) {
+        payload[k] = (uint8_t)(k % 5u == 0u ? 0u : k);
+    }
+    for (k = 0; k < 3u; k++) {
+        size_t len = k == 0u ? 5u : k == 1u ? 300u : IDL_MAX_PAYLOAD;
+        size_t n = idl_frame_encode(apart, IDL_FT_RESPONSE, 0u, 9u, 10u, payload, len);
+        size_t m;
+        memcpy(wire + IDL_FRAME_INPLACE_MIN, payload, len);
+        m = idl_frame_encode(wire, IDL_FT_RESPONSE, 0u, 9u, 10u, wire + IDL_FRAME_INPLACE_MIN,
+                             len);
+        CHECK(n != 0u && m == n && memcmp(wire, apart, n) == 0);
+    }
+}
+
 static void test_replay(void)
 {
     const uint8_t *answer = NULL;
@@ -401,6 +504,8 @@ int main(void)
     test_frames();
     test_frame_vectors();
     test_refusals();
+    test_bulk_feed();
+    test_encode_in_place();
     test_replay();
     test_registers();
     test_session();
