@@ -147,8 +147,9 @@ typedef struct {
 void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_t epoch);
 
 /** Feed `n` received bytes at `now` in one scan (the decoder's idl_frame_decoder_feed_buf): stops
- *  after the byte that completes an answer and returns its length (in s->tx; 0: none came), with
- *  *used the bytes consumed. Send the answer, then feed the rest (data + *used). */
+ *  after the byte that ends a frame (or a refusal), with *used the bytes consumed, and returns
+ *  the length of its answer in s->tx (0: none). Send the answer, then feed the rest
+ *  (data + *used) until none is left. */
 IDL_CHECKRETURN size_t idl_session_feed_buf(idl_session_t *s, const uint8_t *data, size_t n,
                                             size_t *used, uint32_t now);
 

@@ -203,37 +203,35 @@ static void trigger_step(idl_regs_t *r, uint32_t i, uint16_t value)
     }
 }
 
-/* Pass 1 and 2 of a write: the first exception, or 0. */
+/* Pass 1 and 2 of a write: the first exception, or 0. One walk over the registers: a register
+ * that cannot be written at all (02) wins over any value refused (03), which wins over a trigger
+ * in an abnormal state (04), whatever their order in the range, as three passes would find. */
 static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, const uint8_t *be,
                         bool guarded)
 {
     uint32_t k;
+    uint8_t exc = 0;
     if (first < 0) {
         return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
     }
     for (k = 0; k < count; k++) {
-        uint8_t kind = IDL_REGMAP[(uint32_t)first + k].kind;
+        const idl_reg_desc_t *d = &IDL_REGMAP[(uint32_t)first + k];
+        uint16_t v = be16(be + 2u * k);
+        uint8_t kind = d->kind;
         if (kind == (uint8_t)IDL_REG_KIND_INPUT || kind == (uint8_t)IDL_REG_KIND_GENERATION
             || (guarded && kind != (uint8_t)IDL_REG_KIND_HOLDING)) {
             return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
         }
-    }
-    for (k = 0; k < count; k++) {
-        const idl_reg_desc_t *d = &IDL_REGMAP[(uint32_t)first + k];
-        uint16_t v = be16(be + 2u * k);
-        if ((d->kind == (uint8_t)IDL_REG_KIND_HOLDING && (v < d->min || v > d->max))
-            || (d->kind == (uint8_t)IDL_REG_KIND_FAULT && (v & (uint16_t)~d->fault_mask) != 0u)
-            || (d->kind == (uint8_t)IDL_REG_KIND_TRIGGER && v > 1u)) {
-            return IDL_MB_EXC_ILLEGAL_DATA_VALUE;
+        if ((kind == (uint8_t)IDL_REG_KIND_HOLDING && (v < d->min || v > d->max))
+            || (kind == (uint8_t)IDL_REG_KIND_FAULT && (v & (uint16_t)~d->fault_mask) != 0u)
+            || (kind == (uint8_t)IDL_REG_KIND_TRIGGER && v > 1u)) {
+            exc = IDL_MB_EXC_ILLEGAL_DATA_VALUE;
+        } else if (kind == (uint8_t)IDL_REG_KIND_TRIGGER && exc == 0u
+                   && r->value[(uint32_t)first + k] > (uint16_t)IDL_TRIGGER_DONE) {
+            exc = IDL_MB_EXC_SERVER_DEVICE_FAILURE;
         }
     }
-    for (k = 0; k < count; k++) {
-        if (IDL_REGMAP[(uint32_t)first + k].kind == (uint8_t)IDL_REG_KIND_TRIGGER
-            && r->value[(uint32_t)first + k] > (uint16_t)IDL_TRIGGER_DONE) {
-            return IDL_MB_EXC_SERVER_DEVICE_FAILURE;
-        }
-    }
-    return 0;
+    return exc;
 }
 
 /* planned = the values after the write (the volatile HOLDINGs at their default when `flash`:

@@ -265,19 +265,7 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
 size_t idl_session_feed_buf(idl_session_t *s, const uint8_t *data, size_t n, size_t *used,
                             uint32_t now)
 {
-    size_t at = 0;
-    while (at < n) {
-        idl_frame_t f;
-        size_t k;
-        size_t out;
-        int ev = idl_frame_decoder_feed_buf(&s->decoder, data + at, n - at, &k, &f);
-        at += k;
-        out = dispatch(s, ev, &f, now);
-        if (out != 0u) {
-            *used = at;
-            return out;
-        }
-    }
-    *used = n;
-    return 0;
+    idl_frame_t f;
+    int ev = idl_frame_decoder_feed_buf(&s->decoder, data, n, used, &f);
+    return dispatch(s, ev, &f, now);
 }
