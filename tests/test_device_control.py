@@ -1,5 +1,6 @@
-"""The world outside a device, from another process: ``--control FIFO`` on the simulator and on
-the C posix device, the same lines for both (device_sim/control.py, port/posix/posix_control.c).
+"""The world outside a device, from another process: ``--control FIFO`` on the simulator, on
+the C posix device and on the QEMU device (tools/qemu-device), the same lines for all
+(device_sim/control.py; the C rule port/control_lines.c).
 
 With a map of the user's own (the built-in pump controller: two fault words, no thermal rule),
 faults latch only from conditions set through the pipe; a W1C clear clears a bit only once its
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import firmware
 from support.timing import read_line, scaled, wait_until
 
 from idemlink.device_sim.control import ControlError, parse_control_line
@@ -138,3 +140,34 @@ def test_a_typed_input_takes_its_raw_value_at_its_first_address(tmp_path: Path) 
         parse_control_line("input 4 1", regmap)
     with pytest.raises(ControlError, match=r"outside 0\.\.4294967295"):
         parse_control_line("input 3 0x100000000", regmap)
+
+
+def test_the_qemu_device_takes_the_same_lines(tmp_path: Path, qemu_elf: Path) -> None:
+    """``qemu-device --control FIFO``: the lines reach the emulated MCU's firmware (mps2-an385,
+    the built-in thermal controller) through the wrapper and semihosting; a sensor fault set from
+    outside latches, an input changes, a wrong line is one stderr line while it goes on serving.
+    Skipped without qemu-system-arm or arm-none-eabi-gcc (the fixture says so)."""
+    fifo = tmp_path / "control"
+    proc = subprocess.Popen([sys.executable, str(firmware.QEMU_TOOL), "--elf", str(qemu_elf),
+                             "--control", str(fifo), "--flash-dir", str(tmp_path / "flash")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    try:
+        path = read_line(proc.stdout, proc)
+        with Device.open(path) as dev:
+            def read(name: str) -> int:
+                r = dev.execute(dev.read_command(name))
+                assert r.ok, r
+                return r.values[0]
+
+            assert read("faults") == 0
+            say(fifo, "condition 7 2", "bogus 1 2", "input 2 1234")
+            wait_until(lambda: read("faults") == 2, what="sensor fault latched")  # bit 1
+            wait_until(lambda: read("fan_speed") == 1234, what="fan speed set from outside")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+        _, err = proc.communicate(timeout=scaled(10))
+    assert proc.returncode == 0, err
+    assert [line for line in err.splitlines() if "control:" in line] == [
+        "qemu-device: control: 'bogus 1 2': say 'input ADDRESS VALUE' or 'condition ADDRESS BITS'"]

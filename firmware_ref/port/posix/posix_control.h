@@ -1,5 +1,6 @@
 /* The world outside the posix device, from another process: a control FIFO (--control PATH).
- * The same lines as `idemlink sim --control` (device_sim/control.py, the rule's Python twin):
+ * The same lines as `idemlink sim --control` (device_sim/control.py, the rule's Python twin;
+ * the C rule is port/control_lines.c, which the QEMU devices share):
  *   input ADDRESS VALUE        the world changed an INPUT register (raw 0..65535)
  *   condition ADDRESS BITS     the external fault conditions of that FAULT register are BITS
  * Numbers decimal or 0x hex; blank lines and '#' comments ignored. A wrong line (unknown word,
@@ -11,8 +12,6 @@
 #include <stdint.h>
 
 #include "idl_regs.h"
-
-#define IDL_CONTROL_MAX_LINE 128u
 
 /** Create (if absent) and open the FIFO at `path`; its fd, or -1 with errno set (EEXIST: there
  *  is something at `path` that is not a FIFO). */

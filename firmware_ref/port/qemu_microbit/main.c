@@ -29,6 +29,7 @@
  *                  firmware exits (the frame in hand finished, so an effect never loses its record)
  *   stats=PATH     at that stop, one line of counters appended to PATH (flash writes, RX overruns)
  *   address=N      the bus address, with IDL_BUS=1 (0 or absent: none)
+ *   control=PATH   a file of control lines the host appends to (port/qemu_host.h), read when idle
  * FILE_RECEIVE stores into a 4 KiB RAM area (4 files, lost at reset).
  *
  * IDL_BOARD_SEMIHOSTING=0 (the bare image): the configuration in the last two 1 KiB flash pages
@@ -54,6 +55,7 @@
 #include <stdlib.h>
 
 #include "../effects_record.h"
+#include "../qemu_host.h"
 #endif
 
 /* ---- nRF51 registers ------------------------------------------------------------------------ */
@@ -236,7 +238,12 @@ static uint32_t rng32(void)
 
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
 {
+#if IDL_BOARD_SEMIHOSTING
+    /* the demo rule, and the conditions set from outside (control=PATH, qemu-device --control) */
+    return (uint16_t)(idl_demo_fault_conditions(r, address) | idl_sh_control_conditions(address));
+#else
     return idl_demo_fault_conditions(r, address);
+#endif
 }
 
 /* ---- the configuration: two pages, A/B, the older one written -------------------------------- */
@@ -301,152 +308,36 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
 }
 
 #if IDL_BOARD_SEMIHOSTING
-/* ---- semihosting: the host's files stand in for flash, the effects file and the stop line ---- */
+/* ---- semihosting (port/qemu_host.c): the host's files stand in for flash, the effects file and
+ * the stop line ---------------------------------------------------------------------------- */
 
-#define SYS_OPEN 0x01
-#define SYS_CLOSE 0x02
-#define SYS_WRITE 0x05
-#define SYS_READ 0x06
-#define SYS_SEEK 0x0A
-#define SYS_FLEN 0x0C
-#define SYS_TIME 0x11
-#define SYS_GET_CMDLINE 0x15
-#define SYS_EXIT 0x18
-#define MODE_RB 1
-#define MODE_RPLUSB 3
-#define MODE_WPLUSB 7
-#define MODE_A 8
 #define FLASH_FILE "idemlink-flash.bin"
-
-static int semihost(int op, void *arg)
-{
-    register int r0 __asm__("r0") = op;
-    register void *r1 __asm__("r1") = arg;
-    __asm__ volatile("bkpt 0xAB" : "+r"(r0) : "r"(r1) : "memory");
-    return r0;
-}
-
-static int sh_open(const char *path, int mode)
-{
-    struct { const char *p; int mode; int len; } a = { path, mode, (int)strlen(path) };
-    return semihost(SYS_OPEN, &a);
-}
-
-static void sh_close(int h)
-{
-    int a = h;
-    (void)semihost(SYS_CLOSE, &a);
-}
-
-/* true when all n bytes were written */
-static bool sh_write(int h, const void *buf, size_t n)
-{
-    struct { int h; const void *buf; int len; } a = { h, buf, (int)n };
-    return semihost(SYS_WRITE, &a) == 0;
-}
-
-static bool sh_read(int h, void *buf, size_t n)
-{
-    struct { int h; void *buf; int len; } a = { h, buf, (int)n };
-    return semihost(SYS_READ, &a) == 0;
-}
-
-static bool sh_seek(int h, uint32_t pos)
-{
-    struct { int h; int pos; } a = { h, (int)pos };
-    return semihost(SYS_SEEK, &a) == 0;
-}
-
-static int sh_flen(int h)
-{
-    int a = h;
-    return semihost(SYS_FLEN, &a);
-}
-
-/* Open for appending. QEMU 7.2 opens semihosting's mode "a" without O_APPEND (writes land at
- * offset 0), so the end is sought explicitly; each file here has one writer at a time. */
-static int sh_open_append(const char *path)
-{
-    int h = sh_open(path, MODE_A);
-    int len;
-    if (h < 0) {
-        return h;
-    }
-    len = sh_flen(h);
-    if (len < 0 || !sh_seek(h, (uint32_t)len)) {
-        sh_close(h);
-        return -1;
-    }
-    return h;
-}
-
-static void sh_exit(bool ok)
-{
-    /* AArch32 semihosting: the reason; QEMU exits 0 for ApplicationExit, 1 otherwise */
-    (void)semihost(SYS_EXIT, (void *)(uintptr_t)(ok ? 0x20026u : 0x20023u));
-    for (;;) {
-    }
-}
 
 static bool page_read(unsigned page, config_page_t *out)
 {
-    int h = sh_open(FLASH_FILE, MODE_RB);
+    int h = idl_sh_open(FLASH_FILE, IDL_SH_MODE_RB);
     bool ok;
     if (h < 0) {
         return false;
     }
-    ok = sh_seek(h, page * PAGE_BYTES) && sh_read(h, out, sizeof *out);
-    sh_close(h);
+    ok = idl_sh_seek(h, page * PAGE_BYTES) && idl_sh_read(h, out, sizeof *out);
+    idl_sh_close(h);
     return ok;
 }
 
 static bool page_write(unsigned page, const config_page_t *in)
 {
-    int h = sh_open(FLASH_FILE, MODE_RPLUSB);
+    int h = idl_sh_open(FLASH_FILE, IDL_SH_MODE_RPLUSB);
     bool ok;
     if (h < 0) {
-        h = sh_open(FLASH_FILE, MODE_WPLUSB); /* the first save: an empty "flash" */
+        h = idl_sh_open(FLASH_FILE, IDL_SH_MODE_WPLUSB); /* the first save: an empty "flash" */
     }
     if (h < 0) {
         return false;
     }
-    ok = sh_seek(h, page * PAGE_BYTES) && sh_write(h, in, sizeof *in);
-    sh_close(h);
+    ok = idl_sh_seek(h, page * PAGE_BYTES) && idl_sh_write(h, in, sizeof *in);
+    idl_sh_close(h);
     return ok;
-}
-
-static char cmdline[512];
-static char *words[10];
-static size_t word_count;
-
-static const char *cmdline_value(const char *key)
-{
-    size_t k = strlen(key);
-    size_t i;
-    for (i = 0; i < word_count; i++) {
-        if (strncmp(words[i], key, k) == 0 && words[i][k] == '=') {
-            return words[i] + k + 1;
-        }
-    }
-    return NULL;
-}
-
-static void read_cmdline(void)
-{
-    struct { char *buf; int len; } block = { cmdline, (int)sizeof cmdline - 1 };
-    char *p = cmdline;
-    if (semihost(SYS_GET_CMDLINE, &block) != 0) {
-        cmdline[0] = '\0';
-    }
-    cmdline[sizeof cmdline - 1u] = '\0';
-    while (*p != '\0' && word_count < sizeof words / sizeof words[0]) {
-        words[word_count++] = p;
-        p = strchr(p, ' ');
-        if (p == NULL) {
-            break;
-        }
-        *p++ = '\0';
-    }
 }
 
 static int effects = -1;
@@ -456,8 +347,8 @@ static uint32_t host_entropy;
 
 static void effects_line(const char *line, size_t n)
 {
-    if (!sh_write(effects, line, n)) {
-        sh_exit(false); /* an execution without its record would mislead whoever reads the file */
+    if (!idl_sh_write(effects, line, n)) {
+        idl_sh_exit(false); /* an execution without its record would mislead whoever reads the file */
     }
 }
 
@@ -474,7 +365,7 @@ void idl_port_executed(uint32_t epoch, uint32_t seq, const uint8_t *request, uin
 
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
-    const char *id = cmdline_value("id");
+    const char *id = idl_sh_arg("id");
     size_t n;
     if (id == NULL) {
         id = IDL_QEMU_DEVICE_ID;
@@ -491,7 +382,7 @@ uint32_t idl_port_entropy32(void)
 {
     uint32_t seed[3];
     seed[0] = rng32();
-    seed[1] = (uint32_t)semihost(SYS_TIME, NULL);
+    seed[1] = idl_sh_time();
     seed[2] = host_entropy;
     return idl_crc32c((const uint8_t *)seed, sizeof seed);
 }
@@ -586,22 +477,25 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
 static void host_start(void)
 {
     const char *v;
-    read_cmdline();
-    v = cmdline_value("entropy");
+    idl_sh_read_cmdline();
+    v = idl_sh_arg("entropy");
     host_entropy = v != NULL ? (uint32_t)strtoul(v, NULL, 16) : 0u;
-    v = cmdline_value("effects");
-    if (v != NULL && (effects = sh_open_append(v)) < 0) {
-        sh_exit(false);
+    v = idl_sh_arg("effects");
+    if (v != NULL && (effects = idl_sh_open_append(v)) < 0) {
+        idl_sh_exit(false);
     }
-    v = cmdline_value("stop");
-    if (v != NULL && (stop_handle = sh_open(v, MODE_RB)) < 0) {
-        sh_exit(false);
+    v = idl_sh_arg("stop");
+    if (v != NULL && (stop_handle = idl_sh_open(v, IDL_SH_MODE_RB)) < 0) {
+        idl_sh_exit(false);
+    }
+    if (!idl_sh_control_start()) {
+        idl_sh_exit(false);
     }
 }
 
 static void host_booted(idl_device_t *d)
 {
-    const char *v = cmdline_value("trigger_ms");
+    const char *v = idl_sh_arg("trigger_ms");
     if (v != NULL) {
         d->regs.trigger_ms = (uint32_t)strtoul(v, NULL, 10);
     }
@@ -618,17 +512,17 @@ static void host_poll_stop(void)
 {
     const char *path;
     int h;
-    if (stop_handle < 0 || sh_flen(stop_handle) <= 0) {
+    if (stop_handle < 0 || idl_sh_flen(stop_handle) <= 0) {
         return;
     }
-    path = cmdline_value("stats");
-    if (path != NULL && (h = sh_open_append(path)) >= 0) {
+    path = idl_sh_arg("stats");
+    if (path != NULL && (h = idl_sh_open_append(path)) >= 0) {
         int n = sprintf(line, "flash_writes=%lu rx_overruns=%lu\n", (unsigned long)flash_writes,
                         (unsigned long)rx_overruns);
-        (void)sh_write(h, line, (size_t)n);
-        sh_close(h);
+        (void)idl_sh_write(h, line, (size_t)n);
+        idl_sh_close(h);
     }
-    sh_exit(true);
+    idl_sh_exit(true);
 }
 
 #else
@@ -730,7 +624,7 @@ int idl_port_file_info(const uint8_t *name, uint8_t len, uint32_t *size, uint32_
 uint8_t idl_port_bus_address(void)
 {
 #if IDL_BOARD_SEMIHOSTING
-    const char *v = cmdline_value("address");
+    const char *v = idl_sh_arg("address");
     unsigned long a = v != NULL ? strtoul(v, NULL, 10) : 0ul;
     return a <= 255ul ? (uint8_t)a : 0u;
 #else
@@ -770,6 +664,9 @@ int main(void)
         }
         if (idl_port_millis() != polled) {
             polled = idl_port_millis();
+#if IDL_BOARD_SEMIHOSTING
+            idl_sh_control_poll(&device.regs, polled); /* the lines added from outside */
+#endif
             idl_device_poll(&device);
         }
         /* sleep until a byte or the next SysTick; a byte that arrived after the check above

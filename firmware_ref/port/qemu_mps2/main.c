@@ -25,6 +25,7 @@
  *   id=TEXT        the device id HELLO advertises (default IDL_QEMU_DEVICE_ID): one per instance
  *   stats=PATH     at a requested stop, one line of counters appended to PATH (flash_writes: the
  *                  configuration saves since boot)
+ *   control=PATH   a file of control lines the host appends to (port/qemu_host.h), read when idle
  * and UART1 is its stop line: any byte received there ends the program through semihosting
  * after the frame in hand is finished (a stop never falls between an effect and its record).
  */
@@ -37,6 +38,7 @@
 #include "idl_port.h"
 #include "../demo_conditions.h"
 #include "../effects_record.h"
+#include "../qemu_host.h"
 
 #ifndef IDL_QEMU_DEVICE_ID
 #define IDL_QEMU_DEVICE_ID "qemu-mps2-an385"
@@ -78,57 +80,6 @@ static uint64_t cycles;
 static FILE *effects;
 static uint32_t host_entropy;
 static uint32_t flash_writes; /* configuration saves since boot */
-
-/* ---- the semihosting command line --------------------------------------------------------- */
-
-#define SYS_GET_CMDLINE 0x15
-
-static int semihost(int op, void *arg)
-{
-    register int r0 __asm__("r0") = op;
-    register void *r1 __asm__("r1") = arg;
-    __asm__ volatile("bkpt 0xAB" : "+r"(r0) : "r"(r1) : "memory");
-    return r0;
-}
-
-static char cmdline[512];
-static char *words[8];
-static size_t word_count;
-
-/* The value of word `key=...` on the command line, or NULL. */
-static const char *cmdline_value(const char *key)
-{
-    size_t k = strlen(key);
-    size_t i;
-    for (i = 0; i < word_count; i++) {
-        if (strncmp(words[i], key, k) == 0 && words[i][k] == '=') {
-            return words[i] + k + 1;
-        }
-    }
-    return NULL;
-}
-
-/* Read the command line and split it into words at spaces. */
-static void read_cmdline(void)
-{
-    struct {
-        char *buf;
-        int len;
-    } block = { cmdline, (int)sizeof cmdline - 1 };
-    char *p = cmdline;
-    if (semihost(SYS_GET_CMDLINE, &block) != 0) {
-        cmdline[0] = '\0';
-    }
-    cmdline[sizeof cmdline - 1u] = '\0';
-    while (*p != '\0' && word_count < sizeof words / sizeof words[0]) {
-        words[word_count++] = p;
-        p = strchr(p, ' ');
-        if (p == NULL) {
-            break;
-        }
-        *p++ = '\0';
-    }
-}
 
 /* ---- the effects record ------------------------------------------------------------------- */
 
@@ -227,7 +178,7 @@ bool idl_port_flash_save(const uint16_t *values, uint16_t generation)
 /* address=N on the command line (tools/qemu-device --address); none: 0 */
 uint8_t idl_port_bus_address(void)
 {
-    const char *v = cmdline_value("address");
+    const char *v = idl_sh_arg("address");
     unsigned long a = v != NULL ? strtoul(v, NULL, 10) : 0ul;
     return a <= 255ul ? (uint8_t)a : 0u;
 }
@@ -235,7 +186,7 @@ uint8_t idl_port_bus_address(void)
 
 size_t idl_port_unique_id(char *buf, size_t cap)
 {
-    const char *id = cmdline_value("id");
+    const char *id = idl_sh_arg("id");
     size_t n;
     if (id == NULL) {
         id = IDL_QEMU_DEVICE_ID;
@@ -256,7 +207,8 @@ uint32_t idl_port_entropy32(void)
 
 uint16_t idl_port_fault_conditions(const idl_regs_t *r, uint16_t address)
 {
-    return idl_demo_fault_conditions(r, address);
+    /* the demo rule, and the conditions set from outside (control=PATH, qemu-device --control) */
+    return (uint16_t)(idl_demo_fault_conditions(r, address) | idl_sh_control_conditions(address));
 }
 
 /* ---- files: FILE_RECEIVE stores into RAM (lost at reset), FILE_INFO reads it back ----------- */
@@ -363,18 +315,21 @@ int main(void)
     TIMER1_VALUE = CPU_HZ / 1000u * TICK_MS;
     TIMER1_CTRL = 1u | 8u; /* enabled, interrupt: the idle loop's tick */
     NVIC_ISER = WAKE_IRQS;
-    read_cmdline();
+    idl_sh_read_cmdline();
     {
-        const char *v = cmdline_value("entropy");
+        const char *v = idl_sh_arg("entropy");
         host_entropy = v != NULL ? (uint32_t)strtoul(v, NULL, 16) : 0u;
-        v = cmdline_value("effects");
+        v = idl_sh_arg("effects");
         if (v != NULL && (effects = fopen(v, "a")) == NULL) {
+            return 1;
+        }
+        if (!idl_sh_control_start()) {
             return 1;
         }
     }
     idl_device_init(&device);
     {
-        const char *v = cmdline_value("trigger_ms");
+        const char *v = idl_sh_arg("trigger_ms");
         if (v != NULL) {
             device.regs.trigger_ms = (uint32_t)strtoul(v, NULL, 10);
         }
@@ -396,7 +351,7 @@ int main(void)
         NVIC_ICPR = WAKE_IRQS;
         if (UART1_STATE & UART_STATE_RX_FULL) {
             /* stop requested: between two chunks, so never inside a frame's work */
-            const char *v = cmdline_value("stats");
+            const char *v = idl_sh_arg("stats");
             FILE *f = v != NULL ? fopen(v, "a") : NULL;
             if (f != NULL) {
                 fprintf(f, "flash_writes=%lu\n", (unsigned long)flash_writes);
@@ -413,6 +368,7 @@ int main(void)
         }
         if (idl_port_millis() != polled) {
             polled = idl_port_millis();
+            idl_sh_control_poll(&device.regs, polled); /* the lines added from outside */
             idl_device_poll(&device);
         }
         /* idle until a byte or the next tick: spinning on the UART's registers would keep QEMU's
