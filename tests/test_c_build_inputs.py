@@ -1,7 +1,8 @@
 """firmware_ref's build tracks its inputs: ``IDL_OPTS`` reaches the device, and changing it (or
 the map header) rebuilds — a stale binary never keeps serving the old options or map.
 
-Slow (two builds of the posix device in a fresh build directory, a few seconds each).
+Slow (builds of the posix device in a fresh build directory, a few seconds each); the last one
+checks IDL_FILE_INFO=0 reaches the device.
 """
 
 from __future__ import annotations
@@ -58,3 +59,19 @@ def test_a_new_map_header_rebuilds(tmp_path: Path) -> None:
     os.utime(header, ns=(later, later))
     firmware.make("device", f"BUILD={build}", f"REGMAP_H={header}")
     assert binary.stat().st_mtime_ns > stamp
+
+
+@pytest.mark.slow
+def test_a_device_without_file_info_answers_0x45_illegal_function(tmp_path: Path) -> None:
+    """IDL_FILE_INFO=0 (the framed device's smallest build): 0x45 goes to the register core,
+    which answers exception 01 like any function it does not serve; reads still work."""
+    build = tmp_path / "build"
+    firmware.make("device", f"BUILD={build}", "IDL_OPTS=-DIDL_FILE_INFO=0 -DIDL_FILE_RECEIVE=0")
+    dev = firmware.RunningDevice(build / "posix" / "idemlink-device", tmp_path / "flash")
+    try:
+        with Device.open(dev.path) as host:
+            r = host.file_info("a.bin")
+            assert not r.ok and r.exception_code == 1, r
+            assert host.execute(host.read_command("faults")).ok
+    finally:
+        dev.stop()
