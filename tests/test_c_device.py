@@ -670,9 +670,10 @@ def test_sigint_stops_cleanly(device_bin: Path, tmp_path: Path) -> None:
 
 
 def test_make_size_device_meets_the_budget() -> None:
-    """Cortex-M0+ and M4, -Os: the whole core without YMODEM in <= 6 KiB of code, one device's
-    RAM (K = 8 replay slots) <= 4 KiB; the bus option (IDL_BUS=1) on its own lines: the framed
-    device with it within the same 6 KiB and 4 KiB."""
+    """Cortex-M0+ and M4, -Os: the whole core without YMODEM in <= 6 KiB of code, without
+    FILE_INFO too (issue 24's minimal framed device) in <= 4.5 KiB, one device's RAM (K = 8
+    replay slots) <= 4 KiB; the bus option (IDL_BUS=1) on its own lines: the framed device with
+    it within the same 6 KiB and 4 KiB."""
     out = firmware.make_once("size-device",
                              tools=("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"))
     rows = [dict(kv.split("=", 1) for kv in ln.split())
@@ -681,7 +682,7 @@ def test_make_size_device_meets_the_budget() -> None:
         mine = {r["module"]: r for r in rows if r["cpu"] == cpu}
         assert set(mine) == {"crc32c", "frame", "replay", "window", "session", "regs", "modbus",
                              "device", "name", "files", "rtu", "libc", "total", "ymodem", "total_ymodem",
-                             "bus", "total_bus", "total_ymodem_bus"}
+                             "bus", "total_bus", "total_ymodem_bus", "total_framed"}
         mine.pop("ymodem")  # FILE_RECEIVE and the receiver: tests/test_c_file_receive.py
         mine.pop("total_ymodem")
         bus, total_bus = mine.pop("bus"), mine.pop("total_bus")
@@ -690,7 +691,12 @@ def test_make_size_device_meets_the_budget() -> None:
         assert int(total_bus["text"]) + int(total_bus["data"]) <= 6144
         assert int(total_bus["ram_device"]) + int(total_bus["data"]) + int(total_bus["bss"]) \
             <= 4096
+        framed = mine.pop("total_framed")
         total = mine.pop("total")
+        # without FILE_INFO: less than the whole by at least name + files, within its budget
+        assert int(framed["text"]) <= int(total["text"]) - int(mine["name"]["text"]) \
+            - int(mine["files"]["text"])
+        assert int(framed["text"]) + int(framed["data"]) <= int(framed["budget_text"]) == 4608
         mine.pop("rtu")  # the optional plain-RTU face is listed apart
         assert int(mine.pop("libc")["text"]) > 0  # newlib's memcpy/memmove/memset/strlen, apart
         assert int(total["text"]) == sum(int(r["text"]) for r in mine.values())

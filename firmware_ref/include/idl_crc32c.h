@@ -5,8 +5,10 @@
  *
  * The implementation is chosen at compile time with IDL_CRC32C_TABLE:
  *   0  bitwise, no table (smallest code, ~8 cycles per bit);
- *   1  nibble table, 64 bytes of const data (default);
- *   2  byte table, 1 KiB of const data (fastest).
+ *   1  nibble table (default): 64 bytes of const data, four bytes at a time; with IDL_SMALL_CODE
+ *      (the -Os default, idl_small.h) only its four basis rows, 16 bytes, a byte at a time;
+ *   2  byte table, 1 KiB of const data;
+ *   3  slicing by 4, 4 KiB of const data (fastest).
  */
 #ifndef IDL_CRC32C_H
 #define IDL_CRC32C_H

@@ -122,7 +122,18 @@ IDL_CHECKRETURN int idl_regs_write(idl_regs_t *r, uint16_t address, uint16_t cou
 /** 0x42: a trigger write answering its status code; 0 or exception 02 (not a TRIGGER). */
 IDL_CHECKRETURN uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16_t *code);
 
-/** Test hook: put a trigger in any raw state (also an impossible one). */
-IDL_CHECKRETURN bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw);
+/** Test hook: put a trigger in any raw state (also an impossible one). Inline: a device that
+ *  does not call it carries none of it. */
+IDL_CHECKRETURN static inline bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address,
+                                                          uint16_t raw)
+{
+    int32_t i = idl_regs_index(address);
+    if (i < 0 || IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_TRIGGER) {
+        return false;
+    }
+    r->value[i] = raw;
+    r->started[i] = r->now;
+    return true;
+}
 
 #endif /* IDL_REGS_H */

@@ -4,7 +4,11 @@
 
 #define IDL_CRC32C_REFLECTED_POLY 0x82F63B78u
 
-#if IDL_CRC32C_TABLE == 1
+#if IDL_CRC32C_TABLE == 1 && IDL_SMALL_CODE
+/* the small profile's nibble table: its four basis rows (nibbles 1, 2, 4, 8), 16 bytes instead of
+ * 64; the CRC is linear, so the row of any nibble is the xor of the rows of its bits */
+static const uint32_t idl_crc32c_basis[4] = { 0x105EC76Fu, 0x20BD8EDEu, 0x417B1DBCu, 0x82F63B78u };
+#elif IDL_CRC32C_TABLE == 1
 static const uint32_t idl_crc32c_nibble[16] = {
     0x00000000u, 0x105EC76Fu, 0x20BD8EDEu, 0x30E349B1u, 0x417B1DBCu, 0x5125DAD3u,
     0x61C69362u, 0x7198540Du, 0x82F63B78u, 0x92A8FC17u, 0xA24BB5A6u, 0xB21572C9u,
@@ -251,7 +255,18 @@ static uint32_t rd32le(const uint8_t *p)
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
 }
 #endif
-#if IDL_CRC32C_TABLE == 1
+#if IDL_CRC32C_TABLE == 1 && IDL_SMALL_CODE
+static uint32_t nibble(uint32_t reg)
+{
+    uint32_t out = reg >> 4;
+    unsigned k;
+    for (k = 0; k < 4u; k++) {
+        out ^= idl_crc32c_basis[k] & (0u - ((reg >> k) & 1u));
+    }
+    return out;
+}
+#define NIBBLE(reg) nibble(reg)
+#elif IDL_CRC32C_TABLE == 1
 #define NIBBLE(reg) (((reg) >> 4) ^ idl_crc32c_nibble[(reg) & 15u])
 #endif
 

@@ -331,14 +331,3 @@ uint8_t idl_regs_trigger(idl_regs_t *r, uint16_t address, uint16_t value, uint16
     latch(r);
     return 0;
 }
-
-bool idl_regs_force_trigger(idl_regs_t *r, uint16_t address, uint16_t raw)
-{
-    int32_t i = index_of_kind(address, IDL_REG_KIND_TRIGGER);
-    if (i < 0) {
-        return false;
-    }
-    r->value[i] = raw;
-    r->started[i] = r->now;
-    return true;
-}
