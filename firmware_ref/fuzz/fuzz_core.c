@@ -7,7 +7,9 @@
  * The first bytes of the input steer the frames, the rest is split into chunks; the target checks
  * that nothing crashes or reads out of bounds (ASan/UBSan), that every answer is one delimited
  * frame within IDL_WIRE_MAX, and that the decoder never holds more than IDL_MAX_ENCODED bytes.
- * Half of the inputs are wrapped as valid REQUEST frames so the fuzzer reaches the registers.
+ * Half of the inputs are wrapped as valid REQUEST frames so the fuzzer reaches the registers (each
+ * frame fed as one buffer); of the rest, half are fed in chunks of 1..64 bytes through
+ * idl_session_feed_buf (the bulk scan on any split), half byte by byte.
  * Built with IDL_BUS=1 (make fuzz-core does) the device has address 5 and the wrapped frames go
  * to it, to another device, to every device (broadcast) or to none, steered by the input. */
 #include <stdlib.h>
@@ -289,8 +291,29 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #endif
             i += len;
             now += 40u;
-            for (k = 0; k < n; k++) {
-                check_answer(&session, idl_session_feed(&session, wire[k], now));
+            for (k = 0; k < n;) { /* the frame as one buffer: the bulk scan */
+                size_t used = 0;
+                check_answer(&session, idl_session_feed_buf(&session, wire + k, n - k, &used, now));
+                if (used == 0u || used > n - k) {
+                    abort();
+                }
+                k += used;
+            }
+        }
+    } else if (size > 0u && (data[0] & 2u) != 0u) {
+        /* raw bytes in chunks of 1..64 (the chunk length from the data): the bulk scan on any
+         * split, the decoder bounded */
+        i = 1;
+        while (i < size) {
+            size_t chunk = 1u + data[i] % 64u;
+            size_t end = chunk < size - i ? i + chunk : size;
+            while (i < end) {
+                size_t used = 0;
+                check_answer(&session, idl_session_feed_buf(&session, data + i, end - i, &used, now));
+                if (used == 0u || used > end - i || session.decoder.len > IDL_MAX_ENCODED) {
+                    abort();
+                }
+                i += used;
             }
         }
     } else {
