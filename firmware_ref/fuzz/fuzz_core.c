@@ -309,7 +309,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             size_t end = chunk < size - i ? i + chunk : size;
             while (i < end) {
                 size_t used = 0;
-                check_answer(&session, idl_session_feed_buf(&session, data + i, end - i, &used, now));
+                size_t out = idl_session_feed_buf(&session, data + i, end - i, &used, now);
+                check_answer(&session, out);
                 if (used == 0u || used > end - i || session.decoder.len > IDL_MAX_ENCODED) {
                     abort();
                 }
