@@ -88,7 +88,9 @@ static void put_le(uint8_t *p, uint32_t v, unsigned bytes)
 static size_t hello(idl_session_t *s, uint32_t seq)
 {
     const idl_session_config_t *c = s->cfg;
-    /* built at the end of tx; idl_frame_encode reads it before it overwrites it */
+    /* built at the end of tx; idl_frame_encode reads it before it overwrites it. Every byte
+     * DEVICE_INFO gains must be counted in IDL_SESSION_HELLO_MAX (idl_session.h): the TX buffer
+     * is sized by it (tests/test_core.c test_hello_bound pins it) */
     uint8_t *p = s->tx + sizeof s->tx - IDL_SESSION_HELLO_MAX;
     size_t n = 0;
     unsigned i;

@@ -430,6 +430,33 @@ static void test_bus_vectors(void)
 }
 #endif
 
+/* The largest DEVICE_INFO (every string at its cap) is exactly IDL_SESSION_HELLO_MAX bytes, and
+ * its frame fits the TX buffer: a byte added to HELLO_REPLY without counting it there fails here
+ * (and overruns the buffer under the sanitizers). */
+static void test_hello_bound(void)
+{
+    static char name[300];
+    static char id[IDL_MAX_DEVICE_ID_LEN + 1u];
+    static char map_name[300];
+#if IDL_BUS
+    /* with an address: the bus extension too, the longest HELLO_REPLY */
+    idl_session_config_t cfg = { execute, &regs, name, id, map_name, map_hash, 32u, 7u,
+                                 broadcast_ok };
+#else
+    idl_session_config_t cfg = { execute, &regs, name, id, map_name, map_hash, 32u };
+#endif
+    idl_frame_t f;
+    memset(name, 'n', sizeof name - 1u);
+    memset(id, 'i', sizeof id - 1u);
+    memset(map_name, 'm', sizeof map_name - 1u);
+    idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
+    idl_session_init(&session, &cfg, 0x55u);
+    CHECK(exchange(IDL_FT_HELLO, 0u, 1u, NULL, 0u, &f) && f.type == IDL_FT_HELLO_REPLY);
+    CHECK(f.length == IDL_SESSION_HELLO_MAX);
+    CHECK(IDL_FRAME_WIRE_LEN(IDL_HEADER_LEN + IDL_SESSION_HELLO_MAX + IDL_CRC_LEN)
+          <= sizeof session.tx);
+}
+
 static idl_rtu_t rtu;
 
 static size_t rtu_bytes(const uint8_t *p, size_t n)
@@ -512,6 +539,7 @@ int main(void)
 #if IDL_BUS
     test_bus_vectors();
 #endif
+    test_hello_bound();
     test_rtu();
     test_names();
     printf("idl core: %u checks, %u failures (K=%u, crc table %d, bus %d)\n", checks, failures,
