@@ -147,9 +147,19 @@ def test_the_qemu_device_takes_the_same_lines(tmp_path: Path, qemu_elf: Path) ->
     the built-in thermal controller) through the wrapper and semihosting; a sensor fault set from
     outside latches, an input changes, a wrong line is one stderr line while it goes on serving.
     Skipped without qemu-system-arm or arm-none-eabi-gcc (the fixture says so)."""
+    _qemu_control(tmp_path, "mps2", qemu_elf)
+
+
+@pytest.mark.slow  # a second emulated board boot; the same shared code (port/qemu_host.c)
+def test_the_microbit_device_takes_the_same_lines(tmp_path: Path) -> None:
+    _qemu_control(tmp_path, "microbit", firmware.qemu_m0_device_elf())
+
+
+def _qemu_control(tmp_path: Path, board: str, elf: Path) -> None:
     fifo = tmp_path / "control"
-    proc = subprocess.Popen([sys.executable, str(firmware.QEMU_TOOL), "--elf", str(qemu_elf),
-                             "--control", str(fifo), "--flash-dir", str(tmp_path / "flash")],
+    proc = subprocess.Popen([sys.executable, str(firmware.QEMU_TOOL), "--board", board,
+                             "--elf", str(elf), "--control", str(fifo),
+                             "--flash-dir", str(tmp_path / "flash")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     try:
