@@ -128,7 +128,9 @@ class AsyncDriver(DeviceHandle):
         self._streaming: asyncio.Task[Any] | None = None  #: the task iterating a stream
         #: every task's run/execute/read/write/trigger... on one pipeline (``SharedPipeline``)
         self._shared = SharedPipeline(ops)
-        self._line = _Wakeable(transport)  #: the transport, whose wait a new command cuts short
+        #: bytes written and read on the line so far (a gateway's bus-load figure)
+        self.line_bytes = _Counted(transport)
+        self._line = _Wakeable(self.line_bytes)  #: the transport, whose wait a new command cuts short
         self._sharer: asyncio.Task[None] | None = None  #: the shared pipeline's request loop
 
     async def connect(self) -> None:
@@ -248,7 +250,7 @@ class AsyncDriver(DeviceHandle):
     async def _loop(self, steps: Steps[T], between: Callable[[], None]) -> T:
         """The loop itself; what a cancelled operation left is logged as a warning."""
         try:
-            return await drive_async(self.ops, self.transport, self._run_job, steps, between)
+            return await drive_async(self.ops, self.line_bytes, self._run_job, steps, between)
         except BaseException as exc:  # asyncio.CancelledError above all
             _log_settled(exc)
             raise
@@ -501,6 +503,31 @@ class AsyncTcpDevice(AsyncDriver):
             return await _opened(dev) if probe else dev
 
         return _Opening(opener)
+
+
+class _Counted:
+    """The device's transport, counting the bytes written and read through it (``sent``,
+    ``received``): what a gateway shows as its line's load. It only counts."""
+
+    def __init__(self, inner: AsyncTransport) -> None:
+        self.inner = inner
+        self.sent = 0
+        self.received = 0
+
+    async def write(self, data: bytes) -> None:
+        await self.inner.write(data)
+        self.sent += len(data)
+
+    async def read(self, timeout: float) -> bytes:
+        data = await self.inner.read(timeout)
+        self.received += len(data)
+        return data
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 class _Wakeable:

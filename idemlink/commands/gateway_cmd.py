@@ -8,6 +8,8 @@ one). Once the ports are open and what a stopped gateway left is settled, prints
 stdout, ``idemlink gateway: listening on http://HOST:PORT``, and serves until SIGINT/SIGTERM
 (exit 0). A bad option, an unsafe tokens file or store, a store another gateway holds, an address
 that cannot be bound: one line on stderr, exit 1. ``--openapi`` prints the API description.
+``--watch SECONDS`` reads every register that often for the page (``/ui/``) and the MQTT values;
+``--mqtt URL --mqtt-id ID`` serves a fleet through a broker (``idemlink.gateway.mqtt_bridge``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,18 @@ def register(sub: Any) -> None:
                         "unit i; one port is also units 0 and 255)")
     p.add_argument("--modbus-read-only", action="store_true",
                    help="the Modbus TCP face refuses every write (ILLEGAL FUNCTION)")
+    p.add_argument("--watch", type=float, default=1.0, metavar="SECONDS",
+                   help="seconds between reads of every register for the page and MQTT values "
+                        "(default 1; 0: none)")
+    p.add_argument("--mqtt", metavar="URL",
+                   help="serve a fleet through an MQTT broker: mqtt://[USER@]HOST[:PORT] "
+                        "(mqtts:// for TLS); docs/GATEWAY.md, 'The fleet'")
+    p.add_argument("--mqtt-id", metavar="ID",
+                   help="this gateway's id in the fleet's topics (required with --mqtt)")
+    p.add_argument("--mqtt-prefix", default="idemlink", metavar="PREFIX",
+                   help="the fleet's topic prefix (default idemlink)")
+    p.add_argument("--mqtt-password-file", metavar="FILE",
+                   help="the broker password of --mqtt's USER (a file of mode 600)")
     p.add_argument("--openapi", action="store_true", help="print the OpenAPI description and exit")
     add_json_option(p, SCHEMA)
     p.set_defaults(handler=run)
@@ -119,6 +133,22 @@ def run(args: argparse.Namespace) -> int:
         tokens, roles = load_token_file(args.tokens)
     except TokenFileError as exc:
         raise UserError(str(exc)) from exc
+    if not 0 <= args.watch <= 3600:
+        raise UserError("--watch: seconds, 0 to 3600")
+    mqtt = None
+    if args.mqtt is not None:
+        try:
+            from idemlink.gateway.mqtt_bridge import MqttConfig, MqttConfigError
+        except ImportError as exc:  # paho-mqtt: pip install 'idemlink[gateway]'
+            raise UserError(f"--mqtt needs paho-mqtt (pip install 'idemlink[gateway]'): {exc}"
+                            ) from exc
+        if not args.mqtt_id:
+            raise UserError("--mqtt needs --mqtt-id ID: this gateway's id in the fleet")
+        try:
+            mqtt = MqttConfig.parse(args.mqtt, args.mqtt_id, args.mqtt_prefix,
+                                    args.mqtt_password_file)
+        except MqttConfigError as exc:
+            raise UserError(str(exc)) from exc
 
     def ready(url: str) -> None:
         if args.json:
@@ -148,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(GatewayConfig(specs, tokens, args.store, host, port, roles, limits,
-                                        modbus, units, args.modbus_read_only),
+                                        modbus, units, args.modbus_read_only,
+                                        watch=args.watch, mqtt=mqtt),
                           ready, modbus_ready=modbus_ready))
     except StoreError as exc:
         raise UserError(str(exc)) from exc

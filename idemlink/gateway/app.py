@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from idemlink.gateway.calls import CallError, parse_if_match
+from idemlink.gateway.calls import CallError, args_for, parse_if_match
 from idemlink.gateway.openapi import openapi
 from idemlink.gateway.service import Answer, BadArguments, Gateway, error_answer, refusal
 from idemlink.gateway.store import StoreError
@@ -68,7 +68,12 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
 
 
 def make_app(gateway: Gateway, tokens: dict[str, str],
-             roles: dict[str, str] | None = None) -> web.Application:
+             roles: dict[str, str] | None = None,
+             extra: Sequence[web.RouteDef] = (),
+             public: Callable[[str], bool] = lambda path: False) -> web.Application:
+    """The app; ``roles`` (caller -> role, ``DEFAULT_ROLE`` for a caller not named) as
+    ``ROUTE_ROLES`` needs them; ``extra`` routes (the page's, ``idemlink.gateway.page``) are
+    added, and the paths ``public`` names are served without a token, as ``/openapi.json`` is."""
     role_of = roles or {}
 
     @web.middleware
@@ -95,7 +100,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str],
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path == "/openapi.json":
+        if request.path == "/openapi.json" or public(request.path):
             return await handler(request)
         caller = caller_of(tokens, request.headers.get("Authorization"))
         if caller is None:
@@ -165,22 +170,15 @@ def make_app(gateway: Gateway, tokens: dict[str, str],
 
     async def write(request: web.Request) -> web.Response:
         data = await body_of(request)
-        args: dict[str, Any] = {"values": data.get("values")}
         generation = parse_if_match(request.headers.get("If-Match"))
-        if generation is not None:
-            args["if_match"] = generation
-        return await _effect(request, "write", args)
+        return await _effect(request, "write", args_for("write", data, generation))
 
     async def clear(request: web.Request) -> web.Response:
-        data = await body_of(request)
-        return await _effect(request, "clear", {"mask": data.get("mask"),
-                                                "register": data.get("register")})
+        return await _effect(request, "clear", args_for("clear", await body_of(request)))
 
     async def trigger(request: web.Request) -> web.Response:
         data = await body_of(request) if request.can_read_body else {}
-        return await _effect(request, "trigger", {"register": data.get("register"),
-                                                  "reset": data.get("reset", False)},
-                             background=True)
+        return await _effect(request, "trigger", args_for("trigger", data), background=True)
 
     async def _effect(request: web.Request, op: str, args: dict[str, Any], *,
                       background: bool = False) -> web.Response:
@@ -251,6 +249,7 @@ def make_app(gateway: Gateway, tokens: dict[str, str],
         web.get("/v1/open-items", open_items),
         web.post("/v1/open-items/{key}/acknowledge", acknowledge),
         web.get("/v1/audit", audit),
+        *extra,
     ])
     return app
 

@@ -109,6 +109,22 @@ def digest(port: str, operation: str, args: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical({"port": port, "op": operation, "args": args})).hexdigest()
 
 
+def args_for(op: str, body: Mapping[str, Any], if_match: int | None = None) -> dict[str, Any]:
+    """The arguments of a call with an effect, taken from its body (an HTTP request's JSON, an
+    MQTT command's payload): the same content whatever carried it, so the digest is the same
+    and one caller's key means one call over HTTP and MQTT alike."""
+    if op == "write":
+        args: dict[str, Any] = {"values": body.get("values")}
+        if if_match is not None:
+            args["if_match"] = if_match
+        return args
+    if op == "clear":
+        return {"mask": body.get("mask"), "register": body.get("register")}
+    if op == "trigger":
+        return {"register": body.get("register"), "reset": body.get("reset", False)}
+    return dict(body)
+
+
 class Decision(Enum):
     NEW = "new"  #: no record: run it
     REPLAY = "replay"  #: same content, final: the first result, marked replayed
@@ -220,6 +236,7 @@ __all__ = [
     "KeyOutsideRetention",
     "MalformedIdempotencyKey",
     "action_for",
+    "args_for",
     "canonical",
     "check_key",
     "decide",

@@ -14,13 +14,19 @@ import asyncio
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from idemlink.gateway import page
 from idemlink.gateway.app import make_app
 from idemlink.gateway.modbus_tcp import ModbusFace, default_units
 from idemlink.gateway.service import Gateway, PortSpec
 from idemlink.gateway.store import CallStore, StoreLimits
+from idemlink.gateway.watch import Watcher
+
+if TYPE_CHECKING:
+    from idemlink.gateway.mqtt_bridge import Bridge, MqttConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +43,8 @@ class GatewayConfig:
     modbus_tcp: tuple[str, int] | None = None
     modbus_units: dict[int, str] | None = None
     modbus_read_only: bool = False
+    watch: float = 1.0  #: seconds between looks at the registers (0: none; the page, MQTT values)
+    mqtt: MqttConfig | None = None  #: the MQTT bridge (docs/GATEWAY.md, "The fleet")
 
 
 async def serve(config: GatewayConfig, ready: Callable[[str], None],
@@ -50,6 +58,8 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
     gateway = Gateway(store, config.ports)
     runner: web.AppRunner | None = None
     modbus: asyncio.Server | None = None
+    watcher = Watcher(gateway, config.watch)
+    bridge: Bridge | None = None
     try:
         await gateway.start()
         if config.modbus_tcp is not None:
@@ -57,7 +67,14 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
                               or default_units([p.name for p in config.ports]),
                               read_only=config.modbus_read_only)
             modbus = await asyncio.start_server(face.serve, *config.modbus_tcp)
-        runner = web.AppRunner(make_app(gateway, config.tokens, config.roles), access_log=None)
+        watcher.start()
+        if config.mqtt is not None:
+            from idemlink.gateway.mqtt_bridge import Bridge
+
+            bridge = Bridge(gateway, watcher, config.mqtt, set(config.tokens.values()))
+            bridge.start()
+        runner = web.AppRunner(make_app(gateway, config.tokens, config.roles,
+                                        page.routes(watcher), page.public), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, config.host, config.port)
         await site.start()
@@ -72,6 +89,9 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
             modbus.close()
         if runner is not None:
             await runner.cleanup()
+        if bridge is not None:
+            await bridge.close()
+        await watcher.close()
         await gateway.close()
         store.close()
 

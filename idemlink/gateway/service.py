@@ -417,26 +417,28 @@ class Gateway:
         raise BadArguments(f"no operation {op!r} (one of {', '.join(OPERATIONS)})")
 
     async def call(self, caller: str, key: str | None, name: str, op: str,
-                   args: Mapping[str, Any], *, background: bool = False) -> Answer:
-        """A call with an effect, under the call layer's rules; audited."""
+                   args: Mapping[str, Any], *, background: bool = False,
+                   via: str = "POST") -> Answer:
+        """A call with an effect, under the call layer's rules; audited (``via``: the audit
+        entry's method, ``POST`` over HTTP, ``MQTT`` through the bridge)."""
         answer = await self._call(caller, key, name, op, dict(args), background)
         path = f"/v1/ports/{name}/{op}"
         if answer.http == 202:
-            self._audit(caller, "POST", path, args, key, Answer(202, {"outcome": "ACCEPTED"}))
+            self._audit(caller, via, path, args, key, Answer(202, {"outcome": "ACCEPTED"}))
             running = self._running.get((caller, str(key)))
             if running is not None:  # the outcome is audited when it is known
                 running.add_done_callback(
                     lambda t: None if t.cancelled() or t.exception() else
-                    self._background_done(caller, str(key), path, args, t.result()))
+                    self._background_done(caller, str(key), path, args, t.result(), via))
             return answer
-        self._audit(caller, "POST", path, args, key, answer)
+        self._audit(caller, via, path, args, key, answer)
         return answer
 
     def _background_done(self, caller: str, key: str, path: str, args: Mapping[str, Any],
-                         answer: Answer) -> None:
+                         answer: Answer, via: str = "POST") -> None:
         """A background call's outcome: audited; one that released its key (nothing ran) is
         kept for its status resource (``released``), which would otherwise not know the key."""
-        self._audit(caller, "POST", path, args, key, answer)
+        self._audit(caller, via, path, args, key, answer)
         if "outcome" in answer.body and (caller, key) not in self._running:
             with contextlib.suppress(StoreError):
                 if self.store.get(caller, key) is None:

@@ -1,0 +1,104 @@
+"""The gateway's page (``/ui/``) and the event stream it reads (``/v1/events``).
+
+Contract (docs/GATEWAY.md, "The page"):
+
+- ``GET /`` redirects to ``/ui/``; ``/ui/`` serves ``index.html``, ``/ui/app.js`` and
+  ``/ui/style.css`` from the package (no build step). These hold no data and need no token; they
+  are sent with a content security policy that allows the page's own script and nothing else
+  (no inline script, no other origin, no framing).
+- The page asks the operator for a token (kept in the tab's ``sessionStorage`` only: no cookie,
+  so another site cannot make the browser call the gateway) and calls the HTTP API with it as
+  ``Authorization: Bearer``, as any caller does: the acknowledge button is ``POST
+  /v1/open-items/{key}/acknowledge`` under the token's caller id.
+- ``GET /v1/events`` (token needed) is a server-sent event stream: first ``snapshot`` (every
+  port's state, bus load and registers as the ``Watcher`` last saw them), then each change as it
+  happens (``value``, ``load``, ``port``). A listener that falls ``MAX_QUEUE`` events behind is
+  ended with an ``overflow`` event (it reconnects and gets a new snapshot); a stream lasts at
+  most ``STREAM_SECONDS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from importlib import resources
+
+from aiohttp import web
+
+from idemlink.gateway.watch import Event, Watcher
+
+MAX_QUEUE = 1000
+STREAM_SECONDS = 3600.0
+PUBLIC_PREFIX = "/ui/"
+FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; connect-src 'self'; frame-ancestors 'none'; "
+                               "base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def public(path: str) -> bool:
+    """Whether ``path`` is served without a token (the page's own files, which hold no data)."""
+    return path == "/" or path.startswith(PUBLIC_PREFIX)
+
+
+def _file(name: str) -> bytes:
+    return (resources.files("idemlink.gateway") / "ui" / name).read_bytes()
+
+
+def routes(watcher: Watcher) -> list[web.RouteDef]:
+    async def root(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(PUBLIC_PREFIX)
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info.get("name") or "index.html"
+        if name not in FILES:
+            raise web.HTTPNotFound()
+        return web.Response(body=_file(name), content_type=FILES[name], headers=HEADERS)
+
+    async def events(request: web.Request) -> web.StreamResponse:
+        queue: asyncio.Queue[Event] = asyncio.Queue(MAX_QUEUE)
+
+        def listener(event: Event) -> None:
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()
+                queue.put_nowait({"type": "overflow"})
+
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        unlisten = watcher.listen(listener)
+        try:
+            snap = {"ports": watcher.gateway.port_list(), "watch": watcher.snapshot()}
+            await resp.write(f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode())
+            loop = asyncio.get_running_loop()
+            end = loop.time() + STREAM_SECONDS
+            while loop.time() < end:
+                try:
+                    event = await asyncio.wait_for(queue.get(), 15)
+                except TimeoutError:
+                    await resp.write(b": keep-alive\n\n")
+                    continue
+                await resp.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+                if event["type"] == "overflow":
+                    break
+        except ConnectionResetError:
+            pass
+        finally:
+            unlisten()
+        with contextlib.suppress(ConnectionResetError):
+            await resp.write_eof()
+        return resp
+
+    return [web.get("/", root), web.get("/ui/", static), web.get("/ui/{name}", static),
+            web.get("/v1/events", events)]
+
+
+__all__ = ["MAX_QUEUE", "PUBLIC_PREFIX", "public", "routes"]

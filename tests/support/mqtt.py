@@ -1,0 +1,304 @@
+"""A real Mosquitto broker for tests (its own config, passwords, access list and persistence in
+a temporary directory, on a free port; ready when it logs "running", never a sleep), an MQTT
+proxy that cuts a connection at a PUBACK (the sender never learns its message arrived: the
+broker or the client must send it again), and a caller's client (paho) that records every
+outcome and refusal it is sent."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.timing import read_line, scaled, wait_until
+
+PASSWORDS = {"gw1": "gw1-secret-pass", "gw2": "gw2-secret-pass", "alice": "alice-secret",
+             "bob": "bob-secret-pass", "mallory": "mallory-secret"}
+
+ACL = """\
+# every user: the fleet's values and presence; its own commands, outcomes and refusals
+pattern read idemlink/value/#
+pattern read idemlink/gateway/#
+pattern write idemlink/cmd/%u/#
+pattern read idemlink/outcome/%u/#
+pattern read idemlink/refused/%u
+"""
+
+GATEWAY_ACL = """\
+user {gw}
+topic read idemlink/cmd/+/{gw}/#
+topic readwrite idemlink/outcome/#
+topic write idemlink/refused/#
+topic write idemlink/value/{gw}/#
+topic readwrite idemlink/gateway/{gw}/#
+"""
+
+
+def need_mosquitto() -> None:
+    for tool in ("mosquitto", "mosquitto_passwd"):
+        if shutil.which(tool) is None and not Path(f"/usr/sbin/{tool}").exists():
+            pytest.skip(f"{tool} is not installed (apt-get install mosquitto)")
+    try:
+        import paho.mqtt.client  # noqa: F401
+    except ImportError:
+        pytest.skip("paho-mqtt is not installed (pip install 'idemlink[test]')")
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name) or f"/usr/sbin/{name}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Broker:
+    directory: Path
+    port: int
+    proc: subprocess.Popen[bytes] | None = None
+    log: list[str] = field(default_factory=list)
+
+    def start(self) -> None:
+        conf = self.directory / "mosquitto.conf"
+        self.proc = subprocess.Popen([_tool("mosquitto"), "-c", str(conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        while True:
+            line = read_line(self.proc.stderr, self.proc, timeout=30)
+            self.log.append(line)
+            if " running" in line:
+                break
+        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stderr is not None
+        for raw in proc.stderr:
+            self.log.append(raw.decode(errors="replace").rstrip())
+
+    def stop(self, kill: bool = False) -> None:
+        """SIGTERM (Mosquitto saves its sessions, queued and retained messages) or SIGKILL."""
+        if self.proc is None:
+            return
+        if kill:
+            self.proc.kill()
+        else:
+            self.proc.terminate()
+        self.proc.wait(scaled(20))
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@contextmanager
+def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",)) -> Iterator[Broker]:
+    need_mosquitto()
+    d = directory / "broker"
+    d.mkdir()
+    pw = d / "passwords"
+    for n, (user, password) in enumerate(PASSWORDS.items()):
+        subprocess.run([_tool("mosquitto_passwd"), "-b", *(["-c"] if n == 0 else []), str(pw),
+                        user, password], check=True, capture_output=True, timeout=scaled(30))
+    pw.chmod(0o600)
+    (d / "acl").write_text(ACL + "".join(GATEWAY_ACL.format(gw=g) for g in gateways))
+    (d / "acl").chmod(0o600)
+    port = free_port()
+    (d / "mosquitto.conf").write_text(
+        f"listener {port} 127.0.0.1\n"
+        "allow_anonymous false\n"
+        f"password_file {pw}\n"
+        f"acl_file {d / 'acl'}\n"
+        "persistence true\n"
+        f"persistence_location {d}/\n"
+        "autosave_interval 1\n"
+        "max_queued_messages 100000\n"
+        "log_dest stderr\n"
+        "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
+        "user root\n")
+    b = Broker(d, port)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+def password_file(directory: Path, user: str) -> Path:
+    p = directory / f"{user}.password"
+    p.write_text(PASSWORDS[user] + "\n")
+    p.chmod(0o600)
+    return p
+
+
+# ------------------------------------------------------------------ the cutting proxy
+
+def _packets(buf: bytearray) -> Iterator[bytes]:
+    """Complete MQTT packets at the front of ``buf`` (taken out of it)."""
+    while len(buf) >= 2:
+        length, mult, i = 0, 1, 1
+        while True:
+            if i >= len(buf):
+                return
+            byte = buf[i]
+            length += (byte & 0x7F) * mult
+            mult *= 128
+            i += 1
+            if not byte & 0x80:
+                break
+        if len(buf) < i + length:
+            return
+        packet = bytes(buf[:i + length])
+        del buf[:i + length]
+        yield packet
+
+
+class CuttingProxy:
+    """A TCP proxy in front of the broker. ``cut(n, side)``: the next ``n`` PUBACKs sent by
+    ``side`` ("client": the subscriber acknowledging a delivery; "broker": the broker
+    acknowledging a publish) are dropped and the connection closed with them."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target = target_port
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.server.getsockname()[1]
+        self.lock = threading.Lock()
+        self.cuts_left = 0
+        self.side = "client"
+        self.cuts = 0
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self, n: int, side: str = "client") -> None:
+        with self.lock:
+            self.cuts_left, self.side = n, side
+
+    def close(self) -> None:
+        self.closed = True
+        self.server.close()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            for src, dst, side in ((client, upstream, "client"), (upstream, client, "broker")):
+                threading.Thread(target=self._pump, args=(src, dst, side), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, side: str) -> None:
+        buf = bytearray()
+        try:
+            while data := src.recv(65536):
+                buf += data
+                for packet in _packets(buf):
+                    with self.lock:
+                        drop = (packet[0] >> 4 == 4 and self.side == side
+                                and self.cuts_left > 0)
+                        if drop:
+                            self.cuts_left -= 1
+                            self.cuts += 1
+                    if drop:
+                        raise ConnectionAbortedError
+                    dst.sendall(packet)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+
+# ------------------------------------------------------------------ a caller's client
+
+class Caller:
+    """A caller's MQTT client (persistent session): publishes commands with QoS 1 and records
+    every live outcome and refusal message it is sent (retained copies are not counted)."""
+
+    def __init__(self, port: int, user: str, *, client_id: str | None = None,
+                 observe: tuple[str, ...] = ()) -> None:
+        from paho.mqtt.client import Client
+        from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.user = user
+        self.outcomes: dict[str, list[dict[str, Any]]] = {}
+        self.refused: list[dict[str, Any]] = []
+        self.observed: list[tuple[str, dict[str, Any], bool]] = []
+        self.lock = threading.Lock()
+        self.connected = threading.Event()
+        self.client = Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"test-{user}",
+                             protocol=MQTTProtocolVersion.MQTTv5)
+        self.client.username_pw_set(user, PASSWORDS[user])
+        self.client.reconnect_delay_set(1, 2)
+        subs = [(f"idemlink/outcome/{user}/#", 1), (f"idemlink/refused/{user}", 1),
+                *((t, 1) for t in observe)]
+
+        def on_connect(c: Any, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+            if not rc.is_failure:
+                c.subscribe(subs)
+
+        def on_subscribe(c: Any, _u: Any, _mid: Any, _rcs: Any, _p: Any) -> None:
+            self.connected.set()
+
+        def on_message(c: Any, _u: Any, m: Any) -> None:
+            body = json.loads(m.payload) if m.payload else {}
+            with self.lock:
+                if m.topic.startswith("idemlink/outcome/") and not m.retain:
+                    self.outcomes.setdefault(m.topic.rsplit("/", 1)[1], []).append(body)
+                elif m.topic.startswith("idemlink/refused/"):
+                    self.refused.append(body)
+                else:
+                    self.observed.append((m.topic, body, bool(m.retain)))
+
+        def on_disconnect(*_: Any) -> None:
+            self.connected.clear()
+
+        self.client.on_connect = on_connect
+        self.client.on_subscribe = on_subscribe
+        self.client.on_message = on_message
+        self.client.on_disconnect = on_disconnect
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        self.client.connect("127.0.0.1", port, 10, clean_start=False, properties=props)
+        self.client.loop_start()
+        assert self.connected.wait(scaled(20)), f"{user} could not connect"
+
+    def command(self, port: str, op: str, body: dict[str, Any], *, gateway: str = "gw1",
+                as_user: str | None = None) -> Any:
+        """Publish a command (QoS 1); returns paho's MessageInfo."""
+        topic = f"idemlink/cmd/{as_user or self.user}/{gateway}/{port}/{op}"
+        return self.client.publish(topic, json.dumps(body), qos=1)
+
+    def outcome(self, key: str, timeout: float = 30) -> dict[str, Any]:
+        got: list[dict[str, Any]] = wait_until(lambda: self.outcomes.get(key), timeout=timeout,
+                                               what=f"the outcome of {key}")
+        return got[0]
+
+    def seen(self, topic_part: str, pred: Any = lambda body: True) -> list[dict[str, Any]]:
+        with self.lock:
+            return [b for t, b, _r in self.observed if topic_part in t and pred(b)]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

@@ -1,0 +1,133 @@
+"""The gateway's MQTT bridge against a real Mosquitto (started and stopped here, its own config,
+passwords and access list): commands carry the call layer's keys, a QoS 1 redelivery acts once,
+one outcome message per key, values on change, presence by last will. Ground truth from the
+simulated device's execution log."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from support.gateway import running_gateway, served_sim
+from support.mqtt import Caller, CuttingProxy, broker, need_mosquitto, password_file
+from support.timing import scaled, wait_until
+
+from idemlink.gateway import calls, mqtt_topics
+from idemlink.host.keys import new_key
+from idemlink.gateway.mqtt_topics import Refused, Topics
+
+
+def _pdu_of(threshold: int) -> bytes:
+    from idemlink.host.command import CommandBuilder
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    return CommandBuilder(DEFAULT_MAP).write_command({"threshold": threshold}).pdu()
+
+
+def mqtt_args(tmp_path: Path, port: int, gw: str = "gw1") -> list[str]:
+    return ["--mqtt", f"mqtt://{gw}@127.0.0.1:{port}", "--mqtt-id", gw,
+            "--mqtt-password-file", str(password_file(tmp_path, gw)), "--watch", "0.2"]
+
+
+def test_topics_and_payloads() -> None:
+    """The pure rules: what a command topic and payload ask for, what is refused."""
+    t = Topics("gw1")
+    now = time.time()
+    key = new_key(now)
+    body = json.dumps({"key": key, "values": {"threshold": 42}}).encode()
+    cmd = t.parse("idemlink/cmd/alice/gw1/oven/write", body, now)
+    assert (cmd.caller, cmd.port, cmd.op, cmd.key) == ("alice", "oven", "write", key)
+    # the same content as the HTTP call's: one key, one call, whichever carried it
+    assert cmd.digest == calls.digest("oven", "write", calls.args_for(
+        "write", {"values": {"threshold": 42}}))
+    assert t.parse("idemlink/cmd/alice/gw1/oven/write", json.dumps(
+        {"key": key, "values": {"threshold": 42}, "if_match": 7}).encode(), now).args == {
+        "values": {"threshold": 42}, "if_match": 7}
+    assert t.caller_of("idemlink/cmd/alice/gw1/oven/write") == "alice"
+    assert t.caller_of("idemlink/outcome/alice/x") is None
+    bad = [("idemlink/cmd/alice/gw2/oven/write", body),  # another gateway's
+           ("idemlink/cmd/alice/gw1/oven/reboot", body),  # no such operation
+           ("idemlink/cmd/alice/gw1/oven", body),
+           ("idemlink/cmd/alice/gw1/oven/write", b"[1]"),
+           ("idemlink/cmd/alice/gw1/oven/write", b'{"key": "' + key.encode() + b'", "x": NaN}'),
+           ("idemlink/cmd/alice/gw1/oven/write", b"x" * (mqtt_topics.MAX_PAYLOAD + 1)),
+           ("idemlink/cmd/alice/gw1/oven/write", json.dumps({"key": key, "wait": -1}).encode()),
+           ("idemlink/cmd/alice/gw1/oven/clear", json.dumps({"key": key, "if_match": 1}).encode())]
+    for topic, data in bad:
+        with pytest.raises(Refused):
+            t.parse(topic, data, now)
+    with pytest.raises(calls.MalformedIdempotencyKey):
+        t.parse("idemlink/cmd/alice/gw1/oven/write", b'{"values": {}}', now)
+    with pytest.raises(calls.KeyOutsideRetention):
+        t.parse("idemlink/cmd/alice/gw1/oven/write",
+                json.dumps({"key": new_key(now - 2 * 86400)}).encode(), now)
+    with pytest.raises(ValueError):
+        Topics("gw/1")
+    with pytest.raises(ValueError):
+        Topics("gw1", "a/#")
+    assert mqtt_topics.payload({"b": 1, "a": 2}) == b'{"a":2,"b":1}'
+
+
+def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
+    """The gateway's PUBACK is lost (its connection cut with it): the broker delivers the command
+    again, the gateway takes the copy for what it is: executed once, one outcome message. Also:
+    a conflict is refused, a value is published on change, an unknown caller and a caller
+    writing under another's name are refused, and the last will says offline after SIGKILL."""
+    need_mosquitto()
+    with broker(tmp_path) as b, served_sim(tmp_path) as sim:
+        proxy = CuttingProxy(b.port)
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/gw1",
+                                                 "idemlink/value/gw1/oven/threshold"))
+        with running_gateway(tmp_path, [f"{sim.link}=oven"],
+                             *mqtt_args(tmp_path, proxy.port)) as gw:
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
+                       timeout=20, what="the gateway online")
+            proxy.cut(1, "client")  # the gateway's next PUBACK is lost with its connection
+            key = new_key(time.time())
+            alice.command("oven", "write", {"key": key, "values": {"threshold": 444}})
+            out = alice.outcome(key)
+            assert (out["outcome"], out["reason"], out["key"], out["port"]) == (
+                "OK", "OK", key, "oven"), out
+            assert proxy.cuts == 1
+            wait_until(lambda: len(sim.executions_of(_pdu_of(444))) == 1, what="the write")
+            # the value, published retained on change
+            wait_until(lambda: alice.seen("value/gw1/oven/threshold",
+                                          lambda p: p["value"] == 44.4),
+                       timeout=20, what="the new value published")
+
+            # the same key again (a caller's retry) and other content under it
+            alice.command("oven", "write", {"key": key, "values": {"threshold": 444}})
+            alice.command("oven", "write", {"key": key, "values": {"threshold": 445}})
+            conflict = wait_until(lambda: [r for r in alice.refused
+                                           if r.get("reason") == "IDEMPOTENCY_CONFLICT"],
+                                  what="the conflict refused")
+            assert conflict[0]["key"] == key
+            # an unknown caller (not in the tokens file): refused, nothing run
+            mallory = Caller(b.port, "mallory")
+            mallory.command("oven", "write", {"key": new_key(time.time()),
+                                              "values": {"threshold": 446}})
+            wait_until(lambda: [r for r in mallory.refused if r["reason"] == "UNKNOWN_CALLER"],
+                       what="mallory refused")
+            # bob under alice's name: the broker's access list drops it (MQTT 5: not authorized)
+            bob = Caller(b.port, "bob")
+            info = bob.command("oven", "write", {"key": new_key(time.time()),
+                                                 "values": {"threshold": 447}}, as_user="alice")
+            info.wait_for_publish(scaled(10))
+            # a later command of alice's is answered, so the two before it were seen and dropped
+            last = new_key(time.time())
+            alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
+            assert alice.outcome(last)["outcome"] == "OK"
+            assert [len(sim.executions_of(_pdu_of(v))) for v in (444, 445, 446, 447, 448)] == [
+                1, 0, 0, 0, 1]
+            assert {k: len(v) for k, v in alice.outcomes.items()} == {key: 1, last: 1}
+            audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]
+            assert {(e["caller"], e["method"], e["key"]) for e in audit} >= {
+                ("alice", "MQTT", key), ("alice", "MQTT", last)}
+            gw.kill()
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "offline"),
+                       timeout=30, what="the last will: offline")
+        for c in (alice, mallory, bob):
+            c.close()
+        proxy.close()
