@@ -43,7 +43,7 @@ HEADERS = {
 
 def public(path: str) -> bool:
     """Whether ``path`` is served without a token (the page's own files, which hold no data)."""
-    return path == "/" or path.startswith(PUBLIC_PREFIX)
+    return path in ("/", "/favicon.ico") or path.startswith(PUBLIC_PREFIX)
 
 
 def _file(name: str) -> bytes:

@@ -8,8 +8,8 @@ Contract (docs/GATEWAY.md, "The fleet"):
   is read — every register of its map, by ``Gateway.read`` on the shared pipeline like any
   caller's read, ``MAX_NAMES`` a request. A register whose reading differs from the last one
   seen (or is the first) is a change: every listener gets ``{"type": "value", "port", "register":
-  ENTRY}`` (ENTRY: ``output.register_entry``'s name, address, raw, value, label, unit). A reading
-  that failed changes nothing.
+  ENTRY}`` (ENTRY: ``output.register_entry``'s name, address, raw, value, label, unit; and
+  ``text``, the value as the map writes it: ``35.0``). A reading that failed changes nothing.
 - A port's state (up/down) that changed since the last look is ``{"type": "port", ...}``.
 - **Bus load**: the bits the port's line carried (bytes written and read by the driver, times
   the bits of one character: start, data, parity, stop) over the last ``LOAD_WINDOW`` seconds,
@@ -30,6 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from idemlink.gateway.service import MAX_NAMES, Gateway, Port
+from idemlink.protocol.datatypes import DataType
+from idemlink.protocol.registers import RegisterSpec
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,12 @@ def line_bytes(port: Port) -> int | None:
     if counted is None:
         return None
     return int(counted.sent + counted.received)
+
+
+def value_text(spec: RegisterSpec, raw: int) -> str:
+    """The value as the map writes it: ``35.0`` (scaled), ``1200``, a string's text."""
+    value = spec.value(raw) if spec.dtype is DataType.STRING else spec.scaled(raw)
+    return str(value)
 
 
 class Watcher:
@@ -131,13 +139,15 @@ class Watcher:
         self._measure(name, port)
         if not port.up:
             return
-        specs = [s for s in port.spec.regmap.registers if s.field is None]
-        for i in range(0, len(specs), MAX_NAMES):
-            answer = await self.gateway.read(name, [s.name for s in specs[i:i + MAX_NAMES]])
+        specs = {s.name: s for s in port.spec.regmap.registers if s.field is None}
+        names = list(specs)
+        for i in range(0, len(names), MAX_NAMES):
+            answer = await self.gateway.read(name, names[i:i + MAX_NAMES])
             for reg, entry in answer.body.get("registers", {}).items():
-                if entry.get("outcome") != "OK":
+                if entry.get("outcome") != "OK" or entry.get("raw") is None:
                     continue
                 shown = {k: v for k, v in entry.items() if k != "outcome"}
+                shown["text"] = value_text(specs[reg], entry["raw"])
                 if self.values[name].get(reg) != shown:
                     self.values[name][reg] = shown
                     self._emit({"type": "value", "port": name, "register": shown})
@@ -166,4 +176,5 @@ class Watcher:
         self._emit({"type": "load", "port": name, "load": round(load, 6), "bytes": total})
 
 
-__all__ = ["LOAD_WINDOW", "Event", "Listener", "Watcher", "bits_per_char", "line_bytes"]
+__all__ = ["LOAD_WINDOW", "Event", "Listener", "Watcher", "bits_per_char", "line_bytes",
+           "value_text"]

@@ -12,12 +12,13 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
 from support.timing import read_line, scaled, wait_until
 
 PASSWORDS = {"gw1": "gw1-secret-pass", "gw2": "gw2-secret-pass", "alice": "alice-secret",
@@ -221,10 +222,8 @@ class CuttingProxy:
             pass
         finally:
             for s in (src, dst):
-                try:
+                with suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
                 s.close()
 
 

@@ -26,7 +26,8 @@ function setStatus(text) { document.getElementById("status").textContent = text;
 
 function shown(reg) {
   if (reg.value === null || reg.value === undefined) return "?";
-  return reg.label ? `${reg.value} (${reg.label})` : String(reg.value);
+  const text = reg.text ?? String(reg.value);
+  return reg.label ? `${text} (${reg.label})` : text;
 }
 
 function renderPorts() {

@@ -1,0 +1,175 @@
+"""The gateway's page in a real headless browser: Chromium from the distribution, driven by
+Selenium through the distribution's chromedriver (no browser download). It opens the page with a
+token, sees the device and its live values, sees a value change after a write from another
+client, acknowledges an UNKNOWN and sees it leave the list. A screenshot is kept (its path is
+printed; under ``$IDEMLINK_ARTIFACTS`` when set, as CI sets it). The browser test is a long
+campaign (about 8 s: a browser starts); the default run keeps the page's files and its event
+stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.gateway import TOKEN, TOKEN_BOB, running_gateway, served_sim
+from support.timing import scaled, wait_until
+
+from idemlink.gateway.calls import new_key
+from idemlink.gateway.client import GatewayClient
+
+CHROMIUM = ("chromium", "chromium-browser")
+DRIVER = "chromedriver"
+
+
+def _browser_paths() -> tuple[str, str]:
+    browser = next((p for n in CHROMIUM if (p := shutil.which(n))), None)
+    driver = shutil.which(DRIVER)
+    if browser is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    if driver is None:
+        pytest.skip("chromedriver is not installed (apt-get install chromium-driver)")
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install 'idemlink[test]')")
+    return browser, driver
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    browser, driver = _browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = browser
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1280,1000", "--no-first-run", "--disable-extensions"):
+        options.add_argument(arg)
+    d = webdriver.Chrome(service=Service(executable_path=driver), options=options)
+    d.set_page_load_timeout(scaled(30))
+    try:
+        yield d
+    finally:
+        d.quit()
+
+
+def _text(d: Any, element_id: str) -> str:
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+
+    try:
+        return str(d.find_element("id", element_id).text)
+    except (NoSuchElementException, StaleElementReferenceException):
+        return ""
+
+
+def _artifacts(tmp_path: Path) -> Path:
+    d = Path(os.environ.get("IDEMLINK_ARTIFACTS") or tmp_path)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def _events(url: str, token: str) -> Iterator[tuple[str, Any]]:
+    """A server-sent event stream, event by event: (event, data)."""
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=scaled(30)) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        event = ""
+        for raw in r:
+            line = raw.decode().rstrip("\n")
+            if line.startswith("event: "):
+                event = line[len("event: "):]
+            elif line.startswith("data: "):
+                yield event, json.loads(line[len("data: "):])
+
+
+def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
+    """The default run's look at the page: its files need no token and allow no other origin;
+    the stream it reads needs a token, starts with a snapshot and carries a value another client
+    wrote (the browser test, with --run-slow, drives the page itself)."""
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=oven"],
+                                                      "--watch", "0.1") as gw:
+        with urllib.request.urlopen(gw.url + "/") as r:  # redirected to /ui/
+            page = r.read().decode()
+            assert r.url.endswith("/ui/") and "<title>idemlink gateway</title>" in page
+            csp = r.headers["Content-Security-Policy"]
+            assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert "<script>" not in page  # no inline script: the policy forbids it
+        with urllib.request.urlopen(gw.url + "/ui/app.js") as r:
+            assert b"Authorization" in r.read()
+        for sneaky in ("/ui/../v1/ports", "/ui/%2e%2e/v1/ports", "/ui//v1/ports"):
+            try:  # a public prefix in front of an API path serves no data
+                with urllib.request.urlopen(gw.url + sneaky) as r:
+                    pytest.fail(f"{sneaky}: {r.status} {r.read()[:100]!r}")
+            except urllib.error.HTTPError as e:
+                assert e.code == 404 and b"ports" not in e.read()
+        assert gw.call("GET", "/v1/events", token=None).status == 401
+        stream = _events(gw.url + "/v1/events", TOKEN)
+        kind, snap = next(stream)
+        assert kind == "snapshot" and [p["name"] for p in snap["ports"]] == ["oven"]
+        # each read of the stream waits for the next event (the socket's timeout bounds it)
+        load = next(d for e, d in stream if e == "load")
+        assert load["port"] == "oven" and load["bytes"] > 0
+        GatewayClient(gw.url, TOKEN_BOB).write("oven", {"threshold": "47.5"})
+        seen = next(d for e, d in stream if e == "value" and d["register"]["name"] == "threshold")
+        assert (seen["register"]["text"], seen["register"]["unit"]) == ("47.5", "°C")
+        stream.close()
+
+
+@pytest.mark.slow
+def test_a_headless_chromium_watches_writes_and_acknowledges(tmp_path: Path) -> None:
+    _browser_paths()
+    with served_sim(tmp_path) as sim, running_gateway(
+            tmp_path, [f"{sim.link}=oven"], "--watch", "0.2", "--timeout", "0.05") as gw, \
+            chromium() as d:
+        assert sim.line is not None
+        d.get(gw.url + "/ui/")
+        d.find_element("id", "token").send_keys(TOKEN)
+        d.find_element("id", "use-token").click()
+        wait_until(lambda: _text(d, "v-oven-threshold") == "35.0", timeout=30,
+                   what="the page to show threshold 35.0")
+        assert _text(d, "v-oven-mode").endswith("(auto)")  # the map's label for the value
+        assert "°C" in d.find_element("id", "port-oven").text  # units
+        assert str(sim.device.device_id) in d.find_element("id", "port-oven").text
+        wait_until(lambda: float(_text(d, "load-oven") or 0) > 0, timeout=30,
+                   what="a bus-load figure above 0")
+
+        # another client writes: the page shows the new value
+        other = GatewayClient(gw.url, TOKEN_BOB)
+        assert other.write("oven", {"threshold": "47.5"})["outcome"] == "OK"
+        wait_until(lambda: _text(d, "v-oven-threshold") == "47.5", timeout=30,
+                   what="the page to show the value another client wrote")
+
+        # an UNKNOWN: the device runs the write, its answer is lost
+        sim.line.mute = True
+        lost = other.write("oven", {"threshold": "38.8"}, key=new_key(time.time()))
+        sim.line.mute = False
+        assert lost["outcome"] == "UNKNOWN", lost
+        key = lost["key"]
+        row = wait_until(lambda: d.find_elements("id", f"open-{key}"), timeout=30,
+                         what="the UNKNOWN listed on the page")
+        row[0].find_element("css selector", "input.reason").send_keys("read back 38.8: it ran")
+        shot = _artifacts(tmp_path) / "gateway-page.png"
+        d.save_screenshot(str(shot))
+        print(f"screenshot: {shot}")
+        row[0].find_element("css selector", "button.ack").click()
+        wait_until(lambda: not d.find_elements("id", f"open-{key}"), timeout=30,
+                   what="the acknowledged UNKNOWN to leave the list")
+        assert other.open_items() == []
+        # the port is no longer blocked: the page reads the state the lost write left
+        wait_until(lambda: _text(d, "v-oven-threshold") == "38.8", timeout=30,
+                   what="the page to show the value read back after the acknowledgement")
+        audit = gw.call("GET", "/v1/audit?limit=5").body["entries"]
+        ack = next(e for e in audit if e["outcome"] == "ACKNOWLEDGED")
+        assert ack["caller"] == "alice" and ack["content"]["reason"] == "read back 38.8: it ran"
+        d.save_screenshot(str(shot.with_name("gateway-page-after.png")))
+        assert shot.stat().st_size > 10_000
