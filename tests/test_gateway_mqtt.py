@@ -84,7 +84,8 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
                              *mqtt_args(tmp_path, proxy.port)) as gw:
             wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
                        timeout=20, what="the gateway online")
-            proxy.cut(1, "client")  # the gateway's next PUBACK is lost with its connection
+            # the gateway's PUBACK of the next command is lost with its connection
+            proxy.cut(1, "client", "/cmd/")
             key = new_key(time.time())
             alice.command("oven", "write", {"key": key, "values": {"threshold": 444}})
             out = alice.outcome(key)
@@ -92,6 +93,13 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
                 "OK", "OK", key, "oven"), out
             assert proxy.cuts == 1
             wait_until(lambda: len(sim.executions_of(_pdu_of(444))) == 1, what="the write")
+            # the broker's PUBACK of the next outcome is lost with the connection: the gateway
+            # finds it on the broker (retained) and does not publish it again
+            proxy.cut(1, "broker", "/outcome/")
+            second = new_key(time.time())
+            alice.command("oven", "write", {"key": second, "values": {"threshold": 443}})
+            assert alice.outcome(second)["outcome"] == "OK"
+            assert proxy.cuts == 2
             # the value, published retained on change
             wait_until(lambda: alice.seen("value/gw1/oven/threshold",
                                           lambda p: p["value"] == 44.4),
@@ -119,9 +127,9 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             last = new_key(time.time())
             alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
             assert alice.outcome(last)["outcome"] == "OK"
-            assert [len(sim.executions_of(_pdu_of(v))) for v in (444, 445, 446, 447, 448)] == [
-                1, 0, 0, 0, 1]
-            assert {k: len(v) for k, v in alice.outcomes.items()} == {key: 1, last: 1}
+            assert [len(sim.executions_of(_pdu_of(v))) for v in (443, 444, 445, 446, 447,
+                                                                 448)] == [1, 1, 0, 0, 0, 1]
+            assert {k: len(v) for k, v in alice.outcomes.items()} == {key: 1, second: 1, last: 1}
             audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]
             assert {(e["caller"], e["method"], e["key"]) for e in audit} >= {
                 ("alice", "MQTT", key), ("alice", "MQTT", last)}

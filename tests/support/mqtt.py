@@ -165,10 +165,30 @@ def _packets(buf: bytearray) -> Iterator[bytes]:
         yield packet
 
 
+def _publish_id(packet: bytes) -> tuple[str, int] | None:
+    """(topic, packet id) of a QoS 1 or 2 PUBLISH packet; None for any other packet."""
+    if packet[0] >> 4 != 3 or not (packet[0] >> 1) & 3:
+        return None
+    i = 1
+    while packet[i] & 0x80:
+        i += 1
+    i += 1
+    n = int.from_bytes(packet[i:i + 2], "big")
+    topic = packet[i + 2:i + 2 + n].decode(errors="replace")
+    return topic, int.from_bytes(packet[i + 2 + n:i + 4 + n], "big")
+
+
+def _puback_id(packet: bytes) -> int | None:
+    if packet[0] >> 4 != 4:
+        return None
+    return int.from_bytes(packet[2:4], "big")
+
+
 class CuttingProxy:
-    """A TCP proxy in front of the broker. ``cut(n, side)``: the next ``n`` PUBACKs sent by
-    ``side`` ("client": the subscriber acknowledging a delivery; "broker": the broker
-    acknowledging a publish) are dropped and the connection closed with them."""
+    """A TCP proxy in front of the broker. ``cut(n, side, topic)``: the next ``n`` PUBACKs sent
+    by ``side`` ("client": the subscriber acknowledging a delivery; "broker": the broker
+    acknowledging a publish) — of a message whose topic contains ``topic``, when given — are
+    dropped and the connection closed with them: the sender never learns its message arrived."""
 
     def __init__(self, target_port: int) -> None:
         self.target = target_port
@@ -177,13 +197,14 @@ class CuttingProxy:
         self.lock = threading.Lock()
         self.cuts_left = 0
         self.side = "client"
+        self.topic: str | None = None
         self.cuts = 0
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
-    def cut(self, n: int, side: str = "client") -> None:
+    def cut(self, n: int, side: str = "client", topic: str | None = None) -> None:
         with self.lock:
-            self.cuts_left, self.side = n, side
+            self.cuts_left, self.side, self.topic = n, side, topic
 
     def close(self) -> None:
         self.closed = True
@@ -200,22 +221,33 @@ class CuttingProxy:
             except OSError:
                 client.close()
                 continue
+            watched: set[int] = set()  #: ids of this connection's publishes whose PUBACK is cut
             for src, dst, side in ((client, upstream, "client"), (upstream, client, "broker")):
-                threading.Thread(target=self._pump, args=(src, dst, side), daemon=True).start()
+                threading.Thread(target=self._pump, args=(src, dst, side, watched),
+                                 daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, side: str) -> None:
+    def _drop(self, packet: bytes, side: str, watched: set[int]) -> bool:
+        with self.lock:
+            published = _publish_id(packet)
+            if published is not None and self.side != side and self.topic is not None and (
+                    self.topic in published[0]):
+                watched.add(published[1])
+            acked = _puback_id(packet)
+            if acked is None or self.side != side or self.cuts_left <= 0:
+                return False
+            if self.topic is not None and acked not in watched:
+                return False
+            self.cuts_left -= 1
+            self.cuts += 1
+            return True
+
+    def _pump(self, src: socket.socket, dst: socket.socket, side: str, watched: set[int]) -> None:
         buf = bytearray()
         try:
             while data := src.recv(65536):
                 buf += data
                 for packet in _packets(buf):
-                    with self.lock:
-                        drop = (packet[0] >> 4 == 4 and self.side == side
-                                and self.cuts_left > 0)
-                        if drop:
-                            self.cuts_left -= 1
-                            self.cuts += 1
-                    if drop:
+                    if self._drop(packet, side, watched):
                         raise ConnectionAbortedError
                     dst.sendall(packet)
         except OSError:
