@@ -47,7 +47,7 @@ from idemlink.gateway import mqtt_topics
 from idemlink.gateway.calls import CallError
 from idemlink.gateway.mqtt_inbox import Added, Entry, Inbox
 from idemlink.gateway.mqtt_topics import Refused, Topics, payload
-from idemlink.gateway.service import Gateway
+from idemlink.gateway.service import Gateway, UnknownPort
 from idemlink.gateway.store import StoreError
 from idemlink.gateway.watch import Event, Watcher
 from idemlink.protocol.outcome import LocalProtocolError
@@ -68,16 +68,15 @@ class MqttConfigError(LocalProtocolError, ValueError):
 
 
 class UnknownCaller(CallError):
+    """A command under a caller id the gateway's tokens file does not name."""
+
     reason = "UNKNOWN_CALLER"
     http = 403
 
 
-class UnknownPortRefused(CallError):
-    reason = "UNKNOWN_PORT"
-    http = 404
+class KeyConflict(CallError):
+    """A command under a key the caller used for other content: nothing sent."""
 
-
-class Conflict(CallError):
     reason = "IDEMPOTENCY_CONFLICT"
     http = 409
 
@@ -351,7 +350,7 @@ class Bridge:
             if cmd.caller not in self.callers:
                 raise UnknownCaller(f"caller {cmd.caller!r} is not in the gateway's tokens file")
             if cmd.port not in self.gateway.ports:
-                raise UnknownPortRefused(f"no port named {cmd.port!r} on gateway "
+                raise UnknownPort(f"no port named {cmd.port!r} on gateway "
                                          f"{self.config.gateway}")
         except CallError as exc:
             self._refuse(client, topic, exc, _key_of(data))
@@ -360,14 +359,14 @@ class Bridge:
         if added is Added.DUPLICATE:
             self.counts["duplicates"] += 1
         elif added is Added.CONFLICT:
-            self._refuse(client, topic, Conflict(f"key {cmd.key} was used for other content: "
+            self._refuse(client, topic, KeyConflict(f"key {cmd.key} was used for other content: "
                                                  "nothing sent"), cmd.key)
         else:
             self._wake[cmd.port].set()
 
     def _refuse(self, client: Any, topic: str, exc: Exception, key: str | None) -> None:
         caller = self.topics.caller_of(topic)
-        self.counts["conflicts" if isinstance(exc, Conflict) else "refused"] += 1
+        self.counts["conflicts" if isinstance(exc, KeyConflict) else "refused"] += 1
         log.warning("MQTT: %s refused: %s", topic[:200], exc)
         if caller is None:
             return
@@ -500,4 +499,5 @@ def _key_of(data: bytes) -> str | None:
     return key[:64] if isinstance(key, str) else None
 
 
-__all__ = ["SESSION_EXPIRY", "Bridge", "MqttConfig", "MqttConfigError"]
+__all__ = ["SESSION_EXPIRY", "Bridge", "KeyConflict", "MqttConfig", "MqttConfigError",
+           "UnknownCaller"]

@@ -7,6 +7,7 @@ outcome and refusal it is sent."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -24,23 +25,16 @@ from support.timing import read_line, scaled, wait_until
 PASSWORDS = {"gw1": "gw1-secret-pass", "gw2": "gw2-secret-pass", "alice": "alice-secret",
              "bob": "bob-secret-pass", "mallory": "mallory-secret"}
 
-ACL = """\
-# every user: the fleet's values and presence; its own commands, outcomes and refusals
-pattern read idemlink/value/#
-pattern read idemlink/gateway/#
-pattern write idemlink/cmd/%u/#
-pattern read idemlink/outcome/%u/#
-pattern read idemlink/refused/%u
-"""
+DOC = Path(__file__).resolve().parents[2] / "docs" / "GATEWAY.md"
 
-GATEWAY_ACL = """\
-user {gw}
-topic read idemlink/cmd/+/{gw}/#
-topic readwrite idemlink/outcome/#
-topic write idemlink/refused/#
-topic write idemlink/value/{gw}/#
-topic readwrite idemlink/gateway/{gw}/#
-"""
+
+def acl(gateways: tuple[str, ...]) -> str:
+    """The broker's access list: docs/GATEWAY.md's (for gw1), a user block per other gateway."""
+    m = re.search(r"<!-- acl -->\n```text\n(.*?)```", DOC.read_text("utf-8"), re.S)
+    assert m is not None, "docs/GATEWAY.md lost its access list"
+    shared, sep, gw1 = m.group(1).partition("user gw1\n")
+    assert sep, "the access list has no `user gw1` block"
+    return shared + "".join(f"user {g}\n" + gw1.replace("gw1", g) for g in gateways)
 
 
 def need_mosquitto() -> None:
@@ -113,7 +107,7 @@ def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",)) -> Iterator[Br
         subprocess.run([_tool("mosquitto_passwd"), "-b", *(["-c"] if n == 0 else []), str(pw),
                         user, password], check=True, capture_output=True, timeout=scaled(30))
     pw.chmod(0o600)
-    (d / "acl").write_text(ACL + "".join(GATEWAY_ACL.format(gw=g) for g in gateways))
+    (d / "acl").write_text(acl(gateways))
     (d / "acl").chmod(0o600)
     port = free_port()
     (d / "mosquitto.conf").write_text(
