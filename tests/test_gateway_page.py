@@ -126,7 +126,8 @@ def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_headless_chromium_watches_writes_and_acknowledges(tmp_path: Path) -> None:
+def test_a_headless_chromium_watches_writes_and_acknowledges(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     _browser_paths()
     with served_sim(tmp_path) as sim, running_gateway(
             tmp_path, [f"{sim.link}=oven"], "--watch", "0.2", "--timeout", "0.05") as gw, \
@@ -160,7 +161,8 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(tmp_path: Path) -> 
         row[0].find_element("css selector", "input.reason").send_keys("read back 38.8: it ran")
         shot = _artifacts(tmp_path) / "gateway-page.png"
         d.save_screenshot(str(shot))
-        print(f"screenshot: {shot}")
+        with capsys.disabled():  # shown in a passing run too: where the picture is
+            print(f"\nthe gateway page's screenshot: {shot}")
         row[0].find_element("css selector", "button.ack").click()
         wait_until(lambda: not d.find_elements("id", f"open-{key}"), timeout=30,
                    what="the acknowledged UNKNOWN to leave the list")

@@ -144,6 +144,18 @@ def openapi() -> dict[str, Any]:
                                {"name": "after", "in": "query", "required": False,
                                 "schema": {"type": "integer"}}],
                 "responses": _answers(200, 400, 401)}},
+            "/v1/events": {"get": {
+                "summary": "server-sent events for the page: `snapshot` (ports, their state, "
+                           "bus load and registers as last read), then `value`, `load` and "
+                           "`port` as they change",
+                "responses": {"200": {"description": "text/event-stream: `event: snapshot | "
+                                                     "value | load | port | overflow`, `data:` "
+                                                     "JSON"},
+                              **_answers(401)}}},
+            "/ui/": {"get": {
+                "summary": "the page (HTML; `/ui/app.js`, `/ui/style.css`); `/` redirects here",
+                "security": [],
+                "responses": {"200": {"description": "text/html"}}}},
         },
     }
 
