@@ -26,7 +26,7 @@ from idemlink.pytest_plugin import PtySim, start_pty_sim
 
 SYNC_ONLY = {"open", "session", "stats", "transport", "check_map", "ops"}
 """Public attributes of ``Device`` that are not operations (or are the blocking constructor)."""
-ASYNC_ONLY = {"open", "transport", "ops"}
+ASYNC_ONLY = {"open", "transport", "ops", "line_bytes"}
 """Public attributes of ``AsyncDevice`` that are not operations."""
 
 

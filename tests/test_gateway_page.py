@@ -175,3 +175,40 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         assert ack["caller"] == "alice" and ack["content"]["reason"] == "read back 38.8: it ran"
         d.save_screenshot(str(shot.with_name("gateway-page-after.png")))
         assert shot.stat().st_size > 10_000
+
+
+def test_the_bus_load_figure() -> None:
+    """Bits on the line over what the baud rate carries: 1152 bytes of 8N1 (10 bits each) in
+    one second at 115200 Bd is a tenth of the line; a re-opened driver counts on from there."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from idemlink.gateway.service import Port, PortSpec
+    from idemlink.gateway.watch import LOAD_WINDOW, Watcher
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    port = Port(PortSpec("oven", "x", DEFAULT_MAP, baudrate=115200))
+    now = [0.0]
+
+    async def run() -> list[float]:
+        watcher = Watcher(SimpleNamespace(ports={"oven": port}),  # type: ignore[arg-type]
+                          clock=lambda: now[0])
+        loads = []
+        port.device = SimpleNamespace(line_bytes=SimpleNamespace(sent=0, received=0))  # type: ignore[assignment]
+        watcher._measure("oven", port)
+        port.device.line_bytes.sent, port.device.line_bytes.received = 576, 576  # type: ignore[attr-defined]
+        now[0] = 1.0
+        watcher._measure("oven", port)
+        loads.append(watcher.loads["oven"])
+        port.device = SimpleNamespace(line_bytes=SimpleNamespace(sent=1152, received=0))  # type: ignore[assignment]
+        now[0] = 2.0  # re-opened: its own count starts at 0, the figure goes on
+        watcher._measure("oven", port)
+        loads.append(watcher.loads["oven"])
+        now[0] = 2.0 + LOAD_WINDOW + 1  # nothing more on the line: the window empties
+        watcher._measure("oven", port)
+        now[0] += 1
+        watcher._measure("oven", port)
+        loads.append(watcher.loads["oven"])
+        return loads
+
+    assert asyncio.run(run()) == [0.1, 0.1, 0.0]
