@@ -140,6 +140,21 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
                                            if r.get("reason") == "IDEMPOTENCY_CONFLICT"],
                                   what="the conflict refused")
             assert conflict[0]["key"] == key
+            # one key, one call, whichever carries it: alice's HTTP retry replays her MQTT
+            # command; an HTTP call's key reused over MQTT with other content is a conflict
+            again = gw.call("POST", "/v1/ports/oven/write", {"values": {"threshold": 444}},
+                            headers={"Idempotency-Key": key})
+            assert (again.status, again.body["replayed"]) == (200, True)
+            by_http = new_key(time.time())
+            assert gw.call("POST", "/v1/ports/oven/write", {"values": {"threshold": 442}},
+                           headers={"Idempotency-Key": by_http}).status == 200
+            alice.command("oven", "write", {"key": by_http, "values": {"threshold": 441}})
+            wait_until(lambda: [r for r in alice.refused if r.get("key") == by_http
+                                and r.get("reason") == "IDEMPOTENCY_CONFLICT"],
+                       what="the HTTP key's conflict refused")
+            alice.command("oven", "write", {"key": by_http, "values": {"threshold": 442}})
+            replayed = alice.outcome(by_http)  # the HTTP call's own outcome, not run again
+            assert (replayed["outcome"], replayed["key"]) == ("OK", by_http)
             # an unknown caller (not in the tokens file): refused, nothing run
             mallory = Caller(b.port, "mallory")
             mallory.command("oven", "write", {"key": new_key(time.time()),
@@ -155,12 +170,12 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             last = new_key(time.time())
             alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
             assert alice.outcome(last)["outcome"] == "OK"
-            assert [len(sim.executions_of(_pdu_of(v))) for v in (443, 444, 445, 446, 447,
-                                                                 448)] == [1, 1, 0, 0, 0, 1]
+            assert [len(sim.executions_of(_pdu_of(v))) for v in (
+                441, 442, 443, 444, 445, 446, 447, 448)] == [0, 1, 1, 1, 0, 0, 0, 1]
             # one outcome message per key (the doc's example's key, sent twice, among them)
             assert len(sim.executions_of(_pdu_of(425))) == 1
-            assert sorted(map(len, alice.outcomes.values())) == [1, 1, 1, 1]
-            assert {key, second, last} < set(alice.outcomes)
+            assert sorted(map(len, alice.outcomes.values())) == [1, 1, 1, 1, 1]
+            assert {key, second, last, by_http} < set(alice.outcomes)
             audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]
             assert {(e["caller"], e["method"], e["key"]) for e in audit} >= {
                 ("alice", "MQTT", key), ("alice", "MQTT", last)}

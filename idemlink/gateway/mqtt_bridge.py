@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -170,9 +171,23 @@ class Bridge:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._unlisten = self.watcher.listen(self._watched)
-        self._tasks = [asyncio.ensure_future(self._sessions()),
-                       asyncio.ensure_future(self._publisher()),
-                       *(asyncio.ensure_future(self._worker(name)) for name in self.gateway.ports)]
+        self._tasks = [asyncio.ensure_future(self._forever("the connection", self._sessions)),
+                       asyncio.ensure_future(self._forever("the publisher", self._publisher)),
+                       *(asyncio.ensure_future(self._forever(
+                           f"port {name}'s worker", functools.partial(self._worker, name)))
+                         for name in self.gateway.ports)]
+
+    async def _forever(self, what: str, loop: Callable[[], Any]) -> None:
+        """Run ``loop`` again after a failure (a store that cannot be read, a fault of the
+        bridge): logged, never a silent stop of the fleet's commands."""
+        while True:
+            try:
+                await loop()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("MQTT: %s failed; again in 1 s", what)
+                await asyncio.sleep(1.0)
 
     async def close(self) -> None:
         """Say offline (when connected), disconnect, stop."""
@@ -267,7 +282,11 @@ class Bridge:
         try:
             if not await self._subscribe(client, [(self.topics.commands, 1)]):
                 log.error("MQTT: the broker refused the subscription %s", self.topics.commands)
-            await self._look_for_published(client)
+            try:
+                await self._look_for_published(client)
+            except TimeoutError:  # published again: a caller may see an outcome twice
+                log.warning("MQTT: the probe did not come back; outcomes not acknowledged are "
+                            "published again")
             self._connected.set()
             self._outbox.set()
             await self._publish(client, self.topics.presence, self._presence("online"),
@@ -275,8 +294,8 @@ class Bridge:
             for name, port in self.watcher.snapshot().items():
                 for reg in port["registers"].values():
                     self._publish_value(client, name, reg)
-        except StoreError as exc:
-            log.error("MQTT: %s", exc)
+        except Exception:
+            log.exception("MQTT: the connection's start failed")
 
     def _on_disconnect(self, client: Any) -> None:
         if client is self._client:
@@ -335,7 +354,7 @@ class Bridge:
                     self._probe[1].set_result(None)
             elif topic in self._looking:
                 self._seen[topic] = data
-        except StoreError as exc:
+        except Exception as exc:  # StoreError above all: the caller sends it again
             log.error("MQTT: a command on %s not taken: %s", topic, exc)
             self._refuse(client, topic, exc, None)
         finally:
@@ -372,9 +391,18 @@ class Bridge:
             return
         err = exc if isinstance(exc, CallError) else Refused(str(exc))
         body = mqtt_topics.refusal(err, topic, key)
-        if isinstance(exc, StoreError):
-            body.update(outcome="NOT_EXECUTED", reason="STORE_ERROR", action="safe to retry")
-        client.publish(self.topics.refused(caller), payload(body), qos=1)
+        if not isinstance(exc, CallError):  # not taken: nothing stored, nothing sent
+            body.update(outcome="NOT_EXECUTED", action="safe to retry",
+                        reason="STORE_ERROR" if isinstance(exc, StoreError) else "INTERNAL_ERROR")
+        try:
+            self._keep_refusal(self.topics.refused(caller), body)
+        except StoreError:  # the store is what failed: said now, not kept
+            client.publish(self.topics.refused(caller), payload(body), qos=1)
+
+    def _keep_refusal(self, topic: str, body: dict[str, Any], entry: Entry | None = None) -> None:
+        if not self.inbox.refuse(topic, payload(body), entry):
+            log.warning("MQTT: too many refusals waiting; not kept: %s", body.get("message"))
+        self._outbox.set()
 
     # ------------------------------------------------------------------ the workers
     async def _worker(self, name: str) -> None:
@@ -391,10 +419,13 @@ class Bridge:
     async def _run(self, entry: Entry) -> None:
         delay = RETRY_FIRST
         while True:
-            answer = await self.gateway.call(entry.caller, entry.key, entry.port, entry.op,
-                                             entry.args, via="MQTT")
-            if self._resolve(entry, answer.body):
-                break
+            try:
+                answer = await self.gateway.call(entry.caller, entry.key, entry.port, entry.op,
+                                                 entry.args, via="MQTT")
+                if self._resolve(entry, answer.body):
+                    break
+            except StoreError as exc:  # asked again under its key: the call layer decides
+                log.error("MQTT: key %s: %s", entry.key, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
         self.watcher.poke(entry.port)
@@ -406,8 +437,7 @@ class Bridge:
                  "key": entry.key}
         if body.get("reason") == "IDEMPOTENCY_CONFLICT":  # an HTTP call took the key first
             self.counts["conflicts"] += 1
-            self.inbox.finish(entry, self.topics.refused(entry.caller),
-                              payload({**body, **extra}), retained=False)
+            self._keep_refusal(self.topics.refused(entry.caller), {**body, **extra}, entry)
             return True
         rec = self.gateway.store.get(entry.caller, entry.key)
         if rec is not None:
@@ -457,9 +487,19 @@ class Bridge:
         while True:
             await self._connected.wait()
             client = self._client
+            self._outbox.clear()
+            refusals = self.inbox.refusals()
+            failed = False
+            for rid, topic, data in refusals:  # answers to messages: at least once
+                if not await self._publish(client, topic, data):
+                    failed = True
+                    break
+                self.inbox.refusal_sent(rid)
+            if failed:  # disconnected, or the broker refused it: again shortly
+                await asyncio.sleep(0.2)
+                continue
             rows = self.inbox.done()
-            if not rows:
-                self._outbox.clear()
+            if not rows and not refusals:
                 await self._outbox.wait()
                 continue
             for e in rows:

@@ -12,6 +12,10 @@ Contract (docs/GATEWAY.md, "The fleet"):
   it). A restarted gateway runs every ``pending`` row again under its key — the call layer
   replays or settles it, never runs it twice — and publishes every ``done`` row it cannot find
   on the broker already.
+- Refusals (a message refused before it is a call, or a key another call — over HTTP — holds
+  with other content) wait in ``mqtt_refusals`` until the broker acknowledges them (at most
+  ``MAX_REFUSALS``; more are logged, not kept); a command refused so has no row: it never
+  stands for the key.
 - Bounded: at most ``MAX_ROWS`` rows, ``MAX_OPEN`` of them not yet published (a full inbox
   refuses the command: ``InboxFull``); published rows are pruned with the call store's
   retention (by the key's time). Any SQLite failure is ``StoreError``.
@@ -34,6 +38,7 @@ from idemlink.gateway.store import PRUNE_GRACE_SECONDS, StoreError, StoreFull
 
 MAX_ROWS = 100_000
 MAX_OPEN = 10_000
+MAX_REFUSALS = 1_000
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS mqtt_inbox (
@@ -44,6 +49,8 @@ CREATE TABLE IF NOT EXISTS mqtt_inbox (
 CREATE INDEX IF NOT EXISTS mqtt_inbox_open ON mqtt_inbox (port, id) WHERE state!='published';
 CREATE INDEX IF NOT EXISTS mqtt_inbox_done ON mqtt_inbox (id) WHERE state='done';
 CREATE INDEX IF NOT EXISTS mqtt_inbox_age ON mqtt_inbox (key_ms) WHERE state='published';
+CREATE TABLE IF NOT EXISTS mqtt_refusals (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL);
 """
 
 
@@ -86,6 +93,8 @@ class Inbox:
             self._rows: int = self._db.execute("SELECT COUNT(*) FROM mqtt_inbox").fetchone()[0]
             self._open: int = self._db.execute(
                 "SELECT COUNT(*) FROM mqtt_inbox WHERE state!='published'").fetchone()[0]
+            self._refusals: int = self._db.execute(
+                "SELECT COUNT(*) FROM mqtt_refusals").fetchone()[0]
         except sqlite3.Error as exc:
             raise StoreError(f"store {path}: the MQTT inbox cannot be used ({exc})") from exc
 
@@ -174,10 +183,37 @@ class Inbox:
                            "state='done'", (entry_id,)).rowcount
             self._open -= n
 
+    # ------------------------------------------------------------------ refusals
+    def refuse(self, topic: str, payload: bytes, entry: Entry | None = None) -> bool:
+        """A refusal to publish (synced); with ``entry``, that command's row is dropped in the
+        same transaction (its key is another call's: the row must not stand for it). False when
+        ``MAX_REFUSALS`` wait already: the refusal is not kept (logged by the caller)."""
+        with self._tx() as db:
+            if entry is not None:
+                gone = db.execute("DELETE FROM mqtt_inbox WHERE id=?", (entry.id,)).rowcount
+                self._rows -= gone
+                self._open -= gone
+            if self._refusals >= MAX_REFUSALS:
+                return False
+            db.execute("INSERT INTO mqtt_refusals (topic, payload) VALUES (?, ?)",
+                       (topic, payload.decode()))
+            self._refusals += 1
+        return True
+
+    def refusals(self, limit: int = 100) -> list[tuple[int, str, bytes]]:
+        """Refusals not yet acknowledged by the broker: (id, topic, payload), oldest first."""
+        return [(r[0], r[1], r[2].encode()) for r in self._read(
+            "SELECT id, topic, payload FROM mqtt_refusals ORDER BY id LIMIT ?", (limit,))]
+
+    def refusal_sent(self, refusal_id: int) -> None:
+        with self._tx() as db:
+            self._refusals -= db.execute("DELETE FROM mqtt_refusals WHERE id=?",
+                                         (refusal_id,)).rowcount
+
     def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
         horizon = now_ms - (calls.RETENTION_SECONDS + PRUNE_GRACE_SECONDS) * 1000
         self._rows -= db.execute("DELETE FROM mqtt_inbox WHERE key_ms < ? AND "
                                  "state='published'", (horizon,)).rowcount
 
 
-__all__ = ["MAX_OPEN", "MAX_ROWS", "Added", "Entry", "Inbox", "InboxFull"]
+__all__ = ["MAX_OPEN", "MAX_REFUSALS", "MAX_ROWS", "Added", "Entry", "Inbox", "InboxFull"]
