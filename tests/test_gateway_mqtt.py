@@ -185,3 +185,36 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
         for c in (alice, mallory, bob):
             c.close()
         proxy.close()
+
+
+@pytest.mark.slow
+def test_two_gateways_serve_one_fleet(tmp_path: Path) -> None:
+    """Two gateways on one broker, each its own device: a command runs on the gateway its topic
+    names and nowhere else; each says it is online and publishes its own values."""
+    need_mosquitto()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with broker(tmp_path, ("gw1", "gw2")) as b, served_sim(tmp_path / "a") as one, \
+            served_sim(tmp_path / "b") as two:
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/#", "idemlink/value/#"))
+        with running_gateway(tmp_path / "a", [f"{one.link}=oven"],
+                             *mqtt_args(tmp_path, b.port, "gw1")), \
+                running_gateway(tmp_path / "b", [f"{two.link}=oven"],
+                                *mqtt_args(tmp_path, b.port, "gw2")):
+            for gw in ("gw1", "gw2"):
+                wait_until(lambda gw=gw: alice.seen(f"gateway/{gw}",
+                                                    lambda p: p["state"] == "online"),
+                           timeout=20, what=f"{gw} online")
+            k1, k2 = new_key(time.time()), new_key(time.time())
+            alice.command("oven", "write", {"key": k1, "values": {"threshold": 401}},
+                          gateway="gw1")
+            alice.command("oven", "write", {"key": k2, "values": {"threshold": 402}},
+                          gateway="gw2")
+            assert (alice.outcome(k1)["gateway"], alice.outcome(k2)["gateway"]) == ("gw1", "gw2")
+            assert [len(one.executions_of(_pdu_of(v))) for v in (401, 402)] == [1, 0]
+            assert [len(two.executions_of(_pdu_of(v))) for v in (401, 402)] == [0, 1]
+            for gw, value in (("gw1", 40.1), ("gw2", 40.2)):
+                wait_until(lambda gw=gw, value=value: alice.seen(
+                    f"value/{gw}/oven/threshold", lambda p: p["value"] == value), timeout=20,
+                    what=f"{gw}'s value")
+        alice.close()
