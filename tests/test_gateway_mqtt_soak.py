@@ -155,7 +155,7 @@ def test_mqtt_soak_redelivery_kills_broker_restarts_lossy_line(
     progress = Counter[str]()
     lock = threading.Lock()
     failures: list[str] = []
-    with broker(tmp_path) as b, served_sim(tmp_path) as sim:
+    with broker(tmp_path, debug=True) as b, served_sim(tmp_path) as sim:
         assert sim.line is not None
         sim.line.loss = 0.1
         gw_side = CuttingProxy(b.port)  # drops the gateway's PUBACKs: the broker redelivers
@@ -243,6 +243,8 @@ def test_mqtt_soak_redelivery_kills_broker_restarts_lossy_line(
             caller_side.close()
         ran = _executed_values(sim)
         lost = sim.line.lost
+        # what the broker received from the gateway: one outcome publish per key
+        sent = b.published("idemlink-gw-gw1", "/outcome/")
     # the two last commands' clients were not in the plan's per-client lists: give each client
     # of the same caller its messages for them too
     outcomes = [dict(c.outcomes) for c in callers] + [dict(callers[0].outcomes),
@@ -251,6 +253,9 @@ def test_mqtt_soak_redelivery_kills_broker_restarts_lossy_line(
                                                     list(callers[1].refused)]
     audited = {(e["caller"], e["key"]) for e in audit if e["method"] == "MQTT"}
     assert judge(plan, outcomes, refused, ran, audited) == []
+    keys = {f"idemlink/outcome/{user}/{k}" for user, calls in plan for k, *_ in calls}
+    assert set(sent) == keys and set(sent.values()) == {1}, {t: n for t, n in sent.items()
+                                                             if n != 1}
     finals = Counter(v[0]["outcome"] for v in outcomes[0].values())
     conflicts = sum(1 for r in refused[0] if r.get("reason") == "IDEMPOTENCY_CONFLICT")
     assert gw_side.cuts >= 1 and caller_side.cuts >= 1 and lost >= 1 and conflicts >= 1
@@ -260,4 +265,6 @@ def test_mqtt_soak_redelivery_kills_broker_restarts_lossy_line(
           f"(client 0), {conflicts} conflicts refused (client 0), {gw_side.cuts} gateway PUBACKs "
           f"and {caller_side.cuts} broker PUBACKs dropped, {kills} SIGKILLs, {broker_restarts} "
           f"broker restarts, {lost} line reads/writes lost, {progress['acknowledged']} "
-          f"UNKNOWNs acknowledged, {sum(ran.values())} executions")
+          f"UNKNOWNs acknowledged, {sum(ran.values())} executions, "
+          f"{sum(c.redelivered for c in callers)} outcome deliveries repeated by the broker "
+          "(QoS 1, DUP) and counted once")

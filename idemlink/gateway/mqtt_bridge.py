@@ -166,6 +166,7 @@ class Bridge:
         self._unlisten: Callable[[], None] | None = None
         self._closing = False
         self._ended = asyncio.Event()
+        self._ready: Any = None  #: the client whose connection looked for its outcomes
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -262,11 +263,14 @@ class Bridge:
             client.loop_start()
             await self._ended.wait()
             self._connected.clear()
+            self._ready = None
             await asyncio.to_thread(self._stop_client, client)
             for fut in self._acks.values():
                 if not fut.done():
                     fut.set_result(False)
             self._acks.clear()
+            if self._probe is not None and not self._probe[1].done():
+                self._probe[1].set_exception(ConnectionResetError("the connection ended"))
             await asyncio.sleep(0.2)
 
     def _on_connect(self, client: Any, ok: bool) -> None:
@@ -287,6 +291,9 @@ class Bridge:
             except TimeoutError:  # published again: a caller may see an outcome twice
                 log.warning("MQTT: the probe did not come back; outcomes not acknowledged are "
                             "published again")
+            if client is not self._client:  # this connection ended meanwhile: the next one
+                return  # looks for itself before anything is published on it
+            self._ready = client
             self._connected.set()
             self._outbox.set()
             await self._publish(client, self.topics.presence, self._presence("online"),
@@ -463,30 +470,37 @@ class Bridge:
             return
         nonce = secrets.token_hex(8)
         probe = self.topics.probe(nonce)
-        loop = asyncio.get_running_loop()
-        self._looking = {str(e.topic) for e in rows}
-        self._seen = {}
-        self._probe = (probe, loop.create_future())
-        subs = [(t, 1) for t in sorted(self._looking)] + [(probe, 1)]
+        came_back: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        looking = {str(e.topic) for e in rows}
+        self._looking, self._seen, self._probe = looking, {}, (probe, came_back)
+        subs = [(t, 1) for t in sorted(looking)] + [(probe, 1)]
         try:
             if not await self._subscribe(client, subs):
                 return
             if not await self._publish(client, probe, b"{}"):
                 return
-            await asyncio.wait_for(self._probe[1], 30)
+            await asyncio.wait_for(came_back, 30)
+            if client is not self._client:
+                return  # the connection ended: what arrived may be short of the truth
             for e in rows:
                 if e.topic is not None and self._seen.get(e.topic) == e.payload:
                     self.inbox.published(e.id)
                     log.info("MQTT: outcome of key %s was on the broker already", e.key)
+        except ConnectionResetError:  # the connection ended before the probe came back
+            return
         finally:
-            self._looking, self._probe = set(), None
+            if self._probe is not None and self._probe[1] is came_back:
+                self._looking, self._probe = set(), None
             with contextlib.suppress(Exception):
                 client.unsubscribe([t for t, _ in subs])
 
     async def _publisher(self) -> None:
         while True:
             await self._connected.wait()
-            client = self._client
+            client = self._ready  # a connection that has looked for its outcomes already
+            if client is None or client is not self._client:
+                await asyncio.sleep(0.05)
+                continue
             self._outbox.clear()
             refusals = self.inbox.refusals()
             failed = False
@@ -514,8 +528,8 @@ class Bridge:
                 self.counts["outcomes"] += 1
 
     def _watched(self, event: Event) -> None:
-        client = self._client
-        if client is None or not self._connected.is_set():
+        client = self._ready
+        if client is None or client is not self._client:
             return
         if event["type"] == "value":
             self._publish_value(client, event["port"], event["register"])

@@ -12,6 +12,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -81,6 +82,15 @@ class Broker:
         for raw in proc.stderr:
             self.log.append(raw.decode(errors="replace").rstrip())
 
+    def published(self, client_id: str, topic_part: str) -> Counter[str]:
+        """How many PUBLISH packets the broker received from ``client_id`` on each topic
+        containing ``topic_part`` (its debug log: ``Received PUBLISH from ID (d0, q1, r1, m3,
+        'TOPIC', ...``), re-sends (``d1``) included."""
+        pattern = re.compile(rf"Received PUBLISH from {re.escape(client_id)} \(d\d, q\d, r\d, "
+                             r"m\d+, '([^']*)'")
+        return Counter(m.group(1) for line in list(self.log)
+                       if (m := pattern.search(line)) and topic_part in m.group(1))
+
     def stop(self, kill: bool = False) -> None:
         """SIGTERM (Mosquitto saves its sessions, queued and retained messages) or SIGKILL."""
         if self.proc is None:
@@ -98,7 +108,9 @@ class Broker:
 
 
 @contextmanager
-def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",)) -> Iterator[Broker]:
+def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",), *,
+           debug: bool = False) -> Iterator[Broker]:
+    """A broker; ``debug``: it logs every packet (``Broker.published`` counts what it received)."""
     need_mosquitto()
     d = directory / "broker"
     d.mkdir()
@@ -121,7 +133,8 @@ def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",)) -> Iterator[Br
         "max_queued_messages 100000\n"
         "log_dest stderr\n"
         "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
-        "user root\n")
+        + ("log_type debug\n" if debug else "")
+        + "user root\n")
     b = Broker(d, port)
     b.start()
     try:
@@ -270,6 +283,7 @@ class Caller:
         self.outcomes: dict[str, list[dict[str, Any]]] = {}
         self.refused: list[dict[str, Any]] = []
         self.observed: list[tuple[str, dict[str, Any], bool]] = []
+        self.redelivered = 0  #: the broker's QoS 1 retries of deliveries that had arrived
         self.lock = threading.Lock()
         self.connected = threading.Event()
         self.client = Client(CallbackAPIVersion.VERSION2, client_id=client_id or f"test-{user}",
@@ -286,10 +300,18 @@ class Caller:
         def on_subscribe(c: Any, _u: Any, _mid: Any, _rcs: Any, _p: Any) -> None:
             self.connected.set()
 
+        delivered: set[tuple[int, bytes]] = set()
+
         def on_message(c: Any, _u: Any, m: Any) -> None:
             body = json.loads(m.payload) if m.payload else {}
             with self.lock:
-                if m.topic.startswith("idemlink/outcome/") and not m.retain:
+                # the broker's own QoS 1 retry of a delivery (DUP, the same packet id and
+                # payload) whose first copy did arrive is one message, counted once
+                copy = m.dup and (m.mid, bytes(m.payload)) in delivered
+                delivered.add((m.mid, bytes(m.payload)))
+                if copy:
+                    self.redelivered += 1
+                elif m.topic.startswith("idemlink/outcome/") and not m.retain:
                     self.outcomes.setdefault(m.topic.rsplit("/", 1)[1], []).append(body)
                 elif m.topic.startswith("idemlink/refused/"):
                     self.refused.append(body)
