@@ -208,6 +208,7 @@ class Bridge:
         if client is not None:
             await asyncio.to_thread(self._stop_client, client)
         self.inbox.close()
+        log.info("MQTT: stopped; %s", ", ".join(f"{n} {k}" for k, n in self.counts.items()))
 
     # ------------------------------------------------------------------ the connection
     def _new_client(self) -> Any:
