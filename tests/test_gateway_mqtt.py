@@ -218,3 +218,30 @@ def test_two_gateways_serve_one_fleet(tmp_path: Path) -> None:
                     f"value/{gw}/oven/threshold", lambda p: p["value"] == value), timeout=20,
                     what=f"{gw}'s value")
         alice.close()
+
+
+def test_mqtt_options_refused_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                          ) -> None:
+    """A bad --mqtt (URL, a password in it, no --mqtt-id, a password file others may read):
+    exit 1, one line on stderr, before any port is opened."""
+    from support.gateway import tokens_file
+
+    from idemlink.cli import main
+
+    loose = tmp_path / "loose.password"
+    loose.write_text("secret\n")
+    loose.chmod(0o644)
+    base = ["gateway", "--port", "/dev/null", "--tokens", str(tokens_file(tmp_path)),
+            "--store", str(tmp_path / "calls.db")]
+    for extra, said in ((["--mqtt", "http://h", "--mqtt-id", "g"], "mqtt://"),
+                        (["--mqtt", "mqtt://u:pw@h", "--mqtt-id", "g"], "--mqtt-password-file"),
+                        (["--mqtt", "mqtt://h"], "--mqtt-id"),
+                        (["--mqtt", "mqtt://h", "--mqtt-id", "a/b"], "gateway id"),
+                        (["--mqtt", "mqtt://h", "--mqtt-id", "g", "--mqtt-prefix", "x/#"],
+                         "prefix"),
+                        (["--mqtt", "mqtt://u@h", "--mqtt-id", "g", "--mqtt-password-file",
+                          str(loose)], "chmod 600"),
+                        (["--watch", "-1"], "--watch")):
+        assert main([*base, *extra]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "Traceback" not in err, err
