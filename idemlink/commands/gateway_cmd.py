@@ -66,9 +66,9 @@ def register(sub: Any) -> None:
                         "unit i; one port is also units 0 and 255)")
     p.add_argument("--modbus-read-only", action="store_true",
                    help="the Modbus TCP face refuses every write (ILLEGAL FUNCTION)")
-    p.add_argument("--watch", type=float, default=1.0, metavar="SECONDS",
+    p.add_argument("--watch", type=float, default=2.0, metavar="SECONDS",
                    help="seconds between reads of every register for the page and MQTT values "
-                        "(default 1; 0: none)")
+                        "(default 2; at once after a write; 0: none)")
     p.add_argument("--mqtt", metavar="URL",
                    help="serve a fleet through an MQTT broker: mqtt://[USER@]HOST[:PORT] "
                         "(mqtts:// for TLS); docs/GATEWAY.md, 'The fleet'")

@@ -436,7 +436,6 @@ class Bridge:
                 log.error("MQTT: key %s: %s", entry.key, exc)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
-        self.watcher.poke(entry.port)
         self._outbox.set()
 
     def _resolve(self, entry: Entry, body: dict[str, Any]) -> bool:

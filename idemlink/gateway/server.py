@@ -43,7 +43,7 @@ class GatewayConfig:
     modbus_tcp: tuple[str, int] | None = None
     modbus_units: dict[int, str] | None = None
     modbus_read_only: bool = False
-    watch: float = 1.0  #: seconds between looks at the registers (0: none; the page, MQTT values)
+    watch: float = 2.0  #: seconds between looks at the registers (0: none; the page, MQTT values)
     mqtt: MqttConfig | None = None  #: the MQTT bridge (docs/GATEWAY.md, "The fleet")
 
 

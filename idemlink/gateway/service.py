@@ -192,6 +192,8 @@ class Gateway:
         self._refusal_at = time.monotonic()
         self.refusals_suppressed = 0
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: called with the port's name when a call with an effect has its answer
+        self.after_call: list[Callable[[str], None]] = []
 
     # ------------------------------------------------------------------ ports
     async def start(self) -> None:
@@ -422,6 +424,8 @@ class Gateway:
         """A call with an effect, under the call layer's rules; audited (``via``: the audit
         entry's method, ``POST`` over HTTP, ``MQTT`` through the bridge)."""
         answer = await self._call(caller, key, name, op, dict(args), background)
+        for hook in self.after_call:  # e.g. the watcher: read the port again now
+            hook(name)
         path = f"/v1/ports/{name}/{op}"
         if answer.http == 202:
             self._audit(caller, via, path, args, key, Answer(202, {"outcome": "ACCEPTED"}))

@@ -4,7 +4,8 @@ the MQTT bridge (values published on change).
 
 Contract (docs/GATEWAY.md, "The fleet"):
 
-- Every ``interval`` seconds (``poke`` sooner: after a call with an effect) each port that is up
+- Every ``interval`` seconds (and at once after a call with an effect: ``poke``, hooked to
+  ``Gateway.after_call``) each port that is up
   is read — every register of its map, by ``Gateway.read`` on the shared pipeline like any
   caller's read, ``MAX_NAMES`` a request. A register whose reading differs from the last one
   seen (or is the first) is a change: every listener gets ``{"type": "value", "port", "register":
@@ -101,6 +102,7 @@ class Watcher:
     def start(self) -> None:
         if self.interval > 0:
             self._tasks = [asyncio.ensure_future(self._run(name)) for name in self.gateway.ports]
+            self.gateway.after_call.append(self.poke)
 
     async def close(self) -> None:
         for t in self._tasks:
