@@ -46,7 +46,7 @@ from typing import Any
 
 from idemlink.gateway import mqtt_topics
 from idemlink.gateway.calls import CallError
-from idemlink.gateway.mqtt_inbox import Added, Entry, Inbox
+from idemlink.gateway.mqtt_inbox import Added, Entry, Inbox, InboxFull
 from idemlink.gateway.mqtt_topics import Refused, Topics, payload
 from idemlink.gateway.service import Gateway, UnknownPort
 from idemlink.gateway.store import StoreError
@@ -400,8 +400,9 @@ class Bridge:
         err = exc if isinstance(exc, CallError) else Refused(str(exc))
         body = mqtt_topics.refusal(err, topic, key)
         if not isinstance(exc, CallError):  # not taken: nothing stored, nothing sent
-            body.update(outcome="NOT_EXECUTED", action="safe to retry",
-                        reason="STORE_ERROR" if isinstance(exc, StoreError) else "INTERNAL_ERROR")
+            reason = ("INBOX_FULL" if isinstance(exc, InboxFull) else
+                      "STORE_ERROR" if isinstance(exc, StoreError) else "INTERNAL_ERROR")
+            body.update(outcome="NOT_EXECUTED", action="safe to retry", reason=reason)
         try:
             self._keep_refusal(self.topics.refused(caller), body)
         except StoreError:  # the store is what failed: said now, not kept
