@@ -417,7 +417,7 @@ def test_one_table_of_operations_through_the_blocking_and_the_asyncio_driver(
 
 
 SYNC_ONLY = {"open", "session", "stats", "transport", "check_map", "ops"}
-ASYNC_ONLY = {"open", "transport", "ops"}
+ASYNC_ONLY = {"open", "transport", "ops", "line_bytes"}
 RTU_ONLY = {"open", "transport", "ops", "master"}
 
 
