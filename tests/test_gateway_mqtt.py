@@ -245,3 +245,39 @@ def test_mqtt_options_refused_in_one_line(tmp_path: Path, capsys: pytest.Capture
         assert main([*base, *extra]) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err and "Traceback" not in err, err
+
+
+@pytest.mark.slow
+def test_a_command_taken_before_a_sigkill_runs_after_the_restart(tmp_path: Path) -> None:
+    """The gateway acknowledged a command to the broker (it is in the inbox on disk) but could
+    not run it yet — an UNKNOWN blocks the port — and is SIGKILLed. The broker has nothing to
+    send again: the restarted gateway runs it from its inbox once the UNKNOWN is acknowledged,
+    once, and publishes its one outcome."""
+    need_mosquitto()
+    with broker(tmp_path) as b, served_sim(tmp_path) as sim:
+        assert sim.line is not None
+        alice = Caller(b.port, "alice")
+        args = [f"{sim.link}=oven"], *mqtt_args(tmp_path, b.port), "--timeout", "0.05"
+        with running_gateway(tmp_path, *args) as gw:
+            sim.line.mute = True
+            lost = gw.call("POST", "/v1/ports/oven/write", {"values": {"threshold": 432}},
+                           headers={"Idempotency-Key": new_key(time.time())})
+            sim.line.mute = False
+            assert lost.body["outcome"] == "UNKNOWN"
+            key = new_key(time.time())
+            alice.command("oven", "write", {"key": key, "values": {"threshold": 431},
+                                            "wait": 120})
+            # refused for now (audited), so it was taken — and acknowledged — before
+            wait_until(lambda: any(e["key"] == key and e["method"] == "MQTT" for e in gw.call(
+                "GET", "/v1/audit?limit=20").body["entries"]), what="the command tried")
+            gw.kill()
+        assert sim.executions_of(_pdu_of(431)) == []
+        with running_gateway(tmp_path, *args) as gw:
+            ack = gw.call("POST", f"/v1/open-items/{lost.body['key']}/acknowledge",
+                          {"reason": "read back 43.2: it ran"})
+            assert ack.status == 200
+            out = alice.outcome(key)
+            assert (out["outcome"], out["key"]) == ("OK", key)
+        assert len(sim.executions_of(_pdu_of(431))) == 1
+        assert list(map(len, alice.outcomes.values())) == [1]
+        alice.close()
