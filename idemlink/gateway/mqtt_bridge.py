@@ -167,6 +167,8 @@ class Bridge:
         self._closing = False
         self._ended = asyncio.Event()
         self._ready: Any = None  #: the client whose connection looked for its outcomes
+        self._served = False  #: the current connection was accepted by the broker
+        self._failures = 0  #: connections in a row the broker did not accept
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -272,7 +274,10 @@ class Bridge:
             self._acks.clear()
             if self._probe is not None and not self._probe[1].done():
                 self._probe[1].set_exception(ConnectionResetError("the connection ended"))
-            await asyncio.sleep(0.2)
+            # at once after a connection that served; slower after each one that did not
+            self._failures = 0 if self._served else self._failures + 1
+            self._served = False
+            await asyncio.sleep(min(0.2 * 2 ** self._failures, RECONNECT_MAX))
 
     def _on_connect(self, client: Any, ok: bool) -> None:
         if client is not self._client:
@@ -281,6 +286,7 @@ class Bridge:
             log.warning("MQTT: the broker refused the connection")
             return
         log.info("MQTT: connected to %s:%d", self.config.host, self.config.port)
+        self._served = True
         self._spawn(self._connected_session(client))
 
     async def _connected_session(self, client: Any) -> None:
@@ -511,6 +517,7 @@ class Bridge:
                     break
                 self.inbox.refusal_sent(rid)
             if failed:  # disconnected, or the broker refused it: again shortly
+                self._refused_publish(client, "a refusal")
                 await asyncio.sleep(0.2)
                 continue
             rows = self.inbox.done()
@@ -522,11 +529,16 @@ class Bridge:
                 ok = await self._publish(client, e.topic, e.payload, retain=e.retained,
                                          expiry=mqtt_topics.OUTCOME_EXPIRY_SECONDS
                                          if e.retained else None)
-                if not ok:
-                    await asyncio.sleep(0.2)  # disconnected: the next connection looks first
+                if not ok:  # disconnected (the next connection looks first), or refused
+                    self._refused_publish(client, f"the outcome of key {e.key}")
+                    await asyncio.sleep(0.2)
                     break
                 self.inbox.published(e.id)
                 self.counts["outcomes"] += 1
+
+    def _refused_publish(self, client: Any, what: str) -> None:
+        if client is self._client and self._connected.is_set():  # still connected: refused
+            log.warning("MQTT: the broker refused %s (its access list?); trying again", what)
 
     def _watched(self, event: Event) -> None:
         client = self._ready
