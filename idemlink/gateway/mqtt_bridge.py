@@ -405,6 +405,8 @@ class Bridge:
             return
         err = exc if isinstance(exc, CallError) else Refused(str(exc))
         body = mqtt_topics.refusal(err, topic, key)
+        if isinstance(exc, KeyConflict):  # as over HTTP: nothing ran, and it will not
+            body.update(outcome="NOT_EXECUTED", http=409)
         if not isinstance(exc, CallError):  # not taken: nothing stored, nothing sent
             reason = ("INBOX_FULL" if isinstance(exc, InboxFull) else
                       "STORE_ERROR" if isinstance(exc, StoreError) else "INTERNAL_ERROR")
