@@ -139,7 +139,7 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             conflict = wait_until(lambda: [r for r in alice.refused
                                            if r.get("reason") == "IDEMPOTENCY_CONFLICT"],
                                   what="the conflict refused")
-            assert conflict[0]["key"] == key
+            assert (conflict[0]["key"], conflict[0]["outcome"]) == (key, "NOT_EXECUTED")
             # one key, one call, whichever carries it: alice's HTTP retry replays her MQTT
             # command; an HTTP call's key reused over MQTT with other content is a conflict
             again = gw.call("POST", "/v1/ports/oven/write", {"values": {"threshold": 444}},
