@@ -5,7 +5,10 @@ a stopped gateway left (``Gateway.start``), *then* listens and calls ``ready(url
 address actually bound (port 0 picks one) — and, with ``modbus_tcp``, ``modbus_ready(HOST:PORT)``
 for the Modbus TCP face (``idemlink.gateway.modbus_tcp``), already listening by then: a caller
 that saw the readiness line talks to a gateway that has already retransmitted every call it had
-in flight. SIGINT/SIGTERM stop it.
+in flight. The watcher (register values, bus load) and, with ``mqtt``, the MQTT bridge start
+before the readiness line; the bridge connects in the background (a broker that is down delays
+nothing). SIGINT/SIGTERM stop it: the Modbus face stops listening, the HTTP server stops, the
+bridge says offline, the watcher stops, then the ports close.
 """
 
 from __future__ import annotations
