@@ -26,8 +26,8 @@ from support.mqtt import (
 from support.timing import scaled, wait_until
 
 from idemlink.gateway import calls, mqtt_topics
-from idemlink.host.keys import new_key
 from idemlink.gateway.mqtt_topics import Refused, Topics
+from idemlink.host.keys import new_key
 
 
 def _pdu_of(threshold: int) -> bytes:
@@ -162,6 +162,14 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
                                               "values": {"threshold": 446}})
             wait_until(lambda: [r for r in mallory.refused if r["reason"] == "UNKNOWN_CALLER"],
                        what="mallory refused")
+            # a viewer (the tokens file's third word) may not write: refused as over HTTP
+            # (403 FORBIDDEN), published, audited, nothing run
+            vic = Caller(b.port, "vic")
+            vics = new_key(time.time())
+            vic.command("oven", "write", {"key": vics, "values": {"threshold": 449}})
+            no = wait_until(lambda: [r for r in vic.refused if r["reason"] == "FORBIDDEN"],
+                            what="vic refused")[0]
+            assert (no["outcome"], no["http"], no["key"]) == ("REJECTED", 403, vics), no
             # bob under alice's name: the broker's access list drops it (MQTT 5: not authorized)
             bob = Caller(b.port, "bob")
             info = bob.command("oven", "write", {"key": new_key(time.time()),
@@ -172,20 +180,99 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
             assert alice.outcome(last)["outcome"] == "OK"
             assert [len(sim.executions_of(_pdu_of(v))) for v in (
-                441, 442, 443, 444, 445, 446, 447, 448)] == [0, 1, 1, 1, 0, 0, 0, 1]
+                441, 442, 443, 444, 445, 446, 447, 448, 449)] == [0, 1, 1, 1, 0, 0, 0, 1, 0]
             # one outcome message per key (the doc's example's key, sent twice, among them)
             assert len(sim.executions_of(_pdu_of(425))) == 1
             assert sorted(map(len, alice.outcomes.values())) == [1, 1, 1, 1, 1]
             assert {key, second, last, by_http} < set(alice.outcomes)
-            audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]
+            audit = gw.call("GET", "/v1/audit?limit=30").body["entries"]
             assert {(e["caller"], e["method"], e["key"]) for e in audit} >= {
                 ("alice", "MQTT", key), ("alice", "MQTT", last)}
+            assert [(e["outcome"], e["http"], e["path"]) for e in audit if e["key"] == vics] == [
+                ("REJECTED", 403, "idemlink/cmd/vic/gw1/oven/write")]
             gw.kill()
             wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "offline"),
                        timeout=30, what="the last will: offline")
-        for c in (alice, mallory, bob):
+        for c in (alice, mallory, bob, vic):
             c.close()
         proxy.close()
+
+
+def test_the_bridge_judges_roles_and_a_full_store(tmp_path: Path) -> None:
+    """The default run's look at what the slow test below drives through a broker: a caller's
+    role is the HTTP route's (a viewer may not write; an operator — the default — may), and a
+    call the store refuses as full is refused at once: a refusal waiting for the broker, the
+    command's row dropped (its key free again), not asked again. Audited as HTTP's refusals."""
+    from idemlink.gateway.mqtt_bridge import Bridge, Forbidden, MqttConfig, UnknownCaller
+    from idemlink.gateway.service import Gateway, PortSpec
+    from idemlink.gateway.store import PRUNE_GRACE_SECONDS, CallStore, StoreLimits
+    from idemlink.gateway.watch import Watcher
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    store = CallStore.open(tmp_path / "calls.db", StoreLimits(retention_seconds=3600))
+    gateway = Gateway(store, [PortSpec("oven", "unused", DEFAULT_MAP)])
+    bridge = Bridge(gateway, Watcher(gateway, 0), MqttConfig("127.0.0.1", 1, "gw1"),
+                    {"alice", "vic", "olga"}, {"alice": "admin", "vic": "viewer"})
+    try:
+        bridge._check_caller("alice", "write")
+        bridge._check_caller("olga", "trigger")  # no role named: the default, operator
+        for caller, op, error in (("vic", "write", Forbidden), ("vic", "clear", Forbidden),
+                                  ("mallory", "write", UnknownCaller)):
+            with pytest.raises(error):
+                bridge._check_caller(caller, op)
+        # the store's retention setting, not the default day, judges a command's key
+        old = json.dumps({"key": new_key(time.time() - 7200), "values": {}}).encode()
+        with pytest.raises(calls.KeyOutsideRetention):
+            bridge.topics.parse("idemlink/cmd/alice/gw1/oven/write", old, time.time(),
+                                bridge.limits.retention_seconds)
+        assert mqtt_topics.outcome_expiry(3600) == 3600 + PRUNE_GRACE_SECONDS
+        key = new_key(time.time())
+        cmd = bridge.topics.parse("idemlink/cmd/alice/gw1/oven/write", json.dumps(
+            {"key": key, "values": {"threshold": 1}}).encode(), time.time())
+        bridge.inbox.add(cmd, int(time.time() * 1000))
+        (entry,) = bridge.inbox.pending("oven")
+        assert bridge._resolve(entry, {"outcome": "NOT_EXECUTED", "reason": "STORE_FULL",
+                                       "action": "safe to retry", "http": 503, "key": key})
+        assert bridge.inbox.get("alice", key) is None  # the key is free for a later retry
+        ((_, topic, data),) = bridge.inbox.refusals()
+        said = json.loads(data)
+        assert (topic, said["reason"], said["key"], said["topic"]) == (
+            "idemlink/refused/alice", "STORE_FULL", key, "idemlink/cmd/alice/gw1/oven/write")
+    finally:
+        bridge.inbox.close()
+        store.close()
+
+
+@pytest.mark.slow
+def test_a_full_store_refuses_commands_at_once(tmp_path: Path) -> None:
+    """The store's limits hold for MQTT as for HTTP: with ``--max-calls 1`` the second command
+    is refused ``STORE_FULL`` (NOT_EXECUTED, safe to retry) on ``P/refused/CALLER`` at once —
+    not asked again for its ``wait`` — nothing run, and its row is dropped: the same command
+    again is refused again (a row kept would take it for a copy and say nothing)."""
+    need_mosquitto()
+    with broker(tmp_path) as b, served_sim(tmp_path) as sim:
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/gw1",))
+        with running_gateway(tmp_path, [f"{sim.link}=oven"], *mqtt_args(tmp_path, b.port),
+                             "--max-calls", "1", "--watch", "0"):
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
+                       timeout=20, what="the gateway online")
+            first = new_key(time.time())
+            alice.command("oven", "write", {"key": first, "values": {"threshold": 451}})
+            assert alice.outcome(first)["outcome"] == "OK"
+            full = new_key(time.time())
+            for n in (1, 2):
+                start = time.monotonic()
+                alice.command("oven", "write", {"key": full, "values": {"threshold": 452},
+                                                "wait": 600})
+                got = wait_until(lambda n=n: [r for r in alice.refused
+                                              if r.get("key") == full][n - 1:],
+                                 what=f"refusal {n} of the full store")[0]
+                assert time.monotonic() - start < scaled(20)  # not retried for its wait
+                assert (got["outcome"], got["reason"], got["action"], got["http"]) == (
+                    "NOT_EXECUTED", "STORE_FULL", "safe to retry", 503), got
+            assert full not in alice.outcomes
+        assert [len(sim.executions_of(_pdu_of(v))) for v in (451, 452)] == [1, 0]
+        alice.close()
 
 
 @pytest.mark.slow

@@ -12,8 +12,19 @@ Contract:
   the inbox on disk (``mqtt_inbox``): a QoS 1 redelivery — the gateway gone before its PUBACK,
   the broker restarted — is a copy of a row already there and adds nothing; other content under
   the key is refused as ``IDEMPOTENCY_CONFLICT`` on ``P/refused/CALLER``.
+- Who may: the topic's caller must be a caller of the tokens file (``UNKNOWN_CALLER``) whose
+  role may make the call — the role the HTTP route of the same operation needs
+  (``app.needed_role``: ``operator`` for write, clear, trigger) — else ``FORBIDDEN``, as over
+  HTTP: refused on arrival (and again before it runs, for a command kept from a run under
+  another tokens file), published on ``P/refused/CALLER`` and audited. Every refusal made here
+  is audited (method ``MQTT``, path the topic) under the gateway's refusal flood guard
+  (``Gateway.audit_refusal``).
 - One worker a port runs its commands in arrival order through ``Gateway.call`` (the same keys,
-  caller ids, digests, store and audit as HTTP; audited with method ``MQTT``). A call that did
+  caller ids, digests, store, audit and shared device pipeline as HTTP; audited with method
+  ``MQTT``). A call the store refuses as full (``STORE_FULL``: NOT_EXECUTED, safe to retry) is
+  refused at once — published on ``P/refused/CALLER``, its row dropped so the key is free for
+  the caller's later retry — not asked again; so is a command that finds the store's file at
+  its size limit when it arrives. Keys are judged against the store's retention setting. A call that did
   not run for a passing reason (busy, port down, an open UNKNOWN blocks the port) is asked
   again under its key until its ``wait`` runs out; a call in flight when its port went down is
   asked again until it is settled. Then its outcome — the call's stored body — is written to
@@ -40,16 +51,18 @@ import ssl
 import stat
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from idemlink.gateway import mqtt_topics
+from idemlink.gateway.app import needed_role
 from idemlink.gateway.calls import CallError
 from idemlink.gateway.mqtt_inbox import Added, Entry, Inbox, InboxFull
 from idemlink.gateway.mqtt_topics import Refused, Topics, payload
 from idemlink.gateway.service import Gateway, UnknownPort
-from idemlink.gateway.store import StoreError
+from idemlink.gateway.store import StoreError, StoreFull
+from idemlink.gateway.tokens import DEFAULT_ROLE, allows
 from idemlink.gateway.watch import Event, Watcher
 from idemlink.protocol.outcome import LocalProtocolError
 
@@ -72,6 +85,13 @@ class UnknownCaller(CallError):
     """A command under a caller id the gateway's tokens file does not name."""
 
     reason = "UNKNOWN_CALLER"
+    http = 403
+
+
+class Forbidden(CallError):
+    """A command its caller's role may not make (the tokens file's third word): nothing sent."""
+
+    reason = "FORBIDDEN"
     http = 403
 
 
@@ -143,14 +163,17 @@ class Bridge:
     """The MQTT side of one gateway (see the module docstring)."""
 
     def __init__(self, gateway: Gateway, watcher: Watcher, config: MqttConfig,
-                 callers: set[str], clock: Callable[[], float] = time.time) -> None:
+                 callers: set[str], roles: Mapping[str, str] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.gateway = gateway
         self.watcher = watcher
         self.config = config
         self.callers = callers
+        self.roles = dict(roles or {})  #: caller -> role (``DEFAULT_ROLE`` for one not named)
         self.clock = clock
         self.topics = Topics(config.gateway, config.prefix)
-        self.inbox = Inbox(gateway.store.path)
+        self.limits = gateway.store.limits
+        self.inbox = Inbox(gateway.store.path, self.limits)
         self.counts = {"received": 0, "duplicates": 0, "conflicts": 0, "refused": 0,
                        "outcomes": 0}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -379,38 +402,56 @@ class Bridge:
         self.counts["received"] += 1
         now = self.clock()
         try:
-            cmd = self.topics.parse(topic, data, now)
-            if cmd.caller not in self.callers:
-                raise UnknownCaller(f"caller {cmd.caller!r} is not in the gateway's tokens file")
+            cmd = self.topics.parse(topic, data, now, self.limits.retention_seconds)
+            self._check_caller(cmd.caller, cmd.op)
             if cmd.port not in self.gateway.ports:
                 raise UnknownPort(f"no port named {cmd.port!r} on gateway "
                                          f"{self.config.gateway}")
         except CallError as exc:
-            self._refuse(client, topic, exc, _key_of(data))
+            self._refuse(client, topic, exc, _key_of(data), data)
             return
         added = self.inbox.add(cmd, int(now * 1000))
         if added is Added.DUPLICATE:
             self.counts["duplicates"] += 1
         elif added is Added.CONFLICT:
             self._refuse(client, topic, KeyConflict(f"key {cmd.key} was used for other content: "
-                                                 "nothing sent"), cmd.key)
+                                                 "nothing sent"), cmd.key, data)
         else:
             self._wake[cmd.port].set()
 
-    def _refuse(self, client: Any, topic: str, exc: Exception, key: str | None) -> None:
+    def _check_caller(self, caller: str, op: str) -> None:
+        """``UnknownCaller`` or ``Forbidden`` unless ``caller`` may make ``op`` — the role the
+        HTTP route of ``op`` needs (``needed_role``), the same tokens file's roles."""
+        if caller not in self.callers:
+            raise UnknownCaller(f"caller {caller!r} is not in the gateway's tokens file")
+        needed = needed_role("POST", f"/v1/ports/{{port}}/{op}")
+        role = self.roles.get(caller, DEFAULT_ROLE)
+        if not allows(role, needed):
+            raise Forbidden(f"caller {caller} is a {role}: this needs the role {needed} (the "
+                            "tokens file's third word)")
+
+    def _refuse(self, client: Any, topic: str, exc: Exception, key: str | None,
+                data: bytes = b"") -> None:
+        """Refuse a message that is not (or not yet) a call: published on ``P/refused/CALLER``
+        (kept on disk until the broker has it) and audited like the HTTP shell's refusals."""
         caller = self.topics.caller_of(topic)
         self.counts["conflicts" if isinstance(exc, KeyConflict) else "refused"] += 1
         log.warning("MQTT: %s refused: %s", topic[:200], exc)
-        if caller is None:
-            return
         err = exc if isinstance(exc, CallError) else Refused(str(exc))
         body = mqtt_topics.refusal(err, topic, key)
         if isinstance(exc, KeyConflict):  # as over HTTP: nothing ran, and it will not
-            body.update(outcome="NOT_EXECUTED", http=409)
+            body.update(outcome="NOT_EXECUTED")
         if not isinstance(exc, CallError):  # not taken: nothing stored, nothing sent
-            reason = ("INBOX_FULL" if isinstance(exc, InboxFull) else
-                      "STORE_ERROR" if isinstance(exc, StoreError) else "INTERNAL_ERROR")
-            body.update(outcome="NOT_EXECUTED", action="safe to retry", reason=reason)
+            reason, http = (("INBOX_FULL", 503) if isinstance(exc, InboxFull) else
+                            ("STORE_FULL", 503) if isinstance(exc, StoreFull) else
+                            ("STORE_ERROR", 503) if isinstance(exc, StoreError) else
+                            ("INTERNAL_ERROR", 500))
+            body.update(outcome="NOT_EXECUTED", action="safe to retry", reason=reason, http=http)
+        content = {"body": data[:1000].decode("utf-8", "replace")} if data else {}
+        self.gateway.audit_refusal(caller or "-", "MQTT", topic[:300], content, key,
+                                   str(body["outcome"]), int(body["http"]))
+        if caller is None:
+            return
         try:
             self._keep_refusal(self.topics.refused(caller), body)
         except StoreError:  # the store is what failed: said now, not kept
@@ -434,6 +475,17 @@ class Bridge:
                 await self._run(entry)
 
     async def _run(self, entry: Entry) -> None:
+        try:  # a row kept from a run under another tokens file: judged by today's
+            self._check_caller(entry.caller, entry.op)
+        except CallError as exc:
+            log.warning("MQTT: key %s refused: %s", entry.key, exc)
+            self.counts["refused"] += 1
+            body = mqtt_topics.refusal(exc, self.topics.command(entry.caller, entry.port,
+                                                                  entry.op), entry.key)
+            self.gateway.audit_refusal(entry.caller, "MQTT", str(body["topic"]), entry.args,
+                                       entry.key, str(body["outcome"]), exc.http)
+            self._keep_refusal(self.topics.refused(entry.caller), body, entry)
+            return
         delay = RETRY_FIRST
         while True:
             try:
@@ -454,6 +506,12 @@ class Bridge:
         if body.get("reason") == "IDEMPOTENCY_CONFLICT":  # an HTTP call took the key first
             self.counts["conflicts"] += 1
             self._keep_refusal(self.topics.refused(entry.caller), {**body, **extra}, entry)
+            return True
+        if body.get("reason") == "STORE_FULL":  # refused at once, as over HTTP (audited by
+            self.counts["refused"] += 1  # the call); the key stays free for a later retry
+            self._keep_refusal(self.topics.refused(entry.caller), {
+                **body, **extra, "topic": self.topics.command(entry.caller, entry.port,
+                                                              entry.op)}, entry)
             return True
         rec = self.gateway.store.get(entry.caller, entry.key)
         if rec is not None:
@@ -529,7 +587,8 @@ class Bridge:
             for e in rows:
                 assert e.topic is not None and e.payload is not None
                 ok = await self._publish(client, e.topic, e.payload, retain=e.retained,
-                                         expiry=mqtt_topics.OUTCOME_EXPIRY_SECONDS
+                                         expiry=mqtt_topics.outcome_expiry(
+                                             self.limits.retention_seconds)
                                          if e.retained else None)
                 if not ok:  # disconnected (the next connection looks first), or refused
                     self._refused_publish(client, f"the outcome of key {e.key}")
@@ -568,5 +627,5 @@ def _key_of(data: bytes) -> str | None:
     return key[:64] if isinstance(key, str) else None
 
 
-__all__ = ["SESSION_EXPIRY", "Bridge", "KeyConflict", "MqttConfig", "MqttConfigError",
-           "UnknownCaller"]
+__all__ = ["SESSION_EXPIRY", "Bridge", "Forbidden", "KeyConflict", "MqttConfig",
+           "MqttConfigError", "UnknownCaller"]

@@ -18,7 +18,10 @@ Contract (docs/GATEWAY.md, "The fleet"):
   stands for the key.
 - Bounded: at most ``MAX_ROWS`` rows, ``MAX_OPEN`` of them not yet published (a full inbox
   refuses the command: ``InboxFull``); published rows are pruned with the call store's
-  retention (by the key's time). Any SQLite failure is ``StoreError``.
+  retention (``StoreLimits.retention_seconds``, by the key's time). The file is the store's, so
+  its size limit (``StoreLimits.max_bytes``, SQLite's ``max_page_count``, set on this
+  connection too) bounds the inbox as well: a write at it is ``StoreFull``. Any other SQLite
+  failure is ``StoreError``.
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ from typing import Any
 
 from idemlink.gateway import calls
 from idemlink.gateway.mqtt_topics import Command
-from idemlink.gateway.store import PRUNE_GRACE_SECONDS, StoreError, StoreFull
+from idemlink.gateway.store import (
+    PRUNE_GRACE_SECONDS,
+    StoreError,
+    StoreFull,
+    StoreLimits,
+    at_size_limit,
+    bound_size,
+)
 
 MAX_ROWS = 100_000
 MAX_OPEN = 10_000
@@ -83,12 +93,14 @@ class Inbox:
     """The inbox (see the module docstring): its own connection to the store's file (the call
     store holds the file's lock). Not thread-safe: the gateway's event loop uses it."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, limits: StoreLimits | None = None) -> None:
         self.path = path
+        self.limits = limits or StoreLimits()
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA busy_timeout=5000")
             self._db.execute("PRAGMA synchronous=FULL")
+            bound_size(self._db, self.limits)
             self._db.executescript(_SCHEMA)
             self._rows: int = self._db.execute("SELECT COUNT(*) FROM mqtt_inbox").fetchone()[0]
             self._open: int = self._db.execute(
@@ -117,6 +129,9 @@ class Inbox:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
             self._recount()
+            if isinstance(exc, sqlite3.DatabaseError) and at_size_limit(db):
+                raise StoreFull(f"store {self.path} is at its size limit "
+                                f"({self.limits.max_bytes} bytes): retry later") from exc
             raise StoreError(f"store {self.path}: the MQTT inbox cannot be written ({exc})") from exc
 
     def _recount(self) -> None:
@@ -211,7 +226,7 @@ class Inbox:
                                          (refusal_id,)).rowcount
 
     def _prune(self, db: sqlite3.Connection, now_ms: int) -> None:
-        horizon = now_ms - (calls.RETENTION_SECONDS + PRUNE_GRACE_SECONDS) * 1000
+        horizon = now_ms - (self.limits.retention_seconds + PRUNE_GRACE_SECONDS) * 1000
         self._rows -= db.execute("DELETE FROM mqtt_inbox WHERE key_ms < ? AND "
                                  "state='published'", (horizon,)).rowcount
 

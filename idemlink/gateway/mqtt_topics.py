@@ -9,7 +9,7 @@ id, ``CALLER`` a caller id of the tokens file:
 |---|---|---|---|
 | ``P/cmd/CALLER/GW/PORT/OP`` | a caller | 1, no | ``{"key": UUIDv7, ...the HTTP body}`` |
 | ``P/outcome/CALLER/KEY`` | the gateway | 1, retained (expires) | the HTTP answer's body |
-| ``P/refused/CALLER`` | the gateway | 1, no | ``{"reason", "message", "topic", "key"?}`` |
+| ``P/refused/CALLER`` | the gateway | 1, no | ``{"outcome", "reason", "message", "http", "topic", "key"?}`` |
 | ``P/value/GW/PORT/REGISTER`` | the gateway | 1, retained | the register's reading |
 | ``P/gateway/GW`` | the gateway (last will) | 1, retained | ``{"state": "online"/"offline", ...}`` |
 
@@ -23,7 +23,8 @@ id, ``CALLER`` a caller id of the tokens file:
   ``P/refused/CALLER``. The gateway takes the segment as the caller id (the same scope as the
   HTTP token's caller id: one caller's key is one call over HTTP and MQTT).
 - Anything refused before a call exists (a malformed topic or payload, an unknown caller, port
-  or operation, a key reused for other content) is a ``Refused`` with its reason.
+  or operation, a caller whose role may not call, a key reused for other content) is refused
+  with its reason (``Refused`` for what this module finds).
 """
 
 from __future__ import annotations
@@ -42,7 +43,14 @@ MAX_PAYLOAD = 64 * 1024
 DEFAULT_WAIT = 30.0
 MAX_WAIT = 3600.0
 OUTCOME_EXPIRY_SECONDS = calls.RETENTION_SECONDS + PRUNE_GRACE_SECONDS
-"""A retained outcome expires (MQTT 5 message expiry) when its key's record would be pruned."""
+"""A retained outcome expires (MQTT 5 message expiry) when its key's record would be pruned
+(``outcome_expiry``: this for the default retention window)."""
+
+
+def outcome_expiry(retention_seconds: float = calls.RETENTION_SECONDS) -> int:
+    """Seconds a retained outcome lives on the broker: the key's record's life in the store
+    (the gateway's ``--retention-hours`` and the prune grace)."""
+    return int(retention_seconds) + PRUNE_GRACE_SECONDS
 
 OPERATIONS = ("write", "clear", "trigger")
 
@@ -116,8 +124,10 @@ class Topics:
         return parts[1] if len(parts) == 5 and parts[0] == "cmd" and _SEGMENT.fullmatch(
             parts[1]) else None
 
-    def parse(self, topic: str, payload: bytes, now: float) -> Command:
-        """The command a message asks for, or ``Refused`` saying why not."""
+    def parse(self, topic: str, payload: bytes, now: float,
+              retention: float = calls.RETENTION_SECONDS) -> Command:
+        """The command a message asks for, or ``Refused`` saying why not (a key older than
+        ``retention`` seconds, the store's window: ``KeyOutsideRetention``)."""
         caller = self.caller_of(topic)
         parts = topic[len(self.prefix) + 1:].split("/")
         if caller is None or parts[2] != self.gateway or not _SEGMENT.fullmatch(parts[3]):
@@ -135,7 +145,7 @@ class Topics:
         if not isinstance(body, dict):
             raise Refused("the payload must be a JSON object")
         key = body.get("key")
-        calls.check_key(key if isinstance(key, str) else None, now)
+        calls.check_key(key if isinstance(key, str) else None, now, retention)
         if_match = body.get("if_match")
         if if_match is not None and (not isinstance(if_match, int) or isinstance(if_match, bool)
                                      or not 0 <= if_match <= 0xFFFF or op != "write"):
@@ -159,12 +169,15 @@ def payload(body: dict[str, Any]) -> bytes:
 
 
 def refusal(exc: CallError, topic: str, key: str | None = None) -> dict[str, Any]:
+    """The refusal's payload: the HTTP refusal's body (``http``: the status HTTP would answer)
+    and the topic it answers."""
     body: dict[str, Any] = {"outcome": "REJECTED", "reason": exc.reason, "message": str(exc),
-                            "action": "do not retry", "topic": topic[:300]}
+                            "action": "do not retry", "http": exc.http, "topic": topic[:300]}
     if key is not None:
         body["key"] = key
     return body
 
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_WAIT", "MAX_PAYLOAD", "MAX_WAIT", "OPERATIONS",
-           "OUTCOME_EXPIRY_SECONDS", "Command", "Refused", "Topics", "payload", "refusal"]
+           "OUTCOME_EXPIRY_SECONDS", "Command", "Refused", "Topics", "outcome_expiry", "payload",
+           "refusal"]

@@ -74,7 +74,8 @@ async def serve(config: GatewayConfig, ready: Callable[[str], None],
         if config.mqtt is not None:
             from idemlink.gateway.mqtt_bridge import Bridge
 
-            bridge = Bridge(gateway, watcher, config.mqtt, set(config.tokens.values()))
+            bridge = Bridge(gateway, watcher, config.mqtt, set(config.tokens.values()),
+                            config.roles)
             bridge.start()
         runner = web.AppRunner(make_app(gateway, config.tokens, config.roles,
                                         page.routes(watcher), page.public), access_log=None)

@@ -109,6 +109,24 @@ class StoreLimits:
         return self
 
 
+def bound_size(db: sqlite3.Connection, limits: StoreLimits) -> None:
+    """Bound the file to ``limits.max_bytes`` for writes through ``db`` (SQLite's
+    ``max_page_count`` is a setting of the connection: each one that writes sets it)."""
+    (page,) = db.execute("PRAGMA page_size").fetchone()
+    db.execute(f"PRAGMA max_page_count={max(16, limits.max_bytes // page)}")
+
+
+def at_size_limit(db: sqlite3.Connection) -> bool:
+    """Whether the file is within a few pages of its ``max_page_count`` (SQLITE_FULL is the same
+    error for a full disk and for the page limit)."""
+    try:
+        (pages,) = db.execute("PRAGMA page_count").fetchone()
+        (cap,) = db.execute("PRAGMA max_page_count").fetchone()
+    except sqlite3.Error:
+        return False
+    return bool(pages >= cap - 8)
+
+
 class StoreError(IdemlinkError):
     """The call store cannot be used (or cannot be written now: disk full, I/O error, the file
     removed under the gateway)."""
@@ -212,8 +230,7 @@ class CallStore:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
-            (page,) = db.execute("PRAGMA page_size").fetchone()
-            db.execute(f"PRAGMA max_page_count={max(16, limits.max_bytes // page)}")
+            bound_size(db, limits)
             (version,) = db.execute("PRAGMA user_version").fetchone()
             if version == 0:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -262,20 +279,10 @@ class CallStore:
                     db.execute("ROLLBACK")
                 db.execute("PRAGMA synchronous=FULL")
             self._recount()
-            if isinstance(exc, sqlite3.DatabaseError) and self._at_size_limit():
+            if isinstance(exc, sqlite3.DatabaseError) and at_size_limit(db):
                 raise StoreFull(f"store {self.path} is at its size limit "
                                 f"({self.limits.max_bytes} bytes): retry later") from exc
             raise StoreError(f"store {self.path}: cannot be written ({exc})") from exc
-
-    def _at_size_limit(self) -> bool:
-        """Whether the file is within a few pages of ``max_bytes`` (SQLITE_FULL is the same
-        error for a full disk and for the page limit)."""
-        try:
-            (pages,) = self._db.execute("PRAGMA page_count").fetchone()
-            (cap,) = self._db.execute("PRAGMA max_page_count").fetchone()
-        except sqlite3.Error:
-            return False
-        return bool(pages >= cap - 8)
 
     def _recount(self) -> None:
         with contextlib.suppress(sqlite3.Error):
@@ -431,4 +438,6 @@ __all__ = [
     "StoreFull",
     "StoreLimits",
     "StoreUnsafe",
+    "at_size_limit",
+    "bound_size",
 ]

@@ -24,7 +24,7 @@ import pytest
 from support.timing import read_line, scaled, wait_until
 
 PASSWORDS = {"gw1": "gw1-secret-pass", "gw2": "gw2-secret-pass", "alice": "alice-secret",
-             "bob": "bob-secret-pass", "mallory": "mallory-secret"}
+             "bob": "bob-secret-pass", "mallory": "mallory-secret", "vic": "vic-secret-pass"}
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "GATEWAY.md"
 
