@@ -30,8 +30,8 @@ from support.gateway import READY, TOKEN, gateway_args, served_sim
 from support.mqtt import Caller, CuttingProxy, broker, free_port, need_mosquitto, password_file
 from support.timing import read_line, scaled, wait_until
 
-from idemlink.gateway.calls import new_key
-from idemlink.gateway.client import GatewayClient
+from idemlink.host.gateway_client import GatewayClient
+from idemlink.host.keys import new_key
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
 THRESHOLD = DEFAULT_MAP.named("threshold").address

@@ -1,10 +1,11 @@
 """The gateway's page in a real headless browser: Chromium from the distribution, driven by
-Selenium through the distribution's chromedriver (no browser download). It opens the page with a
-token, sees the device and its live values, sees a value change after a write from another
-client, acknowledges an UNKNOWN and sees it leave the list. A screenshot is kept (its path is
-printed; under ``$IDEMLINK_ARTIFACTS`` when set, as CI sets it). The browser test is a long
-campaign (about 8 s: a browser starts); the default run keeps the page's files and its event
-stream."""
+Selenium through the distribution's chromedriver (no browser download). It opens the page with
+an operator's token, sees the device and its live values, sees a value change after a write
+from another client, is refused the acknowledgement of an UNKNOWN (it needs an admin's role),
+then with an admin's token acknowledges it and sees it leave the list. A screenshot is kept
+(its path is printed; under ``$IDEMLINK_ARTIFACTS`` when set, as CI sets it). The browser test
+is a long campaign (about 8 s: a browser starts); the default run keeps the page's files and
+its event stream."""
 
 from __future__ import annotations
 
@@ -20,11 +21,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.gateway import TOKEN, TOKEN_BOB, running_gateway, served_sim
+from support.gateway import (
+    TOKEN,
+    TOKEN_BOB,
+    TOKEN_OPERATOR,
+    TOKEN_VIEWER,
+    running_gateway,
+    served_sim,
+)
 from support.timing import scaled, wait_until
 
-from idemlink.gateway.calls import new_key
-from idemlink.gateway.client import GatewayClient
+from idemlink.host.gateway_client import GatewayClient
+from idemlink.host.keys import new_key
 
 CHROMIUM = ("chromium", "chromium-browser")
 DRIVER = "chromedriver"
@@ -113,6 +121,11 @@ def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
             except urllib.error.HTTPError as e:
                 assert e.code == 404 and b"ports" not in e.read()
         assert gw.call("GET", "/v1/events", token=None).status == 401
+        from idemlink.gateway.app import needed_role
+
+        assert needed_role("GET", "/v1/events") == needed_role("GET", "/ui/{name}") == "viewer"
+        # a viewer's token reads the stream (ROUTE_ROLES); the stream below is an admin's
+        assert next(_events(gw.url + "/v1/events", TOKEN_VIEWER))[0] == "snapshot"
         stream = _events(gw.url + "/v1/events", TOKEN)
         kind, snap = next(stream)
         assert kind == "snapshot" and [p["name"] for p in snap["ports"]] == ["oven"]
@@ -135,8 +148,12 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
             chromium() as d:
         assert sim.line is not None
         d.get(gw.url + "/ui/")
-        d.find_element("id", "token").send_keys(TOKEN)
+        # an operator's token first: the page works, but the audit log and the acknowledge
+        # button need an admin's (the page says so)
+        d.find_element("id", "token").send_keys(TOKEN_OPERATOR)
         d.find_element("id", "use-token").click()
+        wait_until(lambda: "admin" in _text(d, "recent-note"), timeout=30,
+                   what="the page to say the audit log needs an admin token")
         wait_until(lambda: _text(d, "v-oven-threshold") == "35.0", timeout=30,
                    what="the page to show threshold 35.0")
         assert _text(d, "v-oven-mode").endswith("(auto)")  # the map's label for the value
@@ -159,6 +176,18 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         key = lost["key"]
         row = wait_until(lambda: d.find_elements("id", f"open-{key}"), timeout=30,
                          what="the UNKNOWN listed on the page")
+        row[0].find_element("css selector", "button.ack").click()  # as the operator: refused
+        wait_until(lambda: "needs the role admin" in _text(d, "status"), timeout=30,
+                   what="the page to say acknowledging needs an admin token")
+        assert other.open_items() != []
+        # the admin's token: the page's next look uses it
+        d.find_element("id", "token").clear()
+        d.find_element("id", "token").send_keys(TOKEN)
+        d.find_element("id", "use-token").click()
+        wait_until(lambda: _text(d, "recent-note") == "", timeout=30,
+                   what="the audit log shown to the admin")
+        row = wait_until(lambda: d.find_elements("id", f"open-{key}"), timeout=30,
+                         what="the UNKNOWN still listed")
         row[0].find_element("css selector", "input.reason").send_keys("read back 38.8: it ran")
         shot = _artifacts(tmp_path) / "gateway-page.png"
         d.save_screenshot(str(shot))
@@ -171,9 +200,10 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         # the port is no longer blocked: the page reads the state the lost write left
         wait_until(lambda: _text(d, "v-oven-threshold") == "38.8", timeout=30,
                    what="the page to show the value read back after the acknowledgement")
-        audit = gw.call("GET", "/v1/audit?limit=5").body["entries"]
+        audit = gw.call("GET", "/v1/audit?limit=50").body["entries"]
         ack = next(e for e in audit if e["outcome"] == "ACKNOWLEDGED")
         assert ack["caller"] == "alice" and ack["content"]["reason"] == "read back 38.8: it ran"
+        assert any(e["caller"] == "olga" and e["http"] == 403 for e in audit)  # the refusal
         d.save_screenshot(str(shot.with_name("gateway-page-after.png")))
         assert shot.stat().st_size > 10_000
 

@@ -2,9 +2,10 @@
 
 It only moves requests to ``idemlink.gateway.service.Gateway`` and its ``Answer`` back: the rules
 (keys, digests, retention, outcome -> status) are ``idemlink.gateway.calls``'s. Every route but
-``/openapi.json`` needs ``Authorization: Bearer TOKEN`` and the role ``ROUTE_ROLES`` gives it
-(403 ``FORBIDDEN`` otherwise); every refusal (an answer of 400 or more) is audited; a request body is at most
-``MAX_BODY`` bytes of JSON. The routes and their schemas are ``idemlink.gateway.openapi``'s
+``/openapi.json`` and the page's files (``public``: ``/``, ``/ui/...``) needs ``Authorization:
+Bearer TOKEN`` and the role ``ROUTE_ROLES`` gives it (403 ``FORBIDDEN`` otherwise); every
+refusal (an answer of 400 or more) is audited; a request body is at most ``MAX_BODY`` bytes of
+JSON. The routes and their schemas are ``idemlink.gateway.openapi``'s
 (served at ``/openapi.json``, checked in as docs/gateway-openapi.json).
 """
 
@@ -63,8 +64,15 @@ ROUTE_ROLES: dict[tuple[str, str], str] = {
     ("GET", "/v1/open-items"): "operator",
     ("POST", "/v1/open-items/{key}/acknowledge"): "admin",
     ("GET", "/v1/audit"): "admin",
+    # the page (``idemlink.gateway.page``): its files are public (``public``) and hold no data;
+    # its event stream is a read. What the page does beyond reading is the API's routes above.
+    ("GET", "/"): "viewer",
+    ("GET", "/ui/"): "viewer",
+    ("GET", "/ui/{name}"): "viewer",
+    ("GET", "/v1/events"): "viewer",
 }
-"""Which role each route needs beyond ``viewer`` (reads, ports, the caller's own calls)."""
+"""Which role each route needs: ``viewer`` for reads (ports, registers, the caller's own calls,
+the page and its event stream), more for the rest."""
 
 
 def make_app(gateway: Gateway, tokens: dict[str, str],

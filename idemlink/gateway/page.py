@@ -8,9 +8,11 @@ Contract (docs/GATEWAY.md, "The page"):
   (no inline script, no other origin, no framing).
 - The page asks the operator for a token (kept in the tab's ``sessionStorage`` only: no cookie,
   so another site cannot make the browser call the gateway) and calls the HTTP API with it as
-  ``Authorization: Bearer``, as any caller does: the acknowledge button is ``POST
-  /v1/open-items/{key}/acknowledge`` under the token's caller id.
-- ``GET /v1/events`` (token needed) is a server-sent event stream: first ``snapshot`` (every
+  ``Authorization: Bearer``, as any caller does, under the same roles (``app.ROUTE_ROLES``):
+  the devices, values and stream need a ``viewer``, the open items an ``operator``, the recent
+  commands (the audit log) and the acknowledge button (``POST /v1/open-items/{key}/acknowledge``
+  under the token's caller id) an ``admin``; a section the role may not read says so.
+- ``GET /v1/events`` (token needed, role ``viewer``) is a server-sent event stream: first ``snapshot`` (every
   port's state, bus load and registers as the ``Watcher`` last saw them), then each change as it
   happens (``value``, ``load``, ``port``). A listener that falls ``MAX_QUEUE`` events behind is
   ended with an ``overflow`` event (it reconnects and gets a new snapshot); a stream lasts at

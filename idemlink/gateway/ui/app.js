@@ -116,14 +116,21 @@ async function stream() {
   }
 }
 
+// A section the token's role may not read says so (403 FORBIDDEN) instead of staying empty.
+function note(id, r) {
+  document.getElementById(id).textContent =
+    r.status === 200 ? "" : `not shown: ${r.body.message || "HTTP " + r.status}`;
+}
+
 async function refreshCalls() {
   const open = await api("GET", "/v1/open-items");
+  note("open-note", open);
   if (open.status === 200) {
     const body = document.querySelector("#open-items tbody");
     body.replaceChildren();
     for (const item of open.body.open_items) {
       const reason = el("input", { type: "text", placeholder: "read back: ...", class: "reason" });
-      const button = el("button", { class: "ack", "data-key": item.key, "data-caller": item.caller }, "Acknowledge");
+      const button = el("button", { class: "ack", "data-key": item.key, "data-caller": item.caller, title: "needs an admin token" }, "Acknowledge");
       button.addEventListener("click", async () => {
         const why = reason.value.trim() || "checked on the page";
         const q = "?caller=" + encodeURIComponent(item.caller);
@@ -137,6 +144,7 @@ async function refreshCalls() {
     }
   }
   const recent = await api("GET", "/v1/audit?limit=15");
+  note("recent-note", recent);
   if (recent.status === 200) {
     const body = document.querySelector("#recent tbody");
     body.replaceChildren();
@@ -162,7 +170,7 @@ function start() {
 
 let running = false;
 function run() {
-  if (running) return;
+  if (running) { refreshCalls(); return; }  // a new token: look again with it now
   running = true;
   stream();
   refreshCalls();
