@@ -8,8 +8,13 @@ one). Once the ports are open and what a stopped gateway left is settled, prints
 stdout, ``idemlink gateway: listening on http://HOST:PORT``, and serves until SIGINT/SIGTERM
 (exit 0). A bad option, an unsafe tokens file or store, a store another gateway holds, an address
 that cannot be bound: one line on stderr, exit 1. ``--openapi`` prints the API description.
+The tokens file's third word is the caller's role; ``--max-calls``, ``--max-audit``,
+``--retention-hours`` and ``--store-max-mb`` are the store's limits (``StoreLimits``);
+``--modbus-tcp HOST:PORT`` also answers Modbus TCP (``idemlink.gateway.modbus_tcp``; one more
+line on stdout, ``idemlink gateway: modbus tcp on HOST:PORT``, after the readiness line).
 ``--watch SECONDS`` reads every register that often for the page (``/ui/``) and the MQTT values;
-``--mqtt URL --mqtt-id ID`` serves a fleet through a broker (``idemlink.gateway.mqtt_bridge``).
+``--mqtt URL --mqtt-id ID`` serves a fleet through a broker (``idemlink.gateway.mqtt_bridge``)
+under the same roles and limits.
 """
 
 from __future__ import annotations
