@@ -204,6 +204,8 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         ack = next(e for e in audit if e["outcome"] == "ACKNOWLEDGED")
         assert ack["caller"] == "alice" and ack["content"]["reason"] == "read back 38.8: it ran"
         assert any(e["caller"] == "olga" and e["http"] == 403 for e in audit)  # the refusal
+        # a section the role may not read is asked once, not every refresh (each is audited)
+        assert sum(e["caller"] == "olga" and e["path"] == "/v1/audit" for e in audit) == 1
         d.save_screenshot(str(shot.with_name("gateway-page-after.png")))
         assert shot.stat().st_size > 10_000
 

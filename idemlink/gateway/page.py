@@ -11,7 +11,8 @@ Contract (docs/GATEWAY.md, "The page"):
   ``Authorization: Bearer``, as any caller does, under the same roles (``app.ROUTE_ROLES``):
   the devices, values and stream need a ``viewer``, the open items an ``operator``, the recent
   commands (the audit log) and the acknowledge button (``POST /v1/open-items/{key}/acknowledge``
-  under the token's caller id) an ``admin``; a section the role may not read says so.
+  under the token's caller id) an ``admin``; a section the role may not read says so and is
+  not asked again until another token is given (each refusal is an audit entry).
 - ``GET /v1/events`` (token needed, role ``viewer``) is a server-sent event stream: first ``snapshot`` (every
   port's state, bus load and registers as the ``Watcher`` last saw them), then each change as it
   happens (``value``, ``load``, ``port``). A listener that falls ``MAX_QUEUE`` events behind is

@@ -2,7 +2,8 @@
 // token as Authorization: Bearer (kept in this tab's sessionStorage only). No build step.
 "use strict";
 
-const state = { token: sessionStorage.getItem("idemlink-token") || "", ports: {}, watch: {} };
+const state = { token: sessionStorage.getItem("idemlink-token") || "", ports: {}, watch: {},
+                forbidden: new Set() };
 
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
@@ -116,16 +117,20 @@ async function stream() {
   }
 }
 
-// A section the token's role may not read says so (403 FORBIDDEN) instead of staying empty.
-function note(id, r) {
+// A section the token's role may not read says so (403 FORBIDDEN) instead of staying empty,
+// and is not asked again until another token is given: each refusal is an audit entry.
+async function section(id, path) {
+  if (state.forbidden.has(id)) return null;
+  const r = await api("GET", path);
+  if (r.status === 403) state.forbidden.add(id);
   document.getElementById(id).textContent =
     r.status === 200 ? "" : `not shown: ${r.body.message || "HTTP " + r.status}`;
+  return r.status === 200 ? r : null;
 }
 
 async function refreshCalls() {
-  const open = await api("GET", "/v1/open-items");
-  note("open-note", open);
-  if (open.status === 200) {
+  const open = await section("open-note", "/v1/open-items");
+  if (open) {
     const body = document.querySelector("#open-items tbody");
     body.replaceChildren();
     for (const item of open.body.open_items) {
@@ -143,9 +148,8 @@ async function refreshCalls() {
         el("td", {}, reason), el("td", {}, button)));
     }
   }
-  const recent = await api("GET", "/v1/audit?limit=15");
-  note("recent-note", recent);
-  if (recent.status === 200) {
+  const recent = await section("recent-note", "/v1/audit?limit=15");
+  if (recent) {
     const body = document.querySelector("#recent tbody");
     body.replaceChildren();
     for (const e of recent.body.entries) {
@@ -162,6 +166,7 @@ function start() {
   document.getElementById("login").addEventListener("submit", ev => {
     ev.preventDefault();
     state.token = document.getElementById("token").value.trim();
+    state.forbidden.clear();
     sessionStorage.setItem("idemlink-token", state.token);
     run();
   });
