@@ -120,6 +120,10 @@ def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
                     pytest.fail(f"{sneaky}: {r.status} {r.read()[:100]!r}")
             except urllib.error.HTTPError as e:
                 assert e.code == 404 and b"ports" not in e.read()
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(gw.url + "/ui/nothing.js")
+        audit = gw.call("GET", "/v1/audit?limit=20").body["entries"]  # refusals of public paths
+        assert ("-", "/ui/nothing.js", 404) in {(e["caller"], e["path"], e["http"]) for e in audit}
         assert gw.call("GET", "/v1/events", token=None).status == 401
         from idemlink.gateway.app import needed_role
 

@@ -87,8 +87,14 @@ def make_app(gateway: Gateway, tokens: dict[str, str],
     @web.middleware
     async def audited(request: web.Request, handler: Handler) -> web.StreamResponse:
         """Every refusal (an answer of 400 or more) the service did not audit itself is
-        audited here: who (or ``-`` without a valid token), what, the key, the status."""
-        response = await handler(request)
+        audited here: who (or ``-`` without a valid token), what, the key, the status — also
+        one raised past ``auth`` (a public path's 404)."""
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            if exc.status >= 400 and not request.get("audited"):
+                await _audit_refusal(request, exc)
+            raise
         if response.status >= 400 and not request.get("audited"):
             await _audit_refusal(request, response)
         return response
