@@ -24,9 +24,9 @@ Contract:
   ``MQTT``). A call the store refuses as full (``STORE_FULL``: NOT_EXECUTED, safe to retry) is
   refused at once — published on ``P/refused/CALLER``, its row dropped so the key is free for
   the caller's later retry — not asked again; so is a command that finds the store's file at
-  its size limit when it arrives. Keys are judged against the store's retention setting. A call that did
-  not run for a passing reason (busy, port down, an open UNKNOWN blocks the port) is asked
-  again under its key until its ``wait`` runs out; a call in flight when its port went down is
+  its size limit when it arrives. Keys are judged against the store's retention setting. A
+  call that did not run for a passing reason (busy, port down, an open UNKNOWN blocks the
+  port) is asked again under its key until its ``wait`` runs out; a call in flight when its port went down is
   asked again until it is settled. Then its outcome — the call's stored body — is written to
   the inbox and published on ``P/outcome/CALLER/KEY`` (QoS 1, retained, expiring with the key's
   record); the row is ``published`` when the broker acknowledges it.

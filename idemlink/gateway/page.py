@@ -13,11 +13,11 @@ Contract (docs/GATEWAY.md, "The page"):
   commands (the audit log) and the acknowledge button (``POST /v1/open-items/{key}/acknowledge``
   under the token's caller id) an ``admin``; a section the role may not read says so and is
   not asked again until another token is given (each refusal is an audit entry).
-- ``GET /v1/events`` (token needed, role ``viewer``) is a server-sent event stream: first ``snapshot`` (every
-  port's state, bus load and registers as the ``Watcher`` last saw them), then each change as it
-  happens (``value``, ``load``, ``port``). A listener that falls ``MAX_QUEUE`` events behind is
-  ended with an ``overflow`` event (it reconnects and gets a new snapshot); a stream lasts at
-  most ``STREAM_SECONDS``.
+- ``GET /v1/events`` (token needed, role ``viewer``) is a server-sent event stream: first
+  ``snapshot`` (every port's state, bus load and registers as the ``Watcher`` last saw them),
+  then each change as it happens (``value``, ``load``, ``port``). A listener that falls
+  ``MAX_QUEUE`` events behind is ended with an ``overflow`` event (it reconnects and gets a new
+  snapshot); a stream lasts at most ``STREAM_SECONDS``.
 """
 
 from __future__ import annotations
