@@ -74,6 +74,7 @@ from idemlink.host.tcp_device import (
 )
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.frame import check_address
+from idemlink.protocol.key_file import HostKey, host_keys
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
@@ -387,30 +388,35 @@ class AsyncDevice(AsyncDriver):
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
-                 check_map: bool = True, address: int | None = None) -> None:
+                 check_map: bool = True, address: int | None = None,
+                 key: bytes | tuple[bytes, ...] | None = None) -> None:
         if not isinstance(regmap, RegisterMap):
             regmap = resolve_regmap(regmap)
         super().__init__(transport, FramedOperations(
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
-            max_inflight=max_inflight, check_map=check_map, address=address))
+            max_inflight=max_inflight, check_map=check_map, address=address, key=key))
 
     @classmethod
     def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
              stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
              attempts: int = 5, max_inflight: int = 8,
-             check_map: bool = True, address: int | None = None) -> _Opening[AsyncDevice]:
+             check_map: bool = True, address: int | None = None,
+             key: HostKey | None = None) -> _Opening[AsyncDevice]:
         """Open ``url`` and run the HELLO handshake, as ``Device.open`` does (the same line
-        keywords, 8N1 by default; ``address``: the device of that bus address, docs/BUS.md):
+        keywords, 8N1 by default; ``address``: the device of that bus address, docs/BUS.md;
+        ``key``: the device's key, keys or private key file, docs/SECURITY.md — a device that
+        does not sign with it is ``IncompatibleDevice``, no downgrade):
         ``async with AsyncDevice.open(url) as dev:`` or ``dev = await AsyncDevice.open(url)``.
         A gateway URL (``idemlink+http://HOST:PORT/PORTNAME``) gives an
-        ``idemlink.host.gateway_device.AsyncGatewayDevice``, as ``Device.open`` does."""
+        ``idemlink.host.gateway_device.AsyncGatewayDevice``, as ``Device.open`` does (an
+        address or a key through it is ``NotThroughGateway``: they are the gateway's own)."""
         if url.startswith(("idemlink+http://", "idemlink+https://")):
             from idemlink.host.gateway_device import AsyncGatewayDevice, NotThroughGateway
 
-            if address is not None:
-                raise NotThroughGateway("a bus address is the gateway's own through a gateway "
-                                         "URL")
+            if address is not None or key is not None:
+                raise NotThroughGateway("a bus address and a key are the gateway's own through a "
+                                         "gateway URL (docs/API.md, \"Through a gateway\")")
             gateway_map = regmap
 
             async def remote() -> AsyncDevice:
@@ -420,6 +426,7 @@ class AsyncDevice(AsyncDriver):
             return _Opening(remote)
         if address is not None:
             check_address(address)
+        keys = host_keys(key)  # a refused key file: before the port is opened
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
 
         async def opener() -> AsyncDevice:
@@ -427,7 +434,7 @@ class AsyncDevice(AsyncDriver):
                                                 parity=parity, stopbits=stopbits,
                                                 keep_lines=keep_lines)
             dev = cls(t, regmap=rm, timeout=timeout, attempts=attempts,
-                      max_inflight=max_inflight, check_map=check_map, address=address)
+                      max_inflight=max_inflight, check_map=check_map, address=address, key=keys)
             return await _opened(dev)
 
         return _Opening(opener)

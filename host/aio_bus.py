@@ -21,17 +21,21 @@ Contract:
   answered).
 - ``await AsyncBus.open(url, echo=True, guard=S)``: the master's echo removed and its
   turnaround guard (``idemlink.host.half_duplex.AsyncHalfDuplexTransport``), as ``Bus.open``.
+- **Keys**: ``key=`` as ``idemlink.host.bus.Bus`` takes it (one key for every device, or
+  ``{address: key}``; an address missing from the mapping is refused, never driven unkeyed):
+  each ``AsyncBusDevice`` is made with ``key_of(bus.keys, address)``.
 - ``await bus.close()`` stops every handle and closes the transport.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any, Self
 
 from idemlink.host.aio import AsyncDevice
 from idemlink.host.aio_transport import AsyncSerialTransport, AsyncTransport
-from idemlink.host.bus import Holding, refused, unanswered
+from idemlink.host.bus import Holding, bus_keys, key_of, refused, unanswered
 from idemlink.host.command import Command, Result
 from idemlink.host.errors import NoDevice
 from idemlink.host.half_duplex import AsyncHalfDuplexTransport
@@ -39,6 +43,7 @@ from idemlink.host.rtu_operations import probe_command
 from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, next_in_turn
 from idemlink.protocol.frame import check_address
 from idemlink.protocol.host_session import SessionState
+from idemlink.protocol.key_file import HostKey
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
@@ -151,7 +156,7 @@ class AsyncBusDevice(AsyncDevice):
         line = AsyncTurnTransport(bus.transport, bus.turn, address)
         super().__init__(line, regmap=bus.regmap, timeout=bus.timeout,
                          attempts=bus.attempts, max_inflight=1, check_map=bus.check_map,
-                         address=address)
+                         address=address, key=key_of(bus.keys, address))
         self.bus = bus
         self.address = address
         self.line = line
@@ -215,7 +220,9 @@ class AsyncBus:
 
     def __init__(self, transport: AsyncTransport, *, regmap: RegisterMap = DEFAULT_MAP,
                  timeout: float = 0.2, attempts: int = 5, check_map: bool = True,
-                 breaker: BreakerPolicy | None = None) -> None:
+                 breaker: BreakerPolicy | None = None,
+                 key: HostKey | Mapping[int, HostKey] | None = None) -> None:
+        self.keys = bus_keys(key)  # read (and refused) before anything is sent
         self.transport = transport
         self.regmap = regmap
         self.timeout = timeout
@@ -234,6 +241,8 @@ class AsyncBus:
         """Open ``url`` (any pyserial URL) for a bus; no device is contacted yet. ``echo`` and
         ``guard`` as ``Bus.open``'s (``idemlink.host.half_duplex.AsyncHalfDuplexTransport``)."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        if kw.get("key") is not None:
+            kw["key"] = bus_keys(kw["key"])  # a refused key file: before the port is opened
         t: AsyncTransport = await AsyncSerialTransport.open(
             url, baudrate=baudrate, bytesize=bytesize, parity=parity, stopbits=stopbits,
             keep_lines=keep_lines)

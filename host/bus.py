@@ -24,7 +24,8 @@ Contract:
   to it goes out as the probe: answered, the breaker closes; unanswered, it opens again for
   ``cooldown × backoff`` (per-device backoff, up to ``max_cooldown``).
 - **Plain Modbus RTU units** (``modbus_rtu=True``): ``bus.device(unit)`` is a ``BusRtuDevice``
-  (an ``RtuDevice`` at that unit) with the same turn, fairness and breaker; no broadcast.
+  (an ``RtuDevice`` at that unit) with the same turn, fairness and breaker; no broadcast, no
+  key (plain Modbus has no authentication: a keyed ``modbus_rtu`` bus is refused).
 - **Broadcast** (issue 22 item 4): ``bus.broadcast({"mode": 1})`` sends one set-only write
   (HOLDING registers only: ``broadcast_allowed``, else ``LocalProtocolError`` and nothing sent)
   to address 0 under a broadcast number (above every connected device's HELLO ``broadcast_next``
@@ -33,6 +34,12 @@ Contract:
   reads each device back: OK where the values hold, NOT_EXECUTED where they do not (a set-only
   write: sending it again is harmless), UNKNOWN where the read-back cannot tell.
 - A handle's ``close`` leaves the shared transport open; ``Bus.close`` closes it.
+- **Keys** (docs/SECURITY.md): ``key=`` one key (bytes, a rotation's tuple, or a private key
+  file's path) for every device, or a mapping ``{address: key}`` — one key per device, as the
+  key life cycle asks; an address missing from the mapping is refused when its handle is made
+  (``LocalProtocolError``), never driven unkeyed. A keyed handle refuses a device that does not
+  sign with its key (no downgrade). Broadcasts stay unauthenticated (nobody answers, no session
+  key is shared by the devices): a keyed device does not run them (docs/BUS.md).
 
 The rules (turn order, breaker and its schedule) are ``idemlink.protocol.bus_rules``; the
 handles only consult them.
@@ -60,9 +67,41 @@ from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import broadcast_allowed
 from idemlink.protocol.frame import BROADCAST_ADDRESS, FrameType, check_address, encode_frame
 from idemlink.protocol.host_session import SessionState
+from idemlink.protocol.key_file import HostKey, host_keys
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
+
+KEYED_RTU_BUS = ("a key is for idemlink devices: plain Modbus RTU units have no authentication "
+                 "(docs/SECURITY.md), so a keyed modbus_rtu bus is refused; nothing was sent")
+
+BusKeys = tuple[bytes, ...] | dict[int, tuple[bytes, ...]] | None
+"""A bus's keys, read: one device key for all, or per address."""
+
+
+def bus_keys(key: HostKey | Mapping[int, HostKey] | None) -> BusKeys:
+    """``key`` read (key files opened, lengths checked): see the module docstring."""
+    if key is None or isinstance(key, bytes | tuple | str | os.PathLike):
+        return host_keys(key)
+    out: dict[int, tuple[bytes, ...]] = {}
+    for address, k in key.items():
+        keys = host_keys(k)
+        if keys is None:
+            raise LocalProtocolError(f"address {address}: no key in the bus's key mapping")
+        out[check_address(address)] = keys
+    return out
+
+
+def key_of(keys: BusKeys, address: int) -> tuple[bytes, ...] | None:
+    """The keys of ``address`` from a bus's keys; an address missing from a mapping is refused
+    (never driven unkeyed)."""
+    if not isinstance(keys, dict):
+        return keys
+    found = keys.get(address)
+    if found is None:
+        raise LocalProtocolError(f"address {address} has no key in the bus's key mapping: a "
+                                 "keyed bus drives no device unkeyed; nothing was sent")
+    return found
 
 
 def unanswered(results: Iterable[Result]) -> bool:
@@ -328,7 +367,8 @@ class BusDevice(BusHandle, Device):
         line = TurnTransport(bus.transport, bus.turn, address, per_transaction=max_inflight == 1)
         Device.__init__(self, line, regmap=bus.regmap, timeout=bus.timeout,
                         attempts=bus.attempts, max_inflight=max_inflight,
-                        check_map=bus.check_map, address=address)
+                        check_map=bus.check_map, address=address,
+                        key=bus.key_for(address))
         self._join(bus, address, line)
 
     def _needs_connect(self) -> bool:
@@ -357,7 +397,11 @@ class Bus:
                  breaker: BreakerPolicy | None = None, baud: int | None = 115200,
                  turnaround: float = 0.001, modbus_rtu: bool = False,
                  char_format: CharFormat = MODBUS_CHAR_FORMAT,
-                 line_rate: int | None = None) -> None:
+                 line_rate: int | None = None,
+                 key: HostKey | Mapping[int, HostKey] | None = None) -> None:
+        if modbus_rtu and key is not None:
+            raise LocalProtocolError(KEYED_RTU_BUS)
+        self._keys = bus_keys(key)  # read (and refused) before anything is sent
         self.transport = transport
         self.baud = baud  #: the line's rate: how long a broadcast occupies it
         self.turnaround = turnaround  #: the devices' turnaround: a broadcast's wait after it
@@ -392,6 +436,10 @@ class Bus:
         slaves (``device(unit)`` is a ``BusRtuDevice``; the character format defaults to 8E1
         as ``RtuDevice.open``'s); ``parity`` defaults to N for idemlink devices."""
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
+        if kw.get("key") is not None:  # a refused key: before the port is opened
+            if modbus_rtu:
+                raise LocalProtocolError(KEYED_RTU_BUS)
+            kw["key"] = bus_keys(kw["key"])
         fmt = CharFormat(bytesize, parity or ("E" if modbus_rtu else "N"), stopbits)
         serial = SerialTransport(url, baudrate=baudrate, bytesize=fmt.bytesize,
                                  parity=fmt.parity, stopbits=fmt.stopbits, keep_lines=keep_lines)
@@ -402,6 +450,11 @@ class Bus:
             kw.setdefault("char_format", fmt)
             kw.setdefault("line_rate", line_rate(serial.port, baudrate))
         return cls(transport, regmap=rm, baud=baudrate, modbus_rtu=modbus_rtu, **kw)
+
+    def key_for(self, address: int) -> tuple[bytes, ...] | None:
+        """The keys of the device at ``address`` (None: an unkeyed bus). See the module
+        docstring."""
+        return key_of(self._keys, address)
 
     def device(self, address: int) -> BusDevice | BusRtuDevice:
         """The handle of the device at ``address`` (1..247; with ``modbus_rtu`` the unit id),

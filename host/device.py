@@ -76,6 +76,7 @@ from idemlink.host.operations import (
 from idemlink.host.transport import SerialTransport, Transport
 from idemlink.protocol.frame import check_address
 from idemlink.protocol.host_session import HostSession
+from idemlink.protocol.key_file import HostKey, host_keys
 from idemlink.protocol.outcome import LocalProtocolError, Status
 from idemlink.protocol.registers import RegisterMap
 from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
@@ -424,7 +425,7 @@ class Device(BlockingDriver):
         max_inflight: int = 8,
         check_map: bool = True,
         address: int | None = None,
-        key: bytes | None = None,
+        key: bytes | tuple[bytes, ...] | None = None,
     ) -> None:
         super().__init__(transport, FramedOperations(
             transport, regmap=regmap, timeout=timeout, attempts=attempts,
@@ -450,7 +451,7 @@ class Device(BlockingDriver):
              attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
              trace: str | os.PathLike[str] | None = None,
              address: int | None = None,
-             key: bytes | str | os.PathLike[str] | None = None, echo: bool = False,
+             key: HostKey | None = None, echo: bool = False,
              guard: float = 0.0) -> Device:
         """Open ``url`` (any pyserial URL; ``bytesize``/``parity``/``stopbits``: the line's
         character format, 8N1 by default) and run the HELLO handshake. ``regmap`` is the device's
@@ -465,7 +466,9 @@ class Device(BlockingDriver):
         (``IncompatibleDevice``); None, point to point (the device on this line). ``key``: the
         device's long-term key (32 bytes) or a private key file's path (docs/SECURITY.md): every
         frame then carries a MAC, and a device that does not sign its own with that key is
-        refused (``IncompatibleDevice``: no downgrade); None, unauthenticated as before.
+        refused (``IncompatibleDevice``: no downgrade); a tuple of keys (a rotation: the first
+        used first, a device naming another of them gets it); None, unauthenticated as before.
+        A key file that is not private is ``KeyFileError`` before the port is opened.
         ``idemlink+http://HOST:PORT/PORTNAME`` is a device behind an ``idemlink gateway``
         (``idemlink.host.gateway_device.GatewayDevice``: the same API through its calls, the
         token from ``$IDEMLINK_GATEWAY_TOKEN`` or the file ``$IDEMLINK_GATEWAY_TOKEN_FILE``).
@@ -482,10 +485,7 @@ class Device(BlockingDriver):
             return GatewayDevice.open_url(url, regmap=regmap, check_map=check_map)
         if address is not None:
             check_address(address)
-        if key is not None and not isinstance(key, bytes):
-            from idemlink.protocol.key_file import read_key_file
-
-            key = read_key_file(key)[0]
+        key = host_keys(key)
         rm = regmap if isinstance(regmap, RegisterMap) else resolve_regmap(regmap)
         transport: Transport = SerialTransport(url, baudrate=baudrate, bytesize=bytesize,
                                                parity=parity, stopbits=stopbits,

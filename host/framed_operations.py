@@ -27,10 +27,11 @@ from idemlink.host.command import Command, Result
 from idemlink.host.errors import AnswersModbusRtu, IncompatibleDevice, LinkLost, NoDevice
 from idemlink.host.operations import Clock, Operations, Steps
 from idemlink.host.rtu_operations import answers_modbus_rtu_steps
-from idemlink.protocol.auth import HostAuth
+from idemlink.protocol.auth import HostAuth, key_id
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.frame import PROTOCOL_VERSION
 from idemlink.protocol.host_session import HelloFailed, HostSession, SessionOpened, SessionState
+from idemlink.protocol.key_file import host_keys
 from idemlink.protocol.outcome import LocalProtocolError
 from idemlink.protocol.payloads import Capability, DeviceInfo, printable
 from idemlink.protocol.registers import RegisterMap
@@ -70,15 +71,29 @@ class FramedOperations(Operations[HostSession]):
 
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
                  attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
-                 address: int | None = None, key: bytes | None = None) -> None:
+                 address: int | None = None,
+                 key: bytes | tuple[bytes, ...] | None = None) -> None:
+        keys = host_keys(key)
         session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, hello_attempts=max(attempts, 1),
             hello_nonce=secrets.randbits(32), address=address,
-            auth=None if key is None else HostAuth(key, secrets.token_bytes),
+            auth=None if keys is None else HostAuth(keys[0], secrets.token_bytes),
         )
         super().__init__(clock, session, regmap)
         self.check_map = check_map
+        #: the host's keys (the first used first; the other of a rotation after it): never shown
+        self._keys = keys
+
+    def __repr__(self) -> str:
+        ids = "none" if self._keys is None else ", ".join(f"{key_id(k):08x}" for k in self._keys)
+        return f"FramedOperations(key ids {ids})"
+
+    @property
+    def key_id(self) -> int | None:
+        """The id of the key this session uses (None: an unkeyed host); never the key."""
+        auth = self.session.auth
+        return None if auth is None else auth.key_id
 
     @property
     def authenticated(self) -> bool:
@@ -93,7 +108,33 @@ class FramedOperations(Operations[HostSession]):
 
     # ------------------------------------------------------------------ connecting
     def connect_steps(self) -> Steps[None]:
-        """HELLO handshake; refuses an incompatible device (``IncompatibleDevice``, ``NoDevice``)."""
+        """HELLO handshake; refuses an incompatible device (``IncompatibleDevice``, ``NoDevice``).
+        A keyed host holding the keys of a rotation (docs/SECURITY.md) shakes hands with the
+        first; a device naming another key id the host also holds gets a second handshake with
+        that key (both authenticated: never a fall-back to no key)."""
+        try:
+            yield from self._hello_steps()
+        except IncompatibleDevice as exc:
+            other = self._other_key(str(exc))
+            if other is None:
+                raise
+            self.session.auth = HostAuth(other, secrets.token_bytes)
+            yield from self._hello_steps()
+
+    def _other_key(self, refusal: str) -> bytes | None:
+        """The host key whose id a key-id refusal names (``HostAuth.on_hello_reply``: "the
+        device holds key id XXXXXXXX, ours is YYYYYYYY"), if it is not the one just used."""
+        auth = self.session.auth
+        if self._keys is None or auth is None or not refusal.startswith("the device holds key id"):
+            return None
+        named = refusal.split()[5] if len(refusal.split()) > 5 else ""
+        for k in self._keys:
+            kid = key_id(k)
+            if kid != auth.key_id and f"{kid:08x}" == named.rstrip(","):
+                return k
+        return None
+
+    def _hello_steps(self) -> Steps[None]:
         s = self.session
         s.open(self.clock.now())
         opened: list[SessionOpened | HelloFailed] = []

@@ -87,17 +87,49 @@ def read_key_file(path: str | os.PathLike[str]) -> tuple[bytes, ...]:
 def key_from_environment(environ: Mapping[str, str] | None = None) -> bytes | None:
     """The host's key from ``IDEMLINK_KEY_FILE`` (a private file) or ``IDEMLINK_KEY`` (hex);
     None when neither is set. Both set is refused (which one would be meant?)."""
+    keys = keys_from_environment(environ)
+    return None if keys is None else keys[0]
+
+
+def keys_from_environment(environ: Mapping[str, str] | None = None) -> tuple[bytes, ...] | None:
+    """Every key of ``IDEMLINK_KEY_FILE`` or ``IDEMLINK_KEY`` (the first one used first; a file
+    may list the other key of a rotation after it), None when neither is set."""
     env = os.environ if environ is None else environ
     path, text = env.get(KEY_FILE_ENV), env.get(KEY_ENV)
     if path and text:
         raise KeyFileError(f"both {KEY_FILE_ENV} and {KEY_ENV} are set: keep one; refused")
     if path:
-        return read_key_file(Path(path))[0]
+        return read_key_file(Path(path))
     if text:
-        return parse_keys(text.encode("ascii", "replace"), KEY_ENV)[0]
+        return parse_keys(text.encode("ascii", "replace"), KEY_ENV)
     return None
 
 
 def write_key_file(path: str | os.PathLike[str], keys: tuple[bytes, ...]) -> None:
     """Keep ``keys`` in a 0600 file (the simulated device's flash), replaced atomically."""
     write_regular_file(path, "".join(k.hex() + "\n" for k in keys).encode("ascii"), mode=0o600)
+
+
+HostKey = bytes | tuple[bytes, ...] | str | os.PathLike[str]
+"""What a host is given as its key: one key (32 bytes), the keys of a rotation (the one to use
+first, then an older or newer one the device may still hold), or a private key file's path."""
+
+
+def host_keys(key: HostKey | None) -> tuple[bytes, ...] | None:
+    """A host's keys from what it was given (``HostKey``); None: an unkeyed host. A key file is
+    read with ``read_key_file`` (private, one key a line); keys of the wrong length are
+    ``KeyFileError`` (never showing the bytes)."""
+    if key is None:
+        return None
+    if isinstance(key, bytes):
+        keys: tuple[bytes, ...] = (key,)
+    elif isinstance(key, tuple):
+        keys = key
+    else:
+        keys = read_key_file(key)
+    if not keys or len(keys) > MAX_KEYS:
+        raise KeyFileError(f"a host holds 1..{MAX_KEYS} keys, not {len(keys)}; refused")
+    for number, k in enumerate(keys, 1):
+        if not isinstance(k, bytes) or len(k) != KEY_LEN:
+            raise KeyFileError(f"key {number} is not {KEY_LEN} bytes; refused")
+    return keys

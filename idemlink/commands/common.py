@@ -183,16 +183,31 @@ def add_key_option(p: argparse.ArgumentParser) -> None:
                         "that does not sign its frames with it (docs/SECURITY.md)")
 
 
-def host_key(args: argparse.Namespace) -> bytes | None:
-    """The host's key: ``--key-file``, else the environment; None: an unkeyed host. A refused
-    file or variable is one ``UserError`` line (never showing the key)."""
-    from idemlink.protocol.key_file import KeyFileError, key_from_environment, read_key_file
+def host_key(args: argparse.Namespace) -> tuple[bytes, ...] | None:
+    """The host's keys: ``--key-file``, else the environment; None: an unkeyed host. The first
+    key is used first; a file may list the other key of a rotation after it (docs/SECURITY.md).
+    A refused file or variable is one ``UserError`` line (never showing the key)."""
+    from idemlink.protocol.key_file import KeyFileError, keys_from_environment, read_key_file
 
     path = getattr(args, "key_file", None)
     try:
-        return read_key_file(path)[0] if path else key_from_environment()
+        return read_key_file(path) if path else keys_from_environment()
     except KeyFileError as exc:
         raise UserError(f"{exc}; nothing was sent") from None
+
+
+MODBUS_KEY_REFUSED = ("--key-file signs idemlink frames; a standard Modbus {how} frame has no "
+                      "room for a MAC and the slave could not check one (docs/SECURITY.md, "
+                      "'Plain Modbus'): drop --key-file; nothing was sent")
+
+
+def refuse_key_with_modbus(args: argparse.Namespace, how: str) -> None:
+    """``--key-file`` with ``--modbus-rtu`` / ``--modbus-tcp`` (``how``): one ``UserError``
+    line. The environment's key (``IDEMLINK_KEY_FILE``/``IDEMLINK_KEY``) is for idemlink
+    devices and is not used with them."""
+    if getattr(args, "key_file", None):
+        raise UserError(f"{how}: " + MODBUS_KEY_REFUSED.format(
+            how="RTU" if how == "--modbus-rtu" else "TCP"))
 
 
 def add_rtu_options(p: argparse.ArgumentParser) -> None:

@@ -48,6 +48,7 @@ from idemlink.commands.common import (
     half_duplex,
     host_key,
     line_settings,
+    refuse_key_with_modbus,
     result_json,
     rtu_unit,
     rtu_units,
@@ -139,6 +140,7 @@ def open_any_device(args: argparse.Namespace) -> AnyDevice:
     if address is None and not args.port:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     how = "--modbus-rtu" if address is None else "--modbus-tcp"
+    refuse_key_with_modbus(args, how)
     if getattr(args, "trace", None) is not None:
         raise UserError(f"--trace decodes idemlink frames: it does not apply with {how}")
     if getattr(args, "if_generation", None) is not None:

@@ -50,6 +50,11 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=0.2,
                    help="seconds to wait for each answer before a retry (default 0.2)")
     add_regmap_option(p)
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="the idemlink ports' key file (0600; docs/SECURITY.md): every frame "
+                        "signed, a device that does not sign with it is refused (no downgrade); "
+                        "read again whenever a port reopens. Not for --rtu-port: a plain Modbus "
+                        "frame has nothing to sign")
     p.add_argument("--listen", default="127.0.0.1:8080", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:8080: this machine only)")
     p.add_argument("--tokens", metavar="FILE",
@@ -108,6 +113,24 @@ def _listen(text: str, option: str = "--listen") -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _key_file(args: argparse.Namespace) -> str | None:
+    """``--key-file``, checked once before anything opens (a refused file is one line); with
+    only ``--rtu-port`` ports it is refused: a plain Modbus frame has nothing to sign."""
+    from idemlink.commands.common import MODBUS_KEY_REFUSED
+    from idemlink.protocol.key_file import KeyFileError, read_key_file
+
+    path: str | None = args.key_file
+    if path is None:
+        return None
+    if not args.port:
+        raise UserError("--rtu-port: " + MODBUS_KEY_REFUSED.format(how="RTU"))
+    try:
+        read_key_file(path)
+    except KeyFileError as exc:
+        raise UserError(f"{exc}; nothing was opened") from None
+    return path
+
+
 def run(args: argparse.Namespace) -> int:
     from idemlink.gateway.openapi import openapi_text
 
@@ -129,10 +152,12 @@ def run(args: argparse.Namespace) -> int:
     names = [n for _, n in named]
     if len(set(names)) != len(names):
         raise UserError(f"two ports share a name: {', '.join(names)}")
+    key_file = _key_file(args)
     specs = [PortSpec(name, url, regmap, rtu=i >= len(args.port), unit=args.unit,
                       baudrate=args.baudrate, timeout=args.timeout, bytesize=args.bytesize or 8,
                       parity=args.parity or ("E" if i >= len(args.port) else "N"),
-                      stopbits=args.stopbits or 1)
+                      stopbits=args.stopbits or 1,
+                      key_file=None if i >= len(args.port) else key_file)
              for i, (url, name) in enumerate(named)]
     try:
         tokens, roles = load_token_file(args.tokens)

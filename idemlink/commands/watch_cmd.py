@@ -162,7 +162,14 @@ class Printer:
 
 
 def run(args: argparse.Namespace) -> int:
-    from idemlink.commands.common import MAX_TIMEOUT, check_seconds, rtu_unit, tcp_address
+    from idemlink.commands.common import (
+        MAX_TIMEOUT,
+        check_seconds,
+        host_key,
+        refuse_key_with_modbus,
+        rtu_unit,
+        tcp_address,
+    )
     from idemlink.commands.device_io import log_sources
     from idemlink.commands.selection import select_registers
     from idemlink.host.command import read_runs
@@ -179,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--port is required (a device path or pyserial URL; see `idemlink ports`)")
     unit = rtu_unit(args)
     regmap = regmap_from(args)
+    if unit is not None:
+        refuse_key_with_modbus(args, "--modbus-tcp" if args.modbus_tcp else "--modbus-rtu")
+    args.host_keys = None if unit is not None else host_key(args)  # read once, refused early
     log_sources(args)
     groups = read_runs(select_registers(regmap, args.registers, args.all))
     printer = Printer(args)
@@ -273,7 +283,7 @@ def _loop(args: argparse.Namespace, regmap: RegisterMap, groups: list[list[Regis
                         dev = Device.open(args.port, **line_settings(args),
                                           **half_duplex(args),
                                           timeout=args.timeout, attempts=args.attempts,
-                                          regmap=regmap)
+                                          regmap=regmap, key=args.host_keys)
                 except IncompatibleDevice as exc:
                     raise UserError(f"{args.port}: {exc}") from None
                 except NoDevice:

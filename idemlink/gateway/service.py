@@ -114,6 +114,9 @@ class PortSpec:
     bytesize: int = 8
     parity: str = "N"
     stopbits: float = 1
+    #: an idemlink port's private key file (docs/SECURITY.md), read at each open (a rotated
+    #: file is taken when the port reopens); the spec holds the path, never the key
+    key_file: str | None = None
 
 
 @dataclass(slots=True)
@@ -230,7 +233,7 @@ class Gateway:
         else:
             dev = await AsyncDevice.open(s.url, regmap=s.regmap, baudrate=s.baudrate,
                                          timeout=s.timeout, bytesize=s.bytesize,
-                                         parity=s.parity, stopbits=s.stopbits)
+                                         parity=s.parity, stopbits=s.stopbits, key=s.key_file)
         port.device = dev
         port.reason = ""
         log.info("port %s: open (%s)", s.name, s.url)
@@ -290,11 +293,15 @@ class Gateway:
             out["reason"] = port.reason
         info = port.device.info if port.device is not None else None
         if info is not None:
+            ops = port.device.ops if port.device is not None else None
             out["device"] = {"name": info.name, "device_id": info.device_id,
-                             "epoch": port.device.ops.open_epoch() if port.device else None,
-                             "window": info.window, "max_inflight": info.max_inflight}
-            out["authenticated"] = (getattr(port.device.ops, "authenticated", None)
-                                    if port.device is not None else None)
+                             "epoch": ops.open_epoch() if ops is not None else None,
+                             "window": info.window, "max_inflight": info.max_inflight,
+                             # issue 23: the id of the device's key (never the key); whether
+                             # the session is authenticated is the identity's "authenticated"
+                             "key_id": None if info.key_id is None else f"{info.key_id:08x}"}
+            out["authenticated"] = (getattr(ops, "authenticated", None)
+                                    if ops is not None else None)
             out["info"] = {k: v.hex() if isinstance(v, bytes) else v
                            for k, v in dataclasses.asdict(info).items()}
         out["open_items"] = sum(1 for r in self.store.open_items() if r.port == name)
