@@ -57,6 +57,7 @@ from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import ConfigSnapshot, DeviceCore, PersistError
 from idemlink.protocol.device_session import DeviceSession
 from idemlink.protocol.frame import check_address
+from idemlink.protocol.key_rotation import ROTATION_SESSIONS, Button, ButtonEvent, KeyRing
 from idemlink.protocol.modbus import (
     FileInfoResponse,
     FileInfoStatus,
@@ -247,10 +248,14 @@ class SimulatedDevice:
         self.address = (self.flash.address(address) if self.flash is not None
                         else None if address is None else check_address(address))
         #: long-term keys (docs/SECURITY.md): given (provisioned, kept in the flash), else the
-        #: flash's, else None: an unkeyed device, the first contract's
-        self._keys = self.flash.keys(keys) if self.flash is not None else keys
-        if self._keys is not None:
-            DeviceKeys(self._keys)  # checked before the first boot
+        #: flash's, else None: an unkeyed device, the first contract's. A ring: the current key
+        #: and, during a rotation window, the ones it replaced (``protocol.key_rotation``)
+        self._ring: KeyRing | None = (self.flash.ring(keys) if self.flash is not None
+                                      else None if keys is None else KeyRing.given(keys))
+        self._counted: object = None  #: the session key whose first request was counted
+        #: the provisioning button (a physical-presence step: ``provision_key``, ``factory_reset``)
+        self.button = Button()
+        self._regmap_args = (regmap, trigger_duration)
         if self.flash is not None:
             self.flash.claim_map(regmap.name, regmap.hash.hex())
         self.boot_count = self.flash.count_boot() if self.flash is not None else 0
@@ -325,13 +330,70 @@ class SimulatedDevice:
             map_hash=self.core.regmap.hash, device_id=self.device_id,
             map_name=self.core.regmap.name, address=self.address,
             broadcast_ok=self.core.broadcast_ok, broadcast_executor=self._execute_broadcast,
-            auth=None if self._keys is None else DeviceAuth(DeviceKeys(self._keys), os.urandom),
+            auth=None if self._ring is None else DeviceAuth(DeviceKeys(self._ring.accepted()),
+                                                            os.urandom),
         )
 
     @property
     def keyed(self) -> bool:
         """Whether the device holds a key (it never says which: only key ids leave it)."""
-        return self._keys is not None
+        return self._ring is not None
+
+    @property
+    def key_ring(self) -> KeyRing | None:
+        """The key ring (its ``repr`` shows key ids only)."""
+        return self._ring
+
+    def _keep_ring(self, ring: KeyRing | None) -> None:
+        self._ring = ring
+        if ring is not None and self.flash is not None:
+            self.flash.save_ring(ring)
+
+    def _session_used(self) -> None:
+        """A request ran under a session key not counted yet: one session of the rotation
+        window spent; at its end the replaced keys are refused from the next HELLO on."""
+        auth = self.session.auth
+        ring = self._ring
+        if ring is None or auth is None or auth.session is None or auth.session is self._counted:
+            return
+        self._counted = auth.session
+        if not ring.rotating and len(ring.keys) == 1:
+            return
+        new = ring.session_used()
+        self._keep_ring(new)
+        auth.keys = DeviceKeys(new.accepted())
+
+    def press_button(self) -> None:
+        self.button.event(ButtonEvent.PRESS)
+
+    def release_button(self) -> None:
+        self.button.event(ButtonEvent.RELEASE)
+
+    def provision_key(self, key: bytes, now: float, window: int = ROTATION_SESSIONS) -> None:
+        """A new current key, only while the button is held (``ProvisioningRefused``
+        otherwise, nothing changed); the replaced key stays accepted for ``window``
+        authenticated sessions. The device then reboots (a new epoch; every session ends)."""
+        ring = (KeyRing((key,)) if self._ring is None else self._ring.provision(key, window))
+        self.button.event(ButtonEvent.PROVISION)
+        self._keep_ring(ring)
+        self.reboot(now)
+
+    def factory_reset(self, now: float) -> None:
+        """The recovery path for a lost key (docs/SECURITY.md), only while the button is held:
+        keys, configuration and received files erased, the device rebooted unkeyed with its
+        map's defaults. The boot counter and the epochs drawn so far are kept, so the next
+        epoch is new and no frame captured before the reset is ever in it."""
+        self.button.event(ButtonEvent.FACTORY_RESET)
+        if self.flash is not None:
+            self.flash.factory_reset()
+        elif self._files_dir is not None:
+            for entry in self._files_dir.iterdir():
+                if entry.is_file() or entry.is_symlink():
+                    entry.unlink()
+        self._ring = None
+        regmap, duration = self._regmap_args
+        self.core = DeviceCore(regmap, trigger_duration=duration, now=now)
+        self.reboot(now)
 
     def _identity(self, given: str | None, seed: int | None) -> str:
         """The device id HELLO advertises: ``given`` (checked); else the one kept in the flash
@@ -359,6 +421,8 @@ class SimulatedDevice:
         else:
             response = self.core.execute(pdu, now, tag=f"{epoch:08x}:{seq}",
                                          persist=self._persist if self.flash is not None else None)
+        if epoch != BROADCAST_EPOCH:
+            self._session_used()
         self.executions.append(Execution(epoch, seq, pdu, response, now))
         self._record({"epoch": epoch, "seq": seq, "request": pdu.hex(),
                       "response": response.hex(), "time": now})

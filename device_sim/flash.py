@@ -41,7 +41,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from idemlink.protocol.device_core import ConfigSnapshot, SnapshotError
-from idemlink.protocol.key_file import read_key_file, write_key_file
+from idemlink.protocol.key_file import read_key_file
+from idemlink.protocol.key_rotation import KeyRing
 from idemlink.protocol.outcome import IdemlinkError, LocalProtocolError
 from idemlink.protocol.regular_file import (
     FileLock,
@@ -164,13 +165,32 @@ class ConfigFlash:
         """The device's long-term keys: ``given`` (provisioned: kept in ``keys``, 0600, for the
         next start), else the ones kept here, else None (an unkeyed device). A factory reset
         (``factory_reset``) erases them with the configuration and the receipts."""
+        ring = self.ring(given)
+        return None if ring is None else ring.keys
+
+    def ring(self, given: tuple[bytes, ...] | None) -> KeyRing | None:
+        """The device's key ring (``idemlink.protocol.key_rotation``): keys ``given`` at start
+        (a new rotation unless the same keys are kept here already: a restart keeps its window's
+        count), else the ring kept here, else None (unkeyed)."""
+        kept = self.load_ring()
+        if given is None:
+            return kept
+        if kept is not None and kept.keys == given:
+            return kept
+        ring = KeyRing.given(given)
+        self.save_ring(ring)
+        return ring
+
+    def load_ring(self) -> KeyRing | None:
         path = self.dir / self.KEYS
-        if given is not None:
-            write_key_file(path, given)
-            return given
         if not os.path.lexists(path):
             return None
-        return read_key_file(path)
+        keys = read_key_file(path)  # private, a regular file, lines of hex: or refused
+        return KeyRing.from_lines(keys, path.read_text("ascii"))
+
+    def save_ring(self, ring: KeyRing) -> None:
+        """Keep ``ring`` in ``keys`` (0600, replaced atomically)."""
+        write_regular_file(self.dir / self.KEYS, ring.to_lines().encode("ascii"), mode=0o600)
 
     def factory_reset(self) -> None:
         """The recovery path for a lost key (docs/SECURITY.md): erase the keys, the

@@ -100,7 +100,7 @@ def test_a_host_holding_both_keys_of_a_rotation_uses_the_one_the_device_names() 
     assert KEYS_HIDDEN(repr(dev.ops))
 
 
-def KEYS_HIDDEN(text: str) -> bool:  # noqa: N802
+def KEYS_HIDDEN(text: str) -> bool:
     return all(k.hex() not in text and repr(k) not in text for k in (K1, K2, K3))
 
 

@@ -96,7 +96,10 @@ def register(sub: Any) -> None:
                         "the record `idemlink soak --device-cmd` judges")
     p.add_argument("--control", metavar="FIFO",
                    help="read the world's changes from this named pipe (created if absent): "
-                        "'input ADDRESS VALUE', 'condition ADDRESS BITS' (docs/CLI.md)")
+                        "'input ADDRESS VALUE', 'condition ADDRESS BITS' (docs/CLI.md); the framed "
+                        "device also takes its provisioning steps: 'button press', 'button "
+                        "release', 'provision-key PATH [SESSIONS]', 'factory-reset' "
+                        "(docs/SECURITY.md)")
     p.add_argument("--bus", type=int, default=None, metavar="N",
                    help="serve N framed devices (addresses 1..N, or from --address) on one "
                         "simulated half-duplex bus (docs/BUS.md)")
@@ -187,6 +190,7 @@ class _DroppingPort:
 @contextlib.contextmanager
 def _control(args: argparse.Namespace, core: DeviceCore,
              extra: Callable[[str, float], bool] | None = None,
+             made: list[Any] | None = None,
              ) -> Iterator[Callable[[float], None] | None]:
     """``--control FIFO``: a ``between(now)`` hook for the serve loop that applies the pipe's
     lines to ``core`` and says each refused one on stderr (the device goes on serving)."""
@@ -197,6 +201,8 @@ def _control(args: argparse.Namespace, core: DeviceCore,
 
     try:
         control = Control(args.control, core, extra)
+        if made is not None:
+            made.append(control)
     except ControlError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
@@ -542,7 +548,22 @@ def run_framed(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     except (OSError, SnapshotError) as exc:
         raise UserError(f"flash directory {args.flash_dir}: {exc}") from None
-    with _control(args, device.core) as between:
+    def provisioning(line: str, now: float) -> bool:
+        from idemlink.device_sim.provisioning import provisioning_line
+
+        handled = provisioning_line(device, line, now)
+        if handled and control_core:
+            control_core[0].core = device.core  # a factory reset makes a new core
+        if handled and line.split()[0] != "button":
+            ring = device.key_ring  # key ids only, never a key
+            print(f"idemlink sim: {line.split()[0]} done, rebooted (epoch "
+                  f"0x{device.epoch:08x}); keys: {ring!r}" if ring is not None else
+                  f"idemlink sim: {line.split()[0]} done, rebooted (epoch 0x{device.epoch:08x}); "
+                  "unkeyed", file=sys.stderr, flush=True)
+        return handled
+
+    control_core: list[Any] = []
+    with _control(args, device.core, provisioning, control_core) as between:
         return _serve_until_signal(
             args, lambda transport, stop: serve(device, transport, stop, between=between))
 
