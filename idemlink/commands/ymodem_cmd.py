@@ -87,6 +87,9 @@ def register(sub: Any) -> None:
                    help="accepted like every device command's, checked, not needed: a file "
                         "transfer uses no register, so a device serving any map takes files")
     add_json_option(s, SEND_SCHEMA)
+    from idemlink.commands.common import add_key_option
+
+    add_key_option(s)  # the framed hand-over is signed; YMODEM itself carries no MAC
     add_connection_options(s, ("port", *LINE_KEYS, "regmap"), required=("port",))
     s.set_defaults(handler=run_send)
 
@@ -280,6 +283,9 @@ def run_send(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from exc
     if not args.plain:
         return _send_framed(args, config)
+    if getattr(args, "key_file", None):
+        raise UserError("--plain: --key-file signs idemlink frames; plain YMODEM has none (its "
+                        "blocks carry no MAC): drop --key-file; nothing was sent")
     return _plain_transfer(
         args, SEND_SCHEMA, "sent",
         lambda port, progress: send_files(port, args.files, config, progress),
@@ -323,16 +329,17 @@ def _plain_transfer(args: argparse.Namespace, schema: str, past: str,
 
 def _send_framed(args: argparse.Namespace, config: Any) -> int:
     from idemlink.cli import EXIT_NOT_EXECUTED, EXIT_REJECTED, EXIT_UNKNOWN
-    from idemlink.commands.common import line_settings
+    from idemlink.commands.common import host_key, line_settings
     from idemlink.host.device import Device
     from idemlink.host.errors import NoDevice, PortError
     from idemlink.protocol.outcome import IdemlinkError, Outcome
 
+    key = host_key(args)
     bar = _progress(args)
     handed_over = False
     try:
         # check_map=False: a file transfer touches no register, whatever map the device serves
-        with Device.open(args.port, **line_settings(args), check_map=False) as dev:
+        with Device.open(args.port, **line_settings(args), check_map=False, key=key) as dev:
             handed_over = True  # from here on the device may have switched or stored something
             res, report = dev.send_files(args.files, progress=bar.update_item, config=config,
                                          overwrite=args.overwrite)
