@@ -93,6 +93,20 @@ class Adversary:
         self._epoch = 0
         self._seq = 0
         self.sent: Counter[str] = Counter()
+        #: attack frames put on the line and not yet seen delivered (wire unit -> kinds), for
+        #: a judge that reads the line's delivery record (``delivered``); bounded
+        self._injected: dict[bytes, list[str]] = {}
+
+    def delivered(self, unit: bytes) -> str | None:
+        """The kind of attack ``unit`` (the bytes between two delimiters, as the link's
+        delivery record has them) is, if it is one injected and not yet matched."""
+        kinds = self._injected.get(unit)
+        if not kinds:
+            return None
+        kind = kinds.pop(0)
+        if not kinds:
+            del self._injected[unit]
+        return kind
 
     def to_host(self, data: bytes, now: float) -> list[bytes]:
         for raw in _frames(self._back, data):
@@ -117,7 +131,11 @@ class Adversary:
                 forged = self._make(attack, raw)
                 if forged is not None:
                     self.sent[attack.value] += 1
-                    out.append(_wire(forged))
+                    wire = _wire(forged)
+                    out.append(wire)
+                    if len(self._injected) >= MAX_CAPTURED * 16:
+                        self._injected.pop(next(iter(self._injected)))
+                    self._injected.setdefault(wire[1:-1], []).append(attack.value)
         return out
 
     def _make(self, attack: Attack, raw: bytes) -> bytes | None:

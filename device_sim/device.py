@@ -45,7 +45,7 @@ import logging
 import os
 import random
 import tempfile
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,6 +266,7 @@ class SimulatedDevice:
         self._effects = open(effects, "a", encoding="utf-8") if effects is not None else None  # noqa: SIM115
         self._file_receive: FileReceiveRequest | None = None
         self._files_dir: Path | None = None
+        self._past_counters: Counter[str] = Counter()
         self.session = self._new_session(now)
 
     # ------------------------------------------------------------------ bytes and time
@@ -315,8 +316,15 @@ class SimulatedDevice:
         return [e for e in self.executions if e.epoch == epoch and e.seq == seq]
 
     # ------------------------------------------------------------------ internals
+    def counters_total(self) -> Counter[str]:
+        """The sessions' counters summed over every boot of this object (a reboot starts a new
+        session with new counters): what the device refused, replayed, ran."""
+        return self._past_counters + self.session.counters
+
     def _new_session(self, now: float | None = None) -> DeviceSession:
         now = self.core.now if now is None else now
+        if hasattr(self, "session"):
+            self._past_counters.update(self.session.counters)
         epoch = self._rng.getrandbits(32)
         while epoch in self.epochs or epoch == 0:
             epoch = self._rng.getrandbits(32)

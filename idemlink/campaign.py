@@ -42,10 +42,11 @@ judge in ``idemlink.oracle``).
 
 from __future__ import annotations
 
+import hashlib
 import random
 import struct
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -60,6 +61,7 @@ from idemlink.host.device import Device
 from idemlink.host.errors import NoDevice
 from idemlink.host.transport import Transport
 from idemlink.oracle import Boot, Claim, Delivered, MapTruth, Oracle, Record, Reg, Run, Tally
+from idemlink.oracle_wire import REQUEST, SIGNED_FLAGS, read_frame
 from idemlink.protocol.outcome import FIRST_LOCAL_STATUS, IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap
 
@@ -87,10 +89,24 @@ class CampaignConfig:
     outage_length: float | None = None  #: seconds; None: 1.5 × attempts × timeout
     late: float = 0.01  #: per-frame probability (each way) that a copy arrives again much later
     late_frames: int = 300  #: ... after about this many further frames (50..150 %)
+    #: a keyed device and host (issue 23): every frame signed with a key drawn from the seed
+    authenticated: bool = False
+    #: an attacker in the line (``idemlink.device_sim.adversary``): per host request, the
+    #: probability of one forged, replayed, reflected, stripped, truncated or flipped frame
+    adversary: float = 0.0
+
+    @property
+    def key(self) -> bytes | None:
+        """The campaign's device key (``authenticated``), drawn from the seed: a test key."""
+        if not self.authenticated:
+            return None
+        return hashlib.blake2s(f"idemlink soak key/{self.seed}".encode()).digest()
 
     def link_config(self, *, back: bool = False) -> LinkConfig:
-        """The line each way (``back``: device to host, with its own seed)."""
+        """The line each way (``back``: device to host, with its own seed; the adversary rides
+        the host-to-device direction and watches both)."""
         return LinkConfig(
+            adversary=0.0 if back else self.adversary,
             baud=self.baud, latency=self.latency, loss=self.byte_loss, frame_loss=self.loss,
             frame_dup=self.dup, frame_corrupt=self.corrupt, reorder=self.reorder,
             reorder_max_hold=0.01 if self.reorder else None, noise_rate=self.noise_rate,
@@ -151,11 +167,17 @@ class CampaignReport:
     wall_seconds: float = 0.0
     interrupted: bool = False
     link: dict[str, dict[str, int]] = field(default_factory=dict)
+    attacks_sent: Counter[str] = field(default_factory=Counter)  #: injected, by kind
+    attacks_delivered: Counter[str] = field(default_factory=Counter)  #: reached the device
+    #: executions of a request the host never wrote under that number (an attack that ran):
+    #: judged from the device's record and the host's own writes, read by ``oracle_wire``
+    attacks_executed: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  #: the device's refusal counters
 
     @property
     def passed(self) -> bool:
         return not (self.duplicated_effects or self.lost_acknowledged_writes or self.misclassified
-                    or self.register_semantics)
+                    or self.register_semantics or self.attacks_executed)
 
     def take(self, tally: Tally) -> None:
         for name in ("duplicated_effects", "lost_acknowledged_writes", "misclassified",
@@ -171,6 +193,8 @@ class CampaignReport:
         d["outcomes"] = dict(self.outcomes)
         d["answers"] = dict(self.answers)
         d["late_answers"] = dict(self.late_answers)
+        d["attacks_sent"] = dict(self.attacks_sent)
+        d["attacks_delivered"] = dict(self.attacks_delivered)
         d["problems"] = self.problems[:20]
         d["passed"] = self.passed
         d["commands_per_second"] = round(self.commands / self.wall_seconds, 1) if self.wall_seconds else 0
@@ -184,6 +208,10 @@ class CampaignReport:
                   f"{self.lost_acknowledged_writes} lost acknowledged writes, "
                   f"{self.misclassified} misclassified, {self.register_semantics} "
                   "register-semantics violations")
+        if self.attacks_sent:
+            counts += (f", {sum(self.attacks_sent.values())} attacks "
+                       f"({sum(self.attacks_delivered.values())} delivered), "
+                       f"{self.attacks_executed} executed")
         if self.passed and self.interrupted:
             return f"interrupted: no verdict ({counts} so far)"
         return f"{'PASS' if self.passed else 'FAIL'}: {counts}"
@@ -335,7 +363,7 @@ class Campaign:
         text, fmt = map_text(cfg.regmap), map_format(cfg.regmap)
         self.oracle = Oracle(text, trigger_duration=cfg.trigger_duration, tolerance=tolerance,
                              conditions=ENVIRONMENT_RULES.get(cfg.regmap), fmt=fmt,
-                             delivery_record=True)
+                             delivery_record=True, authenticated=cfg.authenticated)
         self.regmap = resolve_regmap(cfg.regmap)
         regs = MapTruth.parse(text, fmt=fmt)
         self.holdings = sorted(regs.of_kind("holding"), key=lambda r: r.address)
@@ -466,7 +494,7 @@ class Campaign:
     def _new_host(self) -> _Host:
         cfg = self.cfg
         return _Host(self.transport, regmap=self.regmap, timeout=cfg.timeout, attempts=cfg.attempts,
-                      max_inflight=cfg.max_batch)
+                      max_inflight=cfg.max_batch, key=cfg.key)
 
     def _connect(self) -> None:
         for _ in range(20):
@@ -689,6 +717,40 @@ class Campaign:
 RECEIVER = {"a->b": "device", "b->a": "host"}
 
 
+class HostWrites:
+    """The host's transport, noting every REQUEST the host itself writes — (epoch, seq) and
+    request PDU, read by the oracle's own reader (``oracle_wire``) — so an execution of
+    anything else is an attack that ran. Bounded: the last ``MAX_NOTED`` numbers."""
+
+    MAX_NOTED = 100_000
+
+    def __init__(self, inner: SimTransport) -> None:
+        self.inner = inner
+        self._sent: OrderedDict[tuple[int, int], set[bytes]] = OrderedDict()
+
+    def write(self, data: bytes) -> None:
+        for unit in data.split(b"\x00"):
+            f = read_frame(unit, SIGNED_FLAGS) if unit else None
+            if f is not None and f.type == REQUEST:
+                self._sent.setdefault((f.epoch, f.seq), set()).add(f.payload)
+                self._sent.move_to_end((f.epoch, f.seq))
+                while len(self._sent) > self.MAX_NOTED:
+                    self._sent.popitem(last=False)
+        self.inner.write(data)
+
+    def wrote(self, epoch: int, seq: int, request: bytes) -> bool:
+        return request in self._sent.get((epoch, seq), ())
+
+    def read(self, timeout: float) -> bytes:
+        return self.inner.read(timeout)
+
+    def now(self) -> float:
+        return self.inner.now()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 def delivered(deliveries: list[Delivery], offset: float = 0.0) -> list[Delivered]:
     """The link's deliveries as the oracle's records; ``offset`` takes the link's clock to the
     host's."""
@@ -700,7 +762,8 @@ class _Campaign(Campaign):
 
     def __init__(self, cfg: CampaignConfig) -> None:
         self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
-                                   regmap=resolve_regmap(cfg.regmap))
+                                   regmap=resolve_regmap(cfg.regmap),
+                                   keys=None if cfg.key is None else (cfg.key,))
         self.sim.core.max_log = 1000  # the oracle reads executions, not the core's effect log
         self.sim_transport = SimTransport(self.sim, cfg.link_config(),
                                           cfg.link_config(back=True))
@@ -708,7 +771,8 @@ class _Campaign(Campaign):
         self.sim_transport.link.record_deliveries(self.line)
         self._exec_mark = 0
         self._boot_mark = 0
-        super().__init__(cfg, self.sim_transport)
+        self.host_writes = HostWrites(self.sim_transport)
+        super().__init__(cfg, self.host_writes)
 
     def records(self) -> list[Record]:
         sim = self.sim
@@ -726,10 +790,31 @@ class _Campaign(Campaign):
                 b += 1
             out.append(Run(x.epoch, x.seq, x.request, x.response, x.time))
         out += [Boot(*bt) for bt in boots[b:]]
+        for x in execs:  # an attack that ran: a request the host never wrote under that number
+            if x.epoch != 0 and not self.host_writes.wrote(x.epoch, x.seq, x.request):
+                self.report.attacks_executed += 1
+                self.oracle.problem("duplicated_effects", f"{x.epoch:08x}:{x.seq} ran "
+                                    f"{x.request.hex()}, which the host never sent")
         return out
 
     def deliveries(self) -> list[Delivered]:
-        return delivered(self.line.take())
+        units = self.line.take()
+        adversary = self.sim_transport.link.adversary
+        if adversary is not None:
+            for d in units:
+                kind = adversary.delivered(d.unit) if d.direction == "a->b" else None
+                if kind is not None:
+                    self.report.attacks_delivered[kind] += 1
+        return delivered(units)
+
+    def conclude(self) -> CampaignReport:
+        rep = super().conclude()
+        adversary = self.sim_transport.link.adversary
+        if adversary is not None:
+            rep.attacks_sent = Counter(adversary.sent)
+        counters = self.sim.counters_total()
+        rep.refused = {k: counters[k] for k in ("bad_mac", "unauthenticated", "decode_errors")}
+        return rep
 
     def schedule_reboot(self) -> None:
         t = self.sim_transport

@@ -7,7 +7,9 @@ order, the device's own record of what happened — ``Boot(epoch, time[, trigger
 ``Run(epoch, seq, request, response, time)`` records (the effects-file format of docs/SOAK.md) —
 with ``delivery_record``, the line's own record of every unit it delivered each way —
 ``Delivered(to, time, unit)``, the link emulator's ``DeliveryLog``, decoded here by
-``idemlink.oracle_wire`` — the environment's changes (``set_input``, ``set_condition``,
+``idemlink.oracle_wire`` (authenticated frames too: with ``authenticated``, a keyed host and
+device, an answer without a MAC tag is never evidence, but for the unsigned EPOCH_MISMATCH hint
+of a just-rebooted device) — the environment's changes (``set_input``, ``set_condition``,
 ``force_trigger``), and the host's results as *claims* (a command, every (epoch, seq) it travelled
 under, what the host reported and when it settled). From these alone it judges:
 
@@ -92,6 +94,7 @@ from idemlink.oracle_wire import (
     REPLAY,
     REQUEST,
     RESPONSE,
+    SIGNED_FLAGS,
     STATUS_OK,
     answer_outcome,
     carried_status,
@@ -714,8 +717,13 @@ class Oracle:
 
     def __init__(self, map_text: str, *, trigger_duration: float, fmt: str = "toml",
                  conditions: Conditions | None = None, tolerance: float = 0.0,
-                 delivery_record: bool = False, address: int | None = None) -> None:
+                 delivery_record: bool = False, address: int | None = None,
+                 authenticated: bool = False) -> None:
         self.regs = MapTruth.parse(map_text, fmt=fmt)
+        #: a keyed host and device (issue 23): an answer without a MAC tag is no evidence of an
+        #: outcome — a keyed host takes only signed answers — but for the EPOCH_MISMATCH hint a
+        #: rebooted device cannot sign (it never decides an outcome but UNKNOWN)
+        self.authenticated = authenticated
         self.model = Model.fresh(self.regs, trigger_duration, conditions)
         self.tolerance = tolerance
         #: the line's delivery record is fed (``Delivered``): outcomes need its evidence
@@ -882,7 +890,7 @@ class Oracle:
         """A unit the line delivered: a request reaching the device or an answer reaching the
         host is kept with the claim of its (epoch, seq) (an EPOCH_MISMATCH answer names the
         epoch of the request it refuses); anything a receiver drops is nothing."""
-        f = read_frame(d.unit)
+        f = read_frame(d.unit, SIGNED_FLAGS)
         if f is None or not self._mine(f.address, d.to):
             return
         if d.to == "device" and f.type == REQUEST:
@@ -901,6 +909,9 @@ class Oracle:
             if status == EPOCH_MISMATCH and len(pdu) >= 4:
                 key = (int.from_bytes(pdu[:4], "little"), f.seq)
             name = status_name(status, bool(f.flags & REPLAY))
+            if self.authenticated and f.tag is None and status != EPOCH_MISMATCH:
+                self.tally.answers[f"unsigned {name}"] += 1  # refused by a keyed host
+                return
             self.tally.answers[name] += 1
             answer = Answer(key, d.time, status, pdu, bool(f.flags & REPLAY))
             entry = self._claims.get(key)

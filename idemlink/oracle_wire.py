@@ -26,8 +26,11 @@ from dataclasses import dataclass
 VERSION = 1
 HELLO, HELLO_REPLY, REQUEST, RESPONSE = 1, 2, 3, 4
 RETRANSMIT, REPLAY, ADDRESSED = 0x01, 0x02, 0x04
+AUTH_LONG, AUTH = 0x40, 0x80  #: a MAC tag of 16 / 8 bytes after the payload (issue 23)
 KNOWN_FLAGS = RETRANSMIT | REPLAY | ADDRESSED
 FIRST_CONTRACT_FLAGS = RETRANSMIT | REPLAY  #: what a receiver of the first contract knows
+SIGNED_FLAGS = KNOWN_FLAGS | AUTH | AUTH_LONG  #: a reader of authenticated frames (the soak's)
+TAG_LEN = 8
 BROADCAST = 0  #: the address every device on a bus hears and none answers
 MAX_ADDRESS = 247  #: Modbus's range; 248..255 are refused
 _HEADER = struct.Struct("<BBBIIH")  # version, type, flags, epoch, seq, payload length
@@ -108,12 +111,14 @@ class WireFrame:
     seq: int
     payload: bytes
     address: int | None = None  #: the device address of an ADDRESSED frame (0: broadcast)
+    tag: bytes | None = None  #: the MAC tag of an AUTH frame (read, not verified: no key here)
 
 
 def read_frame(unit: bytes, known: int = KNOWN_FLAGS) -> WireFrame | None:
     """The frame in ``unit`` (the bytes between two delimiters), or None when a receiver would
     drop it (``known``: the flags it knows; ``FIRST_CONTRACT_FLAGS``: a receiver of the first
-    contract, which drops addressed frames)."""
+    contract, which drops addressed frames; ``SIGNED_FLAGS``: one that reads authenticated
+    frames too — their tag is returned, not verified: the oracle holds no key)."""
     raw = unstuff(unit)
     if raw is None or len(raw) < _HEADER.size + _CRC_LEN:
         return None
@@ -121,13 +126,17 @@ def read_frame(unit: bytes, known: int = KNOWN_FLAGS) -> WireFrame | None:
         return None
     version, ftype, flags, epoch, seq, length = _HEADER.unpack_from(raw)
     start = _HEADER.size + (1 if flags & ADDRESSED else 0)  # the address byte, on a bus
+    tag_len = (2 * TAG_LEN if flags & AUTH_LONG else TAG_LEN) if flags & AUTH else 0
     if (version != VERSION or ftype not in (HELLO, HELLO_REPLY, REQUEST, RESPONSE)
-            or flags & ~known or start + length + _CRC_LEN != len(raw)):
+            or flags & ~known or (flags & AUTH_LONG and not flags & AUTH)
+            or start + length + tag_len + _CRC_LEN != len(raw)):
         return None
     address = raw[_HEADER.size] if flags & ADDRESSED else None
     if address is not None and address > MAX_ADDRESS:
         return None  # 248..255: no device's address, refused
-    return WireFrame(ftype, flags, epoch, seq, raw[start:-_CRC_LEN], address)
+    end = start + length
+    return WireFrame(ftype, flags, epoch, seq, raw[start:end], address,
+                     raw[end:end + tag_len] if tag_len else None)
 
 
 def pdu_outcome(request: bytes, response: bytes) -> str:

@@ -99,6 +99,15 @@ def register(sub: Any) -> None:
                    help="the image for --qemu-devices (default: firmware_ref/build/bus/qemu"
                         "[-microbit]/idemlink-device.elf, make qemu-device IDL_OPTS=-DIDL_BUS=1 "
                         "BUILD=build/bus)")
+    p.add_argument("--authenticated", action="store_true",
+                   help="a keyed device and host: every frame signed (a test key drawn from "
+                        "--seed; docs/SECURITY.md); the oracle takes only signed answers as "
+                        "evidence")
+    p.add_argument("--adversary", type=float, default=0.0, metavar="RATE",
+                   help="an attacker in the line: per host request, with probability RATE, one "
+                        "forged, replayed, reflected, stripped, truncated or bit-flipped frame "
+                        "(docs/SECURITY.md); an execution of any request the host did not send "
+                        "fails the run (default 0)")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first problem")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress on stderr (a bar on a terminal, else a line every 5 s)")
@@ -161,6 +170,7 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
         restart_every=args.restart_every, seed=args.seed, max_batch=max(1, args.batch),
         trigger_duration=duration, outage_every=args.outage_every, outage_length=outage,
         late=args.late, late_frames=args.late_frames,
+        authenticated=args.authenticated, adversary=args.adversary,
     )
 
 
@@ -168,7 +178,7 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
 #: defaults: given another value than the default or 0 with --bus, they are refused.
 NOT_ON_A_BUS = {"restart_every": 250, "outage_every": 250, "late": 0.01, "reorder": 0.0,
                 "noise": 0.0, "outage_seconds": None, "device_cmd": None, "plot": None,
-                "retry_timeout": None}
+                "retry_timeout": None, "authenticated": False, "adversary": 0.0}
 
 
 def _run_bus(args: argparse.Namespace) -> int:
@@ -182,8 +192,9 @@ def _run_bus(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value not in (default, 0, None):
             raise UserError(f"--{name.replace('_', '-')} is not done on a bus (--bus): host "
-                            "crashes, outages, late copies, reordering, noise, a device command "
-                            "and the plot are the point-to-point soak's")
+                            "crashes, outages, late copies, reordering, noise, authentication and "
+                            "its adversary, a device command and the plot are the "
+                            "point-to-point soak's")
     if args.commands < 1 or args.reboot_every < 0 or args.broadcast_every < 0:
         raise UserError("--commands must be >= 1, --reboot-every and --broadcast-every >= 0")
     regmap = args.regmap if args.regmap is not None else "thermal-controller"
@@ -274,6 +285,9 @@ def _run_point_to_point(args: argparse.Namespace) -> int:
     from idemlink.soak_device import DeviceCommandError, run_device_campaign
 
     cfg = _config(args)
+    if (cfg.authenticated or cfg.adversary) and args.device_cmd:
+        raise UserError("--authenticated and --adversary run the in-process simulator (its key "
+                        "and the attacker live in this process): not with --device-cmd")
     timeline: list[TimelinePoint] | None = None
     if args.plot is not None:
         from idemlink.soak_plot import PlotUnavailable, check_plot_path
@@ -355,6 +369,12 @@ def _text(d: dict[str, Any], cfg: CampaignConfig) -> list[str]:
         f"outages {d['outages']} (with an effect: ran, every answer lost {d['ran_unanswered']}; "
         f"never delivered {d['never_delivered']})  late answers "
         + (", ".join(f"{k} {v}" for k, v in sorted(d["late_answers"].items())) or "0"),
+        *([f"authenticated: attacks {sum(d['attacks_sent'].values())} sent ("
+           + ", ".join(f"{k} {v}" for k, v in sorted(d["attacks_sent"].items()))
+           + f"), {sum(d['attacks_delivered'].values())} delivered, "
+           f"{d['attacks_executed']} executed; device refused: "
+           + ", ".join(f"{k} {v}" for k, v in sorted(d["refused"].items()))]
+          if cfg.authenticated or cfg.adversary else []),
         f"duplicated effects {d['duplicated_effects']}  lost acknowledged writes "
         f"{d['lost_acknowledged_writes']}  misclassified {d['misclassified']}  "
         f"register semantics {d['register_semantics']}",
