@@ -53,6 +53,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from idemlink.device_sim.adversary import Adversary
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.device_sim.simlink import SimTransport
@@ -760,6 +761,10 @@ def delivered(deliveries: list[Delivery], offset: float = 0.0) -> list[Delivered
 class _Campaign(Campaign):
     """The campaign against an in-process ``SimulatedDevice`` on a simulated clock."""
 
+    #: the host's own writes, when this campaign wraps the host's line (the bus campaign's
+    #: members share the bus's: None)
+    host_writes: HostWrites | None = None
+
     def __init__(self, cfg: CampaignConfig) -> None:
         self.sim = SimulatedDevice(seed=cfg.seed, trigger_duration=cfg.trigger_duration,
                                    regmap=resolve_regmap(cfg.regmap),
@@ -790,16 +795,22 @@ class _Campaign(Campaign):
                 b += 1
             out.append(Run(x.epoch, x.seq, x.request, x.response, x.time))
         out += [Boot(*bt) for bt in boots[b:]]
+        writes = self.host_writes
         for x in execs:  # an attack that ran: a request the host never wrote under that number
-            if x.epoch != 0 and not self.host_writes.wrote(x.epoch, x.seq, x.request):
+            if writes is not None and x.epoch != 0 and not writes.wrote(x.epoch, x.seq,
+                                                                         x.request):
                 self.report.attacks_executed += 1
                 self.oracle.problem("duplicated_effects", f"{x.epoch:08x}:{x.seq} ran "
                                     f"{x.request.hex()}, which the host never sent")
         return out
 
+    def _adversary(self) -> Adversary | None:
+        link = getattr(self.sim_transport, "link", None)
+        return None if link is None else link.adversary
+
     def deliveries(self) -> list[Delivered]:
         units = self.line.take()
-        adversary = self.sim_transport.link.adversary
+        adversary = self._adversary()
         if adversary is not None:
             for d in units:
                 kind = adversary.delivered(d.unit) if d.direction == "a->b" else None
@@ -809,7 +820,7 @@ class _Campaign(Campaign):
 
     def conclude(self) -> CampaignReport:
         rep = super().conclude()
-        adversary = self.sim_transport.link.adversary
+        adversary = self._adversary()
         if adversary is not None:
             rep.attacks_sent = Counter(adversary.sent)
         counters = self.sim.counters_total()
