@@ -418,6 +418,19 @@ class HostSession:
                                   address=self.address)
 
     def _on_hello_reply(self, frame: Frame, now: float) -> None:
+        if (self.auth is not None and self.state is SessionState.OPEN
+                and frame.seq == self._hello_seq and frame.epoch != self.epoch):
+            # A keyed device rebooted between two copies of our HELLO and answered each in its
+            # own boot with its own nonce: only one of the two session keys is the device's now,
+            # and we cannot tell which (nor which epoch is the later). Under the other, our
+            # frames fail the MAC silently (the device holds a session key: no EPOCH_MISMATCH
+            # hint comes). Shake hands again; requests in flight stay as they are (found by
+            # idemlink.explore_auth): re-sent under the new session they are answered, replayed,
+            # or refused EPOCH_MISMATCH (signed) if their epoch was the old one — the epoch
+            # change path then, never a guess. A forged reply costs a handshake.
+            self.counters.late_answers += 1
+            self._handshake_again(now)
+            return
         if self.state is not SessionState.HELLO_SENT or frame.seq != self._hello_seq:
             self.counters.late_answers += 1
             return
