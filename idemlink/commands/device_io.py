@@ -211,9 +211,15 @@ def run_on_addresses(args: argparse.Namespace, handler: Callable[[argparse.Names
                         "which a standard Modbus RTU slave does not have; nothing was sent")
     regmap = regmap_from(args)
     log_sources(args)
+    if modbus_rtu:  # plain units have no authentication: --key-file refused, the env's unused
+        refuse_key_with_modbus(args, "--modbus-rtu")
+        key = None
+    else:  # one key (or rotation) for every address: the API takes one each
+        key = host_key(args)
     try:
         bus = Bus.open(port, **line_settings(args), **half_duplex(args), regmap=regmap,
-                       timeout=args.timeout, attempts=args.attempts, modbus_rtu=modbus_rtu)
+                       timeout=args.timeout, attempts=args.attempts, modbus_rtu=modbus_rtu,
+                       key=key)
     except PortBusy:
         raise UserError(busy_message(port, getattr(args, "regmap", None))) from None
     except PortError as exc:
