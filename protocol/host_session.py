@@ -236,6 +236,9 @@ class HostSession:
         #: a keyed host (``idemlink.protocol.auth``): takes only signed frames, signs its own
         self.auth = auth
         self._auth_refusal: str | None = None  #: why the last HELLO_REPLY was refused
+        #: a keyed host's re-key probe is out: one fresh HELLO sent while the session stays OPEN
+        #: (``_probe_hello``); its reply, if it comes, opens the new session
+        self._probing = False
 
     # ------------------------------------------------------------------ shell-facing interface
     def open(self, now: float) -> None:
@@ -247,6 +250,7 @@ class HostSession:
                 f"open() with {self.outstanding} request(s) outstanding: abandon() them first")
         self.state = SessionState.HELLO_SENT
         self._rehandshake = False
+        self._probing = False
         self.gone = None
         self._auth_refusal = None
         self._hello_sent = 0
@@ -398,11 +402,15 @@ class HostSession:
         earliest = self._earliest_deadline()
         due = [] if earliest is None or now < earliest else [
             p for p in self._inflight.values() if now >= p.deadline]
+        unanswered = False
         for p in due:
             if p.attempts >= self.attempts:
                 self._finish(p, Outcome.UNKNOWN, Status.NO_ANSWER)
+                unanswered = True
             else:
                 self._transmit(p, now, retransmit=True)
+        if unanswered and self.auth is not None and self.state is SessionState.OPEN:
+            self._probe_hello(now)  # a keyed device's silence: maybe another session key
         self._pump(now)
 
     # ------------------------------------------------------------------ internals
@@ -418,20 +426,18 @@ class HostSession:
                                   address=self.address)
 
     def _on_hello_reply(self, frame: Frame, now: float) -> None:
-        if (self.auth is not None and self.state is SessionState.OPEN
+        if (self.auth is not None and self.state is SessionState.OPEN and not self._probing
                 and frame.seq == self._hello_seq and frame.epoch != self.epoch):
             # A keyed device rebooted between two copies of our HELLO and answered each in its
             # own boot with its own nonce: only one of the two session keys is the device's now,
-            # and we cannot tell which (nor which epoch is the later). Under the other, our
-            # frames fail the MAC silently (the device holds a session key: no EPOCH_MISMATCH
-            # hint comes). Shake hands again; requests in flight stay as they are (found by
-            # idemlink.explore_auth): re-sent under the new session they are answered, replayed,
-            # or refused EPOCH_MISMATCH (signed) if their epoch was the old one — the epoch
-            # change path then, never a guess. A forged reply costs a handshake.
+            # and we cannot tell which (nor which epoch is the later). Probe with a fresh HELLO
+            # (found by idemlink.explore_auth). A forged reply costs a handshake.
             self.counters.late_answers += 1
-            self._handshake_again(now)
+            self._probe_hello(now)
             return
-        if self.state is not SessionState.HELLO_SENT or frame.seq != self._hello_seq:
+        probe = self._probing and self.state is SessionState.OPEN
+        if (self.state is not SessionState.HELLO_SENT and not probe) or \
+                frame.seq != self._hello_seq:
             self.counters.late_answers += 1
             return
         try:
@@ -465,6 +471,9 @@ class HostSession:
             self._events.append(HelloFailed(self.gone, incompatible=True))
             return
         self.info = info
+        if self._probing:  # a re-key probe answered: what is in flight of another boot settles
+            self._probing = False
+            self._settle_other_epochs(frame.epoch)
         self.epoch = frame.epoch
         self._next_seq = info.next_seq
         self.max_inflight = max(1, min(self.want_inflight, info.max_inflight))
@@ -582,6 +591,12 @@ class HostSession:
 
     def _epoch_changed(self, epoch: int, now: float) -> None:
         self.epoch = epoch
+        self._settle_other_epochs(epoch)
+        self._handshake_again(now)
+
+    def _settle_other_epochs(self, epoch: int) -> None:
+        """Requests in flight in another epoch than ``epoch`` (the device's now): set-only ones
+        re-issued (queued first), the others UNKNOWN (they may have run in their boot)."""
         reissue: list[_Pending] = []
         for p in sorted(self._inflight.values(), key=lambda q: q.seq):
             if p.epoch == epoch:
@@ -595,7 +610,18 @@ class HostSession:
             else:
                 self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)
         self._queue.extendleft(reversed(reissue))
-        self._handshake_again(now)
+
+    def _probe_hello(self, now: float) -> None:
+        """A keyed host's re-key probe: one fresh HELLO (a new nonce) while the session stays
+        OPEN. Silence from a keyed device that holds a session key may mean it holds *another*
+        one (a HELLO answered on both sides of a reboot, a forged HELLO): its frames under ours
+        fail the MAC and it sends no hint. If the probe is answered, the new session opens (what
+        is in flight of another boot settles by the epoch rules); if not, nothing changes and
+        the next unanswered request probes again."""
+        self._probing = True
+        self._hello_sent = 0
+        self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
+        self._send_hello(now)
 
     def _handshake_again(self, now: float) -> None:
         """A new boot hands out its own numbers: HELLO again before anything more goes out. A
@@ -603,6 +629,7 @@ class HostSession:
         and a delayed frame of ours would then run under that process's number."""
         self.state = SessionState.HELLO_SENT
         self._rehandshake = True
+        self._probing = False
         self._hello_sent = 0
         self._hello_seq = (self._hello_seq + 1) & SEQ_MASK
         self._send_hello(now)

@@ -46,38 +46,59 @@ def test_the_explorer_finds_a_device_that_runs_a_stripped_frame(
     assert any(step.startswith("STRIP") for step in schedule)
 
 
-def test_a_hello_copy_answered_on_both_sides_of_a_reboot_makes_the_host_shake_hands_again() -> None:
-    """What the explorer found: the device answered two copies of one HELLO, one per boot, each
-    with its own nonce; the host took the first reply, the device holds the second's key and drops
-    the host's frames silently (no EPOCH_MISMATCH hint: it has a session). The second reply makes
-    the host shake hands again, and the write goes through."""
-    def device(epoch: int) -> DeviceSession:
-        return DeviceSession(lambda pdu, now, seq: b"\x06" + pdu[1:], epoch,
-                             contract_hash=contract_hash(), device_id="dev-1", map_hash=b"m" * 8,
-                             auth=DeviceAuth(DeviceKeys((KEY,)), os.urandom))
+def _keyed_device(epoch: int) -> DeviceSession:
+    return DeviceSession(lambda pdu, now, seq: b"\x06" + pdu[1:], epoch,
+                         contract_hash=contract_hash(), device_id="dev-1", map_hash=b"m" * 8,
+                         auth=DeviceAuth(DeviceKeys((KEY,)), os.urandom))
 
-    host = HostSession(contract_hash=contract_hash(), timeout=1.0, attempts=3,
+
+def _straddled() -> tuple[HostSession, DeviceSession, bytes]:
+    """The device answered two copies of one HELLO, one per boot, each with its own nonce; the
+    host took the first boot's reply. Returns the host, the rebooted device and its reply."""
+    host = HostSession(contract_hash=contract_hash(), timeout=1.0, attempts=2,
                        hello_attempts=3, auth=HostAuth(KEY, os.urandom))
     host.open(0.0)
     hello = host.data_to_send()
-    before = device(1)
+    before = _keyed_device(1)
     before.receive_data(hello, 0.0)
-    first = before.data_to_send()
-    after = device(2)  # the device rebooted; the HELLO's retransmission reaches the new boot
+    after = _keyed_device(2)  # the device rebooted; the HELLO's retransmission reaches it
     after.receive_data(hello, 0.1)
-    second = after.data_to_send()
-    host.receive_data(first, 0.2)
+    host.receive_data(before.data_to_send(), 0.2)
     assert isinstance(host.next_event(), SessionOpened) and host.epoch == 1
-    host.receive_data(second, 0.3)
-    assert host.state is SessionState.HELLO_SENT  # the second reply: shake hands again
-    after.receive_data(host.data_to_send(), 0.4)
-    host.receive_data(after.data_to_send(), 0.5)
+    return host, after, after.data_to_send()
+
+
+def _write_goes_through(host: HostSession, dev: DeviceSession, now: float) -> None:
+    dev.receive_data(host.data_to_send(), now)  # the probe HELLO
+    host.receive_data(dev.data_to_send(), now)
     assert isinstance(host.next_event(), SessionOpened) and host.epoch == 2
-    host.submit(struct.pack(">BHH", 6, 4, 400), 0.6, set_only=True, tag="w")
-    after.receive_data(host.data_to_send(), 0.6)
-    host.receive_data(after.data_to_send(), 0.7)
+    host.submit(struct.pack(">BHH", 6, 4, 400), now, set_only=True, tag="w")
+    dev.receive_data(host.data_to_send(), now)
+    host.receive_data(dev.data_to_send(), now)
     done = host.next_event()
     assert isinstance(done, Completion) and done.outcome is Outcome.OK
+
+
+def test_a_second_reply_from_another_boot_makes_a_keyed_host_probe_with_a_fresh_hello() -> None:
+    """What the explorer found: the device holds the second reply's key and drops the host's
+    frames silently (no EPOCH_MISMATCH hint: it has a session key). The second reply makes the
+    host send a fresh HELLO, and the write goes through."""
+    host, dev, second = _straddled()
+    host.receive_data(second, 0.3)
+    assert host.state is SessionState.OPEN  # the session stays usable; a probe HELLO is out
+    _write_goes_through(host, dev, 0.4)
+
+
+def test_when_that_reply_is_lost_the_first_unanswered_request_probes() -> None:
+    host, dev, _lost = _straddled()
+    host.submit(struct.pack(">BHH", 6, 4, 1), 0.3, set_only=True, tag="first")
+    for t in (0.3, 1.3):  # sent, then retried: both fail the device's MAC, silently
+        dev.receive_data(host.data_to_send(), t)
+        assert dev.data_to_send() == b""
+        host.tick(t + 1.0)
+    done = host.next_event()
+    assert isinstance(done, Completion) and done.outcome is Outcome.UNKNOWN
+    _write_goes_through(host, dev, 3.0)
 
 
 @pytest.mark.slow
