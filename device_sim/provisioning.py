@@ -26,7 +26,11 @@ from __future__ import annotations
 from idemlink.device_sim.control import ControlError
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.protocol.key_file import KeyFileError, read_key_file
-from idemlink.protocol.key_rotation import MAX_ROTATION_SESSIONS, ProvisioningRefused
+from idemlink.protocol.key_rotation import (
+    MAX_ROTATION_SESSIONS,
+    ButtonState,
+    ProvisioningRefused,
+)
 
 WORDS = ("button", "provision-key", "factory-reset")
 
@@ -65,7 +69,7 @@ def _apply(device: SimulatedDevice, words: list[str], now: float) -> None:
         if not words[2].isdigit() or int(words[2]) > MAX_ROTATION_SESSIONS:
             raise ControlError(f"SESSIONS {words[2][:12]!r} is not 0..{MAX_ROTATION_SESSIONS}")
         window = int(words[2])
-    if device.button.state.value != "held":
+    if device.button.state is not ButtonState.HELD:
         device.button.refused += 1
         raise ControlError("provision-key needs the provisioning button held (a "
                            "physical-presence step on the device): refused, nothing changed")

@@ -106,9 +106,9 @@ class KeyRing:
 
     @classmethod
     def from_lines(cls, keys: tuple[bytes, ...], text: str) -> KeyRing:
-        """The ring of a persisted key file: its keys, and the window line if any (none: the
-        older keys' window has closed — an operator's file listing several keys is a new
-        rotation, ``given``)."""
+        """The ring of a persisted key file: its keys and the window line; a file listing
+        several keys without one (written by hand, or before the window was kept) is a rotation
+        just begun (``given``: the default window)."""
         for line in text.splitlines():
             if line.startswith(WINDOW_LINE):
                 try:
@@ -117,7 +117,7 @@ class KeyRing:
                     raise ProvisioningRefused("the key ring's window line is not a number") \
                         from None
                 return cls(keys, left)
-        return cls(keys, 0)
+        return cls.given(keys)
 
     def __repr__(self) -> str:
         ids = ", ".join(f"{key_id(k):08x}" for k in self.keys)
