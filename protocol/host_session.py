@@ -459,14 +459,16 @@ class HostSession:
                 self._auth_refusal = got
                 return
         old = self.info
-        if self._rehandshake and old is not None and (
+        if (self._rehandshake or probe) and old is not None and (
                 (info.device_id, info.map_hash) != (old.device_id, old.map_hash)):
             # Another board took this one's place on the line: nothing of ours goes to it.
             self.gone = (f"another device answers on this line: "
                          f"{printable(info.device_id or info.name)} instead of "
                          f"{printable(old.device_id or old.name)}; nothing more was sent")
             self.state = SessionState.CLOSED
-            self._rehandshake = False
+            self._rehandshake = self._probing = False
+            for p in sorted(self._inflight.values(), key=lambda q: q.seq):  # a probe's: sent to
+                self._finish(p, Outcome.UNKNOWN, Status.EPOCH_CHANGED_IN_FLIGHT)  # the old one
             self._settle_queue()
             self._events.append(HelloFailed(self.gone, incompatible=True))
             return

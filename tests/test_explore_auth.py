@@ -106,3 +106,26 @@ def test_every_schedule_of_two_faults_keeps_the_authenticated_promise() -> None:
     r = explore_auth(2)
     assert r.violations == []
     assert r.states > 2500 and r.schedules > 250
+
+
+def test_a_probe_answered_by_another_board_closes_the_session() -> None:
+    """The re-key probe checks who answers, as a re-handshake does: another board in this one's
+    place gets nothing more, and what was in flight is UNKNOWN."""
+    host = HostSession(contract_hash=contract_hash(), timeout=1.0, attempts=1,
+                       hello_attempts=3, auth=HostAuth(KEY, os.urandom))
+    host.open(0.0)
+    first = _keyed_device(1)
+    first.receive_data(host.data_to_send(), 0.0)
+    host.receive_data(first.data_to_send(), 0.0)
+    assert isinstance(host.next_event(), SessionOpened)
+    host.submit(struct.pack(">BHH", 6, 4, 1), 0.1, set_only=True, tag="lost")
+    host.data_to_send()  # lost on the line
+    host.tick(1.2)  # unanswered: UNKNOWN, and the probe goes out
+    assert isinstance(host.next_event(), Completion)
+    other = DeviceSession(lambda pdu, now, seq: pdu, 9, contract_hash=contract_hash(),
+                          device_id="dev-2", map_hash=b"m" * 8,
+                          auth=DeviceAuth(DeviceKeys((KEY,)), os.urandom))
+    other.receive_data(host.data_to_send(), 1.3)
+    host.receive_data(other.data_to_send(), 1.3)
+    assert host.state is SessionState.CLOSED and host.gone is not None
+    assert "dev-2" in host.gone
