@@ -39,7 +39,8 @@ Contract:
   key life cycle asks; an address missing from the mapping is refused when its handle is made
   (``LocalProtocolError``), never driven unkeyed. A keyed handle refuses a device that does not
   sign with its key (no downgrade). Broadcasts stay unauthenticated (nobody answers, no session
-  key is shared by the devices): a keyed device does not run them (docs/BUS.md).
+  key is shared by the devices): a keyed device does not run them, so a keyed bus's
+  ``broadcast`` is refused (``LocalProtocolError``, nothing sent; docs/BUS.md).
 
 The rules (turn order, breaker and its schedule) are ``idemlink.protocol.bus_rules``; the
 handles only consult them.
@@ -74,6 +75,10 @@ from idemlink.protocol.regmap_file import DEFAULT_MAP, resolve_regmap
 
 KEYED_RTU_BUS = ("a key is for idemlink devices: plain Modbus RTU units have no authentication "
                  "(docs/SECURITY.md), so a keyed modbus_rtu bus is refused; nothing was sent")
+
+BROADCAST_UNSIGNED = ("a broadcast is unsigned (nobody answers it and the devices share no "
+                      "session key): a keyed device does not run one (docs/BUS.md, docs/"
+                      "SECURITY.md); nothing was sent")
 
 BusKeys = tuple[bytes, ...] | dict[int, tuple[bytes, ...]] | None
 """A bus's keys, read: one device key for all, or per address."""
@@ -505,6 +510,8 @@ class Bus:
         one after the other, against loss: a device runs it once however often it hears it."""
         if not 1 <= repeat <= 100:
             raise LocalProtocolError(f"a broadcast is sent 1..100 times, not {repeat}")
+        if self._keys is not None:
+            raise LocalProtocolError(BROADCAST_UNSIGNED)
         if self.modbus_rtu:
             raise LocalProtocolError("a broadcast here is the idemlink broadcast (numbered, run "
                                      "once); a plain Modbus RTU line has none; nothing was sent")

@@ -19,6 +19,7 @@ from idemlink.host.aio_bus import AsyncBus
 from idemlink.host.bus import Bus
 from idemlink.host.device import Device
 from idemlink.host.errors import IncompatibleDevice
+from idemlink.host.gateway_device import NotThroughGateway
 from idemlink.protocol.auth import key_id
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 
@@ -105,14 +106,57 @@ def KEYS_HIDDEN(text: str) -> bool:
 
 
 @pytest.mark.parametrize("how", [("--modbus-rtu", "--port", "/dev/null"),
+                                 ("--modbus-rtu", "--port", "/dev/null", "--unit", "1,2"),
                                  ("--modbus-tcp", "127.0.0.1:1")])
 def test_key_file_with_plain_modbus_is_refused_in_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], how: tuple[str, ...]) -> None:
     path = tmp_path / "k"
     path.write_text(K1.hex())
     path.chmod(0o600)
-    for command in (("read", "mode"), ("watch", "mode", "--count", "1")):
+    commands = [("read", "mode"), ("watch", "mode", "--count", "1")]
+    for command in commands[:1] if "--unit" in how else commands:  # watch takes one unit
         rc = main([command[0], *how, "--key-file", str(path), *command[1:]])
         _, err = capsys.readouterr()
         assert rc == 1 and err.count("\n") == 1 and "no room for a MAC" in err, err
         assert K1.hex() not in err and "Traceback" not in err
+
+
+def test_plain_modbus_units_on_a_bus_get_no_key() -> None:
+    medium = Medium([SimulatedDevice(seed=1, address=1, keys=(K1,))], BusConfig())
+    with pytest.raises(LocalProtocolError, match="no authentication"):
+        Bus(BusTransport(medium), modbus_rtu=True, key=K1)
+    # refused before the port is opened (the path does not exist: else a PortError)
+    with pytest.raises(LocalProtocolError, match="no authentication"):
+        Bus.open("/nonexistent/tty-keyed", modbus_rtu=True, key=K1)
+    with Bus(BusTransport(medium), modbus_rtu=True) as plain:  # can-fail: unkeyed is made
+        assert plain.key_for(1) is None
+
+
+def test_a_keyed_bus_sends_no_broadcast() -> None:
+    medium = Medium([SimulatedDevice(seed=1, address=1, keys=(K1,)),
+                     SimulatedDevice(seed=2, address=2, keys=(K2,))], BusConfig())
+    with Bus(BusTransport(medium), timeout=0.02, attempts=3, key={1: K1, 2: K2}) as bus:
+        for a in (1, 2):
+            bus.device(a).connect()
+        with pytest.raises(LocalProtocolError, match="a keyed device does not run one"):
+            bus.broadcast({"mode": 2})
+    assert [medium.device(a).executions for a in (1, 2)] == [[], []]
+
+
+def test_broadcast_refuses_a_key_file_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "k"
+    path.write_text(K1.hex())
+    path.chmod(0o600)
+    rc = main(["broadcast", "--port", "/dev/null", "--address", "1,2", "--key-file", str(path),
+               "mode=1"])
+    _, err = capsys.readouterr()
+    assert rc == 1 and err.count("\n") == 1 and "unsigned" in err, err
+    assert K1.hex() not in err and "Traceback" not in err
+
+
+def test_no_key_through_a_gateway_url() -> None:
+    with pytest.raises(NotThroughGateway, match="key"):
+        Device.open("idemlink+http://127.0.0.1:1/boiler", key=K1)
+    with pytest.raises(NotThroughGateway, match="key"):
+        AsyncDevice.open("idemlink+http://127.0.0.1:1/boiler", key=K1)

@@ -194,7 +194,7 @@ def test_the_gateway_port_says_authenticated_and_the_key_id_never_the_key(
     ident, read, *listing = asyncio.run(run())
     device = ident["device"]
     assert isinstance(device, dict)
-    assert device["authenticated"] is True and device["key_id"] == f"{key_id(KEY):08x}"
+    assert ident["authenticated"] is True and device["key_id"] == f"{key_id(KEY):08x}"
     assert read["outcome"] == "OK", read
     secrets.note_session(sim.device)
     for body in (ident, read, *listing):

@@ -13,6 +13,10 @@ Contract:
   every one's ``broadcast_next``); then one frame to address 0 (``--repeat N`` times, the same
   number: a device runs it once), and the command returns after its time on the line and the
   turnaround, never after a timeout (nobody answers). No device answering: exit 1, nothing sent.
+- **Unsigned**: a broadcast carries no MAC (nobody answers, the devices share no session key) and
+  a keyed device does not run one: ``--key-file`` is refused in one line, and so is a broadcast
+  to an address whose HELLO says it is keyed (exit 1, nothing sent) — never a key silently
+  ignored nor a write sent where it cannot run.
 - **Honest outcomes**: without ``--verify`` every device is UNKNOWN / BROADCAST_SENT (exit 5): a
   broadcast has no answer, only a read-back knows. ``--verify`` reads each device back: OK where
   the values hold, NOT_EXECUTED where they do not (set-only: sending again is harmless), UNKNOWN
@@ -74,6 +78,9 @@ def register(sub: Any) -> None:
     p.add_argument("--verify", action="store_true",
                    help="read each device back: OK where the values hold, NOT_EXECUTED where "
                         "they do not")
+    p.add_argument("--key-file", metavar="F", default=None,
+                   help="refused: a broadcast is unsigned and a keyed device does not run one "
+                        "(docs/BUS.md)")
     p.add_argument("--repeat", type=int, default=1, metavar="N",
                    help="send the same frame N times (1..100) against loss: each device runs "
                         "it once")
@@ -82,13 +89,15 @@ def register(sub: Any) -> None:
 
 
 def run_broadcast(args: argparse.Namespace) -> int:
-    from idemlink.host.bus import Bus
+    from idemlink.host.bus import BROADCAST_UNSIGNED, Bus
 
     check_seconds("--timeout", args.timeout, MAX_TIMEOUT)
     if args.attempts < 1:
         raise UserError("--attempts must be >= 1")
     if not 1 <= args.repeat <= 100:
         raise UserError(f"--repeat {args.repeat}: a broadcast is sent 1..100 times")
+    if args.key_file is not None:
+        raise UserError(f"--key-file: {BROADCAST_UNSIGNED}")
     ports = ports_of(args)
     if len(ports) != 1:
         raise UserError("a broadcast goes on one bus: give one --port")
@@ -134,6 +143,11 @@ def run_broadcast(args: argparse.Namespace) -> int:
         if len(silent) == len(addresses):
             raise UserError(f"{port}: no device of --address {args.address} answered its "
                             "HELLO; nothing was sent")
+        keyed = [a for a in addresses if a not in silent
+                 and (info := bus.framed(a).info) is not None and info.key_id is not None]
+        if keyed:
+            raise UserError(f"{port}: address {', '.join(map(str, keyed))} is keyed: "
+                            f"{BROADCAST_UNSIGNED}")
         try:
             sent = bus.broadcast(values, repeat=args.repeat)
         except PortError as exc:
