@@ -823,8 +823,11 @@ class _Campaign(Campaign):
         adversary = self._adversary()
         if adversary is not None:
             rep.attacks_sent = Counter(adversary.sent)
-        counters = self.sim.counters_total()
-        rep.refused = {k: counters[k] for k in ("bad_mac", "unauthenticated", "decode_errors")}
+        sim: SimulatedDevice | None = getattr(self, "sim", None)
+        if sim is not None:  # a device in another process (the bus campaign's): its own stats
+            counters = sim.counters_total()
+            rep.refused = {k: counters[k] for k in ("bad_mac", "unauthenticated",
+                                                    "decode_errors")}
         return rep
 
     def schedule_reboot(self) -> None:
