@@ -210,3 +210,36 @@ def test_ctrl_c_before_anything_was_sent_says_so_in_one_line(as_json: bool) -> N
         assert error == {"schema": "idemlink.error/1", "command": "write", "exit": 130,
                          "message": err.splitlines()[0].removeprefix("idemlink write: "),
                          "devices_run": 2, "devices_finished": 0, "devices_may_have_run": 0}
+
+
+IMPORT_PROBE = """
+import sys, threading
+late = []
+sys.addaudithook(lambda ev, a: late.append(a[0]) if ev == 'import'
+                 and threading.current_thread() is not threading.main_thread() else None)
+import argparse
+from idemlink.commands.many import run_on_ports
+from idemlink.protocol.contract import contract_hash
+
+def handler(ns):
+    contract_hash()  # what each Device's construction does first in its thread
+    return 0
+
+run_on_ports(argparse.Namespace(command='read', json=False), handler, ['a', 'b'])
+print('LATE', sorted(set(late)), file=sys.__stderr__)
+"""
+
+
+def test_device_threads_import_nothing_a_ctrl_c_could_interrupt() -> None:
+    """Ctrl-C reaches each device thread as an asynchronous KeyboardInterrupt; one landing
+    inside a thread's first import of a module left that module's import lock held, and
+    ``read --address 1-8`` interrupted in its first second hung for ever (every other thread
+    waiting on the lock). The modules a device's construction imports are imported before the
+    threads start: none is imported first inside a device thread (a fresh interpreter, where
+    nothing is imported yet)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", IMPORT_PROBE], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "LATE []" in done.stderr, done.stderr

@@ -19,8 +19,10 @@ Contract:
 - Exit status: the worst device's — UNKNOWN 5 > REJECTED 4 > NOT_EXECUTED 3 > local error 1 > OK
   0 (a device that could not be reached is never hidden by the others' success).
 - Ctrl-C (caught as a flag by the main thread, then raised in each device thread) interrupts
-  every device within one ``--timeout``: each settles what it had out
-  (CANCELLED, as with one port; a write that was out says it may have run), the blocks are printed
+  every device within one ``--timeout`` (what the threads would import first is imported
+  before they start: an interrupt inside an import could leave its lock held and hang them):
+  each settles what it had out (CANCELLED, as with one port; a write that was out says it may
+  have run), the blocks are printed
   (INTERRUPTED for a device that had not finished), then one stderr line says what happened —
   ``idemlink read: interrupted: 1 of 3 devices finished; nothing that may have had an effect was
   out on the 2 others`` (or how many devices had requests out that may have run) — and with
@@ -205,6 +207,7 @@ def run_on_ports(args: argparse.Namespace, handler: Callable[[argparse.Namespace
     if getattr(args, "device_id", None) is not None:
         raise UserError("--device-id names one Modbus RTU slave: give one --port")
     runs = [DeviceRun(p) for p in ports]
+    _import_before_threads()
     journals = SharedJournals()
     threads = Threads()
     progress = Progress(args.command, "devices", stream=sys.stderr)
@@ -251,6 +254,17 @@ def _ctrl_c_as_flag() -> Iterator[threading.Event]:
         yield event
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _import_before_threads() -> None:
+    """Import here, in the main thread, what every device thread would import first
+    (``contract_hash``'s sections, on each ``Device``'s construction): a Ctrl-C is raised
+    in the device threads as an asynchronous exception, and one landing inside a thread's
+    import can leave that module's import lock held, so every other thread (and the wait for
+    them) hangs for ever."""
+    from idemlink.protocol.contract import sections
+
+    sections()
 
 
 class Threads:
