@@ -123,6 +123,20 @@ def refused(breaker: Breaker, address: int, commands: list[Command], why: str) -
                    detail=f"address {address} {why}") for c in commands]
 
 
+def out_of_range(regmap: RegisterMap, command: Command) -> str | None:
+    """What of a register write lies outside the map's min..max (``RegisterSpec.in_range``),
+    or None. A device refuses such a write (ILLEGAL_DATA_VALUE); addressed, that answer is a
+    REJECTED, but nobody answers a broadcast, so its read-back would say only "does not hold"."""
+    for i, _ in enumerate(command.values):
+        spec = regmap.at(command.address + i)
+        if spec is None or spec.address != command.address + i or spec.field is not None:
+            continue
+        raw = spec.raw_from_words(command.values[i:i + spec.words])
+        if not spec.in_range(raw):
+            return f"{spec.name}={raw} outside {spec.limits_text()}"
+    return None
+
+
 class FairTurn:
     """Whose turn the line is, between a bus's handles on threads: ``acquire(key)`` waits for
     it, ``release(key)`` hands it on by the round-robin rule
@@ -519,6 +533,10 @@ class Bus:
         if not broadcast_allowed(self.regmap, command.pdu()):
             raise LocalProtocolError("a broadcast carries a set-only write of HOLDING registers "
                                      "only (nobody answers it); nothing was sent")
+        outside = out_of_range(self.regmap, command)
+        if outside:
+            raise LocalProtocolError(f"{outside}: every device would refuse it, silently (nobody "
+                                     "answers a broadcast); nothing was sent")
         handles = {a: d for a, d in self._devices.items()
                    if isinstance(d, BusDevice) and d.info is not None}
         if not handles:

@@ -175,3 +175,19 @@ def test_a_broadcast_of_what_is_not_set_only_is_refused_before_sending() -> None
     with pytest.raises(LocalProtocolError):
         bus.broadcast({"self_clean": 1})  # a trigger: refused by the command builder already
     assert sim.stats.by_sender[MASTER] == sent
+
+
+def test_a_broadcast_outside_the_maps_range_is_refused_before_sending() -> None:
+    """Each device refuses a value outside the map's range (ILLEGAL_DATA_VALUE), silently for a
+    broadcast: ``mode = 9`` went out and ``verify`` called it NOT_EXECUTED, "sending it again
+    is harmless" — again and again, never OK. The host knows the map's range: refused, nothing
+    sent (the CLI's ``broadcast`` said REJECTED already; the API did not)."""
+    sim, t = line(2)
+    bus = HostBus(t)
+    for a in (1, 2):
+        bus.device(a).connect()
+    sent = sim.stats.by_sender[MASTER]
+    with pytest.raises(LocalProtocolError, match="mode=9 outside"):
+        bus.broadcast({"mode": 9})
+    assert sim.stats.by_sender[MASTER] == sent
+    assert all(r.outcome is Outcome.OK for r in bus.verify(bus.broadcast({"mode": 2})).values())
