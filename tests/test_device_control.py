@@ -181,3 +181,18 @@ def _qemu_control(tmp_path: Path, board: str, elf: Path) -> None:
     assert proc.returncode == 0, err
     assert [line for line in err.splitlines() if "control:" in line] == [
         "qemu-device: control: 'bogus 1 2': say 'input ADDRESS VALUE' or 'condition ADDRESS BITS'"]
+
+
+def test_a_nul_byte_refuses_its_line(device: tuple[str, Path, subprocess.Popen[str]]) -> None:
+    """A line with a NUL byte is refused whole on both devices, like any word that is not a
+    number (the C rule once cut the line at the NUL and applied its head)."""
+    path, fifo, proc = device
+    with Device.open(path, regmap=PUMP) as dev:
+        say(fifo, "input 256 9\x00junk", "\x00 condition 0x300 2")
+        say(fifo, "input 256 5")
+        wait_until(lambda: raw(dev, FLOW) == 5, what="the line after the NUL lines")
+        assert raw(dev, MOTOR) == 0
+    proc.terminate()
+    _, err = proc.communicate(timeout=scaled(10))
+    assert proc.returncode == 0, err
+    assert len([line for line in err.splitlines() if "control:" in line]) == 2, err

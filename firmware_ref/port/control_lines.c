@@ -124,16 +124,22 @@ unsigned idl_control_feed(idl_control_t *c, const char *data, size_t n, idl_regs
                 c->skipping = 0;
                 (void)refuse(c, "(too long)", "line longer than 128 bytes");
                 refused++;
+            } else if (c->nul) { /* not cut at the NUL: the simulator refuses such a word */
+                c->line[c->used] = '\0';
+                (void)refuse(c, c->line, "a NUL byte in the line");
+                refused++;
             } else {
                 c->line[c->used] = '\0';
                 refused += apply_line(c, c->line, regs, now) ? 0u : 1u;
             }
             c->used = 0;
+            c->nul = 0;
         } else if (!c->skipping) {
             if (c->used == IDL_CONTROL_MAX_LINE) {
                 c->skipping = 1u; /* bounded: the rest of this line is dropped */
                 c->used = 0;
             } else {
+                c->nul |= (uint8_t)(ch == '\0');
                 c->line[c->used++] = ch;
             }
         }

@@ -25,6 +25,7 @@ typedef struct {
     char line[IDL_CONTROL_MAX_LINE + 1u];
     uint16_t used;
     uint8_t skipping; /**< the rest of an overlong line is being dropped */
+    uint8_t nul;      /**< this line holds a NUL byte: refused whole at its end */
     unsigned long refused;
     idl_control_say_fn say;
 } idl_control_t;
