@@ -200,3 +200,17 @@ def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
         assert int(total["text"]) + int(total["data"]) <= 6144
         assert int(with_ym["text"]) + int(with_ym["data"]) <= int(with_ym["budget_text"]) == 8320
         assert int(with_ym["ram_block"]) == 1024
+
+
+def test_size_device_measures_each_option_whatever_idl_opts_says() -> None:
+    """``size-device`` builds every row with and without FILE_RECEIVE, FILE_INFO and the bus
+    itself: an ``IDL_OPTS`` that names one of them (the small profile's ``-DIDL_FILE_RECEIVE=0``)
+    must not turn the YMODEM glue into 0 bytes and ``total_ymodem`` into a device without it."""
+    out = firmware.make("size-device", "IDL_OPTS=-DIDL_REPLAY_SLOTS=2u -DIDL_FILE_RECEIVE=0 "
+                        "-DIDL_BUS=1", "SIZE_CPUS=cortex-m0plus", "BUDGET_TEXT_FRAMED=8192",
+                        tools=("arm-none-eabi-gcc", "arm-none-eabi-size", "arm-none-eabi-nm"))
+    rows = {r["module"]: r for r in (dict(kv.split("=", 1) for kv in ln.split())
+                                     for ln in out.splitlines() if ln.startswith("cpu="))}
+    assert int(rows["ymodem"]["glue"]) > 0
+    assert int(rows["bus"]["text"]) > 0
+    assert rows["total"]["replay_slots"] == "2"
