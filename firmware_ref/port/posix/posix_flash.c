@@ -485,6 +485,117 @@ static int utf8_text(const unsigned char *s, size_t n)
     return 1;
 }
 
+/* One JSON value at p (RFC 8259, plus the NaN / Infinity / -Infinity Python's json.loads takes):
+ * the end of it, or NULL. Nesting deeper than 64 is refused (a configuration is two deep). */
+static const char *json_value(const char *p, unsigned depth);
+
+static const char *json_string(const char *p) /* at the opening quote */
+{
+    for (p++; *p != '"'; p++) {
+        if ((unsigned char)*p < 0x20u) { /* a control character, or the end of the text */
+            return NULL;
+        }
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                int k;
+                for (k = 0; k < 4; k++) {
+                    char h = *++p;
+                    if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) {
+                        return NULL;
+                    }
+                }
+            } else if (*p == '\0' || strchr("\"\\/bfnrt", *p) == NULL) {
+                return NULL;
+            }
+        }
+    }
+    return p + 1;
+}
+
+static const char *json_digits(const char *p)
+{
+    if (*p < '0' || *p > '9') {
+        return NULL;
+    }
+    while (*p >= '0' && *p <= '9') {
+        p++;
+    }
+    return p;
+}
+
+static const char *json_word(const char *p, const char *word)
+{
+    size_t n = strlen(word);
+    return strncmp(p, word, n) == 0 ? p + n : NULL;
+}
+
+static const char *json_value(const char *p, unsigned depth)
+{
+    char close;
+    p = skip_ws(p);
+    if (*p == '"') {
+        return json_string(p);
+    }
+    if (*p == '{' || *p == '[') {
+        close = *p == '{' ? '}' : ']';
+        if (depth >= 64u) {
+            return NULL;
+        }
+        p = skip_ws(p + 1);
+        if (*p == close) {
+            return p + 1;
+        }
+        for (;;) {
+            if (close == '}') {
+                if (*p != '"' || (p = json_string(p)) == NULL || (p = expect(p, ':')) == NULL) {
+                    return NULL;
+                }
+            }
+            if ((p = json_value(p, depth + 1u)) == NULL) {
+                return NULL;
+            }
+            p = skip_ws(p);
+            if (*p == close) {
+                return p + 1;
+            }
+            if (*p != ',') {
+                return NULL;
+            }
+            p = skip_ws(p + 1);
+        }
+    }
+    if (*p == 't' || *p == 'f' || *p == 'n' || *p == 'N' || *p == 'I') {
+        const char *e = json_word(p, "true");
+        e = e != NULL ? e : json_word(p, "false");
+        e = e != NULL ? e : json_word(p, "null");
+        e = e != NULL ? e : json_word(p, "NaN");
+        return e != NULL ? e : json_word(p, "Infinity");
+    }
+    if (*p == '-') {
+        p++;
+        if (*p == 'I') {
+            return json_word(p, "Infinity");
+        }
+    }
+    if (*p == '0') {
+        p++;
+    } else if ((p = json_digits(p)) == NULL) {
+        return NULL;
+    }
+    if (*p == '.' && (p = json_digits(p + 1)) == NULL) {
+        return NULL;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-') {
+            p++;
+        }
+        p = json_digits(p);
+    }
+    return p;
+}
+
 /* The [address, value] pair of the holdings list at *p (just after its '[' or a previous pair):
  * 1 and *p past the pair and its separator, 0 at the list's end, -1 when what is there is no
  * pair of integers 0..65535 (or no list goes on after it). */
@@ -541,6 +652,10 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
     }
     if (!utf8_text((const unsigned char *)text, (size_t)n)) {
         idl_posix_fail(1, "flash directory: config.json: not UTF-8 text", NULL);
+    }
+    p = json_value(text, 0u); /* the whole text one JSON value: a cut or a tail is refused */
+    if (p == NULL || *skip_ws(p) != '\0') {
+        idl_posix_fail(1, "flash directory: config.json: not JSON", NULL);
     }
     list = strstr(text, "\"holdings\"");
     if (list == NULL || (list = expect(list + 10, ':')) == NULL
