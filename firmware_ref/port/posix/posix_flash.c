@@ -532,13 +532,12 @@ static const char *json_word(const char *p, const char *word)
 
 static const char *json_value(const char *p, unsigned depth)
 {
-    char close;
     p = skip_ws(p);
     if (*p == '"') {
         return json_string(p);
     }
     if (*p == '{' || *p == '[') {
-        close = *p == '{' ? '}' : ']';
+        char close = *p == '{' ? '}' : ']';
         if (depth >= 64u) {
             return NULL;
         }
