@@ -70,6 +70,21 @@ def test_the_default_replay_slots_do_not_fit_the_part(tmp_path: Path) -> None:
     assert r.returncode != 0 and "region `RAM' overflowed" in r.stderr, r.stdout + r.stderr
 
 
+def test_idl_opts_overrides_what_the_profile_names(tmp_path: Path) -> None:
+    """README: IDL_OPTS goes to every target. ``board-m0plus IDL_OPTS=-DIDL_REPLAY_SLOTS=4u``
+    (PORTING: "K = 4 links too") takes 4 slots instead of the profile's 2, where it once stopped
+    on "IDL_REPLAY_SLOTS redefined" (-Werror)."""
+    firmware.need(*TOOLS)
+    r = subprocess.run(["make", "-s", "-C", str(firmware.FW), "board-m0plus",
+                        f"BUILD={tmp_path / 'build'}", "IDL_OPTS=-DIDL_REPLAY_SLOTS=4u"],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("board="))
+    mine = dict(re.findall(r"(\w+)=('[^']*'|\S+)", line))
+    assert mine["profile"] == "'-DIDL_FILE_RECEIVE=0 -DIDL_REPLAY_SLOTS=4u'"
+    assert int(mine["device_state"]) > int(_report()["device_state"]) + 2 * 256  # 2 more slots
+
+
 @pytest.fixture
 def bare_on_qemu(tmp_path: Path) -> Iterator[str]:
     _report()
