@@ -7,6 +7,7 @@ checks IDL_FILE_INFO=0 reaches the device.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,17 @@ def test_a_device_without_file_info_answers_0x45_illegal_function(tmp_path: Path
             assert host.execute(host.read_command("faults")).ok
     finally:
         dev.stop()
+
+
+def test_check_takes_a_crc_table_mode_from_idl_opts(tmp_path: Path) -> None:
+    """``make check IDL_OPTS=-DIDL_CRC32C_TABLE=2`` (a part's chosen CRC mode, README): the loop
+    over the other table modes sets the mode itself, so no compiler line may get two values (it
+    once did: "IDL_CRC32C_TABLE redefined", an error under -Werror). ``make -n``: nothing built."""
+    firmware.need()
+    out = subprocess.run(["make", "-n", "-C", str(firmware.FW), "check", f"BUILD={tmp_path}",
+                          "IDL_OPTS=-DIDL_CRC32C_TABLE=2"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    lines = [ln for ln in out.splitlines() if "-DIDL_CRC32C_TABLE=" in ln]
+    assert any("-DIDL_CRC32C_TABLE=$t" in ln for ln in lines)  # the loop is there
+    assert all(ln.count("-DIDL_CRC32C_TABLE=") == 1 for ln in lines
+               if "echo" not in ln), [ln for ln in lines if ln.count("-DIDL_CRC32C_TABLE=") > 1]
