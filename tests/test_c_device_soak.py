@@ -356,6 +356,19 @@ def test_qemu_device_tool_refuses_bad_arguments_in_one_line(
     assert r.stdout == ""
 
 
+def test_qemu_device_tool_says_in_one_line_that_it_cannot_save_the_device_id(
+        qemu_elf: Path, tmp_path: Path) -> None:
+    """A flash directory where ``device_id`` cannot be written (here a dangling link into a
+    directory that does not exist; a read-only or full medium alike): one line, exit 1, no
+    traceback (it was an uncaught FileNotFoundError)."""
+    (tmp_path / "device_id").symlink_to(tmp_path / "missing" / "device_id")
+    r = subprocess.run([sys.executable, str(QEMU_TOOL), "--elf", str(qemu_elf), "--flash-dir",
+                        str(tmp_path)], capture_output=True, text=True, timeout=30, check=False,
+                       cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert "device_id" in r.stderr and "Traceback" not in r.stderr and r.stdout == ""
+
+
 def test_the_cli_soak_drives_the_c_device_with_a_short_retry_timeout(device_bin: Path) -> None:
     """The documented template through `idemlink soak`, as a firmware engineer runs it: the
     device declares its own trigger duration, `--retry-timeout` paces retries for a fast device."""
