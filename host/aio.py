@@ -372,8 +372,9 @@ class AsyncDriver(DeviceHandle):
         return await self._drive(self.ops.reconcile_steps(result))
 
     async def reconcile_sent(self, command: Command,
-                             sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
-        return await self._drive(self.ops.evidence_steps(command, sent_as))
+                             sent_as: tuple[tuple[int, int], ...] = (),
+                             read_back: bool = True) -> Reconciliation:
+        return await self._drive(self.ops.evidence_steps(command, sent_as, read_back))
 
     async def execute_recorded(self, command: Command,
                                record: Callable[[SentRequest], None]) -> Result:

@@ -374,10 +374,11 @@ class BlockingDriver(DeviceHandle, BlockingCommands):
         return self._drive(self.ops.reconcile_steps(result))
 
     def reconcile_sent(self, command: Command,
-                       sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
+                       sent_as: tuple[tuple[int, int], ...] = (),
+                       read_back: bool = True) -> Reconciliation:
         """``reconcile`` for a command another process sent under the numbers ``sent_as`` (a
         journal's record, ``execute_recorded``; none on a plain Modbus slave)."""
-        return self._drive(self.ops.evidence_steps(command, sent_as))
+        return self._drive(self.ops.evidence_steps(command, sent_as, read_back))
 
     def run_recorded(self, command: Command, record: Callable[[SentRequest], None]) -> Result:
         """``execute_recorded`` on the shared pipeline: ``record`` is called with the request

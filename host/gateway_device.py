@@ -343,7 +343,8 @@ class GatewayDevice(Device):
         return self.remote.reconciliation(result)
 
     def reconcile_sent(self, command: Command,
-                       sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
+                       sent_as: tuple[tuple[int, int], ...] = (),
+                       read_back: bool = True) -> Reconciliation:
         raise _refuse("reconcile_sent (the gateway keeps its own record)")
 
     def execute_recorded(self, command: Command,
@@ -410,7 +411,8 @@ class AsyncGatewayDevice(AsyncDevice):
         return self._blocking.reconcile(result)
 
     async def reconcile_sent(self, command: Command,
-                             sent_as: tuple[tuple[int, int], ...] = ()) -> Reconciliation:
+                             sent_as: tuple[tuple[int, int], ...] = (),
+                             read_back: bool = True) -> Reconciliation:
         raise _refuse("reconcile_sent (the gateway keeps its own record)")
 
     async def execute_recorded(self, command: Command,

@@ -473,13 +473,16 @@ class Operations(Generic[S]):
         return (yield from self.evidence_steps(r.command, r.sent_as))
 
     def evidence_steps(self, c: Command, sent_as: tuple[tuple[int, int], ...],
-                       ) -> Steps[Reconciliation]:
+                       read_back: bool = True) -> Steps[Reconciliation]:
         """Did ``c``, sent under the numbers ``sent_as`` (this session's, or a dead process's
         from its journal), run? Re-sent under its last number when that is in the device's
         current epoch (``idemlink.host.evidence``: the device replays, says evicted, refuses it
         as another request's number, or runs it now, once), then the state it touched read
         back. Allowed while the handle is blocked; a file hand-over is never re-sent (it would
-        hand the port to YMODEM). A plain slave keeps no record: only the read-back."""
+        hand the port to YMODEM). A plain slave keeps no record: only the read-back.
+        ``read_back=False``: the re-send's verdict alone, nothing read — no request under a new
+        number, which would put other old numbers still to be asked behind the device's window
+        (a new session starts a window ahead): a caller settling several starts with those."""
         resent: Result | None = None
         s = self.session
         open_epoch = self.open_epoch()
@@ -487,6 +490,9 @@ class Operations(Generic[S]):
         if (c.may_have_effect and c.kind is not CommandKind.FILE_RECEIVE and number is not None
                 and not s.outstanding):
             resent = yield from self.resend_steps(c, number)
+        if not read_back and c.may_have_effect:
+            return with_evidence(Reconciliation(c, {}, None, ""), resent,
+                                 no_resend_reason(sent_as, open_epoch, numbered=self.numbered))
         plan = reconcile_plan(c, self.regmap)
         try:
             reads = next(plan)

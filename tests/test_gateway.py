@@ -413,3 +413,38 @@ def test_recorded_calls_share_the_pipeline(tmp_path: Path) -> None:
         assert events.index("record b") < events.index("done a")  # shared the line
         assert "record c after a ran" in events  # the same register: it waited for a
         assert len(sim.executions_of(_pdu_of(352))) == 1
+
+
+def test_several_calls_left_in_flight_are_all_settled_by_the_device_at_start(
+        tmp_path: Path) -> None:
+    """Two writes a killed gateway left ``started`` under numbers the device never saw: at start
+    each is re-sent under its own number and runs now, once — no UNKNOWN. (Found by a SIGKILL
+    campaign: the first one's read-back went under the new session's numbers, a window ahead,
+    and the second's number was then TOO_OLD: an open item blocking the port.)"""
+    from idemlink.gateway import calls
+    from idemlink.gateway.store import CallStore
+
+    with served_sim(tmp_path) as sim:
+        with running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+            first = _write(gw, new_key(time.time()), {"threshold": 360})
+            assert first.status == 200, first.body
+        epoch, seq = first.body["result"]["epoch"], first.body["result"]["seq"]
+        store = CallStore.open(tmp_path / "calls.db")
+        now_ms = int(time.time() * 1000)
+        left: dict[str, int] = {}
+        for n, (value, number) in enumerate(((371, seq + 2), (372, seq + 1))):
+            key = new_key(time.time())
+            args = {"values": {"threshold": value}}
+            store.begin("alice", key, calls.key_time_ms(key), calls.digest("dev", "write", args),
+                        "dev", "write", args, now_ms + n)  # the higher number is settled first
+            store.started("alice", key, (epoch, number), _pdu_of(value))
+            left[key] = value
+        store.close()
+        with running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+            assert gw.call("GET", "/v1/open-items").body["open_items"] == []
+            for key, value in left.items():
+                r = _write(gw, key, {"threshold": value})
+                assert (r.status, r.body["outcome"], r.body["replayed"]) == (200, "OK", True), \
+                    r.body
+        for value in left.values():
+            assert len(sim.executions_of(_pdu_of(value))) == 1

@@ -806,7 +806,10 @@ class Gateway:
             return self._unknown(rec.caller, rec.key, pending,
                                  "the map changed since: the request cannot be re-sent as it was")
         try:
-            recon = await dev.reconcile_sent(command, sent_as)
+            # The re-send's verdict alone: a read-back would travel under new numbers, and
+            # the new session's first number puts every other old number still to be asked
+            # behind the device's window (TOO_OLD: an UNKNOWN the design absorbs).
+            recon = await dev.reconcile_sent(command, sent_as, read_back=False)
         except LinkLost as exc:
             self._down(port, exc)
             return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
