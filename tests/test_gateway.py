@@ -263,6 +263,9 @@ def test_cli_through_the_gateway(tmp_path: Path) -> None:
         other = cli("write", "threshold=41.5", "--key", key)
         assert other.returncode == 3 and "IDEMPOTENCY_CONFLICT" in other.stdout
         assert f"--key {key}" in other.stderr
+        assert "was used for other content" in other.stderr  # why, not only the reason word
+        huge = cli("write", "threshold=99999")
+        assert huge.returncode == 4 and "outside what a register holds" in huge.stderr
         read = cli("read", "threshold", "--gateway-port", "dev")
         assert read.returncode == 0 and read.stdout.startswith("threshold = 41.0\n")
         trig = cli("trigger", "--json")

@@ -168,6 +168,8 @@ def _report(args: argparse.Namespace, answer: dict[str, Any]) -> int:
         if answer.get("replayed"):
             line += " (replayed)"
         print(line)
+    if outcome != "OK" and answer.get("message") and not args.json:
+        print(f"idemlink: {answer['message']}", file=sys.stderr)  # why, in the gateway's words
     if outcome != "OK" and answer.get("key"):
         print(f"idemlink: key {answer['key']} (ask again with --key {answer['key']})",
               file=sys.stderr)
