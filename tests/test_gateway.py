@@ -70,6 +70,8 @@ def test_calls_keys_replay_conflict_if_match_and_audit(tmp_path: Path) -> None:
         assert conflict.status == 409 and conflict.body["reason"] == "IDEMPOTENCY_CONFLICT"
         assert conflict.body["action"] == "do not retry"
         assert sim.executions_of(_pdu_of(421)) == []  # nothing sent
+        fraction = _write(gw, new_key(time.time()), {"threshold": 42.5})  # a JSON number, not
+        assert fraction.status == 422 and '"42.5"' in fraction.body["message"]  # text: says so
 
         # the key is the caller's: bob's call under the same text is his own
         bobs = _write(gw, key, {"threshold": 420}, token=TOKEN_BOB)

@@ -404,7 +404,8 @@ class Gateway:
                         or not all(isinstance(v, int | str) and not isinstance(v, bool)
                                    for v in values.values())):
                     raise BadArguments(f'"values" must map 1 to {MAX_VALUES} register names to '
-                                       "numbers or text")
+                                       'raw integers or text in the register\'s unit ("42.5", '
+                                       "a label): a JSON fraction such as 42.5 is not taken")
                 gen = args.get("if_match")
                 if gen is not None:
                     return b.write_if_generation_command(int(gen), values)
