@@ -206,6 +206,8 @@ def test_tokens(tmp_path: Path) -> None:
     assert caller_of(tokens, "Bearer nope-nope-nope-nope") is None
     assert caller_of(tokens, None) is None
     assert caller_of(tokens, "Basic abcdefghijklmnop0") is None
+    # a header that is not UTF-8 reaches us with surrogates (aiohttp): 401, not a bare 500
+    assert caller_of(tokens, "Bearer \udcc3\udca9abcdefghijklmnop") is None
     for bad in ("short alice\n", "abcdefghijklmnop0\n", "abcdefghijklmnop0 a b\n", "",
                 "abcdefghijklmnop0 a\nabcdefghijklmnop0 b\n"):
         with pytest.raises(TokenFileError):

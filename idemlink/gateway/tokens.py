@@ -109,7 +109,8 @@ def caller_of(tokens: dict[str, str], authorization: str | None) -> str | None:
     """The caller id of an ``Authorization: Bearer TOKEN`` header; None if it names none."""
     if authorization is None or not authorization.startswith("Bearer "):
         return None
-    given = authorization[len("Bearer "):].strip().encode()
+    # a header that is not UTF-8 arrives with surrogates: never a token, never an exception
+    given = authorization[len("Bearer "):].strip().encode(errors="surrogateescape")
     found: str | None = None
     for token, caller in tokens.items():
         if hmac.compare_digest(token.encode(), given):
