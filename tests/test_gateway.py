@@ -70,6 +70,9 @@ def test_calls_keys_replay_conflict_if_match_and_audit(tmp_path: Path) -> None:
         assert conflict.status == 409 and conflict.body["reason"] == "IDEMPOTENCY_CONFLICT"
         assert conflict.body["action"] == "do not retry"
         assert sim.executions_of(_pdu_of(421)) == []  # nothing sent
+        cond = gw.call("POST", "/v1/ports/dev/clear", {"mask": 1},
+                       headers={"Idempotency-Key": new_key(time.time()), "If-Match": '"0"'})
+        assert cond.status == 400 and "If-Match" in cond.body["message"]  # refused, not ignored
         fraction = _write(gw, new_key(time.time()), {"threshold": 42.5})  # a JSON number, not
         assert fraction.status == 422 and '"42.5"' in fraction.body["message"]  # text: says so
 

@@ -183,14 +183,26 @@ def make_app(gateway: Gateway, tokens: dict[str, str],
         return _json(await gateway.read(request.match_info["port"], names))
 
     async def write(request: web.Request) -> web.Response:
+        if "If-None-Match" in request.headers:
+            raise CallError("a write takes If-Match (the generation), not If-None-Match: "
+                            "nothing sent")
         data = await body_of(request)
         generation = parse_if_match(request.headers.get("If-Match"))
         return await _effect(request, "write", args_for("write", data, generation))
 
+    def no_condition(request: web.Request, op: str) -> None:
+        """A condition the gateway cannot evaluate is refused, never ignored (RFC 9110: a
+        server that gets ``If-Match`` evaluates it): only a write carries one."""
+        if "If-Match" in request.headers or "If-None-Match" in request.headers:
+            raise CallError(f"a {op} takes no If-Match (only a write is conditional, on the "
+                            "generation): nothing sent")
+
     async def clear(request: web.Request) -> web.Response:
+        no_condition(request, "clear")
         return await _effect(request, "clear", args_for("clear", await body_of(request)))
 
     async def trigger(request: web.Request) -> web.Response:
+        no_condition(request, "trigger")
         data = await body_of(request) if request.can_read_body else {}
         return await _effect(request, "trigger", args_for("trigger", data), background=True)
 
