@@ -140,6 +140,17 @@ def test_a_store_file_removed_under_a_running_gateway_stops_calls(tmp_path: Path
         assert sim.executions_of(_pdu_of(331)) == []
 
 
+def test_a_store_wal_removed_under_a_running_gateway_stops_calls(tmp_path: Path) -> None:
+    """Its write-ahead log deleted (a tmp cleaner, a careless hand): SQLite writes on into the
+    unlinked file and the next start finds none of it — a retry would run again."""
+    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
+        assert _write(gw, new_key(time.time()), {"threshold": 332}).status == 200
+        os.unlink(tmp_path / "calls.db-wal")
+        r = _write(gw, new_key(time.time()), {"threshold": 333})
+        assert (r.status, r.body["reason"]) == (503, "STORE_ERROR"), r.body
+        assert sim.executions_of(_pdu_of(333)) == []
+
+
 def test_a_key_past_retention_with_its_record_still_kept_is_replayed(tmp_path: Path) -> None:
     """A retry that crosses the 24-hour line must get the record's answer, not 'use a new key'
     (which would run the command again)."""

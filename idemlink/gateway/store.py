@@ -27,7 +27,8 @@ Contract (docs/GATEWAY.md, "The store"):
   later): it never drops a record that is still needed. Every per-call query uses an index;
   the row counts are kept in memory.
 - Any SQLite failure (disk full, I/O error) is ``StoreError`` and the transaction is rolled back;
-  a store file removed or replaced under the gateway refuses new calls (``check_file``).
+  a store file (or its ``-wal``) removed or replaced under the gateway refuses new calls
+  (``check_file``).
 - One gateway per store: ``<path>.lock`` (``idemlink.protocol.regular_file.lock_file``) or
   ``StoreBusy``. The file is private (created 0600; a store readable by group or others, or a
   symbolic link, is refused: ``StoreUnsafe``).
@@ -209,6 +210,7 @@ class CallStore:
         self._lock = lock
         st = os.stat(path)
         self._identity = (st.st_dev, st.st_ino)
+        self._wal_identity = self._identity_of(path + "-wal")  # there while the store is open
         self.syncs = 0  #: synced transactions so far (each also syncs every unsynced one before)
         self.unsynced = False  #: a transaction since the last synced one was not synced
         self._calls: int = db.execute("SELECT COUNT(*) FROM calls").fetchone()[0]
@@ -295,14 +297,22 @@ class CallStore:
         except sqlite3.Error as exc:
             raise StoreError(f"store {self.path}: cannot be read ({exc})") from exc
 
-    def check_file(self) -> None:
-        """``StoreError`` if the store's path no longer names the file this gateway writes (it
-        was removed or replaced): what it writes now would be lost at the next start."""
+    @staticmethod
+    def _identity_of(path: str) -> tuple[int, int] | None:
         try:
-            st = os.stat(self.path)
+            st = os.stat(path)
         except OSError:
-            st = None
-        if st is None or (st.st_dev, st.st_ino) != self._identity:
+            return None
+        return st.st_dev, st.st_ino
+
+    def check_file(self) -> None:
+        """``StoreError`` if the store's path — or its write-ahead log's, which holds what was
+        written since the last checkpoint — no longer names the file this gateway writes (it
+        was removed or replaced): what it writes now would be lost at the next start."""
+        if self._wal_identity is None:  # not made yet when the store was opened
+            self._wal_identity = self._identity_of(self.path + "-wal")
+        wal = self._identity_of(self.path + "-wal") if self._wal_identity else None
+        if self._identity_of(self.path) != self._identity or wal != self._wal_identity:
             raise StoreError(f"store {self.path} was removed or replaced under the running "
                              "gateway: what it recorded would be lost at the next start; calls "
                              "with an effect are refused until it is restarted")
