@@ -436,7 +436,9 @@ def test_several_calls_left_in_flight_are_all_settled_by_the_device_at_start(
         with running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
             first = _write(gw, new_key(time.time()), {"threshold": 360})
             assert first.status == 200, first.body
-        epoch, seq = first.body["result"]["epoch"], first.body["result"]["seq"]
+        epoch = first.body["result"]["epoch"]
+        with sim.shared.lock:  # the device's last number (the gateway may have read since)
+            seq = max(e.seq for e in sim.device.executions if e.epoch == epoch)
         store = CallStore.open(tmp_path / "calls.db")
         now_ms = int(time.time() * 1000)
         left: dict[str, int] = {}
