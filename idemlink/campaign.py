@@ -12,8 +12,15 @@ What the campaign does, besides sending commands:
   the block with one register changed), conditional writes (right and wrong generation), W1C
   clears (with an undeclared bit now and then), triggers by 0x42 and by FC06, trigger values other
   than 0/1, reads of the map and of an unmapped address;
-- the device reboots (``reboot_every``); the environment moves (temperature over/under the
-  threshold, external fault conditions, a trigger forced into an abnormal state and back);
+- the device reboots (``reboot_every``); the environment moves: an input changes, the external
+  condition of one declared fault bit of the map comes or goes (``conditions``, per batch), a
+  trigger is forced into an abnormal state and back (in-process only). Inputs and conditions are
+  control lines (``input ADDRESS VALUE``, ``condition ADDRESS BITS``, ``device_sim.control``),
+  the one rule of both devices: in-process applied to the simulator's core, with
+  ``--device-cmd`` written to the device's control FIFO (``{control}``). Each condition is also
+  the campaign's own record (``oracle.Condition``), fed to the oracle between the device's
+  records, so the oracle judges latching and W1C clears (while the condition holds and after it
+  went) from the device's record and the environment's, whatever the map;
 - the host process crashes (``restart_every``): the frames it had just written stay on the line
   and arrive after a new process's HELLO (as from a serial adapter's buffer), and the new process
   reconciles what the dead one may have run (as its journal would);
@@ -54,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from idemlink.device_sim.adversary import Adversary
+from idemlink.device_sim.control import apply, parse_control_line
 from idemlink.device_sim.device import SimulatedDevice
 from idemlink.device_sim.link import Delivery, DeliveryLog, LinkConfig
 from idemlink.device_sim.simlink import SimTransport
@@ -61,7 +69,18 @@ from idemlink.host.command import Command, CommandKind, Result
 from idemlink.host.device import Device
 from idemlink.host.errors import NoDevice
 from idemlink.host.transport import Transport
-from idemlink.oracle import Boot, Claim, Delivered, MapTruth, Oracle, Record, Reg, Run, Tally
+from idemlink.oracle import (
+    Boot,
+    Claim,
+    Condition,
+    Delivered,
+    MapTruth,
+    Oracle,
+    Record,
+    Reg,
+    Run,
+    Tally,
+)
 from idemlink.oracle_wire import REQUEST, SIGNED_FLAGS, read_frame
 from idemlink.protocol.outcome import FIRST_LOCAL_STATUS, IdemlinkError, Outcome
 from idemlink.protocol.regmap_file import resolve_regmap
@@ -95,6 +114,7 @@ class CampaignConfig:
     #: an attacker in the line (``idemlink.device_sim.adversary``): per host request, the
     #: probability of one forged, replayed, reflected, stripped, truncated or flipped frame
     adversary: float = 0.0
+    conditions: float = 0.02  #: per batch: the probability that one fault condition comes or goes
 
     @property
     def key(self) -> bytes | None:
@@ -163,6 +183,10 @@ class CampaignReport:
     lost_acknowledged_writes: int = 0
     misclassified: int = 0
     register_semantics: int = 0  #: device answers the register map's semantics do not give
+    conditions_set: int = 0  #: fault conditions the environment changed (its own record)
+    faults_latched: int = 0  #: fault bits the oracle's model latched (boots included)
+    faults_cleared: int = 0  #: latched bits a W1C clear cleared, their condition gone
+    clears_while_held: int = 0  #: latched bits a W1C clear left latched, their condition held
     problems: list[str] = field(default_factory=list)
     simulated_seconds: float = 0.0
     wall_seconds: float = 0.0
@@ -185,6 +209,7 @@ class CampaignReport:
                      "register_semantics", "executions", "late_executions",
                      "reissued_set_only", "ran_unanswered", "never_delivered"):
             setattr(self, name, getattr(tally, name))
+        self.conditions_set = tally.conditions
         self.answers = Counter(tally.answers)
         self.late_answers = Counter(tally.late_answers)
         self.problems = list(tally.problems)
@@ -375,6 +400,11 @@ class Campaign:
         self.span = (min(regs.registers), max(regs.registers) - min(regs.registers) + 1)
         self.unmapped = next(a for a in range(0x10000) if a not in regs.registers)
         self.environment = environment
+        #: the external conditions the environment set, by fault register address
+        self.conditions: dict[int, int] = {}
+        #: the device is in-process: its clock is the host's, a trigger can be put into an
+        #: abnormal state
+        self.in_process = True
         self.transport = CrashingTransport(transport)
         self._crash_due: int | None = None  #: writes until the drawn host crash lands
         self.dev = self._new_host()
@@ -403,10 +433,8 @@ class Campaign:
         """The device's registers by name, when it can show them (in-process)."""
         return None
 
-    def set_input(self, name: str, value: int) -> None:
-        raise NotImplementedError
-
-    def set_condition(self, bit: str, active: bool) -> None:
+    def control(self, line: str) -> None:
+        """A control line to the device (``input ADDRESS VALUE``, ``condition ADDRESS BITS``)."""
         raise NotImplementedError
 
     def force_trigger(self, name: str, raw: int) -> None:
@@ -478,18 +506,23 @@ class Campaign:
         if rng.random() < 0.05 and self.inputs:  # temperature drifts over/under threshold
             spec = self.inputs[0]
             value = rng.randint(200, 600)
-            self.set_input(spec.name, value)
-            self.oracle.set_input(spec.name, value, now)
-        if rng.random() < 0.02 and self.oracle.regs.bits:
+            self.control(f"input {spec.address} {value}")
+            self.oracle.set_input(spec.name, value, now if self.in_process else None)
+        if rng.random() < self.cfg.conditions and self.oracle.regs.bits:
             bit = rng.choice(sorted(self.oracle.regs.bits))
             active = rng.random() < 0.5
-            self.set_condition(bit, active)
-            self.oracle.set_condition(bit, active, now)
+            address, b = self.oracle.regs.bits[bit]
+            old = self.conditions.get(address, 0)
+            bits = old | (1 << b) if active else old & ~(1 << b)
+            self.conditions[address] = bits
+            self.control(f"condition {address} {bits}")
+            self.oracle.feed([Condition(address, bits, now)])
         if rng.random() < 0.01 and self.triggers:  # an abnormal trigger state, or back
             raw = rng.choice([7, 0x00FF, 0, 0, 2])
             name = rng.choice(self.triggers).name
-            self.force_trigger(name, raw)
-            self.oracle.force_trigger(name, raw, now)
+            if self.in_process:
+                self.force_trigger(name, raw)
+                self.oracle.force_trigger(name, raw, now)
 
     # -------------------------------------------------------------- host processes
     def _new_host(self) -> _Host:
@@ -707,6 +740,9 @@ class Campaign:
         self._sync()
         rep.commands = self.done
         rep.take(self.oracle.tally)
+        model = self.oracle.model
+        rep.faults_latched, rep.faults_cleared = model.latches, model.clears
+        rep.clears_while_held = model.clears_held
         rep.retries = self.retries + self.dev.session.counters.retries
         rep.simulated_seconds = self.transport.now() - self._started_at
         rep.wall_seconds = time.perf_counter() - self._t0
@@ -847,11 +883,10 @@ class _Campaign(Campaign):
         self.oracle.model.finish_due(now, 0.0)
         return self.sim.core.values()
 
-    def set_input(self, name: str, value: int) -> None:
-        self.sim.core.set_input(name, value, self.sim_transport.now())
-
-    def set_condition(self, bit: str, active: bool) -> None:
-        self.sim.core.set_condition(bit, active, self.sim_transport.now())
+    def control(self, line: str) -> None:
+        command = parse_control_line(line, self.sim.core.regmap)
+        if command is not None:
+            apply(self.sim.core, command, self.sim_transport.now())
 
     def force_trigger(self, name: str, raw: int) -> None:
         self.sim.core.tick(self.sim_transport.now())

@@ -207,9 +207,22 @@ class Delivered:
     unit: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Condition:
+    """The environment's record (the campaign's own word, never the device's): from ``time`` (the
+    host's clock) the external fault conditions of the FAULT register at ``address`` are exactly
+    ``bits`` — each set bit a declared fault bit whose condition holds. Fed in order with the
+    device's record: executions fed before it ran under the old conditions, those after under
+    these."""
+
+    address: int
+    bits: int
+    time: float
+
+
 Effect = Boot | Run
 """A line of the device's effects file."""
-Record = Effect | Delivered
+Record = Effect | Delivered | Condition
 
 
 def parse_effects_line(line: str) -> Effect:
@@ -349,6 +362,9 @@ class Model:
     #: ``floor`` (more than it, when ``strict``); None: known (``values[gen_addr]``)
     gen_unknown: tuple[int, bool] | None = None
     changed: bool = False  #: an effective change since the last boot
+    latches: int = 0  #: fault bits latched (a bit going from clear to latched), boots included
+    clears: int = 0  #: latched fault bits a W1C clear cleared (their condition had gone)
+    clears_held: int = 0  #: latched fault bits a W1C clear left latched (their condition held)
 
     @classmethod
     def fresh(cls, regs: MapTruth, duration: float, conditions: Conditions | None) -> Model:
@@ -389,7 +405,10 @@ class Model:
 
     def latch(self) -> None:
         for a in self.latched:
-            self.latched[a] |= self.cond(a)
+            new = self.cond(a) & ~self.latched[a]
+            if new:
+                self.latches += bin(new).count("1")
+                self.latched[a] |= new
 
     def finish_due(self, now: float, tolerance: float) -> list[int]:
         """Finish triggers and commands whose duration has surely elapsed; the addresses still
@@ -542,7 +561,10 @@ class Model:
                 self.command_started[r.address] = now
         for r, v in plan:
             if r.kind == "fault":
-                self.latched[r.address] &= ~(v & ~self.cond(r.address))
+                cond = self.cond(r.address)
+                self.clears += bin(self.latched[r.address] & v & ~cond).count("1")
+                self.clears_held += bin(self.latched[r.address] & v & cond).count("1")
+                self.latched[r.address] &= ~(v & ~cond)
         self.latch()
 
     def _step(self, address: int, value: int, now: float) -> int:
@@ -622,6 +644,7 @@ class Tally:
     late_executions: int = 0  #: landed after their result was settled
     reissued_set_only: int = 0
     boots: int = 0
+    conditions: int = 0  #: the environment's condition records fed
     answers: Counter[str] = field(default_factory=Counter)
     """every answer the line delivered to the host, by status (``REPLAYED``: status OK, replayed)"""
     late_answers: Counter[str] = field(default_factory=Counter)
@@ -749,8 +772,11 @@ class Oracle:
             self.tally.problems.append(text)
 
     # -- the environment --------------------------------------------------------------------
-    def set_input(self, name: str, value: int, now: float) -> None:
-        self.model.finish_due(now, 0.0)
+    def set_input(self, name: str, value: int, now: float | None) -> None:
+        """The environment changed an input at ``now`` on the device's clock (None: a device on
+        another clock — nothing finishes by it)."""
+        if now is not None:
+            self.model.finish_due(now, 0.0)
         self.model.values[self.regs.named(name).address] = value
         self.model.latch()
 
@@ -758,6 +784,16 @@ class Oracle:
         address, bit = self.regs.bits[bit_name]
         old = self.model.external[address]
         self.model.external[address] = old | (1 << bit) if active else old & ~(1 << bit)
+        self.model.latch()
+
+    def _condition(self, c: Condition) -> None:
+        """The environment's record: the fault word's external conditions are now ``c.bits``."""
+        r = self.regs.registers.get(c.address)
+        if r is None or r.kind != "fault" or c.bits & ~r.mask:
+            raise OracleError(f"condition {c.address} {c.bits}: not declared fault bits of a "
+                              "fault register")
+        self.tally.conditions += 1
+        self.model.external[c.address] = c.bits
         self.model.latch()
 
     def force_trigger(self, name: str, raw: int, now: float) -> None:
@@ -875,6 +911,8 @@ class Oracle:
         for r in records:
             if isinstance(r, Delivered):
                 self._delivered(r)
+            elif isinstance(r, Condition):
+                self._condition(r)
             elif isinstance(r, Boot):
                 self.tally.boots += 1
                 self.epoch = r.epoch

@@ -2,28 +2,38 @@
 
 Contract: ``run_device_campaign(cfg, template)`` starts the link emulator as a real-time proxy
 between two pseudo-terminals, spawns the device with ``template``'s placeholders filled in —
-``{port}`` (the pty the device serves), ``{effects}`` (the file it appends its record to, format
-in docs/SOAK.md) and ``{flash}`` (a directory it may keep its configuration in, the same across
-restarts) — and runs the campaign of ``idemlink.campaign`` over the proxy in real time. A device
-reboot is the process stopped (SIGTERM; SIGKILL after ``STOP_GRACE`` seconds) and started again
-on the same port and flash directory, at a random moment, requests in flight; host-process
-crashes are as in-process. SIGTERM rather than a power cut: an execution whose effect is durable
-must also be in the effects file, which a kill between the two would tear. The oracle reads the
-effects file — the device writes a ``boot`` line when it starts and one line per execution,
-flushed — and the proxy's own record of every frame it delivered each way (its ``DeliveryLog``,
-on the host's clock); outages and late copies are the proxy's, as in-process.
-The line is ``cfg``'s (``baud`` None: unpaced; ``latency``); the host's retry timeout is
-``retry_timeout`` real seconds, by default ``max(cfg.timeout, DEVICE_TIMEOUT)``, which a device
-written in Python answers within on a loaded machine; a fast device on an unpaced line can be
-driven with a few milliseconds (a retry that comes too early is answered by replay: harmless).
-The environment (inputs, fault conditions) is not moved: the device keeps its inputs at the map's
-defaults. ``DeviceCommandError`` (one line) when the template lacks a placeholder, the device
-does not start (no boot line within ``START_TIMEOUT``) or exits by itself.
+``{port}`` (the pty the device serves), ``{effects}`` (the file it appends its record to, format in
+docs/SOAK.md), ``{flash}`` (a directory it may keep its configuration in, the same across restarts)
+and, optionally, ``{control}`` (the control FIFO, below) — and runs the campaign of
+``idemlink.campaign`` over the proxy in real time. A device reboot is the process stopped (SIGTERM;
+SIGKILL after ``STOP_GRACE`` seconds) and started again on the same port and flash directory, at a
+random moment, requests in flight; host-process crashes are as in-process. SIGTERM rather than a
+power cut: an execution whose effect is durable must also be in the effects file, which a kill
+between the two would tear. The oracle reads the effects file — the device writes a ``boot`` line
+when it starts and one line per execution, flushed — and the proxy's own record of every frame it
+delivered each way (its ``DeliveryLog``, on the host's clock); outages and late copies are the
+proxy's, as in-process. The line is ``cfg``'s (``baud`` None: unpaced; ``latency``); the host's
+retry timeout is ``retry_timeout`` real seconds, by default ``max(cfg.timeout, DEVICE_TIMEOUT)``,
+which a device written in Python answers within on a loaded machine; a fast device on an unpaced
+line can be driven with a few milliseconds (a retry that comes too early is answered by replay:
+harmless). The environment (inputs, fault conditions) moves when the template has ``{control}``:
+the campaign creates a FIFO there (``ControlLine``) and writes the control lines of
+``device_sim.control`` to it — ``input ADDRESS VALUE``, ``condition ADDRESS BITS`` — the device
+reads it (``--control``); its own record of each condition is fed to the oracle. A device reboot is
+a new process with a fresh world, so the current inputs and conditions are written again before it
+starts (it reads them before its first request: the C device's serve loop reads the FIFO before the
+port). The FIFO is held open by the campaign for reading and writing, so a line written while the
+device is down waits for it; one the device does not read within the pipe's buffer is
+``DeviceCommandError``. Without ``{control}`` the device keeps its inputs at the map's defaults and
+no condition comes. ``DeviceCommandError`` (one line) when the template lacks a placeholder, the
+device does not start (no boot line within ``START_TIMEOUT``) or exits by itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import os
 import random
 import shlex
 import subprocess
@@ -79,10 +89,52 @@ class EffectsReader:
             raise DeviceCommandError(f"{self.path}: {exc}") from None
 
 
-class DeviceProcess:
-    """The device command, (re)started on demand; ``restart()`` is a power cycle."""
+class ControlLine:
+    """The device's control FIFO (``{control}``), written by the campaign: every line goes to the
+    device; ``replay()`` writes the world as it stands again (inputs, conditions) for a device
+    that starts afresh. Thread-safe: reboots come from a timer thread."""
 
-    def __init__(self, template: str, values: Mapping[str, str], log: Path) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        os.mkfifo(path, 0o600)
+        # read and write: a write never blocks nor fails while no device reads
+        self._fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Lock()
+        self._world: dict[tuple[str, str], str] = {}  #: (word, address) -> its latest line
+
+    def write(self, line: str) -> None:
+        words = line.split()
+        with self._lock:
+            self._world[(words[0], words[1])] = line
+            self._write(line)
+
+    def replay(self) -> None:
+        with self._lock:
+            for line in self._world.values():
+                self._write(line)
+
+    def _write(self, line: str) -> None:
+        data = f"{line}\n".encode()
+        try:
+            os.write(self._fd, data)  # shorter than PIPE_BUF: whole or not at all
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                raise DeviceCommandError(f"the device does not read its control FIFO "
+                                         f"{self.path} (--control)") from None
+            raise
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class DeviceProcess:
+    """The device command, (re)started on demand; ``restart()`` is a power cycle (the world,
+    ``control``, written again before the new process starts)."""
+
+    def __init__(self, template: str, values: Mapping[str, str], log: Path,
+                 control: ControlLine | None = None) -> None:
+        self.control = control
         for key in ("{port}", "{effects}"):
             if key not in template:
                 raise DeviceCommandError(f"--device-cmd must contain {key}: {template!r}")
@@ -110,6 +162,8 @@ class DeviceProcess:
     def restart(self) -> None:
         with self._lock:
             self._kill()
+            if self.control is not None:
+                self.control.replay()
             self._start()
 
     def _kill(self) -> None:
@@ -145,8 +199,14 @@ class _CommandCampaign(Campaign):
         self.line = line
         self._timer: threading.Timer | None = None
         self._pending: list[Record] = []
-        super().__init__(cfg, transport, tolerance=CLOCK_TOLERANCE, environment=False)
+        super().__init__(cfg, transport, tolerance=CLOCK_TOLERANCE,
+                         environment=device.control is not None)
+        self.in_process = False  # no control line puts a trigger in a wrong state
         self._boot_rng = random.Random(cfg.seed + 1)
+
+    def control(self, line: str) -> None:
+        assert self.device.control is not None
+        self.device.control.write(line)
 
     def records(self) -> list[Record]:
         self.device.check()
@@ -212,8 +272,12 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
         flash = work / "flash"
         flash.mkdir()
         effects = work / "effects.jsonl"
-        device = DeviceProcess(template, {"port": proxy.b_path, "effects": str(effects),
-                                          "flash": str(flash)}, work / "device.log")
+        values = {"port": proxy.b_path, "effects": str(effects), "flash": str(flash)}
+        control = None
+        if "{control}" in template:
+            control = ControlLine(work / "control")
+            values["control"] = str(control.path)
+        device = DeviceProcess(template, values, work / "device.log", control)
         reader = EffectsReader(effects)
         device.start()
         transport: SerialTransport | None = None
@@ -228,8 +292,10 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
                 campaign.finish()
         finally:
             device.stop()
+            if control is not None:
+                control.close()
             if transport is not None:
                 transport.close()
 
 
-__all__ = ["DEVICE_TIMEOUT", "DeviceCommandError", "EffectsReader", "run_device_campaign"]
+__all__ = ["DEVICE_TIMEOUT", "ControlLine", "DeviceCommandError", "EffectsReader", "run_device_campaign"]

@@ -32,6 +32,7 @@ import struct
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -410,3 +411,57 @@ def test_a_device_built_for_another_map_is_soaked_with_that_map(pump_build: Path
     assert report["passed"] is True and report["commands"] == 300
     wrong = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert wrong.returncode == 1 and "pump-controller" in wrong.stderr, wrong.stderr
+
+
+def _pump_template(pump_build: Path, control: str = "--control {control}") -> str:
+    device = pump_build / "posix" / "idemlink-device"
+    return (f"{device} --port {{port}} --flash-dir {{flash}} --effects {{effects}} "
+            f"--trigger-duration {TRIGGER_S} {control}")
+
+
+def _pump(commands: int, seed: int) -> CampaignConfig:
+    """The pump controller (two fault words, no thermal rule: its faults come only from
+    outside), a condition coming or going in about a third of the batches."""
+    return replace(_fast(commands, seed, reboot_every=100, restart_every=100),
+                   regmap="pump-controller", conditions=0.5)
+
+
+def test_the_c_device_latches_and_clears_a_user_maps_faults_driven_by_the_soak(
+        pump_build: Path) -> None:
+    """`{control}`: the campaign writes `condition ADDRESS BITS` lines to the device's FIFO at
+    random moments; faults latch, clears are tried while the condition holds (the bit stays)
+    and after it went (the bit clears), judged by the oracle from the effects file and the
+    campaign's own record of the conditions."""
+    rep = run_device_campaign(_pump(300, seed=25), _pump_template(pump_build),
+                              retry_timeout=scaled(POSIX_RETRY))
+    _assert_passed(rep, 300)
+    assert rep.conditions_set >= 10 and rep.reboots >= 1, rep.as_dict()
+    assert rep.faults_latched >= 1 and rep.faults_cleared >= 1, rep.as_dict()
+    assert rep.clears_while_held >= 1, rep.as_dict()
+    print(f"\npump soak: {rep.conditions_set} conditions, {rep.faults_latched} latched, "
+          f"{rep.faults_cleared} cleared, {rep.clears_while_held} clears while held, "
+          f"{rep.wall_seconds:.2f} s", file=sys.stderr)
+
+
+def test_a_c_device_that_ignores_the_conditions_fails_the_soak(pump_build: Path) -> None:
+    """Can fail: the same device run without `--control` (the FIFO named, never read) keeps
+    its faults clear while the campaign says a condition holds: register semantics."""
+    template = f"env IDEMLINK_UNUSED={{control}} {_pump_template(pump_build, control='')}"
+    rep = run_device_campaign(_pump(300, seed=25), template, retry_timeout=scaled(POSIX_RETRY),
+                              fail_fast=True)
+    assert rep.conditions_set >= 1 and not rep.passed, rep.as_dict()
+    assert rep.register_semantics > 0, rep.problems[:3]
+
+
+@pytest.mark.slow
+def test_the_c_device_soak_drives_faults_over_2000_commands(pump_build: Path) -> None:
+    cfg = replace(_pump(2_000, seed=23), reboot_every=250, restart_every=250)
+    t0 = time.monotonic()
+    rep = run_device_campaign(cfg, _pump_template(pump_build),
+                              retry_timeout=scaled(POSIX_RETRY))
+    _assert_passed(rep, 2_000)
+    assert rep.conditions_set >= 100 and rep.faults_latched >= 20, rep.as_dict()
+    assert rep.faults_cleared >= 10 and rep.clears_while_held >= 10, rep.as_dict()
+    print(f"\npump soak with conditions: {time.monotonic() - t0:.1f} s, {rep.conditions_set} "
+          f"conditions, {rep.faults_latched} latched, {rep.faults_cleared} cleared, "
+          f"{rep.clears_while_held} clears while held; {rep.verdict()}", file=sys.stderr)

@@ -17,6 +17,7 @@ from idemlink.campaign import CampaignConfig, run_campaign
 from idemlink.host.command import Command, CommandKind, Result
 from idemlink.oracle import Claimed, Oracle
 from idemlink.protocol import host_session
+from idemlink.protocol.device_core import DeviceCore
 from idemlink.protocol.modbus import FunctionCode
 from idemlink.protocol.outcome import Outcome, Status
 from idemlink.protocol.window import ReplayWindow, Verdict
@@ -782,3 +783,22 @@ def test_mutant_host_that_sends_another_value_and_says_so_is_misclassified(
     monkeypatch.setattr(Device, "run", off_by_one)
     rep = run_campaign(DEFAULT_SOAK, fail_fast=True)
     assert any("reports another command" in p for p in rep.problems), rep.problems[:3]
+
+
+def test_in_process_the_soak_latches_and_clears_a_user_maps_faults() -> None:
+    """The pump controller (no thermal rule: faults only from outside): the campaign's control
+    lines, applied to the simulator's core, latch faults; clears are tried while the condition
+    holds and after it went; the oracle judges from the record and the conditions' record."""
+    rep = run_campaign(CampaignConfig(commands=400, regmap="pump-controller", conditions=0.5,
+                                      seed=5))
+    assert rep.passed, rep.problems[:5]
+    assert rep.conditions_set >= 20 and rep.faults_latched >= 5, rep.as_dict()
+    assert rep.faults_cleared >= 1 and rep.clears_while_held >= 1, rep.as_dict()
+
+
+def test_mutant_simulator_that_never_latches_a_condition_fails_the_soak(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(DeviceCore, "set_condition", lambda self, bit, active, now: None)
+    rep = run_campaign(CampaignConfig(commands=400, regmap="pump-controller", conditions=0.5,
+                                      seed=5), fail_fast=True)
+    assert rep.conditions_set >= 1 and rep.register_semantics > 0, rep.as_dict()

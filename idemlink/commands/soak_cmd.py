@@ -2,7 +2,9 @@
 
 The device under test is the in-process simulator on a simulated clock, or with
 ``--device-cmd "CMD … {port} … {effects}"`` any device program, spawned and restarted for
-reboots, judged from the effects file it appends (``idemlink.soak_device``, docs/SOAK.md).
+reboots, judged from the effects file it appends (``idemlink.soak_device``, docs/SOAK.md); with
+``{control}`` in the command the map's fault conditions and inputs move through the device's
+control FIFO, as they move in-process (``--conditions``).
 
 Output: the report (text, ending with one line ``PASS: …`` or ``FAIL: …``; or with ``--json``
 one ``idemlink.soak/1`` object with a ``verdict`` key, the verdict line then on stderr). Progress
@@ -60,12 +62,17 @@ def register(sub: Any) -> None:
                         "much later: after its answer left the replay cache (default 0.01)")
     p.add_argument("--late-frames", type=int, default=300, metavar="N",
                    help="a late copy arrives after about this many further frames (default 300)")
+    p.add_argument("--conditions", type=float, default=0.02, metavar="P",
+                   help="per batch, the probability that the external condition of one of the "
+                        "map's declared fault bits comes or goes (default 0.02; with --device-cmd "
+                        "only when it has {control})")
     p.add_argument("--batch", type=int, default=4, help="max commands pipelined together")
     p.add_argument("--seed", type=int, default=1, help="seed of every fault and command (default 1)")
     p.add_argument("--device-cmd", metavar="CMD",
                    help="run the device as this command: {port} is the pty it serves, {effects} "
                         "the file it appends its record to, {flash} a directory kept across its "
-                        "restarts (docs/SOAK.md)")
+                        "restarts, {control} (optional) a FIFO the soak writes the map's fault "
+                        "conditions and inputs to (the device's --control; docs/SOAK.md)")
     p.add_argument("--trigger-duration", type=float, default=None,
                    help="seconds a trigger stays RUNNING on the device (0.05 in-process; with "
                         "--device-cmd a device whose boot line declares its own is judged by it)")
@@ -147,6 +154,8 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
         raise UserError("--commands must be >= 1, --reboot-every and --restart-every >= 0")
     if args.outage_every < 0:
         raise UserError("--outage-every must be >= 0")
+    if not 0.0 <= args.conditions <= 1.0:
+        raise UserError(f"--conditions {args.conditions} must be a probability (0..1)")
     outage = args.outage_seconds
     if outage is not None and not (math.isfinite(outage) and 0 < outage <= 3600):
         raise UserError(f"--outage-seconds {outage} must be between 0 and 3600 seconds")
@@ -169,7 +178,7 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
         reorder=args.reorder, noise_rate=args.noise, reboot_every=args.reboot_every,
         restart_every=args.restart_every, seed=args.seed, max_batch=max(1, args.batch),
         trigger_duration=duration, outage_every=args.outage_every, outage_length=outage,
-        late=args.late, late_frames=args.late_frames,
+        late=args.late, late_frames=args.late_frames, conditions=args.conditions,
         authenticated=args.authenticated, adversary=args.adversary,
     )
 
@@ -178,7 +187,8 @@ def _config(args: argparse.Namespace) -> CampaignConfig:
 #: defaults: given another value than the default or 0 with --bus, they are refused.
 NOT_ON_A_BUS = {"restart_every": 250, "outage_every": 250, "late": 0.01, "reorder": 0.0,
                 "noise": 0.0, "outage_seconds": None, "device_cmd": None, "plot": None,
-                "retry_timeout": None, "authenticated": False, "adversary": 0.0}
+                "retry_timeout": None, "authenticated": False, "adversary": 0.0,
+                "conditions": 0.02}
 
 
 def _run_bus(args: argparse.Namespace) -> int:
@@ -192,9 +202,9 @@ def _run_bus(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value not in (default, 0, None):
             raise UserError(f"--{name.replace('_', '-')} is not done on a bus (--bus): host "
-                            "crashes, outages, late copies, reordering, noise, authentication and "
-                            "its adversary, a device command and the plot are the "
-                            "point-to-point soak's")
+                            "crashes, outages, late copies, reordering, noise, the condition "
+                            "rate, authentication and its adversary, a device command and the "
+                            "plot are the point-to-point soak's")
     if args.commands < 1 or args.reboot_every < 0 or args.broadcast_every < 0:
         raise UserError("--commands must be >= 1, --reboot-every and --broadcast-every >= 0")
     regmap = args.regmap if args.regmap is not None else "thermal-controller"
@@ -369,6 +379,9 @@ def _text(d: dict[str, Any], cfg: CampaignConfig) -> list[str]:
         f"outages {d['outages']} (with an effect: ran, every answer lost {d['ran_unanswered']}; "
         f"never delivered {d['never_delivered']})  late answers "
         + (", ".join(f"{k} {v}" for k, v in sorted(d["late_answers"].items())) or "0"),
+        f"fault conditions set {d['conditions_set']}  faults latched {d['faults_latched']}  "
+        f"cleared {d['faults_cleared']}  clears while the condition held "
+        f"{d['clears_while_held']}",
         *([f"authenticated: attacks {sum(d['attacks_sent'].values())} sent ("
            + ", ".join(f"{k} {v}" for k, v in sorted(d["attacks_sent"].items()))
            + f"), {sum(d['attacks_delivered'].values())} delivered, "
