@@ -11,7 +11,8 @@ What the campaign does, besides sending commands:
 - the command mix covers every outcome class: absolute writes (one register, the whole block, or
   the block with one register changed), conditional writes (right and wrong generation), W1C
   clears (with an undeclared bit now and then), triggers by 0x42 and by FC06, trigger values other
-  than 0/1, reads of the map and of an unmapped address;
+  than 0/1, reads of the map (of a map with gaps, mostly of one contiguous run of its registers:
+  the whole span is exception 02) and of an unmapped address;
 - the device reboots (``reboot_every``); the environment moves: an input changes, the external
   condition of one declared fault bit of the map comes or goes (``conditions``, per batch), a
   trigger is forced into an abnormal state and back (in-process only). Inputs and conditions are
@@ -269,6 +270,17 @@ ENVIRONMENT_RULES: dict[str, Callable[[Mapping[str, int]], Mapping[str, int]]] =
 }
 
 
+def _runs(addresses: list[int], most: int = 125) -> list[tuple[int, int]]:
+    """Sorted addresses as (first, count) runs of consecutive ones, at most ``most`` long."""
+    runs: list[tuple[int, int]] = []
+    for a in addresses:
+        if runs and runs[-1][0] + runs[-1][1] == a and runs[-1][1] < most:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((a, 1))
+    return runs
+
+
 def intended_pdu(cmd: Command) -> bytes:
     """The request PDU the campaign means by ``cmd``, encoded here (not by the host)."""
     k = cmd.kind
@@ -399,6 +411,9 @@ class Campaign:
         self.inputs = regs.of_kind("input")
         self.span = (min(regs.registers), max(regs.registers) - min(regs.registers) + 1)
         self.unmapped = next(a for a in range(0x10000) if a not in regs.registers)
+        #: a map with gaps: its contiguous runs of registers (the span read is exception 02), so
+        #: that reads show its registers — its latched faults — too; None: no gaps
+        self.runs = _runs(sorted(regs.registers)) if len(regs.registers) < self.span[1] else None
         self.environment = environment
         #: the external conditions the environment set, by fault register address
         self.conditions: dict[int, int] = {}
@@ -494,6 +509,10 @@ class Campaign:
             return Command(CommandKind.WRITE, trig, 1, (self.rng.choice([0, 1, 1, 3]),))
         if r < 0.70:
             return Command(CommandKind.READ, self.unmapped, 1)
+        if self.runs is not None and self.rng.random() < 0.8:
+            first, count = self.rng.choice(self.runs)
+            return Command(CommandKind.READ, first, count,
+                           input_registers=self.rng.random() < 0.7)
         return Command(CommandKind.READ, self.span[0], self.span[1],
                        input_registers=self.rng.random() < 0.7)
 
