@@ -76,6 +76,16 @@ def test_bad_outage_options_are_refused(args: list[str]) -> None:
         soak_cmd._config(build_parser().parse_args(["soak", *args]))
 
 
+@pytest.mark.parametrize("value", ["-0.1", "1.5", "nan"])
+def test_a_bad_condition_rate_is_refused(value: str) -> None:
+    from idemlink.cli import UserError
+
+    with pytest.raises(UserError, match="--conditions"):
+        soak_cmd._config(build_parser().parse_args(["soak", "--conditions", value]))
+    cfg = soak_cmd._config(build_parser().parse_args(["soak", "--conditions", "0.5"]))
+    assert cfg.conditions == 0.5
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_host_crashes_average_one_per_restart_every_commands(seed: int) -> None:
     from idemlink.campaign import run_campaign
