@@ -19,8 +19,10 @@ from idemlink.oracle import (
     TRIGGER_RULES,
     Boot,
     Claim,
+    Condition,
     Delivered,
     Oracle,
+    OracleError,
     Record,
     Run,
     effects_line,
@@ -512,3 +514,23 @@ def test_a_boot_without_a_change_may_show_its_generation_again() -> None:
     oracle.feed([Boot(2, 1.0)])
     _generation_run(oracle, 2, 2, read_gen, struct.pack(">BBH", 3, 2, 65))
     assert oracle.tally.passed, oracle.tally.problems
+
+
+def test_the_environments_condition_record_latches_and_a_clear_waits_for_it_to_go() -> None:
+    """The pump controller's motor_faults (0x0300) bit 1 from the environment's record: read
+    latched, a clear while it holds leaves it, a clear after it went clears it; a device that
+    shows it clear while it holds is register semantics; an undeclared bit is refused."""
+    def read(seq: int, value: int) -> Run:
+        return Run(1, seq, bytes.fromhex("0303000001"), bytes([3, 2, 0, value]), 0.1 * seq)
+
+    clear = bytes.fromhex("0603000002")
+    oracle = Oracle(map_text("pump-controller"), trigger_duration=0.05)
+    oracle.feed([Boot(1, 0.0), Condition(0x0300, 2, 0.05), read(1, 2), Run(1, 2, clear, clear, 0.2),
+                 read(3, 2), Condition(0x0300, 0, 0.35), read(4, 2), Run(1, 5, clear, clear, 0.5),
+                 read(6, 0)])
+    assert oracle.tally.register_semantics == 0 and oracle.tally.conditions == 2
+    assert (oracle.model.latches, oracle.model.clears, oracle.model.clears_held) == (1, 1, 1)
+    oracle.feed([Condition(0x0300, 2, 0.65), read(7, 0)])  # a device that ignores it
+    assert oracle.tally.register_semantics == 1, oracle.tally.problems
+    with pytest.raises(OracleError):
+        oracle.feed([Condition(0x0300, 0x8000, 0.8)])
