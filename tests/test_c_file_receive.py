@@ -202,6 +202,7 @@ def test_make_size_device_lists_the_receiver_within_the_budget() -> None:
         assert int(with_ym["ram_block"]) == 1024
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_size_device_measures_each_option_whatever_idl_opts_says() -> None:
     """``size-device`` builds every row with and without FILE_RECEIVE, FILE_INFO and the bus
     itself: an ``IDL_OPTS`` that names one of them (the small profile's ``-DIDL_FILE_RECEIVE=0``)

@@ -105,6 +105,7 @@ def test_bad_json_is_a_typed_refusal_never_a_500(tmp_path: Path) -> None:
                 ValueError(c)))
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_a_store_that_cannot_be_written_refuses_calls_as_not_executed(tmp_path: Path) -> None:
     """Disk full (here RLIMIT_FSIZE on the gateway): every call with an effect is NOT_EXECUTED,
     503, safe to retry, in JSON, and nothing runs; once there is room the same key runs once."""
@@ -151,6 +152,7 @@ def test_a_store_wal_removed_under_a_running_gateway_stops_calls(tmp_path: Path)
         assert sim.executions_of(_pdu_of(333)) == []
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_a_key_past_retention_with_its_record_still_kept_is_replayed(tmp_path: Path) -> None:
     """A retry that crosses the 24-hour line must get the record's answer, not 'use a new key'
     (which would run the command again)."""
@@ -218,6 +220,7 @@ def test_cli_with_a_wrong_token_says_so(tmp_path: Path) -> None:
         assert "0 ports" not in r.stderr
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_roles_forbid_and_every_refusal_is_audited(tmp_path: Path) -> None:
     """A viewer reads but may not write (403, nothing sent); an operator (the default role)
     writes but may not acknowledge or read the audit log; every refusal — 401, 403, a malformed
