@@ -242,6 +242,7 @@ def qemu_m0_elf() -> Path:
     return firmware.qemu_m0_device_elf()
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_the_qemu_device_passes_a_200_command_soak(qemu_elf: Path) -> None:
     """The 2,000-command soak below in small: QEMU (each boot about a second) restarted every
     ~70 commands."""

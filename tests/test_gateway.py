@@ -110,6 +110,7 @@ def test_checked_in_openapi_has_not_drifted() -> None:
     assert (ROOT / "docs" / "gateway-openapi.json").read_text() == openapi_text()
 
 
+@pytest.mark.slow  # default-suite budget; see CONTRIBUTING.md's slow/default table
 def test_same_key_at_once_runs_once(tmp_path: Path) -> None:
     with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=dev"]) as gw:
         key = new_key(time.time())
