@@ -320,22 +320,9 @@ class Gateway:
         gen = port.spec.regmap.generation
         if gen is not None:
             commands.append(builder.read_command(gen.name))
-        dev = port.device
-        if dev is None:
-            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", f"port {name} is down: {port.reason}",
-                           may_have_effect=False)
-        try:
-            results = await dev.run(commands)
-        except LinkLost as exc:
-            self._down(port, exc)
-            return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
-                           may_have_effect=False)
-        except UnknownOutstanding as exc:
-            return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc),
-                           may_have_effect=False)
-        except PortError as exc:
-            self._down(port, exc)
-            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", str(exc), may_have_effect=False)
+        results = await self._run_reads(port, name, commands)
+        if isinstance(results, Answer):
+            return results
         bad = next((r for r in results if not r.ok), None)
         registers: dict[str, Any] = {}
         for n, r in zip(names, results, strict=False):
@@ -357,6 +344,27 @@ class Gateway:
                     http=rule.http, detail=bad.describe())
         return Answer(rule.http, body, headers)
 
+    async def _run_reads(self, port: Any, name: str,
+                         commands: list[Command]) -> list[Result] | Answer:
+        """Run read-only ``commands`` on ``port``'s device: their results, or the refusal a
+        down port, a lost link or a blocking UNKNOWN gives (nothing with an effect was sent)."""
+        dev = port.device
+        if dev is None:
+            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", f"port {name} is down: {port.reason}",
+                           may_have_effect=False)
+        try:
+            return list(await dev.run(commands))
+        except LinkLost as exc:
+            self._down(port, exc)
+            return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
+                           may_have_effect=False)
+        except UnknownOutstanding as exc:
+            return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc),
+                           may_have_effect=False)
+        except PortError as exc:
+            self._down(port, exc)
+            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", str(exc), may_have_effect=False)
+
     async def read_words(self, name: str, address: int, count: int, table: str) -> Answer:
         """Read ``count`` words (bits, for ``coils``/``discrete``) of one table from
         ``address`` — the raw read a remote ``Device`` (``idemlink.host.gateway_device``) makes
@@ -368,22 +376,10 @@ class Gateway:
             raise BadArguments("address 0..65535 and count 1..125")
         bits, inputs = READ_TABLES[table]
         command = Command(CommandKind.READ, address, count, input_registers=inputs, bits=bits)
-        dev = port.device
-        if dev is None:
-            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", f"port {name} is down: {port.reason}",
-                           may_have_effect=False)
-        try:
-            (r,) = await dev.run([command])
-        except LinkLost as exc:
-            self._down(port, exc)
-            return refusal(Outcome.UNKNOWN, "LINK_LOST", str(exc), status=Status.LINK_LOST,
-                           may_have_effect=False)
-        except UnknownOutstanding as exc:
-            return refusal(Outcome.NOT_EXECUTED, "UNKNOWN_OUTSTANDING", str(exc),
-                           may_have_effect=False)
-        except PortError as exc:
-            self._down(port, exc)
-            return refusal(Outcome.NOT_EXECUTED, "PORT_DOWN", str(exc), may_have_effect=False)
+        ran = await self._run_reads(port, name, [command])
+        if isinstance(ran, Answer):
+            return ran
+        (r,) = ran
         status = r.status
         rule = calls.rule_for(r.outcome, status)
         body: dict[str, Any] = {
