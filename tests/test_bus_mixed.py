@@ -90,7 +90,7 @@ def test_sim_serves_a_mixed_bus_on_one_pty(device_bin: Path) -> None:
 
 def _mixed(device_bin: Path, **kw: object) -> BusCampaignConfig:
     base: dict[str, object] = dict(devices=4, commands=40, c_devices=2, c_binary=str(device_bin),
-                                   seed=1, reboot_every=8, broadcast_every=12)
+                                   seed=1, reboot_every=8, broadcast_every=5)
     base.update(kw)
     return BusCampaignConfig(**base)  # type: ignore[arg-type]
 
