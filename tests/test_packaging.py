@@ -147,6 +147,11 @@ def run_user_suite(venv: Path, project: Path) -> str:
     return r.stdout
 
 
+WHEEL_GROUP = pytest.mark.xdist_group("wheel")
+"""The tests that use the wheel run on one xdist worker, so the module's wheel is built once
+(each worker building its own cost the default run a second 30-second build)."""
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     tmp = tmp_path_factory.mktemp("wheel")
@@ -157,6 +162,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield whl
 
 
+@WHEEL_GROUP
 def test_the_wheel_holds_only_the_idemlink_package(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
@@ -172,6 +178,7 @@ def test_the_wheel_holds_only_the_idemlink_package(wheel: Path) -> None:
         assert f"idemlink/{sub}/__init__.py" in names
 
 
+@WHEEL_GROUP
 def test_installed_wheel_adds_no_foreign_top_level_names(wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
@@ -185,6 +192,7 @@ def test_installed_wheel_adds_no_foreign_top_level_names(wheel: Path, tmp_path: 
     assert r.stdout.strip() == "ok"
 
 
+@WHEEL_GROUP
 def test_user_project_with_own_protocol_and_host_runs_with_the_plugin(
         wheel: Path, tmp_path: Path) -> None:
     venv = tmp_path / "venv"
