@@ -23,11 +23,18 @@ import json
 from typing import Any
 
 from idemlink.protocol.contract_section import ContractSection, md_table
-from idemlink.protocol.datatypes import DataType
+from idemlink.protocol.datatypes import DataType, WordOrder
 from idemlink.protocol.registers import (
+    MAP_FLAG_FLOAT,
+    MAP_FLAG_INDEX_SHIFT,
+    MAP_FLAG_LITTLE,
     MAP_FLAG_PERSIST,
+    MAP_FLAG_SIGNED,
+    MAP_FLAG_WORDS_SHIFT,
+    MAP_TYPED,
     RegisterKind,
     RegisterMap,
+    RegisterSpec,
     Space,
     map_defines,
     map_markdown,
@@ -262,6 +269,7 @@ def render_map_header(regmap: RegisterMap) -> str:
         "} idl_reg_desc_t;",
         "",
         f"#define {MAP_FLAG_PERSIST} 0x01u /**< HOLDING kept across reboots */",
+        *_typed_flag_lines(regmap),
         "",
         "/** The map, sorted by address (binary-search it by address). */",
         "static const idl_reg_desc_t IDL_REGMAP[IDL_REG_COUNT] = {",
@@ -277,14 +285,84 @@ def render_map_header(regmap: RegisterMap) -> str:
                         f"{flags}, {r.minimum}u, {r.maximum}u, {r.default}u, "
                         f"0x{r.fault_mask:04X}u }}")
             continue
-        # a typed value: one row per register, each word 0..0xFFFF (the limits of the value are
-        # its type's, IDL_REG_<NAME>_MIN/_MAX: a word alone cannot be checked against them)
+        if not holding:
+            # a typed INPUT: one row per register, each word 0..0xFFFF (never written)
+            for i, (a, word) in enumerate(zip(r.span, r.words_of(r.default), strict=True)):
+                rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
+                            f"0u, 65535u, {word}u, 0x0000u }} /* {r.name} word {i + 1}/{r.words} */")
+            continue
+        # a typed HOLDING: one row per register, its flags the type, the word count and order and
+        # the row's position; min/max the words of the limits' comparable keys (_typed_key)
+        lo, hi = _typed_limit_keys(r)
+        tflags = _typed_flags(r)
         for i, (a, word) in enumerate(zip(r.span, r.words_of(r.default), strict=True)):
-            rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
-                        f"0u, 65535u, {word}u, 0x0000u }} /* {r.name} word {i + 1}/{r.words} */")
+            sig = i if r.word_order is WordOrder.BIG else r.words - 1 - i
+            shift = 16 * (r.words - 1 - sig)
+            bits = f"0x{tflags | i << TYPED_INDEX_SHIFT:02X}u"
+            flag_text = bits if flags == "0u" else f"{flags} | {bits}"
+            rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, ({flag_text}), "
+                        f"{lo >> shift & 0xFFFF}u, {hi >> shift & 0xFFFF}u, {word}u, 0x0000u }}"
+                        f" /* {r.name} word {i + 1}/{r.words} */")
     lines.append(",\n".join(rows))
     lines += ["};", "", f"#endif /* {guard} */"]
     return "\n".join(lines) + "\n"
+
+
+#: the typed HOLDING flags of the generated map (besides IDL_REG_FLAG_PERSIST, 0x01)
+TYPED_SIGNED, TYPED_FLOAT, TYPED_LITTLE = 0x02, 0x04, 0x20
+TYPED_WORDS_SHIFT, TYPED_INDEX_SHIFT = 3, 6
+
+
+def _typed_holding(r: RegisterSpec) -> bool:
+    """A HOLDING whose value is not one plain u16 word (its range is the type's numbers)."""
+    return (r.space is Space.REGISTERS and r.kind is RegisterKind.HOLDING
+            and r.dtype is not DataType.U16)
+
+
+def _typed_flags(r: RegisterSpec) -> int:
+    """Type (signed, float), log2 of the word count, word order: every row of the value."""
+    flags = (TYPED_SIGNED if r.dtype.signed else 0) | (TYPED_FLOAT if r.dtype.is_float else 0)
+    flags |= {1: 0, 2: 1, 4: 2}[r.words] << TYPED_WORDS_SHIFT
+    return flags | (TYPED_LITTLE if r.word_order is WordOrder.LITTLE else 0)
+
+
+def _typed_key(r: RegisterSpec, raw: int) -> int:
+    """``raw`` as an unsigned number that orders like the type's values: a signed integer's sign
+    bit flipped; a float's sign bit flipped when positive, every bit when negative (so -inf <
+    every finite value < +inf, and every NaN lies beyond them: never in range)."""
+    bits = 16 * r.words
+    top = 1 << (bits - 1)
+    if r.dtype.is_float and raw & top:
+        return ~raw & ((1 << bits) - 1)
+    return raw ^ top if r.dtype.signed or r.dtype.is_float else raw
+
+
+def _typed_limit_keys(r: RegisterSpec) -> tuple[int, int]:
+    """The keys of min and max. A float limit of zero takes both zeros (-0.0 == 0.0, and their
+    keys are neighbours): min the key of -0.0, max the key of +0.0."""
+    lo, hi = _typed_key(r, r.minimum), _typed_key(r, r.maximum)
+    if r.dtype.is_float:
+        top = 1 << (16 * r.words - 1)
+        if r.native(r.minimum) == 0:
+            lo = _typed_key(r, top)
+        if r.native(r.maximum) == 0:
+            hi = _typed_key(r, 0)
+    return lo, hi
+
+
+def _typed_flag_lines(regmap: RegisterMap) -> list[str]:
+    """The typed HOLDING flags' defines, and IDL_REGMAP_TYPED: 1 when the map has one (the C
+    core compiles its typed range check only then)."""
+    typed = any(_typed_holding(r) for r in regmap)
+    return [
+        f"#define {MAP_FLAG_SIGNED} 0x{TYPED_SIGNED:02X}u /**< typed HOLDING: i16/i32/i64 */",
+        f"#define {MAP_FLAG_FLOAT} 0x{TYPED_FLOAT:02X}u /**< typed HOLDING: f32/f64 */",
+        f"#define {MAP_FLAG_LITTLE} 0x{TYPED_LITTLE:02X}u /**< typed HOLDING: little word order */",
+        f"#define {MAP_FLAG_WORDS_SHIFT} {TYPED_WORDS_SHIFT}u /**< 2 bits: log2 of its words */",
+        f"#define {MAP_FLAG_INDEX_SHIFT} {TYPED_INDEX_SHIFT}u /**< 2 bits: the row's position */",
+        f"#define {MAP_TYPED} {1 if typed else 0} /**< a typed HOLDING: min/max are the words "
+        "of its limits' keys, checked as one value */",
+    ]
 
 
 def render_tables() -> str:

@@ -925,7 +925,15 @@ def map_defines(regs: Iterable[RegisterSpec]) -> list[CDefine]:
 #: Names the generated map header defines besides ``map_defines`` (reserved: no register or bit
 #: may render to one of them).
 MAP_FLAG_PERSIST = "IDL_REG_FLAG_PERSIST"
-MAP_HEADER_NAMES = ("IDL_MAP_NAME", "IDL_MAP_HASH", "IDL_MAP_HASH_BYTES", MAP_FLAG_PERSIST)
+MAP_FLAG_SIGNED = "IDL_REG_FLAG_SIGNED"
+MAP_FLAG_FLOAT = "IDL_REG_FLAG_FLOAT"
+MAP_FLAG_LITTLE = "IDL_REG_FLAG_LITTLE"
+MAP_FLAG_WORDS_SHIFT = "IDL_REG_FLAG_WORDS_SHIFT"
+MAP_FLAG_INDEX_SHIFT = "IDL_REG_FLAG_INDEX_SHIFT"
+MAP_TYPED = "IDL_REGMAP_TYPED"
+MAP_HEADER_NAMES = ("IDL_MAP_NAME", "IDL_MAP_HASH", "IDL_MAP_HASH_BYTES", MAP_FLAG_PERSIST,
+                    MAP_FLAG_SIGNED, MAP_FLAG_FLOAT, MAP_FLAG_LITTLE, MAP_FLAG_WORDS_SHIFT,
+                    MAP_FLAG_INDEX_SHIFT, MAP_TYPED)
 
 #: Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a 16-bit-int
 #: C compiler takes them too. They belong to the protocol, whatever the device's map.

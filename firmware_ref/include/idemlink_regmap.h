@@ -50,6 +50,12 @@ typedef struct {
 } idl_reg_desc_t;
 
 #define IDL_REG_FLAG_PERSIST 0x01u /**< HOLDING kept across reboots */
+#define IDL_REG_FLAG_SIGNED 0x02u /**< typed HOLDING: i16/i32/i64 */
+#define IDL_REG_FLAG_FLOAT 0x04u /**< typed HOLDING: f32/f64 */
+#define IDL_REG_FLAG_LITTLE 0x20u /**< typed HOLDING: little word order */
+#define IDL_REG_FLAG_WORDS_SHIFT 3u /**< 2 bits: log2 of its words */
+#define IDL_REG_FLAG_INDEX_SHIFT 6u /**< 2 bits: the row's position */
+#define IDL_REGMAP_TYPED 0 /**< a typed HOLDING: min/max are the words of its limits' keys, checked as one value */
 
 /** The map, sorted by address (binary-search it by address). */
 static const idl_reg_desc_t IDL_REGMAP[IDL_REG_COUNT] = {

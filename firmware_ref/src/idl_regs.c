@@ -31,6 +31,45 @@ int32_t idl_regs_index(uint16_t address)
     return -1;
 }
 
+#if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
+/* A typed HOLDING (i16, u32, f32...: idemlink_regmap.h's IDL_REG_FLAG_* give its type, word count,
+ * word order and each row's position): whether the value whose first row is `d` lies outside
+ * min..max, compared as the type's numbers, bit-exact with the Python register model. Its words
+ * taken most significant first are made unsigned-comparable (signed: sign bit flipped; float:
+ * sign bit flipped, every bit when negative: NaN beyond +-inf, never in range) and compared with
+ * the rows' min/max words, which the generator stored in that same form. Its words come from
+ * the request (`be`) or from a snapshot (`w`). A plain u16 (flags 0) is the v < min || v > max
+ * of before. Compiled only for a map with a typed HOLDING. */
+static bool typed_out(const idl_reg_desc_t *d, const uint8_t *be, const uint16_t *w)
+{
+    unsigned f = d->flags;
+    unsigned n = 1u << ((f >> IDL_REG_FLAG_WORDS_SHIFT) & 3u);
+    unsigned s;
+    int lo = 0;
+    int hi = 0;
+    uint16_t flip = 0u;
+    for (s = 0; s < n; s++) {
+        unsigned p = (f & IDL_REG_FLAG_LITTLE) != 0u ? n - 1u - s : s;
+        uint16_t v = be != NULL ? be16(be + 2u * p) : w[p];
+        if (s == 0u && (f & (IDL_REG_FLAG_SIGNED | IDL_REG_FLAG_FLOAT)) != 0u) {
+            bool negative_float = (f & IDL_REG_FLAG_FLOAT) != 0u && (v & 0x8000u) != 0u;
+            flip = negative_float ? 0xFFFFu : 0u;
+            v = (uint16_t)(v ^ (negative_float ? 0u : 0x8000u));
+        }
+        v = (uint16_t)(v ^ flip);
+        if (lo == 0) {
+            lo = (v > d[p].min) - (v < d[p].min);
+        }
+        if (hi == 0) {
+            hi = (v > d[p].max) - (v < d[p].max);
+        }
+    }
+    return lo < 0 || hi > 0;
+}
+#define IDL_TYPED_INDEX(d) (((unsigned)(d)->flags >> IDL_REG_FLAG_INDEX_SHIFT) & 3u)
+#define IDL_TYPED_WORDS(d) (1u << (((unsigned)(d)->flags >> IDL_REG_FLAG_WORDS_SHIFT) & 3u))
+#endif
+
 /* Index of the first of `count` consecutive mapped registers from `address`, or -1 (also for
  * count 0). The map is sorted and unique, so a gap-free run is consecutive in the table. */
 static int32_t run_index(uint16_t address, uint16_t count)
@@ -116,9 +155,16 @@ bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation
     bool changed = false;
     for (i = 0; i < IDL_REG_COUNT; i++) {
         const idl_reg_desc_t *d = &IDL_REGMAP[i];
+#if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u
+            && typed_out(d, NULL, values + i)) {
+            return false;
+        }
+#else
         if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && (values[i] < d->min || values[i] > d->max)) {
             return false;
         }
+#endif
     }
     advance(r, now);
     r->generation = generation;
@@ -222,7 +268,18 @@ static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, cons
             || (guarded && kind != (uint8_t)IDL_REG_KIND_HOLDING)) {
             return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
         }
+#if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
+        /* a write covers all the registers of a typed value or none of them (02, pass 1) */
+        if (kind == (uint8_t)IDL_REG_KIND_HOLDING
+            && ((k == 0u && IDL_TYPED_INDEX(d) != 0u)
+                || (IDL_TYPED_INDEX(d) == 0u && k + IDL_TYPED_WORDS(d) > count))) {
+            return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
+        }
+        if ((kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u
+             && typed_out(d, be + 2u * k, NULL))
+#else
         if ((kind == (uint8_t)IDL_REG_KIND_HOLDING && (v < d->min || v > d->max))
+#endif
             || (kind == (uint8_t)IDL_REG_KIND_FAULT && (v & (uint16_t)~d->fault_mask) != 0u)
             || (kind == (uint8_t)IDL_REG_KIND_TRIGGER && v > 1u)) {
             exc = IDL_MB_EXC_ILLEGAL_DATA_VALUE;

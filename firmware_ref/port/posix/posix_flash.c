@@ -697,7 +697,10 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
     }
     for (p = list; next_pair(&p, &a, &v) == 1;) {
         int32_t at = idl_regs_index((uint16_t)a);
-        if (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v) {
+        /* a typed HOLDING's rows hold its limits' keys, not raw words: idl_regs_restore checks
+         * the whole value (and boots with the defaults when it is outside) */
+        if ((IDL_REGMAP[at].flags & (uint8_t)~IDL_REG_FLAG_PERSIST) == 0u
+            && (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v)) {
             fprintf(stderr, CONFIG_REFUSED "address %ld: %ld outside %u..%u\n", a, v,
                     (unsigned)IDL_REGMAP[at].min, (unsigned)IDL_REGMAP[at].max);
             exit(1);

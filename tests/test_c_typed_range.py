@@ -1,0 +1,112 @@
+"""The C core refuses a typed HOLDING's out-of-range write as the simulator does (issue 24).
+
+A map of the user's own (tests/maps/typed-holdings.toml: i16, i32, u32 little, f32 with a zero
+limit, i64 little, f64) is rendered by ``idemlink contract`` and built into the ctypes core
+(``make lib REGMAP_H=...``). The same FC06/FC16 requests go to the C core and to the Python
+``DeviceCore``: limits, one past them, NaN, +-0, +-inf, random words, and writes that cover part
+of a multi-register value; the answers are byte-identical and so are the registers after. The
+generated rows hold the limits' comparable keys (protocol/contract.py ``_typed_key``), so the
+check is table-driven, compiled only for a map with a typed HOLDING (IDL_REGMAP_TYPED).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import struct
+from pathlib import Path
+
+import pytest
+from support import firmware
+
+from idemlink.protocol.contract import render_map_header
+from idemlink.protocol.datatypes import DataType, full_range
+from idemlink.protocol.device_core import DeviceCore
+from idemlink.protocol.registers import RegisterKind
+from idemlink.protocol.regmap_file import load_regmap
+
+MAP_FILE = Path(__file__).resolve().parent / "maps" / "typed-holdings.toml"
+TYPED = load_regmap(MAP_FILE)
+
+
+@pytest.fixture(scope="session")
+def typed_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
+    firmware.need()
+    d = tmp_path_factory.mktemp("typed")
+    header = d / "idemlink_regmap.h"
+    header.write_text(render_map_header(TYPED), encoding="utf-8")
+    firmware.make("lib", f"BUILD={d / 'build'}", f"REGMAP_H={header}")
+    lib = ctypes.CDLL(str(d / "build" / "libidl_core.so"))
+    p = ctypes.c_void_p
+    lib.idl_shim_sizeof.restype = ctypes.c_size_t
+    lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
+                                  ctypes.c_uint32]
+    lib.idl_shim_init.restype = None
+    lib.idl_shim_execute.argtypes = [p, ctypes.c_char_p, ctypes.c_uint16, ctypes.c_uint32, p]
+    lib.idl_shim_execute.restype = ctypes.c_uint16
+    lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
+    lib.idl_shim_get.restype = ctypes.c_int32
+    return lib
+
+
+def _candidates(rng: random.Random) -> list[tuple[int, tuple[int, ...]]]:
+    """(address, words) per HOLDING: its limits and one past them (as raw keys move), the
+    type's ends, float specials, random raw values."""
+    out = []
+    for spec in TYPED.of_kind(RegisterKind.HOLDING):
+        bits = 16 * spec.words
+        raws = {spec.minimum, spec.maximum, spec.default, 0, (1 << bits) - 1, 1 << (bits - 1),
+                (1 << (bits - 1)) - 1, *full_range(spec.dtype, spec.words)}
+        if spec.dtype.is_integer:
+            for v in (spec.native(spec.minimum), spec.native(spec.maximum)):
+                for dv in (-1, 1):
+                    n = int(v) + dv
+                    lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if spec.dtype.signed \
+                        else (0, (1 << bits) - 1)
+                    if lo <= n <= hi:
+                        raws.add(n & ((1 << bits) - 1))
+        if spec.dtype.is_float:
+            fmt = ">f" if spec.dtype is DataType.F32 else ">d"
+            for x in (float("nan"), -float("nan"), 0.0, -0.0, float("inf"), -float("inf"),
+                      -1.5, -1.5000001, 1e300, 1.0000001e300, -1e-300, 1e-300):
+                try:
+                    raws.add(int.from_bytes(struct.pack(fmt, x), "big"))
+                except OverflowError:  # 1e300 as an f32
+                    continue
+            raws.add(int.from_bytes(struct.pack(fmt, float("nan")), "big") | 1)
+        raws |= {rng.getrandbits(bits) for _ in range(20)}
+        out += [(spec.address, spec.words_of(r)) for r in sorted(raws)]
+    return out
+
+
+def _pdu(address: int, words: tuple[int, ...]) -> bytes:
+    if len(words) == 1 and address % 2:
+        return bytes([6]) + struct.pack(">HH", address, words[0])
+    return bytes([16]) + struct.pack(">HHB", address, len(words), 2 * len(words)) + b"".join(
+        struct.pack(">H", w) for w in words)
+
+
+def test_typed_holdings_are_range_checked_like_the_simulator(typed_lib: ctypes.CDLL) -> None:
+    lib = typed_lib
+    buf = ctypes.create_string_buffer(lib.idl_shim_sizeof())
+    lib.idl_shim_init(buf, 1, 2000, b"typed", 0)
+    out = ctypes.create_string_buffer(300)
+    py = DeviceCore(TYPED, trigger_duration=2.0)
+    rng = random.Random(24)
+    cases = _candidates(rng)
+    # parts of a value: from inside it, or stopping inside it (02); and whole runs across values
+    cases += [(3, (0,)), (3, (0, 1)), (2, (0,)), (4, (1,)), (5, (1, 0)), (9, (0, 0, 0)),
+              (8, (1, 0, 0)), (7, (0, 0, 0, 0, 0)), (14, (0, 0)), (1, (5, 0, 0)),
+              (0, (15, 2, 0, 1, 0xA0, 1)), (0, (15, 0xFFFF, 0xFFFE, 0x7960, 0, 0)),
+              (0, (9, 2, 0, 1, 0xA0, 1))]
+    seen = {"ok": 0, "02": 0, "03": 0}
+    for now, (address, words) in enumerate(cases):
+        pdu = _pdu(address, words)
+        n = lib.idl_shim_execute(buf, pdu, len(pdu), now, out)
+        expected = py.execute(pdu, now / 1000)
+        assert out.raw[:n] == expected, (address, [hex(w) for w in words])
+        seen["ok" if expected[0] < 0x80 else f"{expected[1]:02d}"] += 1
+    assert all(seen.values()), seen  # every outcome happened: the test can tell them apart
+    for spec in TYPED.of_kind(RegisterKind.HOLDING):
+        for a, word in zip(spec.span, spec.words_of(py.value(spec.name)), strict=True):
+            assert lib.idl_shim_get(buf, a) == word, spec.name
