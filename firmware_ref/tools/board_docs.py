@@ -27,6 +27,10 @@ def parse(text: str) -> dict[str, str]:
     return {k: v.strip("'") for k, v in re.findall(r"(\w+)=('[^']*'|\S+)", line)}
 
 
+def _members(text: str) -> str:
+    return "none" if text == "-" else ", ".join(f"`{m}`" for m in text.split(","))
+
+
 def table(text: str) -> str:
     r = parse(text)
     return "\n".join([
@@ -37,6 +41,8 @@ def table(text: str) -> str:
         "|---|---|---|---|",
         f"| flash (code, tables, .data image) | {r['flash']} | {r['flash_budget']} "
         f"(32 KiB less two configuration pages) | {r['flash_free']} |",
+        f"| of which newlib-nano ({_members(r['libc_members'])}) + libgcc "
+        f"({_members(r['libgcc_members'])}) | {r['libc']} + {r['libgcc']} | | |",
         f"| RAM: .data + .bss (the device's state {r['device_state']}, the RX ring 256) | "
         f"{r['ram_static']} | {r['ram_budget']} | |",
         f"| RAM: the stack reserved | {r['stack_reserved']} | | {r['ram_free']} for the "
