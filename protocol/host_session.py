@@ -14,6 +14,8 @@ Rules (each tested):
   number is not taken while it would run ``min(replay_slots, window)`` or more ahead of the oldest
   outstanding one: the device can then still replay the oldest one's answer when its retry arrives
   (otherwise a lost answer in a busy pipeline would come back ANSWER_EVICTED, i.e. UNKNOWN).
+- A request larger than the device's ``max_payload`` (HELLO_REPLY) is never sent: it settles
+  NOT_EXECUTED (no status; ``detail`` says why) when its turn comes.
 - Answers are matched by sequence number *and* the epoch the request was sent in, and must fit the
   request (``idemlink.protocol.modbus.answer_fits``: same function, the echo a write answers
   with, the byte count a read asked for). An answer for a number that is not outstanding (late,
@@ -493,6 +495,15 @@ class HostSession:
             if p.number is not None and p.number != (self.epoch, self._next_seq):
                 self.counters.outcomes[Outcome.NOT_EXECUTED.name] += 1
                 self._events.append(Completion(p.tag, Outcome.NOT_EXECUTED, None))
+                continue
+            if self.info is not None and len(p.pdu) > self.info.max_payload:
+                # the device said it takes no larger payload (HELLO_REPLY's max_payload): never
+                # sent, so it did not run; a later pinned number settles as above
+                self.counters.outcomes[Outcome.NOT_EXECUTED.name] += 1
+                self._events.append(Completion(
+                    p.tag, Outcome.NOT_EXECUTED, None,
+                    detail=f"a {len(p.pdu)}-byte request; the device takes at most "
+                           f"{self.info.max_payload} (its HELLO_REPLY's max_payload): not sent"))
                 continue
             p.seq = self._next_seq
             self._next_seq = (self._next_seq + 1) & SEQ_MASK
