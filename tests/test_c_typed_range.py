@@ -110,3 +110,12 @@ def test_typed_holdings_are_range_checked_like_the_simulator(typed_lib: ctypes.C
     for spec in TYPED.of_kind(RegisterKind.HOLDING):
         for a, word in zip(spec.span, spec.words_of(py.value(spec.name)), strict=True):
             assert lib.idl_shim_get(buf, a) == word, spec.name
+
+
+def test_the_checked_in_typed_header_is_the_generators() -> None:
+    """``make check`` compiles the core with firmware_ref/tests/typed_regmap.h (this map, typed
+    range check in) under every compiler variant: it must be what the generator renders now."""
+    header = firmware.FW / "tests" / "typed_regmap.h"
+    assert header.read_text(encoding="utf-8") == render_map_header(TYPED), (
+        "regenerate firmware_ref/tests/typed_regmap.h from tests/maps/typed-holdings.toml")
+    assert "#define IDL_REGMAP_TYPED 1 " in header.read_text(encoding="utf-8")
