@@ -44,6 +44,9 @@ def typed_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     lib.idl_shim_init.restype = None
     lib.idl_shim_execute.argtypes = [p, ctypes.c_char_p, ctypes.c_uint16, ctypes.c_uint32, p]
     lib.idl_shim_execute.restype = ctypes.c_uint16
+    lib.idl_shim_restore.argtypes = [p, ctypes.POINTER(ctypes.c_uint16), ctypes.c_uint16,
+                                     ctypes.c_uint32]
+    lib.idl_shim_restore.restype = ctypes.c_int
     lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
     lib.idl_shim_get.restype = ctypes.c_int32
     return lib
@@ -119,3 +122,25 @@ def test_the_checked_in_typed_header_is_the_generators() -> None:
     assert header.read_text(encoding="utf-8") == render_map_header(TYPED), (
         "regenerate firmware_ref/tests/typed_regmap.h from tests/maps/typed-holdings.toml")
     assert "#define IDL_REGMAP_TYPED 1 " in header.read_text(encoding="utf-8")
+
+
+def test_a_saved_typed_value_outside_its_limits_is_refused_at_boot(typed_lib: ctypes.CDLL) -> None:
+    """``idl_regs_restore`` (what the device boots from flash) takes a snapshot only when every
+    HOLDING is within its limits as the register model says (``in_range``): the same check."""
+    lib = typed_lib
+    buf = ctypes.create_string_buffer(lib.idl_shim_sizeof())
+    rows = [a for spec in TYPED for a in spec.span]  # the table's rows, in address order
+    defaults = {a: w for spec in TYPED for a, w in zip(spec.span, spec.words_of(spec.default),
+                                                       strict=True)}
+    verdicts = set()
+    for address, words in _candidates(random.Random(5)):
+        spec = TYPED.at(address)
+        assert spec is not None
+        snap = dict(defaults)
+        snap.update(zip(spec.span, words, strict=True))
+        lib.idl_shim_init(buf, 1, 2000, b"typed", 0)
+        values = (ctypes.c_uint16 * len(rows))(*(snap[a] for a in rows))
+        took = bool(lib.idl_shim_restore(buf, values, 7, 0))
+        assert took == spec.in_range(spec.raw_from_words(words)), (spec.name, words)
+        verdicts.add(took)
+    assert verdicts == {True, False}

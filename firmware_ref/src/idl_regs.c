@@ -37,10 +37,10 @@ int32_t idl_regs_index(uint16_t address)
  * min..max, compared as the type's numbers, bit-exact with the Python register model. Its words
  * taken most significant first are made unsigned-comparable (signed: sign bit flipped; float:
  * sign bit flipped, every bit when negative: NaN beyond +-inf, never in range) and compared with
- * the rows' min/max words, which the generator stored in that same form. Its words come from
- * the request (`be`) or from a snapshot (`w`). A plain u16 (flags 0) is the v < min || v > max
+ * the rows' min/max words, which the generator stored in that same form. Its words are `be`
+ * (big-endian, in address order, as a request carries them). A plain u16 (flags 0) is the v < min || v > max
  * of before. Compiled only for a map with a typed HOLDING. */
-static bool typed_out(const idl_reg_desc_t *d, const uint8_t *be, const uint16_t *w)
+static bool typed_out(const idl_reg_desc_t *d, const uint8_t *be)
 {
     unsigned f = d->flags;
     unsigned n = 1u << ((f >> IDL_REG_FLAG_WORDS_SHIFT) & 3u);
@@ -50,7 +50,7 @@ static bool typed_out(const idl_reg_desc_t *d, const uint8_t *be, const uint16_t
     uint16_t flip = 0u;
     for (s = 0; s < n; s++) {
         unsigned p = (f & IDL_REG_FLAG_LITTLE) != 0u ? n - 1u - s : s;
-        uint16_t v = be != NULL ? be16(be + 2u * p) : w[p];
+        uint16_t v = be16(be + 2u * p);
         if (s == 0u && (f & (IDL_REG_FLAG_SIGNED | IDL_REG_FLAG_FLOAT)) != 0u) {
             bool negative_float = (f & IDL_REG_FLAG_FLOAT) != 0u && (v & 0x8000u) != 0u;
             flip = negative_float ? 0xFFFFu : 0u;
@@ -156,9 +156,16 @@ bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation
     for (i = 0; i < IDL_REG_COUNT; i++) {
         const idl_reg_desc_t *d = &IDL_REGMAP[i];
 #if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
-        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u
-            && typed_out(d, NULL, values + i)) {
-            return false;
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u) {
+            uint8_t be[8]; /* the value's words as a request carries them (at most 4) */
+            unsigned j;
+            for (j = 0; j < IDL_TYPED_WORDS(d); j++) {
+                be[2u * j] = (uint8_t)(values[i + j] >> 8);
+                be[2u * j + 1u] = (uint8_t)values[i + j];
+            }
+            if (typed_out(d, be)) {
+                return false;
+            }
         }
 #else
         if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && (values[i] < d->min || values[i] > d->max)) {
@@ -276,7 +283,7 @@ static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, cons
             return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
         }
         if ((kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u
-             && typed_out(d, be + 2u * k, NULL))
+             && typed_out(d, be + 2u * k))
 #else
         if ((kind == (uint8_t)IDL_REG_KIND_HOLDING && (v < d->min || v > d->max))
 #endif

@@ -29,6 +29,7 @@ typedef struct {
 static const uint8_t MAP_HASH[IDL_MAP_HASH_LEN] = IDL_MAP_HASH_BYTES;
 
 size_t idl_shim_sizeof(void);
+int idl_shim_restore(idl_shim_t *s, const uint16_t *values, uint16_t generation, uint32_t now);
 void idl_shim_init(idl_shim_t *s, uint32_t epoch, uint32_t trigger_ms, const char *device_id,
                    uint32_t now);
 size_t idl_shim_feed(idl_shim_t *s, const uint8_t *data, size_t n, uint32_t now, uint8_t *out,
@@ -91,6 +92,12 @@ static uint16_t execute(void *ctx, const uint8_t *pdu, uint16_t len, uint8_t *re
 }
 
 size_t idl_shim_sizeof(void) { return sizeof(idl_shim_t); }
+
+/* a saved configuration (one value per map row) taken or refused as idl_device_init would */
+int idl_shim_restore(idl_shim_t *s, const uint16_t *values, uint16_t generation, uint32_t now)
+{
+    return idl_regs_restore(&s->regs, values, generation, now) ? 1 : 0;
+}
 
 void idl_shim_init(idl_shim_t *s, uint32_t epoch, uint32_t trigger_ms, const char *device_id,
                    uint32_t now)
