@@ -154,6 +154,36 @@ def test_the_stack_depth_tool_sums_the_deepest_path_and_refuses_what_it_cannot_b
     assert recursive.returncode == 1 and "recursion" in recursive.stderr
 
 
+def test_the_map_tool_counts_flash_sections_of_libc_and_libgcc(tmp_path: Path) -> None:
+    """tools/map_libs.py (size-device's and board-m0plus's libc= and libgcc=): the input
+    sections ld puts in flash, by archive, a long section name on its own line included; debug,
+    attribute and .bss sections and the objects of the build itself are not counted."""
+    gcc = "/x/libgcc.a"
+    nano = "/y/libc_nano.a"
+    text = ("Archive member included to satisfy reference by file (symbol)\n"
+            f"{gcc}(_udivsi3.o)  a.o (__aeabi_uidiv)\n\n"
+            "Linker script and memory map\n\n"
+            " .text          0x00008000      0x114 build/a.o\n"
+            f" .text          0x00008114      0x114 {gcc}(_udivsi3.o)\n"
+            " .text.memcpy_long_enough_to_wrap\n"
+            f"                0x00008228       0x90 {nano}(lib_a-memcpy-stub.o)\n"
+            f" .rodata        0x000082b8        0x8 {nano}(lib_a-memset.o)\n"
+            f" .bss           0x20000000       0x40 {nano}(lib_a-memset.o)\n"
+            f" .debug_frame   0x00000000       0x20 {gcc}(_udivsi3.o)\n"
+            f" .ARM.attributes\n                0x00000000       0x1c {gcc}(_udivsi3.o)\n")
+    path = tmp_path / "x.map"
+    path.write_text(text, encoding="utf-8")
+    tool = firmware.FW / "tools" / "map_libs.py"
+    out = subprocess.run([sys.executable, str(tool), str(path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["libc=152", "libgcc=276", "libc_members=memcpy-stub,memset",
+                           "libgcc_members=_udivsi3"]
+    (tmp_path / "no.map").write_text("not a map\n", encoding="utf-8")
+    bad = subprocess.run([sys.executable, str(tool), str(tmp_path / "no.map")],
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
 def test_porting_md_carries_the_measured_figures() -> None:
     """PORTING.md's small-profile table is the report of ``make board-m0plus`` (written there by
     ``BOARD_DOCS=1``), never typed: a change that moves a figure must rewrite it."""
