@@ -24,7 +24,7 @@ the one place it is written; every driver's ``send_files`` runs it with its requ
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ from idemlink.host.errors import LinkLost
 from idemlink.host.operations import Operations, Steps, job_steps
 from idemlink.protocol.host_session import HostSession
 from idemlink.protocol.modbus import MAX_FILE_INFO_NAME, FileInfoStatus
-from idemlink.protocol.outcome import LocalProtocolError, Outcome
+from idemlink.protocol.outcome import LocalProtocolError, ModbusException, Outcome
 from idemlink.protocol.regular_file import file_digest
 
 if TYPE_CHECKING:
@@ -86,6 +86,9 @@ def send_files_steps(ops: Operations[Any], paths: Iterable[str], *, lends_port: 
         return asked, TransferReport(files=identical, ok=True)
     (res,) = yield from ops.run_steps([batch.handover])
     if res.outcome not in (Outcome.OK, Outcome.UNKNOWN):
+        if res.exception is ModbusException.ILLEGAL_FUNCTION and not res.detail:
+            res = replace(res, detail="the device does not serve file transfer (FILE_RECEIVE; "
+                                      "a C device built with IDL_FILE_RECEIVE=0)")
         return res, None
     report = yield from job_steps(lambda port: send_files(port, todo, config, progress=progress),
                                   on_port=True)

@@ -58,6 +58,7 @@ def test_the_host_adapts_to_a_small_profile_c_device(small_device: Path, tmp_pat
             assert report is None and sent.answered
             assert (sent.outcome, sent.exception) == (Outcome.REJECTED,
                                                      ModbusException.ILLEGAL_FUNCTION)
+            assert "does not serve file transfer" in sent.describe()
             assert dev.read("threshold").ok  # the session goes on
     finally:
         proc.terminate()
