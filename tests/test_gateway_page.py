@@ -249,3 +249,135 @@ def test_the_bus_load_figure() -> None:
         return loads
 
     assert asyncio.run(run()) == [0.1, 0.1, 0.0]
+
+
+class _StubWatcher:
+    """What the event stream needs of a ``Watcher``: listeners, a snapshot, the ports."""
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.listeners: list[Any] = []
+        self.gateway = SimpleNamespace(port_list=lambda: [])
+
+    def listen(self, listener: Any) -> Any:
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {}
+
+
+async def _serve_events(watcher: _StubWatcher) -> tuple[Any, int]:
+    """The page's routes alone on a free port; the caller is the ``X-Caller`` header (the
+    gateway's ``auth`` middleware sets it from the token)."""
+    from aiohttp import web
+
+    from idemlink.gateway import page
+
+    @web.middleware
+    async def caller(request: web.Request, handler: Any) -> web.StreamResponse:
+        request["caller"] = request.headers.get("X-Caller", "-")
+        return await handler(request)
+
+    app = web.Application(middlewares=[caller])
+    app.add_routes(page.routes(watcher))  # type: ignore[arg-type]
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, runner.addresses[0][1]
+
+
+async def _open_stream(port: int, caller: str, rcvbuf: int | None = None) -> tuple[Any, bytes]:
+    """A raw connection asking for the stream: (its socket, the answer's first bytes)."""
+    import asyncio
+    import socket
+
+    s = socket.socket()
+    if rcvbuf is not None:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(s, ("127.0.0.1", port))
+    await loop.sock_sendall(s, f"GET /v1/events HTTP/1.1\r\nHost: x\r\nX-Caller: {caller}\r\n"
+                               "\r\n".encode())
+    got = b""
+    while b"\r\n\r\n" not in got or (b" 200 " in got and b"event: snapshot" not in got):
+        chunk = await asyncio.wait_for(loop.sock_recv(s, 65536), scaled(10))
+        assert chunk, got
+        got += chunk
+    return s, got
+
+
+def test_event_streams_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/v1/events`` holds a connection each: at most ``MAX_STREAMS_PER_CALLER`` of one caller
+    and ``MAX_STREAMS`` in all are open at once (one more: 503 TOO_MANY_STREAMS, safe to retry;
+    a closed one frees its place) — a token holder cannot take the process's file descriptors
+    from its ports and store by opening streams without end."""
+    import asyncio
+
+    from idemlink.gateway import page
+
+    monkeypatch.setattr(page, "MAX_STREAMS_PER_CALLER", 2, raising=False)
+    monkeypatch.setattr(page, "MAX_STREAMS", 3, raising=False)
+
+    async def run() -> None:
+        watcher = _StubWatcher()
+        runner, port = await _serve_events(watcher)
+        try:
+            a1, h = await _open_stream(port, "alice")
+            a2, h = await _open_stream(port, "alice")
+            a3, h = await _open_stream(port, "alice")
+            assert b" 503 " in h and b"TOO_MANY_STREAMS" in h, h
+            b1, h = await _open_stream(port, "bob")
+            assert b" 200 " in h
+            b2, h = await _open_stream(port, "bob")  # three open in all
+            assert b" 503 " in h and b"safe to retry" in h, h
+            a1.close()  # its handler sees the end at its next write: an event
+            await asyncio.sleep(0.05)
+            for listener in list(watcher.listeners):
+                listener({"type": "load", "port": "p", "load": 0.0})
+            for _ in range(200):
+                if len(watcher.listeners) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            b3, h = await _open_stream(port, "bob")
+            assert b" 200 " in h, h
+            for s in (a2, a3, b1, b2, b3):
+                s.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())
+
+
+def test_a_stream_nobody_reads_is_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that opens ``/v1/events`` and never reads: once its socket's buffers are full,
+    a write that waits ``WRITE_SECONDS`` ends the stream and closes the connection — its handler
+    and listener are not held for the stream's hour."""
+    import asyncio
+
+    from idemlink.gateway import page
+
+    monkeypatch.setattr(page, "WRITE_SECONDS", 0.2, raising=False)
+
+    async def run() -> None:
+        watcher = _StubWatcher()
+        runner, port = await _serve_events(watcher)
+        try:
+            sock, h = await _open_stream(port, "alice", rcvbuf=4096)
+            assert b" 200 " in h
+            big = {"type": "value", "port": "p", "register": {"name": "x" * 65536}}
+            loop = asyncio.get_running_loop()
+            end = loop.time() + scaled(10)
+            while watcher.listeners and loop.time() < end:
+                for listener in list(watcher.listeners):
+                    listener(big)
+                await asyncio.sleep(0.001)
+            assert not watcher.listeners, "the stalled stream is still held"
+            sock.close()
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(run())

@@ -151,7 +151,7 @@ def openapi() -> dict[str, Any]:
                 "responses": {"200": {"description": "text/event-stream: `event: snapshot | "
                                                      "value | load | port | overflow`, `data:` "
                                                      "JSON"},
-                              **_answers(401)}}},
+                              **_answers(401, 503)}}},
             "/ui/": {"get": {
                 "summary": "the page (HTML; `/ui/app.js`, `/ui/style.css`); `/` redirects here",
                 "security": [],

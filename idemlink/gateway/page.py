@@ -17,7 +17,12 @@ Contract (docs/GATEWAY.md, "The page"):
   ``snapshot`` (every port's state, bus load and registers as the ``Watcher`` last saw them),
   then each change as it happens (``value``, ``load``, ``port``). A listener that falls
   ``MAX_QUEUE`` events behind is ended with an ``overflow`` event (it reconnects and gets a new
-  snapshot); a stream lasts at most ``STREAM_SECONDS``.
+  snapshot); a stream lasts at most ``STREAM_SECONDS``. At most ``MAX_STREAMS`` streams are
+  open at once, ``MAX_STREAMS_PER_CALLER`` of one caller (one more: 503 ``TOO_MANY_STREAMS``,
+  safe to retry): each holds a connection, and a token holder opening streams without end would
+  take the process's file descriptors from its ports and store. A listener that does not take
+  what is written for ``WRITE_SECONDS`` (a client that never reads, its socket's buffers full)
+  is ended, its connection closed: never a handler held forever.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ from idemlink.gateway.watch import Event, Watcher
 
 MAX_QUEUE = 1000
 STREAM_SECONDS = 3600.0
+MAX_STREAMS = 64
+MAX_STREAMS_PER_CALLER = 8
+WRITE_SECONDS = 10.0
 PUBLIC_PREFIX = "/ui/"
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 HEADERS = {
@@ -54,6 +62,8 @@ def _file(name: str) -> bytes:
 
 
 def routes(watcher: Watcher) -> list[web.RouteDef]:
+    open_streams: dict[str, int] = {}  #: caller -> event streams open now
+
     async def root(request: web.Request) -> web.StreamResponse:
         raise web.HTTPFound(PUBLIC_PREFIX)
 
@@ -64,6 +74,24 @@ def routes(watcher: Watcher) -> list[web.RouteDef]:
         return web.Response(body=_file(name), content_type=FILES[name], headers=HEADERS)
 
     async def events(request: web.Request) -> web.StreamResponse:
+        caller = str(request.get("caller", "-"))
+        mine = open_streams.get(caller, 0)
+        if sum(open_streams.values()) >= MAX_STREAMS or mine >= MAX_STREAMS_PER_CALLER:
+            return web.json_response(
+                {"outcome": "NOT_EXECUTED", "reason": "TOO_MANY_STREAMS",
+                 "message": f"{mine} event streams of caller {caller} are open (at most "
+                            f"{MAX_STREAMS_PER_CALLER}; {MAX_STREAMS} in all): close one",
+                 "action": "safe to retry", "replayed": False, "http": 503},
+                status=503, headers={"Retry-After": "5"})
+        open_streams[caller] = mine + 1
+        try:
+            return await _stream(request)
+        finally:
+            open_streams[caller] -= 1
+            if not open_streams[caller]:
+                del open_streams[caller]
+
+    async def _stream(request: web.Request) -> web.StreamResponse:
         queue: asyncio.Queue[Event] = asyncio.Queue(MAX_QUEUE)
 
         def listener(event: Event) -> None:
@@ -78,22 +106,30 @@ def routes(watcher: Watcher) -> list[web.RouteDef]:
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         unlisten = watcher.listen(listener)
+
+        async def send(data: bytes) -> None:
+            await asyncio.wait_for(resp.write(data), WRITE_SECONDS)
+
         try:
             snap = {"ports": watcher.gateway.port_list(), "watch": watcher.snapshot()}
-            await resp.write(f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode())
+            await send(f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode())
             loop = asyncio.get_running_loop()
             end = loop.time() + STREAM_SECONDS
             while loop.time() < end:
                 try:
                     event = await asyncio.wait_for(queue.get(), 15)
                 except TimeoutError:
-                    await resp.write(b": keep-alive\n\n")
+                    await send(b": keep-alive\n\n")
                     continue
-                await resp.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
+                await send(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
                 if event["type"] == "overflow":
                     break
         except ConnectionResetError:
             pass
+        except TimeoutError:  # the client takes nothing: end it, whatever it holds
+            if request.transport is not None:
+                request.transport.abort()
+            return resp
         finally:
             unlisten()
         with contextlib.suppress(ConnectionResetError):
@@ -104,4 +140,5 @@ def routes(watcher: Watcher) -> list[web.RouteDef]:
             web.get("/v1/events", events)]
 
 
-__all__ = ["MAX_QUEUE", "PUBLIC_PREFIX", "public", "routes"]
+__all__ = ["MAX_QUEUE", "MAX_STREAMS", "MAX_STREAMS_PER_CALLER", "PUBLIC_PREFIX", "WRITE_SECONDS",
+           "public", "routes"]

@@ -92,7 +92,8 @@ async function stream() {
   for (;;) {
     try {
       const r = await fetch("/v1/events", { headers: { "Authorization": "Bearer " + state.token } });
-      if (r.status !== 200) { setStatus("events: HTTP " + r.status); return; }
+      if (r.status === 401 || r.status === 403) { setStatus("events: HTTP " + r.status); return; }
+      if (r.status !== 200) throw new Error("HTTP " + r.status);  // 503: too many streams, later
       setStatus("live");
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
