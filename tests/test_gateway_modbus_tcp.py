@@ -182,3 +182,89 @@ def test_bad_modbus_units_are_one_line(tmp_path: Path,
                  "--modbus-unit", "3=nope"]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--modbus-unit" in err
+
+
+class _StubGateway:
+    """What the face needs of a ``Gateway`` for reads: one port whose registers hold their
+    address."""
+
+    def __init__(self) -> None:
+        self.ports = {"dev": object()}
+
+    async def read_words(self, port: str, address: int, count: int, table: str) -> Any:
+        from types import SimpleNamespace
+
+        return SimpleNamespace(body={"outcome": "OK", "words": list(range(address,
+                                                                          address + count))})
+
+
+def test_hostile_modbus_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Garbled MBAP (protocol id not 0, a length over an ADU, a frame cut short), an unknown
+    unit (0x0A), a function the face does not pass (01) — each answered or dropped alone, the
+    next request on the same connection served. At most ``MAX_CONNECTIONS`` connections at once
+    (one more is closed at once), and a connection that completes no request for
+    ``IDLE_SECONDS`` (silent, or a slowloris frame never finished) is closed: its place serves
+    the next client."""
+    import asyncio
+    import contextlib
+    import struct
+
+    from idemlink.gateway import modbus_tcp
+    from idemlink.gateway.modbus_tcp import ModbusFace
+
+    monkeypatch.setattr(modbus_tcp, "MAX_CONNECTIONS", 3, raising=False)
+
+    def adu(tid: int, unit: int, pdu: bytes, proto: int = 0, length: int | None = None) -> bytes:
+        return struct.pack(">HHHB", tid, proto, len(pdu) + 1 if length is None else length,
+                           unit) + pdu
+
+    async def ask(port: int, data: bytes) -> bytes:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(data)
+        got = await asyncio.wait_for(r.read(9 + 255), scaled(5))
+        w.close()
+        return got
+
+    async def closed(reader: asyncio.StreamReader) -> bool:
+        return await asyncio.wait_for(reader.read(1), scaled(5)) == b""
+
+    async def run() -> None:
+        face = ModbusFace(_StubGateway(), {1: "dev"})  # type: ignore[arg-type]
+        server = await asyncio.start_server(face.serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        read = bytes.fromhex("0300040002")
+        try:
+            ok = adu(9, 1, read)
+            assert await ask(port, ok) == adu(9, 1, bytes.fromhex("0304" "0004" "0005"))
+            for junk in (adu(1, 1, read, proto=1), adu(2, 1, read, length=0xFFFF),
+                         adu(3, 1, read, length=1)):  # dropped (with all the connection
+                r, w = await asyncio.open_connection("127.0.0.1", port)  # holds), then served
+                w.write(junk)
+                got = b""
+                while not got:  # the client's retry, as a Modbus client does after its timeout
+                    w.write(ok)
+                    with contextlib.suppress(TimeoutError):
+                        got = await asyncio.wait_for(r.read(9 + 255), 0.1)
+                assert got == adu(9, 1, bytes.fromhex("030400040005"))
+                w.close()
+            assert await ask(port, adu(4, 7, read)) == adu(4, 7, bytes.fromhex("830a"))
+            assert await ask(port, adu(5, 1, bytes.fromhex("2b0e0100"))) == adu(
+                5, 1, bytes.fromhex("ab01"))
+            # three silent clients take every place; a fourth is closed at once
+            monkeypatch.setattr(modbus_tcp, "IDLE_SECONDS", 0.3, raising=False)
+            silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
+            slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
+            slow_w.write(ok[:5])  # a frame begun and never finished
+            extra_r, extra_w = await asyncio.open_connection("127.0.0.1", port)
+            assert await closed(extra_r)
+            extra_w.close()
+            # idle past IDLE_SECONDS: closed, and a new client is served
+            assert all([await closed(r) for r, _ in silent]) and await closed(slow_r)
+            for _, w in [*silent, (slow_r, slow_w)]:
+                w.close()
+            assert await ask(port, ok) == adu(9, 1, bytes.fromhex("030400040005"))
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(run())

@@ -21,7 +21,11 @@ Contract (docs/GATEWAY.md, "Modbus TCP for clients that know only Modbus"):
   own transaction id and unit id; connections are served at once (their calls share the
   ports' pipelines), so answers never mix. A connection's input is bounded by the MBAP decoder
   (one ADU buffered, fed ``FEED`` bytes at a time so no pipelined request is dropped); a
-  client that closes is dropped alone.
+  client that closes is dropped alone. At most ``MAX_CONNECTIONS`` connections are served at once
+  (one more is closed at once, logged); a connection that completes no request for
+  ``IDLE_SECONDS`` — silent, or sending a frame it never finishes — is closed: a client that
+  opens connections and never sends cannot take every place, nor the process's file
+  descriptors from its ports and store.
 - Modbus TCP has no authentication: the face listens only where ``--modbus-tcp`` says (a
   loopback address unless given another); a write is audited with the client's address.
 """
@@ -48,6 +52,9 @@ from idemlink.protocol.registers import RegisterKind
 log = logging.getLogger(__name__)
 
 THIS_SERVER = (0, 255)
+MAX_CONNECTIONS = 32
+IDLE_SECONDS = 60.0
+"""A connection that completes no request for this long is closed (mbusd's default too)."""
 READ_CHUNK = 4096
 FEED = 128
 """Bytes given to the MBAP decoder at once, its frames answered before the next slice: with the
@@ -86,16 +93,27 @@ class ModbusFace:
         """One client connection, until it closes."""
         peer = writer.get_extra_info("peername")
         caller = f"modbus-tcp@{peer[0] if peer else 'unknown'}"[:64]
+        if self.connections >= MAX_CONNECTIONS:
+            log.warning("modbus tcp %s: %d connections are served already: closed", caller,
+                        self.connections)
+            writer.close()
+            return
         decoder = MbapDecoder()
         self.connections += 1
+        loop = asyncio.get_running_loop()
+        idle_until = loop.time() + IDLE_SECONDS
         try:
-            while data := await reader.read(READ_CHUNK):
+            while data := await asyncio.wait_for(reader.read(READ_CHUNK),
+                                                 max(0.0, idle_until - loop.time())):
                 for at in range(0, len(data), FEED):  # a slice at a time: the decoder keeps
                     decoder.receive_data(data[at:at + FEED])  # at most MAX_PENDING frames
                     while (frame := decoder.next_event()) is not None:
                         pdu = await self.answer(caller, frame.unit, frame.pdu)
                         writer.write(encode_mbap(frame.tid, frame.unit, pdu))
                         await writer.drain()
+                        idle_until = loop.time() + IDLE_SECONDS
+        except TimeoutError:
+            log.info("modbus tcp %s: no request for %g s: closed", caller, IDLE_SECONDS)
         except (ConnectionError, OSError) as exc:
             log.info("modbus tcp %s: %s", caller, exc)
         finally:
@@ -155,4 +173,4 @@ class ModbusFace:
         return answer_pdu(planned, outcome, reason, result.get("exception_code"), values)
 
 
-__all__ = ["ModbusFace", "default_units"]
+__all__ = ["IDLE_SECONDS", "MAX_CONNECTIONS", "ModbusFace", "default_units"]
