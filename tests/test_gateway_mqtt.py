@@ -175,12 +175,26 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             info = bob.command("oven", "write", {"key": new_key(time.time()),
                                                  "values": {"threshold": 447}}, as_user="alice")
             info.wait_for_publish(scaled(10))
-            # a later command of alice's is answered, so the two before it were seen and dropped
+            # a retained command would be handed to every later subscription (a reconnect, a
+            # new session): refused, never run; the empty retained message clearing it is
+            # not a command
+            kept = new_key(time.time())
+            alice.client.publish("idemlink/cmd/alice/gw1/oven/write", json.dumps(
+                {"key": kept, "values": {"threshold": 450}}), qos=1, retain=True)
+            no = wait_until(lambda: [r for r in alice.refused if r.get("key") == kept],
+                            what="the retained command refused")[0]
+            assert (no["reason"], no["outcome"], no["http"]) == ("RETAINED_COMMAND",
+                                                                "REJECTED", 400), no
+            alice.client.publish("idemlink/cmd/alice/gw1/oven/write", b"", qos=1, retain=True)
+            # a later command of alice's is answered, so the ones before it were seen and dropped
             last = new_key(time.time())
             alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
             assert alice.outcome(last)["outcome"] == "OK"
             assert [len(sim.executions_of(_pdu_of(v))) for v in (
-                441, 442, 443, 444, 445, 446, 447, 448, 449)] == [0, 1, 1, 1, 0, 0, 0, 1, 0]
+                441, 442, 443, 444, 445, 446, 447, 448, 449, 450)] == [0, 1, 1, 1, 0, 0, 0, 1, 0,
+                                                                        0]
+            assert [r["reason"] for r in alice.refused if r.get("reason") not in (
+                "IDEMPOTENCY_CONFLICT",)] == ["RETAINED_COMMAND"]  # the clear: no refusal
             # one outcome message per key (the doc's example's key, sent twice, among them)
             assert len(sim.executions_of(_pdu_of(425))) == 1
             assert sorted(map(len, alice.outcomes.values())) == [1, 1, 1, 1, 1]

@@ -12,6 +12,9 @@ Contract:
   the inbox on disk (``mqtt_inbox``): a QoS 1 redelivery — the gateway gone before its PUBACK,
   the broker restarted — is a copy of a row already there and adds nothing; other content under
   the key is refused as ``IDEMPOTENCY_CONFLICT`` on ``P/refused/CALLER``.
+- A command published retained is refused (``RETAINED_COMMAND``), never run: the gateway
+  subscribes with "retain as published" to see the flag and without retained messages at
+  subscribe, so one left on the broker is never handed to a later connection as if sent again.
 - Who may: the topic's caller must be a caller of the tokens file (``UNKNOWN_CALLER``) whose
   role may make the call — the role the HTTP route of the same operation needs
   (``app.needed_role``: ``operator`` for write, clear, trigger) — else ``FORBIDDEN``, as over
@@ -59,7 +62,7 @@ from idemlink.gateway import mqtt_topics
 from idemlink.gateway.app import needed_role
 from idemlink.gateway.calls import CallError
 from idemlink.gateway.mqtt_inbox import Added, Entry, Inbox, InboxFull
-from idemlink.gateway.mqtt_topics import Refused, Topics, payload
+from idemlink.gateway.mqtt_topics import Refused, RetainedCommand, Topics, payload
 from idemlink.gateway.service import Gateway, UnknownPort
 from idemlink.gateway.store import StoreError, StoreFull
 from idemlink.gateway.tokens import DEFAULT_ROLE, allows
@@ -263,7 +266,7 @@ class Bridge:
         client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(
             self._on_ack, mid, not any(rc.is_failure for rc in rcs))
         client.on_message = lambda _c, _u, m: later(self._on_message, m.topic, bytes(m.payload),
-                                                     m.mid, m.qos)
+                                                     m.mid, m.qos, bool(m.retain))
         return client
 
     @staticmethod
@@ -313,8 +316,14 @@ class Bridge:
         self._spawn(self._connected_session(client))
 
     async def _connected_session(self, client: Any) -> None:
+        from paho.mqtt.subscribeoptions import SubscribeOptions
+
         try:
-            if not await self._subscribe(client, [(self.topics.commands, 1)]):
+            # retained commands are never sent at subscribe, and a command's retain flag is
+            # delivered as it was published: one published retained is refused
+            if not await self._subscribe(client, [(self.topics.commands, SubscribeOptions(
+                    qos=1, retainAsPublished=True,
+                    retainHandling=SubscribeOptions.RETAIN_DO_NOT_SEND))]):
                 log.error("MQTT: the broker refused the subscription %s", self.topics.commands)
             try:
                 await self._look_for_published(client)
@@ -357,7 +366,7 @@ class Bridge:
         self._acks[mid] = fut
         return await fut
 
-    async def _subscribe(self, client: Any, topics: list[tuple[str, int]]) -> bool:
+    async def _subscribe(self, client: Any, topics: list[tuple[str, Any]]) -> bool:
         return await self._acked(client, client.subscribe(topics))
 
     async def _publish(self, client: Any, topic: str, data: bytes, *, retain: bool = False,
@@ -380,12 +389,20 @@ class Bridge:
         return payload(body)
 
     # ------------------------------------------------------------------ incoming
-    def _on_message(self, client: Any, topic: str, data: bytes, mid: int, qos: int) -> None:
+    def _on_message(self, client: Any, topic: str, data: bytes, mid: int, qos: int,
+                    retain: bool = False) -> None:
         if client is not self._client:
             return  # an old connection's: not acknowledged, the broker sends it again
         try:
             if self.topics.caller_of(topic) is not None:
-                self._command(client, topic, data)
+                if retain and data:  # (empty and retained: the caller clearing one: nothing)
+                    self.counts["received"] += 1
+                    self._refuse(client, topic, RetainedCommand(
+                        "a command must be published with retain off (the broker would hand "
+                        "a retained one to every later subscription); clear it with an empty "
+                        "retained message: nothing sent"), _key_of(data), data)
+                elif not retain:
+                    self._command(client, topic, data)
             elif self._probe is not None and topic == self._probe[0]:
                 if not self._probe[1].done():
                     self._probe[1].set_result(None)

@@ -22,6 +22,8 @@ id, ``CALLER`` a caller id of the tokens file:
   ``CALLER`` publish only under ``P/cmd/CALLER/#`` and read only ``P/outcome/CALLER/#`` and
   ``P/refused/CALLER``. The gateway takes the segment as the caller id (the same scope as the
   HTTP token's caller id: one caller's key is one call over HTTP and MQTT).
+- A command is published with retain off: one published retained is refused
+  (``RetainedCommand``), never run — the broker would hand it to every later subscription.
 - Anything refused before a call exists (a malformed topic or payload, an unknown caller, port
   or operation, a caller whose role may not call, a key reused for other content) is refused
   with its reason (``Refused`` for what this module finds).
@@ -61,6 +63,13 @@ class Refused(CallError):
     """A command refused before any call exists: published on ``P/refused/CALLER``."""
 
     reason = "MALFORMED_COMMAND"
+
+
+class RetainedCommand(Refused):
+    """A command published retained: the broker would hand it to every later subscription (a
+    reconnect, a new session) as if sent again. Refused, never run."""
+
+    reason = "RETAINED_COMMAND"
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,5 +188,5 @@ def refusal(exc: CallError, topic: str, key: str | None = None) -> dict[str, Any
 
 
 __all__ = ["DEFAULT_PREFIX", "DEFAULT_WAIT", "MAX_PAYLOAD", "MAX_WAIT", "OPERATIONS",
-           "OUTCOME_EXPIRY_SECONDS", "Command", "Refused", "Topics", "outcome_expiry", "payload",
-           "refusal"]
+           "OUTCOME_EXPIRY_SECONDS", "Command", "Refused", "RetainedCommand", "Topics",
+           "outcome_expiry", "payload", "refusal"]
