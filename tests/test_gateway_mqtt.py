@@ -186,15 +186,22 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
             assert (no["reason"], no["outcome"], no["http"]) == ("RETAINED_COMMAND",
                                                                 "REJECTED", 400), no
             alice.client.publish("idemlink/cmd/alice/gw1/oven/write", b"", qos=1, retain=True)
+            # a payload over 64 KiB is refused; one over the gateway's MQTT 5 Maximum Packet
+            # Size (1 MiB) is dropped by the broker, never read into the gateway's memory
+            big, huge = new_key(time.time()), new_key(time.time())
+            for k, size in ((big, 100_000), (huge, 2_000_000)):
+                alice.client.publish("idemlink/cmd/alice/gw1/oven/write", json.dumps(
+                    {"key": k, "values": {"threshold": 451}, "pad": "x" * size}), qos=1)
             # a later command of alice's is answered, so the ones before it were seen and dropped
             last = new_key(time.time())
             alice.command("oven", "write", {"key": last, "values": {"threshold": 448}})
             assert alice.outcome(last)["outcome"] == "OK"
             assert [len(sim.executions_of(_pdu_of(v))) for v in (
-                441, 442, 443, 444, 445, 446, 447, 448, 449, 450)] == [0, 1, 1, 1, 0, 0, 0, 1, 0,
-                                                                        0]
-            assert [r["reason"] for r in alice.refused if r.get("reason") not in (
-                "IDEMPOTENCY_CONFLICT",)] == ["RETAINED_COMMAND"]  # the clear: no refusal
+                441, 442, 443, 444, 445, 446, 447, 448, 449, 450, 451)] == [
+                0, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0]
+            assert [(r["reason"], r.get("key")) for r in alice.refused if r.get("reason") not in (
+                "IDEMPOTENCY_CONFLICT",)] == [("RETAINED_COMMAND", kept),  # the clear: none
+                                              ("MALFORMED_COMMAND", big)]  # huge: never read
             # one outcome message per key (the doc's example's key, sent twice, among them)
             assert len(sim.executions_of(_pdu_of(425))) == 1
             assert sorted(map(len, alice.outcomes.values())) == [1, 1, 1, 1, 1]
@@ -383,3 +390,37 @@ def test_a_command_taken_before_a_sigkill_runs_after_the_restart(tmp_path: Path)
         assert len(sim.executions_of(_pdu_of(431))) == 1
         assert list(map(len, alice.outcomes.values())) == [1]
         alice.close()
+
+
+@pytest.mark.slow
+def test_a_flood_waits_on_the_broker(tmp_path: Path) -> None:
+    """The gateway tells the broker how many commands it may have out unacknowledged (MQTT 5
+    Receive Maximum): with a broker that sets no limit of its own, a gateway that takes nothing
+    (stopped) is sent that many and no more — the flood waits on the broker, not in the
+    gateway's memory — and once it runs again every command is answered once."""
+    import signal
+
+    from idemlink.gateway.mqtt_bridge import RECEIVE_MAXIMUM
+
+    need_mosquitto()
+    with broker(tmp_path, extra="max_inflight_messages 0\n") as b, served_sim(tmp_path) as sim:
+        proxy = CuttingProxy(b.port)
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/gw1",))
+        with running_gateway(tmp_path, [f"{sim.link}=oven"],
+                             *mqtt_args(tmp_path, proxy.port), "--watch", "0") as gw:
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
+                       timeout=20, what="the gateway online")
+            gw.proc.send_signal(signal.SIGSTOP)
+            keys = [new_key(time.time()) for _ in range(4 * RECEIVE_MAXIMUM)]
+            for n, key in enumerate(keys):
+                alice.command("oven", "write", {"key": key, "values": {"threshold": 300 + n}}
+                              ).wait_for_publish(scaled(10))
+            wait_until(lambda: proxy.commands >= RECEIVE_MAXIMUM, what="the first commands")
+            time.sleep(scaled(0.5))  # what a broker without the limit would send meanwhile
+            assert proxy.commands == RECEIVE_MAXIMUM
+            gw.proc.send_signal(signal.SIGCONT)
+            for key in keys:
+                assert alice.outcome(key)["outcome"] == "OK"
+            assert sorted(map(len, alice.outcomes.values())) == [1] * len(keys)
+        alice.close()
+        proxy.close()

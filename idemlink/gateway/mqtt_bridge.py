@@ -38,6 +38,10 @@ Contract:
   topics and to a probe topic, publishes the probe, and every retained outcome the broker
   holds arrives before the probe comes back — and publishes only those it does not find. Each
   connection is a new client, so no library re-sends a message behind the bridge's back.
+- Bounded: the broker may have at most ``RECEIVE_MAXIMUM`` commands out to the gateway not yet
+  acknowledged, none larger than ``MAX_PACKET`` (MQTT 5 CONNECT properties: the broker holds
+  a flood, and drops a message too large, never delivered); the inbox holds at most
+  ``mqtt_inbox.MAX_OPEN`` commands not yet answered (more: ``INBOX_FULL``).
 - Register values (``Watcher``) are published retained on change, and all of them again after
   each connect; a broker that is down costs nothing but the messages' delay.
 """
@@ -73,6 +77,13 @@ log = logging.getLogger(__name__)
 
 SESSION_EXPIRY = 7 * 24 * 3600
 """How long the broker keeps the gateway's session (its subscription and queued commands)."""
+RECEIVE_MAXIMUM = 16
+"""Commands the broker may have delivered to the gateway and not yet had acknowledged (MQTT 5
+Receive Maximum): a flood waits on the broker, not in the gateway's memory."""
+MAX_PACKET = 1024 * 1024
+"""The largest packet the broker may send the gateway (MQTT 5 Maximum Packet Size): a larger
+message is dropped by the broker, never read; one over ``mqtt_topics.MAX_PAYLOAD`` and under
+this is refused (``MALFORMED_COMMAND``)."""
 KEEPALIVE = 10
 RETRY_FIRST = 0.1
 RETRY_MAX = 2.0
@@ -287,6 +298,8 @@ class Bridge:
             self._client = client
             props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             props.SessionExpiryInterval = SESSION_EXPIRY
+            props.ReceiveMaximum = RECEIVE_MAXIMUM
+            props.MaximumPacketSize = MAX_PACKET
             client.connect_async(self.config.host, self.config.port, KEEPALIVE,
                                  clean_start=False, properties=props)
             client.loop_start()
@@ -644,5 +657,5 @@ def _key_of(data: bytes) -> str | None:
     return key[:64] if isinstance(key, str) else None
 
 
-__all__ = ["SESSION_EXPIRY", "Bridge", "Forbidden", "KeyConflict", "MqttConfig",
-           "MqttConfigError", "UnknownCaller"]
+__all__ = ["MAX_PACKET", "RECEIVE_MAXIMUM", "SESSION_EXPIRY", "Bridge", "Forbidden",
+           "KeyConflict", "MqttConfig", "MqttConfigError", "UnknownCaller"]

@@ -109,8 +109,9 @@ class Broker:
 
 @contextmanager
 def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",), *,
-           debug: bool = False) -> Iterator[Broker]:
-    """A broker; ``debug``: it logs every packet (``Broker.published`` counts what it received)."""
+           debug: bool = False, extra: str = "") -> Iterator[Broker]:
+    """A broker; ``debug``: it logs every packet (``Broker.published`` counts what it received);
+    ``extra``: more lines of its config."""
     need_mosquitto()
     d = directory / "broker"
     d.mkdir()
@@ -134,6 +135,7 @@ def broker(directory: Path, gateways: tuple[str, ...] = ("gw1",), *,
         "log_dest stderr\n"
         "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
         + ("log_type debug\n" if debug else "")
+        + extra
         + "user root\n")
     b = Broker(d, port)
     b.start()
@@ -206,6 +208,7 @@ class CuttingProxy:
         self.side = "client"
         self.topic: str | None = None
         self.cuts = 0
+        self.commands = 0  #: command messages (``/cmd/``) the broker sent through the proxy
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -236,6 +239,8 @@ class CuttingProxy:
     def _drop(self, packet: bytes, side: str, watched: set[int]) -> bool:
         with self.lock:
             published = _publish_id(packet)
+            if published is not None and side == "broker" and "/cmd/" in published[0]:
+                self.commands += 1
             if published is not None and self.side != side and self.topic is not None and (
                     self.topic in published[0]):
                 watched.add(published[1])
