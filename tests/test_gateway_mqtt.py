@@ -424,3 +424,41 @@ def test_a_flood_waits_on_the_broker(tmp_path: Path) -> None:
             assert sorted(map(len, alice.outcomes.values())) == [1] * len(keys)
         alice.close()
         proxy.close()
+
+
+def test_a_refused_connection_says_why(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A wrong broker password — the usual mistake when a gateway joins a fleet — is logged
+    with the broker's reason and the user, not only "refused"; the gateway tries again."""
+    import asyncio
+    import logging
+
+    from idemlink.gateway.mqtt_bridge import Bridge, MqttConfig
+    from idemlink.gateway.service import Gateway, PortSpec
+    from idemlink.gateway.store import CallStore
+    from idemlink.gateway.watch import Watcher
+    from idemlink.protocol.regmap_file import DEFAULT_MAP
+
+    wrong = tmp_path / "gw1.password"
+    wrong.write_text("not-the-password\n")
+    wrong.chmod(0o600)
+    with broker(tmp_path) as b:
+        store = CallStore.open(tmp_path / "calls.db")
+        gateway = Gateway(store, [PortSpec("oven", "unused", DEFAULT_MAP)])
+        config = MqttConfig.parse(f"mqtt://gw1@127.0.0.1:{b.port}", "gw1",
+                                  password_file=str(wrong))
+        bridge = Bridge(gateway, Watcher(gateway, 0), config, {"alice"})
+
+        async def run() -> None:
+            bridge.start()
+            loop = asyncio.get_running_loop()
+            end = loop.time() + scaled(10)
+            while loop.time() < end and "refused" not in caplog.text:
+                await asyncio.sleep(0.01)
+            await bridge.close()
+
+        with caplog.at_level(logging.WARNING, "idemlink.gateway.mqtt_bridge"):
+            asyncio.run(run())
+        store.close()
+    # (Mosquitto answers a wrong password "Not authorized", MQTT 5 reason 135)
+    assert "refused the connection of user gw1: Not authorized" in caplog.text, (
+        caplog.text)

@@ -271,7 +271,8 @@ class Bridge:
             with contextlib.suppress(RuntimeError):  # the loop is closed: the gateway stopped
                 loop.call_soon_threadsafe(fn, client, *args)
 
-        client.on_connect = lambda _c, _u, _f, rc, _p: later(self._on_connect, not rc.is_failure)
+        client.on_connect = lambda _c, _u, _f, rc, _p: later(self._on_connect, not rc.is_failure,
+                                                              str(rc))
         client.on_disconnect = lambda _c, _u, _f, _rc, _p: later(self._on_disconnect)
         client.on_publish = lambda _c, _u, mid, rc, _p: later(self._on_ack, mid, not rc.is_failure)
         client.on_subscribe = lambda _c, _u, mid, rcs, _p: later(
@@ -318,11 +319,13 @@ class Bridge:
             self._served = False
             await asyncio.sleep(min(0.2 * 2 ** self._failures, RECONNECT_MAX))
 
-    def _on_connect(self, client: Any, ok: bool) -> None:
+    def _on_connect(self, client: Any, ok: bool, why: str = "") -> None:
         if client is not self._client:
             return
-        if not ok:
-            log.warning("MQTT: the broker refused the connection")
+        if not ok:  # the broker's reason: a wrong password is the usual one at setup
+            log.warning("MQTT: the broker %s:%d refused the connection of user %s: %s",
+                        self.config.host, self.config.port, self.config.username or "(none)",
+                        why or "no reason given")
             return
         log.info("MQTT: connected to %s:%d", self.config.host, self.config.port)
         self._served = True
