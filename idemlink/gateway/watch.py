@@ -11,7 +11,9 @@ Contract (docs/GATEWAY.md, "The fleet"):
   seen (or is the first) is a change: every listener gets ``{"type": "value", "port", "register":
   ENTRY}`` (ENTRY: ``output.register_entry``'s name, address, raw, value, label, unit; and
   ``text``, the value as the map writes it: ``35.0``). A reading that failed changes nothing.
-- A port's state (up/down) that changed since the last look is ``{"type": "port", ...}``.
+- A port's state (up/down) or its device's boot epoch (a reboot the port's driver saw) that
+  changed since the last look is ``{"type": "port", "port", "state", "epoch"}``: the page
+  shows the device's identity anew, never an old boot's.
 - **Bus load**: the bits the port's line carried (bytes written and read by the driver, times
   the bits of one character: start, data, parity, stop) over the last ``LOAD_WINDOW`` seconds,
   divided by what the line's baud rate carries in that time: the share of the line in use
@@ -74,6 +76,7 @@ class Watcher:
         self.values: dict[str, dict[str, dict[str, Any]]] = {p: {} for p in gateway.ports}
         self.loads: dict[str, float] = dict.fromkeys(gateway.ports, 0.0)
         self.states: dict[str, str] = {}
+        self._epochs: dict[str, int | None] = {}
         self._samples: dict[str, deque[tuple[float, int]]] = {p: deque() for p in gateway.ports}
         self._base: dict[str, int] = dict.fromkeys(gateway.ports, 0)  #: bytes of closed drivers
         self._last: dict[str, tuple[int, int]] = {}  #: (driver id, its count) at the last look
@@ -134,10 +137,7 @@ class Watcher:
     async def look(self, name: str) -> None:
         """One look at port ``name``: its state, its load, its registers."""
         port = self.gateway.ports[name]
-        state = "up" if port.up else "down"
-        if self.states.get(name) != state:
-            self.states[name] = state
-            self._emit({"type": "port", "port": name, "state": state})
+        self._port_changes(name, port)
         self._measure(name, port)
         if not port.up:
             return
@@ -153,6 +153,19 @@ class Watcher:
                 if self.values[name].get(reg) != shown:
                     self.values[name][reg] = shown
                     self._emit({"type": "value", "port": name, "register": shown})
+        self._port_changes(name, port)  # a reboot these reads found: said now
+
+    def _port_changes(self, name: str, port: Port) -> None:
+        state = "up" if port.up else "down"
+        ops = getattr(port.device, "ops", None) if port.up else None
+        open_epoch = getattr(ops, "open_epoch", None)
+        epoch = open_epoch() if callable(open_epoch) else None
+        if self.states.get(name) != state or (state == "up" and name in self._epochs
+                                              and self._epochs[name] != epoch):
+            self._emit({"type": "port", "port": name, "state": state, "epoch": epoch})
+        self.states[name] = state
+        if state == "up":
+            self._epochs[name] = epoch
 
     def _measure(self, name: str, port: Port) -> None:
         now = self.clock()

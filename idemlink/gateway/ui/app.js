@@ -41,6 +41,7 @@ function renderPorts() {
     card.append(el("h3", {}, p.name + " ", el("span", { class: p.state, id: "state-" + p.name }, p.state)));
     card.append(el("div", {}, `${p.kind} · map ${p.map} · device ${dev.name || "?"} `
       + `id ${dev.device_id ?? "?"} · epoch ${dev.epoch ?? "?"}`));
+    if (p.state !== "up" && p.reason) card.append(el("div", { class: "reason" }, p.reason));
     card.append(el("div", {}, "bus load ",
       el("span", { id: "load-" + p.name }, (100 * (w.load || 0)).toFixed(2)), " %"));
     const t = el("table", {}, el("tr", {}, el("th", {}, "register"), el("th", {}, "value"), el("th", {}, "unit")));
