@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -111,8 +112,12 @@ def test_modbus_clients_read_and_write_through_the_gateway(tmp_path: Path) -> No
         # a dead unit: the device stops answering; the client gets 0x0B, not its own timeout
         assert sim.line is not None
         sim.line.mute = True
+        asked = time.monotonic()
         dead = c.read_holding_registers(4, count=1, device_id=1)
+        took = time.monotonic() - asked
         assert dead.isError() and dead.exception_code == 0x0B
+        # within the stated time: the port's own wait, --timeout 0.1 x 5 attempts (0.5 s)
+        assert 0.45 <= took < 0.5 + scaled(0.5), took
 
 
 @pytest.mark.slow
