@@ -259,6 +259,18 @@ def test_the_bridge_judges_roles_and_a_full_store(tmp_path: Path) -> None:
         said = json.loads(data)
         assert (topic, said["reason"], said["key"], said["topic"]) == (
             "idemlink/refused/alice", "STORE_FULL", key, "idemlink/cmd/alice/gw1/oven/write")
+        # a call that never ran ("safe to retry", its wait over) frees the key: the same
+        # command again is the caller's retry, run again — a copy of one that ran is not
+        topic = "idemlink/cmd/alice/gw1/oven/write"
+        down = json.dumps({"key": new_key(time.time()), "values": {"threshold": 2},
+                           "wait": 0}).encode()
+        bridge._command(None, topic, down)
+        (entry,) = bridge.inbox.pending("oven")
+        assert bridge._resolve(entry, {"outcome": "NOT_EXECUTED", "reason": "PORT_DOWN",
+                                       "action": "safe to retry", "http": 503})
+        assert bridge.inbox.pending("oven") == []
+        bridge._command(None, topic, down)
+        assert [e.key for e in bridge.inbox.pending("oven")] == [entry.key]
     finally:
         bridge.inbox.close()
         store.close()
@@ -462,3 +474,36 @@ def test_a_refused_connection_says_why(tmp_path: Path, caplog: pytest.LogCapture
     # (Mosquitto answers a wrong password "Not authorized", MQTT 5 reason 135)
     assert "refused the connection of user gw1: Not authorized" in caplog.text, (
         caplog.text)
+
+
+@pytest.mark.slow
+def test_a_retry_of_a_command_that_did_not_run_runs(tmp_path: Path) -> None:
+    """A command that did not run ("safe to retry": its port was down past its wait) frees its
+    key, as over HTTP: the caller's retry under the same key runs once the port is back, and
+    is answered (a second outcome message under the key, the first said nothing ran)."""
+    need_mosquitto()
+    with broker(tmp_path) as b, served_sim(tmp_path) as sim:
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/gw1",))
+        with running_gateway(tmp_path, [f"{sim.link}=oven"], *mqtt_args(tmp_path, b.port)
+                             ) as gw:
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
+                       timeout=20, what="the gateway online")
+            # a command that did not run ("safe to retry": here its port was down past its
+            # wait) frees its key: the caller's retry under it runs, and is answered
+            sim.unplug()
+            wait_until(lambda: gw.call("GET", "/v1/ports/oven").body["state"] == "down",
+                       what="the port down")
+            retry = new_key(time.time())
+            alice.command("oven", "write", {"key": retry, "values": {"threshold": 452},
+                                            "wait": 0})
+            first = alice.outcome(retry)
+            assert (first["outcome"], first["reason"], first["action"]) == (
+                "NOT_EXECUTED", "PORT_DOWN", "safe to retry"), first
+            sim.serve()
+            wait_until(lambda: gw.call("GET", "/v1/ports/oven").body["state"] == "up",
+                       timeout=20, what="the port up again")
+            alice.command("oven", "write", {"key": retry, "values": {"threshold": 452}})
+            wait_until(lambda: len(alice.outcomes[retry]) == 2, what="the retry answered")
+            assert alice.outcomes[retry][1]["outcome"] == "OK", alice.outcomes[retry]
+            assert len(sim.executions_of(_pdu_of(452))) == 1
+        alice.close()

@@ -11,7 +11,9 @@ Contract:
 - A command message is acknowledged (PUBACK, sent by hand in arrival order) only once it is in
   the inbox on disk (``mqtt_inbox``): a QoS 1 redelivery — the gateway gone before its PUBACK,
   the broker restarted — is a copy of a row already there and adds nothing; other content under
-  the key is refused as ``IDEMPOTENCY_CONFLICT`` on ``P/refused/CALLER``.
+  the key is refused as ``IDEMPOTENCY_CONFLICT`` on ``P/refused/CALLER``. A copy of a command
+  whose call never ran (the key released: NOT_EXECUTED "safe to retry", or REJECTED before
+  anything was stored) is the caller's retry: run again under the key, answered again.
 - A command published retained is refused (``RETAINED_COMMAND``), never run: the gateway
   subscribes with "retain as published" to see the flag and without retained messages at
   subscribe, so one left on the broker is never handed to a later connection as if sent again.
@@ -446,6 +448,13 @@ class Bridge:
         added = self.inbox.add(cmd, int(now * 1000))
         if added is Added.DUPLICATE:
             self.counts["duplicates"] += 1
+            entry = self.inbox.get(cmd.caller, cmd.key)
+            # its call never ran and freed the key (NOT_EXECUTED "safe to retry", REJECTED
+            # before anything was stored): this copy is the caller's retry, run as HTTP's is
+            if (entry is not None and entry.state != "pending"
+                    and self.gateway.store.get(cmd.caller, cmd.key) is None
+                    and self.inbox.again(entry, int(now * 1000) + int(cmd.wait * 1000))):
+                self._wake[cmd.port].set()
         elif added is Added.CONFLICT:
             self._refuse(client, topic, KeyConflict(f"key {cmd.key} was used for other content: "
                                                  "nothing sent"), cmd.key, data)

@@ -15,7 +15,9 @@ Contract (docs/GATEWAY.md, "The fleet"):
 - Refusals (a message refused before it is a call, or a key another call — over HTTP — holds
   with other content) wait in ``mqtt_refusals`` until the broker acknowledges them (at most
   ``MAX_REFUSALS``; more are logged, not kept); a command refused so has no row: it never
-  stands for the key.
+  stands for the key. A finished row whose call never ran (the call layer released the key)
+  is set ``pending`` again when its command comes again (``again``): a caller's retry of a
+  "safe to retry" outcome runs.
 - Bounded: at most ``MAX_ROWS`` rows, ``MAX_OPEN`` of them not yet published (a full inbox
   refuses the command: ``InboxFull``); published rows are pruned with the call store's
   retention (``StoreLimits.retention_seconds``, by the key's time). The file is the store's, so
@@ -190,6 +192,19 @@ class Inbox:
         with self._tx() as db:
             db.execute("UPDATE mqtt_inbox SET state='done', topic=?, payload=?, retained=? "
                        "WHERE id=?", (topic, payload.decode(), int(retained), entry.id))
+
+    def again(self, entry: Entry, deadline_ms: int) -> bool:
+        """Run a finished row's command again under its key (synced): its call did not run and
+        released the key, and the caller sent it again. False if the row is still pending."""
+        with self._tx() as db:
+            was = db.execute("SELECT state FROM mqtt_inbox WHERE id=?", (entry.id,)).fetchone()
+            if was is None or was[0] == "pending":
+                return False
+            db.execute("UPDATE mqtt_inbox SET state='pending', topic=NULL, payload=NULL, "
+                       "retained=0, deadline_ms=? WHERE id=?", (deadline_ms, entry.id))
+            if was[0] == "published":
+                self._open += 1
+        return True
 
     def published(self, entry_id: int) -> None:
         """The broker acknowledged the row's message."""
