@@ -69,8 +69,10 @@ def test_topics_and_payloads() -> None:
     for topic, data in bad:
         with pytest.raises(Refused):
             t.parse(topic, data, now)
-    with pytest.raises(calls.MalformedIdempotencyKey):
-        t.parse("idemlink/cmd/alice/gw1/oven/write", b'{"values": {}}', now)
+    # the payload's "key" is named, not the HTTP header
+    for no_key in (b'{"values": {}}', b'{"key": 5}', b'{"key": "01A2-not-a-key"}'):
+        with pytest.raises(calls.MalformedIdempotencyKey, match='"key"'):
+            t.parse("idemlink/cmd/alice/gw1/oven/write", no_key, now)
     with pytest.raises(calls.KeyOutsideRetention):
         t.parse("idemlink/cmd/alice/gw1/oven/write",
                 json.dumps({"key": new_key(now - 2 * 86400)}).encode(), now)

@@ -154,7 +154,16 @@ class Topics:
         if not isinstance(body, dict):
             raise Refused("the payload must be a JSON object")
         key = body.get("key")
-        calls.check_key(key if isinstance(key, str) else None, now, retention)
+        if not isinstance(key, str):  # (the call layer's own words name the HTTP header)
+            raise calls.MalformedIdempotencyKey('the payload needs "key": a UUIDv7 (RFC 9562), '
+                                                "a new one for each command")
+        try:
+            calls.key_time_ms(key)
+        except calls.MalformedIdempotencyKey:
+            raise calls.MalformedIdempotencyKey(
+                '"key" must be a UUIDv7 in lower-case canonical text (RFC 9562), got '
+                f"{key[:60]!r}") from None
+        calls.check_key(key, now, retention)
         if_match = body.get("if_match")
         if if_match is not None and (not isinstance(if_match, int) or isinstance(if_match, bool)
                                      or not 0 <= if_match <= 0xFFFF or op != "write"):
