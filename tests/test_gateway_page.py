@@ -214,6 +214,31 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         assert shot.stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_the_page_shows_hostile_text_as_text(tmp_path: Path) -> None:
+    """What anyone can put in front of the page — a path and a body the audit log records
+    (a refused request's, shown in "recent commands"), a value's text — is shown as text: no
+    element made of it, no handler run (the page builds its tables from text nodes; the
+    content security policy forbids inline script besides)."""
+    import urllib.parse
+
+    _browser_paths()
+    evil = '<img src=x onerror="window.pwned=1">'
+    with served_sim(tmp_path) as sim, running_gateway(
+            tmp_path, [f"{sim.link}=oven"], "--watch", "0.2") as gw, chromium() as d:
+        assert gw.call("GET", "/v1/ports/" + urllib.parse.quote(evil) + "/registers"
+                       ).status == 404
+        assert gw.call("POST", "/v1/ports/oven/write", {"values": {"threshold": evil}},
+                       headers={"Idempotency-Key": new_key(time.time())}).status == 422
+        d.get(gw.url + "/ui/")
+        d.find_element("id", "token").send_keys(TOKEN)
+        d.find_element("id", "use-token").click()
+        wait_until(lambda: d.find_element("id", "recent").text.count("<img src=x") >= 2,
+                   timeout=30, what="the hostile path and body shown as text")
+        assert d.find_elements("css selector", "main img") == []
+        assert d.execute_script("return window.pwned === undefined")
+        assert d.title == "idemlink gateway"
+
 def test_the_bus_load_figure() -> None:
     """Bits on the line over what the baud rate carries: 1152 bytes of 8N1 (10 bits each) in
     one second at 115200 Bd is a tenth of the line; a re-opened driver counts on from there."""
