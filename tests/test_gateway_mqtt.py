@@ -276,6 +276,25 @@ def test_the_bridge_judges_roles_and_a_full_store(tmp_path: Path) -> None:
         assert bridge.inbox.pending("oven") == []
         bridge._command(None, topic, down)
         assert [e.key for e in bridge.inbox.pending("oven")] == [entry.key]
+        # a full inbox (a flood) refuses the command on arrival — INBOX_FULL, safe to retry —
+        # naming its key, and audits it with its payload; the message is acknowledged
+        from types import SimpleNamespace
+
+        from idemlink.gateway import mqtt_inbox
+
+        acked: list[int] = []
+        bridge._client = SimpleNamespace(ack=lambda mid, qos: acked.append(mid))
+        flood = new_key(time.time())
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(mqtt_inbox, "MAX_OPEN", 1)
+            bridge._on_message(bridge._client, topic, json.dumps(
+                {"key": flood, "values": {"threshold": 3}}).encode(), 7, 1)
+        assert acked == [7]
+        said = json.loads(bridge.inbox.refusals()[-1][2])
+        assert (said["reason"], said["outcome"], said["action"], said.get("key")) == (
+            "INBOX_FULL", "NOT_EXECUTED", "safe to retry", flood), said
+        (audited,) = [e for e in store.audit_entries(10, None) if e["key"] == flood]
+        assert flood in audited["content"]["body"]
     finally:
         bridge.inbox.close()
         store.close()

@@ -428,7 +428,7 @@ class Bridge:
                 self._seen[topic] = data
         except Exception as exc:  # StoreError above all: the caller sends it again
             log.error("MQTT: a command on %s not taken: %s", topic, exc)
-            self._refuse(client, topic, exc, None)
+            self._refuse(client, topic, exc, _key_of(data), data)  # which one: its key
         finally:
             if qos > 0:
                 client.ack(mid, qos)
