@@ -16,6 +16,7 @@ import pytest
 from support.gateway import TOKEN, running_gateway, served_sim
 from support.mqtt import (
     DOC,
+    LONG_USER,
     PASSWORDS,
     Caller,
     CuttingProxy,
@@ -167,6 +168,14 @@ def test_a_command_acts_once_under_redelivery(tmp_path: Path) -> None:
                                               "values": {"threshold": 446}})
             wait_until(lambda: [r for r in mallory.refused if r["reason"] == "UNKNOWN_CALLER"],
                        what="mallory refused")
+            # so is a broker user whose name can be no caller id (over 64 characters): told
+            # on its own refusal topic, audited — not dropped without a word
+            lone = Caller(b.port, LONG_USER)
+            lone.command("oven", "write", {"key": new_key(time.time()),
+                                           "values": {"threshold": 446}})
+            wait_until(lambda: [r for r in lone.refused if r["reason"] == "UNKNOWN_CALLER"],
+                       what="the long-named user refused")
+            lone.close()
             # a viewer (the tokens file's third word) may not write: refused as over HTTP
             # (403 FORBIDDEN), published, audited, nothing run
             vic = Caller(b.port, "vic")

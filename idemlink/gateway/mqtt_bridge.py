@@ -421,6 +421,11 @@ class Bridge:
                         "retained message: nothing sent"), _key_of(data), data)
                 elif not retain:
                     self._command(client, topic, data)
+            elif (sender := self.topics.sender_of(topic)) is not None:  # no caller id at all
+                self.counts["received"] += 1
+                self._refuse(client, topic, UnknownCaller(
+                    f"caller {sender[:80]!r} is not in the gateway's tokens file (a caller id is "
+                    "1-64 of A-Z a-z 0-9 _ . : @ -)"), _key_of(data), data)
             elif self._probe is not None and topic == self._probe[0]:
                 if not self._probe[1].done():
                     self._probe[1].set_result(None)
@@ -477,6 +482,7 @@ class Bridge:
         """Refuse a message that is not (or not yet) a call: published on ``P/refused/CALLER``
         (kept on disk until the broker has it) and audited like the HTTP shell's refusals."""
         caller = self.topics.caller_of(topic)
+        to = caller or self.topics.sender_of(topic)  # a user whose name is no caller id too
         self.counts["conflicts" if isinstance(exc, KeyConflict) else "refused"] += 1
         log.warning("MQTT: %s refused: %s", topic[:200], exc)
         err = exc if isinstance(exc, CallError) else Refused(str(exc))
@@ -492,12 +498,12 @@ class Bridge:
         content = {"body": data[:1000].decode("utf-8", "replace")} if data else {}
         self.gateway.audit_refusal(caller or "-", "MQTT", topic[:300], content, key,
                                    str(body["outcome"]), int(body["http"]))
-        if caller is None:
+        if to is None:
             return
         try:
-            self._keep_refusal(self.topics.refused(caller), body)
+            self._keep_refusal(self.topics.refused(to), body)
         except StoreError:  # the store is what failed: said now, not kept
-            client.publish(self.topics.refused(caller), payload(body), qos=1)
+            client.publish(self.topics.refused(to), payload(body), qos=1)
 
     def _keep_refusal(self, topic: str, body: dict[str, Any], entry: Entry | None = None) -> None:
         if not self.inbox.refuse(topic, payload(body), entry):

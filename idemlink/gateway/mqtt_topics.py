@@ -55,6 +55,8 @@ def outcome_expiry(retention_seconds: float = calls.RETENTION_SECONDS) -> int:
     return int(retention_seconds) + PRUNE_GRACE_SECONDS
 
 OPERATIONS = ("write", "clear", "trigger")
+MAX_SENDER = 1024
+"""The longest CALLER segment a refusal is published to (``Topics.sender_of``)."""
 
 _SEGMENT = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 
@@ -133,6 +135,15 @@ class Topics:
         return parts[1] if len(parts) == 5 and parts[0] == "cmd" and _SEGMENT.fullmatch(
             parts[1]) else None
 
+    def sender_of(self, topic: str) -> str | None:
+        """The CALLER segment of a topic shaped as a command's, whatever its characters (a
+        broker user whose name is no caller id of a tokens file: refused ``UNKNOWN_CALLER`` on
+        its own refusal topic); None for another topic or a segment over ``MAX_SENDER``."""
+        parts = topic[len(self.prefix) + 1:].split("/") if topic.startswith(
+            self.prefix + "/") else []
+        return parts[1] if len(parts) == 5 and parts[0] == "cmd" and 0 < len(
+            parts[1]) <= MAX_SENDER else None
+
     def parse(self, topic: str, payload: bytes, now: float,
               retention: float = calls.RETENTION_SECONDS) -> Command:
         """The command a message asks for, or ``Refused`` saying why not (a key older than
@@ -196,6 +207,6 @@ def refusal(exc: CallError, topic: str, key: str | None = None) -> dict[str, Any
     return body
 
 
-__all__ = ["DEFAULT_PREFIX", "DEFAULT_WAIT", "MAX_PAYLOAD", "MAX_WAIT", "OPERATIONS",
+__all__ = ["DEFAULT_PREFIX", "DEFAULT_WAIT", "MAX_PAYLOAD", "MAX_SENDER", "MAX_WAIT", "OPERATIONS",
            "OUTCOME_EXPIRY_SECONDS", "Command", "Refused", "RetainedCommand", "Topics",
            "outcome_expiry", "payload", "refusal"]

@@ -23,8 +23,11 @@ import pytest
 
 from support.timing import read_line, scaled, wait_until
 
+LONG_USER = "a-broker-user-whose-name-is-longer-than-any-caller-id-of-a-tokens-file"
+"""A broker user whose name (over 64 characters) can be no caller id."""
 PASSWORDS = {"gw1": "gw1-secret-pass", "gw2": "gw2-secret-pass", "alice": "alice-secret",
-             "bob": "bob-secret-pass", "mallory": "mallory-secret", "vic": "vic-secret-pass"}
+             "bob": "bob-secret-pass", "mallory": "mallory-secret", "vic": "vic-secret-pass",
+             LONG_USER: "long-secret-pass"}
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "GATEWAY.md"
 
