@@ -273,3 +273,45 @@ def test_hostile_modbus_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
             await server.wait_closed()
 
     asyncio.run(run())
+
+
+def test_a_modbus_client_that_never_reads_is_closed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that sends requests and never reads their answers: once the socket's buffers
+    are full the face waits at most ``IDLE_SECONDS`` to hand over an answer, then closes the
+    connection — its place is not held for ever."""
+    import asyncio
+    import socket
+    import struct
+
+    from idemlink.gateway import modbus_tcp
+    from idemlink.gateway.modbus_tcp import ModbusFace
+
+    monkeypatch.setattr(modbus_tcp, "IDLE_SECONDS", 0.3)
+
+    async def run() -> None:
+        face = ModbusFace(_StubGateway(), {1: "dev"})  # type: ignore[arg-type]
+        server = await asyncio.start_server(face.serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.setblocking(False)
+        loop = asyncio.get_running_loop()
+        await loop.sock_connect(s, ("127.0.0.1", port))
+        # 125 registers an answer (251 bytes) for 12 bytes asked: the answers fill the buffers
+        ask = b"".join(struct.pack(">HHHB", i, 0, 6, 1) + bytes.fromhex("030000007d")
+                       for i in range(30000))
+        sending = loop.create_task(loop.sock_sendall(s, ask))
+        try:
+            end = loop.time() + scaled(15)
+            while face.connections == 0 and loop.time() < end:
+                await asyncio.sleep(0.01)
+            while face.connections and loop.time() < end:
+                await asyncio.sleep(0.05)
+            assert face.connections == 0, "a client that never reads still holds its place"
+        finally:
+            sending.cancel()
+            s.close()
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(run())

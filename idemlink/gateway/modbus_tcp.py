@@ -23,8 +23,9 @@ Contract (docs/GATEWAY.md, "Modbus TCP for clients that know only Modbus"):
   (one ADU buffered, fed ``FEED`` bytes at a time so no pipelined request is dropped); a
   client that closes is dropped alone. At most ``MAX_CONNECTIONS`` connections are served at once
   (one more is closed at once, logged); a connection that completes no request for
-  ``IDLE_SECONDS`` — silent, or sending a frame it never finishes — is closed: a client that
-  opens connections and never sends cannot take every place, nor the process's file
+  ``IDLE_SECONDS`` — silent, or sending a frame it never finishes — or that takes no answer
+  for as long (it sends and never reads) is closed: a client that opens connections and never
+  sends or reads cannot take every place, nor the process's file
   descriptors from its ports and store.
 - Modbus TCP has no authentication: the face listens only where ``--modbus-tcp`` says (a
   loopback address unless given another); a write is audited with the client's address.
@@ -110,10 +111,11 @@ class ModbusFace:
                     while (frame := decoder.next_event()) is not None:
                         pdu = await self.answer(caller, frame.unit, frame.pdu)
                         writer.write(encode_mbap(frame.tid, frame.unit, pdu))
-                        await writer.drain()
+                        await asyncio.wait_for(writer.drain(), IDLE_SECONDS)
                         idle_until = loop.time() + IDLE_SECONDS
         except TimeoutError:
-            log.info("modbus tcp %s: no request for %g s: closed", caller, IDLE_SECONDS)
+            log.info("modbus tcp %s: no request completed, or no answer taken, for %g s: "
+                     "closed", caller, IDLE_SECONDS)
         except (ConnectionError, OSError) as exc:
             log.info("modbus tcp %s: %s", caller, exc)
         finally:
