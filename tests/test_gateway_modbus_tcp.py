@@ -217,7 +217,7 @@ def test_hostile_modbus_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     from idemlink.gateway import modbus_tcp
     from idemlink.gateway.modbus_tcp import ModbusFace
 
-    monkeypatch.setattr(modbus_tcp, "MAX_CONNECTIONS", 3, raising=False)
+    monkeypatch.setattr(modbus_tcp, "MAX_CONNECTIONS", 3)
 
     def adu(tid: int, unit: int, pdu: bytes, proto: int = 0, length: int | None = None) -> bytes:
         return struct.pack(">HHHB", tid, proto, len(pdu) + 1 if length is None else length,
@@ -256,7 +256,7 @@ def test_hostile_modbus_clients_are_bounded(monkeypatch: pytest.MonkeyPatch) -> 
             assert await ask(port, adu(5, 1, bytes.fromhex("2b0e0100"))) == adu(
                 5, 1, bytes.fromhex("ab01"))
             # three silent clients take every place; a fourth is closed at once
-            monkeypatch.setattr(modbus_tcp, "IDLE_SECONDS", 0.3, raising=False)
+            monkeypatch.setattr(modbus_tcp, "IDLE_SECONDS", 0.3)
             silent = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
             slow_r, slow_w = await asyncio.open_connection("127.0.0.1", port)
             slow_w.write(ok[:5])  # a frame begun and never finished

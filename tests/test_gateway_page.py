@@ -335,6 +335,7 @@ async def _open_stream(port: int, caller: str, rcvbuf: int | None = None) -> tup
     return s, got
 
 
+@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 def test_event_streams_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """``/v1/events`` holds a connection each: at most ``MAX_STREAMS_PER_CALLER`` of one caller
     and ``MAX_STREAMS`` in all are open at once (one more: 503 TOO_MANY_STREAMS, safe to retry;
@@ -344,8 +345,8 @@ def test_event_streams_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from idemlink.gateway import page
 
-    monkeypatch.setattr(page, "MAX_STREAMS_PER_CALLER", 2, raising=False)
-    monkeypatch.setattr(page, "MAX_STREAMS", 3, raising=False)
+    monkeypatch.setattr(page, "MAX_STREAMS_PER_CALLER", 2)
+    monkeypatch.setattr(page, "MAX_STREAMS", 3)
 
     async def run() -> None:
         watcher = _StubWatcher()
@@ -385,7 +386,7 @@ def test_a_stream_nobody_reads_is_ended(monkeypatch: pytest.MonkeyPatch) -> None
 
     from idemlink.gateway import page
 
-    monkeypatch.setattr(page, "WRITE_SECONDS", 0.2, raising=False)
+    monkeypatch.setattr(page, "WRITE_SECONDS", 0.2)
 
     async def run() -> None:
         watcher = _StubWatcher()
