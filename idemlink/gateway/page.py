@@ -39,7 +39,7 @@ from idemlink.gateway.watch import Event, Watcher
 MAX_QUEUE = 1000
 STREAM_SECONDS = 3600.0
 MAX_STREAMS = 64
-MAX_STREAMS_PER_CALLER = 8
+MAX_STREAMS_PER_CALLER = 16
 WRITE_SECONDS = 10.0
 PUBLIC_PREFIX = "/ui/"
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}

@@ -91,10 +91,14 @@ async function refreshPorts() {
 async function stream() {
   // EventSource cannot send a token: the stream is read with fetch, parsed by hand.
   for (;;) {
+    let pause = 1000;
     try {
       const r = await fetch("/v1/events", { headers: { "Authorization": "Bearer " + state.token } });
       if (r.status === 401 || r.status === 403) { setStatus("events: HTTP " + r.status); return; }
-      if (r.status !== 200) throw new Error("HTTP " + r.status);  // 503: too many streams, later
+      if (r.status !== 200) {  // 503: too many streams open; again after its Retry-After
+        pause = 1000 * (Number(r.headers.get("Retry-After")) || 5);
+        throw new Error("HTTP " + r.status);
+      }
       setStatus("live");
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
@@ -115,7 +119,7 @@ async function stream() {
         }
       }
     } catch (e) { setStatus("reconnecting: " + e); }
-    await new Promise(ok => setTimeout(ok, 1000));
+    await new Promise(ok => setTimeout(ok, pause));
   }
 }
 
