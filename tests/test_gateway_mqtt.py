@@ -540,3 +540,47 @@ def test_a_retry_of_a_command_that_did_not_run_runs(tmp_path: Path) -> None:
             assert alice.outcomes[retry][1]["outcome"] == "OK", alice.outcomes[retry]
             assert len(sim.executions_of(_pdu_of(452))) == 1
         alice.close()
+
+
+@pytest.mark.slow
+def test_a_sigkill_between_running_and_publishing_publishes_once(tmp_path: Path) -> None:
+    """The gateway killed after a command ran and before the broker acknowledged its outcome:
+    the outcome never reached the broker (swallowed on the way) — published after the restart;
+    or it did and only the acknowledgement was lost — found on the broker after the restart,
+    not published again. Each command ran once, each outcome reached alice once, and the
+    broker's own log shows each received from the gateway once."""
+    need_mosquitto()
+    with broker(tmp_path, debug=True) as b, served_sim(tmp_path) as sim:
+        proxy = CuttingProxy(b.port)
+        alice = Caller(b.port, "alice", observe=("idemlink/gateway/gw1",))
+        ports, args = [f"{sim.link}=oven"], [*mqtt_args(tmp_path, proxy.port), "--watch", "0"]
+
+
+        with running_gateway(tmp_path, ports, *args) as gw:
+            wait_until(lambda: alice.seen("gateway/gw1", lambda p: p["state"] == "online"),
+                       timeout=20, what="the gateway online")
+            proxy.hold = "/outcome/"
+            lost = new_key(time.time())
+            alice.command("oven", "write", {"key": lost, "values": {"threshold": 461}})
+            wait_until(lambda: proxy.held >= 1, what="the outcome on its way, swallowed")
+            gw.kill()
+        proxy.hold = None
+        assert len(sim.executions_of(_pdu_of(461))) == 1 and lost not in alice.outcomes
+        with running_gateway(tmp_path, ports, *args) as gw:
+            assert alice.outcome(lost)["outcome"] == "OK"  # published after the restart
+            proxy.cut(1, "broker", "/outcome/")
+            unheard = new_key(time.time())
+            alice.command("oven", "write", {"key": unheard, "values": {"threshold": 462}})
+            wait_until(lambda: proxy.cuts == 1, what="the outcome's PUBACK cut")
+            gw.kill()
+        with running_gateway(tmp_path, ports, *args) as gw:
+            last = new_key(time.time())
+            alice.command("oven", "write", {"key": last, "values": {"threshold": 463}})
+            assert alice.outcome(last)["outcome"] == "OK"  # after its look at the broker
+        assert [len(sim.executions_of(_pdu_of(v))) for v in (461, 462, 463)] == [1, 1, 1]
+        assert alice.outcome(unheard)["outcome"] == "OK"
+        assert [len(alice.outcomes[k]) for k in (lost, unheard, last)] == [1, 1, 1]
+        sent = b.published("idemlink-gw-gw1", "/outcome/alice/")
+        assert [sent[f"idemlink/outcome/alice/{k}"] for k in (lost, unheard, last)] == [1, 1, 1]
+        alice.close()
+        proxy.close()

@@ -200,7 +200,9 @@ class CuttingProxy:
     """A TCP proxy in front of the broker. ``cut(n, side, topic)``: the next ``n`` PUBACKs sent
     by ``side`` ("client": the subscriber acknowledging a delivery; "broker": the broker
     acknowledging a publish) — of a message whose topic contains ``topic``, when given — are
-    dropped and the connection closed with them: the sender never learns its message arrived."""
+    dropped and the connection closed with them: the sender never learns its message arrived.
+    ``hold``: the client's PUBLISHes on topics containing it vanish (the broker never has them,
+    the client never hears back)."""
 
     def __init__(self, target_port: int) -> None:
         self.target = target_port
@@ -212,6 +214,8 @@ class CuttingProxy:
         self.topic: str | None = None
         self.cuts = 0
         self.commands = 0  #: command messages (``/cmd/``) the broker sent through the proxy
+        self.hold: str | None = None  #: the client's PUBLISHes on such topics are swallowed
+        self.held = 0
         self.closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -256,6 +260,16 @@ class CuttingProxy:
             self.cuts += 1
             return True
 
+    def _swallow(self, packet: bytes, side: str) -> bool:
+        """A client's PUBLISH on a ``hold`` topic: never forwarded, never acknowledged."""
+        with self.lock:
+            published = _publish_id(packet)
+            if side == "client" and self.hold is not None and published is not None and (
+                    self.hold in published[0]):
+                self.held += 1
+                return True
+            return False
+
     def _pump(self, src: socket.socket, dst: socket.socket, side: str, watched: set[int]) -> None:
         buf = bytearray()
         try:
@@ -264,6 +278,8 @@ class CuttingProxy:
                 for packet in _packets(buf):
                     if self._drop(packet, side, watched):
                         raise ConnectionAbortedError
+                    if self._swallow(packet, side):
+                        continue
                     dst.sendall(packet)
         except OSError:
             pass
