@@ -584,3 +584,45 @@ def test_a_sigkill_between_running_and_publishing_publishes_once(tmp_path: Path)
         assert [sent[f"idemlink/outcome/alice/{k}"] for k in (lost, unheard, last)] == [1, 1, 1]
         alice.close()
         proxy.close()
+
+
+def test_one_callers_flood_fills_its_own_share(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inbox holds at most ``MAX_OPEN_PER_CALLER`` commands of one caller not yet answered:
+    a caller's flood is refused (INBOX_FULL) while another caller's command is still taken; a
+    published outcome, a dropped row or a restart give the share back exactly."""
+    from idemlink.gateway import mqtt_inbox
+    from idemlink.gateway.mqtt_inbox import Inbox, InboxFull
+
+    monkeypatch.setattr(mqtt_inbox, "MAX_OPEN_PER_CALLER", 2)
+    t = Topics("gw1")
+    now = time.time()
+
+    def cmd(caller: str) -> mqtt_topics.Command:
+        return t.parse(f"idemlink/cmd/{caller}/gw1/oven/write", json.dumps(
+            {"key": new_key(now), "values": {"threshold": 1}}).encode(), now)
+
+    inbox = Inbox(str(tmp_path / "calls.db"))
+    try:
+        first, second = cmd("alice"), cmd("alice")
+        for c in (first, second):
+            inbox.add(c, int(now * 1000))
+        with pytest.raises(InboxFull, match="caller alice"):
+            inbox.add(cmd("alice"), int(now * 1000))
+        inbox.add(cmd("bob"), int(now * 1000))  # another caller: its own share
+        done = inbox.get("alice", first.key)
+        assert done is not None
+        inbox.finish(done, "idemlink/outcome/alice/x", b"{}", retained=True)
+        inbox.published(done.id)  # answered: a place again
+        inbox.add(cmd("alice"), int(now * 1000))
+        with pytest.raises(InboxFull):
+            inbox.add(cmd("alice"), int(now * 1000))
+        inbox.close()
+        inbox = Inbox(str(tmp_path / "calls.db"))  # counted again from the file
+        with pytest.raises(InboxFull):
+            inbox.add(cmd("alice"), int(now * 1000))
+        dropped = inbox.get("alice", second.key)
+        assert dropped is not None and inbox.refuse("idemlink/refused/alice", b"{}", dropped)
+        inbox.add(cmd("alice"), int(now * 1000))
+    finally:
+        inbox.close()

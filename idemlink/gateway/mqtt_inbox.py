@@ -18,8 +18,9 @@ Contract (docs/GATEWAY.md, "The fleet"):
   stands for the key. A finished row whose call never ran (the call layer released the key)
   is set ``pending`` again when its command comes again (``again``): a caller's retry of a
   "safe to retry" outcome runs.
-- Bounded: at most ``MAX_ROWS`` rows, ``MAX_OPEN`` of them not yet published (a full inbox
-  refuses the command: ``InboxFull``); published rows are pruned with the call store's
+- Bounded: at most ``MAX_ROWS`` rows, ``MAX_OPEN`` of them not yet published,
+  ``MAX_OPEN_PER_CALLER`` of one caller (a full inbox, or a caller's full share, refuses the
+  command: ``InboxFull``); published rows are pruned with the call store's
   retention (``StoreLimits.retention_seconds``, by the key's time). The file is the store's, so
   its size limit (``StoreLimits.max_bytes``, SQLite's ``max_page_count``, set on this
   connection too) bounds the inbox as well: a write at it is ``StoreFull``. Any other SQLite
@@ -50,6 +51,9 @@ from idemlink.gateway.store import (
 
 MAX_ROWS = 100_000
 MAX_OPEN = 10_000
+MAX_OPEN_PER_CALLER = 1_000
+"""Commands of one caller not yet answered: a caller's flood fills its own share, not the inbox
+every other caller needs."""
 MAX_REFUSALS = 1_000
 
 _SCHEMA = """
@@ -107,6 +111,7 @@ class Inbox:
             self._rows: int = self._db.execute("SELECT COUNT(*) FROM mqtt_inbox").fetchone()[0]
             self._open: int = self._db.execute(
                 "SELECT COUNT(*) FROM mqtt_inbox WHERE state!='published'").fetchone()[0]
+            self._open_by: dict[str, int] = self._open_by_caller()
             self._refusals: int = self._db.execute(
                 "SELECT COUNT(*) FROM mqtt_refusals").fetchone()[0]
         except sqlite3.Error as exc:
@@ -141,6 +146,18 @@ class Inbox:
             self._rows = self._db.execute("SELECT COUNT(*) FROM mqtt_inbox").fetchone()[0]
             self._open = self._db.execute(
                 "SELECT COUNT(*) FROM mqtt_inbox WHERE state!='published'").fetchone()[0]
+            self._open_by = self._open_by_caller()
+
+    def _open_by_caller(self) -> dict[str, int]:
+        return dict(self._db.execute("SELECT caller, COUNT(*) FROM mqtt_inbox WHERE "
+                                     "state!='published' GROUP BY caller").fetchall())
+
+    def _opened(self, caller: str, n: int) -> None:
+        left = self._open_by.get(caller, 0) + n
+        if left > 0:
+            self._open_by[caller] = left
+        else:
+            self._open_by.pop(caller, None)
 
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
@@ -162,12 +179,18 @@ class Inbox:
                 raise InboxFull(f"the MQTT inbox holds {self._open} commands not yet answered "
                                 f"(limit {MAX_OPEN}) of {self._rows} (limit {MAX_ROWS}): "
                                 "retry later")
+            mine = self._open_by.get(cmd.caller, 0)
+            if mine >= MAX_OPEN_PER_CALLER:
+                raise InboxFull(f"the MQTT inbox holds {mine} commands of caller {cmd.caller} "
+                                f"not yet answered (limit {MAX_OPEN_PER_CALLER} a caller): "
+                                "retry later")
             db.execute("INSERT INTO mqtt_inbox (caller, key, key_ms, digest, port, op, args, "
                        "deadline_ms, state) VALUES (?,?,?,?,?,?,?,?,'pending')",
                        (cmd.caller, cmd.key, calls.key_time_ms(cmd.key), digest, cmd.port,
                         cmd.op, args, now_ms + int(cmd.wait * 1000)))
             self._rows += 1
             self._open += 1
+            self._opened(cmd.caller, 1)
         return Added.NEW
 
     def pending(self, port: str, limit: int = 100) -> list[Entry]:
@@ -204,14 +227,19 @@ class Inbox:
                        "retained=0, deadline_ms=? WHERE id=?", (deadline_ms, entry.id))
             if was[0] == "published":
                 self._open += 1
+                self._opened(entry.caller, 1)
         return True
 
     def published(self, entry_id: int) -> None:
         """The broker acknowledged the row's message."""
         with self._tx() as db:
+            row = db.execute("SELECT caller FROM mqtt_inbox WHERE id=? AND state='done'",
+                             (entry_id,)).fetchone()
             n = db.execute("UPDATE mqtt_inbox SET state='published' WHERE id=? AND "
                            "state='done'", (entry_id,)).rowcount
             self._open -= n
+            if row is not None:
+                self._opened(row[0], -n)
 
     # ------------------------------------------------------------------ refusals
     def refuse(self, topic: str, payload: bytes, entry: Entry | None = None) -> bool:
@@ -223,6 +251,7 @@ class Inbox:
                 gone = db.execute("DELETE FROM mqtt_inbox WHERE id=?", (entry.id,)).rowcount
                 self._rows -= gone
                 self._open -= gone
+                self._opened(entry.caller, -gone)
             if self._refusals >= MAX_REFUSALS:
                 return False
             db.execute("INSERT INTO mqtt_refusals (topic, payload) VALUES (?, ?)",
@@ -246,4 +275,5 @@ class Inbox:
                                  "state='published'", (horizon,)).rowcount
 
 
-__all__ = ["MAX_OPEN", "MAX_REFUSALS", "MAX_ROWS", "Added", "Entry", "Inbox", "InboxFull"]
+__all__ = ["MAX_OPEN", "MAX_OPEN_PER_CALLER", "MAX_REFUSALS", "MAX_ROWS", "Added", "Entry", "Inbox",
+           "InboxFull"]
