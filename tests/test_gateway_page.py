@@ -103,7 +103,8 @@ def _events(url: str, token: str) -> Iterator[tuple[str, Any]]:
 def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
     """The default run's look at the page: its files need no token and allow no other origin;
     the stream it reads needs a token, starts with a snapshot and carries a value another client
-    wrote (the browser test, with --run-slow, drives the page itself)."""
+    wrote, a device reboot (its new epoch) and a port gone down (the browser test, with
+    --run-slow, drives the page itself)."""
     with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=oven"],
                                                       "--watch", "0.1") as gw:
         with urllib.request.urlopen(gw.url + "/") as r:  # redirected to /ui/
@@ -140,6 +141,27 @@ def test_the_page_and_its_event_stream(tmp_path: Path) -> None:
         seen = next(d for e, d in stream if e == "value" and d["register"]["name"] == "threshold"
                     and d["register"]["text"] == "47.5")  # (35.0 may come first: a first look)
         assert (seen["register"]["value"], seen["register"]["unit"]) == (47.5, "°C")
+        # the page shows a device's identity from /v1/ports and looks again on each `port`
+        # event: a reboot the watcher's reads find (a new boot epoch) is one, so the page never
+        # keeps an old boot's; a port that goes down is one too, its reason in the identity
+        before = gw.call("GET", "/v1/ports/oven").body["device"]["epoch"]
+
+        def next_port() -> dict[str, Any]:
+            end = time.monotonic() + scaled(10)  # (load events come every look meanwhile)
+            for e, d in stream:
+                if e == "port":
+                    return dict(d)
+                assert time.monotonic() < end, "no port event"
+            raise AssertionError("the stream ended")
+
+        sim.reboot()
+        port = next_port()
+        assert port["state"] == "up" and port["epoch"] not in (None, before), port
+        assert gw.call("GET", "/v1/ports/oven").body["device"]["epoch"] == port["epoch"]
+        sim.unplug()
+        down = next_port()
+        assert (down["state"], down["epoch"]) == ("down", None)
+        assert gw.call("GET", "/v1/ports/oven").body["reason"]
         stream.close()
 
 
@@ -407,32 +429,3 @@ def test_a_stream_nobody_reads_is_ended(monkeypatch: pytest.MonkeyPatch) -> None
             await runner.cleanup()
 
     asyncio.run(run())
-
-
-def test_the_stream_tells_a_reboot_and_a_port_down(tmp_path: Path) -> None:
-    """The page shows a device's identity from ``/v1/ports`` and looks again on each ``port``
-    event: a reboot the watcher's reads find (a new boot epoch) is such an event, so the page
-    never keeps showing the old boot; a port that goes down is one too, with the reason in
-    the port's identity."""
-    with served_sim(tmp_path) as sim, running_gateway(tmp_path, [f"{sim.link}=oven"],
-                                                      "--watch", "0.05") as gw:
-        before = gw.call("GET", "/v1/ports/oven").body["device"]["epoch"]
-        stream = _events(gw.url + "/v1/events", TOKEN_VIEWER)
-        assert next(stream)[0] == "snapshot"
-        def next_port() -> dict[str, Any]:
-            end = time.monotonic() + scaled(10)  # (load events come every look meanwhile)
-            for e, d in stream:
-                if e == "port":
-                    return dict(d)
-                assert time.monotonic() < end, "no port event"
-            raise AssertionError("the stream ended")
-
-        sim.reboot()
-        port = next_port()
-        assert port["state"] == "up" and port["epoch"] not in (None, before), port
-        assert gw.call("GET", "/v1/ports/oven").body["device"]["epoch"] == port["epoch"]
-        sim.unplug()
-        down = next_port()
-        assert (down["state"], down["epoch"]) == ("down", None)
-        assert gw.call("GET", "/v1/ports/oven").body["reason"]
-        stream.close()
