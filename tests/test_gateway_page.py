@@ -234,6 +234,15 @@ def test_a_headless_chromium_watches_writes_and_acknowledges(
         assert sum(e["caller"] == "olga" and e["path"] == "/v1/audit" for e in audit) == 1
         d.save_screenshot(str(shot.with_name("gateway-page-after.png")))
         assert shot.stat().st_size > 10_000
+        # the device unplugged: the port says down and why, and its values are marked as the
+        # last ones read, not shown as if live
+        sim.unplug()
+        wait_until(lambda: _text(d, "state-oven") == "down", timeout=30,
+                   what="the page to show the port down")
+        card = d.find_element("id", "port-oven")
+        assert "last read" in card.text, card.text
+        assert d.find_element("css selector", "#port-oven .reason").text, card.text
+        assert "stale" in str(d.find_element("id", "v-oven-threshold").get_attribute("class"))
 
 
 @pytest.mark.slow

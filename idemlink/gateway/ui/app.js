@@ -44,10 +44,13 @@ function renderPorts() {
     if (p.state !== "up" && p.reason) card.append(el("div", { class: "reason" }, p.reason));
     card.append(el("div", {}, "bus load ",
       el("span", { id: "load-" + p.name }, (100 * (w.load || 0)).toFixed(2)), " %"));
-    const t = el("table", {}, el("tr", {}, el("th", {}, "register"), el("th", {}, "value"), el("th", {}, "unit")));
+    // a port not up shows the values it last read as such, never as if live
+    const live = p.state === "up";
+    const t = el("table", {}, el("tr", {}, el("th", {}, "register"),
+      el("th", {}, live ? "value" : "last read"), el("th", {}, "unit")));
     for (const reg of Object.values(w.registers)) {
       t.append(el("tr", {}, el("td", {}, reg.name),
-        el("td", { class: "num", id: `v-${p.name}-${reg.name}` }, shown(reg)),
+        el("td", { class: live ? "num" : "num stale", id: `v-${p.name}-${reg.name}` }, shown(reg)),
         el("td", {}, reg.unit || "")));
     }
     card.append(t);
