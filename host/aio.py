@@ -388,7 +388,7 @@ class AsyncDevice(AsyncDriver):
 
     def __init__(self, transport: AsyncTransport, *,
                  regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP,
-                 timeout: float = 0.2, attempts: int = 5, max_inflight: int = 8,
+                 timeout: float = 0.2, attempts: int = 5, max_inflight: int | None = None,
                  check_map: bool = True, address: int | None = None,
                  key: bytes | tuple[bytes, ...] | None = None) -> None:
         if not isinstance(regmap, RegisterMap):
@@ -401,7 +401,7 @@ class AsyncDevice(AsyncDriver):
     def open(cls, url: str, *, baudrate: int = 115200, bytesize: int = 8, parity: str = "N",
              stopbits: float = 1, keep_lines: bool = True,
              regmap: RegisterMap | str | os.PathLike[str] = DEFAULT_MAP, timeout: float = 0.2,
-             attempts: int = 5, max_inflight: int = 8,
+             attempts: int = 5, max_inflight: int | None = None,
              check_map: bool = True, address: int | None = None,
              key: HostKey | None = None) -> _Opening[AsyncDevice]:
         """Open ``url`` and run the HELLO handshake, as ``Device.open`` does (the same line

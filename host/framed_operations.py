@@ -64,16 +64,26 @@ def check_map(info: DeviceInfo, regmap: RegisterMap) -> None:
             f"{regmap.hash.hex()}: {advice}")
 
 
+MAX_INFLIGHT = 8
+"""Requests in flight at once by default (the device's advertised window may allow fewer)."""
+ADDRESSED_MAX_INFLIGHT = 1
+"""The default with ``address=N``: a bus address means a shared line, usually half-duplex RS-485,
+where a second request in flight collides with the answer to the first (docs/BUS.md). Pass
+``max_inflight`` to pipeline on a full-duplex shared line."""
+
+
 class FramedOperations(Operations[HostSession]):
     """The operations on an idemlink device (``HostSession``). See the module docstring."""
 
     numbered = True
 
     def __init__(self, clock: Clock, *, regmap: RegisterMap = DEFAULT_MAP, timeout: float = 0.2,
-                 attempts: int = 5, max_inflight: int = 8, check_map: bool = True,
+                 attempts: int = 5, max_inflight: int | None = None, check_map: bool = True,
                  address: int | None = None,
                  key: bytes | tuple[bytes, ...] | None = None) -> None:
         keys = host_keys(key)
+        if max_inflight is None:  # a bus address: a shared, usually half-duplex line
+            max_inflight = ADDRESSED_MAX_INFLIGHT if address is not None else MAX_INFLIGHT
         session = HostSession(
             contract_hash=contract_hash(), timeout=timeout, attempts=attempts,
             max_inflight=max_inflight, hello_attempts=max(attempts, 1),

@@ -112,6 +112,18 @@ def test_collisions_from_pipelining_on_half_duplex_stay_honest() -> None:
     assert len(seqs) == len(set(seqs))
 
 
+def test_an_addressed_device_keeps_one_request_in_flight_by_default() -> None:
+    """The same twelve reads with ``max_inflight`` left to its default: an addressed handle sends
+    one at a time, so nothing collides and every read is OK."""
+    dev = SimulatedDevice(seed=2, address=4)
+    bus = Bus([dev], BusConfig(baud=BAUD, turnaround=0.0005))
+    h = Device(BusTransport(bus), timeout=0.02, attempts=8, address=4)
+    h.connect()
+    results = h.run([h.read_command("mode") for _ in range(12)])
+    assert [r.outcome for r in results] == [Outcome.OK] * 12
+    assert bus.stats.collisions == 0
+
+
 def test_broadcast_reaches_every_device_once_and_nobody_answers() -> None:
     devs = devices(5)
     bus = Bus(devs, BusConfig(baud=BAUD, turnaround=0.001))
