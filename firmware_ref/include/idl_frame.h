@@ -19,8 +19,11 @@
  * the CRC passed. A decoded frame's payload (and tag) points into the decoder's buffer and is
  * valid until the next byte is fed.
  *
- * The MAC is not verified here yet (this C core has no key: BAD_MAC is never produced); the tag
- * is exposed, unverified, and idl_session ignores every AUTH frame silently, and every ADDRESSED
+ * The MAC: with IDL_AUTH=1 and a session key set (`mac_key`, idl_session does it after a keyed
+ * HELLO), the tag of every AUTH frame is verified after the address check and before the type
+ * (protocol/frame.py parse_raw's order): a tag of another length than IDL_AUTH_TAG_LEN or a wrong
+ * one is BAD_MAC; a verified frame has `verified` 1. Otherwise the tag is exposed, unverified,
+ * and idl_session ignores every AUTH frame silently (an unkeyed device), and every ADDRESSED
  * frame unless it is built with IDL_BUS=1 and has an address (idl_session.h, docs/BUS.md).
  */
 #ifndef IDL_FRAME_H
@@ -33,6 +36,7 @@
 #include <stdint.h>
 
 #include "idemlink_proto.h"
+#include "idl_auth.h"
 
 #if IDL_HEADER_LEN != 13u || IDL_CRC_LEN != 4u || IDL_OFF_ADDRESS != IDL_HEADER_LEN
 #error "idl_frame.c implements the 13-byte header and the 4-byte CRC of protocol version 1"
@@ -71,7 +75,10 @@ typedef struct {
     uint8_t addressed; /**< 1 if flags & IDL_FLAG_ADDRESSED: `address` is meaningful */
     uint8_t address;   /**< 0 broadcast, 1..247 a device (when addressed) */
     uint8_t tag_len;   /**< 0 without AUTH, else IDL_AUTH_TAG_LEN or IDL_AUTH_TAG_LONG_LEN */
-    const uint8_t *tag; /**< the MAC tag, unverified (NULL without AUTH) */
+    const uint8_t *tag; /**< the MAC tag (NULL without AUTH) */
+#if IDL_AUTH
+    uint8_t verified;  /**< 1: the tag verified under the decoder's mac_key */
+#endif
 } idl_frame_t;
 
 /** Streaming decoder state (caller-owned; one per port). */
@@ -79,6 +86,9 @@ typedef struct {
     uint32_t counters[IDL_DECODE_COUNTERS]; /**< [0] frames, [IDL_DECODE_*] refusals */
     uint16_t len;         /**< bytes held */
     uint8_t discarding;   /**< dropping bytes until the next 0x00 */
+#if IDL_AUTH
+    const uint8_t *mac_key; /**< the session key tags are verified with (NULL: none) */
+#endif
     uint8_t buf[IDL_MAX_ENCODED];
 } idl_frame_decoder_t;
 
@@ -118,16 +128,36 @@ IDL_CHECKRETURN static inline int idl_frame_decoder_feed(idl_frame_decoder_t *d,
 
 /**
  * Encode a frame into `wire` (capacity IDL_FRAME_WIRE_LEN of the frame; IDL_WIRE_MAX holds any):
- * 00 COBS(header | [address] | payload | crc) 00, with ADDRESSED and the address byte unless
- * `address` is IDL_FRAME_NO_ADDRESS (0 broadcast, 1..247 a device). Each payload byte is read once
- * and written once (no frame assembled first); `payload` may point into `wire` itself at or after
- * offset IDL_FRAME_INPLACE_MIN (it is read before it is overwritten). Returns the wire length, 0 if
- * len > IDL_MAX_PAYLOAD, the address is 248..IDL_FRAME_NO_ADDRESS-1 or `flags` holds a layout
- * flag (ADDRESSED, AUTH, AUTH_LONG: no MAC in this C core yet).
+ * 00 COBS(header | [address] | payload | [tag] | crc) 00, with ADDRESSED and the address byte
+ * unless `address` is IDL_FRAME_NO_ADDRESS (0 broadcast, 1..247 a device). Each payload byte is
+ * read once and written once (no frame assembled first); `payload` may point into `wire` itself
+ * at or after offset IDL_FRAME_INPLACE_MIN (it is read before it is overwritten). Returns the wire
+ * length, 0 if len > IDL_MAX_PAYLOAD, the address is 248..IDL_FRAME_NO_ADDRESS-1 or `flags` holds
+ * a layout flag (ADDRESSED, AUTH, AUTH_LONG: they follow from the address and the key).
  */
+#if IDL_AUTH
+/** With IDL_AUTH=1: signed with `key` (IDL_KEY_LEN bytes; NULL: unsigned) for direction `dir`
+ *  (IDL_DIR_*): flag AUTH and the IDL_AUTH_TAG_LEN-byte tag over dir | header | address |
+ *  payload. */
+IDL_CHECKRETURN size_t idl_frame_encode_signed(uint8_t *wire, uint16_t address,
+                                               const uint8_t *key, uint8_t dir, uint8_t type,
+                                               uint8_t flags, uint32_t epoch, uint32_t seq,
+                                               const uint8_t *payload, size_t len);
+
+IDL_CHECKRETURN static inline size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address,
+                                                                uint8_t type, uint8_t flags,
+                                                                uint32_t epoch, uint32_t seq,
+                                                                const uint8_t *payload,
+                                                                size_t len)
+{
+    return idl_frame_encode_signed(wire, address, NULL, 0u, type, flags, epoch, seq, payload,
+                                   len);
+}
+#else
 IDL_CHECKRETURN size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
                                                   uint32_t epoch, uint32_t seq,
                                                   const uint8_t *payload, size_t len);
+#endif
 
 /** A point-to-point frame (the first contract's layout): idl_frame_encode_addressed without an
  * address. */

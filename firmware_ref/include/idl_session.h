@@ -22,6 +22,14 @@
  * | PDU `broadcast_ok` allows      | own; the epoch is not checked), never answered            |
  * | broadcast, anything else       | counted IDL_DISP_BROADCAST_REFUSED / _REPEATED, no answer |
  * | addressed, no address set (0)  | counted IDL_DISP_UNEXPECTED, no answer (as without BUS)   |
+ * A keyed device (IDL_AUTH=1 and idl_port_auth_key(0) not NULL; idl_auth.h, docs/SECURITY.md)
+ * decides one thing more, before both tables (protocol/device_session.py): the decoder verifies
+ * every tag right after the CRC (BAD_MAC, counted, no answer); a frame other than HELLO without
+ * a verified tag is counted IDL_DISP_UNAUTHENTICATED and never run: a REQUEST to this device
+ * without a tag gets AUTHENTICATION_REQUIRED, unsigned; one with a tag while no session key
+ * exists and of another epoch gets EPOCH_MISMATCH, unsigned (the news of a reboot). A HELLO
+ * naming a key the device holds derives a new session key; its HELLO_REPLY and every answer to
+ * a verified frame are signed.
  * A device with an address advertises capability ADDRESSED, its address and broadcast_next in
  * HELLO_REPLY. Without IDL_BUS (the default) every ADDRESSED frame is ignored, and the code and
  * state are those of the point-to-point core.
@@ -62,10 +70,12 @@
 /** The largest payload the session answers with: DEVICE_INFO (HELLO_REPLY), 20 fixed bytes
  *  (version, window, payload limit, replay slots, in-flight, contract hash, next_seq), then the
  *  name (at most 128 + 1), the map hash, the device id (at most 64 + 1), the map name (at most
- *  255 + 1) and the extension: capabilities and bus address (3 bytes), with IDL_BUS the bus
- *  extension's broadcast next_seq too (4 more); a stored answer is smaller. */
+ *  255 + 1) and the extension: capabilities and bus address (3 bytes), with IDL_BUS or IDL_AUTH
+ *  the bus extension's broadcast next_seq too (4 more), with IDL_AUTH the auth extension (key id
+ *  and device nonce, 20 more); a stored answer is smaller. */
 #define IDL_SESSION_HELLO_MAX (12u + IDL_CONTRACT_HASH_LEN + 129u + IDL_MAP_HASH_LEN \
-                               + IDL_MAX_DEVICE_ID_LEN + 1u + 256u + 3u + (IDL_BUS ? 4u : 0u))
+                               + IDL_MAX_DEVICE_ID_LEN + 1u + 256u + 3u \
+                               + (IDL_BUS || IDL_AUTH ? 4u : 0u) + (IDL_AUTH ? 20u : 0u))
 /** The TX buffer: the wire size of the largest answer the session sends, with room for the
  *  address byte and the long MAC tag of the frame layouts (ADDRESSED, AUTH_LONG). Sized for what
  *  the device sends rather than for any frame (IDL_WIRE_MAX): 31 bytes less of RAM. */
@@ -120,10 +130,12 @@ typedef enum {
     IDL_DISP_BROADCAST_EXECUTED = 10,
     IDL_DISP_BROADCAST_REPEATED = 11, /**< a broadcast number already run */
     IDL_DISP_BROADCAST_REFUSED = 12,  /**< not a REQUEST, or not a set-only write */
-    IDL_DISP_COUNT = 13
-#else
-    IDL_DISP_COUNT = 9
 #endif
+#if IDL_AUTH
+    /** a keyed device: a frame other than HELLO without a verified tag (never run) */
+    IDL_DISP_UNAUTHENTICATED = IDL_BUS ? 13 : 9,
+#endif
+    IDL_DISP_COUNT = 9 + (IDL_BUS ? 4 : 0) + (IDL_AUTH ? 1 : 0)
 } idl_disposition_t;
 
 typedef struct {
@@ -133,6 +145,10 @@ typedef struct {
     uint8_t has_handed_out;
     uint32_t counters[IDL_DISP_COUNT];
     idl_window_t window;
+#if IDL_AUTH
+    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
+    const uint8_t *sign;      /**< the answer being built is signed with this key (or NULL) */
+#endif
 #if IDL_BUS
     idl_window_t broadcast_window; /**< broadcast numbers run this boot (a space of their own) */
     uint16_t to;         /**< the frame being answered: its address, or IDL_FRAME_NO_ADDRESS */

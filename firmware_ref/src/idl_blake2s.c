@@ -1,6 +1,7 @@
 /* Keyed BLAKE2s for size (RFC 7693). See idl_blake2s.h. */
-#include "idl_blake2s.h"
+#include "idl_auth.h"
 
+#if IDL_AUTH
 #include <string.h>
 
 /* 1 where the compiler says the target is little-endian: the block's bytes are then its message
@@ -25,85 +26,85 @@ static const uint8_t SIGMA[80] = {
     0xF6, 0x9E, 0x3B, 0x80, 0x2C, 0x7D, 0x41, 0x5A, 0x2A, 0x48, 0x67, 0x51, 0xBF, 0xE9, 0xC3, 0x0D
 };
 
-typedef struct {
-    uint32_t h[8];
-    union {
-        uint32_t w[16];
-        uint8_t b[64];
-    } m;      /* the block: bytes as they come, words when compressed */
-    uint32_t t; /* bytes hashed so far (the counter's high word stays 0) */
-    unsigned c; /* bytes in the block */
-} b2s_t;
+/* The state words of the eight G functions of a round: a is g & 3; b, c, d are the nibbles of
+ * G_BCD[g] (four columns, then four diagonals). */
+static const uint16_t G_BCD[8] = { 0xC84, 0xD95, 0xEA6, 0xFB7, 0xFA5, 0xCB6, 0xD87, 0xE94 };
 
 static uint32_t ror(uint32_t x, unsigned n) { return (x >> n) | (x << (32u - n)); }
 
-/* F of RFC 7693 section 3.2, `last` = 0 or all ones; then the block is zeroed (the padding of
- * the next one, the key block's included). */
-static void compress(b2s_t *s, uint32_t last)
+/* F of RFC 7693 section 3.2 on the block `m` (words), `t` bytes hashed, `last` 0 or all ones;
+ * then the block is zeroed: the next block's padding (the key block's included). */
+static void compress(uint32_t h[8], uint32_t m[16], uint32_t t, uint32_t last)
 {
     uint32_t v[16];
     unsigned i;
 #if !IDL_B2S_LITTLE_ENDIAN
     for (i = 0; i < 16u; i++) { /* the words of the block, little-endian, in place */
-        const uint8_t *p = s->m.b + 4u * i;
-        s->m.w[i] = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16)
-                    | ((uint32_t)p[3] << 24);
+        const uint8_t *p = (const uint8_t *)&m[i];
+        m[i] = (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16)
+               | ((uint32_t)p[3] << 24);
     }
 #endif
-    for (i = 0; i < 8u; i++) {
-        v[i] = s->h[i];
-        v[i + 8u] = IV[i];
-    }
-    v[12] ^= s->t;
+    memcpy(v, h, 32u);
+    memcpy(v + 8, IV, 32u);
+    v[12] ^= t;
     v[14] ^= last;
-    for (i = 0; i < 80u; i++) { /* ten rounds of eight G: four columns, then four diagonals */
-        unsigned a = i & 3u;
-        unsigned d = (i >> 2) & 1u; /* 0 columns, 1 diagonals */
-        uint32_t *va = &v[a];
-        uint32_t *vb = &v[4u + ((a + d) & 3u)];
-        uint32_t *vc = &v[8u + ((a + 2u * d) & 3u)];
-        uint32_t *vd = &v[12u + ((a + 3u * d) & 3u)];
+    for (i = 0; i < 80u; i++) { /* ten rounds of eight G */
+        unsigned g = G_BCD[i & 7u];
+        uint32_t *va = &v[i & 3u];
+        uint32_t *vb = &v[g & 15u];
+        uint32_t *vc = &v[(g >> 4) & 15u];
+        uint32_t *vd = &v[g >> 8];
         unsigned x = SIGMA[i];
-        unsigned k;
-        for (k = 0; k < 2u; k++) { /* G's two halves: rotations 16, 12 then 8, 7 */
-            *va += *vb + s->m.w[x & 15u];
-            x >>= 4;
-            *vd = ror(*vd ^ *va, 16u >> k);
-            *vc += *vd;
-            *vb = ror(*vb ^ *vc, 12u - 5u * k);
-        }
+        uint32_t a = *va, b = *vb, c = *vc, d = *vd;
+        a += b + m[x & 15u];
+        d = ror(d ^ a, 16u);
+        c += d;
+        b = ror(b ^ c, 12u);
+        a += b + m[x >> 4];
+        d = ror(d ^ a, 8u);
+        c += d;
+        b = ror(b ^ c, 7u);
+        *va = a;
+        *vb = b;
+        *vc = c;
+        *vd = d;
     }
     for (i = 0; i < 8u; i++) {
-        s->h[i] ^= v[i] ^ v[i + 8u];
+        h[i] ^= v[i] ^ v[i + 8u];
     }
-    memset(s->m.b, 0, sizeof s->m.b);
+    memset(m, 0, 64u);
 }
 
 void idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_piece_t *pieces,
                  unsigned count)
 {
-    b2s_t s;
+    uint32_t h[8];
+    uint32_t m[16]; /* the block: bytes as they come, words when compressed */
+    uint8_t *b = (uint8_t *)m;
     const uint8_t *p = key;
     size_t n = key != NULL ? 32u : 0u;
+    uint32_t t = 0; /* bytes hashed so far (the counter's high word stays 0) */
+    unsigned c = 0; /* bytes in the block */
 #if !IDL_B2S_LITTLE_ENDIAN
     unsigned i;
 #endif
-    memset(&s, 0, sizeof s);
-    memcpy(s.h, IV, sizeof s.h);
+    memset(m, 0, sizeof m);
+    memcpy(h, IV, sizeof h);
     /* the parameter block: digest length, key length 32 (or 0), fanout and depth 1 */
-    s.h[0] ^= 0x01010000u ^ outlen ^ (key != NULL ? 0x2000u : 0u);
+    h[0] ^= 0x01010000u ^ outlen ^ (key != NULL ? 0x2000u : 0u);
     for (;;) {
         while (n != 0u) {
-            if (s.c == 64u) { /* a full block, and more follows: not the last */
-                s.t += 64u;
-                compress(&s, 0u);
-                s.c = 0;
+            if (c == 64u) { /* a full block, and more follows: not the last */
+                t += 64u;
+                compress(h, m, t, 0u);
+                c = 0;
             }
-            s.m.b[s.c++] = *p++;
+            b[c++] = *p++;
             n--;
         }
         if (key != NULL) { /* the key block: the key, zeros to 64 bytes */
-            s.c = 64u;
+            c = 64u;
             key = NULL;
         }
         if (count == 0u) {
@@ -114,13 +115,15 @@ void idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_pi
         pieces++;
         count--;
     }
-    s.t += s.c;
-    compress(&s, 0xFFFFFFFFu);
+    compress(h, m, t + c, 0xFFFFFFFFu);
 #if IDL_B2S_LITTLE_ENDIAN
-    memcpy(out, s.h, outlen); /* the words' bytes are the digest's */
+    memcpy(out, h, outlen); /* the words' bytes are the digest's */
 #else
     for (i = 0; i < outlen; i++) {
-        out[i] = (uint8_t)(s.h[i >> 2] >> (8u * (i & 3u)));
+        out[i] = (uint8_t)(h[i >> 2] >> (8u * (i & 3u)));
     }
 #endif
 }
+#else
+typedef int idl_blake2s_unused; /* ISO C: a translation unit is never empty */
+#endif

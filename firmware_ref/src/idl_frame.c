@@ -80,6 +80,22 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     if (out->address > (uint8_t)IDL_MAX_ADDRESS) {
         return IDL_DECODE_BAD_ADDRESS;
     }
+#if IDL_AUTH
+    out->verified = 0u;
+    if (d->mac_key != NULL && out->tag_len != 0u) { /* the MAC, before anything else is read */
+        uint8_t want[IDL_AUTH_TAG_LEN];
+        uint8_t diff = (uint8_t)(out->tag_len ^ IDL_AUTH_TAG_LEN);
+        unsigned i;
+        idl_auth_tag(want, d->mac_key, (uint8_t)IDL_DIR_HOST_TO_DEVICE, raw, start + out->length);
+        for (i = 0; i < IDL_AUTH_TAG_LEN; i++) { /* every byte: no early exit */
+            diff |= (uint8_t)(want[i] ^ raw[start + out->length + i]);
+        }
+        if (diff != 0u) {
+            return IDL_DECODE_BAD_MAC;
+        }
+        out->verified = 1u;
+    }
+#endif
     out->type = raw[IDL_OFF_TYPE];
     if (out->type < (uint8_t)IDL_FT_HELLO || out->type > (uint8_t)IDL_FT_RESPONSE) {
         return IDL_DECODE_UNKNOWN_TYPE;
@@ -200,17 +216,30 @@ static void cobs_put(cobs_out_t *c, const uint8_t *p, size_t n)
     c->code = code;
 }
 
+#if IDL_AUTH
+size_t idl_frame_encode_signed(uint8_t *wire, uint16_t address, const uint8_t *key, uint8_t dir,
+                               uint8_t type, uint8_t flags, uint32_t epoch, uint32_t seq,
+                               const uint8_t *payload, size_t len)
+#else
 size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,
                                   uint32_t epoch, uint32_t seq, const uint8_t *payload,
                                   size_t len)
+#endif
 {
     /* The header (and address) and the CRC are built apart and COBS-encoded with the payload
      * straight into `wire`: each byte is read once and written once, no frame assembled first.
      * The output after k input bytes is at most 2 + k + k / 254, so a payload in `wire` at or
      * after IDL_FRAME_INPLACE_MIN is read before it is overwritten. */
     uint8_t head[IDL_HEADER_LEN + IDL_ADDRESS_LEN];
+#if IDL_AUTH
+    uint8_t trailer[IDL_AUTH_TAG_LEN + IDL_CRC_LEN]; /* the tag, then the CRC */
+    size_t tag = key != NULL ? IDL_AUTH_TAG_LEN : 0u;
+#else
     uint8_t trailer[IDL_CRC_LEN];
+    enum { tag = 0 };
+#endif
     size_t start = IDL_HEADER_LEN;
+    uint32_t crc;
     cobs_out_t c;
     if (len > IDL_MAX_PAYLOAD || (flags & (uint8_t)IDL_LAYOUT_FLAGS) != 0u) {
         return 0;
@@ -223,6 +252,11 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
         flags |= (uint8_t)IDL_FLAG_ADDRESSED;
         head[IDL_OFF_ADDRESS] = (uint8_t)address;
     }
+#if IDL_AUTH
+    if (key != NULL) {
+        flags |= (uint8_t)IDL_FLAG_AUTH;
+    }
+#endif
     head[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
     head[IDL_OFF_TYPE] = type;
     head[IDL_OFF_FLAGS] = flags;
@@ -230,8 +264,23 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     wr32(head + IDL_OFF_SEQ, seq);
     head[IDL_OFF_LENGTH] = (uint8_t)len;
     head[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
-    wr32(trailer, idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len)
-                      ^ IDL_CRC_XOROUT);
+#if IDL_AUTH
+    if (key != NULL) { /* the tag over dir | head | payload, read where they lie */
+        idl_piece_t pieces[3];
+        pieces[0].p = &dir;
+        pieces[0].n = 1u;
+        pieces[1].p = head;
+        pieces[1].n = start;
+        pieces[2].p = payload;
+        pieces[2].n = len;
+        idl_blake2s(trailer, IDL_AUTH_TAG_LEN, key, pieces, 3u);
+    }
+#endif
+    crc = idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len);
+#if IDL_AUTH
+    crc = idl_crc32c_update(crc, trailer, tag); /* the CRC covers the tag */
+#endif
+    wr32(trailer + tag, crc ^ IDL_CRC_XOROUT);
     wire[0] = 0u;
     c.wire = wire;
     c.code_at = 1u;
@@ -239,7 +288,7 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     c.code = 1u;
     cobs_put(&c, head, start);
     cobs_put(&c, payload, len);
-    cobs_put(&c, trailer, IDL_CRC_LEN);
+    cobs_put(&c, trailer, tag + IDL_CRC_LEN);
     wire[c.code_at] = c.code;
     wire[c.o] = 0u;
     return c.o + 1u;

@@ -24,6 +24,9 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
 #endif
     idl_replay_init(&s->cache);
     idl_frame_decoder_init(&s->decoder);
+#if IDL_AUTH
+    idl_auth_init(&s->auth);
+#endif
 }
 
 uint32_t idl_session_first_seq(const idl_session_t *s)
@@ -44,6 +47,13 @@ uint32_t idl_session_first_seq(const idl_session_t *s)
     return anchor + following;
 }
 
+#if IDL_AUTH
+#define TO(s) (s)->to
+#define ENCODE(s, type, flags, seq, payload, len) \
+    idl_frame_encode_signed((s)->tx, TO(s), (s)->sign, (uint8_t)IDL_DIR_DEVICE_TO_HOST, (type), \
+                            (flags), (s)->epoch, (seq), (payload), (len))
+#endif
+
 #if IDL_BUS
 uint32_t idl_session_broadcast_next(const idl_session_t *s)
 {
@@ -53,12 +63,19 @@ uint32_t idl_session_broadcast_next(const idl_session_t *s)
     return s->broadcast_window.highest + 1u + IDL_WINDOW_SIZE;
 }
 
+#if !IDL_AUTH
 /* Answers go to the address the request came from (IDL_FRAME_NO_ADDRESS: unaddressed). */
 #define ENCODE(s, type, flags, seq, payload, len) \
     idl_frame_encode_addressed((s)->tx, (s)->to, (type), (flags), (s)->epoch, (seq), (payload), (len))
+#endif
+#else
+#if IDL_AUTH
+#undef TO
+#define TO(s) IDL_FRAME_NO_ADDRESS
 #else
 #define ENCODE(s, type, flags, seq, payload, len) \
     idl_frame_encode((s)->tx, (type), (flags), (s)->epoch, (seq), (payload), (len))
+#endif
 #endif
 
 /* A pascal string of at most `max` bytes (the caps keep DEVICE_INFO within IDL_MAX_PAYLOAD:
@@ -85,7 +102,7 @@ static void put_le(uint8_t *p, uint32_t v, unsigned bytes)
     }
 }
 
-static size_t hello(idl_session_t *s, uint32_t seq)
+static size_t hello(idl_session_t *s, const idl_frame_t *f)
 {
     const idl_session_config_t *c = s->cfg;
     /* built at the end of tx; idl_frame_encode reads it before it overwrites it. Every byte
@@ -97,6 +114,14 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     uint8_t inflight = c->max_inflight < IDL_REPLAY_SLOTS ? c->max_inflight
                                                           : (uint8_t)IDL_REPLAY_SLOTS;
     uint32_t next = idl_session_first_seq(s);
+#if IDL_AUTH
+    const uint8_t *key = NULL;
+    size_t id_at;
+    size_t caps;
+    if (s->auth.keyed != 0u) {
+        key = idl_auth_hello(&s->auth, f->payload, f->length);
+    }
+#endif
     p[n++] = (uint8_t)IDL_PROTOCOL_VERSION;
     put_le(p + n, IDL_WINDOW_SIZE, 2u);
     put_le(p + n + 2u, IDL_MAX_PAYLOAD, 2u);
@@ -111,10 +136,16 @@ static size_t hello(idl_session_t *s, uint32_t seq)
     n += put_str(p + n, c->name, 128u);
     memcpy(p + n, c->map_hash, IDL_MAP_HASH_LEN);
     n += IDL_MAP_HASH_LEN;
+#if IDL_AUTH
+    id_at = n; /* the device id as the key derivation takes it: length byte, bytes */
+#endif
     n += put_str(p + n, c->device_id, IDL_MAX_DEVICE_ID_LEN);
     n += put_str(p + n, c->map_name, 255u);
-    /* the second extension: capabilities u16 and the bus address u8 (0: none configured; no
-     * AUTH: this core ignores tagged frames); an old host ignores them */
+    /* the second extension: capabilities u16 and the bus address u8 (0: none configured);
+     * an old host ignores them */
+#if IDL_AUTH
+    caps = n;
+#endif
 #if IDL_BUS
     if (c->address != 0u) {
         p[n] = (uint8_t)IDL_CAP_ADDRESSED;
@@ -129,10 +160,29 @@ static size_t hello(idl_session_t *s, uint32_t seq)
         p[n + 1u] = 0u;
         p[n + 2u] = 0u;
         n += 3u;
+#if IDL_AUTH
+        put_le(p + n, 1u, 4u); /* a keyed device's bus extension (used below): next 1 */
+#endif
     }
+#if IDL_AUTH
+    if (s->auth.keyed != 0u) {
+        /* AUTH, and the fourth extension: the key id and the device nonce (after the bus one) */
+        p[caps] |= (uint8_t)IDL_CAP_AUTH;
+        n = n == caps + 3u ? n + 4u : n;
+        put_le(p + n, s->auth.key_id, 4u);
+        memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
+        n += 4u + IDL_NONCE_LEN;
+    }
+    s->sign = NULL;
+    if (key != NULL) { /* a new session key: this reply is its first signed frame */
+        idl_auth_derive(&s->auth, key, p + id_at, (uint8_t)TO(s));
+        s->decoder.mac_key = s->auth.session;
+        s->sign = s->auth.session;
+    }
+#endif
     s->handed_out = next;
     s->has_handed_out = 1u;
-    return ENCODE(s, IDL_FT_HELLO_REPLY, 0u, seq, p, n);
+    return ENCODE(s, IDL_FT_HELLO_REPLY, 0u, f->seq, p, n);
 }
 
 /* One RESPONSE frame in tx: the only place that passes idl_frame_encode's seven arguments. */
@@ -147,6 +197,15 @@ static size_t status_answer(idl_session_t *s, uint32_t seq, uint8_t status)
     return response(s, 0u, seq, &status, 1u);
 }
 
+/* EPOCH_MISMATCH: our epoch in the header, the request's in the payload */
+static size_t epoch_mismatch(idl_session_t *s, const idl_frame_t *f)
+{
+    uint8_t payload[5];
+    payload[0] = (uint8_t)IDL_STATUS_EPOCH_MISMATCH;
+    put_le(payload + 1, f->epoch, 4u);
+    return response(s, 0u, f->seq, payload, 5u);
+}
+
 static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
 {
     idl_verdict_t v;
@@ -154,11 +213,8 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     const uint8_t *answer;
     uint16_t length;
     if (f->epoch != s->epoch) {
-        uint8_t payload[5];
-        payload[0] = (uint8_t)IDL_STATUS_EPOCH_MISMATCH;
-        put_le(payload + 1, f->epoch, 4u);
         s->counters[IDL_DISP_EPOCH_MISMATCH]++;
-        return response(s, 0u, f->seq, payload, 5u);
+        return epoch_mismatch(s, f);
     }
     v = idl_window_check(&s->window, f->seq);
     digest = idl_crc32c(f->payload, f->length);
@@ -232,10 +288,44 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
         s->counters[IDL_DISP_DECODE_ERRORS]++;
         return 0;
     }
+#if IDL_AUTH
+    /* a keyed device takes nothing but HELLO without a verified tag (no downgrade) */
+    uint8_t keyed = s->auth.keyed;
+    s->sign = NULL;
+    if (keyed != 0u && f->type != (uint8_t)IDL_FT_HELLO && f->verified == 0u) {
+        s->counters[IDL_DISP_UNAUTHENTICATED]++;
 #if IDL_BUS
-    /* address_verdict: untagged frames only (no key here); no address -> this line */
+        s->to = f->addressed != 0u ? f->address : IDL_FRAME_NO_ADDRESS;
+        if (f->addressed != 0u && (s->cfg->address == 0u || f->address != s->cfg->address)) {
+            return 0; /* not ours to answer */
+        }
+#else
+        if (f->addressed != 0u) {
+            return 0;
+        }
+#endif
+        if (f->type != (uint8_t)IDL_FT_REQUEST) {
+            return 0;
+        }
+        if (f->tag_len == 0u) { /* unsigned: a keyed host never takes it for its answer */
+            return status_answer(s, f->seq, IDL_STATUS_AUTHENTICATION_REQUIRED);
+        }
+        if (s->auth.has_session == 0u && f->epoch != s->epoch) {
+            return epoch_mismatch(s, f); /* rebooted: no key to check or sign with */
+        }
+        return 0;
+    }
+    if (f->verified != 0u) {
+        s->sign = s->auth.session;
+    }
+#define UNTAGGED(f) ((f)->tag_len == 0u || keyed != 0u)
+#else
+#define UNTAGGED(f) ((f)->tag_len == 0u)
+#endif
+#if IDL_BUS
+    /* address_verdict: untagged frames only (an unkeyed device); no address -> this line */
     s->to = IDL_FRAME_NO_ADDRESS;
-    if (f->tag_len == 0u && f->addressed != 0u && s->cfg->address != 0u) {
+    if (UNTAGGED(f) && f->addressed != 0u && s->cfg->address != 0u) {
         if (f->address == IDL_BROADCAST_ADDRESS) {
             s->counters[broadcast(s, f, now)]++;
             return 0;
@@ -247,7 +337,7 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
         s->to = f->address;
     } else
 #endif
-    if (f->addressed != 0u || f->tag_len != 0u) {
+    if (f->addressed != 0u || !UNTAGGED(f)) {
         /* a keyed device's frame, or (without an address) a bus device's: no key, no address,
          * so it stays silent, like a device of the first contract (see idl_frame.h) */
         s->counters[IDL_DISP_UNEXPECTED]++;
@@ -258,7 +348,7 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
     }
     if (f->type == (uint8_t)IDL_FT_HELLO) {
         s->counters[IDL_DISP_HELLO]++;
-        return hello(s, f->seq);
+        return hello(s, f);
     }
     s->counters[IDL_DISP_UNEXPECTED]++;
     return 0;
