@@ -448,3 +448,93 @@ unsigned idl_shim_ym_transition(unsigned state, unsigned input)
 {
     return idl_ym_rx_transition(state, input);
 }
+
+/* ---- authenticated frames (IDL_AUTH=1): the port's keys and randomness, set by the test ----- */
+int idl_shim_auth_keys(const uint8_t *keys, unsigned n);
+void idl_shim_auth_tape(const uint8_t *tape, size_t n);
+int idl_shim_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const uint8_t *data,
+                     size_t n, size_t cut1, size_t cut2);
+uint32_t idl_shim_key_id(const uint8_t *key);
+
+#if IDL_AUTH
+#define SHIM_KEYS 4u
+static uint8_t shim_keys[SHIM_KEYS][IDL_KEY_LEN];
+static unsigned shim_nkeys;
+static uint8_t shim_tape[256];
+static size_t shim_tape_len;
+static size_t shim_tape_at;
+
+const uint8_t *idl_port_auth_key(unsigned i) { return i < shim_nkeys ? shim_keys[i] : NULL; }
+
+/* the tape's bytes in turn (the Python reference's nonces), zeros when none was given */
+void idl_port_random(uint8_t *buf, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        buf[i] = shim_tape_len != 0u ? shim_tape[shim_tape_at++ % shim_tape_len] : 0u;
+    }
+}
+#endif
+
+/* The keys the next idl_shim_init's device holds (0: unkeyed); 0 if built without IDL_AUTH. */
+int idl_shim_auth_keys(const uint8_t *keys, unsigned n)
+{
+#if IDL_AUTH
+    shim_nkeys = n < SHIM_KEYS ? n : SHIM_KEYS;
+    memcpy(shim_keys, keys, (size_t)shim_nkeys * IDL_KEY_LEN);
+    return 1;
+#else
+    (void)keys;
+    (void)n;
+    return 0;
+#endif
+}
+
+void idl_shim_auth_tape(const uint8_t *tape, size_t n)
+{
+#if IDL_AUTH
+    shim_tape_len = n < sizeof shim_tape ? n : sizeof shim_tape;
+    memcpy(shim_tape, tape, shim_tape_len);
+    shim_tape_at = 0;
+#else
+    (void)tape;
+    (void)n;
+#endif
+}
+
+/* BLAKE2s of `data` cut into three pieces at cut1 <= cut2 <= n (key NULL: unkeyed); 0 without
+ * IDL_AUTH. */
+int idl_shim_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const uint8_t *data,
+                     size_t n, size_t cut1, size_t cut2)
+{
+#if IDL_AUTH
+    idl_piece_t pieces[3];
+    pieces[0].p = data;
+    pieces[0].n = cut1;
+    pieces[1].p = data + cut1;
+    pieces[1].n = cut2 - cut1;
+    pieces[2].p = data + cut2;
+    pieces[2].n = n - cut2;
+    idl_blake2s(out, outlen, key, pieces, 3u);
+    return 1;
+#else
+    (void)out;
+    (void)outlen;
+    (void)key;
+    (void)data;
+    (void)n;
+    (void)cut1;
+    (void)cut2;
+    return 0;
+#endif
+}
+
+uint32_t idl_shim_key_id(const uint8_t *key)
+{
+#if IDL_AUTH
+    return idl_auth_key_id(key);
+#else
+    (void)key;
+    return 0u;
+#endif
+}

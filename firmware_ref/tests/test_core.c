@@ -10,6 +10,9 @@
 #if IDL_BUS
 #include "bus_vectors.h"
 #endif
+#if IDL_AUTH
+#include "auth_vectors.h"
+#endif
 #include "idl_crc32c.h"
 #include "idl_files.h"
 #include "idl_frame.h"
@@ -433,6 +436,131 @@ static void test_bus_vectors(void)
 /* The largest DEVICE_INFO (every string at its cap) is exactly IDL_SESSION_HELLO_MAX bytes, and
  * its frame fits the TX buffer: a byte added to HELLO_REPLY without counting it there fails here
  * (and overruns the buffer under the sanitizers). */
+#if IDL_AUTH
+/* the port's keys and randomness: the stream's, set before its session starts */
+static const uint8_t map_hash_key[IDL_KEY_LEN] = { 7 };
+static const uint8_t *port_keys;
+static unsigned port_nkeys;
+static const uint8_t *port_tape;
+static size_t port_tape_len;
+static size_t port_tape_at;
+
+const uint8_t *idl_port_auth_key(unsigned i)
+{
+    return i < port_nkeys ? port_keys + (size_t)i * IDL_KEY_LEN : NULL;
+}
+
+void idl_port_random(uint8_t *buf, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        buf[i] = port_tape_len != 0u ? port_tape[port_tape_at++ % port_tape_len] : 0u;
+    }
+}
+
+/* RFC 7693 Appendix B (BLAKE2s-256 of "abc"), and the keyed known answer of the BLAKE2
+ * reference's blake2s-kat.txt for the empty message (key 00..1f); a message cut into pieces
+ * hashes as a whole. */
+static void test_blake2s(void)
+{
+    static const uint8_t abc_digest[32] = {
+        0x50, 0x8C, 0x5E, 0x8C, 0x32, 0x7C, 0x14, 0xE2, 0xE1, 0xA7, 0x2B, 0xA3, 0x4E, 0xEB, 0x45,
+        0x2F, 0x37, 0x45, 0x8B, 0x20, 0x9E, 0xD6, 0x3A, 0x29, 0x4D, 0x99, 0x9B, 0x4C, 0x86, 0x67,
+        0x59, 0x82 };
+    static const uint8_t keyed_empty[32] = {
+        0x48, 0xA8, 0x99, 0x7D, 0xA4, 0x07, 0x87, 0x6B, 0x3D, 0x79, 0xC0, 0xD9, 0x23, 0x25, 0xAD,
+        0x3B, 0x89, 0xCB, 0xB7, 0x54, 0xD8, 0x6A, 0xB7, 0x1A, 0xEE, 0x04, 0x7A, 0xD3, 0x45, 0xFD,
+        0x2C, 0x49 };
+    uint8_t key[32];
+    uint8_t msg[200];
+    uint8_t whole[32];
+    uint8_t cut[32];
+    idl_piece_t p[3];
+    unsigned i;
+    p[0].p = (const uint8_t *)"abc";
+    p[0].n = 3u;
+    idl_blake2s(whole, 32u, NULL, p, 1u);
+    CHECK(memcmp(whole, abc_digest, 32u) == 0);
+    for (i = 0; i < 32u; i++) {
+        key[i] = (uint8_t)i;
+    }
+    idl_blake2s(whole, 32u, key, NULL, 0u);
+    CHECK(memcmp(whole, keyed_empty, 32u) == 0);
+    for (i = 0; i < sizeof msg; i++) {
+        msg[i] = (uint8_t)(i * 7u);
+    }
+    p[0].p = msg;
+    p[0].n = sizeof msg;
+    idl_blake2s(whole, 16u, key, p, 1u);
+    p[0].n = 1u;
+    p[1].p = msg + 1;
+    p[1].n = 64u;
+    p[2].p = msg + 65;
+    p[2].n = sizeof msg - 65u;
+    idl_blake2s(cut, 16u, key, p, 3u);
+    CHECK(memcmp(whole, cut, 16u) == 0);
+}
+
+/* The keyed golden streams (tests/vectors/auth_session.json, the Python reference's answers):
+ * every answer byte for byte, silence where the reference is silent, the counters at the end. */
+static void test_auth_vectors(void)
+{
+    unsigned k;
+    uint32_t i;
+#if IDL_REPLAY_SLOTS != VEC_AUTH_REPLAY_SLOTS
+    printf("auth vectors skipped: built with %u replay slots, the vectors have %u\n",
+           (unsigned)IDL_REPLAY_SLOTS, (unsigned)VEC_AUTH_REPLAY_SLOTS);
+    return;
+#endif
+    for (k = 0; k < VEC_AUTH_NSTREAMS; k++) {
+        const vec_auth_stream_t *v = &vec_auth_streams[k];
+        idl_session_config_t cfg = { execute, &regs, "idemlink-sim", v->device_id, IDL_MAP_NAME,
+                                     map_hash, 32u
+#if IDL_BUS
+                                     , 0u, NULL
+#endif
+        };
+        port_keys = v->keys;
+        port_nkeys = v->nkeys;
+        port_tape = v->tape;
+        port_tape_len = v->tape_len;
+        port_tape_at = 0;
+        idl_regs_init(&regs, 2000u, NULL, NULL, NULL, 0u);
+        idl_session_init(&session, &cfg, v->epoch);
+        for (i = v->first; i < v->first + v->count; i++) {
+            const vec_auth_step_t *st = &vec_auth_steps[i];
+            uint16_t j;
+            size_t out = 0;
+            int same = 1;
+            for (j = 0; j < st->in_len; j++) {
+                size_t n = idl_session_feed(&session, st->in[j], 0u);
+                if (n != 0u) {
+                    same = same && out == 0u && n == st->out_len
+                           && memcmp(session.tx, st->out, n) == 0;
+                    out = n;
+                }
+            }
+            if (!(same && out == st->out_len)) {
+                printf("auth stream %s, step %s: another answer\n", v->name, st->name);
+            }
+            CHECK(same && out == st->out_len);
+        }
+        for (i = v->first_count; i < v->first_count + v->counts; i++) {
+            const vec_auth_count_t *c = &vec_auth_counts[i];
+            uint32_t got = c->decoder ? session.decoder.counters[c->counter]
+                                      : session.counters[c->counter];
+            if (got != c->value) {
+                printf("auth stream %s: counter %u%s is %u, not %u\n", v->name, c->counter,
+                       c->decoder ? " (decoder)" : "", (unsigned)got, (unsigned)c->value);
+            }
+            CHECK(got == c->value);
+        }
+        CHECK(port_tape_at == port_tape_len); /* every nonce drawn, none more */
+    }
+    port_nkeys = 0u; /* the other tests' devices are unkeyed */
+}
+#endif
+
 static void test_hello_bound(void)
 {
     static char name[300];
@@ -450,11 +578,19 @@ static void test_hello_bound(void)
     memset(id, 'i', sizeof id - 1u);
     memset(map_name, 'm', sizeof map_name - 1u);
     idl_regs_init(&regs, 1000u, NULL, NULL, NULL, 0u);
+#if IDL_AUTH
+    /* keyed: the auth extension too */
+    port_keys = map_hash_key;
+    port_nkeys = 1u;
+#endif
     idl_session_init(&session, &cfg, 0x55u);
     CHECK(exchange(IDL_FT_HELLO, 0u, 1u, NULL, 0u, &f) && f.type == IDL_FT_HELLO_REPLY);
     CHECK(f.length == IDL_SESSION_HELLO_MAX);
     CHECK(IDL_FRAME_WIRE_LEN(IDL_HEADER_LEN + IDL_SESSION_HELLO_MAX + IDL_CRC_LEN)
           <= sizeof session.tx);
+#if IDL_AUTH
+    port_nkeys = 0u;
+#endif
 }
 
 static idl_rtu_t rtu;
@@ -539,10 +675,14 @@ int main(void)
 #if IDL_BUS
     test_bus_vectors();
 #endif
+#if IDL_AUTH
+    test_blake2s();
+    test_auth_vectors();
+#endif
     test_hello_bound();
     test_rtu();
     test_names();
-    printf("idl core: %u checks, %u failures (K=%u, crc table %d, bus %d)\n", checks, failures,
-           (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE, IDL_BUS);
+    printf("idl core: %u checks, %u failures (K=%u, crc table %d, bus %d, auth %d)\n", checks,
+           failures, (unsigned)IDL_REPLAY_SLOTS, IDL_CRC32C_TABLE, IDL_BUS, IDL_AUTH);
     return failures == 0u ? 0 : 1;
 }

@@ -146,12 +146,62 @@ def render_bus(table: dict) -> str:  # type: ignore[type-arg]
     return "\n".join(out) + "\n"
 
 
+AUTH_COUNTERS = dict(BUS_COUNTERS, unauthenticated="IDL_DISP_UNAUTHENTICATED")
+
+
+def render_auth(table: dict) -> str:  # type: ignore[type-arg]
+    """tests/vectors/auth_session.json: the bus streams' shape, plus each stream's keys and the
+    tape of its randomness; ``bad_mac`` is the decoder's counter."""
+    out = [
+        "/* GENERATED from tests/vectors/auth_session.json by tools/vectors_to_c.py --auth. */",
+        "#ifndef AUTH_VECTORS_H",
+        "#define AUTH_VECTORS_H",
+        "#include <stdint.h>",
+        '#include "idl_session.h"',
+        f"#define VEC_AUTH_REPLAY_SLOTS {int(table['replay_slots'])}u",
+        "typedef struct { const char *name; const uint8_t *in; uint16_t in_len;"
+        " const uint8_t *out; uint16_t out_len; } vec_auth_step_t;",
+        "typedef struct { uint8_t decoder; unsigned counter; uint32_t value; } vec_auth_count_t;",
+        "typedef struct { const char *name; uint32_t epoch; const char *device_id;"
+        " const uint8_t *keys; unsigned nkeys; const uint8_t *tape; uint16_t tape_len;"
+        " uint32_t first; uint32_t count; uint32_t first_count; uint32_t counts; }"
+        " vec_auth_stream_t;",
+    ]
+    steps, counts, streams = [], [], []
+    k = 0
+    for i, s in enumerate(table["streams"]):
+        first, first_count = len(steps), len(counts)
+        for st in s["steps"]:
+            out.append(_bytes(f"vec_auth_in_{k}", st["in"]))
+            out.append(_bytes(f"vec_auth_out_{k}", st["out"]))
+            steps.append(f'    {{"{st["name"]}", vec_auth_in_{k}, {len(st["in"]) // 2}u,'
+                         f' vec_auth_out_{k}, {len(st["out"]) // 2}u}},')
+            k += 1
+        out.append(_bytes(f"vec_auth_keys_{i}", "".join(s["keys"])))
+        out.append(_bytes(f"vec_auth_tape_{i}", s["tape"]))
+        for name, value in s["counters"].items():
+            if name == "bad_mac":
+                counts.append(f"    {{1u, IDL_DECODE_BAD_MAC, {int(value)}u}},")
+            else:
+                counts.append(f"    {{0u, {AUTH_COUNTERS[name]}, {int(value)}u}},")
+        streams.append(f'    {{"{s["name"]}", {int(s["epoch"])}u, "{s["device_id"]}",'
+                       f' vec_auth_keys_{i}, {len(s["keys"])}u, vec_auth_tape_{i},'
+                       f' {len(s["tape"]) // 2}u, {first}u, {len(steps) - first}u,'
+                       f' {first_count}u, {len(counts) - first_count}u}},')
+    out += ["static const vec_auth_step_t vec_auth_steps[] = {", *steps, "};",
+            "static const vec_auth_count_t vec_auth_counts[] = {", *counts, "};",
+            "static const vec_auth_stream_t vec_auth_streams[] = {", *streams, "};",
+            f"#define VEC_AUTH_NSTREAMS {len(streams)}u", "#endif"]
+    return "\n".join(out) + "\n"
+
+
 def main() -> int:
-    mode = sys.argv[1] if sys.argv[1] in ("--frames", "--bus") else ""
+    mode = sys.argv[1] if sys.argv[1] in ("--frames", "--bus", "--auth") else ""
     src, dst = sys.argv[1 + bool(mode)], sys.argv[2 + bool(mode)]
     with open(src, encoding="utf-8") as f:
         table = json.load(f)
-    text = {"--frames": render_frames, "--bus": render_bus, "": render}[mode](table)
+    text = {"--frames": render_frames, "--bus": render_bus, "--auth": render_auth,
+            "": render}[mode](table)
     with open(dst, "w", encoding="utf-8") as f:
         f.write(text)
     return 0
