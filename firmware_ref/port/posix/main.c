@@ -5,6 +5,7 @@
  *                   [--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8]
  *                   [--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE]
  *                   [--control FIFO] [--modbus-rtu [--unit N]] [--address N]
+ *                   [--key-file FILE]
  *
  * Without --port a pseudo-terminal is created. The port's path is the FIRST line of stdout
  * (flushed); then the device serves until SIGINT or SIGTERM and exits 0. --flash-dir keeps the
@@ -31,6 +32,13 @@
  * `address` file for the next start (as `idemlink sim --address`); without it, the kept one.
  * Built with IDL_BUS=1 (the default of `make device`).
  *
+ * --key-file FILE (IDL_AUTH=1, the default of `make device`; docs/SECURITY.md): the device's
+ * long-term keys, one a line (the current one first, older ones accepted during a rotation),
+ * read once at start from a private file (0600 or stricter; a group- or world-accessible one is
+ * refused, one line on stderr, as the host refuses it): the device is then keyed, it takes
+ * nothing but HELLO without a verified tag. Without it the device is unkeyed, the first
+ * contract's device. Keys are never printed; only key ids leave the device (HELLO_REPLY).
+ *
  * --control FIFO reads the world's changes from a named pipe (created if absent), the lines
  * `idemlink sim --control` takes: `input ADDRESS VALUE`, `condition ADDRESS BITS`
  * (posix_control.h), so the fault logic of any map can be driven from outside.
@@ -56,6 +64,7 @@
 #include "posix_common.h"
 #include "posix_control.h"
 #include "posix_flash.h"
+#include "posix_keys.h"
 #include "posix_serve.h"
 #include "../demo_conditions.h"
 #include "../effects_record.h"
@@ -192,6 +201,11 @@ static void print_stats(void)
                 (unsigned long)c[IDL_DISP_TOO_OLD], (unsigned long)c[IDL_DISP_EPOCH_MISMATCH],
                 (unsigned long)c[IDL_DISP_HELLO], (unsigned long)c[IDL_DISP_DECODE_ERRORS],
                 idl_posix_flash_writes());
+#if IDL_AUTH
+        fprintf(stderr, " unauthenticated=%lu bad_mac=%lu",
+                (unsigned long)c[IDL_DISP_UNAUTHENTICATED],
+                (unsigned long)device.session.decoder.counters[IDL_DECODE_BAD_MAC]);
+#endif
 #if IDL_BUS
         fprintf(stderr, " other_address=%lu broadcast_executed=%lu broadcast_repeated=%lu "
                         "broadcast_refused=%lu",
@@ -212,6 +226,7 @@ int main(int argc, char **argv)
     idl_posix_serve_signals();
     idl_posix_args_parse(&args, argc, argv);
     seed_state = args.seed;
+    idl_posix_keys_load(args.key_file);
     idl_posix_flash_use(args.flash_dir, args.device_id, random64);
     idl_posix_flash_address(args.address);
     if (args.effects != NULL) {

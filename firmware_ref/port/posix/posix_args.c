@@ -28,7 +28,7 @@ static void usage(void)
     fprintf(stderr, "usage: " PROG " [--port PATH] [--flash-dir DIR] [--device-id ID] [--seed N] "
                     "[--trigger-duration SECONDS] [--baudrate N] [--bytesize 7|8] "
                     "[--parity N|E|O] [--stopbits 1|2] [--stats] [--effects FILE] "
-                    "[--control FIFO] [--modbus-rtu [--unit N]] [--address N]\n");
+                    "[--control FIFO] [--modbus-rtu [--unit N]] [--address N] [--key-file FILE]\n");
     exit(2);
 }
 
@@ -68,6 +68,8 @@ void idl_posix_args_parse(idl_posix_args_t *a, int argc, char **argv)
             a->effects = val;
         } else if (strcmp(opt, "--control") == 0) {
             a->control = val;
+        } else if (strcmp(opt, "--key-file") == 0) {
+            a->key_file = val;
         } else if (strcmp(opt, "--device-id") == 0) {
             if (!idl_posix_valid_id(val, strlen(val))) {
                 fprintf(stderr, PROG ": device id '%s' must be 1-64 characters of "

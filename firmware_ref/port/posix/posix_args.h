@@ -21,6 +21,7 @@ typedef struct {
     char parity;           /* --parity 'N'|'E'|'O' (default 'N', 'E' with --modbus-rtu) */
     double trigger_s;      /* --trigger-duration SECONDS (default IDL_TRIGGER_MS) */
     long address;          /* --address 1..247 (IDL_BUS=1: the bus address); 0: not given */
+    const char *key_file;  /* --key-file FILE (IDL_AUTH=1: the device's keys); NULL: unkeyed */
 } idl_posix_args_t;
 
 /** Parse argv into *a (defaults first); exits on anything wrong, as said above. */
