@@ -37,13 +37,19 @@ int main(void)
     static uint8_t wire[IDL_WIRE_MAX];
     static idl_auth_t auth;
     static const uint8_t id[] = { 8, 'b', 'e', 'n', 'c', 'h', '-', 'i', 'd' };
+    static const uint8_t dir = (uint8_t)IDL_DIR_HOST_TO_DEVICE;
+    idl_piece_t pieces[2];
     size_t i;
     size_t n;
     for (i = 0; i < sizeof raw; i++) {
         raw[i] = (uint8_t)(i < 13u ? i : pdu[i - 13u]);
     }
+    pieces[0].p = &dir;
+    pieces[0].n = 1u;
+    pieces[1].p = raw;
+    pieces[1].n = sizeof raw;
     idl_mark_begin(); /* case tag: one short frame's tag */
-    idl_auth_tag(tag, KEY, (uint8_t)IDL_DIR_HOST_TO_DEVICE, raw, sizeof raw);
+    idl_blake2s(tag, IDL_AUTH_TAG_LEN, KEY, pieces, 2u);
     idl_mark_end();
     idl_mark_begin(); /* case sign: the same frame encoded, signed, CRC and COBS included */
     n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS, KEY, (uint8_t)IDL_DIR_DEVICE_TO_HOST,

@@ -55,7 +55,7 @@ void idl_port_random(uint8_t *buf, size_t n);
 typedef struct {
     uint8_t session[IDL_KEY_LEN];    /**< the session key (valid when has_session) */
     uint8_t nonces[2u * IDL_NONCE_LEN]; /**< the last keyed HELLO's host nonce, then ours */
-    uint32_t key_id;                 /**< the key of the session (the current one before) */
+    uint8_t key_id[4];               /**< the key of the session (the current one before), LE */
     uint8_t has_session;
     uint8_t keyed;                   /**< the port holds a key (idl_port_auth_key(0)) */
 } idl_auth_t;
@@ -72,12 +72,8 @@ const uint8_t *idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t le
  *  byte first) and the session's `address` byte (0xFF point-to-point). */
 void idl_auth_derive(idl_auth_t *a, const uint8_t *key, const uint8_t *id, uint8_t address);
 
-/** The 32-bit id of a long-term key. */
-uint32_t idl_auth_key_id(const uint8_t *key);
-
-/** The tag of a frame: BLAKE2s-64 keyed with `key` over `dir` then `n` bytes at `p`. */
-void idl_auth_tag(uint8_t tag[IDL_AUTH_TAG_LEN], const uint8_t *key, uint8_t dir,
-                  const uint8_t *p, size_t n);
+/** The 32-bit id of a long-term key, as its 4 little-endian bytes. */
+void idl_auth_key_id(uint8_t id[4], const uint8_t *key);
 #endif /* IDL_AUTH */
 
 #endif /* IDL_AUTH_H */

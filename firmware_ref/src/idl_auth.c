@@ -7,24 +7,11 @@
 static const uint8_t KEY_ID_LABEL[] = "idemlink key id v1";
 static const uint8_t KDF_LABEL[] = IDL_KDF_LABEL;
 
-uint32_t idl_auth_key_id(const uint8_t *key)
-{
-    idl_piece_t label = { KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1u };
-    uint8_t id[4];
-    idl_blake2s(id, 4u, key, &label, 1u);
-    return (uint32_t)id[0] | ((uint32_t)id[1] << 8) | ((uint32_t)id[2] << 16)
-           | ((uint32_t)id[3] << 24);
-}
+static const idl_piece_t KEY_ID_PIECE = { KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1u };
 
-void idl_auth_tag(uint8_t tag[IDL_AUTH_TAG_LEN], const uint8_t *key, uint8_t dir,
-                  const uint8_t *p, size_t n)
+void idl_auth_key_id(uint8_t id[4], const uint8_t *key)
 {
-    idl_piece_t pieces[2];
-    pieces[0].p = &dir;
-    pieces[0].n = 1u;
-    pieces[1].p = p;
-    pieces[1].n = n;
-    idl_blake2s(tag, IDL_AUTH_TAG_LEN, key, pieces, 2u);
+    idl_blake2s(id, 4u, key, &KEY_ID_PIECE, 1u);
 }
 
 void idl_auth_init(idl_auth_t *a)
@@ -39,30 +26,27 @@ void idl_auth_init(idl_auth_t *a)
 const uint8_t *idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len)
 {
     const uint8_t *ext = payload + 1u + IDL_CONTRACT_HASH_LEN;
-    const uint8_t *key = NULL;
-    uint32_t kid;
+    const uint8_t *key;
     unsigned i;
-    /* the current key's id unless the host names a key we hold */
-    a->key_id = idl_auth_key_id(idl_port_auth_key(0u));
-    if (len < 1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN + 4u) {
-        return NULL; /* an unkeyed host's HELLO */
-    }
-    kid = (uint32_t)ext[16] | ((uint32_t)ext[17] << 8) | ((uint32_t)ext[18] << 16)
-          | ((uint32_t)ext[19] << 24);
+    /* the current key's id unless the host names a key we hold (an unkeyed host's HELLO, too
+     * short for the extension, names none) */
     for (i = 0; (key = idl_port_auth_key(i)) != NULL; i++) {
-        if (idl_auth_key_id(key) == kid) {
+        uint8_t id[4];
+        idl_auth_key_id(i == 0u ? a->key_id : id, key);
+        if (len >= 1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN + 4u
+            && memcmp(i == 0u ? a->key_id : id, ext + IDL_NONCE_LEN, 4u) == 0) {
             break;
         }
     }
     if (key == NULL) {
-        return NULL; /* another key: say which one we hold, sign nothing */
+        return NULL; /* no key, or another one: say which one we hold, sign nothing */
     }
     if (a->has_session == 0u || memcmp(a->nonces, ext, IDL_NONCE_LEN) != 0) {
         /* a new handshake: a new nonce (the same HELLO again gets the same answer) */
         memcpy(a->nonces, ext, IDL_NONCE_LEN);
         idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
     }
-    a->key_id = kid;
+    memcpy(a->key_id, ext + IDL_NONCE_LEN, 4u);
     return key;
 }
 

@@ -45,6 +45,18 @@ static int cobs_segment(uint8_t *buf, size_t n)
     return (int)o;
 }
 
+#if IDL_AUTH
+/* The MAC (protocol/frame.py frame_mac): BLAKE2s-64 keyed with `key` over the direction byte,
+ * the header (and address) and the payload, where they lie. */
+static void tag_of(uint8_t tag[IDL_AUTH_TAG_LEN], const uint8_t *key, idl_piece_t pieces[3],
+                   uint8_t dir)
+{
+    pieces[0].p = &dir;
+    pieces[0].n = 1u;
+    idl_blake2s(tag, IDL_AUTH_TAG_LEN, key, pieces, 3u);
+}
+#endif
+
 static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
 {
     const uint8_t *raw = d->buf;
@@ -86,7 +98,12 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
         uint8_t want[IDL_AUTH_TAG_LEN];
         uint8_t diff = (uint8_t)(out->tag_len ^ IDL_AUTH_TAG_LEN);
         unsigned i;
-        idl_auth_tag(want, d->mac_key, (uint8_t)IDL_DIR_HOST_TO_DEVICE, raw, start + out->length);
+        idl_piece_t pieces[3];
+        pieces[1].p = raw;
+        pieces[1].n = start + out->length;
+        pieces[2].p = raw;
+        pieces[2].n = 0u;
+        tag_of(want, d->mac_key, pieces, (uint8_t)IDL_DIR_HOST_TO_DEVICE);
         for (i = 0; i < IDL_AUTH_TAG_LEN; i++) { /* every byte: no early exit */
             diff |= (uint8_t)(want[i] ^ raw[start + out->length + i]);
         }
@@ -267,13 +284,11 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
 #if IDL_AUTH
     if (key != NULL) { /* the tag over dir | head | payload, read where they lie */
         idl_piece_t pieces[3];
-        pieces[0].p = &dir;
-        pieces[0].n = 1u;
         pieces[1].p = head;
         pieces[1].n = start;
         pieces[2].p = payload;
         pieces[2].n = len;
-        idl_blake2s(trailer, IDL_AUTH_TAG_LEN, key, pieces, 3u);
+        tag_of(trailer, key, pieces, dir);
     }
 #endif
     crc = idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len);

@@ -169,7 +169,7 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
         /* AUTH, and the fourth extension: the key id and the device nonce (after the bus one) */
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
         n = n == caps + 3u ? n + 4u : n;
-        put_le(p + n, s->auth.key_id, 4u);
+        memcpy(p + n, s->auth.key_id, 4u);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
         n += 4u + IDL_NONCE_LEN;
     }

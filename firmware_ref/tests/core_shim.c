@@ -532,7 +532,10 @@ int idl_shim_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const ui
 uint32_t idl_shim_key_id(const uint8_t *key)
 {
 #if IDL_AUTH
-    return idl_auth_key_id(key);
+    uint8_t id[4];
+    idl_auth_key_id(id, key);
+    return (uint32_t)id[0] | ((uint32_t)id[1] << 8) | ((uint32_t)id[2] << 16)
+           | ((uint32_t)id[3] << 24);
 #else
     (void)key;
     return 0u;
