@@ -52,8 +52,8 @@ int main(void)
     idl_blake2s(tag, IDL_AUTH_TAG_LEN, KEY, pieces, 2u);
     idl_mark_end();
     idl_mark_begin(); /* case sign: the same frame encoded, signed, CRC and COBS included */
-    n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS, KEY, (uint8_t)IDL_DIR_DEVICE_TO_HOST,
-                                (uint8_t)IDL_FT_RESPONSE, 0u, 1u, 2u, pdu, sizeof pdu);
+    n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS, KEY, (uint8_t)IDL_FT_RESPONSE, 0u,
+                                1u, 2u, pdu, sizeof pdu);
     idl_mark_end();
     idl_auth_init(&auth);
     idl_mark_begin(); /* case derive: a HELLO's session key */

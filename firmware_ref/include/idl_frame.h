@@ -56,6 +56,10 @@
 #define IDL_FRAME_NONE 0
 #define IDL_FRAME_READY 7
 /* C99 has no static_assert: an array of size -1 stops the build if a refusal takes 7. */
+typedef char idl_frame_dir_by_type[(IDL_FT_HELLO == 1 && IDL_FT_HELLO_REPLY == 2
+                                    && IDL_FT_REQUEST == 3 && IDL_FT_RESPONSE == 4
+                                    && IDL_DIR_HOST_TO_DEVICE == 1 && IDL_DIR_DEVICE_TO_HOST == 2)
+                                   ? 1 : -1];
 typedef char idl_frame_ready_is_no_refusal[(IDL_DECODE_MALFORMED < IDL_FRAME_READY
                                             && IDL_DECODE_BAD_ADDRESS > IDL_FRAME_READY
                                             && IDL_DECODE_BAD_MAC > IDL_FRAME_READY
@@ -136,13 +140,18 @@ IDL_CHECKRETURN static inline int idl_frame_decoder_feed(idl_frame_decoder_t *d,
  * a layout flag (ADDRESSED, AUTH, AUTH_LONG: they follow from the address and the key).
  */
 #if IDL_AUTH
-/** With IDL_AUTH=1: signed with `key` (IDL_KEY_LEN bytes; NULL: unsigned) for direction `dir`
- *  (IDL_DIR_*): flag AUTH and the IDL_AUTH_TAG_LEN-byte tag over dir | header | address |
- *  payload. */
+/** With IDL_AUTH=1: signed with `key` (IDL_KEY_LEN bytes; NULL: unsigned): flag AUTH and the
+ *  IDL_AUTH_TAG_LEN-byte tag over direction | header | address | payload. The direction is the
+ *  type's: HELLO and REQUEST go from the host to the device, HELLO_REPLY and RESPONSE back
+ *  (IDL_FRAME_DIR). */
 IDL_CHECKRETURN size_t idl_frame_encode_signed(uint8_t *wire, uint16_t address,
-                                               const uint8_t *key, uint8_t dir, uint8_t type,
-                                               uint8_t flags, uint32_t epoch, uint32_t seq,
+                                               const uint8_t *key, uint8_t type, uint8_t flags,
+                                               uint32_t epoch, uint32_t seq,
                                                const uint8_t *payload, size_t len);
+
+/** The direction byte a frame of `type` is signed with: the host's types (HELLO 1, REQUEST 3)
+ *  IDL_DIR_HOST_TO_DEVICE, the device's (HELLO_REPLY 2, RESPONSE 4) IDL_DIR_DEVICE_TO_HOST. */
+#define IDL_FRAME_DIR(type) ((uint8_t)(2u - ((unsigned)(type) & 1u)))
 
 IDL_CHECKRETURN static inline size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address,
                                                                 uint8_t type, uint8_t flags,
@@ -150,8 +159,7 @@ IDL_CHECKRETURN static inline size_t idl_frame_encode_addressed(uint8_t *wire, u
                                                                 const uint8_t *payload,
                                                                 size_t len)
 {
-    return idl_frame_encode_signed(wire, address, NULL, 0u, type, flags, epoch, seq, payload,
-                                   len);
+    return idl_frame_encode_signed(wire, address, NULL, type, flags, epoch, seq, payload, len);
 }
 #else
 IDL_CHECKRETURN size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type, uint8_t flags,

@@ -103,7 +103,7 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
         pieces[1].n = start + out->length;
         pieces[2].p = raw;
         pieces[2].n = 0u;
-        tag_of(want, d->mac_key, pieces, (uint8_t)IDL_DIR_HOST_TO_DEVICE);
+        tag_of(want, d->mac_key, pieces, (uint8_t)IDL_DIR_HOST_TO_DEVICE); /* a device's */
         for (i = 0; i < IDL_AUTH_TAG_LEN; i++) { /* every byte: no early exit */
             diff |= (uint8_t)(want[i] ^ raw[start + out->length + i]);
         }
@@ -234,7 +234,7 @@ static void cobs_put(cobs_out_t *c, const uint8_t *p, size_t n)
 }
 
 #if IDL_AUTH
-size_t idl_frame_encode_signed(uint8_t *wire, uint16_t address, const uint8_t *key, uint8_t dir,
+size_t idl_frame_encode_signed(uint8_t *wire, uint16_t address, const uint8_t *key,
                                uint8_t type, uint8_t flags, uint32_t epoch, uint32_t seq,
                                const uint8_t *payload, size_t len)
 #else
@@ -288,7 +288,7 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
         pieces[1].n = start;
         pieces[2].p = payload;
         pieces[2].n = len;
-        tag_of(trailer, key, pieces, dir);
+        tag_of(trailer, key, pieces, IDL_FRAME_DIR(type));
     }
 #endif
     crc = idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len);

@@ -50,8 +50,8 @@ uint32_t idl_session_first_seq(const idl_session_t *s)
 #if IDL_AUTH
 #define TO(s) (s)->to
 #define ENCODE(s, type, flags, seq, payload, len) \
-    idl_frame_encode_signed((s)->tx, TO(s), (s)->sign, (uint8_t)IDL_DIR_DEVICE_TO_HOST, (type), \
-                            (flags), (s)->epoch, (seq), (payload), (len))
+    idl_frame_encode_signed((s)->tx, TO(s), (s)->sign, (type), (flags), (s)->epoch, (seq), \
+                            (payload), (len))
 #endif
 
 #if IDL_BUS
