@@ -773,6 +773,18 @@ class Campaign:
 RECEIVER = {"a->b": "device", "b->a": "host"}
 
 
+def attacks_ran(campaign: Campaign, writes: HostWrites | None, records: list[Record]) -> None:
+    """An attack that ran: an execution of a request the host never wrote under that number
+    (``writes``' record), counted ``attacks_executed`` and a duplicated effect."""
+    if writes is None:
+        return
+    for x in records:
+        if isinstance(x, Run) and x.epoch != 0 and not writes.wrote(x.epoch, x.seq, x.request):
+            campaign.report.attacks_executed += 1
+            campaign.oracle.problem("duplicated_effects", f"{x.epoch:08x}:{x.seq} ran "
+                                    f"{x.request.hex()}, which the host never sent")
+
+
 class HostWrites:
     """The host's transport, noting every REQUEST the host itself writes — (epoch, seq) and
     request PDU, read by the oracle's own reader (``oracle_wire``) — so an execution of
@@ -780,7 +792,7 @@ class HostWrites:
 
     MAX_NOTED = 100_000
 
-    def __init__(self, inner: SimTransport) -> None:
+    def __init__(self, inner: Transport) -> None:
         self.inner = inner
         self._sent: OrderedDict[tuple[int, int], set[bytes]] = OrderedDict()
 
@@ -850,13 +862,7 @@ class _Campaign(Campaign):
                 b += 1
             out.append(Run(x.epoch, x.seq, x.request, x.response, x.time))
         out += [Boot(*bt) for bt in boots[b:]]
-        writes = self.host_writes
-        for x in execs:  # an attack that ran: a request the host never wrote under that number
-            if writes is not None and x.epoch != 0 and not writes.wrote(x.epoch, x.seq,
-                                                                         x.request):
-                self.report.attacks_executed += 1
-                self.oracle.problem("duplicated_effects", f"{x.epoch:08x}:{x.seq} ran "
-                                    f"{x.request.hex()}, which the host never sent")
+        attacks_ran(self, self.host_writes, out)
         return out
 
     def _adversary(self) -> Adversary | None:

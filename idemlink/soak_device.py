@@ -27,6 +27,15 @@ device is down waits for it; one the device does not read within the pipe's buff
 ``DeviceCommandError``. Without ``{control}`` the device keeps its inputs at the map's defaults and
 no condition comes. ``DeviceCommandError`` (one line) when the template lacks a placeholder, the
 device does not start (no boot line within ``START_TIMEOUT``) or exits by itself.
+
+Authenticated (``cfg.authenticated``, issue 23): the campaign's key goes to a private key file
+(0600) in the workspace, ``{key}`` in the template (required then): the device is keyed with it
+(``idemlink-device --key-file {key}``, ``idemlink sim --key-file {key}``) and the host signs with
+it. ``cfg.adversary`` puts the link's attacker on the proxy's host-to-device line. Every
+execution in the device's record is checked against the REQUESTs the host itself wrote (an
+attack that ran is ``attacks_executed``); the attacks sent and delivered are the proxy's; the
+device's refusals (``bad_mac``, ``unauthenticated``, ``decode_errors``) are summed from the
+``--stats`` lines it wrote to its log at each stop, when the template asks for them.
 """
 
 from __future__ import annotations
@@ -40,11 +49,20 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from idemlink.campaign import Campaign, CampaignConfig, CampaignReport, TimelinePoint, delivered
+from idemlink.campaign import (
+    Campaign,
+    CampaignConfig,
+    CampaignReport,
+    HostWrites,
+    TimelinePoint,
+    attacks_ran,
+    delivered,
+)
 from idemlink.device_sim.link import DeliveryLog
 from idemlink.device_sim.link_proxy import LinkProxy
 from idemlink.host.transport import SerialTransport
@@ -199,7 +217,9 @@ class _CommandCampaign(Campaign):
         self.line = line
         self._timer: threading.Timer | None = None
         self._pending: list[Record] = []
-        super().__init__(cfg, transport, tolerance=CLOCK_TOLERANCE,
+        #: keyed or attacked: the host's own requests, so an execution of anything else shows
+        self.host_writes = HostWrites(transport) if cfg.authenticated or cfg.adversary else None
+        super().__init__(cfg, self.host_writes or transport, tolerance=CLOCK_TOLERANCE,
                          environment=device.control is not None)
         self.in_process = False  # no control line puts a trigger in a wrong state
         self._boot_rng = random.Random(cfg.seed + 1)
@@ -211,11 +231,26 @@ class _CommandCampaign(Campaign):
     def records(self) -> list[Record]:
         self.device.check()
         out, self._pending = self._pending + self.reader.read(), []
+        attacks_ran(self, self.host_writes, out)
         return out
 
     def deliveries(self) -> list[Delivered]:
+        units = self.line.take()
+        adversary = self.proxy.link.adversary
+        if adversary is not None:
+            for d in units:
+                kind = adversary.delivered(d.unit) if d.direction == "a->b" else None
+                if kind is not None:
+                    self.report.attacks_delivered[kind] += 1
         # the proxy's clock counts from its origin on time.monotonic, the host's transport's
-        return delivered(self.line.take(), self.proxy.origin)
+        return delivered(units, self.proxy.origin)
+
+    def conclude(self) -> CampaignReport:
+        rep = super().conclude()
+        adversary = self.proxy.link.adversary
+        if adversary is not None:
+            rep.attacks_sent = Counter(adversary.sent)
+        return rep
 
     def schedule_reboot(self) -> None:
         if self._timer is not None and self._timer.is_alive():
@@ -237,6 +272,23 @@ class _CommandCampaign(Campaign):
         if self._timer is not None:
             self._timer.cancel()
             self._timer.join()
+
+
+REFUSALS = ("bad_mac", "unauthenticated", "decode_errors")
+
+
+def stats_refusals(log: str) -> dict[str, int]:
+    """The device's refusals summed over its ``--stats`` lines (one per stop: ``... stopped:
+    executed=N ... bad_mac=N ...``); empty when it wrote none."""
+    total: dict[str, int] = {}
+    for line in log.splitlines():
+        if "stopped:" not in line:
+            continue
+        for word in line.split("stopped:", 1)[1].split():
+            name, _, value = word.partition("=")
+            if name in REFUSALS and value.isdigit():
+                total[name] = total.get(name, 0) + int(value)
+    return total
 
 
 def _wait_for_boot(reader: EffectsReader, device: DeviceProcess) -> list[Record]:
@@ -273,6 +325,15 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
         flash.mkdir()
         effects = work / "effects.jsonl"
         values = {"port": proxy.b_path, "effects": str(effects), "flash": str(flash)}
+        if cfg.key is not None:
+            if "{key}" not in template:
+                raise DeviceCommandError("--authenticated: --device-cmd must contain {key} (the "
+                                         "device's key file, e.g. --key-file {key})")
+            key_file = work / "key"
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w", encoding="ascii") as f:
+                f.write(cfg.key.hex() + "\n")
+            values["key"] = str(key_file)
         control = None
         if "{control}" in template:
             control = ControlLine(work / "control")
@@ -287,9 +348,14 @@ def run_device_campaign(cfg: CampaignConfig, template: str,
             campaign = _CommandCampaign(cfg, device, reader, transport, proxy, line)
             campaign._pending = first
             try:
-                return campaign.run(progress, stop, fail_fast=fail_fast, timeline=timeline)
+                report = campaign.run(progress, stop, fail_fast=fail_fast, timeline=timeline)
             finally:
                 campaign.finish()
+            device.stop()  # its last --stats line
+            if cfg.authenticated or cfg.adversary:
+                report.refused = stats_refusals(
+                    (work / "device.log").read_text(encoding="utf-8", errors="replace"))
+            return report
         finally:
             device.stop()
             if control is not None:

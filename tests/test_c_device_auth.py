@@ -3,6 +3,8 @@
 signed; an unkeyed host's request is answered AUTHENTICATION_REQUIRED and never runs; a host with
 another key refuses the device (no downgrade); ``idemlink info`` says "authenticated: yes, key id
 …"; a key file that group or others can read is refused in one line, before the device serves.
+Under the link's adversary (``soak --authenticated --adversary --device-cmd``) the device runs no
+attack, judged from its own effects record; the unkeyed control runs them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from pathlib import Path
 
 import pytest
 from support import firmware
+from support.timing import scaled
 
+from idemlink.campaign import CampaignConfig, CampaignReport
 from idemlink.host.device import Device
 from idemlink.host.errors import IncompatibleDevice
 from idemlink.protocol.auth import key_id
 from idemlink.protocol.outcome import Outcome, Status
+from idemlink.soak_device import run_device_campaign
 
 KEY = bytes(range(1, 33))
 OTHER = bytes(range(33, 65))
@@ -84,3 +89,56 @@ def test_a_key_file_others_can_read_is_refused_in_one_line(device_bin: Path,
                           text=True, timeout=10, check=False)
     assert proc.returncode == 1 and "line 1" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---- the adversary on the line (issue 23's proof, docs/SOAK.md "--device-cmd") ----------------
+
+POSIX_RETRY = 0.01
+"""Seconds (before ``scaled``) the host waits for the posix device (tests/test_c_device_soak.py)."""
+
+
+def _attacked(commands: int, seed: int, authenticated: bool = True) -> CampaignConfig:
+    """The soak's faults on an unpaced line, reboots and host crashes every ~40 commands, the
+    attacker on ~30 % of the host's requests."""
+    return CampaignConfig(commands=commands, seed=seed, reboot_every=40, restart_every=40,
+                          baud=None, latency=0.0, max_batch=8, trigger_duration=0.05,
+                          authenticated=authenticated, adversary=0.3)
+
+
+def _template(device_bin: Path, keyed: bool = True) -> str:
+    return (f"{device_bin} --port {{port}} --flash-dir {{flash}} --effects {{effects}} "
+            f"--trigger-duration 0.05 --stats" + (" --key-file {key}" if keyed else ""))
+
+
+def _assert_refused_all(rep: CampaignReport, commands: int) -> None:
+    assert rep.commands == commands and not rep.interrupted
+    assert (rep.duplicated_effects, rep.lost_acknowledged_writes, rep.misclassified,
+            rep.register_semantics, rep.attacks_executed) == (0, 0, 0, 0, 0), rep.verdict()
+    assert sum(rep.attacks_delivered.values()) > 0 and rep.refused.get("bad_mac", 0) > 0
+    assert rep.refused.get("unauthenticated", 0) > 0 and rep.reboots >= 1
+
+
+def test_the_keyed_posix_device_runs_no_attack(device_bin: Path) -> None:
+    """Forged, replayed (this session's, an older one's), reflected, stripped, truncated and
+    bit-flipped frames on a lossy line with reboots: none runs, judged from the device's own
+    effects record against the frames the host wrote; legitimate traffic keeps its figures."""
+    rep = run_device_campaign(_attacked(120, seed=11), _template(device_bin),
+                              retry_timeout=scaled(POSIX_RETRY))
+    _assert_refused_all(rep, 120)
+
+
+def test_the_same_attacks_run_on_an_unkeyed_device(device_bin: Path) -> None:
+    """The control: without keys the attacker's forged and flipped frames run, and the judge
+    says so (attacks executed, duplicated effects): the test above can fail."""
+    rep = run_device_campaign(_attacked(60, seed=12, authenticated=False),
+                              _template(device_bin, keyed=False),
+                              retry_timeout=scaled(POSIX_RETRY))
+    assert rep.attacks_executed > 0 and rep.duplicated_effects > 0
+
+
+@pytest.mark.slow
+def test_the_keyed_posix_device_runs_no_attack_in_a_long_soak(device_bin: Path) -> None:
+    rep = run_device_campaign(_attacked(3000, seed=13), _template(device_bin),
+                              retry_timeout=scaled(POSIX_RETRY))
+    _assert_refused_all(rep, 3000)
+    assert rep.reboots >= 20

@@ -295,9 +295,6 @@ def _run_point_to_point(args: argparse.Namespace) -> int:
     from idemlink.soak_device import DeviceCommandError, run_device_campaign
 
     cfg = _config(args)
-    if (cfg.authenticated or cfg.adversary) and args.device_cmd:
-        raise UserError("--authenticated and --adversary run the in-process simulator (its key "
-                        "and the attacker live in this process): not with --device-cmd")
     timeline: list[TimelinePoint] | None = None
     if args.plot is not None:
         from idemlink.soak_plot import PlotUnavailable, check_plot_path
