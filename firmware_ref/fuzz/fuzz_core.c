@@ -11,7 +11,13 @@
  * frame fed as one buffer); of the rest, half are fed in chunks of 1..64 bytes through
  * idl_session_feed_buf (the bulk scan on any split), half byte by byte.
  * Built with IDL_BUS=1 (make fuzz-core does) the device has address 5 and the wrapped frames go
- * to it, to another device, to every device (broadcast) or to none, steered by the input. */
+ * to it, to another device, to every device (broadcast) or to none, steered by the input.
+ * Built with IDL_AUTH=1 (make fuzz-core does), a first byte 0xFC makes the device keyed: a HELLO
+ * with the auth extension (the host nonce from the input, the right key id or another) opens a
+ * session, then each chunk becomes a frame signed with the session key (the MAC check passes, the
+ * request runs), with another key (the MAC check refuses it), unsigned (AUTHENTICATION_REQUIRED)
+ * or another HELLO (the same or a new nonce): the handshake and the MAC check under the
+ * sanitizers, every answer one delimited frame. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -49,6 +55,89 @@ static void check_answer(const idl_session_t *s, size_t n)
         abort();
     }
 }
+
+#if IDL_AUTH
+/* the keyed mode's port: one key while `keyed`, nonces from a counter */
+static int keyed;
+static const uint8_t KEY[IDL_KEY_LEN] = { 0x4B, 0x45, 0x59 };
+static uint8_t nonce_counter;
+
+const uint8_t *idl_port_auth_key(unsigned i) { return keyed && i == 0u ? KEY : NULL; }
+
+void idl_port_random(uint8_t *buf, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        buf[i] = nonce_counter++;
+    }
+}
+
+/* A HELLO with the auth extension: nonce byte `nonce`, the device's key id or (wrong) another */
+static size_t keyed_hello(uint8_t *wire, uint32_t seq, uint8_t nonce, int wrong)
+{
+    uint8_t p[1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN + 4u];
+    memset(p, nonce, sizeof p);
+    p[0] = (uint8_t)IDL_PROTOCOL_VERSION;
+    idl_auth_key_id(p + 1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN, KEY);
+    p[sizeof p - 1u] ^= (uint8_t)(wrong ? 1u : 0u);
+    return idl_frame_encode(wire, IDL_FT_HELLO, 0u, 0u, seq, p, sizeof p);
+}
+
+/* 0xFC: the keyed device (see the top) */
+static void fuzz_keyed(idl_session_t *s, const idl_session_config_t *cfg, uint8_t *wire,
+                       const uint8_t *data, size_t size)
+{
+    static const uint8_t OTHER[IDL_KEY_LEN] = { 0x4F };
+    size_t i = 0;
+    uint32_t now = 0;
+    keyed = 1;
+    idl_session_init(s, cfg, 7u);
+    while (i + 2u <= size) {
+        size_t len = data[i] % 64u;
+        uint8_t how = data[i + 1u];
+        uint32_t seq = how >> 3;
+        size_t n;
+        size_t k;
+        i += 2u;
+        if (len > size - i) {
+            len = size - i;
+        }
+        switch (how & 7u) {
+        case 0:
+        case 1:
+            n = keyed_hello(wire, seq, (uint8_t)(len != 0u ? data[i] : 0u), how & 1u);
+            break;
+        case 2:
+        case 3:
+        case 4: /* signed with the session key (what a keyed host sends) */
+            n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS,
+                                        s->auth.has_session ? s->auth.session : OTHER,
+                                        IDL_FT_REQUEST, 0u, (how & 1u) ? 7u : 8u, seq, data + i,
+                                        len);
+            break;
+        case 5: /* another key: refused by the MAC check */
+            n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS, OTHER, IDL_FT_REQUEST, 0u, 7u,
+                                        seq, data + i, len);
+            break;
+        default: /* unsigned */
+            n = idl_frame_encode(wire, (how & 1u) ? IDL_FT_REQUEST : IDL_FT_RESPONSE, 0u, 7u, seq,
+                                 data + i, len);
+            break;
+        }
+        i += len;
+        now += 40u;
+        for (k = 0; k < n;) {
+            size_t used = 0;
+            check_answer(s, idl_session_feed_buf(s, wire + k, n - k, &used, now));
+            if (used == 0u || used > n - k) {
+                abort();
+            }
+            k += used;
+        }
+    }
+    keyed = 0;
+}
+#endif
 
 /* ---- the YMODEM receiver ---------------------------------------------------------------- */
 
@@ -267,6 +356,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_rtu(&regs, data + 1, size - 1u);
         return 0;
     }
+#if IDL_AUTH
+    if (size > 1u && data[0] == 0xFCu) {
+        fuzz_keyed(&session, &cfg, wire, data + 1, size - 1u);
+        return 0;
+    }
+#endif
     idl_session_init(&session, &cfg, 7u);
     if (size > 0u && (data[0] & 1u) != 0u) {
         /* each chunk [len, seq, bytes...] becomes one valid REQUEST frame */
