@@ -715,22 +715,10 @@ def test_make_qemu_core() -> None:
     assert out.count(" 0 failures") == 2
 
 
-def _need_libfuzzer() -> None:
-    firmware.need("clang")
-    probe = subprocess.run(
-        ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", "/dev/null"],
-        input="#include <stdint.h>\n#include <stddef.h>\n"
-              "int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)"
-              "{(void)d;(void)n;return 0;}\n",
-        capture_output=True, text=True, check=False,
-    )
-    if probe.returncode != 0:
-        pytest.skip("clang without libFuzzer (libclang-rt-dev)")
-
 
 @pytest.mark.slow
 def test_make_fuzz_core() -> None:
-    _need_libfuzzer()
+    firmware.need_libfuzzer()
     firmware.make("fuzz-core", "FUZZ_TIME=30")
 
 

@@ -149,9 +149,7 @@ def test_libfuzzer_reaches_the_handshake_and_the_mac_check(tmp_path: Path) -> No
     """``make fuzz-core`` (IDL_AUTH=1) fuzzes a few seconds, then its keyed seed alone (first byte
     0xFC: a keyed HELLO, then signed, wrongly signed and unsigned frames) covers the handshake
     and the tag check: libFuzzer's own coverage report says so."""
-    from test_c_device import _need_libfuzzer
-
-    _need_libfuzzer()
+    firmware.need_libfuzzer()
     firmware.make("fuzz-core", "FUZZ_TIME=5")
     corpus = tmp_path / "keyed"
     corpus.mkdir()

@@ -54,6 +54,20 @@ def need(*tools: str) -> None:
         pytest.skip(f"cannot build firmware_ref: {why}")
 
 
+def need_libfuzzer() -> None:
+    """Skip the calling test unless clang links a libFuzzer target."""
+    need("clang")
+    probe = subprocess.run(
+        ["clang", "-fsanitize=fuzzer", "-x", "c", "-", "-o", "/dev/null"],
+        input="#include <stdint.h>\n#include <stddef.h>\n"
+              "int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)"
+              "{(void)d;(void)n;return 0;}\n",
+        capture_output=True, text=True, check=False,
+    )
+    if probe.returncode != 0:
+        pytest.skip("clang without libFuzzer (libclang-rt-dev)")
+
+
 def make(target: str, *args: str, tools: tuple[str, ...] = (),
          timeout: float = MAKE_TIMEOUT) -> str:
     """``make -s -C firmware_ref TARGET ARGS...`` now; its stdout. Skips when a tool is missing;
