@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -159,3 +160,22 @@ def test_libfuzzer_reaches_the_handshake_and_the_mac_check(tmp_path: Path) -> No
     covered = {line.split()[5] for line in out.stderr.splitlines()
                if line.startswith("COVERED_FUNC")}
     assert {"idl_auth_hello", "idl_auth_derive", "tag_of", "compress"} <= covered, out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_the_keyed_microbit_qemu_device_runs_no_attack() -> None:
+    """The keyed firmware on QEMU's micro:bit (Cortex-M0; ``make qemu-device-m0
+    IDL_OPTS=-DIDL_AUTH=1``, its own BUILD directory), keyed through ``qemu-device --key-file``:
+    the attacker's frames run on none of its boots."""
+    firmware.make("qemu-device-m0", "IDL_OPTS=-DIDL_AUTH=1", "BUILD=build/qemu-auth",
+                  tools=("arm-none-eabi-gcc", "qemu-system-arm"))
+    elf = firmware.BUILD / "qemu-auth" / "qemu-microbit" / "idemlink-device.elf"
+    template = (f"{sys.executable} {firmware.QEMU_TOOL} --board microbit --elf {elf} "
+                f"--port {{port}} --flash-dir {{flash}} --effects {{effects}} "
+                f"--trigger-duration 0.05 --key-file {{key}}")
+    cfg = replace(_attacked(150, seed=14), reboot_every=100, restart_every=70)
+    rep = run_device_campaign(cfg, template, retry_timeout=scaled(0.05))
+    assert rep.commands == 150 and not rep.interrupted
+    assert (rep.duplicated_effects, rep.lost_acknowledged_writes, rep.misclassified,
+            rep.register_semantics, rep.attacks_executed) == (0, 0, 0, 0, 0), rep.verdict()
+    assert sum(rep.attacks_delivered.values()) > 0 and rep.reboots >= 1

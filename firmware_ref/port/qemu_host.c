@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "control_lines.h"
+#include "idl_auth.h"
 
 #define SYS_OPEN 0x01
 #define SYS_CLOSE 0x02
@@ -183,3 +184,65 @@ uint16_t idl_sh_control_conditions(uint16_t address)
 {
     return idl_control_conditions(&control, address);
 }
+
+#if IDL_AUTH
+static uint8_t sh_keys[4][IDL_KEY_LEN];
+static unsigned sh_nkeys;
+static uint8_t sh_nonce_seed[16];
+static uint32_t sh_nonce_count;
+
+const uint8_t *idl_port_auth_key(unsigned i) { return i < sh_nkeys ? sh_keys[i] : NULL; }
+
+/* BLAKE2s(seed | counter): unpredictable on the wire, never the same twice in a run */
+void idl_port_random(uint8_t *buf, size_t n)
+{
+    uint8_t out[32];
+    idl_piece_t pieces[2];
+    pieces[0].p = sh_nonce_seed;
+    pieces[0].n = sizeof sh_nonce_seed;
+    pieces[1].p = (const uint8_t *)&sh_nonce_count;
+    pieces[1].n = sizeof sh_nonce_count;
+    idl_blake2s(out, 32u, NULL, pieces, 2u);
+    sh_nonce_count++;
+    memcpy(buf, out, n < sizeof out ? n : sizeof out);
+}
+
+static int hex_nibble(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+bool idl_sh_keys_load(void)
+{
+    const char *path = idl_sh_arg("keys");
+    const char *seed = idl_sh_arg("nonce_seed");
+    int h;
+    int len;
+    unsigned i;
+    for (i = 0; seed != NULL && i < 2u * sizeof sh_nonce_seed && seed[i] != '\0'; i++) {
+        int v = hex_nibble(seed[i]);
+        if (v < 0) {
+            break;
+        }
+        sh_nonce_seed[i / 2u] = (uint8_t)(sh_nonce_seed[i / 2u] | (v << ((i % 2u) ? 0 : 4)));
+    }
+    if (path == NULL) {
+        return true;
+    }
+    h = idl_sh_open(path, IDL_SH_MODE_RB);
+    if (h < 0) {
+        return false;
+    }
+    len = idl_sh_flen(h);
+    if (len <= 0 || len % (int)IDL_KEY_LEN != 0 || len > (int)sizeof sh_keys
+        || !idl_sh_read(h, sh_keys, (size_t)len)) {
+        idl_sh_close(h);
+        return false;
+    }
+    idl_sh_close(h);
+    sh_nkeys = (unsigned)len / IDL_KEY_LEN;
+    return true;
+}
+#else
+bool idl_sh_keys_load(void) { return idl_sh_arg("keys") == NULL; }
+#endif

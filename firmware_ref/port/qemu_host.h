@@ -46,4 +46,11 @@ void idl_sh_control_poll(idl_regs_t *regs, uint32_t now);
 /** The external conditions the control lines set for the FAULT register at `address`. */
 uint16_t idl_sh_control_conditions(uint16_t address);
 
+/** With IDL_AUTH=1: keys=PATH, the device's long-term keys (a file of 1..4 times 32 bytes that
+ *  tools/qemu-device writes, 0600, from its --key-file), read once into RAM (the board's flash,
+ *  for this port), and nonce_seed=HEX (16 bytes from the host): the HELLO nonces are BLAKE2s of
+ *  the seed and a counter. false when keys= is named and cannot be read whole. Without keys=
+ *  the device is unkeyed. */
+bool idl_sh_keys_load(void);
+
 #endif /* IDL_QEMU_HOST_H */

@@ -404,7 +404,7 @@ static void host_start(void)
     if (v != NULL && (stop_handle = idl_sh_open(v, IDL_SH_MODE_RB)) < 0) {
         idl_sh_exit(false);
     }
-    if (!idl_sh_control_start()) {
+    if (!idl_sh_control_start() || !idl_sh_keys_load()) {
         idl_sh_exit(false);
     }
 }

@@ -240,7 +240,7 @@ int main(void)
         if (v != NULL && (effects = fopen(v, "a")) == NULL) {
             return 1;
         }
-        if (!idl_sh_control_start()) {
+        if (!idl_sh_control_start() || !idl_sh_keys_load()) {
             return 1;
         }
     }
