@@ -30,6 +30,12 @@
  *
  * | idl_port_bus_address        | the device's bus address 1..247, 0: none    | init only     |
  *
+ * Compiled in only with IDL_AUTH=1 (authenticated frames: docs/SECURITY.md, idl_auth.h):
+ *
+ * | idl_port_auth_key           | the i-th long-term key accepted, NULL past  | main loop     |
+ * |                             | the last (NULL for 0: unkeyed)              |               |
+ * | idl_port_random             | n unpredictable bytes (a HELLO nonce)       | main loop     |
+ *
  * Receiving: an RX interrupt only stores bytes in the integrator's ring buffer; the main loop
  * passes them to idl_device_rx(). No core function is ISR-safe; none allocates, none blocks
  * (except through idl_port_write / idl_port_flash_save).
