@@ -143,12 +143,11 @@ typedef struct {
     uint32_t epoch;
     uint32_t handed_out;     /**< last next_seq handed out (valid if has_handed_out) */
     uint8_t has_handed_out;
-    uint32_t counters[IDL_DISP_COUNT];
-    idl_window_t window;
 #if IDL_AUTH
-    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
     const uint8_t *sign;      /**< the answer being built is signed with this key (or NULL) */
 #endif
+    uint32_t counters[IDL_DISP_COUNT];
+    idl_window_t window;
 #if IDL_BUS
     idl_window_t broadcast_window; /**< broadcast numbers run this boot (a space of their own) */
     uint16_t to;         /**< the frame being answered: its address, or IDL_FRAME_NO_ADDRESS */
@@ -157,6 +156,9 @@ typedef struct {
     idl_replay_t cache;
     idl_frame_decoder_t decoder;
     uint8_t tx[IDL_SESSION_TX_MAX]; /**< the answer being sent */
+#if IDL_AUTH
+    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
+#endif
 } idl_session_t;
 
 /** A new boot: `epoch` (non-zero, random: see idl_port.h), empty window and cache. */
