@@ -22,7 +22,7 @@
  * The MAC: with IDL_AUTH=1 and a session key set (`mac_key`, idl_session does it after a keyed
  * HELLO), the tag of every AUTH frame is verified after the address check and before the type
  * (protocol/frame.py parse_raw's order): a tag of another length than IDL_AUTH_TAG_LEN or a wrong
- * one is BAD_MAC; a verified frame has `verified` 1. Otherwise the tag is exposed, unverified,
+ * one is BAD_MAC; a verified frame has `signer`, the key it verified under (else NULL). Otherwise the tag is exposed, unverified,
  * and idl_session ignores every AUTH frame silently (an unkeyed device), and every ADDRESSED
  * frame unless it is built with IDL_BUS=1 and has an address (idl_session.h, docs/BUS.md).
  */
@@ -81,7 +81,7 @@ typedef struct {
     uint8_t tag_len;   /**< 0 without AUTH, else IDL_AUTH_TAG_LEN or IDL_AUTH_TAG_LONG_LEN */
     const uint8_t *tag; /**< the MAC tag (NULL without AUTH) */
 #if IDL_AUTH
-    uint8_t verified;  /**< 1: the tag verified under the decoder's mac_key */
+    const uint8_t *signer; /**< the key the tag verified under (the decoder's mac_key); NULL */
 #endif
 } idl_frame_t;
 

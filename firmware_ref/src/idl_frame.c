@@ -93,7 +93,7 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
         return IDL_DECODE_BAD_ADDRESS;
     }
 #if IDL_AUTH
-    out->verified = 0u;
+    out->signer = NULL;
     if (d->mac_key != NULL && out->tag_len != 0u) { /* the MAC, before anything else is read */
         uint8_t want[IDL_AUTH_TAG_LEN];
         uint8_t diff = (uint8_t)(out->tag_len ^ IDL_AUTH_TAG_LEN);
@@ -110,7 +110,7 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
         if (diff != 0u) {
             return IDL_DECODE_BAD_MAC;
         }
-        out->verified = 1u;
+        out->signer = d->mac_key;
     }
 #endif
     out->type = raw[IDL_OFF_TYPE];

@@ -291,8 +291,8 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
 #if IDL_AUTH
     /* a keyed device takes nothing but HELLO without a verified tag (no downgrade) */
     uint8_t keyed = s->auth.keyed;
-    s->sign = NULL;
-    if (keyed != 0u && f->type != (uint8_t)IDL_FT_HELLO && f->verified == 0u) {
+    s->sign = f->signer; /* an answer to a verified frame is signed */
+    if (keyed != 0u && f->type != (uint8_t)IDL_FT_HELLO && f->signer == NULL) {
         s->counters[IDL_DISP_UNAUTHENTICATED]++;
 #if IDL_BUS
         s->to = f->addressed != 0u ? f->address : IDL_FRAME_NO_ADDRESS;
@@ -314,9 +314,6 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
             return epoch_mismatch(s, f); /* rebooted: no key to check or sign with */
         }
         return 0;
-    }
-    if (f->verified != 0u) {
-        s->sign = s->auth.session;
     }
 #define UNTAGGED(f) ((f)->tag_len == 0u || keyed != 0u)
 #else
