@@ -115,12 +115,8 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
                                                           : (uint8_t)IDL_REPLAY_SLOTS;
     uint32_t next = idl_session_first_seq(s);
 #if IDL_AUTH
-    const uint8_t *key = NULL;
     size_t id_at;
     size_t caps;
-    if (s->auth.keyed != 0u) {
-        key = idl_auth_hello(&s->auth, f->payload, f->length);
-    }
 #endif
     p[n++] = (uint8_t)IDL_PROTOCOL_VERSION;
     put_le(p + n, IDL_WINDOW_SIZE, 2u);
@@ -165,19 +161,21 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
 #endif
     }
 #if IDL_AUTH
+    s->sign = NULL; /* signed only with a session key this HELLO made */
     if (s->auth.keyed != 0u) {
-        /* AUTH, and the fourth extension: the key id and the device nonce (after the bus one) */
+        /* the key the HELLO names (NULL: none we hold), then AUTH and the fourth extension:
+         * the key id and the device nonce (after the bus one) */
+        const uint8_t *key = idl_auth_hello(&s->auth, f->payload, f->length);
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
         n = n == caps + 3u ? n + 4u : n;
         memcpy(p + n, s->auth.key_id, 4u);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
         n += 4u + IDL_NONCE_LEN;
-    }
-    s->sign = NULL;
-    if (key != NULL) { /* a new session key: this reply is its first signed frame */
-        idl_auth_derive(&s->auth, key, p + id_at, (uint8_t)TO(s));
-        s->decoder.mac_key = s->auth.session;
-        s->sign = s->auth.session;
+        if (key != NULL) { /* a new session key: this reply is its first signed frame */
+            idl_auth_derive(&s->auth, key, p + id_at, (uint8_t)TO(s));
+            s->decoder.mac_key = s->auth.session;
+            s->sign = s->auth.session;
+        }
     }
 #endif
     s->handed_out = next;
