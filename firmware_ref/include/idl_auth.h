@@ -64,13 +64,13 @@ typedef struct {
 void idl_auth_init(idl_auth_t *a);
 
 /** A HELLO's payload (version, contract hash, then the auth extension: host nonce, key id LE):
- *  the long-term key to derive the new session key with (idl_auth_derive), or NULL (the reply
- *  goes unsigned). Sets key_id and, for a new host nonce, draws a device nonce. */
-const uint8_t *idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len);
-
-/** The session key from `key`, both nonces, the device id as the pascal string `id` (length
- *  byte first) and the session's `address` byte (0xFF point-to-point). */
-void idl_auth_derive(idl_auth_t *a, const uint8_t *key, const uint8_t *id, uint8_t address);
+ *  1 if it names a key the device holds — a device nonce drawn (unless the host nonce is the last
+ *  keyed HELLO's: the same answer again) and the session key derived from that key, both nonces,
+ *  the device id as the pascal string `id` (length byte first) and the session's `address`
+ *  byte (0xFF point-to-point); 0 otherwise (the reply goes unsigned, the session key stays).
+ *  Sets key_id: the named key's, else the current one's. */
+int idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len, const uint8_t *id,
+                   uint8_t address);
 
 /** The 32-bit id of a long-term key, as its 4 little-endian bytes. */
 void idl_auth_key_id(uint8_t id[4], const uint8_t *key);

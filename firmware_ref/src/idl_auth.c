@@ -23,23 +23,25 @@ void idl_auth_init(idl_auth_t *a)
     idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
 }
 
-const uint8_t *idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len)
+int idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len, const uint8_t *id,
+                   uint8_t address)
 {
     const uint8_t *ext = payload + 1u + IDL_CONTRACT_HASH_LEN;
     const uint8_t *key;
+    idl_piece_t pieces[4];
     unsigned i;
     /* the current key's id unless the host names a key we hold (an unkeyed host's HELLO, too
      * short for the extension, names none) */
     for (i = 0; (key = idl_port_auth_key(i)) != NULL; i++) {
-        uint8_t id[4];
-        idl_auth_key_id(i == 0u ? a->key_id : id, key);
+        uint8_t kid[4];
+        idl_auth_key_id(i == 0u ? a->key_id : kid, key);
         if (len >= 1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN + 4u
-            && memcmp(i == 0u ? a->key_id : id, ext + IDL_NONCE_LEN, 4u) == 0) {
+            && memcmp(i == 0u ? a->key_id : kid, ext + IDL_NONCE_LEN, 4u) == 0) {
             break;
         }
     }
     if (key == NULL) {
-        return NULL; /* no key, or another one: say which one we hold, sign nothing */
+        return 0; /* no key, or another one: say which one we hold, sign nothing */
     }
     if (a->has_session == 0u || memcmp(a->nonces, ext, IDL_NONCE_LEN) != 0) {
         /* a new handshake: a new nonce (the same HELLO again gets the same answer) */
@@ -47,12 +49,6 @@ const uint8_t *idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t le
         idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
     }
     memcpy(a->key_id, ext + IDL_NONCE_LEN, 4u);
-    return key;
-}
-
-void idl_auth_derive(idl_auth_t *a, const uint8_t *key, const uint8_t *id, uint8_t address)
-{
-    idl_piece_t pieces[4];
     pieces[0].p = KDF_LABEL;
     pieces[0].n = sizeof KDF_LABEL - 1u;
     pieces[1].p = a->nonces;
@@ -63,6 +59,7 @@ void idl_auth_derive(idl_auth_t *a, const uint8_t *key, const uint8_t *id, uint8
     pieces[3].n = 1u;
     idl_blake2s(a->session, IDL_KEY_LEN, key, pieces, 4u);
     a->has_session = 1u;
+    return 1;
 }
 #else
 typedef int idl_auth_unused; /* ISO C: a translation unit is never empty */

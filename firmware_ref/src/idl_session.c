@@ -163,16 +163,15 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
 #if IDL_AUTH
     s->sign = NULL; /* signed only with a session key this HELLO made */
     if (s->auth.keyed != 0u) {
-        /* the key the HELLO names (NULL: none we hold), then AUTH and the fourth extension:
-         * the key id and the device nonce (after the bus one) */
-        const uint8_t *key = idl_auth_hello(&s->auth, f->payload, f->length);
+        /* a new session key if the HELLO names a key we hold, then AUTH and the fourth
+         * extension: the key id and the device nonce (after the bus one) */
+        int fresh = idl_auth_hello(&s->auth, f->payload, f->length, p + id_at, (uint8_t)TO(s));
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
         n = n == caps + 3u ? n + 4u : n;
         memcpy(p + n, s->auth.key_id, 4u);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
         n += 4u + IDL_NONCE_LEN;
-        if (key != NULL) { /* a new session key: this reply is its first signed frame */
-            idl_auth_derive(&s->auth, key, p + id_at, (uint8_t)TO(s));
+        if (fresh) { /* a new session key: this reply is its first signed frame */
             s->decoder.mac_key = s->auth.session;
             s->sign = s->auth.session;
         }

@@ -23,7 +23,7 @@ END = "<!-- bench_auth:end -->"
 CPUS = {"cortex-m0plus": "Cortex-M0+", "cortex-m4": "Cortex-M4"}
 CASES = {"tag": "a short frame's tag (6-byte request: direction, header, payload; 2 compressions)",
          "sign": "the same frame encoded and signed (tag, CRC-32C, COBS)",
-         "derive": "a HELLO's session key (label, nonces, device id, address; 3 compressions)"}
+         "hello": "a keyed HELLO: key id (2 compressions), device nonce, session key (3)"}
 
 
 def parse(text: str) -> list[dict[str, str]]:
