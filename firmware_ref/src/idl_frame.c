@@ -46,15 +46,8 @@ static int cobs_segment(uint8_t *buf, size_t n)
 }
 
 #if IDL_AUTH
-/* The MAC (protocol/frame.py frame_mac): BLAKE2s-64 keyed with `key` over the direction byte,
- * the header (and address) and the payload, where they lie. */
-static void tag_of(uint8_t tag[IDL_AUTH_TAG_LEN], const uint8_t *key, idl_piece_t pieces[3],
-                   uint8_t dir)
-{
-    pieces[0].p = &dir;
-    pieces[0].n = 1u;
-    idl_blake2s(tag, IDL_AUTH_TAG_LEN, key, pieces, 3u);
-}
+/* the direction byte under the tag of a frame the device receives */
+static const uint8_t DIR_IN = (uint8_t)IDL_DIR_HOST_TO_DEVICE;
 #endif
 
 static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
@@ -92,20 +85,24 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     if (out->address > (uint8_t)IDL_MAX_ADDRESS) {
         return IDL_DECODE_BAD_ADDRESS;
     }
+    out->payload = raw + start;
+    out->tag = out->tag_len != 0u ? raw + start + out->length : NULL;
 #if IDL_AUTH
     out->signer = NULL;
-    if (d->mac_key != NULL && out->tag_len != 0u) { /* the MAC, before anything else is read */
+    if (d->mac_key != NULL && out->tag != NULL) { /* the MAC, before anything else is read */
+        /* BLAKE2s-64 keyed with the session key over the direction and every byte before the
+         * tag (protocol/frame.py frame_mac) */
         uint8_t want[IDL_AUTH_TAG_LEN];
         uint8_t diff = (uint8_t)(out->tag_len ^ IDL_AUTH_TAG_LEN);
         unsigned i;
-        idl_piece_t pieces[3];
+        idl_piece_t pieces[2];
+        pieces[0].p = &DIR_IN;
+        pieces[0].n = 1u;
         pieces[1].p = raw;
         pieces[1].n = start + out->length;
-        pieces[2].p = raw;
-        pieces[2].n = 0u;
-        tag_of(want, d->mac_key, pieces, (uint8_t)IDL_DIR_HOST_TO_DEVICE); /* a device's */
+        idl_blake2s(want, IDL_AUTH_TAG_LEN, d->mac_key, pieces, 2u);
         for (i = 0; i < IDL_AUTH_TAG_LEN; i++) { /* every byte: no early exit */
-            diff |= (uint8_t)(want[i] ^ raw[start + out->length + i]);
+            diff |= (uint8_t)(want[i] ^ out->tag[i]);
         }
         if (diff != 0u) {
             return IDL_DECODE_BAD_MAC;
@@ -120,8 +117,6 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     out->flags = flags;
     out->epoch = rd32(raw + IDL_OFF_EPOCH);
     out->seq = rd32(raw + IDL_OFF_SEQ);
-    out->payload = raw + start;
-    out->tag = out->tag_len != 0u ? raw + start + out->length : NULL;
     return IDL_FRAME_READY;
 }
 
@@ -283,12 +278,15 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     head[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
 #if IDL_AUTH
     if (key != NULL) { /* the tag over dir | head | payload, read where they lie */
+        uint8_t dir = IDL_FRAME_DIR(type);
         idl_piece_t pieces[3];
+        pieces[0].p = &dir;
+        pieces[0].n = 1u;
         pieces[1].p = head;
         pieces[1].n = start;
         pieces[2].p = payload;
         pieces[2].n = len;
-        tag_of(trailer, key, pieces, IDL_FRAME_DIR(type));
+        idl_blake2s(trailer, IDL_AUTH_TAG_LEN, key, pieces, 3u);
     }
 #endif
     crc = idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len);
