@@ -53,11 +53,11 @@ void idl_port_random(uint8_t *buf, size_t n);
 /* ---- the state ------------------------------------------------------------------------------ */
 
 typedef struct {
-    uint8_t session[IDL_KEY_LEN];    /**< the session key (valid when has_session) */
-    uint8_t nonces[2u * IDL_NONCE_LEN]; /**< the last keyed HELLO's host nonce, then ours */
-    uint8_t key_id[4];               /**< the key of the session (the current one before), LE */
     uint8_t has_session;
     uint8_t keyed;                   /**< the port holds a key (idl_port_auth_key(0)) */
+    uint8_t key_id[4];               /**< the key of the session (the current one before), LE */
+    uint8_t session[IDL_KEY_LEN];    /**< the session key (valid when has_session) */
+    uint8_t nonces[2u * IDL_NONCE_LEN]; /**< the last keyed HELLO's host nonce, then ours */
 } idl_auth_t;
 
 /** A boot: no session; a device nonce drawn; keyed if the port holds a key. */

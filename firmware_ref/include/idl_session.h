@@ -146,6 +146,9 @@ typedef struct {
 #if IDL_AUTH
     const uint8_t *sign;      /**< the answer being built is signed with this key (or NULL) */
 #endif
+#if IDL_AUTH
+    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
+#endif
     uint32_t counters[IDL_DISP_COUNT];
     idl_window_t window;
 #if IDL_BUS
@@ -156,9 +159,6 @@ typedef struct {
     idl_replay_t cache;
     idl_frame_decoder_t decoder;
     uint8_t tx[IDL_SESSION_TX_MAX]; /**< the answer being sent */
-#if IDL_AUTH
-    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
-#endif
 } idl_session_t;
 
 /** A new boot: `epoch` (non-zero, random: see idl_port.h), empty window and cache. */
