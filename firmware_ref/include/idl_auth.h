@@ -60,8 +60,14 @@ typedef struct {
     uint8_t nonces[2u * IDL_NONCE_LEN]; /**< the last keyed HELLO's host nonce, then ours */
 } idl_auth_t;
 
-/** A boot: no session; a device nonce drawn; keyed if the port holds a key. */
-void idl_auth_init(idl_auth_t *a);
+/** A boot: no session; a device nonce drawn (the one a reply carries before any keyed HELLO;
+ *  key_id is set by every HELLO); keyed if the port holds a key. Inline: one caller. */
+static inline void idl_auth_init(idl_auth_t *a)
+{
+    a->has_session = 0u;
+    a->keyed = idl_port_auth_key(0u) != NULL ? 1u : 0u;
+    idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
+}
 
 /** A HELLO's payload (version, contract hash, then the auth extension: host nonce, key id LE):
  *  1 if it names a key the device holds — a device nonce drawn (unless the host nonce is the last

@@ -14,15 +14,6 @@ void idl_auth_key_id(uint8_t id[4], const uint8_t *key)
     idl_blake2s(id, 4u, key, &KEY_ID_PIECE, 1u);
 }
 
-void idl_auth_init(idl_auth_t *a)
-{
-    const uint8_t *key = idl_port_auth_key(0u);
-    a->has_session = 0u;
-    a->keyed = key != NULL ? 1u : 0u;
-    /* the nonce a reply carries before any keyed HELLO (key_id: set by every HELLO) */
-    idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
-}
-
 int idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len, const uint8_t *id,
                    uint8_t address)
 {
