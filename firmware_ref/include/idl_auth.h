@@ -78,8 +78,16 @@ static inline void idl_auth_init(idl_auth_t *a)
 int idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len, const uint8_t *id,
                    uint8_t address);
 
-/** The 32-bit id of a long-term key, as its 4 little-endian bytes. */
-void idl_auth_key_id(uint8_t id[4], const uint8_t *key);
+/** The 32-bit id of a long-term key, as its 4 little-endian bytes: BLAKE2s-32 keyed with it over
+ *  "idemlink key id v1" (protocol/auth.py key_id). Inline: the handshake is its one caller. */
+static inline void idl_auth_key_id(uint8_t id[4], const uint8_t *key)
+{
+    static const uint8_t label[] = "idemlink key id v1";
+    idl_piece_t piece;
+    piece.p = label;
+    piece.n = sizeof label - 1u;
+    idl_blake2s(id, 4u, key, &piece, 1u);
+}
 #endif /* IDL_AUTH */
 
 #endif /* IDL_AUTH_H */

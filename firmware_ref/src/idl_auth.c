@@ -4,15 +4,7 @@
 #if IDL_AUTH
 #include <string.h>
 
-static const uint8_t KEY_ID_LABEL[] = "idemlink key id v1";
 static const uint8_t KDF_LABEL[] = IDL_KDF_LABEL;
-
-static const idl_piece_t KEY_ID_PIECE = { KEY_ID_LABEL, sizeof KEY_ID_LABEL - 1u };
-
-void idl_auth_key_id(uint8_t id[4], const uint8_t *key)
-{
-    idl_blake2s(id, 4u, key, &KEY_ID_PIECE, 1u);
-}
 
 int idl_auth_hello(idl_auth_t *a, const uint8_t *payload, uint16_t len, const uint8_t *id,
                    uint8_t address)
