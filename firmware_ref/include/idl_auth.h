@@ -18,7 +18,7 @@
  * device nonce | len(device id) u8 | device id | address u8 (0xFF point-to-point); key id =
  * BLAKE2s-32 keyed with the long-term key over "idemlink key id v1", LE. The long-term keys stay
  * the port's (idl_port_auth_key: flash, never a register, never printed); RAM holds the session
- * key and both nonces (IDL_AUTH_RAM bytes).
+ * key and both nonces (sizeof(idl_auth_t); make bench-auth reports the device RAM it adds).
  */
 #ifndef IDL_AUTH_H
 #define IDL_AUTH_H
