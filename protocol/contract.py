@@ -291,6 +291,14 @@ def render_map_header(regmap: RegisterMap) -> str:
                 rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, {flags}, "
                             f"0u, 65535u, {word}u, 0x0000u }} /* {r.name} word {i + 1}/{r.words} */")
             continue
+        if r.dtype is DataType.STRING:
+            # a string HOLDING is read-only (RegisterSpec.writable): SIGNED and FLOAT together
+            # mark its rows, which a write to any of them refuses (02), as the simulator does
+            for i, (a, word) in enumerate(zip(r.span, r.words_of(r.default), strict=True)):
+                rows.append(f"    {{ 0x{a:04X}u, (uint8_t)IDL_REG_KIND_{r.kind.name}, "
+                            f"({flags} | 0x{TYPED_STRING:02X}u), 0u, 65535u, {word}u, 0x0000u }}"
+                            f" /* {r.name} word {i + 1}/{r.words}, read-only string */")
+            continue
         # a typed HOLDING: one row per register, its flags the type, the word count and order and
         # the row's position; min/max the words of the limits' comparable keys (_typed_key)
         lo, hi = _typed_limit_keys(r)
@@ -311,6 +319,8 @@ def render_map_header(regmap: RegisterMap) -> str:
 #: the typed HOLDING flags of the generated map (besides IDL_REG_FLAG_PERSIST, 0x01)
 TYPED_SIGNED, TYPED_FLOAT, TYPED_LITTLE = 0x02, 0x04, 0x20
 TYPED_WORDS_SHIFT, TYPED_INDEX_SHIFT = 3, 6
+#: a string HOLDING's rows (read-only): both type bits, which no number has
+TYPED_STRING = TYPED_SIGNED | TYPED_FLOAT
 
 
 def _typed_holding(r: RegisterSpec) -> bool:

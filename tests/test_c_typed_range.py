@@ -1,12 +1,13 @@
 """The C core refuses a typed HOLDING's out-of-range write as the simulator does (issue 24).
 
 A map of the user's own (tests/maps/typed-holdings.toml: i16, i32, u32 little, f32 with a zero
-limit, i64 little, f64) is rendered by ``idemlink contract`` and built into the ctypes core
-(``make lib REGMAP_H=...``). The same FC06/FC16 requests go to the C core and to the Python
-``DeviceCore``: limits, one past them, NaN, +-0, +-inf, random words, and writes that cover part
-of a multi-register value; the answers are byte-identical and so are the registers after. The
-generated rows hold the limits' comparable keys (protocol/contract.py ``_typed_key``), so the
-check is table-driven, compiled only for a map with a typed HOLDING (IDL_REGMAP_TYPED).
+limit, i64 little, f64, a read-only string of three registers) is rendered by ``idemlink contract``
+and built into the ctypes core (``make lib REGMAP_H=...``). The same FC06/FC16 requests go to the C
+core and to the Python ``DeviceCore``: limits, one past them, NaN, +-0, +-inf, random words, and
+writes that cover part of a multi-register value; the answers are byte-identical and so are the
+registers after. The generated rows hold the limits' comparable keys (protocol/contract.py
+``_typed_key``), so the check is table-driven, compiled only for a map with a typed HOLDING
+(IDL_REGMAP_TYPED).
 """
 
 from __future__ import annotations
@@ -101,7 +102,10 @@ def test_typed_holdings_are_range_checked_like_the_simulator(typed_lib: ctypes.C
     cases += [(3, (0,)), (3, (0, 1)), (2, (0,)), (4, (1,)), (5, (1, 0)), (9, (0, 0, 0)),
               (8, (1, 0, 0)), (7, (0, 0, 0, 0, 0)), (14, (0, 0)), (1, (5, 0, 0)),
               (0, (15, 2, 0, 1, 0xA0, 1)), (0, (15, 0xFFFF, 0xFFFE, 0x7960, 0, 0)),
-              (0, (9, 2, 0, 1, 0xA0, 1))]
+              (0, (9, 2, 0, 1, 0xA0, 1)),
+              # a string HOLDING is read-only: any write touching it is 02
+              (17, (0x4142,)), (18, (0x4142,)), (17, (0x4142, 0x2D31, 0)), (16, (0, 0x4142)),
+              (15, (0, 0, 0, 0, 0))]
     seen = {"ok": 0, "02": 0, "03": 0}
     for now, (address, words) in enumerate(cases):
         pdu = _pdu(address, words)

@@ -66,6 +66,11 @@ static bool typed_out(const idl_reg_desc_t *d, const uint8_t *be)
     }
     return lo < 0 || hi > 0;
 }
+/* a string HOLDING: read-only (the simulator's RegisterSpec.writable), its rows carry both type
+ * bits, which no number has; any value is in range */
+#define IDL_TYPED_STRING(d)                                                                        \
+    (((d)->flags & (IDL_REG_FLAG_SIGNED | IDL_REG_FLAG_FLOAT))                                     \
+     == (IDL_REG_FLAG_SIGNED | IDL_REG_FLAG_FLOAT))
 #define IDL_TYPED_INDEX(d) (((unsigned)(d)->flags >> IDL_REG_FLAG_INDEX_SHIFT) & 3u)
 #define IDL_TYPED_WORDS(d) (1u << (((unsigned)(d)->flags >> IDL_REG_FLAG_WORDS_SHIFT) & 3u))
 #endif
@@ -156,7 +161,8 @@ bool idl_regs_restore(idl_regs_t *r, const uint16_t *values, uint16_t generation
     for (i = 0; i < IDL_REG_COUNT; i++) {
         const idl_reg_desc_t *d = &IDL_REGMAP[i];
 #if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
-        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u) {
+        if (d->kind == (uint8_t)IDL_REG_KIND_HOLDING && IDL_TYPED_INDEX(d) == 0u
+            && !IDL_TYPED_STRING(d)) {
             uint8_t be[8]; /* the value's words as a request carries them (at most 4) */
             unsigned j;
             for (j = 0; j < IDL_TYPED_WORDS(d); j++) {
@@ -276,9 +282,10 @@ static uint8_t validate(const idl_regs_t *r, int32_t first, uint16_t count, cons
             return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
         }
 #if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
-        /* a write covers all the registers of a typed value or none of them (02, pass 1) */
+        /* a write covers all the registers of a typed value or none of them, and never a
+         * string (02, pass 1) */
         if (kind == (uint8_t)IDL_REG_KIND_HOLDING
-            && ((k == 0u && IDL_TYPED_INDEX(d) != 0u)
+            && (IDL_TYPED_STRING(d) || (k == 0u && IDL_TYPED_INDEX(d) != 0u)
                 || (IDL_TYPED_INDEX(d) == 0u && k + IDL_TYPED_WORDS(d) > count))) {
             return IDL_MB_EXC_ILLEGAL_DATA_ADDRESS;
         }

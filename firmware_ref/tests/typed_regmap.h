@@ -10,9 +10,9 @@
 #include "idemlink_proto.h"
 
 #define IDL_MAP_NAME "typed-holdings"
-#define IDL_MAP_HASH "1d6e5aea64052fc1"
-#define IDL_MAP_HASH_BYTES { 0x1Du, 0x6Eu, 0x5Au, 0xEAu, 0x64u, 0x05u, 0x2Fu, 0xC1u }
-#define IDL_REG_COUNT 17u /**< registers in the map */
+#define IDL_MAP_HASH "b527e0079646ba56"
+#define IDL_MAP_HASH_BYTES { 0xB5u, 0x27u, 0xE0u, 0x07u, 0x96u, 0x46u, 0xBAu, 0x56u }
+#define IDL_REG_COUNT 20u /**< registers in the map */
 #define IDL_REG_PLAIN 0x0000u /**< HOLDING */
 #define IDL_REG_PLAIN_MIN 10u /**< raw */
 #define IDL_REG_PLAIN_MAX 20u /**< raw */
@@ -47,6 +47,8 @@
 #define IDL_REG_RATIO_MAX 1e+300 /**< raw, as f64 */
 #define IDL_REG_RATIO_DEFAULT 2.5 /**< raw, as f64 */
 #define IDL_REG_READING 0x0010u /**< INPUT i16 */
+#define IDL_REG_LABEL 0x0011u /**< HOLDING string of 3 registers */
+#define IDL_REG_LABEL_WORDS 3u /**< registers the value takes */
 
 /** One register: address, kind (idl_reg_kind_t), flags, limits, default, fault mask. */
 typedef struct {
@@ -85,7 +87,10 @@ static const idl_reg_desc_t IDL_REGMAP[IDL_REG_COUNT] = {
     { 0x000Du, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0x54u), 65535u, 58428u, 0u, 0x0000u } /* ratio word 2/4 */,
     { 0x000Eu, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0x94u), 65535u, 34816u, 0u, 0x0000u } /* ratio word 3/4 */,
     { 0x000Fu, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0xD4u), 65535u, 30108u, 0u, 0x0000u } /* ratio word 4/4 */,
-    { 0x0010u, (uint8_t)IDL_REG_KIND_INPUT, 0u, 0u, 65535u, 0u, 0x0000u } /* reading word 1/1 */
+    { 0x0010u, (uint8_t)IDL_REG_KIND_INPUT, 0u, 0u, 65535u, 0u, 0x0000u } /* reading word 1/1 */,
+    { 0x0011u, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0x06u), 0u, 65535u, 16706u, 0x0000u } /* label word 1/3, read-only string */,
+    { 0x0012u, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0x06u), 0u, 65535u, 11569u, 0x0000u } /* label word 2/3, read-only string */,
+    { 0x0013u, (uint8_t)IDL_REG_KIND_HOLDING, (IDL_REG_FLAG_PERSIST | 0x06u), 0u, 65535u, 0u, 0x0000u } /* label word 3/3, read-only string */
 };
 
 #endif /* IDEMLINK_REGMAP_H */
