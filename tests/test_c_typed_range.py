@@ -13,12 +13,15 @@ registers after. The generated rows hold the limits' comparable keys (protocol/c
 from __future__ import annotations
 
 import ctypes
+import json
 import random
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
 from support import firmware
+from support.timing import scaled
 
 from idemlink.protocol.contract import render_map_header
 from idemlink.protocol.datatypes import DataType, full_range
@@ -148,3 +151,41 @@ def test_a_saved_typed_value_outside_its_limits_is_refused_at_boot(typed_lib: ct
         assert took == spec.in_range(spec.raw_from_words(words)), (spec.name, words)
         verdicts.add(took)
     assert verdicts == {True, False}
+
+
+def test_the_posix_device_refuses_a_saved_typed_value_outside_its_limits(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """config.json edited by hand with a typed value outside its limits: the C device says so in
+    one line and exits 1, as the simulator does (``SnapshotError``), instead of booting with the
+    defaults without a word; flash is untouched. The same file with the value in range boots."""
+    d = tmp_path_factory.mktemp("typed-device")
+    header = d / "idemlink_regmap.h"
+    header.write_text(render_map_header(TYPED), encoding="utf-8")
+    firmware.make("device", f"BUILD={d / 'build'}", f"REGMAP_H={header}")
+    device = d / "build" / "posix" / "idemlink-device"
+    position = TYPED.named("position")
+    holdings = {a: w for spec in TYPED.of_kind(RegisterKind.HOLDING)
+                for a, w in zip(spec.span, spec.words_of(spec.default), strict=True)}
+    for raw, ok in ((position.maximum, True), (position.maximum + 1, False)):
+        holdings.update(zip(position.span, position.words_of(raw), strict=True))
+        flash = d / f"flash-{ok}"
+        flash.mkdir()
+        text = json.dumps({"generation": 3, "holdings": sorted(holdings.items())})
+        (flash / "config.json").write_text(text, encoding="utf-8")
+        proc = subprocess.Popen([str(device), "--flash-dir", str(flash)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # serving: its pty's path; refused: nothing
+            assert line.startswith("/dev/") == ok, (raw, line, "booted with the defaults")
+            if ok:
+                continue
+            _, err = proc.communicate(timeout=scaled(30))
+        finally:
+            proc.kill()
+            proc.wait()
+        words = ", ".join(str(w) for w in position.words_of(raw))
+        assert proc.returncode == 1 and err == (
+            "idemlink-device: flash directory: config.json: address 2: "
+            f"[{words}] outside its min..max (a typed value, judged whole)\n"), err
+        assert (flash / "config.json").read_text(encoding="utf-8") == text

@@ -697,8 +697,8 @@ bool idl_port_flash_load(uint16_t *values, uint16_t *generation)
     }
     for (p = list; next_pair(&p, &a, &v) == 1;) {
         int32_t at = idl_regs_index((uint16_t)a);
-        /* a typed HOLDING's rows hold its limits' keys, not raw words: idl_regs_restore checks
-         * the whole value (and boots with the defaults when it is outside) */
+        /* a typed HOLDING's rows hold its limits' keys, not raw words: its whole value is
+         * judged by the core's own check at start (refuse_typed_outside) */
         if ((IDL_REGMAP[at].flags & (uint8_t)~IDL_REG_FLAG_PERSIST) == 0u
             && (IDL_REGMAP[at].min > v || IDL_REGMAP[at].max < v)) {
             fprintf(stderr, CONFIG_REFUSED "address %ld: %ld outside %u..%u\n", a, v,
@@ -793,6 +793,47 @@ static void read_address(void)
     bus_address = a;
 }
 
+#if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
+/* A typed HOLDING saved outside its limits (config.json edited by hand, another build's map): the
+ * core's boot restore would refuse the whole configuration and boot with the defaults, silently.
+ * Judged here by that same check (idl_regs_restore), one value at a time among the defaults so
+ * the refusal names it, as the simulator's does: one line and exit 1. */
+static void refuse_typed_outside(const uint16_t *saved)
+{
+    static idl_regs_t scratch; /* start only: not on the stack */
+    uint16_t one[IDL_REG_COUNT];
+    uint32_t i;
+    uint32_t j;
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        one[i] = IDL_REGMAP[i].def;
+    }
+    for (i = 0; i < IDL_REG_COUNT; i++) {
+        unsigned f = IDL_REGMAP[i].flags;
+        uint32_t n = 1u << ((f >> IDL_REG_FLAG_WORDS_SHIFT) & 3u);
+        if (IDL_REGMAP[i].kind != (uint8_t)IDL_REG_KIND_HOLDING
+            || (f & (unsigned)~IDL_REG_FLAG_PERSIST) == 0u /* a u16: checked on load */
+            || ((f >> IDL_REG_FLAG_INDEX_SHIFT) & 3u) != 0u || i + n > IDL_REG_COUNT) {
+            continue;
+        }
+        for (j = 0; j < n; j++) {
+            one[i + j] = saved[i + j];
+        }
+        idl_regs_init(&scratch, IDL_TRIGGER_MS, NULL, NULL, NULL, 0u);
+        if (!idl_regs_restore(&scratch, one, 0u, 0u)) {
+            fprintf(stderr, CONFIG_REFUSED "address %u: [", (unsigned)IDL_REGMAP[i].address);
+            for (j = 0; j < n; j++) {
+                fprintf(stderr, "%s%u", j != 0u ? ", " : "", (unsigned)saved[i + j]);
+            }
+            fprintf(stderr, "] outside its min..max (a typed value, judged whole)\n");
+            exit(1);
+        }
+        for (j = 0; j < n; j++) {
+            one[i + j] = IDL_REGMAP[i + j].def;
+        }
+    }
+}
+#endif
+
 unsigned long long idl_posix_flash_start(void)
 {
     uint16_t check[IDL_REG_COUNT];
@@ -810,6 +851,11 @@ unsigned long long idl_posix_flash_start(void)
     if (!idl_port_flash_load(check, &generation)) {
         generation = 0; /* none saved: judged all the same (a bad file exits inside) */
     }
+#if defined(IDL_REGMAP_TYPED) && IDL_REGMAP_TYPED
+    else {
+        refuse_typed_outside(check);
+    }
+#endif
     (void)read_boots();
     n = read_flash_file("device_id", text, sizeof text);
     while (n > 0 && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' ')) {
