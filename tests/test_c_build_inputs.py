@@ -90,3 +90,24 @@ def test_check_takes_a_crc_table_mode_from_idl_opts(tmp_path: Path) -> None:
     assert any("-DIDL_CRC32C_TABLE=$t" in ln for ln in lines)  # the loop is there
     assert all(ln.count("-DIDL_CRC32C_TABLE=") == 1 for ln in lines
                if "echo" not in ln), [ln for ln in lines if ln.count("-DIDL_CRC32C_TABLE=") > 1]
+
+
+@pytest.mark.parametrize("var", ["REGMAP_H", "BUILD"])
+def test_a_path_with_a_space_is_refused_in_one_line(var: str, tmp_path: Path) -> None:
+    """make splits a file name at its spaces: REGMAP_H or BUILD with one is refused before any
+    build, in one line naming it (it failed later on a mangled path, ``/tmp/my
+    /.../firmware_ref/map/idemlink_regmap.h``, or with make's "No rule to make target")."""
+    firmware.need()
+    spaced = tmp_path / "my map"
+    spaced.mkdir()
+    header = spaced / "idemlink_regmap.h"
+    header.write_text((firmware.FW / "tests" / "typed_regmap.h").read_text())
+    args = {"REGMAP_H": [f"BUILD={tmp_path / 'build'}", f"REGMAP_H={header}"],
+            "BUILD": [f"BUILD={spaced / 'build'}"]}[var]
+    for target in ("device", "size-device", "lib"):
+        proc = subprocess.run(["make", "-s", "-C", str(firmware.FW), target, *args],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 2 and proc.stdout == "", proc
+        lines = proc.stderr.splitlines()
+        assert len(lines) == 1 and f'{var}="' in lines[0] and "has a space" in lines[0], lines
+    assert not (tmp_path / "build").exists() and not (spaced / "build").exists()
