@@ -2,7 +2,8 @@
 the map header) rebuilds — a stale binary never keeps serving the old options or map.
 
 Slow (builds of the posix device in a fresh build directory, a few seconds each); the last one
-checks IDL_FILE_INFO=0 reaches the device.
+checks IDL_FILE_INFO=0 reaches the device. The refusals before any build (a path with a space, a
+missing Arm toolchain) are instant and run by default.
 """
 
 from __future__ import annotations
@@ -111,3 +112,18 @@ def test_a_path_with_a_space_is_refused_in_one_line(var: str, tmp_path: Path) ->
         lines = proc.stderr.splitlines()
         assert len(lines) == 1 and f'{var}="' in lines[0] and "has a space" in lines[0], lines
     assert not (tmp_path / "build").exists() and not (spaced / "build").exists()
+
+
+@pytest.mark.parametrize("goal", ["size-device", "board-m0plus", "qemu-device"])
+def test_a_missing_arm_toolchain_is_one_line(goal: str, tmp_path: Path) -> None:
+    """Without arm-none-eabi-gcc (here ARM_CC names none) the Arm goals stop before building,
+    in one line naming the compiler and how to get it (it was the shell's ``not found`` halfway
+    through, after the report's first rows had been printed)."""
+    firmware.need()
+    proc = subprocess.run(["make", "-s", "-C", str(firmware.FW), goal, f"BUILD={tmp_path / 'b'}",
+                           f"ARM_CC={tmp_path / 'no-arm-gcc'}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc
+    assert f"{tmp_path / 'no-arm-gcc'} not found (ARM_CC)" in lines[0], lines
+    assert "gcc-arm-none-eabi" in lines[0] and not (tmp_path / "b").exists()
