@@ -31,6 +31,7 @@ from idemlink.protocol.registers import (
     MAP_FLAG_PERSIST,
     MAP_FLAG_SIGNED,
     MAP_FLAG_WORDS_SHIFT,
+    MAP_NO_GENERATION,
     MAP_TYPED,
     RegisterKind,
     RegisterMap,
@@ -362,7 +363,8 @@ def _typed_limit_keys(r: RegisterSpec) -> tuple[int, int]:
 
 def _typed_flag_lines(regmap: RegisterMap) -> list[str]:
     """The typed HOLDING flags' defines, and IDL_REGMAP_TYPED: 1 when the map has one (the C
-    core compiles its typed range check only then)."""
+    core compiles its typed range check only then); IDL_REGMAP_NO_GENERATION for a map without a
+    generation register (the C core then refuses the conditional write, 01)."""
     typed = any(_typed_holding(r) for r in regmap)
     return [
         f"#define {MAP_FLAG_SIGNED} 0x{TYPED_SIGNED:02X}u /**< typed HOLDING: i16/i32/i64 */",
@@ -372,7 +374,10 @@ def _typed_flag_lines(regmap: RegisterMap) -> list[str]:
         f"#define {MAP_FLAG_INDEX_SHIFT} {TYPED_INDEX_SHIFT}u /**< 2 bits: the row's position */",
         f"#define {MAP_TYPED} {1 if typed else 0} /**< a typed HOLDING: min/max are the words "
         "of its limits' keys, checked as one value */",
-    ]
+    ] + ([] if regmap.generation is not None else [
+        # only for a map without one (the built-in maps' headers are unchanged)
+        f"#define {MAP_NO_GENERATION} 1 /**< no generation register: the conditional write "
+        "(0x41) answers exception 01, as the simulator's */"])
 
 
 def render_tables() -> str:

@@ -931,9 +931,10 @@ MAP_FLAG_LITTLE = "IDL_REG_FLAG_LITTLE"
 MAP_FLAG_WORDS_SHIFT = "IDL_REG_FLAG_WORDS_SHIFT"
 MAP_FLAG_INDEX_SHIFT = "IDL_REG_FLAG_INDEX_SHIFT"
 MAP_TYPED = "IDL_REGMAP_TYPED"
+MAP_NO_GENERATION = "IDL_REGMAP_NO_GENERATION"
 MAP_HEADER_NAMES = ("IDL_MAP_NAME", "IDL_MAP_HASH", "IDL_MAP_HASH_BYTES", MAP_FLAG_PERSIST,
                     MAP_FLAG_SIGNED, MAP_FLAG_FLOAT, MAP_FLAG_LITTLE, MAP_FLAG_WORDS_SHIFT,
-                    MAP_FLAG_INDEX_SHIFT, MAP_TYPED)
+                    MAP_FLAG_INDEX_SHIFT, MAP_TYPED, MAP_NO_GENERATION)
 
 #: Trigger answers are 16-bit codes up to 0xFF01: defines (unsigned), not an enum, so a 16-bit-int
 #: C compiler takes them too. They belong to the protocol, whatever the device's map.

@@ -3,7 +3,8 @@
 Random user maps (u16, i16, u32, i32, f32, u64, i64, f64 and strings, both word orders, limits
 drawn from the type's ends, zero, negative ranges and float specials, registers side by side with
 some gaps) are rendered by ``render_map_header`` and built into the ctypes core; Hypothesis then
-drives both cores with the same FC06/FC16 writes: windows that cover values whole, in part or
+drives both cores with the same FC06/FC16 writes and conditional writes (0x41, the guard
+right or wrong): windows that cover values whole, in part or
 across several, with words taken from each value's interesting raw values (limits and their
 neighbours, NaN, +-inf, +-0.0, random). Every answer must be byte-identical and the registers the
 same after, and a saved configuration of such words is taken at boot (``idl_regs_restore``)
@@ -157,11 +158,15 @@ def build_map(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     return build
 
 
-def _pdu(fc6: bool, address: int, words: list[int]) -> bytes:
-    if fc6 and len(words) == 1:
+def _pdu(fc: int, address: int, words: list[int]) -> bytes:
+    """FC06 (one word), FC16, or 0x41 (the conditional write) guarded by generation ``fc >> 8``."""
+    values = b"".join(struct.pack(">H", w) for w in words)
+    if fc == 6 and len(words) == 1:
         return bytes([6]) + struct.pack(">HH", address, words[0])
-    return bytes([16]) + struct.pack(">HHB", address, len(words), 2 * len(words)) + b"".join(
-        struct.pack(">H", w) for w in words)
+    if fc & 0xFF == 0x41:
+        return bytes([0x41]) + struct.pack(">HHHB", fc >> 8, address, len(words),
+                                           2 * len(words)) + values
+    return bytes([16]) + struct.pack(">HHB", address, len(words), 2 * len(words)) + values
 
 
 def _image(regmap: RegisterMap) -> st.SearchStrategy[list[int]]:
@@ -187,13 +192,13 @@ def _image(regmap: RegisterMap) -> st.SearchStrategy[list[int]]:
     return image()
 
 
-def _writes(regmap: RegisterMap) -> st.SearchStrategy[list[tuple[bool, int, list[int]]]]:
+def _writes(regmap: RegisterMap) -> st.SearchStrategy[list[tuple[int, int, list[int]]]]:
     rng = random.Random(regmap.name)
     pools = {spec.address: interesting(spec, rng) for spec in regmap}
     end = max(a for spec in regmap for a in spec.span) + 1
 
     @st.composite
-    def one(draw: st.DrawFn) -> tuple[bool, int, list[int]]:
+    def one(draw: st.DrawFn) -> tuple[int, int, list[int]]:
         image = draw(_image(regmap))
         if draw(st.booleans()):  # one value whole, one of its interesting raws or any bits
             spec = draw(st.sampled_from(list(regmap)))
@@ -204,19 +209,20 @@ def _writes(regmap: RegisterMap) -> st.SearchStrategy[list[tuple[bool, int, list
         else:  # any window: parts of values, several of them, past the map's end
             start = draw(st.integers(0, end))
             count = draw(st.integers(1, min(12, end + 2 - start)))
-        return draw(st.booleans()), start, image[start:start + count]
+        fc = draw(st.sampled_from([6, 16]) | st.integers(0, 7).map(lambda g: g << 8 | 0x41))
+        return fc, start, image[start:start + count]
     return st.lists(one(), min_size=1, max_size=6)
 
 
-def _drive(regmap: RegisterMap, lib: Lib, writes: list[tuple[bool, int, list[int]]],
+def _drive(regmap: RegisterMap, lib: Lib, writes: list[tuple[int, int, list[int]]],
            seen: set[str]) -> None:
     c = lib.lib
     buf = ctypes.create_string_buffer(c.idl_shim_sizeof())
     c.idl_shim_init(buf, 1, 2000, b"fuzz", 0)
     out = ctypes.create_string_buffer(300)
     py = DeviceCore(regmap, trigger_duration=2.0)
-    for now, (fc6, address, words) in enumerate(writes, start=1):
-        pdu = _pdu(fc6, address, words)
+    for now, (fc, address, words) in enumerate(writes, start=1):
+        pdu = _pdu(fc, address, words)
         n = c.idl_shim_execute(buf, pdu, len(pdu), now, out)
         expected = py.execute(pdu, now / 1000)
         assert out.raw[:n].hex() == expected.hex(), (pdu.hex(), regmap.name)
@@ -254,7 +260,7 @@ def _run(seed: int, build_map, examples: int, fixed: bool) -> None:  # type: ign
 
     @settings(max_examples=examples, database=None, derandomize=fixed)
     @given(_writes(regmap), _image(regmap))
-    def check(writes: list[tuple[bool, int, list[int]]], image: list[int]) -> None:
+    def check(writes: list[tuple[int, int, list[int]]], image: list[int]) -> None:
         _drive(regmap, lib, writes, seen)
         _restore(regmap, lib, image, seen)
     check()

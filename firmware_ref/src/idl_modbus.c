@@ -107,7 +107,12 @@ uint16_t idl_modbus_execute(idl_regs_t *r, const uint8_t *pdu, uint16_t len, uin
     case IDL_MB_FC_WRITE_MULTIPLE_REGISTERS:
         return write_regs(r, pdu, len, resp, 5u, IDL_MB_MAX_WRITE);
     case IDL_MB_FC_WRITE_IF_GENERATION:
+#if defined(IDL_REGMAP_NO_GENERATION) && IDL_REGMAP_NO_GENERATION
+        /* a map without a generation register serves no conditional write (DeviceCore.serves) */
+        return exception(resp, fc, IDL_MB_EXC_ILLEGAL_FUNCTION);
+#else
         return write_regs(r, pdu, len, resp, 7u, IDL_MB_MAX_COND_WRITE);
+#endif
     case IDL_MB_FC_WRITE_SINGLE_REGISTER:
     case IDL_MB_FC_TRIGGER:
         break;

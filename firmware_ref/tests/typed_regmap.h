@@ -68,6 +68,7 @@ typedef struct {
 #define IDL_REG_FLAG_WORDS_SHIFT 3u /**< 2 bits: log2 of its words */
 #define IDL_REG_FLAG_INDEX_SHIFT 6u /**< 2 bits: the row's position */
 #define IDL_REGMAP_TYPED 1 /**< a typed HOLDING: min/max are the words of its limits' keys, checked as one value */
+#define IDL_REGMAP_NO_GENERATION 1 /**< no generation register: the conditional write (0x41) answers exception 01, as the simulator's */
 
 /** The map, sorted by address (binary-search it by address). */
 static const idl_reg_desc_t IDL_REGMAP[IDL_REG_COUNT] = {
