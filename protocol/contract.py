@@ -449,6 +449,22 @@ def _tables_head() -> list[str]:
     ]
 
 
+def c_core_unserved(regmap: RegisterMap) -> list[str]:
+    """What a map declares that the C device core does not serve (its table holds the 16-bit
+    register space only): one sentence each, for ``idemlink contract --regmap`` to say."""
+    out = []
+    for space, what, functions in ((Space.COILS, "coils", "FC01, FC05 and FC15 answer"),
+                                   (Space.DISCRETE_INPUTS, "discrete inputs", "FC02 answers")):
+        names = [r.name for r in regmap if r.space is space]
+        if names:
+            out.append(f"the C device core serves no {what} ({', '.join(names)}): {functions} "
+                       "exception 01 there, where the simulator serves them")
+    if regmap.mask_write:
+        out.append("the C device core serves no mask write: FC22 answers exception 01 there, "
+                   "where the simulator serves it (mask_write = true)")
+    return out
+
+
 def render_map(regmap: RegisterMap) -> dict[str, str]:
     """``{file name: text}`` for one device's map: its C header, the protocol header it includes
     (so a firmware build needs nothing from an idemlink checkout) and the register document."""

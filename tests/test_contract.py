@@ -164,3 +164,25 @@ def test_the_c_ymodem_table_is_generated_from_the_python_transitions(
     table[(RxState.WAIT_HEADER, RxIn.HEADER)] = (RxState.ABORTED, RxAction.CANCEL_SEQUENCE)
     monkeypatch.setattr(ymodem_tables, "RX_TRANSITIONS", table)
     assert "{ E(6, A_CANCEL_SEQUENCE), E(6, A_REFUSE_HEADER)," in contract.render_tables()
+
+
+def test_rendering_a_map_with_coils_says_the_c_core_does_not_serve_them(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The C core's table is the 16-bit register space only: a user map with coils, discrete
+    inputs or mask_write renders fine, and ``contract --regmap`` says in one line each what the C
+    device will answer 01 for, where the simulator serves it; a map without them, nothing."""
+    generation = '[[registers]]\naddress = 0\nname = "generation"\nkind = "generation"\n'
+    base = 'name = "bits"\n' + generation
+    bits = ('name = "bits"\nmask_write = true\n' + generation
+            + '[[registers]]\naddress = 0\nname = "pump"\nkind = "coil"\n'
+            + '[[registers]]\naddress = 0\nname = "door"\nkind = "discrete_input"\n')
+    for text, notes in ((base, 0), (bits, 3)):
+        (tmp_path / "m.toml").write_text(text, encoding="utf-8")
+        assert main(["contract", "--regmap", str(tmp_path / "m.toml"), "--out",
+                     str(tmp_path / "out")]) == 0
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == notes and all(
+            line.startswith("idemlink contract: note: the C device core serves no ")
+            for line in err), err
+    assert "coils (pump): FC01, FC05 and FC15 answer exception 01" in err[0]
+    assert "discrete inputs (door): FC02" in err[1] and "mask write: FC22" in err[2]

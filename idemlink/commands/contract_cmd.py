@@ -70,12 +70,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_map(args: argparse.Namespace) -> int:
+    import sys
+
     from idemlink.cli import UserError, regmap_from
-    from idemlink.protocol.contract import render_map
+    from idemlink.protocol.contract import c_core_unserved, render_map
 
     if args.regmap is None or args.out is None:
         raise UserError("--regmap FILE and --out DIR go together")
-    files = render_map(regmap_from(args))
+    regmap = regmap_from(args)
+    files = render_map(regmap)
+    for note in c_core_unserved(regmap):  # the header is still right; the C device is less
+        print(f"idemlink contract: note: {note} (firmware_ref/PORTING.md)", file=sys.stderr)
     out = Path(args.out)
     if args.check:
         drifted = [str(out / n) for n, text in files.items()
