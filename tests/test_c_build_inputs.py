@@ -127,3 +127,18 @@ def test_a_missing_arm_toolchain_is_one_line(goal: str, tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc
     assert f"{tmp_path / 'no-arm-gcc'} not found (ARM_CC)" in lines[0], lines
     assert "gcc-arm-none-eabi" in lines[0] and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("budget", ["BUDGET_RAM=4k", "BUDGET_FLASH=32 768", "BUDGET_TEXT_FRAMED="])
+def test_a_budget_that_is_not_a_number_is_refused_in_one_line(budget: str, tmp_path: Path) -> None:
+    """size-device's budgets are bytes: ``BUDGET_RAM=4k`` was the shell's ``Illegal number`` and
+    then "RAM ... over budget", after the whole report; now one line naming it, before any build."""
+    firmware.need("arm-none-eabi-gcc")
+    proc = subprocess.run(["make", "-s", "-C", str(firmware.FW), "size-device",
+                           f"BUILD={tmp_path / 'b'}", budget],
+                          capture_output=True, text=True, timeout=60, check=False)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == "" and len(lines) == 1, proc
+    name = budget.split("=")[0]
+    assert f"{budget} is not a number of bytes" in lines[0] and f"{name}=4096" in lines[0], lines
+    assert not (tmp_path / "b").exists()
