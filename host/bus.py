@@ -67,7 +67,7 @@ from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, next_in_turn
 from idemlink.protocol.char_format import MODBUS_CHAR_FORMAT, CharFormat
 from idemlink.protocol.device_core import broadcast_allowed
 from idemlink.protocol.frame import BROADCAST_ADDRESS, FrameType, check_address, encode_frame
-from idemlink.protocol.host_session import SessionState
+from idemlink.protocol.host_session import SessionState, oversize
 from idemlink.protocol.key_file import HostKey, host_keys
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
 from idemlink.protocol.registers import RegisterMap
@@ -542,6 +542,11 @@ class Bus:
         if not handles:
             raise LocalProtocolError("connect the devices first: broadcast numbers start above "
                                      "what their HELLO replies say; nothing was sent")
+        for a, d in sorted(handles.items()):  # each device said how large a request it takes
+            too_large = oversize(command.pdu(), d.info)
+            if too_large is not None:
+                raise LocalProtocolError(f"device {a}: {too_large.removesuffix(': not sent')}; "
+                                         "a broadcast reaches every device: nothing was sent")
         seq = self._broadcast_number(handles.values())
         frame = encode_frame(FrameType.REQUEST, seq, 0, command.pdu(), address=BROADCAST_ADDRESS)
         wait = self.turnaround + (0.0 if self.baud is None

@@ -116,6 +116,16 @@ frame_log = logging.getLogger("idemlink.frames")
 SEQ_MASK = 0xFFFFFFFF
 
 
+def oversize(pdu: bytes, info: DeviceInfo | None) -> str | None:
+    """Why ``pdu`` is never sent to the device that said ``info``: larger than its HELLO_REPLY's
+    ``max_payload`` (None when it fits, or before HELLO). The one rule for a session's requests
+    and a bus's broadcast."""
+    if info is None or len(pdu) <= info.max_payload:
+        return None
+    return (f"a {len(pdu)}-byte request; the device takes at most {info.max_payload} (its "
+            "HELLO_REPLY's max_payload): not sent")
+
+
 @dataclass(slots=True)
 class Completion:
     """The one and only result of a submitted request."""
@@ -496,14 +506,13 @@ class HostSession:
                 self.counters.outcomes[Outcome.NOT_EXECUTED.name] += 1
                 self._events.append(Completion(p.tag, Outcome.NOT_EXECUTED, None))
                 continue
-            if self.info is not None and len(p.pdu) > self.info.max_payload:
+            too_large = oversize(p.pdu, self.info)
+            if too_large is not None:
                 # the device said it takes no larger payload (HELLO_REPLY's max_payload): never
                 # sent, so it did not run; a later pinned number settles as above
                 self.counters.outcomes[Outcome.NOT_EXECUTED.name] += 1
-                self._events.append(Completion(
-                    p.tag, Outcome.NOT_EXECUTED, None,
-                    detail=f"a {len(p.pdu)}-byte request; the device takes at most "
-                           f"{self.info.max_payload} (its HELLO_REPLY's max_payload): not sent"))
+                self._events.append(Completion(p.tag, Outcome.NOT_EXECUTED, None,
+                                               detail=too_large))
                 continue
             p.seq = self._next_seq
             self._next_seq = (self._next_seq + 1) & SEQ_MASK

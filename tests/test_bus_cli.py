@@ -94,3 +94,31 @@ def test_broadcast_refuses_what_it_cannot_send_before_sending(
     assert main(["broadcast", "--port", "loop://", "--address", "1", *args]) == code
     got = capsys.readouterr()
     assert says in got.err + got.out
+
+
+def test_a_broadcast_too_large_for_a_device_is_one_line_and_nothing_sent(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Devices whose HELLO_REPLY says ``max_payload`` 8: a 12-byte broadcast is refused before
+    sending, one line, exit 1 (it was a traceback once the bus refused it); a 5-byte one goes."""
+    small = ("import sys; from idemlink.protocol import device_session; "
+             "device_session.MAX_PAYLOAD = 8; from idemlink.cli import main; "
+             "sys.exit(main(['sim', '--bus', '2', '--seed', '1']))")
+    proc = subprocess.Popen([sys.executable, "-c", small], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        port = read_line(proc.stdout, proc)
+        line = [*answers(port), "--address", "1,2"]
+        assert main(["broadcast", *line, "threshold=37", "mode=1", "fan_setpoint=41"]) == 1
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.splitlines()) == 1, err
+        assert "device 1: a 12-byte request; the device takes at most 8" in err
+        assert "nothing was sent" in err
+        assert main(["read", *line, "threshold"]) == 0  # unchanged: 35.0 at start
+        assert capsys.readouterr().out.count("threshold = 35.0") == 2
+        assert main(["broadcast", *line, "mode=2", "--verify"]) == 0
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()
+        proc.stderr.close()

@@ -13,6 +13,7 @@ from idemlink.device_sim.device import BROADCAST_EPOCH, SimulatedDevice
 from idemlink.device_sim.link import LinkConfig
 from idemlink.host.bus import Bus as HostBus
 from idemlink.host.errors import NoDevice
+from idemlink.protocol import device_session
 from idemlink.protocol.bus_rules import Breaker, BreakerPolicy, BreakerState
 from idemlink.protocol.frame import FrameType, encode_frame
 from idemlink.protocol.outcome import LocalProtocolError, Outcome, Status
@@ -191,3 +192,23 @@ def test_a_broadcast_outside_the_maps_range_is_refused_before_sending() -> None:
         bus.broadcast({"mode": 9})
     assert sim.stats.by_sender[MASTER] == sent
     assert all(r.outcome is Outcome.OK for r in bus.verify(bus.broadcast({"mode": 2})).values())
+
+
+def test_a_broadcast_larger_than_a_devices_max_payload_is_refused_before_sending(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host never sends a request larger than a device's ``max_payload`` (HELLO_REPLY): a
+    session's request settles NOT_EXECUTED unsent, and a broadcast, which every device hears, is
+    refused before sending when any connected device says it takes less (it went out)."""
+    monkeypatch.setattr(device_session, "MAX_PAYLOAD", 8)
+    sim, t = line(2)
+    bus = HostBus(t, timeout=0.05, baud=BAUD, turnaround=0.001)
+    for a in (1, 2):
+        bus.device(a).connect()
+    sent = sim.stats.by_sender[MASTER]
+    with pytest.raises(LocalProtocolError, match=r"device 1: a 12-byte request; the device "
+                                                 r"takes at most 8 .*nothing was sent"):
+        bus.broadcast({"threshold": 400, "mode": 1, "fan_setpoint": 40})
+    assert sim.stats.by_sender[MASTER] == sent
+    assert all(not sim.device(a).executions for a in (1, 2))
+    results = bus.broadcast({"mode": 2})  # 5 bytes: fits
+    assert {r.status for r in results.values()} == {Status.BROADCAST_SENT}

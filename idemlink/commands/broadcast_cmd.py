@@ -152,6 +152,8 @@ def run_broadcast(args: argparse.Namespace) -> int:
             sent = bus.broadcast(values, repeat=args.repeat)
         except PortError as exc:
             raise UserError(port_said_once(port, exc)) from None
+        except LocalProtocolError as exc:  # refused before sending (a device's max_payload)
+            raise UserError(f"{port}: {exc}") from None
         seq = next(iter(sent.values())).seq
         results: dict[int, Result] = dict(sent)
         for a, why in silent.items():
