@@ -92,6 +92,21 @@ def test_a_key_file_others_can_read_is_refused_in_one_line(device_bin: Path,
     assert len(proc.stderr.strip().splitlines()) == 1
 
 
+
+def test_a_key_file_that_is_no_regular_file_is_refused_at_once(device_bin: Path,
+                                                               tmp_path: Path) -> None:
+    """A FIFO, a directory, a missing file: one line, exit 1, without waiting for a writer (the
+    host's rule, protocol/regular_file.py: opened without blocking)."""
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    (tmp_path / "dir").mkdir(mode=0o700)
+    for name, why in (("fifo", "not a regular file"), ("dir", "not a regular file"),
+                      ("missing", "No such file")):
+        proc = subprocess.run([str(device_bin), "--key-file", str(tmp_path / name)],
+                              capture_output=True, text=True, timeout=scaled(10), check=False,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 1 and why in proc.stderr, (name, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1
+
 # ---- the adversary on the line (issue 23's proof, docs/SOAK.md "--device-cmd") ----------------
 
 POSIX_RETRY = 0.01

@@ -69,7 +69,9 @@ void idl_posix_keys_load(const char *path)
 #if !IDL_AUTH
     refuse(path, "built without IDL_AUTH=1 (make device builds it in)");
 #endif
-    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    /* without blocking: a FIFO (or a device) is refused below, not waited on; a regular
+     * file reads the same either way */
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
     if (fd < 0) {
         refuse(path, strerror(errno));
     }
