@@ -45,6 +45,8 @@ decides one thing more, before both tables: its decoder verifies every tag right
 and a frame other than HELLO that carries no verified tag is ``unauthenticated``: counted, never
 run; a REQUEST gets AUTHENTICATION_REQUIRED, unsigned. A HELLO naming a key the device holds
 makes a new session key; its HELLO_REPLY and every answer to a verified request are signed.
+A keyed device runs no broadcast, not even one whose tag verified (the devices of a bus share no
+session key; docs/SECURITY.md): a set-only one is counted ``unauthenticated``.
 """
 
 from __future__ import annotations
@@ -322,6 +324,8 @@ class DeviceSession:
             return "broadcast_refused"
         if self.broadcast_ok is None or not self.broadcast_ok(frame.payload):
             return "broadcast_refused"  # not a set-only write: a broadcast never runs it
+        if self.auth is not None:  # keyed: only a verified tag reaches here; a broadcast
+            return "unauthenticated"  # never runs all the same (devices share no session key)
         verdict = self.broadcast_window.check(frame.seq)
         if verdict is not Verdict.NEW and verdict is not Verdict.ACCEPT_OLD:
             return "broadcast_repeated"

@@ -144,6 +144,7 @@ class Pair:
         got["bad_mac"] = self.lib.idl_shim_decoder_counter(self.buf, BAD_MAC)
         assert got == want, what
         assert self.lib.idl_shim_get(self.buf, THRESHOLD) == self.core.read(THRESHOLD, 1)[0], what
+        assert want["broadcast_executed"] == 0, what  # a keyed device never runs a broadcast
 
 
 def _hello_payload(nonce: bytes | None, kid: int, cut: int) -> bytes:
@@ -263,3 +264,21 @@ def test_the_keyed_c_core_answers_hostile_streams_as_python(lib: ctypes.CDLL,
         _run(pair, steps)
     finally:
         lib.idl_shim_auth_keys(b"", 0)
+
+
+@pytest.mark.parametrize("signed", [True, False])
+def test_a_keyed_device_never_runs_a_broadcast(keyed: Callable[..., Pair], signed: bool) -> None:
+    """docs/SECURITY.md, docs/BUS.md: broadcasts stay unsigned and a keyed device never runs one
+    (counted ``unauthenticated``) — not even one signed with this device's session key (its
+    holder could have sent the same command addressed, and answered)."""
+    pair = keyed(keys=(KEY,), address=5)
+    pair.feed(encode_frame(FrameType.HELLO, 1, 0, _hello_payload(bytes(16), key_id(KEY), 0),
+                           address=5), "handshake")
+    assert pair.session is not None
+    write = struct.pack(">BHH", 6, THRESHOLD, 444)
+    pair.feed(encode_frame(FrameType.REQUEST, 3, 0, write, address=0,
+                           key=pair.session if signed else None,
+                           direction=H2D if signed else None), "broadcast")
+    assert pair.py.counters["broadcast_executed"] == 0
+    assert pair.py.counters["unauthenticated"] == 1
+    assert pair.core.read(THRESHOLD, 1)[0] != 444

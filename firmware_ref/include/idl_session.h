@@ -29,7 +29,8 @@
  * without a tag gets AUTHENTICATION_REQUIRED, unsigned; one with a tag while no session key
  * exists and of another epoch gets EPOCH_MISMATCH, unsigned (the news of a reboot). A HELLO
  * naming a key the device holds derives a new session key; its HELLO_REPLY and every answer to
- * a verified frame are signed.
+ * a verified frame are signed. It runs no broadcast, not even a verified one: counted
+ * IDL_DISP_UNAUTHENTICATED.
  * A device with an address advertises capability ADDRESSED, its address and broadcast_next in
  * HELLO_REPLY. Without IDL_BUS (the default) every ADDRESSED frame is ignored, and the code and
  * state are those of the point-to-point core.

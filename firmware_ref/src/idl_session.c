@@ -260,6 +260,11 @@ static idl_disposition_t broadcast(idl_session_t *s, const idl_frame_t *f, uint3
         || !c->broadcast_ok(c->ctx, f->payload, f->length)) {
         return IDL_DISP_BROADCAST_REFUSED;
     }
+#if IDL_AUTH
+    if (s->auth.keyed != 0u) { /* even a verified one: the devices share no session key */
+        return IDL_DISP_UNAUTHENTICATED;
+    }
+#endif
     v = idl_window_check(&s->broadcast_window, f->seq);
     if (v != IDL_VERDICT_NEW && v != IDL_VERDICT_ACCEPT_OLD) {
         return IDL_DISP_BROADCAST_REPEATED;
