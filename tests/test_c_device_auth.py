@@ -254,3 +254,48 @@ def test_the_readme_quotes_make_bench_auth(tmp_path: Path) -> None:
     assert int(m0["ram_delta"]) <= int(m0["budget_ram"])
     tag = next(r for r in rows if r.get("case") == "tag")
     assert int(tag["cycles"]) <= int(tag["budget_cycles"])
+
+
+def test_the_keyed_c_device_shows_its_key_nowhere(device_bin: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/SECURITY.md "Keys never leak", for the C device: not in its stdout/stderr (``--stats``
+    included), its effects record, its flash directory, the host's ``--trace`` file, ``info
+    --json`` or a command's output — neither the long-term key nor a session key, in any form."""
+    import base64
+
+    from idemlink.cli import main
+
+    keys = _key_file(tmp_path / "key", KEY)
+    flash, effects, trace = tmp_path / "flash", tmp_path / "effects.jsonl", tmp_path / "t.jsonl"
+    flash.mkdir()
+    dev = firmware.RunningDevice(device_bin, flash, "--key-file", str(keys), "--effects",
+                                 str(effects))
+    secrets = {KEY}
+    seen: list[tuple[str, bytes]] = []
+    try:
+        with Device.open(dev.path, key=keys, timeout=0.3) as d:
+            assert d.write({"mode": 2}).ok
+            auth = d.session.auth
+            assert auth is not None and auth.session is not None
+            secrets.add(auth.session.key)  # the device derived the same one
+        k = ("--port", dev.path, "--key-file", str(keys))
+        for argv in (("info", *k, "--json"), ("write", *k, "--json", "--trace", str(trace),
+                                              "mode=1")):
+            assert main(list(argv)) == 0, argv
+            out, err = capsys.readouterr()
+            seen.append((f"{argv[0]} output", (out + err).encode()))
+    finally:
+        dev.proc.terminate()
+        out, err = dev.proc.communicate(timeout=scaled(10))
+    assert dev.proc.returncode == 0 and "executed=2" in err, err
+    seen.append(("the device's stdout and stderr", (out + err).encode()))
+    seen.append(("--trace file", trace.read_bytes()))
+    seen.append(("effects record", effects.read_bytes()))
+    seen += [(f"flash file {p.name}", p.read_bytes()) for p in flash.rglob("*") if p.is_file()]
+    assert len(seen) >= 5 and b'"authenticated": true' in seen[0][1] and len(secrets) == 2
+    assert trace.stat().st_size > 0 and any(w.startswith("flash file") for w, _ in seen)
+    for what, blob in seen:
+        for key in secrets:
+            for form in (key, key.hex().encode(), key.hex().upper().encode(),
+                         base64.b64encode(key), key.hex()[:32].encode()):
+                assert form not in blob, what
