@@ -106,6 +106,8 @@ class Pair:
 
     def boot(self) -> None:
         """A (re)boot of both: a new epoch, no session; the tape goes on."""
+        if getattr(self, "py", None) is not None and self.session is not None:
+            self.old.append(self.session)  # its frames are replayed after the reboot
         self.epoch = (self.epoch + 1) & 0xFFFFFFFF
         self.core = DeviceCore(DEFAULT_MAP, trigger_duration=2.0)
         core = self.core
@@ -168,7 +170,7 @@ KEYS = st.sampled_from(["current", "old_session", "stale", "none", "reflected", 
                         "long", "cut"])
 ADDRESSES = st.sampled_from([None, 5, 6, 0])
 HELLO = st.tuples(st.just("hello"), st.sampled_from(["key", "old", "stranger", "unkeyed"]),
-                  st.integers(0, 2), st.sampled_from([0, 0, 0, 1, 4, 19, -1, -3]), ADDRESSES,
+                  st.integers(0, 2), st.sampled_from([0, 0, 0, 1, 4, 19, 20, 25, 29, -1, -3]), ADDRESSES,
                   st.sampled_from(["none", "current", "stale"]))
 REQUEST = st.tuples(st.just("request"), KEYS, ADDRESSES, st.integers(1, 40),
                     st.sampled_from(["same", "other"]),
@@ -203,7 +205,7 @@ def _run(pair: Pair, steps: list[tuple[Any, ...]]) -> None:
                    "long": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(
                        (value % 8) + 222),
                    "garbage": bytes((value & 0xFF, value >> 8))}[pdu_kind]
-            key = {"current": pair.session, "old_session": pair.old[-1] if pair.old else None,
+            key = {"current": pair.session, "old_session": pair.old[value % len(pair.old)] if pair.old else None,
                    "stale": stale, "reflected": pair.session}.get(how)
             if how in ("current", "old_session", "stale", "reflected") and key is not None:
                 wire = encode_frame(FrameType.REQUEST, seq, epoch, pdu, address=address,
