@@ -174,7 +174,7 @@ HELLO = st.tuples(st.just("hello"), st.sampled_from(["key", "old", "stranger", "
                   st.sampled_from(["none", "current", "stale"]))
 REQUEST = st.tuples(st.just("request"), KEYS, ADDRESSES, st.integers(1, 40),
                     st.sampled_from(["same", "other"]),
-                    st.sampled_from(["write", "read", "long", "garbage"]),
+                    st.sampled_from(["write", "read", "long", "garbage", "max", "over"]),
                     st.integers(0, 0xFFFF))
 OTHER = st.tuples(st.sampled_from(["reflect", "reboot", "response", "split", "handshake"]),
                   st.integers(0, 50))
@@ -204,10 +204,20 @@ def _run(pair: Pair, steps: list[tuple[Any, ...]]) -> None:
                    # a payload that puts the tag across the first COBS block's end (254)
                    "long": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(
                        (value % 8) + 222),
-                   "garbage": bytes((value & 0xFF, value >> 8))}[pdu_kind]
+                   "garbage": bytes((value & 0xFF, value >> 8)),
+                   # the longest payload, and one byte more (the decoders' bounds with a tag)
+                   "max": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(506),
+                   "over": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(507)}[pdu_kind]
             key = {"current": pair.session, "old_session": pair.old[value % len(pair.old)] if pair.old else None,
                    "stale": stale, "reflected": pair.session}.get(how)
-            if how in ("current", "old_session", "stale", "reflected") and key is not None:
+            if len(pdu) > 512:  # beyond the codec: by hand, signed with whatever key is at hand
+                key = key or pair.session or stale
+                flags = Flags.AUTH | (Flags.ADDRESSED if address is not None else 0)
+                head = struct.pack("<BBBIIH", 1, FrameType.REQUEST, flags, epoch, seq, len(pdu))
+                head += bytes((address,)) if address is not None else b""
+                wire = _by_hand(FrameType.REQUEST, flags, epoch, seq, pdu,
+                                frame_mac(key.key, H2D, head + pdu, 8), address)
+            elif how in ("current", "old_session", "stale", "reflected") and key is not None:
                 wire = encode_frame(FrameType.REQUEST, seq, epoch, pdu, address=address,
                                     key=key, direction=D2H if how == "reflected" else H2D)
             elif how in ("zeros", "long", "cut") and pair.session is not None:
