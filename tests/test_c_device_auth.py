@@ -299,3 +299,34 @@ def test_the_keyed_c_device_shows_its_key_nowhere(device_bin: Path, tmp_path: Pa
             for form in (key, key.hex().encode(), key.hex().upper().encode(),
                          base64.b64encode(key), key.hex()[:32].encode()):
                 assert form not in blob, what
+
+
+def test_keyed_and_unkeyed_peers_never_downgrade_on_the_command_line(
+        device_bin: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A keyed host against the unkeyed C device: one line, exit 1, nothing sent but HELLO; an
+    unkeyed host against the keyed C device: NOT_EXECUTED (AUTHENTICATION_REQUIRED), exit 3; a
+    host with another key: one line, exit 1. Nothing ran on either device."""
+    from idemlink.cli import main
+
+    keys = _key_file(tmp_path / "key", KEY)
+    other = _key_file(tmp_path / "other", OTHER)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    unkeyed = firmware.RunningDevice(device_bin, tmp_path / "a")
+    keyed = firmware.RunningDevice(device_bin, tmp_path / "b", "--key-file", str(keys))
+    fast = ("--timeout", "0.2", "--attempts", "2")
+    try:
+        for port, key, rc, want in (
+                (unkeyed.path, keys, 1, "not keyed (it does not advertise AUTH)"),
+                (keyed.path, None, 3, "NOT_EXECUTED (AUTHENTICATION_REQUIRED)"),
+                (keyed.path, other, 1, f"the device holds key id {key_id(KEY):08x}")):
+            argv = ["write", "--port", port, *fast, "mode=2"]
+            argv += ["--key-file", str(key)] if key is not None else []
+            assert main(argv) == rc, argv
+            out, err = capsys.readouterr()
+            assert want in out + err, (argv, out, err)
+            if rc == 1:
+                assert out == "" and len(err.strip().splitlines()) == 1, err
+    finally:
+        stats = [unkeyed.stop(), keyed.stop()]
+    assert [s["executed"] for s in stats] == [0, 0] and stats[1]["unauthenticated"] >= 1
