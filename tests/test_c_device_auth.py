@@ -330,3 +330,29 @@ def test_keyed_and_unkeyed_peers_never_downgrade_on_the_command_line(
     finally:
         stats = [unkeyed.stop(), keyed.stop()]
     assert [s["executed"] for s in stats] == [0, 0] and stats[1]["unauthenticated"] >= 1
+
+
+def test_qemu_device_takes_the_key_files_the_host_takes(tmp_path: Path) -> None:
+    """``tools/qemu-device --key-file``, the host's rules (protocol/key_file.py): a symbolic link
+    to a private file is read (the QEMU start fails later, here on purpose); a FIFO is refused in
+    one line at once, not waited on; a file others can read is refused. No QEMU needed."""
+    keys = _key_file(tmp_path / "key", KEY)
+    (tmp_path / "link").symlink_to(keys)
+    os.mkfifo(tmp_path / "fifo", 0o600)
+    wide = _key_file(tmp_path / "wide", KEY, mode=0o644)
+    elf = tmp_path / "fake.elf"
+    elf.write_bytes(b"")
+    (tmp_path / "flash").mkdir()
+    for path, refused in ((tmp_path / "link", None), (tmp_path / "fifo", "not a regular file"),
+                          (wide, "0600 or stricter")):
+        proc = subprocess.run(
+            [sys.executable, str(firmware.QEMU_TOOL), "--flash-dir", str(tmp_path / "flash"),
+             "--elf", str(elf), "--qemu", "/bin/false", "--key-file", str(path)],
+            capture_output=True, text=True, timeout=scaled(10), check=False,
+            stdin=subprocess.DEVNULL)
+        assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+        if refused is None:
+            assert "--key-file" not in proc.stderr and "QEMU" in proc.stderr, proc.stderr
+        else:
+            assert f"--key-file {path}: " in proc.stderr and refused in proc.stderr
+        assert KEY.hex() not in proc.stderr
