@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from support import firmware
 
 from idemlink.protocol.auth import DeviceAuth, DeviceKeys, encode_hello_auth, key_id
+from idemlink.protocol.cobs import decode as cobs_decode
 from idemlink.protocol.cobs import encode as cobs_encode
 from idemlink.protocol.contract import contract_hash
 from idemlink.protocol.device_core import DeviceCore
@@ -35,6 +36,7 @@ from idemlink.protocol.frame import (
     encode_frame,
     frame_mac,
 )
+from idemlink.protocol.outcome import Status
 from idemlink.protocol.payloads import encode_hello
 from idemlink.protocol.regmap_file import DEFAULT_MAP
 
@@ -208,7 +210,8 @@ def _run(pair: Pair, steps: list[tuple[Any, ...]]) -> None:
                    # the longest payload, and one byte more (the decoders' bounds with a tag)
                    "max": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(506),
                    "over": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(507)}[pdu_kind]
-            key = {"current": pair.session, "old_session": pair.old[value % len(pair.old)] if pair.old else None,
+            old = pair.old[value % len(pair.old)] if pair.old else None
+            key = {"current": pair.session, "old_session": old,
                    "stale": stale, "reflected": pair.session}.get(how)
             if len(pdu) > 512:  # beyond the codec: by hand, signed with whatever key is at hand
                 key = key or pair.session or stale
@@ -294,3 +297,41 @@ def test_a_keyed_device_never_runs_a_broadcast(keyed: Callable[..., Pair], signe
     assert pair.py.counters["broadcast_executed"] == 0
     assert pair.py.counters["unauthenticated"] == 1
     assert pair.core.read(THRESHOLD, 1)[0] != 444
+
+
+def test_after_a_lost_key_the_re_keyed_device_runs_nothing_of_its_keyed_life(
+        keyed: Callable[..., Pair]) -> None:
+    """The recovery of a lost key on a device the operator holds (docs/SECURITY.md): the device
+    restarted with a new key. Every frame of its old keyed life (handshakes, signed writes,
+    across a reboot) replayed into the re-keyed device runs nothing on either side; the new key's
+    host drives it."""
+    pair = keyed(keys=(OLD_KEY,), address=None)
+    wires: list[bytes] = []
+    for boot in range(2):
+        hello = encode_frame(FrameType.HELLO, 1, 0, _hello_payload(bytes((boot,)) * 16,
+                                                                    key_id(OLD_KEY), 0))
+        pair.feed(hello, "old handshake")
+        assert pair.session is not None
+        for seq in (5, 6):
+            wires += [hello, encode_frame(
+                FrameType.REQUEST, seq, pair.epoch, struct.pack(">BHH", 6, THRESHOLD, 400 + seq),
+                key=pair.session, direction=H2D)]
+            pair.feed(wires[-1], "old write")
+        assert pair.py.counters["executed"] == 2 and pair.core.read(THRESHOLD, 1)[0] == 406
+        pair.boot()
+    new = keyed(keys=(KEY,), address=None, seed=24)  # the re-keyed device (a new boot)
+    for i, wire in enumerate(wires):
+        new.feed(wire, f"replayed frame {i}")
+    for answer in new.answers:  # refusals only, never signed
+        raw = cobs_decode(answer.strip(b"\x00"))
+        assert not raw[2] & Flags.AUTH, raw.hex()
+        assert raw[1] == FrameType.HELLO_REPLY or raw[13] in (Status.AUTHENTICATION_REQUIRED,
+                                                              Status.EPOCH_MISMATCH)
+    assert new.session is None and new.py.counters["executed"] == 0
+    assert new.py.counters["unauthenticated"] == 4
+    new.feed(encode_frame(FrameType.HELLO, 1, 0, _hello_payload(bytes(16), key_id(KEY), 0)),
+             "new handshake")
+    assert new.session is not None
+    new.feed(encode_frame(FrameType.REQUEST, 9, new.epoch, struct.pack(">BHH", 6, THRESHOLD, 7),
+                          key=new.session, direction=H2D), "new write")
+    assert new.py.counters["executed"] == 1 and new.core.read(THRESHOLD, 1)[0] == 7
