@@ -356,3 +356,27 @@ def test_qemu_device_takes_the_key_files_the_host_takes(tmp_path: Path) -> None:
         else:
             assert f"--key-file {path}: " in proc.stderr and refused in proc.stderr
         assert KEY.hex() not in proc.stderr
+
+
+def test_the_posix_device_reads_every_key_file_the_host_reads(device_bin: Path,
+                                                              tmp_path: Path) -> None:
+    """protocol/key_file.py's format (``bytes.fromhex`` per line: blanks between bytes, ``#``
+    comments, CRLF): the device serves with such a file, keyed with its key; and refuses what the
+    host refuses (a blank inside a byte)."""
+    spaced = " ".join(KEY.hex()[i:i + 2] for i in range(0, 64, 2))
+    keys = tmp_path / "spaced"
+    keys.write_bytes(f"# the device's key\r\n  {spaced}  # current\r\n".encode())
+    keys.chmod(0o600)
+    flash = tmp_path / "flash"
+    flash.mkdir()
+    dev = firmware.RunningDevice(device_bin, flash, "--key-file", str(keys))
+    try:
+        with Device.open(dev.path, key=keys, timeout=0.3) as d:
+            assert d.write({"mode": 1}).ok
+    finally:
+        assert dev.stop()["executed"] == 1
+    bad = _key_file(tmp_path / "bad", KEY)
+    bad.write_text("a" + " " + KEY.hex()[1:] + "\n", encoding="ascii")
+    proc = subprocess.run([str(device_bin), "--key-file", str(bad)], capture_output=True,
+                          text=True, timeout=scaled(10), check=False)
+    assert proc.returncode == 1 and "line 1" in proc.stderr, proc.stderr
