@@ -180,7 +180,11 @@ REQUEST = st.tuples(st.just("request"), KEYS, ADDRESSES, st.integers(1, 40),
                     st.integers(0, 0xFFFF))
 OTHER = st.tuples(st.sampled_from(["reflect", "reboot", "response", "split", "handshake"]),
                   st.integers(0, 50))
-STEPS = st.lists(st.one_of(HELLO, REQUEST, REQUEST, REQUEST, OTHER), min_size=1, max_size=25
+#: the last frame mutated, its CRC made right again: (byte index, new value); index 2 is the
+#: flags, 11-12 the length field, the last ones the tag
+MUTANT = st.tuples(st.just("mutant"), st.integers(-14, 14), st.integers(0, 255))
+STEPS = st.lists(st.one_of(HELLO, REQUEST, REQUEST, REQUEST, OTHER, MUTANT), min_size=1,
+                 max_size=25
                  ).map(lambda s: [("handshake", 0), *s])
 
 
@@ -203,9 +207,10 @@ def _run(pair: Pair, steps: list[tuple[Any, ...]]) -> None:
             epoch = pair.epoch if epoch_kind == "same" else pair.epoch ^ 0x5A5A
             pdu = {"write": struct.pack(">BHH", 6, THRESHOLD, value % 1000),
                    "read": struct.pack(">BHH", 3, THRESHOLD, 1),
-                   # a payload that puts the tag across the first COBS block's end (254)
-                   "long": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(
-                       (value % 8) + 222),
+                   # no zero after the PDU's head: the tag lies across a full COBS block's
+                   # end (254 bytes without a zero)
+                   "long": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + b"\x55" * (
+                       (value % 12) + 243),
                    "garbage": bytes((value & 0xFF, value >> 8)),
                    # the longest payload, and one byte more (the decoders' bounds with a tag)
                    "max": struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + bytes(506),
@@ -248,6 +253,13 @@ def _run(pair: Pair, steps: list[tuple[Any, ...]]) -> None:
             key = pair.session
             wire = encode_frame(FrameType.RESPONSE, step[1], pair.epoch, b"\x00", key=key,
                                 direction=H2D if key else None)
+        elif step[0] == "mutant":
+            if not last:
+                continue
+            raw = bytearray(cobs_decode(last.strip(b"\x00"))[:-4])
+            raw[step[1] % len(raw)] = step[2]
+            wire = b"\x00" + cobs_encode(bytes(raw) + struct.pack("<I", crc32c(bytes(raw)))) \
+                + b"\x00"
         else:  # "split": the last frame again, one byte at a time
             for j in range(len(last)):
                 pair.feed(last[j:j + 1], what + f" byte {j}")
