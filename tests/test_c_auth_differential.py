@@ -350,3 +350,19 @@ def test_after_a_lost_key_the_re_keyed_device_runs_nothing_of_its_keyed_life(
     new.feed(encode_frame(FrameType.REQUEST, 9, new.epoch, struct.pack(">BHH", 6, THRESHOLD, 7),
                           key=new.session, direction=H2D), "new write")
     assert new.py.counters["executed"] == 1 and new.core.read(THRESHOLD, 1)[0] == 7
+
+
+def test_a_tag_across_a_cobs_block_end_verifies(keyed: Callable[..., Pair]) -> None:
+    """Payloads without a zero, so that a full COBS block (254 bytes) ends inside the tag, at
+    every offset: each signed request verifies and runs once on both sides."""
+    pair = keyed(keys=(KEY,), address=None)
+    pair.feed(encode_frame(FrameType.HELLO, 1, 0, _hello_payload(bytes(16), key_id(KEY), 0)),
+              "handshake")
+    assert pair.session is not None
+    for n in range(240, 256):
+        pdu = struct.pack(">BHHB", 0x10, THRESHOLD, 1, 2) + b"\x55" * n
+        pair.feed(encode_frame(FrameType.REQUEST, n, pair.epoch, pdu, key=pair.session,
+                               direction=H2D), f"{n} filler bytes")
+        raw = cobs_decode(pair.answers[-1].strip(b"\x00"))
+        assert raw[2] & Flags.AUTH and raw[3:7] == pair.epoch.to_bytes(4, "little")
+    assert pair.py.counters["executed"] == 16 and pair.py.decoder.counters["BAD_MAC"] == 0
