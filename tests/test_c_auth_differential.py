@@ -281,6 +281,15 @@ def keyed(lib: ctypes.CDLL) -> Callable[..., Pair]:
     lib.idl_shim_auth_keys(b"", 0)  # the library's other users get unkeyed devices
 
 
+def _differential(lib: ctypes.CDLL, steps: list[tuple[Any, ...]], address: int | None,
+                  keyed: bool) -> None:
+    try:
+        pair = Pair(lib, (KEY, OLD_KEY) if keyed else (), address, 23)
+        _run(pair, steps)
+    finally:
+        lib.idl_shim_auth_keys(b"", 0)
+
+
 @settings(max_examples=40)
 @given(steps=STEPS, address=st.sampled_from([None, 5]),
        keyed=st.sampled_from([True, True, False]))
@@ -289,11 +298,19 @@ def test_the_keyed_c_core_answers_hostile_streams_as_python(lib: ctypes.CDLL,
                                                             address: int | None,
                                                             keyed: bool) -> None:
     """An unkeyed device (the control) too: it takes no tagged frame."""
-    try:
-        pair = Pair(lib, (KEY, OLD_KEY) if keyed else (), address, 23)
-        _run(pair, steps)
-    finally:
-        lib.idl_shim_auth_keys(b"", 0)
+    _differential(lib, steps, address, keyed)
+
+
+@pytest.mark.slow
+@settings(max_examples=5000)
+@given(steps=STEPS, address=st.sampled_from([None, 5]),
+       keyed=st.sampled_from([True, True, False]))
+def test_the_keyed_c_core_answers_hostile_streams_as_python_long(lib: ctypes.CDLL,
+                                                                 steps: list[tuple[Any, ...]],
+                                                                 address: int | None,
+                                                                 keyed: bool) -> None:
+    """The same, 5,000 streams (under a minute)."""
+    _differential(lib, steps, address, keyed)
 
 
 @pytest.mark.parametrize("signed", [True, False])
