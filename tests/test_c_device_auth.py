@@ -380,3 +380,15 @@ def test_the_posix_device_reads_every_key_file_the_host_reads(device_bin: Path,
     proc = subprocess.run([str(device_bin), "--key-file", str(bad)], capture_output=True,
                           text=True, timeout=scaled(10), check=False)
     assert proc.returncode == 1 and "line 1" in proc.stderr, proc.stderr
+
+
+def test_a_key_file_with_plain_modbus_rtu_is_refused(device_bin: Path, tmp_path: Path) -> None:
+    """A plain Modbus RTU slave has no frames to sign: a device given a key and ``--modbus-rtu``
+    would serve everyone unauthenticated (a silent downgrade). Refused in one line, exit 1, before
+    it serves (the host's rule for ``--key-file`` with ``--modbus-rtu``, docs/SECURITY.md)."""
+    keys = _key_file(tmp_path / "key", KEY)
+    proc = subprocess.run([str(device_bin), "--flash-dir", str(tmp_path), "--modbus-rtu",
+                           "--key-file", str(keys)], capture_output=True, text=True,
+                          timeout=scaled(10), check=False, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 1 and proc.stdout == "", (proc.stdout, proc.stderr)
+    assert "--modbus-rtu" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

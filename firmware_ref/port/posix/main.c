@@ -226,6 +226,10 @@ int main(int argc, char **argv)
     idl_posix_serve_signals();
     idl_posix_args_parse(&args, argc, argv);
     seed_state = args.seed;
+    if (args.rtu_mode && args.key_file != NULL) { /* keyed, yet serving everyone: refused */
+        idl_posix_fail(1, "--key-file keys the framed device; a plain Modbus RTU slave has no "
+                          "frames to sign, so it does not apply to --modbus-rtu", NULL);
+    }
     idl_posix_keys_load(args.key_file);
     idl_posix_flash_use(args.flash_dir, args.device_id, random64);
     idl_posix_flash_address(args.address);
