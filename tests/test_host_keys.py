@@ -160,3 +160,17 @@ def test_no_key_through_a_gateway_url() -> None:
         Device.open("idemlink+http://127.0.0.1:1/boiler", key=K1)
     with pytest.raises(NotThroughGateway, match="key"):
         AsyncDevice.open("idemlink+http://127.0.0.1:1/boiler", key=K1)
+
+
+@pytest.mark.parametrize("how", [("--modbus-rtu",), ("--modbus-tcp", "127.0.0.1:0")])
+def test_a_keyed_simulator_never_serves_plain_modbus(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], how: tuple[str, ...]) -> None:
+    """``sim --key-file`` with a plain Modbus face would serve every unauthenticated write (a
+    silent downgrade): refused in one line, exit 1, before it serves (as the C device)."""
+    path = tmp_path / "k"
+    path.write_text(K1.hex())
+    path.chmod(0o600)
+    rc = main(["sim", *how, "--key-file", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == "" and err.count("\n") == 1 and "--key-file" in err, (out, err)
+    assert K1.hex() not in err

@@ -251,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
             args.modbus_rtu or getattr(args, "modbus_tcp", None) is not None):
         raise UserError("--address is a framed idemlink device's bus address; a Modbus "
                         "slave's is --unit N")
+    if getattr(args, "key_file", None) is not None and (
+            args.modbus_rtu or getattr(args, "modbus_tcp", None) is not None):
+        # keyed, yet serving everyone: a plain slave has no frames to sign (docs/SECURITY.md)
+        raise UserError("--key-file keys the framed simulator; a plain Modbus slave has no "
+                        "frames to sign, so it does not apply to --modbus-rtu / --modbus-tcp")
     bus_refusal = _bus_refusal(args)
     if bus_refusal:
         raise UserError(bus_refusal)
