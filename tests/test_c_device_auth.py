@@ -327,6 +327,9 @@ def test_keyed_and_unkeyed_peers_never_downgrade_on_the_command_line(
             assert want in out + err, (argv, out, err)
             if rc == 1:
                 assert out == "" and len(err.strip().splitlines()) == 1, err
+        assert main(["info", "--port", keyed.path, *fast]) == 0  # "is authentication on?"
+        out, _ = capsys.readouterr()
+        assert f"no: the device is keyed (key id {key_id(KEY):08x})" in out, out
     finally:
         stats = [unkeyed.stop(), keyed.stop()]
     assert [s["executed"] for s in stats] == [0, 0] and stats[1]["unauthenticated"] >= 1
