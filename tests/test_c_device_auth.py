@@ -93,19 +93,27 @@ def test_a_key_file_others_can_read_is_refused_in_one_line(device_bin: Path,
 
 
 
-def test_a_key_file_that_is_no_regular_file_is_refused_at_once(device_bin: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_bad_key_file_is_refused_in_one_line_at_once(device_bin: Path,
+                                                        tmp_path: Path) -> None:
     """A FIFO, a directory, a missing file: one line, exit 1, without waiting for a writer (the
-    host's rule, protocol/regular_file.py: opened without blocking)."""
+    host's rule, protocol/regular_file.py: opened without blocking); an empty file, a binary key,
+    a key cut short or too long, five keys: one line, exit 1, the key never in it."""
     os.mkfifo(tmp_path / "fifo", 0o600)
     (tmp_path / "dir").mkdir(mode=0o700)
+    for name, data in (("empty", b""), ("binary", KEY), ("short", KEY.hex()[:-2].encode()),
+                       ("long", KEY.hex().encode() + b"00"), ("five", 5 * (KEY.hex() + "\n")
+                                                                .encode())):
+        (tmp_path / name).write_bytes(data)
+        (tmp_path / name).chmod(0o600)
     for name, why in (("fifo", "not a regular file"), ("dir", "not a regular file"),
-                      ("missing", "No such file")):
+                      ("missing", "No such file"), ("empty", "no key in it"),
+                      ("binary", "line 1 is not one key"), ("short", "line 1 is not one key"),
+                      ("long", "line 1 is not one key"), ("five", "more than 4 keys")):
         proc = subprocess.run([str(device_bin), "--key-file", str(tmp_path / name)],
                               capture_output=True, text=True, timeout=scaled(10), check=False,
                               stdin=subprocess.DEVNULL)
         assert proc.returncode == 1 and why in proc.stderr, (name, proc.stderr)
-        assert len(proc.stderr.strip().splitlines()) == 1
+        assert len(proc.stderr.strip().splitlines()) == 1 and KEY.hex()[:8] not in proc.stderr
 
 # ---- the adversary on the line (issue 23's proof, docs/SOAK.md "--device-cmd") ----------------
 
