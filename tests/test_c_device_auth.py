@@ -372,15 +372,16 @@ def test_qemu_device_takes_the_key_files_the_host_takes(tmp_path: Path) -> None:
 def test_the_posix_device_reads_every_key_file_the_host_reads(device_bin: Path,
                                                               tmp_path: Path) -> None:
     """protocol/key_file.py's format (``bytes.fromhex`` per line: blanks between bytes, ``#``
-    comments, CRLF): the device serves with such a file, keyed with its key; and refuses what the
-    host refuses (a blank inside a byte)."""
+    comments, CRLF, through a symbolic link): the device serves with such a file, keyed with its
+    key; and refuses what the host refuses (a blank inside a byte)."""
     spaced = " ".join(KEY.hex()[i:i + 2] for i in range(0, 64, 2))
     keys = tmp_path / "spaced"
     keys.write_bytes(f"# the device's key\r\n  {spaced}  # current\r\n".encode())
     keys.chmod(0o600)
+    (tmp_path / "link").symlink_to(keys)  # followed, as the host does (the file's mode counts)
     flash = tmp_path / "flash"
     flash.mkdir()
-    dev = firmware.RunningDevice(device_bin, flash, "--key-file", str(keys))
+    dev = firmware.RunningDevice(device_bin, flash, "--key-file", str(tmp_path / "link"))
     try:
         with Device.open(dev.path, key=keys, timeout=0.3) as d:
             assert d.write({"mode": 1}).ok
