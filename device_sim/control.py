@@ -40,6 +40,15 @@ MAX_LINE = 128
 """Longest control line in bytes (the C device's buffer); a longer one is refused whole."""
 
 
+
+def shown(line: str) -> str:
+    """What a refusal may repeat of a control line: its first word (at most 40 characters) and
+    "..." when more follows. The rest may be a secret an operator pasted (a key after a command
+    this device does not know): never repeated in a log. The C devices show the same."""
+    first = re.split(r"[ \t\r]", line, maxsplit=1)[0][:40]
+    return first + (" ..." if len(line) > len(first) else "")
+
+
 class ControlError(LocalProtocolError, ValueError):
     """A control line that cannot be applied (nothing changed)."""
 
@@ -181,7 +190,7 @@ class Control:
                     apply(self.core, command, now)
             except ControlError as exc:
                 self.refused += 1
-                problems.append(f"control: {line[:40]!r}: {exc}")
+                problems.append(f"control: {shown(line)!r}: {exc}")
         return problems
 
     def close(self) -> None:

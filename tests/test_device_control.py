@@ -180,7 +180,7 @@ def _qemu_control(tmp_path: Path, board: str, elf: Path) -> None:
         _, err = proc.communicate(timeout=scaled(10))
     assert proc.returncode == 0, err
     assert [line for line in err.splitlines() if "control:" in line] == [
-        "qemu-device: control: 'bogus 1 2': say 'input ADDRESS VALUE' or 'condition ADDRESS BITS'"]
+        "qemu-device: control: 'bogus ...': say 'input ADDRESS VALUE' or 'condition ADDRESS BITS'"]
 
 
 def test_a_nul_byte_refuses_its_line(device: tuple[str, Path, subprocess.Popen[str]]) -> None:
@@ -196,3 +196,19 @@ def test_a_nul_byte_refuses_its_line(device: tuple[str, Path, subprocess.Popen[s
     _, err = proc.communicate(timeout=scaled(10))
     assert proc.returncode == 0, err
     assert len([line for line in err.splitlines() if "control:" in line]) == 2, err
+
+
+def test_a_refused_line_shows_only_its_first_word(
+        device: tuple[str, Path, subprocess.Popen[str]]) -> None:
+    """A key pasted after a command this device does not serve (the C device has no
+    ``provision-key``) is refused without repeating it: stderr shows the line's first word."""
+    path, fifo, proc = device
+    secret = "a5" * 32
+    with Device.open(path, regmap=PUMP) as dev:
+        say(fifo, f"provision-key {secret}", "input 256 7")
+        wait_until(lambda: raw(dev, FLOW) == 7, what="the line after the refused one")
+    proc.terminate()
+    _, err = proc.communicate(timeout=scaled(10))
+    assert proc.returncode == 0, err
+    assert secret[:8] not in err
+    assert "control: 'provision-key ...':" in err, err

@@ -11,6 +11,12 @@ void idl_control_init(idl_control_t *c, idl_control_say_fn say)
 
 /* `0x` hex digits or decimal digits, at most 24 characters, as device_sim/control.py _NUMBER;
  * 1 and *out when it is one of 0..65535 */
+size_t idl_control_shown(const char *text)
+{
+    size_t n = strcspn(text, " \t\r");
+    return n > 40u ? 40u : n;
+}
+
 static int number(const char *text, size_t n, uint16_t *out)
 {
     size_t i = 0;

@@ -17,7 +17,9 @@
 
 #define IDL_CONTROL_MAX_LINE 128u
 
-/** Say why `text` (a line, at most its first 40 bytes matter) was refused. */
+/** Say why `text` (a line) was refused. Show only its first `idl_control_shown(text)` bytes
+ *  and "..." when more follows: a line's later words may be a secret an operator pasted (a
+ *  key after a command this device does not know), never repeated in a log. */
 typedef void (*idl_control_say_fn)(const char *text, const char *why);
 
 typedef struct {
@@ -31,6 +33,9 @@ typedef struct {
 } idl_control_t;
 
 void idl_control_init(idl_control_t *c, idl_control_say_fn say);
+
+/** The bytes of `text` a refusal may show: its first word, at most 40 bytes. */
+size_t idl_control_shown(const char *text);
 
 /** Bytes from the outside: every complete line applied to `regs` at `now` (ms); returns the
  *  number of lines refused in this call. */

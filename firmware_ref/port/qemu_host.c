@@ -134,11 +134,13 @@ static void say(const char *text, const char *why)
     size_t n = 0;
     size_t k;
     int h = idl_sh_open(tt, IDL_SH_MODE_A); /* ":tt" for appending: the host's stderr */
-    const char *parts[5] = { "qemu-device: control: '", text, "': ", why, "\n" };
+    size_t shown = idl_control_shown(text);
+    const char *parts[5] = { "qemu-device: control: '", text,
+                             text[shown] != '\0' ? " ...': " : "': ", why, "\n" };
     for (k = 0; k < 5u; k++) {
         size_t len = strlen(parts[k]);
-        if (k == 1u && len > 40u) {
-            len = 40u; /* as the posix device: the first 40 bytes of the line */
+        if (k == 1u) {
+            len = shown; /* as the posix device: the first word only */
         }
         if (n + len < sizeof msg) {
             memcpy(msg + n, parts[k], len);

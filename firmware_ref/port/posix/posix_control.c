@@ -16,7 +16,9 @@ static int started;
 
 static void say(const char *text, const char *why)
 {
-    fprintf(stderr, "idemlink-device: control: '%.40s': %s\n", text, why);
+    size_t shown = idl_control_shown(text);
+    fprintf(stderr, "idemlink-device: control: '%.*s%s': %s\n", (int)shown, text,
+            text[shown] != '\0' ? " ..." : "", why);
 }
 
 int idl_posix_control_open(const char *path)
