@@ -145,6 +145,11 @@ class _FdEnd(_End):
             self._slave = None
 
 
+SIGNAL_LATENCY = 0.5
+"""The longest ``LinkProxy.serve`` blocks in one select(): how late it may see ``stop()`` from a
+signal handler whose signal arrived just before select() began."""
+
+
 class _UrlEnd(_End):
     """A pyserial URL without a usable fd: a reader thread feeds a pipe that ``select`` watches."""
 
@@ -272,7 +277,11 @@ class LinkProxy:
             times = [
                 t for t in (d.next_event_time() for _, d, _ in routes) if t is not None
             ]
-            timeout = None if not times else max(min(times) - now, self.quantum)
+            # never block for ever: a signal that lands between the stop check and select()
+            # runs its Python handler (which wakes this loop) only once select returns; with no
+            # traffic and no timeout, `idemlink link` once sat out a SIGTERM until killed
+            timeout = SIGNAL_LATENCY if not times else min(max(min(times) - now, self.quantum),
+                                                            SIGNAL_LATENCY)
             wfds = [fd for fd in (e.write_fd() for e in self._ends) if fd is not None]
             rfds = [*by_fd, self._wake_r]
             readable, writable, _ = select.select(rfds, wfds, [], timeout)

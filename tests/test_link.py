@@ -898,3 +898,21 @@ def test_an_outage_loses_what_is_sent_into_it_and_only_that() -> None:
     assert d.stats.outage_bytes == 8 and d.stats.faults == 8
     with pytest.raises(LinkConfigError):
         d.outage(1.0, 1.0)
+
+
+def test_the_proxy_sees_a_stop_that_did_not_wake_its_select() -> None:
+    """A signal landing between serve's stop check and its select() runs the Python handler
+    (which wakes the loop) only after select returns: with no traffic, serve must still return
+    soon. Simulated by setting the stop flag without the wake-up byte."""
+    from idemlink.device_sim.link_proxy import SIGNAL_LATENCY, LinkProxy
+
+    with LinkProxy(None, None, LinkConfig()) as proxy:
+        done = threading.Event()
+
+        def serve() -> None:
+            proxy.serve()
+            done.set()
+
+        threading.Thread(target=serve, daemon=True).start()
+        proxy._stop.set()  # the flag only, as a deferred handler leaves it
+        assert done.wait(scaled(SIGNAL_LATENCY * 10)), "serve blocked with the stop flag set"
