@@ -111,7 +111,7 @@ static void fuzz_keyed(idl_session_t *s, const idl_session_config_t *cfg, uint8_
         case 3:
         case 4: /* signed with the session key (what a keyed host sends) */
             n = idl_frame_encode_signed(wire, IDL_FRAME_NO_ADDRESS,
-                                        s->auth.has_session ? s->auth.session : OTHER,
+                                        s->keyed > 1u ? s->auth.session : OTHER,
                                         IDL_FT_REQUEST, 0u, (how & 1u) ? 7u : 8u, seq, data + i,
                                         len);
             break;

@@ -5,15 +5,19 @@
  *
  * One call hashes a list of pieces (pointer, length) as if they were one message, so a frame's
  * MAC runs over the direction byte, the header and the payload where they lie, without copying
- * the frame. The key, when given, is IDL_KEY_LEN (32) bytes: every key of the protocol (long-term
- * and session keys) has that length; NULL hashes unkeyed (RFC 7693's "abc" known-answer test).
+ * the frame. Always keyed, with IDL_KEY_LEN (32) bytes: every key of the protocol (long-term and
+ * session keys) has that length, and nothing on the device hashes unkeyed. The digest is written
+ * over `out` and compared with what `out` held, every byte (no early exit): a tag is checked by
+ * computing it over the received one.
  *
  * Size choices (Cortex-M0+, -Os): the ten rounds and the eight G functions of a round run in one
  * loop whose state indices are computed, not tabled; the message schedule (sigma) is packed as
  * nibbles (80 bytes); one compression serves the key id, the key derivation and the MAC; the key
- * block is padded in place (the block buffer is zeroed after each compression); on a
- * little-endian target the block's bytes are its message words (no loader). No libc call but
- * memset (which the core already uses), no dynamic memory, about 120 bytes of stack.
+ * block is padded in place (the block buffer is zeroed after each compression); the byte
+ * counter is 32 bits (its high word stays 0: messages up to 4 GiB - 64 bytes, a frame is at most
+ * IDL_MAX_FRAME); on a little-endian target the block's bytes are its message words (no loader).
+ * No libc call but memset and memcpy (which the core already uses), no dynamic memory, about
+ * 240 bytes of stack (Cortex-M0+).
  */
 #ifndef IDL_BLAKE2S_H
 #define IDL_BLAKE2S_H
@@ -27,9 +31,11 @@ typedef struct {
     size_t n;
 } idl_piece_t;
 
-/** BLAKE2s of the concatenated `count` pieces, `outlen` (1..32) bytes to `out`, keyed with the
- *  32 bytes at `key` (NULL: unkeyed). Messages up to 4 GiB - 64 bytes. */
-void idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_piece_t *pieces,
-                 unsigned count);
+/** BLAKE2s keyed with the 32 bytes at `key` of the concatenated `count` pieces: `outlen` (1..32)
+ *  bytes written to `out`. Returns 0 if `out` held that digest already, non-zero otherwise (every
+ *  byte compared; a caller that only wants the digest ignores it). Messages up to 4 GiB - 64
+ *  bytes. */
+unsigned idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_piece_t *pieces,
+                     unsigned count);
 
 #endif /* IDL_BLAKE2S_H */

@@ -145,10 +145,9 @@ typedef struct {
     uint32_t handed_out;     /**< last next_seq handed out (valid if has_handed_out) */
     uint8_t has_handed_out;
 #if IDL_AUTH
+    uint8_t keyed;            /**< 0 no key (idl_port_auth_key(0) NULL), 1 keyed, 2 keyed with a
+                                   session key */
     const uint8_t *sign;      /**< the answer being built is signed with this key (or NULL) */
-#endif
-#if IDL_AUTH
-    idl_auth_t auth;          /**< keys: the session key and the nonces (idl_auth.h) */
 #endif
     uint32_t counters[IDL_DISP_COUNT];
     idl_window_t window;
@@ -156,6 +155,9 @@ typedef struct {
     idl_window_t broadcast_window; /**< broadcast numbers run this boot (a space of their own) */
     uint16_t to;         /**< the frame being answered: its address, or IDL_FRAME_NO_ADDRESS */
     uint8_t broadcasting; /**< 1 while `execute` runs a broadcast (recorded under epoch 0) */
+#endif
+#if IDL_AUTH
+    idl_auth_t auth;          /**< the nonces and the session key (idl_auth.h) */
 #endif
     idl_replay_t cache;
     idl_frame_decoder_t decoder;

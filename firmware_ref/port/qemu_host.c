@@ -195,16 +195,17 @@ static uint32_t sh_nonce_count;
 
 const uint8_t *idl_port_auth_key(unsigned i) { return i < sh_nkeys ? sh_keys[i] : NULL; }
 
-/* BLAKE2s(seed | counter): unpredictable on the wire, never the same twice in a run */
+/* BLAKE2s keyed with the seed (zero-padded to a key) over the counter: unpredictable on the wire,
+ * never the same twice in a run */
 void idl_port_random(uint8_t *buf, size_t n)
 {
+    uint8_t key[IDL_KEY_LEN] = { 0 };
     uint8_t out[32];
-    idl_piece_t pieces[2];
-    pieces[0].p = sh_nonce_seed;
-    pieces[0].n = sizeof sh_nonce_seed;
-    pieces[1].p = (const uint8_t *)&sh_nonce_count;
-    pieces[1].n = sizeof sh_nonce_count;
-    idl_blake2s(out, 32u, NULL, pieces, 2u);
+    idl_piece_t piece;
+    memcpy(key, sh_nonce_seed, sizeof sh_nonce_seed);
+    piece.p = (const uint8_t *)&sh_nonce_count;
+    piece.n = sizeof sh_nonce_count;
+    (void)idl_blake2s(out, 32u, key, &piece, 1u);
     sh_nonce_count++;
     memcpy(buf, out, n < sizeof out ? n : sizeof out);
 }

@@ -26,10 +26,6 @@ static const uint8_t SIGMA[80] = {
     0xF6, 0x9E, 0x3B, 0x80, 0x2C, 0x7D, 0x41, 0x5A, 0x2A, 0x48, 0x67, 0x51, 0xBF, 0xE9, 0xC3, 0x0D
 };
 
-/* The state words of the eight G functions of a round: a is g & 3; b, c, d are the nibbles of
- * G_BCD[g] (four columns, then four diagonals). */
-static const uint16_t G_BCD[8] = { 0xC84, 0xD95, 0xEA6, 0xFB7, 0xFA5, 0xCB6, 0xD87, 0xE94 };
-
 static uint32_t ror(uint32_t x, unsigned n) { return (x >> n) | (x << (32u - n)); }
 
 /* F of RFC 7693 section 3.2 on the block `m` (words), `t` bytes hashed, `last` 0 or all ones;
@@ -50,11 +46,14 @@ static void compress(uint32_t h[8], uint32_t m[16], uint32_t t, uint32_t last)
     v[12] ^= t;
     v[14] ^= last;
     for (i = 0; i < 80u; i++) { /* ten rounds of eight G */
-        unsigned g = G_BCD[i & 7u];
-        uint32_t *va = &v[i & 3u];
-        uint32_t *vb = &v[g & 15u];
-        uint32_t *vc = &v[(g >> 4) & 15u];
-        uint32_t *vd = &v[g >> 8];
+        /* the g-th G (g = i & 7) works on row k's word 4k + ((g + k * s) & 3): s 0 for the
+         * four columns, 1 for the four diagonals (computed: smaller than a table) */
+        unsigned g = i & 3u;
+        unsigned s = (i >> 2) & 1u;
+        uint32_t *va = &v[g];
+        uint32_t *vb = &v[4u + ((g + s) & 3u)];
+        uint32_t *vc = &v[8u + ((g + 2u * s) & 3u)];
+        uint32_t *vd = &v[12u + ((g + 3u * s) & 3u)];
         unsigned x = SIGMA[i];
         uint32_t a = *va, b = *vb, c = *vc, d = *vd;
         a += b + m[x & 15u];
@@ -76,53 +75,44 @@ static void compress(uint32_t h[8], uint32_t m[16], uint32_t t, uint32_t last)
     memset(m, 0, 64u);
 }
 
-void idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_piece_t *pieces,
-                 unsigned count)
+unsigned idl_blake2s(uint8_t *out, unsigned outlen, const uint8_t *key, const idl_piece_t *pieces,
+                     unsigned count)
 {
     uint32_t h[8];
     uint32_t m[16]; /* the block: bytes as they come, words when compressed */
     uint8_t *b = (uint8_t *)m;
-    const uint8_t *p = key;
-    size_t n = key != NULL ? 32u : 0u;
-    uint32_t t = 0; /* bytes hashed so far (the counter's high word stays 0) */
-    unsigned c = 0; /* bytes in the block */
-#if !IDL_B2S_LITTLE_ENDIAN
+    unsigned diff = 0;
     unsigned i;
-#endif
+    uint32_t t = 0; /* bytes hashed before the block (the counter's high word stays 0) */
+    unsigned c = 64u; /* bytes in the block: the key block first */
     memset(m, 0, sizeof m);
+    memcpy(m, key, 32u); /* the key block: the key, zeros to 64 bytes */
     memcpy(h, IV, sizeof h);
-    /* the parameter block: digest length, key length 32 (or 0), fanout and depth 1 */
-    h[0] ^= 0x01010000u ^ outlen ^ (key != NULL ? 0x2000u : 0u);
-    for (;;) {
-        while (n != 0u) {
+    /* the parameter block: digest length, key length 32, fanout and depth 1 */
+    h[0] ^= 0x01012000u ^ outlen;
+    for (; count != 0u; count--, pieces++) {
+        const uint8_t *p = pieces->p;
+        size_t n;
+        for (n = pieces->n; n != 0u; n--) {
             if (c == 64u) { /* a full block, and more follows: not the last */
                 t += 64u;
                 compress(h, m, t, 0u);
                 c = 0;
             }
             b[c++] = *p++;
-            n--;
         }
-        if (key != NULL) { /* the key block: the key, zeros to 64 bytes */
-            c = 64u;
-            key = NULL;
-        }
-        if (count == 0u) {
-            break;
-        }
-        p = pieces->p;
-        n = pieces->n;
-        pieces++;
-        count--;
     }
     compress(h, m, t + c, 0xFFFFFFFFu);
+    for (i = 0; i < outlen; i++) { /* the digest to `out`, compared with what it held */
 #if IDL_B2S_LITTLE_ENDIAN
-    memcpy(out, h, outlen); /* the words' bytes are the digest's */
+        uint8_t x = ((const uint8_t *)h)[i]; /* the words' bytes are the digest's */
 #else
-    for (i = 0; i < outlen; i++) {
-        out[i] = (uint8_t)(h[i >> 2] >> (8u * (i & 3u)));
-    }
+        uint8_t x = (uint8_t)(h[i >> 2] >> (8u * (i & 3u)));
 #endif
+        diff |= (unsigned)(out[i] ^ x);
+        out[i] = x;
+    }
+    return diff;
 }
 #else
 typedef int idl_blake2s_unused; /* ISO C: a translation unit is never empty */

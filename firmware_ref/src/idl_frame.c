@@ -45,14 +45,9 @@ static int cobs_segment(uint8_t *buf, size_t n)
     return (int)o;
 }
 
-#if IDL_AUTH
-/* the direction byte under the tag of a frame the device receives */
-static const uint8_t DIR_IN = (uint8_t)IDL_DIR_HOST_TO_DEVICE;
-#endif
-
 static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
 {
-    const uint8_t *raw = d->buf;
+    uint8_t *raw = d->buf;
     int n = cobs_segment(d->buf, d->len);
     size_t start;
     uint8_t flags;
@@ -91,20 +86,17 @@ static int parse(idl_frame_decoder_t *d, idl_frame_t *out)
     out->signer = NULL;
     if (d->mac_key != NULL && out->tag != NULL) { /* the MAC, before anything else is read */
         /* BLAKE2s-64 keyed with the session key over the direction and every byte before the
-         * tag (protocol/frame.py frame_mac) */
-        uint8_t want[IDL_AUTH_TAG_LEN];
-        uint8_t diff = (uint8_t)(out->tag_len ^ IDL_AUTH_TAG_LEN);
-        unsigned i;
-        idl_piece_t pieces[2];
-        pieces[0].p = &DIR_IN;
-        pieces[0].n = 1u;
-        pieces[1].p = raw;
-        pieces[1].n = start + out->length;
-        idl_blake2s(want, IDL_AUTH_TAG_LEN, d->mac_key, pieces, 2u);
-        for (i = 0; i < IDL_AUTH_TAG_LEN; i++) { /* every byte: no early exit */
-            diff |= (uint8_t)(want[i] ^ out->tag[i]);
-        }
-        if (diff != 0u) {
+         * tag (protocol/frame.py frame_mac), written over the tag received and compared with it
+         * in passing */
+        static const uint8_t DIR_IN = (uint8_t)IDL_DIR_HOST_TO_DEVICE;
+        idl_piece_t covered[2];
+        covered[0].p = &DIR_IN;
+        covered[0].n = 1u;
+        covered[1].p = raw;
+        covered[1].n = start + out->length;
+        if (out->tag_len != IDL_AUTH_TAG_LEN
+            || idl_blake2s(raw + start + out->length, IDL_AUTH_TAG_LEN, d->mac_key, covered,
+                           2u) != 0u) {
             return IDL_DECODE_BAD_MAC;
         }
         out->signer = d->mac_key;
@@ -241,8 +233,10 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     /* The header (and address) and the CRC are built apart and COBS-encoded with the payload
      * straight into `wire`: each byte is read once and written once, no frame assembled first.
      * The output after k input bytes is at most 2 + k + k / 254, so a payload in `wire` at or
-     * after IDL_FRAME_INPLACE_MIN is read before it is overwritten. */
-    uint8_t head[IDL_HEADER_LEN + IDL_ADDRESS_LEN];
+     * after IDL_FRAME_INPLACE_MIN is read before it is overwritten. With IDL_AUTH the header
+     * follows the direction byte the tag covers first (one piece with it). */
+    uint8_t dir_head[IDL_AUTH + IDL_HEADER_LEN + IDL_ADDRESS_LEN];
+    uint8_t *head = dir_head + IDL_AUTH;
 #if IDL_AUTH
     uint8_t trailer[IDL_AUTH_TAG_LEN + IDL_CRC_LEN]; /* the tag, then the CRC */
     size_t tag = key != NULL ? IDL_AUTH_TAG_LEN : 0u;
@@ -278,15 +272,13 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     head[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
 #if IDL_AUTH
     if (key != NULL) { /* the tag over dir | head | payload, read where they lie */
-        uint8_t dir = IDL_FRAME_DIR(type);
-        idl_piece_t pieces[3];
-        pieces[0].p = &dir;
-        pieces[0].n = 1u;
-        pieces[1].p = head;
-        pieces[1].n = start;
-        pieces[2].p = payload;
-        pieces[2].n = len;
-        idl_blake2s(trailer, IDL_AUTH_TAG_LEN, key, pieces, 3u);
+        idl_piece_t pieces[2];
+        dir_head[0] = IDL_FRAME_DIR(type);
+        pieces[0].p = dir_head;
+        pieces[0].n = 1u + start;
+        pieces[1].p = payload;
+        pieces[1].n = len;
+        (void)idl_blake2s(trailer, IDL_AUTH_TAG_LEN, key, pieces, 2u);
     }
 #endif
     crc = idl_crc32c_update(idl_crc32c_update(IDL_CRC_INIT, head, start), payload, len);

@@ -25,7 +25,10 @@ void idl_session_init(idl_session_t *s, const idl_session_config_t *cfg, uint32_
     idl_replay_init(&s->cache);
     idl_frame_decoder_init(&s->decoder);
 #if IDL_AUTH
-    idl_auth_init(&s->auth);
+    /* no session key yet; the device nonce a reply carries before any keyed HELLO (key_id is
+     * set by every HELLO) */
+    s->keyed = idl_port_auth_key(0u) != NULL ? 1u : 0u;
+    idl_port_random(s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
 #endif
 }
 
@@ -102,6 +105,68 @@ static void put_le(uint8_t *p, uint32_t v, unsigned bytes)
     }
 }
 
+#if IDL_AUTH
+/* the labels without their C terminators (nothing reads past them) */
+static const uint8_t KEY_ID_LABEL[sizeof IDL_KEY_ID_LABEL - 1u] = IDL_KEY_ID_LABEL;
+/* the key id's message: one constant piece */
+static const idl_piece_t KEY_ID = { KEY_ID_LABEL, sizeof KEY_ID_LABEL };
+static const uint8_t KDF_LABEL[sizeof IDL_KDF_LABEL - 1u] = IDL_KDF_LABEL;
+
+/* A keyed device's HELLO (protocol/auth.py DeviceAuth.hello; the table of idl_auth.h): the
+ * session key it derives if the HELLO names a key the device holds, else NULL (the session key,
+ * if any, stays). `id` is the device id as the key derivation takes it (length byte, bytes);
+ * the reply's key id (the named key's, else the current one's) is written to `key_id`. */
+static const uint8_t *handshake(idl_session_t *s, const idl_frame_t *f, const uint8_t *id,
+                                uint8_t *key_id)
+{
+    idl_auth_t *a = &s->auth;
+    const uint8_t *ext = f->payload + 1u + IDL_CONTRACT_HASH_LEN;
+    const uint8_t *k;
+    uint8_t kid[4];
+    uint8_t address = (uint8_t)TO(s); /* 0xFF point-to-point */
+    idl_piece_t pieces[4];
+    unsigned i;
+    unsigned diff;
+    /* the key the host names, if we hold it (an unkeyed host's HELLO, too short for the
+     * extension, names none): each key's id is written over a copy of the host's and compared
+     * with it, the current key's (the first) in key_id: the one the reply names unless another
+     * matches */
+    for (i = 0; (k = idl_port_auth_key(i)) != NULL; i++) {
+        uint8_t *kid_i = i == 0u ? key_id : kid;
+        memcpy(kid_i, ext + IDL_NONCE_LEN, 4u);
+        if (idl_blake2s(kid_i, 4u, k, &KEY_ID, 1u) == 0u
+            && f->length >= 1u + IDL_CONTRACT_HASH_LEN + IDL_NONCE_LEN + 4u) {
+            break;
+        }
+    }
+    if (k == NULL) {
+        return NULL; /* no key named, or another one: nothing signed */
+    }
+    memcpy(key_id, ext + IDL_NONCE_LEN, 4u); /* the named key's */
+    /* a new handshake: a new nonce (the same HELLO again gets the same answer) */
+    diff = s->keyed & 1u; /* no session yet */
+    for (i = 0; i < IDL_NONCE_LEN; i++) {
+        diff |= (unsigned)(a->nonces[i] ^ ext[i]);
+        a->nonces[i] = ext[i];
+    }
+    if (diff != 0u) {
+        idl_port_random(a->nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
+    }
+    pieces[0].p = KDF_LABEL;
+    pieces[0].n = sizeof KDF_LABEL;
+    pieces[1].p = a->nonces;
+    pieces[1].n = sizeof a->nonces;
+    pieces[2].p = id;
+    pieces[2].n = 1u + (size_t)id[0];
+    pieces[3].p = &address;
+    pieces[3].n = 1u;
+    (void)idl_blake2s(a->session, IDL_KEY_LEN, k, pieces, 4u);
+    s->keyed = 2u;
+    s->decoder.mac_key = a->session; /* every frame from now on verified with it */
+    return a->session;
+}
+#endif
+
 static size_t hello(idl_session_t *s, const idl_frame_t *f)
 {
     const idl_session_config_t *c = s->cfg;
@@ -161,20 +226,15 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
 #endif
     }
 #if IDL_AUTH
-    s->sign = NULL; /* signed only with a session key this HELLO made */
-    if (s->auth.keyed != 0u) {
-        /* a new session key if the HELLO names a key we hold, then AUTH and the fourth
-         * extension: the key id and the device nonce (after the bus one) */
-        int fresh = idl_auth_hello(&s->auth, f->payload, f->length, p + id_at, (uint8_t)TO(s));
+    if (s->keyed != 0u) {
+        /* a new session key if the HELLO names a key we hold (this reply is its first signed
+         * frame; else the reply goes unsigned), then AUTH and the fourth extension: the key id
+         * and the device nonce (after the bus one) */
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
         n = n == caps + 3u ? n + 4u : n;
-        memcpy(p + n, s->auth.key_id, 4u);
+        s->sign = handshake(s, f, p + id_at, p + n);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
         n += 4u + IDL_NONCE_LEN;
-        if (fresh) { /* a new session key: this reply is its first signed frame */
-            s->decoder.mac_key = s->auth.session;
-            s->sign = s->auth.session;
-        }
     }
 #endif
     s->handed_out = next;
@@ -189,18 +249,14 @@ static size_t response(idl_session_t *s, uint8_t flags, uint32_t seq, const uint
     return ENCODE(s, IDL_FT_RESPONSE, flags, seq, payload, len);
 }
 
-static size_t status_answer(idl_session_t *s, uint32_t seq, uint8_t status)
-{
-    return response(s, 0u, seq, &status, 1u);
-}
-
-/* EPOCH_MISMATCH: our epoch in the header, the request's in the payload */
-static size_t epoch_mismatch(idl_session_t *s, const idl_frame_t *f)
+/* A status-only answer; EPOCH_MISMATCH's also carries the request's epoch (ours is in the
+ * header) */
+static size_t status_answer(idl_session_t *s, const idl_frame_t *f, uint8_t status)
 {
     uint8_t payload[5];
-    payload[0] = (uint8_t)IDL_STATUS_EPOCH_MISMATCH;
+    payload[0] = status;
     put_le(payload + 1, f->epoch, 4u);
-    return response(s, 0u, f->seq, payload, 5u);
+    return response(s, 0u, f->seq, payload, status == IDL_STATUS_EPOCH_MISMATCH ? 5u : 1u);
 }
 
 static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
@@ -211,7 +267,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     uint16_t length;
     if (f->epoch != s->epoch) {
         s->counters[IDL_DISP_EPOCH_MISMATCH]++;
-        return epoch_mismatch(s, f);
+        return status_answer(s, f, IDL_STATUS_EPOCH_MISMATCH);
     }
     v = idl_window_check(&s->window, f->seq);
     digest = idl_crc32c(f->payload, f->length);
@@ -232,7 +288,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     }
     if (v == IDL_VERDICT_TOO_OLD) {
         s->counters[IDL_DISP_TOO_OLD]++;
-        return status_answer(s, f->seq, IDL_STATUS_TOO_OLD);
+        return status_answer(s, f, IDL_STATUS_TOO_OLD);
     }
     switch (idl_replay_lookup(&s->cache, f->seq, digest, &answer, &length)) {
     case IDL_REPLAY_REPLAY:
@@ -240,11 +296,11 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
         return response(s, IDL_FLAG_REPLAY, f->seq, answer, length);
     case IDL_REPLAY_CONFLICT:
         s->counters[IDL_DISP_CONFLICT]++;
-        return status_answer(s, f->seq, IDL_STATUS_IDEMPOTENCY_CONFLICT);
+        return status_answer(s, f, IDL_STATUS_IDEMPOTENCY_CONFLICT);
     case IDL_REPLAY_EVICTED:
     default:
         s->counters[IDL_DISP_EVICTED]++;
-        return status_answer(s, f->seq, IDL_STATUS_ANSWER_EVICTED);
+        return status_answer(s, f, IDL_STATUS_ANSWER_EVICTED);
     }
 }
 
@@ -292,7 +348,7 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
     }
 #if IDL_AUTH
     /* a keyed device takes nothing but HELLO without a verified tag (no downgrade) */
-    uint8_t keyed = s->auth.keyed;
+    uint8_t keyed = s->keyed;
     s->sign = f->signer; /* an answer to a verified frame is signed */
     if (keyed != 0u && f->type != (uint8_t)IDL_FT_HELLO && f->signer == NULL) {
         s->counters[IDL_DISP_UNAUTHENTICATED]++;
@@ -306,16 +362,15 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
             return 0;
         }
 #endif
-        if (f->type != (uint8_t)IDL_FT_REQUEST) {
+        /* a REQUEST: without a tag, AUTHENTICATION_REQUIRED (unsigned: a keyed host never takes
+         * it for its answer); with one while no session key exists and of another epoch,
+         * EPOCH_MISMATCH (rebooted: no key to check or sign with); else silence */
+        if (f->type != (uint8_t)IDL_FT_REQUEST
+            || (f->tag_len != 0u && (s->keyed > 1u || f->epoch == s->epoch))) {
             return 0;
         }
-        if (f->tag_len == 0u) { /* unsigned: a keyed host never takes it for its answer */
-            return status_answer(s, f->seq, IDL_STATUS_AUTHENTICATION_REQUIRED);
-        }
-        if (s->auth.has_session == 0u && f->epoch != s->epoch) {
-            return epoch_mismatch(s, f); /* rebooted: no key to check or sign with */
-        }
-        return 0;
+        return status_answer(s, f, f->tag_len == 0u ? (uint8_t)IDL_STATUS_AUTHENTICATION_REQUIRED
+                                                    : (uint8_t)IDL_STATUS_EPOCH_MISMATCH);
     }
 #define UNTAGGED(f) ((f)->tag_len == 0u || keyed != 0u)
 #else

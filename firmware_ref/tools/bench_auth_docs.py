@@ -23,7 +23,8 @@ END = "<!-- bench_auth:end -->"
 CPUS = {"cortex-m0plus": "Cortex-M0+", "cortex-m4": "Cortex-M4"}
 CASES = {"tag": "a short frame's tag (6-byte request: direction, header, payload; 2 compressions)",
          "sign": "the same frame encoded and signed (tag, CRC-32C, COBS)",
-         "hello": "a keyed HELLO: key id (2 compressions), device nonce, session key (3)"}
+         "hello": "a keyed HELLO through the session: decoded, key id (2 compressions), device "
+                  "nonce, session key (3), its HELLO_REPLY built and signed"}
 
 
 def parse(text: str) -> list[dict[str, str]]:
