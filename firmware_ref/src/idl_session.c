@@ -317,7 +317,7 @@ static idl_disposition_t broadcast(idl_session_t *s, const idl_frame_t *f, uint3
         return IDL_DISP_BROADCAST_REFUSED;
     }
 #if IDL_AUTH
-    if (s->auth.keyed != 0u) { /* even a verified one: the devices share no session key */
+    if (s->keyed != 0u) { /* even a verified one: the devices share no session key */
         return IDL_DISP_UNAUTHENTICATED;
     }
 #endif
