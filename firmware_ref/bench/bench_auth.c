@@ -85,7 +85,7 @@ int main(void)
     idl_mark_begin(); /* case hello: a keyed HELLO through the session, its reply signed */
     reply = idl_session_feed_buf(&session, wire, n, &used, 0u);
     idl_mark_end();
-    printf("bench_auth wire=%u tag=%02x%02x reply=%u signed=%d\n", (unsigned)n, tag[0], tag[1],
-           (unsigned)reply, session.sign != NULL);
+    printf("bench_auth wire=%u tag=%02x%02x reply=%u session=%d\n", (unsigned)n, tag[0], tag[1],
+           (unsigned)reply, session.keyed == 2u);
     return 0;
 }

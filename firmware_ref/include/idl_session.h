@@ -147,7 +147,6 @@ typedef struct {
 #if IDL_AUTH
     uint8_t keyed;            /**< 0 no key (idl_port_auth_key(0) NULL), 1 keyed, 2 keyed with a
                                    session key */
-    const uint8_t *sign;      /**< the answer being built is signed with this key (or NULL) */
 #endif
     uint32_t counters[IDL_DISP_COUNT];
     idl_window_t window;

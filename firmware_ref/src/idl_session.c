@@ -52,8 +52,9 @@ uint32_t idl_session_first_seq(const idl_session_t *s)
 
 #if IDL_AUTH
 #define TO(s) (s)->to
-#define ENCODE(s, type, flags, seq, payload, len) \
-    idl_frame_encode_signed((s)->tx, TO(s), (s)->sign, (type), (flags), (s)->epoch, (seq), \
+/* answers are signed with `key` (NULL: unsigned) */
+#define ENCODE(s, key, type, flags, seq, payload, len) \
+    idl_frame_encode_signed((s)->tx, TO(s), (key), (type), (flags), (s)->epoch, (seq), \
                             (payload), (len))
 #endif
 
@@ -68,7 +69,7 @@ uint32_t idl_session_broadcast_next(const idl_session_t *s)
 
 #if !IDL_AUTH
 /* Answers go to the address the request came from (IDL_FRAME_NO_ADDRESS: unaddressed). */
-#define ENCODE(s, type, flags, seq, payload, len) \
+#define ENCODE(s, key, type, flags, seq, payload, len) \
     idl_frame_encode_addressed((s)->tx, (s)->to, (type), (flags), (s)->epoch, (seq), (payload), (len))
 #endif
 #else
@@ -76,7 +77,7 @@ uint32_t idl_session_broadcast_next(const idl_session_t *s)
 #undef TO
 #define TO(s) IDL_FRAME_NO_ADDRESS
 #else
-#define ENCODE(s, type, flags, seq, payload, len) \
+#define ENCODE(s, key, type, flags, seq, payload, len) \
     idl_frame_encode((s)->tx, (type), (flags), (s)->epoch, (seq), (payload), (len))
 #endif
 #endif
@@ -226,27 +227,29 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
 #endif
     }
 #if IDL_AUTH
+    const uint8_t *key = NULL; /* signed only with a session key this HELLO made */
     if (s->keyed != 0u) {
         /* a new session key if the HELLO names a key we hold (this reply is its first signed
          * frame; else the reply goes unsigned), then AUTH and the fourth extension: the key id
          * and the device nonce (after the bus one) */
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
         n = n == caps + 3u ? n + 4u : n;
-        s->sign = handshake(s, f, p + id_at, p + n);
+        key = handshake(s, f, p + id_at, p + n);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
         n += 4u + IDL_NONCE_LEN;
     }
 #endif
     s->handed_out = next;
     s->has_handed_out = 1u;
-    return ENCODE(s, IDL_FT_HELLO_REPLY, 0u, f->seq, p, n);
+    return ENCODE(s, key, IDL_FT_HELLO_REPLY, 0u, f->seq, p, n);
 }
 
-/* One RESPONSE frame in tx: the only place that passes idl_frame_encode's seven arguments. */
-static size_t response(idl_session_t *s, uint8_t flags, uint32_t seq, const uint8_t *payload,
-                       size_t len)
+/* One RESPONSE frame in tx, to the REQUEST `f`: the only place that passes idl_frame_encode's
+ * seven arguments; with IDL_AUTH signed if `f` verified (its signer's key), else unsigned. */
+static size_t response(idl_session_t *s, const idl_frame_t *f, uint8_t flags,
+                       const uint8_t *payload, size_t len)
 {
-    return ENCODE(s, IDL_FT_RESPONSE, flags, seq, payload, len);
+    return ENCODE(s, f->signer, IDL_FT_RESPONSE, flags, f->seq, payload, len);
 }
 
 /* A status-only answer; EPOCH_MISMATCH's also carries the request's epoch (ours is in the
@@ -256,7 +259,7 @@ static size_t status_answer(idl_session_t *s, const idl_frame_t *f, uint8_t stat
     uint8_t payload[5];
     payload[0] = status;
     put_le(payload + 1, f->epoch, 4u);
-    return response(s, 0u, f->seq, payload, status == IDL_STATUS_EPOCH_MISMATCH ? 5u : 1u);
+    return response(s, f, 0u, payload, status == IDL_STATUS_EPOCH_MISMATCH ? 5u : 1u);
 }
 
 static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
@@ -284,7 +287,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
         (void)committed;
         idl_replay_commit(&s->cache, slot, f->seq, digest, (uint16_t)(n + 1u));
         s->counters[IDL_DISP_EXECUTED]++;
-        return response(s, 0u, f->seq, out, n + 1u);
+        return response(s, f, 0u, out, n + 1u);
     }
     if (v == IDL_VERDICT_TOO_OLD) {
         s->counters[IDL_DISP_TOO_OLD]++;
@@ -293,7 +296,7 @@ static size_t request(idl_session_t *s, const idl_frame_t *f, uint32_t now)
     switch (idl_replay_lookup(&s->cache, f->seq, digest, &answer, &length)) {
     case IDL_REPLAY_REPLAY:
         s->counters[IDL_DISP_REPLAYED]++;
-        return response(s, IDL_FLAG_REPLAY, f->seq, answer, length);
+        return response(s, f, IDL_FLAG_REPLAY, answer, length);
     case IDL_REPLAY_CONFLICT:
         s->counters[IDL_DISP_CONFLICT]++;
         return status_answer(s, f, IDL_STATUS_IDEMPOTENCY_CONFLICT);
@@ -349,7 +352,6 @@ static size_t dispatch(idl_session_t *s, int ev, const idl_frame_t *f, uint32_t 
 #if IDL_AUTH
     /* a keyed device takes nothing but HELLO without a verified tag (no downgrade) */
     uint8_t keyed = s->keyed;
-    s->sign = f->signer; /* an answer to a verified frame is signed */
     if (keyed != 0u && f->type != (uint8_t)IDL_FT_HELLO && f->signer == NULL) {
         s->counters[IDL_DISP_UNAUTHENTICATED]++;
 #if IDL_BUS
