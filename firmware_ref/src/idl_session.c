@@ -124,7 +124,11 @@ static const uint8_t *handshake(idl_session_t *s, const idl_frame_t *f, const ui
     const uint8_t *ext = f->payload + 1u + IDL_CONTRACT_HASH_LEN;
     const uint8_t *k;
     uint8_t kid[4];
+#if IDL_BUS
     uint8_t address = (uint8_t)TO(s); /* 0xFF point-to-point */
+#else
+    static const uint8_t address = IDL_KDF_ADDRESS_NONE; /* point-to-point */
+#endif
     idl_piece_t pieces[4];
     unsigned i;
     unsigned diff;
