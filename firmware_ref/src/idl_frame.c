@@ -239,7 +239,7 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     uint8_t *head = dir_head + IDL_AUTH;
 #if IDL_AUTH
     uint8_t trailer[IDL_AUTH_TAG_LEN + IDL_CRC_LEN]; /* the tag, then the CRC */
-    size_t tag = key != NULL ? IDL_AUTH_TAG_LEN : 0u;
+    size_t tag = 0;
 #else
     uint8_t trailer[IDL_CRC_LEN];
     enum { tag = 0 };
@@ -261,6 +261,7 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
 #if IDL_AUTH
     if (key != NULL) {
         flags |= (uint8_t)IDL_FLAG_AUTH;
+        tag = IDL_AUTH_TAG_LEN;
     }
 #endif
     head[IDL_OFF_VERSION] = (uint8_t)IDL_PROTOCOL_VERSION;
@@ -271,7 +272,7 @@ size_t idl_frame_encode_addressed(uint8_t *wire, uint16_t address, uint8_t type,
     head[IDL_OFF_LENGTH] = (uint8_t)len;
     head[IDL_OFF_LENGTH + 1u] = (uint8_t)(len >> 8);
 #if IDL_AUTH
-    if (key != NULL) { /* the tag over dir | head | payload, read where they lie */
+    if (tag != 0u) { /* the tag over dir | head | payload, read where they lie */
         idl_piece_t pieces[2];
         dir_head[0] = IDL_FRAME_DIR(type);
         pieces[0].p = dir_head;
