@@ -236,7 +236,11 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
         /* a new session key if the HELLO names a key we hold (this reply is its first signed
          * frame; else the reply goes unsigned), then AUTH and the fourth extension: the key id
          * and the device nonce (after the bus one) */
+#if IDL_BUS
         p[caps] |= (uint8_t)IDL_CAP_AUTH;
+#else
+        p[caps] = (uint8_t)IDL_CAP_AUTH; /* no other capability without the bus */
+#endif
         n = n == caps + 3u ? n + 4u : n;
         key = handshake(s, f, p + id_at, p + n);
         memcpy(p + n + 4u, s->auth.nonces + IDL_NONCE_LEN, IDL_NONCE_LEN);
