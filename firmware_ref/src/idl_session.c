@@ -222,13 +222,16 @@ static size_t hello(idl_session_t *s, const idl_frame_t *f)
     } else
 #endif
     {
+#if IDL_AUTH
+        /* capabilities and address 0, then a keyed device's bus extension (used below): next 1 */
+        memset(p + n, 0, 7u);
+        p[n + 3u] = 1u;
+#else
         p[n] = 0u;
         p[n + 1u] = 0u;
         p[n + 2u] = 0u;
-        n += 3u;
-#if IDL_AUTH
-        put_le(p + n, 1u, 4u); /* a keyed device's bus extension (used below): next 1 */
 #endif
+        n += 3u;
     }
 #if IDL_AUTH
     const uint8_t *key = NULL; /* signed only with a session key this HELLO made */
