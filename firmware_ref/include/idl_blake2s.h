@@ -12,12 +12,13 @@
  *
  * Size choices (Cortex-M0+, -Os): the ten rounds and the eight G functions of a round run in one
  * loop whose state indices are computed, not tabled; the message schedule (sigma) is packed as
- * nibbles (80 bytes); one compression serves the key id, the key derivation and the MAC; the key
- * block is padded in place (the block buffer is zeroed after each compression); the byte
- * counter is 32 bits (its high word stays 0: messages up to 4 GiB - 64 bytes, a frame is at most
- * IDL_MAX_FRAME); on a little-endian target the block's bytes are its message words (no loader).
- * No libc call but memset and memcpy (which the core already uses), no dynamic memory, about
- * 240 bytes of stack (Cortex-M0+).
+ * nibbles (80 bytes); one compression serves the key id, the key derivation and the MAC; the
+ * chain value is kept as its difference from the IV (it starts as the parameter word alone:
+ * one memset clears it with the block, no IV copy); the key block is padded in place (the block
+ * buffer is zeroed after each compression); the byte counter is 32 bits (its high word stays 0:
+ * messages up to 4 GiB - 64 bytes, a frame is at most IDL_MAX_FRAME); on a little-endian target
+ * the block's bytes are its message words (no loader). No libc call but memset and memcpy (which
+ * the core already uses), no dynamic memory, about 230 bytes of stack (Cortex-M0+).
  */
 #ifndef IDL_BLAKE2S_H
 #define IDL_BLAKE2S_H
