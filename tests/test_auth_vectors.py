@@ -46,25 +46,7 @@ def test_the_committed_vectors_are_the_python_reference_now() -> None:
 
 @pytest.fixture(scope="module")
 def lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(firmware.core_library()))
-    p = ctypes.c_void_p
-    lib.idl_shim_sizeof.restype = ctypes.c_size_t
-    lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
-                                  ctypes.c_uint32]
-    lib.idl_shim_feed.argtypes = [p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32, p,
-                                  ctypes.c_size_t]
-    lib.idl_shim_feed.restype = ctypes.c_size_t
-    lib.idl_shim_counter.argtypes = [p, ctypes.c_uint]
-    lib.idl_shim_counter.restype = ctypes.c_uint32
-    lib.idl_shim_decoder_counter.argtypes = [p, ctypes.c_uint]
-    lib.idl_shim_decoder_counter.restype = ctypes.c_uint32
-    lib.idl_shim_auth_keys.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-    lib.idl_shim_auth_tape.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    lib.idl_shim_blake2s.argtypes = [p, ctypes.c_uint, ctypes.c_char_p, ctypes.c_char_p,
-                                     ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t]
-    lib.idl_shim_key_id.argtypes = [ctypes.c_char_p]
-    lib.idl_shim_key_id.restype = ctypes.c_uint32
-    return lib
+    return firmware.shim_library()
 
 
 def _blake2s(lib: ctypes.CDLL, data: bytes, key: bytes, size: int,

@@ -53,18 +53,7 @@ def test_the_vectors_cover_every_address_verdict_and_broadcast_rule() -> None:
 
 @pytest.fixture(scope="module")
 def bus_lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(firmware.core_library()))
-    p = ctypes.c_void_p
-    lib.idl_shim_sizeof.restype = ctypes.c_size_t
-    lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
-                                  ctypes.c_uint32]
-    lib.idl_shim_feed.argtypes = [p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32, p,
-                                  ctypes.c_size_t]
-    lib.idl_shim_feed.restype = ctypes.c_size_t
-    lib.idl_shim_bus.argtypes = [p, ctypes.c_uint8]
-    lib.idl_shim_counter.argtypes = [p, ctypes.c_uint]
-    lib.idl_shim_counter.restype = ctypes.c_uint32
-    return lib
+    return firmware.shim_library()
 
 
 @pytest.mark.parametrize("index", [0, 1, 2])

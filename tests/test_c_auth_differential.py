@@ -57,24 +57,7 @@ BAD_MAC = 9  #: IDL_DECODE_BAD_MAC
 
 @pytest.fixture(scope="module")
 def lib() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(firmware.core_library()))
-    p = ctypes.c_void_p
-    lib.idl_shim_sizeof.restype = ctypes.c_size_t
-    lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
-                                  ctypes.c_uint32]
-    lib.idl_shim_feed.argtypes = [p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint32, p,
-                                  ctypes.c_size_t]
-    lib.idl_shim_feed.restype = ctypes.c_size_t
-    lib.idl_shim_counter.argtypes = [p, ctypes.c_uint]
-    lib.idl_shim_counter.restype = ctypes.c_uint32
-    lib.idl_shim_decoder_counter.argtypes = [p, ctypes.c_uint]
-    lib.idl_shim_decoder_counter.restype = ctypes.c_uint32
-    lib.idl_shim_auth_keys.argtypes = [ctypes.c_char_p, ctypes.c_uint]
-    lib.idl_shim_auth_tape.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
-    lib.idl_shim_bus.argtypes = [p, ctypes.c_uint8]
-    lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
-    lib.idl_shim_get.restype = ctypes.c_int32
-    return lib
+    return firmware.shim_library()
 
 
 class _Tape:

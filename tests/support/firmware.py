@@ -9,6 +9,7 @@ it with make's output.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import re
 import shutil
@@ -125,6 +126,31 @@ def core_library() -> Path:
     """``build/libidl_core.so``: the core and its test shim, for ctypes."""
     make_once("lib")
     return CORE_LIBRARY
+
+
+def shim_library() -> ctypes.CDLL:
+    """The core library with the session shim's signatures declared (``idl_shim_*`` of
+    firmware_ref/tests/core_shim.c): one place for every test that drives the C session."""
+    lib = ctypes.CDLL(str(core_library()))
+    p, u32, size = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t
+    lib.idl_shim_sizeof.restype = size
+    lib.idl_shim_init.argtypes = [p, u32, u32, ctypes.c_char_p, u32]
+    lib.idl_shim_feed.argtypes = [p, ctypes.c_char_p, size, u32, p, size]
+    lib.idl_shim_feed.restype = size
+    lib.idl_shim_bus.argtypes = [p, ctypes.c_uint8]
+    lib.idl_shim_counter.argtypes = [p, ctypes.c_uint]
+    lib.idl_shim_counter.restype = u32
+    lib.idl_shim_decoder_counter.argtypes = [p, ctypes.c_uint]
+    lib.idl_shim_decoder_counter.restype = u32
+    lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
+    lib.idl_shim_get.restype = ctypes.c_int32
+    lib.idl_shim_auth_keys.argtypes = [ctypes.c_char_p, ctypes.c_uint]
+    lib.idl_shim_auth_tape.argtypes = [ctypes.c_char_p, size]
+    lib.idl_shim_blake2s.argtypes = [p, ctypes.c_uint, ctypes.c_char_p, ctypes.c_char_p, size,
+                                     size, size]
+    lib.idl_shim_key_id.argtypes = [ctypes.c_char_p]
+    lib.idl_shim_key_id.restype = u32
+    return lib
 
 
 class RunningDevice:
