@@ -121,20 +121,7 @@ class Lib:
     """One map's C core through ctypes."""
 
     def __init__(self, path: Path) -> None:
-        lib = ctypes.CDLL(str(path))
-        p = ctypes.c_void_p
-        lib.idl_shim_sizeof.restype = ctypes.c_size_t
-        lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
-                                      ctypes.c_uint32]
-        lib.idl_shim_init.restype = None
-        lib.idl_shim_execute.argtypes = [p, ctypes.c_char_p, ctypes.c_uint16, ctypes.c_uint32, p]
-        lib.idl_shim_execute.restype = ctypes.c_uint16
-        lib.idl_shim_restore.argtypes = [p, ctypes.POINTER(ctypes.c_uint16), ctypes.c_uint16,
-                                         ctypes.c_uint32]
-        lib.idl_shim_restore.restype = ctypes.c_int
-        lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
-        lib.idl_shim_get.restype = ctypes.c_int32
-        self.lib = lib
+        self.lib = firmware.shim_library(path)
 
 
 SEEDS = [3, 11]

@@ -40,20 +40,7 @@ def typed_lib(tmp_path_factory: pytest.TempPathFactory) -> ctypes.CDLL:
     header = d / "idemlink_regmap.h"
     header.write_text(render_map_header(TYPED), encoding="utf-8")
     firmware.make("lib", f"BUILD={d / 'build'}", f"REGMAP_H={header}")
-    lib = ctypes.CDLL(str(d / "build" / "libidl_core.so"))
-    p = ctypes.c_void_p
-    lib.idl_shim_sizeof.restype = ctypes.c_size_t
-    lib.idl_shim_init.argtypes = [p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_char_p,
-                                  ctypes.c_uint32]
-    lib.idl_shim_init.restype = None
-    lib.idl_shim_execute.argtypes = [p, ctypes.c_char_p, ctypes.c_uint16, ctypes.c_uint32, p]
-    lib.idl_shim_execute.restype = ctypes.c_uint16
-    lib.idl_shim_restore.argtypes = [p, ctypes.POINTER(ctypes.c_uint16), ctypes.c_uint16,
-                                     ctypes.c_uint32]
-    lib.idl_shim_restore.restype = ctypes.c_int
-    lib.idl_shim_get.argtypes = [p, ctypes.c_uint16]
-    lib.idl_shim_get.restype = ctypes.c_int32
-    return lib
+    return firmware.shim_library(d / "build" / "libidl_core.so")
 
 
 def _candidates(rng: random.Random) -> list[tuple[int, tuple[int, ...]]]:

@@ -128,13 +128,19 @@ def core_library() -> Path:
     return CORE_LIBRARY
 
 
-def shim_library() -> ctypes.CDLL:
-    """The core library with the session shim's signatures declared (``idl_shim_*`` of
-    firmware_ref/tests/core_shim.c): one place for every test that drives the C session."""
-    lib = ctypes.CDLL(str(core_library()))
+def shim_library(path: Path | None = None) -> ctypes.CDLL:
+    """The core library (``path``: one built for another map; default ``core_library()``) with
+    the shim's signatures declared (``idl_shim_*`` of firmware_ref/tests/core_shim.c): one place
+    for every test that drives the C core through ctypes."""
+    lib = ctypes.CDLL(str(core_library() if path is None else path))
     p, u32, size = ctypes.c_void_p, ctypes.c_uint32, ctypes.c_size_t
     lib.idl_shim_sizeof.restype = size
     lib.idl_shim_init.argtypes = [p, u32, u32, ctypes.c_char_p, u32]
+    lib.idl_shim_init.restype = None
+    lib.idl_shim_execute.argtypes = [p, ctypes.c_char_p, ctypes.c_uint16, u32, p]
+    lib.idl_shim_execute.restype = ctypes.c_uint16
+    lib.idl_shim_restore.argtypes = [p, ctypes.POINTER(ctypes.c_uint16), ctypes.c_uint16, u32]
+    lib.idl_shim_restore.restype = ctypes.c_int
     lib.idl_shim_feed.argtypes = [p, ctypes.c_char_p, size, u32, p, size]
     lib.idl_shim_feed.restype = size
     lib.idl_shim_bus.argtypes = [p, ctypes.c_uint8]
